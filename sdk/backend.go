@@ -162,8 +162,8 @@ type ModelStats struct {
 	KVTokensUsed    int
 	KVTokensTotal   int
 	// DraftAccepted / DraftProposed are cumulative speculative counts.
-	DraftAccepted int64
-	DraftProposed int64
+	DraftAccepted   int64
+	DraftProposed   int64
 	TokensGenerated int64
 	PromptTokens    int64
 }

@@ -40,12 +40,12 @@ type ModelState struct {
 	// Primary is true for the operator's selected primary.
 	Primary bool
 	// Available is false while the model's backend is restarting or failed.
-	Available      bool
-	Slots          int
-	InFlight       int
-	KVPoolTokens   int
-	KVTokensUsed   int
-	MaxCtx         int
+	Available    bool
+	Slots        int
+	InFlight     int
+	KVPoolTokens int
+	KVTokensUsed int
+	MaxCtx       int
 	// Fits is false when the core already knows this request can never fit
 	// this model.
 	Fits bool
