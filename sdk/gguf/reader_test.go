@@ -299,7 +299,7 @@ type raw struct{ bytes.Buffer }
 
 func (r *raw) u32(v uint32) *raw { r.Write(binary.LittleEndian.AppendUint32(nil, v)); return r }
 func (r *raw) u64(v uint64) *raw { r.Write(binary.LittleEndian.AppendUint64(nil, v)); return r }
-func (r *raw) str(s string) *raw  { putString(&r.Buffer, s); return r }
+func (r *raw) str(s string) *raw { putString(&r.Buffer, s); return r }
 func header(nt, nkv uint64) *raw {
 	r := &raw{}
 	r.WriteString("GGUF")
