@@ -1,0 +1,102 @@
+package pluginhost
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// process is one running plugin binary.
+type process struct {
+	file   File
+	client *plugin.Client
+	impl   any
+}
+
+// launch starts f, negotiates the protocol and dispenses its kind. Every
+// failure is one line naming the file.
+func launch(f File, logger hclog.Logger, env []string) (*process, error) {
+	cmd := exec.Command(f.Path)
+	cmd.Env = append(cmd.Environ(), env...)
+	cfg := &plugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake,
+		VersionedPlugins: sdk.HostPluginSets(),
+		Cmd:              cmd,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Logger:           logger.Named(f.Kind.String() + "." + f.Name),
+		StartTimeout:     20 * time.Second,
+		Managed:          true,
+		AutoMTLS:         true,
+	}
+	if f.Checksum != nil {
+		// A fresh SecureConfig per launch: its hash is not reset by Check.
+		cfg.SecureConfig = &plugin.SecureConfig{Checksum: f.Checksum, Hash: sha256.New()}
+	}
+	client := plugin.NewClient(cfg)
+	rpc, err := client.Client()
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("plugin %s: %s", f.Path, oneLine(describeLaunchErr(err)))
+	}
+	name := sdk.BackendPluginName
+	if f.Kind == KindPolicy {
+		name = sdk.PolicyPluginName
+	}
+	impl, err := rpc.Dispense(name)
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("plugin %s: dispense %s: %s", f.Path, name, oneLine(err.Error()))
+	}
+	return &process{file: f, client: client, impl: impl}, nil
+}
+
+func (k Kind) String() string { return string(k) }
+
+// describeLaunchErr turns go-plugin's launch errors into words an operator
+// can act on.
+func describeLaunchErr(err error) string {
+	switch {
+	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
+		return "checksum mismatch: the binary does not match its pinned sha256"
+	case strings.Contains(strings.ToLower(err.Error()), "incompatible api version"):
+		return "wrong handshake: " + err.Error()
+	case strings.Contains(err.Error(), "Unrecognized remote plugin message"):
+		return "not a dflash plugin (no go-plugin handshake on stdout)"
+	case strings.Contains(err.Error(), "plugin exited before we could connect"):
+		return "not a dflash plugin or wrong handshake: it exited before the handshake"
+	}
+	return err.Error()
+}
+
+func oneLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return strings.TrimSpace(s)
+}
+
+// kill ends the process; Shutdown RPCs are the caller's business.
+func (p *process) kill() { p.client.Kill() }
+
+// exited reports whether the process has gone away.
+func (p *process) exited() bool { return p.client.Exited() }
+
+// LaunchPolicy starts a policy plugin and checks its Info.
+func LaunchPolicy(ctx context.Context, f File, logger hclog.Logger) (*Policy, error) {
+	p := &Policy{file: f, logger: logger}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
