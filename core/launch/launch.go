@@ -158,3 +158,22 @@ func oneLine(s string) string {
 func usagef(format string, args ...any) *UsageError {
 	return &UsageError{Msg: fmt.Sprintf(format, args...)}
 }
+
+// PluginDirArg finds --plugin-dir among the options before the first
+// model, without checking anything else, so that the server can open its
+// Catalog before calling Parse. ok is false when the flag is absent.
+func PluginDirArg(args []string) (dir string, ok bool) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--model" || strings.HasPrefix(a, "--model="):
+			return dir, ok
+		case a == "--plugin-dir" && i+1 < len(args) && !strings.HasPrefix(args[i+1], "--"):
+			dir, ok = args[i+1], true
+			i++
+		case strings.HasPrefix(a, "--plugin-dir="):
+			dir, ok = strings.TrimPrefix(a, "--plugin-dir="), true
+		}
+	}
+	return dir, ok
+}

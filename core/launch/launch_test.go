@@ -314,10 +314,10 @@ func TestListenerOptionsOnlyEarly(t *testing.T) {
 			is := is.New(t)
 			name := strings.Fields(flag)[0]
 			got := parseErr(t, args("--model /m/a.gguf --model /m/b.gguf "+flag))
-			is.Equal(got, "--model #2 ("+"/m/b.gguf): "+name+" is a listener option; put it before the first --model or in the first model block")
+			is.Equal(got, "--model #2 (/m/b.gguf): "+name+" is a listener option; put it before the first --model or in the first model block")
 
 			is.NoErr(parseOK(args("--model /m/a.gguf " + strings.Replace(flag, "/k", keyFile(t), 1) + " --model /m/b.gguf"))) // first block
-			is.NoErr(parseOK(args(strings.Replace(flag, "/k", keyFile(t), 1) + " --model /m/a.gguf")))                          // head
+			is.NoErr(parseOK(args(strings.Replace(flag, "/k", keyFile(t), 1) + " --model /m/a.gguf")))                        // head
 		})
 	}
 }
