@@ -281,6 +281,7 @@ func TestParseErrors(t *testing.T) {
 		{"missing api key file", "--api-key-file /nonexistent/keys /m/a.gguf", "--api-key-file: open /nonexistent/keys: no such file or directory"},
 		{"default above max tokens", "/m/a.gguf --max-tokens 10 --default-max-tokens 20", "--model #1 (/m/a.gguf): --default-max-tokens 20 exceeds --max-tokens 10"},
 		{"bad target device", "--model /m/a.gguf --model /m/b.gguf --target-device gpu0", `--model #2 (/m/b.gguf): --target-device must be cpu:N, cuda:N or hip:N but got "gpu0"`},
+		{"empty primary gpu", "--load-balancing-primary-gpu= /m/a.gguf", `--load-balancing-primary-gpu must be BACKEND:GPU such as cuda:0, hip:1 or cpu:0 but got ""`},
 		{"bad primary gpu", "--load-balancing-primary-gpu 0 --model /m/a.gguf", `--load-balancing-primary-gpu must be BACKEND:GPU such as cuda:0, hip:1 or cpu:0 but got "0"`},
 
 		// Structure.
@@ -500,6 +501,26 @@ func TestErrorUnwrapsCatalogError(t *testing.T) {
 	is.Equal(ue.Block, 1)
 	is.Equal(ue.Path, "/m/a.gguf")
 	is.True(errors.Unwrap(err) != nil) // the catalog's error is kept
+}
+
+// errCatalog fails DetectArch with a bare reason, as a careless Catalog might.
+type errCatalog struct{ *fakeCatalog }
+
+func (errCatalog) DetectArch(string) (string, error) { return "", errors.New("bad magic") }
+
+func TestDetectArchErrorAlwaysNamesTheFile(t *testing.T) {
+	is := is.New(t)
+	_, err := Parse(args("--model /m/a.gguf"), errCatalog{newFakeCatalog()})
+	is.True(err != nil)
+	is.Equal(err.Error(), "--model #1 (/m/a.gguf): failed to detect architecture from /m/a.gguf: bad magic")
+}
+
+func TestNilCatalog(t *testing.T) {
+	is := is.New(t)
+	_, err := Parse(args("/m/a.gguf"), nil)
+	var ue *UsageError
+	is.True(err != nil)
+	is.True(!errors.As(err, &ue)) // a bug, not a usage error
 }
 
 func TestUsageErrorIsOneLine(t *testing.T) {

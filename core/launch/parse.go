@@ -3,6 +3,7 @@ package launch
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -26,6 +27,9 @@ func Parse(args []string, cat Catalog) (*Config, error) {
 		if a == "-h" || a == "--help" {
 			return nil, ErrHelp
 		}
+	}
+	if cat == nil {
+		return nil, errors.New("launch: Parse needs a Catalog")
 	}
 	core, err := loadCoreFlags()
 	if err != nil {
@@ -109,7 +113,7 @@ func (p *parser) parse(args []string) (*Config, error) {
 	if err := p.applyGlobals(cfg, head, given); err != nil {
 		return nil, err
 	}
-	if err := p.selectPrimary(cfg, head.PrimaryGPU, blocks); err != nil {
+	if err := p.selectPrimary(cfg, head.PrimaryGPU, given["load-balancing-primary-gpu"]); err != nil {
 		return nil, err
 	}
 	if err := p.checkMulti(cfg); err != nil {
@@ -175,10 +179,7 @@ func readFlag(toks []string, i int, lookup func(string) *flagDef) (occurrence, i
 	long := strings.HasPrefix(body, "-")
 	body = strings.TrimPrefix(body, "-")
 	occ.name, occ.value, occ.inline = strings.Cut(body, "=")
-	occ.display = strings.TrimSuffix(tok, "="+occ.value)
-	if occ.inline {
-		occ.display = tok[:len(tok)-len(occ.value)-1]
-	}
+	occ.display, _, _ = strings.Cut(tok, "=")
 	if long {
 		occ.def = lookup(occ.name)
 	}
@@ -357,7 +358,11 @@ func levenshtein(a, b string) int {
 func (p *parser) parseBlock(rb *rawBlock) (*Block, []string, error) {
 	arch, err := p.cat.DetectArch(rb.path)
 	if err != nil {
-		return nil, nil, &UsageError{Block: rb.index, Path: rb.path, Msg: err.Error(), err: err}
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "failed to detect architecture from ") {
+			msg = fmt.Sprintf("failed to detect architecture from %s: %s", rb.path, msg)
+		}
+		return nil, nil, &UsageError{Block: rb.index, Path: rb.path, Msg: msg, err: err}
 	}
 	backend, specs, err := p.cat.Backend(arch)
 	if err != nil {
@@ -697,9 +702,9 @@ func readKeyFile(path string) ([]string, error) {
 }
 
 // selectPrimary picks the primary block and the load set.
-func (p *parser) selectPrimary(cfg *Config, primaryGPU string, blocks []*rawBlock) error {
+func (p *parser) selectPrimary(cfg *Config, primaryGPU string, given bool) error {
 	cfg.Primary = 0
-	if primaryGPU != "" {
+	if given {
 		dev, ok := normalizeDevice(primaryGPU)
 		if !ok {
 			return usagef("--load-balancing-primary-gpu must be BACKEND:GPU such as cuda:0, hip:1 or cpu:0 but got %q", primaryGPU)
