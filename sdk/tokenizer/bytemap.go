@@ -1,0 +1,51 @@
+package tokenizer
+
+import "unicode/utf8"
+
+// GPT-2 byte-level alphabet: every byte maps to one printable code point so
+// that vocabulary entries are plain strings. Printable Latin-1 bytes map to
+// themselves, the other 68 to U+0100 upwards in byte order.
+var (
+	byteToRune [256]rune
+	runeToByte = map[rune]byte{}
+)
+
+func init() {
+	next := rune(0x100)
+	for b := 0; b < 256; b++ {
+		printable := (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
+		if printable {
+			byteToRune[b] = rune(b)
+		} else {
+			byteToRune[b] = next
+			next++
+		}
+		runeToByte[byteToRune[b]] = byte(b)
+	}
+}
+
+// byteLevelEncode maps raw bytes to their byte-level string form.
+func byteLevelEncode(raw []byte) string {
+	out := make([]byte, 0, len(raw)*2)
+	for _, b := range raw {
+		out = utf8.AppendRune(out, byteToRune[b])
+	}
+	return string(out)
+}
+
+// byteLevelDecode maps a byte-level string back to raw bytes. ok is false
+// when s holds a character outside the alphabet; such characters are kept
+// as their own UTF-8 so that nothing is lost.
+func byteLevelDecode(s string) (raw []byte, ok bool) {
+	raw = make([]byte, 0, len(s))
+	ok = true
+	for _, r := range s {
+		if b, found := runeToByte[r]; found {
+			raw = append(raw, b)
+			continue
+		}
+		ok = false
+		raw = utf8.AppendRune(raw, r)
+	}
+	return raw, ok
+}
