@@ -271,6 +271,7 @@ func TestParseErrors(t *testing.T) {
 		{"second positional", "/m/a.gguf /m/b.gguf", "--model #1 (/m/a.gguf): unexpected argument /m/b.gguf"},
 		{"listener int in the head", "--port x /m/a.gguf", `--port: expected a valid 64 bit int but got "x"`},
 		{"listener int in the first block", "/m/a.gguf --port x", `--model #1 (/m/a.gguf): --port: expected a valid 64 bit int but got "x"`},
+		{"first block's listener error before a later block's", "/m/a.gguf --port x --model /x.gguf", `--model #1 (/m/a.gguf): --port: expected a valid 64 bit int but got "x"`},
 		{"port range", "--port 70000 /m/a.gguf", "--port must be between 0 and 65535 (got 70000)"},
 		{"negative queue limit", "/m/a.gguf --routing-queue-limit -1", "--routing-queue-limit must not be negative (got -1)"},
 		{"duration without unit", "--drain-timeout 5 /m/a.gguf", `--drain-timeout: expected duration but got "5": time: missing unit in duration "5"`},

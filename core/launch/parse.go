@@ -92,16 +92,18 @@ func (p *parser) parse(args []string) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
-		listenerToks = append(listenerToks, lt...)
+		if len(lt) > 0 {
+			// The first block's listener options: checked alone so that
+			// errors name the block, then merged after the head's (last
+			// wins).
+			if err := parseKong(&listenerFlags{}, lt); err != nil {
+				return nil, p.blockErr(rb, "%s", err)
+			}
+			listenerToks = lt
+		}
 		cfg.Blocks = append(cfg.Blocks, *b)
 	}
 	if len(listenerToks) > 0 {
-		// The first block's listener options: checked alone so that errors
-		// name the block, then merged after the head's (last wins).
-		var l listenerFlags
-		if err := parseKong(&l, listenerToks); err != nil {
-			return nil, p.blockErr(blocks[0], "%s", err)
-		}
 		for _, t := range listenerToks {
 			given[flagName(t)] = true
 		}
