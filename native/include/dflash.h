@@ -1,0 +1,222 @@
+/*
+ * dflash.h — C ABI of the dflash native engine libraries.
+ *
+ * Every engine library (libdflash_cpu.so, later libdflash_cuda.so, libdflash_hip.so) exports exactly one symbol,
+ * dfl_get_api, which returns a table of function pointers for the ABI version the caller was built against (or NULL
+ * when the library cannot serve that version). Callers load the library with dlopen, so nothing that uses the engine
+ * links a device runtime.
+ *
+ * Conventions
+ *  - Functions return a dfl_status (0 = DFL_OK, negative = error). The message of the last error raised on the calling
+ *    OS thread is returned by last_error(); callers that may migrate between threads (Go) must pin the thread across
+ *    the failing call and the last_error() call.
+ *  - A model is not thread-safe: one caller at a time per dfl_model. sample() is pure and may be called concurrently.
+ *  - Tensor data handed to model_load is referenced, not copied (unless DFL_LOAD_COPY_WEIGHTS): it must stay mapped
+ *    and unchanged until model_free.
+ *  - Shapes use ggml order: dims[0] is the innermost (contiguous) dimension. A weight of a linear layer y = W x with
+ *    W of PyTorch shape [out, in] has dims {in, out}; its rows (one per output) are contiguous runs of quant blocks.
+ *  - Structs that may grow carry struct_size as their first field; set it to sizeof(struct) of the header you compiled
+ *    against. Version 1 fields never move.
+ */
+#ifndef DFLASH_H
+#define DFLASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DFL_API_VERSION 1u
+
+typedef int32_t dfl_status;
+
+enum {
+    DFL_OK = 0,
+    DFL_ERR_INVALID = -1,     /* bad argument or model file; the message names the culprit */
+    DFL_ERR_UNSUPPORTED = -2, /* architecture, tensor type or cache type this library does not implement */
+    DFL_ERR_NO_MEMORY = -3,   /* an allocation failed */
+    DFL_ERR_NO_KV = -4,       /* the KV pool has too few free blocks; the call changed nothing */
+    DFL_ERR_NO_SEQ = -5,      /* every sequence slot is in use */
+    DFL_ERR_STATE = -6,       /* the request does not fit the sequence's state (e.g. rollback without snapshot) */
+    DFL_ERR_INTERNAL = -7
+};
+
+/* ggml tensor type ids (the subset the engine understands; ids are ggml's). */
+enum {
+    DFL_TYPE_F32 = 0,
+    DFL_TYPE_F16 = 1,
+    DFL_TYPE_Q8_0 = 8,
+    DFL_TYPE_Q4_K = 12,
+    DFL_TYPE_Q6_K = 14,
+    DFL_TYPE_BF16 = 30
+};
+
+typedef struct dfl_model dfl_model;
+
+/* One tensor of the model file. */
+typedef struct {
+    const char *name;  /* GGUF tensor name, e.g. "blk.0.attn_q.weight" */
+    uint32_t type;     /* ggml type id */
+    uint32_t n_dims;   /* 1..4 */
+    uint64_t dims[4];  /* ggml order; unused entries 1 */
+    const void *data;  /* first byte of the tensor's data */
+    uint64_t size;     /* bytes at data */
+} dfl_tensor;
+
+/* One metadata value of the model file (GGUF key/value), as handed over by the loader. Only the fields of its kind are
+ * read. Integer and boolean GGUF values are passed as DFL_META_INT, float32/float64 as DFL_META_FLOAT. */
+enum { DFL_META_INT = 0, DFL_META_FLOAT = 1, DFL_META_STRING = 2, DFL_META_INT_ARRAY = 3, DFL_META_FLOAT_ARRAY = 4 };
+
+typedef struct {
+    const char *key;    /* e.g. "qwen3.attention.head_count" */
+    uint32_t kind;      /* DFL_META_* */
+    uint32_t n;         /* element count of an array */
+    int64_t i;          /* DFL_META_INT */
+    double f;           /* DFL_META_FLOAT */
+    const char *s;      /* DFL_META_STRING, NUL-terminated */
+    const int64_t *ia;  /* DFL_META_INT_ARRAY */
+    const double *fa;   /* DFL_META_FLOAT_ARRAY */
+} dfl_meta;
+
+enum {
+    DFL_LOAD_COPY_WEIGHTS = 1u /* copy tensor data during model_load; the caller may release it afterwards */
+};
+
+typedef struct {
+    uint32_t struct_size;
+    const char *arch;           /* general.architecture: "qwen3", "qwen35" */
+    const dfl_meta *meta;       /* the architecture's hyperparameters ("<arch>.*" keys; others are ignored) */
+    uint32_t n_meta;
+    const dfl_tensor *tensors;
+    uint32_t n_tensors;
+    uint32_t kv_pool_tokens;    /* KV capacity shared by all sequences, in tokens (rounded up to whole blocks) */
+    uint32_t kv_block_size;     /* tokens per KV block (0 = 16) */
+    uint32_t max_seqs;          /* sequence slots (each owns a recurrent-state slot where the model has one) */
+    uint32_t cache_type_k;      /* DFL_TYPE_F32 / F16 / BF16 / Q8_0 */
+    uint32_t cache_type_v;
+    uint32_t n_threads;         /* CPU worker threads (0 = hardware concurrency) */
+    int32_t device;             /* device index for GPU libraries; the CPU library ignores it */
+    uint32_t flags;             /* DFL_LOAD_* */
+} dfl_model_params;
+
+typedef struct {
+    uint32_t struct_size;
+    char arch[32];
+    uint32_t n_layer;           /* decoder layers run by the engine (trunk, without MTP blocks) */
+    uint32_t n_embd;
+    uint32_t n_vocab;
+    uint32_t n_ctx_train;       /* <arch>.context_length, 0 if absent */
+    uint32_t n_head, n_head_kv, head_dim, n_ff;
+    uint32_t n_attn_layers;     /* layers with a KV cache */
+    uint32_t n_recurrent_layers;/* Gated DeltaNet layers */
+    uint32_t kv_block_size;
+    uint32_t kv_blocks_total;
+    uint32_t max_seqs;
+    uint32_t cache_type_k, cache_type_v;
+    uint32_t n_threads;
+    uint64_t kv_bytes_per_token;   /* K+V bytes of one token over all attention layers */
+    uint64_t state_bytes_per_seq;  /* recurrent + conv state of one sequence slot */
+    uint64_t weight_bytes;         /* bytes of all weight tensors the model uses */
+    float rms_eps;
+    float rope_theta;
+    uint32_t rope_dim;
+} dfl_model_info;
+
+typedef struct {
+    uint32_t block_size;
+    uint32_t blocks_total;
+    uint32_t blocks_free;       /* not held by any sequence (neither used nor reserved) */
+    uint32_t seqs_total;
+    uint32_t seqs_free;
+} dfl_kv_stats;
+
+enum { DFL_LOGITS_NONE = 0, DFL_LOGITS_LAST = 1, DFL_LOGITS_ALL = 2 };
+
+enum {
+    /* Keep the recurrent state after every token of this entry, so that seq_truncate can later cut the sequence to any
+     * length reached inside this forward (speculative-decoding fast rollback). Costs one state copy per token. */
+    DFL_SEQ_RECORD = 1u
+};
+
+/* The tokens one sequence contributes to a forward. They are appended after the sequence's current length. */
+typedef struct {
+    int32_t seq;
+    uint32_t n_tokens;
+    const int32_t *tokens;
+    const int32_t *positions;   /* RoPE positions, NULL = seq_len + i */
+    uint32_t logits;            /* DFL_LOGITS_* */
+    uint32_t flags;             /* DFL_SEQ_* */
+} dfl_seq_batch;
+
+typedef struct {
+    uint32_t n_seqs;                /* entries; a sequence appears at most once */
+    const dfl_seq_batch *seqs;
+    float *logits;                  /* out: [rows, n_vocab] f32, rows in entry order (1 per LAST entry, n_tokens per ALL) */
+    uint32_t n_capture;             /* hidden-state capture: number of layers */
+    const int32_t *capture_layers;  /* layer ids; the output of the whole decoder layer (after the FFN residual) */
+    float *capture;                 /* out: [total tokens, n_capture * n_embd] f32, tokens in entry order */
+} dfl_batch;
+
+/* Sampler settings. Order: penalties, temperature, top-k, top-p, min-p, then a draw. temperature <= 0 is greedy
+ * (argmax after penalties, lowest id on ties). */
+typedef struct {
+    float temperature;
+    int32_t top_k;              /* <= 0: off */
+    float top_p;                /* >= 1: off */
+    float min_p;                /* <= 0: off */
+    float repeat_penalty;       /* 1: off; > 0 divides positive / multiplies negative logits of seen tokens */
+    float presence_penalty;     /* subtracted once from each seen token */
+    float frequency_penalty;    /* subtracted per occurrence */
+    int32_t penalty_last_n;     /* history tokens the penalties look at: -1 all, 0 none */
+} dfl_sampling;
+
+typedef struct dfl_api {
+    uint32_t version;       /* DFL_API_VERSION of the table */
+    uint32_t struct_size;   /* sizeof(dfl_api) in the library */
+    const char *device_kind;/* "cpu", "cuda", "hip" */
+
+    const char *(*last_error)(void);
+    int32_t (*device_count)(void);
+
+    dfl_status (*model_load)(const dfl_model_params *params, dfl_model **out);
+    void (*model_free)(dfl_model *m);
+    dfl_status (*model_info)(const dfl_model *m, dfl_model_info *out);
+    dfl_status (*kv_stats)(const dfl_model *m, dfl_kv_stats *out);
+
+    /* Sequences. A new sequence is empty (length 0, zero recurrent state). */
+    dfl_status (*seq_alloc)(dfl_model *m, int32_t *seq_out);
+    dfl_status (*seq_free)(dfl_model *m, int32_t seq);
+    /* Hold blocks for n_tokens total tokens (not only new ones) so that forwards up to that length cannot fail with
+     * DFL_ERR_NO_KV; n_tokens below the current holding releases nothing. */
+    dfl_status (*seq_reserve)(dfl_model *m, int32_t seq, uint32_t n_tokens);
+    dfl_status (*seq_length)(const dfl_model *m, int32_t seq, uint32_t *len_out);
+    /* Cut the sequence to n_tokens. Models with recurrent state allow it only to a length reached inside the last
+     * forward of this sequence made with DFL_SEQ_RECORD (or the length before it); otherwise DFL_ERR_STATE. */
+    dfl_status (*seq_truncate)(dfl_model *m, int32_t seq, uint32_t n_tokens);
+    /* Save the sequence's length and recurrent state (one snapshot per sequence, replacing the previous one); rollback
+     * restores it. A truncate below the snapshot's length drops the snapshot. */
+    dfl_status (*seq_snapshot)(dfl_model *m, int32_t seq);
+    dfl_status (*seq_rollback)(dfl_model *m, int32_t seq);
+
+    /* Run the model on a batch. On error no sequence changed length (KV rows past a sequence's length may have been
+     * written). */
+    dfl_status (*forward)(dfl_model *m, const dfl_batch *batch);
+
+    /* Pick one token from logits. rng_state is the caller's per-sequence generator state (seed it once, e.g. with the
+     * request seed); it advances only when a random draw is made. */
+    dfl_status (*sample)(const float *logits, uint32_t n_vocab, const dfl_sampling *params, const int32_t *history,
+                         uint32_t n_history, uint64_t *rng_state, int32_t *token_out);
+} dfl_api;
+
+/* Returns the function table for `version`, or NULL if this library does not implement it. */
+const dfl_api *dfl_get_api(uint32_t version);
+
+typedef const dfl_api *(*dfl_get_api_fn)(uint32_t version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DFLASH_H */

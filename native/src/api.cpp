@@ -1,0 +1,133 @@
+// The exported C ABI: one function table per supported version. Every entry point catches all exceptions.
+#include <new>
+#include <string>
+
+#include "model.h"
+
+struct dfl_model {
+    dfl::Model impl;
+    explicit dfl_model(const dfl_model_params &p) : impl(p) {}
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <class F>
+dfl_status guard(const char *what, F &&f) {
+    try {
+        f();
+        return DFL_OK;
+    } catch (const dfl::Error &e) {
+        g_last_error = std::string(what) + ": " + e.what();
+        return e.code;
+    } catch (const std::bad_alloc &) {
+        g_last_error = std::string(what) + ": out of memory";
+        return DFL_ERR_NO_MEMORY;
+    } catch (const std::exception &e) {
+        g_last_error = std::string(what) + ": " + e.what();
+        return DFL_ERR_INTERNAL;
+    } catch (...) {
+        g_last_error = std::string(what) + ": unknown error";
+        return DFL_ERR_INTERNAL;
+    }
+}
+
+dfl_model *need(dfl_model *m) {
+    if (!m) dfl::fail(DFL_ERR_INVALID, "model is null");
+    return m;
+}
+const dfl_model *need(const dfl_model *m) {
+    if (!m) dfl::fail(DFL_ERR_INVALID, "model is null");
+    return m;
+}
+
+const char *last_error() { return g_last_error.c_str(); }
+
+int32_t device_count() { return 1; }
+
+dfl_status model_load(const dfl_model_params *p, dfl_model **out) {
+    return guard("load model", [&] {
+        if (!p || !out) dfl::fail(DFL_ERR_INVALID, "params or out is null");
+        if (p->struct_size < sizeof(dfl_model_params))
+            dfl::fail(DFL_ERR_INVALID, "dfl_model_params.struct_size " + std::to_string(p->struct_size) + " is too small");
+        *out = nullptr;
+        *out = new dfl_model(*p);
+    });
+}
+
+void model_free(dfl_model *m) { delete m; }
+
+dfl_status model_info(const dfl_model *m, dfl_model_info *out) {
+    return guard("model info", [&] {
+        if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
+        need(m)->impl.info(out);
+    });
+}
+
+dfl_status kv_stats(const dfl_model *m, dfl_kv_stats *out) {
+    return guard("kv stats", [&] {
+        if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
+        need(m)->impl.kv_stats(out);
+    });
+}
+
+dfl_status seq_alloc(dfl_model *m, int32_t *out) {
+    return guard("alloc sequence", [&] {
+        if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
+        *out = need(m)->impl.seq_alloc();
+    });
+}
+
+dfl_status seq_free(dfl_model *m, int32_t s) {
+    return guard("free sequence", [&] { need(m)->impl.seq_free(s); });
+}
+
+dfl_status seq_reserve(dfl_model *m, int32_t s, uint32_t n) {
+    return guard("reserve", [&] { need(m)->impl.seq_reserve(s, n); });
+}
+
+dfl_status seq_length(const dfl_model *m, int32_t s, uint32_t *out) {
+    return guard("sequence length", [&] {
+        if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
+        *out = need(m)->impl.seq_length(s);
+    });
+}
+
+dfl_status seq_truncate(dfl_model *m, int32_t s, uint32_t n) {
+    return guard("truncate", [&] { need(m)->impl.seq_truncate(s, n); });
+}
+
+dfl_status seq_snapshot(dfl_model *m, int32_t s) {
+    return guard("snapshot", [&] { need(m)->impl.seq_snapshot(s); });
+}
+
+dfl_status seq_rollback(dfl_model *m, int32_t s) {
+    return guard("rollback", [&] { need(m)->impl.seq_rollback(s); });
+}
+
+dfl_status forward(dfl_model *m, const dfl_batch *b) {
+    return guard("forward", [&] {
+        if (!b) dfl::fail(DFL_ERR_INVALID, "batch is null");
+        need(m)->impl.forward(*b);
+    });
+}
+
+dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, const int32_t *history,
+                  uint32_t n_history, uint64_t *rng, int32_t *out) {
+    return guard("sample", [&] {
+        if (!logits || !p || !rng || !out || (n_history > 0 && !history)) dfl::fail(DFL_ERR_INVALID, "null argument");
+        *out = dfl::sample_token(logits, n_vocab, *p, history, n_history, rng);
+    });
+}
+
+const dfl_api kApiV1 = {
+    DFL_API_VERSION, sizeof(dfl_api), "cpu", last_error, device_count, model_load, model_free, model_info, kv_stats,
+    seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const dfl_api *dfl_get_api(uint32_t version) {
+    return version == 1 ? &kApiV1 : nullptr;
+}

@@ -1,0 +1,271 @@
+#include "ops.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace dfl {
+
+void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row(r), out, W.n_in); }
+
+// Rows of W are split into tasks of rb rows; a task dequantizes its rows once and reuses them for every token, in
+// token blocks of kTokBlock so the activations stay in cache.
+static constexpr int64_t kTokBlock = 32;
+
+void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
+    const int64_t n_in = W.n_in, n_out = W.n_out;
+    if (T <= 0 || n_out <= 0) return;
+    const int64_t per_thread = ceil_div(n_out, (int64_t)pool.size() * 4);
+    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(per_thread, 4) * 4));
+    const int64_t n_tasks = ceil_div(n_out, rb);
+    const bool direct = W.type == DFL_TYPE_F32;
+    pool.parallel_for(n_tasks, [&](int64_t task, int th) {
+        const int64_t r0 = task * rb, r1 = std::min(n_out, r0 + rb);
+        const float *rows;
+        if (direct) {
+            rows = (const float *)W.row(r0);
+        } else {
+            float *buf = scratch.get(th, (size_t)(r1 - r0) * n_in);
+            for (int64_t r = r0; r < r1; r++) dequant_row(W.type, W.row(r), buf + (r - r0) * n_in, n_in);
+            rows = buf;
+        }
+        float tmp[4];
+        for (int64_t t0 = 0; t0 < T; t0 += kTokBlock) {
+            const int64_t t1 = std::min(T, t0 + kTokBlock);
+            int64_t r = r0;
+            for (; r + 4 <= r1; r += 4) {
+                const float *w4 = rows + (r - r0) * n_in;
+                for (int64_t t = t0; t < t1; t++) {
+                    dot4_f32(w4, X + t * n_in, n_in, tmp);
+                    float *y = Y + t * n_out + r;
+                    y[0] = tmp[0];
+                    y[1] = tmp[1];
+                    y[2] = tmp[2];
+                    y[3] = tmp[3];
+                }
+            }
+            for (; r < r1; r++) {
+                const float *w = rows + (r - r0) * n_in;
+                for (int64_t t = t0; t < t1; t++) Y[t * n_out + r] = dot_f32(w, X + t * n_in, n_in);
+            }
+        }
+    });
+}
+
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / std::sqrt(ss / (double)n + (double)eps));
+    if (w) {
+        for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] * r;
+    }
+}
+
+void l2norm(float *x, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / std::sqrt(ss + (double)eps));
+    for (int64_t i = 0; i < n; i++) x[i] *= r;
+}
+
+std::vector<float> rope_inv_freq(float theta, int rope_dim) {
+    std::vector<float> f((size_t)rope_dim / 2);
+    for (int i = 0; i < rope_dim / 2; i++) {
+        // HF: 1 / theta ** (arange(0, dim, 2) / dim) in f32
+        const float e = (float)(2 * i) / (float)rope_dim;
+        const float p = (float)std::pow((double)theta, (double)e);
+        f[(size_t)i] = 1.0f / p;
+    }
+    return f;
+}
+
+void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float ang = (float)pos * inv_freq[i];
+        const float c = (float)std::cos((double)ang), s = (float)std::sin((double)ang);
+        const float x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * c - x1 * s;
+        x[i + half] = x1 * c + x0 * s;
+    }
+}
+
+size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
+    return (size_t)(2 * kAttnTile * head_dim + kAttnTile) + (size_t)n_tok * group * (head_dim + 2);
+}
+
+DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
+    for (int i = 0; i < n; i++) y[i] *= a;
+}
+
+void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
+               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch) {
+    const int hd = kv.head_dim;
+    const int group = n_head / kv.n_kv;
+    const int64_t nt = i1 - i0;
+    float *Kt = scratch;
+    float *Vt = Kt + (size_t)kAttnTile * hd;
+    float *s = Vt + (size_t)kAttnTile * hd;
+    float *acc = s + kAttnTile;
+    float *m = acc + (size_t)nt * group * hd;
+    float *l = m + (size_t)nt * group;
+    std::fill(acc, acc + (size_t)nt * group * hd, 0.0f);
+    std::fill(m, m + (size_t)nt * group, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + (size_t)nt * group, 0.0f);
+
+    const int64_t p_end = n_past + i1;
+    for (int64_t p0 = 0; p0 < p_end; p0 += kAttnTile) {
+        const int64_t pn = std::min<int64_t>(kAttnTile, p_end - p0);
+        for (int64_t j = 0; j < pn; j++) {
+            dequant_row(kv.type_k, kv.k_at(p0 + j, kvh), Kt + j * hd, hd);
+            dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
+        }
+        for (int64_t i = i0; i < i1; i++) {
+            const int64_t lim = n_past + i + 1;
+            if (p0 >= lim) continue;
+            const int64_t cnt = std::min(pn, lim - p0);
+            for (int hh = 0; hh < group; hh++) {
+                const int h = kvh * group + hh;
+                const float *qh = q + i * q_stride + (int64_t)h * hd;
+                float mx = -std::numeric_limits<float>::infinity();
+                for (int64_t j = 0; j < cnt; j++) {
+                    s[j] = dot_f32(qh, Kt + j * hd, hd) * scale;
+                    mx = std::max(mx, s[j]);
+                }
+                const size_t idx = (size_t)(i - i0) * group + hh;
+                const float mnew = std::max(m[idx], mx);
+                const float corr = std::exp(m[idx] - mnew);  // 0 for the first tile (m = -inf)
+                float sum = 0;
+                for (int64_t j = 0; j < cnt; j++) {
+                    s[j] = std::exp(s[j] - mnew);
+                    sum += s[j];
+                }
+                float *a = acc + idx * hd;
+                l[idx] = l[idx] * corr + sum;
+                scale_vec(corr, a, hd);
+                for (int64_t j = 0; j < cnt; j++) axpy(s[j], Vt + j * hd, a, hd);
+                m[idx] = mnew;
+            }
+        }
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        for (int hh = 0; hh < group; hh++) {
+            const int h = kvh * group + hh;
+            const size_t idx = (size_t)(i - i0) * group + hh;
+            const float inv = 1.0f / l[idx];
+            float *o = out + i * out_stride + (int64_t)h * hd;
+            const float *a = acc + idx * hd;
+            for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+        }
+    }
+}
+
+void conv1d_silu(const float *window, int64_t n, int64_t channels, const float *w, int K, float *out) {
+    for (int64_t t = 0; t < n; t++) {
+        float *o = out + t * channels;
+        for (int64_t c = 0; c < channels; c++) {
+            float acc = 0;
+            for (int j = 0; j < K; j++) acc += w[c * K + j] * window[(t + j) * channels + c];
+            o[c] = silu(acc);
+        }
+    }
+}
+
+void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
+                   const float *beta, int64_t n, float *out, float *states) {
+    std::vector<float> u((size_t)dv);
+    for (int64_t t = 0; t < n; t++) {
+        const float decay = std::exp(g[t]);
+        const float *kt = k + t * dk, *qt = q + t * dk, *vt = v + t * dv;
+        std::fill(u.begin(), u.end(), 0.0f);
+        for (int a = 0; a < dk; a++) {
+            float *row = S + (size_t)a * dv;
+            scale_vec(decay, row, dv);
+            axpy(kt[a], row, u.data(), dv);
+        }
+        for (int b = 0; b < dv; b++) u[(size_t)b] = beta[t] * (vt[b] - u[(size_t)b]);  // delta
+        float *o = out + t * dv;
+        std::fill(o, o + dv, 0.0f);
+        for (int a = 0; a < dk; a++) {
+            float *row = S + (size_t)a * dv;
+            axpy(kt[a], u.data(), row, dv);
+            axpy(qt[a], row, o, dv);
+        }
+        if (states) std::memcpy(states + t * (int64_t)dk * dv, S, sizeof(float) * (size_t)dk * dv);
+    }
+}
+
+size_t gdn_chunk_scratch(int dk, int dv) {
+    const size_t C = kGdnChunk;
+    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv;
+}
+
+void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, int64_t n, float *out, float *scratch) {
+    const int64_t C = kGdnChunk;
+    float *G = scratch;           // [C] cumulative log-decay
+    float *A = G + C;             // [C][C] strictly lower: beta_i (k_i . k_j) exp(G_i - G_j)
+    float *U = A + C * C;         // [C][dv] becomes V_new
+    float *W = U + C * dv;        // [C][dk]
+    float *tmp = W + C * dk;      // [dv]
+    for (int64_t c0 = 0; c0 < n; c0 += C) {
+        const int64_t L = std::min(C, n - c0);
+        const float *qc = q + c0 * dk, *kc = k + c0 * dk, *vc = v + c0 * dv;
+        const float *gc = g + c0, *bc = beta + c0;
+        float acc = 0;
+        for (int64_t i = 0; i < L; i++) {
+            acc += gc[i];
+            G[i] = acc;
+        }
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < i; j++)
+                A[i * C + j] = bc[i] * dot_f32(kc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]);
+        // forward substitution: (I + A) U = beta V, (I + A) W = beta exp(G) K
+        for (int64_t i = 0; i < L; i++) {
+            float *ui = U + i * dv, *wi = W + i * dk;
+            for (int b = 0; b < dv; b++) ui[b] = bc[i] * vc[i * dv + b];
+            const float eg = bc[i] * std::exp(G[i]);
+            for (int a = 0; a < dk; a++) wi[a] = eg * kc[i * dk + a];
+            for (int64_t j = 0; j < i; j++) {
+                axpy(-A[i * C + j], U + j * dv, ui, dv);
+                axpy(-A[i * C + j], W + j * dk, wi, dk);
+            }
+        }
+        // V_new = U - W S
+        for (int64_t i = 0; i < L; i++) {
+            float *ui = U + i * dv;
+            const float *wi = W + i * dk;
+            for (int a = 0; a < dk; a++) axpy(-wi[a], S + (size_t)a * dv, ui, dv);
+        }
+        // O_i = exp(G_i) q_i S + sum_{j<=i} (q_i . k_j) exp(G_i - G_j) V_new_j
+        for (int64_t i = 0; i < L; i++) {
+            float *o = out + (c0 + i) * dv;
+            const float *qi = qc + i * dk;
+            std::fill(tmp, tmp + dv, 0.0f);
+            for (int a = 0; a < dk; a++) axpy(qi[a], S + (size_t)a * dv, tmp, dv);
+            const float eg = std::exp(G[i]);
+            for (int b = 0; b < dv; b++) o[b] = eg * tmp[b];
+            for (int64_t j = 0; j <= i; j++) {
+                const float c = dot_f32(qi, kc + j * dk, dk) * std::exp(G[i] - G[j]);
+                axpy(c, U + j * dv, o, dv);
+            }
+        }
+        // S = exp(G_last) S + sum_j exp(G_last - G_j) k_j V_new_j^T
+        const float gl = G[L - 1];
+        const float el = std::exp(gl);
+        for (int a = 0; a < dk; a++) scale_vec(el, S + (size_t)a * dv, dv);
+        for (int64_t j = 0; j < L; j++) {
+            const float e = std::exp(gl - G[j]);
+            const float *kj = kc + j * dk;
+            const float *uj = U + j * dv;
+            for (int a = 0; a < dk; a++) axpy(e * kj[a], uj, S + (size_t)a * dv, dv);
+        }
+    }
+}
+
+}  // namespace dfl

@@ -1,0 +1,103 @@
+// The model-independent operations of the CPU engine. Each has a float64 reference test in native/tests.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common.h"
+#include "quant.h"
+#include "threadpool.h"
+
+namespace dfl {
+
+// A 2-D weight (or a 1-D one with n_out = 1) referencing tensor data: n_out rows of n_in elements of `type`.
+struct Weight {
+    const char *name = "";
+    uint32_t type = DFL_TYPE_F32;
+    int64_t n_in = 0, n_out = 0;
+    const uint8_t *data = nullptr;
+    uint64_t row_bytes = 0;
+
+    bool empty() const { return data == nullptr; }
+    const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
+};
+
+// Per-thread scratch growable buffers, reused across calls.
+struct Scratch {
+    std::vector<std::vector<float>> per_thread;
+    explicit Scratch(int n = 1) : per_thread(n) {}
+    float *get(int thread, size_t n) {
+        auto &v = per_thread[thread];
+        if (v.size() < n) v.resize(n);
+        return v.data();
+    }
+};
+
+// Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out.
+void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y);
+
+// out[0..n_in) = row `r` of W as f32 (embedding lookup).
+void get_row(const Weight &W, int64_t r, float *out);
+
+// y = x * rsqrt(mean(x^2) + eps) * w (w may be null: no scale). y may alias x.
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+
+// x = x * rsqrt(sum(x^2) + eps) (the Gated DeltaNet q/k normalisation).
+void l2norm(float *x, int64_t n, float eps);
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// PyTorch softplus (beta 1, threshold 20).
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// inv_freq[i] = theta^(-2i/rope_dim), i < rope_dim/2, rounded to f32 as HF does.
+std::vector<float> rope_inv_freq(float theta, int rope_dim);
+
+// NeoX (rotate-half) RoPE on the first rope_dim values of one head: x[i] pairs with x[i + rope_dim/2].
+void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq);
+
+// A paged KV cache of one attention layer seen through one sequence's block table.
+struct PagedKV {
+    uint32_t type_k = DFL_TYPE_F32, type_v = DFL_TYPE_F32;
+    int n_kv = 0, head_dim = 0, block_size = 0;
+    uint8_t *k = nullptr, *v = nullptr;
+    uint64_t k_row = 0, v_row = 0;  // bytes of one (token, kv head) row
+    const int32_t *blocks = nullptr;
+
+    int64_t slot(int64_t pos) const { return (int64_t)blocks[pos / block_size] * block_size + pos % block_size; }
+    uint8_t *k_at(int64_t pos, int h) const { return k + (uint64_t)(slot(pos) * n_kv + h) * k_row; }
+    uint8_t *v_at(int64_t pos, int h) const { return v + (uint64_t)(slot(pos) * n_kv + h) * v_row; }
+};
+
+constexpr int kAttnTile = 64;
+
+// Causal attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV head
+// `kvh`. Token i sits at cache position n_past + i and sees positions [0, n_past + i]. q and out are [n_new][n_head]
+// [head_dim] with row strides q_stride / out_stride floats per token. Scratch must hold attention_scratch() floats.
+void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
+               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch);
+size_t attention_scratch(int head_dim, int group, int64_t n_tok);
+
+// Depthwise causal conv over `channels` with kernel K followed by SiLU. window holds K-1+n rows of `channels` values
+// (the K-1 previous inputs, then the n new ones); w is [channels][K] (tap K-1 multiplies the current row).
+void conv1d_silu(const float *window, int64_t n, int64_t channels, const float *w, int K, float *out);
+
+// Gated delta rule for one value head over n tokens; S is the [dk][dv] state (in/out). q (already normalised and
+// scaled), k (normalised): [n][dk]; v: [n][dv]; g: log-decay per token; beta: write strength per token. out: [n][dv].
+// states (optional): [n][dk*dv], the state after each token.
+void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
+                   const float *beta, int64_t n, float *out, float *states);
+
+// The same result computed chunk-wise (chunk 64, as HF's torch_chunk_gated_delta_rule). scratch: gdn_chunk_scratch().
+void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
+                 const float *beta, int64_t n, float *out, float *scratch);
+size_t gdn_chunk_scratch(int dk, int dv);
+constexpr int kGdnChunk = 64;
+
+// Sampling (sample.cpp).
+int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
+                     uint32_t n_history, uint64_t *rng_state);
+uint64_t rng_next(uint64_t *state);
+
+}  // namespace dfl

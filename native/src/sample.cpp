@@ -1,0 +1,110 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+#include <vector>
+
+#include "ops.h"
+
+namespace dfl {
+
+// splitmix64: tiny, seedable with any value, and good enough for token draws.
+uint64_t rng_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static bool before(const std::vector<float> &l, int32_t a, int32_t b) {
+    return l[(size_t)a] > l[(size_t)b] || (l[(size_t)a] == l[(size_t)b] && a < b);
+}
+
+int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
+                     uint32_t n_history, uint64_t *rng_state) {
+    if (n_vocab == 0) fail(DFL_ERR_INVALID, "sample: empty vocabulary");
+    std::vector<float> l(logits, logits + n_vocab);
+
+    const bool penalise = p.penalty_last_n != 0 && n_history > 0 &&
+                          (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+    if (penalise) {
+        if (p.repeat_penalty <= 0.0f) fail(DFL_ERR_INVALID, "sample: repeat_penalty must be > 0");
+        const uint32_t start =
+            p.penalty_last_n < 0 || (uint32_t)p.penalty_last_n >= n_history ? 0 : n_history - (uint32_t)p.penalty_last_n;
+        std::unordered_map<int32_t, int> count;
+        for (uint32_t i = start; i < n_history; i++) {
+            const int32_t t = history[i];
+            if (t < 0 || (uint32_t)t >= n_vocab)
+                fail(DFL_ERR_INVALID, "sample: history token " + std::to_string(t) + " outside the vocabulary");
+            count[t]++;
+        }
+        for (const auto &kv : count) {
+            float x = l[(size_t)kv.first];
+            if (p.repeat_penalty != 1.0f) x = x > 0 ? x / p.repeat_penalty : x * p.repeat_penalty;
+            x -= (float)kv.second * p.frequency_penalty + p.presence_penalty;
+            l[(size_t)kv.first] = x;
+        }
+    }
+
+    if (!(p.temperature > 0.0f)) {
+        int32_t best = 0;
+        for (uint32_t i = 1; i < n_vocab; i++)
+            if (l[i] > l[(size_t)best]) best = (int32_t)i;
+        return best;
+    }
+
+    for (auto &x : l) x /= p.temperature;
+
+    // candidates, best first (ties by lower id, so the order is deterministic)
+    std::vector<int32_t> idx(n_vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    const auto cmp = [&](int32_t a, int32_t b) { return before(l, a, b); };
+    size_t n = n_vocab;
+    if (p.top_k > 0 && (uint32_t)p.top_k < n_vocab) {
+        n = (size_t)p.top_k;
+        std::partial_sort(idx.begin(), idx.begin() + (ptrdiff_t)n, idx.end(), cmp);
+    } else {
+        std::sort(idx.begin(), idx.end(), cmp);
+    }
+    idx.resize(n);
+
+    std::vector<double> pr(n);
+    const double mx = l[(size_t)idx[0]];
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        pr[i] = std::exp((double)l[(size_t)idx[i]] - mx);
+        sum += pr[i];
+    }
+    for (auto &x : pr) x /= sum;
+
+    if (p.top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = n;
+        for (size_t i = 0; i < n; i++) {
+            cum += pr[i];
+            if (cum >= (double)p.top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = std::max<size_t>(1, keep);
+    }
+    if (p.min_p > 0.0f) {
+        const double floor = (double)p.min_p * pr[0];
+        size_t keep = 1;
+        while (keep < n && pr[keep] >= floor) keep++;
+        n = keep;
+    }
+
+    double mass = 0;
+    for (size_t i = 0; i < n; i++) mass += pr[i];
+    const double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    double cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += pr[i];
+        if (u < cum) return idx[i];
+    }
+    return idx[n - 1];
+}
+
+}  // namespace dfl

@@ -1,0 +1,437 @@
+// Operations against straightforward float64 implementations.
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "ops.h"
+#include "ref.h"
+#include "test.h"
+
+using namespace dfl;
+using namespace dfltest;
+
+namespace {
+
+// Random weight bytes of any type, with block scales small enough that values stay O(0.1..1).
+std::vector<uint8_t> random_weight(uint32_t type, int64_t n_in, int64_t n_out, Rng &rng) {
+    std::vector<uint8_t> raw(row_bytes(type, n_in) * (uint64_t)n_out);
+    const int64_t n = n_in * n_out;
+    switch (type) {
+    case DFL_TYPE_F32:
+        for (int64_t i = 0; i < n; i++) {
+            const float f = rng.sym();
+            std::memcpy(raw.data() + 4 * i, &f, 4);
+        }
+        break;
+    case DFL_TYPE_F16:
+    case DFL_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            const uint16_t h = type == DFL_TYPE_F16 ? f32_to_f16(rng.sym()) : f32_to_bf16(rng.sym());
+            std::memcpy(raw.data() + 2 * i, &h, 2);
+        }
+        break;
+    default: {
+        for (auto &b : raw) b = (uint8_t)rng.next();
+        const int bb = type_block_bytes(type);
+        for (size_t off = 0; off < raw.size(); off += (size_t)bb) {
+            const uint16_t d = f32_to_f16((float)(0.002 + rng.uniform() * 0.02));
+            const uint16_t dm = f32_to_f16((float)(0.002 + rng.uniform() * 0.02));
+            if (type == DFL_TYPE_Q6_K) {
+                std::memcpy(raw.data() + off + 208, &d, 2);
+            } else {
+                std::memcpy(raw.data() + off, &d, 2);
+                if (type == DFL_TYPE_Q4_K) std::memcpy(raw.data() + off + 2, &dm, 2);
+            }
+        }
+    }
+    }
+    return raw;
+}
+
+Weight make_weight(uint32_t type, int64_t n_in, int64_t n_out, const std::vector<uint8_t> &raw) {
+    Weight w;
+    w.type = type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = row_bytes(type, n_in);
+    w.data = raw.data();
+    return w;
+}
+
+double max_abs(const std::vector<double> &v) {
+    double m = 0;
+    for (double x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+}  // namespace
+
+TEST(matmul_all_weight_types) {
+    Rng rng(21);
+    ThreadPool pool(3);
+    Scratch scratch(3);
+    const int64_t n_in = 512, n_out = 13;
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        const auto raw = random_weight(type, n_in, n_out, rng);
+        const Weight W = make_weight(type, n_in, n_out, raw);
+        for (int64_t T : {1, 3, 37}) {
+            std::vector<float> X((size_t)(T * n_in)), Y((size_t)(T * n_out));
+            for (auto &x : X) x = rng.sym();
+            matmul(pool, scratch, W, X.data(), T, Y.data());
+            for (int64_t t = 0; t < T; t++) {
+                std::vector<double> ref((size_t)n_out);
+                for (int64_t o = 0; o < n_out; o++) {
+                    double s = 0;
+                    for (int64_t i = 0; i < n_in; i++) s += ref_row_elem(type, W.row(o), i) * X[(size_t)(t * n_in + i)];
+                    ref[(size_t)o] = s;
+                }
+                const double scale = std::max(1.0, max_abs(ref));
+                for (int64_t o = 0; o < n_out; o++) CHECK_CLOSE(Y[(size_t)(t * n_out + o)], ref[(size_t)o], 2e-6 * scale);
+                // a row computed alone is bitwise the row computed in a batch
+                std::vector<float> y1((size_t)n_out);
+                matmul(pool, scratch, W, X.data() + t * n_in, 1, y1.data());
+                for (int64_t o = 0; o < n_out; o++) CHECK(y1[(size_t)o] == Y[(size_t)(t * n_out + o)]);
+            }
+        }
+    }
+}
+
+TEST(get_row_dequantizes) {
+    Rng rng(5);
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        const auto raw = random_weight(type, 256, 3, rng);
+        const Weight W = make_weight(type, 256, 3, raw);
+        std::vector<float> y(256);
+        get_row(W, 2, y.data());
+        for (int i = 0; i < 256; i++) CHECK_CLOSE(y[(size_t)i], ref_row_elem(type, W.row(2), i), 1e-6);
+    }
+}
+
+TEST(rmsnorm_and_l2norm) {
+    Rng rng(8);
+    for (int n : {16, 128, 1000}) {
+        std::vector<float> x((size_t)n), w((size_t)n), y((size_t)n);
+        for (auto &v : x) v = rng.sym(4);
+        for (auto &v : w) v = rng.sym(2);
+        double ss = 0;
+        for (float v : x) ss += (double)v * v;
+        const double r = 1 / std::sqrt(ss / n + 1e-6);
+        rmsnorm(x.data(), w.data(), y.data(), n, 1e-6f);
+        for (int i = 0; i < n; i++) CHECK_CLOSE(y[(size_t)i], x[(size_t)i] * r * w[(size_t)i], 1e-6 * 8);
+        rmsnorm(x.data(), nullptr, y.data(), n, 1e-6f);
+        for (int i = 0; i < n; i++) CHECK_CLOSE(y[(size_t)i], x[(size_t)i] * r, 1e-6 * 4);
+        std::vector<float> z = x;
+        l2norm(z.data(), n, 1e-6f);
+        const double r2 = 1 / std::sqrt(ss + 1e-6);
+        for (int i = 0; i < n; i++) CHECK_CLOSE(z[(size_t)i], x[(size_t)i] * r2, 1e-7);
+    }
+    // the epsilon matters for tiny vectors
+    std::vector<float> t = {1e-4f, 0.0f};
+    l2norm(t.data(), 2, 1e-6f);
+    CHECK_CLOSE(t[0], 1e-4 / std::sqrt(1e-8 + 1e-6), 1e-6);
+}
+
+TEST(rope_neox_partial) {
+    Rng rng(9);
+    for (int head_dim : {32, 64}) {
+        for (int rope_dim : {head_dim, head_dim / 4}) {
+            for (float theta : {1e6f, 1e7f}) {
+                const auto inv = rope_inv_freq(theta, rope_dim);
+                for (int32_t pos : {0, 1, 77, 4095}) {
+                    std::vector<float> x((size_t)head_dim);
+                    for (auto &v : x) v = rng.sym();
+                    std::vector<float> y = x;
+                    rope_neox(y.data(), rope_dim, pos, inv.data());
+                    const int half = rope_dim / 2;
+                    for (int i = 0; i < head_dim; i++) {
+                        double want;
+                        if (i >= rope_dim) {
+                            want = x[(size_t)i];
+                        } else {
+                            const int k = i % half;
+                            const double ang = pos * std::pow((double)theta, -2.0 * k / rope_dim);
+                            want = i < half ? x[(size_t)i] * std::cos(ang) - x[(size_t)(i + half)] * std::sin(ang)
+                                            : x[(size_t)i] * std::cos(ang) + x[(size_t)(i - half)] * std::sin(ang);
+                        }
+                        // f32 angles (as HF computes them) drift by ~pos * 2^-24
+                        CHECK_CLOSE(y[(size_t)i], want, 1e-6 + pos * 2e-7);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(attention_paged_all_cache_types) {
+    Rng rng(13);
+    const int n_head = 4, n_kv = 2, hd = 32, bs = 16;
+    const int64_t n_past = 70, n_new = 20, total = n_past + n_new;
+    const std::vector<int32_t> blocks = {5, 2, 7, 0, 6, 3, 1, 4};
+    const std::pair<uint32_t, uint32_t> types[] = {{DFL_TYPE_F32, DFL_TYPE_F32},
+                                                   {DFL_TYPE_F16, DFL_TYPE_F16},
+                                                   {DFL_TYPE_BF16, DFL_TYPE_BF16},
+                                                   {DFL_TYPE_Q8_0, DFL_TYPE_Q8_0},
+                                                   {DFL_TYPE_Q8_0, DFL_TYPE_F16}};
+    for (auto ct : types) {
+        PagedKV kv;
+        kv.type_k = ct.first;
+        kv.type_v = ct.second;
+        kv.n_kv = n_kv;
+        kv.head_dim = hd;
+        kv.block_size = bs;
+        kv.k_row = row_bytes(kv.type_k, hd);
+        kv.v_row = row_bytes(kv.type_v, hd);
+        std::vector<uint8_t> kb(8 * bs * n_kv * kv.k_row), vb(8 * bs * n_kv * kv.v_row);
+        kv.k = kb.data();
+        kv.v = vb.data();
+        kv.blocks = blocks.data();
+        std::vector<double> K((size_t)(total * n_kv * hd)), V(K.size());
+        std::vector<float> row((size_t)hd);
+        for (int64_t p = 0; p < total; p++)
+            for (int g = 0; g < n_kv; g++) {
+                for (auto &v : row) v = rng.sym(2);
+                quantize_row(kv.type_k, row.data(), kv.k_at(p, g), hd);
+                for (auto &v : row) v = rng.sym(2);
+                quantize_row(kv.type_v, row.data(), kv.v_at(p, g), hd);
+                for (int d = 0; d < hd; d++) {
+                    K[(size_t)((p * n_kv + g) * hd + d)] = ref_row_elem(kv.type_k, kv.k_at(p, g), d);
+                    V[(size_t)((p * n_kv + g) * hd + d)] = ref_row_elem(kv.type_v, kv.v_at(p, g), d);
+                }
+            }
+        std::vector<float> q((size_t)(n_new * n_head * hd)), out(q.size(), NAN);
+        for (auto &v : q) v = rng.sym();
+        const float scale = 1.0f / std::sqrt((float)hd);
+        const int group = n_head / n_kv;
+        for (int g = 0; g < n_kv; g++)
+            for (int64_t i0 = 0; i0 < n_new; i0 += 7) {  // token chunks like the model's tasks
+                const int64_t i1 = std::min(n_new, i0 + 7);
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
+                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale, scr.data());
+            }
+        for (int64_t i = 0; i < n_new; i++)
+            for (int h = 0; h < n_head; h++) {
+                const int g = h / group;
+                const int64_t L = n_past + i + 1;
+                std::vector<double> s((size_t)L);
+                double mx = -1e300;
+                for (int64_t p = 0; p < L; p++) {
+                    double d = 0;
+                    for (int e = 0; e < hd; e++)
+                        d += (double)q[(size_t)((i * n_head + h) * hd + e)] * K[(size_t)((p * n_kv + g) * hd + e)];
+                    s[(size_t)p] = d / std::sqrt((double)hd);
+                    mx = std::max(mx, s[(size_t)p]);
+                }
+                double z = 0;
+                for (auto &v : s) z += (v = std::exp(v - mx));
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int64_t p = 0; p < L; p++) o += s[(size_t)p] * V[(size_t)((p * n_kv + g) * hd + e)];
+                    CHECK_CLOSE(out[(size_t)((i * n_head + h) * hd + e)], o / z, 2e-6);
+                }
+            }
+    }
+}
+
+TEST(conv1d_silu_causal) {
+    Rng rng(17);
+    const int K = 4, C = 10, n = 6;
+    std::vector<float> win((size_t)((K - 1 + n) * C)), w((size_t)(C * K)), out((size_t)(n * C));
+    for (auto &v : win) v = rng.sym();
+    for (auto &v : w) v = rng.sym();
+    conv1d_silu(win.data(), n, C, w.data(), K, out.data());
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < C; c++) {
+            double a = 0;
+            for (int j = 0; j < K; j++) a += (double)w[(size_t)(c * K + j)] * win[(size_t)((t + j) * C + c)];
+            CHECK_CLOSE(out[(size_t)(t * C + c)], a / (1 + std::exp(-a)), 1e-6);
+        }
+}
+
+namespace {
+
+struct GdnCase {
+    int dk, dv;
+    int64_t n;
+    std::vector<float> q, k, v, g, beta, S0;
+};
+
+GdnCase gdn_case(int dk, int dv, int64_t n, Rng &rng) {
+    GdnCase c{dk, dv, n, {}, {}, {}, {}, {}, {}};
+    c.q.resize((size_t)(n * dk));
+    c.k.resize((size_t)(n * dk));
+    c.v.resize((size_t)(n * dv));
+    c.g.resize((size_t)n);
+    c.beta.resize((size_t)n);
+    c.S0.resize((size_t)(dk * dv));
+    for (auto &x : c.v) x = rng.sym();
+    for (int64_t t = 0; t < n; t++) {
+        // normalised keys, scaled queries, decays in (0.2, 1)
+        double sk = 0, sq = 0;
+        for (int a = 0; a < dk; a++) {
+            c.k[(size_t)(t * dk + a)] = rng.sym();
+            c.q[(size_t)(t * dk + a)] = rng.sym();
+            sk += c.k[(size_t)(t * dk + a)] * (double)c.k[(size_t)(t * dk + a)];
+            sq += c.q[(size_t)(t * dk + a)] * (double)c.q[(size_t)(t * dk + a)];
+        }
+        for (int a = 0; a < dk; a++) {
+            c.k[(size_t)(t * dk + a)] /= (float)std::sqrt(sk);
+            c.q[(size_t)(t * dk + a)] /= (float)(std::sqrt(sq) * std::sqrt((double)dk));
+        }
+        c.g[(size_t)t] = (float)std::log(0.2 + 0.8 * rng.uniform());
+        c.beta[(size_t)t] = (float)rng.uniform();
+    }
+    for (auto &x : c.S0) x = rng.sym(0.5f);
+    return c;
+}
+
+// S_t = a_t S + k (beta (v - a_t S^T k))^T; o_t = S_t^T q, in float64.
+void gdn_ref(const GdnCase &c, std::vector<double> &S, std::vector<double> &out, std::vector<double> *states) {
+    const int dk = c.dk, dv = c.dv;
+    S.assign(c.S0.begin(), c.S0.end());
+    out.assign((size_t)(c.n * dv), 0);
+    for (int64_t t = 0; t < c.n; t++) {
+        const double a = std::exp((double)c.g[(size_t)t]);
+        for (auto &x : S) x *= a;
+        for (int j = 0; j < dv; j++) {
+            double u = 0;
+            for (int i = 0; i < dk; i++) u += S[(size_t)(i * dv + j)] * c.k[(size_t)(t * dk + i)];
+            const double delta = c.beta[(size_t)t] * (c.v[(size_t)(t * dv + j)] - u);
+            for (int i = 0; i < dk; i++) S[(size_t)(i * dv + j)] += c.k[(size_t)(t * dk + i)] * delta;
+        }
+        for (int j = 0; j < dv; j++) {
+            double o = 0;
+            for (int i = 0; i < dk; i++) o += S[(size_t)(i * dv + j)] * c.q[(size_t)(t * dk + i)];
+            out[(size_t)(t * dv + j)] = o;
+        }
+        if (states) states->insert(states->end(), S.begin(), S.end());
+    }
+}
+
+}  // namespace
+
+TEST(gdn_recurrent_and_chunked_match_reference) {
+    Rng rng(23);
+    for (auto dims : {std::pair<int, int>{16, 16}, {16, 32}, {32, 16}}) {
+        for (int64_t n : {1, 2, 63, 64, 65, 150}) {
+            const GdnCase c = gdn_case(dims.first, dims.second, n, rng);
+            std::vector<double> Sref, oref, stref;
+            gdn_ref(c, Sref, oref, &stref);
+            const int dk = c.dk, dv = c.dv;
+            // recurrent, with per-token states
+            std::vector<float> S(c.S0), out((size_t)(n * dv)), states((size_t)(n * dk * dv));
+            gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data(),
+                          states.data());
+            for (size_t i = 0; i < out.size(); i++) CHECK_CLOSE(out[i], oref[i], 2e-5);
+            for (size_t i = 0; i < S.size(); i++) CHECK_CLOSE(S[i], Sref[i], 2e-5);
+            for (size_t i = 0; i < states.size(); i++) CHECK_CLOSE(states[i], stref[i], 2e-5);
+            // chunked
+            std::vector<float> S2(c.S0), out2((size_t)(n * dv)), scr(gdn_chunk_scratch(dk, dv));
+            gdn_chunked(S2.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out2.data(),
+                        scr.data());
+            for (size_t i = 0; i < out2.size(); i++) CHECK_CLOSE(out2[i], oref[i], 2e-5);
+            for (size_t i = 0; i < S2.size(); i++) CHECK_CLOSE(S2[i], Sref[i], 2e-5);
+        }
+    }
+}
+
+TEST(threadpool_runs_every_task_once_and_rethrows) {
+    ThreadPool pool(4);
+    std::vector<int> hits(1000, 0);
+    for (int rep = 0; rep < 50; rep++) pool.parallel_for(1000, [&](int64_t t, int) { hits[(size_t)t]++; });
+    CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 50; }));
+    bool threw = false;
+    try {
+        pool.parallel_for(100, [&](int64_t t, int) {
+            if (t == 42) throw std::runtime_error("boom");
+        });
+    } catch (const std::runtime_error &) {
+        threw = true;
+    }
+    CHECK(threw);
+    int after = 0;
+    pool.parallel_for(10, [&](int64_t, int) { __atomic_add_fetch(&after, 1, __ATOMIC_RELAXED); });
+    CHECK(after == 10);
+}
+
+namespace {
+
+dfl_sampling greedy() {
+    dfl_sampling p{};
+    p.temperature = 0;
+    p.repeat_penalty = 1;
+    p.top_p = 1;
+    p.penalty_last_n = -1;
+    return p;
+}
+
+}  // namespace
+
+TEST(sample_greedy_and_penalties) {
+    const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 2.5f};
+    uint64_t rng = 1;
+    dfl_sampling p = greedy();
+    CHECK(sample_token(l.data(), 5, p, nullptr, 0, &rng) == 1);  // tie -> lower id
+    CHECK(rng == 1);                                              // greedy draws nothing
+    const int32_t hist[] = {1, 2, 2};
+    p.repeat_penalty = 2.0f;  // 3 -> 1.5 for ids 1 and 2
+    CHECK(sample_token(l.data(), 5, p, hist, 3, &rng) == 4);
+    p.repeat_penalty = 1.0f;
+    p.frequency_penalty = 0.4f;  // id1: 3-0.4 = 2.6, id2: 3-0.8 = 2.2 -> id1 beats 2.5
+    CHECK(sample_token(l.data(), 5, p, hist, 3, &rng) == 1);
+    p.presence_penalty = 0.2f;  // id1: 2.4 < 2.5
+    CHECK(sample_token(l.data(), 5, p, hist, 3, &rng) == 4);
+    p.penalty_last_n = 0;  // penalties off
+    CHECK(sample_token(l.data(), 5, p, hist, 3, &rng) == 1);
+    p.penalty_last_n = 2;  // only {2, 2}
+    CHECK(sample_token(l.data(), 5, p, hist, 3, &rng) == 1);
+    const int32_t bad[] = {7};
+    p.penalty_last_n = -1;
+    bool threw = false;
+    try {
+        sample_token(l.data(), 5, p, bad, 1, &rng);
+    } catch (const Error &) {
+        threw = true;
+    }
+    CHECK(threw);
+}
+
+TEST(sample_distribution_and_filters) {
+    const std::vector<float> l = {0.0f, std::log(2.0f), std::log(3.0f), std::log(4.0f)};  // p = 0.1 .. 0.4
+    dfl_sampling p = greedy();
+    p.temperature = 1;
+    const int N = 40000;
+    auto freq = [&](const dfl_sampling &sp, uint64_t seed) {
+        std::vector<double> f(4, 0);
+        uint64_t rng = seed;
+        for (int i = 0; i < N; i++) f[(size_t)sample_token(l.data(), 4, sp, nullptr, 0, &rng)] += 1.0 / N;
+        return f;
+    };
+    auto f = freq(p, 99);
+    for (int i = 0; i < 4; i++) CHECK_CLOSE(f[(size_t)i], (i + 1) / 10.0, 0.01);
+    // same seed, same draws
+    CHECK(freq(p, 5) == freq(p, 5));
+    // top-k 2 -> ids 3, 2 with 4:3
+    dfl_sampling k = p;
+    k.top_k = 2;
+    f = freq(k, 1);
+    CHECK_CLOSE(f[3], 4.0 / 7, 0.01);
+    CHECK_CLOSE(f[2], 3.0 / 7, 0.01);
+    CHECK(f[0] == 0 && f[1] == 0);
+    // top-p 0.65 -> smallest prefix reaching 0.65: {3, 2} (0.7)
+    dfl_sampling tp = p;
+    tp.top_p = 0.65f;
+    f = freq(tp, 2);
+    CHECK(f[0] == 0 && f[1] == 0);
+    CHECK_CLOSE(f[3], 4.0 / 7, 0.01);
+    // min-p 0.45 -> keep p >= 0.18: {3, 2, 1}
+    dfl_sampling mp = p;
+    mp.min_p = 0.45f;
+    f = freq(mp, 3);
+    CHECK(f[0] == 0);
+    CHECK_CLOSE(f[1], 2.0 / 9, 0.01);
+    // temperature sharpens: T = 0.5 squares the odds
+    dfl_sampling t = p;
+    t.temperature = 0.5f;
+    f = freq(t, 4);
+    CHECK_CLOSE(f[3], 16.0 / 30, 0.01);
+}
