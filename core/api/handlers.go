@@ -1,0 +1,235 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, opts, e := decodeChat(body, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	reqID := requestID(r)
+	id, created := s.newID("chatcmpl-"), s.now().Unix()
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: opts.stream,
+		newSink: func(st Stream, w http.ResponseWriter) sink {
+			if opts.stream {
+				return newChatStream(w, st, id, created, opts, req.Logprobs)
+			}
+			return &chatWhole{w: w, st: st, id: id, created: created, logprobs: req.Logprobs, reqID: reqID}
+		}})
+}
+
+func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, stream, e := decodeMessages(body, s.lim, false)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	reqID := requestID(r)
+	id := s.newID("msg_")
+	s.run(w, r, generation{shape: shapeAnthropic, requestID: reqID, req: req, stream: stream,
+		newSink: func(st Stream, w http.ResponseWriter) sink {
+			if stream {
+				return newAnthropicStream(w, st, id)
+			}
+			return &anthropicWhole{w: w, st: st, id: id, reqID: reqID}
+		}})
+}
+
+func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, stream, echo, e := decodeResponses(body, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	reqID := requestID(r)
+	id, created := s.newID("resp_"), s.now().Unix()
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: stream,
+		newSink: func(st Stream, w http.ResponseWriter) sink {
+			base := responseBase{id: id, created: created, model: st.Model(), echo: echo}
+			if stream {
+				return newResponsesStream(w, base)
+			}
+			return &responsesWhole{responseBase: base, w: w, reqID: reqID}
+		}})
+}
+
+// handleCountTokens counts with the model's own template and tokenizer;
+// it takes no slot and never queues (api-conventions §3.6).
+func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, _, e := decodeMessages(body, s.lim, true)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req.ID = requestID(r)
+	model, n, err := s.rt.countTokens(r.Context(), req)
+	if err != nil {
+		s.tokenError(w, r, err)
+		return
+	}
+	w.Header().Set("X-Dflash-Model", model)
+	writeJSON(w, http.StatusOK, struct {
+		InputTokens int `json:"input_tokens"`
+	}{n})
+}
+
+func (s *Server) tokenError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	sh := shapeOf(r.URL.Path)
+	writeError(w, sh, requestID(r), s.errorFor(err, sh))
+}
+
+// tokenizeRequest is llama.cpp server's /tokenize body plus model.
+type tokenizeRequest struct {
+	Model      string  `json:"model"`
+	Content    *string `json:"content"`
+	AddSpecial bool    `json:"add_special"`
+}
+
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	var in tokenizeRequest
+	if e := decodeJSON(body, s.lim, &in); e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	if in.Content == nil {
+		s.fail(w, r, missingParam("content"))
+		return
+	}
+	model, ids, err := s.rt.tokenize(r.Context(), in.Model, *in.Content, in.AddSpecial)
+	if err != nil {
+		s.tokenError(w, r, err)
+		return
+	}
+	if ids == nil {
+		ids = []int32{}
+	}
+	w.Header().Set("X-Dflash-Model", model)
+	writeJSON(w, http.StatusOK, struct {
+		Tokens []int32 `json:"tokens"`
+	}{ids})
+}
+
+type detokenizeRequest struct {
+	Model  string  `json:"model"`
+	Tokens []int32 `json:"tokens"`
+}
+
+func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	var in detokenizeRequest
+	if e := decodeJSON(body, s.lim, &in); e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	if in.Tokens == nil {
+		s.fail(w, r, missingParam("tokens"))
+		return
+	}
+	model, text, err := s.rt.detokenize(r.Context(), in.Model, in.Tokens)
+	if err != nil {
+		s.tokenError(w, r, err)
+		return
+	}
+	w.Header().Set("X-Dflash-Model", model)
+	writeJSON(w, http.StatusOK, struct {
+		Content string `json:"content"`
+	}{text})
+}
+
+type modelEntry struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	OwnedBy string          `json:"owned_by"`
+	Dflash  json.RawMessage `json:"dflash,omitempty"`
+}
+
+// handleModels lists the loaded models in OpenAI's shape; the router's
+// per-model status rides along under "dflash" (SDKs ignore extra keys).
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	ms := s.rt.models()
+	data := make([]modelEntry, 0, len(ms))
+	for _, m := range ms {
+		raw, err := marshal(m)
+		if err != nil {
+			s.fail(w, r, internalError("encode model status: %v", err))
+			return
+		}
+		var named struct {
+			Name string `json:"name"`
+		}
+		_ = json.Unmarshal(raw, &named)
+		data = append(data, modelEntry{ID: named.Name, Object: "model", Created: s.created, OwnedBy: s.opts.OwnedBy, Dflash: raw})
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{"list", data})
+}
+
+// handleHealth is liveness: if it answers, the process is alive. Backends
+// never make it fail (api-conventions §7.2 rule 3).
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
+	if s.opts.Ready != nil {
+		if ok, state := s.opts.Ready(); !ok {
+			if state == "" {
+				state = "unavailable"
+			}
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": state})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.rt.status())
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Metrics == nil {
+		s.fail(w, r, &apiError{status: http.StatusNotFound, code: "not_found", message: "metrics are not enabled"})
+		return
+	}
+	s.opts.Metrics.ServeHTTP(w, r)
+}
