@@ -7,10 +7,13 @@ import "unicode/utf8"
 // themselves, the other 68 to U+0100 upwards in byte order.
 var (
 	byteToRune [256]rune
-	runeToByte = map[rune]byte{}
+	runeToByte [0x144]int16 // inverse of byteToRune, -1 where none
 )
 
 func init() {
+	for i := range runeToByte {
+		runeToByte[i] = -1
+	}
 	next := rune(0x100)
 	for b := 0; b < 256; b++ {
 		printable := (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)
@@ -20,7 +23,7 @@ func init() {
 			byteToRune[b] = next
 			next++
 		}
-		runeToByte[byteToRune[b]] = byte(b)
+		runeToByte[byteToRune[b]] = int16(b)
 	}
 }
 
@@ -40,8 +43,8 @@ func byteLevelDecode(s string) (raw []byte, ok bool) {
 	raw = make([]byte, 0, len(s))
 	ok = true
 	for _, r := range s {
-		if b, found := runeToByte[r]; found {
-			raw = append(raw, b)
+		if r < rune(len(runeToByte)) && runeToByte[r] >= 0 {
+			raw = append(raw, byte(runeToByte[r]))
 			continue
 		}
 		ok = false

@@ -39,7 +39,7 @@ func (c corpusEntry) bytes(t *testing.T) string {
 
 // needNode finds node and npm; without them the test is skipped locally
 // but fails under CI, where they must be installed.
-func needNode(t *testing.T) {
+func needNode(t testing.TB) {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -56,7 +56,7 @@ var npmOnce sync.Once
 var npmErr error
 
 // referenceModules installs the pinned reference packages unless present.
-func referenceModules(t *testing.T) {
+func referenceModules(t testing.TB) {
 	t.Helper()
 	needNode(t)
 	npmOnce.Do(func() {
@@ -77,7 +77,7 @@ func referenceModules(t *testing.T) {
 	}
 }
 
-func runNode(t *testing.T, args ...string) []byte {
+func runNode(t testing.TB, args ...string) []byte {
 	t.Helper()
 	cmd := exec.Command("node", append([]string{"reference.js"}, args...)...)
 	cmd.Dir = referenceDir
@@ -92,7 +92,7 @@ func runNode(t *testing.T, args ...string) []byte {
 
 var refTokOnce sync.Map // path → *Tokenizer
 
-func tokenizerFromHF(t *testing.T, path string) *Tokenizer {
+func tokenizerFromHF(t testing.TB, path string) *Tokenizer {
 	t.Helper()
 	if tok, ok := refTokOnce.Load(path); ok {
 		return tok.(*Tokenizer)
@@ -110,7 +110,7 @@ func tokenizerFromHF(t *testing.T, path string) *Tokenizer {
 }
 
 // referenceTokenizers returns the reference tokenizer.json paths by model.
-func referenceTokenizers(t *testing.T) map[string]string {
+func referenceTokenizers(t testing.TB) map[string]string {
 	referenceModules(t)
 	var paths map[string]string
 	if err := json.Unmarshal(runNode(t, "paths"), &paths); err != nil {

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -319,5 +320,32 @@ func TestValidUTF8(t *testing.T) {
 			is := is.New(t)
 			is.Equal(validUTF8(tt.in), tt.want)
 		})
+	}
+}
+
+// Encode is used from many goroutines at once (its per-token merge cache
+// is shared).
+func TestConcurrentEncode(t *testing.T) {
+	text := strings.Repeat("hello world <think> aaa bbb\n", 20)
+	want := tiny(t, nil).Encode(text, false, true)
+	tok := tiny(t, nil) // cold merge cache, filled concurrently
+	errs := make(chan string, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				if got := tok.Encode(text, false, true); !slices.Equal(got, want) {
+					errs <- "concurrent Encode differs"
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
