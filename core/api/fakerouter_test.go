@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,8 +111,11 @@ type fakeStream struct {
 	hang      bool
 	next      int
 	closed    atomic.Bool
-	// recvs counts Recv calls; a test can wait on it.
-	recvs chan struct{}
+	// gate, when set, makes Recv wait for a value before each event.
+	gate chan struct{}
+	// closedCh is closed by the first Close.
+	closedCh  chan struct{}
+	closeOnce sync.Once
 }
 
 func (s *fakeStream) Model() string {
@@ -123,13 +127,21 @@ func (s *fakeStream) Model() string {
 func (s *fakeStream) Admission() sdk.Admission { return s.admission }
 func (s *fakeStream) Route() string            { return s.route }
 func (s *fakeStream) QueueWait() time.Duration { return s.wait }
-func (s *fakeStream) Close()                   { s.closed.Store(true) }
+func (s *fakeStream) Close() {
+	s.closed.Store(true)
+	s.closeOnce.Do(func() {
+		if s.closedCh != nil {
+			close(s.closedCh)
+		}
+	})
+}
 
 func (s *fakeStream) Recv(ctx context.Context) (sdk.Event, error) {
-	if s.recvs != nil {
+	if s.gate != nil && s.next < len(s.events) {
 		select {
-		case s.recvs <- struct{}{}:
-		default:
+		case <-s.gate:
+		case <-ctx.Done():
+			return sdk.Event{}, ctx.Err()
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -169,3 +181,5 @@ func stream(events ...sdk.Event) func(*sdk.ChatRequest) (*fakeStream, error) {
 func refuse(err error) func(*sdk.ChatRequest) (*fakeStream, error) {
 	return func(*sdk.ChatRequest) (*fakeStream, error) { return nil, err }
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
