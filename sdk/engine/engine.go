@@ -1,0 +1,587 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+// ErrClosed ends the requests still running when the engine is closed.
+var ErrClosed = errors.New("engine closed")
+
+// Config configures an Engine.
+type Config struct {
+	Model Model
+	Vocab Vocab
+	// MaxConcurrency is the number of sequences generating at once (0: the
+	// model's slot count; never more than it).
+	MaxConcurrency int
+	// MaxCtx is the context length of one sequence, prompt included (> 0).
+	MaxCtx int
+	// StepTokens is the most tokens one forward processes: every decoding
+	// sequence's token first, then prefill chunks in admission order fill
+	// the rest (0: 512).
+	StepTokens int
+	// DecodeHeadroom is how many tokens ahead a sequence reserves KV, and
+	// the headroom admission keeps free for every running sequence
+	// (0: 64).
+	DecodeHeadroom int
+	// EventBuffer is how many events a request's outbox holds before its
+	// sequence is paused for its slow consumer (0: 32).
+	EventBuffer int
+}
+
+// Limits is the capacity the engine enforces.
+type Limits struct {
+	MaxConcurrency int
+	KVPoolTokens   int
+	KVBlockSize    int
+	MaxCtx         int
+}
+
+// Engine runs requests on one model with continuous batching. Its methods
+// are safe for concurrent use.
+type Engine struct {
+	cfg   Config
+	m     Model
+	vocab Vocab
+	eog   []int32
+	bs    int
+	nv    int
+
+	ctx    context.Context // cancelled by Close; passed to Forward
+	cancel context.CancelFunc
+	wakeCh chan struct{}
+	done   chan struct{}
+
+	mu          sync.Mutex
+	totalBlocks int
+	freeBlocks  int
+	slots       int
+	seqs        []*sequence // admitted and not retired, admission order
+	incoming    []*sequence
+	closing     bool
+	stats       sdk.ModelStats
+
+	// Loop-only.
+	active []*sequence
+}
+
+// New starts an engine on a loaded model.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Model == nil || cfg.Vocab == nil {
+		return nil, errors.New("engine: config needs a Model and a Vocab")
+	}
+	m := cfg.Model
+	bs, blocks, nv := m.KVBlockSize(), m.KVBlocks(), m.VocabSize()
+	if bs <= 0 || blocks <= 0 || nv <= 0 || m.MaxSeqs() <= 0 {
+		return nil, fmt.Errorf("engine: model reports block size %d, %d blocks, vocabulary %d, %d sequence slots; all must be positive", bs, blocks, nv, m.MaxSeqs())
+	}
+	if cfg.MaxCtx <= 0 {
+		return nil, fmt.Errorf("engine: max context %d must be positive", cfg.MaxCtx)
+	}
+	if cfg.MaxConcurrency <= 0 || cfg.MaxConcurrency > m.MaxSeqs() {
+		cfg.MaxConcurrency = m.MaxSeqs()
+	}
+	if cfg.StepTokens <= 0 {
+		cfg.StepTokens = 512
+	}
+	if cfg.DecodeHeadroom <= 0 {
+		cfg.DecodeHeadroom = 64
+	}
+	if cfg.EventBuffer <= 0 {
+		cfg.EventBuffer = 32
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Engine{
+		cfg: cfg, m: m, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
+		ctx: ctx, cancel: cancel, wakeCh: make(chan struct{}, 1), done: make(chan struct{}),
+		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
+	}
+	e.stats.KVTokensTotal = blocks * bs
+	go e.loop()
+	return e, nil
+}
+
+// Limits reports the capacity the engine enforces.
+func (e *Engine) Limits() Limits {
+	return Limits{MaxConcurrency: e.slots, KVPoolTokens: e.totalBlocks * e.bs, KVBlockSize: e.bs, MaxCtx: e.cfg.MaxCtx}
+}
+
+// Stats is a snapshot of the engine's counters.
+func (e *Engine) Stats() sdk.ModelStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.stats
+	st.ActiveSequences = len(e.seqs)
+	st.KVTokensUsed = (e.totalBlocks - e.freeBlocks) * e.bs
+	return st
+}
+
+// Close ends every running request with ErrClosed, frees their sequences
+// and stops the step loop. The model is the caller's to free afterwards.
+func (e *Engine) Close(ctx context.Context) error {
+	e.mu.Lock()
+	e.closing = true
+	e.mu.Unlock()
+	e.cancel()
+	e.wake()
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("close engine: %w", ctx.Err())
+	}
+}
+
+func (e *Engine) wake() { signal(e.wakeCh) }
+
+// Run runs one request: it decides admission atomically and emits it, then
+// (when admitted) streams the request's events, ending with one whose Finish
+// is set. It returns once the sequence has left the batch and its KV is
+// free: after the finish, after ctx is cancelled (ctx.Err()), after emit
+// failed (that error), or with the error that ended the sequence (the KV
+// pool ran out, the model failed, the engine closed).
+func (e *Engine) Run(ctx context.Context, req *Request, emit sdk.Emitter) error {
+	if reason := validate(req); reason != "" {
+		return emit.Admit(sdk.Admission{Outcome: sdk.OutcomeInvalid, PromptTokens: len(req.Prompt), Reason: reason})
+	}
+	adm, s := e.admit(ctx, req)
+	if err := emit.Admit(adm); err != nil {
+		if s != nil {
+			e.unadmit(s)
+		}
+		return err
+	}
+	if s == nil {
+		return nil
+	}
+	e.mu.Lock()
+	e.incoming = append(e.incoming, s)
+	e.mu.Unlock()
+	e.wake()
+	return e.send(ctx, s, emit)
+}
+
+func validate(req *Request) string {
+	switch {
+	case req == nil:
+		return "no request"
+	case len(req.Prompt) == 0:
+		return "the prompt is empty"
+	case req.MaxTokens <= 0:
+		return fmt.Sprintf("max tokens %d must be positive", req.MaxTokens)
+	case req.Detokenizer == nil:
+		return "request has no detokenizer"
+	case req.TopLogprobs < 0 || req.TopLogprobs > maxTopLogprobs:
+		return fmt.Sprintf("top_logprobs %d is outside [0, %d]", req.TopLogprobs, maxTopLogprobs)
+	}
+	return ""
+}
+
+// capacityLocked snapshots the ledger; e.mu must be held.
+func (e *Engine) capacityLocked() capacity {
+	c := capacity{
+		slots: e.slots, usedSlots: len(e.seqs), blockSize: e.bs, totalBlocks: e.totalBlocks,
+		freeBlocks: e.freeBlocks, maxCtx: e.cfg.MaxCtx, headroom: e.cfg.DecodeHeadroom,
+	}
+	for _, s := range e.seqs {
+		c.runningNeed += max(0, blocksFor(min(s.pos+e.cfg.DecodeHeadroom, s.limit), e.bs)-s.held)
+	}
+	return c
+}
+
+func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *sequence) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return sdk.Admission{Outcome: sdk.OutcomeBusy, PromptTokens: len(req.Prompt), Reason: "engine is shutting down"}, nil
+	}
+	adm, promise := e.capacityLocked().decide(len(req.Prompt), req.MaxTokens)
+	if adm.Outcome != sdk.OutcomeAdmitted {
+		return adm, nil
+	}
+	parser := req.Parser
+	if parser == nil {
+		parser = textParser{}
+	}
+	s := &sequence{
+		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
+		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens,
+		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed),
+		tAdmit: time.Now(),
+	}
+	e.freeBlocks -= promise
+	e.seqs = append(e.seqs, s)
+	e.stats.PromptTokens += int64(len(req.Prompt))
+	return adm, s
+}
+
+// unadmit returns an admitted sequence that never reached the loop.
+func (e *Engine) unadmit(s *sequence) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.freeBlocks += s.held
+	s.held = 0
+	e.seqs = slices.DeleteFunc(e.seqs, func(x *sequence) bool { return x == s })
+}
+
+// send is the request's sender: it hands the outbox's events to emit until
+// the loop retires the sequence.
+func (e *Engine) send(ctx context.Context, s *sequence, emit sdk.Emitter) error {
+	var emitErr error
+	wait := ctx
+	for {
+		evs, done := s.out.take(wait)
+		if done {
+			break
+		}
+		if evs == nil { // ctx done: make the loop drop the sequence, then wait for it
+			wait = context.Background()
+			e.wake()
+			continue
+		}
+		if emitErr != nil || ctx.Err() != nil {
+			continue
+		}
+		for _, ev := range evs {
+			if err := emit.Emit(ev); err != nil {
+				emitErr = err
+				s.abort.Store(true)
+				e.wake()
+				break
+			}
+		}
+	}
+	switch {
+	case s.err != nil:
+		return s.err
+	case emitErr != nil:
+		return emitErr
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return nil
+}
+
+// loop is the step loop, the only goroutine that calls the model.
+func (e *Engine) loop() {
+	defer close(e.done)
+	for {
+		e.mu.Lock()
+		in := e.incoming
+		e.incoming = nil
+		closing := e.closing
+		e.mu.Unlock()
+		for _, s := range in {
+			e.active = append(e.active, s)
+			if closing {
+				e.retire(s, ErrClosed)
+				continue
+			}
+			e.startSeq(s)
+		}
+		if closing {
+			for len(e.active) > 0 {
+				e.retire(e.active[0], ErrClosed)
+			}
+			return
+		}
+		for _, s := range slices.Clone(e.active) {
+			if s.ctx.Err() != nil {
+				e.retire(s, s.ctx.Err())
+			} else if s.abort.Load() {
+				e.retire(s, nil)
+			}
+		}
+		batch, members := e.schedule()
+		if len(batch) == 0 {
+			<-e.wakeCh
+			continue
+		}
+		e.step(batch, members)
+	}
+}
+
+// startSeq gives an admitted sequence its model slot and the KV the ledger
+// promised it.
+func (e *Engine) startSeq(s *sequence) {
+	id, err := e.m.NewSeq()
+	if err != nil {
+		e.retire(s, fmt.Errorf("allocate sequence: %w", err))
+		return
+	}
+	s.id, s.hasID = id, true
+	if err := e.m.Reserve(id, s.held*e.bs); err != nil {
+		e.retire(s, fmt.Errorf("reserve %d KV tokens for the prompt: %w", s.held*e.bs, err))
+		return
+	}
+	s.reservedTk = s.held * e.bs
+	s.state = statePrefill
+}
+
+// schedule builds the next forward: each decoding sequence's next token
+// (unless its consumer is behind), then prefill chunks in admission order
+// up to the step's token budget.
+func (e *Engine) schedule() ([]SeqInput, []*sequence) {
+	var batch []SeqInput
+	var members []*sequence
+	budget := e.cfg.StepTokens
+	for _, s := range e.active {
+		if s.state != stateDecode || len(s.feed) == 0 || s.out.full() {
+			continue
+		}
+		batch = append(batch, SeqInput{Seq: s.id, Tokens: s.feed, Logits: LogitsLast})
+		members = append(members, s)
+		budget -= len(s.feed)
+	}
+	for _, s := range e.active {
+		if budget <= 0 {
+			break
+		}
+		if s.state != statePrefill {
+			continue
+		}
+		n := min(len(s.req.Prompt)-s.nPast, budget)
+		mode := LogitsNone
+		if s.nPast+n == len(s.req.Prompt) {
+			mode = LogitsLast
+		}
+		batch = append(batch, SeqInput{Seq: s.id, Tokens: s.req.Prompt[s.nPast : s.nPast+n], Logits: mode})
+		members = append(members, s)
+		budget -= n
+	}
+	// Grow reservations; a sequence the pool cannot hold any more leaves.
+	kept := 0
+	for i, in := range batch {
+		s := members[i]
+		if err := e.grow(s, s.nPast+len(in.Tokens)); err != nil {
+			e.retire(s, err)
+			continue
+		}
+		batch[kept], members[kept] = in, s
+		kept++
+	}
+	return batch[:kept], members[:kept]
+}
+
+// grow makes sure s holds KV for need tokens, reserving a stretch of decode
+// headroom ahead when the pool allows it.
+func (e *Engine) grow(s *sequence, need int) error {
+	if need <= s.reservedTk {
+		return nil
+	}
+	if need > e.cfg.MaxCtx {
+		return fmt.Errorf("sequence reached the context of %d tokens", e.cfg.MaxCtx)
+	}
+	target := max(need, min(s.limit, need+e.cfg.DecodeHeadroom))
+	e.mu.Lock()
+	extra := blocksFor(target, e.bs) - s.held
+	if extra > e.freeBlocks {
+		target = need
+		extra = blocksFor(need, e.bs) - s.held
+	}
+	if extra > e.freeBlocks {
+		free := e.freeBlocks
+		e.mu.Unlock()
+		return fmt.Errorf("%w: sequence needs KV for %d tokens after %d generated, %d tokens free in a pool of %d",
+			ErrNoKV, need, len(s.generated), free*e.bs, e.totalBlocks*e.bs)
+	}
+	if extra > 0 {
+		e.freeBlocks -= extra
+		s.held += extra
+	}
+	e.mu.Unlock()
+	if err := e.m.Reserve(s.id, s.held*e.bs); err != nil {
+		return fmt.Errorf("reserve %d KV tokens: %w", s.held*e.bs, err)
+	}
+	s.reservedTk = s.held * e.bs
+	return nil
+}
+
+// step runs one forward and advances every sequence in it.
+func (e *Engine) step(batch []SeqInput, members []*sequence) {
+	logits, err := e.m.Forward(e.ctx, batch)
+	if err != nil {
+		if e.ctx.Err() != nil {
+			err = ErrClosed
+		} else {
+			err = fmt.Errorf("forward: %w", err)
+		}
+		for _, s := range members {
+			e.retire(s, err)
+		}
+		return
+	}
+	row := 0
+	var generated int64
+	for i, in := range batch {
+		s := members[i]
+		s.nPast += len(in.Tokens)
+		switch in.Logits {
+		case LogitsNone:
+			continue
+		case LogitsAll:
+			row += len(in.Tokens) - 1
+		}
+		r := logits[row*e.nv : (row+1)*e.nv]
+		row++
+		if s.state == statePrefill {
+			s.state = stateDecode
+			s.tFirst = time.Now()
+		}
+		e.advance(s, r)
+		generated++
+	}
+	e.mu.Lock()
+	for _, s := range members {
+		s.pos = s.nPast + len(s.feed)
+	}
+	e.stats.TokensGenerated += generated
+	e.mu.Unlock()
+}
+
+// advance picks the sequence's next token from its logits row and handles
+// the output it makes.
+func (e *Engine) advance(s *sequence, row []float32) {
+	tok, forced := int32(0), false
+	if len(s.forced) > 0 {
+		tok, forced = s.forced[0], true
+		s.forced = s.forced[1:]
+	} else {
+		if s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens {
+			for _, id := range e.eog {
+				if int(id) < len(row) {
+					row[id] = float32(math.Inf(-1))
+				}
+			}
+		}
+		var err error
+		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+		if err != nil {
+			e.retire(s, fmt.Errorf("sample: %w", err))
+			return
+		}
+	}
+	ev := sdk.Event{TokenIDs: []int32{tok}}
+	if s.req.Logprobs {
+		ev.Logprobs = []sdk.TokenLogprob{tokenLogprob(row, tok, s.req.TopLogprobs, e.vocab)}
+	}
+	s.generated = append(s.generated, tok)
+	if !forced && e.vocab.EOG(tok) {
+		e.finish(s, ev, sdk.FinishStop, "")
+		return
+	}
+	inReasoning := s.parser.InReasoning()
+	if inReasoning {
+		s.reasoning++
+	}
+	if m := e.route(s, &ev, s.parser.Feed(s.req.Detokenizer.Add(tok))); m != "" {
+		e.finish(s, ev, sdk.FinishStopSequence, m)
+		return
+	}
+	if len(s.generated) >= s.req.MaxTokens || s.nPast >= e.cfg.MaxCtx {
+		e.finish(s, ev, sdk.FinishLength, "")
+		return
+	}
+	if len(s.forced) == 0 && s.parser.InReasoning() && e.overBudget(s) {
+		s.forced = slices.Clone(s.req.CloseReasoning)
+	}
+	s.feed = append(s.feed[:0], tok)
+	s.out.put(ev)
+}
+
+// overBudget reports whether the reasoning must be closed now: its own
+// budget is spent, or only the reply budget of the max-tokens cap is left.
+func (e *Engine) overBudget(s *sequence) bool {
+	r := s.req
+	if r.ReasoningBudget > 0 && s.reasoning >= r.ReasoningBudget {
+		return true
+	}
+	if r.HardLimitReplyBudget > 0 {
+		left := r.MaxTokens - len(s.generated)
+		return left <= max(r.HardLimitReplyBudget, len(r.CloseReasoning))
+	}
+	return false
+}
+
+// route adds parsed output to ev, stop-matching the visible text; it
+// returns the stop string that matched, if any.
+func (e *Engine) route(s *sequence, ev *sdk.Event, o Output) string {
+	ev.Reasoning += o.Reasoning
+	if o.Text != "" {
+		emit, m := s.stop.push(o.Text)
+		ev.Text += emit
+		if m != "" {
+			return m
+		}
+	}
+	if len(o.ToolCalls) > 0 {
+		ev.Text += s.stop.flush()
+		ev.ToolCalls = append(ev.ToolCalls, o.ToolCalls...)
+		s.toolCalls = true
+	}
+	return ""
+}
+
+// finish ends a sequence normally: the last event carries what the
+// detokenizer, parser and stop matcher still held, and the Finish.
+func (e *Engine) finish(s *sequence, ev sdk.Event, reason sdk.FinishReason, stopSeq string) {
+	if reason != sdk.FinishStopSequence {
+		m := e.route(s, &ev, s.parser.Feed(s.req.Detokenizer.Flush()))
+		if m == "" {
+			m = e.route(s, &ev, s.parser.Close())
+		}
+		if m != "" {
+			reason, stopSeq = sdk.FinishStopSequence, m
+		} else {
+			ev.Text += s.stop.flush()
+		}
+	}
+	if reason == sdk.FinishStop && s.toolCalls {
+		reason = sdk.FinishToolCalls
+	}
+	now := time.Now()
+	t := sdk.Timings{}
+	if !s.tFirst.IsZero() {
+		t.PrefillMS = ms(s.tFirst.Sub(s.tAdmit))
+		t.DecodeMS = ms(now.Sub(s.tFirst))
+	}
+	ev.Finish = &sdk.Finish{
+		Reason: reason, StopSequence: stopSeq, Timings: t,
+		Usage: sdk.Usage{PromptTokens: len(s.req.Prompt), CompletionTokens: len(s.generated), ReasoningTokens: s.reasoning},
+	}
+	s.out.put(ev)
+	e.retire(s, nil)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// retire takes a sequence out of the batch, frees its slot and KV, and
+// closes its outbox; err is what Run returns (nil after a normal finish or
+// when the consumer is gone).
+func (e *Engine) retire(s *sequence, err error) {
+	if s.state == stateDone {
+		return
+	}
+	s.state = stateDone
+	if s.hasID {
+		if ferr := e.m.FreeSeq(s.id); ferr != nil && err == nil {
+			err = fmt.Errorf("free sequence: %w", ferr)
+		}
+	}
+	e.mu.Lock()
+	e.freeBlocks += s.held
+	s.held = 0
+	e.seqs = slices.DeleteFunc(e.seqs, func(x *sequence) bool { return x == s })
+	e.mu.Unlock()
+	e.active = slices.DeleteFunc(e.active, func(x *sequence) bool { return x == s })
+	s.err = err
+	s.out.close()
+}

@@ -1,0 +1,346 @@
+// Package enginetest provides test doubles for package engine: FakeModel, a
+// model whose logits are a deterministic function of each sequence's token
+// history (so any scheduling mistake — a token fed twice, a chunk skipped,
+// sequences mixed up — changes the output), and ByteVocab, a vocabulary of
+// the 256 bytes plus end-of-generation and <think>/</think> tokens.
+package enginetest
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/dflash/dflash_server/sdk/engine"
+)
+
+// Token ids of ByteVocab beyond the 256 bytes.
+const (
+	EOG        int32 = 256
+	ThinkOpen  int32 = 257
+	ThinkClose int32 = 258
+	// VocabSize is the number of logits per row of FakeModel.
+	VocabSize = 259
+)
+
+// Entry is one sequence's part of a recorded forward.
+type Entry struct {
+	Seq    engine.SeqID
+	Tokens int
+	Logits engine.LogitsMode
+}
+
+// FakeModel is a fake engine.Model with deterministic logits: the favoured
+// next token after a history (every token fed to the sequence so far) is
+// Next(history). It keeps a real block pool and fails like the native
+// engine: ErrNoKV when a forward or reservation needs blocks the pool does
+// not have, errors for unknown sequences. It samples greedily.
+type FakeModel struct {
+	// Next picks the favoured token after history; nil uses Letters.
+	Next func(history []int32) int32
+	// BeforeForward, when set, runs at the start of every forward (tests
+	// use it to hold the loop or count steps).
+	BeforeForward func(batch []engine.SeqInput)
+
+	mu        sync.Mutex
+	blockSize int
+	blocks    int
+	slots     int
+	free      int
+	seqs      map[engine.SeqID]*fakeSeq
+	steps     [][]Entry
+	logits    []float32
+}
+
+type fakeSeq struct {
+	history []int32
+	blocks  int
+}
+
+var _ engine.Model = (*FakeModel)(nil)
+
+// NewFakeModel returns a fake model with a pool of blocks KV blocks of
+// blockSize tokens and slots sequence slots.
+func NewFakeModel(blockSize, blocks, slots int) *FakeModel {
+	return &FakeModel{blockSize: blockSize, blocks: blocks, slots: slots, free: blocks, seqs: map[engine.SeqID]*fakeSeq{}}
+}
+
+// Letters is the default Next: a lowercase letter or space chosen by a hash
+// of the whole history; it never ends generation.
+func Letters(history []int32) int32 {
+	h := fnv.New64a()
+	var b [4]byte
+	for _, t := range history {
+		b[0], b[1], b[2], b[3] = byte(t), byte(t>>8), byte(t>>16), byte(t>>24)
+		h.Write(b[:])
+	}
+	const alphabet = "abcdefghijklmnopqrstuvwxyz "
+	return int32(alphabet[h.Sum64()%uint64(len(alphabet))])
+}
+
+// Reply makes a Next that answers every prompt of promptLen tokens with
+// reply, then EOG.
+func Reply(promptLen int, reply []int32) func([]int32) int32 {
+	return func(history []int32) int32 {
+		if i := len(history) - promptLen; i >= 0 && i < len(reply) {
+			return reply[i]
+		}
+		return EOG
+	}
+}
+
+func (m *FakeModel) VocabSize() int   { return VocabSize }
+func (m *FakeModel) KVBlockSize() int { return m.blockSize }
+func (m *FakeModel) KVBlocks() int    { return m.blocks }
+func (m *FakeModel) MaxSeqs() int     { return m.slots }
+
+func (m *FakeModel) NewSeq() (engine.SeqID, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id := engine.SeqID(0); int(id) < m.slots; id++ {
+		if _, used := m.seqs[id]; !used {
+			m.seqs[id] = &fakeSeq{}
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("every one of %d sequence slots is in use", m.slots)
+}
+
+func (m *FakeModel) FreeSeq(id engine.SeqID) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok {
+		return fmt.Errorf("free unknown sequence %d", id)
+	}
+	m.free += s.blocks
+	delete(m.seqs, id)
+	return nil
+}
+
+func (m *FakeModel) Reserve(id engine.SeqID, tokens int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok {
+		return fmt.Errorf("reserve for unknown sequence %d", id)
+	}
+	return m.holdLocked(s, tokens)
+}
+
+func (m *FakeModel) holdLocked(s *fakeSeq, tokens int) error {
+	need := (tokens+m.blockSize-1)/m.blockSize - s.blocks
+	if need <= 0 {
+		return nil
+	}
+	if need > m.free {
+		return fmt.Errorf("%w: %d blocks needed, %d free", engine.ErrNoKV, need, m.free)
+	}
+	m.free -= need
+	s.blocks += need
+	return nil
+}
+
+func (m *FakeModel) Forward(ctx context.Context, batch []engine.SeqInput) ([]float32, error) {
+	if m.BeforeForward != nil {
+		m.BeforeForward(batch)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := m.Next
+	if next == nil {
+		next = Letters
+	}
+	step := make([]Entry, 0, len(batch))
+	rows := 0
+	seen := map[engine.SeqID]bool{}
+	for _, in := range batch {
+		s, ok := m.seqs[in.Seq]
+		if !ok {
+			return nil, fmt.Errorf("forward on unknown sequence %d", in.Seq)
+		}
+		if seen[in.Seq] {
+			return nil, fmt.Errorf("sequence %d appears twice in one batch", in.Seq)
+		}
+		seen[in.Seq] = true
+		if len(in.Tokens) == 0 {
+			return nil, fmt.Errorf("sequence %d: empty entry", in.Seq)
+		}
+		if err := m.holdLocked(s, len(s.history)+len(in.Tokens)); err != nil {
+			return nil, err
+		}
+		switch in.Logits {
+		case engine.LogitsLast:
+			rows++
+		case engine.LogitsAll:
+			rows += len(in.Tokens)
+		}
+		step = append(step, Entry{Seq: in.Seq, Tokens: len(in.Tokens), Logits: in.Logits})
+	}
+	m.steps = append(m.steps, step)
+	if cap(m.logits) < rows*VocabSize {
+		m.logits = make([]float32, rows*VocabSize)
+	}
+	out := m.logits[:rows*VocabSize]
+	clear(out)
+	r := 0
+	for _, in := range batch {
+		s := m.seqs[in.Seq]
+		for i, t := range in.Tokens {
+			s.history = append(s.history, t)
+			if in.Logits == engine.LogitsAll || (in.Logits == engine.LogitsLast && i == len(in.Tokens)-1) {
+				row := out[r*VocabSize : (r+1)*VocabSize]
+				fav := next(s.history)
+				row[fav] = 10
+				row[runnerUp(fav)] = 5 // picked when fav is suppressed
+				r++
+			}
+		}
+	}
+	return out, nil
+}
+
+func runnerUp(fav int32) int32 {
+	if fav == '.' {
+		return ','
+	}
+	return '.'
+}
+
+// Sample is greedy: the highest logit, lowest id on ties.
+func (m *FakeModel) Sample(logits []float32, _ *engine.Sampling, _ []int32, _ *uint64) (int32, error) {
+	best := 0
+	for i, v := range logits {
+		if v > logits[best] {
+			best = i
+		}
+	}
+	return int32(best), nil
+}
+
+// Steps returns the recorded forwards.
+func (m *FakeModel) Steps() [][]Entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([][]Entry(nil), m.steps...)
+}
+
+// LiveSeqs is the number of allocated sequences; FreeBlocks the pool's
+// blocks not held by any.
+func (m *FakeModel) LiveSeqs() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.seqs)
+}
+
+// FreeBlocks is the number of KV blocks no sequence holds.
+func (m *FakeModel) FreeBlocks() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.free
+}
+
+// ByteVocab is the vocabulary of FakeModel: ids 0..255 are bytes, then EOG,
+// <think> and </think>.
+type ByteVocab struct{}
+
+var _ engine.Vocab = ByteVocab{}
+
+func (ByteVocab) EOG(id int32) bool  { return id == EOG }
+func (ByteVocab) EOGTokens() []int32 { return []int32{EOG} }
+func (ByteVocab) TokenBytes(id int32) []byte {
+	switch {
+	case id >= 0 && id < 256:
+		return []byte{byte(id)}
+	case id == EOG:
+		return []byte("<eog>")
+	case id == ThinkOpen:
+		return []byte("<think>")
+	case id == ThinkClose:
+		return []byte("</think>")
+	}
+	return nil
+}
+
+// Encode turns text into ByteVocab ids; "<think>" and "</think>" become
+// their special tokens.
+func Encode(text string) []int32 {
+	var ids []int32
+	for len(text) > 0 {
+		switch {
+		case strings.HasPrefix(text, "<think>"):
+			ids, text = append(ids, ThinkOpen), text[len("<think>"):]
+		case strings.HasPrefix(text, "</think>"):
+			ids, text = append(ids, ThinkClose), text[len("</think>"):]
+		default:
+			ids, text = append(ids, int32(text[0])), text[1:]
+		}
+	}
+	return ids
+}
+
+// Detokenizer is an incremental detokenizer for ByteVocab that holds back
+// an incomplete UTF-8 character.
+type Detokenizer struct{ pending []byte }
+
+var _ engine.Detokenizer = (*Detokenizer)(nil)
+
+func (d *Detokenizer) Add(id int32) string {
+	d.pending = append(d.pending, ByteVocab{}.TokenBytes(id)...)
+	cut := len(d.pending)
+	for i := max(0, cut-3); i < cut; i++ {
+		if utf8.RuneStart(d.pending[i]) && !utf8.FullRune(d.pending[i:]) {
+			cut = i
+			break
+		}
+	}
+	out := string(d.pending[:cut])
+	d.pending = append(d.pending[:0], d.pending[cut:]...)
+	return out
+}
+
+func (d *Detokenizer) Flush() string {
+	out := string(d.pending)
+	d.pending = d.pending[:0]
+	return out
+}
+
+// ThinkParser is a minimal engine.Parser: text between <think> and
+// </think> is reasoning, the rest visible text. Tags arrive whole (they are
+// special tokens).
+type ThinkParser struct{ In bool }
+
+var _ engine.Parser = (*ThinkParser)(nil)
+
+func (p *ThinkParser) Feed(text string) engine.Output {
+	var o engine.Output
+	for text != "" {
+		tag := "<think>"
+		if p.In {
+			tag = "</think>"
+		}
+		i := strings.Index(text, tag)
+		if i < 0 {
+			i = len(text)
+		}
+		if p.In {
+			o.Reasoning += text[:i]
+		} else {
+			o.Text += text[:i]
+		}
+		if i == len(text) {
+			break
+		}
+		p.In = !p.In
+		text = text[i+len(tag):]
+	}
+	return o
+}
+
+func (p *ThinkParser) Close() engine.Output { return engine.Output{} }
+func (p *ThinkParser) InReasoning() bool    { return p.In }

@@ -1,0 +1,52 @@
+package engine
+
+import (
+	"math"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+// maxTopLogprobs bounds the alternatives per token (OpenAI allows 20).
+const maxTopLogprobs = 20
+
+// tokenLogprob is the log-softmax of tok in row and the top alternatives.
+func tokenLogprob(row []float32, tok int32, top int, vocab Vocab) sdk.TokenLogprob {
+	mx := float32(math.Inf(-1))
+	for _, v := range row {
+		mx = max(mx, v)
+	}
+	var sum float64
+	for _, v := range row {
+		sum += math.Exp(float64(v - mx))
+	}
+	lse := float64(mx) + math.Log(sum)
+	b := vocab.TokenBytes(tok)
+	lp := sdk.TokenLogprob{Token: string(b), Bytes: b, Logprob: float64(row[tok]) - lse}
+	top = min(top, maxTopLogprobs, len(row))
+	if top <= 0 {
+		return lp
+	}
+	// Insertion into a small sorted list: top is at most 20.
+	ids := make([]int32, 0, top)
+	for i, v := range row {
+		if len(ids) == top && v <= row[ids[top-1]] {
+			continue
+		}
+		j := len(ids)
+		if j < top {
+			ids = append(ids, 0)
+		} else {
+			j = top - 1
+		}
+		for j > 0 && row[ids[j-1]] < v {
+			ids[j] = ids[j-1]
+			j--
+		}
+		ids[j] = int32(i)
+	}
+	for _, id := range ids {
+		b := vocab.TokenBytes(id)
+		lp.Top = append(lp.Top, sdk.TopLogprob{Token: string(b), Bytes: b, Logprob: float64(row[id]) - lse})
+	}
+	return lp
+}

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+// ErrNoKV is returned by Model.Reserve and Model.Forward when the KV pool has
+// too few free blocks.
+var ErrNoKV = errors.New("kv pool exhausted")
+
+// SeqID names a sequence slot of a Model.
+type SeqID int32
+
+// LogitsMode says which rows of logits a batch entry wants.
+type LogitsMode uint8
+
+const (
+	// LogitsNone: no logits (a prefill chunk that does not end the prompt).
+	LogitsNone LogitsMode = iota
+	// LogitsLast: one row, for the entry's last token.
+	LogitsLast
+	// LogitsAll: one row per token (speculative verification).
+	LogitsAll
+)
+
+// SeqInput is what one sequence contributes to a forward: tokens appended
+// after the sequence's current length, at consecutive positions.
+type SeqInput struct {
+	Seq    SeqID
+	Tokens []int32
+	Logits LogitsMode
+}
+
+// Sampling are the sampler settings of one request. Order of application
+// (as the native sampler does it): penalties, temperature, top-k, top-p,
+// min-p, then a draw. Temperature <= 0 is greedy.
+type Sampling struct {
+	Temperature      float32
+	TopK             int     // <= 0: off
+	TopP             float32 // >= 1: off
+	MinP             float32 // <= 0: off
+	RepeatPenalty    float32 // 1 (or 0): off
+	PresencePenalty  float32
+	FrequencyPenalty float32
+	// PenaltyLastN is how many history tokens the penalties look at: -1 all,
+	// 0 none.
+	PenaltyLastN int
+	// Seed seeds the request's random generator; the backend picks one when
+	// the client gave none.
+	Seed uint64
+}
+
+// Model is what the engine needs from a loaded model. The engine calls it
+// from one goroutine only, so implementations need no locking; Sample must
+// not depend on any model state (it may be called between forwards).
+type Model interface {
+	// VocabSize is the number of logits per row.
+	VocabSize() int
+	// KVBlockSize is the number of tokens per KV block; KVBlocks the pool's
+	// total number of blocks; MaxSeqs the number of sequence slots.
+	KVBlockSize() int
+	KVBlocks() int
+	MaxSeqs() int
+	// NewSeq takes a free sequence slot (empty, length 0).
+	NewSeq() (SeqID, error)
+	// FreeSeq returns the slot and all KV blocks it holds.
+	FreeSeq(SeqID) error
+	// Reserve makes the sequence hold blocks for tokens tokens in total, so
+	// that forwards up to that length cannot fail for lack of KV. It returns
+	// ErrNoKV (changing nothing) when the pool has too few free blocks.
+	Reserve(seq SeqID, tokens int) error
+	// Forward runs the model on a batch (a sequence appears at most once)
+	// and returns the logits rows in entry order: one per LogitsLast entry,
+	// len(Tokens) per LogitsAll entry, VocabSize floats each. The slice is
+	// valid until the next Forward; the engine may modify it.
+	Forward(ctx context.Context, batch []SeqInput) ([]float32, error)
+	// Sample picks one token from a row of logits. history is the request's
+	// generated tokens (for penalties); rng is the request's generator
+	// state, advanced only when a random draw is made.
+	Sample(logits []float32, s *Sampling, history []int32, rng *uint64) (int32, error)
+}
+
+// Vocab is what the engine needs from the tokenizer (a *tokenizer.Tokenizer
+// satisfies it).
+type Vocab interface {
+	// EOG reports whether id ends generation.
+	EOG(id int32) bool
+	// EOGTokens lists every end-of-generation id (suppressed for
+	// IgnoreEOS and MinTokens).
+	EOGTokens() []int32
+	// TokenBytes is the raw text of a token (for logprobs).
+	TokenBytes(id int32) []byte
+}
+
+// Detokenizer turns a request's generated ids into text incrementally,
+// never cutting a UTF-8 character (a *tokenizer.StreamDecoder satisfies it).
+type Detokenizer interface {
+	Add(id int32) string
+	Flush() string
+}
+
+// Output is a piece of parsed generated text.
+type Output struct {
+	Reasoning string
+	Text      string
+	ToolCalls []sdk.ToolCallDelta
+}
+
+// Parser splits a request's generated text into reasoning, visible text and
+// tool calls (the backend adapts its chat-format parser to it).
+type Parser interface {
+	// Feed takes the next piece of generated text.
+	Feed(text string) Output
+	// Close ends the text and returns whatever the parser held back.
+	Close() Output
+	// InReasoning reports whether the text so far is inside the reasoning
+	// section.
+	InReasoning() bool
+}

@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// Request is one generation request as the engine runs it: the backend has
+// already rendered and tokenized the prompt and resolved its defaults.
+type Request struct {
+	// ID is for logs.
+	ID     string
+	Prompt []int32
+	// MaxTokens caps generated tokens, reasoning included (> 0).
+	MaxTokens int
+	// MinTokens suppresses end-of-generation tokens before this many
+	// tokens; IgnoreEOS suppresses them always.
+	MinTokens int
+	IgnoreEOS bool
+	Sampling  Sampling
+	// Stop strings end generation when they appear in the visible text; the
+	// matched string is not emitted.
+	Stop []string
+	// Logprobs asks for the log probability of each generated token and
+	// TopLogprobs alternatives.
+	Logprobs    bool
+	TopLogprobs int
+	// ReasoningBudget caps reasoning tokens (0: no cap); HardLimitReplyBudget
+	// closes reasoning when that many tokens of MaxTokens remain (0: off).
+	// Both close reasoning by forcing CloseReasoning as the next tokens.
+	ReasoningBudget      int
+	HardLimitReplyBudget int
+	CloseReasoning       []int32
+	// Detokenizer is this request's incremental detokenizer (required).
+	Detokenizer Detokenizer
+	// Parser splits the text; nil makes everything visible text.
+	Parser Parser
+}
+
+type seqState uint8
+
+const (
+	statePending seqState = iota // admitted, not yet given a model slot
+	statePrefill
+	stateDecode
+	stateDone
+)
+
+// sequence is one admitted request inside the engine.
+type sequence struct {
+	req *Request
+	ctx context.Context
+	out *outbox
+	// abort is set by the sender when its consumer is gone.
+	abort atomic.Bool
+
+	// Ledger fields, guarded by Engine.mu.
+	held  int // KV blocks promised or reserved
+	pos   int // tokens the sequence will hold after its next step
+	limit int // prompt + max tokens
+
+	// Loop-only fields.
+	state      seqState
+	id         SeqID
+	hasID      bool
+	nPast      int     // tokens in the model's KV
+	reservedTk int     // tokens reserved in the model
+	feed       []int32 // next decode input
+	generated  []int32
+	reasoning  int
+	forced     []int32
+	toolCalls  bool
+	stop       stopMatcher
+	parser     Parser
+	rng        uint64
+	err        error // why it ended with an error
+	tAdmit     time.Time
+	tFirst     time.Time
+}
+
+// textParser is the Parser of requests without one: all text is visible.
+type textParser struct{}
+
+func (textParser) Feed(t string) Output { return Output{Text: t} }
+func (textParser) Close() Output        { return Output{} }
+func (textParser) InReasoning() bool    { return false }
+
+// seedRNG spreads a seed into a non-zero generator state (splitmix64).
+func seedRNG(seed uint64) uint64 {
+	z := seed + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	if z == 0 {
+		z = 1
+	}
+	return z
+}
