@@ -49,6 +49,24 @@ func Dequantize(t gguf.Type, src []byte, dst []float32) error {
 	if len(src) < nb*ts {
 		return fmt.Errorf("dequantize %s: %d elements need %d bytes, have %d", t, len(dst), nb*ts, len(src))
 	}
+	le := binary.LittleEndian
+	switch t { // plain types without a call per element
+	case gguf.F32:
+		for i := range dst {
+			dst[i] = math.Float32frombits(le.Uint32(src[4*i:]))
+		}
+		return nil
+	case gguf.F16:
+		for i := range dst {
+			dst[i] = F16ToF32(le.Uint16(src[2*i:]))
+		}
+		return nil
+	case gguf.BF16:
+		for i := range dst {
+			dst[i] = BF16ToF32(le.Uint16(src[2*i:]))
+		}
+		return nil
+	}
 	for i := 0; i < nb; i++ {
 		fn(src[i*ts:(i+1)*ts], dst[i*bs:(i+1)*bs])
 	}

@@ -38,6 +38,24 @@ func Quantize(t gguf.Type, src []float32, dst []byte) error {
 	if len(dst) < nb*ts {
 		return fmt.Errorf("quantize %s: %d elements need %d bytes, have %d", t, len(src), nb*ts, len(dst))
 	}
+	le := binary.LittleEndian
+	switch t { // plain types without a call per element
+	case gguf.F32:
+		for i, v := range src {
+			le.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+		return nil
+	case gguf.F16:
+		for i, v := range src {
+			le.PutUint16(dst[2*i:], F32ToF16(v))
+		}
+		return nil
+	case gguf.BF16:
+		for i, v := range src {
+			le.PutUint16(dst[2*i:], F32ToBF16(v))
+		}
+		return nil
+	}
 	for i := 0; i < nb; i++ {
 		fn(src[i*bs:(i+1)*bs], dst[i*ts:(i+1)*ts])
 	}
@@ -55,8 +73,12 @@ func FromFloat32(t gguf.Type, src []float32) ([]byte, error) {
 
 func putHalf(b []byte, f float32) { binary.LittleEndian.PutUint16(b, F32ToF16(f)) }
 
-// nearestInt rounds half to even, like ggml's nearest_int.
-func nearestInt(f float32) int { return int(math.RoundToEven(float64(f))) }
+// nearestInt rounds half to even, like ggml's nearest_int, with the same
+// float trick (valid for |f| < 2^22, which covers every quantizer's codes).
+func nearestInt(f float32) int {
+	v := f + 12582912 // 1.5·2^23: the sum's low mantissa bits hold round(f)
+	return int(int32(math.Float32bits(v)&0x007fffff) - 0x00400000)
+}
 
 func clampInt(v, lo, hi int) int { return max(lo, min(hi, v)) }
 

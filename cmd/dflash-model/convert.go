@@ -1,0 +1,341 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dflash/dflash_server/sdk/safetensors"
+	"github.com/hashicorp/go-multierror"
+)
+
+type convertCmd struct {
+	HFDir   string `arg:"" name:"HF_DIR" type:"existingdir" help:"Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."`
+	Out     string `arg:"" name:"OUT" help:"Output GGUF file."`
+	Type    string `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
+	Name    string `help:"general.name (default: the folder's name)."`
+	NoMTP   bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
+	Verbose bool   `short:"v" help:"Print each tensor as it is written."`
+}
+
+// hfArchs maps config.json model_type to a GGUF architecture.
+var hfArchs = map[string]string{
+	"qwen3":        "qwen3",
+	"qwen3_5":      "qwen35",
+	"qwen3_5_text": "qwen35",
+}
+
+func (c *convertCmd) Run(out io.Writer) error {
+	want, fileType, err := parseOutputType(c.Type)
+	if err != nil {
+		return fmt.Errorf("--type: %w", err)
+	}
+	cfg, err := readHFConfig(filepath.Join(c.HFDir, "config.json"))
+	if err != nil {
+		return err
+	}
+	mt := cfg.modelType()
+	arch, ok := hfArchs[mt]
+	if !ok {
+		return fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5)", mt)
+	}
+	l, err := layoutFor(arch)
+	if err != nil {
+		return err
+	}
+	hp, err := l.fromHF(cfg)
+	if err != nil {
+		return err
+	}
+	ck, err := safetensors.Open(c.HFDir)
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	prefix, err := textPrefix(ck)
+	if err != nil {
+		return err
+	}
+	if hp.NextN > 0 {
+		if _, ok := ck.Tensor("mtp.fc.weight"); !ok || c.NoMTP {
+			hp.NextN = 0 // HF's own classes drop the MTP weights when saving
+		}
+	}
+	if !hp.Tied {
+		if _, ok := ck.Tensor("lm_head.weight"); !ok {
+			return fmt.Errorf("checkpoint has no tensor %q and config.json does not tie the embeddings", "lm_head.weight")
+		}
+	}
+	tok, vocab, err := tokenizerFor(c.HFDir, hp.Vocab)
+	if err != nil {
+		return err
+	}
+	if vocab != hp.Vocab {
+		return fmt.Errorf("tokenizer has %d tokens, config.json vocab_size is %d", vocab, hp.Vocab)
+	}
+	if err := l.validate(hp); err != nil {
+		return fmt.Errorf("config.json: %w", err)
+	}
+	plans := l.tensors(hp)
+	if err := checkCheckpoint(ck, prefix, plans, hp); err != nil {
+		return err
+	}
+	name := c.Name
+	if name == "" {
+		name = filepath.Base(filepath.Clean(c.HFDir))
+	}
+	m := &modelFile{
+		arch: arch, name: name, fileType: fileType, want: want,
+		keys: l.keys(hp), tok: tok, plans: plans,
+		rows: func(p tensorPlan) (rowFunc, error) {
+			t, _ := ck.Tensor(p.HF.fullName(prefix))
+			return hfRows(t, p), nil
+		},
+	}
+	var log io.Writer
+	if c.Verbose {
+		log = out
+	}
+	if err := m.write(c.Out, log); err != nil {
+		return fmt.Errorf("convert %s: %w", c.HFDir, err)
+	}
+	fmt.Fprintf(out, "wrote %s: %s, %d tensors, %s\n", c.Out, arch, len(plans), c.Type)
+	return nil
+}
+
+func (r hfRule) fullName(prefix string) string {
+	if r.Top {
+		return r.Name
+	}
+	return prefix + r.Name
+}
+
+// textPrefix finds where the text model's tensors live: "model." in a
+// *ForCausalLM checkpoint, "model.language_model." in a vision-language one.
+func textPrefix(ck *safetensors.Checkpoint) (string, error) {
+	for _, p := range []string{"model.language_model.", "model."} {
+		if _, ok := ck.Tensor(p + "embed_tokens.weight"); ok {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("checkpoint has no %q or %q", "model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
+}
+
+// ignoredPrefixes are checkpoint tensors a text-only GGUF leaves out.
+var ignoredPrefixes = []string{"model.visual.", "visual.", "model.vision_tower.", "mtp."}
+
+// checkCheckpoint verifies that every planned tensor is in the checkpoint
+// with the expected shape and a float dtype, and that the checkpoint holds
+// nothing the layout would silently drop (biases, say).
+func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPlan, hp hparams) error {
+	var errs *multierror.Error
+	used := map[string]bool{}
+	for _, p := range plans {
+		name := p.HF.fullName(prefix)
+		used[name] = true
+		t, ok := ck.Tensor(name)
+		if !ok {
+			errs = multierror.Append(errs, fmt.Errorf("missing tensor %q (for %s)", name, p.Name))
+			continue
+		}
+		if fmt.Sprint(t.Shape) != fmt.Sprint(p.HF.Shape) {
+			errs = multierror.Append(errs, fmt.Errorf("tensor %q has shape %v, want %v", name, t.Shape, p.HF.Shape))
+		}
+		switch t.DType {
+		case "F32", "F16", "BF16", "F64":
+		default:
+			errs = multierror.Append(errs, fmt.Errorf("tensor %q has unsupported dtype %s (F32, F16, BF16 or F64 needed)", name, t.DType))
+		}
+	}
+	for _, n := range ck.Names() {
+		if used[n] || (hp.Tied && n == "lm_head.weight") || strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue
+		}
+		ignored := false
+		for _, p := range ignoredPrefixes {
+			ignored = ignored || strings.HasPrefix(n, p) || strings.HasPrefix(strings.TrimPrefix(n, prefix), p)
+		}
+		if strings.HasPrefix(n, "mtp.") && hp.NextN > 0 {
+			ignored = false
+		}
+		if !ignored {
+			errs = multierror.Append(errs, fmt.Errorf("checkpoint tensor %q has no place in the GGUF layout", n))
+		}
+	}
+	return errs.ErrorOrNil()
+}
+
+// hfRows reads a checkpoint tensor row by row, applying the rule's
+// reordering and value changes. A torch [out, in] tensor's row o is ggml
+// row o; a conv weight [C, 1, K] has C rows of K.
+func hfRows(t *safetensors.Tensor, p tensorPlan) rowFunc {
+	r := p.HF
+	ne0 := int(p.Dims[0])
+	var tmp []float32
+	if r.Cols != nil {
+		tmp = make([]float32, ne0)
+	}
+	return func(row int, dst []float32) error {
+		src := row
+		if r.Rows != nil {
+			src = r.Rows[row]
+		}
+		buf := dst
+		if r.Cols != nil {
+			buf = tmp
+		}
+		if err := t.ReadFloat32(int64(src)*int64(ne0), buf); err != nil {
+			return err
+		}
+		if r.Cols != nil {
+			for i, c := range r.Cols {
+				dst[i] = tmp[c]
+			}
+		}
+		for i, v := range dst {
+			if r.PlusOne {
+				v++
+			}
+			if r.NegExp {
+				v = float32(-math.Exp(float64(v)))
+			}
+			dst[i] = v
+		}
+		return nil
+	}
+}
+
+// hfConfig reads config.json, looking into text_config first for
+// vision-language checkpoints.
+type hfConfig struct {
+	top, text map[string]json.RawMessage
+}
+
+func readHFConfig(path string) (hfConfig, error) {
+	var c hfConfig
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal(b, &c.top); err != nil {
+		return c, fmt.Errorf("parse %s: %w", path, err)
+	}
+	if raw, ok := c.top["text_config"]; ok {
+		if err := json.Unmarshal(raw, &c.text); err != nil {
+			return c, fmt.Errorf("parse %s text_config: %w", path, err)
+		}
+	}
+	return c, nil
+}
+
+func (c hfConfig) modelType() string {
+	var s string
+	_ = json.Unmarshal(c.top["model_type"], &s)
+	return s
+}
+
+func (c hfConfig) raw(key string) (json.RawMessage, bool) {
+	if v, ok := c.text[key]; ok && string(v) != "null" {
+		return v, true
+	}
+	v, ok := c.top[key]
+	return v, ok && string(v) != "null"
+}
+
+func (c hfConfig) int(key string, errs **multierror.Error) int {
+	raw, ok := c.raw(key)
+	if !ok {
+		*errs = multierror.Append(*errs, fmt.Errorf("config.json: missing %q", key))
+		return 0
+	}
+	var v int
+	if err := json.Unmarshal(raw, &v); err != nil {
+		*errs = multierror.Append(*errs, fmt.Errorf("config.json: %q = %s is not an integer", key, raw))
+	}
+	return v
+}
+
+func (c hfConfig) intOr(key string, def int) int {
+	raw, ok := c.raw(key)
+	var v int
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return def
+	}
+	return v
+}
+
+func (c hfConfig) floatOr(key string, def float64) float64 {
+	raw, ok := c.raw(key)
+	var v float64
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return def
+	}
+	return v
+}
+
+func (c hfConfig) boolOr(key string, def bool) bool {
+	raw, ok := c.raw(key)
+	var v bool
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return def
+	}
+	return v
+}
+
+func (c hfConfig) strings(key string) []string {
+	raw, ok := c.raw(key)
+	var v []string
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return nil
+	}
+	return v
+}
+
+// rope finds a RoPE setting: in rope_parameters (transformers 5), then
+// rope_scaling, then at the top level (older configs).
+func (c hfConfig) rope(key string) (json.RawMessage, bool) {
+	for _, section := range []string{"rope_parameters", "rope_scaling"} {
+		raw, ok := c.raw(section)
+		if !ok {
+			continue
+		}
+		var m map[string]json.RawMessage
+		if json.Unmarshal(raw, &m) == nil {
+			if v, ok := m[key]; ok && string(v) != "null" {
+				return v, true
+			}
+		}
+	}
+	return c.raw(key)
+}
+
+func (c hfConfig) ropeFloat(key string, def float64) float64 {
+	raw, ok := c.rope(key)
+	var v float64
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return def
+	}
+	return v
+}
+
+func (c hfConfig) ropeInts(key string) []int {
+	raw, ok := c.rope(key)
+	var v []int
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return nil
+	}
+	return v
+}
+
+func (c hfConfig) ropeString(key string) string {
+	raw, ok := c.rope(key)
+	var v string
+	if !ok || json.Unmarshal(raw, &v) != nil {
+		return ""
+	}
+	return v
+}
