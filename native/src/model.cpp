@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <thread>
 
@@ -166,7 +167,6 @@ Weight Model::weight(const std::string &name, int64_t n_in, int64_t n_out, bool 
         fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
                                   type_name(t->type) + " block");
     Weight w;
-    w.name = t->name;
     w.type = t->type;
     w.n_in = n_in;
     w.n_out = n_out;

@@ -13,7 +13,6 @@ namespace dfl {
 
 // A 2-D weight (or a 1-D one with n_out = 1) referencing tensor data: n_out rows of n_in elements of `type`.
 struct Weight {
-    const char *name = "";
     uint32_t type = DFL_TYPE_F32;
     int64_t n_in = 0, n_out = 0;
     const uint8_t *data = nullptr;

@@ -1,0 +1,526 @@
+package engine
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dflash.h"
+
+// The shims below call through the library's function table. Each copies last_error() within the same C call, so the
+// message belongs to the failing call whatever OS thread the goroutine runs on next.
+
+static char *dup_error(const dfl_api *a) { return strdup(a->last_error()); }
+
+static const dfl_api *open_engine(const char *path, void **handle, char **err) {
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) { *err = strdup(dlerror()); return NULL; }
+	dfl_get_api_fn get = (dfl_get_api_fn)dlsym(h, "dfl_get_api");
+	if (!get) { *err = strdup("symbol dfl_get_api not found"); dlclose(h); return NULL; }
+	const dfl_api *a = get(DFL_API_VERSION);
+	if (!a) { *err = strdup("the library does not implement this ABI version"); dlclose(h); return NULL; }
+	*handle = h;
+	return a;
+}
+
+static int32_t w_device_count(const dfl_api *a) { return a->device_count(); }
+
+static dfl_status w_model_load(const dfl_api *a, const dfl_model_params *p, dfl_model **out, char **err) {
+	dfl_status rc = a->model_load(p, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static void w_model_free(const dfl_api *a, dfl_model *m) { a->model_free(m); }
+static dfl_status w_model_info(const dfl_api *a, const dfl_model *m, dfl_model_info *out, char **err) {
+	out->struct_size = sizeof *out;
+	dfl_status rc = a->model_info(m, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_kv_stats(const dfl_api *a, const dfl_model *m, dfl_kv_stats *out, char **err) {
+	dfl_status rc = a->kv_stats(m, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_seq_alloc(const dfl_api *a, dfl_model *m, int32_t *out, char **err) {
+	dfl_status rc = a->seq_alloc(m, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+// op: 0 free, 1 reserve, 2 truncate, 3 snapshot, 4 rollback
+static dfl_status w_seq_op(const dfl_api *a, dfl_model *m, int op, int32_t s, uint32_t n, char **err) {
+	dfl_status rc;
+	switch (op) {
+	case 0: rc = a->seq_free(m, s); break;
+	case 1: rc = a->seq_reserve(m, s, n); break;
+	case 2: rc = a->seq_truncate(m, s, n); break;
+	case 3: rc = a->seq_snapshot(m, s); break;
+	default: rc = a->seq_rollback(m, s); break;
+	}
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_seq_length(const dfl_api *a, const dfl_model *m, int32_t s, uint32_t *out, char **err) {
+	dfl_status rc = a->seq_length(m, s, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_forward(const dfl_api *a, dfl_model *m, const dfl_batch *b, char **err) {
+	dfl_status rc = a->forward(m, b);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_sample(const dfl_api *a, const float *logits, uint32_t n_vocab, const dfl_sampling *p,
+                           const int32_t *hist, uint32_t n_hist, uint64_t *rng, int32_t *out, char **err) {
+	dfl_status rc = a->sample(logits, n_vocab, p, hist, n_hist, rng, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"unsafe"
+)
+
+// ABIVersion is the C ABI version this package was built against (DFL_API_VERSION).
+const ABIVersion = C.DFL_API_VERSION
+
+// capi is a library's function table; cmodel an engine model.
+type (
+	capi   struct{ t *C.dfl_api }
+	cmodel = C.dfl_model
+)
+
+// Error is a failure reported by the engine library.
+type Error struct {
+	Code int    // the C status (DFL_ERR_*)
+	Msg  string // the library's message, naming the culprit
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Is lets errors.Is match the sentinel errors by code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Msg == "" && t.Code == e.Code
+}
+
+// Sentinels for errors.Is; the engine's own errors carry a message as well.
+var (
+	ErrInvalid     = &Error{Code: C.DFL_ERR_INVALID}
+	ErrUnsupported = &Error{Code: C.DFL_ERR_UNSUPPORTED}
+	ErrNoMemory    = &Error{Code: C.DFL_ERR_NO_MEMORY}
+	ErrNoKV        = &Error{Code: C.DFL_ERR_NO_KV}    // the KV pool is full; nothing changed
+	ErrNoSeq       = &Error{Code: C.DFL_ERR_NO_SEQ}   // every sequence slot is in use
+	ErrState       = &Error{Code: C.DFL_ERR_STATE}    // e.g. rollback without a snapshot
+	ErrInternal    = &Error{Code: C.DFL_ERR_INTERNAL} // a bug in the engine
+)
+
+// status turns a C status and its copied message into an error, freeing the message.
+func status(rc C.dfl_status, msg *C.char) error {
+	if rc == C.DFL_OK {
+		return nil
+	}
+	text := fmt.Sprintf("engine error %d", int(rc))
+	if msg != nil {
+		text = C.GoString(msg)
+		C.free(unsafe.Pointer(msg))
+	}
+	return &Error{Code: int(rc), Msg: text}
+}
+
+func openAPI(path string) (*capi, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var handle unsafe.Pointer
+	var msg *C.char
+	api := C.open_engine(cpath, &handle, &msg)
+	if api == nil {
+		text := "unknown error"
+		if msg != nil {
+			text = C.GoString(msg)
+			C.free(unsafe.Pointer(msg))
+		}
+		return nil, errors.New(text)
+	}
+	return &capi{t: api}, nil
+}
+
+func (a *capi) kind() string     { return C.GoString(a.t.device_kind) }
+func (a *capi) deviceCount() int { return int(C.w_device_count(a.t)) }
+
+// cArena collects C allocations of one call.
+type cArena []unsafe.Pointer
+
+func (ar *cArena) str(s string) *C.char {
+	p := C.CString(s)
+	*ar = append(*ar, unsafe.Pointer(p))
+	return p
+}
+
+func (ar *cArena) alloc(n, size int) unsafe.Pointer {
+	if n == 0 {
+		return nil
+	}
+	p := C.calloc(C.size_t(n), C.size_t(size))
+	if p == nil {
+		panic("engine: C allocation failed")
+	}
+	*ar = append(*ar, p)
+	return p
+}
+
+func (ar *cArena) free() {
+	for _, p := range *ar {
+		C.free(p)
+	}
+	*ar = nil
+}
+
+func cMeta(ar *cArena, key string, v any) (C.dfl_meta, error) {
+	m := C.dfl_meta{key: ar.str(key)}
+	setInt := func(x int64) { m.kind, m.i = C.DFL_META_INT, C.int64_t(x) }
+	setInts := func(xs []int64) {
+		m.kind, m.n = C.DFL_META_INT_ARRAY, C.uint32_t(len(xs))
+		p := unsafe.Slice((*C.int64_t)(ar.alloc(len(xs), 8)), len(xs))
+		for i, x := range xs {
+			p[i] = C.int64_t(x)
+		}
+		if len(xs) > 0 {
+			m.ia = &p[0]
+		}
+	}
+	setFloats := func(xs []float64) {
+		m.kind, m.n = C.DFL_META_FLOAT_ARRAY, C.uint32_t(len(xs))
+		p := unsafe.Slice((*C.double)(ar.alloc(len(xs), 8)), len(xs))
+		for i, x := range xs {
+			p[i] = C.double(x)
+		}
+		if len(xs) > 0 {
+			m.fa = &p[0]
+		}
+	}
+	switch x := v.(type) {
+	case bool:
+		if x {
+			setInt(1)
+		} else {
+			setInt(0)
+		}
+	case int:
+		setInt(int64(x))
+	case int8:
+		setInt(int64(x))
+	case int16:
+		setInt(int64(x))
+	case int32:
+		setInt(int64(x))
+	case int64:
+		setInt(x)
+	case uint8:
+		setInt(int64(x))
+	case uint16:
+		setInt(int64(x))
+	case uint32:
+		setInt(int64(x))
+	case uint64:
+		if x > 1<<62 {
+			return m, fmt.Errorf("metadata %s: value %d is too large", key, x)
+		}
+		setInt(int64(x))
+	case float32:
+		m.kind, m.f = C.DFL_META_FLOAT, C.double(x)
+	case float64:
+		m.kind, m.f = C.DFL_META_FLOAT, C.double(x)
+	case string:
+		m.kind, m.s = C.DFL_META_STRING, ar.str(x)
+	case []int32:
+		setInts(widen(x))
+	case []uint32:
+		setInts(widen(x))
+	case []int64:
+		setInts(x)
+	case []uint64:
+		setInts(widen(x))
+	case []int:
+		setInts(widen(x))
+	case []float32:
+		fs := make([]float64, len(x))
+		for i, f := range x {
+			fs[i] = float64(f)
+		}
+		setFloats(fs)
+	case []float64:
+		setFloats(x)
+	default:
+		return m, fmt.Errorf("metadata %s: unsupported value type %T", key, v)
+	}
+	return m, nil
+}
+
+func widen[T int | int32 | uint32 | uint64](xs []T) []int64 {
+	out := make([]int64, len(xs))
+	for i, x := range xs {
+		out[i] = int64(x)
+	}
+	return out
+}
+
+// load builds the C parameter block (names, metadata and the tensor table in C memory, tensor data pinned in place)
+// and loads the model. pin keeps the tensor data in place for as long as the engine references it.
+func (a *capi) load(spec *ModelSpec, device int, pin *runtime.Pinner) (*cmodel, error) {
+	var ar cArena
+	defer ar.free()
+	opt := spec.Options.withDefaults()
+	ck, err := opt.CacheK.id()
+	if err != nil {
+		return nil, fmt.Errorf("cache type k: %w", err)
+	}
+	cv, err := opt.CacheV.id()
+	if err != nil {
+		return nil, fmt.Errorf("cache type v: %w", err)
+	}
+
+	nt := len(spec.Tensors)
+	tens := unsafe.Slice((*C.dfl_tensor)(ar.alloc(nt, C.sizeof_dfl_tensor)), nt)
+	for i := range spec.Tensors {
+		t := &spec.Tensors[i]
+		if len(t.Dims) < 1 || len(t.Dims) > 4 {
+			return nil, fmt.Errorf("tensor %q: %d dimensions (want 1..4)", t.Name, len(t.Dims))
+		}
+		ct := &tens[i]
+		ct.name = ar.str(t.Name)
+		ct._type = C.uint32_t(t.Type)
+		ct.n_dims = C.uint32_t(len(t.Dims))
+		for d := 0; d < 4; d++ {
+			ct.dims[d] = 1
+			if d < len(t.Dims) {
+				ct.dims[d] = C.uint64_t(t.Dims[d])
+			}
+		}
+		ct.size = C.uint64_t(len(t.Data))
+		if len(t.Data) > 0 {
+			pin.Pin(&t.Data[0])
+			ct.data = unsafe.Pointer(&t.Data[0])
+		}
+	}
+
+	keys := make([]string, 0, len(spec.Meta))
+	for k := range spec.Meta {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	meta := unsafe.Slice((*C.dfl_meta)(ar.alloc(len(keys), C.sizeof_dfl_meta)), len(keys))
+	for i, k := range keys {
+		m, err := cMeta(&ar, k, spec.Meta[k])
+		if err != nil {
+			return nil, err
+		}
+		meta[i] = m
+	}
+
+	p := C.dfl_model_params{
+		struct_size:    C.sizeof_dfl_model_params,
+		arch:           ar.str(spec.Arch),
+		n_meta:         C.uint32_t(len(keys)),
+		n_tensors:      C.uint32_t(nt),
+		kv_pool_tokens: C.uint32_t(opt.KVPoolTokens),
+		kv_block_size:  C.uint32_t(opt.BlockSize),
+		max_seqs:       C.uint32_t(opt.MaxSeqs),
+		cache_type_k:   C.uint32_t(ck),
+		cache_type_v:   C.uint32_t(cv),
+		n_threads:      C.uint32_t(opt.Threads),
+		device:         C.int32_t(device),
+	}
+	if len(keys) > 0 {
+		p.meta = &meta[0]
+	}
+	if nt > 0 {
+		p.tensors = &tens[0]
+	}
+	if opt.CopyWeights {
+		p.flags |= C.DFL_LOAD_COPY_WEIGHTS
+	}
+	var out *C.dfl_model
+	var msg *C.char
+	if err := status(C.w_model_load(a.t, &p, &out, &msg), msg); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (a *capi) free(m *cmodel) { C.w_model_free(a.t, m) }
+
+func (a *capi) info(m *cmodel) (Info, error) {
+	var ci C.dfl_model_info
+	var msg *C.char
+	if err := status(C.w_model_info(a.t, m, &ci, &msg), msg); err != nil {
+		return Info{}, err
+	}
+	return Info{
+		Arch:             C.GoString(&ci.arch[0]),
+		Layers:           int(ci.n_layer),
+		Embd:             int(ci.n_embd),
+		Vocab:            int(ci.n_vocab),
+		CtxTrain:         int(ci.n_ctx_train),
+		Heads:            int(ci.n_head),
+		HeadsKV:          int(ci.n_head_kv),
+		HeadDim:          int(ci.head_dim),
+		FF:               int(ci.n_ff),
+		AttnLayers:       int(ci.n_attn_layers),
+		RecurrentLayers:  int(ci.n_recurrent_layers),
+		BlockSize:        int(ci.kv_block_size),
+		Blocks:           int(ci.kv_blocks_total),
+		MaxSeqs:          int(ci.max_seqs),
+		CacheK:           cacheName(uint32(ci.cache_type_k)),
+		CacheV:           cacheName(uint32(ci.cache_type_v)),
+		Threads:          int(ci.n_threads),
+		KVBytesPerToken:  uint64(ci.kv_bytes_per_token),
+		StateBytesPerSeq: uint64(ci.state_bytes_per_seq),
+		WeightBytes:      uint64(ci.weight_bytes),
+		RMSEps:           float32(ci.rms_eps),
+		RopeTheta:        float32(ci.rope_theta),
+		RopeDim:          int(ci.rope_dim),
+	}, nil
+}
+
+func (a *capi) kvStats(m *cmodel) (KVStats, error) {
+	var s C.dfl_kv_stats
+	var msg *C.char
+	if err := status(C.w_kv_stats(a.t, m, &s, &msg), msg); err != nil {
+		return KVStats{}, err
+	}
+	return KVStats{
+		BlockSize:   int(s.block_size),
+		BlocksTotal: int(s.blocks_total),
+		BlocksFree:  int(s.blocks_free),
+		SeqsTotal:   int(s.seqs_total),
+		SeqsFree:    int(s.seqs_free),
+	}, nil
+}
+
+func (a *capi) seqAlloc(m *cmodel) (Seq, error) {
+	var s C.int32_t
+	var msg *C.char
+	if err := status(C.w_seq_alloc(a.t, m, &s, &msg), msg); err != nil {
+		return -1, err
+	}
+	return Seq(s), nil
+}
+
+const (
+	opFree = iota
+	opReserve
+	opTruncate
+	opSnapshot
+	opRollback
+)
+
+func (a *capi) seqOp(m *cmodel, op int, s Seq, n uint32) error {
+	var msg *C.char
+	return status(C.w_seq_op(a.t, m, C.int(op), C.int32_t(s), C.uint32_t(n), &msg), msg)
+}
+
+func (a *capi) seqLength(m *cmodel, s Seq) (int, error) {
+	var n C.uint32_t
+	var msg *C.char
+	if err := status(C.w_seq_length(a.t, m, C.int32_t(s), &n, &msg), msg); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+// forward runs one batch. Token, position and output slices are pinned for the call so the C batch (Go memory) may
+// point at them.
+func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	seqs := make([]C.dfl_seq_batch, len(b.Entries))
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		cs := &seqs[i]
+		cs.seq = C.int32_t(e.Seq)
+		cs.n_tokens = C.uint32_t(len(e.Tokens))
+		if len(e.Tokens) > 0 {
+			pin.Pin(&e.Tokens[0])
+			cs.tokens = (*C.int32_t)(unsafe.Pointer(&e.Tokens[0]))
+		}
+		if len(e.Positions) > 0 {
+			pin.Pin(&e.Positions[0])
+			cs.positions = (*C.int32_t)(unsafe.Pointer(&e.Positions[0]))
+		}
+		cs.logits = C.uint32_t(e.Logits)
+		if e.Record {
+			cs.flags |= C.DFL_SEQ_RECORD
+		}
+	}
+	cb := C.dfl_batch{n_seqs: C.uint32_t(len(seqs))}
+	if len(seqs) > 0 {
+		pin.Pin(&seqs[0])
+		cb.seqs = &seqs[0]
+	}
+	if len(r.Logits) > 0 {
+		pin.Pin(&r.Logits[0])
+		cb.logits = (*C.float)(unsafe.Pointer(&r.Logits[0]))
+	}
+	if len(b.Capture) > 0 {
+		layers := make([]C.int32_t, len(b.Capture))
+		for i, l := range b.Capture {
+			layers[i] = C.int32_t(l)
+		}
+		pin.Pin(&layers[0])
+		cb.n_capture = C.uint32_t(len(layers))
+		cb.capture_layers = &layers[0]
+		if len(r.Capture) > 0 {
+			pin.Pin(&r.Capture[0])
+			cb.capture = (*C.float)(unsafe.Pointer(&r.Capture[0]))
+		}
+	}
+	var msg *C.char
+	return status(C.w_forward(a.t, m, &cb, &msg), msg)
+}
+
+func (a *capi) runSample(logits []float32, p SamplingParams, history []int32, rng *uint64) (int32, error) {
+	if len(logits) == 0 {
+		return 0, fmt.Errorf("sample: empty logits")
+	}
+	cp := p.c()
+	var hist *C.int32_t
+	if len(history) > 0 {
+		hist = (*C.int32_t)(unsafe.Pointer(&history[0]))
+	}
+	var tok C.int32_t
+	var msg *C.char
+	err := status(C.w_sample(a.t, (*C.float)(unsafe.Pointer(&logits[0])), C.uint32_t(len(logits)), &cp, hist,
+		C.uint32_t(len(history)), (*C.uint64_t)(unsafe.Pointer(rng)), &tok, &msg), msg)
+	return int32(tok), err
+}
+
+func (p SamplingParams) c() C.dfl_sampling {
+	cp := C.dfl_sampling{
+		temperature:       C.float(p.Temperature),
+		top_k:             C.int32_t(p.TopK),
+		top_p:             C.float(p.TopP),
+		min_p:             C.float(p.MinP),
+		repeat_penalty:    C.float(p.RepeatPenalty),
+		presence_penalty:  C.float(p.PresencePenalty),
+		frequency_penalty: C.float(p.FrequencyPenalty),
+		penalty_last_n:    C.int32_t(p.PenaltyLastN),
+	}
+	if p.TopP <= 0 || p.TopP > 1 {
+		cp.top_p = 1
+	}
+	if p.RepeatPenalty <= 0 {
+		cp.repeat_penalty = 1
+	}
+	if p.PenaltyLastN <= 0 {
+		cp.penalty_last_n = -1
+	}
+	return cp
+}

@@ -1,0 +1,507 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/gguf/quant"
+	"github.com/matryer/is"
+)
+
+// relErr is max|a-b| / max|b|.
+func relErr(a, b []float32) float64 {
+	var d, m float64
+	for i := range b {
+		d = math.Max(d, math.Abs(float64(a[i])-float64(b[i])))
+		m = math.Max(m, math.Abs(float64(b[i])))
+	}
+	if m == 0 {
+		return d
+	}
+	return d / m
+}
+
+func argmax(v []float32) int32 {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return int32(best)
+}
+
+func one(s Seq, toks []int32, mode LogitsMode) Batch {
+	return Batch{Entries: []Entry{{Seq: s, Tokens: toks, Logits: mode}}}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := libDir(t)
+	tests := []struct {
+		device, want string
+	}{
+		{"cuda:0", "engine library libdflash_cuda.so not found in " + dir + ": this build has no cuda support"},
+		{"hip", "this build has no hip support"},
+		{"", "empty device kind"},
+		{"cpu:x", "bad device index"},
+		{"c/pu", "bad device kind"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.device, func(t *testing.T) {
+			is := is.New(t)
+			_, err := Open(dir, tc.device)
+			is.True(err != nil)
+			is.True(strings.Contains(err.Error(), tc.want)) // error names the problem
+		})
+	}
+	t.Run("cpu", func(t *testing.T) {
+		is := is.New(t)
+		lib, err := Open(dir, "cpu:0")
+		is.NoErr(err)
+		is.Equal(lib.Kind(), "cpu")
+		is.True(filepath.IsAbs(lib.Path()))
+	})
+}
+
+func TestLoadErrorsNameTheCulprit(t *testing.T) {
+	lib := openCPU(t)
+	base := func() ModelSpec {
+		s := randomSpec(t, tinyQwen3())
+		s.KVPoolTokens = 64
+		return s
+	}
+	tests := []struct {
+		name   string
+		mutate func(*ModelSpec)
+		want   string
+		is     error
+	}{
+		{"unknown arch", func(s *ModelSpec) { s.Arch = "llama9" }, `architecture "llama9" is not supported`, ErrUnsupported},
+		{"missing tensor", func(s *ModelSpec) { s.Tensors = s.Tensors[:len(s.Tensors)-1] }, "tensor blk.2.ffn_down.weight is missing", ErrInvalid},
+		{"bad shape", func(s *ModelSpec) {
+			for i := range s.Tensors {
+				if s.Tensors[i].Name == "blk.1.attn_k.weight" {
+					s.Tensors[i].Dims = []uint64{64, 16}
+				}
+			}
+		}, "tensor blk.1.attn_k.weight has shape [64, 16], want [64, 32]", ErrInvalid},
+		{"missing hparam", func(s *ModelSpec) { delete(s.Meta, "qwen3.embedding_length") }, "qwen3.embedding_length", ErrInvalid},
+		{"bad cache type", func(s *ModelSpec) { s.CacheK = "q4_0" }, `unknown KV cache type "q4_0"`, nil},
+		{"no kv pool", func(s *ModelSpec) { s.KVPoolTokens = 0 }, "kv_pool_tokens", ErrInvalid},
+		{"q8 cache needs 32-wide heads", func(s *ModelSpec) { s.CacheV = CacheQ8_0 }, "head_dim 16", ErrInvalid},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			s := base()
+			tc.mutate(&s)
+			_, err := lib.LoadModel(s)
+			is.True(err != nil)
+			is.True(strings.Contains(err.Error(), tc.want)) // message names the culprit
+			if tc.is != nil {
+				is.True(errors.Is(err, tc.is))
+			}
+		})
+	}
+}
+
+// Prefill in one forward (HF's chunked DeltaNet path for qwen35) must match feeding tokens one by one (recurrent
+// path) and prefilling in uneven chunks.
+func TestPrefillMatchesDecodeAndChunks(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		t.Run(c.arch, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 3, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
+			toks := randomTokens(rand.New(rand.NewPCG(3, 3)), 150, c.vocab)
+
+			s1, err := m.NewSeq()
+			is.NoErr(err)
+			full, err := m.Forward(one(s1, toks, LogitsAll))
+			is.NoErr(err)
+
+			s2, _ := m.NewSeq()
+			for i, tk := range toks {
+				r, err := m.Forward(one(s2, []int32{tk}, LogitsLast))
+				is.NoErr(err)
+				if e := relErr(r.Row(0, 0), full.Row(0, i)); e > 1e-5 {
+					t.Fatalf("token %d: decode vs prefill rel err %.3g", i, e)
+				}
+			}
+
+			s3, _ := m.NewSeq()
+			at := 0
+			for _, n := range []int{37, 1, 64, 48} {
+				r, err := m.Forward(one(s3, toks[at:at+n], LogitsAll))
+				is.NoErr(err)
+				for i := 0; i < n; i++ {
+					if e := relErr(r.Row(0, i), full.Row(0, at+i)); e > 1e-5 {
+						t.Fatalf("token %d: chunked prefill rel err %.3g", at+i, e)
+					}
+				}
+				at += n
+			}
+			n, _ := m.SeqLen(s3)
+			is.Equal(n, 150)
+		})
+	}
+}
+
+// Greedy decoding of several sequences in one batch (mixing prefill and decode entries) gives exactly the tokens and
+// logits of each sequence run alone.
+func TestBatchedDecodeEqualsAlone(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		t.Run(c.arch, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 1024, BlockSize: 8, MaxSeqs: 4, CacheK: CacheF16, CacheV: CacheF16, Threads: 3})
+			rng := rand.New(rand.NewPCG(4, 4))
+			prompts := [][]int32{randomTokens(rng, 5, c.vocab), randomTokens(rng, 70, c.vocab), randomTokens(rng, 1, c.vocab), randomTokens(rng, 33, c.vocab)}
+			const steps = 12
+
+			alone := make([][][]float32, len(prompts))
+			for i, p := range prompts {
+				s, err := m.NewSeq()
+				is.NoErr(err)
+				r, err := m.Forward(one(s, p, LogitsLast))
+				is.NoErr(err)
+				row := r.Row(0, 0)
+				alone[i] = append(alone[i], row)
+				for k := 0; k < steps; k++ {
+					r, err = m.Forward(one(s, []int32{argmax(row)}, LogitsLast))
+					is.NoErr(err)
+					row = r.Row(0, 0)
+					alone[i] = append(alone[i], row)
+				}
+				is.NoErr(m.FreeSeq(s))
+			}
+
+			// together: sequence i joins at step i (its prefill rides along with the others' decode tokens)
+			seqs := make([]Seq, len(prompts))
+			next := make([]int32, len(prompts))
+			done := make([]int, len(prompts))
+			for step := 0; step < len(prompts)+steps; step++ {
+				var b Batch
+				var who []int
+				for i, p := range prompts {
+					switch {
+					case step == i:
+						s, err := m.NewSeq()
+						is.NoErr(err)
+						seqs[i] = s
+						b.Entries = append(b.Entries, Entry{Seq: s, Tokens: p, Logits: LogitsLast})
+						who = append(who, i)
+					case step > i && done[i] <= steps:
+						b.Entries = append(b.Entries, Entry{Seq: seqs[i], Tokens: []int32{next[i]}, Logits: LogitsLast})
+						who = append(who, i)
+					}
+				}
+				if len(b.Entries) == 0 {
+					continue
+				}
+				r, err := m.Forward(b)
+				is.NoErr(err)
+				for e, i := range who {
+					row := r.Row(e, 0)
+					want := alone[i][done[i]]
+					for v := range row {
+						if row[v] != want[v] {
+							t.Fatalf("sequence %d step %d: batched logits differ from alone (%g vs %g)", i, done[i], row[v], want[v])
+						}
+					}
+					next[i] = argmax(row)
+					done[i]++
+				}
+			}
+		})
+	}
+}
+
+func TestKVAccountingAndSlots(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	m := loadRandom(t, lib, tinyQwen3(), Options{KVPoolTokens: 64, BlockSize: 16, MaxSeqs: 2, Threads: 1})
+	st, err := m.KVStats()
+	is.NoErr(err)
+	is.Equal(st, KVStats{BlockSize: 16, BlocksTotal: 4, BlocksFree: 4, SeqsTotal: 2, SeqsFree: 2})
+	is.Equal(m.Info().KVBytesPerToken, uint64(3*2*2*16*2)) // layers * (K+V) * kv heads * head_dim * f16
+
+	a, err := m.NewSeq()
+	is.NoErr(err)
+	b, err := m.NewSeq()
+	is.NoErr(err)
+	_, err = m.NewSeq()
+	is.True(errors.Is(err, ErrNoSeq))
+
+	toks := randomTokens(rand.New(rand.NewPCG(5, 5)), 40, 256)
+	_, err = m.Forward(one(a, toks[:17], LogitsNone)) // 2 blocks
+	is.NoErr(err)
+	st, _ = m.KVStats()
+	is.Equal(st.BlocksFree, 2)
+	is.Equal(st.TokensFree(), 32)
+
+	is.NoErr(m.Reserve(b, 20)) // 2 blocks held ahead
+	st, _ = m.KVStats()
+	is.Equal(st.BlocksFree, 0)
+	_, err = m.Forward(one(a, toks[17:33], LogitsNone)) // a needs a third block
+	is.True(errors.Is(err, ErrNoKV))
+	n, _ := m.SeqLen(a)
+	is.Equal(n, 17)                                   // failed forward changed nothing
+	_, err = m.Forward(one(b, toks[:20], LogitsLast)) // within the reservation
+	is.NoErr(err)
+	is.True(errors.Is(m.Reserve(b, 40), ErrNoKV))
+
+	is.NoErr(m.FreeSeq(b))
+	st, _ = m.KVStats()
+	is.Equal(st.BlocksFree, 2)
+	is.Equal(st.SeqsFree, 1)
+	_, err = m.Forward(one(a, toks[17:33], LogitsNone))
+	is.NoErr(err)
+
+	// truncation of an attention-only model frees whole blocks
+	is.NoErr(m.Truncate(a, 5))
+	st, _ = m.KVStats()
+	is.Equal(st.BlocksFree, 3)
+	_, err = m.Forward(Batch{Entries: []Entry{{Seq: a, Tokens: toks[:1]}, {Seq: a, Tokens: toks[:1]}}})
+	is.True(errors.Is(err, ErrInvalid)) // a sequence twice in one batch
+	_, err = m.Forward(one(Seq(7), toks[:1], LogitsLast))
+	is.True(errors.Is(err, ErrInvalid))
+	_, err = m.Forward(one(a, []int32{256}, LogitsLast))
+	is.True(err != nil && strings.Contains(err.Error(), "token 256 is outside the vocabulary"))
+}
+
+// Snapshot/rollback and recorded truncation restore exactly the state of a sequence that never saw the rejected
+// tokens.
+func TestSnapshotRollbackAndRecordedTruncate(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		t.Run(c.arch, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
+			rng := rand.New(rand.NewPCG(6, 6))
+			prompt, draft, other := randomTokens(rng, 20, c.vocab), randomTokens(rng, 6, c.vocab), randomTokens(rng, 3, c.vocab)
+
+			ref, _ := m.NewSeq()
+			_, err := m.Forward(one(ref, prompt, LogitsNone))
+			is.NoErr(err)
+			want, err := m.Forward(one(ref, append(append([]int32{}, draft[:2]...), other...), LogitsAll))
+			is.NoErr(err)
+			is.NoErr(m.FreeSeq(ref))
+
+			s, _ := m.NewSeq()
+			_, err = m.Forward(one(s, prompt, LogitsNone))
+			is.NoErr(err)
+			is.True(errors.Is(m.Rollback(s), ErrState)) // no snapshot yet
+
+			// snapshot, verify 6 draft tokens, roll back, replay 2 accepted + 3 others
+			is.NoErr(m.Snapshot(s))
+			_, err = m.Forward(one(s, draft, LogitsAll))
+			is.NoErr(err)
+			is.NoErr(m.Rollback(s))
+			got, err := m.Forward(one(s, append(append([]int32{}, draft[:2]...), other...), LogitsAll))
+			is.NoErr(err)
+			for i := 0; i < 5; i++ {
+				is.True(relErr(got.Row(0, i), want.Row(0, i)) < 1e-6)
+			}
+
+			// recorded verify, keep 2 of 6 by truncation, continue with the others
+			s2, _ := m.NewSeq()
+			_, err = m.Forward(one(s2, prompt, LogitsNone))
+			is.NoErr(err)
+			if c.arch == "qwen35" {
+				_, err = m.Forward(one(s2, draft, LogitsNone))
+				is.NoErr(err)
+				is.True(errors.Is(m.Truncate(s2, 22), ErrState)) // not recorded
+				is.NoErr(m.FreeSeq(s2))
+				s2, _ = m.NewSeq()
+				_, err = m.Forward(one(s2, prompt, LogitsNone))
+				is.NoErr(err)
+			}
+			_, err = m.Forward(Batch{Entries: []Entry{{Seq: s2, Tokens: draft, Logits: LogitsAll, Record: true}}})
+			is.NoErr(err)
+			is.NoErr(m.Truncate(s2, 22))
+			got, err = m.Forward(one(s2, other, LogitsAll))
+			is.NoErr(err)
+			for i := 0; i < 3; i++ {
+				is.True(relErr(got.Row(0, i), want.Row(0, 2+i)) < 1e-5)
+			}
+		})
+	}
+}
+
+// The captured output of the last layer, put through the final norm and the LM head here, gives the engine's logits.
+func TestCaptureIsLayerOutput(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	c := tinyQwen3()
+	spec := randomSpec(t, c)
+	spec.Options = Options{KVPoolTokens: 64, Threads: 2}
+	m, err := lib.LoadModel(spec)
+	is.NoErr(err)
+	defer m.Close()
+	tensor := func(name string) []float32 {
+		for _, tt := range spec.Tensors {
+			if tt.Name == name {
+				v, err := quant.ToFloat32(tt.Type, tt.Data)
+				is.NoErr(err)
+				return v
+			}
+		}
+		t.Fatalf("no tensor %s", name)
+		return nil
+	}
+	s, _ := m.NewSeq()
+	toks := randomTokens(rand.New(rand.NewPCG(8, 8)), 9, c.vocab)
+	r, err := m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Logits: LogitsAll}}, Capture: []int{0, c.layers - 1}})
+	is.NoErr(err)
+	normW, out := tensor("output_norm.weight"), tensor("output.weight")
+	for i := range toks {
+		h := r.Hidden(0, i, 1)
+		is.Equal(len(h), c.embd)
+		var ss float64
+		for _, x := range h {
+			ss += float64(x) * float64(x)
+		}
+		inv := 1 / math.Sqrt(ss/float64(c.embd)+1e-6)
+		want := make([]float32, c.vocab)
+		for v := 0; v < c.vocab; v++ {
+			var d float64
+			for k, x := range h {
+				d += float64(x) * inv * float64(normW[k]) * float64(out[v*c.embd+k])
+			}
+			want[v] = float32(d)
+		}
+		is.True(relErr(r.Row(0, i), want) < 1e-5)
+		is.True(r.Hidden(0, i, 0) != nil)
+	}
+	is.True(r.Hidden(0, len(toks), 0) == nil) // out of range
+}
+
+// Quantized weights and KV caches stay close to the f32 model built from the same (dequantized) values.
+func TestQuantizedWeightsAndCaches(t *testing.T) {
+	lib := openCPU(t)
+	base := tinyQwen3()
+	base.embd, base.ff, base.headDim = 256, 512, 64
+	rng := rand.New(rand.NewPCG(9, 9))
+	toks := randomTokens(rng, 40, base.vocab)
+	run := func(t *testing.T, spec ModelSpec, opt Options) []float32 {
+		spec.Options = opt
+		m, err := lib.LoadModel(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		s, _ := m.NewSeq()
+		r, err := m.Forward(one(s, toks, LogitsLast))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Row(0, 0)
+	}
+	f32opt := Options{KVPoolTokens: 64, CacheK: CacheF32, CacheV: CacheF32, Threads: 2}
+	for _, wt := range []gguf.Type{gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K} {
+		t.Run(wt.String(), func(t *testing.T) {
+			is := is.New(t)
+			c := base
+			c.weight = wt
+			q := randomSpec(t, c)
+			// the same model with every tensor dequantized to f32
+			f := q
+			f.Tensors = nil
+			for _, tt := range q.Tensors {
+				v, err := quant.ToFloat32(tt.Type, tt.Data)
+				is.NoErr(err)
+				b, err := quant.FromFloat32(gguf.F32, v)
+				is.NoErr(err)
+				f.Tensors = append(f.Tensors, Tensor{Name: tt.Name, Type: gguf.F32, Dims: tt.Dims, Data: b})
+			}
+			is.True(relErr(run(t, q, f32opt), run(t, f, f32opt)) < 1e-5)
+		})
+	}
+	for _, ct := range []CacheType{CacheF16, CacheBF16, CacheQ8_0} {
+		t.Run("cache_"+string(ct), func(t *testing.T) {
+			is := is.New(t)
+			spec := randomSpec(t, base)
+			want := run(t, spec, f32opt)
+			got := run(t, spec, Options{KVPoolTokens: 64, CacheK: ct, CacheV: ct, Threads: 2})
+			is.True(relErr(got, want) < 0.05)
+			is.Equal(argmax(got), argmax(want))
+		})
+	}
+}
+
+func TestSample(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	m := loadRandom(t, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	logits := []float32{0.1, 2, -1, 1.9}
+	var rng uint64 = 42
+	tok, err := m.Sample(logits, SamplingParams{}, nil, &rng)
+	is.NoErr(err)
+	is.Equal(tok, int32(1))
+	tok, err = m.Sample(logits, SamplingParams{RepeatPenalty: 2}, []int32{1}, &rng)
+	is.NoErr(err)
+	is.Equal(tok, int32(3))
+	seen := map[int32]bool{}
+	for i := 0; i < 200; i++ {
+		tok, err = m.Sample(logits, SamplingParams{Temperature: 1, TopK: 2}, nil, &rng)
+		is.NoErr(err)
+		seen[tok] = true
+	}
+	is.Equal(seen, map[int32]bool{1: true, 3: true})
+	_, err = m.Sample(logits, SamplingParams{}, nil, nil)
+	is.True(err != nil)
+	_, err = m.Sample(logits, SamplingParams{RepeatPenalty: 1.1}, []int32{9}, &rng)
+	is.True(errors.Is(err, ErrInvalid))
+}
+
+// SpecFromGGUF + LoadGGUF: a model written to a GGUF file runs like the in-memory spec.
+func TestLoadGGUF(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	c := tinyQwen35()
+	spec := randomSpec(t, c)
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	w, err := gguf.Create(path)
+	is.NoErr(err)
+	is.NoErr(w.AddKV(gguf.KeyArchitecture, c.arch))
+	is.NoErr(w.AddKV("tokenizer.ggml.tokens", []string{"a", "b"})) // ignored
+	for k, v := range spec.Meta {
+		is.NoErr(w.AddKV(k, v))
+	}
+	for _, tt := range spec.Tensors {
+		is.NoErr(w.AddTensor(tt.Name, tt.Type, tt.Dims))
+	}
+	for _, tt := range spec.Tensors {
+		is.NoErr(w.WriteTensorData(tt.Name, tt.Data))
+	}
+	is.NoErr(w.Close())
+
+	opt := Options{KVPoolTokens: 128, CacheK: CacheF32, CacheV: CacheF32, Threads: 2}
+	fm, err := lib.LoadGGUF(path, opt)
+	is.NoErr(err)
+	defer fm.Close()
+	is.Equal(fm.Info().Arch, "qwen35")
+	is.Equal(fm.Info().RecurrentLayers, 3)
+	is.Equal(fm.Info().AttnLayers, 1)
+	spec.Options = opt
+	mm, err := lib.LoadModel(spec)
+	is.NoErr(err)
+	defer mm.Close()
+	toks := randomTokens(rand.New(rand.NewPCG(10, 10)), 12, c.vocab)
+	s1, _ := fm.NewSeq()
+	s2, _ := mm.NewSeq()
+	r1, err := fm.Forward(one(s1, toks, LogitsLast))
+	is.NoErr(err)
+	r2, err := mm.Forward(one(s2, toks, LogitsLast))
+	is.NoErr(err)
+	is.Equal(r1.Row(0, 0), r2.Row(0, 0))
+	is.NoErr(fm.Close())
+	_, err = fm.NewSeq()
+	is.True(err != nil) // closed
+}

@@ -1,0 +1,444 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"sync"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
+)
+
+// CacheType is a KV cache element type: "f32", "f16", "bf16" or "q8_0" (the --cache-type-k/v values). "" means f16.
+type CacheType string
+
+// KV cache element types.
+const (
+	CacheF32  CacheType = "f32"
+	CacheF16  CacheType = "f16"
+	CacheBF16 CacheType = "bf16"
+	CacheQ8_0 CacheType = "q8_0"
+)
+
+// ParseCacheType validates a --cache-type-k/v value.
+func ParseCacheType(s string) (CacheType, error) {
+	c := CacheType(s)
+	if _, err := c.id(); err != nil {
+		return "", err
+	}
+	return c, nil
+}
+
+func (c CacheType) id() (uint32, error) {
+	switch c {
+	case CacheF32:
+		return uint32(gguf.F32), nil
+	case CacheF16, "":
+		return uint32(gguf.F16), nil
+	case CacheBF16:
+		return uint32(gguf.BF16), nil
+	case CacheQ8_0:
+		return uint32(gguf.Q8_0), nil
+	}
+	return 0, fmt.Errorf("unknown KV cache type %q (want f32, f16, bf16 or q8_0)", string(c))
+}
+
+func cacheName(id uint32) CacheType {
+	switch gguf.Type(id) {
+	case gguf.F32:
+		return CacheF32
+	case gguf.F16:
+		return CacheF16
+	case gguf.BF16:
+		return CacheBF16
+	case gguf.Q8_0:
+		return CacheQ8_0
+	}
+	return CacheType(fmt.Sprintf("type%d", id))
+}
+
+// Options size the engine-side resources of a model.
+type Options struct {
+	// KVPoolTokens is the KV capacity shared by all sequences (--kv-pool-tokens). Required for models with attention.
+	KVPoolTokens int
+	// BlockSize is the number of tokens per KV block; 0 means 16.
+	BlockSize int
+	// MaxSeqs is the number of sequence slots; 0 means 1.
+	MaxSeqs int
+	// CacheK and CacheV are the KV element types; "" means f16.
+	CacheK, CacheV CacheType
+	// Threads is the CPU worker count; 0 means every core.
+	Threads int
+	// CopyWeights makes the engine copy tensor data at load, so the caller may release it afterwards.
+	CopyWeights bool
+}
+
+func (o Options) withDefaults() Options {
+	if o.BlockSize <= 0 {
+		o.BlockSize = 16
+	}
+	if o.MaxSeqs <= 0 {
+		o.MaxSeqs = 1
+	}
+	return o
+}
+
+// Tensor is one tensor of the model: its GGUF name, ggml type, ggml-order dims (Dims[0] contiguous) and bytes.
+type Tensor struct {
+	Name string
+	Type gguf.Type
+	Dims []uint64
+	Data []byte
+}
+
+// ModelSpec is everything the engine needs to build a model.
+type ModelSpec struct {
+	// Arch is general.architecture ("qwen3", "qwen35").
+	Arch string
+	// Meta holds the hyperparameters under their GGUF keys ("qwen3.block_count", ...). Values may be Go integers,
+	// floats, bools, strings, or integer/float slices. Keys the architecture does not use are ignored.
+	Meta map[string]any
+	// Tensors are referenced in place until Model.Close unless Options.CopyWeights is set: their Data must stay valid
+	// and unchanged (a gguf.File mapping must stay open).
+	Tensors []Tensor
+	Options
+}
+
+// Info describes a loaded model as the engine sees it.
+type Info struct {
+	Arch                                           string
+	Layers, Embd, Vocab, CtxTrain                  int
+	Heads, HeadsKV, HeadDim, FF                    int
+	AttnLayers, RecurrentLayers                    int
+	BlockSize, Blocks, MaxSeqs                     int
+	CacheK, CacheV                                 CacheType
+	Threads                                        int
+	KVBytesPerToken, StateBytesPerSeq, WeightBytes uint64
+	RMSEps, RopeTheta                              float32
+	RopeDim                                        int
+}
+
+// KVStats is the current occupancy of the KV pool and sequence slots.
+type KVStats struct {
+	BlockSize   int
+	BlocksTotal int
+	BlocksFree  int // held by no sequence (neither used nor reserved)
+	SeqsTotal   int
+	SeqsFree    int
+}
+
+// TokensFree is the KV capacity, in tokens, that no sequence holds.
+func (s KVStats) TokensFree() int { return s.BlocksFree * s.BlockSize }
+
+// BlocksFor is the number of blocks a sequence of n tokens holds.
+func (s KVStats) BlocksFor(n int) int { return (n + s.BlockSize - 1) / s.BlockSize }
+
+// Seq identifies a sequence slot of a model.
+type Seq int32
+
+// LogitsMode says which positions of a batch entry return logits.
+type LogitsMode uint32
+
+// Logits modes.
+const (
+	LogitsNone LogitsMode = iota
+	LogitsLast            // one row: the entry's last token
+	LogitsAll             // one row per token
+)
+
+// Entry is the tokens one sequence contributes to a forward; they are appended after the sequence's current length.
+type Entry struct {
+	Seq    Seq
+	Tokens []int32
+	// Positions are RoPE positions; nil means the cache positions (sequence length + i).
+	Positions []int32
+	Logits    LogitsMode
+	// Record keeps the recurrent state after every token so that Truncate may later cut the sequence anywhere inside
+	// this forward (speculative decoding).
+	Record bool
+}
+
+// Batch is one forward over several sequences (a sequence appears at most once).
+type Batch struct {
+	Entries []Entry
+	// Capture lists layers whose outputs (after the FFN residual) are returned for every token.
+	Capture []int
+}
+
+// Result holds a forward's outputs.
+type Result struct {
+	Vocab  int
+	Logits []float32 // [rows][Vocab], rows in entry order
+	Embd   int
+	// Capture is [tokens][len(Batch.Capture)][Embd], tokens in entry order.
+	Capture []float32
+
+	rowStart []int // first logits row of each entry, -1 if none
+	rowCount []int
+	tokStart []int
+	nCapture int
+}
+
+// Row returns the i-th logits row of entry e (for LogitsLast, i = 0 is the last token); nil if there is none.
+func (r *Result) Row(e, i int) []float32 {
+	if e < 0 || e >= len(r.rowStart) || r.rowStart[e] < 0 || i < 0 || i >= r.rowCount[e] {
+		return nil
+	}
+	off := (r.rowStart[e] + i) * r.Vocab
+	return r.Logits[off : off+r.Vocab : off+r.Vocab]
+}
+
+// Hidden returns the captured output of Batch.Capture[c] for token i of entry e; nil if there is none.
+func (r *Result) Hidden(e, i, c int) []float32 {
+	if e < 0 || e >= len(r.tokStart) || c < 0 || c >= r.nCapture || len(r.Capture) == 0 || i < 0 {
+		return nil
+	}
+	if e+1 < len(r.tokStart) && r.tokStart[e]+i >= r.tokStart[e+1] {
+		return nil
+	}
+	off := ((r.tokStart[e]+i)*r.nCapture + c) * r.Embd
+	if off+r.Embd > len(r.Capture) {
+		return nil
+	}
+	return r.Capture[off : off+r.Embd : off+r.Embd]
+}
+
+// SamplingParams are the sampler settings. The zero value is greedy. Order: penalties, temperature, top-k, top-p,
+// min-p, then a seeded draw.
+type SamplingParams struct {
+	Temperature float32 // <= 0: greedy (lowest id on ties)
+	TopK        int     // <= 0: off
+	TopP        float32 // <= 0 or >= 1: off
+	MinP        float32 // <= 0: off
+	// RepeatPenalty (<= 0 or 1: off) divides positive and multiplies negative logits of tokens in the history;
+	// PresencePenalty is subtracted once per seen token, FrequencyPenalty once per occurrence.
+	RepeatPenalty, PresencePenalty, FrequencyPenalty float32
+	// PenaltyLastN limits the penalties to the last N history tokens; <= 0 means the whole history given.
+	PenaltyLastN int
+}
+
+// Model is a model loaded into an engine library. Its methods serialize on an internal lock.
+type Model struct {
+	lib    *Lib
+	mu     sync.Mutex
+	m      *cmodel
+	pin    runtime.Pinner
+	info   Info
+	closer io.Closer
+}
+
+var errClosed = errors.New("engine model is closed")
+
+// LoadModel builds a model from spec.
+func (l *Lib) LoadModel(spec ModelSpec) (*Model, error) {
+	md := &Model{lib: l}
+	cm, err := l.api.load(&spec, l.device, &md.pin)
+	if err != nil {
+		md.pin.Unpin()
+		return nil, fmt.Errorf("load %s model: %w", spec.Arch, err)
+	}
+	if spec.CopyWeights {
+		md.pin.Unpin()
+	}
+	md.m = cm
+	if md.info, err = l.api.info(cm); err != nil {
+		l.api.free(cm)
+		md.pin.Unpin()
+		return nil, fmt.Errorf("load %s model: %w", spec.Arch, err)
+	}
+	return md, nil
+}
+
+// LoadGGUF opens a GGUF file and loads it; the model keeps the file mapped until Close.
+func (l *Lib) LoadGGUF(path string, opt Options) (*Model, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := SpecFromGGUF(f)
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	spec.Options = opt
+	md, err := l.LoadModel(spec)
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if opt.CopyWeights {
+		_ = f.Close()
+	} else {
+		md.closer = f
+	}
+	return md, nil
+}
+
+// SpecFromGGUF lists f's tensors (zero-copy views of the mapping) and its architecture's hyperparameters
+// ("<arch>.*" scalars and numeric arrays). Options are left zero.
+func SpecFromGGUF(f *gguf.File) (ModelSpec, error) {
+	arch := f.Arch()
+	if arch == "" {
+		return ModelSpec{}, fmt.Errorf("gguf has no %s", gguf.KeyArchitecture)
+	}
+	spec := ModelSpec{Arch: arch, Meta: map[string]any{}}
+	prefix := arch + "."
+	for _, kv := range f.KVs() {
+		if len(kv.Key) <= len(prefix) || kv.Key[:len(prefix)] != prefix {
+			continue
+		}
+		v, ok := f.Meta(kv.Key)
+		if !ok {
+			continue
+		}
+		switch v.(type) {
+		case []string, []bool:
+			continue // not hyperparameters the engine reads
+		}
+		spec.Meta[kv.Key] = v
+	}
+	for _, t := range f.Tensors() {
+		data, err := f.TensorData(t.Name)
+		if err != nil {
+			return ModelSpec{}, err
+		}
+		spec.Tensors = append(spec.Tensors, Tensor{Name: t.Name, Type: t.Type, Dims: t.Dims, Data: data})
+	}
+	return spec, nil
+}
+
+// Info describes the model.
+func (m *Model) Info() Info { return m.info }
+
+// Close frees the model (and the GGUF mapping LoadGGUF opened). Sequences die with it.
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		return nil
+	}
+	m.lib.api.free(m.m)
+	m.m = nil
+	m.pin.Unpin()
+	if m.closer != nil {
+		return m.closer.Close()
+	}
+	return nil
+}
+
+func (m *Model) locked(fn func() error) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		return errClosed
+	}
+	return fn()
+}
+
+// KVStats reports the KV pool and slot occupancy.
+func (m *Model) KVStats() (KVStats, error) {
+	var s KVStats
+	err := m.locked(func() (err error) { s, err = m.lib.api.kvStats(m.m); return })
+	return s, err
+}
+
+// NewSeq allocates an empty sequence (ErrNoSeq when every slot is taken).
+func (m *Model) NewSeq() (Seq, error) {
+	s := Seq(-1)
+	err := m.locked(func() (err error) { s, err = m.lib.api.seqAlloc(m.m); return })
+	return s, err
+}
+
+// FreeSeq releases a sequence, its KV blocks and state slot.
+func (m *Model) FreeSeq(s Seq) error {
+	return m.locked(func() error { return m.lib.api.seqOp(m.m, opFree, s, 0) })
+}
+
+// Reserve makes the sequence hold KV blocks for n tokens in total, so forwards up to that length cannot fail with
+// ErrNoKV (ErrNoKV now if the pool cannot hold them; nothing changes then).
+func (m *Model) Reserve(s Seq, n int) error {
+	if n < 0 {
+		return fmt.Errorf("reserve %d tokens: negative", n)
+	}
+	return m.locked(func() error { return m.lib.api.seqOp(m.m, opReserve, s, uint32(n)) })
+}
+
+// SeqLen is the number of tokens the sequence holds.
+func (m *Model) SeqLen(s Seq) (int, error) {
+	n := 0
+	err := m.locked(func() (err error) { n, err = m.lib.api.seqLength(m.m, s); return })
+	return n, err
+}
+
+// Truncate cuts the sequence to n tokens. With recurrent layers this works only inside the last forward made with
+// Entry.Record (ErrState otherwise).
+func (m *Model) Truncate(s Seq, n int) error {
+	if n < 0 {
+		return fmt.Errorf("truncate to %d tokens: negative", n)
+	}
+	return m.locked(func() error { return m.lib.api.seqOp(m.m, opTruncate, s, uint32(n)) })
+}
+
+// Snapshot saves the sequence's length and recurrent state (one snapshot per sequence).
+func (m *Model) Snapshot(s Seq) error {
+	return m.locked(func() error { return m.lib.api.seqOp(m.m, opSnapshot, s, 0) })
+}
+
+// Rollback restores the last snapshot (ErrState if there is none).
+func (m *Model) Rollback(s Seq) error {
+	return m.locked(func() error { return m.lib.api.seqOp(m.m, opRollback, s, 0) })
+}
+
+// Forward runs the model on a batch and returns the requested logits and captured hidden states. On error no
+// sequence changed length.
+func (m *Model) Forward(b Batch) (*Result, error) {
+	r := &Result{Vocab: m.info.Vocab, Embd: m.info.Embd, nCapture: len(b.Capture)}
+	rows, toks := 0, 0
+	for i, e := range b.Entries {
+		if len(e.Tokens) == 0 {
+			return nil, fmt.Errorf("forward: entry %d (sequence %d) has no tokens", i, e.Seq)
+		}
+		if e.Positions != nil && len(e.Positions) != len(e.Tokens) {
+			return nil, fmt.Errorf("forward: entry %d (sequence %d) has %d positions for %d tokens", i, e.Seq,
+				len(e.Positions), len(e.Tokens))
+		}
+		r.tokStart = append(r.tokStart, toks)
+		toks += len(e.Tokens)
+		n := 0
+		switch e.Logits {
+		case LogitsNone:
+		case LogitsLast:
+			n = 1
+		case LogitsAll:
+			n = len(e.Tokens)
+		default:
+			return nil, fmt.Errorf("forward: entry %d: bad logits mode %d", i, e.Logits)
+		}
+		start := -1
+		if n > 0 {
+			start = rows
+		}
+		r.rowStart = append(r.rowStart, start)
+		r.rowCount = append(r.rowCount, n)
+		rows += n
+	}
+	r.Logits = make([]float32, rows*r.Vocab)
+	if len(b.Capture) > 0 {
+		r.Capture = make([]float32, toks*len(b.Capture)*r.Embd)
+	}
+	if err := m.locked(func() error { return m.lib.api.runForward(m.m, &b, r) }); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Sample picks a token from one row of logits. rng is the caller's per-sequence generator state: seed it once (any
+// value, e.g. the request seed) and pass the same variable on every call. history holds the sequence's tokens for
+// the penalties.
+func (m *Model) Sample(logits []float32, p SamplingParams, history []int32, rng *uint64) (int32, error) {
+	if rng == nil {
+		return 0, errors.New("sample: rng state is nil")
+	}
+	return m.lib.api.runSample(logits, p, history, rng)
+}

@@ -1,0 +1,185 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/gguf/quant"
+)
+
+// libDir finds libdflash_cpu.so: $DFLASH_LIB_DIR, else bin/lib of the repository (built by make).
+func libDir(t testing.TB) string {
+	t.Helper()
+	dir := os.Getenv("DFLASH_LIB_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "bin", "lib")
+	}
+	if _, err := os.Stat(filepath.Join(dir, LibName("cpu"))); err != nil {
+		t.Fatalf("%s not found in %s: build it first (make -C native OUT=../bin/lib, or make), or set DFLASH_LIB_DIR",
+			LibName("cpu"), dir)
+	}
+	return dir
+}
+
+func openCPU(t testing.TB) *Lib {
+	t.Helper()
+	lib, err := Open(libDir(t), "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lib
+}
+
+// config of a random test model.
+type config struct {
+	arch                    string
+	vocab, embd, ff, layers int
+	heads, headsKV, headDim int
+	theta                   float64
+	ropeDim                 int // 0: headDim
+	nk, nv, dk, dv, convK   int // qwen35 Gated DeltaNet
+	weight                  gguf.Type
+	tied                    bool
+	seed                    uint64
+}
+
+func tinyQwen3() config {
+	return config{arch: "qwen3", vocab: 256, embd: 64, ff: 128, layers: 3, heads: 4, headsKV: 2, headDim: 16,
+		theta: 1e6, weight: gguf.F32, seed: 1}
+}
+
+func tinyQwen35() config {
+	return config{arch: "qwen35", vocab: 256, embd: 64, ff: 128, layers: 4, heads: 4, headsKV: 2, headDim: 16,
+		theta: 1e7, ropeDim: 4, nk: 2, nv: 4, dk: 16, dv: 32, convK: 4, weight: gguf.F32, seed: 2}
+}
+
+// randomSpec builds a model with every weight drawn at random (norms around 1, decays moderate), matrices stored as
+// c.weight.
+func randomSpec(t testing.TB, c config) ModelSpec {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(c.seed, 7))
+	a := c.arch + "."
+	meta := map[string]any{
+		a + "block_count":                      uint32(c.layers),
+		a + "embedding_length":                 uint32(c.embd),
+		a + "feed_forward_length":              uint32(c.ff),
+		a + "attention.head_count":             uint32(c.heads),
+		a + "attention.head_count_kv":          uint32(c.headsKV),
+		a + "attention.key_length":             uint32(c.headDim),
+		a + "attention.value_length":           uint32(c.headDim),
+		a + "attention.layer_norm_rms_epsilon": float32(1e-6),
+		a + "rope.freq_base":                   float32(c.theta),
+		a + "context_length":                   uint32(4096),
+	}
+	if c.ropeDim > 0 {
+		meta[a+"rope.dimension_count"] = uint32(c.ropeDim)
+	}
+	hybrid := c.arch == "qwen35"
+	if hybrid {
+		meta[a+"full_attention_interval"] = uint32(4)
+		meta[a+"ssm.conv_kernel"] = uint32(c.convK)
+		meta[a+"ssm.state_size"] = uint32(c.dk)
+		meta[a+"ssm.group_count"] = uint32(c.nk)
+		meta[a+"ssm.time_step_rank"] = uint32(c.nv)
+		meta[a+"ssm.inner_size"] = uint32(c.nv * c.dv)
+	}
+	var tensors []Tensor
+	vals := func(n int, f func() float64) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = float32(f())
+		}
+		return out
+	}
+	normal := func(std float64) func() float64 { return func() float64 { return rng.NormFloat64() * std } }
+	addF32 := func(name string, v []float32, dims ...uint64) {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			u := math.Float32bits(x)
+			b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+		}
+		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: b})
+	}
+	addMat := func(name string, in, out int, std float64) {
+		v := vals(in*out, normal(std))
+		if c.weight == gguf.F32 {
+			addF32(name, v, uint64(in), uint64(out))
+			return
+		}
+		b, err := quant.FromFloat32(c.weight, v)
+		if err != nil {
+			t.Fatalf("quantize %s: %v", name, err)
+		}
+		tensors = append(tensors, Tensor{Name: name, Type: c.weight, Dims: []uint64{uint64(in), uint64(out)}, Data: b})
+	}
+	norm := func(name string, n int) {
+		addF32(name, vals(n, func() float64 { return 1 + rng.NormFloat64()*0.1 }), uint64(n))
+	}
+
+	addMat("token_embd.weight", c.embd, c.vocab, 0.5)
+	if !c.tied {
+		addMat("output.weight", c.embd, c.vocab, 0.1)
+	}
+	norm("output_norm.weight", c.embd)
+	for il := 0; il < c.layers; il++ {
+		p := fmt.Sprintf("blk.%d.", il)
+		norm(p+"attn_norm.weight", c.embd)
+		if hybrid {
+			norm(p+"post_attention_norm.weight", c.embd)
+		} else {
+			norm(p+"ffn_norm.weight", c.embd)
+		}
+		if !hybrid || (il+1)%4 == 0 {
+			qOut := c.heads * c.headDim
+			if hybrid {
+				qOut *= 2
+			}
+			addMat(p+"attn_q.weight", c.embd, qOut, 0.1)
+			addMat(p+"attn_k.weight", c.embd, c.headsKV*c.headDim, 0.1)
+			addMat(p+"attn_v.weight", c.embd, c.headsKV*c.headDim, 0.1)
+			addMat(p+"attn_output.weight", c.heads*c.headDim, c.embd, 0.1)
+			norm(p+"attn_q_norm.weight", c.headDim)
+			norm(p+"attn_k_norm.weight", c.headDim)
+		} else {
+			ch := 2*c.nk*c.dk + c.nv*c.dv
+			addMat(p+"attn_qkv.weight", c.embd, ch, 0.1)
+			addMat(p+"attn_gate.weight", c.embd, c.nv*c.dv, 0.1)
+			addMat(p+"ssm_beta.weight", c.embd, c.nv, 0.1)
+			addMat(p+"ssm_alpha.weight", c.embd, c.nv, 0.1)
+			addMat(p+"ssm_out.weight", c.nv*c.dv, c.embd, 0.1)
+			addF32(p+"ssm_conv1d.weight", vals(c.convK*ch, normal(0.3)), uint64(c.convK), uint64(ch))
+			addF32(p+"ssm_a", vals(c.nv, func() float64 { return -(0.5 + 3.5*rng.Float64()) }), uint64(c.nv))
+			addF32(p+"ssm_dt.bias", vals(c.nv, normal(0.5)), uint64(c.nv))
+			norm(p+"ssm_norm.weight", c.dv)
+		}
+		addMat(p+"ffn_gate.weight", c.embd, c.ff, 0.1)
+		addMat(p+"ffn_up.weight", c.embd, c.ff, 0.1)
+		addMat(p+"ffn_down.weight", c.ff, c.embd, 0.1)
+	}
+	return ModelSpec{Arch: c.arch, Meta: meta, Tensors: tensors}
+}
+
+func loadRandom(t testing.TB, lib *Lib, c config, opt Options) *Model {
+	t.Helper()
+	spec := randomSpec(t, c)
+	spec.Options = opt
+	m, err := lib.LoadModel(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = int32(rng.IntN(vocab))
+	}
+	return out
+}
