@@ -1,7 +1,8 @@
 // Package tokenizer implements the byte-level BPE tokenizers of the models
-// dflash_server serves (Qwen3, Qwen3.5+, DeepSeek V3/V4), built from GGUF
-// metadata (tokenizer.ggml.*) and matching the Hugging Face tokenizers
-// token for token.
+// dflash_server serves (Qwen3: pre-tokenizer "qwen2"; Qwen3.5+: "qwen35";
+// DeepSeek V3: "deepseek-v3"; DeepSeek V4 GGUFs: "joyai-llm", the same
+// split), built from GGUF metadata (tokenizer.ggml.*) and matching the
+// Hugging Face tokenizers token for token.
 //
 // Encoding follows the llama.cpp conventions for GGUF vocabularies: special
 // tokens are cut out of the text first (control tokens only when the caller

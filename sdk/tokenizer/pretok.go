@@ -27,7 +27,7 @@ func preTokenizerFor(name string) (pt preTokenizer, nfc bool, err error) {
 		return qwenSplitter{letters: clsL | clsM, punctExcl: clsW | clsL | clsM | clsN, maxDigits: 1}, true, nil
 	case "llama3", "llama-v3", "llama-bpe":
 		return qwenSplitter{letters: clsL, punctExcl: clsW | clsL | clsN, maxDigits: 3}, false, nil
-	case "deepseek-v3":
+	case "deepseek-v3", "joyai-llm": // DeepSeek V4 GGUFs say joyai-llm; llama.cpp maps both to one regex set
 		return deepseekSplitter{}, false, nil
 	}
 	return nil, false, fmt.Errorf("unsupported pre-tokenizer %q (supported: %s)", name, strings.Join(SupportedPreTokenizers(), ", "))
@@ -36,7 +36,7 @@ func preTokenizerFor(name string) (pt preTokenizer, nfc bool, err error) {
 // SupportedPreTokenizers lists the tokenizer.ggml.pre values this package
 // can tokenize.
 func SupportedPreTokenizers() []string {
-	names := []string{"qwen2", "deepseek-r1-qwen", "qwen35", "llama3", "llama-v3", "llama-bpe", "deepseek-v3"}
+	names := []string{"qwen2", "deepseek-r1-qwen", "qwen35", "llama3", "llama-v3", "llama-bpe", "deepseek-v3", "joyai-llm"}
 	slices.Sort(names)
 	return names
 }

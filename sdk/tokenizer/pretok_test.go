@@ -122,3 +122,16 @@ func TestWhitespaceIsUnicodeWhiteSpace(t *testing.T) {
 	is.Equal(scannerSplit(pt, "a\u0085\u0085b"), []string{"a", "\u0085", "\u0085b"})
 	is.Equal(scannerSplit(pt, "a\ufeff\ufeffb"), []string{"a", "\ufeff\ufeff", "b"})
 }
+
+func TestPreTokenizerNames(t *testing.T) {
+	is := is.New(t)
+	for _, name := range SupportedPreTokenizers() {
+		_, _, err := preTokenizerFor(name)
+		is.NoErr(err)
+	}
+	ds4, _, _ := preTokenizerFor("joyai-llm") // DeepSeek V4 Flash GGUFs
+	is.Equal(scannerSplit(ds4, "x 12345 中文"), []string{"x", " ", "123", "45", " ", "中文"})
+	_, _, err := preTokenizerFor("gpt-2")
+	is.True(err != nil)
+	is.True(strings.Contains(err.Error(), "supported: "))
+}
