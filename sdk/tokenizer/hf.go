@@ -19,6 +19,7 @@ type hfTokenizerJSON struct {
 		Special    bool   `json:"special"`
 		Normalized bool   `json:"normalized"`
 	} `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
 	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
 	PostProcessor json.RawMessage `json:"post_processor"`
 	Model         struct {
@@ -72,6 +73,34 @@ func (p hfPreTokenizer) splitRegexes() ([]string, error) {
 		return nil, nil
 	}
 	return nil, fmt.Errorf("pre-tokenizer type %q is not supported", p.Type)
+}
+
+// checkNormalizer accepts what the supported tokenizers use: none or NFC
+// (which FromMetadata applies by pre-tokenizer name). Anything else would
+// change the text in ways GGUF metadata cannot carry.
+func checkNormalizer(raw json.RawMessage) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var n struct {
+		Type        string            `json:"type"`
+		Normalizers []json.RawMessage `json:"normalizers"`
+	}
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return fmt.Errorf("normalizer: %w", err)
+	}
+	switch n.Type {
+	case "NFC":
+		return nil
+	case "Sequence":
+		for _, sub := range n.Normalizers {
+			if err := checkNormalizer(sub); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("normalizer %q is not supported (only NFC)", n.Type)
 }
 
 // hfConfig is the part of tokenizer_config.json / config.json we read.
@@ -149,6 +178,9 @@ func HFMetadata(path string) (map[string]any, error) {
 	}
 	if tj.Model.Type != "BPE" {
 		return nil, fmt.Errorf("%s: model type %q is not supported (only BPE)", file, tj.Model.Type)
+	}
+	if err := checkNormalizer(tj.Normalizer); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
 	}
 	var tc hfConfig
 	if _, err := optionalJSON(filepath.Join(dir, "tokenizer_config.json"), &tc); err != nil {

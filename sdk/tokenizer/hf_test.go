@@ -137,6 +137,9 @@ func TestHFMetadataVariants(t *testing.T) {
 		{"unknown regex", func(tj, tc, cfg map[string]any) {
 			tj["pre_tokenizer"] = map[string]any{"type": "Split", "pattern": map[string]any{"Regex": `\w+`}, "behavior": "Isolated"}
 		}, "pre-tokenizer not recognised"},
+		{"lowercase normalizer", func(tj, tc, cfg map[string]any) {
+			tj["normalizer"] = map[string]any{"type": "Sequence", "normalizers": []any{map[string]any{"type": "Lowercase"}}}
+		}, `normalizer "Lowercase" is not supported`},
 		{"not bpe", func(tj, tc, cfg map[string]any) { tj["model"].(map[string]any)["type"] = "Unigram" }, `model type "Unigram"`},
 		{"vocab_size too small", func(tj, tc, cfg map[string]any) { cfg["vocab_size"] = 100 }, "vocab_size 100 is smaller"},
 		{"bad merge pair", func(tj, tc, cfg map[string]any) { tj["model"].(map[string]any)["merges"] = [][]string{{"a"}} }, "merges[0]: want 2 parts"},
