@@ -158,4 +158,3 @@ func newScriptedRouter() *fakeRouter {
 	}
 	return fr
 }
-
