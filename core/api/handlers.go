@@ -2,7 +2,12 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
+	"time"
+
+	"github.com/julienschmidt/httprouter"
 )
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -180,16 +185,23 @@ type modelEntry struct {
 	Dflash  json.RawMessage `json:"dflash,omitempty"`
 }
 
-// handleModels lists the loaded models in OpenAI's shape; the router's
+// anthropicModel is a model in the Anthropic Models API's shape.
+type anthropicModel struct {
+	Type        string `json:"type"`
+	ID          string `json:"id"`
+	DisplayName string `json:"display_name"`
+	CreatedAt   string `json:"created_at"`
+}
+
+// modelEntries lists the router's models in OpenAI's shape; the router's
 // per-model status rides along under "dflash" (SDKs ignore extra keys).
-func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+func (s *Server) modelEntries() ([]modelEntry, error) {
 	ms := s.rt.models()
 	data := make([]modelEntry, 0, len(ms))
 	for _, m := range ms {
 		raw, err := marshal(m)
 		if err != nil {
-			s.fail(w, r, internalError("encode model status: %v", err))
-			return
+			return nil, fmt.Errorf("encode model status: %w", err)
 		}
 		var named struct {
 			Name string `json:"name"`
@@ -197,10 +209,74 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		_ = json.Unmarshal(raw, &named)
 		data = append(data, modelEntry{ID: named.Name, Object: "model", Created: s.created, OwnedBy: s.opts.OwnedBy, Dflash: raw})
 	}
+	return data, nil
+}
+
+func (s *Server) anthropicModel(e modelEntry) anthropicModel {
+	return anthropicModel{Type: "model", ID: e.ID, DisplayName: e.ID, CreatedAt: time.Unix(e.Created, 0).UTC().Format(time.RFC3339)}
+}
+
+// handleModels answers OpenAI's list shape, or Anthropic's when the client
+// sends anthropic-version (the Anthropic SDK's models.list).
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	data, err := s.modelEntries()
+	if err != nil {
+		s.fail(w, r, internalError("%v", err))
+		return
+	}
+	if r.Header.Get("Anthropic-Version") != "" {
+		out := make([]anthropicModel, len(data))
+		for i, e := range data {
+			out[i] = s.anthropicModel(e)
+		}
+		var first, last *string
+		if len(out) > 0 {
+			first, last = &out[0].ID, &out[len(out)-1].ID
+		}
+		writeJSON(w, http.StatusOK, struct {
+			Data    []anthropicModel `json:"data"`
+			HasMore bool             `json:"has_more"`
+			FirstID *string          `json:"first_id"`
+			LastID  *string          `json:"last_id"`
+		}{out, false, first, last})
+		return
+	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string       `json:"object"`
 		Data   []modelEntry `json:"data"`
 	}{"list", data})
+}
+
+// handleModel answers GET /v1/models/{id} (models.retrieve in both SDKs).
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(httprouter.ParamsFromContext(r.Context()).ByName("id"), "/")
+	data, err := s.modelEntries()
+	if err != nil {
+		s.fail(w, r, internalError("%v", err))
+		return
+	}
+	for _, e := range data {
+		if e.ID != id {
+			continue
+		}
+		if r.Header.Get("Anthropic-Version") != "" {
+			writeJSON(w, http.StatusOK, s.anthropicModel(e))
+			return
+		}
+		writeJSON(w, http.StatusOK, e)
+		return
+	}
+	names := make([]string, len(data))
+	for i, e := range data {
+		names[i] = e.ID
+	}
+	e := &apiError{status: http.StatusNotFound, code: "model_not_found", param: "model",
+		message: fmt.Sprintf("model %q is not loaded; loaded models: %s", id, strings.Join(names, ", "))}
+	if r.Header.Get("Anthropic-Version") != "" {
+		writeError(w, shapeAnthropic, requestID(r), e)
+		return
+	}
+	s.fail(w, r, e)
 }
 
 // handleHealth is liveness: if it answers, the process is alive. Backends

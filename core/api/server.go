@@ -198,6 +198,7 @@ func (s *Server) routes() http.Handler {
 	post("/tokenize", s.handleTokenize)
 	post("/detokenize", s.handleDetokenize)
 	get("/v1/models", s.handleModels)
+	get("/v1/models/*id", s.handleModel)
 	get("/models", s.handleModels)
 	get("/health", s.handleHealth)
 	get("/livez", s.handleHealth)

@@ -290,3 +290,33 @@ func (r *recordingSink) piece(_ *block, s string, _ []sdk.TokenLogprob) {
 func (r *recordingSink) close(*block)                                   {}
 func (r *recordingSink) finish(*sdk.Finish, sdk.FinishReason, []*block) {}
 func (r *recordingSink) fail(error)                                     {}
+
+func TestModelsShapes(t *testing.T) {
+	s := newTestServer(&fakeRouter{}, Options{})
+	anth := map[string]string{"anthropic-version": "2023-06-01"}
+	t.Run("retrieve", func(t *testing.T) {
+		is := is.New(t)
+		rec := do(s, "GET", "/v1/models/fake-fallback", "", nil)
+		is.Equal(rec.Code, 200)
+		var m modelEntry
+		is.NoErr(json.Unmarshal(rec.Body.Bytes(), &m))
+		is.Equal(m.ID, "fake-fallback")
+		is.Equal(string(m.Dflash), `{"name":"fake-fallback","state":"loading","slots":1}`)
+	})
+	t.Run("retrieve unknown", func(t *testing.T) {
+		is := is.New(t)
+		rec := do(s, "GET", "/v1/models/nope", "", nil)
+		is.Equal(rec.Code, 404)
+		checkErrorBody(t, rec.Body.Bytes(), shapeOpenAI, "invalid_request_error", "model_not_found", "model", "")
+		rec = do(s, "GET", "/v1/models/nope", "", anth)
+		is.Equal(rec.Code, 404)
+		checkErrorBody(t, rec.Body.Bytes(), shapeAnthropic, "", "", "", "not_found_error")
+	})
+	t.Run("anthropic list", func(t *testing.T) {
+		is := is.New(t)
+		rec := do(s, "GET", "/v1/models", "", anth)
+		is.Equal(rec.Code, 200)
+		is.Equal(strings.TrimSpace(rec.Body.String()), `{"data":[{"type":"model","id":"fake-model","display_name":"fake-model","created_at":"2026-01-01T00:00:00Z"},`+
+			`{"type":"model","id":"fake-fallback","display_name":"fake-fallback","created_at":"2026-01-01T00:00:00Z"}],"has_more":false,"first_id":"fake-model","last_id":"fake-fallback"}`)
+	})
+}

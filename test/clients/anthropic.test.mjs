@@ -9,6 +9,14 @@ const client = new Anthropic({ baseURL, apiKey, maxRetries: 0 });
 const user = (content) => [{ role: 'user', content }];
 const tools = [{ name: weatherTool.name, description: weatherTool.description, input_schema: weatherTool.parameters }];
 
+test('models.list in Anthropic shape', async () => {
+  const page = await client.models.list();
+  assert.ok(page.data.length >= 1);
+  assert.equal(page.data[0].type, 'model');
+  const one = await client.models.retrieve(page.data[0].id);
+  assert.equal(one.id, page.data[0].id);
+});
+
 test('messages: non-streaming', async () => {
   const msg = await client.messages.create({ model, max_tokens: maxTokens, system: 'Be brief.', messages: user('Say hello.') });
   assert.equal(msg.type, 'message');

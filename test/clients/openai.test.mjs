@@ -16,6 +16,8 @@ test('models.list names the loaded models', async () => {
     assert.equal(typeof m.id, 'string');
     assert.ok(m.id.length > 0);
   }
+  const one = await client.models.retrieve(page.data[0].id);
+  assert.equal(one.id, page.data[0].id);
 });
 
 test('chat: non-streaming completion', async () => {
