@@ -1,0 +1,306 @@
+package qwendflash
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/matryer/is"
+
+	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/sdktest"
+)
+
+// stream records one Start stream.
+type stream struct {
+	mu       sync.Mutex
+	adm      sdk.Admission
+	events   []sdk.Event
+	admitted chan struct{}
+	onEvent  func(n int) error
+}
+
+func newStream() *stream { return &stream{admitted: make(chan struct{})} }
+
+func (s *stream) Admit(a sdk.Admission) error {
+	s.mu.Lock()
+	s.adm = a
+	s.mu.Unlock()
+	close(s.admitted)
+	return nil
+}
+
+func (s *stream) Emit(ev sdk.Event) error {
+	s.mu.Lock()
+	n := len(s.events)
+	s.events = append(s.events, ev)
+	s.mu.Unlock()
+	if s.onEvent != nil {
+		return s.onEvent(n)
+	}
+	return nil
+}
+
+type summary struct {
+	reasoning, text string
+	tokens          []int32
+	finish          *sdk.Finish
+}
+
+func (s *stream) summary() summary {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var r summary
+	for _, ev := range s.events {
+		r.reasoning += ev.Reasoning
+		r.text += ev.Text
+		r.tokens = append(r.tokens, ev.TokenIDs...)
+		if ev.Finish != nil {
+			r.finish = ev.Finish
+		}
+	}
+	return r
+}
+
+func (s *stream) admission() sdk.Admission {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.adm
+}
+
+func blockConfig(t testing.TB, path string) sdk.ModelConfig {
+	return sdk.ModelConfig{
+		Path: path, Name: "tiny", Architecture: "qwen3", Device: "cpu:0", LibDir: libDirForTests(t),
+		MaxCtx: 256, MaxConcurrency: 4, KVPoolTokens: 1024, DefaultMaxTokens: 32,
+		Options: map[string]string{"threads": "1"},
+	}
+}
+
+// load loads a model into a fresh backend served over in-process gRPC.
+func load(t *testing.T, cfg sdk.ModelConfig) (*Backend, *sdk.BackendClient, sdk.ModelDescription) {
+	t.Helper()
+	b := New()
+	c := sdktest.Backend(t, b)
+	desc, err := c.Load(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Shutdown(context.Background()) })
+	return b, c, desc
+}
+
+func f64(v float64) *float64 { return &v }
+func i64(v int64) *int64     { return &v }
+func boolp(v bool) *bool     { return &v }
+
+func chatReq(text string, maxTokens int) *sdk.ChatRequest {
+	return &sdk.ChatRequest{
+		Messages: []sdk.Message{{Role: "user", Content: text}}, MaxTokens: maxTokens, IgnoreEOS: true,
+		Sampling: sdk.Sampling{Temperature: f64(0), Seed: i64(1)},
+	}
+}
+
+func TestInfoAndOptions(t *testing.T) {
+	c := sdktest.Backend(t, New())
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("info", func(t *testing.T) {
+		is := is.New(t)
+		is.Equal(info.Name, "qwen-dflash")
+		is.Equal(info.Architectures, []string{"qwen3", "qwen35"})
+		shared := map[string]bool{}
+		for _, o := range info.Options {
+			shared[o.Name] = o.SharedProcessPolicy
+		}
+		is.True(shared["draft-device"])
+		is.True(shared["target-split"])
+		is.True(!shared["cache-type-k"])
+		_, declared := shared["draft"]
+		is.True(declared) // --draft is known to the CLI, then refused
+	})
+	for _, tc := range []struct {
+		name string
+		opts map[string]string
+		want []string // substrings of the error; none = valid
+	}{
+		{"defaults", nil, nil},
+		{"valid", map[string]string{"cache-type-k": "q8_0", "cache-type-v": "bf16", "threads": "2", "fa-window": "0", "prefix-cache-slots": "0"}, nil},
+		{"draft refused", map[string]string{"draft": "/m/draft.gguf"}, []string{"--draft: DFlash speculative decoding is not implemented"}},
+		{"bad cache type", map[string]string{"cache-type-k": "q4_0"}, []string{`--cache-type-k: "q4_0" is not a KV cache type (want f32, f16, bf16, q8_0)`}},
+		{"fa window", map[string]string{"fa-window": "128"}, []string{"--fa-window: 128 is not supported"}},
+		{"prefix cache", map[string]string{"prefix-cache-slots": "4"}, []string{"--prefix-cache-slots: 4 is not supported"}},
+		{"draft device alone", map[string]string{"draft-device": "cuda:1"}, []string{"--draft-device: needs --draft"}},
+		{"not a number", map[string]string{"threads": "many"}, []string{`--threads: "many" is not an integer`}},
+		{"unknown", map[string]string{"ds4-fused-decode": "true"}, []string{"--ds4-fused-decode: unknown option"}},
+		{"all reported", map[string]string{"threads": "-1", "cache-type-v": "x"}, []string{"--threads: -1 is outside", "--cache-type-v:"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			err := c.ValidateOptions(context.Background(), sdk.ModelConfig{Options: tc.opts})
+			if len(tc.want) == 0 {
+				is.NoErr(err)
+				return
+			}
+			var inv *sdk.InvalidError
+			is.True(errors.As(err, &inv)) // refused as invalid
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	q3, q35 := tinyModels(t)
+	for _, path := range []string{q3, q35} {
+		t.Run(path[strings.LastIndex(path, "/")+1:], func(t *testing.T) {
+			is := is.New(t)
+			_, c, desc := load(t, blockConfig(t, path))
+			is.Equal(desc.MaxCtx, 256)
+			is.Equal(desc.KVPoolTokens, 1024)
+			is.Equal(desc.MaxConcurrency, 4)
+			req := chatReq("Tell me the time.", 12)
+			req.Reasoning.Enabled = boolp(false)
+			n, err := c.CountTokens(context.Background(), req)
+			is.NoErr(err)
+			s := newStream()
+			is.NoErr(c.Start(context.Background(), req, s))
+			is.Equal(s.admission().Outcome, sdk.OutcomeAdmitted)
+			is.Equal(s.admission().PromptTokens, n)
+			r := s.summary()
+			is.Equal(len(r.tokens), 12)
+			is.True(r.finish != nil)
+			is.Equal(r.finish.Reason, sdk.FinishLength)
+			is.Equal(r.finish.Usage.PromptTokens, n)
+			is.Equal(r.finish.Usage.CompletionTokens, 12)
+			is.Equal(r.reasoning, "") // thinking disabled: the prompt closed <think>
+			is.True(r.text != "")
+			st, err := c.Stats(context.Background())
+			is.NoErr(err)
+			is.Equal(st.ActiveSequences, 0)
+			is.Equal(st.KVTokensUsed, 0)
+			is.Equal(st.TokensGenerated, int64(12))
+		})
+	}
+}
+
+func TestThinkingBudgets(t *testing.T) {
+	q3, _ := tinyModels(t)
+	for _, tc := range []struct {
+		name      string
+		think     int
+		hard      int
+		budget    int
+		maxTokens int
+		// reasoning tokens: the budget plus the close tag's tokens fed while
+		// still inside <think> ("\n" and "</think>").
+		reasonTok int
+	}{
+		{name: "think max tokens", think: 5, maxTokens: 20, reasonTok: 5 + 2},
+		{name: "budget tokens tighter", think: 9, budget: 3, maxTokens: 20, reasonTok: 3 + 2},
+		{name: "hard limit reply budget", hard: 8, maxTokens: 20, reasonTok: 12 + 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			cfg := blockConfig(t, q3)
+			cfg.ThinkMaxTokens, cfg.HardLimitReplyBudget = tc.think, tc.hard
+			_, c, _ := load(t, cfg)
+			req := chatReq("Think first.", tc.maxTokens)
+			req.Reasoning.BudgetTokens = tc.budget
+			s := newStream()
+			is.NoErr(c.Start(context.Background(), req, s))
+			r := s.summary()
+			is.Equal(r.finish.Usage.ReasoningTokens, tc.reasonTok)
+			is.True(r.reasoning != "")
+			is.True(!strings.Contains(r.reasoning, "</think>"))
+			is.True(!strings.Contains(r.text, "</think>"))
+			is.Equal(r.finish.Usage.CompletionTokens, tc.maxTokens)
+		})
+	}
+}
+
+func TestAdmission(t *testing.T) {
+	q3, _ := tinyModels(t)
+	is := is.New(t)
+	cfg := blockConfig(t, q3)
+	cfg.MaxConcurrency = 1
+	_, c, _ := load(t, cfg)
+
+	s := newStream()
+	is.NoErr(c.Start(context.Background(), chatReq("hi", 1000), s))
+	adm := s.admission()
+	is.Equal(adm.Outcome, sdk.OutcomeNeverFits)
+	is.Equal(adm.LimitTokens, 256)
+	is.Equal(adm.NeededTokens, adm.PromptTokens+256) // max tokens clamped to --max-tokens (default: the context)
+	is.True(strings.Contains(adm.Reason, "context of 256"))
+
+	s = newStream()
+	is.NoErr(c.Start(context.Background(), &sdk.ChatRequest{ResponseFormat: "json_schema", Messages: []sdk.Message{{Role: "user", Content: "x"}}}, s))
+	is.Equal(s.admission().Outcome, sdk.OutcomeInvalid)
+	is.True(strings.Contains(s.admission().Reason, "response_format"))
+
+	// Hold the only slot with a consumer that waits, then ask again.
+	hold := make(chan struct{})
+	first := newStream()
+	first.onEvent = func(n int) error {
+		if n == 0 {
+			<-hold
+		}
+		return nil
+	}
+	done := make(chan error)
+	go func() { done <- c.Start(context.Background(), chatReq("hold the slot", 40), first) }()
+	<-first.admitted
+	s = newStream()
+	is.NoErr(c.Start(context.Background(), chatReq("me too", 8), s))
+	is.Equal(s.admission().Outcome, sdk.OutcomeBusy)
+	is.True(strings.Contains(s.admission().Reason, "no free sequence slot"))
+	close(hold)
+	is.NoErr(<-done)
+	is.Equal(len(first.summary().tokens), 40)
+}
+
+func TestCancelFreesKV(t *testing.T) {
+	q3, _ := tinyModels(t)
+	is := is.New(t)
+	b, _, _ := load(t, blockConfig(t, q3))
+	ctx, cancel := context.WithCancel(context.Background())
+	s := newStream()
+	s.onEvent = func(n int) error {
+		if n == 2 {
+			cancel()
+		}
+		return nil
+	}
+	err := b.Start(ctx, chatReq("go on and on", 200), s)
+	is.True(errors.Is(err, context.Canceled))
+	st, err := b.Stats(context.Background())
+	is.NoErr(err)
+	is.Equal(st.ActiveSequences, 0) // freed before Start returned
+	is.Equal(st.KVTokensUsed, 0)
+	kv, err := b.loaded().native.KVStats()
+	is.NoErr(err)
+	is.Equal(kv.BlocksFree, kv.BlocksTotal)
+	is.Equal(kv.SeqsFree, kv.SeqsTotal)
+	is.True(s.summary().finish == nil)
+}
+
+func TestTokenizeRoundTrip(t *testing.T) {
+	q3, _ := tinyModels(t)
+	is := is.New(t)
+	_, c, _ := load(t, blockConfig(t, q3))
+	ids, err := c.Tokenize(context.Background(), "the answer <think>", false)
+	is.NoErr(err)
+	text, err := c.Detokenize(context.Background(), ids)
+	is.NoErr(err)
+	is.Equal(text, "the answer <think>")
+	_, err = c.Detokenize(context.Background(), []int32{1 << 20})
+	var inv *sdk.InvalidError
+	is.True(errors.As(err, &inv))
+}

@@ -1,0 +1,14 @@
+// Package qwendflash implements the qwen-dflash backend: Qwen3 (qwen3) and
+// Qwen3.5/3.6/3.8 (qwen35) GGUF models on the native engine, driven by
+// sdk/engine's continuous-batching loop.
+//
+// A request is rendered with the GGUF's chat template, tokenized with the
+// GGUF's tokenizer, given the model's defaults (max tokens, sampling preset
+// of the family and thinking mode, reasoning budgets), and run by the
+// engine. Generated text goes through the family's sdk/chat parser, which
+// splits reasoning, visible text and tool calls; whether the template left
+// a <think> block open decides where that parser starts.
+//
+// DFlash speculative decoding (--draft) is not implemented yet: the option
+// is declared so the CLI knows it, and ValidateOptions refuses it.
+package qwendflash

@@ -1,0 +1,65 @@
+package qwendflash
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	native "github.com/dflash/dflash_server/native/engine"
+	"github.com/dflash/dflash_server/sdk/engine"
+)
+
+// nativeModel adapts a native engine model to engine.Model.
+type nativeModel struct {
+	m     *native.Model
+	info  native.Info
+	batch []native.Entry
+}
+
+var _ engine.Model = (*nativeModel)(nil)
+
+func newNativeModel(m *native.Model) *nativeModel { return &nativeModel{m: m, info: m.Info()} }
+
+func (n *nativeModel) VocabSize() int   { return n.info.Vocab }
+func (n *nativeModel) KVBlockSize() int { return n.info.BlockSize }
+func (n *nativeModel) KVBlocks() int    { return n.info.Blocks }
+func (n *nativeModel) MaxSeqs() int     { return n.info.MaxSeqs }
+
+func (n *nativeModel) NewSeq() (engine.SeqID, error) {
+	s, err := n.m.NewSeq()
+	return engine.SeqID(s), err
+}
+
+func (n *nativeModel) FreeSeq(s engine.SeqID) error { return n.m.FreeSeq(native.Seq(s)) }
+
+func (n *nativeModel) Reserve(s engine.SeqID, tokens int) error {
+	return kvErr(n.m.Reserve(native.Seq(s), tokens))
+}
+
+func (n *nativeModel) Forward(_ context.Context, batch []engine.SeqInput) ([]float32, error) {
+	n.batch = n.batch[:0]
+	for _, in := range batch {
+		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits)})
+	}
+	r, err := n.m.Forward(native.Batch{Entries: n.batch})
+	if err != nil {
+		return nil, kvErr(err)
+	}
+	return r.Logits, nil
+}
+
+func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int32, rng *uint64) (int32, error) {
+	return n.m.Sample(logits, native.SamplingParams{
+		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP,
+		RepeatPenalty: s.RepeatPenalty, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty,
+		PenaltyLastN: s.PenaltyLastN,
+	}, history, rng)
+}
+
+// kvErr makes the native "pool full" error match engine.ErrNoKV too.
+func kvErr(err error) error {
+	if err != nil && errors.Is(err, native.ErrNoKV) {
+		return fmt.Errorf("%w: %w", engine.ErrNoKV, err)
+	}
+	return err
+}
