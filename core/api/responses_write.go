@@ -191,73 +191,58 @@ type responsesStream struct {
 func newResponsesStream(w http.ResponseWriter, base responseBase) *responsesStream {
 	r := &responsesStream{responseBase: base, sse: startSSE(w)}
 	o := r.object("in_progress")
-	r.send("response.created", map[string]any{"response": o})
-	r.send("response.in_progress", map[string]any{"response": o})
+	r.send(respEvent{Type: "response.created", Response: &o})
+	r.send(respEvent{Type: "response.in_progress", Response: &o})
 	return r
 }
 
-// send writes one event; fields become the payload besides type and
-// sequence_number, which every event carries first.
-func (r *responsesStream) send(typ string, fields map[string]any) {
-	r.sse.event(typ, orderedEvent{typ: typ, seq: r.seq, fields: fields})
+// respEvent is every Responses stream event; type and sequence_number come
+// first, and the fields an event does not use are left out.
+type respEvent struct {
+	Type           string       `json:"type"`
+	SequenceNumber int          `json:"sequence_number"`
+	Response       *responseObj `json:"response,omitempty"`
+	ItemID         string       `json:"item_id,omitempty"`
+	OutputIndex    *int         `json:"output_index,omitempty"`
+	ContentIndex   *int         `json:"content_index,omitempty"`
+	Item           any          `json:"item,omitempty"`
+	Part           any          `json:"part,omitempty"`
+	Delta          string       `json:"delta,omitempty"`
+	Text           *string      `json:"text,omitempty"`
+	Name           string       `json:"name,omitempty"`
+	Arguments      *string      `json:"arguments,omitempty"`
+}
+
+// send numbers ev and writes it.
+func (r *responsesStream) send(ev respEvent) {
+	ev.SequenceNumber = r.seq
 	r.seq++
+	r.sse.event(ev.Type, &ev)
 }
 
-// orderedEvent marshals type and sequence_number first, then the other
-// fields in a fixed order, so that streams are stable byte for byte.
-type orderedEvent struct {
-	typ    string
-	seq    int
-	fields map[string]any
-}
-
-var eventFieldOrder = []string{"response", "item_id", "output_index", "content_index", "summary_index", "item", "part", "delta", "text", "name", "arguments", "code", "message", "param"}
-
-func (e orderedEvent) MarshalJSON() ([]byte, error) {
-	buf := []byte(`{"type":`)
-	t, _ := marshal(e.typ)
-	buf = append(buf, t...)
-	buf = append(buf, `,"sequence_number":`...)
-	s, _ := marshal(e.seq)
-	buf = append(buf, s...)
-	for _, k := range eventFieldOrder {
-		v, ok := e.fields[k]
-		if !ok {
-			continue
-		}
-		b, err := marshal(v)
-		if err != nil {
-			return nil, err
-		}
-		buf = append(buf, ',', '"')
-		buf = append(buf, k...)
-		buf = append(buf, '"', ':')
-		buf = append(buf, b...)
-	}
-	return append(buf, '}'), nil
-}
+var zero = new(int)
 
 func (r *responsesStream) open(b *block) {
 	b.itemID = r.itemID(b)
-	r.send("response.output_item.added", map[string]any{"output_index": b.index, "item": itemOf(b, "in_progress")})
+	r.send(respEvent{Type: "response.output_item.added", OutputIndex: &b.index, Item: itemOf(b, "in_progress")})
 	switch b.kind {
 	case kindReasoning:
-		r.send("response.content_part.added", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0,
-			"part": respReasonTxt{Type: "reasoning_text"}})
+		r.send(respEvent{Type: "response.content_part.added", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero,
+			Part: respReasonTxt{Type: "reasoning_text"}})
 	case kindText:
-		r.send("response.content_part.added", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0,
-			"part": respOutputText{Type: "output_text", Annotations: []any{}}})
+		r.send(respEvent{Type: "response.content_part.added", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero,
+			Part: respOutputText{Type: "output_text", Annotations: []any{}}})
 	}
 }
 
 func (r *responsesStream) piece(b *block, s string, _ []sdk.TokenLogprob) {
 	switch b.kind {
 	case kindReasoning:
-		r.send("response.reasoning_text.delta", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0, "delta": s})
+		r.send(respEvent{Type: "response.reasoning_text.delta", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero, Delta: s})
 	case kindText:
-		r.send("response.output_text.delta", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0, "delta": s})
+		r.send(respEvent{Type: "response.output_text.delta", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero, Delta: s})
 	case kindTool:
-		r.send("response.function_call_arguments.delta", map[string]any{"item_id": b.itemID, "output_index": b.index, "delta": s})
+		r.send(respEvent{Type: "response.function_call_arguments.delta", ItemID: b.itemID, OutputIndex: &b.index, Delta: s})
 	}
 }
 
@@ -265,17 +250,17 @@ func (r *responsesStream) close(b *block) {
 	text := string(b.text)
 	switch b.kind {
 	case kindReasoning:
-		r.send("response.reasoning_text.done", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0, "text": text})
-		r.send("response.content_part.done", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0,
-			"part": respReasonTxt{Type: "reasoning_text", Text: text}})
+		r.send(respEvent{Type: "response.reasoning_text.done", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero, Text: &text})
+		r.send(respEvent{Type: "response.content_part.done", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero,
+			Part: respReasonTxt{Type: "reasoning_text", Text: text}})
 	case kindText:
-		r.send("response.output_text.done", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0, "text": text})
-		r.send("response.content_part.done", map[string]any{"item_id": b.itemID, "output_index": b.index, "content_index": 0,
-			"part": respOutputText{Type: "output_text", Text: text, Annotations: []any{}}})
+		r.send(respEvent{Type: "response.output_text.done", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero, Text: &text})
+		r.send(respEvent{Type: "response.content_part.done", ItemID: b.itemID, OutputIndex: &b.index, ContentIndex: zero,
+			Part: respOutputText{Type: "output_text", Text: text, Annotations: []any{}}})
 	case kindTool:
-		r.send("response.function_call_arguments.done", map[string]any{"item_id": b.itemID, "output_index": b.index, "name": b.name, "arguments": text})
+		r.send(respEvent{Type: "response.function_call_arguments.done", ItemID: b.itemID, OutputIndex: &b.index, Name: b.name, Arguments: &text})
 	}
-	r.send("response.output_item.done", map[string]any{"output_index": b.index, "item": itemOf(b, "completed")})
+	r.send(respEvent{Type: "response.output_item.done", OutputIndex: &b.index, Item: itemOf(b, "completed")})
 	r.done = append(r.done, b)
 }
 
@@ -285,7 +270,7 @@ func (r *responsesStream) finish(f *sdk.Finish, _ sdk.FinishReason, blocks []*bl
 	if o.Status == "incomplete" {
 		typ = "response.incomplete"
 	}
-	r.send(typ, map[string]any{"response": o})
+	r.send(respEvent{Type: typ, Response: &o})
 }
 
 // fail ends the stream with response.failed, the terminal event clients
@@ -296,7 +281,7 @@ func (r *responsesStream) fail(err error) {
 		o.Output = append(o.Output, itemOf(b, "completed"))
 	}
 	o.Error = &responseError{Code: "server_error", Message: err.Error()}
-	r.send("response.failed", map[string]any{"response": o})
+	r.send(respEvent{Type: "response.failed", Response: &o})
 }
 
 func (r *responsesStream) heartbeat()      { r.sse.raw(": keep-alive\n\n") }

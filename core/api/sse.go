@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
 )
 
@@ -10,7 +12,9 @@ import (
 type sseWriter struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
-	buf []byte
+	buf bytes.Buffer
+	// enc writes into buf; reused so that an event costs no encoder.
+	enc *json.Encoder
 	err error
 }
 
@@ -24,6 +28,9 @@ func startSSE(w http.ResponseWriter) *sseWriter {
 	h.Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
 	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	s.enc = json.NewEncoder(&s.buf)
+	// Model output often holds <, > and &; clients must see them as written.
+	s.enc.SetEscapeHTML(false)
 	s.flush()
 	return s
 }
@@ -34,21 +41,20 @@ func (s *sseWriter) event(name string, v any) {
 	if s.err != nil {
 		return
 	}
-	b, err := marshal(v)
-	if err != nil {
+	s.buf.Reset()
+	if name != "" {
+		s.buf.WriteString("event: ")
+		s.buf.WriteString(name)
+		s.buf.WriteByte('\n')
+	}
+	s.buf.WriteString("data: ")
+	// Encode ends the JSON with a newline; one more ends the event.
+	if err := s.enc.Encode(v); err != nil {
 		s.err = err
 		return
 	}
-	s.buf = s.buf[:0]
-	if name != "" {
-		s.buf = append(s.buf, "event: "...)
-		s.buf = append(s.buf, name...)
-		s.buf = append(s.buf, '\n')
-	}
-	s.buf = append(s.buf, "data: "...)
-	s.buf = append(s.buf, b...)
-	s.buf = append(s.buf, '\n', '\n')
-	s.write(s.buf)
+	s.buf.WriteByte('\n')
+	s.write(s.buf.Bytes())
 }
 
 // raw writes pre-framed bytes (a comment or "data: [DONE]").
