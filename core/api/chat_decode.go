@@ -46,9 +46,12 @@ type chatMessage struct {
 	Role             string          `json:"role"`
 	Content          json.RawMessage `json:"content"`
 	ReasoningContent *string         `json:"reasoning_content"`
-	ToolCalls        []chatToolCall  `json:"tool_calls"`
-	ToolCallID       string          `json:"tool_call_id"`
-	Name             string          `json:"name"`
+	// Reasoning is the same under the name some clients (OpenRouter-style)
+	// use.
+	Reasoning  json.RawMessage `json:"reasoning"`
+	ToolCalls  []chatToolCall  `json:"tool_calls"`
+	ToolCallID string          `json:"tool_call_id"`
+	Name       string          `json:"name"`
 }
 
 type chatToolCall struct {
@@ -241,6 +244,8 @@ func chatMessageToNeutral(m *chatMessage, field string) (sdk.Message, *apiError)
 	out.Content = text
 	if m.ReasoningContent != nil {
 		out.ReasoningContent = *m.ReasoningContent
+	} else if rawKind(m.Reasoning) == 's' {
+		_ = json.Unmarshal(m.Reasoning, &out.ReasoningContent)
 	}
 	if len(m.ToolCalls) > 0 && out.Role != "assistant" {
 		return out, badRequest(field+".tool_calls", "%s.tool_calls is only allowed on assistant messages", field)

@@ -197,7 +197,6 @@ type generation struct {
 	shape     shape
 	requestID string
 	req       *sdk.ChatRequest
-	stream    bool
 	// newSink builds the sink after admission; for streams it must send the
 	// SSE headers and opening events.
 	newSink func(st Stream, w http.ResponseWriter) sink

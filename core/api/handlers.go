@@ -23,7 +23,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id, created := s.newID("chatcmpl-"), s.now().Unix()
-	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: opts.stream,
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			if opts.stream {
 				return newChatStream(w, st, id, created, opts, req.Logprobs)
@@ -45,7 +45,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id := s.newID("msg_")
-	s.run(w, r, generation{shape: shapeAnthropic, requestID: reqID, req: req, stream: stream,
+	s.run(w, r, generation{shape: shapeAnthropic, requestID: reqID, req: req,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			if stream {
 				return newAnthropicStream(w, st, id)
@@ -67,7 +67,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id, created := s.newID("resp_"), s.now().Unix()
-	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: stream,
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			base := responseBase{id: id, created: created, model: st.Model(), echo: echo}
 			if stream {
