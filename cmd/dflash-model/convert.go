@@ -175,11 +175,11 @@ func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPl
 func hfRows(t *safetensors.Tensor, p tensorPlan) rowFunc {
 	r := p.HF
 	ne0 := int(p.Dims[0])
-	var tmp []float32
-	if r.Cols != nil {
-		tmp = make([]float32, ne0)
-	}
 	return func(row int, dst []float32) error {
+		var tmp []float32
+		if r.Cols != nil {
+			tmp = make([]float32, ne0)
+		}
 		src := row
 		if r.Rows != nil {
 			src = r.Rows[row]

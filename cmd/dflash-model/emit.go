@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/dflash/dflash_server/sdk/gguf"
 	"github.com/dflash/dflash_server/sdk/gguf/quant"
@@ -71,8 +73,8 @@ func chooseType(p tensorPlan, want gguf.Type) gguf.Type {
 	return t
 }
 
-// rowFunc fills dst with one row (ne0 values) of a tensor. Rows are asked
-// for in order, starting at 0.
+// rowFunc fills dst with one row (ne0 values) of a tensor. It is called
+// concurrently for different rows.
 type rowFunc func(row int, dst []float32) error
 
 // modelFile is everything written into one GGUF file.
@@ -154,24 +156,64 @@ func (m *modelFile) write(path string, log io.Writer) (err error) {
 	return os.Rename(tmp, path)
 }
 
+// writeRows quantizes and writes a tensor row by row. Large tensors are
+// filled and quantized by GOMAXPROCS workers, a wave of row chunks at a
+// time, and written in order.
 func writeRows(w *gguf.Writer, p tensorPlan, t gguf.Type, rows rowFunc) error {
 	ne0 := int(p.Dims[0])
 	n := 1
 	for _, d := range p.Dims[1:] {
 		n *= int(d)
 	}
-	buf := make([]float32, ne0)
-	q := make([]byte, t.RowSize(uint64(ne0)))
+	rowBytes := int(t.RowSize(uint64(ne0)))
+	chunk := max(1, (1<<20)/ne0) // rows per chunk: about a million values
+	workers := runtime.GOMAXPROCS(0)
+	if n*ne0 < 1<<22 {
+		workers = 1
+	}
+	bufs := make([][]byte, workers)
+	for i := range bufs {
+		bufs[i] = make([]byte, min(chunk, n)*rowBytes)
+	}
+	// fillChunk fills and quantizes rows [r0, r1) into buf.
+	fillChunk := func(r0, r1 int, buf []byte) error {
+		vals := make([]float32, ne0)
+		for r := r0; r < r1; r++ {
+			if err := rows(r, vals); err != nil {
+				return err
+			}
+			if err := quant.Quantize(t, vals, buf[(r-r0)*rowBytes:(r-r0+1)*rowBytes]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	return w.WriteTensor(p.Name, func(tw io.Writer) error {
-		for r := 0; r < n; r++ {
-			if err := rows(r, buf); err != nil {
-				return err
+		for start := 0; start < n; start += chunk * workers {
+			var wg sync.WaitGroup
+			errs := make([]error, workers)
+			ends := make([]int, workers)
+			for k := 0; k < workers; k++ {
+				r0 := start + k*chunk
+				r1 := min(r0+chunk, n)
+				ends[k] = max(r1-r0, 0)
+				if r0 >= n {
+					break
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					errs[k] = fillChunk(r0, r1, bufs[k])
+				}()
 			}
-			if err := quant.Quantize(t, buf, q); err != nil {
-				return err
-			}
-			if _, err := tw.Write(q); err != nil {
-				return err
+			wg.Wait()
+			for k := 0; k < workers; k++ {
+				if errs[k] != nil {
+					return errs[k]
+				}
+				if _, err := tw.Write(bufs[k][:ends[k]*rowBytes]); err != nil {
+					return err
+				}
 			}
 		}
 		return nil

@@ -185,17 +185,19 @@ func (c *mkCmd) Run(out io.Writer) error {
 	return nil
 }
 
-// randomRows fills a tensor with values drawn from a generator seeded by the
-// seed and the tensor's name, so each tensor is reproducible on its own.
-// Uniform values are cheaper than normal ones and have the asked-for std.
 const sqrt3 = 1.7320508075688772
 
+// randomRows fills a tensor with values drawn from a generator seeded by
+// the seed, the tensor's name and the row, so each row is reproducible on
+// its own (rows are filled in parallel). Uniform values are cheaper than
+// normal ones and have the asked-for standard deviation.
 func randomRows(p tensorPlan, seed uint64, std float32) rowFunc {
 	h := fnv.New64a()
 	h.Write([]byte(p.Name))
-	r := rand.New(rand.NewPCG(seed, h.Sum64()))
-	sym := func(std float32) float32 { return (2*r.Float32() - 1) * std * sqrt3 }
-	return func(_ int, dst []float32) error {
+	key := h.Sum64()
+	return func(row int, dst []float32) error {
+		r := rand.New(rand.NewPCG(seed, key^uint64(row)*0x9e3779b97f4a7c15))
+		sym := func(std float32) float32 { return (2*r.Float32() - 1) * std * sqrt3 }
 		for i := range dst {
 			switch p.Init {
 			case initWeight:

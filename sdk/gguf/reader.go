@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strings"
 )
 
 // Magic is the first four bytes of every GGUF file.
@@ -302,11 +303,26 @@ func decodeArray(b []byte, off uint64, et ValueType, n uint64) any {
 		}
 		return out
 	case ValueString:
+		// One allocation for all the text; the strings are slices of it.
+		total, p := 0, off
+		for i := uint64(0); i < n; i++ {
+			l := le.Uint64(b[p:])
+			total += int(l)
+			p += 8 + l
+		}
+		var sb strings.Builder
+		sb.Grow(total)
+		bounds := make([]int, n+1)
+		for i := uint64(0); i < n; i++ {
+			l := le.Uint64(b[off:])
+			sb.Write(b[off+8 : off+8+l])
+			bounds[i+1] = sb.Len()
+			off += 8 + l
+		}
+		all := sb.String()
 		out := make([]string, n)
 		for i := range out {
-			l := le.Uint64(b[off:])
-			out[i] = string(b[off+8 : off+8+l])
-			off += 8 + l
+			out[i] = all[bounds[i]:bounds[i+1]]
 		}
 		return out
 	}
@@ -464,9 +480,9 @@ func alignUp(x, a uint64) uint64 { return x + (a-x%a)%a }
 // kv reads metadata record i.
 func (d *decoder) kv(i uint64) (kvEntry, error) {
 	start := d.off
-	kb, err := d.str(fmt.Sprintf("metadata key #%d", i))
+	kb, err := d.str("key")
 	if err != nil {
-		return kvEntry{}, err
+		return kvEntry{}, fmt.Errorf("metadata record #%d: %w", i, err)
 	}
 	if len(kb) == 0 {
 		return kvEntry{}, fmt.Errorf("metadata key #%d at offset %d is empty", i, start)
@@ -480,9 +496,9 @@ func (d *decoder) kv(i uint64) (kvEntry, error) {
 		}
 	}
 	e := kvEntry{KV: KV{Key: string(kb)}}
-	vt, err := d.u32(fmt.Sprintf("type of key %q", e.Key))
+	vt, err := d.u32("value type")
 	if err != nil {
-		return kvEntry{}, err
+		return kvEntry{}, fmt.Errorf("key %q: %w", e.Key, err)
 	}
 	e.Type = ValueType(vt)
 	if !e.Type.valid() {
@@ -492,9 +508,9 @@ func (d *decoder) kv(i uint64) (kvEntry, error) {
 		e.val, err = d.scalar(e.Type, e.Key)
 		return e, err
 	}
-	et, err := d.u32(fmt.Sprintf("element type of key %q", e.Key))
+	et, err := d.u32("array element type")
 	if err != nil {
-		return kvEntry{}, err
+		return kvEntry{}, fmt.Errorf("key %q: %w", e.Key, err)
 	}
 	e.ElemType = ValueType(et)
 	switch {
@@ -503,8 +519,8 @@ func (d *decoder) kv(i uint64) (kvEntry, error) {
 	case !e.ElemType.valid():
 		return kvEntry{}, fmt.Errorf("key %q has unknown array element type %d", e.Key, et)
 	}
-	if e.Len, err = d.u64(fmt.Sprintf("length of key %q", e.Key)); err != nil {
-		return kvEntry{}, err
+	if e.Len, err = d.u64("array length"); err != nil {
+		return kvEntry{}, fmt.Errorf("key %q: %w", e.Key, err)
 	}
 	if e.Len > maxArrayLen {
 		return kvEntry{}, fmt.Errorf("key %q: array length %d exceeds the limit of %d", e.Key, e.Len, maxArrayLen)
@@ -521,31 +537,35 @@ func (d *decoder) kv(i uint64) (kvEntry, error) {
 	if e.Len > d.left()/8 {
 		return kvEntry{}, fmt.Errorf("%w: key %q: array of %d strings cannot fit in the %d bytes left", errTruncated, e.Key, e.Len, d.left())
 	}
+	// The vocabulary makes this the hot loop of Open: walk the lengths
+	// without the general-purpose helpers.
+	off, end := d.off, uint64(len(d.b))
 	for j := uint64(0); j < e.Len; j++ {
-		n, err := d.u64("string length")
-		if err != nil {
-			return kvEntry{}, fmt.Errorf("key %q element %d: %w", e.Key, j, err)
+		if end-off < 8 {
+			return kvEntry{}, fmt.Errorf("%w: key %q element %d: string length needs 8 bytes at offset %d, %d left", errTruncated, e.Key, j, off, end-off)
 		}
-		if n > maxStringLen || n > d.left() {
-			return kvEntry{}, fmt.Errorf("%w: key %q element %d: string length %d exceeds the %d bytes left", errTruncated, e.Key, j, n, d.left())
+		n := binary.LittleEndian.Uint64(d.b[off:])
+		off += 8
+		if n > maxStringLen || n > end-off {
+			return kvEntry{}, fmt.Errorf("%w: key %q element %d: string length %d exceeds the %d bytes left", errTruncated, e.Key, j, n, end-off)
 		}
-		d.off += n
+		off += n
 	}
+	d.off = off
 	return e, nil
 }
 
 func (d *decoder) scalar(t ValueType, key string) (any, error) {
-	what := fmt.Sprintf("value of key %q", key)
 	if t == ValueString {
-		s, err := d.str(what)
+		s, err := d.str("value")
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("key %q: %w", key, err)
 		}
 		return string(s), nil
 	}
-	s, err := d.take(uint64(valueSizes[t]), what)
+	s, err := d.take(uint64(valueSizes[t]), "value")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("key %q: %w", key, err)
 	}
 	le := binary.LittleEndian
 	switch t {
@@ -578,9 +598,9 @@ func (d *decoder) scalar(t ValueType, key string) (any, error) {
 // tensorInfo reads tensor-info record i; it returns the relative offset.
 func (d *decoder) tensorInfo(i, alignment uint64) (TensorInfo, uint64, error) {
 	start := d.off
-	nb, err := d.str(fmt.Sprintf("tensor #%d name", i))
+	nb, err := d.str("name")
 	if err != nil {
-		return TensorInfo{}, 0, err
+		return TensorInfo{}, 0, fmt.Errorf("tensor #%d: %w", i, err)
 	}
 	if len(nb) == 0 {
 		return TensorInfo{}, 0, fmt.Errorf("tensor #%d at offset %d has an empty name", i, start)
@@ -589,27 +609,27 @@ func (d *decoder) tensorInfo(i, alignment uint64) (TensorInfo, uint64, error) {
 		return TensorInfo{}, 0, fmt.Errorf("tensor #%d name %q is %d bytes long, at most %d allowed", i, nb[:maxNameLen], len(nb), maxNameLen)
 	}
 	t := TensorInfo{Name: string(nb)}
-	nd, err := d.u32(fmt.Sprintf("dim count of tensor %q", t.Name))
+	nd, err := d.u32("dim count")
 	if err != nil {
-		return TensorInfo{}, 0, err
+		return TensorInfo{}, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	if nd > maxDims {
 		return TensorInfo{}, 0, fmt.Errorf("tensor %q has %d dims, at most %d allowed", t.Name, nd, maxDims)
 	}
 	t.Dims = make([]uint64, nd)
 	for j := range t.Dims {
-		if t.Dims[j], err = d.u64(fmt.Sprintf("dims of tensor %q", t.Name)); err != nil {
-			return TensorInfo{}, 0, err
+		if t.Dims[j], err = d.u64("dims"); err != nil {
+			return TensorInfo{}, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
 		}
 	}
-	ty, err := d.u32(fmt.Sprintf("type of tensor %q", t.Name))
+	ty, err := d.u32("type")
 	if err != nil {
-		return TensorInfo{}, 0, err
+		return TensorInfo{}, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	t.Type = Type(ty)
-	off, err := d.u64(fmt.Sprintf("offset of tensor %q", t.Name))
+	off, err := d.u64("offset")
 	if err != nil {
-		return TensorInfo{}, 0, err
+		return TensorInfo{}, 0, fmt.Errorf("tensor %q: %w", t.Name, err)
 	}
 	if t.Size, err = TensorBytes(t.Type, t.Dims); err != nil {
 		return TensorInfo{}, 0, fmt.Errorf("tensor %q: %w", t.Name, err)

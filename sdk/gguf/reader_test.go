@@ -359,7 +359,7 @@ func TestCorruptFiles(t *testing.T) {
 		{"long tensor name", header(1, 0).str(strings.Repeat("n", 64)).u32(1).u64(4).u32(0).u64(0).Bytes(), "64 bytes long"},
 		{"duplicate tensor", header(2, 0).str("t").u32(1).u64(1).u32(0).u64(0).str("t").u32(1).u64(1).u32(0).u64(32).Bytes(), `duplicate tensor name "t"`},
 		{"overflowing dims", header(1, 0).str("t").u32(4).u64(1 << 31).u64(1 << 31).u64(1 << 31).u64(1).u32(0).u64(0).Bytes(), "overflows"},
-		{"string value truncated", header(0, 1).str("k").u32(8).u64(100).Bytes(), `value of key "k" length 100 exceeds`},
+		{"string value truncated", header(0, 1).str("k").u32(8).u64(100).Bytes(), `key "k": truncated file: value length 100 exceeds`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

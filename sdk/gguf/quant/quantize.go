@@ -120,42 +120,50 @@ func quantQ4_0(x []float32, b []byte) {
 
 // makeQKX2 fits x ≈ scale·L − min with L in [0, nmax] under weights w,
 // searching a few scales around the plain min/max fit (ggml's
-// make_qkx2_quants). It returns scale and the (non-negative) min.
-func makeQKX2(x, w []float32, nmax int, L, aux []uint8) (scale, theMin float32) {
+// make_qkx2_quants). It returns scale and the (non-negative) min. Fixed-size
+// arrays keep the inner loops free of bounds checks.
+func makeQKX2(x, w *[32]float32, nmax int, L, aux *[32]uint8) (scale, theMin float32) {
 	const rmin, rdelta, nstep = -1.0, 0.1, 20
 	lo, hi := x[0], x[0]
 	var sumW, sumX float32
-	for i, v := range x {
+	for i := range x {
+		v := x[i]
 		lo, hi = min(lo, v), max(hi, v)
 		sumW += w[i]
 		sumX += w[i] * v
 	}
 	lo = min(lo, 0)
 	if hi == lo {
-		for i := range L {
-			L[i] = 0
-		}
+		*L = [32]uint8{}
 		return 0, -lo
 	}
-	iscale := float32(nmax) / (hi - lo)
+	var xd [32]float32 // x − lo, reused by every trial scale
+	for i := range x {
+		xd[i] = x[i] - lo
+	}
+	fn := float32(nmax)
+	iscale := fn / (hi - lo)
 	scale = 1 / iscale
 	var best float32
-	for i, v := range x {
-		l := clampInt(nearestInt(iscale*(v-lo)), 0, nmax)
+	for i := range x {
+		l := nearestInt(iscale * xd[i])
+		l = max(0, min(nmax, l))
 		L[i] = uint8(l)
-		diff := scale*float32(l) + lo - v
+		diff := scale*float32(l) + lo - x[i]
 		best += w[i] * diff * diff
 	}
 	for is := 0; is <= nstep; is++ {
-		iscale := (rmin + rdelta*float32(is) + float32(nmax)) / (hi - lo)
+		iscale := (rmin + rdelta*float32(is) + fn) / (hi - lo)
 		var sumL, sumL2, sumXL float32
-		for i, v := range x {
-			l := clampInt(nearestInt(iscale*(v-lo)), 0, nmax)
+		for i := range x {
+			l := nearestInt(iscale * xd[i])
+			l = max(0, min(nmax, l))
 			aux[i] = uint8(l)
 			fl := float32(l)
-			sumL += w[i] * fl
-			sumL2 += w[i] * fl * fl
-			sumXL += w[i] * fl * v
+			wl := w[i] * fl
+			sumL += wl
+			sumL2 += wl * fl
+			sumXL += wl * x[i]
 		}
 		D := sumW*sumL2 - sumL*sumL
 		if D <= 0 {
@@ -168,12 +176,12 @@ func makeQKX2(x, w []float32, nmax int, L, aux []uint8) (scale, theMin float32) 
 			thisScale = sumXL / sumL2
 		}
 		var cur float32
-		for i, v := range x {
-			diff := thisScale*float32(aux[i]) + thisMin - v
+		for i := range x {
+			diff := thisScale*float32(aux[i]) + thisMin - x[i]
 			cur += w[i] * diff * diff
 		}
 		if cur < best {
-			copy(L, aux)
+			*L = *aux
 			best, scale, lo = cur, thisScale, thisMin
 		}
 	}
@@ -189,7 +197,7 @@ func quantQ4_K(x []float32, b []byte) {
 		maxScale, maxM float32
 	)
 	for j := 0; j < 8; j++ {
-		sub := x[32*j : 32*j+32]
+		sub := (*[32]float32)(x[32*j : 32*j+32])
 		var sum2 float32
 		for _, v := range sub {
 			sum2 += v * v
@@ -198,7 +206,7 @@ func quantQ4_K(x []float32, b []byte) {
 		for l, v := range sub {
 			w[l] = av + float32(math.Abs(float64(v)))
 		}
-		scales[j], mins[j] = makeQKX2(sub, w[:], 15, L[32*j:32*j+32], aux[:])
+		scales[j], mins[j] = makeQKX2(sub, &w, 15, (*[32]uint8)(L[32*j:32*j+32]), &aux)
 		maxScale, maxM = max(maxScale, scales[j]), max(maxM, mins[j])
 	}
 	var invScale, invMin float32
