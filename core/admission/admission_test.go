@@ -132,13 +132,13 @@ func TestFIFOAndNoOvertaking(t *testing.T) {
 		r := <-turns[i]
 		is.NoErr(r.err)
 		is.Equal(r.allowed, []int{0}) // waiter i gets its turn in order
-		is.NoErr(c.Reserve(0))
-		c.Leave(tickets[i]) // admitted
 		select {
 		case <-lateCh:
 			t.Fatal("newcomer overtook a waiter")
 		default:
 		}
+		is.NoErr(c.Reserve(0))
+		c.Leave(tickets[i]) // admitted
 		c.Release(0, true)
 	}
 	r := <-lateCh

@@ -1,0 +1,230 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+// eventBuffer is how many events a backend may run ahead of the reader
+// before Emit blocks (back-pressure on that sequence only).
+const eventBuffer = 16
+
+// Stream is an admitted request. Recv and Close may be called from
+// different goroutines; Recv from one goroutine at a time.
+type Stream struct {
+	r    *Router
+	m    int
+	name string
+
+	ctx    context.Context // the backend call's context
+	cancel context.CancelFunc
+	admitc chan sdk.Admission
+	events chan sdk.Event
+	done   chan struct{} // closed when Backend.Start returned
+	err    error         // Start's result, read after done
+
+	admitSent atomic.Bool
+	served    atomic.Bool // the engine admitted: its end frees capacity
+	closed    atomic.Bool
+	refs      atomic.Int32 // Start running + not closed
+
+	// Set before the Stream is handed out.
+	adm       sdk.Admission
+	route     string
+	queueWait time.Duration
+
+	// Emitter side (the backend's goroutine).
+	begun    time.Time
+	firstOut time.Time
+
+	finished bool // Recv side
+}
+
+func newStream(ctx context.Context, r *Router, m int) *Stream {
+	s := &Stream{
+		r:      r,
+		m:      m,
+		name:   r.names[m],
+		admitc: make(chan sdk.Admission, 1),
+		events: make(chan sdk.Event, eventBuffer),
+		done:   make(chan struct{}),
+	}
+	// Derived from the request so a client that goes away cancels
+	// generation even before the API layer calls Close.
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.refs.Store(2)
+	return s
+}
+
+// run calls the backend; the reservation is released only after Start
+// returned and the Stream was closed.
+func (s *Stream) run(req *sdk.ChatRequest) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.err = fmt.Errorf("backend %s panicked: %v", s.name, v)
+		}
+		close(s.done)
+		s.unref()
+	}()
+	s.begun = time.Now()
+	s.err = s.r.models[s.m].Backend.Start(s.ctx, req, (*emitter)(s))
+}
+
+// awaitAdmission waits for the first message of the Start stream. done is
+// false when ctx ended first.
+func (s *Stream) awaitAdmission(ctx context.Context) (a sdk.Admission, err error, done bool) {
+	select {
+	case a = <-s.admitc:
+		return a, nil, true
+	case <-s.done:
+		select {
+		case a = <-s.admitc:
+			return a, nil, true
+		default:
+		}
+		if s.err == nil {
+			return a, fmt.Errorf("backend %s: start returned without an admission", s.name), true
+		}
+		return a, s.err, true
+	case <-ctx.Done():
+		return a, nil, false
+	}
+}
+
+func (s *Stream) unref() {
+	if s.refs.Add(-1) != 0 {
+		return
+	}
+	s.cancel()
+	served := s.served.Load()
+	s.r.adm.Release(s.m, served)
+	if served {
+		s.r.met.AddRunning(s.name, -1)
+	}
+}
+
+// Model is the name of the model that admitted the request.
+func (s *Stream) Model() string { return s.name }
+
+// Admission is the backend's admission message (PromptTokens etc.).
+func (s *Stream) Admission() sdk.Admission { return s.adm }
+
+// Route explains the choice for the X-Dflash-Route header: "primary",
+// "pinned" (by-name policy), "policy" (the policy put another model first)
+// or "fallback:<model>=<why>,..." naming each model tried before the one
+// that served and why it was passed over (busy, never_fits, unavailable).
+func (s *Stream) Route() string { return s.route }
+
+// QueueWait is how long the request waited in the routing queue.
+func (s *Stream) QueueWait() time.Duration { return s.queueWait }
+
+// Recv returns the next event. After the event carrying Finish it returns
+// io.EOF; any other error is a backend failure after admission (or
+// ErrNoFinish). When ctx ends first it returns ctx.Err().
+func (s *Stream) Recv(ctx context.Context) (sdk.Event, error) {
+	if s.finished {
+		return sdk.Event{}, io.EOF
+	}
+	select {
+	case e := <-s.events:
+		return s.deliver(e), nil
+	case <-s.done:
+		// Events emitted before Start returned come first.
+		select {
+		case e := <-s.events:
+			return s.deliver(e), nil
+		default:
+		}
+		if s.err != nil {
+			return sdk.Event{}, fmt.Errorf("backend %s: %w", s.name, s.err)
+		}
+		return sdk.Event{}, fmt.Errorf("backend %s: %w", s.name, ErrNoFinish)
+	case <-ctx.Done():
+		return sdk.Event{}, ctx.Err()
+	}
+}
+
+func (s *Stream) deliver(e sdk.Event) sdk.Event {
+	if e.Finish != nil {
+		s.finished = true
+	}
+	return e
+}
+
+// Close ends the request: it cancels generation if it has not finished and
+// lets the reservation go once the backend's Start has returned. It is
+// idempotent and must always be called.
+func (s *Stream) Close() {
+	if !s.closed.CompareAndSwap(false, true) {
+		return
+	}
+	s.cancel()
+	s.unref()
+}
+
+// emitter is the Stream as the backend sees it.
+type emitter Stream
+
+var _ sdk.Emitter = (*emitter)(nil)
+
+var errAdmittedTwice = errors.New("admission sent twice")
+
+func (e *emitter) Admit(a sdk.Admission) error {
+	s := (*Stream)(e)
+	if !s.admitSent.CompareAndSwap(false, true) {
+		return errAdmittedTwice
+	}
+	if a.Outcome == sdk.OutcomeAdmitted {
+		s.served.Store(true)
+		s.r.met.AddRunning(s.name, 1)
+	}
+	s.admitc <- a // buffered for exactly this one message
+	return nil
+}
+
+func (e *emitter) Emit(ev sdk.Event) error {
+	s := (*Stream)(e)
+	if !s.served.Load() {
+		return errors.New("event before admission")
+	}
+	s.observe(ev)
+	select {
+	case s.events <- ev:
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+}
+
+// observe records latency and token metrics on the backend's side, so a
+// slow reader does not skew them.
+func (s *Stream) observe(ev sdk.Event) {
+	met := s.r.met
+	if met == nil {
+		return
+	}
+	if s.firstOut.IsZero() && (ev.Text != "" || ev.Reasoning != "" || len(ev.ToolCalls) > 0) {
+		s.firstOut = time.Now()
+		met.ObserveTTFT(s.name, s.firstOut.Sub(s.begun))
+	}
+	f := ev.Finish
+	if f == nil {
+		return
+	}
+	met.AddTokens(s.name, f.Usage.PromptTokens, f.Usage.CompletionTokens)
+	met.AddDraft(s.name, f.Timings.DraftProposed, f.Timings.DraftAccepted)
+	if n := f.Usage.CompletionTokens; n > 1 {
+		switch {
+		case f.Timings.DecodeMS > 0:
+			met.ObserveTPOT(s.name, time.Duration(f.Timings.DecodeMS*float64(time.Millisecond)/float64(n-1)))
+		case !s.firstOut.IsZero():
+			met.ObserveTPOT(s.name, time.Since(s.firstOut)/time.Duration(n-1))
+		}
+	}
+}
