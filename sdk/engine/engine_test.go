@@ -643,3 +643,9 @@ func TestCloseEndsRunningRequests(t *testing.T) {
 	}
 	is.Equal(m.LiveSeqs(), 0)
 }
+
+// discard is an sdk.Emitter that drops everything.
+type discard struct{}
+
+func (discard) Admit(sdk.Admission) error { return nil }
+func (discard) Emit(sdk.Event) error      { return nil }

@@ -79,7 +79,7 @@ func blockConfig(t testing.TB, path string) sdk.ModelConfig {
 }
 
 // load loads a model into a fresh backend served over in-process gRPC.
-func load(t *testing.T, cfg sdk.ModelConfig) (*Backend, *sdk.BackendClient, sdk.ModelDescription) {
+func load(t testing.TB, cfg sdk.ModelConfig) (*Backend, *sdk.BackendClient, sdk.ModelDescription) {
 	t.Helper()
 	b := New()
 	c := sdktest.Backend(t, b)

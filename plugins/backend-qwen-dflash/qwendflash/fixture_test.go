@@ -156,6 +156,32 @@ func tinyModels(t testing.TB) (qwen3, qwen35 string) {
 	return filepath.Join(fixtureDir, "qwen3.gguf"), filepath.Join(fixtureDir, "qwen35.gguf")
 }
 
+var (
+	benchOnce sync.Once
+	benchPath string
+	benchErr  error
+)
+
+// benchModel makes (once) a small qwen3 shape for benchmarks: 4 layers,
+// hidden 256, q8_0 weights, the test tokenizer.
+func benchModel(t testing.TB) string {
+	t.Helper()
+	q3, _ := tinyModels(t)
+	tool := modelTool(t)
+	benchOnce.Do(func() {
+		benchPath = filepath.Join(fixtureDir, "qwen3-small.gguf")
+		args := []string{"mk", "qwen3", benchPath, "--tokenizer", filepath.Join(filepath.Dir(q3), "tok"), "--type", "q8_0",
+			"--layers", "4", "--hidden", "256", "--heads", "8", "--kv-heads", "4", "--head-dim", "32", "--ffn", "768", "--seed", "3"}
+		if out, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
+			benchErr = fmt.Errorf("dflash-model %v: %v\n%s", args, err, out)
+		}
+	})
+	if benchErr != nil {
+		t.Fatalf("make bench model: %v", benchErr)
+	}
+	return benchPath
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if fixtureDir != "" {
