@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/matryer/is"
 
@@ -230,7 +231,7 @@ func TestAdmission(t *testing.T) {
 	is := is.New(t)
 	cfg := blockConfig(t, q3)
 	cfg.MaxConcurrency = 1
-	_, c, _ := load(t, cfg)
+	b, c, _ := load(t, cfg)
 
 	s := newStream()
 	is.NoErr(c.Start(context.Background(), chatReq("hi", 1000), s))
@@ -245,7 +246,9 @@ func TestAdmission(t *testing.T) {
 	is.Equal(s.admission().Outcome, sdk.OutcomeInvalid)
 	is.True(strings.Contains(s.admission().Reason, "response_format"))
 
-	// Hold the only slot with a consumer that waits, then ask again.
+	// Hold the only slot with a consumer that waits (called directly, so no
+	// gRPC buffer lets the sequence run ahead: the engine pauses it with a
+	// full outbox), then ask again.
 	hold := make(chan struct{})
 	first := newStream()
 	first.onEvent = func(n int) error {
@@ -255,7 +258,7 @@ func TestAdmission(t *testing.T) {
 		return nil
 	}
 	done := make(chan error)
-	go func() { done <- c.Start(context.Background(), chatReq("hold the slot", 40), first) }()
+	go func() { done <- b.Start(context.Background(), chatReq("hold the slot", 100), first) }()
 	<-first.admitted
 	s = newStream()
 	is.NoErr(c.Start(context.Background(), chatReq("me too", 8), s))
@@ -263,7 +266,7 @@ func TestAdmission(t *testing.T) {
 	is.True(strings.Contains(s.admission().Reason, "no free sequence slot"))
 	close(hold)
 	is.NoErr(<-done)
-	is.Equal(len(first.summary().tokens), 40)
+	is.Equal(len(first.summary().tokens), 100)
 }
 
 func TestCancelFreesKV(t *testing.T) {
@@ -303,4 +306,34 @@ func TestTokenizeRoundTrip(t *testing.T) {
 	_, err = c.Detokenize(context.Background(), []int32{1 << 20})
 	var inv *sdk.InvalidError
 	is.True(errors.As(err, &inv))
+}
+
+func TestCancelOverGRPCFreesKV(t *testing.T) {
+	q3, _ := tinyModels(t)
+	is := is.New(t)
+	_, c, _ := load(t, blockConfig(t, q3))
+	ctx, cancel := context.WithCancel(context.Background())
+	s := newStream()
+	s.onEvent = func(n int) error {
+		if n == 2 {
+			cancel()
+		}
+		return nil
+	}
+	err := c.Start(ctx, chatReq("go on and on", 200), s)
+	is.True(errors.Is(err, context.Canceled))
+	// The host returns at once; the plugin frees the sequence when its
+	// stream context ends. Wait (bounded) for that to show.
+	var st sdk.ModelStats
+	for range 2000 {
+		st, err = c.Stats(context.Background())
+		is.NoErr(err)
+		if st.ActiveSequences == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	is.Equal(st.ActiveSequences, 0)
+	is.Equal(st.KVTokensUsed, 0)
+	is.True(st.TokensGenerated < 200) // it stopped early
 }
