@@ -109,8 +109,10 @@ type fakeStream struct {
 	events    []sdk.Event
 	failWith  error
 	hang      bool
-	next      int
-	closed    atomic.Bool
+	// panicAt makes Recv panic when it reaches event index panicAt-1.
+	panicAt int
+	next    int
+	closed  atomic.Bool
 	// gate, when set, makes Recv wait for a value before each event.
 	gate chan struct{}
 	// closedCh is closed by the first Close.
@@ -149,6 +151,9 @@ func (s *fakeStream) Recv(ctx context.Context) (sdk.Event, error) {
 	}
 	if s.closed.Load() {
 		return sdk.Event{}, errors.New("recv on closed stream")
+	}
+	if s.panicAt > 0 && s.next == s.panicAt-1 {
+		panic("fake stream exploded")
 	}
 	if s.next < len(s.events) {
 		ev := s.events[s.next]

@@ -224,6 +224,17 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation) {
 	}
 	h.Set("X-Dflash-Queue-Ms", strconv.FormatInt(st.QueueWait().Milliseconds(), 10))
 	sk := g.newSink(st, w)
+	// A bug after the headers went out must still end the response in the
+	// API's own way (an in-stream error event), not as a cut connection.
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.opts.Logger.Error("api generation panic", "request_id", g.requestID, "panic", v)
+			sk.fail(fmt.Errorf("internal error while generating (request id %s)", g.requestID))
+		}
+	}()
 	tr := newTracker(sk, s.newID)
 	if ss, ok := sk.(streamSink); ok && s.opts.Heartbeat > 0 {
 		s.pumpWithHeartbeat(ctx, st, tr, ss)
@@ -270,6 +281,16 @@ func (s *Server) pumpWithHeartbeat(ctx context.Context, st Stream, tr *tracker, 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		// A panic here would kill the process; hand it to the writer as an
+		// error instead.
+		defer func() {
+			if v := recover(); v != nil {
+				select {
+				case ch <- recvResult{err: fmt.Errorf("stream receive panicked: %v", v)}:
+				case <-pctx.Done():
+				}
+			}
+		}()
 		for {
 			ev, err := st.Recv(pctx)
 			select {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -319,4 +320,32 @@ func TestModelsShapes(t *testing.T) {
 		is.Equal(strings.TrimSpace(rec.Body.String()), `{"data":[{"type":"model","id":"fake-model","display_name":"fake-model","created_at":"2026-01-01T00:00:00Z"},`+
 			`{"type":"model","id":"fake-fallback","display_name":"fake-fallback","created_at":"2026-01-01T00:00:00Z"}],"has_more":false,"first_id":"fake-model","last_id":"fake-fallback"}`)
 	})
+}
+
+// TestPanicAfterHeaders: a panic once the stream started ends it with the
+// API's in-stream error event, with and without the heartbeat reader.
+func TestPanicAfterHeaders(t *testing.T) {
+	for _, hb := range []time.Duration{0, -1} {
+		for _, tc := range []struct{ path, body, want string }{
+			{"/v1/chat/completions", chatBody + `,"stream":true}`, `data: {"error":{"message":"generation failed: stream receive panicked`},
+			{"/v1/messages", messagesBody + `,"stream":true}`, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\""},
+			{"/v1/responses", responsesBody + `,"stream":true}`, "event: response.failed"},
+			{"/v1/chat/completions", chatBody + `}`, `"code":"backend_error"`},
+		} {
+			t.Run(fmt.Sprintf("%s/heartbeat=%v", tc.path, hb), func(t *testing.T) {
+				is := is.New(t)
+				st := &fakeStream{events: []sdk.Event{{Text: "a"}, {Text: "b"}}, panicAt: 2}
+				fr := &fakeRouter{script: func(*sdk.ChatRequest) (*fakeStream, error) { return st, nil }}
+				s := newTestServer(fr, Options{Heartbeat: hb, Logger: discardLogger()})
+				rec := do(s, "POST", tc.path, tc.body, nil)
+				body := rec.Body.String()
+				if hb < 0 {
+					// The direct reader's panic is caught by run's recover.
+					tc.want = strings.Replace(tc.want, "generation failed: stream receive panicked", "internal error while generating", 1)
+				}
+				is.True(strings.Contains(body, tc.want)) // in-stream error event
+				is.True(st.closed.Load())                // stream closed
+			})
+		}
+	}
 }
