@@ -250,7 +250,7 @@ func (e *Engine) send(ctx context.Context, s *sequence, emit sdk.Emitter) error 
 		if emitErr != nil || ctx.Err() != nil {
 			continue
 		}
-		for _, ev := range evs {
+		for _, ev := range coalesce(evs) {
 			if err := emit.Emit(ev); err != nil {
 				emitErr = err
 				s.abort.Store(true)
@@ -450,51 +450,72 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 // advance picks the sequence's next token from its logits row and handles
 // the output it makes.
 func (e *Engine) advance(s *sequence, row []float32) {
-	tok, forced := int32(0), false
+	tok, forced, err := e.pick(s, row)
+	if err != nil {
+		e.retire(s, err)
+		return
+	}
+	var ev sdk.Event
+	if e.commit(s, &ev, tok, forced, row) {
+		return
+	}
+	s.feed = append(s.feed[:0], tok)
+	s.out.put(ev)
+}
+
+// pick chooses the next token: a forced one (closing the reasoning), else a
+// sample, with end-of-generation suppressed while the request wants it.
+func (e *Engine) pick(s *sequence, row []float32) (tok int32, forced bool, err error) {
 	if len(s.forced) > 0 {
-		tok, forced = s.forced[0], true
+		tok = s.forced[0]
 		s.forced = s.forced[1:]
-	} else {
-		if s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens {
-			for _, id := range e.eog {
-				if int(id) < len(row) {
-					row[id] = float32(math.Inf(-1))
-				}
+		return tok, true, nil
+	}
+	if s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens {
+		for _, id := range e.eog {
+			if int(id) < len(row) {
+				row[id] = float32(math.Inf(-1))
 			}
 		}
-		var err error
-		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
-		if err != nil {
-			e.retire(s, fmt.Errorf("sample: %w", err))
-			return
-		}
 	}
-	ev := sdk.Event{TokenIDs: []int32{tok}}
-	if s.req.Logprobs {
-		ev.Logprobs = []sdk.TokenLogprob{tokenLogprob(row, tok, s.req.TopLogprobs, e.vocab)}
+	tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+	if err != nil {
+		return 0, false, fmt.Errorf("sample: %w", err)
+	}
+	return tok, false, nil
+}
+
+// commit appends one generated token to the sequence and its output to ev
+// (row, when not nil, is the distribution it came from, for logprobs). It
+// returns true when the token ended the sequence: ev then went out with
+// the Finish and the sequence is retired. Speculative decoding commits
+// several accepted tokens into one event this way, stopping at the first
+// that ends the sequence.
+func (e *Engine) commit(s *sequence, ev *sdk.Event, tok int32, forced bool, row []float32) bool {
+	ev.TokenIDs = append(ev.TokenIDs, tok)
+	if s.req.Logprobs && row != nil {
+		ev.Logprobs = append(ev.Logprobs, tokenLogprob(row, tok, s.req.TopLogprobs, e.vocab))
 	}
 	s.generated = append(s.generated, tok)
 	if !forced && e.vocab.EOG(tok) {
-		e.finish(s, ev, sdk.FinishStop, "")
-		return
+		e.finish(s, *ev, sdk.FinishStop, "")
+		return true
 	}
-	inReasoning := s.parser.InReasoning()
-	if inReasoning {
+	if s.parser.InReasoning() {
 		s.reasoning++
 	}
-	if m := e.route(s, &ev, s.parser.Feed(s.req.Detokenizer.Add(tok))); m != "" {
-		e.finish(s, ev, sdk.FinishStopSequence, m)
-		return
+	if m := e.route(s, ev, s.parser.Feed(s.req.Detokenizer.Add(tok))); m != "" {
+		e.finish(s, *ev, sdk.FinishStopSequence, m)
+		return true
 	}
 	if len(s.generated) >= s.req.MaxTokens || s.nPast >= e.cfg.MaxCtx {
-		e.finish(s, ev, sdk.FinishLength, "")
-		return
+		e.finish(s, *ev, sdk.FinishLength, "")
+		return true
 	}
 	if len(s.forced) == 0 && s.parser.InReasoning() && e.overBudget(s) {
 		s.forced = slices.Clone(s.req.CloseReasoning)
 	}
-	s.feed = append(s.feed[:0], tok)
-	s.out.put(ev)
+	return false
 }
 
 // overBudget reports whether the reasoning must be closed now: its own

@@ -88,3 +88,39 @@ func signal(c chan struct{}) {
 	default:
 	}
 }
+
+// coalesce merges queued events of a consumer that fell behind into as few
+// as keep their order (an event is read as Reasoning, Text, ToolCalls), so
+// a slow consumer catches up with fewer, larger messages.
+func coalesce(evs []sdk.Event) []sdk.Event {
+	if len(evs) < 2 {
+		return evs
+	}
+	out := evs[:1]
+	for _, ev := range evs[1:] {
+		last := &out[len(out)-1]
+		if !mergeable(last, &ev) {
+			out = append(out, ev)
+			continue
+		}
+		last.Reasoning += ev.Reasoning
+		last.Text += ev.Text
+		last.ToolCalls = append(last.ToolCalls, ev.ToolCalls...)
+		last.TokenIDs = append(last.TokenIDs, ev.TokenIDs...)
+		last.Logprobs = append(last.Logprobs, ev.Logprobs...)
+		last.Finish = ev.Finish
+	}
+	return out
+}
+
+func mergeable(a, b *sdk.Event) bool {
+	switch {
+	case a.Finish != nil:
+		return false
+	case b.Reasoning != "" && (a.Text != "" || len(a.ToolCalls) > 0):
+		return false
+	case b.Text != "" && len(a.ToolCalls) > 0:
+		return false
+	}
+	return true
+}
