@@ -219,6 +219,24 @@ func (c *Controller) Acquire(ctx context.Context, t *Ticket) ([]int, error) {
 	return c.wait(ctx, t)
 }
 
+// WouldQueue reports whether a fresh ticket's first Acquire would queue it
+// without an attempt, because earlier waiters want all its candidates. It
+// is a hint (the queue may change before Acquire); the router uses it to
+// check cheaply that a request can fit at all before it waits.
+func (c *Controller) WouldQueue(t *Ticket) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.state != stNew {
+		return false
+	}
+	for _, m := range t.cands {
+		if c.models[m].want == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 func (c *Controller) enqueueLocked(t *Ticket, attempted bool) error {
 	if len(t.cands) == 0 || c.waiting >= c.limit {
 		t.state, t.err = stDone, ErrQueueFull

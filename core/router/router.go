@@ -185,6 +185,7 @@ func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, erro
 	}
 	rt := routing{r: r, req: req, order: order, pin: pin, label: label}
 	rt.skipped = make([]string, len(r.models))
+	rt.judged = make([]bool, len(r.models))
 	rt.ticket = r.adm.NewTicket(append(make([]int, 0, len(order)), order...), label)
 	s, err := rt.run(ctx)
 	if err != nil {
@@ -213,6 +214,7 @@ type routing struct {
 	label   string
 	ticket  *admission.Ticket
 	skipped []string // last reason each model was passed over
+	judged  []bool   // the model's backend answered busy or never fits
 	busy    []int
 	drop    []int
 	never   []string // never-fits explanations
@@ -221,7 +223,16 @@ type routing struct {
 
 func (rt *routing) run(ctx context.Context) (*Stream, error) {
 	r := rt.r
+	attempted, checked := false, false
 	for {
+		// Before the request first waits, make sure it can fit somewhere.
+		if !checked && (attempted || r.adm.WouldQueue(rt.ticket)) {
+			checked = true
+			if err := rt.precheck(ctx); err != nil {
+				return nil, err
+			}
+		}
+		attempted = true
 		allowed, err := r.adm.Acquire(ctx, rt.ticket)
 		if err != nil {
 			return nil, rt.waitError(ctx, err)
@@ -242,6 +253,75 @@ func (rt *routing) run(ctx context.Context) (*Stream, error) {
 				"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
 		}
 	}
+}
+
+// precheck runs before a request first waits: for each candidate whose
+// backend has not yet judged the request, it counts the prompt with that
+// model's template (Backend.CountTokens) and applies the sdk's never-fits
+// rule, prompt plus output budget against the context and the KV pool, so
+// a request that can never fit gets its 400 now instead of a 503 or a
+// wait. The budget it assumes is never larger than the backend's (see
+// outputBudget); anything uncertain (no limits known, a counting error) is
+// left to the backend's admission.
+func (rt *routing) precheck(ctx context.Context) error {
+	r := rt.r
+	rt.drop = rt.drop[:0]
+	for _, m := range rt.order {
+		if rt.judged[m] {
+			continue
+		}
+		model := r.models[m]
+		limit := fitLimit(model.Desc)
+		if limit <= 0 {
+			continue
+		}
+		if st, _ := model.health(); st != StateReady {
+			continue
+		}
+		n, err := model.Backend.CountTokens(ctx, rt.req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		budget := outputBudget(rt.req, model.Desc)
+		if need := n + budget; need > limit || n >= limit {
+			rt.drop = append(rt.drop, m)
+			rt.skipped[m] = skipNeverFits
+			rt.never = append(rt.never, fmt.Sprintf("%s: needs %d tokens, limit %d (prompt %d, max tokens %d)", model.Name, need, limit, n, budget))
+		}
+	}
+	if len(rt.drop) > 0 && r.adm.Report(rt.ticket, nil, rt.drop) == 0 {
+		return rejection(http.StatusBadRequest, ReasonNeverFits, nil,
+			"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
+	}
+	return nil
+}
+
+// outputBudget is the request's output budget as the sdk defines it: its
+// MaxTokens, else the model's DefaultMaxTokens, clamped to the model's
+// MaxTokens; 0 when unknown.
+func outputBudget(req *sdk.ChatRequest, d sdk.ModelDescription) int {
+	n := req.MaxTokens
+	if n <= 0 {
+		n = d.DefaultMaxTokens
+	}
+	if d.MaxTokens > 0 && n > d.MaxTokens {
+		n = d.MaxTokens
+	}
+	return max(n, 0)
+}
+
+// fitLimit is the smaller positive one of the model's context and KV pool.
+func fitLimit(d sdk.ModelDescription) int {
+	switch {
+	case d.MaxCtx > 0 && d.KVPoolTokens > 0:
+		return min(d.MaxCtx, d.KVPoolTokens)
+	case d.MaxCtx > 0:
+		return d.MaxCtx
+	}
+	return d.KVPoolTokens
 }
 
 func (rt *routing) waitError(ctx context.Context, err error) error {
@@ -306,9 +386,11 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	case sdk.OutcomeBusy:
 		s.Close()
 		rt.markBusy(m, skipBusy)
+		rt.judged[m] = true
 		return nil, nil
 	case sdk.OutcomeNeverFits:
 		s.Close()
+		rt.judged[m] = true
 		rt.drop = append(rt.drop, m)
 		rt.skipped[m] = skipNeverFits
 		rt.never = append(rt.never, neverFitsText(model.Name, a))

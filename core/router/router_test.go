@@ -91,6 +91,27 @@ func TestNeverFits(t *testing.T) {
 		is.Equal(f.waiting(), 0) // never queued
 		is.Equal(metricValue(t, f.met, "dflash_admission_rejections_total", map[string]string{"reason": "never_fits"}), 1.0)
 	})
+	t.Run("decided before queueing behind waiters", func(t *testing.T) {
+		is := is.New(t)
+		a := newScripted("a", 1, 100)
+		cfg := balanced()
+		cfg.QueueLimit = 1
+		f := newFixture(t, cfg, a)
+		hold, err := f.r.Start(bg, chat("hold", 10, 10))
+		is.NoErr(err)
+		defer hold.Close()
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		_ = f.startAsync(ctx, chat("w", 10, 10))
+		f.waitQueued(t, 1) // the queue is now full
+		starts := a.startCount()
+		_, err = f.r.Start(bg, chat("huge", 95, 10))
+		rj := rejectionOf(err)
+		is.Equal(rj.Reason, router.ReasonNeverFits) // 400, not queue_full
+		is.True(strings.Contains(rj.Message, "a: needs 105 tokens, limit 100"))
+		is.Equal(a.startCount(), starts) // decided by counting, not by admission
+		is.Equal(f.waiting(), 1)
+	})
 	t.Run("skips the model it cannot fit", func(t *testing.T) {
 		is := is.New(t)
 		a, b := newScripted("a", 1, 100), newScripted("b", 1, 1000)
@@ -644,7 +665,8 @@ func TestTokenUtilities(t *testing.T) {
 		m, n, err := f.r.CountTokens(bg, req)
 		is.NoErr(err)
 		is.Equal(m, "bb")
-		is.Equal(n, 7)
+		is.Equal(n, 5)
+		is.Equal(b.counts, 1) // counted by bb's backend
 		_, text, err := f.r.Detokenize(bg, "a", []int32{1})
 		is.NoErr(err)
 		is.Equal(text, "a")

@@ -28,6 +28,7 @@ type scriptedBackend struct {
 	kvUsed   int
 	kvExtra  int // KV held outside the router's view (engine-side pressure)
 	starts   int
+	counts   int // CountTokens calls
 	admitted []string
 	startErr error
 	invalid  string
@@ -152,7 +153,10 @@ func (b *scriptedBackend) Detokenize(_ context.Context, ids []int32) (string, er
 	return b.name, nil
 }
 func (b *scriptedBackend) CountTokens(_ context.Context, req *sdk.ChatRequest) (int, error) {
-	return len(req.Messages[0].Content) + len(b.name), nil
+	b.mu.Lock()
+	b.counts++
+	b.mu.Unlock()
+	return len(req.Messages[0].Content), nil
 }
 func (b *scriptedBackend) Stats(context.Context) (sdk.ModelStats, error) {
 	b.mu.Lock()
