@@ -125,8 +125,11 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 		return desc, fmt.Errorf("load %s: %w", cfg.Path, err)
 	}
 	defer func() {
-		if err != nil {
-			err = multierror.Append(err, f.Close()).ErrorOrNil()
+		if err == nil {
+			return
+		}
+		if cerr := f.Close(); cerr != nil {
+			err = multierror.Append(err, cerr)
 		}
 	}()
 	arch := f.Arch()

@@ -337,3 +337,28 @@ func TestCancelOverGRPCFreesKV(t *testing.T) {
 	is.Equal(st.KVTokensUsed, 0)
 	is.True(st.TokensGenerated < 200) // it stopped early
 }
+
+func TestLoadErrors(t *testing.T) {
+	q3, _ := tinyModels(t)
+	for _, tc := range []struct {
+		name string
+		cfg  func(*sdk.ModelConfig)
+		want string
+	}{
+		{"missing file", func(c *sdk.ModelConfig) { c.Path = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
+		{"no library", func(c *sdk.ModelConfig) { c.Device = "cuda:0" }, "libdflash_cuda.so not found"},
+		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": "d.gguf"} }, "--draft:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			cfg := blockConfig(t, q3)
+			tc.cfg(&cfg)
+			c := sdktest.Backend(t, New())
+			_, err := c.Load(context.Background(), cfg, nil)
+			is.True(err != nil)
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
