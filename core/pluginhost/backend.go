@@ -49,9 +49,16 @@ type Backend struct {
 	restarts int
 	history  []time.Time
 	closing  bool
-	// OnRestart, when set before Load, is called after each successful
-	// restart (metrics).
-	OnRestart func()
+	// onRestart is called after each successful restart (metrics).
+	onRestart func(restarts int)
+}
+
+// SetOnRestart sets a hook called with the restart count after each
+// successful restart.
+func (b *Backend) SetOnRestart(f func(restarts int)) {
+	b.mu.Lock()
+	b.onRestart = f
+	b.mu.Unlock()
 }
 
 var _ sdk.Backend = (*Backend)(nil)
@@ -229,11 +236,11 @@ func (b *Backend) relaunch(cfg sdk.ModelConfig) error {
 	b.proc, b.client, b.info, b.desc = proc, client, info, desc
 	b.state = StateReady
 	b.restarts++
-	hook := b.OnRestart
+	hook, n := b.onRestart, b.restarts
 	b.mu.Unlock()
 	go b.watch(proc, client)
 	if hook != nil {
-		hook()
+		hook(n)
 	}
 	b.logger.Info("backend plugin restarted", "plugin", b.file.Path)
 	return nil
