@@ -284,10 +284,10 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 		return nil, nil, errors.New("no model loaded")
 	}
 	rt := router.New(router.Config{
-		QueueLimit:    s.cfg.QueueLimit,
-		QueueTimeout:  s.cfg.QueueTimeout,
-		Policy:        pol,
-		PolicyName:    s.cfg.Policy,
+		QueueLimit:   s.cfg.QueueLimit,
+		QueueTimeout: s.cfg.QueueTimeout,
+		Policy:       pol,
+		PolicyName:   s.cfg.Policy,
 		// By-name routing loads every block without --load-balancing; the
 		// policy must then be asked too.
 		LoadBalancing: s.cfg.LoadBalancing || len(loaded) > 1,
