@@ -35,6 +35,14 @@ type hparams struct {
 	ConvKernel       int
 	RopeDims         int // rotary dims per head
 	RopeSections     []int32
+
+	// dflash-draft (block-diffusion draft for a target model)
+	TargetLayerIDs []int32 // target layers whose outputs feed fc, in order
+	TargetHidden   int     // hidden size of the target
+	BlockSize      int
+	MaskTokenID    int
+	SlidingWindow  int    // 0: no sliding-window layers
+	SlidingLayers  []bool // per layer: sliding window (true) or full attention
 }
 
 // initKind says how mk fills a tensor with random values (GGUF
@@ -205,10 +213,16 @@ func commonFromGGUF(f *gguf.File) (hparams, error) {
 	if v, err := f.Float32(p + "rope.freq_base"); err == nil {
 		hp.RopeTheta = v
 	}
+	// Vocabulary: the embedding's rows, else the vocab_size key (drafts
+	// have no embedding), else the tokenizer's length.
 	if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 {
 		hp.Vocab = int(t.Dims[1])
+	} else if v, err := f.Uint32(p + "vocab_size"); err == nil {
+		hp.Vocab = int(v)
+	} else if kv, ok := findKV(f, "tokenizer.ggml.tokens"); ok {
+		hp.Vocab = int(kv.Len)
 	} else {
-		errs = multierror.Append(errs, fmt.Errorf("missing tensor %q", "token_embd.weight"))
+		errs = multierror.Append(errs, fmt.Errorf("cannot tell the vocabulary size: no %q tensor, %q key or tokenizer", "token_embd.weight", p+"vocab_size"))
 	}
 	_, hasOutput := f.Tensor("output.weight")
 	hp.Tied = !hasOutput

@@ -14,12 +14,13 @@ import (
 )
 
 type convertCmd struct {
-	HFDir   string `arg:"" name:"HF_DIR" type:"existingdir" help:"Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."`
-	Out     string `arg:"" name:"OUT" help:"Output GGUF file."`
-	Type    string `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
-	Name    string `help:"general.name (default: the folder's name)."`
-	NoMTP   bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
-	Verbose bool   `short:"v" help:"Print each tensor as it is written."`
+	HFDir     string `arg:"" name:"HF_DIR" type:"existingdir" help:"Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."`
+	Out       string `arg:"" name:"OUT" help:"Output GGUF file."`
+	Type      string `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
+	Name      string `help:"general.name (default: the folder's name)."`
+	NoMTP     bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
+	Tokenizer string `help:"Tokenizer folder or tokenizer.json to use instead of HF_DIR's (a DFlash draft has none: give its target's to embed one)."`
+	Verbose   bool   `short:"v" help:"Print each tensor as it is written."`
 }
 
 // hfArchs maps config.json model_type to a GGUF architecture.
@@ -38,10 +39,9 @@ func (c *convertCmd) Run(out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	mt := cfg.modelType()
-	arch, ok := hfArchs[mt]
-	if !ok {
-		return fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5)", mt)
+	arch, err := cfg.arch()
+	if err != nil {
+		return err
 	}
 	l, err := layoutFor(arch)
 	if err != nil {
@@ -56,9 +56,11 @@ func (c *convertCmd) Run(out io.Writer) error {
 		return err
 	}
 	defer ck.Close()
-	prefix, err := textPrefix(ck)
-	if err != nil {
-		return err
+	prefix := ""
+	if arch != draftArch { // drafts keep their tensors at the top level
+		if prefix, err = textPrefix(ck); err != nil {
+			return err
+		}
 	}
 	if hp.NextN > 0 {
 		if _, ok := ck.Tensor("mtp.fc.weight"); !ok || c.NoMTP {
@@ -70,18 +72,27 @@ func (c *convertCmd) Run(out io.Writer) error {
 			return fmt.Errorf("checkpoint has no tensor %q and config.json does not tie the embeddings", "lm_head.weight")
 		}
 	}
-	tok, vocab, err := tokenizerFor(c.HFDir, hp.Vocab)
-	if err != nil {
-		return err
+	tokPath := c.Tokenizer
+	if tokPath == "" {
+		if _, err := os.Stat(filepath.Join(c.HFDir, "tokenizer.json")); err == nil || arch != draftArch {
+			tokPath = c.HFDir
+		}
 	}
-	if vocab != hp.Vocab {
-		return fmt.Errorf("tokenizer has %d tokens, config.json vocab_size is %d", vocab, hp.Vocab)
+	var tok map[string]any
+	if tokPath != "" { // a draft without a tokenizer shares its target's
+		var vocab int
+		if tok, vocab, err = tokenizerFor(tokPath, hp.Vocab); err != nil {
+			return err
+		}
+		if vocab != hp.Vocab {
+			return fmt.Errorf("tokenizer has %d tokens, config.json vocab_size is %d", vocab, hp.Vocab)
+		}
 	}
 	if err := l.validate(hp); err != nil {
 		return fmt.Errorf("config.json: %w", err)
 	}
 	plans := l.tensors(hp)
-	if err := checkCheckpoint(ck, prefix, plans, hp); err != nil {
+	if err := checkCheckpoint(ck, prefix, plans, hp, arch == draftArch); err != nil {
 		return err
 	}
 	name := c.Name
@@ -105,6 +116,30 @@ func (c *convertCmd) Run(out io.Writer) error {
 	}
 	fmt.Fprintf(out, "wrote %s: %s, %d tensors, %s\n", c.Out, arch, len(plans), c.Type)
 	return nil
+}
+
+// arch picks the GGUF architecture for a config.json. DFlash drafts say
+// model_type "qwen3" too, so they are recognised by class or dflash_config
+// first.
+func (c hfConfig) arch() (string, error) {
+	var classes []string
+	_ = json.Unmarshal(c.top["architectures"], &classes)
+	for _, cl := range classes {
+		switch cl {
+		case "DFlashDraftModel":
+			return draftArch, nil
+		case "DFlash2DraftModel":
+			return "", fmt.Errorf("config.json: %s (DFlash2 drafts) is not supported yet", cl)
+		}
+	}
+	if _, ok := c.top["dflash_config"]; ok {
+		return draftArch, nil
+	}
+	mt := c.modelType()
+	if arch, ok := hfArchs[mt]; ok {
+		return arch, nil
+	}
+	return "", fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5, DFlash drafts)", mt)
 }
 
 func (r hfRule) fullName(prefix string) string {
@@ -131,7 +166,7 @@ var ignoredPrefixes = []string{"model.visual.", "visual.", "model.vision_tower."
 // checkCheckpoint verifies that every planned tensor is in the checkpoint
 // with the expected shape and a float dtype, and that the checkpoint holds
 // nothing the layout would silently drop (biases, say).
-func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPlan, hp hparams) error {
+func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPlan, hp hparams, draft bool) error {
 	var errs *multierror.Error
 	used := map[string]bool{}
 	for _, p := range plans {
@@ -161,6 +196,12 @@ func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPl
 		}
 		if strings.HasPrefix(n, "mtp.") && hp.NextN > 0 {
 			ignored = false
+		}
+		if draft { // shared with the target, or vocabulary maps the draft does not need
+			switch n {
+			case "embed_tokens.weight", "model.embed_tokens.weight", "lm_head.weight", "d2t", "t2d":
+				ignored = true
+			}
 		}
 		if !ignored {
 			errs = multierror.Append(errs, fmt.Errorf("checkpoint tensor %q has no place in the GGUF layout", n))

@@ -544,3 +544,6 @@ func TestConvertErrors(t *testing.T) {
 		is.True(strings.Contains(err.Error(), `tensor "model.norm.weight" has unsupported dtype I32`))
 	})
 }
+
+// bf16 rounds v as a BF16 checkpoint stores it.
+func bf16(v float32) float32 { return quant.BF16ToF32(quant.F32ToBF16(v)) }

@@ -12,7 +12,7 @@ import (
 )
 
 type mkCmd struct {
-	Arch      string `arg:"" help:"Architecture: qwen3 or qwen35."`
+	Arch      string `arg:"" help:"Architecture: qwen3, qwen35 or dflash-draft."`
 	Out       string `arg:"" help:"Output GGUF file."`
 	Tokenizer string `required:"" help:"Hugging Face tokenizer.json, or the folder holding it (with tokenizer_config.json for the chat template)."`
 
@@ -39,6 +39,13 @@ type mkCmd struct {
 	PartialRotary    float64 `name:"partial-rotary" help:"qwen35: fraction of each head's dims that are rotated (default 0.25)."`
 	MTP              int     `name:"mtp" help:"qwen35: MTP (next-token prediction) layers appended after the trunk (default 0)."`
 
+	TargetLayers  int `name:"target-layers" help:"dflash-draft: how many target layers feed the draft (default: the draft's layer count)."`
+	TargetDepth   int `name:"target-depth" help:"dflash-draft: the target's layer count, which places the captured layers (default 8)."`
+	TargetHidden  int `name:"target-hidden" help:"dflash-draft: the target's hidden size (default: --hidden)."`
+	BlockSize     int `name:"block-size" help:"dflash-draft: tokens per draft block (default 16)."`
+	MaskTokenID   int `name:"mask-token-id" default:"-1" help:"dflash-draft: id of the mask token (default: the last vocabulary id)."`
+	SlidingWindow int `name:"sliding-window" help:"dflash-draft: sliding window of every layer but the last (default 0: all full attention)."`
+
 	Type    string  `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
 	Seed    uint64  `default:"1" help:"Random seed; the same seed and shape give the same file."`
 	Std     float64 `default:"0.02" help:"Standard deviation of the random weights."`
@@ -56,6 +63,9 @@ var presets = map[string]struct {
 	"qwen3-4b":   {"qwen3", hparams{Layers: 36, Hidden: 2560, Heads: 32, KVHeads: 8, HeadDim: 128, FFN: 9728, Vocab: 151936, Context: 40960, RMSEps: 1e-6, RopeTheta: 1e6, Tied: true}},
 	"qwen3-8b":   {"qwen3", hparams{Layers: 36, Hidden: 4096, Heads: 32, KVHeads: 8, HeadDim: 128, FFN: 12288, Vocab: 151936, Context: 40960, RMSEps: 1e-6, RopeTheta: 1e6}},
 	"qwen3-32b":  {"qwen3", hparams{Layers: 64, Hidden: 5120, Heads: 64, KVHeads: 8, HeadDim: 128, FFN: 25600, Vocab: 151936, Context: 40960, RMSEps: 1e-6, RopeTheta: 1e6}},
+	"qwen3.5-27b-dflash": {draftArch, hparams{Layers: 5, Hidden: 5120, Heads: 32, KVHeads: 8, HeadDim: 128, FFN: 17408,
+		Vocab: 248320, Context: 32768, RMSEps: 1e-6, RopeTheta: 1e7, BlockSize: 16, MaskTokenID: 248070,
+		TargetHidden: 5120, TargetLayerIDs: []int32{1, 16, 31, 46, 61}}},
 	"qwen3.5-27b": {"qwen35", hparams{Layers: 64, Hidden: 5120, Heads: 24, KVHeads: 4, HeadDim: 256, FFN: 17408, Vocab: 248320,
 		Context: 262144, RMSEps: 1e-6, RopeTheta: 1e7, FullAttnInterval: 4, LinKHeads: 16, LinVHeads: 48, LinKDim: 128,
 		LinVDim: 128, ConvKernel: 4, RopeDims: 64, RopeSections: []int32{11, 11, 10, 0}}},
@@ -127,6 +137,40 @@ func (c *mkCmd) hparams(l *layout) (hparams, error) {
 	if c.Experts != 0 {
 		return hp, fmt.Errorf("--experts: architecture %s has no experts", l.arch)
 	}
+	if l.arch == draftArch {
+		if c.TargetHidden != 0 || hp.TargetHidden == 0 {
+			hp.TargetHidden = c.TargetHidden
+			if hp.TargetHidden == 0 {
+				hp.TargetHidden = hp.Hidden
+			}
+		}
+		if c.TargetLayers != 0 || c.TargetDepth != 0 || hp.TargetLayerIDs == nil {
+			n, depth := c.TargetLayers, c.TargetDepth
+			if n == 0 {
+				n = hp.Layers
+			}
+			if depth == 0 {
+				depth = 8
+			}
+			if n <= 0 || depth < 4 {
+				return hp, fmt.Errorf("--target-layers (%d) must be positive and --target-depth (%d) at least 4", n, depth)
+			}
+			hp.TargetLayerIDs = targetLayerIDs(depth, n)
+		}
+		set(&hp.BlockSize, c.BlockSize)
+		if c.MaskTokenID >= 0 {
+			hp.MaskTokenID = c.MaskTokenID
+		}
+		if c.SlidingWindow > 0 {
+			hp.SlidingWindow = c.SlidingWindow
+			hp.SlidingLayers = make([]bool, hp.Layers)
+			for i := 0; i < hp.Layers-1; i++ {
+				hp.SlidingLayers[i] = true
+			}
+		}
+	} else if c.TargetLayers != 0 || c.TargetDepth != 0 || c.TargetHidden != 0 || c.BlockSize != 0 || c.MaskTokenID >= 0 || c.SlidingWindow != 0 {
+		return hp, fmt.Errorf("the --target-*, --block-size, --mask-token-id and --sliding-window flags are for dflash-draft models")
+	}
 	return hp, nil
 }
 
@@ -162,6 +206,9 @@ func (c *mkCmd) Run(out io.Writer) error {
 		return err
 	}
 	hp.Vocab = vocab
+	if l.arch == draftArch && hp.MaskTokenID < 0 {
+		hp.MaskTokenID = vocab - 1
+	}
 	if err := l.validate(hp); err != nil {
 		return fmt.Errorf("%s shape: %w", l.arch, err)
 	}
