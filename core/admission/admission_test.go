@@ -231,3 +231,47 @@ func TestTimeoutCancelAndQuiesce(t *testing.T) {
 		is.NoErr(<-waitDone) // idle after the last release
 	})
 }
+
+// TestAdmittedOrderIsArrivalOrder: tickets that reach the queue in any
+// order are served in the order they arrived (NewTicket order).
+func TestAdmittedOrderIsArrivalOrder(t *testing.T) {
+	is := is.New(t)
+	const n = 50
+	c := newController(t, admission.Config{Slots: []int{1}, QueueLimit: n, Retry: time.Hour})
+	is.NoErr(c.Reserve(0)) // busy until the test releases it
+	tickets := make([]*admission.Ticket, n)
+	for i := range tickets {
+		tickets[i] = c.NewTicket([]int{0}, "m")
+	}
+	turns := make(chan int, n)
+	for i, tk := range tickets { // goroutines reach the queue in any order
+		go func() {
+			_, err := c.Acquire(context.Background(), tk)
+			if err == nil && tk.QueuedAt().IsZero() {
+				if c.Reserve(0) == nil {
+					t.Error("slot should be held")
+				}
+				c.Report(tk, []int{0}, nil)
+				_, err = c.Acquire(context.Background(), tk)
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			turns <- i
+		}()
+	}
+	waitQueued(t, c, n)
+	var got []int
+	c.Release(0, true)
+	for len(got) < n {
+		i := <-turns
+		got = append(got, i)
+		is.NoErr(c.Reserve(0))
+		c.Leave(tickets[i])
+		c.Release(0, true)
+	}
+	for i := range got {
+		is.Equal(got[i], i) // served in arrival order
+	}
+}

@@ -142,10 +142,14 @@ func New(cfg Config, models []*Model) *Router {
 	r.adm = adm
 	r.SetPolicy(cfg.PolicyName, cfg.Policy)
 	met.SetQueueLimit(r.cfg.QueueLimit)
+	// Create every series up front so scrapers see zeros, not gaps.
 	for i, m := range models {
 		met.SetSlots(m.Name, 0, slots[i])
 		met.AddWaiting(m.Name, 0)
 		met.AddRunning(m.Name, 0)
+	}
+	if cfg.LoadBalancing && len(models) > 1 {
+		met.AddWaiting(metrics.AnyModel, 0)
 	}
 	met.OnScrape(r.scrape)
 	return r
@@ -176,6 +180,9 @@ func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, erro
 		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusServiceUnavailable, ReasonShuttingDown, admission.ErrShuttingDown, "server is shutting down"))
 	}
 	order, pin, rej := r.plan(ctx, req)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if rej != nil {
 		return nil, r.refuse(metrics.AnyModel, rej)
 	}
@@ -515,6 +522,9 @@ func (r *Router) plan(ctx context.Context, req *sdk.ChatRequest) ([]int, bool, *
 	}
 	dec, err := r.callPolicy(ctx, ref.p, r.snapshot(req))
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, false, nil // the client left; Start reports it
+		}
 		r.met.PolicyError(ref.name)
 		r.log.Warn("routing policy failed; using the block order", "policy", ref.name, "err", err)
 		return r.blockOrder(), false, nil

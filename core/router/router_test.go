@@ -42,6 +42,19 @@ func TestPrimaryServesWhenFree(t *testing.T) {
 	is.Equal(len(evs), 2)
 	is.Equal(evs[0].Text, "hello")
 	is.True(evs[1].Finish != nil)
+	s.Close()
+	is.NoErr(f.r.Wait(bg))
+	for name, want := range map[string]float64{
+		"dflash_time_to_first_token_seconds":   1, // one sample each
+		"dflash_time_per_output_token_seconds": 1,
+		"dflash_queue_wait_seconds":            1,
+		"dflash_prompt_tokens_total":           10,
+		"dflash_generation_tokens_total":       3,
+		"dflash_draft_tokens_accepted_total":   3,
+		"dflash_requests_running":              0,
+	} {
+		is.Equal(metricValue(t, f.met, name, map[string]string{"model": "a"}), want) // per-model series
+	}
 }
 
 func TestSlotFallback(t *testing.T) {
