@@ -9,9 +9,8 @@ import (
 	"math"
 	"strings"
 
-	"github.com/ardanlabs/jinja"
-
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/chat/internal/jinja"
 )
 
 // Template is a compiled chat template. It is safe for concurrent use.
@@ -59,31 +58,27 @@ type RenderOptions struct {
 // Render renders a conversation to prompt text. The variables match what
 // transformers' apply_chat_template passes, so output is byte-identical to it.
 func (t *Template) Render(msgs []sdk.Message, opts RenderOptions) (string, error) {
-	vars := make(map[string]jinja.Value, 8+len(opts.Extra))
+	vars := make(map[string]any, 8+len(opts.Extra))
 	for k, v := range opts.Extra {
 		vars[k] = goValue(v)
 	}
 	if opts.BOSToken != "" {
-		vars["bos_token"] = jinja.NewString(opts.BOSToken)
+		vars["bos_token"] = opts.BOSToken
 	}
 	if opts.EOSToken != "" {
-		vars["eos_token"] = jinja.NewString(opts.EOSToken)
+		vars["eos_token"] = opts.EOSToken
 	}
 	if opts.EnableThinking != nil {
-		vars["enable_thinking"] = jinja.NewBool(*opts.EnableThinking)
+		vars["enable_thinking"] = *opts.EnableThinking
 	}
-	list := make([]jinja.Value, len(msgs))
+	list := make(jinja.List, len(msgs))
 	for i, m := range msgs {
-		v, err := messageValue(m)
-		if err != nil {
-			return "", fmt.Errorf("message %d (%s): %w", i, m.Role, err)
-		}
-		list[i] = v
+		list[i] = messageValue(m)
 	}
-	vars["messages"] = jinja.NewList(list)
-	vars["tools"] = jinja.None()
+	vars["messages"] = list
+	vars["tools"] = nil
 	if len(opts.Tools) > 0 {
-		tools := make([]jinja.Value, len(opts.Tools))
+		tools := make(jinja.List, len(opts.Tools))
 		for i, tl := range opts.Tools {
 			v, err := toolValue(tl)
 			if err != nil {
@@ -91,12 +86,12 @@ func (t *Template) Render(msgs []sdk.Message, opts RenderOptions) (string, error
 			}
 			tools[i] = v
 		}
-		vars["tools"] = jinja.NewList(tools)
+		vars["tools"] = tools
 	}
-	vars["documents"] = jinja.None()
-	vars["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
+	vars["documents"] = nil
+	vars["add_generation_prompt"] = opts.AddGenerationPrompt
 
-	out, err := t.tmpl.RenderValues(vars)
+	out, err := t.tmpl.Render(vars)
 	if err != nil {
 		return "", fmt.Errorf("render chat template: %w", err)
 	}
@@ -106,89 +101,88 @@ func (t *Template) Render(msgs []sdk.Message, opts RenderOptions) (string, error
 // messageValue builds the dict a template reads for one message. The keys
 // and their order mirror to_template_message in
 // test/parity/chat/make_goldens.py.
-func messageValue(m sdk.Message) (jinja.Value, error) {
+func messageValue(m sdk.Message) *jinja.Dict {
 	d := jinja.NewDict()
-	dict := d.AsDict()
-	dict.Set("role", jinja.NewString(m.Role))
-	dict.Set("content", jinja.NewString(m.Content))
+	d.Set("role", m.Role)
+	d.Set("content", m.Content)
 	if m.ReasoningContent != "" {
-		dict.Set("reasoning_content", jinja.NewString(m.ReasoningContent))
+		d.Set("reasoning_content", m.ReasoningContent)
 	}
 	if len(m.ToolCalls) > 0 {
-		calls := make([]jinja.Value, len(m.ToolCalls))
+		calls := make(jinja.List, len(m.ToolCalls))
 		for i, tc := range m.ToolCalls {
 			fn := jinja.NewDict()
-			fn.AsDict().Set("name", jinja.NewString(tc.Name))
-			fn.AsDict().Set("arguments", argumentsValue(tc.Arguments))
+			fn.Set("name", tc.Name)
+			fn.Set("arguments", argumentsValue(tc.Arguments))
 			c := jinja.NewDict()
-			c.AsDict().Set("id", jinja.NewString(tc.ID))
-			c.AsDict().Set("type", jinja.NewString("function"))
-			c.AsDict().Set("function", fn)
+			c.Set("id", tc.ID)
+			c.Set("type", "function")
+			c.Set("function", fn)
 			calls[i] = c
 		}
-		dict.Set("tool_calls", jinja.NewList(calls))
+		d.Set("tool_calls", calls)
 	}
 	if m.ToolCallID != "" {
-		dict.Set("tool_call_id", jinja.NewString(m.ToolCallID))
+		d.Set("tool_call_id", m.ToolCallID)
 	}
 	if m.Name != "" {
-		dict.Set("name", jinja.NewString(m.Name))
+		d.Set("name", m.Name)
 	}
-	return d, nil
+	return d
 }
 
 // argumentsValue gives templates a mapping for a JSON-object argument
 // string, as HF-compatible servers do (templates iterate arguments|items or
 // pipe them through tojson); anything else stays the raw string.
-func argumentsValue(text string) jinja.Value {
+func argumentsValue(text string) any {
 	if strings.TrimSpace(text) == "" {
 		return jinja.NewDict()
 	}
 	v, err := decodeOrdered([]byte(text))
-	if err != nil || !v.IsDict() {
-		return jinja.NewString(text)
+	if d, ok := v.(*jinja.Dict); ok && err == nil {
+		return d
 	}
-	return v
+	return text
 }
 
-func toolValue(t sdk.Tool) (jinja.Value, error) {
+func toolValue(t sdk.Tool) (*jinja.Dict, error) {
 	fn := jinja.NewDict()
-	fn.AsDict().Set("name", jinja.NewString(t.Name))
+	fn.Set("name", t.Name)
 	if t.Description != "" {
-		fn.AsDict().Set("description", jinja.NewString(t.Description))
+		fn.Set("description", t.Description)
 	}
 	if len(bytes.TrimSpace(t.Parameters)) > 0 {
 		p, err := decodeOrdered(t.Parameters)
 		if err != nil {
-			return jinja.Value{}, fmt.Errorf("parameters: %w", err)
+			return nil, fmt.Errorf("parameters: %w", err)
 		}
-		fn.AsDict().Set("parameters", p)
+		fn.Set("parameters", p)
 	}
 	d := jinja.NewDict()
-	d.AsDict().Set("type", jinja.NewString("function"))
-	d.AsDict().Set("function", fn)
+	d.Set("type", "function")
+	d.Set("function", fn)
 	return d, nil
 }
 
 // decodeOrdered decodes JSON keeping object key order and the int/float
 // distinction of Python's json.loads, both of which show in tojson output.
-func decodeOrdered(data []byte) (jinja.Value, error) {
+func decodeOrdered(data []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	v, err := decodeValue(dec)
 	if err != nil {
-		return jinja.Value{}, err
+		return nil, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return jinja.Value{}, errors.New("invalid JSON: data after the value")
+		return nil, errors.New("invalid JSON: data after the value")
 	}
 	return v, nil
 }
 
-func decodeValue(dec *json.Decoder) (jinja.Value, error) {
+func decodeValue(dec *json.Decoder) (any, error) {
 	tok, err := dec.Token()
 	if err != nil {
-		return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
+		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
 	switch x := tok.(type) {
 	case json.Delim:
@@ -198,74 +192,87 @@ func decodeValue(dec *json.Decoder) (jinja.Value, error) {
 			for dec.More() {
 				kt, err := dec.Token()
 				if err != nil {
-					return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
+					return nil, fmt.Errorf("invalid JSON: %w", err)
 				}
 				key, _ := kt.(string)
 				v, err := decodeValue(dec)
 				if err != nil {
-					return jinja.Value{}, err
+					return nil, err
 				}
-				d.AsDict().Set(key, v)
+				d.Set(key, v)
 			}
 			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
+				return nil, fmt.Errorf("invalid JSON: %w", err)
 			}
 			return d, nil
 		case '[':
-			var items []jinja.Value
+			items := jinja.List{}
 			for dec.More() {
 				v, err := decodeValue(dec)
 				if err != nil {
-					return jinja.Value{}, err
+					return nil, err
 				}
 				items = append(items, v)
 			}
 			if _, err := dec.Token(); err != nil {
-				return jinja.Value{}, fmt.Errorf("invalid JSON: %w", err)
+				return nil, fmt.Errorf("invalid JSON: %w", err)
 			}
-			return jinja.NewList(items), nil
+			return items, nil
 		}
-		return jinja.Value{}, fmt.Errorf("invalid JSON: unexpected %v", x)
+		return nil, fmt.Errorf("invalid JSON: unexpected %v", x)
 	case json.Number:
-		return jinja.FromGoValue(x), nil
-	case string:
-		return jinja.NewString(x), nil
-	case bool:
-		return jinja.NewBool(x), nil
-	case nil:
-		return jinja.None(), nil
+		// Python's json.loads: no '.', 'e' or 'E' means int.
+		if !strings.ContainsAny(string(x), ".eE") {
+			if n, err := x.Int64(); err == nil {
+				return n, nil
+			}
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return nil, fmt.Errorf("invalid JSON number %s: %w", x, err)
+		}
+		return f, nil
+	case string, bool, nil:
+		return x, nil
 	}
-	return jinja.Value{}, fmt.Errorf("invalid JSON: unexpected token %v", tok)
+	return nil, fmt.Errorf("invalid JSON: unexpected token %v", tok)
 }
 
 // goValue converts chat_template_kwargs values. encoding/json decodes every
 // number as float64; an integral one becomes an int, as Python would read it.
-func goValue(v any) jinja.Value {
+func goValue(v any) any {
 	switch x := v.(type) {
 	case float64:
 		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
-			return jinja.NewInt(int64(x))
+			return int64(x)
 		}
-		return jinja.NewFloat(x)
+		return x
 	case float32:
 		return goValue(float64(x))
+	case int:
+		return int64(x)
 	case []any:
-		items := make([]jinja.Value, len(x))
+		items := make(jinja.List, len(x))
 		for i, it := range x {
 			items[i] = goValue(it)
 		}
-		return jinja.NewList(items)
+		return items
 	case map[string]any:
-		d := jinja.FromGoValue(map[string]any{}) // empty ordered dict
+		d := jinja.NewDict()
 		for _, k := range sortedKeys(x) {
-			d.AsDict().Set(k, goValue(x[k]))
+			d.Set(k, goValue(x[k]))
 		}
 		return d
+	case json.Number:
+		if v, err := decodeOrdered([]byte(x)); err == nil {
+			return v
+		}
+		return string(x)
 	case json.RawMessage:
 		if val, err := decodeOrdered(x); err == nil {
 			return val
 		}
-		return jinja.NewString(string(x))
+		return string(x)
 	}
-	return jinja.FromGoValue(v)
+	return v
 }

@@ -19,13 +19,11 @@ for e in manifest["templates"]:
         if path is None:
             sys.exit(f"{e['name']}: {s['package']} not installed; run: npm install --prefix {root}/test/chat")
     elif s["kind"] == "gomod":
-        mod_dir = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", s["module"]], cwd=root,
-                                 check=True, capture_output=True, text=True).stdout.strip()
-        if not mod_dir:
-            subprocess.run(["go", "mod", "download", s["module"]], cwd=root, check=True)
-            mod_dir = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", s["module"]], cwd=root,
-                                     check=True, capture_output=True, text=True).stdout.strip()
-        path = Path(mod_dir) / s["file"]
+        # A module that ships templates as test data; go mod download fetches
+        # exactly that version into the module cache.
+        info = subprocess.run(["go", "mod", "download", "-json", f"{s['module']}@{s['version']}"], cwd=root,
+                              check=True, capture_output=True, text=True).stdout
+        path = Path(json.loads(info)["Dir"]) / s["file"]
     else:
         sys.exit(f"{e['name']}: unknown source kind {s['kind']!r}")
     text = path.read_text(encoding="utf-8")

@@ -109,6 +109,7 @@ class Jinja2Renderer:
 
     def __init__(self):
         import jinja2
+        import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
@@ -120,8 +121,17 @@ class Jinja2Renderer:
         def strftime_now(fmt):
             return datetime.now().strftime(fmt)
 
+        class Generation(jinja2.ext.Extension):
+            # transformers' AssistantTracker: {% generation %} renders its body.
+            tags = {"generation"}
+
+            def parse(self, parser):
+                lineno = next(parser.stream).lineno
+                body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+                return jinja2.nodes.Scope(body).set_lineno(lineno)
+
         self.env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", Generation]
         )
         self.env.filters["tojson"] = tojson
         self.env.globals["raise_exception"] = raise_exception
@@ -145,10 +155,12 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="directory for <template>.json goldens")
     ap.add_argument("--templates-dir", default=str(HERE / "templates"), help="where collect_templates.sh put <name>.jinja")
     ap.add_argument("--renderer", choices=["transformers", "jinja2"], default="transformers")
+    ap.add_argument("--manifest", default=str(HERE / "templates.json"), help="templates to render")
+    ap.add_argument("--cases", default=str(HERE / "cases.json"), help="conversations to render")
     args = ap.parse_args()
 
-    manifest = json.loads((HERE / "templates.json").read_text(encoding="utf-8"))
-    suite = json.loads((HERE / "cases.json").read_text(encoding="utf-8"))
+    manifest = json.loads(Path(args.manifest).read_text(encoding="utf-8"))
+    suite = json.loads(Path(args.cases).read_text(encoding="utf-8"))
     renderer = TransformersRenderer() if args.renderer == "transformers" else Jinja2Renderer()
     print(f"renderer: {renderer.name}", file=sys.stderr)
 
