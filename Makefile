@@ -25,7 +25,7 @@ check-tools:
 
 go-build:
 	@mkdir -p $(PLUGINS)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
 	@for p in $(PLUGIN_PKGS); do \
 		if [ -d plugins/$$p ]; then \
 			echo "$(GO) build -o $(PLUGINS)/dflash-$$p ./plugins/$$p" && \
