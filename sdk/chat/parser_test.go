@@ -272,3 +272,20 @@ func TestThinkingOpenAndFamily(t *testing.T) {
 	is.Equal(DetectFamily("llama", ""), FamilyUnknown)
 	is.Equal(DetectFamily("qwen35", "{{ '<tool_call>' }}"), FamilyQwen3) // the template decides
 }
+
+func TestRequestOptions(t *testing.T) {
+	is := is.New(t)
+	off := false
+	req := &sdk.ChatRequest{Tools: testSchemas, Reasoning: sdk.Reasoning{Enabled: &off},
+		TemplateKwargs: map[string]any{"preserve_thinking": true}}
+	ro := RequestRenderOptions(req)
+	is.True(ro.AddGenerationPrompt)
+	is.Equal(len(ro.Tools), 2)
+	is.Equal(*ro.EnableThinking, false)
+	is.Equal(ro.Extra["preserve_thinking"], true)
+	po := RequestParserOptions(req, "<|im_start|>assistant\n<think>\n")
+	is.True(po.ThinkingOpen && po.Tools)
+	req.ToolChoice = "none"
+	is.Equal(len(RequestRenderOptions(req).Tools), 0)
+	is.True(!RequestParserOptions(req, "").Tools)
+}
