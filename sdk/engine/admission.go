@@ -19,12 +19,17 @@ type capacity struct {
 	// runningNeed is the blocks running sequences still need for their
 	// decode headroom beyond what they hold.
 	runningNeed int
+	// reclaimable is the blocks prefix-cache entries hold that admission
+	// may evict; have the blocks the request brings along in the cache
+	// entry it reuses.
+	reclaimable int
+	have        int
 }
 
 func blocksFor(tokens, blockSize int) int { return (tokens + blockSize - 1) / blockSize }
 
 // decide answers admitted / busy / never fits for a request of prompt tokens
-// that may generate maxTokens, and the blocks to promise it when admitted:
+// that may generate maxTokens, and the blocks it must hold when admitted:
 // its prompt plus the first stretch of decode headroom.
 func (c capacity) decide(prompt, maxTokens int) (sdk.Admission, int) {
 	need := prompt + maxTokens
@@ -45,10 +50,10 @@ func (c capacity) decide(prompt, maxTokens int) (sdk.Admission, int) {
 		return adm, 0
 	}
 	promise := blocksFor(prompt+min(c.headroom, maxTokens), c.blockSize)
-	if want := promise + c.runningNeed; want > c.freeBlocks {
+	if want := max(0, promise-c.have) + c.runningNeed; want > c.freeBlocks+c.reclaimable {
 		adm.Outcome = sdk.OutcomeBusy
 		adm.Reason = fmt.Sprintf("not enough free KV: needs %d tokens (prompt %d + decode headroom %d, plus %d for running sequences' headroom), %d free",
-			want*c.blockSize, prompt, min(c.headroom, maxTokens), c.runningNeed*c.blockSize, c.freeBlocks*c.blockSize)
+			want*c.blockSize, prompt, min(c.headroom, maxTokens), c.runningNeed*c.blockSize, (c.freeBlocks+c.reclaimable)*c.blockSize)
 		return adm, 0
 	}
 	adm.Outcome = sdk.OutcomeAdmitted

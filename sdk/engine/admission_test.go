@@ -37,6 +37,12 @@ func TestDecide(t *testing.T) {
 			prompt: 100, maxTok: 100, outcome: sdk.OutcomeAdmitted, promise: 9},
 		{name: "running headroom counts", c: func(c capacity) capacity { c.freeBlocks = 10; c.runningNeed = 2; return c },
 			prompt: 100, maxTok: 100, outcome: sdk.OutcomeBusy},
+		{name: "cache entry brings blocks", c: func(c capacity) capacity { c.freeBlocks = 2; c.have = 7; return c },
+			prompt: 100, maxTok: 100, outcome: sdk.OutcomeAdmitted, promise: 9},
+		{name: "reclaimable cache counts as free", c: func(c capacity) capacity { c.freeBlocks = 4; c.reclaimable = 5; return c },
+			prompt: 100, maxTok: 100, outcome: sdk.OutcomeAdmitted, promise: 9},
+		{name: "reclaimable not enough", c: func(c capacity) capacity { c.freeBlocks = 4; c.reclaimable = 4; return c },
+			prompt: 100, maxTok: 100, outcome: sdk.OutcomeBusy},
 		{name: "running headroom fits", c: func(c capacity) capacity { c.freeBlocks = 11; c.runningNeed = 2; return c },
 			prompt: 100, maxTok: 100, outcome: sdk.OutcomeAdmitted, promise: 9},
 	} {

@@ -17,6 +17,14 @@
 // sequences grow their KV reservation block by block as they decode; one
 // that finds the pool exhausted ends with an error and frees its blocks.
 //
+// An optional prefix cache (Config.PrefixCacheSlots) keeps finished
+// sequences with their KV; a later prompt that starts the same way adopts
+// the longest matching one and prefills only the rest. Models with
+// recurrent state can only go back to a snapshot, taken where the request's
+// generation prompt starts (Request.SnapshotAt), which is what the next
+// turn of a conversation shares. Cached KV counts as free for admission and
+// is evicted, oldest first, when admission or a running sequence needs it.
+//
 // The step loop runs in one goroutine and is the only caller of the Model.
 // It never blocks on a consumer: each request's events go to a bounded
 // per-request outbox drained by Run's own goroutine; a sequence whose outbox

@@ -35,6 +35,12 @@ type Config struct {
 	// EventBuffer is how many events a request's outbox holds before its
 	// sequence is paused for its slow consumer (0: 32).
 	EventBuffer int
+	// PrefixCacheSlots is how many retired sequences are kept with their
+	// KV for later prompts that share their prefix (0: off). Each takes a
+	// model sequence slot besides the MaxConcurrency running ones, and the
+	// Model must be a Rewinder. Cached KV is evicted, oldest first, as
+	// soon as admission or a running sequence needs the blocks.
+	PrefixCacheSlots int
 }
 
 // Limits is the capacity the engine enforces.
@@ -50,6 +56,7 @@ type Limits struct {
 type Engine struct {
 	cfg   Config
 	m     Model
+	rew   Rewinder // nil without a prefix cache
 	vocab Vocab
 	eog   []int32
 	bs    int
@@ -66,6 +73,8 @@ type Engine struct {
 	slots       int
 	seqs        []*sequence // admitted and not retired, admission order
 	incoming    []*sequence
+	cache       []*cacheEntry // prefix cache, oldest first
+	evicted     []*cacheEntry // out of the ledger, sequences not yet freed
 	closing     bool
 	stats       sdk.ModelStats
 
@@ -86,8 +95,18 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MaxCtx <= 0 {
 		return nil, fmt.Errorf("engine: max context %d must be positive", cfg.MaxCtx)
 	}
-	if cfg.MaxConcurrency <= 0 || cfg.MaxConcurrency > m.MaxSeqs() {
-		cfg.MaxConcurrency = m.MaxSeqs()
+	var rew Rewinder
+	if cfg.PrefixCacheSlots > 0 {
+		var ok bool
+		if rew, ok = m.(Rewinder); !ok {
+			return nil, errors.New("engine: the prefix cache needs a model that can rewind sequences")
+		}
+		if m.MaxSeqs() <= cfg.PrefixCacheSlots {
+			return nil, fmt.Errorf("engine: %d prefix cache slots leave none of the model's %d sequence slots to run requests", cfg.PrefixCacheSlots, m.MaxSeqs())
+		}
+	}
+	if run := m.MaxSeqs() - max(0, cfg.PrefixCacheSlots); cfg.MaxConcurrency <= 0 || cfg.MaxConcurrency > run {
+		cfg.MaxConcurrency = run
 	}
 	if cfg.StepTokens <= 0 {
 		cfg.StepTokens = 512
@@ -100,7 +119,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
-		cfg: cfg, m: m, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
+		cfg: cfg, m: m, rew: rew, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
 		ctx: ctx, cancel: cancel, wakeCh: make(chan struct{}, 1), done: make(chan struct{}),
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
 	}
@@ -203,21 +222,38 @@ func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *seque
 	if e.closing {
 		return sdk.Admission{Outcome: sdk.OutcomeBusy, PromptTokens: len(req.Prompt), Reason: "engine is shutting down"}, nil
 	}
-	adm, promise := e.capacityLocked().decide(len(req.Prompt), req.MaxTokens)
+	c := e.capacityLocked()
+	var reuse *cacheEntry
+	cached := 0
+	if e.rew != nil {
+		reuse, cached = e.bestEntryLocked(req.Prompt)
+		c.reclaimable = e.reclaimableLocked(reuse)
+		if reuse != nil {
+			c.have = reuse.held
+		}
+	}
+	adm, promise := c.decide(len(req.Prompt), req.MaxTokens)
 	if adm.Outcome != sdk.OutcomeAdmitted {
 		return adm, nil
 	}
+	extra := promise
+	if reuse != nil {
+		e.cache = slices.DeleteFunc(e.cache, func(x *cacheEntry) bool { return x == reuse })
+		promise = max(promise, reuse.held)
+		extra = promise - reuse.held
+	}
+	e.evictLocked(extra)
 	parser := req.Parser
 	if parser == nil {
 		parser = textParser{}
 	}
 	s := &sequence{
 		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
-		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens,
+		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
 		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed),
 		tAdmit: time.Now(),
 	}
-	e.freeBlocks -= promise
+	e.freeBlocks -= extra
 	e.seqs = append(e.seqs, s)
 	e.stats.PromptTokens += int64(len(req.Prompt))
 	return adm, s
@@ -227,6 +263,11 @@ func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *seque
 func (e *Engine) unadmit(s *sequence) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if c := s.reuse; c != nil {
+		s.reuse = nil
+		s.held -= c.held
+		e.cache = append(e.cache, c)
+	}
 	e.freeBlocks += s.held
 	s.held = 0
 	e.seqs = slices.DeleteFunc(e.seqs, func(x *sequence) bool { return x == s })
@@ -274,6 +315,7 @@ func (e *Engine) send(ctx context.Context, s *sequence, emit sdk.Emitter) error 
 func (e *Engine) loop() {
 	defer close(e.done)
 	for {
+		e.reap()
 		e.mu.Lock()
 		in := e.incoming
 		e.incoming = nil
@@ -291,6 +333,7 @@ func (e *Engine) loop() {
 			for len(e.active) > 0 {
 				e.retire(e.active[0], ErrClosed)
 			}
+			e.dropCache()
 			return
 		}
 		for _, s := range slices.Clone(e.active) {
@@ -312,13 +355,16 @@ func (e *Engine) loop() {
 // startSeq gives an admitted sequence its model slot and the KV the ledger
 // promised it.
 func (e *Engine) startSeq(s *sequence) {
-	id, err := e.m.NewSeq()
-	if err != nil {
-		e.retire(s, fmt.Errorf("allocate sequence: %w", err))
-		return
+	e.reap()
+	if s.reuse == nil || !e.adopt(s) {
+		id, err := e.m.NewSeq()
+		if err != nil {
+			e.retire(s, fmt.Errorf("allocate sequence: %w", err))
+			return
+		}
+		s.id, s.hasID = id, true
 	}
-	s.id, s.hasID = id, true
-	if err := e.m.Reserve(id, s.held*e.bs); err != nil {
+	if err := e.m.Reserve(s.id, s.held*e.bs); err != nil {
 		e.retire(s, fmt.Errorf("reserve %d KV tokens for the prompt: %w", s.held*e.bs, err))
 		return
 	}
@@ -349,6 +395,9 @@ func (e *Engine) schedule() ([]SeqInput, []*sequence) {
 			continue
 		}
 		n := min(len(s.req.Prompt)-s.nPast, budget)
+		if at := e.snapshotAt(s); s.nPast < at {
+			n = min(n, at-s.nPast) // end a forward exactly there
+		}
 		mode := LogitsNone
 		if s.nPast+n == len(s.req.Prompt) {
 			mode = LogitsLast
@@ -383,6 +432,7 @@ func (e *Engine) grow(s *sequence, need int) error {
 	target := max(need, min(s.limit, need+e.cfg.DecodeHeadroom))
 	e.mu.Lock()
 	extra := blocksFor(target, e.bs) - s.held
+	e.evictLocked(extra)
 	if extra > e.freeBlocks {
 		target = need
 		extra = blocksFor(need, e.bs) - s.held
@@ -398,6 +448,7 @@ func (e *Engine) grow(s *sequence, need int) error {
 		s.held += extra
 	}
 	e.mu.Unlock()
+	e.reap()
 	if err := e.m.Reserve(s.id, s.held*e.bs); err != nil {
 		return fmt.Errorf("reserve %d KV tokens: %w", s.held*e.bs, err)
 	}
@@ -424,6 +475,9 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 	for i, in := range batch {
 		s := members[i]
 		s.nPast += len(in.Tokens)
+		if at := e.snapshotAt(s); s.nPast == at && s.snapLen != at && e.rew.Snapshot(s.id) == nil {
+			s.snapLen = s.nPast
+		}
 		switch in.Logits {
 		case LogitsNone:
 			continue
@@ -576,7 +630,7 @@ func (e *Engine) finish(s *sequence, ev sdk.Event, reason sdk.FinishReason, stop
 	}
 	ev.Finish = &sdk.Finish{
 		Reason: reason, StopSequence: stopSeq, Timings: t,
-		Usage: sdk.Usage{PromptTokens: len(s.req.Prompt), CompletionTokens: len(s.generated), ReasoningTokens: s.reasoning},
+		Usage: sdk.Usage{PromptTokens: len(s.req.Prompt), CompletionTokens: len(s.generated), ReasoningTokens: s.reasoning, CachedTokens: s.cached},
 	}
 	s.out.put(ev)
 	e.retire(s, nil)
@@ -592,7 +646,11 @@ func (e *Engine) retire(s *sequence, err error) {
 		return
 	}
 	s.state = stateDone
-	if s.hasID {
+	if c := s.reuse; c != nil { // retired before it adopted its cache entry
+		s.reuse = nil
+		_ = e.m.FreeSeq(c.id)
+	}
+	if s.hasID && !e.keep(s, err) {
 		if ferr := e.m.FreeSeq(s.id); ferr != nil && err == nil {
 			err = fmt.Errorf("free sequence: %w", ferr)
 		}

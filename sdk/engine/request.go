@@ -32,6 +32,12 @@ type Request struct {
 	ReasoningBudget      int
 	HardLimitReplyBudget int
 	CloseReasoning       []int32
+	// SnapshotAt is where in the prompt a model with recurrent state takes
+	// the snapshot the prefix cache can go back to (0: the prompt's end).
+	// Backends set it to the start of the generation prompt, so that the
+	// next turn of the conversation, which renders this prompt's messages
+	// but not its generation prompt, can continue from it.
+	SnapshotAt int
 	// Detokenizer is this request's incremental detokenizer (required).
 	Detokenizer Detokenizer
 	// Parser splits the text; nil makes everything visible text.
@@ -60,6 +66,11 @@ type sequence struct {
 	pos   int // tokens the sequence will hold after its next step
 	limit int // prompt + max tokens
 
+	// reuse is the prefix-cache entry admission gave the request (its
+	// blocks are in held) and cached the prompt tokens it covers.
+	reuse  *cacheEntry
+	cached int
+
 	// Loop-only fields.
 	state      seqState
 	id         SeqID
@@ -74,6 +85,7 @@ type sequence struct {
 	stop       stopMatcher
 	parser     Parser
 	rng        uint64
+	snapLen    int   // length of the snapshot taken at the prompt's end
 	err        error // why it ended with an error
 	tAdmit     time.Time
 	tFirst     time.Time

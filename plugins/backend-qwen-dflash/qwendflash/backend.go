@@ -45,16 +45,17 @@ func New() *Backend { return &Backend{} }
 
 // model is a loaded model block.
 type model struct {
-	cfg    sdk.ModelConfig
-	file   *gguf.File
-	native *native.Model
-	eng    *engine.Engine
-	tok    *tokenizer.Tokenizer
-	tmpl   *chat.Template
-	family chat.Family
-	desc   sdk.ModelDescription
-	bos    string
-	eos    string
+	cfg     sdk.ModelConfig
+	file    *gguf.File
+	native  *native.Model
+	eng     *engine.Engine
+	tok     *tokenizer.Tokenizer
+	tmpl    *chat.Template
+	family  chat.Family
+	desc    sdk.ModelDescription
+	bos     string
+	eos     string
+	imStart int32 // <|im_start|>, -1 if the vocabulary has none
 }
 
 func (b *Backend) loaded() *model {
@@ -169,7 +170,7 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 	}
 	report(sdk.LoadProgress{Stage: "uploading", BytesTotal: total})
 	spec.Options = native.Options{
-		KVPoolTokens: pool, BlockSize: opts.kvBlockSize, MaxSeqs: slots,
+		KVPoolTokens: pool, BlockSize: opts.kvBlockSize, MaxSeqs: slots + opts.prefixSlots,
 		CacheK: opts.cacheK, CacheV: opts.cacheV, Threads: opts.threads,
 	}
 	nm, err := lib.LoadModel(spec)
@@ -183,7 +184,7 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 	}
 	eng, err := engine.New(engine.Config{
 		Model: newNativeModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
-		StepTokens: opts.stepTokens, DecodeHeadroom: opts.decodeHeadroom,
+		StepTokens: opts.stepTokens, DecodeHeadroom: opts.decodeHeadroom, PrefixCacheSlots: opts.prefixSlots,
 	})
 	if err != nil {
 		_ = nm.Close()
@@ -201,6 +202,10 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 			Features:       sdk.Features{Tools: true, Reasoning: true, Logprobs: true},
 			ParameterCount: params, WeightBytes: int64(info.WeightBytes),
 		},
+	}
+	m.imStart = -1
+	if id, ok := tok.Special("<|im_start|>"); ok {
+		m.imStart = id
 	}
 	if id := tok.BOS(); id >= 0 {
 		m.bos = tok.TokenText(id)

@@ -129,11 +129,12 @@ func TestInfoAndOptions(t *testing.T) {
 		want []string // substrings of the error; none = valid
 	}{
 		{"defaults", nil, nil},
-		{"valid", map[string]string{"cache-type-k": "q8_0", "cache-type-v": "bf16", "threads": "2", "fa-window": "0", "prefix-cache-slots": "0"}, nil},
+		{"valid", map[string]string{"cache-type-k": "q8_0", "cache-type-v": "bf16", "threads": "2", "fa-window": "0", "prefix-cache-slots": "4"}, nil},
 		{"draft refused", map[string]string{"draft": "/m/draft.gguf"}, []string{"--draft: DFlash speculative decoding is not implemented"}},
 		{"bad cache type", map[string]string{"cache-type-k": "q4_0"}, []string{`--cache-type-k: "q4_0" is not a KV cache type (want f32, f16, bf16, q8_0)`}},
 		{"fa window", map[string]string{"fa-window": "128"}, []string{"--fa-window: 128 is not supported"}},
-		{"prefix cache", map[string]string{"prefix-cache-slots": "4"}, []string{"--prefix-cache-slots: 4 is not supported"}},
+		{"prefill cache", map[string]string{"prefill-cache-slots": "4"}, []string{"--prefill-cache-slots: 4 is not supported"}},
+		{"prefix cache negative", map[string]string{"prefix-cache-slots": "-1"}, []string{"--prefix-cache-slots: -1 is outside"}},
 		{"draft device alone", map[string]string{"draft-device": "cuda:1"}, []string{"--draft-device: needs --draft"}},
 		{"not a number", map[string]string{"threads": "many"}, []string{`--threads: "many" is not an integer`}},
 		{"unknown", map[string]string{"ds4-fused-decode": "true"}, []string{"--ds4-fused-decode: unknown option"}},
@@ -359,6 +360,61 @@ func TestLoadErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q does not contain %q", err, tc.want)
 			}
+		})
+	}
+}
+
+func TestPrefixCacheOnCPU(t *testing.T) {
+	q3, q35 := tinyModels(t)
+	const sys = "You are a careful assistant. Keep every answer short and exact."
+	for _, tc := range []struct {
+		name, path string
+		nextTurn   bool
+		reused     bool
+	}{
+		// Attention only: any shared prefix is reused.
+		{"qwen3 shared system prompt", q3, false, true},
+		{"qwen3 next turn", q3, true, true},
+		// Recurrent layers: only back to the snapshot taken where the
+		// generation prompt starts.
+		{"qwen35 shared system prompt", q35, false, false},
+		{"qwen35 next turn", q35, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			cfg := blockConfig(t, tc.path)
+			cfg.MaxConcurrency = 1
+			cfg.Options = map[string]string{"threads": "1", "prefix-cache-slots": "2"}
+			b, _, _ := load(t, cfg)
+			msg := func(system, user string) *sdk.ChatRequest {
+				r := chatReq(user, 10)
+				r.Messages = []sdk.Message{{Role: "system", Content: system}, {Role: "user", Content: user}}
+				return r
+			}
+			first := newStream()
+			is.NoErr(b.Start(context.Background(), msg(sys, "Name a colour."), first))
+			second := newStream()
+			req := msg(sys, "What is two plus two?")
+			if tc.nextTurn {
+				req.Messages = append(msg(sys, "Name a colour.").Messages,
+					sdk.Message{Role: "assistant", Content: first.summary().text},
+					sdk.Message{Role: "user", Content: "And another?"})
+			}
+			is.NoErr(b.Start(context.Background(), req, second))
+			r := second.summary()
+			t.Logf("cached %d of %d prompt tokens", r.finish.Usage.CachedTokens, r.finish.Usage.PromptTokens)
+			if tc.reused {
+				is.True(r.finish.Usage.CachedTokens > 10) // the rendered system turn
+			} else {
+				is.Equal(r.finish.Usage.CachedTokens, 0)
+			}
+
+			// Same tokens as without the cache.
+			cfg.Options = map[string]string{"threads": "1"}
+			fresh, _, _ := load(t, cfg)
+			alone := newStream()
+			is.NoErr(fresh.Start(context.Background(), req, alone))
+			is.Equal(r.tokens, alone.summary().tokens)
 		})
 	}
 }

@@ -16,7 +16,10 @@ type nativeModel struct {
 	batch []native.Entry
 }
 
-var _ engine.Model = (*nativeModel)(nil)
+var (
+	_ engine.Model    = (*nativeModel)(nil)
+	_ engine.Rewinder = (*nativeModel)(nil)
+)
 
 func newNativeModel(m *native.Model) *nativeModel { return &nativeModel{m: m, info: m.Info()} }
 
@@ -55,6 +58,15 @@ func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int
 		PenaltyLastN: s.PenaltyLastN,
 	}, history, rng)
 }
+
+func (n *nativeModel) Recurrent() bool { return n.info.RecurrentLayers > 0 }
+
+func (n *nativeModel) Truncate(s engine.SeqID, tokens int) error {
+	return n.m.Truncate(native.Seq(s), tokens)
+}
+
+func (n *nativeModel) Snapshot(s engine.SeqID) error { return n.m.Snapshot(native.Seq(s)) }
+func (n *nativeModel) Rollback(s engine.SeqID) error { return n.m.Rollback(native.Seq(s)) }
 
 // kvErr makes the native "pool full" error match engine.ErrNoKV too.
 func kvErr(err error) error {

@@ -24,7 +24,7 @@ var optionSpecs = []sdk.OptionSpec{
 	{Name: "step-tokens", Kind: sdk.OptionInt, Default: "512", Help: "Most tokens one forward processes: decode tokens first, prefill chunks fill the rest."},
 	{Name: "decode-headroom", Kind: sdk.OptionInt, Default: "64", Help: "KV tokens each sequence reserves ahead, and keeps free for every running sequence at admission."},
 	{Name: "fa-window", Kind: sdk.OptionInt, Default: "0", Help: "Attention window in tokens (0 = full attention; only 0 is supported yet)."},
-	{Name: "prefix-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prompt-prefix KV cache slots (not supported yet: 0)."},
+	{Name: "prefix-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Finished sequences kept with their KV for later prompts that share their prefix (0 = off); their KV is evicted as soon as running requests need it."},
 	{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."},
 	{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF for speculative decoding (not supported yet)."},
 	{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device).", SharedProcessPolicy: true},
@@ -39,6 +39,7 @@ type options struct {
 	threads        int
 	stepTokens     int
 	decodeHeadroom int
+	prefixSlots    int
 }
 
 // parseOptions checks every plugin-owned flag and reports all bad ones at
@@ -92,9 +93,10 @@ func parseOptions(m map[string]string) (options, error) {
 	intOpt("threads", &o.threads, 0, 4096)
 	intOpt("step-tokens", &o.stepTokens, 1, 1<<20)
 	intOpt("decode-headroom", &o.decodeHeadroom, 1, 1<<20)
+	intOpt("prefix-cache-slots", &o.prefixSlots, 0, 1024)
 
 	var unsupported int
-	for _, name := range []string{"fa-window", "prefix-cache-slots", "prefill-cache-slots"} {
+	for _, name := range []string{"fa-window", "prefill-cache-slots"} {
 		intOpt(name, &unsupported, 0, 1<<30)
 		if unsupported != 0 {
 			bad(name, "%d is not supported by this build yet (only 0)", unsupported)

@@ -67,6 +67,7 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	er := &engine.Request{
 		ID: req.ID, Prompt: ids, MaxTokens: maxTok, MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
+		SnapshotAt:           generationStart(ids, m.imStart),
 		ReasoningBudget:      m.reasoningBudget(req),
 		HardLimitReplyBudget: m.cfg.HardLimitReplyBudget,
 		CloseReasoning:       m.tok.Encode(parser.ReasoningCloseTag(), false, true),
@@ -149,4 +150,20 @@ func (m *model) sampling(s sdk.Sampling, thinking bool) (engine.Sampling, error)
 		out.Seed = rand.Uint64()
 	}
 	return out, nil
+}
+
+// generationStart is where the generation prompt (the last
+// "<|im_start|>assistant" header) begins: the next turn of the conversation
+// renders everything before it the same way, so a model with recurrent
+// state snapshots there for the prefix cache. 0 when there is none.
+func generationStart(ids []int32, imStart int32) int {
+	if imStart < 0 {
+		return 0
+	}
+	for i := len(ids) - 1; i > 0; i-- {
+		if ids[i] == imStart {
+			return i
+		}
+	}
+	return 0
 }

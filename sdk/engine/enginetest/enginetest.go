@@ -43,6 +43,9 @@ type FakeModel struct {
 	// BeforeForward, when set, runs at the start of every forward (tests
 	// use it to hold the loop or count steps).
 	BeforeForward func(batch []engine.SeqInput)
+	// RecurrentState makes the model behave like one with recurrent
+	// layers: Truncate fails, only Rollback to a Snapshot goes back.
+	RecurrentState bool
 
 	mu        sync.Mutex
 	blockSize int
@@ -57,9 +60,14 @@ type FakeModel struct {
 type fakeSeq struct {
 	history []int32
 	blocks  int
+	snap    []int32
+	hasSnap bool
 }
 
-var _ engine.Model = (*FakeModel)(nil)
+var (
+	_ engine.Model    = (*FakeModel)(nil)
+	_ engine.Rewinder = (*FakeModel)(nil)
+)
 
 // NewFakeModel returns a fake model with a pool of blocks KV blocks of
 // blockSize tokens and slots sequence slots.
@@ -210,6 +218,49 @@ func runnerUp(fav int32) int32 {
 		return ','
 	}
 	return '.'
+}
+
+func (m *FakeModel) Recurrent() bool { return m.RecurrentState }
+
+func (m *FakeModel) Truncate(id engine.SeqID, tokens int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("truncate unknown sequence %d", id)
+	case m.RecurrentState:
+		return fmt.Errorf("sequence %d: recurrent state cannot be truncated", id)
+	case tokens < 0 || tokens > len(s.history):
+		return fmt.Errorf("sequence %d: truncate to %d of %d tokens", id, tokens, len(s.history))
+	}
+	s.history = s.history[:tokens]
+	if len(s.snap) > tokens {
+		s.hasSnap = false
+	}
+	return nil
+}
+
+func (m *FakeModel) Snapshot(id engine.SeqID) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok {
+		return fmt.Errorf("snapshot unknown sequence %d", id)
+	}
+	s.snap, s.hasSnap = append(s.snap[:0], s.history...), true
+	return nil
+}
+
+func (m *FakeModel) Rollback(id engine.SeqID) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok || !s.hasSnap {
+		return fmt.Errorf("sequence %d has no snapshot", id)
+	}
+	s.history = append(s.history[:0], s.snap...)
+	return nil
 }
 
 // Sample is greedy: the highest logit, lowest id on ties.

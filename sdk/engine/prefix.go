@@ -1,0 +1,190 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+)
+
+// Rewinder is the optional part of a Model the prefix cache needs: going
+// back to a shorter length of a sequence.
+type Rewinder interface {
+	// Recurrent reports whether the model keeps recurrent state, so that a
+	// sequence can go back only to its snapshot, not to any length.
+	Recurrent() bool
+	// Truncate cuts a sequence to tokens (models without recurrent state).
+	Truncate(seq SeqID, tokens int) error
+	// Snapshot saves the sequence's length and state; Rollback restores it.
+	Snapshot(seq SeqID) error
+	Rollback(seq SeqID) error
+}
+
+// minPrefixReuse is the shortest shared prefix worth giving up a cache
+// entry for.
+const minPrefixReuse = 16
+
+// cacheEntry is a retired sequence kept with its KV so a later prompt that
+// starts the same way can continue from it instead of prefilling again.
+// An entry is used by one request (it is adopted, not shared).
+type cacheEntry struct {
+	id      SeqID
+	tokens  []int32 // the tokens in its KV
+	snapLen int     // length of its snapshot (the prompt's end), 0 if none
+	held    int     // KV blocks it holds
+}
+
+// snapshotAt is the prompt position where s takes its snapshot for the
+// prefix cache; 0 when it takes none (no cache, or no recurrent state).
+func (e *Engine) snapshotAt(s *sequence) int {
+	if e.rew == nil || !e.rew.Recurrent() {
+		return 0
+	}
+	if at := s.req.SnapshotAt; at > 0 && at <= len(s.req.Prompt) {
+		return at
+	}
+	return len(s.req.Prompt)
+}
+
+// reuseLen is how much of prompt a request can take over from entry: the
+// shared prefix, at least one prompt token left to prefill; for recurrent
+// models only the whole entry or its snapshot.
+func (e *Engine) reuseLen(entry *cacheEntry, prompt []int32) int {
+	n := 0
+	for n < len(entry.tokens) && n < len(prompt)-1 && entry.tokens[n] == prompt[n] {
+		n++
+	}
+	if e.rew.Recurrent() && n < len(entry.tokens) {
+		if entry.snapLen > 0 && n >= entry.snapLen {
+			return entry.snapLen
+		}
+		return 0
+	}
+	return n
+}
+
+// bestEntryLocked picks the cache entry sharing the longest usable prefix
+// with prompt; e.mu must be held.
+func (e *Engine) bestEntryLocked(prompt []int32) (*cacheEntry, int) {
+	var best *cacheEntry
+	bestLen := 0
+	for _, c := range e.cache {
+		if n := e.reuseLen(c, prompt); n > bestLen {
+			best, bestLen = c, n
+		}
+	}
+	if bestLen < minPrefixReuse {
+		return nil, 0
+	}
+	return best, bestLen
+}
+
+// reclaimableLocked is the blocks held by cache entries other than keep.
+func (e *Engine) reclaimableLocked(keep *cacheEntry) int {
+	n := 0
+	for _, c := range e.cache {
+		if c != keep {
+			n += c.held
+		}
+	}
+	return n
+}
+
+// evictLocked drops cache entries, oldest first, until free has at least
+// want blocks or none is left; their sequences are freed by the loop
+// (reap) before it reserves anything.
+func (e *Engine) evictLocked(want int) {
+	for e.freeBlocks < want && len(e.cache) > 0 {
+		c := e.cache[0]
+		e.cache = e.cache[1:]
+		e.freeBlocks += c.held
+		e.evicted = append(e.evicted, c)
+	}
+}
+
+// reap frees the model sequences of evicted cache entries; loop only.
+func (e *Engine) reap() {
+	e.mu.Lock()
+	ev := e.evicted
+	e.evicted = nil
+	e.mu.Unlock()
+	for _, c := range ev {
+		_ = e.m.FreeSeq(c.id) // already out of the ledger; nothing to undo
+	}
+}
+
+// adopt continues s from its cache entry: the entry's sequence is cut back
+// to the reused prefix. On failure the entry's sequence is freed and s
+// starts empty (its ledger holding already covers a full prefill).
+func (e *Engine) adopt(s *sequence) bool {
+	c := s.reuse
+	s.reuse = nil
+	err := error(nil)
+	switch {
+	case s.cached == len(c.tokens):
+	case e.rew.Recurrent():
+		if s.cached != c.snapLen {
+			err = errors.New("recurrent state can only go back to its snapshot")
+		} else {
+			err = e.rew.Rollback(c.id)
+		}
+	default:
+		err = e.rew.Truncate(c.id, s.cached)
+	}
+	if err != nil {
+		_ = e.m.FreeSeq(c.id)
+		s.cached = 0
+		return false
+	}
+	s.id, s.hasID, s.nPast = c.id, true, s.cached
+	if c.snapLen <= s.cached {
+		s.snapLen = c.snapLen // still the model's snapshot of this sequence
+	}
+	return true
+}
+
+// keep puts a retiring sequence into the cache instead of freeing it, when
+// the cache is on; it reports whether it did. Loop only.
+func (e *Engine) keep(s *sequence, err error) bool {
+	if e.cfg.PrefixCacheSlots <= 0 || !s.hasID || s.nPast < minPrefixReuse || (err != nil && !isCancel(err)) {
+		return false
+	}
+	tokens := slices.Clone(s.req.Prompt[:min(s.nPast, len(s.req.Prompt))])
+	if s.nPast > len(s.req.Prompt) {
+		tokens = append(tokens, s.generated[:s.nPast-len(s.req.Prompt)]...)
+	}
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		return false
+	}
+	c := &cacheEntry{id: s.id, tokens: tokens, snapLen: s.snapLen, held: s.held}
+	s.held = 0 // the entry holds them now
+	e.cache = append(e.cache, c)
+	var drop *cacheEntry
+	if len(e.cache) > e.cfg.PrefixCacheSlots {
+		drop = e.cache[0]
+		e.cache = e.cache[1:]
+		e.freeBlocks += drop.held
+	}
+	e.mu.Unlock()
+	if drop != nil {
+		_ = e.m.FreeSeq(drop.id)
+	}
+	return true
+}
+
+// dropCache frees every cache entry (on Close); loop only.
+func (e *Engine) dropCache() {
+	e.mu.Lock()
+	e.evicted = append(e.evicted, e.cache...)
+	for _, c := range e.cache {
+		e.freeBlocks += c.held
+	}
+	e.cache = nil
+	e.mu.Unlock()
+	e.reap()
+}
+
+func isCancel(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
