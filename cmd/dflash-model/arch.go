@@ -43,6 +43,9 @@ type hparams struct {
 	MaskTokenID    int
 	SlidingWindow  int    // 0: no sliding-window layers
 	SlidingLayers  []bool // per layer: sliding window (true) or full attention
+
+	// deepseek4 (DeepSeek V4): see deepseek4.go
+	DS ds4Params
 }
 
 // initKind says how mk fills a tensor with random values (GGUF
@@ -50,11 +53,13 @@ type hparams struct {
 type initKind int
 
 const (
-	initWeight initKind = iota // uniform, standard deviation --std
-	initNorm                   // 1 ± 0.1
-	initSsmA                   // −U(0.5, 4): decay rates
-	initDtBias                 // 1 ± 0.1
-	initConv                   // uniform, standard deviation 0.2
+	initWeight    initKind = iota // uniform, standard deviation --std
+	initNorm                      // 1 ± 0.1
+	initSsmA                      // −U(0.5, 4): decay rates
+	initDtBias                    // 1 ± 0.1
+	initConv                      // uniform, standard deviation 0.2
+	initSmall                     // uniform, standard deviation 0.1 (biases, sinks, HC scales)
+	initExpertIDs                 // distinct expert ids per row, below tensorPlan.IDs
 )
 
 // tensorPlan is one tensor of a layout: its GGUF name and ggml dims, how mk
@@ -64,6 +69,9 @@ type tensorPlan struct {
 	Dims []uint64 // ggml order, ne0 first
 	Init initKind
 	F32  bool // stays F32 whatever --type says
+	Half bool // at least 16-bit floats: F16 when --type is a quantized type
+	I32  bool // integer table (expert ids), stored as I32
+	IDs  int  // initExpertIDs: ids are below this
 
 	// Conversion from Hugging Face; see hfRule.
 	HF hfRule
@@ -85,10 +93,11 @@ type hfRule struct {
 	// NegExp stores −exp(x) (A_log → ssm_a).
 	NegExp bool
 	// Rows maps an output row (ggml ne1.. index) to its source row; nil
-	// keeps the order.
-	Rows []int
+	// keeps the order. Built only when the tensor is converted (an expert
+	// stack has millions of rows).
+	Rows func() []int
 	// Cols maps an output column (ne0 index) to its source column.
-	Cols []int
+	Cols func() []int
 }
 
 // layout describes one GGUF architecture.

@@ -28,6 +28,7 @@ var hfArchs = map[string]string{
 	"qwen3":        "qwen3",
 	"qwen3_5":      "qwen35",
 	"qwen3_5_text": "qwen35",
+	"deepseek_v4":  "deepseek4",
 }
 
 func (c *convertCmd) Run(out io.Writer) error {
@@ -139,7 +140,7 @@ func (c hfConfig) arch() (string, error) {
 	if arch, ok := hfArchs[mt]; ok {
 		return arch, nil
 	}
-	return "", fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5, DFlash drafts)", mt)
+	return "", fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5, deepseek_v4, DFlash drafts)", mt)
 }
 
 func (r hfRule) fullName(prefix string) string {
@@ -180,9 +181,11 @@ func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPl
 		if fmt.Sprint(t.Shape) != fmt.Sprint(p.HF.Shape) {
 			errs = multierror.Append(errs, fmt.Errorf("tensor %q has shape %v, want %v", name, t.Shape, p.HF.Shape))
 		}
-		switch t.DType {
-		case "F32", "F16", "BF16", "F64":
-		default:
+		switch {
+		case p.I32 && (t.DType == "I64" || t.DType == "I32"):
+		case p.I32:
+			errs = multierror.Append(errs, fmt.Errorf("tensor %q has dtype %s, want an integer table (I64 or I32)", name, t.DType))
+		case !safetensors.IsFloat(t.DType):
 			errs = multierror.Append(errs, fmt.Errorf("tensor %q has unsupported dtype %s (F32, F16, BF16 or F64 needed)", name, t.DType))
 		}
 	}
@@ -216,26 +219,27 @@ func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPl
 func hfRows(t *safetensors.Tensor, p tensorPlan) rowFunc {
 	r := p.HF
 	ne0 := int(p.Dims[0])
+	var rows, cols []int
+	if r.Rows != nil {
+		rows = r.Rows()
+	}
+	if r.Cols != nil {
+		cols = r.Cols()
+	}
 	return func(row int, dst []float32) error {
-		var tmp []float32
-		if r.Cols != nil {
-			tmp = make([]float32, ne0)
-		}
 		src := row
-		if r.Rows != nil {
-			src = r.Rows[row]
+		if rows != nil {
+			src = rows[row]
 		}
 		buf := dst
-		if r.Cols != nil {
-			buf = tmp
+		if cols != nil {
+			buf = make([]float32, ne0)
 		}
 		if err := t.ReadFloat32(int64(src)*int64(ne0), buf); err != nil {
 			return err
 		}
-		if r.Cols != nil {
-			for i, c := range r.Cols {
-				dst[i] = tmp[c]
-			}
+		for i, c := range cols {
+			dst[i] = buf[c]
 		}
 		for i, v := range dst {
 			if r.PlusOne {

@@ -60,10 +60,16 @@ var fallbackType = map[gguf.Type]gguf.Type{
 // stay F32 (as llama.cpp's converter does), the head gets Q6_K in a Q4_K
 // file, and rows that do not divide into blocks fall back to a finer type.
 func chooseType(p tensorPlan, want gguf.Type) gguf.Type {
+	if p.I32 {
+		return gguf.I32
+	}
 	if p.F32 || len(p.Dims) < 2 {
 		return gguf.F32
 	}
 	t := want
+	if p.Half && want.Quantized() {
+		t = gguf.F16
+	}
 	if want == gguf.Q4_K && p.Name == "output.weight" {
 		t = gguf.Q6_K
 	}

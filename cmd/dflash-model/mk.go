@@ -12,23 +12,24 @@ import (
 )
 
 type mkCmd struct {
-	Arch      string `arg:"" help:"Architecture: qwen3, qwen35 or dflash-draft."`
+	Arch      string `arg:"" help:"Architecture: qwen3, qwen35, dflash-draft or deepseek4."`
 	Out       string `arg:"" help:"Output GGUF file."`
 	Tokenizer string `required:"" help:"Hugging Face tokenizer.json, or the folder holding it (with tokenizer_config.json for the chat template)."`
 
 	Preset string `help:"Start from a real model's shape: ${presets}. Shape flags override it." placeholder:"NAME"`
 
-	Layers    int     `help:"Decoder layers (qwen3 default 2, qwen35 default 8)."`
-	Hidden    int     `help:"Hidden size (default 128)."`
-	Heads     int     `help:"Attention heads (default 4)."`
-	KVHeads   int     `name:"kv-heads" help:"Key/value heads (default 2)."`
-	HeadDim   int     `help:"Attention head dimension (default 32)."`
-	FFN       int     `name:"ffn" help:"FFN intermediate size (default 256)."`
-	Experts   int     `help:"Routed experts (MoE architectures only)."`
-	Vocab     int     `help:"Vocabulary size; the tokenizer is padded with unused entries up to it (default: the tokenizer's size)."`
-	Context   int     `help:"Training context length written to the metadata (default 4096)."`
-	RopeTheta float64 `help:"RoPE base (qwen3 default 1e6, qwen35 default 1e7)."`
-	Tied      bool    `help:"Tie the output head to the token embedding (no output.weight)."`
+	Layers      int     `help:"Decoder layers (qwen3 default 2, qwen35 default 8)."`
+	Hidden      int     `help:"Hidden size (default 128)."`
+	Heads       int     `help:"Attention heads (default 4)."`
+	KVHeads     int     `name:"kv-heads" help:"Key/value heads (default 2)."`
+	HeadDim     int     `help:"Attention head dimension (default 32)."`
+	FFN         int     `name:"ffn" help:"FFN intermediate size (default 256; deepseek4: per-expert size, default 32)."`
+	Experts     int     `help:"deepseek4: routed experts (default 8)."`
+	ExpertsUsed int     `name:"experts-used" help:"deepseek4: experts per token (default 2)."`
+	Vocab       int     `help:"Vocabulary size; the tokenizer is padded with unused entries up to it (default: the tokenizer's size)."`
+	Context     int     `help:"Training context length written to the metadata (default 4096)."`
+	RopeTheta   float64 `help:"RoPE base (qwen3 default 1e6, qwen35 default 1e7)."`
+	Tied        bool    `help:"Tie the output head to the token embedding (no output.weight)."`
 
 	LinearKHeads     int     `name:"linear-k-heads" help:"qwen35: Gated DeltaNet key heads (default 2)."`
 	LinearVHeads     int     `name:"linear-v-heads" help:"qwen35: Gated DeltaNet value heads (default 4)."`
@@ -66,6 +67,12 @@ var presets = map[string]struct {
 	"qwen3.5-27b-dflash": {draftArch, hparams{Layers: 5, Hidden: 5120, Heads: 32, KVHeads: 8, HeadDim: 128, FFN: 17408,
 		Vocab: 248320, Context: 32768, RMSEps: 1e-6, RopeTheta: 1e7, BlockSize: 16, MaskTokenID: 248070,
 		TargetHidden: 5120, TargetLayerIDs: []int32{1, 16, 31, 46, 61}}},
+	"deepseek-v4-flash": {ds4Arch, hparams{Layers: 43, Hidden: 4096, Vocab: 129280, Heads: 64, KVHeads: 1, HeadDim: 512,
+		RopeDims: 64, Context: 1048576, RMSEps: 1e-6, RopeTheta: 10000, DS: ds4Params{
+			QLora: 1024, OGroups: 8, OLora: 1024, Experts: 256, ExpertsUsed: 6, Shared: 1, FFN: 2048, HashLayers: 3,
+			Window: 128, IndexHeads: 64, IndexHeadDim: 128, TopK: 512, HC: 4, Sinkhorn: 20, HCEps: 1e-6,
+			SwigluLimit: 10, RoutedScale: 1.5, CompressTheta: 160000, YarnFactor: 16, BetaFast: 32, BetaSlow: 1,
+			YarnOrigCtx: 65536, Kinds: flashKinds(43), CSARatio: 4, HCARatio: 128}}},
 	"qwen3.5-27b": {"qwen35", hparams{Layers: 64, Hidden: 5120, Heads: 24, KVHeads: 4, HeadDim: 256, FFN: 17408, Vocab: 248320,
 		Context: 262144, RMSEps: 1e-6, RopeTheta: 1e7, FullAttnInterval: 4, LinKHeads: 16, LinVHeads: 48, LinKDim: 128,
 		LinVDim: 128, ConvKernel: 4, RopeDims: 64, RopeSections: []int32{11, 11, 10, 0}}},
@@ -131,10 +138,24 @@ func (c *mkCmd) hparams(l *layout) (hparams, error) {
 			hp.RopeDims = dims
 			hp.RopeSections = defaultSections(dims / 2)
 		}
+	} else if l.arch == ds4Arch && c.PartialRotary != 0 {
+		hp.RopeDims = int(float64(hp.HeadDim) * c.PartialRotary)
 	} else if c.PartialRotary != 0 {
 		return hp, fmt.Errorf("--partial-rotary: architecture %s rotates whole heads", l.arch)
 	}
-	if c.Experts != 0 {
+	hp.DS.Kinds = append([]int(nil), hp.DS.Kinds...)
+	if l.arch == ds4Arch {
+		if c.Layers != 0 {
+			hp.DS.Kinds = flashKinds(c.Layers)
+			hp.DS.HashLayers = min(hp.DS.HashLayers, c.Layers)
+		}
+		set(&hp.DS.Experts, c.Experts)
+		set(&hp.DS.ExpertsUsed, c.ExpertsUsed)
+		set(&hp.DS.FFN, c.FFN)
+		if c.HeadDim != 0 && c.PartialRotary == 0 {
+			hp.RopeDims = c.HeadDim / 2
+		}
+	} else if c.Experts != 0 || c.ExpertsUsed != 0 {
 		return hp, fmt.Errorf("--experts: architecture %s has no experts", l.arch)
 	}
 	if l.arch == draftArch {
@@ -257,6 +278,14 @@ func randomRows(p tensorPlan, seed uint64, std float32) rowFunc {
 				dst[i] = 1 + sym(0.1/sqrt3)
 			case initConv:
 				dst[i] = sym(0.2)
+			case initSmall:
+				dst[i] = sym(0.1)
+			}
+		}
+		if p.Init == initExpertIDs { // a random choice of distinct experts
+			perm := r.Perm(p.IDs)
+			for i := range dst {
+				dst[i] = float32(perm[i%len(perm)])
 			}
 		}
 		return nil

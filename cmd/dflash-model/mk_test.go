@@ -232,6 +232,7 @@ func TestPresetShapes(t *testing.T) {
 		{"qwen3-32b", 3 + 64*11, 32.76},
 		{"qwen3.5-27b", 3 + 48*14 + 16*11, 26.9},
 		{"qwen3.5-27b-dflash", 58, 1.73},
+		{"deepseek-v4-flash", 6 + 43*24 + 41*4 + 21*6, 284},
 	}
 	for _, tc := range tests {
 		t.Run(tc.preset, func(t *testing.T) {

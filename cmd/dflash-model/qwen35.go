@@ -157,26 +157,39 @@ func qwen35Tensors(hp hparams) []tensorPlan {
 			attention(blk, hf)
 			continue
 		}
+		// Gated DeltaNet tensors. heads(n, off, size) is rule 5's value-head
+		// reorder for an axis of n entries whose value heads (size entries
+		// each) start at off.
+		heads := func(n, off, size int) func() []int {
+			return func() []int { return vHeadOrder(n, off, size, nk, nv) }
+		}
 		la := func(name string, shape ...int) hfRule { return hf("linear_attn."+name, shape...) }
-		with := func(r hfRule, f func(*hfRule)) hfRule { f(&r); return r }
+		qkv := la("in_proj_qkv.weight", conv, H)
+		qkv.Rows = heads(conv, 2*nk*dk, dv) // only the V rows move
+		z := la("in_proj_z.weight", nv*dv, H)
+		z.Rows = heads(nv*dv, 0, dv)
+		b := la("in_proj_b.weight", nv, H)
+		b.Rows = heads(nv, 0, 1)
+		a := la("in_proj_a.weight", nv, H)
+		a.Rows = heads(nv, 0, 1)
+		cv := la("conv1d.weight", conv, 1, hp.ConvKernel) // [C, 1, K] read as C rows of K
+		cv.Rows = heads(conv, 2*nk*dk, dv)
+		alog := la("A_log", nv)
+		alog.NegExp, alog.Cols = true, heads(nv, 0, 1)
+		dt := la("dt_bias", nv)
+		dt.Cols = heads(nv, 0, 1)
+		out := la("out_proj.weight", H, nv*dv)
+		out.Cols = heads(nv*dv, 0, dv) // its input columns
 		ps = append(ps,
-			tensorPlan{Name: blk("attn_qkv.weight"), Dims: dims(H, conv),
-				HF: with(la("in_proj_qkv.weight", conv, H), func(r *hfRule) { r.Rows = vHeadOrder(conv, 2*nk*dk, dv, nk, nv) })},
-			tensorPlan{Name: blk("attn_gate.weight"), Dims: dims(H, nv*dv),
-				HF: with(la("in_proj_z.weight", nv*dv, H), func(r *hfRule) { r.Rows = vHeadOrder(nv*dv, 0, dv, nk, nv) })},
-			tensorPlan{Name: blk("ssm_beta.weight"), Dims: dims(H, nv),
-				HF: with(la("in_proj_b.weight", nv, H), func(r *hfRule) { r.Rows = vHeadOrder(nv, 0, 1, nk, nv) })},
-			tensorPlan{Name: blk("ssm_alpha.weight"), Dims: dims(H, nv),
-				HF: with(la("in_proj_a.weight", nv, H), func(r *hfRule) { r.Rows = vHeadOrder(nv, 0, 1, nk, nv) })},
-			tensorPlan{Name: blk("ssm_conv1d.weight"), Dims: dims(hp.ConvKernel, conv), Init: initConv, F32: true,
-				HF: with(la("conv1d.weight", conv, 1, hp.ConvKernel), func(r *hfRule) { r.Rows = vHeadOrder(conv, 2*nk*dk, dv, nk, nv) })},
-			tensorPlan{Name: blk("ssm_a"), Dims: dims(nv), Init: initSsmA,
-				HF: with(la("A_log", nv), func(r *hfRule) { r.NegExp, r.Cols = true, vHeadOrder(nv, 0, 1, nk, nv) })},
-			tensorPlan{Name: blk("ssm_dt.bias"), Dims: dims(nv), Init: initDtBias,
-				HF: with(la("dt_bias", nv), func(r *hfRule) { r.Cols = vHeadOrder(nv, 0, 1, nk, nv) })},
-			tensorPlan{Name: blk("ssm_norm.weight"), Dims: dims(dv), Init: initNorm, HF: la("norm.weight", dv)},
-			tensorPlan{Name: blk("ssm_out.weight"), Dims: dims(nv*dv, H),
-				HF: with(la("out_proj.weight", H, nv*dv), func(r *hfRule) { r.Cols = vHeadOrder(nv*dv, 0, dv, nk, nv) })},
+			tensorPlan{Name: blk("attn_qkv.weight"), Dims: dims(H, conv), HF: qkv},
+			tensorPlan{Name: blk("attn_gate.weight"), Dims: dims(H, nv*dv), HF: z},
+			tensorPlan{Name: blk("ssm_beta.weight"), Dims: dims(H, nv), HF: b},
+			tensorPlan{Name: blk("ssm_alpha.weight"), Dims: dims(H, nv), HF: a},
+			tensorPlan{Name: blk("ssm_conv1d.weight"), Dims: dims(hp.ConvKernel, conv), Init: initConv, F32: true, HF: cv},
+			tensorPlan{Name: blk("ssm_a"), Dims: dims(nv), Init: initSsmA, HF: alog},
+			tensorPlan{Name: blk("ssm_dt.bias"), Dims: dims(nv), Init: initDtBias, HF: dt},
+			tensorPlan{Name: blk("ssm_norm.weight"), Dims: dims(dv), Init: initNorm, HF: la("norm.weight", dv)}, // no +1
+			tensorPlan{Name: blk("ssm_out.weight"), Dims: dims(nv*dv, H), HF: out},
 		)
 	}
 	// MTP blocks: a full-attention block plus the nextn projection and

@@ -46,11 +46,12 @@ func (t *Tensor) Elements() int64 {
 func (t *Tensor) Data() []byte { return t.data }
 
 // ReadFloat32 decodes elements [start, start+len(dst)) in row-major order to
-// float32. F32, F16, BF16 and F64 tensors can be decoded.
+// float32. Float tensors (F32, F16, BF16, F64) and integer tables (I64, I32,
+// I16, I8, U8: ids and the like, exact below 2^24) can be decoded.
 func (t *Tensor) ReadFloat32(start int64, dst []float32) error {
-	size, ok := floatSizes[t.DType]
+	size, ok := readSizes[t.DType]
 	if !ok {
-		return fmt.Errorf("tensor %q has dtype %s; only F32, F16, BF16 and F64 can be read as floats", t.Name, t.DType)
+		return fmt.Errorf("tensor %q has dtype %s; only F32, F16, BF16, F64 and integer tensors can be read as floats", t.Name, t.DType)
 	}
 	if start < 0 || start+int64(len(dst)) > t.Elements() {
 		return fmt.Errorf("tensor %q: elements [%d, %d) out of range (%d elements)", t.Name, start, start+int64(len(dst)), t.Elements())
@@ -74,11 +75,42 @@ func (t *Tensor) ReadFloat32(start int64, dst []float32) error {
 		for i := range dst {
 			dst[i] = float32(math.Float64frombits(le.Uint64(b[8*i:])))
 		}
+	case "I64":
+		for i := range dst {
+			dst[i] = float32(int64(le.Uint64(b[8*i:])))
+		}
+	case "I32":
+		for i := range dst {
+			dst[i] = float32(int32(le.Uint32(b[4*i:])))
+		}
+	case "I16":
+		for i := range dst {
+			dst[i] = float32(int16(le.Uint16(b[2*i:])))
+		}
+	case "I8":
+		for i := range dst {
+			dst[i] = float32(int8(b[i]))
+		}
+	case "U8":
+		for i := range dst {
+			dst[i] = float32(b[i])
+		}
 	}
 	return nil
 }
 
-var floatSizes = map[string]int{"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+// floatSizes are the float dtypes; readSizes adds the integer ones
+// ReadFloat32 also decodes.
+var (
+	floatSizes = map[string]int{"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
+	readSizes  = map[string]int{"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
+)
+
+// IsFloat reports whether a dtype holds floating-point values.
+func IsFloat(dtype string) bool {
+	_, ok := floatSizes[dtype]
+	return ok
+}
 
 // Float32 decodes the whole tensor.
 func (t *Tensor) Float32() ([]float32, error) {

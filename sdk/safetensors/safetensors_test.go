@@ -35,7 +35,8 @@ func TestRoundTrip(t *testing.T) {
 		mustFloat(t, "a.f32", "F32", []int64{2, 3}, vals),
 		mustFloat(t, "b.f16", "F16", []int64{6}, vals),
 		mustFloat(t, "c.bf16", "BF16", []int64{3, 1, 2}, vals),
-		{Name: "d.i64", DType: "I64", Shape: []int64{1}, Data: make([]byte, 8)},
+		{Name: "d.i64", DType: "I64", Shape: []int64{2}, Data: []byte{7, 0, 0, 0, 0, 0, 0, 0, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}},
+		{Name: "e.bool", DType: "BOOL", Shape: []int64{1}, Data: []byte{1}},
 	})
 	c, err := Parse(b)
 	if err != nil {
@@ -50,7 +51,8 @@ func TestRoundTrip(t *testing.T) {
 		{"a.f32", []int64{2, 3}, vals, ""},
 		{"b.f16", []int64{6}, vals, ""},
 		{"c.bf16", []int64{3, 1, 2}, vals, ""},
-		{"d.i64", []int64{1}, nil, `tensor "d.i64" has dtype I64; only F32, F16, BF16 and F64 can be read as floats`},
+		{"d.i64", []int64{2}, []float32{7, -2}, ""},
+		{"e.bool", []int64{1}, nil, `tensor "e.bool" has dtype BOOL; only F32, F16, BF16, F64 and integer tensors can be read as floats`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,7 +73,7 @@ func TestRoundTrip(t *testing.T) {
 		})
 	}
 	is := is.New(t)
-	is.Equal(c.Names(), []string{"a.f32", "b.f16", "c.bf16", "d.i64"})
+	is.Equal(c.Names(), []string{"a.f32", "b.f16", "c.bf16", "d.i64", "e.bool"})
 	is.Equal(c.Metadata()["format"], "pt")
 	row := make([]float32, 3)
 	a, _ := c.Tensor("a.f32")

@@ -14,6 +14,7 @@ var quantizers = map[gguf.Type]quantFunc{
 	gguf.F32:  func(x []float32, b []byte) { binary.LittleEndian.PutUint32(b, math.Float32bits(x[0])) },
 	gguf.F16:  func(x []float32, b []byte) { binary.LittleEndian.PutUint16(b, F32ToF16(x[0])) },
 	gguf.BF16: func(x []float32, b []byte) { binary.LittleEndian.PutUint16(b, F32ToBF16(x[0])) },
+	gguf.I32:  nil, // handled in Quantize
 	gguf.Q8_0: quantQ8_0,
 	gguf.Q4_0: quantQ4_0,
 	gguf.Q4_K: quantQ4_K,
@@ -21,13 +22,16 @@ var quantizers = map[gguf.Type]quantFunc{
 }
 
 // CanQuantize reports whether Quantize supports t.
-func CanQuantize(t gguf.Type) bool { return quantizers[t] != nil }
+func CanQuantize(t gguf.Type) bool {
+	_, ok := quantizers[t]
+	return ok
+}
 
 // Quantize encodes src as type t into dst. len(src) must be a multiple of t's
 // block size and dst must hold at least t.RowSize(len(src)) bytes.
 func Quantize(t gguf.Type, src []float32, dst []byte) error {
-	fn := quantizers[t]
-	if fn == nil {
+	fn, ok := quantizers[t]
+	if !ok {
 		return fmt.Errorf("quantizing to %s is not supported", t)
 	}
 	bs, ts := t.BlockSize(), t.TypeSize()
@@ -53,6 +57,11 @@ func Quantize(t gguf.Type, src []float32, dst []byte) error {
 	case gguf.BF16:
 		for i, v := range src {
 			le.PutUint16(dst[2*i:], F32ToBF16(v))
+		}
+		return nil
+	case gguf.I32: // integer tables (ids): values are rounded
+		for i, v := range src {
+			le.PutUint32(dst[4*i:], uint32(int32(math.RoundToEven(float64(v)))))
 		}
 		return nil
 	}
