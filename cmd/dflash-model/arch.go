@@ -238,19 +238,26 @@ func commonFromGGUF(f *gguf.File) (hparams, error) {
 	return hp, errs.ErrorOrNil()
 }
 
-// checkLayout compares a file's tensors with its architecture's plan.
-// Architectures without a layout pass unchecked.
+// checkLayout compares a file's tensors with its architecture's plan:
+// missing tensors and wrong dims are errors; tensors the plan does not know
+// (extras some converters add) are returned as notes. Architectures without
+// a layout pass unchecked.
 func checkLayout(f *gguf.File) error {
+	_, err := checkLayoutNotes(f)
+	return err
+}
+
+func checkLayoutNotes(f *gguf.File) (extra []string, err error) {
 	l, ok := layouts[f.Arch()]
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	hp, err := l.fromGGUF(f)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := l.validate(hp); err != nil {
-		return err
+		return nil, err
 	}
 	var errs *multierror.Error
 	want := map[string]bool{}
@@ -267,10 +274,10 @@ func checkLayout(f *gguf.File) error {
 	}
 	for _, t := range f.Tensors() {
 		if !want[t.Name] {
-			errs = multierror.Append(errs, fmt.Errorf("unexpected tensor %q", t.Name))
+			extra = append(extra, t.Name)
 		}
 	}
-	return errs.ErrorOrNil()
+	return extra, errs.ErrorOrNil()
 }
 
 func equalDims(a, b []uint64) bool {

@@ -106,12 +106,17 @@ func inspect(out io.Writer, path string, f *gguf.File, fullTemplate, listTensors
 	inspectTensors(out, f, listTensors)
 
 	if check {
-		if err := checkLayout(f); err != nil {
+		extra, err := checkLayoutNotes(f)
+		if err != nil {
 			p("\nlayout check: FAILED\n%s\n", indent(err.Error(), "  "))
-			return fmt.Errorf("%s does not match the %s layout", path, f.Arch())
-		}
-		if _, ok := layouts[f.Arch()]; ok {
+		} else if _, ok := layouts[f.Arch()]; ok {
 			p("\nlayout check: ok (%s)\n", f.Arch())
+		}
+		if len(extra) > 0 {
+			p("  %d tensors the %s layout does not use: %s\n", len(extra), f.Arch(), shorten(strings.Join(extra, ", "), 200))
+		}
+		if err != nil {
+			return fmt.Errorf("%s does not match the %s layout", path, f.Arch())
 		}
 	}
 	return nil

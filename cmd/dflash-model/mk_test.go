@@ -307,15 +307,18 @@ func TestInspectLayoutMismatch(t *testing.T) {
 		keep = append(keep, ti)
 		is.NoErr(w.AddTensor(ti.Name, ti.Type, ti.Dims))
 	}
+	is.NoErr(w.AddTensor("rope_freqs.weight", gguf.F32, []uint64{16}))
 	for _, ti := range keep {
 		d, _ := f.TensorData(ti.Name)
 		is.NoErr(w.WriteTensorData(ti.Name, d[:ti.Size]))
 	}
+	is.NoErr(w.WriteTensorData("rope_freqs.weight", make([]byte, 64)))
 	is.NoErr(w.Close())
 	out, err := runCLI(t, "inspect", bad)
 	is.True(err != nil)
 	is.True(strings.Contains(out, `missing tensor "blk.1.ffn_up.weight"`))
 	is.True(strings.Contains(out, `tensor "blk.0.attn_k_norm.weight" has dims [16], want [32]`))
+	is.True(strings.Contains(out, "1 tensors the qwen3 layout does not use: rope_freqs.weight")) // a note, not an error
 	_, err = runCLI(t, "inspect", bad, "--no-check")
 	is.NoErr(err)
 }

@@ -437,3 +437,35 @@ func TestOpenErrors(t *testing.T) {
 	is.True(strings.Contains(err.Error(), p))
 	is.True(strings.Contains(err.Error(), "unsupported GGUF version 7"))
 }
+
+// TestConcurrentReads: a File is read from many goroutines at once (run
+// with -race).
+func TestConcurrentReads(t *testing.T) {
+	f, err := Open("testdata/golden.gguf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	done := make(chan error)
+	for g := 0; g < 8; g++ {
+		go func() {
+			for i := 0; i < 100; i++ {
+				if _, err := f.Strings("tokenizer.ggml.tokens"); err != nil {
+					done <- err
+					return
+				}
+				if _, err := f.TensorData("token_embd.weight"); err != nil {
+					done <- err
+					return
+				}
+				_ = f.Arch()
+			}
+			done <- nil
+		}()
+	}
+	for g := 0; g < 8; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
