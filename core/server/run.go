@@ -79,7 +79,8 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer plugin.CleanupClients()
 
-	s := &Server{cfg: cfg, cat: cat, logger: logger, libDir: libDir, stdout: stdout}
+	s := &Server{cfg: cfg, cat: cat, logger: logger, libDir: libDir, stdout: stdout,
+		progress: newProgressBoard(logger, stderr)}
 	if err := s.serve(); err != nil {
 		fmt.Fprintf(stderr, "dflash_server: error: %s\n", oneLine(err.Error()))
 		return ExitError
@@ -95,6 +96,7 @@ type Server struct {
 	libDir string
 	stdout io.Writer
 
+	progress *progressBoard
 	state    atomic.Value // string: loading, ready, draining
 	handler  atomic.Pointer[http.Handler]
 	backends []*pluginhost.Backend
@@ -268,7 +270,9 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 			return nil
 		})
 	}
-	if err := g.Wait().ErrorOrNil(); err != nil {
+	err = g.Wait().ErrorOrNil()
+	s.progress.done()
+	if err != nil {
 		if !s.cfg.ContinueOnLoadFailure {
 			return nil, nil, flatten(err)
 		}
@@ -332,8 +336,7 @@ func (s *Server) loadBlock(ctx context.Context, b *launch.Block) (*pluginhost.Ba
 		return be, sdk.ModelDescription{}, err
 	}
 	s.logger.Info("loading model", "model", b.Name, "file", b.Path, "device", b.Device, "backend", b.Backend)
-	prog := newProgress(s.logger, b.Name)
-	desc, err := be.Load(ctx, mc, prog.report)
+	desc, err := be.Load(ctx, mc, s.progress.reporter(b.Name))
 	if err != nil {
 		return be, sdk.ModelDescription{}, fmt.Errorf("load: %w", err)
 	}
