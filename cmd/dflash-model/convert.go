@@ -14,13 +14,14 @@ import (
 )
 
 type convertCmd struct {
-	HFDir     string `arg:"" name:"HF_DIR" type:"existingdir" help:"Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."`
-	Out       string `arg:"" name:"OUT" help:"Output GGUF file."`
-	Type      string `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
-	Name      string `help:"general.name (default: the folder's name)."`
-	NoMTP     bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
-	Tokenizer string `help:"Tokenizer folder or tokenizer.json to use instead of HF_DIR's (a DFlash draft has none: give its target's to embed one)."`
-	Verbose   bool   `short:"v" help:"Print each tensor as it is written."`
+	HFDir       string `arg:"" name:"HF_DIR" type:"existingdir" help:"Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)."`
+	Out         string `arg:"" name:"OUT" help:"Output GGUF file."`
+	Type        string `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
+	Name        string `help:"general.name (default: the folder's name)."`
+	NoMTP       bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
+	Tokenizer   string `help:"Tokenizer folder or tokenizer.json to use instead of HF_DIR's (a DFlash draft has none: give its target's to embed one)."`
+	NoTokenizer bool   `help:"Write no tokenizer metadata (weights-only files, e.g. for numeric parity tests of tiny models)."`
+	Verbose     bool   `short:"v" help:"Print each tensor as it is written."`
 }
 
 // hfArchs maps config.json model_type to a GGUF architecture.
@@ -78,6 +79,9 @@ func (c *convertCmd) Run(out io.Writer) error {
 		if _, err := os.Stat(filepath.Join(c.HFDir, "tokenizer.json")); err == nil || arch != draftArch {
 			tokPath = c.HFDir
 		}
+	}
+	if c.NoTokenizer {
+		tokPath = ""
 	}
 	var tok map[string]any
 	if tokPath != "" { // a draft without a tokenizer shares its target's

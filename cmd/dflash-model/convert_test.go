@@ -164,6 +164,13 @@ func TestConvertQwen3(t *testing.T) {
 			}
 			_, hasOutput := f.Tensor("output.weight")
 			is.Equal(hasOutput, !tied)
+
+			bare := filepath.Join(t.TempDir(), "bare.gguf")
+			mustCLI(t, "convert", dir, bare, "--type", "f32", "--no-tokenizer")
+			g := openGGUF(t, bare)
+			_, hasTok := g.Meta("tokenizer.ggml.tokens")
+			is.True(!hasTok)
+			is.NoErr(checkLayout(g)) // the vocabulary comes from token_embd
 		})
 	}
 }
