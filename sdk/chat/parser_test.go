@@ -80,6 +80,9 @@ var parserCases = []parserCase{
 	{name: "qwen3 arguments as a string", fam: FamilyQwen3, opts: ParserOptions{Tools: true},
 		in:   "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>",
 		want: []Piece{start(0, "f"), args(0, `{"a": 1}`)}},
+	{name: "qwen3 parameters instead of arguments", fam: FamilyQwen3, opts: ParserOptions{Tools: true},
+		in:   "<tool_call>\n{\"name\": \"f\", \"parameters\": {\"a\": true}}\n</tool_call>",
+		want: []Piece{start(0, "f"), args(0, `{"a": true}`)}},
 	{name: "qwen3 no arguments", fam: FamilyQwen3, opts: ParserOptions{Tools: true},
 		in:   "<tool_call>\n{\"name\": \"now\"}\n</tool_call>",
 		want: []Piece{start(0, "now"), args(0, `{}`)}},
@@ -288,4 +291,11 @@ func TestRequestOptions(t *testing.T) {
 	req.ToolChoice = "none"
 	is.Equal(len(RequestRenderOptions(req).Tools), 0)
 	is.True(!RequestParserOptions(req, "").Tools)
+}
+
+func TestParserDuplicateArguments(t *testing.T) {
+	is := is.New(t)
+	got := parseChunks(FamilyQwen3, ParserOptions{Tools: true},
+		"<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"arguments\": {\"b\": 2}}</tool_call>")
+	is.Equal(got, []Piece{start(0, "f"), args(0, `{"a": 1}`)})
 }

@@ -310,7 +310,7 @@ func (j *jsonCall) event(ev lexEvent, depth int, consumed bool) {
 		_ = json.Unmarshal(j.raw[j.keyStart:end], &j.key)
 	case ev == evValueStart:
 		j.valStart = j.pos
-		if j.key == "arguments" && j.haveName && j.raw[j.pos] == '{' {
+		if isArgsKey(j.key) && j.haveName && !j.streamed && !j.haveArgs && j.raw[j.pos] == '{' {
 			j.streaming = true
 			j.stream = &jsonStreamer{}
 		}
@@ -319,13 +319,16 @@ func (j *jsonCall) event(ev lexEvent, depth int, consumed bool) {
 		switch j.key {
 		case "name":
 			j.haveName = json.Unmarshal(val, &j.name) == nil
-		case "arguments":
-			if !j.streaming {
+		case "arguments", "parameters":
+			if !j.streaming && !j.haveArgs {
 				j.args, j.haveArgs = append([]byte(nil), val...), true
 			}
 		}
 	}
 }
+
+// isArgsKey: "arguments" is the Qwen form; some models write "parameters".
+func isArgsKey(k string) bool { return k == "arguments" || k == "parameters" }
 
 func (j *jsonCall) step(p *Parser, c *toolCall, final bool) bool {
 	for i := 0; i < len(p.buf); i++ {
