@@ -27,6 +27,8 @@ var dequantizers = map[gguf.Type]dequantFunc{
 	gguf.Q8_0:   dequantQ8_0,
 	gguf.IQ4_NL: dequantIQ4NL,
 	gguf.MXFP4:  dequantMXFP4,
+	gguf.Q2_K:   dequantQ2_K,
+	gguf.Q3_K:   dequantQ3_K,
 	gguf.Q4_K:   dequantQ4_K,
 	gguf.Q5_K:   dequantQ5_K,
 	gguf.Q6_K:   dequantQ6_K,
@@ -161,6 +163,68 @@ func scaleMinK4(j int, s []byte) (sc, m byte) {
 		return s[j] & 63, s[j+4] & 63
 	}
 	return s[j+4]&0x0f | (s[j-4]>>6)<<4, s[j+4]>>4 | (s[j]>>6)<<4
+}
+
+// Q2_K: 16 sub-blocks of 16 with 4-bit scale (low nibble) and min (high
+// nibble); 2-bit codes, four per byte. Each 128-element half reads 32 code
+// bytes at shifts 0, 2, 4, 6, and each shift covers two sub-blocks (code
+// bytes 0..15 and 16..31).
+func dequantQ2_K(b []byte, y []float32) {
+	scales, q, d, dmin := b[0:16], b[16:80], half(b[80:]), half(b[82:])
+	is := 0
+	for n := 0; n < qkK; n += 128 {
+		for j := 0; j < 4; j++ {
+			shift := uint(2 * j)
+			for h := 0; h < 2; h++ {
+				sc := scales[is]
+				is++
+				dl, ml := d*float32(sc&0x0f), dmin*float32(sc>>4)
+				for l := 0; l < 16; l++ {
+					y[n+32*j+16*h+l] = float32(dl*float32((q[16*h+l]>>shift)&3)) - ml
+				}
+			}
+		}
+		q = q[32:]
+	}
+}
+
+// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales (offset 32) packed in
+// 12 bytes; 2 low bits per element as in Q2_K, plus a high bit in hmask
+// (bit clear means subtract 4).
+func dequantQ3_K(b []byte, y []float32) {
+	hm, q, raw, d := b[0:32], b[32:96], b[96:108], half(b[108:])
+	// Unpack the scales: low nibbles from bytes 0..7, high 2 bits from 8..11.
+	var sc [16]int
+	for i := 0; i < 16; i++ {
+		var low byte
+		if i < 8 {
+			low = raw[i] & 0x0f
+		} else {
+			low = raw[i-8] >> 4
+		}
+		high := (raw[8+i%4] >> (2 * uint(i/4))) & 3
+		sc[i] = int(low|high<<4) - 32
+	}
+	is := 0
+	m := byte(1)
+	for n := 0; n < qkK; n += 128 {
+		for j := 0; j < 4; j++ {
+			shift := uint(2 * j)
+			for h := 0; h < 2; h++ {
+				dl := d * float32(sc[is])
+				is++
+				for l := 0; l < 16; l++ {
+					v := int((q[16*h+l] >> shift) & 3)
+					if hm[16*h+l]&m == 0 {
+						v -= 4
+					}
+					y[n+32*j+16*h+l] = dl * float32(v)
+				}
+			}
+			m <<= 1
+		}
+		q = q[32:]
+	}
 }
 
 func dequantQ4_K(b []byte, y []float32) {

@@ -89,6 +89,11 @@ func specBlock(t gguf.Type) []byte {
 		le.PutUint16(b[2:], 0x3400)
 	case gguf.Q6_K:
 		le.PutUint16(b[208:], 0x3800)
+	case gguf.Q2_K:
+		le.PutUint16(b[80:], 0x3800)
+		le.PutUint16(b[82:], 0x3400)
+	case gguf.Q3_K:
+		le.PutUint16(b[108:], 0x3800)
 	}
 	return b
 }
@@ -109,6 +114,13 @@ func TestDequantizeSpecVectors(t *testing.T) {
 			map[int]float32{32: 273, 63: 369, 64: 599.25, 127: 223.5, 128: 205, 200: 335.25, 255: 370.25}, 75188, 9820932},
 		{gguf.Q6_K, []float32{-655.5, 798, 427.5, -399, -769.5, 684, 313.5, -57},
 			map[int]float32{32: -4.5, 63: 150, 64: -944, 127: 1650, 128: -931.5, 200: -525, 255: 366}, -742, -147362},
+		// Q2_K and Q3_K are not in the spec; these values come from ggml's
+		// dequantize_row_q2_K / _q3_K (ggml @ d99724f2) on blocks built the
+		// same way (d = 0.5 at offset 80 / 108, dmin = 0.25 at 82).
+		{gguf.Q2_K, []float32{10.5, 0, 3.5, 7, 10.5, 0, 3.5, 7},
+			map[int]float32{16: 5.5, 17: -0.5, 32: -0.5, 63: 12.75, 64: 3.75, 127: -2.25, 128: 19, 200: 0, 255: 12.25}, 1056, 136634},
+		{gguf.Q3_K, []float32{34.5, -46, 11.5, -23, 34.5, -46, 11.5, -23},
+			map[int]float32{16: -42, 17: 56, 32: -7.5, 63: 14, 64: 27, 127: 0, 128: 9, 200: 21, 255: -31.5}, 84, 22216},
 	}
 	for _, tc := range tests {
 		t.Run(tc.typ.String(), func(t *testing.T) {
@@ -281,5 +293,48 @@ func BenchmarkDequantizeQ4_K(b *testing.B) {
 	b.SetBytes(4096 * 4)
 	for b.Loop() {
 		_ = Dequantize(gguf.Q4_K, q, x)
+	}
+}
+
+// TestQuantizeMatchesGGML compares our quantizers' bytes with ggml's
+// reference quantize_row_*_ref (ggml @ d99724f2, built with gcc, no FMA) on
+// two fixed inputs (values exactly reproducible in C and Go), by FNV-1a hash
+// of the output.
+func TestQuantizeMatchesGGML(t *testing.T) {
+	const n = 4096
+	inputs := [2][]float32{make([]float32, n), make([]float32, n)}
+	for i := 0; i < n; i++ {
+		inputs[0][i] = float32((i*37)%1001-500) / 250
+		inputs[1][i] = float32((i*i*13)%2003-1001) / float32(100+(i%13)*37)
+	}
+	inputs[0][7] = 9 // an outlier
+	fnv := func(b []byte) uint64 {
+		h := uint64(1469598103934665603)
+		for _, c := range b {
+			h ^= uint64(c)
+			h *= 1099511628211
+		}
+		return h
+	}
+	for _, tc := range []struct {
+		typ    gguf.Type
+		hashes [2]uint64
+	}{
+		{gguf.Q8_0, [2]uint64{0x6411785e14ace6c5, 0x1c7c953378b048c4}},
+		{gguf.Q4_0, [2]uint64{0x1790f22c598fc04b, 0x822e741e1e94ef77}},
+		{gguf.Q4_K, [2]uint64{0x76bb754c1a6039aa, 0x830309f95e70da23}},
+		{gguf.Q6_K, [2]uint64{0xf258e491e32a67f3, 0xdf257e9cd7816e86}},
+	} {
+		t.Run(tc.typ.String(), func(t *testing.T) {
+			for k, x := range inputs {
+				q, err := FromFloat32(tc.typ, x)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := fnv(q); got != tc.hashes[k] {
+					t.Errorf("input %d: %s bytes hash %016x, ggml's %016x", k, tc.typ, got, tc.hashes[k])
+				}
+			}
+		})
 	}
 }

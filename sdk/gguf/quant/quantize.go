@@ -192,6 +192,10 @@ func makeQKX2(x, w *[32]float32, nmax int, L, aux *[32]uint8) (scale, theMin flo
 		if cur < best {
 			*L = *aux
 			best, scale, lo = cur, thisScale, thisMin
+			// Later trials measure from the new min, as ggml's do.
+			for i := range x {
+				xd[i] = x[i] - lo
+			}
 		}
 	}
 	return scale, -lo
