@@ -338,3 +338,44 @@ func TestQuantizeMatchesGGML(t *testing.T) {
 		})
 	}
 }
+
+// TestDequantizeMatchesGGML: blocks b[k] = (29k+7) mod 256 with d = 0.5
+// (and m/dmin = 0.25 where the type has one) at the usual offsets; sums
+// from ggml's dequantize_row_* (ggml @ d99724f2).
+func TestDequantizeMatchesGGML(t *testing.T) {
+	for _, tc := range []struct {
+		typ        gguf.Type
+		dpos, mpos int
+		sum, wsum  float64
+	}{
+		{gguf.Q4_1, 0, 2, 130.5, 2132.5},
+		{gguf.Q5_0, 0, -1, -8.5, -51},
+		{gguf.Q5_1, 0, 2, 268.5, 4283.5},
+		{gguf.IQ4_NL, 0, -1, -13, 992},
+		{gguf.MXFP4, -1, -1, 3.76158192263132e-36, 7.2222372914521344e-35},
+		{gguf.Q8_K, -1, -1, -4.4535220624201823e+20, 1.1890903066580028e+23},
+	} {
+		t.Run(tc.typ.String(), func(t *testing.T) {
+			is := is.New(t)
+			b := make([]byte, tc.typ.TypeSize())
+			for k := range b {
+				b[k] = byte((29*k + 7) % 256)
+			}
+			if tc.dpos >= 0 {
+				binary.LittleEndian.PutUint16(b[tc.dpos:], 0x3800)
+			}
+			if tc.mpos >= 0 {
+				binary.LittleEndian.PutUint16(b[tc.mpos:], 0x3400)
+			}
+			y, err := ToFloat32(tc.typ, b)
+			is.NoErr(err)
+			var sum, wsum float64
+			for e, v := range y {
+				sum += float64(v)
+				wsum += float64(v) * float64(e+1)
+			}
+			is.Equal(sum, tc.sum)
+			is.Equal(wsum, tc.wsum)
+		})
+	}
+}
