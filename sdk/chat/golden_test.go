@@ -91,6 +91,8 @@ func loadTemplateSource(t testing.TB, src templateSource) string {
 			t.Skipf("module %s@%s is not available (go mod download %s@%s): %v", src.Module, src.Version, src.Module, src.Version, err)
 		}
 		path = filepath.Join(dir, src.File)
+	case "file": // only for extra local goldens (CHAT_GOLDENS_DIR)
+		path = src.File
 	default:
 		t.Fatalf("unknown template source kind %q", src.Kind)
 	}

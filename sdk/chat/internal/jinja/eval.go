@@ -124,6 +124,22 @@ func (c *ctx) execNode(n node) error {
 		return c.execSet(n)
 	case *macroNode:
 		c.scopes[len(c.scopes)-1][n.name] = &macro{n: n, root: c.scopes[0]}
+	case *filterBlock:
+		saved := c.out
+		c.out = &strings.Builder{}
+		err := c.exec(n.body)
+		body := c.out.String()
+		c.out = saved
+		if err != nil {
+			return err
+		}
+		c.scopes = append(c.scopes, map[string]any{filterBodyVar: body})
+		v, err := c.evalFilter(n.f)
+		c.scopes = c.scopes[:len(c.scopes)-1]
+		if err != nil {
+			return err
+		}
+		c.out.WriteString(pyStr(v))
 	case *breakNode:
 		return errBreak
 	case *continueNode:

@@ -35,6 +35,10 @@ type (
 		defaults []expr
 		body     []node
 	}
+	filterBlock struct {
+		f    *filterExpr // x is unset: the body's output is filtered
+		body []node
+	}
 	breakNode    struct{}
 	continueNode struct{}
 )
@@ -88,6 +92,10 @@ type (
 		x    expr
 	}
 )
+
+// filterBodyVar holds a {% filter %} block's output while its filters run;
+// no template can name it.
+const filterBodyVar = "\x00body"
 
 type parser struct {
 	segs []segment
@@ -193,6 +201,25 @@ func (p *parser) block(word string, s segment) (node, error) {
 		return p.setBlock(rest)
 	case "macro":
 		return p.macroBlock(rest)
+	case "filter":
+		toks, err := tokenize(rest)
+		if err != nil {
+			return nil, err
+		}
+		e := &exprParser{toks: append([]token{{kind: tkOp, s: "|"}}, toks...)}
+		x, err := e.filters(&nameRef{filterBodyVar})
+		if err != nil {
+			return nil, err
+		}
+		f, ok := x.(*filterExpr)
+		if !ok || e.peek().kind != tkEOF {
+			return nil, fmt.Errorf("bad filter block")
+		}
+		body, _, err := p.body("endfilter")
+		if err != nil {
+			return nil, err
+		}
+		return &filterBlock{f: f, body: body}, nil
 	case "break":
 		return &breakNode{}, nil
 	case "continue":

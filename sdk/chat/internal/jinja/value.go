@@ -516,7 +516,7 @@ func contains(container, item any) (bool, error) {
 		_, has := x.m[s]
 		return has, nil
 	case undefined:
-		return false, undefErr(x)
+		return false, nil // Undefined iterates as empty
 	}
 	items, err := iterate(container)
 	if err != nil {
