@@ -211,3 +211,27 @@ func firstDiff(got, want string) string {
 	return fmt.Sprintf("at byte %d (len got %d, want %d)\n--- got\n%q\n--- want\n%q",
 		i, len(got), len(want), got[lo:min(len(got), i+80)], want[lo:min(len(want), i+80)])
 }
+
+// TestGoldenThinkingOpen checks ThinkingOpen on the reference prompts: the
+// Qwen3.5 family pre-opens thinking unless it is disabled, DeepSeek V4 opens
+// it only when enabled, Qwen3 leaves it to the model.
+func TestGoldenThinkingOpen(t *testing.T) {
+	for _, g := range loadGoldens(t) {
+		for _, c := range g.Cases {
+			if c.Expected == nil || !c.AddGenerationPrompt {
+				continue
+			}
+			t.Run(g.Template+"/"+c.Name, func(t *testing.T) {
+				is := is.New(t)
+				var want bool
+				switch g.Family {
+				case "qwen35":
+					want = c.EnableThinking == nil || *c.EnableThinking
+				case "deepseek4":
+					want = c.EnableThinking != nil && *c.EnableThinking
+				}
+				is.Equal(ThinkingOpen(*c.Expected), want)
+			})
+		}
+	}
+}

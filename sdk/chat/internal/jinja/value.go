@@ -58,11 +58,12 @@ type boundMethod struct {
 	name string
 }
 
-// Error kinds, named like Jinja's exceptions.
+// Error kinds, after Jinja's TemplateError (also what raise_exception
+// raises), UndefinedError and Python's TypeError.
 var (
-	ErrTemplate  = errors.New("TemplateError")
-	ErrUndefined = errors.New("UndefinedError")
-	ErrType      = errors.New("TypeError")
+	ErrTemplate  = errors.New("template error")
+	ErrUndefined = errors.New("undefined value")
+	ErrType      = errors.New("type error")
 )
 
 func undefErr(u undefined) error {
