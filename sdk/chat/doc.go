@@ -2,9 +2,11 @@
 // into typed pieces, the two model-specific steps around the engine.
 //
 // Rendering runs the model's own Jinja chat template (tokenizer.chat_template
-// from the GGUF, or a file from the operator) with the variables Hugging Face
-// transformers' apply_chat_template passes, so prompts match the reference
-// byte for byte; testdata/goldens holds outputs rendered by transformers.
+// from the GGUF, or a file from the operator) on the package's own Jinja
+// engine (internal/jinja), which evaluates with Python's semantics, and with
+// the variables Hugging Face transformers' apply_chat_template passes, so
+// prompts match the reference byte for byte; testdata/goldens holds outputs
+// rendered by transformers 5.17 (see test/parity/chat).
 //
 // Parsing is incremental: a Parser takes generated text in arbitrary pieces
 // and returns reasoning text, visible text and tool calls (start, then JSON
