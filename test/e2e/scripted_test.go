@@ -26,7 +26,12 @@ const (
 // two model blocks, with extra options appended to both.
 func twoModels(t *testing.T, extra ...string) []string {
 	t.Helper()
-	dir := t.TempDir()
+	return twoModelsIn(t, t.TempDir(), extra...)
+}
+
+// twoModelsIn is twoModels with the model files in dir.
+func twoModelsIn(t *testing.T, dir string, extra ...string) []string {
+	t.Helper()
 	a := scriptedModel(t, dir, "a")
 	b := scriptedModel(t, dir, "b")
 	blocks := []string{
