@@ -190,8 +190,8 @@ func qwen35Fixture(prefix, modelType string, mtp bool) (map[string]any, []hfTens
 		"num_attention_heads": q35Heads, "num_key_value_heads": q35KV, "head_dim": q35HD,
 		"linear_num_key_heads": q35NK, "linear_num_value_heads": q35NV, "linear_key_head_dim": q35DK,
 		"linear_value_head_dim": q35DV, "linear_conv_kernel_dim": q35K, "vocab_size": 16, "rms_norm_eps": 1e-6,
-		"layer_types":             []string{"linear_attention", "linear_attention", "linear_attention", "full_attention"},
-		"full_attention_interval": 4, "tie_word_embeddings": false, "max_position_embeddings": 1024,
+		"layer_types":         []string{"linear_attention", "linear_attention", "linear_attention", "full_attention"},
+		"tie_word_embeddings": false, "max_position_embeddings": 1024, // no full_attention_interval: transformers does not save it
 		"rope_parameters": map[string]any{"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
 			"mrope_section": []int{1, 1, 0}, "mrope_interleaved": true},
 	}
@@ -512,6 +512,11 @@ func TestConvertErrors(t *testing.T) {
 			delete(cfg, "hidden_size")
 			return ts
 		}, "F32", `config.json: missing "hidden_size"`},
+		{"layer pattern", func(cfg map[string]any, ts []hfTensor) []hfTensor {
+			cfg["model_type"] = "qwen3_5_text"
+			cfg["layer_types"] = []string{"full_attention", "linear_attention"}
+			return ts
+		}, "F32", "layer_types[1] = \"linear_attention\", but full_attention_interval 1 makes it full_attention"},
 		{"rope scaling", func(cfg map[string]any, ts []hfTensor) []hfTensor {
 			cfg["rope_parameters"] = map[string]any{"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}
 			return ts

@@ -289,9 +289,19 @@ func qwen35FromHF(c hfConfig) (hparams, error) {
 	if t := c.ropeString("rope_type"); t != "" && t != "default" {
 		errs = multierror.Append(errs, fmt.Errorf("config.json: rope type %q is not supported yet", t))
 	}
-	// GGUF carries only the interval; a config whose layer_types differ
-	// from the interval rule cannot be represented.
-	if types := c.strings("layer_types"); types != nil && hp.FullAttnInterval > 0 {
+	// transformers saves layer_types, not the interval (it consumes
+	// full_attention_interval); GGUF carries only the interval, so derive
+	// it from the first full-attention layer and check the whole pattern.
+	types := c.strings("layer_types")
+	if _, given := c.raw("full_attention_interval"); !given {
+		for i, t := range types {
+			if t == "full_attention" {
+				hp.FullAttnInterval = i + 1
+				break
+			}
+		}
+	}
+	if types != nil && hp.FullAttnInterval > 0 {
 		if len(types) != hp.Layers {
 			errs = multierror.Append(errs, fmt.Errorf("config.json: layer_types has %d entries for %d layers", len(types), hp.Layers))
 		}
