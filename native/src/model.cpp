@@ -590,10 +590,8 @@ void Model::gdn_layer(const Layer &L, const std::vector<Entry> &ents, const floa
     // gated RMSNorm per value head
     pool_.parallel_for(T, [&](int64_t t, int) {
         for (int j = 0; j < nv; j++) {
-            float *o = core.data() + t * vd + (int64_t)j * dv;
-            const float *zz = z.data() + t * vd + (int64_t)j * dv;
-            rmsnorm(o, L.ssm_norm.data(), o, dv, h.eps);
-            for (int d = 0; d < dv; d++) o[d] *= silu(zz[d]);
+            gated_rmsnorm(core.data() + t * vd + (int64_t)j * dv, z.data() + t * vd + (int64_t)j * dv,
+                          L.ssm_norm.data(), dv, h.eps);
         }
     });
     matmul(pool_, scratch_, L.wout, core.data(), T, out);
@@ -695,11 +693,7 @@ void Model::forward(const dfl_batch &b) {
         });
         matmul(pool_, scratch_, L.ffn_gate, xn.data(), T, g.data());
         matmul(pool_, scratch_, L.ffn_up, xn.data(), T, u.data());
-        pool_.parallel_for(T, [&](int64_t t, int) {
-            float *gr = g.data() + t * h.n_ff;
-            const float *ur = u.data() + t * h.n_ff;
-            for (int64_t i = 0; i < h.n_ff; i++) gr[i] = silu(gr[i]) * ur[i];
-        });
+        pool_.parallel_for(T, [&](int64_t t, int) { swiglu(g.data() + t * h.n_ff, u.data() + t * h.n_ff, h.n_ff); });
         matmul(pool_, scratch_, L.ffn_down, g.data(), T, mix.data());
         pool_.parallel_for(T, [&](int64_t t, int) {
             float *xr = x.data() + t * H;

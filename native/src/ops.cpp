@@ -7,9 +7,11 @@ namespace dfl {
 
 void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row(r), out, W.n_in); }
 
-// Rows of W are split into tasks of rb rows; a task dequantizes its rows once and reuses them for every token, in
-// token blocks of kTokBlock so the activations stay in cache.
+// Rows of W are split into tasks of rb rows. Few tokens: each dot dequantizes on the fly (the weights stream once).
+// More tokens: a task dequantizes its rows once and reuses them for every token, in token blocks of kTokBlock so the
+// activations stay in cache. Both paths give bitwise the same result (see dot_row).
 static constexpr int64_t kTokBlock = 32;
+static constexpr int64_t kFusedMaxTokens = 3;
 
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t n_in = W.n_in, n_out = W.n_out;
@@ -18,6 +20,16 @@ void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X,
     const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(per_thread, 4) * 4));
     const int64_t n_tasks = ceil_div(n_out, rb);
     const bool direct = W.type == DFL_TYPE_F32;
+    if (!direct && T <= kFusedMaxTokens) {
+        pool.parallel_for(n_tasks, [&](int64_t task, int) {
+            const int64_t r0 = task * rb, r1 = std::min(n_out, r0 + rb);
+            for (int64_t r = r0; r < r1; r++) {
+                const uint8_t *row = W.row(r);
+                for (int64_t t = 0; t < T; t++) Y[t * n_out + r] = dot_row(W.type, row, X + t * n_in, n_in);
+            }
+        });
+        return;
+    }
     pool.parallel_for(n_tasks, [&](int64_t task, int th) {
         const int64_t r0 = task * rb, r1 = std::min(n_out, r0 + rb);
         const float *rows;
@@ -67,6 +79,15 @@ void l2norm(float *x, int64_t n, float eps) {
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     const float r = (float)(1.0 / std::sqrt(ss + (double)eps));
     for (int64_t i = 0; i < n; i++) x[i] *= r;
+}
+
+void swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = silu(g[i]) * u[i];
+}
+
+void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
+    rmsnorm(x, w, x, n, eps);
+    for (int64_t i = 0; i < n; i++) x[i] *= silu(z[i]);
 }
 
 std::vector<float> rope_inv_freq(float theta, int rope_dim) {

@@ -50,6 +50,12 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // PyTorch softplus (beta 1, threshold 20).
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
+// SwiGLU in place: g[i] = silu(g[i]) * u[i].
+void swiglu(float *g, const float *u, int64_t n);
+
+// The Gated DeltaNet output norm: x = rmsnorm(x) * w * silu(z) (weight without the +1, as in HF and GGUF).
+void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps);
+
 // inv_freq[i] = theta^(-2i/rope_dim), i < rope_dim/2, rounded to f32 as HF does.
 std::vector<float> rope_inv_freq(float theta, int rope_dim);
 

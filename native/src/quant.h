@@ -54,5 +54,9 @@ void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 float dot_f32(const float *a, const float *b, int64_t n);
 // out[r] = dot(w + r*n, x) for r in 0..3
 void dot4_f32(const float *w, const float *x, int64_t n, float *out);
+// dot(row of `type`, x) over n elements, dequantizing on the fly; bitwise equal to dot_f32(dequant_row(row), x).
+float dot_row(uint32_t type, const void *row, const float *x, int64_t n);
+// Tests only: use the portable kernels even where AVX2 is available.
+void force_generic_kernels(bool on);
 
 }  // namespace dfl

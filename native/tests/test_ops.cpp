@@ -435,3 +435,31 @@ TEST(sample_distribution_and_filters) {
     f = freq(t, 4);
     CHECK_CLOSE(f[3], 16.0 / 30, 0.01);
 }
+
+TEST(swiglu_gated_norm_and_gates) {
+    Rng rng(41);
+    const int n = 48;
+    std::vector<float> g((size_t)n), u((size_t)n), x((size_t)n), z((size_t)n), w((size_t)n);
+    for (int i = 0; i < n; i++) {
+        g[(size_t)i] = rng.sym(6);
+        u[(size_t)i] = rng.sym(2);
+        x[(size_t)i] = rng.sym(3);
+        z[(size_t)i] = rng.sym(5);
+        w[(size_t)i] = 1 + rng.sym(0.2f);
+    }
+    auto dsilu = [](double v) { return v / (1 + std::exp(-v)); };
+    std::vector<float> s = g;
+    swiglu(s.data(), u.data(), n);
+    for (int i = 0; i < n; i++) CHECK_CLOSE(s[(size_t)i], dsilu(g[(size_t)i]) * u[(size_t)i], 1e-6 * 12);
+    double ss = 0;
+    for (float v : x) ss += (double)v * v;
+    const double r = 1 / std::sqrt(ss / n + 1e-6);
+    std::vector<float> y = x;
+    gated_rmsnorm(y.data(), z.data(), w.data(), n, 1e-6f);
+    for (int i = 0; i < n; i++)
+        CHECK_CLOSE(y[(size_t)i], x[(size_t)i] * r * w[(size_t)i] * dsilu(z[(size_t)i]), 1e-6 * 20);
+    for (double v : {-30.0, -3.0, 0.0, 0.5, 19.0, 25.0}) {
+        CHECK_CLOSE(sigmoid((float)v), 1 / (1 + std::exp(-v)), 1e-7);
+        CHECK_CLOSE(softplus((float)v), v > 20 ? v : std::log1p(std::exp(v)), 1e-6 * std::max(1.0, std::fabs(v)));
+    }
+}

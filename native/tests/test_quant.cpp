@@ -182,3 +182,55 @@ TEST(dot_kernels) {
         }
     }
 }
+
+TEST(dot_row_is_dequant_then_dot_bitwise) {
+    for (bool generic : {false, true}) {
+    force_generic_kernels(generic);
+    Rng rng(12);
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        const int qb = type_block(type);
+        for (int64_t n : {256, 512, 1024 + 256}) {
+            const int64_t m = qb == 1 ? n + 7 : n;  // float rows may end mid-vector
+            std::vector<uint8_t> raw(row_bytes(type, m));
+            for (auto &b : raw) b = (uint8_t)rng.next();
+            if (type == DFL_TYPE_F16 || type == DFL_TYPE_BF16 || type == DFL_TYPE_F32) {
+                std::vector<float> f((size_t)m);
+                for (auto &v : f) v = rng.sym();
+                quantize_row(type, f.data(), raw.data(), m);
+            } else {
+                const int bb = type_block_bytes(type);
+                for (size_t off = 0; off < raw.size(); off += (size_t)bb) {
+                    const uint16_t d = f32_to_f16((float)(0.001 + rng.uniform() * 0.01));
+                    std::memcpy(raw.data() + off + (type == DFL_TYPE_Q6_K ? 208 : 0), &d, 2);
+                    if (type == DFL_TYPE_Q4_K) std::memcpy(raw.data() + off + 2, &d, 2);
+                }
+            }
+            std::vector<float> x((size_t)m), w((size_t)m);
+            for (auto &v : x) v = rng.sym();
+            dequant_row(type, raw.data(), w.data(), m);
+            const float want = dot_f32(w.data(), x.data(), m);
+            const float got = dot_row(type, raw.data(), x.data(), m);
+            if (got != want) std::printf("  %s n=%lld: %.9g vs %.9g\n", type_name(type), (long long)m, got, want);
+            CHECK(got == want);
+        }
+    }
+    }
+    force_generic_kernels(false);
+}
+
+TEST(dequant_paths_agree_bitwise) {
+    Rng rng(31);
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        const int64_t n = 1024;
+        std::vector<uint8_t> raw(row_bytes(type, n));
+        for (auto &b : raw) b = (uint8_t)rng.next();
+        if (type == DFL_TYPE_F16)
+            for (size_t i = 0; i < raw.size(); i += 2) raw[i + 1] &= 0x3F;  // finite halves
+        std::vector<float> a((size_t)n), b((size_t)n);
+        force_generic_kernels(true);
+        dequant_row(type, raw.data(), a.data(), n);
+        force_generic_kernels(false);
+        dequant_row(type, raw.data(), b.data(), n);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    }
+}
