@@ -269,17 +269,17 @@ func TestWaiters(t *testing.T) {
 		holdRun.all()
 		_, _ = drain(bg, hold)
 		hold.Close()
-		for i := range ids {
+		for i, id := range ids {
 			o := <-chans[i]
 			is.NoErr(o.err)
-			a.next(t).all()
+			a.runOf(t, id).all()
 			_, _ = drain(bg, o.s)
 			o.s.Close()
 		}
 		o := <-small
 		is.NoErr(o.err)
 		o.s.Close()
-		a.next(t).all()
+		a.runOf(t, "small").all()
 		is.Equal(a.admittedIDs(), []string{"hold", "w1", "w2", "w3", "small"}) // arrival order
 	})
 	t.Run("retry sees engine-side capacity", func(t *testing.T) {

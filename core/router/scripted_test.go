@@ -34,8 +34,9 @@ type scriptedBackend struct {
 	invalid  string
 	// auto: admitted requests finish at once; otherwise each is handed to
 	// the test on runs and waits for its gates.
-	auto bool
-	runs chan *scriptedRun
+	auto  bool
+	runs  chan *scriptedRun
+	stash []*scriptedRun // runs taken off runs while looking for another
 }
 
 func newScripted(name string, slots, kv int) *scriptedBackend {
@@ -195,6 +196,27 @@ func (b *scriptedBackend) next(t *testing.T) *scriptedRun {
 	}
 }
 
+// runOf returns the run of the admitted request id; runs of other
+// requests that arrive first are kept for later calls.
+func (b *scriptedBackend) runOf(t *testing.T, id string) *scriptedRun {
+	t.Helper()
+	for {
+		b.mu.Lock()
+		for i, r := range b.stash {
+			if r.id == id {
+				b.stash = append(b.stash[:i], b.stash[i+1:]...)
+				b.mu.Unlock()
+				return r
+			}
+		}
+		b.mu.Unlock()
+		r := b.next(t)
+		b.mu.Lock()
+		b.stash = append(b.stash, r)
+		b.mu.Unlock()
+	}
+}
+
 var _ sdk.Backend = (*scriptedBackend)(nil)
 
 // fixture is a router over scripted backends.
@@ -220,6 +242,11 @@ func newFixture(t *testing.T, cfg router.Config, backends ...*scriptedBackend) *
 	f := &fixture{r: router.New(cfg, models), met: cfg.Metrics, b: backends}
 	t.Cleanup(func() {
 		for _, b := range backends {
+			b.mu.Lock()
+			for _, run := range b.stash {
+				run.all()
+			}
+			b.mu.Unlock()
 			for {
 				select {
 				case run := <-b.runs:

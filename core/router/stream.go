@@ -103,10 +103,12 @@ func (s *Stream) unref() {
 	}
 	s.cancel()
 	served := s.served.Load()
-	s.r.adm.Release(s.m, served)
 	if served {
+		// Before the release, so that Wait returning means the gauge is
+		// settled too.
 		s.r.met.AddRunning(s.name, -1)
 	}
+	s.r.adm.Release(s.m, served)
 }
 
 // Model is the name of the model that admitted the request.
