@@ -606,6 +606,10 @@ func (r *Router) snapshot(req *sdk.ChatRequest) sdk.Snapshot {
 	return snap
 }
 
+// Wake makes waiting requests retry now instead of at the next periodic
+// retry; the server calls it when a backend becomes ready again.
+func (r *Router) Wake() { r.adm.Retry() }
+
 // Quiesce starts the drain: new requests and every waiter get 503
 // shutting_down; streams already admitted go on.
 func (r *Router) Quiesce() { r.adm.Quiesce() }

@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/matryer/is"
 
@@ -589,6 +591,25 @@ func TestBackendRefusals(t *testing.T) {
 			is.Equal(r.Models()[0].Restarts, 3)
 		})
 	}
+	t.Run("waits for a restarting model and wakes when it is ready", func(t *testing.T) {
+		is := is.New(t)
+		a := newScripted("a", 1, 1000)
+		var state atomic.Value
+		state.Store(router.StateRestarting)
+		cfg := balanced()
+		cfg.Retry = time.Hour
+		r := router.New(cfg, []*router.Model{{Name: "a", Backend: a, Desc: a.desc(),
+			Health: func() (string, int) { return state.Load().(string), 1 }}})
+		ch := make(chan outcome, 1)
+		go func() { s, err := r.Start(bg, chat("r", 1, 1)); ch <- outcome{s, err} }()
+		waitUntil(t, "request queued", func() bool { return r.Status().Waiting == 1 })
+		state.Store(router.StateReady)
+		r.Wake()
+		o := <-ch
+		is.NoErr(o.err) // served once the backend is back
+		o.s.Close()
+		a.next(t).all()
+	})
 	t.Run("only failed models: 503", func(t *testing.T) {
 		is := is.New(t)
 		a := newScripted("a", 1, 1000)
