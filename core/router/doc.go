@@ -15,7 +15,10 @@
 //   - busy: the reservation is given back and the next candidate is tried.
 //   - never fits: the model is dropped for this request; when no candidate
 //     is left the request gets a 400 naming the tokens needed and each
-//     model's limit.
+//     model's limit. Before a request first waits, the models whose backend
+//     has not judged it yet are checked with Backend.CountTokens against
+//     their context and KV pool, so a request that can never fit gets its
+//     400 at once, never a queue_full 503 or a wait.
 //   - invalid: 400 invalid_request, no fallback (the request is wrong).
 //   - Start fails before its admission: when the model's Health says
 //     restarting or loading, or the error is sdk.ErrUnavailable (the plugin
