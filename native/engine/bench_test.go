@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/dflash/dflash_server/sdk/gguf"
@@ -22,31 +23,56 @@ func benchQwen35Config(wt gguf.Type) config {
 		theta: 1e7, ropeDim: 64, nk: 8, nv: 16, dk: 128, dv: 128, convK: 4, weight: wt, seed: 12}
 }
 
-func benchThreads() int {
-	if s := os.Getenv("DFLASH_BENCH_THREADS"); s != "" {
-		if n, err := strconv.Atoi(s); err == nil {
-			return n
+// benchThreads lists the thread counts to measure: $DFLASH_BENCH_THREADS ("1,8,16"), else every core.
+func benchThreads() []int {
+	var out []int
+	for _, f := range strings.Split(os.Getenv("DFLASH_BENCH_THREADS"), ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			out = append(out, n)
 		}
 	}
-	return runtime.NumCPU()
+	if len(out) == 0 {
+		out = []int{runtime.NumCPU()}
+	}
+	return out
 }
 
-var benchModels = map[string]*Model{}
+var (
+	benchSpecs  = map[string]ModelSpec{}
+	benchModels = map[string]*Model{}
+)
 
-func benchModel(b *testing.B, c config) *Model {
+// benchModel loads c with the given thread count; the random weights are made once per process.
+func benchModel(b *testing.B, c config, threads int) *Model {
 	key := fmt.Sprintf("%s/%v", c.arch, c.weight)
-	if m := benchModels[key]; m != nil {
+	mkey := fmt.Sprintf("%s/t%d", key, threads)
+	if m := benchModels[mkey]; m != nil {
 		return m
 	}
-	lib := openCPU(b)
-	spec := randomSpec(b, c)
-	spec.Options = Options{KVPoolTokens: 4096, MaxSeqs: 8, CacheK: CacheF16, CacheV: CacheF16, Threads: benchThreads()}
-	m, err := lib.LoadModel(spec)
+	spec, ok := benchSpecs[key]
+	if !ok {
+		spec = randomSpec(b, c)
+		benchSpecs[key] = spec
+	}
+	spec.Options = Options{KVPoolTokens: 4096, MaxSeqs: 8, CacheK: CacheF16, CacheV: CacheF16, Threads: threads}
+	m, err := openCPU(b).LoadModel(spec)
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchModels[key] = m // kept for the process: loading is the slow part
+	benchModels[mkey] = m // kept for the process
 	return m
+}
+
+// forEach runs fn as a sub-benchmark per architecture, weight type and thread count.
+func forEach(b *testing.B, archs []func(gguf.Type) config, fn func(b *testing.B, c config, m *Model)) {
+	for _, mk := range archs {
+		for _, wt := range benchTypes() {
+			c := mk(wt)
+			for _, th := range benchThreads() {
+				b.Run(fmt.Sprintf("%s/%v/t%d", c.arch, wt, th), func(b *testing.B) { fn(b, c, benchModel(b, c, th)) })
+			}
+		}
+	}
 }
 
 func benchTypes() []gguf.Type { return []gguf.Type{gguf.F16, gguf.Q8_0, gguf.Q4_K} }
@@ -54,102 +80,83 @@ func benchTypes() []gguf.Type { return []gguf.Type{gguf.F16, gguf.Q8_0, gguf.Q4_
 // BenchmarkDecode: one sequence, one token per forward (after a 64-token prompt); reports tokens/s and the weight
 // bytes streamed per second.
 func BenchmarkDecode(b *testing.B) {
-	for _, mk := range []func(gguf.Type) config{benchConfig, benchQwen35Config} {
-		for _, wt := range benchTypes() {
-			c := mk(wt)
-			b.Run(c.arch+"/"+wt.String(), func(b *testing.B) {
-				m := benchModel(b, c)
-				s, err := m.NewSeq()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer m.FreeSeq(s)
-				rng := rand.New(rand.NewPCG(1, 1))
-				if _, err := m.Forward(one(s, randomTokens(rng, 64, c.vocab), LogitsLast)); err != nil {
-					b.Fatal(err)
-				}
-				tok := []int32{1}
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					if n, _ := m.SeqLen(s); n >= 4000 {
-						_ = m.Truncate(s, 64) // qwen3 only ever gets here; keeps the context comparable
-					}
-					r, err := m.Forward(one(s, tok, LogitsLast))
-					if err != nil {
-						b.Fatal(err)
-					}
-					tok[0] = argmax(r.Row(0, 0))
-				}
-				sec := b.Elapsed().Seconds()
-				b.ReportMetric(float64(b.N)/sec, "tok/s")
-				b.ReportMetric(float64(m.Info().WeightBytes)*float64(b.N)/sec/1e9, "weightGB/s")
-			})
+	forEach(b, []func(gguf.Type) config{benchConfig, benchQwen35Config}, func(b *testing.B, c config, m *Model) {
+		s, err := m.NewSeq()
+		if err != nil {
+			b.Fatal(err)
 		}
-	}
+		defer m.FreeSeq(s)
+		rng := rand.New(rand.NewPCG(1, 1))
+		if _, err := m.Forward(one(s, randomTokens(rng, 64, c.vocab), LogitsLast)); err != nil {
+			b.Fatal(err)
+		}
+		tok := []int32{1}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			r, err := m.Forward(one(s, tok, LogitsLast))
+			if err != nil {
+				b.Fatal(err)
+			}
+			tok[0] = argmax(r.Row(0, 0))
+		}
+		sec := b.Elapsed().Seconds()
+		b.ReportMetric(float64(b.N)/sec, "tok/s")
+		b.ReportMetric(float64(m.Info().WeightBytes)*float64(b.N)/sec/1e9, "weightGB/s")
+	})
 }
 
 // BenchmarkDecodeBatch8: eight sequences decode together, one token each per forward.
 func BenchmarkDecodeBatch8(b *testing.B) {
-	for _, wt := range benchTypes() {
-		c := benchConfig(wt)
-		b.Run(c.arch+"/"+wt.String(), func(b *testing.B) {
-			m := benchModel(b, c)
-			rng := rand.New(rand.NewPCG(2, 2))
-			var batch Batch
-			for i := 0; i < 8; i++ {
-				s, err := m.NewSeq()
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer m.FreeSeq(s)
-				if _, err := m.Forward(one(s, randomTokens(rng, 32, c.vocab), LogitsNone)); err != nil {
-					b.Fatal(err)
-				}
-				batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: []int32{1}, Logits: LogitsLast})
+	forEach(b, []func(gguf.Type) config{benchConfig}, func(b *testing.B, c config, m *Model) {
+		rng := rand.New(rand.NewPCG(2, 2))
+		var batch Batch
+		for i := 0; i < 8; i++ {
+			s, err := m.NewSeq()
+			if err != nil {
+				b.Fatal(err)
 			}
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= 480 {
-					for _, e := range batch.Entries {
-						_ = m.Truncate(e.Seq, 32)
-					}
-				}
-				r, err := m.Forward(batch)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for e := range batch.Entries {
-					batch.Entries[e].Tokens[0] = argmax(r.Row(e, 0))
+			defer m.FreeSeq(s)
+			if _, err := m.Forward(one(s, randomTokens(rng, 32, c.vocab), LogitsNone)); err != nil {
+				b.Fatal(err)
+			}
+			batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: []int32{1}, Logits: LogitsLast})
+		}
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= 480 {
+				for _, e := range batch.Entries {
+					_ = m.Truncate(e.Seq, 32)
 				}
 			}
-			b.ReportMetric(float64(8*b.N)/b.Elapsed().Seconds(), "tok/s")
-		})
-	}
+			r, err := m.Forward(batch)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for e := range batch.Entries {
+				batch.Entries[e].Tokens[0] = argmax(r.Row(e, 0))
+			}
+		}
+		b.ReportMetric(float64(8*b.N)/b.Elapsed().Seconds(), "tok/s")
+	})
 }
 
 // BenchmarkPrefill: a 256-token prompt in one forward.
 func BenchmarkPrefill(b *testing.B) {
-	for _, mk := range []func(gguf.Type) config{benchConfig, benchQwen35Config} {
-		for _, wt := range benchTypes() {
-			c := mk(wt)
-			b.Run(c.arch+"/"+wt.String(), func(b *testing.B) {
-				m := benchModel(b, c)
-				toks := randomTokens(rand.New(rand.NewPCG(3, 3)), 256, c.vocab)
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					s, err := m.NewSeq()
-					if err != nil {
-						b.Fatal(err)
-					}
-					if _, err := m.Forward(one(s, toks, LogitsLast)); err != nil {
-						b.Fatal(err)
-					}
-					_ = m.FreeSeq(s)
-				}
-				b.ReportMetric(float64(len(toks)*b.N)/b.Elapsed().Seconds(), "tok/s")
-			})
+	forEach(b, []func(gguf.Type) config{benchConfig, benchQwen35Config}, func(b *testing.B, c config, m *Model) {
+		toks := randomTokens(rand.New(rand.NewPCG(3, 3)), 256, c.vocab)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			s, err := m.NewSeq()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := m.Forward(one(s, toks, LogitsLast)); err != nil {
+				b.Fatal(err)
+			}
+			_ = m.FreeSeq(s)
 		}
-	}
+		b.ReportMetric(float64(len(toks)*b.N)/b.Elapsed().Seconds(), "tok/s")
+	})
 }
 
 // BenchmarkMemoryBandwidth copies a 256 MiB buffer: the bytes moved per second bound how fast weights can stream.

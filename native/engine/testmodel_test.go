@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/dflash/dflash_server/sdk/gguf"
@@ -89,36 +91,48 @@ func randomSpec(t testing.TB, c config) ModelSpec {
 		meta[a+"ssm.inner_size"] = uint32(c.nv * c.dv)
 	}
 	var tensors []Tensor
-	vals := func(n int, f func() float64) []float32 {
+	var jobs []func() // quantization runs in parallel; every tensor has its own seeded generator
+	vals := func(rng *rand.Rand, n int, f func(*rand.Rand) float64) []float32 {
 		out := make([]float32, n)
 		for i := range out {
-			out[i] = float32(f())
+			out[i] = float32(f(rng))
 		}
 		return out
 	}
-	normal := func(std float64) func() float64 { return func() float64 { return rng.NormFloat64() * std } }
-	addF32 := func(name string, v []float32, dims ...uint64) {
+	normal := func(std float64) func(*rand.Rand) float64 {
+		return func(r *rand.Rand) float64 { return r.NormFloat64() * std }
+	}
+	f32bytes := func(v []float32) []byte {
 		b := make([]byte, 4*len(v))
 		for i, x := range v {
 			u := math.Float32bits(x)
 			b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
 		}
-		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: b})
+		return b
+	}
+	seed := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), uint64(len(tensors)))) }
+	addF32 := func(name string, v []float32, dims ...uint64) {
+		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32bytes(v)})
 	}
 	addMat := func(name string, in, out int, std float64) {
-		v := vals(in*out, normal(std))
-		if c.weight == gguf.F32 {
-			addF32(name, v, uint64(in), uint64(out))
-			return
-		}
-		b, err := quant.FromFloat32(c.weight, v)
-		if err != nil {
-			t.Fatalf("quantize %s: %v", name, err)
-		}
-		tensors = append(tensors, Tensor{Name: name, Type: c.weight, Dims: []uint64{uint64(in), uint64(out)}, Data: b})
+		r := seed()
+		tensors = append(tensors, Tensor{Name: name, Type: c.weight, Dims: []uint64{uint64(in), uint64(out)}})
+		idx := len(tensors) - 1
+		jobs = append(jobs, func() {
+			v := vals(r, in*out, normal(std))
+			if c.weight == gguf.F32 {
+				tensors[idx].Data = f32bytes(v)
+				return
+			}
+			b, err := quant.FromFloat32(c.weight, v)
+			if err != nil {
+				panic(fmt.Sprintf("quantize %s: %v", name, err))
+			}
+			tensors[idx].Data = b
+		})
 	}
 	norm := func(name string, n int) {
-		addF32(name, vals(n, func() float64 { return 1 + rng.NormFloat64()*0.1 }), uint64(n))
+		addF32(name, vals(seed(), n, func(r *rand.Rand) float64 { return 1 + r.NormFloat64()*0.1 }), uint64(n))
 	}
 
 	addMat("token_embd.weight", c.embd, c.vocab, 0.5)
@@ -152,15 +166,26 @@ func randomSpec(t testing.TB, c config) ModelSpec {
 			addMat(p+"ssm_beta.weight", c.embd, c.nv, 0.1)
 			addMat(p+"ssm_alpha.weight", c.embd, c.nv, 0.1)
 			addMat(p+"ssm_out.weight", c.nv*c.dv, c.embd, 0.1)
-			addF32(p+"ssm_conv1d.weight", vals(c.convK*ch, normal(0.3)), uint64(c.convK), uint64(ch))
-			addF32(p+"ssm_a", vals(c.nv, func() float64 { return -(0.5 + 3.5*rng.Float64()) }), uint64(c.nv))
-			addF32(p+"ssm_dt.bias", vals(c.nv, normal(0.5)), uint64(c.nv))
+			addF32(p+"ssm_conv1d.weight", vals(seed(), c.convK*ch, normal(0.3)), uint64(c.convK), uint64(ch))
+			addF32(p+"ssm_a", vals(seed(), c.nv, func(r *rand.Rand) float64 { return -(0.5 + 3.5*r.Float64()) }), uint64(c.nv))
+			addF32(p+"ssm_dt.bias", vals(seed(), c.nv, normal(0.5)), uint64(c.nv))
 			norm(p+"ssm_norm.weight", c.dv)
 		}
 		addMat(p+"ffn_gate.weight", c.embd, c.ff, 0.1)
 		addMat(p+"ffn_up.weight", c.embd, c.ff, 0.1)
 		addMat(p+"ffn_down.weight", c.ff, c.embd, 0.1)
 	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.NumCPU())
+	for _, job := range jobs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			job()
+		}()
+	}
+	wg.Wait()
 	return ModelSpec{Arch: c.arch, Meta: meta, Tensors: tensors}
 }
 
