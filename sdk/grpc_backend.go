@@ -6,6 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -35,10 +39,18 @@ func (p *BackendPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c 
 	return &BackendClient{rpc: backendv1.NewBackendServiceClient(c), done: ctx}, nil
 }
 
+// cancelDrainLimit bounds how long the host keeps reading a cancelled
+// stream, waiting for the plugin to retire the sequence, before it gives up
+// on a wedged plugin.
+const cancelDrainLimit = time.Minute
+
 // backendServer adapts a Backend implementation to the generated service.
 type backendServer struct {
 	backendv1.UnimplementedBackendServiceServer
 	impl Backend
+
+	mu      sync.Mutex
+	streams map[string]context.CancelFunc
 }
 
 func (s *backendServer) Info(ctx context.Context, _ *backendv1.InfoRequest) (*backendv1.InfoResponse, error) {
@@ -84,7 +96,32 @@ func (s *backendServer) Start(req *backendv1.StartRequest, stream grpc.ServerStr
 	if err := json.Unmarshal(req.GetChatRequestJson(), &cr); err != nil {
 		return toStatus(Invalidf("decode chat request: %v", err))
 	}
-	return toStatus(s.impl.Start(stream.Context(), &cr, &streamEmitter{stream: stream}))
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	if id := req.GetStreamId(); id != "" {
+		s.mu.Lock()
+		if s.streams == nil {
+			s.streams = map[string]context.CancelFunc{}
+		}
+		s.streams[id] = cancel
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			delete(s.streams, id)
+			s.mu.Unlock()
+		}()
+	}
+	return toStatus(s.impl.Start(ctx, &cr, &streamEmitter{stream: stream}))
+}
+
+func (s *backendServer) Cancel(_ context.Context, req *backendv1.CancelRequest) (*backendv1.CancelResponse, error) {
+	s.mu.Lock()
+	cancel := s.streams[req.GetStreamId()]
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	return &backendv1.CancelResponse{}, nil
 }
 
 // streamEmitter sends a Start stream's messages; Send blocks under gRPC flow
@@ -156,8 +193,9 @@ func (s *backendServer) Shutdown(ctx context.Context, _ *backendv1.ShutdownReque
 // status codes into the sdk's domain errors (ErrUnavailable when the plugin
 // process is gone, *InvalidError for refused input).
 type BackendClient struct {
-	rpc  backendv1.BackendServiceClient
-	done context.Context
+	rpc     backendv1.BackendServiceClient
+	done    context.Context
+	streams atomic.Uint64
 }
 
 var _ Backend = (*BackendClient)(nil)
@@ -207,21 +245,59 @@ func (c *BackendClient) Load(ctx context.Context, cfg ModelConfig, progress func
 	}
 }
 
-// Start opens the stream and relays it to emit. It checks ctx before every
-// event, so a caller that cancelled sees no further events even though gRPC
-// may still hold buffered ones.
+// Start opens the stream and relays it to emit. When ctx is cancelled or
+// emit fails, it asks the plugin to cancel (Cancel RPC) and keeps reading,
+// without relaying, until the plugin ends the stream: Start returns only
+// once the engine has retired the sequence, so the caller's reservation
+// covers all device work.
 func (c *BackendClient) Start(ctx context.Context, req *ChatRequest, emit Emitter) error {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("encode chat request: %w", err)
 	}
-	stream, err := c.rpc.Start(ctx, &backendv1.StartRequest{ChatRequestJson: body})
+	id := strconv.FormatUint(c.streams.Add(1), 10)
+	// The stream lives with the plugin process, not with ctx: dropping it
+	// on cancellation would hide when the plugin actually stops.
+	sctx, scancel := context.WithCancel(c.done)
+	defer scancel()
+	stream, err := c.rpc.Start(sctx, &backendv1.StartRequest{ChatRequestJson: body, StreamId: id})
 	if err != nil {
 		return fromStatus(ctx, err)
 	}
+	var once sync.Once
+	var stopErr error
+	stopCh := make(chan struct{})
+	// stopped returns the cause once cancellation began; the channel close
+	// orders the write of stopErr before any read.
+	stopped := func() error {
+		select {
+		case <-stopCh:
+			return stopErr
+		default:
+			return nil
+		}
+	}
+	cancelPlugin := func(cause error) {
+		once.Do(func() {
+			stopErr = cause
+			close(stopCh)
+			go func() {
+				cctx, cc := context.WithTimeout(c.done, 5*time.Second)
+				defer cc()
+				_, _ = c.rpc.Cancel(cctx, &backendv1.CancelRequest{StreamId: id})
+			}()
+			time.AfterFunc(cancelDrainLimit, scancel)
+		})
+	}
+	stopWatch := context.AfterFunc(ctx, func() { cancelPlugin(ctx.Err()) })
+	defer stopWatch()
+
 	admitted := false
 	for {
 		m, err := stream.Recv()
+		if cause := stopped(); cause != nil && err != nil {
+			return cause // the plugin has ended the cancelled stream
+		}
 		if err == io.EOF {
 			if !admitted {
 				return errors.New("backend ended the stream without an admission")
@@ -229,23 +305,27 @@ func (c *BackendClient) Start(ctx context.Context, req *ChatRequest, emit Emitte
 			return nil
 		}
 		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
 			return fromStatus(ctx, err)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if stopped() != nil || ctx.Err() != nil {
+			continue // draining a cancelled stream
 		}
 		switch msg := m.GetMsg().(type) {
 		case *backendv1.StartResponse_Admission:
 			admitted = true
 			if err := emit.Admit(admissionFromProto(msg.Admission)); err != nil {
-				return err
+				cancelPlugin(err)
 			}
 		case *backendv1.StartResponse_Event:
 			if !admitted {
-				return errors.New("backend sent an event before its admission")
+				cancelPlugin(errors.New("backend sent an event before its admission"))
+				continue
 			}
 			if err := emit.Emit(eventFromProto(msg.Event)); err != nil {
-				return err
+				cancelPlugin(err)
 			}
 		}
 	}

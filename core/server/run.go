@@ -243,6 +243,8 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 		blocks[i] = &s.cfg.Blocks[idx]
 	}
 	models := make([]*router.Model, len(blocks))
+	// routerRef lets restart hooks reach the router built after loading.
+	var routerRef atomic.Pointer[router.Router]
 	var g multierror.Group
 	var mu sync.Mutex
 	for i, b := range blocks {
@@ -256,7 +258,12 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 			if err != nil {
 				return fmt.Errorf("--model #%d (%s): %w", b.Index, b.Path, err)
 			}
-			be.SetOnRestart(func(restarts int) { reg.SetBackendRestarts(b.Name, restarts) })
+			be.SetOnRestart(func(restarts int) {
+				reg.SetBackendRestarts(b.Name, restarts)
+				if rt := routerRef.Load(); rt != nil {
+					rt.Wake() // waiters may use the model again at once
+				}
+			})
 			models[i] = &router.Model{
 				Name:    b.Name,
 				Backend: be,
@@ -297,6 +304,7 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 		LoadBalancing: s.cfg.LoadBalancing || len(loaded) > 1,
 		Metrics:       reg,
 	}, loaded)
+	routerRef.Store(rt)
 	return rt, reg, nil
 }
 

@@ -132,7 +132,7 @@ func (x Admission_Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Admission_Outcome.Descriptor instead.
 func (Admission_Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{12, 0}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type Finish_Reason int32
@@ -190,7 +190,7 @@ func (x Finish_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Finish_Reason.Descriptor instead.
 func (Finish_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{18, 0}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{20, 0}
 }
 
 type InfoRequest struct {
@@ -1012,8 +1012,10 @@ func (*LoadResponse_Description) isLoadResponse_Msg() {}
 type StartRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ChatRequestJson []byte                 `protobuf:"bytes,1,opt,name=chat_request_json,json=chatRequestJson,proto3" json:"chat_request_json,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// stream_id names this stream for Cancel; unique per plugin process.
+	StreamId      string `protobuf:"bytes,2,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRequest) Reset() {
@@ -1053,6 +1055,93 @@ func (x *StartRequest) GetChatRequestJson() []byte {
 	return nil
 }
 
+func (x *StartRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
+type CancelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	StreamId      string                 `protobuf:"bytes,1,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRequest) Reset() {
+	*x = CancelRequest{}
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRequest) ProtoMessage() {}
+
+func (x *CancelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
+func (*CancelRequest) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *CancelRequest) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
+type CancelResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelResponse) Reset() {
+	*x = CancelResponse{}
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelResponse) ProtoMessage() {}
+
+func (x *CancelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
+func (*CancelResponse) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{13}
+}
+
 type Admission struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Outcome       Admission_Outcome      `protobuf:"varint,1,opt,name=outcome,proto3,enum=dflash.backend.v1.Admission_Outcome" json:"outcome,omitempty"`
@@ -1066,7 +1155,7 @@ type Admission struct {
 
 func (x *Admission) Reset() {
 	*x = Admission{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[12]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1167,7 @@ func (x *Admission) String() string {
 func (*Admission) ProtoMessage() {}
 
 func (x *Admission) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[12]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1180,7 @@ func (x *Admission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admission.ProtoReflect.Descriptor instead.
 func (*Admission) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{12}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Admission) GetOutcome() Admission_Outcome {
@@ -1141,7 +1230,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[13]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1242,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[13]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1255,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{13}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -1208,7 +1297,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[14]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1309,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[14]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1322,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{14}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TopLogprob) GetToken() string {
@@ -1269,7 +1358,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[15]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1281,7 +1370,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[15]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1294,7 +1383,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{15}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -1337,7 +1426,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[16]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1438,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[16]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1451,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{16}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -1405,7 +1494,7 @@ type Timings struct {
 
 func (x *Timings) Reset() {
 	*x = Timings{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[17]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1506,7 @@ func (x *Timings) String() string {
 func (*Timings) ProtoMessage() {}
 
 func (x *Timings) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[17]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1519,7 @@ func (x *Timings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Timings.ProtoReflect.Descriptor instead.
 func (*Timings) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{17}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Timings) GetPrefillMs() float64 {
@@ -1473,7 +1562,7 @@ type Finish struct {
 
 func (x *Finish) Reset() {
 	*x = Finish{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[18]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1574,7 @@ func (x *Finish) String() string {
 func (*Finish) ProtoMessage() {}
 
 func (x *Finish) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[18]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1587,7 @@ func (x *Finish) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Finish.ProtoReflect.Descriptor instead.
 func (*Finish) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{18}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Finish) GetReason() Finish_Reason {
@@ -1544,7 +1633,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[19]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1645,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[19]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1658,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{19}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Event) GetReasoning() string {
@@ -1627,7 +1716,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[20]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1728,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[20]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1741,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{20}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StartResponse) GetMsg() isStartResponse_Msg {
@@ -1706,7 +1795,7 @@ type TokenizeRequest struct {
 
 func (x *TokenizeRequest) Reset() {
 	*x = TokenizeRequest{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[21]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1807,7 @@ func (x *TokenizeRequest) String() string {
 func (*TokenizeRequest) ProtoMessage() {}
 
 func (x *TokenizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[21]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1820,7 @@ func (x *TokenizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizeRequest.ProtoReflect.Descriptor instead.
 func (*TokenizeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{21}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TokenizeRequest) GetText() string {
@@ -1757,7 +1846,7 @@ type TokenizeResponse struct {
 
 func (x *TokenizeResponse) Reset() {
 	*x = TokenizeResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[22]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +1858,7 @@ func (x *TokenizeResponse) String() string {
 func (*TokenizeResponse) ProtoMessage() {}
 
 func (x *TokenizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[22]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +1871,7 @@ func (x *TokenizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizeResponse.ProtoReflect.Descriptor instead.
 func (*TokenizeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{22}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TokenizeResponse) GetIds() []int32 {
@@ -1801,7 +1890,7 @@ type DetokenizeRequest struct {
 
 func (x *DetokenizeRequest) Reset() {
 	*x = DetokenizeRequest{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[23]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1902,7 @@ func (x *DetokenizeRequest) String() string {
 func (*DetokenizeRequest) ProtoMessage() {}
 
 func (x *DetokenizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[23]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1915,7 @@ func (x *DetokenizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetokenizeRequest.ProtoReflect.Descriptor instead.
 func (*DetokenizeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{23}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DetokenizeRequest) GetIds() []int32 {
@@ -1845,7 +1934,7 @@ type DetokenizeResponse struct {
 
 func (x *DetokenizeResponse) Reset() {
 	*x = DetokenizeResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[24]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1857,7 +1946,7 @@ func (x *DetokenizeResponse) String() string {
 func (*DetokenizeResponse) ProtoMessage() {}
 
 func (x *DetokenizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[24]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1870,7 +1959,7 @@ func (x *DetokenizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetokenizeResponse.ProtoReflect.Descriptor instead.
 func (*DetokenizeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{24}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DetokenizeResponse) GetText() string {
@@ -1889,7 +1978,7 @@ type CountTokensRequest struct {
 
 func (x *CountTokensRequest) Reset() {
 	*x = CountTokensRequest{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[25]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +1990,7 @@ func (x *CountTokensRequest) String() string {
 func (*CountTokensRequest) ProtoMessage() {}
 
 func (x *CountTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[25]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2003,7 @@ func (x *CountTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountTokensRequest.ProtoReflect.Descriptor instead.
 func (*CountTokensRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{25}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CountTokensRequest) GetChatRequestJson() []byte {
@@ -1933,7 +2022,7 @@ type CountTokensResponse struct {
 
 func (x *CountTokensResponse) Reset() {
 	*x = CountTokensResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[26]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1945,7 +2034,7 @@ func (x *CountTokensResponse) String() string {
 func (*CountTokensResponse) ProtoMessage() {}
 
 func (x *CountTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[26]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1958,7 +2047,7 @@ func (x *CountTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CountTokensResponse.ProtoReflect.Descriptor instead.
 func (*CountTokensResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{26}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CountTokensResponse) GetTokens() int32 {
@@ -1976,7 +2065,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[27]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2077,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[27]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2090,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{27}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{29}
 }
 
 type StatsResponse struct {
@@ -2019,7 +2108,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[28]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2120,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[28]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2133,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{28}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StatsResponse) GetActiveSequences() int32 {
@@ -2104,7 +2193,7 @@ type ShutdownRequest struct {
 
 func (x *ShutdownRequest) Reset() {
 	*x = ShutdownRequest{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[29]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2205,7 @@ func (x *ShutdownRequest) String() string {
 func (*ShutdownRequest) ProtoMessage() {}
 
 func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[29]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2218,7 @@ func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
 func (*ShutdownRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{29}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{31}
 }
 
 type ShutdownResponse struct {
@@ -2140,7 +2229,7 @@ type ShutdownResponse struct {
 
 func (x *ShutdownResponse) Reset() {
 	*x = ShutdownResponse{}
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[30]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2241,7 @@ func (x *ShutdownResponse) String() string {
 func (*ShutdownResponse) ProtoMessage() {}
 
 func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[30]
+	mi := &file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2254,7 @@ func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
 func (*ShutdownResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{30}
+	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{32}
 }
 
 var File_sdk_proto_dflash_backend_v1_backend_proto protoreflect.FileDescriptor
@@ -2254,9 +2343,13 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\fLoadResponse\x12=\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1f.dflash.backend.v1.LoadProgressH\x00R\bprogress\x12G\n" +
 	"\vdescription\x18\x02 \x01(\v2#.dflash.backend.v1.ModelDescriptionH\x00R\vdescriptionB\x05\n" +
-	"\x03msg\":\n" +
+	"\x03msg\"W\n" +
 	"\fStartRequest\x12*\n" +
-	"\x11chat_request_json\x18\x01 \x01(\fR\x0fchatRequestJson\"\xc9\x02\n" +
+	"\x11chat_request_json\x18\x01 \x01(\fR\x0fchatRequestJson\x12\x1b\n" +
+	"\tstream_id\x18\x02 \x01(\tR\bstreamId\",\n" +
+	"\rCancelRequest\x12\x1b\n" +
+	"\tstream_id\x18\x01 \x01(\tR\bstreamId\"\x10\n" +
+	"\x0eCancelResponse\"\xc9\x02\n" +
 	"\tAdmission\x12>\n" +
 	"\aoutcome\x18\x01 \x01(\x0e2$.dflash.backend.v1.Admission.OutcomeR\aoutcome\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x05R\fpromptTokens\x12#\n" +
@@ -2343,12 +2436,13 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x10tokens_generated\x18\x06 \x01(\x03R\x0ftokensGenerated\x12#\n" +
 	"\rprompt_tokens\x18\a \x01(\x03R\fpromptTokens\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
-	"\x10ShutdownResponse2\x8b\x06\n" +
+	"\x10ShutdownResponse2\xda\x06\n" +
 	"\x0eBackendService\x12G\n" +
 	"\x04Info\x12\x1e.dflash.backend.v1.InfoRequest\x1a\x1f.dflash.backend.v1.InfoResponse\x12h\n" +
 	"\x0fValidateOptions\x12).dflash.backend.v1.ValidateOptionsRequest\x1a*.dflash.backend.v1.ValidateOptionsResponse\x12I\n" +
 	"\x04Load\x12\x1e.dflash.backend.v1.LoadRequest\x1a\x1f.dflash.backend.v1.LoadResponse0\x01\x12L\n" +
-	"\x05Start\x12\x1f.dflash.backend.v1.StartRequest\x1a .dflash.backend.v1.StartResponse0\x01\x12S\n" +
+	"\x05Start\x12\x1f.dflash.backend.v1.StartRequest\x1a .dflash.backend.v1.StartResponse0\x01\x12M\n" +
+	"\x06Cancel\x12 .dflash.backend.v1.CancelRequest\x1a!.dflash.backend.v1.CancelResponse\x12S\n" +
 	"\bTokenize\x12\".dflash.backend.v1.TokenizeRequest\x1a#.dflash.backend.v1.TokenizeResponse\x12Y\n" +
 	"\n" +
 	"Detokenize\x12$.dflash.backend.v1.DetokenizeRequest\x1a%.dflash.backend.v1.DetokenizeResponse\x12\\\n" +
@@ -2369,7 +2463,7 @@ func file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP() []byte {
 }
 
 var file_sdk_proto_dflash_backend_v1_backend_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_sdk_proto_dflash_backend_v1_backend_proto_goTypes = []any{
 	(OptionSpec_Kind)(0),            // 0: dflash.backend.v1.OptionSpec.Kind
 	(Admission_Outcome)(0),          // 1: dflash.backend.v1.Admission.Outcome
@@ -2386,68 +2480,72 @@ var file_sdk_proto_dflash_backend_v1_backend_proto_goTypes = []any{
 	(*ModelDescription)(nil),        // 12: dflash.backend.v1.ModelDescription
 	(*LoadResponse)(nil),            // 13: dflash.backend.v1.LoadResponse
 	(*StartRequest)(nil),            // 14: dflash.backend.v1.StartRequest
-	(*Admission)(nil),               // 15: dflash.backend.v1.Admission
-	(*ToolCallDelta)(nil),           // 16: dflash.backend.v1.ToolCallDelta
-	(*TopLogprob)(nil),              // 17: dflash.backend.v1.TopLogprob
-	(*TokenLogprob)(nil),            // 18: dflash.backend.v1.TokenLogprob
-	(*Usage)(nil),                   // 19: dflash.backend.v1.Usage
-	(*Timings)(nil),                 // 20: dflash.backend.v1.Timings
-	(*Finish)(nil),                  // 21: dflash.backend.v1.Finish
-	(*Event)(nil),                   // 22: dflash.backend.v1.Event
-	(*StartResponse)(nil),           // 23: dflash.backend.v1.StartResponse
-	(*TokenizeRequest)(nil),         // 24: dflash.backend.v1.TokenizeRequest
-	(*TokenizeResponse)(nil),        // 25: dflash.backend.v1.TokenizeResponse
-	(*DetokenizeRequest)(nil),       // 26: dflash.backend.v1.DetokenizeRequest
-	(*DetokenizeResponse)(nil),      // 27: dflash.backend.v1.DetokenizeResponse
-	(*CountTokensRequest)(nil),      // 28: dflash.backend.v1.CountTokensRequest
-	(*CountTokensResponse)(nil),     // 29: dflash.backend.v1.CountTokensResponse
-	(*StatsRequest)(nil),            // 30: dflash.backend.v1.StatsRequest
-	(*StatsResponse)(nil),           // 31: dflash.backend.v1.StatsResponse
-	(*ShutdownRequest)(nil),         // 32: dflash.backend.v1.ShutdownRequest
-	(*ShutdownResponse)(nil),        // 33: dflash.backend.v1.ShutdownResponse
-	nil,                             // 34: dflash.backend.v1.ModelConfig.EffortBudgetsEntry
-	nil,                             // 35: dflash.backend.v1.ModelConfig.OptionsEntry
+	(*CancelRequest)(nil),           // 15: dflash.backend.v1.CancelRequest
+	(*CancelResponse)(nil),          // 16: dflash.backend.v1.CancelResponse
+	(*Admission)(nil),               // 17: dflash.backend.v1.Admission
+	(*ToolCallDelta)(nil),           // 18: dflash.backend.v1.ToolCallDelta
+	(*TopLogprob)(nil),              // 19: dflash.backend.v1.TopLogprob
+	(*TokenLogprob)(nil),            // 20: dflash.backend.v1.TokenLogprob
+	(*Usage)(nil),                   // 21: dflash.backend.v1.Usage
+	(*Timings)(nil),                 // 22: dflash.backend.v1.Timings
+	(*Finish)(nil),                  // 23: dflash.backend.v1.Finish
+	(*Event)(nil),                   // 24: dflash.backend.v1.Event
+	(*StartResponse)(nil),           // 25: dflash.backend.v1.StartResponse
+	(*TokenizeRequest)(nil),         // 26: dflash.backend.v1.TokenizeRequest
+	(*TokenizeResponse)(nil),        // 27: dflash.backend.v1.TokenizeResponse
+	(*DetokenizeRequest)(nil),       // 28: dflash.backend.v1.DetokenizeRequest
+	(*DetokenizeResponse)(nil),      // 29: dflash.backend.v1.DetokenizeResponse
+	(*CountTokensRequest)(nil),      // 30: dflash.backend.v1.CountTokensRequest
+	(*CountTokensResponse)(nil),     // 31: dflash.backend.v1.CountTokensResponse
+	(*StatsRequest)(nil),            // 32: dflash.backend.v1.StatsRequest
+	(*StatsResponse)(nil),           // 33: dflash.backend.v1.StatsResponse
+	(*ShutdownRequest)(nil),         // 34: dflash.backend.v1.ShutdownRequest
+	(*ShutdownResponse)(nil),        // 35: dflash.backend.v1.ShutdownResponse
+	nil,                             // 36: dflash.backend.v1.ModelConfig.EffortBudgetsEntry
+	nil,                             // 37: dflash.backend.v1.ModelConfig.OptionsEntry
 }
 var file_sdk_proto_dflash_backend_v1_backend_proto_depIdxs = []int32{
 	0,  // 0: dflash.backend.v1.OptionSpec.kind:type_name -> dflash.backend.v1.OptionSpec.Kind
 	4,  // 1: dflash.backend.v1.InfoResponse.options:type_name -> dflash.backend.v1.OptionSpec
-	34, // 2: dflash.backend.v1.ModelConfig.effort_budgets:type_name -> dflash.backend.v1.ModelConfig.EffortBudgetsEntry
-	35, // 3: dflash.backend.v1.ModelConfig.options:type_name -> dflash.backend.v1.ModelConfig.OptionsEntry
+	36, // 2: dflash.backend.v1.ModelConfig.effort_budgets:type_name -> dflash.backend.v1.ModelConfig.EffortBudgetsEntry
+	37, // 3: dflash.backend.v1.ModelConfig.options:type_name -> dflash.backend.v1.ModelConfig.OptionsEntry
 	6,  // 4: dflash.backend.v1.ValidateOptionsRequest.config:type_name -> dflash.backend.v1.ModelConfig
 	6,  // 5: dflash.backend.v1.LoadRequest.config:type_name -> dflash.backend.v1.ModelConfig
 	11, // 6: dflash.backend.v1.ModelDescription.features:type_name -> dflash.backend.v1.Features
 	10, // 7: dflash.backend.v1.LoadResponse.progress:type_name -> dflash.backend.v1.LoadProgress
 	12, // 8: dflash.backend.v1.LoadResponse.description:type_name -> dflash.backend.v1.ModelDescription
 	1,  // 9: dflash.backend.v1.Admission.outcome:type_name -> dflash.backend.v1.Admission.Outcome
-	17, // 10: dflash.backend.v1.TokenLogprob.top:type_name -> dflash.backend.v1.TopLogprob
+	19, // 10: dflash.backend.v1.TokenLogprob.top:type_name -> dflash.backend.v1.TopLogprob
 	2,  // 11: dflash.backend.v1.Finish.reason:type_name -> dflash.backend.v1.Finish.Reason
-	19, // 12: dflash.backend.v1.Finish.usage:type_name -> dflash.backend.v1.Usage
-	20, // 13: dflash.backend.v1.Finish.timings:type_name -> dflash.backend.v1.Timings
-	16, // 14: dflash.backend.v1.Event.tool_calls:type_name -> dflash.backend.v1.ToolCallDelta
-	18, // 15: dflash.backend.v1.Event.logprobs:type_name -> dflash.backend.v1.TokenLogprob
-	21, // 16: dflash.backend.v1.Event.finish:type_name -> dflash.backend.v1.Finish
-	15, // 17: dflash.backend.v1.StartResponse.admission:type_name -> dflash.backend.v1.Admission
-	22, // 18: dflash.backend.v1.StartResponse.event:type_name -> dflash.backend.v1.Event
+	21, // 12: dflash.backend.v1.Finish.usage:type_name -> dflash.backend.v1.Usage
+	22, // 13: dflash.backend.v1.Finish.timings:type_name -> dflash.backend.v1.Timings
+	18, // 14: dflash.backend.v1.Event.tool_calls:type_name -> dflash.backend.v1.ToolCallDelta
+	20, // 15: dflash.backend.v1.Event.logprobs:type_name -> dflash.backend.v1.TokenLogprob
+	23, // 16: dflash.backend.v1.Event.finish:type_name -> dflash.backend.v1.Finish
+	17, // 17: dflash.backend.v1.StartResponse.admission:type_name -> dflash.backend.v1.Admission
+	24, // 18: dflash.backend.v1.StartResponse.event:type_name -> dflash.backend.v1.Event
 	3,  // 19: dflash.backend.v1.BackendService.Info:input_type -> dflash.backend.v1.InfoRequest
 	7,  // 20: dflash.backend.v1.BackendService.ValidateOptions:input_type -> dflash.backend.v1.ValidateOptionsRequest
 	9,  // 21: dflash.backend.v1.BackendService.Load:input_type -> dflash.backend.v1.LoadRequest
 	14, // 22: dflash.backend.v1.BackendService.Start:input_type -> dflash.backend.v1.StartRequest
-	24, // 23: dflash.backend.v1.BackendService.Tokenize:input_type -> dflash.backend.v1.TokenizeRequest
-	26, // 24: dflash.backend.v1.BackendService.Detokenize:input_type -> dflash.backend.v1.DetokenizeRequest
-	28, // 25: dflash.backend.v1.BackendService.CountTokens:input_type -> dflash.backend.v1.CountTokensRequest
-	30, // 26: dflash.backend.v1.BackendService.Stats:input_type -> dflash.backend.v1.StatsRequest
-	32, // 27: dflash.backend.v1.BackendService.Shutdown:input_type -> dflash.backend.v1.ShutdownRequest
-	5,  // 28: dflash.backend.v1.BackendService.Info:output_type -> dflash.backend.v1.InfoResponse
-	8,  // 29: dflash.backend.v1.BackendService.ValidateOptions:output_type -> dflash.backend.v1.ValidateOptionsResponse
-	13, // 30: dflash.backend.v1.BackendService.Load:output_type -> dflash.backend.v1.LoadResponse
-	23, // 31: dflash.backend.v1.BackendService.Start:output_type -> dflash.backend.v1.StartResponse
-	25, // 32: dflash.backend.v1.BackendService.Tokenize:output_type -> dflash.backend.v1.TokenizeResponse
-	27, // 33: dflash.backend.v1.BackendService.Detokenize:output_type -> dflash.backend.v1.DetokenizeResponse
-	29, // 34: dflash.backend.v1.BackendService.CountTokens:output_type -> dflash.backend.v1.CountTokensResponse
-	31, // 35: dflash.backend.v1.BackendService.Stats:output_type -> dflash.backend.v1.StatsResponse
-	33, // 36: dflash.backend.v1.BackendService.Shutdown:output_type -> dflash.backend.v1.ShutdownResponse
-	28, // [28:37] is the sub-list for method output_type
-	19, // [19:28] is the sub-list for method input_type
+	15, // 23: dflash.backend.v1.BackendService.Cancel:input_type -> dflash.backend.v1.CancelRequest
+	26, // 24: dflash.backend.v1.BackendService.Tokenize:input_type -> dflash.backend.v1.TokenizeRequest
+	28, // 25: dflash.backend.v1.BackendService.Detokenize:input_type -> dflash.backend.v1.DetokenizeRequest
+	30, // 26: dflash.backend.v1.BackendService.CountTokens:input_type -> dflash.backend.v1.CountTokensRequest
+	32, // 27: dflash.backend.v1.BackendService.Stats:input_type -> dflash.backend.v1.StatsRequest
+	34, // 28: dflash.backend.v1.BackendService.Shutdown:input_type -> dflash.backend.v1.ShutdownRequest
+	5,  // 29: dflash.backend.v1.BackendService.Info:output_type -> dflash.backend.v1.InfoResponse
+	8,  // 30: dflash.backend.v1.BackendService.ValidateOptions:output_type -> dflash.backend.v1.ValidateOptionsResponse
+	13, // 31: dflash.backend.v1.BackendService.Load:output_type -> dflash.backend.v1.LoadResponse
+	25, // 32: dflash.backend.v1.BackendService.Start:output_type -> dflash.backend.v1.StartResponse
+	16, // 33: dflash.backend.v1.BackendService.Cancel:output_type -> dflash.backend.v1.CancelResponse
+	27, // 34: dflash.backend.v1.BackendService.Tokenize:output_type -> dflash.backend.v1.TokenizeResponse
+	29, // 35: dflash.backend.v1.BackendService.Detokenize:output_type -> dflash.backend.v1.DetokenizeResponse
+	31, // 36: dflash.backend.v1.BackendService.CountTokens:output_type -> dflash.backend.v1.CountTokensResponse
+	33, // 37: dflash.backend.v1.BackendService.Stats:output_type -> dflash.backend.v1.StatsResponse
+	35, // 38: dflash.backend.v1.BackendService.Shutdown:output_type -> dflash.backend.v1.ShutdownResponse
+	29, // [29:39] is the sub-list for method output_type
+	19, // [19:29] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2462,7 +2560,7 @@ func file_sdk_proto_dflash_backend_v1_backend_proto_init() {
 		(*LoadResponse_Progress)(nil),
 		(*LoadResponse_Description)(nil),
 	}
-	file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[20].OneofWrappers = []any{
+	file_sdk_proto_dflash_backend_v1_backend_proto_msgTypes[22].OneofWrappers = []any{
 		(*StartResponse_Admission)(nil),
 		(*StartResponse_Event)(nil),
 	}
@@ -2472,7 +2570,7 @@ func file_sdk_proto_dflash_backend_v1_backend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc), len(file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	BackendService_ValidateOptions_FullMethodName = "/dflash.backend.v1.BackendService/ValidateOptions"
 	BackendService_Load_FullMethodName            = "/dflash.backend.v1.BackendService/Load"
 	BackendService_Start_FullMethodName           = "/dflash.backend.v1.BackendService/Start"
+	BackendService_Cancel_FullMethodName          = "/dflash.backend.v1.BackendService/Cancel"
 	BackendService_Tokenize_FullMethodName        = "/dflash.backend.v1.BackendService/Tokenize"
 	BackendService_Detokenize_FullMethodName      = "/dflash.backend.v1.BackendService/Detokenize"
 	BackendService_CountTokens_FullMethodName     = "/dflash.backend.v1.BackendService/CountTokens"
@@ -50,6 +51,11 @@ type BackendServiceClient interface {
 	// Start runs one request: the first message is the admission outcome, then
 	// one message per decode step, the last carrying finish.
 	Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StartResponse], error)
+	// Cancel stops the Start stream with this stream_id. The host cancels
+	// through this call rather than by dropping the stream, and keeps reading
+	// until the stream ends, so it learns when the engine has really retired
+	// the sequence (the reservation is held until then).
+	Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error)
 	Tokenize(ctx context.Context, in *TokenizeRequest, opts ...grpc.CallOption) (*TokenizeResponse, error)
 	Detokenize(ctx context.Context, in *DetokenizeRequest, opts ...grpc.CallOption) (*DetokenizeResponse, error)
 	CountTokens(ctx context.Context, in *CountTokensRequest, opts ...grpc.CallOption) (*CountTokensResponse, error)
@@ -125,6 +131,16 @@ func (c *backendServiceClient) Start(ctx context.Context, in *StartRequest, opts
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackendService_StartClient = grpc.ServerStreamingClient[StartResponse]
 
+func (c *backendServiceClient) Cancel(ctx context.Context, in *CancelRequest, opts ...grpc.CallOption) (*CancelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelResponse)
+	err := c.cc.Invoke(ctx, BackendService_Cancel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *backendServiceClient) Tokenize(ctx context.Context, in *TokenizeRequest, opts ...grpc.CallOption) (*TokenizeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(TokenizeResponse)
@@ -191,6 +207,11 @@ type BackendServiceServer interface {
 	// Start runs one request: the first message is the admission outcome, then
 	// one message per decode step, the last carrying finish.
 	Start(*StartRequest, grpc.ServerStreamingServer[StartResponse]) error
+	// Cancel stops the Start stream with this stream_id. The host cancels
+	// through this call rather than by dropping the stream, and keeps reading
+	// until the stream ends, so it learns when the engine has really retired
+	// the sequence (the reservation is held until then).
+	Cancel(context.Context, *CancelRequest) (*CancelResponse, error)
 	Tokenize(context.Context, *TokenizeRequest) (*TokenizeResponse, error)
 	Detokenize(context.Context, *DetokenizeRequest) (*DetokenizeResponse, error)
 	CountTokens(context.Context, *CountTokensRequest) (*CountTokensResponse, error)
@@ -219,6 +240,9 @@ func (UnimplementedBackendServiceServer) Load(*LoadRequest, grpc.ServerStreaming
 }
 func (UnimplementedBackendServiceServer) Start(*StartRequest, grpc.ServerStreamingServer[StartResponse]) error {
 	return status.Error(codes.Unimplemented, "method Start not implemented")
+}
+func (UnimplementedBackendServiceServer) Cancel(context.Context, *CancelRequest) (*CancelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Cancel not implemented")
 }
 func (UnimplementedBackendServiceServer) Tokenize(context.Context, *TokenizeRequest) (*TokenizeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Tokenize not implemented")
@@ -313,6 +337,24 @@ func _BackendService_Start_Handler(srv interface{}, stream grpc.ServerStream) er
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackendService_StartServer = grpc.ServerStreamingServer[StartResponse]
+
+func _BackendService_Cancel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackendServiceServer).Cancel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackendService_Cancel_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackendServiceServer).Cancel(ctx, req.(*CancelRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _BackendService_Tokenize_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TokenizeRequest)
@@ -418,6 +460,10 @@ var BackendService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ValidateOptions",
 			Handler:    _BackendService_ValidateOptions_Handler,
+		},
+		{
+			MethodName: "Cancel",
+			Handler:    _BackendService_Cancel_Handler,
 		},
 		{
 			MethodName: "Tokenize",
