@@ -55,7 +55,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		pluginDir = filepath.Join(exeDir, "plugins")
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Info})
-	cat := newCatalog(pluginDir, logger)
+	// Probing plugins for the CLI starts and stops each backend once; only
+	// problems are worth a line.
+	cat := newCatalog(pluginDir, hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Warn}))
 
 	cfg, err := launch.Parse(args, cat)
 	var ue *launch.UsageError
