@@ -14,7 +14,7 @@ import (
 // the waiter gets 503, the server exits 0 and leaves no plugin process.
 func TestShutdownDrain(t *testing.T) {
 	is := is.New(t)
-	words := strings.Repeat("word ", 29) + "end"
+	words := strings.Repeat("word ", 39) + "end"
 	dir := t.TempDir()
 	args := []string{"--routing-queue-limit", "4",
 		"--model", scriptedModel(t, dir, "a"), "--model-name", "a", "--max-concurrency", "3",
@@ -89,7 +89,7 @@ func TestShutdownDrain(t *testing.T) {
 		is.Equal(evs[len(evs)-2].name, "message_delta")
 		is.NoErr(json.Unmarshal([]byte(evs[len(evs)-2].data), &delta))
 		is.Equal(delta.Delta.StopReason, "end_turn")
-		is.Equal(delta.Usage.OutputTokens, 30)
+		is.Equal(delta.Usage.OutputTokens, 40)
 		for _, e := range evs {
 			is.True(e.name != "error")
 		}
@@ -111,7 +111,7 @@ func TestShutdownDrain(t *testing.T) {
 		}
 		is.NoErr(json.Unmarshal([]byte(last.data), &done))
 		is.Equal(done.Response.Status, "completed")
-		is.Equal(done.Response.Usage.OutputTokens, 30)
+		is.Equal(done.Response.Usage.OutputTokens, 40)
 	})
 
 	is.Equal(len(s.pluginProcs("")), 0) // no plugin process left
