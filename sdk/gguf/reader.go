@@ -8,6 +8,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/dflash/dflash_server/sdk/internal/mmap"
 )
 
 // Magic is the first four bytes of every GGUF file.
@@ -96,7 +98,7 @@ func Open(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open gguf %s: %w", path, err)
 	}
-	data, unmap, err := mapFile(fd, st.Size())
+	data, unmap, err := mmap.File(fd, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("open gguf %s: %w", path, err)
 	}
@@ -138,7 +140,7 @@ func readArch(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	data, unmap, err := mapFile(fd, st.Size())
+	data, unmap, err := mmap.File(fd, st.Size())
 	if err != nil {
 		return "", err
 	}

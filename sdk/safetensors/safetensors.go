@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/dflash/dflash_server/sdk/gguf/quant"
+	"github.com/dflash/dflash_server/sdk/internal/mmap"
 	"github.com/hashicorp/go-multierror"
 )
 
@@ -224,7 +225,7 @@ func (c *Checkpoint) addFile(path string) error {
 	if err != nil {
 		return fmt.Errorf("open safetensors %s: %w", path, err)
 	}
-	data, unmap, err := mapFile(fd, st.Size())
+	data, unmap, err := mmap.File(fd, st.Size())
 	if err != nil {
 		return fmt.Errorf("open safetensors %s: %w", path, err)
 	}

@@ -1,6 +1,6 @@
 //go:build unix
 
-package safetensors
+package mmap
 
 import (
 	"fmt"
@@ -8,8 +8,8 @@ import (
 	"syscall"
 )
 
-// mapFile maps the whole file read-only. The mapping outlives f.
-func mapFile(f *os.File, size int64) ([]byte, func() error, error) {
+// File maps the whole file read-only. The mapping outlives f.
+func File(f *os.File, size int64) ([]byte, func() error, error) {
 	if size == 0 {
 		return nil, func() error { return nil }, nil
 	}
