@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"strings"
 
@@ -174,11 +173,7 @@ func anthropicSystem(r json.RawMessage) (string, *apiError) {
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return "", badRequest("system", "system: %v", err)
-		}
-		return s, nil
+		return rawString(r, "system")
 	case 'a':
 		blocks, err := anthropicBlocks(r, "system")
 		if err != nil {
@@ -224,9 +219,9 @@ func anthropicMessageToNeutral(m *anthropicMessage, field string) ([]sdk.Message
 	cf := field + ".content"
 	switch rawKind(m.Content) {
 	case 's':
-		var s string
-		if err := json.Unmarshal(m.Content, &s); err != nil {
-			return nil, badRequest(cf, "%s: %v", cf, err)
+		s, err := rawString(m.Content, cf)
+		if err != nil {
+			return nil, err
 		}
 		return []sdk.Message{{Role: m.Role, Content: s}}, nil
 	case 'a':
@@ -328,11 +323,7 @@ func toolInput(r json.RawMessage, field string) (string, *apiError) {
 	case 0, 'n':
 		return "{}", nil
 	case 'o':
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, r); err != nil {
-			return "", badRequest(field, "%s: %v", field, err)
-		}
-		return buf.String(), nil
+		return compactObject(r, field)
 	}
 	return "", badRequest(field, "%s must be an object, got %s", field, kindName(rawKind(r)))
 }
@@ -344,11 +335,7 @@ func toolResultContent(r json.RawMessage, field string) (string, *apiError) {
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return "", badRequest(field, "%s: %v", field, err)
-		}
-		return s, nil
+		return rawString(r, field)
 	case 'a':
 		blocks, err := anthropicBlocks(r, field)
 		if err != nil {

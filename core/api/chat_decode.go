@@ -274,11 +274,7 @@ func chatContent(r json.RawMessage, field string) (string, *apiError) {
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return "", badRequest(field, "%s: %v", field, err)
-		}
-		return s, nil
+		return rawString(r, field)
 	case 'a':
 		var parts []struct {
 			Type    string  `json:"type"`

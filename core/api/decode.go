@@ -161,6 +161,25 @@ func kindName(k byte) string {
 	return "nothing"
 }
 
+// rawString decodes a value already known to be a JSON string.
+func rawString(r json.RawMessage, field string) (string, *apiError) {
+	var s string
+	if err := json.Unmarshal(r, &s); err != nil {
+		return "", badRequest(field, "%s: %v", field, err)
+	}
+	return s, nil
+}
+
+// compactObject re-encodes a value already known to be a JSON object as
+// compact JSON text.
+func compactObject(r json.RawMessage, field string) (string, *apiError) {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, r); err != nil {
+		return "", badRequest(field, "%s: %v", field, err)
+	}
+	return buf.String(), nil
+}
+
 // stringOrStrings decodes a field that is a string or an array of strings
 // (OpenAI "stop").
 func stringOrStrings(r json.RawMessage, field string) ([]string, *apiError) {
@@ -168,9 +187,9 @@ func stringOrStrings(r json.RawMessage, field string) ([]string, *apiError) {
 	case 0, 'n':
 		return nil, nil
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return nil, badRequest(field, "%s: %v", field, err)
+		s, err := rawString(r, field)
+		if err != nil {
+			return nil, err
 		}
 		return []string{s}, nil
 	case 'a':
@@ -193,17 +212,9 @@ func argumentsString(r json.RawMessage, field string) (string, *apiError) {
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return "", badRequest(field, "%s: %v", field, err)
-		}
-		return s, nil
+		return rawString(r, field)
 	case 'o':
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, r); err != nil {
-			return "", badRequest(field, "%s: %v", field, err)
-		}
-		return buf.String(), nil
+		return compactObject(r, field)
 	}
 	return "", badRequest(field, "%s: expected a JSON-encoded string, got %s", field, kindName(rawKind(r)))
 }

@@ -185,9 +185,9 @@ func decodeResponses(b []byte, lim limits) (*sdk.ChatRequest, bool, responsesEch
 func responsesInput(r json.RawMessage, lim limits) ([]sdk.Message, *apiError) {
 	switch rawKind(r) {
 	case 's':
-		var s string
-		if err := json.Unmarshal(r, &s); err != nil {
-			return nil, badRequest("input", "input: %v", err)
+		s, err := rawString(r, "input")
+		if err != nil {
+			return nil, err
 		}
 		return []sdk.Message{{Role: "user", Content: s}}, nil
 	case 'a':
