@@ -284,6 +284,7 @@ func TestPrimaryFirst(t *testing.T) {
 		c = s.post(t, pathChat, quick(""))
 		is.Equal(c.model(), "b")
 		release(h1, h2)
+		s.waitIdle(t) // a cancelled stream holds its slot until its sequence retired
 		restarted := waitFor(t, "a new policy process", func() bool {
 			p := s.pluginProcs("policy-")
 			return len(p) == 1 && p[0].pid != old
