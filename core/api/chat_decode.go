@@ -315,13 +315,7 @@ func chatToolChoice(r json.RawMessage, tools []sdk.Tool) (sdk.ToolChoice, *apiEr
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		_ = json.Unmarshal(r, &s)
-		switch s {
-		case "none", "auto", "required":
-			return sdk.ToolChoice(s), nil
-		}
-		return "", badRequest("tool_choice", "tool_choice must be none, auto, required or a function object, got %q", s)
+		return toolChoiceMode(r)
 	case 'o':
 		var o struct {
 			Type     string `json:"type"`
@@ -338,6 +332,18 @@ func chatToolChoice(r json.RawMessage, tools []sdk.Tool) (sdk.ToolChoice, *apiEr
 		return namedToolChoice(o.Function.Name, "tool_choice.function.name", tools)
 	}
 	return "", badRequest("tool_choice", "tool_choice must be a string or an object, got %s", kindName(rawKind(r)))
+}
+
+// toolChoiceMode decodes the string forms of tool_choice, which Chat
+// Completions and Responses share.
+func toolChoiceMode(r json.RawMessage) (sdk.ToolChoice, *apiError) {
+	var s string
+	_ = json.Unmarshal(r, &s)
+	switch s {
+	case "none", "auto", "required":
+		return sdk.ToolChoice(s), nil
+	}
+	return "", badRequest("tool_choice", "tool_choice must be none, auto, required or a function object, got %q", s)
 }
 
 func namedToolChoice(name, field string, tools []sdk.Tool) (sdk.ToolChoice, *apiError) {

@@ -303,13 +303,7 @@ func responsesToolChoice(r json.RawMessage, tools []sdk.Tool) (sdk.ToolChoice, *
 	case 0, 'n':
 		return "", nil
 	case 's':
-		var s string
-		_ = json.Unmarshal(r, &s)
-		switch s {
-		case "none", "auto", "required":
-			return sdk.ToolChoice(s), nil
-		}
-		return "", badRequest("tool_choice", "tool_choice must be none, auto, required or a function object, got %q", s)
+		return toolChoiceMode(r)
 	case 'o':
 		var o struct {
 			Type string `json:"type"`
