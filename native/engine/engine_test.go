@@ -506,3 +506,33 @@ func TestLoadGGUF(t *testing.T) {
 	_, err = fm.NewSeq()
 	is.True(err != nil) // closed
 }
+
+// Explicit RoPE positions equal to the cache positions change nothing; a shifted start changes the logits only by
+// rounding for a pure-RoPE model (attention depends on position differences).
+func TestExplicitPositions(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	c := tinyQwen3()
+	m := loadRandom(t, lib, c, Options{KVPoolTokens: 256, MaxSeqs: 3, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
+	toks := randomTokens(rand.New(rand.NewPCG(12, 12)), 20, c.vocab)
+	pos := make([]int32, len(toks))
+	shifted := make([]int32, len(toks))
+	for i := range pos {
+		pos[i] = int32(i)
+		shifted[i] = int32(1000 + i)
+	}
+	run := func(p []int32) []float32 {
+		s, err := m.NewSeq()
+		is.NoErr(err)
+		defer m.FreeSeq(s)
+		r, err := m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Positions: p, Logits: LogitsLast}}})
+		is.NoErr(err)
+		return r.Row(0, 0)
+	}
+	base := run(nil)
+	is.Equal(run(pos), base)
+	is.True(relErr(run(shifted), base) < 1e-4)
+	s, _ := m.NewSeq()
+	_, err := m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Positions: pos[:3]}}})
+	is.True(err != nil && strings.Contains(err.Error(), "3 positions for 20 tokens"))
+}
