@@ -183,15 +183,8 @@ func decodeChat(b []byte, lim limits) (*sdk.ChatRequest, chatOptions, *apiError)
 	if err := reasoningEffort(&req.Reasoning, in.ReasoningEffort, "reasoning_effort"); err != nil {
 		return nil, opts, err
 	}
-	if len(in.ChatTemplateKwargs) > 0 {
-		req.TemplateKwargs = in.ChatTemplateKwargs
-		if v, ok := in.ChatTemplateKwargs["enable_thinking"]; ok {
-			on, isBool := v.(bool)
-			if !isBool {
-				return nil, opts, badRequest("chat_template_kwargs.enable_thinking", "chat_template_kwargs.enable_thinking must be a boolean")
-			}
-			req.Reasoning.Enabled = &on
-		}
+	if err := templateKwargs(req, in.ChatTemplateKwargs); err != nil {
+		return nil, opts, err
 	}
 	if err := checkCommon(req, "max_tokens", lim); err != nil {
 		return nil, opts, err
@@ -204,6 +197,24 @@ func nullToNil(r json.RawMessage) json.RawMessage {
 		return nil
 	}
 	return r
+}
+
+// templateKwargs passes chat_template_kwargs to the template; its
+// enable_thinking, which templates read as the thinking switch, also sets
+// the neutral reasoning control.
+func templateKwargs(req *sdk.ChatRequest, kw map[string]any) *apiError {
+	if len(kw) == 0 {
+		return nil
+	}
+	req.TemplateKwargs = kw
+	if v, ok := kw["enable_thinking"]; ok {
+		on, isBool := v.(bool)
+		if !isBool {
+			return badRequest("chat_template_kwargs.enable_thinking", "chat_template_kwargs.enable_thinking must be a boolean")
+		}
+		req.Reasoning.Enabled = &on
+	}
+	return nil
 }
 
 // reasoningEffort maps OpenAI's effort words onto the neutral controls.

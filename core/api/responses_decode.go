@@ -159,15 +159,8 @@ func decodeResponses(b []byte, lim limits) (*sdk.ChatRequest, bool, responsesEch
 			return nil, false, echo, badRequest("text.format.type", "text.format.type must be text, json_object or json_schema, got %q", f.Type)
 		}
 	}
-	if v, ok := in.ChatTemplateKwargs["enable_thinking"]; ok {
-		on, isBool := v.(bool)
-		if !isBool {
-			return nil, false, echo, badRequest("chat_template_kwargs.enable_thinking", "chat_template_kwargs.enable_thinking must be a boolean")
-		}
-		req.Reasoning.Enabled = &on
-	}
-	if len(in.ChatTemplateKwargs) > 0 {
-		req.TemplateKwargs = in.ChatTemplateKwargs
+	if err := templateKwargs(req, in.ChatTemplateKwargs); err != nil {
+		return nil, false, echo, err
 	}
 	if err := checkCommon(req, "max_output_tokens", lim); err != nil {
 		if err.param == "messages" {
