@@ -206,5 +206,5 @@ func (a *anthropicWhole) finish(f *sdk.Finish, reason sdk.FinishReason, blocks [
 }
 
 func (a *anthropicWhole) fail(err error) {
-	writeError(a.w, shapeAnthropic, a.reqID, &apiError{status: http.StatusInternalServerError, message: err.Error()})
+	writeError(a.w, shapeAnthropic, a.reqID, backendFailure(err))
 }

@@ -197,8 +197,7 @@ func (c *chatStream) finish(f *sdk.Finish, reason sdk.FinishReason, _ []*block) 
 // fail sends the in-band error openai-python and openai-node raise as
 // APIError (any data whose JSON has a top-level "error"), then [DONE].
 func (c *chatStream) fail(err error) {
-	e := openAIErrorObject{Message: err.Error(), Type: "server_error", Code: nullable("backend_error")}
-	c.sse.event("", openAIErrorBody{Error: e})
+	c.sse.event("", openAIErrorBody{Error: backendFailure(err).openAIObject()})
 	c.sse.raw("data: [DONE]\n\n")
 }
 
@@ -289,5 +288,5 @@ func (c *chatWhole) finish(f *sdk.Finish, reason sdk.FinishReason, blocks []*blo
 }
 
 func (c *chatWhole) fail(err error) {
-	writeError(c.w, shapeOpenAI, c.reqID, &apiError{status: http.StatusInternalServerError, kind: "server_error", code: "backend_error", message: err.Error()})
+	writeError(c.w, shapeOpenAI, c.reqID, backendFailure(err))
 }

@@ -63,6 +63,12 @@ func internalError(format string, args ...any) *apiError {
 	return &apiError{status: http.StatusInternalServerError, code: "internal_error", message: fmt.Sprintf(format, args...)}
 }
 
+// backendFailure is the error a generation that failed in the backend
+// answers with, in every API and in-band in a chat stream.
+func backendFailure(err error) *apiError {
+	return &apiError{status: http.StatusInternalServerError, kind: "server_error", code: "backend_error", message: err.Error()}
+}
+
 // openAIType is the OpenAI error "type" of e.
 func (e *apiError) openAIType() string {
 	if e.kind != "" {

@@ -307,5 +307,5 @@ func (r *responsesWhole) finish(f *sdk.Finish, _ sdk.FinishReason, blocks []*blo
 	writeJSON(r.w, http.StatusOK, r.finalResponse(f, blocks))
 }
 func (r *responsesWhole) fail(err error) {
-	writeError(r.w, shapeOpenAI, r.reqID, &apiError{status: http.StatusInternalServerError, kind: "server_error", code: "backend_error", message: err.Error()})
+	writeError(r.w, shapeOpenAI, r.reqID, backendFailure(err))
 }
