@@ -380,6 +380,14 @@ func (c hfConfig) ropeInts(key string) []int {
 	return v
 }
 
+// plainRope notes a RoPE scaling type other than the default, which no
+// layout supports yet.
+func (c hfConfig) plainRope(errs **multierror.Error) {
+	if t := c.ropeString("rope_type"); t != "" && t != "default" {
+		*errs = multierror.Append(*errs, fmt.Errorf("config.json: rope type %q is not supported yet", t))
+	}
+}
+
 func (c hfConfig) ropeString(key string) string {
 	raw, ok := c.rope(key)
 	var v string

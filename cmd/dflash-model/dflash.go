@@ -160,24 +160,8 @@ func draftFromGGUF(f *gguf.File) (hparams, error) {
 // draftFromHF reads a DFlashDraftModel config.json (dflash spec §1.8).
 func draftFromHF(c hfConfig) (hparams, error) {
 	var errs *multierror.Error
-	hp := hparams{
-		Layers:  c.int("num_hidden_layers", &errs),
-		Hidden:  c.int("hidden_size", &errs),
-		Heads:   c.int("num_attention_heads", &errs),
-		FFN:     c.int("intermediate_size", &errs),
-		Vocab:   c.int("vocab_size", &errs),
-		Context: c.intOr("max_position_embeddings", 32768),
-		RMSEps:  float32(c.floatOr("rms_norm_eps", 1e-6)),
-		Tied:    true, // no head of its own: the target's is used
-	}
-	hp.KVHeads = c.intOr("num_key_value_heads", hp.Heads)
-	if hp.Heads > 0 {
-		hp.HeadDim = c.intOr("head_dim", hp.Hidden/hp.Heads)
-	}
-	hp.RopeTheta = float32(c.ropeFloat("rope_theta", 10000))
-	if t := c.ropeString("rope_type"); t != "" && t != "default" {
-		errs = multierror.Append(errs, fmt.Errorf("config.json: rope type %q is not supported yet", t))
-	}
+	hp := qwen3HParams(c, 32768, &errs)
+	hp.Tied = true // no head of its own: the target's is used
 	hp.TargetHidden = c.intOr("target_hidden_size", hp.Hidden)
 
 	var dc struct {

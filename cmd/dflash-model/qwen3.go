@@ -78,23 +78,29 @@ func qwen3Tensors(hp hparams) []tensorPlan {
 // qwen3FromHF reads a Qwen3Config.
 func qwen3FromHF(c hfConfig) (hparams, error) {
 	var errs *multierror.Error
+	hp := qwen3HParams(c, 40960, &errs)
+	hp.Tied = c.boolOr("tie_word_embeddings", false)
+	return hp, errs.ErrorOrNil()
+}
+
+// qwen3HParams reads the config keys of a stack of Qwen3 layers, which the
+// Qwen3 target and the DFlash draft share; context is the default
+// max_position_embeddings.
+func qwen3HParams(c hfConfig, context int, errs **multierror.Error) hparams {
 	hp := hparams{
-		Layers:  c.int("num_hidden_layers", &errs),
-		Hidden:  c.int("hidden_size", &errs),
-		Heads:   c.int("num_attention_heads", &errs),
-		FFN:     c.int("intermediate_size", &errs),
-		Vocab:   c.int("vocab_size", &errs),
-		Context: c.intOr("max_position_embeddings", 40960),
+		Layers:  c.int("num_hidden_layers", errs),
+		Hidden:  c.int("hidden_size", errs),
+		Heads:   c.int("num_attention_heads", errs),
+		FFN:     c.int("intermediate_size", errs),
+		Vocab:   c.int("vocab_size", errs),
+		Context: c.intOr("max_position_embeddings", context),
 		RMSEps:  float32(c.floatOr("rms_norm_eps", 1e-6)),
-		Tied:    c.boolOr("tie_word_embeddings", false),
 	}
 	hp.KVHeads = c.intOr("num_key_value_heads", hp.Heads)
 	if hp.Heads > 0 {
 		hp.HeadDim = c.intOr("head_dim", hp.Hidden/hp.Heads)
 	}
 	hp.RopeTheta = float32(c.ropeFloat("rope_theta", 10000))
-	if t := c.ropeString("rope_type"); t != "" && t != "default" {
-		errs = multierror.Append(errs, fmt.Errorf("config.json: rope type %q is not supported yet", t))
-	}
-	return hp, errs.ErrorOrNil()
+	c.plainRope(errs)
+	return hp
 }

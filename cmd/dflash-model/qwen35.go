@@ -286,9 +286,7 @@ func qwen35FromHF(c hfConfig) (hparams, error) {
 	for _, s := range sections {
 		hp.RopeSections = append(hp.RopeSections, int32(s))
 	}
-	if t := c.ropeString("rope_type"); t != "" && t != "default" {
-		errs = multierror.Append(errs, fmt.Errorf("config.json: rope type %q is not supported yet", t))
-	}
+	c.plainRope(&errs)
 	// transformers saves layer_types, not the interval (it consumes
 	// full_attention_interval); GGUF carries only the interval, so derive
 	// it from the first full-attention layer and check the whole pattern.
