@@ -150,6 +150,16 @@ func dims(d ...int) []uint64 {
 	return out
 }
 
+// layerNames returns the namers of decoder layer i: blk gives a tensor's
+// GGUF name, hf the rule that reads it from the checkpoint's layers.i.
+func layerNames(i int) (blk func(string) string, hf func(string, ...int) hfRule) {
+	blk = func(name string) string { return fmt.Sprintf("blk.%d.%s", i, name) }
+	hf = func(name string, shape ...int) hfRule {
+		return hfRule{Name: fmt.Sprintf("layers.%d.%s", i, name), Shape: torch(shape...)}
+	}
+	return blk, hf
+}
+
 // torch builds a torch shape.
 func torch(d ...int) []int64 {
 	out := make([]int64, len(d))

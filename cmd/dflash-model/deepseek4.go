@@ -207,10 +207,7 @@ func ds4Tensors(hp hparams) []tensorPlan {
 		{Name: "output_hc_scale.weight", Dims: dims(1), Init: initNorm, HF: hfRule{Name: "hc_head.hc_scale", Shape: torch(1)}},
 	}
 	for i := 0; i < hp.Layers; i++ {
-		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s", i, name) }
-		hf := func(name string, shape ...int) hfRule {
-			return hfRule{Name: fmt.Sprintf("layers.%d.%s", i, name), Shape: torch(shape...)}
-		}
+		blk, hf := layerNames(i)
 		for _, site := range []string{"attn", "ffn"} {
 			ps = append(ps,
 				tensorPlan{Name: blk("hc_" + site + "_fn.weight"), Dims: dims(d.HC*D, mix), Half: true, HF: hf(site+"_hc.fn", mix, d.HC*D)},

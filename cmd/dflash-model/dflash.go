@@ -100,10 +100,7 @@ func draftTensors(hp hparams) []tensorPlan {
 		{Name: "output_norm.weight", Dims: dims(H), Init: initNorm, HF: hfRule{Name: "norm.weight", Shape: torch(H)}},
 	}
 	for i := 0; i < hp.Layers; i++ {
-		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s", i, name) }
-		hf := func(name string, shape ...int) hfRule {
-			return hfRule{Name: fmt.Sprintf("layers.%d.%s", i, name), Shape: torch(shape...)}
-		}
+		blk, hf := layerNames(i)
 		ps = append(ps,
 			tensorPlan{Name: blk("attn_norm.weight"), Dims: dims(H), Init: initNorm, HF: hf("input_layernorm.weight", H)},
 			tensorPlan{Name: blk("ffn_norm.weight"), Dims: dims(H), Init: initNorm, HF: hf("post_attention_layernorm.weight", H)},

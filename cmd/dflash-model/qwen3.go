@@ -54,10 +54,7 @@ func qwen3Tensors(hp hparams) []tensorPlan {
 	q, kv := hp.Heads*hd, hp.KVHeads*hd
 	ps := embeddingAndHead(hp, false)
 	for i := 0; i < hp.Layers; i++ {
-		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s", i, name) }
-		hf := func(name string, shape ...int) hfRule {
-			return hfRule{Name: fmt.Sprintf("layers.%d.%s", i, name), Shape: torch(shape...)}
-		}
+		blk, hf := layerNames(i)
 		ps = append(ps,
 			tensorPlan{Name: blk("attn_norm.weight"), Dims: dims(H), Init: initNorm, HF: hf("input_layernorm.weight", H)},
 			tensorPlan{Name: blk("attn_q.weight"), Dims: dims(H, q), HF: hf("self_attn.q_proj.weight", q, H)},

@@ -148,10 +148,7 @@ func qwen35Tensors(hp hparams) []tensorPlan {
 		)
 	}
 	for i := 0; i < hp.Layers; i++ {
-		blk := func(name string) string { return fmt.Sprintf("blk.%d.%s", i, name) }
-		hf := func(name string, shape ...int) hfRule {
-			return hfRule{Name: fmt.Sprintf("layers.%d.%s", i, name), Shape: torch(shape...)}
-		}
+		blk, hf := layerNames(i)
 		block(blk, hf)
 		if isFullAttention(hp, i) {
 			attention(blk, hf)
