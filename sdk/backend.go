@@ -119,6 +119,11 @@ type ModelConfig struct {
 	// Options are the plugin-owned flags of the block, by name without
 	// dashes; bool flags given without a value are "true".
 	Options map[string]string
+	// MultiModel is true when this block is one of several models served
+	// by one listener (load balancing or by-name routing). Backends then
+	// refuse what the seed lists as unshareable (KV paging controls,
+	// compression, remote drafts, target splitting).
+	MultiModel bool
 }
 
 // LoadProgress reports loading progress.

@@ -31,7 +31,7 @@ func configToProto(c ModelConfig) *backendv1.ModelConfig {
 		MaxCtx: int32(c.MaxCtx), MaxConcurrency: int32(c.MaxConcurrency), KvPoolTokens: int32(c.KVPoolTokens),
 		DefaultMaxTokens: int32(c.DefaultMaxTokens), MaxTokens: int32(c.MaxTokens),
 		HardLimitReplyBudget: int32(c.HardLimitReplyBudget), ThinkMaxTokens: int32(c.ThinkMaxTokens),
-		EffortBudgets: eb, Options: c.Options,
+		EffortBudgets: eb, Options: c.Options, MultiModel: c.MultiModel,
 	}
 }
 
@@ -50,6 +50,7 @@ func configFromProto(c *backendv1.ModelConfig) ModelConfig {
 		KVPoolTokens: int(c.GetKvPoolTokens()), DefaultMaxTokens: int(c.GetDefaultMaxTokens()),
 		MaxTokens: int(c.GetMaxTokens()), HardLimitReplyBudget: int(c.GetHardLimitReplyBudget()),
 		ThinkMaxTokens: int(c.GetThinkMaxTokens()), EffortBudgets: eb, Options: opts,
+		MultiModel: c.GetMultiModel(),
 	}
 }
 

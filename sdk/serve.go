@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -31,7 +32,24 @@ func ServeBackend(impl Backend) {
 		printDescribe(Describe{Kind: "backend", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: APIVersion, Architectures: info.Architectures})
 		return
 	}
+	go exitWithParent(func(ctx context.Context) { _ = impl.Shutdown(ctx) })
 	serve(BackendPluginName, &BackendPlugin{Impl: impl})
+}
+
+// exitWithParent ends the plugin when the process that started it is gone
+// (re-parented), after giving the backend a moment to free device memory.
+// Where the kernel supports it the host also asks for a parent-death signal;
+// this covers the rest.
+func exitWithParent(shutdown func(ctx context.Context)) {
+	parent := os.Getppid()
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			shutdown(ctx)
+			cancel()
+			os.Exit(1)
+		}
+	}
 }
 
 // ServePolicy runs a policy plugin binary (see ServeBackend).
@@ -42,6 +60,7 @@ func ServePolicy(impl Policy) {
 		printDescribe(Describe{Kind: "policy", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: APIVersion})
 		return
 	}
+	go exitWithParent(func(context.Context) {})
 	serve(PolicyPluginName, &PolicyPlugin{Impl: impl})
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -207,16 +208,28 @@ type generation struct {
 func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation) {
 	ctx := r.Context()
 	g.req.ID = g.requestID
+	began := time.Now()
+	api := apiName(r.URL.Path)
 	st, err := s.rt.start(ctx, g.req)
 	if err != nil {
 		if ctx.Err() != nil {
 			// The client left while waiting: nobody reads an answer.
+			s.observe("", api, statusClientClosed, began)
 			return
 		}
-		writeError(w, g.shape, g.requestID, s.errorFor(err, g.shape))
+		ae := s.errorFor(err, g.shape)
+		s.observe("", api, ae.status, began)
+		writeError(w, g.shape, g.requestID, ae)
 		return
 	}
 	defer st.Close()
+	defer func() {
+		code := http.StatusOK
+		if ctx.Err() != nil {
+			code = statusClientClosed
+		}
+		s.observe(st.Model(), api, code, began)
+	}()
 	h := w.Header()
 	h.Set("X-Dflash-Model", st.Model())
 	if route := st.Route(); route != "" {
@@ -327,4 +340,29 @@ func (s *Server) pumpWithHeartbeat(ctx context.Context, st Stream, tr *tracker, 
 			return
 		}
 	}
+}
+
+// statusClientClosed is the status recorded (never sent) when the client
+// went away, as nginx and the serving landscape call it.
+const statusClientClosed = 499
+
+// observe records one generation request's outcome, when the server asked
+// for it.
+func (s *Server) observe(model, api string, code int, began time.Time) {
+	if s.opts.ObserveRequest != nil {
+		s.opts.ObserveRequest(model, api, code, time.Since(began))
+	}
+}
+
+// apiName labels a generation route for metrics.
+func apiName(path string) string {
+	switch {
+	case strings.HasSuffix(path, "/chat/completions"):
+		return "chat"
+	case strings.HasSuffix(path, "/messages"):
+		return "messages"
+	case strings.HasSuffix(path, "/responses"):
+		return "responses"
+	}
+	return "other"
 }

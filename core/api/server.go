@@ -87,6 +87,11 @@ type Options struct {
 	Logger *slog.Logger
 	// OwnedBy is the owned_by of /v1/models entries. Default "dflash_server".
 	OwnedBy string
+	// ObserveRequest, when set, is told the outcome of every generation
+	// request: the model that answered ("" when none did), the API
+	// ("chat", "messages", "responses"), the status (499 when
+	// the client left) and the duration.
+	ObserveRequest func(model, api string, code int, d time.Duration)
 }
 
 // Server serves the HTTP API. It is an http.Handler.

@@ -29,6 +29,7 @@ type process struct {
 func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	cmd := exec.Command(f.Path)
 	cmd.Env = append(cmd.Environ(), env...)
+	dieWithParent(cmd)
 	cfg := &plugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: sdk.HostPluginSets(),

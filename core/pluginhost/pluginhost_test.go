@@ -132,7 +132,7 @@ func TestStreamThroughRealPlugin(t *testing.T) {
 	rec := newRecorder()
 	is.NoErr(b.Start(context.Background(), chat("hello there", 16), rec))
 	is.Equal(rec.adm.Outcome, sdk.OutcomeAdmitted) // admitted first
-	is.Equal(rec.text(), "echo: hello there")     // scripted echo through the gRPC boundary
+	is.Equal(rec.text(), "echo: hello there")      // scripted echo through the gRPC boundary
 	last := rec.events[len(rec.events)-1]
 	is.True(last.Finish != nil) // stream ends with finish
 	is.Equal(last.Finish.Reason, sdk.FinishStop)

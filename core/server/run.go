@@ -84,11 +84,23 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	s := &Server{cfg: cfg, cat: cat, logger: logger, libDir: libDir, stdout: stdout,
 		progress: newProgressBoard(logger, stderr)}
 	if err := s.serve(); err != nil {
-		fmt.Fprintf(stderr, "dflash_server: error: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "dflash_server: error: %s\n", oneLine(flatten(err).Error()))
+		var oe *optionsError
+		if errors.As(err, &oe) {
+			fmt.Fprintln(stderr, "Run 'dflash_server --help' for usage.")
+			return ExitUsage
+		}
 		return ExitError
 	}
 	return ExitOK
 }
+
+// optionsError is a backend's refusal of a block's options: a usage error
+// found once the backend could be asked.
+type optionsError struct{ err error }
+
+func (e *optionsError) Error() string { return e.err.Error() }
+func (e *optionsError) Unwrap() error { return e.err }
 
 // Server is one running launch.
 type Server struct {
@@ -161,11 +173,12 @@ func (s *Server) serve() error {
 	}
 
 	h := http.Handler(api.New(rt, api.Options{
-		Ready:       s.ready,
-		Metrics:     reg.Handler(),
-		APIKeys:     s.cfg.APIKeys,
-		CORSOrigins: s.cfg.CORSOrigins,
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Ready:          s.ready,
+		Metrics:        reg.Handler(),
+		APIKeys:        s.cfg.APIKeys,
+		CORSOrigins:    s.cfg.CORSOrigins,
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		ObserveRequest: reg.ObserveRequest,
 	}))
 	s.handler.Store(&h)
 	s.state.Store("ready")
@@ -282,8 +295,9 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 	err = g.Wait().ErrorOrNil()
 	s.progress.done()
 	if err != nil {
-		if !s.cfg.ContinueOnLoadFailure {
-			return nil, nil, flatten(err)
+		var oe *optionsError
+		if !s.cfg.ContinueOnLoadFailure || errors.As(err, &oe) {
+			return nil, nil, err
 		}
 		s.logger.Error("continuing without models that failed to load", "error", flatten(err))
 	}
@@ -342,8 +356,9 @@ func (s *Server) loadBlock(ctx context.Context, b *launch.Block) (*pluginhost.Ba
 	}
 	mc := b.ModelConfig()
 	mc.LibDir = s.libDir
+	mc.MultiModel = len(s.cfg.Load) > 1
 	if err := be.ValidateOptions(ctx, mc); err != nil {
-		return be, sdk.ModelDescription{}, err
+		return be, sdk.ModelDescription{}, &optionsError{err}
 	}
 	s.logger.Info("loading model", "model", b.Name, "file", b.Path, "device", b.Device, "backend", b.Backend)
 	desc, err := be.Load(ctx, mc, s.progress.reporter(b.Name))

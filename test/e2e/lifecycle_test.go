@@ -122,9 +122,6 @@ func TestShutdownDrain(t *testing.T) {
 // themselves, or every crash of the server leaks model processes (and, on
 // a GPU host, their device memory).
 func TestPluginsExitWhenServerKilled(t *testing.T) {
-	knownBug(t, "plugin processes outlive a SIGKILLed dflash_server: core/pluginhost/launch.go starts them "+
-		"with exec.Command and no parent-death signal (SysProcAttr.Pdeathsig on Linux), and sdk.ServeBackend/"+
-		"ServePolicy do not watch their parent, so they are re-parented to init and run forever")
 	is := is.New(t)
 	s := startServer(t, serverOpts{args: append([]string{"--load-balancing"}, twoModels(t)...)})
 	is.Equal(len(s.pluginProcs("")), 3)

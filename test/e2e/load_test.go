@@ -124,9 +124,6 @@ func TestLoad(t *testing.T) {
 // TestRequestMetrics checks dflash_requests_total, the per-API request
 // counter gateways read.
 func TestRequestMetrics(t *testing.T) {
-	knownBug(t, "dflash_requests_total and dflash_request_duration_seconds stay empty: "+
-		"core/metrics.Registry.ObserveRequest (core/metrics/metrics.go) is never called; core/api's generation "+
-		"handlers (core/api/generate.go, Server.run) should record model, API and status of every request")
 	is := is.New(t)
 	dir := t.TempDir()
 	s := startServer(t, serverOpts{args: []string{"--model", scriptedModel(t, dir, "a"), "--model-name", "a"}})

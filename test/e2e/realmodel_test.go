@@ -63,7 +63,7 @@ func TestSeedCommandLine(t *testing.T) {
 		is := is.New(t)
 		args := append(append(append([]string{}, seedHead...), seedQwenBlock(qwen3, qwen35, true, false)...), seedDS4Block(qwen35, false)...)
 		code, _, stderr := runCLI(t, realPlugins, withPort(t, args)...)
-		is.Equal(code, 1) // a load error, not a usage error: the backend refuses the option
+		is.Equal(code, 2) // a usage error: the backend refuses the option before anything loads
 		lines := errorLines(stderr)
 		is.Equal(len(lines), 1)
 		if len(lines) == 1 && !contains(lines[0], "--model #1 ("+qwen3+")", "--draft: DFlash speculative decoding is not implemented") {
@@ -72,17 +72,12 @@ func TestSeedCommandLine(t *testing.T) {
 	})
 
 	t.Run("draft on the target's device is not a shared-process policy", func(t *testing.T) {
-		knownBug(t, "the seed's qwen block (--draft-device equal to its --target-device, with --load-balancing) "+
-			"exits 2 with '--draft-device=cpu:0 sets a shared-process policy, which is refused when several models load': "+
-			"plugins/backend-qwen-dflash/qwendflash/options.go marks draft-device SharedProcessPolicy, and "+
-			"core/launch (checkMulti) refuses any non-default value, while the seed refuses only remote drafts "+
-			"(a draft device other than the target's)")
 		is := is.New(t)
 		args := append(append(append([]string{}, seedHead...), seedQwenBlock(qwen3, qwen35, true, true)...), seedDS4Block(qwen35, false)...)
 		code, _, stderr := runCLI(t, realPlugins, withPort(t, args)...)
 		lines := errorLines(stderr)
 		is.Equal(len(lines), 1)
-		is.Equal(code, 1) // only --draft itself is refused, at load
+		is.Equal(code, 2) // only --draft itself is refused, as a usage error
 		if len(lines) == 1 && strings.Contains(lines[0], "shared-process policy") {
 			t.Errorf("--draft-device on the target's own device refused as a shared-process policy: %q", lines[0])
 		}

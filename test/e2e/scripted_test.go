@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -84,15 +83,6 @@ func release(calls ...*call) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
-// knownBug skips a test that documents a bug of another package, unless
-// DFLASH_E2E_KNOWN_BUGS=1 asks to see it fail.
-func knownBug(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("DFLASH_E2E_KNOWN_BUGS") != "1" {
-		t.Skip("known bug: " + msg)
-	}
-}
 
 func contains(s string, parts ...string) bool {
 	for _, p := range parts {

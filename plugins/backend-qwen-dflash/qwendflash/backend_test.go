@@ -117,7 +117,7 @@ func TestInfoAndOptions(t *testing.T) {
 		for _, o := range info.Options {
 			shared[o.Name] = o.SharedProcessPolicy
 		}
-		is.True(shared["draft-device"])
+		is.True(!shared["draft-device"]) // only a remote draft is unshareable, decided with MultiModel
 		is.True(shared["target-split"])
 		is.True(!shared["cache-type-k"])
 		_, declared := shared["draft"]

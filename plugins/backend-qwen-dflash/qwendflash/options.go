@@ -27,7 +27,10 @@ var optionSpecs = []sdk.OptionSpec{
 	{Name: "prefix-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Finished sequences kept with their KV for later prompts that share their prefix (0 = off); their KV is evicted as soon as running requests need it."},
 	{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."},
 	{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF for speculative decoding (not supported yet)."},
-	{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device).", SharedProcessPolicy: true},
+	// Not a shared-process policy as such: only a remote draft (a device
+	// other than the target's) is, and that is refused through
+	// ModelConfig.MultiModel once --draft is implemented.
+	{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device)."},
 	{Name: "draft-block-size", Kind: sdk.OptionInt, Default: "0", Help: "Draft block size (0 = the draft's own)."},
 	{Name: "target-split", Kind: sdk.OptionString, Help: "Split the target's layers across devices (not supported yet).", SharedProcessPolicy: true},
 }

@@ -407,6 +407,7 @@ type ModelConfig struct {
 	ThinkMaxTokens       int32                  `protobuf:"varint,12,opt,name=think_max_tokens,json=thinkMaxTokens,proto3" json:"think_max_tokens,omitempty"`
 	EffortBudgets        map[string]int32       `protobuf:"bytes,13,rep,name=effort_budgets,json=effortBudgets,proto3" json:"effort_budgets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	Options              map[string]string      `protobuf:"bytes,14,rep,name=options,proto3" json:"options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	MultiModel           bool                   `protobuf:"varint,15,opt,name=multi_model,json=multiModel,proto3" json:"multi_model,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -537,6 +538,13 @@ func (x *ModelConfig) GetOptions() map[string]string {
 		return x.Options
 	}
 	return nil
+}
+
+func (x *ModelConfig) GetMultiModel() bool {
+	if x != nil {
+		return x.MultiModel
+	}
+	return false
 }
 
 type ValidateOptionsRequest struct {
@@ -2285,7 +2293,7 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\adevices\x18\x03 \x03(\tR\adevices\x127\n" +
 	"\aoptions\x18\x04 \x03(\v2\x1d.dflash.backend.v1.OptionSpecR\aoptions\x12\x1f\n" +
 	"\vapi_version\x18\x05 \x01(\x05R\n" +
-	"apiVersion\"\xbf\x05\n" +
+	"apiVersion\"\xe0\x05\n" +
 	"\vModelConfig\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\"\n" +
@@ -2302,7 +2310,9 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x17hard_limit_reply_budget\x18\v \x01(\x05R\x14hardLimitReplyBudget\x12(\n" +
 	"\x10think_max_tokens\x18\f \x01(\x05R\x0ethinkMaxTokens\x12X\n" +
 	"\x0eeffort_budgets\x18\r \x03(\v21.dflash.backend.v1.ModelConfig.EffortBudgetsEntryR\reffortBudgets\x12E\n" +
-	"\aoptions\x18\x0e \x03(\v2+.dflash.backend.v1.ModelConfig.OptionsEntryR\aoptions\x1a@\n" +
+	"\aoptions\x18\x0e \x03(\v2+.dflash.backend.v1.ModelConfig.OptionsEntryR\aoptions\x12\x1f\n" +
+	"\vmulti_model\x18\x0f \x01(\bR\n" +
+	"multiModel\x1a@\n" +
 	"\x12EffortBudgetsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x05R\x05value:\x028\x01\x1a:\n" +

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package pluginhost
+
+import "os/exec"
+
+// dieWithParent has no kernel support here; plugins watch their parent
+// themselves (sdk.ServeBackend).
+func dieWithParent(*exec.Cmd) {}
