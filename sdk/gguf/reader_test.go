@@ -165,7 +165,9 @@ var allValues = []struct {
 	{"t.empty", []string{}, "array[string]"},
 }
 
-func TestMetaRoundTrip(t *testing.T) {
+// allValuesFile writes every value of allValues into a file and parses it.
+func allValuesFile(t *testing.T) *File {
+	t.Helper()
 	var buf bytes.Buffer
 	w := NewWriter(&buf)
 	for _, v := range allValues {
@@ -180,6 +182,11 @@ func TestMetaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f
+}
+
+func TestMetaRoundTrip(t *testing.T) {
+	f := allValuesFile(t)
 	kvs := f.KVs()
 	for i, v := range allValues {
 		t.Run(v.key, func(t *testing.T) {
@@ -198,20 +205,7 @@ func TestMetaRoundTrip(t *testing.T) {
 }
 
 func TestTypedHelpers(t *testing.T) {
-	var buf bytes.Buffer
-	w := NewWriter(&buf)
-	for _, v := range allValues {
-		if err := w.AddKV(v.key, v.val); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := Parse(buf.Bytes())
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := allValuesFile(t)
 	tests := []struct {
 		name string
 		get  func() (any, error)
