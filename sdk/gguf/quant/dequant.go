@@ -46,14 +46,11 @@ func Dequantize(t gguf.Type, src []byte, dst []float32) error {
 	if fn == nil {
 		return fmt.Errorf("dequantizing %s is not supported", t)
 	}
+	if err := checkBlocks("dequantize", t, len(dst), len(src)); err != nil {
+		return err
+	}
 	bs, ts := t.BlockSize(), t.TypeSize()
-	if len(dst)%bs != 0 {
-		return fmt.Errorf("dequantize %s: %d elements is not a multiple of the block size %d", t, len(dst), bs)
-	}
 	nb := len(dst) / bs
-	if len(src) < nb*ts {
-		return fmt.Errorf("dequantize %s: %d elements need %d bytes, have %d", t, len(dst), nb*ts, len(src))
-	}
 	le := binary.LittleEndian
 	switch t { // plain types without a call per element
 	case gguf.F32:
@@ -74,6 +71,19 @@ func Dequantize(t gguf.Type, src []byte, dst []float32) error {
 	}
 	for i := 0; i < nb; i++ {
 		fn(src[i*ts:(i+1)*ts], dst[i*bs:(i+1)*bs])
+	}
+	return nil
+}
+
+// checkBlocks checks that elems elements are whole blocks of t and that
+// the packed side of op has the bytes they take.
+func checkBlocks(op string, t gguf.Type, elems, packed int) error {
+	bs, ts := t.BlockSize(), t.TypeSize()
+	if elems%bs != 0 {
+		return fmt.Errorf("%s %s: %d elements is not a multiple of the block size %d", op, t, elems, bs)
+	}
+	if need := elems / bs * ts; packed < need {
+		return fmt.Errorf("%s %s: %d elements need %d bytes, have %d", op, t, elems, need, packed)
 	}
 	return nil
 }

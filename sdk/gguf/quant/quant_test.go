@@ -184,6 +184,7 @@ func TestDequantizeErrors(t *testing.T) {
 		{"partial block", Dequantize(gguf.Q8_0, make([]byte, 34), make([]float32, 31)), "31 elements is not a multiple of the block size 32"},
 		{"short source", Dequantize(gguf.Q4_K, make([]byte, 100), make([]float32, 256)), "need 144 bytes, have 100"},
 		{"unsupported quantize", Quantize(gguf.Q5_K, make([]float32, 256), make([]byte, 176)), "quantizing to Q5_K is not supported"},
+		{"partial quantize block", Quantize(gguf.Q8_0, make([]float32, 31), make([]byte, 34)), "quantize Q8_0: 31 elements is not a multiple of the block size 32"},
 		{"short destination", Quantize(gguf.Q8_0, make([]float32, 64), make([]byte, 34)), "need 68 bytes, have 34"},
 	}
 	for _, tc := range tests {

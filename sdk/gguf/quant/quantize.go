@@ -34,14 +34,11 @@ func Quantize(t gguf.Type, src []float32, dst []byte) error {
 	if !ok {
 		return fmt.Errorf("quantizing to %s is not supported", t)
 	}
+	if err := checkBlocks("quantize", t, len(src), len(dst)); err != nil {
+		return err
+	}
 	bs, ts := t.BlockSize(), t.TypeSize()
-	if len(src)%bs != 0 {
-		return fmt.Errorf("quantize %s: %d elements is not a multiple of the block size %d", t, len(src), bs)
-	}
 	nb := len(src) / bs
-	if len(dst) < nb*ts {
-		return fmt.Errorf("quantize %s: %d elements need %d bytes, have %d", t, len(src), nb*ts, len(dst))
-	}
 	le := binary.LittleEndian
 	switch t { // plain types without a call per element
 	case gguf.F32:
