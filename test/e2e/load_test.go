@@ -23,7 +23,7 @@ const (
 // models through the real server. Every request must end with exactly one
 // terminal outcome (200, 503 or 400), none lost, and the server's metrics
 // must account for each of them. It asserts no timing; the wall time is
-// logged for docs/perf/e2e.md.
+// logged for docs/PERFORMANCE.md (end-to-end section).
 func TestLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load test skipped in -short mode")
