@@ -238,7 +238,7 @@ func TestGoldenThinkingOpen(t *testing.T) {
 
 // missingSource skips a golden whose template source is not installed, but
 // fails under CI, where make test installs every source.
-func missingSource(t *testing.T, format string, args ...any) {
+func missingSource(t testing.TB, format string, args ...any) {
 	t.Helper()
 	if os.Getenv("CI") != "" {
 		t.Fatalf(format, args...)
