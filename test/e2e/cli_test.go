@@ -71,7 +71,7 @@ func TestCLIErrors(t *testing.T) {
 func TestHelp(t *testing.T) {
 	is := is.New(t)
 	if env.plugins["backend-qwen-dflash"] == "" {
-		t.Skip("needs the dflash-backend-qwen-dflash plugin")
+		unavailable(t, "needs the dflash-backend-qwen-dflash plugin")
 	}
 	code, stdout, _ := runCLI(t, []string{"backend-qwen-dflash", "backend-scripted", "policy-primary-first"}, "--help")
 	is.Equal(code, 0)

@@ -60,7 +60,7 @@ func tinyModels(t *testing.T) (qwen3, qwen35 string) {
 	needLib(t)
 	realModels.once.Do(makeTinyModels)
 	if realModels.skipMessage != "" {
-		t.Skip(realModels.skipMessage)
+		unavailable(t, realModels.skipMessage)
 	}
 	if realModels.err != nil {
 		t.Fatal(realModels.err)

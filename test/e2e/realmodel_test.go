@@ -249,7 +249,7 @@ func testRealServer(t *testing.T, qwen3, qwen35 string) {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
 			skip, err := npmCI(dir)
 			if skip != "" {
-				t.Skip(skip)
+				unavailable(t, skip)
 			}
 			if err != nil {
 				t.Fatal(err)
