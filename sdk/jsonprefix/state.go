@@ -44,6 +44,18 @@ type State struct {
 	n     uint8
 	lo    uint8
 	hi    uint8
+	// spaces counts the whitespace bytes in a row outside strings;
+	// maxSpace (0: no limit) caps it.
+	spaces   uint16
+	maxSpace uint16
+}
+
+// WithMaxSpace returns a fresh State that also refuses more than n
+// whitespace bytes in a row outside strings (n <= 0: no limit). The JSON
+// grammar sets no such limit; a sampler wants one so that a model fond of
+// newlines cannot pad the object forever.
+func WithMaxSpace(n int) State {
+	return State{maxSpace: uint16(min(max(n, 0), 1<<16-1))}
 }
 
 // Feed advances the state over b and reports true when the text is still a
@@ -119,6 +131,19 @@ func (s *State) pop(c byte) bool {
 // step advances over one byte; false means c cannot come next (the state
 // may then be partly changed: callers work on copies).
 func (s *State) step(c byte) bool {
+	if !s.next(c) {
+		return false
+	}
+	if !isSpace(c) || s.mode == mString { // a space inside a string is text
+		s.spaces = 0
+		return true
+	}
+	s.spaces++
+	return s.maxSpace == 0 || s.spaces <= s.maxSpace
+}
+
+// next is step without the whitespace limit.
+func (s *State) next(c byte) bool {
 	switch s.mode {
 	case mStart:
 		if isSpace(c) {
@@ -300,7 +325,7 @@ func (s *State) startValue(c byte) bool {
 // is never the top-level value, so a container is open.
 func (s *State) endNumber(c byte) bool {
 	s.mode = mAfter
-	return s.step(c)
+	return s.next(c)
 }
 
 // stringByte takes one byte inside a string.

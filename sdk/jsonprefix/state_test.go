@@ -109,6 +109,16 @@ func TestStateFeedLeavesStateOnFailure(t *testing.T) {
 	is.True(s.AcceptsByte('\n'))
 }
 
+func TestStateMaxSpace(t *testing.T) {
+	is := is.New(t)
+	s := jsonprefix.WithMaxSpace(3)
+	is.True(s.Feed([]byte(" \n {\t\t\t\"a   b\"\n\n\n:1  \n,\"c\":[ 1 ]")))
+	is.True(!s.Accepts([]byte("    }")))  // four in a row
+	is.True(s.Accepts([]byte("   }   "))) // three, three
+	unlimited := jsonprefix.State{}
+	is.True(unlimited.Feed([]byte("{" + strings.Repeat(" ", 100000) + "}")))
+}
+
 func TestStateDepth(t *testing.T) {
 	is := is.New(t)
 	var s jsonprefix.State
