@@ -5,6 +5,14 @@
 // budgets), incremental detokenization and output parsing, and the atomic
 // admission the core's routing relies on.
 //
+// A request can hold its visible text to a format (FormatJSONObject, for
+// response_format json_object): the sampled token is checked against an
+// incremental JSON validator (package jsonprefix) and thrown away when it
+// does not fit, a few times, after which every misfit of the vocabulary is
+// masked and the sampler draws from what is left. Unconstrained requests
+// take the plain path. Reasoning sections are not constrained: the format
+// applies from where the answer starts.
+//
 // The engine never touches a device itself: it drives a Model (defined here,
 // implemented by a backend's binding to its native library, or by the fake
 // in package enginetest), so it is testable without cgo.

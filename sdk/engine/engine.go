@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 )
 
 // ErrClosed ends the requests still running when the engine is closed.
@@ -41,6 +42,10 @@ type Config struct {
 	// Model must be a Rewinder. Cached KV is evicted, oldest first, as
 	// soon as admission or a running sequence needs the blocks.
 	PrefixCacheSlots int
+	// Special reports the tokens that are not plain text (control and
+	// added tokens such as <|im_start|> or <think>); constrained output
+	// never contains them. nil: every token with bytes is text.
+	Special func(id int32) bool
 }
 
 // Limits is the capacity the engine enforces.
@@ -59,8 +64,11 @@ type Engine struct {
 	rew   Rewinder // nil without a prefix cache
 	vocab Vocab
 	eog   []int32
-	bs    int
-	nv    int
+	// special marks the tokens constrained output may not contain (nil:
+	// none).
+	special []bool
+	bs      int
+	nv      int
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -122,6 +130,12 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, m: m, rew: rew, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
 		ctx: ctx, cancel: cancel, wakeCh: make(chan struct{}, 1), done: make(chan struct{}),
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
+	}
+	if cfg.Special != nil {
+		e.special = make([]bool, nv)
+		for id := range e.special {
+			e.special[id] = cfg.Special(int32(id))
+		}
 	}
 	e.stats.KVTokensTotal = blocks * bs
 	go e.loop()
@@ -200,6 +214,8 @@ func validate(req *Request) string {
 		return "request has no detokenizer"
 	case req.TopLogprobs < 0 || req.TopLogprobs > maxTopLogprobs:
 		return fmt.Sprintf("top_logprobs %d is outside [0, %d]", req.TopLogprobs, maxTopLogprobs)
+	case req.Format > FormatJSONObject:
+		return fmt.Sprintf("unknown response format %d", req.Format)
 	}
 	return ""
 }
@@ -250,7 +266,7 @@ func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *seque
 	s := &sequence{
 		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
 		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
-		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed),
+		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: jsonprefix.WithMaxSpace(jsonMaxSpace),
 		tAdmit: time.Now(),
 	}
 	e.freeBlocks -= extra
@@ -532,7 +548,11 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, forced bool, err e
 			}
 		}
 	}
-	tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+	if e.constrained(s) {
+		tok, err = e.sampleJSON(s, row)
+	} else {
+		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("sample: %w", err)
 	}
@@ -555,11 +575,20 @@ func (e *Engine) commit(s *sequence, ev *sdk.Event, tok int32, forced bool, row 
 		e.finish(s, *ev, sdk.FinishStop, "")
 		return true
 	}
+	inJSON := !forced && e.constrained(s) && !e.opensReasoning(s, tok)
+	if inJSON && !s.json.Feed(e.vocab.TokenBytes(tok)) {
+		e.retire(s, fmt.Errorf("token %d (%q) breaks the JSON object", tok, e.vocab.TokenBytes(tok)))
+		return true
+	}
 	if s.parser.InReasoning() {
 		s.reasoning++
 	}
 	if m := e.route(s, ev, s.parser.Feed(s.req.Detokenizer.Add(tok))); m != "" {
 		e.finish(s, *ev, sdk.FinishStopSequence, m)
+		return true
+	}
+	if inJSON && s.json.Complete() {
+		e.finish(s, *ev, sdk.FinishStop, "")
 		return true
 	}
 	if len(s.generated) >= s.req.MaxTokens || s.nPast >= e.cfg.MaxCtx {

@@ -4,6 +4,23 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
+)
+
+// Format is the shape a request's visible text must take.
+type Format uint8
+
+const (
+	// FormatText: any text.
+	FormatText Format = iota
+	// FormatJSONObject: one JSON object (response_format json_object).
+	// Tokens that would break it are never sampled, end-of-generation
+	// waits for the closing brace, and the request finishes with
+	// FinishStop as soon as the object is closed. The constraint covers
+	// the visible answer only: a reasoning section is free text (see
+	// OpenReasoning).
+	FormatJSONObject
 )
 
 // Request is one generation request as the engine runs it: the backend has
@@ -32,6 +49,14 @@ type Request struct {
 	ReasoningBudget      int
 	HardLimitReplyBudget int
 	CloseReasoning       []int32
+	// Format constrains the visible text.
+	Format Format
+	// OpenReasoning lists the tokens that open a reasoning section. A
+	// constrained request may begin with one of them (nothing but
+	// whitespace before it, no reasoning yet); its constraint then starts
+	// once the section closes. Leave it empty when the model is not to
+	// think.
+	OpenReasoning []int32
 	// SnapshotAt is where in the prompt a model with recurrent state takes
 	// the snapshot the prefix cache can go back to (0: the prompt's end).
 	// Backends set it to the start of the generation prompt, so that the
@@ -83,6 +108,7 @@ type sequence struct {
 	forced     []int32
 	toolCalls  bool
 	stop       stopMatcher
+	json       jsonprefix.State // the visible text so far, for FormatJSONObject
 	parser     Parser
 	rng        uint64
 	snapLen    int   // length of the snapshot taken at the prompt's end
