@@ -45,17 +45,18 @@ func New() *Backend { return &Backend{} }
 
 // model is a loaded model block.
 type model struct {
-	cfg     sdk.ModelConfig
-	file    *gguf.File
-	native  *native.Model
-	eng     *engine.Engine
-	tok     *tokenizer.Tokenizer
-	tmpl    *chat.Template
-	family  chat.Family
-	desc    sdk.ModelDescription
-	bos     string
-	eos     string
-	imStart int32 // <|im_start|>, -1 if the vocabulary has none
+	cfg       sdk.ModelConfig
+	file      *gguf.File
+	native    *native.Model
+	eng       *engine.Engine
+	tok       *tokenizer.Tokenizer
+	tmpl      *chat.Template
+	family    chat.Family
+	desc      sdk.ModelDescription
+	bos       string
+	eos       string
+	imStart   int32 // <|im_start|>, -1 if the vocabulary has none
+	thinkOpen int32 // <think>, -1 if the vocabulary has none
 }
 
 func (b *Backend) loaded() *model {
@@ -185,6 +186,13 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 	eng, err := engine.New(engine.Config{
 		Model: newNativeModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
 		StepTokens: opts.stepTokens, DecodeHeadroom: opts.decodeHeadroom, PrefixCacheSlots: opts.prefixSlots,
+		Special: func(id int32) bool {
+			switch tok.TokenType(id) {
+			case tokenizer.TypeNormal, tokenizer.TypeUndefined, tokenizer.TypeByte:
+				return false
+			}
+			return true
+		},
 	})
 	if err != nil {
 		_ = nm.Close()
@@ -203,9 +211,12 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 			ParameterCount: params, WeightBytes: int64(info.WeightBytes),
 		},
 	}
-	m.imStart = -1
+	m.imStart, m.thinkOpen = -1, -1
 	if id, ok := tok.Special("<|im_start|>"); ok {
 		m.imStart = id
+	}
+	if id, ok := tok.Special("<think>"); ok {
+		m.thinkOpen = id
 	}
 	if id := tok.BOS(); id >= 0 {
 		m.bos = tok.TokenText(id)

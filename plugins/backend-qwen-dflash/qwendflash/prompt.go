@@ -36,10 +36,15 @@ func (m *model) render(req *sdk.ChatRequest) (string, error) {
 // prepare renders, tokenizes and applies the model's defaults; an error is
 // the request's fault and is answered as invalid.
 func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
+	format := engine.FormatText
 	switch req.ResponseFormat {
 	case "", "text":
+	case "json_object":
+		format = engine.FormatJSONObject
+	case "json_schema":
+		return nil, sdk.Invalidf("response_format json_schema is not supported by the %s backend yet; use json_object (and describe the schema in the prompt)", Name)
 	default:
-		return nil, sdk.Invalidf("response_format %q is not supported by the %s backend (no constrained decoding yet)", req.ResponseFormat, Name)
+		return nil, sdk.Invalidf("response_format %q is not supported by the %s backend", req.ResponseFormat, Name)
 	}
 	prompt, err := m.render(req)
 	if err != nil {
@@ -73,6 +78,12 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		CloseReasoning:       m.tok.Encode(parser.ReasoningCloseTag(), false, true),
 		Detokenizer:          tokenizer.NewStreamDecoder(m.tok),
 		Parser:               outputParser{parser},
+		Format:               format,
+	}
+	// A thinking model opens its reasoning itself unless the prompt did;
+	// the JSON constraint then starts after the reasoning.
+	if format != engine.FormatText && thinking && !open && m.thinkOpen >= 0 {
+		er.OpenReasoning = []int32{m.thinkOpen}
 	}
 	if req.TopLogprobs > 0 {
 		er.Logprobs = true
