@@ -68,6 +68,23 @@ func (e *Engine) sampleJSON(s *sequence, row []float32) (int32, error) {
 		}
 		row[tok] = inf
 	}
+	if e.maskMisfits(s, row) == 0 {
+		return 0, fmt.Errorf("no token of the vocabulary continues the JSON object after %d generated tokens", len(s.generated))
+	}
+	tok, err := e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+	if err != nil {
+		return 0, err
+	}
+	if !e.fits(s, tok) {
+		return 0, fmt.Errorf("sampler picked token %d, which was masked out", tok)
+	}
+	return tok, nil
+}
+
+// maskMisfits sets the logit of every token that may not come next to
+// -inf and returns how many are left.
+func (e *Engine) maskMisfits(s *sequence, row []float32) int {
+	inf := float32(math.Inf(-1))
 	// Most tokens start with a byte that cannot come next: one table of
 	// the 256 first bytes rules them out without stepping the state.
 	var first [256]bool
@@ -81,22 +98,12 @@ func (e *Engine) sampleJSON(s *sequence, row []float32) (int32, error) {
 		}
 		tok := int32(id)
 		b := e.vocab.TokenBytes(tok)
-		ok := e.opensReasoning(s, tok) || len(b) > 0 && first[b[0]] && !e.isSpecial(tok) && !e.vocab.EOG(tok) && s.json.Accepts(b)
+		ok := e.opensReasoning(s, tok) || len(b) > 0 && first[b[0]] && !e.isSpecial(tok) && s.json.Accepts(b) && !e.vocab.EOG(tok)
 		if !ok {
 			row[id] = inf
 			continue
 		}
 		left++
 	}
-	if left == 0 {
-		return 0, fmt.Errorf("no token of the vocabulary continues the JSON object after %d generated tokens", len(s.generated))
-	}
-	tok, err := e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
-	if err != nil {
-		return 0, err
-	}
-	if !e.fits(s, tok) {
-		return 0, fmt.Errorf("sampler picked token %d, which was masked out", tok)
-	}
-	return tok, nil
+	return left
 }
