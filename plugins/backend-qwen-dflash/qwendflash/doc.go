@@ -9,6 +9,14 @@
 // splits reasoning, visible text and tool calls; whether the template left
 // a <think> block open decides where that parser starts.
 //
+// response_format json_object is constrained decoding in the engine
+// (engine.FormatJSONObject): the answer is one JSON object and ends at its
+// closing brace. A thinking model still thinks freely first (the prompt's
+// open <think>, or the model's own <think> as its first token); the
+// constraint starts where the answer does. Control and added tokens never
+// appear inside the JSON, so json_object leaves no room for tool calls.
+// json_schema is refused for now.
+//
 // DFlash speculative decoding (--draft) is not implemented yet: the option
 // is declared so the CLI knows it, and ValidateOptions refuses it.
 package qwendflash
