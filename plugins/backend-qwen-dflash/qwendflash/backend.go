@@ -179,6 +179,12 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 		return desc, fmt.Errorf("load %s: %w", cfg.Path, err)
 	}
 	info := nm.Info()
+	if info.AttnLayers == 0 {
+		// The engine's admission counts KV blocks; a model without any
+		// full-attention layer has none to count.
+		_ = nm.Close()
+		return desc, fmt.Errorf("load %s: the model has no full-attention layer (%d layers, all recurrent); this backend needs at least one (for qwen35 see %s.full_attention_interval)", cfg.Path, info.Layers, arch)
+	}
 	if tok.VocabSize() > info.Vocab {
 		_ = nm.Close()
 		return desc, fmt.Errorf("load %s: tokenizer has %d tokens, the model's output only %d", cfg.Path, tok.VocabSize(), info.Vocab)

@@ -3,6 +3,8 @@ package qwendflash
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -417,4 +419,24 @@ func TestPrefixCacheOnCPU(t *testing.T) {
 			is.Equal(r.tokens, alone.summary().tokens)
 		})
 	}
+}
+
+// TestLoadRefusesModelWithoutAttention: a qwen35 file whose layers are all
+// recurrent (2 layers, full attention every 4th) has no KV to admit
+// against; loading it must say so instead of failing deep in the engine.
+func TestLoadRefusesModelWithoutAttention(t *testing.T) {
+	is := is.New(t)
+	tinyModels(t) // makes the test tokenizer in fixtureDir
+	path := filepath.Join(t.TempDir(), "recurrent-only.gguf")
+	out, err := exec.Command(modelTool(t), "mk", "qwen35", path, "--layers", "2", "--tokenizer", filepath.Join(fixtureDir, "tok"),
+		"--type", "f32", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--ffn", "128").CombinedOutput()
+	is.True(err == nil) // dflash-model mk
+	if err != nil {
+		t.Fatalf("dflash-model mk: %v\n%s", err, out)
+	}
+	c := sdktest.Backend(t, New())
+	_, err = c.Load(context.Background(), blockConfig(t, path), nil)
+	is.True(err != nil)
+	is.True(strings.Contains(err.Error(), "no full-attention layer")) // names the problem
+	is.True(strings.Contains(err.Error(), path))                      // and the file
 }
