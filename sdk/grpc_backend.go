@@ -308,6 +308,11 @@ func (c *BackendClient) Start(ctx context.Context, req *ChatRequest, emit Emitte
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			if c.done.Err() != nil {
+				// The stream lives with the process: its end shows up as a
+				// cancellation here, but the cause is the process exit.
+				return fmt.Errorf("%w: plugin process exited", ErrUnavailable)
+			}
 			return fromStatus(ctx, err)
 		}
 		if stopped() != nil || ctx.Err() != nil {
