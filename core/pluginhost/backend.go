@@ -89,9 +89,9 @@ func (b *Backend) spawn(ctx context.Context) (*process, *sdk.BackendClient, sdk.
 		proc.kill()
 		return nil, nil, sdk.BackendInfo{}, fmt.Errorf("plugin %s: info: %w", b.file.Path, err)
 	}
-	if info.APIVersion != sdk.APIVersion {
+	if err := checkAPIVersion(b.file, info.APIVersion); err != nil {
 		proc.kill()
-		return nil, nil, sdk.BackendInfo{}, fmt.Errorf("plugin %s: speaks API version %d, this server speaks %d", b.file.Path, info.APIVersion, sdk.APIVersion)
+		return nil, nil, sdk.BackendInfo{}, err
 	}
 	return proc, client, info, nil
 }

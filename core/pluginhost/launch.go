@@ -87,6 +87,15 @@ func oneLine(s string) string {
 	return strings.TrimSpace(s)
 }
 
+// checkAPIVersion refuses a plugin built against another SDK API version,
+// before anything is loaded into it.
+func checkAPIVersion(f File, v int) error {
+	if v != sdk.APIVersion {
+		return fmt.Errorf("plugin %s: speaks API version %d, this server speaks %d", f.Path, v, sdk.APIVersion)
+	}
+	return nil
+}
+
 // kill ends the process; Shutdown RPCs are the caller's business.
 func (p *process) kill() { p.client.Kill() }
 

@@ -44,9 +44,9 @@ func (p *Policy) start(ctx context.Context) error {
 		proc.kill()
 		return fmt.Errorf("plugin %s: info: %w", p.file.Path, err)
 	}
-	if info.APIVersion != sdk.APIVersion {
+	if err := checkAPIVersion(p.file, info.APIVersion); err != nil {
 		proc.kill()
-		return fmt.Errorf("plugin %s: speaks API version %d, this server speaks %d", p.file.Path, info.APIVersion, sdk.APIVersion)
+		return err
 	}
 	p.mu.Lock()
 	opts := p.opts
