@@ -1,0 +1,219 @@
+// The op table: everything a layer plan asks of a device. The CPU build (ops/cpu) is the reference; the CUDA build
+// (ops/cuda) implements the same functions on the GPU and is tested against the CPU one op by op.
+//
+// Conventions shared by every implementation:
+//  - Pointers passed to ops are device pointers (host pointers on the CPU device). Activations are f32, row-major,
+//    rows contiguous unless a stride is given.
+//  - Weights keep their GGUF bytes (f32, f16, bf16, q8_0, q4_K, q6_K blocks), one row per output, see quant.h.
+//  - The KV cache of one attention layer is a pool of rows [n_blocks * block_size][n_kv] in the cache type; token t of
+//    a batch writes its K/V at pool row kv_slot[t].
+//  - Recurrent state of one Gated DeltaNet layer for sequence slot s starts at state + s * slot_stride floats
+//    ([n_v][dk][dv]); its conv state at conv + s * slot_stride ([K-1][C]).
+//  - Ops are ordered: an op sees the results of every op issued before it on the same device. Only to_host (and sync)
+//    wait for the device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common.h"
+
+namespace dfl {
+
+// A 2-D weight on the device: n_out rows of n_in elements of `type`.
+struct Weight {
+    uint32_t type = DFL_TYPE_F32;
+    int64_t n_in = 0, n_out = 0;
+    const uint8_t *data = nullptr;
+    uint64_t row_bytes = 0;
+
+    bool empty() const { return data == nullptr; }
+    const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
+};
+
+// The batch of one forward, as the ops see it. Arrays are device pointers; scalars are host values.
+struct BatchMeta {
+    int64_t T = 0;     // tokens in the batch
+    int32_t n_ent = 0; // entries (one per sequence)
+    int64_t max_n = 0; // most tokens of one entry
+    int64_t max_ctx = 0; // largest len0 + n of an entry (positions an attention row may see)
+    // per token [T]
+    const int32_t *tokens = nullptr;
+    const int32_t *pos = nullptr;      // RoPE position
+    const int32_t *ent = nullptr;      // entry of the token
+    const int32_t *kv_slot = nullptr;  // KV pool row the token's K/V are written to (null without attention layers)
+    // per entry [n_ent]
+    const int32_t *t0 = nullptr;       // first token of the entry in the batch
+    const int32_t *n = nullptr;        // tokens of the entry
+    const int32_t *len0 = nullptr;     // sequence length before this forward (cache positions already there)
+    const int32_t *slot = nullptr;     // sequence slot (recurrent state index)
+    const int32_t *block_table = nullptr;  // [n_ent][max_blocks] KV block ids of the entry's sequence
+    int32_t max_blocks = 0;
+    // recording (speculative rollback), per entry; null pointer = the entry does not record
+    float *const *rec_state = nullptr;  // [n + 1][n_rec][n_v * dk * dv]: state before the forward, then after each token
+    float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
+};
+
+// One attention layer's paged KV pool.
+struct KVLayer {
+    uint8_t *k = nullptr, *v = nullptr;
+    uint32_t type_k = DFL_TYPE_F32, type_v = DFL_TYPE_F32;
+    uint64_t k_row = 0, v_row = 0;  // bytes of one (pool row, kv head) row of head_dim elements
+    int n_kv = 0, head_dim = 0, block_size = 0;
+};
+
+// q/k RMSNorm + NeoX RoPE on the projections, K/V written into the cache.
+struct AttnPrep {
+    const float *qf = nullptr;  // [T][n_head * head_dim * (gated ? 2 : 1)]; gated: per head head_dim q, then head_dim gate
+    float *kf = nullptr;        // [T][n_kv * head_dim] (normalised and rotated in place)
+    const float *vf = nullptr;  // [T][n_kv * head_dim]
+    const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim]
+    const float *inv_freq = nullptr;                   // [rope_dim / 2]
+    int n_head = 0, rope_dim = 0;
+    bool gated = false;
+    float eps = 1e-6f;
+    float *Q = nullptr;     // out [T][n_head * head_dim]
+    float *gate = nullptr;  // out [T][n_head * head_dim] when gated
+    KVLayer kv;
+};
+
+// Causal attention of every batch token against its sequence's cache: token i of an entry sees cache positions
+// [0, len0 + i]. Q, out: [T][n_head * head_dim].
+struct AttnCall {
+    const float *Q = nullptr;
+    float *out = nullptr;
+    int n_head = 0;
+    float scale = 1.0f;
+    KVLayer kv;
+};
+
+// Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is
+// updated to the last K-1 inputs. Recording entries also get their whole window in rec_window.
+struct ConvCall {
+    const float *x = nullptr;  // [T][C]
+    float *out = nullptr;      // [T][C]
+    const float *w = nullptr;  // [C][K]
+    int C = 0, K = 0;
+    float *conv = nullptr;     // conv state of this layer for slot 0
+    int64_t slot_stride = 0;   // floats between slots
+    int rec_layer = 0, n_rec = 0;
+};
+
+// Per token: L2-normalise the q and k heads of the conv output (q also scaled by 1/sqrt(dk)), and the gates
+// beta = sigmoid(b), g = a_log_scale * softplus(a + dt_bias).
+struct GdnGates {
+    float *cv = nullptr;  // [T][C], q heads then k heads then v
+    int C = 0, n_k = 0, dk = 0, n_v = 0;
+    const float *b = nullptr, *a = nullptr;            // [T][n_v] projections
+    const float *ssm_a = nullptr, *dt_bias = nullptr;  // [n_v]
+    float *beta = nullptr, *g = nullptr;               // out [T][n_v]
+};
+
+// The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
+// j % n_k (GGUF order). Recording entries store the state before and after each token in rec_state.
+struct GdnCall {
+    const float *cv = nullptr;  // [T][C] after GdnGates
+    int C = 0, n_k = 0, n_v = 0, dk = 0, dv = 0;
+    const float *g = nullptr, *beta = nullptr;  // [T][n_v]
+    float *out = nullptr;                       // [T][n_v * dv]
+    float *state = nullptr;                     // recurrent state of this layer for slot 0
+    int64_t slot_stride = 0;
+    int rec_layer = 0, n_rec = 0;
+};
+
+class Device {
+public:
+    virtual ~Device() = default;
+    virtual std::string name() const = 0;
+
+    // Memory. alloc throws Error(DFL_ERR_NO_MEMORY) naming `what`, the bytes asked and the bytes free.
+    virtual void *alloc(size_t bytes, const char *what) = 0;
+    virtual void release(void *p) = 0;
+    virtual void to_device(void *dst, const void *src, size_t bytes) = 0;
+    virtual void to_host(void *dst, const void *src, size_t bytes) = 0;  // waits for the device
+    virtual void copy(void *dst, const void *src, size_t bytes) = 0;     // device to device
+    virtual void zero(void *dst, size_t bytes) = 0;
+    virtual void sync() = 0;
+    virtual uint64_t free_bytes() = 0;
+    // Weights: the device's copy of GGUF tensor bytes (the CPU device may keep the caller's mapping).
+    virtual const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) = 0;
+
+    // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
+    virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;
+    // Y[t][o] = sum_i W[o][i] X[t][i], t < T.
+    virtual void matmul(const Weight &W, const float *X, int64_t T, float *Y) = 0;
+    // y = x * rsqrt(mean(x^2) + eps) * w per row (w may be null); y may alias x.
+    virtual void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
+    // x += d; y = rmsnorm(x) * w, per row.
+    virtual void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
+    virtual void add(float *x, const float *d, int64_t count) = 0;
+    // g = silu(g) * u
+    virtual void swiglu(float *g, const float *u, int64_t count) = 0;
+    // a = a * sigmoid(g)
+    virtual void sigmoid_mul(float *a, const float *g, int64_t count) = 0;
+    // out[r] = x[rows[r]] (rows of n floats); rows is a device array of R indices.
+    virtual void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) = 0;
+    // dst[r * dst_stride + i] = src[r * src_stride + i], i < n, r < rows (floats).
+    virtual void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                           int64_t n) = 0;
+    virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
+    virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
+    virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
+    virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
+    virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
+    // x = rmsnorm(x) * w * silu(z) per row of n.
+    virtual void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) = 0;
+};
+
+// The devices. Each library defines make_device (ops/cpu/lib_cpu.cpp, ops/cuda/lib_cuda.cu) on top of these, so a test
+// program can link the CPU and the CUDA implementation together.
+std::unique_ptr<Device> make_cpu_device(int n_threads);  // n_threads 0 = hardware concurrency
+std::unique_ptr<Device> make_cuda_device(int index);     // throws Error naming the index when there is no such GPU
+
+// The device this library drives, for one model.
+std::unique_ptr<Device> make_device(const dfl_model_params &p);
+// Library-wide queries of the device kind (defined likewise).
+const char *device_kind();
+int32_t device_count();
+// Free and total bytes of device `index` (the CPU device reports system memory).
+void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes);
+
+// Frees a device allocation when it goes out of scope.
+class DevBuf {
+public:
+    DevBuf() = default;
+    DevBuf(Device *d, size_t bytes, const char *what) : dev_(d), p_(bytes ? d->alloc(bytes, what) : nullptr), n_(bytes) {}
+    ~DevBuf() { reset(); }
+    DevBuf(const DevBuf &) = delete;
+    DevBuf &operator=(const DevBuf &) = delete;
+    DevBuf(DevBuf &&o) noexcept : dev_(o.dev_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+    DevBuf &operator=(DevBuf &&o) noexcept {
+        if (this != &o) {
+            reset();
+            dev_ = o.dev_;
+            p_ = o.p_;
+            n_ = o.n_;
+            o.p_ = nullptr;
+            o.n_ = 0;
+        }
+        return *this;
+    }
+    void reset() {
+        if (p_ && dev_) dev_->release(p_);
+        p_ = nullptr;
+        n_ = 0;
+    }
+    template <class T = void>
+    T *get() const { return (T *)p_; }
+    float *f() const { return (float *)p_; }
+    size_t bytes() const { return n_; }
+
+private:
+    Device *dev_ = nullptr;
+    void *p_ = nullptr;
+    size_t n_ = 0;
+};
+
+}  // namespace dfl
