@@ -124,6 +124,15 @@ typedef struct {
     uint32_t rope_dim;
 } dfl_model_info;
 
+/* What a model would take on its device, computed from the load parameters without loading (model_estimate). */
+typedef struct {
+    uint32_t struct_size;
+    uint64_t weight_bytes;         /* weights the model uploads (0 extra on the CPU when it maps the caller's data) */
+    uint64_t kv_bytes_per_token;   /* K+V of one token over all attention layers, in the params' cache types */
+    uint64_t state_bytes_per_seq;  /* recurrent + conv state of one sequence slot */
+    uint64_t scratch_bytes;        /* activations of a forward of 512 tokens (they grow with larger batches) */
+} dfl_model_estimate;
+
 typedef struct {
     uint32_t block_size;
     uint32_t blocks_total;
@@ -208,6 +217,13 @@ typedef struct dfl_api {
      * request seed); it advances only when a random draw is made. */
     dfl_status (*sample)(const float *logits, uint32_t n_vocab, const dfl_sampling *params, const int32_t *history,
                          uint32_t n_history, uint64_t *rng_state, int32_t *token_out);
+
+    /* Appended in the same version: present when struct_size covers them. */
+    /* Free and total bytes of device `index` (system memory for the CPU library). */
+    dfl_status (*device_memory)(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes);
+    /* The memory a model of these params needs, so a caller can size kv_pool_tokens from free device memory. Reads
+     * params->arch, meta and tensors (kv_pool_tokens and max_seqs are ignored). */
+    dfl_status (*model_estimate)(const dfl_model_params *params, dfl_model_estimate *out);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

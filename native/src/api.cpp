@@ -1,12 +1,15 @@
 // The exported C ABI: one function table per supported version. Every entry point catches all exceptions.
+#include <memory>
 #include <new>
 #include <string>
 
-#include "model.h"
+#include "arch/model.h"
+#include "arch/qwen.h"
+#include "ops/device.h"
+#include "sample.h"
 
 struct dfl_model {
-    dfl::Model impl;
-    explicit dfl_model(const dfl_model_params &p) : impl(p) {}
+    std::unique_ptr<dfl::Model> impl;
 };
 
 namespace {
@@ -44,7 +47,13 @@ const dfl_model *need(const dfl_model *m) {
 
 const char *last_error() { return g_last_error.c_str(); }
 
-int32_t device_count() { return 1; }
+int32_t device_count() {
+    try {
+        return dfl::device_count();
+    } catch (...) {
+        return 0;
+    }
+}
 
 dfl_status model_load(const dfl_model_params *p, dfl_model **out) {
     return guard("load model", [&] {
@@ -52,7 +61,9 @@ dfl_status model_load(const dfl_model_params *p, dfl_model **out) {
         if (p->struct_size < sizeof(dfl_model_params))
             dfl::fail(DFL_ERR_INVALID, "dfl_model_params.struct_size " + std::to_string(p->struct_size) + " is too small");
         *out = nullptr;
-        *out = new dfl_model(*p);
+        std::unique_ptr<dfl_model> m(new dfl_model);
+        m->impl = dfl::load_model(*p);
+        *out = m.release();
     });
 }
 
@@ -61,55 +72,55 @@ void model_free(dfl_model *m) { delete m; }
 dfl_status model_info(const dfl_model *m, dfl_model_info *out) {
     return guard("model info", [&] {
         if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
-        need(m)->impl.info(out);
+        need(m)->impl->info(out);
     });
 }
 
 dfl_status kv_stats(const dfl_model *m, dfl_kv_stats *out) {
     return guard("kv stats", [&] {
         if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
-        need(m)->impl.kv_stats(out);
+        need(m)->impl->kv_stats(out);
     });
 }
 
 dfl_status seq_alloc(dfl_model *m, int32_t *out) {
     return guard("alloc sequence", [&] {
         if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
-        *out = need(m)->impl.seq_alloc();
+        *out = need(m)->impl->seq_alloc();
     });
 }
 
 dfl_status seq_free(dfl_model *m, int32_t s) {
-    return guard("free sequence", [&] { need(m)->impl.seq_free(s); });
+    return guard("free sequence", [&] { need(m)->impl->seq_free(s); });
 }
 
 dfl_status seq_reserve(dfl_model *m, int32_t s, uint32_t n) {
-    return guard("reserve", [&] { need(m)->impl.seq_reserve(s, n); });
+    return guard("reserve", [&] { need(m)->impl->seq_reserve(s, n); });
 }
 
 dfl_status seq_length(const dfl_model *m, int32_t s, uint32_t *out) {
     return guard("sequence length", [&] {
         if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
-        *out = need(m)->impl.seq_length(s);
+        *out = need(m)->impl->seq_length(s);
     });
 }
 
 dfl_status seq_truncate(dfl_model *m, int32_t s, uint32_t n) {
-    return guard("truncate", [&] { need(m)->impl.seq_truncate(s, n); });
+    return guard("truncate", [&] { need(m)->impl->seq_truncate(s, n); });
 }
 
 dfl_status seq_snapshot(dfl_model *m, int32_t s) {
-    return guard("snapshot", [&] { need(m)->impl.seq_snapshot(s); });
+    return guard("snapshot", [&] { need(m)->impl->seq_snapshot(s); });
 }
 
 dfl_status seq_rollback(dfl_model *m, int32_t s) {
-    return guard("rollback", [&] { need(m)->impl.seq_rollback(s); });
+    return guard("rollback", [&] { need(m)->impl->seq_rollback(s); });
 }
 
 dfl_status forward(dfl_model *m, const dfl_batch *b) {
     return guard("forward", [&] {
         if (!b) dfl::fail(DFL_ERR_INVALID, "batch is null");
-        need(m)->impl.forward(*b);
+        need(m)->impl->forward(*b);
     });
 }
 
@@ -121,9 +132,29 @@ dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, 
     });
 }
 
+dfl_status device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
+    return guard("device memory", [&] {
+        if (!free_bytes || !total_bytes) dfl::fail(DFL_ERR_INVALID, "null argument");
+        if (index < 0 || index >= dfl::device_count())
+            dfl::fail(DFL_ERR_INVALID, std::string(dfl::device_kind()) + ":" + std::to_string(index) + " does not exist (" +
+                                           std::to_string(dfl::device_count()) + " device(s))");
+        dfl::device_memory(index, free_bytes, total_bytes);
+    });
+}
+
+dfl_status model_estimate(const dfl_model_params *p, dfl_model_estimate *out) {
+    return guard("estimate model", [&] {
+        if (!p || !out) dfl::fail(DFL_ERR_INVALID, "params or out is null");
+        if (p->struct_size < sizeof(dfl_model_params))
+            dfl::fail(DFL_ERR_INVALID, "dfl_model_params.struct_size " + std::to_string(p->struct_size) + " is too small");
+        dfl::estimate_model(*p, out);
+    });
+}
+
 const dfl_api kApiV1 = {
-    DFL_API_VERSION, sizeof(dfl_api), "cpu", last_error, device_count, model_load, model_free, model_info, kv_stats,
-    seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
+    DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
+    kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
+    device_memory, model_estimate,
 };
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ops.h"
+#include "sample.h"
 
 namespace dfl {
 

@@ -3,7 +3,8 @@
 #include <map>
 #include <numeric>
 
-#include "ops.h"
+#include "ops/cpu/cpu_ops.h"
+#include "sample.h"
 #include "ref.h"
 #include "test.h"
 

@@ -1,4 +1,4 @@
-#include "ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #include <algorithm>
 #include <limits>
@@ -88,17 +88,6 @@ void swiglu(float *g, const float *u, int64_t n) {
 void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
     rmsnorm(x, w, x, n, eps);
     for (int64_t i = 0; i < n; i++) x[i] *= silu(z[i]);
-}
-
-std::vector<float> rope_inv_freq(float theta, int rope_dim) {
-    std::vector<float> f((size_t)rope_dim / 2);
-    for (int i = 0; i < rope_dim / 2; i++) {
-        // HF: 1 / theta ** (arange(0, dim, 2) / dim) in f32
-        const float e = (float)(2 * i) / (float)rope_dim;
-        const float p = (float)std::pow((double)theta, (double)e);
-        f[(size_t)i] = 1.0f / p;
-    }
-    return f;
 }
 
 void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq) {

@@ -1,4 +1,4 @@
-// The model-independent operations of the CPU engine. Each has a float64 reference test in native/tests.
+// The CPU kernels behind the CPU device (cpu_device.cpp). Each has a float64 reference test in native/tests.
 #pragma once
 
 #include <cmath>
@@ -6,21 +6,15 @@
 #include <vector>
 
 #include "common.h"
+#include "ops/cpu/threadpool.h"
+#include "ops/device.h"
 #include "quant.h"
-#include "threadpool.h"
+#include "rope.h"
 
 namespace dfl {
 
-// A 2-D weight (or a 1-D one with n_out = 1) referencing tensor data: n_out rows of n_in elements of `type`.
-struct Weight {
-    uint32_t type = DFL_TYPE_F32;
-    int64_t n_in = 0, n_out = 0;
-    const uint8_t *data = nullptr;
-    uint64_t row_bytes = 0;
-
-    bool empty() const { return data == nullptr; }
-    const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
-};
+// Free (available) and total bytes of system memory.
+void host_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 
 // Per-thread scratch growable buffers, reused across calls.
 struct Scratch {
@@ -56,8 +50,6 @@ void swiglu(float *g, const float *u, int64_t n);
 // The Gated DeltaNet output norm: x = rmsnorm(x) * w * silu(z) (weight without the +1, as in HF and GGUF).
 void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps);
 
-// inv_freq[i] = theta^(-2i/rope_dim), i < rope_dim/2, rounded to f32 as HF does.
-std::vector<float> rope_inv_freq(float theta, int rope_dim);
 
 // NeoX (rotate-half) RoPE on the first rope_dim values of one head: x[i] pairs with x[i + rope_dim/2].
 void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq);
@@ -99,10 +91,5 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
                  const float *beta, int64_t n, float *out, float *scratch);
 size_t gdn_chunk_scratch(int dk, int dv);
 constexpr int kGdnChunk = 64;
-
-// Sampling (sample.cpp).
-int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
-                     uint32_t n_history, uint64_t *rng_state);
-uint64_t rng_next(uint64_t *state);
 
 }  // namespace dfl

@@ -1,0 +1,31 @@
+// What the C ABI asks of a loaded model, whatever its architecture. Each architecture (arch/*.cpp) implements it once,
+// against the op table of ops/device.h, so every device runs the same plan.
+#pragma once
+
+#include <memory>
+
+#include "common.h"
+
+namespace dfl {
+
+class Model {
+public:
+    virtual ~Model() = default;
+    virtual void info(dfl_model_info *out) const = 0;
+    virtual void kv_stats(dfl_kv_stats *out) const = 0;
+    virtual int32_t seq_alloc() = 0;
+    virtual void seq_free(int32_t s) = 0;
+    virtual void seq_reserve(int32_t s, uint32_t n_tokens) = 0;
+    virtual uint32_t seq_length(int32_t s) const = 0;
+    virtual void seq_truncate(int32_t s, uint32_t n) = 0;
+    virtual void seq_snapshot(int32_t s) = 0;
+    virtual void seq_rollback(int32_t s) = 0;
+    virtual void forward(const dfl_batch &b) = 0;
+};
+
+// Loads the model of params->arch onto the library's device; DFL_ERR_UNSUPPORTED for an unknown architecture.
+std::unique_ptr<Model> load_model(const dfl_model_params &p);
+// What load_model would take on the device, without loading.
+void estimate_model(const dfl_model_params &p, dfl_model_estimate *out);
+
+}  // namespace dfl

@@ -1,0 +1,727 @@
+#include "arch/qwen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "quant.h"
+#include "rope.h"
+
+namespace dfl {
+
+namespace {
+
+struct Meta {
+    std::map<std::string, const dfl_meta *> kv;
+    std::string prefix;
+
+    const dfl_meta *find(const std::string &k) const {
+        auto it = kv.find(prefix + k);
+        return it == kv.end() ? nullptr : it->second;
+    }
+    bool has(const std::string &k) const { return find(k) != nullptr; }
+    int64_t i(const std::string &k) const {
+        const dfl_meta *m = find(k);
+        if (!m) fail(DFL_ERR_INVALID, "model metadata lacks " + prefix + k);
+        if (m->kind == DFL_META_INT) return m->i;
+        if (m->kind == DFL_META_INT_ARRAY && m->n > 0) {
+            // per-layer arrays: accept only when uniform
+            for (uint32_t j = 1; j < m->n; j++)
+                if (m->ia[j] != m->ia[0])
+                    fail(DFL_ERR_UNSUPPORTED, "metadata " + prefix + k + " varies per layer; not supported");
+            return m->ia[0];
+        }
+        fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not an integer");
+    }
+    int64_t i(const std::string &k, int64_t def) const { return has(k) ? i(k) : def; }
+    double f(const std::string &k, double def) const {
+        const dfl_meta *m = find(k);
+        if (!m) return def;
+        if (m->kind == DFL_META_FLOAT) return m->f;
+        if (m->kind == DFL_META_INT) return (double)m->i;
+        fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not a number");
+    }
+};
+
+int positive(int64_t v, const std::string &what) {
+    if (v <= 0 || v > (1 << 30)) fail(DFL_ERR_INVALID, "model hyperparameter " + what + " = " + std::to_string(v) + " is out of range");
+    return (int)v;
+}
+
+int threads_of(const dfl_model_params &p) {
+    if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
+    const unsigned hc = std::thread::hardware_concurrency();
+    return hc == 0 ? 1 : (int)hc;
+}
+
+std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
+
+}  // namespace
+
+HParams qwen_hparams(const dfl_model_params &p) {
+    HParams hp_;
+    hp_.arch = p.arch;
+    Meta m;
+    m.prefix = hp_.arch + ".";
+    for (uint32_t i = 0; i < p.n_meta; i++) {
+        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
+        m.kv[p.meta[i].key] = &p.meta[i];
+    }
+    if (hp_.arch == "qwen3") {
+        hp_.hybrid = false;
+    } else if (hp_.arch == "qwen35") {
+        hp_.hybrid = true;
+        hp_.gated_attn = true;
+    } else {
+        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + hp_.arch + "\" is not supported by this engine (qwen3, qwen35)");
+    }
+    const int blocks = positive(m.i("block_count"), m.prefix + "block_count");
+    const int64_t nextn = m.i("nextn_predict_layers", 0);
+    if (nextn < 0 || nextn >= blocks) fail(DFL_ERR_INVALID, "metadata " + m.prefix + "nextn_predict_layers is out of range");
+    hp_.n_layer = blocks - (int)nextn;
+    hp_.n_embd = positive(m.i("embedding_length"), m.prefix + "embedding_length");
+    hp_.n_ff = positive(m.i("feed_forward_length"), m.prefix + "feed_forward_length");
+    hp_.n_head = positive(m.i("attention.head_count"), m.prefix + "attention.head_count");
+    hp_.n_kv = positive(m.i("attention.head_count_kv", hp_.n_head), m.prefix + "attention.head_count_kv");
+    hp_.head_dim = positive(m.i("attention.key_length", hp_.n_embd / hp_.n_head), m.prefix + "attention.key_length");
+    const int vdim = positive(m.i("attention.value_length", hp_.head_dim), m.prefix + "attention.value_length");
+    if (vdim != hp_.head_dim) fail(DFL_ERR_UNSUPPORTED, "attention.value_length differs from key_length");
+    if (hp_.n_head % hp_.n_kv != 0) fail(DFL_ERR_INVALID, "attention.head_count is not a multiple of head_count_kv");
+    hp_.eps = (float)m.f("attention.layer_norm_rms_epsilon", 1e-6);
+    hp_.theta = (float)m.f("rope.freq_base", 10000.0);
+    hp_.rope_dim = positive(m.i("rope.dimension_count", hp_.head_dim), m.prefix + "rope.dimension_count");
+    if (hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2 != 0)
+        fail(DFL_ERR_INVALID, "rope.dimension_count " + std::to_string(hp_.rope_dim) + " does not fit head_dim");
+    hp_.n_ctx_train = (int)m.i("context_length", 0);
+    if (hp_.hybrid) {
+        hp_.full_attn_interval = positive(m.i("full_attention_interval", 4), m.prefix + "full_attention_interval");
+        hp_.conv_k = positive(m.i("ssm.conv_kernel"), m.prefix + "ssm.conv_kernel");
+        hp_.dk = positive(m.i("ssm.state_size"), m.prefix + "ssm.state_size");
+        hp_.n_k = positive(m.i("ssm.group_count"), m.prefix + "ssm.group_count");
+        hp_.n_v = positive(m.i("ssm.time_step_rank"), m.prefix + "ssm.time_step_rank");
+        const int inner = positive(m.i("ssm.inner_size"), m.prefix + "ssm.inner_size");
+        if (inner % hp_.n_v != 0) fail(DFL_ERR_INVALID, "ssm.inner_size is not a multiple of ssm.time_step_rank");
+        hp_.dv = inner / hp_.n_v;
+        if (hp_.n_v % hp_.n_k != 0) fail(DFL_ERR_INVALID, "ssm.time_step_rank is not a multiple of ssm.group_count");
+        if (hp_.conv_k < 2) fail(DFL_ERR_INVALID, "ssm.conv_kernel must be at least 2");
+    }
+    return hp_;
+}
+
+
+namespace {
+
+std::string dims_str(const dfl_tensor &t) {
+    std::string s = "[";
+    for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+    return s + "]";
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const dfl_model_params &p) {
+    if (!p.arch) fail(DFL_ERR_INVALID, "model params: arch is null");
+    const std::string arch = p.arch;
+    if (arch != "qwen3" && arch != "qwen35")
+        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35)");
+    return std::unique_ptr<Model>(new QwenModel(p, make_device(p)));
+}
+
+void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
+    if (!p.arch) fail(DFL_ERR_INVALID, "model params: arch is null");
+    const std::string arch = p.arch;
+    if (arch != "qwen3" && arch != "qwen35")
+        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35)");
+    const HParams h = qwen_hparams(p);
+    if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
+        fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");
+    dfl_model_estimate e;
+    std::memset(&e, 0, sizeof e);
+    e.struct_size = sizeof e;
+    int n_attn = 0;
+    for (int il = 0; il < h.n_layer; il++) n_attn += h.is_attn(il);
+    const int n_rec = h.n_layer - n_attn;
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name) continue;
+        int layer = -1;
+        if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= h.n_layer) continue;  // MTP blocks are not loaded
+        e.weight_bytes += t.size;
+    }
+    e.kv_bytes_per_token = (uint64_t)n_attn * (uint64_t)h.n_kv *
+                           (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
+    e.state_bytes_per_seq = (uint64_t)n_rec * (uint64_t)(h.state_floats() + h.conv_floats()) * sizeof(float);
+    const uint64_t qd = (uint64_t)h.n_head * h.head_dim, kvd = (uint64_t)h.n_kv * h.head_dim;
+    const uint64_t per_token = 3ull * h.n_embd + 2ull * h.n_ff + (n_attn ? qd * 5 + 2 * kvd : 0) +
+                               (n_rec ? 2ull * h.conv_channels() + 2ull * h.n_v * h.dv + 4ull * h.n_v : 0);
+    e.scratch_bytes = 512ull * per_token * sizeof(float);
+    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
+    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
+    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+}
+
+QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
+    : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
+    hp_ = qwen_hparams(p);
+    n_threads_ = (uint32_t)threads_of(p);
+    copy_weights_ = (p.flags & DFL_LOAD_COPY_WEIGHTS) != 0;
+    if (!cache_type_ok(type_k_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type k ") + type_name(type_k_) + " is not supported");
+    if (!cache_type_ok(type_v_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type v ") + type_name(type_v_) + " is not supported");
+    if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
+    const uint32_t block_size = p.kv_block_size ? p.kv_block_size : 16;
+    if (block_size > 4096) fail(DFL_ERR_INVALID, "kv_block_size " + std::to_string(block_size) + " is too large");
+    load_weights(p);
+    if (n_attn_ > 0 && (hp_.head_dim % type_block(type_k_) != 0 || hp_.head_dim % type_block(type_v_) != 0))
+        fail(DFL_ERR_INVALID, "head_dim " + std::to_string(hp_.head_dim) + " is not a multiple of the cache type's block");
+    const uint32_t n_blocks = n_attn_ > 0 ? (uint32_t)ceil_div(p.kv_pool_tokens, block_size) : 0;
+    if (n_attn_ > 0 && n_blocks == 0) fail(DFL_ERR_INVALID, "kv_pool_tokens must be at least 1");
+    table_.init(p.max_seqs, n_blocks, block_size, n_attn_ > 0);
+    k_row_ = row_bytes(type_k_, hp_.head_dim);
+    v_row_ = row_bytes(type_v_, hp_.head_dim);
+    const uint64_t pool_rows = (uint64_t)n_blocks * block_size * (uint64_t)hp_.n_kv;
+    for (int i = 0; i < n_attn_; i++) {
+        // not zero-filled: rows are written before they are read
+        k_cache_.emplace_back(dev_.get(), pool_rows * k_row_, "KV pool (K)");
+        v_cache_.emplace_back(dev_.get(), pool_rows * v_row_, "KV pool (V)");
+    }
+    states_ = DevBuf(dev_.get(), (size_t)p.max_seqs * (size_t)slot_floats() * sizeof(float), "recurrent state");
+    if (states_.bytes()) dev_->zero(states_.get(), states_.bytes());
+    seq_state_.resize(p.max_seqs);
+    const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.rope_dim);
+    owned_.emplace_back(dev_.get(), inv.size() * sizeof(float), "rope frequencies");
+    dev_->to_device(owned_.back().get(), inv.data(), inv.size() * sizeof(float));
+    inv_freq_ = owned_.back().f();
+    ensure_acts(16);
+}
+
+const dfl_tensor *QwenModel::tensor(const std::string &name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : it->second;
+}
+
+Weight QwenModel::weight(const std::string &name, int64_t n_in, int64_t n_out, bool optional) {
+    const dfl_tensor *t = tensor(name);
+    if (!t) {
+        if (optional) return Weight{};
+        fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    }
+    if (!weight_type_ok(t->type))
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " has type " + std::to_string(t->type) + ", which this engine does not support");
+    const bool shape_ok = t->dims[0] == (uint64_t)n_in && t->dims[1] == (uint64_t)n_out && t->dims[2] == 1 && t->dims[3] == 1;
+    if (!shape_ok)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n_in) + ", " +
+                                  std::to_string(n_out) + "]");
+    if (n_in % type_block(t->type) != 0)
+        fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
+                                  type_name(t->type) + " block");
+    Weight w;
+    w.type = t->type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = row_bytes(t->type, n_in);
+    const uint64_t bytes = w.row_bytes * (uint64_t)n_out;
+    if (t->size < bytes) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    auto it = uploaded_.find(t->data);
+    if (it != uploaded_.end()) {
+        w.data = it->second;  // tied embeddings share one copy
+        return w;
+    }
+    w.data = dev_->upload_weight(t->data, bytes, copy_weights_);
+    uploaded_[t->data] = w.data;
+    weight_bytes_ += bytes;
+    return w;
+}
+
+const float *QwenModel::vec(const std::string &name, int64_t n0, int64_t n1) {
+    const dfl_tensor *t = tensor(name);
+    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) n *= t->dims[i];
+    if (n != (uint64_t)(n0 * n1) || t->dims[0] != (uint64_t)n0)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n0) +
+                                  (n1 > 1 ? ", " + std::to_string(n1) : "") + "]");
+    if (t->type != DFL_TYPE_F32 && t->type != DFL_TYPE_F16 && t->type != DFL_TYPE_BF16)
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
+    if (t->size < n * (uint64_t)type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    std::vector<float> v((size_t)n);
+    dequant_row(t->type, t->data, v.data(), (int64_t)n);
+    weight_bytes_ += n * (uint64_t)type_block_bytes(t->type);
+    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
+    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
+    return owned_.back().f();
+}
+
+void QwenModel::load_weights(const dfl_model_params &p) {
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name) fail(DFL_ERR_INVALID, "tensor entry " + std::to_string(i) + " has no name");
+        if (!t.data && t.size > 0) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has no data");
+        if (t.n_dims < 1 || t.n_dims > 4) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has a bad dimension count");
+        tensors_[t.name] = &t;
+    }
+    const HParams &h = hp_;
+    const dfl_tensor *emb = tensor("token_embd.weight");
+    if (!emb) fail(DFL_ERR_INVALID, "tensor token_embd.weight is missing");
+    hp_.n_vocab = positive((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
+
+    tok_embd_ = weight("token_embd.weight", h.n_embd, h.n_vocab);
+    output_ = weight("output.weight", h.n_embd, h.n_vocab, true);
+    if (output_.empty()) output_ = tok_embd_;  // tied embeddings
+    output_norm_ = vec("output_norm.weight", h.n_embd);
+
+    layers_.resize((size_t)h.n_layer);
+    for (int il = 0; il < h.n_layer; il++) {
+        Layer &L = layers_[(size_t)il];
+        L.attn = h.is_attn(il);
+        L.attn_norm = vec(blk(il, "attn_norm.weight"), h.n_embd);
+        L.post_norm = vec(blk(il, h.hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), h.n_embd);
+        if (L.attn) {
+            L.kv_index = n_attn_++;
+            const int64_t q_out = (int64_t)h.n_head * h.head_dim * (h.gated_attn ? 2 : 1);
+            L.wq = weight(blk(il, "attn_q.weight"), h.n_embd, q_out);
+            L.wk = weight(blk(il, "attn_k.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
+            L.wv = weight(blk(il, "attn_v.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
+            L.wo = weight(blk(il, "attn_output.weight"), (int64_t)h.n_head * h.head_dim, h.n_embd);
+            L.q_norm = vec(blk(il, "attn_q_norm.weight"), h.head_dim);
+            L.k_norm = vec(blk(il, "attn_k_norm.weight"), h.head_dim);
+        } else {
+            L.rec_index = n_rec_++;
+            const int C = h.conv_channels();
+            L.wqkv = weight(blk(il, "attn_qkv.weight"), h.n_embd, C);
+            L.wz = weight(blk(il, "attn_gate.weight"), h.n_embd, (int64_t)h.n_v * h.dv);
+            L.wb = weight(blk(il, "ssm_beta.weight"), h.n_embd, h.n_v);
+            L.wa = weight(blk(il, "ssm_alpha.weight"), h.n_embd, h.n_v);
+            L.wout = weight(blk(il, "ssm_out.weight"), (int64_t)h.n_v * h.dv, h.n_embd);
+            L.conv_w = vec(blk(il, "ssm_conv1d.weight"), h.conv_k, C);
+            L.ssm_a = vec(blk(il, "ssm_a"), h.n_v);
+            L.dt_bias = vec(blk(il, "ssm_dt.bias"), h.n_v);
+            L.ssm_norm = vec(blk(il, "ssm_norm.weight"), h.dv);
+        }
+        L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
+        L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+        L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+    }
+    tensors_.clear();  // the caller's table is not needed after load
+    uploaded_.clear();
+}
+
+void QwenModel::info(dfl_model_info *out) const {
+    const uint32_t size = out->struct_size;
+    dfl_model_info i;
+    std::memset(&i, 0, sizeof i);
+    i.struct_size = sizeof i;
+    std::snprintf(i.arch, sizeof i.arch, "%s", hp_.arch.c_str());
+    i.n_layer = (uint32_t)hp_.n_layer;
+    i.n_embd = (uint32_t)hp_.n_embd;
+    i.n_vocab = (uint32_t)hp_.n_vocab;
+    i.n_ctx_train = (uint32_t)hp_.n_ctx_train;
+    i.n_head = (uint32_t)hp_.n_head;
+    i.n_head_kv = (uint32_t)hp_.n_kv;
+    i.head_dim = (uint32_t)hp_.head_dim;
+    i.n_ff = (uint32_t)hp_.n_ff;
+    i.n_attn_layers = (uint32_t)n_attn_;
+    i.n_recurrent_layers = (uint32_t)n_rec_;
+    i.kv_block_size = table_.block_size();
+    i.kv_blocks_total = table_.n_blocks();
+    i.max_seqs = table_.max_seqs();
+    i.cache_type_k = type_k_;
+    i.cache_type_v = type_v_;
+    i.n_threads = n_threads_;
+    i.kv_bytes_per_token = (uint64_t)n_attn_ * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
+    i.state_bytes_per_seq = (uint64_t)slot_floats() * sizeof(float);
+    i.weight_bytes = weight_bytes_;
+    i.rms_eps = hp_.eps;
+    i.rope_theta = hp_.theta;
+    i.rope_dim = (uint32_t)hp_.rope_dim;
+    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
+    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+}
+
+void QwenModel::kv_stats(dfl_kv_stats *out) const {
+    out->block_size = table_.block_size();
+    out->blocks_total = table_.n_blocks();
+    out->blocks_free = table_.free_blocks();
+    out->seqs_total = table_.max_seqs();
+    out->seqs_free = table_.free_seqs();
+}
+
+int32_t QwenModel::seq_alloc() {
+    const int32_t s = table_.alloc();
+    if (slot_floats() > 0) dev_->zero(slot_ptr(s), (size_t)slot_floats() * sizeof(float));
+    return s;
+}
+
+void QwenModel::seq_free(int32_t s) { table_.free(s); }
+
+void QwenModel::seq_reserve(int32_t s, uint32_t n_tokens) { table_.reserve(s, n_tokens); }
+
+uint32_t QwenModel::seq_length(int32_t s) const { return table_.get(s).len; }
+
+void QwenModel::seq_truncate(int32_t s, uint32_t n) {
+    Seq &q = table_.get(s);
+    if (n > q.len) fail(DFL_ERR_INVALID, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                             " tokens: it holds only " + std::to_string(q.len));
+    if (n == q.len) return;
+    if (n_rec_ > 0) {
+        if (!q.rec || n < q.rec_base || n > q.rec_base + q.rec_n)
+            fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                    " tokens: its recurrent state was not recorded there (forward with DFL_SEQ_RECORD)");
+        const uint32_t k = n - q.rec_base;  // tokens of the recorded forward that stay
+        const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels();
+        const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
+        const SeqState &ss = seq_state_[(size_t)s];
+        float *slot = slot_ptr(s);
+        // recorded states of token k are contiguous over the layers; so are the slot's states
+        dev_->copy(slot, ss.rec_state.f() + (size_t)k * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        for (int r = 0; r < n_rec_; r++)
+            dev_->copy(slot + n_rec_ * sf + r * cf, ss.rec_window.f() + ((size_t)r * wrows + k) * (size_t)C,
+                       sizeof(float) * (size_t)cf);
+    }
+    table_.set_length(q, n);
+}
+
+void QwenModel::seq_snapshot(int32_t s) {
+    Seq &q = table_.get(s);
+    SeqState &ss = seq_state_[(size_t)s];
+    const size_t bytes = (size_t)slot_floats() * sizeof(float);
+    if (bytes > 0) {
+        if (ss.snap.bytes() < bytes) ss.snap = DevBuf(dev_.get(), bytes, "sequence snapshot");
+        dev_->copy(ss.snap.get(), slot_ptr(s), bytes);
+    }
+    q.snap = true;
+    q.snap_len = q.len;
+}
+
+void QwenModel::seq_rollback(int32_t s) {
+    Seq &q = table_.get(s);
+    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
+    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    const size_t bytes = (size_t)slot_floats() * sizeof(float);
+    if (bytes > 0) dev_->copy(slot_ptr(s), seq_state_[(size_t)s].snap.get(), bytes);
+    q.rec = false;
+    table_.set_length(q, q.snap_len);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+
+void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
+    if (b.bytes() >= bytes) return;
+    b.reset();
+    b = DevBuf(dev_.get(), bytes, what);
+}
+
+void QwenModel::ensure_acts(int64_t T) {
+    if (T <= acts_.cap) return;
+    const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);
+    const HParams &h = hp_;
+    const size_t f = sizeof(float);
+    Acts &a = acts_;
+    a = Acts{};  // release the old set first: peak memory is one set
+    auto mk = [&](DevBuf &b, int64_t per_token, const char *what) {
+        if (per_token > 0) b = DevBuf(dev_.get(), (size_t)(cap * per_token) * f, what);
+    };
+    const int64_t H = h.n_embd;
+    mk(a.x, H, "activations");
+    mk(a.xn, H, "activations");
+    mk(a.mix, H, "activations");
+    mk(a.ff_g, h.n_ff, "activations");
+    mk(a.ff_u, h.n_ff, "activations");
+    if (n_attn_ > 0) {
+        const int64_t qd = (int64_t)h.n_head * h.head_dim, kvd = (int64_t)h.n_kv * h.head_dim;
+        mk(a.qf, qd * (h.gated_attn ? 2 : 1), "activations");
+        mk(a.kf, kvd, "activations");
+        mk(a.vf, kvd, "activations");
+        mk(a.Q, qd, "activations");
+        if (h.gated_attn) mk(a.gate, qd, "activations");
+        mk(a.attn, qd, "activations");
+    }
+    if (n_rec_ > 0) {
+        const int64_t vd = (int64_t)h.n_v * h.dv;
+        mk(a.qkv, h.conv_channels(), "activations");
+        mk(a.cv, h.conv_channels(), "activations");
+        mk(a.z, vd, "activations");
+        mk(a.core, vd, "activations");
+        mk(a.bb, h.n_v, "activations");
+        mk(a.aa, h.n_v, "activations");
+        mk(a.beta, h.n_v, "activations");
+        mk(a.g, h.n_v, "activations");
+    }
+    a.cap = cap;
+}
+
+void QwenModel::ensure_record(int32_t s, uint32_t n) {
+    SeqState &ss = seq_state_[(size_t)s];
+    if (n <= ss.rec_cap) return;
+    const uint32_t cap = std::max<uint32_t>(n, 16);
+    const HParams &h = hp_;
+    ss.rec_state.reset();
+    ss.rec_window.reset();
+    ss.rec_state = DevBuf(dev_.get(), (size_t)(cap + 1) * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
+    ss.rec_window =
+        DevBuf(dev_.get(), (size_t)n_rec_ * (size_t)(h.conv_k - 1 + cap) * h.conv_channels() * sizeof(float), "record windows");
+    ss.rec_cap = cap;
+}
+
+void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
+    const HParams &h = hp_;
+    Acts &a = acts_;
+    dev_->matmul(L.wq, a.xn.f(), T, a.qf.f());
+    dev_->matmul(L.wk, a.xn.f(), T, a.kf.f());
+    dev_->matmul(L.wv, a.xn.f(), T, a.vf.f());
+
+    KVLayer kv;
+    kv.k = k_cache_[(size_t)L.kv_index].get<uint8_t>();
+    kv.v = v_cache_[(size_t)L.kv_index].get<uint8_t>();
+    kv.type_k = type_k_;
+    kv.type_v = type_v_;
+    kv.k_row = k_row_;
+    kv.v_row = v_row_;
+    kv.n_kv = h.n_kv;
+    kv.head_dim = h.head_dim;
+    kv.block_size = (int)table_.block_size();
+
+    AttnPrep p;
+    p.qf = a.qf.f();
+    p.kf = a.kf.f();
+    p.vf = a.vf.f();
+    p.q_norm = L.q_norm;
+    p.k_norm = L.k_norm;
+    p.inv_freq = inv_freq_;
+    p.n_head = h.n_head;
+    p.rope_dim = h.rope_dim;
+    p.gated = h.gated_attn;
+    p.eps = h.eps;
+    p.Q = a.Q.f();
+    p.gate = h.gated_attn ? a.gate.f() : nullptr;
+    p.kv = kv;
+    dev_->attn_prep(m, p);
+
+    AttnCall c;
+    c.Q = a.Q.f();
+    c.out = a.attn.f();
+    c.n_head = h.n_head;
+    c.scale = 1.0f / std::sqrt((float)h.head_dim);
+    c.kv = kv;
+    dev_->attention(m, c);
+    const int64_t qd = (int64_t)h.n_head * h.head_dim;
+    if (h.gated_attn) dev_->sigmoid_mul(a.attn.f(), a.gate.f(), T * qd);
+    dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
+}
+
+void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
+    const HParams &h = hp_;
+    Acts &a = acts_;
+    const int C = h.conv_channels();
+    dev_->matmul(L.wqkv, a.xn.f(), T, a.qkv.f());
+    dev_->matmul(L.wz, a.xn.f(), T, a.z.f());
+    dev_->matmul(L.wb, a.xn.f(), T, a.bb.f());
+    dev_->matmul(L.wa, a.xn.f(), T, a.aa.f());
+
+    const int64_t sf = h.state_floats(), cf = h.conv_floats();
+    ConvCall cc;
+    cc.x = a.qkv.f();
+    cc.out = a.cv.f();
+    cc.w = L.conv_w;
+    cc.C = C;
+    cc.K = h.conv_k;
+    cc.conv = states_.f() + n_rec_ * sf + L.rec_index * cf;
+    cc.slot_stride = slot_floats();
+    cc.rec_layer = L.rec_index;
+    cc.n_rec = n_rec_;
+    dev_->conv1d_silu(m, cc);
+
+    GdnGates gg;
+    gg.cv = a.cv.f();
+    gg.C = C;
+    gg.n_k = h.n_k;
+    gg.dk = h.dk;
+    gg.n_v = h.n_v;
+    gg.b = a.bb.f();
+    gg.a = a.aa.f();
+    gg.ssm_a = L.ssm_a;
+    gg.dt_bias = L.dt_bias;
+    gg.beta = a.beta.f();
+    gg.g = a.g.f();
+    dev_->gdn_gates(T, gg);
+
+    GdnCall gc;
+    gc.cv = a.cv.f();
+    gc.C = C;
+    gc.n_k = h.n_k;
+    gc.n_v = h.n_v;
+    gc.dk = h.dk;
+    gc.dv = h.dv;
+    gc.g = a.g.f();
+    gc.beta = a.beta.f();
+    gc.out = a.core.f();
+    gc.state = states_.f() + L.rec_index * sf;
+    gc.slot_stride = slot_floats();
+    gc.rec_layer = L.rec_index;
+    gc.n_rec = n_rec_;
+    dev_->gdn(m, gc);
+
+    dev_->gated_rmsnorm(a.core.f(), a.z.f(), L.ssm_norm, T * h.n_v, h.dv, h.eps);
+    dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
+}
+
+void QwenModel::forward(const dfl_batch &b) {
+    const HParams &h = hp_;
+    if (b.n_seqs == 0) return;
+    if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
+
+    // validate everything before touching any state
+    std::set<int32_t> seen;
+    int64_t T = 0, rows = 0, max_n = 0, max_ctx = 0;
+    uint32_t max_blocks = 0;
+    for (uint32_t i = 0; i < b.n_seqs; i++) {
+        const dfl_seq_batch &sb = b.seqs[i];
+        const std::string who = "batch entry " + std::to_string(i) + " (sequence " + std::to_string(sb.seq) + ")";
+        Seq &q = table_.get(sb.seq);
+        if (!seen.insert(sb.seq).second) fail(DFL_ERR_INVALID, who + ": the sequence appears twice in one batch");
+        if (sb.n_tokens == 0) fail(DFL_ERR_INVALID, who + ": no tokens");
+        if (!sb.tokens) fail(DFL_ERR_INVALID, who + ": tokens is null");
+        for (uint32_t t = 0; t < sb.n_tokens; t++)
+            if (sb.tokens[t] < 0 || sb.tokens[t] >= h.n_vocab)
+                fail(DFL_ERR_INVALID, who + ": token " + std::to_string(sb.tokens[t]) + " is outside the vocabulary (" +
+                                          std::to_string(h.n_vocab) + ")");
+        if (sb.logits > DFL_LOGITS_ALL) fail(DFL_ERR_INVALID, who + ": bad logits mode");
+        if ((uint64_t)q.len + sb.n_tokens > (uint64_t)INT32_MAX) fail(DFL_ERR_INVALID, who + ": sequence too long");
+        T += sb.n_tokens;
+        rows += sb.logits == DFL_LOGITS_ALL ? sb.n_tokens : (sb.logits == DFL_LOGITS_LAST ? 1 : 0);
+        max_n = std::max<int64_t>(max_n, sb.n_tokens);
+        max_ctx = std::max<int64_t>(max_ctx, (int64_t)q.len + sb.n_tokens);
+        max_blocks = std::max(max_blocks, table_.blocks_for(q.len + sb.n_tokens));
+    }
+    if (rows > 0 && !b.logits) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
+    if (b.n_capture > 0) {
+        if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");
+        for (uint32_t c = 0; c < b.n_capture; c++)
+            if (b.capture_layers[c] < 0 || b.capture_layers[c] >= h.n_layer)
+                fail(DFL_ERR_INVALID, "batch: capture layer " + std::to_string(b.capture_layers[c]) + " is out of range");
+    }
+    // KV blocks for the new tokens, all or nothing
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < b.n_seqs; i++) {
+        const Seq &q = table_.get(b.seqs[i].seq);
+        need += table_.missing_blocks(q, q.len + b.seqs[i].n_tokens);
+    }
+    if (need > table_.free_blocks())
+        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
+                                std::to_string(table_.free_blocks()) + " free");
+    // device buffers before any state changes, so an allocation failure changes nothing
+    ensure_acts(T);
+    const int32_t E = (int32_t)b.n_seqs;
+    const size_t n_meta = (size_t)(4 * T + 4 * E + (int64_t)E * max_blocks + rows);
+    ensure(meta_, n_meta * sizeof(int32_t), "batch metadata");
+    ensure(ptrs_, (size_t)2 * E * sizeof(float *), "batch metadata");
+    if (rows > 0) ensure(logits_, (size_t)rows * h.n_vocab * sizeof(float), "logits");
+    if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
+    for (uint32_t i = 0; i < b.n_seqs; i++)
+        if ((b.seqs[i].flags & DFL_SEQ_RECORD) && n_rec_ > 0) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
+
+    for (uint32_t i = 0; i < b.n_seqs; i++) {
+        Seq &q = table_.get(b.seqs[i].seq);
+        table_.grow(q, q.len + b.seqs[i].n_tokens);
+    }
+
+    // the batch metadata, laid out in one buffer
+    host_meta_.assign(n_meta, 0);
+    int32_t *tokens = host_meta_.data(), *pos = tokens + T, *ent = pos + T, *kv_slot = ent + T;
+    int32_t *t0 = kv_slot + T, *nn = t0 + E, *len0 = nn + E, *slot = len0 + E, *bt = slot + E;
+    int32_t *out_rows = bt + (int64_t)E * max_blocks;
+    host_ptrs_.assign((size_t)2 * E, nullptr);
+    const uint32_t bs = table_.block_size();
+    int64_t t = 0, r = 0;
+    for (int32_t e = 0; e < E; e++) {
+        const dfl_seq_batch &sb = b.seqs[e];
+        Seq &q = table_.get(sb.seq);
+        t0[e] = (int32_t)t;
+        nn[e] = (int32_t)sb.n_tokens;
+        len0[e] = (int32_t)q.len;
+        slot[e] = sb.seq;
+        for (size_t k = 0; k < q.blocks.size() && k < max_blocks; k++) bt[(int64_t)e * max_blocks + (int64_t)k] = q.blocks[k];
+        for (uint32_t i = 0; i < sb.n_tokens; i++, t++) {
+            tokens[t] = sb.tokens[i];
+            pos[t] = sb.positions ? sb.positions[i] : (int32_t)(q.len + i);
+            ent[t] = e;
+            const uint32_t p = q.len + i;
+            kv_slot[t] = n_attn_ > 0 ? q.blocks[p / bs] * (int32_t)bs + (int32_t)(p % bs) : -1;
+        }
+        if (sb.logits == DFL_LOGITS_ALL)
+            for (uint32_t i = 0; i < sb.n_tokens; i++) out_rows[r++] = t0[e] + (int32_t)i;
+        else if (sb.logits == DFL_LOGITS_LAST)
+            out_rows[r++] = t0[e] + (int32_t)sb.n_tokens - 1;
+        const bool record = (sb.flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+        q.rec = false;
+        if (record) {
+            q.rec_base = q.len;
+            q.rec_n = sb.n_tokens;
+            const SeqState &ss = seq_state_[(size_t)sb.seq];
+            host_ptrs_[(size_t)e] = ss.rec_state.f();
+            host_ptrs_[(size_t)(E + e)] = ss.rec_window.f();
+        }
+    }
+    dev_->to_device(meta_.get(), host_meta_.data(), n_meta * sizeof(int32_t));
+    dev_->to_device(ptrs_.get(), host_ptrs_.data(), host_ptrs_.size() * sizeof(float *));
+
+    const int32_t *dm = meta_.get<int32_t>();
+    BatchMeta m;
+    m.T = T;
+    m.n_ent = E;
+    m.max_n = max_n;
+    m.max_ctx = max_ctx;
+    m.tokens = dm;
+    m.pos = dm + T;
+    m.ent = dm + 2 * T;
+    m.kv_slot = n_attn_ > 0 ? dm + 3 * T : nullptr;
+    m.t0 = dm + 4 * T;
+    m.n = m.t0 + E;
+    m.len0 = m.n + E;
+    m.slot = m.len0 + E;
+    m.block_table = m.slot + E;
+    m.max_blocks = (int32_t)max_blocks;
+    m.rec_state = ptrs_.get<float *>();
+    m.rec_window = ptrs_.get<float *>() + E;
+    const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
+
+    Acts &a = acts_;
+    const int64_t H = h.n_embd;
+    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    for (int il = 0; il < h.n_layer; il++) {
+        const Layer &L = layers_[(size_t)il];
+        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
+        if (L.attn)
+            attn_layer(L, m, T);
+        else
+            gdn_layer(L, m, T);
+        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
+        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
+        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
+        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
+        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+        dev_->add(a.x.f(), a.mix.f(), T * H);
+        for (uint32_t c = 0; c < b.n_capture; c++)
+            if (b.capture_layers[c] == il)
+                dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
+    }
+
+    if (rows > 0) {
+        // the normed rows of the logits go through xn, free by now
+        dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());
+        dev_->rmsnorm(a.xn.f(), output_norm_, a.xn.f(), rows, H, h.eps);
+        if (rows > a.cap) fail(DFL_ERR_INTERNAL, "logit rows exceed the batch");
+        dev_->matmul(output_, a.xn.f(), rows, logits_.f());
+        dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
+    }
+    if (b.n_capture > 0) dev_->to_host(b.capture, capture_.get(), (size_t)T * b.n_capture * H * sizeof(float));
+    else dev_->sync();
+    for (uint32_t i = 0; i < b.n_seqs; i++) {
+        Seq &q = table_.get(b.seqs[i].seq);
+        q.len += b.seqs[i].n_tokens;
+        q.rec = (b.seqs[i].flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+    }
+}
+
+}  // namespace dfl

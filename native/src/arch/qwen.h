@@ -1,0 +1,125 @@
+// The Qwen3 and Qwen3.5 (hybrid Gated DeltaNet) layer plans, written once against the op table (ops/device.h).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arch/model.h"
+#include "core/seqtable.h"
+#include "ops/device.h"
+
+namespace dfl {
+
+struct HParams {
+    std::string arch;
+    int n_layer = 0;  // trunk layers run by the engine
+    int n_embd = 0, n_ff = 0, n_head = 0, n_kv = 0, head_dim = 0, n_vocab = 0, n_ctx_train = 0;
+    float eps = 1e-6f, theta = 10000.0f;
+    int rope_dim = 0;
+    // qwen35 hybrid
+    bool hybrid = false;
+    bool gated_attn = false;
+    int full_attn_interval = 0;
+    int conv_k = 0, dk = 0, n_k = 0, n_v = 0, dv = 0;
+
+    bool is_attn(int il) const { return !hybrid || (il + 1) % full_attn_interval == 0; }
+    int conv_channels() const { return 2 * n_k * dk + n_v * dv; }
+    int64_t state_floats() const { return (int64_t)n_v * dk * dv; }                  // recurrent state of one layer
+    int64_t conv_floats() const { return (int64_t)(conv_k - 1) * conv_channels(); }  // conv state of one layer
+};
+
+// Reads the architecture's hyperparameters from the metadata handed to model_load.
+HParams qwen_hparams(const dfl_model_params &p);
+
+struct Layer {
+    bool attn = true;
+    int kv_index = -1;   // index among attention layers
+    int rec_index = -1;  // index among recurrent layers
+    const float *attn_norm = nullptr, *post_norm = nullptr;
+    // attention
+    Weight wq, wk, wv, wo;
+    const float *q_norm = nullptr, *k_norm = nullptr;
+    // gated delta net
+    Weight wqkv, wz, wb, wa, wout;
+    const float *conv_w = nullptr, *ssm_a = nullptr, *dt_bias = nullptr, *ssm_norm = nullptr;
+    // ffn
+    Weight ffn_gate, ffn_up, ffn_down;
+};
+
+class QwenModel final : public Model {
+public:
+    QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev);
+
+    void info(dfl_model_info *out) const override;
+    void kv_stats(dfl_kv_stats *out) const override;
+    int32_t seq_alloc() override;
+    void seq_free(int32_t s) override;
+    void seq_reserve(int32_t s, uint32_t n_tokens) override;
+    uint32_t seq_length(int32_t s) const override;
+    void seq_truncate(int32_t s, uint32_t n) override;
+    void seq_snapshot(int32_t s) override;
+    void seq_rollback(int32_t s) override;
+    void forward(const dfl_batch &b) override;
+
+private:
+    // Activations of one forward, sized for `cap` tokens; grown (never per decode step) when a batch is larger.
+    struct Acts {
+        int64_t cap = 0;
+        DevBuf x, xn, mix, ff_g, ff_u;              // residual stream, normed, layer output, FFN
+        DevBuf qf, kf, vf, Q, gate, attn;           // attention
+        DevBuf qkv, z, bb, aa, cv, beta, g, core;   // Gated DeltaNet
+    };
+    // Per-sequence device buffers for snapshot and recording, allocated when first needed.
+    struct SeqState {
+        DevBuf snap;        // slot_floats
+        DevBuf rec_state;   // (rec_cap + 1) * n_rec * state_floats
+        DevBuf rec_window;  // n_rec * (K - 1 + rec_cap) * C
+        uint32_t rec_cap = 0;
+    };
+
+    void load_weights(const dfl_model_params &p);
+    Weight weight(const std::string &name, int64_t n_in, int64_t n_out, bool optional = false);
+    const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
+    const dfl_tensor *tensor(const std::string &name) const;
+
+    float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats(); }
+    int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
+    void ensure_acts(int64_t T);
+    void ensure(DevBuf &b, size_t bytes, const char *what);
+    void ensure_record(int32_t s, uint32_t n);
+
+    void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+    void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+
+    std::unique_ptr<Device> dev_;
+    HParams hp_;
+    std::map<std::string, const dfl_tensor *> tensors_;
+    std::map<const void *, const uint8_t *> uploaded_;  // host tensor data -> device copy
+    std::vector<DevBuf> owned_;                         // weights and vectors the model allocated on the device
+    bool copy_weights_ = false;
+    uint64_t weight_bytes_ = 0;
+
+    Weight tok_embd_, output_;
+    const float *output_norm_ = nullptr;
+    const float *inv_freq_ = nullptr;
+    std::vector<Layer> layers_;
+    int n_attn_ = 0, n_rec_ = 0;
+    uint32_t n_threads_ = 0;
+
+    // KV pool and recurrent state
+    uint32_t type_k_, type_v_;
+    uint64_t k_row_ = 0, v_row_ = 0;
+    std::vector<DevBuf> k_cache_, v_cache_;  // per attention layer
+    DevBuf states_;                          // [max_seqs][slot_floats]
+    SeqTable table_;
+    std::vector<SeqState> seq_state_;
+
+    Acts acts_;
+    DevBuf meta_, ptrs_, logits_, capture_;
+    std::vector<int32_t> host_meta_;
+    std::vector<float *> host_ptrs_;
+};
+
+}  // namespace dfl

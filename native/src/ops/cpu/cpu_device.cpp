@@ -1,0 +1,250 @@
+// The CPU device: the op table on host memory, run by a thread pool. The reference every other device is tested
+// against; the layer plans drive it exactly as they drive the GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace dfl {
+
+namespace {
+
+class CpuDevice final : public Device {
+public:
+    explicit CpuDevice(int n_threads) : pool_(n_threads), scratch_(n_threads) {}
+
+    std::string name() const override { return "cpu"; }
+
+    void *alloc(size_t bytes, const char *what) override {
+        void *p = std::malloc(bytes ? bytes : 1);
+        if (!p) {
+            uint64_t free = 0, total = 0;
+            host_memory(&free, &total);
+            fail(DFL_ERR_NO_MEMORY, std::string("cannot allocate ") + what + ": " + std::to_string(bytes) +
+                                        " bytes asked, " + std::to_string(free) + " bytes free");
+        }
+        return p;
+    }
+    void release(void *p) override { std::free(p); }
+    void to_device(void *dst, const void *src, size_t n) override { std::memcpy(dst, src, n); }
+    void to_host(void *dst, const void *src, size_t n) override { std::memcpy(dst, src, n); }
+    void copy(void *dst, const void *src, size_t n) override { std::memmove(dst, src, n); }
+    void zero(void *dst, size_t n) override { std::memset(dst, 0, n); }
+    void sync() override {}
+    uint64_t free_bytes() override {
+        uint64_t free = 0, total = 0;
+        host_memory(&free, &total);
+        return free;
+    }
+    const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) override {
+        if (!must_copy) return (const uint8_t *)host;  // the caller's mapping stays valid until model_free
+        copies_.emplace_back(new (std::nothrow) uint8_t[bytes]);
+        if (!copies_.back()) fail(DFL_ERR_NO_MEMORY, "cannot copy a weight of " + std::to_string(bytes) + " bytes");
+        std::memcpy(copies_.back().get(), host, bytes);
+        return copies_.back().get();
+    }
+
+    void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
+        pool_.parallel_for(T, [&](int64_t t, int) { get_row(W, tokens[t], out + t * W.n_in); });
+    }
+    void matmul(const Weight &W, const float *X, int64_t T, float *Y) override {
+        dfl::matmul(pool_, scratch_, W, X, T, Y);
+    }
+    void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
+        pool_.parallel_for(rows, [&](int64_t r, int) { dfl::rmsnorm(x + r * n, w, y + r * n, n, eps); });
+    }
+    void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
+        pool_.parallel_for(rows, [&](int64_t r, int) {
+            float *xr = x + r * n;
+            const float *dr = d + r * n;
+            for (int64_t i = 0; i < n; i++) xr[i] += dr[i];
+            dfl::rmsnorm(xr, w, y + r * n, n, eps);
+        });
+    }
+    void add(float *x, const float *d, int64_t count) override {
+        for_chunks(count, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; i++) x[i] += d[i];
+        });
+    }
+    void swiglu(float *g, const float *u, int64_t count) override {
+        for_chunks(count, [&](int64_t i0, int64_t i1) { dfl::swiglu(g + i0, u + i0, i1 - i0); });
+    }
+    void sigmoid_mul(float *a, const float *g, int64_t count) override {
+        for_chunks(count, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; i++) a[i] *= sigmoid(g[i]);
+        });
+    }
+    void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override {
+        for (int64_t r = 0; r < R; r++) std::memcpy(out + r * n, x + (int64_t)rows[r] * n, sizeof(float) * (size_t)n);
+    }
+    void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                   int64_t n) override {
+        for (int64_t r = 0; r < rows; r++)
+            std::memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * (size_t)n);
+    }
+
+    void attn_prep(const BatchMeta &m, const AttnPrep &a) override {
+        const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
+        const int64_t q_out = (int64_t)nh * hd * (a.gated ? 2 : 1), qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+        pool_.parallel_for(m.T, [&](int64_t t, int) {
+            for (int hh = 0; hh < nh; hh++) {
+                const float *src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
+                float *dst = a.Q + t * qd + (int64_t)hh * hd;
+                dfl::rmsnorm(src, a.q_norm, dst, hd, a.eps);
+                rope_neox(dst, a.rope_dim, m.pos[t], a.inv_freq);
+                if (a.gated) std::memcpy(a.gate + t * qd + (int64_t)hh * hd, src + hd, sizeof(float) * (size_t)hd);
+            }
+            const uint64_t row = (uint64_t)m.kv_slot[t] * (uint64_t)nkv;
+            for (int g = 0; g < nkv; g++) {
+                float *kr = a.kf + t * kvd + (int64_t)g * hd;
+                dfl::rmsnorm(kr, a.k_norm, kr, hd, a.eps);
+                rope_neox(kr, a.rope_dim, m.pos[t], a.inv_freq);
+                quantize_row(a.kv.type_k, kr, a.kv.k + (row + (uint64_t)g) * a.kv.k_row, hd);
+                quantize_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + (row + (uint64_t)g) * a.kv.v_row, hd);
+            }
+        });
+    }
+
+    void attention(const BatchMeta &m, const AttnCall &a) override {
+        // tasks = (entry, kv head, chunk of tokens)
+        constexpr int64_t kChunk = 16;
+        struct Task {
+            int32_t e, g;
+            int64_t i0, i1;
+        };
+        std::vector<Task> tasks;
+        const int nkv = a.kv.n_kv, hd = a.kv.head_dim, nh = a.n_head, group = nh / nkv;
+        for (int32_t e = 0; e < m.n_ent; e++)
+            for (int g = 0; g < nkv; g++)
+                for (int64_t i0 = 0; i0 < m.n[e]; i0 += kChunk) tasks.push_back({e, g, i0, std::min<int64_t>(m.n[e], i0 + kChunk)});
+        const int64_t qd = (int64_t)nh * hd;
+        pool_.parallel_for((int64_t)tasks.size(), [&](int64_t ti, int th) {
+            const Task &tk = tasks[(size_t)ti];
+            PagedKV kv;
+            kv.type_k = a.kv.type_k;
+            kv.type_v = a.kv.type_v;
+            kv.n_kv = nkv;
+            kv.head_dim = hd;
+            kv.block_size = a.kv.block_size;
+            kv.k = a.kv.k;
+            kv.v = a.kv.v;
+            kv.k_row = a.kv.k_row;
+            kv.v_row = a.kv.v_row;
+            kv.blocks = m.block_table + (int64_t)tk.e * m.max_blocks;
+            float *scr = scratch_.get(th, attention_scratch(hd, group, tk.i1 - tk.i0));
+            const int64_t t0 = m.t0[tk.e];
+            dfl::attention(kv, tk.g, nh, a.Q + t0 * qd, qd, a.out + t0 * qd, qd, m.len0[tk.e], tk.i0, tk.i1, a.scale, scr);
+        });
+    }
+
+    void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
+        const int C = c.C, K = c.K;
+        pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
+            const int64_t n = m.n[e], t0 = m.t0[e];
+            float *cs = c.conv + (int64_t)m.slot[e] * c.slot_stride;
+            std::vector<float> win((size_t)((K - 1 + n) * C));
+            std::memcpy(win.data(), cs, sizeof(float) * (size_t)(K - 1) * C);
+            std::memcpy(win.data() + (size_t)(K - 1) * C, c.x + t0 * C, sizeof(float) * (size_t)(n * C));
+            dfl::conv1d_silu(win.data(), n, C, c.w, K, c.out + t0 * C);
+            std::memcpy(cs, win.data() + (size_t)n * C, sizeof(float) * (size_t)(K - 1) * C);
+            if (m.rec_window[e])
+                std::memcpy(m.rec_window[e] + (size_t)c.rec_layer * (size_t)((K - 1 + n) * C), win.data(),
+                            sizeof(float) * win.size());
+        });
+    }
+
+    void gdn_gates(int64_t T, const GdnGates &g) override {
+        const float qscale = 1.0f / std::sqrt((float)g.dk);
+        pool_.parallel_for(T, [&](int64_t t, int) {
+            float *row = g.cv + t * g.C;
+            for (int i = 0; i < g.n_k; i++) {
+                float *qh = row + (int64_t)i * g.dk;
+                l2norm(qh, g.dk, 1e-6f);
+                for (int d = 0; d < g.dk; d++) qh[d] *= qscale;
+                l2norm(row + (int64_t)(g.n_k + i) * g.dk, g.dk, 1e-6f);
+            }
+            for (int j = 0; j < g.n_v; j++) {
+                const int64_t k = t * g.n_v + j;
+                g.beta[k] = sigmoid(g.b[k]);
+                g.g[k] = g.ssm_a[j] * softplus(g.a[k] + g.dt_bias[j]);
+            }
+        });
+    }
+
+    void gdn(const BatchMeta &m, const GdnCall &c) override {
+        const int dk = c.dk, dv = c.dv, nk = c.n_k, nv = c.n_v, C = c.C;
+        const int64_t vd = (int64_t)nv * dv, sf = (int64_t)nv * dk * dv;
+        pool_.parallel_for((int64_t)m.n_ent * nv, [&](int64_t task, int th) {
+            const int32_t e = (int32_t)(task / nv);
+            const int j = (int)(task % nv);
+            const int kh = j % nk;  // GGUF order: value heads tiled over the key heads
+            const int64_t n = m.n[e], t0 = m.t0[e];
+            const size_t need = (size_t)(n * (2 * dk + 2 * dv + 2)) + gdn_chunk_scratch(dk, dv);
+            float *buf = scratch_.get(th, need);
+            float *qj = buf, *kj = qj + n * dk, *vj = kj + n * dk, *gj = vj + n * dv, *bj = gj + n, *oj = bj + n;
+            float *cs = oj + n * dv;
+            for (int64_t i = 0; i < n; i++) {
+                const float *row = c.cv + (t0 + i) * C;
+                std::memcpy(qj + i * dk, row + (int64_t)kh * dk, sizeof(float) * (size_t)dk);
+                std::memcpy(kj + i * dk, row + (int64_t)(nk + kh) * dk, sizeof(float) * (size_t)dk);
+                std::memcpy(vj + i * dv, row + (int64_t)2 * nk * dk + (int64_t)j * dv, sizeof(float) * (size_t)dv);
+                gj[i] = c.g[(t0 + i) * nv + j];
+                bj[i] = c.beta[(t0 + i) * nv + j];
+            }
+            float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
+            float *rec = m.rec_state[e];
+            if (rec) {
+                // slot 0 holds the state before the forward, slot i+1 the state after token i
+                const size_t per = (size_t)c.n_rec * (size_t)sf;
+                float *base = rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * dk * dv;
+                std::memcpy(base, S, sizeof(float) * (size_t)dk * dv);
+                std::vector<float> st((size_t)(n * dk * dv));
+                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, st.data());
+                for (int64_t i = 0; i < n; i++)
+                    std::memcpy(base + (size_t)(i + 1) * per, st.data() + i * dk * dv, sizeof(float) * (size_t)dk * dv);
+            } else if (n > 1) {
+                gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
+            } else {
+                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
+            }
+            for (int64_t i = 0; i < n; i++)
+                std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);
+        });
+    }
+
+    void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override {
+        pool_.parallel_for(rows, [&](int64_t r, int) { dfl::gated_rmsnorm(x + r * n, z + r * n, w, n, eps); });
+    }
+
+private:
+    // Elementwise work split into a few large chunks per thread.
+    template <class F>
+    void for_chunks(int64_t count, F &&f) {
+        const int64_t chunk = std::max<int64_t>(4096, ceil_div(count, (int64_t)pool_.size() * 4));
+        pool_.parallel_for(ceil_div(count, chunk), [&](int64_t c, int) { f(c * chunk, std::min(count, (c + 1) * chunk)); });
+    }
+
+    ThreadPool pool_;
+    Scratch scratch_;
+    std::vector<std::unique_ptr<uint8_t[]>> copies_;
+};
+
+int threads_or_hw(int n) {
+    if (n > 0) return std::min(n, 256);
+    const unsigned hc = std::thread::hardware_concurrency();
+    return hc == 0 ? 1 : (int)hc;
+}
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(int n_threads) {
+    return std::unique_ptr<Device>(new CpuDevice(threads_or_hw(n_threads)));
+}
+
+}  // namespace dfl

@@ -1,0 +1,14 @@
+// What makes libdflash_cpu.so a CPU library: its device and the device queries of the C ABI.
+#include "ops/cpu/cpu_ops.h"
+
+namespace dfl {
+
+std::unique_ptr<Device> make_device(const dfl_model_params &p) { return make_cpu_device((int)p.n_threads); }
+
+const char *device_kind() { return "cpu"; }
+
+int32_t device_count() { return 1; }
+
+void device_memory(int32_t, uint64_t *free_bytes, uint64_t *total_bytes) { host_memory(free_bytes, total_bytes); }
+
+}  // namespace dfl
