@@ -4,6 +4,7 @@ package engine
 #cgo CFLAGS: -I${SRCDIR}/../include
 #cgo LDFLAGS: -ldl
 #include <dlfcn.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dflash.h"
@@ -74,6 +75,21 @@ static dfl_status w_forward(const dfl_api *a, dfl_model *m, const dfl_batch *b, 
 static dfl_status w_sample(const dfl_api *a, const float *logits, uint32_t n_vocab, const dfl_sampling *p,
                            const int32_t *hist, uint32_t n_hist, uint64_t *rng, int32_t *out, char **err) {
 	dfl_status rc = a->sample(logits, n_vocab, p, hist, n_hist, rng, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+// Entries appended to the table after its first release exist only when the library's struct_size covers them.
+static int has_memory_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, model_estimate) + sizeof(a->model_estimate);
+}
+static dfl_status w_device_memory(const dfl_api *a, int32_t index, uint64_t *free_b, uint64_t *total_b, char **err) {
+	dfl_status rc = a->device_memory(index, free_b, total_b);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_model_estimate(const dfl_api *a, const dfl_model_params *p, dfl_model_estimate *out, char **err) {
+	out->struct_size = sizeof *out;
+	dfl_status rc = a->model_estimate(p, out);
 	if (rc) *err = dup_error(a);
 	return rc;
 }
@@ -272,19 +288,75 @@ func widen[T int | int32 | uint32 | uint64](xs []T) []int64 {
 	return out
 }
 
-// load builds the C parameter block (names, metadata and the tensor table in C memory, tensor data pinned in place)
-// and loads the model. pin keeps the tensor data in place for as long as the engine references it.
+// load builds the C parameter block and loads the model. pin keeps the tensor data in place for as long as the engine
+// references it.
 func (a *capi) load(spec *ModelSpec, device int, pin *runtime.Pinner) (*cmodel, error) {
 	var ar cArena
 	defer ar.free()
+	p, err := cParams(&ar, spec, device, pin)
+	if err != nil {
+		return nil, err
+	}
+	var out *C.dfl_model
+	var msg *C.char
+	if err := status(C.w_model_load(a.t, &p, &out, &msg), msg); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+var errNoMemoryAPI = errors.New("the engine library predates device_memory/model_estimate: rebuild it")
+
+// memory reports free and total bytes of a device.
+func (a *capi) memory(device int) (free, total uint64, err error) {
+	if C.has_memory_api(a.t) == 0 {
+		return 0, 0, errNoMemoryAPI
+	}
+	var f, t C.uint64_t
+	var msg *C.char
+	if err := status(C.w_device_memory(a.t, C.int32_t(device), &f, &t, &msg), msg); err != nil {
+		return 0, 0, err
+	}
+	return uint64(f), uint64(t), nil
+}
+
+// estimate asks the library what spec would take on its device.
+func (a *capi) estimate(spec *ModelSpec) (Estimate, error) {
+	if C.has_memory_api(a.t) == 0 {
+		return Estimate{}, errNoMemoryAPI
+	}
+	var ar cArena
+	defer ar.free()
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	p, err := cParams(&ar, spec, 0, &pin)
+	if err != nil {
+		return Estimate{}, err
+	}
+	var e C.dfl_model_estimate
+	var msg *C.char
+	if err := status(C.w_model_estimate(a.t, &p, &e, &msg), msg); err != nil {
+		return Estimate{}, err
+	}
+	return Estimate{
+		WeightBytes:      uint64(e.weight_bytes),
+		KVBytesPerToken:  uint64(e.kv_bytes_per_token),
+		StateBytesPerSeq: uint64(e.state_bytes_per_seq),
+		ScratchBytes:     uint64(e.scratch_bytes),
+	}, nil
+}
+
+// cParams builds the C parameter block: names, metadata and the tensor table in C memory (freed with ar), tensor data
+// pinned in place.
+func cParams(ar *cArena, spec *ModelSpec, device int, pin *runtime.Pinner) (C.dfl_model_params, error) {
 	opt := spec.Options.withDefaults()
 	ck, err := opt.CacheK.id()
 	if err != nil {
-		return nil, fmt.Errorf("cache type k: %w", err)
+		return C.dfl_model_params{}, fmt.Errorf("cache type k: %w", err)
 	}
 	cv, err := opt.CacheV.id()
 	if err != nil {
-		return nil, fmt.Errorf("cache type v: %w", err)
+		return C.dfl_model_params{}, fmt.Errorf("cache type v: %w", err)
 	}
 
 	nt := len(spec.Tensors)
@@ -292,7 +364,7 @@ func (a *capi) load(spec *ModelSpec, device int, pin *runtime.Pinner) (*cmodel, 
 	for i := range spec.Tensors {
 		t := &spec.Tensors[i]
 		if len(t.Dims) < 1 || len(t.Dims) > 4 {
-			return nil, fmt.Errorf("tensor %q: %d dimensions (want 1..4)", t.Name, len(t.Dims))
+			return C.dfl_model_params{}, fmt.Errorf("tensor %q: %d dimensions (want 1..4)", t.Name, len(t.Dims))
 		}
 		ct := &tens[i]
 		ct.name = ar.str(t.Name)
@@ -318,9 +390,9 @@ func (a *capi) load(spec *ModelSpec, device int, pin *runtime.Pinner) (*cmodel, 
 	sort.Strings(keys)
 	meta := unsafe.Slice((*C.dfl_meta)(ar.alloc(len(keys), C.sizeof_dfl_meta)), len(keys))
 	for i, k := range keys {
-		m, err := cMeta(&ar, k, spec.Meta[k])
+		m, err := cMeta(ar, k, spec.Meta[k])
 		if err != nil {
-			return nil, err
+			return C.dfl_model_params{}, err
 		}
 		meta[i] = m
 	}
@@ -347,12 +419,7 @@ func (a *capi) load(spec *ModelSpec, device int, pin *runtime.Pinner) (*cmodel, 
 	if opt.CopyWeights {
 		p.flags |= C.DFL_LOAD_COPY_WEIGHTS
 	}
-	var out *C.dfl_model
-	var msg *C.char
-	if err := status(C.w_model_load(a.t, &p, &out, &msg), msg); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return p, nil
 }
 
 func (a *capi) free(m *cmodel) { C.w_model_free(a.t, m) }

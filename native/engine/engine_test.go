@@ -536,3 +536,42 @@ func TestExplicitPositions(t *testing.T) {
 	_, err := m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Positions: pos[:3]}}})
 	is.True(err != nil && strings.Contains(err.Error(), "3 positions for 20 tokens"))
 }
+
+// The estimate is what a backend sizes the KV pool from: it must agree with what the loaded model reports.
+func TestEstimateAgreesWithLoadedModel(t *testing.T) {
+	lib := openCPU(t)
+	free, total, err := lib.Memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total == 0 || free > total {
+		t.Fatalf("memory: free %d, total %d", free, total)
+	}
+	for _, tc := range []struct {
+		name string
+		spec func() ModelSpec
+	}{
+		{"qwen3", func() ModelSpec { return randomSpec(t, tinyQwen3()) }},
+		{"qwen35", func() ModelSpec { return randomSpec(t, tinyQwen35()) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			spec := tc.spec()
+			spec.Options = Options{KVPoolTokens: 64, MaxSeqs: 2, Threads: 1, CacheK: "bf16", CacheV: "f32"}
+			e, err := lib.Estimate(spec)
+			is.NoErr(err)
+			m, err := lib.LoadModel(spec)
+			is.NoErr(err)
+			defer m.Close()
+			info := m.Info()
+			is.Equal(e.KVBytesPerToken, info.KVBytesPerToken)
+			is.Equal(e.StateBytesPerSeq, info.StateBytesPerSeq)
+			is.True(e.WeightBytes >= info.WeightBytes) // every tensor of the trunk, as stored
+			is.True(e.ScratchBytes > 0)
+		})
+	}
+	_, err = lib.Estimate(ModelSpec{Arch: "llama"})
+	if err == nil || !strings.Contains(err.Error(), `"llama" is not supported`) {
+		t.Fatalf("estimate of an unknown architecture: %v", err)
+	}
+}

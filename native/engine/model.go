@@ -250,6 +250,32 @@ func (l *Lib) LoadModel(spec ModelSpec) (*Model, error) {
 	return md, nil
 }
 
+// Estimate is what a model would take on its device (Lib.Estimate), to size the KV pool from free memory.
+type Estimate struct {
+	WeightBytes      uint64 // weights uploaded to the device (on the CPU: mapped from the file, not copied)
+	KVBytesPerToken  uint64 // K+V of one token over all attention layers, in the options' cache types
+	StateBytesPerSeq uint64 // recurrent + conv state of one sequence slot
+	ScratchBytes     uint64 // activations of a 512-token forward
+}
+
+// Estimate reports what spec would take on the library's device, without loading it.
+func (l *Lib) Estimate(spec ModelSpec) (Estimate, error) {
+	e, err := l.api.estimate(&spec)
+	if err != nil {
+		return Estimate{}, fmt.Errorf("estimate %s model: %w", spec.Arch, err)
+	}
+	return e, nil
+}
+
+// Memory reports the free and total bytes of the library's device (system memory for cpu).
+func (l *Lib) Memory() (free, total uint64, err error) {
+	free, total, err = l.api.memory(l.device)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s:%d memory: %w", l.kind, l.device, err)
+	}
+	return free, total, nil
+}
+
 // LoadGGUF opens a GGUF file and loads it; the model keeps the file mapped until Close.
 func (l *Lib) LoadGGUF(path string, opt Options) (*Model, error) {
 	f, err := gguf.Open(path)
