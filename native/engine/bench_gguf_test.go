@@ -1,0 +1,109 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// BenchmarkGGUF measures a real-size model file on a device, the way llama-bench does, so the two can be compared on
+// the same file and GPU: $DFLASH_BENCH_GGUF (the file), $DFLASH_BENCH_DEVICE (default cpu), $DFLASH_BENCH_BATCHES
+// (decode batch sizes, default "1,8,32"), $DFLASH_BENCH_PROMPTS (prefill lengths, default "512,4096"). Sub-benchmarks:
+// pp<N> (one prompt of N tokens per forward) and tg-b<B> (B sequences decoding one token each per forward, after a
+// 16-token prompt). Run with -test.benchtime=Nx; tok/s is what to compare.
+func BenchmarkGGUF(b *testing.B) {
+	path := os.Getenv("DFLASH_BENCH_GGUF")
+	if path == "" {
+		b.Skip("set DFLASH_BENCH_GGUF to a model file")
+	}
+	device := os.Getenv("DFLASH_BENCH_DEVICE")
+	if device == "" {
+		device = "cpu"
+	}
+	lib, err := Open(libDir(b), device)
+	if err != nil {
+		b.Fatal(err)
+	}
+	batches, prompts := envInts("DFLASH_BENCH_BATCHES", "1,8,32"), envInts("DFLASH_BENCH_PROMPTS", "512,4096")
+	maxB, maxP := 1, 16
+	for _, x := range batches {
+		maxB = max(maxB, x)
+	}
+	for _, x := range prompts {
+		maxP = max(maxP, x)
+	}
+	m, err := lib.LoadGGUF(path, Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	vocab := m.Info().Vocab
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, n := range prompts {
+		toks := randomTokens(rng, n, vocab)
+		b.Run(fmt.Sprintf("pp%d", n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				s, err := m.NewSeq()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := m.Forward(one(s, toks, LogitsLast)); err != nil {
+					b.Fatal(err)
+				}
+				_ = m.FreeSeq(s)
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
+		})
+	}
+	for _, nb := range batches {
+		b.Run(fmt.Sprintf("tg-b%d", nb), func(b *testing.B) {
+			var batch Batch
+			for i := 0; i < nb; i++ {
+				s, err := m.NewSeq()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer m.FreeSeq(s)
+				if _, err := m.Forward(one(s, randomTokens(rng, 16, vocab), LogitsNone)); err != nil {
+					b.Fatal(err)
+				}
+				batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: []int32{1}, Logits: LogitsLast})
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= 1000 {
+					for _, e := range batch.Entries {
+						_ = m.Truncate(e.Seq, 16)
+					}
+				}
+				r, err := m.Forward(batch)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for e := range batch.Entries {
+					batch.Entries[e].Tokens[0] = argmax(r.Row(e, 0))
+				}
+			}
+			sec := b.Elapsed().Seconds()
+			b.ReportMetric(float64(nb*b.N)/sec, "tok/s")
+			b.ReportMetric(float64(m.Info().WeightBytes)*float64(b.N)/sec/1e9, "weightGB/s")
+		})
+	}
+}
+
+func envInts(key, def string) []int {
+	v := os.Getenv(key)
+	if v == "" {
+		v = def
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}

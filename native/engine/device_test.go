@@ -1,0 +1,188 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
+)
+
+// testDevice is the GPU device the device tests compare with the CPU engine: $DFLASH_TEST_DEVICE (e.g. "cuda:0").
+// Without it, or without the library or the GPU, they skip and say why: CI machines have no GPU.
+func testDevice(t *testing.T) *Lib {
+	t.Helper()
+	dev := os.Getenv("DFLASH_TEST_DEVICE")
+	if dev == "" || dev == "cpu" || dev == "cpu:0" {
+		t.Skip("no GPU device under test: set DFLASH_TEST_DEVICE=cuda:0 on a machine with libdflash_cuda.so (make cuda)")
+	}
+	kind, _, err := ParseDevice(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := libDir(t)
+	if _, err := os.Stat(filepath.Join(dir, LibName(kind))); err != nil {
+		t.Skipf("%s not built in %s (make cuda)", LibName(kind), dir)
+	}
+	lib, err := Open(dir, dev)
+	if err != nil {
+		t.Skipf("device %s unavailable: %v", dev, err)
+	}
+	return lib
+}
+
+// deviceBound is the largest max-relative-error of a logits row the device may show against the CPU engine. The CPU
+// computes in f32; the GPU's prefill products run on tensor cores with half-precision operands (8 bits of mantissa
+// for bf16), which through a few layers of a random model moves logits by up to about 1e-2 of their range.
+const deviceBound = 3e-2
+
+// TestDeviceMatchesCPU replays one script of engine calls on the CPU and on the device under test: batched prefill,
+// batched decode, snapshot/rollback, recorded verify with truncation, hidden-state capture. Every logits row must
+// agree within deviceBound and the captured hidden states likewise.
+func TestDeviceMatchesCPU(t *testing.T) {
+	dev := testDevice(t)
+	cpu := openCPU(t)
+	type variant struct {
+		c              config
+		cacheK, cacheV CacheType
+	}
+	var vs []variant
+	for _, wt := range []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K} {
+		q3 := tinyQwen3()
+		q3.embd, q3.ff, q3.headDim, q3.vocab = 256, 512, 64, 512
+		q35 := tinyQwen35()
+		q35.embd, q35.ff, q35.headDim, q35.vocab, q35.dk, q35.dv, q35.ropeDim = 256, 512, 64, 512, 32, 64, 16
+		q3.weight, q35.weight = wt, wt
+		vs = append(vs, variant{q3, CacheF16, CacheF16}, variant{q35, CacheF32, CacheF32})
+	}
+	vs = append(vs, variant{vs[6].c, CacheQ8_0, CacheQ8_0}, variant{vs[1].c, CacheBF16, CacheQ8_0})
+	for _, v := range vs {
+		name := fmt.Sprintf("%s/%v/%s-%s", v.c.arch, v.c.weight, v.cacheK, v.cacheV)
+		t.Run(name, func(t *testing.T) {
+			spec := randomSpec(t, v.c)
+			spec.Options = Options{KVPoolTokens: 1024, BlockSize: 16, MaxSeqs: 3, CacheK: v.cacheK, CacheV: v.cacheV, Threads: 2}
+			want := replay(t, cpu, spec, v.c)
+			got := replay(t, dev, spec, v.c)
+			if len(got) != len(want) {
+				t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
+			}
+			worst := 0.0
+			for i := range want {
+				e := relErr(got[i].v, want[i].v)
+				worst = max(worst, e)
+				if e > deviceBound || e != e {
+					t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, deviceBound)
+				}
+			}
+			t.Logf("worst max-relative error over %d rows: %.3g", len(want), worst)
+		})
+	}
+}
+
+type replayRow struct {
+	what string
+	v    []float32
+}
+
+// replay runs the script on lib and returns every logits row and captured hidden state in order.
+func replay(t *testing.T, lib *Lib, spec ModelSpec, c config) []replayRow {
+	t.Helper()
+	m, err := lib.LoadModel(spec)
+	if err != nil {
+		t.Fatalf("%s: %v", lib.Kind(), err)
+	}
+	defer m.Close()
+	var out []replayRow
+	must := func(r *Result, err error) *Result {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", lib.Kind(), err)
+		}
+		return r
+	}
+	keep := func(what string, r *Result, e, rows int) {
+		for i := 0; i < rows; i++ {
+			out = append(out, replayRow{fmt.Sprintf("%s row %d", what, i), append([]float32(nil), r.Row(e, i)...)})
+		}
+	}
+	rng := rand.New(rand.NewPCG(42, 1))
+	a, _ := m.NewSeq()
+	b, _ := m.NewSeq()
+	pa, pb := randomTokens(rng, 29, c.vocab), randomTokens(rng, 5, c.vocab)
+	r := must(m.Forward(Batch{Entries: []Entry{{Seq: a, Tokens: pa, Logits: LogitsAll}, {Seq: b, Tokens: pb, Logits: LogitsLast}}}))
+	keep("prefill a", r, 0, len(pa))
+	keep("prefill b", r, 1, 1)
+	for step := 0; step < 4; step++ {
+		r = must(m.Forward(Batch{Entries: []Entry{
+			{Seq: a, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+			{Seq: b, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+		}}))
+		keep(fmt.Sprintf("decode %d a", step), r, 0, 1)
+		keep(fmt.Sprintf("decode %d b", step), r, 1, 1)
+	}
+	if err := m.Snapshot(a); err != nil {
+		t.Fatal(err)
+	}
+	must(m.Forward(one(a, randomTokens(rng, 6, c.vocab), LogitsAll)))
+	if err := m.Rollback(a); err != nil {
+		t.Fatal(err)
+	}
+	r = must(m.Forward(one(a, randomTokens(rng, 3, c.vocab), LogitsAll)))
+	keep("after rollback", r, 0, 3)
+	n, _ := m.SeqLen(b)
+	r = must(m.Forward(Batch{Entries: []Entry{{Seq: b, Tokens: randomTokens(rng, 5, c.vocab), Logits: LogitsAll, Record: true}}}))
+	keep("recorded verify", r, 0, 5)
+	if err := m.Truncate(b, n+2); err != nil {
+		t.Fatal(err)
+	}
+	r = must(m.Forward(one(b, randomTokens(rng, 2, c.vocab), LogitsAll)))
+	keep("after truncate", r, 0, 2)
+	// a long prompt in a third sequence, across many KV blocks, with capture of the first and last layers
+	x, _ := m.NewSeq()
+	px := randomTokens(rng, 150, c.vocab)
+	r = must(m.Forward(Batch{Entries: []Entry{{Seq: x, Tokens: px, Logits: LogitsLast}}, Capture: []int{0, c.layers - 1}}))
+	keep("long prefill", r, 0, 1)
+	for i := 0; i < len(px); i += 37 {
+		out = append(out, replayRow{fmt.Sprintf("capture token %d layer 0", i), append([]float32(nil), r.Hidden(0, i, 0)...)})
+		out = append(out, replayRow{fmt.Sprintf("capture token %d last layer", i), append([]float32(nil), r.Hidden(0, i, 1)...)})
+	}
+	r = must(m.Forward(Batch{Entries: []Entry{
+		{Seq: x, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+		{Seq: a, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+		{Seq: b, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+	}}))
+	keep("decode x", r, 0, 1)
+	keep("decode a", r, 1, 1)
+	keep("decode b", r, 2, 1)
+	return out
+}
+
+// A model on the device reports its memory, and the device's memory shrinks by at least the KV pool it allocated.
+func TestDeviceMemory(t *testing.T) {
+	dev := testDevice(t)
+	free0, total, err := dev.Memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total == 0 || free0 > total {
+		t.Fatalf("memory: free %d of %d", free0, total)
+	}
+	c := tinyQwen3()
+	spec := randomSpec(t, c)
+	spec.Options = Options{KVPoolTokens: 1 << 20, MaxSeqs: 1, CacheK: CacheF32, CacheV: CacheF32}
+	m, err := dev.LoadModel(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	free1, _, err := dev.Memory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := m.Info().KVBytesPerToken * (1 << 20)
+	if free0-free1 < pool {
+		t.Fatalf("free memory fell by %d bytes, the KV pool alone is %d", free0-free1, pool)
+	}
+}
