@@ -1,0 +1,222 @@
+// Full-attention layer ops: q/k norm + RoPE + KV cache write (attn_prep), and paged causal attention.
+#include <cmath>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kPrepThreads = 128;
+constexpr int kAttnThreads = 128;
+constexpr int kAttnTilePos = 64;  // cache positions scored per step
+constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 512
+
+// One cache row of n elements from x, converted to the cache type as quantize_row does. Called by the whole block
+// (blockDim.x a multiple of 32). q8_0: one warp per 32-element block, d = amax / 127 stored as f16, q = round(x / d).
+__device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int n) {
+    switch (type) {
+    case DFL_TYPE_F32:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((float *)dst)[i] = x[i];
+        break;
+    case DFL_TYPE_F16:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_half_bits(x[i]);
+        break;
+    case DFL_TYPE_BF16:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_bf16_bits(x[i]);
+        break;
+    case DFL_TYPE_Q8_0: {
+        const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        for (int b = threadIdx.x >> 5; b < n / QK8_0; b += nw) {
+            const float v = x[b * QK8_0 + lane];
+            const float amax = warp_max(fabsf(v));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint8_t *blk = dst + (size_t)b * sizeof(BlockQ8_0);
+            if (lane == 0) *(uint16_t *)blk = f32_to_half_bits(d);
+            blk[2 + lane] = (uint8_t)(int8_t)roundf(v * id);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+// Block (t, h): h < n_head normalises and rotates query head h of token t into Q (and copies its gate); h >= n_head
+// does key head h - n_head in place in kf and writes that head's K and V rows into the cache at pool row kv_slot[t].
+__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot) {
+    extern __shared__ float xs[];  // [head_dim]
+    __shared__ float red[32];
+    const int hd = a.kv.head_dim, n_kv = a.kv.n_kv;
+    const int64_t t = blockIdx.x;
+    const int hh = blockIdx.y;
+    const bool is_q = hh < a.n_head;
+    const int64_t q_out = (int64_t)a.n_head * hd * (a.gated ? 2 : 1), kvd = (int64_t)n_kv * hd;
+    const float *src;
+    const float *norm;
+    if (is_q) {
+        src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
+        norm = a.q_norm;
+    } else {
+        src = a.kf + t * kvd + (int64_t)(hh - a.n_head) * hd;
+        norm = a.k_norm;
+    }
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float v = src[d];
+        xs[d] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)hd + a.eps);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = norm ? (xs[d] * r) * norm[d] : xs[d] * r;
+    __syncthreads();
+    const int half = a.rope_dim / 2;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float ang = p * a.inv_freq[i];
+        // double cos/sin of the f32 angle as the CPU does: positions reach 1e5+ rad, where the fast intrinsics drift
+        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        const float x0 = xs[i], x1 = xs[i + half];
+        xs[i] = x0 * c - x1 * s;
+        xs[i + half] = x1 * c + x0 * s;
+    }
+    __syncthreads();
+    if (is_q) {
+        const int64_t qd = (int64_t)a.n_head * hd;
+        float *dst = a.Q + t * qd + (int64_t)hh * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = xs[d];
+        if (a.gated) {
+            float *gd = a.gate + t * qd + (int64_t)hh * hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) gd[d] = src[hd + d];
+        }
+        return;
+    }
+    const int g = hh - a.n_head;
+    float *kdst = a.kf + t * kvd + (int64_t)g * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) kdst[d] = xs[d];
+    const uint64_t prow = (uint64_t)kv_slot[t] * n_kv + g;
+    store_cache_row(a.kv.type_k, xs, a.kv.k + prow * a.kv.k_row, hd);
+    store_cache_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
+}
+
+void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
+    if (m.T <= 0) return;
+    const dim3 grid((unsigned)m.T, (unsigned)(a.n_head + a.kv.n_kv));
+    attn_prep_kernel<<<grid, kPrepThreads, (size_t)a.kv.head_dim * sizeof(float), s>>>(a, m.pos, m.kv_slot);
+    check_launch("attn_prep");
+}
+
+struct AttnArgs {
+    const float *Q;
+    float *out;
+    int n_head, n_kv, head_dim, block_size, max_blocks;
+    float scale;
+    const uint8_t *k, *v;
+    uint32_t type_k, type_v;
+    uint64_t k_row, v_row;
+    const int32_t *ent, *t0, *len0, *block_table;
+};
+
+// One block per (token, query head): scores a tile of cache positions (one warp per position), then folds the tile
+// into the running softmax (max m, sum l) and the output accumulator, thread d holding output dims d, d + blockDim...
+// K/V rows of query heads sharing a KV head are read once per query head; L2 absorbs the repeats.
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
+    extern __shared__ float qs[];  // [head_dim]
+    __shared__ float sc[kAttnTilePos];
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int hd = a.head_dim;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int e = a.ent[t];
+    const int64_t lim = (int64_t)a.len0[e] + (t - a.t0[e]) + 1;  // positions [0, lim)
+    const int kvh = h / (a.n_head / a.n_kv);
+    const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
+    const int64_t qd = (int64_t)a.n_head * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.Q[t * qd + (int64_t)h * hd + d];
+    __syncthreads();
+
+    float acc[kAttnMaxDimsPerThread];
+#pragma unroll
+    for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t p0 = 0; p0 < lim; p0 += kAttnTilePos) {
+        const int cnt = (int)min((int64_t)kAttnTilePos, lim - p0);
+        for (int j = warp; j < cnt; j += nw) {
+            const int64_t p = p0 + j;
+            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
+            float dot = 0.0f;
+            for (int d = lane; d < hd; d += 32) dot += qs[d] * load_elem(a.type_k, kr, d);
+            dot = warp_sum(dot);
+            if (lane == 0) sc[j] = dot * a.scale;
+        }
+        __syncthreads();
+        float mx = -INFINITY;
+        for (int j = 0; j < cnt; j++) mx = fmaxf(mx, sc[j]);
+        const float mnew = fmaxf(m, mx);
+        const float corr = expf(m - mnew);  // 0 on the first tile (m = -inf)
+        __syncthreads();
+        if (threadIdx.x < cnt) sc[threadIdx.x] = expf(sc[threadIdx.x] - mnew);
+        __syncthreads();
+        float sum = 0.0f;
+        for (int j = 0; j < cnt; j++) sum += sc[j];
+        l = l * corr + sum;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] *= corr;
+        for (int j = 0; j < cnt; j++) {
+            const int64_t p = p0 + j;
+            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            const uint8_t *vr = a.v + (row * a.n_kv + kvh) * a.v_row;
+            const float w = sc[j];
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+                const int d = threadIdx.x + k * blockDim.x;
+                if (d < hd) acc[k] += w * load_elem(a.type_v, vr, d);
+            }
+        }
+        m = mnew;
+        __syncthreads();  // sc is rewritten by the next tile
+    }
+    const float inv = 1.0f / l;
+    float *o = a.out + t * qd + (int64_t)h * hd;
+#pragma unroll
+    for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+        const int d = threadIdx.x + k * blockDim.x;
+        if (d < hd) o[d] = acc[k] * inv;
+    }
+}
+
+void launch_attention(cudaStream_t s, const BatchMeta &m, const AttnCall &c) {
+    if (m.T <= 0) return;
+    if (c.kv.head_dim > kAttnThreads * kAttnMaxDimsPerThread)
+        fail(DFL_ERR_UNSUPPORTED, "attention: head_dim " + std::to_string(c.kv.head_dim) + " above 512");
+    if (c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
+        fail(DFL_ERR_INVALID, "attention: n_head must be a multiple of n_kv");
+    AttnArgs a;
+    a.Q = c.Q;
+    a.out = c.out;
+    a.n_head = c.n_head;
+    a.n_kv = c.kv.n_kv;
+    a.head_dim = c.kv.head_dim;
+    a.block_size = c.kv.block_size;
+    a.max_blocks = m.max_blocks;
+    a.scale = c.scale;
+    a.k = c.kv.k;
+    a.v = c.kv.v;
+    a.type_k = c.kv.type_k;
+    a.type_v = c.kv.type_v;
+    a.k_row = c.kv.k_row;
+    a.v_row = c.kv.v_row;
+    a.ent = m.ent;
+    a.t0 = m.t0;
+    a.len0 = m.len0;
+    a.block_table = m.block_table;
+    const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+    attention_kernel<<<grid, kAttnThreads, (size_t)c.kv.head_dim * sizeof(float), s>>>(a);
+    check_launch("attention");
+}
+
+}  // namespace cuda
+}  // namespace dfl
