@@ -13,6 +13,8 @@ NVCC_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=c
 # CUDA libraries for the g++ link lines (nvcc's own directory, then the usual toolkit places).
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC))))
 CUDA_LIBDIRS := $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/lib/x86_64-linux-gnu)
+# (never -I/usr/include: it breaks libstdc++'s #include_next)
+CUDA_INC := $(addprefix -I,$(filter-out /usr/include,$(wildcard $(CUDA_HOME)/include)))
 CUDA_LIBS = $(addprefix -L,$(CUDA_LIBDIRS)) -lcublas -lcudart_static -lpthread -ldl -lrt
 
 CPPFLAGS += -Iinclude -Isrc
@@ -57,7 +59,7 @@ $(CB)/%.o: src/%.cu cuda.mk
 
 $(CB)/tests/%.o: tests/cuda/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
-	$(CXX) $(CPPFLAGS) -Itests $(CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$ $< && mv -f $@.tmp.$$$$ $@
+	$(CXX) $(CPPFLAGS) -Itests $(CUDA_INC) $(CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$ $< && mv -f $@.tmp.$$$$ $@
 
 # Archives, so the test links only what it uses (the CPU device's lib_cpu.cpp and api-level code are not needed);
 # grouped because the CPU, CUDA and common objects refer to each other.
