@@ -25,7 +25,6 @@
 #include "common.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/device.h"
-#include "quant.h"
 #include "test.h"
 
 namespace dfltest {
@@ -40,6 +39,10 @@ namespace {
 
 using namespace dfl;
 using dfltest::Rng;
+
+// GGUF block layouts (as quant.h).
+constexpr int QK8_0 = 32, QK_K = 256;
+constexpr size_t kQ8_0Bytes = 34, kQ4_KBytes = 144, kQ6_KBytes = 210;
 
 Device *g_cpu = nullptr;
 Device *g_gpu = nullptr;
@@ -144,9 +147,9 @@ uint64_t type_row_bytes(uint32_t t, int64_t n) {
     case DFL_TYPE_F32: return (uint64_t)n * 4;
     case DFL_TYPE_F16:
     case DFL_TYPE_BF16: return (uint64_t)n * 2;
-    case DFL_TYPE_Q8_0: return (uint64_t)(n / QK8_0) * sizeof(BlockQ8_0);
-    case DFL_TYPE_Q4_K: return (uint64_t)(n / QK_K) * sizeof(BlockQ4_K);
-    case DFL_TYPE_Q6_K: return (uint64_t)(n / QK_K) * sizeof(BlockQ6_K);
+    case DFL_TYPE_Q8_0: return (uint64_t)(n / QK8_0) * kQ8_0Bytes;
+    case DFL_TYPE_Q4_K: return (uint64_t)(n / QK_K) * kQ4_KBytes;
+    case DFL_TYPE_Q6_K: return (uint64_t)(n / QK_K) * kQ6_KBytes;
     default: return 0;
     }
 }
@@ -175,7 +178,7 @@ std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r)
             break;
         case DFL_TYPE_Q8_0:
             for (int64_t k = 0; k < n / QK8_0; k++) {
-                uint8_t *blk = p + k * sizeof(BlockQ8_0);
+                uint8_t *blk = p + k * kQ8_0Bytes;
                 put_u16(blk, f32_to_f16(0.002f + 0.01f * (float)r.uniform()));
                 for (int j = 0; j < QK8_0; j++)
                     if (blk[2 + j] == 0x80) blk[2 + j] = 0x81;  // -128 never comes out of quantize_row
@@ -183,14 +186,14 @@ std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r)
             break;
         case DFL_TYPE_Q4_K:
             for (int64_t k = 0; k < n / QK_K; k++) {
-                uint8_t *blk = p + k * sizeof(BlockQ4_K);
+                uint8_t *blk = p + k * kQ4_KBytes;
                 put_u16(blk, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
                 put_u16(blk + 2, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
             }
             break;
         case DFL_TYPE_Q6_K:
             for (int64_t k = 0; k < n / QK_K; k++) {
-                uint8_t *blk = p + k * sizeof(BlockQ6_K);
+                uint8_t *blk = p + k * kQ6_KBytes;
                 put_u16(blk + 208, f32_to_f16(0.0005f + 0.002f * (float)r.uniform()));
             }
             break;
@@ -428,7 +431,7 @@ std::vector<float> dequant_cache(uint32_t type, const std::vector<uint8_t> &b, i
             case DFL_TYPE_F16: std::memcpy(&h, p + 2 * i, 2); o[i] = f16_to_f32(h); break;
             case DFL_TYPE_BF16: std::memcpy(&h, p + 2 * i, 2); o[i] = bf16_to_f32(h); break;
             case DFL_TYPE_Q8_0: {
-                const uint8_t *blk = p + (i / QK8_0) * sizeof(BlockQ8_0);
+                const uint8_t *blk = p + (i / QK8_0) * kQ8_0Bytes;
                 std::memcpy(&h, blk, 2);
                 o[i] = f16_to_f32(h) * (float)(int8_t)blk[2 + i % QK8_0];
                 break;
@@ -758,9 +761,10 @@ void bench_gemv() {
 
 int main(int argc, char **argv) {
     int n_gpus = 0;
-    if (cudaGetDeviceCount(&n_gpus) != cudaSuccess || n_gpus == 0) {
+    const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
+    if (ce != cudaSuccess || n_gpus == 0) {
         std::printf("skip: no CUDA device (%s); the CUDA op tests need a GPU\n",
-                    n_gpus == 0 ? "cudaGetDeviceCount reports none" : "no driver");
+                    ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
         return 0;
     }
     std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);

@@ -32,7 +32,7 @@ __device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int
             const float amax = warp_max(fabsf(v));
             const float d = amax / 127.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            uint8_t *blk = dst + (size_t)b * sizeof(BlockQ8_0);
+            uint8_t *blk = dst + (size_t)b * kQ8_0Bytes;
             if (lane == 0) *(uint16_t *)blk = f32_to_half_bits(d);
             blk[2 + lane] = (uint8_t)(int8_t)roundf(v * id);
         }

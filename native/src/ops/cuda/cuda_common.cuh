@@ -10,10 +10,17 @@
 #include <string>
 
 #include "common.h"
-#include "quant.h"
 
 namespace dfl {
 namespace cuda {
+
+// GGUF block layouts (see quant.h): elements per block and bytes per block. Kept here so the CUDA code depends only on
+// the byte layout, not on the CPU kernels' headers.
+constexpr int QK8_0 = 32;
+constexpr int QK_K = 256;
+constexpr int kQ8_0Bytes = 34;   // f16 d, 32 x int8
+constexpr int kQ4_KBytes = 144;  // f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+constexpr int kQ6_KBytes = 210;  // 128 bytes low nibbles, 64 bytes high bit pairs, 16 int8 scales, f16 d
 
 [[noreturn]] inline void fail_cuda(const char *op, cudaError_t e) {
     fail(DFL_ERR_INTERNAL, std::string(op) + ": " + cudaGetErrorString(e));
@@ -95,11 +102,11 @@ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, in
     case DFL_TYPE_BF16:
         return bf16_bits_to_f32(((const uint16_t *)row)[i]);
     case DFL_TYPE_Q8_0: {
-        const uint8_t *b = row + (i / QK8_0) * sizeof(BlockQ8_0);
+        const uint8_t *b = row + (i / QK8_0) * kQ8_0Bytes;
         return half_bits_to_f32(ld_u16(b)) * (float)(int8_t)b[2 + i % QK8_0];
     }
     case DFL_TYPE_Q4_K: {
-        const uint8_t *b = row + (i / QK_K) * sizeof(BlockQ4_K);
+        const uint8_t *b = row + (i / QK_K) * kQ4_KBytes;
         const int j = (int)(i % QK_K), c = j / 64, l = j % 64;
         const float d = half_bits_to_f32(ld_u16(b)), dmin = half_bits_to_f32(ld_u16(b + 2));
         int sc, m;
@@ -109,7 +116,7 @@ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, in
         return (d * (float)sc) * (float)nib - dmin * (float)m;
     }
     case DFL_TYPE_Q6_K: {
-        const uint8_t *b = row + (i / QK_K) * sizeof(BlockQ6_K);
+        const uint8_t *b = row + (i / QK_K) * kQ6_KBytes;
         const int j = (int)(i % QK_K), h = j / 128, r = j % 128, k = r / 32, l = r % 32;
         const uint8_t lb = b[64 * h + l + 32 * (k & 1)];
         const int lo = k < 2 ? (lb & 0x0F) : (lb >> 4);

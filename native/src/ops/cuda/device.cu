@@ -184,6 +184,10 @@ void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int
                            int64_t n) {
     if (rows <= 0 || n <= 0) return;
     use();
+    if (rows == 1) {  // any stride is valid for one row; cudaMemcpy2D would reject a stride below the width
+        check(cudaMemcpyAsync(dst, src, (size_t)n * 4, cudaMemcpyDeviceToDevice, stream_), "copy_rows");
+        return;
+    }
     check(cudaMemcpy2DAsync(dst, (size_t)dst_stride * 4, src, (size_t)src_stride * 4, (size_t)n * 4, (size_t)rows,
                             cudaMemcpyDeviceToDevice, stream_),
           "copy_rows");

@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 2
     for (int64_t b = lane >> 2; b < nb; b += 8) {
-        const uint8_t *blk = row + b * sizeof(BlockQ8_0);
+        const uint8_t *blk = row + b * kQ8_0Bytes;
         const float d = half_bits_to_f32(__ldg((const unsigned short *)blk));
         const unsigned short *qs = (const unsigned short *)(blk + 2 + 8 * part);
         float q[8];
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const uint8_t *blk = row + b * sizeof(BlockQ4_K);
+        const uint8_t *blk = row + b * kQ4_KBytes;
         const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
         const uint32_t dd = __ldg((const unsigned int *)blk);
         const float d = half_bits_to_f32((uint16_t)(dd & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dd >> 16));
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const uint8_t *blk = row + b * sizeof(BlockQ6_K);
+        const uint8_t *blk = row + b * kQ6_KBytes;
         const unsigned short *qa = (const unsigned short *)(blk + 64 * h + l0);
         const unsigned short *qb = (const unsigned short *)(blk + 64 * h + 32 + l0);
         const unsigned short *qh = (const unsigned short *)(blk + 128 + 32 * h + l0);
