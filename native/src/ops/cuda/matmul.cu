@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-#pragma unroll 2
+#pragma unroll 4
     for (int64_t b = lane >> 2; b < nb; b += 8) {
         const uint8_t *blk = row + b * kQ8_0Bytes;
         const float d = half_bits_to_f32(__ldg((const unsigned short *)blk));
@@ -178,6 +178,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    // unrolled so the next super-block's loads are in flight while this one is decoded
+#pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
         const uint8_t *blk = row + b * kQ4_KBytes;
         const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
@@ -226,6 +228,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
         const uint8_t *blk = row + b * kQ6_KBytes;
         const unsigned short *qa = (const unsigned short *)(blk + 64 * h + l0);
