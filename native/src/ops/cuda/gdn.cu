@@ -9,7 +9,7 @@ namespace cuda {
 
 constexpr int kConvThreads = 128;
 constexpr int kGatesThreads = 128;
-constexpr int kGdnThreads = 64;  // value columns per block
+constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
 
 // Thread (entry e, channel c). Window row r < K-1 is the slot's stored input r, later rows are the entry's tokens.
 // The state update walks r upwards, reading row n + r > r, which is not yet overwritten.
@@ -81,16 +81,82 @@ struct GdnArgs {
     float *const *rec_state;
 };
 
-// Block (value head j, entry e, column group z): thread b owns column b of the head's state S [dk][dv]; columns are
-// independent in the delta rule, so the only shared inputs are each token's q and k (in shared memory).
-// DK > 0: the column lives in registers (fully unrolled loops); DK == 0: it is updated in place in global memory,
-// for head sizes without a register instantiation.
+// Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
+// rule; each token's q and k (shared by all columns) are staged in shared memory.
+//
+// Register kernel: two neighbouring lanes own one column b, each holding DK/2 of its rows in registers (a whole
+// 128-row column per thread would spill); the two partial sums of k.S and q.S meet through one shuffle.
 template <int DK>
-__global__ void __launch_bounds__(kGdnThreads) gdn_kernel(GdnArgs a) {
-    extern __shared__ float qk[];  // [2][dk]: q then k of the current token
+__global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
+    extern __shared__ float qk[];  // [2][DK]: q then k of the current token
+    constexpr int R = DK / 2;
+    const GdnCall &g = a.g;
+    const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
+    const int half = threadIdx.x & 1;
+    const int b = blockIdx.z * (blockDim.x / 2) + (threadIdx.x >> 1);
+    const bool active = b < dv;
+    const int a0 = half * R;
+    const int64_t n = a.n[e], t0 = a.t0[e];
+    const int kh = j % g.n_k;
+    const int64_t head = (int64_t)DK * dv;
+    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
+    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
+    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = active ? S[(int64_t)(a0 + i) * dv + b] : 0.0f;
+    if (rec && active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+    for (int64_t it = 0; it < n; it++) {
+        const int64_t tok = t0 + it;
+        const float *row = g.cv + tok * g.C;
+        __syncthreads();
+        for (int i = threadIdx.x; i < 2 * DK; i += blockDim.x)
+            qk[i] = i < DK ? row[(int64_t)kh * DK + i] : row[(int64_t)(g.n_k + kh) * DK + (i - DK)];
+        __syncthreads();
+        const float *q = qk + a0, *k = qk + DK + a0;
+        const float decay = expf(g.g[tok * g.n_v + j]);
+        const float beta = g.beta[tok * g.n_v + j];
+        const float v = active ? row[(int64_t)2 * g.n_k * DK + (int64_t)j * dv + b] : 0.0f;
+        float u = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] *= decay;
+            u += k[i] * s[i];
+        }
+        u += __shfl_xor_sync(0xffffffffu, u, 1);
+        const float delta = beta * (v - u);
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] += k[i] * delta;
+            o += q[i] * s[i];
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        if (!active) continue;
+        if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+        if (rec) {
+            float *dst = rec + (it + 1) * per;
+#pragma unroll
+            for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) S[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+}
+
+// Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
+__global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
+    extern __shared__ float qk[];  // [2][dk]
     const GdnCall &g = a.g;
     const int j = blockIdx.x, e = blockIdx.y;
-    const int dk = DK > 0 ? DK : g.dk, dv = g.dv;
+    const int dk = g.dk, dv = g.dv;
     const int b = blockIdx.z * blockDim.x + threadIdx.x;
     const bool active = b < dv;
     const int64_t n = a.n[e], t0 = a.t0[e];
@@ -100,22 +166,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_kernel(GdnArgs a) {
     float *rec = a.rec_state ? a.rec_state[e] : nullptr;
     const int64_t per = (int64_t)g.n_rec * g.n_v * head;
     if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
-
-    constexpr int R = DK > 0 ? DK : 1;
-    float s[R];
-    if (DK > 0 && active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) s[i] = S[(int64_t)i * dv + b];
-    }
-    if (rec && active) {
-        if (DK > 0) {
-#pragma unroll
-            for (int i = 0; i < R; i++) rec[(int64_t)i * dv + b] = s[i];
-        } else {
-            for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
-        }
-    }
-
+    if (rec && active)
+        for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
         const int64_t tok = t0 + it;
         const float *row = g.cv + tok * g.C;
@@ -129,43 +181,20 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_kernel(GdnArgs a) {
         const float beta = g.beta[tok * g.n_v + j];
         const float v = row[(int64_t)2 * g.n_k * dk + (int64_t)j * dv + b];
         float u = 0.0f, o = 0.0f;
-        if (DK > 0) {
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                s[i] *= decay;
-                u += k[i] * s[i];
-            }
-            const float delta = beta * (v - u);
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                s[i] += k[i] * delta;
-                o += q[i] * s[i];
-            }
-            if (rec) {
-                float *dst = rec + (it + 1) * per;
-#pragma unroll
-                for (int i = 0; i < R; i++) dst[(int64_t)i * dv + b] = s[i];
-            }
-        } else {
-            for (int i = 0; i < dk; i++) {
-                const float x = S[(int64_t)i * dv + b] * decay;
-                S[(int64_t)i * dv + b] = x;
-                u += k[i] * x;
-            }
-            const float delta = beta * (v - u);
-            float *dst = rec ? rec + (it + 1) * per : nullptr;
-            for (int i = 0; i < dk; i++) {
-                const float x = S[(int64_t)i * dv + b] + k[i] * delta;
-                S[(int64_t)i * dv + b] = x;
-                o += q[i] * x;
-                if (dst) dst[(int64_t)i * dv + b] = x;
-            }
+        for (int i = 0; i < dk; i++) {
+            const float x = S[(int64_t)i * dv + b] * decay;
+            S[(int64_t)i * dv + b] = x;
+            u += k[i] * x;
+        }
+        const float delta = beta * (v - u);
+        float *dst = rec ? rec + (it + 1) * per : nullptr;
+        for (int i = 0; i < dk; i++) {
+            const float x = S[(int64_t)i * dv + b] + k[i] * delta;
+            S[(int64_t)i * dv + b] = x;
+            o += q[i] * x;
+            if (dst) dst[(int64_t)i * dv + b] = x;
         }
         g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-    }
-    if (DK > 0 && active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) S[(int64_t)i * dv + b] = s[i];
     }
 }
 
@@ -178,14 +207,15 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.n = m.n;
     a.slot = m.slot;
     a.rec_state = m.rec_state;
-    const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
+    const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
+    const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     if (g.dk == 128)
-        gdn_kernel<128><<<grid, kGdnThreads, shm, s>>>(a);
+        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, shm, s>>>(a);
     else if (g.dk == 64)
-        gdn_kernel<64><<<grid, kGdnThreads, shm, s>>>(a);
+        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, shm, s>>>(a);
     else
-        gdn_kernel<0><<<grid, kGdnThreads, shm, s>>>(a);
+        gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");
 }
 
