@@ -544,6 +544,8 @@ void test_attention() {
         {{3, 40, 1, false}},                                         // verify, T = 3
         {{5, 0, 0, false}, {1, 77, 1, false}, {11, 200, 2, false}},  // mixed, T = 17
         {{120, 0, 0, false}, {10, 33, 1, false}},                    // prefill, T = 130
+        {{1, 3000, 0, false}},                                       // long decode: split-K attention
+        {{1, 2500, 0, false}, {2, 10, 1, false}},                    // splits past a short entry's end stay empty
     };
     for (const AttnShape &s : shapes) {
         for (uint32_t ct : ctypes) {

@@ -1,4 +1,5 @@
 // Full-attention layer ops: q/k norm + RoPE + KV cache write (attn_prep), and paged causal attention.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -119,10 +120,13 @@ struct AttnArgs {
     const int32_t *ent, *t0, *len0, *block_table;
 };
 
-// One block per (token, query head): scores a tile of cache positions (one warp per position), then folds the tile
-// into the running softmax (max m, sum l) and the output accumulator, thread d holding output dims d, d + blockDim...
-// K/V rows of query heads sharing a KV head are read once per query head; L2 absorbs the repeats.
-__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
+// One block per (token, query head, split): scores a tile of cache positions (one warp per position), then folds the
+// tile into the running softmax (max m, sum l) and the output accumulator, thread d holding output dims d,
+// d + blockDim... K/V rows of query heads sharing a KV head are read once per query head; L2 absorbs the repeats.
+// Without splits (gridDim.z == 1) the block writes the normalised output. With splits, block z covers positions
+// [z * split_len, (z + 1) * split_len) and writes its unnormalised accumulator and (m, l) for attention_combine.
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int64_t split_len, float *part_o,
+                                                                 float *part_ml) {
     extern __shared__ float qs[];  // [head_dim]
     __shared__ float sc[kAttnTilePos];
     const int64_t t = blockIdx.x;
@@ -131,6 +135,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int e = a.ent[t];
     const int64_t lim = (int64_t)a.len0[e] + (t - a.t0[e]) + 1;  // positions [0, lim)
+    const int64_t p_begin = (int64_t)blockIdx.z * split_len;
+    const int64_t p_end = min(lim, p_begin + split_len);
     const int kvh = h / (a.n_head / a.n_kv);
     const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
     const int64_t qd = (int64_t)a.n_head * hd;
@@ -141,8 +147,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 #pragma unroll
     for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int64_t p0 = 0; p0 < lim; p0 += kAttnTilePos) {
-        const int cnt = (int)min((int64_t)kAttnTilePos, lim - p0);
+    for (int64_t p0 = p_begin; p0 < p_end; p0 += kAttnTilePos) {
+        const int cnt = (int)min((int64_t)kAttnTilePos, p_end - p0);
         for (int j = warp; j < cnt; j += nw) {
             const int64_t p = p0 + j;
             const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
@@ -179,16 +185,59 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
         m = mnew;
         __syncthreads();  // sc is rewritten by the next tile
     }
-    const float inv = 1.0f / l;
-    float *o = a.out + t * qd + (int64_t)h * hd;
+    if (gridDim.z == 1) {
+        const float inv = 1.0f / l;
+        float *o = a.out + t * qd + (int64_t)h * hd;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+            const int d = threadIdx.x + k * blockDim.x;
+            if (d < hd) o[d] = acc[k] * inv;
+        }
+        return;
+    }
+    // an empty split (past this token's causal limit) leaves m = -inf, l = 0: it weighs nothing in the combine
+    const int64_t part = ((int64_t)t * a.n_head + h) * gridDim.z + blockIdx.z;
+    float *po = part_o + part * hd;
 #pragma unroll
     for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
         const int d = threadIdx.x + k * blockDim.x;
-        if (d < hd) o[d] = acc[k] * inv;
+        if (d < hd) po[d] = acc[k];
+    }
+    if (threadIdx.x == 0) {
+        part_ml[2 * part] = m;
+        part_ml[2 * part + 1] = l;
     }
 }
 
-void launch_attention(cudaStream_t s, const BatchMeta &m, const AttnCall &c) {
+// Block (token, head): merges the splits' partial softmaxes, rescaling each by exp(m_split - m_max).
+__global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *part_o, const float *part_ml) {
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int hd = a.head_dim;
+    const int64_t base = ((int64_t)t * a.n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; z++) M = fmaxf(M, part_ml[2 * (base + z)]);
+    float L = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float mz = part_ml[2 * (base + z)];
+        if (mz != -INFINITY) L += expf(mz - M) * part_ml[2 * (base + z) + 1];
+    }
+    const float inv = 1.0f / L;
+    float *o = a.out + t * (int64_t)a.n_head * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < n_split; z++) {
+            const float mz = part_ml[2 * (base + z)];
+            if (mz != -INFINITY) s += expf(mz - M) * part_o[(base + z) * hd + d];
+        }
+        o[d] = s * inv;
+    }
+}
+
+constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
+
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
+    cudaStream_t s = dev.stream();
     if (m.T <= 0) return;
     if (c.kv.head_dim > kAttnThreads * kAttnMaxDimsPerThread)
         fail(DFL_ERR_UNSUPPORTED, "attention: head_dim " + std::to_string(c.kv.head_dim) + " above 512");
@@ -213,8 +262,34 @@ void launch_attention(cudaStream_t s, const BatchMeta &m, const AttnCall &c) {
     a.t0 = m.t0;
     a.len0 = m.len0;
     a.block_table = m.block_table;
-    const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
-    attention_kernel<<<grid, kAttnThreads, (size_t)c.kv.head_dim * sizeof(float), s>>>(a);
+    // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
+    // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
+    const int64_t rows = m.T * c.n_head;
+    const int64_t want = (2 * (int64_t)dev.sm_count() + rows - 1) / rows;
+    const int64_t max_split = (m.max_ctx + kAttnMinSplitLen - 1) / kAttnMinSplitLen;
+    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>({want, max_split, 64}));
+    int64_t split_len = m.max_ctx;
+    if (n_split > 1) {
+        split_len = (m.max_ctx + n_split - 1) / n_split;
+        split_len = (split_len + kAttnTilePos - 1) / kAttnTilePos * kAttnTilePos;
+        n_split = (m.max_ctx + split_len - 1) / split_len;
+    }
+    const size_t shm = (size_t)c.kv.head_dim * sizeof(float);
+    if (n_split <= 1) {
+        const dim3 grid((unsigned)m.T, (unsigned)c.n_head, 1);
+        attention_kernel<<<grid, kAttnThreads, shm, s>>>(a, (int64_t)1 << 62, nullptr, nullptr);
+        check_launch("attention");
+        return;
+    }
+    const size_t n_part = (size_t)rows * (size_t)n_split;
+    const size_t o_bytes = (n_part * c.kv.head_dim * sizeof(float) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(o_bytes + n_part * 2 * sizeof(float));
+    float *part_o = (float *)scr, *part_ml = (float *)(scr + o_bytes);
+    const dim3 grid((unsigned)m.T, (unsigned)c.n_head, (unsigned)n_split);
+    attention_kernel<<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml);
+    check_launch("attention (split)");
+    attention_combine_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kAttnThreads, 0, s>>>(a, (int)n_split, part_o,
+                                                                                             part_ml);
     check_launch("attention");
 }
 

@@ -49,6 +49,7 @@ public:
     void *scratch(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
+    int sm_count() const { return sm_count_; }
 
 private:
     void use() const;  // makes this device current for the calling thread
@@ -59,6 +60,7 @@ private:
     cublasHandle_t blas_ = nullptr;
     void *scratch_ = nullptr;
     size_t scratch_bytes_ = 0;
+    int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 };
 
@@ -75,7 +77,7 @@ void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count);
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
-void launch_attention(cudaStream_t s, const BatchMeta &m, const AttnCall &a);
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);

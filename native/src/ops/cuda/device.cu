@@ -31,6 +31,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     cudaDeviceProp prop;
     check(cudaGetDeviceProperties(&prop, index), "cuda device properties");
     name_ = "cuda:" + std::to_string(index) + " (" + prop.name + ")";
+    sm_count_ = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cuda stream create");
     const cublasStatus_t bs = cublasCreate(&blas_);
     if (bs != CUBLAS_STATUS_SUCCESS) {
@@ -200,7 +201,7 @@ void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
 
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     use();
-    launch_attention(stream_, m, a);
+    launch_attention(*this, m, a);
 }
 
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
