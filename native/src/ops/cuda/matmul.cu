@@ -1,5 +1,5 @@
 // Embedding lookup and Y = X W^T for every weight type.
-//  - Decode (T <= kGemvMaxTokens): one warp per output row streams the row once, decoding it in registers, and
+//  - Decode (T <= kGemvMaxTokens, or up to kGemvChunkedMaxTokens in chunks of 8 for quantized weights): one warp per output row streams the row once, decoding it in registers, and
 //    accumulates all T tokens at once in f32; the activations are tiny and stay in L1/L2. This is the memory-bound
 //    path whose speed is the decode speed.
 //  - Prefill / verify: tensor cores through cuBLAS. f16/bf16 weights are used as they are; quantized weights are
@@ -14,6 +14,8 @@ namespace dfl {
 namespace cuda {
 
 constexpr int64_t kGemvMaxTokens = 8;
+// Quantized weights: up to this many tokens (a DFlash verify block is 16) run the GEMV in chunks of kGemvMaxTokens.
+constexpr int64_t kGemvChunkedMaxTokens = 32;
 constexpr int kGemvWarps = 4;  // output rows per block
 
 __global__ void embed_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_rows,
@@ -429,10 +431,19 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     if (W.type != DFL_TYPE_F32 && W.type != DFL_TYPE_F16 && W.type != DFL_TYPE_BF16 && W.type != DFL_TYPE_Q8_0 &&
         W.type != DFL_TYPE_Q4_K && W.type != DFL_TYPE_Q6_K)
         fail(DFL_ERR_UNSUPPORTED, "matmul: unsupported weight type " + std::to_string(W.type));
-    if (T <= kGemvMaxTokens)
+    if (T <= kGemvMaxTokens) {
         launch_gemv(dev.stream(), W, X, T, Y);
-    else
-        launch_gemm(dev, W, X, T, Y);
+        return;
+    }
+    const bool quantized = W.type == DFL_TYPE_Q8_0 || W.type == DFL_TYPE_Q4_K || W.type == DFL_TYPE_Q6_K;
+    if (quantized && T <= kGemvChunkedMaxTokens) {
+        // verify-sized batches: re-reading the packed weight once per 8 tokens moves less memory than writing and
+        // re-reading an f16 copy of it for cuBLAS
+        for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens)
+            launch_gemv(dev.stream(), W, X + t0 * W.n_in, std::min(kGemvMaxTokens, T - t0), Y + t0 * W.n_out);
+        return;
+    }
+    launch_gemm(dev, W, X, T, Y);
 }
 
 }  // namespace cuda
