@@ -98,10 +98,11 @@ std::vector<float> as_floats(const std::vector<uint8_t> &b) {
 bool compare(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref, double tol) {
     g_cases++;
     double num = 0, den = 0;
-    size_t bad_nan = 0, first_nan = 0;
+    size_t bad_nan = 0, first_nan = 0, finite = 0;
     for (size_t i = 0; i < ref.size(); i++) {
         const bool gn = std::isnan(got[i]) || std::isinf(got[i]), rn = std::isnan(ref[i]) || std::isinf(ref[i]);
         if (gn && rn) continue;
+        finite++;
         if (gn != rn) {
             if (!bad_nan) first_nan = i;
             bad_nan++;
@@ -112,8 +113,10 @@ bool compare(const std::string &name, const std::vector<float> &got, const std::
         den += (double)ref[i] * ref[i];
     }
     const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    const bool ok = bad_nan == 0 && err <= tol;
-    if (bad_nan)
+    const bool ok = bad_nan == 0 && err <= tol && (finite > 0 || ref.empty());
+    if (!finite && !ref.empty())
+        std::printf("FAIL %-60s neither device wrote any value\n", name.c_str());
+    else if (bad_nan)
         std::printf("FAIL %-60s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad_nan,
                     first_nan, got[first_nan], ref[first_nan]);
     else
@@ -748,7 +751,7 @@ void bench_gemv() {
             W.data = g_gpu->upload_weight(host.data(), host.size(), true);
             DevBuf X(g_gpu, (size_t)n_in * 4 * 8, "x"), Y(g_gpu, (size_t)n_out * 4 * 8, "y");
             g_gpu->zero(X.get(), X.bytes());
-            for (int64_t T : {int64_t(1), int64_t(4)}) {
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(16)}) {
                 for (int i = 0; i < 3; i++) g_gpu->matmul(W, X.f(), T, Y.f());
                 std::vector<float> ms;
                 for (int i = 0; i < 20; i++) {
