@@ -66,10 +66,21 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
+__host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
 
-__device__ __forceinline__ float half_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+// Host-callable too, so the host-side checks can run the same decoding.
+__host__ __device__ __forceinline__ float half_bits_to_f32(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+__host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float((uint32_t)b << 16);
+#else
+    return fp32_from_bits((uint32_t)b << 16);
+#endif
+}
 
 // binary32 -> bfloat16 bits exactly as common.h's f32_to_bf16 (round to nearest even, quiet NaN).
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
@@ -81,7 +92,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
 __device__ __forceinline__ uint16_t f32_to_half_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
 
 // 6-bit scale and min of sub-block j of a q4_K super-block (see quant.cpp).
-__device__ __forceinline__ void q4k_scale_min_dev(int j, const uint8_t *s, int &sc, int &m) {
+__host__ __device__ __forceinline__ void q4k_scale_min_dev(int j, const uint8_t *s, int &sc, int &m) {
     if (j < 4) {
         sc = s[j] & 63;
         m = s[j + 4] & 63;
@@ -93,7 +104,7 @@ __device__ __forceinline__ void q4k_scale_min_dev(int j, const uint8_t *s, int &
 
 // Element i of a row of `type`. Slow per element but simple: used where the row is read once (embedding, the
 // dequantize-to-f16 prefill path, KV cache rows) and the memory traffic, not the arithmetic, sets the speed.
-__device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, int64_t i) {
+__host__ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, int64_t i) {
     switch (type) {
     case DFL_TYPE_F32:
         return ((const float *)row)[i];
