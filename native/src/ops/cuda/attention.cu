@@ -120,92 +120,134 @@ struct AttnArgs {
     const int32_t *ent, *t0, *len0, *block_table;
 };
 
-// One block per (token, query head, split): scores a tile of cache positions (one warp per position), then folds the
-// tile into the running softmax (max m, sum l) and the output accumulator, thread d holding output dims d,
-// d + blockDim... K/V rows of query heads sharing a KV head are read once per query head; L2 absorbs the repeats.
+// One block per (token, group of G query heads sharing one KV head, split). Each step scores a tile of cache
+// positions (one warp per position: every K element is loaded once and used for the G heads), folds the tile into
+// each head's running softmax (max m, sum l; one warp per head keeps them in shared memory), and accumulates V
+// (thread d holds output dims d, d + blockDim... of all G heads, again one load of each V element for G heads).
 // Without splits (gridDim.z == 1) the block writes the normalised output. With splits, block z covers positions
-// [z * split_len, (z + 1) * split_len) and writes its unnormalised accumulator and (m, l) for attention_combine.
+// [z * split_len, (z + 1) * split_len) and writes its unnormalised accumulators and (m, l) for attention_combine.
+template <int G>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int64_t split_len, float *part_o,
                                                                  float *part_ml) {
-    extern __shared__ float qs[];  // [head_dim]
-    __shared__ float sc[kAttnTilePos];
+    extern __shared__ float qs[];  // [G][head_dim]
+    __shared__ float sc[G][kAttnTilePos];
+    __shared__ float m_s[G], l_s[G], corr_s[G];
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
+    const int h0 = blockIdx.y * G;
     const int hd = a.head_dim;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int e = a.ent[t];
     const int64_t lim = (int64_t)a.len0[e] + (t - a.t0[e]) + 1;  // positions [0, lim)
     const int64_t p_begin = (int64_t)blockIdx.z * split_len;
     const int64_t p_end = min(lim, p_begin + split_len);
-    const int kvh = h / (a.n_head / a.n_kv);
+    const int kvh = h0 / (a.n_head / a.n_kv);
     const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
     const int64_t qd = (int64_t)a.n_head * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = a.Q[t * qd + (int64_t)h * hd + d];
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.Q[t * qd + (int64_t)h0 * hd + i];
+    if (threadIdx.x < G) {
+        m_s[threadIdx.x] = -INFINITY;
+        l_s[threadIdx.x] = 0.0f;
+    }
     __syncthreads();
 
-    float acc[kAttnMaxDimsPerThread];
+    float acc[G][kAttnMaxDimsPerThread];
 #pragma unroll
-    for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] = 0.0f;
     for (int64_t p0 = p_begin; p0 < p_end; p0 += kAttnTilePos) {
         const int cnt = (int)min((int64_t)kAttnTilePos, p_end - p0);
         for (int j = warp; j < cnt; j += nw) {
             const int64_t p = p0 + j;
             const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
             const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
-            float dot = 0.0f;
-            for (int d = lane; d < hd; d += 32) dot += qs[d] * load_elem(a.type_k, kr, d);
-            dot = warp_sum(dot);
-            if (lane == 0) sc[j] = dot * a.scale;
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) dot[g] = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                const float kd = load_elem(a.type_k, kr, d);
+#pragma unroll
+                for (int g = 0; g < G; g++) dot[g] += qs[g * hd + d] * kd;
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float v = warp_sum(dot[g]);
+                if (lane == 0) sc[g][j] = v * a.scale;
+            }
         }
         __syncthreads();
-        float mx = -INFINITY;
-        for (int j = 0; j < cnt; j++) mx = fmaxf(mx, sc[j]);
-        const float mnew = fmaxf(m, mx);
-        const float corr = expf(m - mnew);  // 0 on the first tile (m = -inf)
+        for (int g = warp; g < G; g += nw) {  // the new running max of head g
+            float mx = -INFINITY;
+            for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sc[g][j]);
+            mx = warp_max(mx);
+            const float mnew = fmaxf(m_s[g], mx);
+            if (lane == 0) {
+                corr_s[g] = expf(m_s[g] - mnew);  // 0 on the first tile (m = -inf)
+                m_s[g] = mnew;
+            }
+        }
         __syncthreads();
-        if (threadIdx.x < cnt) sc[threadIdx.x] = expf(sc[threadIdx.x] - mnew);
+        for (int i = threadIdx.x; i < G * kAttnTilePos; i += blockDim.x) {
+            const int g = i / kAttnTilePos, j = i % kAttnTilePos;
+            if (j < cnt) sc[g][j] = expf(sc[g][j] - m_s[g]);
+        }
         __syncthreads();
-        float sum = 0.0f;
-        for (int j = 0; j < cnt; j++) sum += sc[j];
-        l = l * corr + sum;
+        for (int g = warp; g < G; g += nw) {  // l = l * corr + sum of the tile's weights
+            float sum = 0.0f;
+            for (int j = lane; j < cnt; j += 32) sum += sc[g][j];
+            sum = warp_sum(sum);
+            if (lane == 0) l_s[g] = l_s[g] * corr_s[g] + sum;
+        }
+        float corr[G];
 #pragma unroll
-        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] *= corr;
+        for (int g = 0; g < G; g++) corr[g] = corr_s[g];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] *= corr[g];
         for (int j = 0; j < cnt; j++) {
             const int64_t p = p0 + j;
             const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
             const uint8_t *vr = a.v + (row * a.n_kv + kvh) * a.v_row;
-            const float w = sc[j];
 #pragma unroll
             for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
                 const int d = threadIdx.x + k * blockDim.x;
-                if (d < hd) acc[k] += w * load_elem(a.type_v, vr, d);
+                if (d < hd) {
+                    const float vd = load_elem(a.type_v, vr, d);
+#pragma unroll
+                    for (int g = 0; g < G; g++) acc[g][k] += sc[g][j] * vd;
+                }
             }
         }
-        m = mnew;
-        __syncthreads();  // sc is rewritten by the next tile
+        __syncthreads();  // sc, corr_s and l_s are rewritten by the next tile
     }
     if (gridDim.z == 1) {
-        const float inv = 1.0f / l;
-        float *o = a.out + t * qd + (int64_t)h * hd;
 #pragma unroll
-        for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
-            const int d = threadIdx.x + k * blockDim.x;
-            if (d < hd) o[d] = acc[k] * inv;
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.0f / l_s[g];
+            float *o = a.out + t * qd + (int64_t)(h0 + g) * hd;
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+                const int d = threadIdx.x + k * blockDim.x;
+                if (d < hd) o[d] = acc[g][k] * inv;
+            }
         }
         return;
     }
     // an empty split (past this token's causal limit) leaves m = -inf, l = 0: it weighs nothing in the combine
-    const int64_t part = ((int64_t)t * a.n_head + h) * gridDim.z + blockIdx.z;
-    float *po = part_o + part * hd;
 #pragma unroll
-    for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
-        const int d = threadIdx.x + k * blockDim.x;
-        if (d < hd) po[d] = acc[k];
-    }
-    if (threadIdx.x == 0) {
-        part_ml[2 * part] = m;
-        part_ml[2 * part + 1] = l;
+    for (int g = 0; g < G; g++) {
+        const int64_t part = ((int64_t)t * a.n_head + h0 + g) * gridDim.z + blockIdx.z;
+        float *po = part_o + part * hd;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+            const int d = threadIdx.x + k * blockDim.x;
+            if (d < hd) po[d] = acc[g][k];
+        }
+        if (threadIdx.x == 0) {
+            part_ml[2 * part] = m_s[g];
+            part_ml[2 * part + 1] = l_s[g];
+        }
     }
 }
 
@@ -236,6 +278,25 @@ __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *p
 
 constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
 
+// Query heads per block: the largest instantiated G dividing the GQA group.
+static int heads_per_block(int group) {
+    for (int g : {8, 6, 4, 3, 2})
+        if (group % g == 0) return g;
+    return 1;
+}
+
+static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
+                                    float *part_o, float *part_ml) {
+    switch (G) {
+    case 8: attention_kernel<8><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 6: attention_kernel<6><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 4: attention_kernel<4><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 3: attention_kernel<3><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 2: attention_kernel<2><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    default: attention_kernel<1><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    }
+}
+
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     cudaStream_t s = dev.stream();
     if (m.T <= 0) return;
@@ -265,7 +326,8 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
     // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
     const int64_t rows = m.T * c.n_head;
-    const int64_t want = (2 * (int64_t)dev.sm_count() + rows - 1) / rows;
+    const int64_t blocks = m.T * (c.n_head / heads_per_block(c.n_head / c.kv.n_kv));
+    const int64_t want = (2 * (int64_t)dev.sm_count() + blocks - 1) / blocks;
     const int64_t max_split = (m.max_ctx + kAttnMinSplitLen - 1) / kAttnMinSplitLen;
     int64_t n_split = std::max<int64_t>(1, std::min<int64_t>({want, max_split, 64}));
     int64_t split_len = m.max_ctx;
@@ -274,10 +336,11 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
         split_len = (split_len + kAttnTilePos - 1) / kAttnTilePos * kAttnTilePos;
         n_split = (m.max_ctx + split_len - 1) / split_len;
     }
-    const size_t shm = (size_t)c.kv.head_dim * sizeof(float);
+    const int G = heads_per_block(c.n_head / c.kv.n_kv);
+    const size_t shm = (size_t)G * c.kv.head_dim * sizeof(float);
     if (n_split <= 1) {
-        const dim3 grid((unsigned)m.T, (unsigned)c.n_head, 1);
-        attention_kernel<<<grid, kAttnThreads, shm, s>>>(a, (int64_t)1 << 62, nullptr, nullptr);
+        launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
+                                nullptr, nullptr);
         check_launch("attention");
         return;
     }
@@ -285,8 +348,8 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     const size_t o_bytes = (n_part * c.kv.head_dim * sizeof(float) + 255) & ~(size_t)255;
     uint8_t *scr = (uint8_t *)dev.scratch(o_bytes + n_part * 2 * sizeof(float));
     float *part_o = (float *)scr, *part_ml = (float *)(scr + o_bytes);
-    const dim3 grid((unsigned)m.T, (unsigned)c.n_head, (unsigned)n_split);
-    attention_kernel<<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml);
+    launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
+                            part_o, part_ml);
     check_launch("attention (split)");
     attention_combine_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kAttnThreads, 0, s>>>(a, (int)n_split, part_o,
                                                                                              part_ml);
