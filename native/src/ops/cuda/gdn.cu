@@ -88,8 +88,11 @@ struct GdnArgs {
 // 128-row column per thread would spill); the two partial sums of k.S and q.S meet through one shuffle.
 template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
-    extern __shared__ float qk[];  // [2][DK]: q then k of the current token
+    // Token inputs are double-buffered: the loads for token it + 1 are issued before token it is computed, so a long
+    // prefill does not wait a memory latency per token. q then k of a token, [2][DK] per buffer.
+    __shared__ float qk[2][2 * DK];
     constexpr int R = DK / 2;
+    constexpr int kLoads = (2 * DK + kGdnThreads - 1) / kGdnThreads;  // q/k values each thread stages per token
     const GdnCall &g = a.g;
     const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
     const int half = threadIdx.x & 1;
@@ -103,6 +106,30 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
     float *rec = a.rec_state ? a.rec_state[e] : nullptr;
     const int64_t per = (int64_t)g.n_rec * g.n_v * head;
     if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+    const int64_t q_off = (int64_t)kh * DK, k_off = (int64_t)(g.n_k + kh) * DK;
+    const int64_t v_off = (int64_t)2 * g.n_k * DK + (int64_t)j * dv + b;
+
+    // this thread's share of token `tok`'s q/k, and its v, g, beta
+    float st[kLoads];
+    float nv = 0.0f, ng = 0.0f, nb = 0.0f;
+    auto fetch = [&](int64_t tok) {
+        const float *row = g.cv + tok * g.C;
+#pragma unroll
+        for (int l = 0; l < kLoads; l++) {
+            const int i = threadIdx.x + l * kGdnThreads;
+            st[l] = i < 2 * DK ? row[i < DK ? q_off + i : k_off + (i - DK)] : 0.0f;
+        }
+        nv = active ? row[v_off] : 0.0f;
+        ng = g.g[tok * g.n_v + j];
+        nb = g.beta[tok * g.n_v + j];
+    };
+    auto stage = [&](int buf) {
+#pragma unroll
+        for (int l = 0; l < kLoads; l++) {
+            const int i = threadIdx.x + l * kGdnThreads;
+            if (i < 2 * DK) qk[buf][i] = st[l];
+        }
+    };
 
     float s[R];
 #pragma unroll
@@ -111,17 +138,17 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
 #pragma unroll
         for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
     }
+    if (n > 0) {
+        fetch(t0);
+        stage(0);
+    }
+    __syncthreads();
     for (int64_t it = 0; it < n; it++) {
         const int64_t tok = t0 + it;
-        const float *row = g.cv + tok * g.C;
-        __syncthreads();
-        for (int i = threadIdx.x; i < 2 * DK; i += blockDim.x)
-            qk[i] = i < DK ? row[(int64_t)kh * DK + i] : row[(int64_t)(g.n_k + kh) * DK + (i - DK)];
-        __syncthreads();
-        const float *q = qk + a0, *k = qk + DK + a0;
-        const float decay = expf(g.g[tok * g.n_v + j]);
-        const float beta = g.beta[tok * g.n_v + j];
-        const float v = active ? row[(int64_t)2 * g.n_k * DK + (int64_t)j * dv + b] : 0.0f;
+        const int buf = (int)(it & 1);
+        const float v = nv, decay = expf(ng), beta = nb;
+        if (it + 1 < n) fetch(tok + 1);
+        const float *q = qk[buf] + a0, *k = qk[buf] + DK + a0;
         float u = 0.0f;
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -137,13 +164,17 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
             o += q[i] * s[i];
         }
         o += __shfl_xor_sync(0xffffffffu, o, 1);
-        if (!active) continue;
-        if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-        if (rec) {
-            float *dst = rec + (it + 1) * per;
+        if (active) {
+            if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+            if (rec) {
+                float *dst = rec + (it + 1) * per;
 #pragma unroll
-            for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+                for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+            }
         }
+        // the other buffer was last read in iteration it - 1, before that iteration's barrier
+        if (it + 1 < n) stage(buf ^ 1);
+        __syncthreads();
     }
     if (active) {
 #pragma unroll
@@ -211,9 +242,9 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     if (g.dk == 128)
-        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, shm, s>>>(a);
+        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, 0, s>>>(a);
     else if (g.dk == 64)
-        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, shm, s>>>(a);
+        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, 0, s>>>(a);
     else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");
