@@ -1,0 +1,360 @@
+// Full-attention layer ops: q/k norm + RoPE + KV cache write (attn_prep), and paged causal attention.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kPrepThreads = 128;
+constexpr int kAttnThreads = 128;
+constexpr int kAttnTilePos = 64;  // cache positions scored per step
+constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 512
+
+// One cache row of n elements from x, converted to the cache type as quantize_row does. Called by the whole block
+// (blockDim.x a multiple of 32). q8_0: one warp per 32-element block, d = amax / 127 stored as f16, q = round(x / d).
+__device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int n) {
+    switch (type) {
+    case DFL_TYPE_F32:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((float *)dst)[i] = x[i];
+        break;
+    case DFL_TYPE_F16:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_half_bits(x[i]);
+        break;
+    case DFL_TYPE_BF16:
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_bf16_bits(x[i]);
+        break;
+    case DFL_TYPE_Q8_0: {
+        const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+        for (int b = threadIdx.x >> 5; b < n / QK8_0; b += nw) {
+            const float v = x[b * QK8_0 + lane];
+            const float amax = warp_max(fabsf(v));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint8_t *blk = dst + (size_t)b * kQ8_0Bytes;
+            if (lane == 0) *(uint16_t *)blk = f32_to_half_bits(d);
+            blk[2 + lane] = (uint8_t)(int8_t)roundf(v * id);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+// Block (t, h): h < n_head normalises and rotates query head h of token t into Q (and copies its gate); h >= n_head
+// does key head h - n_head in place in kf and writes that head's K and V rows into the cache at pool row kv_slot[t].
+__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot) {
+    extern __shared__ float xs[];  // [head_dim]
+    __shared__ float red[32];
+    const int hd = a.kv.head_dim, n_kv = a.kv.n_kv;
+    const int64_t t = blockIdx.x;
+    const int hh = blockIdx.y;
+    const bool is_q = hh < a.n_head;
+    const int64_t q_out = (int64_t)a.n_head * hd * (a.gated ? 2 : 1), kvd = (int64_t)n_kv * hd;
+    const float *src;
+    const float *norm;
+    if (is_q) {
+        src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
+        norm = a.q_norm;
+    } else {
+        src = a.kf + t * kvd + (int64_t)(hh - a.n_head) * hd;
+        norm = a.k_norm;
+    }
+    float ss = 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float v = src[d];
+        xs[d] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)hd + a.eps);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = norm ? (xs[d] * r) * norm[d] : xs[d] * r;
+    __syncthreads();
+    const int half = a.rope_dim / 2;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float ang = p * a.inv_freq[i];
+        // double cos/sin of the f32 angle as the CPU does: positions reach 1e5+ rad, where the fast intrinsics drift
+        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        const float x0 = xs[i], x1 = xs[i + half];
+        xs[i] = x0 * c - x1 * s;
+        xs[i + half] = x1 * c + x0 * s;
+    }
+    __syncthreads();
+    if (is_q) {
+        const int64_t qd = (int64_t)a.n_head * hd;
+        float *dst = a.Q + t * qd + (int64_t)hh * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = xs[d];
+        if (a.gated) {
+            float *gd = a.gate + t * qd + (int64_t)hh * hd;
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) gd[d] = src[hd + d];
+        }
+        return;
+    }
+    const int g = hh - a.n_head;
+    float *kdst = a.kf + t * kvd + (int64_t)g * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) kdst[d] = xs[d];
+    const uint64_t prow = (uint64_t)kv_slot[t] * n_kv + g;
+    store_cache_row(a.kv.type_k, xs, a.kv.k + prow * a.kv.k_row, hd);
+    store_cache_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
+}
+
+void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
+    if (m.T <= 0) return;
+    const dim3 grid((unsigned)m.T, (unsigned)(a.n_head + a.kv.n_kv));
+    attn_prep_kernel<<<grid, kPrepThreads, (size_t)a.kv.head_dim * sizeof(float), s>>>(a, m.pos, m.kv_slot);
+    check_launch("attn_prep");
+}
+
+struct AttnArgs {
+    const float *Q;
+    float *out;
+    int n_head, n_kv, head_dim, block_size, max_blocks;
+    float scale;
+    const uint8_t *k, *v;
+    uint32_t type_k, type_v;
+    uint64_t k_row, v_row;
+    const int32_t *ent, *t0, *len0, *block_table;
+};
+
+// One block per (token, group of G query heads sharing one KV head, split). Each step scores a tile of cache
+// positions (one warp per position: every K element is loaded once and used for the G heads), folds the tile into
+// each head's running softmax (max m, sum l; one warp per head keeps them in shared memory), and accumulates V
+// (thread d holds output dims d, d + blockDim... of all G heads, again one load of each V element for G heads).
+// Without splits (gridDim.z == 1) the block writes the normalised output. With splits, block z covers positions
+// [z * split_len, (z + 1) * split_len) and writes its unnormalised accumulators and (m, l) for attention_combine.
+template <int G>
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int64_t split_len, float *part_o,
+                                                                 float *part_ml) {
+    extern __shared__ float qs[];  // [G][head_dim]
+    __shared__ float sc[G][kAttnTilePos];
+    __shared__ float m_s[G], l_s[G], corr_s[G];
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * G;
+    const int hd = a.head_dim;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int e = a.ent[t];
+    const int64_t lim = (int64_t)a.len0[e] + (t - a.t0[e]) + 1;  // positions [0, lim)
+    const int64_t p_begin = (int64_t)blockIdx.z * split_len;
+    const int64_t p_end = min(lim, p_begin + split_len);
+    const int kvh = h0 / (a.n_head / a.n_kv);
+    const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
+    const int64_t qd = (int64_t)a.n_head * hd;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.Q[t * qd + (int64_t)h0 * hd + i];
+    if (threadIdx.x < G) {
+        m_s[threadIdx.x] = -INFINITY;
+        l_s[threadIdx.x] = 0.0f;
+    }
+    __syncthreads();
+
+    float acc[G][kAttnMaxDimsPerThread];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] = 0.0f;
+    for (int64_t p0 = p_begin; p0 < p_end; p0 += kAttnTilePos) {
+        const int cnt = (int)min((int64_t)kAttnTilePos, p_end - p0);
+        for (int j = warp; j < cnt; j += nw) {
+            const int64_t p = p0 + j;
+            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
+            float dot[G];
+#pragma unroll
+            for (int g = 0; g < G; g++) dot[g] = 0.0f;
+            for (int d = lane; d < hd; d += 32) {
+                const float kd = load_elem(a.type_k, kr, d);
+#pragma unroll
+                for (int g = 0; g < G; g++) dot[g] += qs[g * hd + d] * kd;
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float v = warp_sum(dot[g]);
+                if (lane == 0) sc[g][j] = v * a.scale;
+            }
+        }
+        __syncthreads();
+        for (int g = warp; g < G; g += nw) {  // the new running max of head g
+            float mx = -INFINITY;
+            for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sc[g][j]);
+            mx = warp_max(mx);
+            const float mnew = fmaxf(m_s[g], mx);
+            if (lane == 0) {
+                corr_s[g] = expf(m_s[g] - mnew);  // 0 on the first tile (m = -inf)
+                m_s[g] = mnew;
+            }
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * kAttnTilePos; i += blockDim.x) {
+            const int g = i / kAttnTilePos, j = i % kAttnTilePos;
+            if (j < cnt) sc[g][j] = expf(sc[g][j] - m_s[g]);
+        }
+        __syncthreads();
+        for (int g = warp; g < G; g += nw) {  // l = l * corr + sum of the tile's weights
+            float sum = 0.0f;
+            for (int j = lane; j < cnt; j += 32) sum += sc[g][j];
+            sum = warp_sum(sum);
+            if (lane == 0) l_s[g] = l_s[g] * corr_s[g] + sum;
+        }
+        float corr[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) corr[g] = corr_s[g];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] *= corr[g];
+        for (int j = 0; j < cnt; j++) {
+            const int64_t p = p0 + j;
+            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            const uint8_t *vr = a.v + (row * a.n_kv + kvh) * a.v_row;
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+                const int d = threadIdx.x + k * blockDim.x;
+                if (d < hd) {
+                    const float vd = load_elem(a.type_v, vr, d);
+#pragma unroll
+                    for (int g = 0; g < G; g++) acc[g][k] += sc[g][j] * vd;
+                }
+            }
+        }
+        __syncthreads();  // sc, corr_s and l_s are rewritten by the next tile
+    }
+    if (gridDim.z == 1) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float inv = 1.0f / l_s[g];
+            float *o = a.out + t * qd + (int64_t)(h0 + g) * hd;
+#pragma unroll
+            for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+                const int d = threadIdx.x + k * blockDim.x;
+                if (d < hd) o[d] = acc[g][k] * inv;
+            }
+        }
+        return;
+    }
+    // an empty split (past this token's causal limit) leaves m = -inf, l = 0: it weighs nothing in the combine
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const int64_t part = ((int64_t)t * a.n_head + h0 + g) * gridDim.z + blockIdx.z;
+        float *po = part_o + part * hd;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
+            const int d = threadIdx.x + k * blockDim.x;
+            if (d < hd) po[d] = acc[g][k];
+        }
+        if (threadIdx.x == 0) {
+            part_ml[2 * part] = m_s[g];
+            part_ml[2 * part + 1] = l_s[g];
+        }
+    }
+}
+
+// Block (token, head): merges the splits' partial softmaxes, rescaling each by exp(m_split - m_max).
+__global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *part_o, const float *part_ml) {
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int hd = a.head_dim;
+    const int64_t base = ((int64_t)t * a.n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; z++) M = fmaxf(M, part_ml[2 * (base + z)]);
+    float L = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float mz = part_ml[2 * (base + z)];
+        if (mz != -INFINITY) L += expf(mz - M) * part_ml[2 * (base + z) + 1];
+    }
+    const float inv = 1.0f / L;
+    float *o = a.out + t * (int64_t)a.n_head * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < n_split; z++) {
+            const float mz = part_ml[2 * (base + z)];
+            if (mz != -INFINITY) s += expf(mz - M) * part_o[(base + z) * hd + d];
+        }
+        o[d] = s * inv;
+    }
+}
+
+constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
+
+// Query heads per block: the largest instantiated G dividing the GQA group.
+static int heads_per_block(int group) {
+    for (int g : {8, 6, 4, 3, 2})
+        if (group % g == 0) return g;
+    return 1;
+}
+
+static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
+                                    float *part_o, float *part_ml) {
+    switch (G) {
+    case 8: attention_kernel<8><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 6: attention_kernel<6><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 4: attention_kernel<4><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 3: attention_kernel<3><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 2: attention_kernel<2><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    default: attention_kernel<1><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    }
+}
+
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
+    cudaStream_t s = dev.stream();
+    if (m.T <= 0) return;
+    if (c.kv.head_dim > kAttnThreads * kAttnMaxDimsPerThread)
+        fail(DFL_ERR_UNSUPPORTED, "attention: head_dim " + std::to_string(c.kv.head_dim) + " above 512");
+    if (c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
+        fail(DFL_ERR_INVALID, "attention: n_head must be a multiple of n_kv");
+    AttnArgs a;
+    a.Q = c.Q;
+    a.out = c.out;
+    a.n_head = c.n_head;
+    a.n_kv = c.kv.n_kv;
+    a.head_dim = c.kv.head_dim;
+    a.block_size = c.kv.block_size;
+    a.max_blocks = m.max_blocks;
+    a.scale = c.scale;
+    a.k = c.kv.k;
+    a.v = c.kv.v;
+    a.type_k = c.kv.type_k;
+    a.type_v = c.kv.type_v;
+    a.k_row = c.kv.k_row;
+    a.v_row = c.kv.v_row;
+    a.ent = m.ent;
+    a.t0 = m.t0;
+    a.len0 = m.len0;
+    a.block_table = m.block_table;
+    // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
+    // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
+    const int64_t rows = m.T * c.n_head;
+    const int64_t blocks = m.T * (c.n_head / heads_per_block(c.n_head / c.kv.n_kv));
+    const int64_t want = (2 * (int64_t)dev.sm_count() + blocks - 1) / blocks;
+    const int64_t max_split = (m.max_ctx + kAttnMinSplitLen - 1) / kAttnMinSplitLen;
+    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>({want, max_split, 64}));
+    int64_t split_len = m.max_ctx;
+    if (n_split > 1) {
+        split_len = (m.max_ctx + n_split - 1) / n_split;
+        split_len = (split_len + kAttnTilePos - 1) / kAttnTilePos * kAttnTilePos;
+        n_split = (m.max_ctx + split_len - 1) / split_len;
+    }
+    const int G = heads_per_block(c.n_head / c.kv.n_kv);
+    const size_t shm = (size_t)G * c.kv.head_dim * sizeof(float);
+    if (n_split <= 1) {
+        launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
+                                nullptr, nullptr);
+        check_launch("attention");
+        return;
+    }
+    const size_t n_part = (size_t)rows * (size_t)n_split;
+    const size_t o_bytes = (n_part * c.kv.head_dim * sizeof(float) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(o_bytes + n_part * 2 * sizeof(float));
+    float *part_o = (float *)scr, *part_ml = (float *)(scr + o_bytes);
+    launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
+                            part_o, part_ml);
+    check_launch("attention (split)");
+    attention_combine_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kAttnThreads, 0, s>>>(a, (int)n_split, part_o,
+                                                                                             part_ml);
+    check_launch("attention");
+}
+
+}  // namespace cuda
+}  // namespace dfl

@@ -1,0 +1,146 @@
+// Helpers shared by the CUDA kernels: error checks, launch shapes, reductions and the per-element decoding of every
+// weight and cache type (the same arithmetic as quant.cpp's dequant_* functions).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common.h"
+
+namespace dfl {
+namespace cuda {
+
+// GGUF block layouts (see quant.h): elements per block and bytes per block. Kept here so the CUDA code depends only on
+// the byte layout, not on the CPU kernels' headers.
+constexpr int QK8_0 = 32;
+constexpr int QK_K = 256;
+constexpr int kQ8_0Bytes = 34;   // f16 d, 32 x int8
+constexpr int kQ4_KBytes = 144;  // f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+constexpr int kQ6_KBytes = 210;  // 128 bytes low nibbles, 64 bytes high bit pairs, 16 int8 scales, f16 d
+
+[[noreturn]] inline void fail_cuda(const char *op, cudaError_t e) {
+    fail(DFL_ERR_INTERNAL, std::string(op) + ": " + cudaGetErrorString(e));
+}
+
+inline void check(cudaError_t e, const char *op) {
+    if (e != cudaSuccess) fail_cuda(op, e);
+}
+
+// After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
+inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
+
+inline unsigned grid_for(int64_t n, int block) {
+    const int64_t g = (n + block - 1) / block;
+    return (unsigned)(g < 1 ? 1 : (g > 65535 * 16 ? 65535 * 16 : g));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. `red` is 32
+// floats of shared memory; the trailing barrier lets the caller reuse it at once.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float s = lane < nw ? red[lane] : 0.0f;
+    s = warp_sum(s);
+    __syncthreads();
+    return s;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
+
+// Host-callable too, so the host-side checks can run the same decoding.
+__host__ __device__ __forceinline__ float half_bits_to_f32(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+__host__ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float((uint32_t)b << 16);
+#else
+    return fp32_from_bits((uint32_t)b << 16);
+#endif
+}
+
+// binary32 -> bfloat16 bits exactly as common.h's f32_to_bf16 (round to nearest even, quiet NaN).
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+    const uint32_t x = __float_as_uint(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x0040);
+    return (uint16_t)((x + 0x7FFF + ((x >> 16) & 1)) >> 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_half_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+// 6-bit scale and min of sub-block j of a q4_K super-block (see quant.cpp).
+__host__ __device__ __forceinline__ void q4k_scale_min_dev(int j, const uint8_t *s, int &sc, int &m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Element i of a row of `type`. Slow per element but simple: used where the row is read once (embedding, the
+// dequantize-to-f16 prefill path, KV cache rows) and the memory traffic, not the arithmetic, sets the speed.
+__host__ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, int64_t i) {
+    switch (type) {
+    case DFL_TYPE_F32:
+        return ((const float *)row)[i];
+    case DFL_TYPE_F16:
+        return half_bits_to_f32(((const uint16_t *)row)[i]);
+    case DFL_TYPE_BF16:
+        return bf16_bits_to_f32(((const uint16_t *)row)[i]);
+    case DFL_TYPE_Q8_0: {
+        const uint8_t *b = row + (i / QK8_0) * kQ8_0Bytes;
+        return half_bits_to_f32(ld_u16(b)) * (float)(int8_t)b[2 + i % QK8_0];
+    }
+    case DFL_TYPE_Q4_K: {
+        const uint8_t *b = row + (i / QK_K) * kQ4_KBytes;
+        const int j = (int)(i % QK_K), c = j / 64, l = j % 64;
+        const float d = half_bits_to_f32(ld_u16(b)), dmin = half_bits_to_f32(ld_u16(b + 2));
+        int sc, m;
+        q4k_scale_min_dev(2 * c + (l >= 32), b + 4, sc, m);
+        const uint8_t q = b[16 + 32 * c + (l & 31)];
+        const int nib = l < 32 ? (q & 0x0F) : (q >> 4);
+        return (d * (float)sc) * (float)nib - dmin * (float)m;
+    }
+    case DFL_TYPE_Q6_K: {
+        const uint8_t *b = row + (i / QK_K) * kQ6_KBytes;
+        const int j = (int)(i % QK_K), h = j / 128, r = j % 128, k = r / 32, l = r % 32;
+        const uint8_t lb = b[64 * h + l + 32 * (k & 1)];
+        const int lo = k < 2 ? (lb & 0x0F) : (lb >> 4);
+        const int hi = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+        const int q = (lo | (hi << 4)) - 32;
+        const float d = half_bits_to_f32(ld_u16(b + 208));
+        const int8_t sc = (int8_t)b[192 + 8 * h + l / 16 + 2 * k];
+        return d * (float)sc * (float)q;
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+}  // namespace cuda
+}  // namespace dfl

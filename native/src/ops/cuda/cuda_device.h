@@ -1,0 +1,86 @@
+// The CUDA device: one stream and one cuBLAS handle per device object; every op is a launch on that stream.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "ops/device.h"
+
+namespace dfl {
+namespace cuda {
+
+class CudaDevice final : public Device {
+public:
+    explicit CudaDevice(int index);
+    ~CudaDevice() override;
+
+    std::string name() const override;
+    void *alloc(size_t bytes, const char *what) override;
+    void release(void *p) override;
+    void to_device(void *dst, const void *src, size_t bytes) override;
+    void to_host(void *dst, const void *src, size_t bytes) override;
+    void copy(void *dst, const void *src, size_t bytes) override;
+    void zero(void *dst, size_t bytes) override;
+    void sync() override;
+    uint64_t free_bytes() override;
+    const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) override;
+
+    void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override;
+    void matmul(const Weight &W, const float *X, int64_t T, float *Y) override;
+    void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
+    void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
+    void add(float *x, const float *d, int64_t count) override;
+    void swiglu(float *g, const float *u, int64_t count) override;
+    void sigmoid_mul(float *a, const float *g, int64_t count) override;
+    void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override;
+    void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
+                   int64_t n) override;
+    void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
+    void attention(const BatchMeta &m, const AttnCall &a) override;
+    void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
+    void gdn_gates(int64_t T, const GdnGates &g) override;
+    void gdn(const BatchMeta &m, const GdnCall &g) override;
+    void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
+
+    // Scratch of at least `bytes` for the current op; grown (never shrunk) when too small. Ops on the one stream run
+    // in order, so one buffer serves them all.
+    void *scratch(size_t bytes);
+    cudaStream_t stream() const { return stream_; }
+    cublasHandle_t blas() const { return blas_; }
+    int sm_count() const { return sm_count_; }
+
+private:
+    void use() const;  // makes this device current for the calling thread
+
+    int index_;
+    std::string name_;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t blas_ = nullptr;
+    void *scratch_ = nullptr;
+    size_t scratch_bytes_ = 0;
+    int sm_count_ = 1;
+    std::vector<void *> weights_;  // upload_weight copies, freed with the device
+};
+
+// Kernel launchers, one per op, defined in the op-family files (matmul.cu, norm.cu, misc.cu, attention.cu, gdn.cu).
+void launch_embed(cudaStream_t s, const Weight &W, const int32_t *tokens, int64_t T, float *out);
+void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps);
+void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
+                        float eps);
+void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
+                          float eps);
+void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
+void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count);
+void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
+void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
+void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
+void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
+void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
+void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
+
+}  // namespace cuda
+}  // namespace dfl

@@ -1,0 +1,254 @@
+// Gated DeltaNet layer ops: causal depthwise conv + SiLU, q/k L2 norm and gates, and the gated delta rule.
+#include <cmath>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kConvThreads = 128;
+constexpr int kGatesThreads = 128;
+constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
+
+// Thread (entry e, channel c). Window row r < K-1 is the slot's stored input r, later rows are the entry's tokens.
+// The state update walks r upwards, reading row n + r > r, which is not yet overwritten.
+__global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
+                                   float *const *rec_window) {
+    const int e = blockIdx.y;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int C = cc.C, K = cc.K;
+    if (c >= C) return;
+    const int64_t n = ns[e], t0 = t0s[e];
+    if (n <= 0) return;
+    float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
+    const float *x = cc.x + t0 * C;
+    auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * C + c]; };
+    float *rw = rec_window ? rec_window[e] : nullptr;
+    if (rw) {
+        rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
+        for (int64_t r = 0; r < K - 1 + n; r++) rw[r * C + c] = window(r);
+    }
+    const float *w = cc.w + c * K;
+    for (int64_t i = 0; i < n; i++) {
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) acc += w[j] * window(i + j);
+        cc.out[(t0 + i) * C + c] = silu_f(acc);
+    }
+    for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
+}
+
+void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
+    if (m.n_ent <= 0 || c.C <= 0) return;
+    const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)m.n_ent);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window);
+    check_launch("conv1d_silu");
+}
+
+// One block per token: a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then the gates.
+__global__ void gdn_gates_kernel(GdnGates g) {
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *row = g.cv + t * g.C;
+    const float qscale = 1.0f / sqrtf((float)g.dk);
+    for (int hh = warp; hh < 2 * g.n_k; hh += nw) {
+        float *x = row + (int64_t)hh * g.dk;
+        float ss = 0.0f;
+        for (int d = lane; d < g.dk; d += 32) ss += x[d] * x[d];
+        ss = warp_sum(ss);
+        const float r = 1.0f / sqrtf(ss + 1e-6f);
+        const bool is_q = hh < g.n_k;
+        for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
+    }
+    for (int j = threadIdx.x; j < g.n_v; j += blockDim.x) {
+        const int64_t i = t * g.n_v + j;
+        g.beta[i] = sigmoid_f(g.b[i]);
+        const float xa = g.a[i] + g.dt_bias[j];
+        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+        g.g[i] = g.ssm_a[j] * sp;
+    }
+}
+
+void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
+    if (T <= 0) return;
+    gdn_gates_kernel<<<(unsigned)T, kGatesThreads, 0, s>>>(g);
+    check_launch("gdn_gates");
+}
+
+struct GdnArgs {
+    GdnCall g;
+    const int32_t *t0, *n, *slot;
+    float *const *rec_state;
+};
+
+// Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
+// rule; each token's q and k (shared by all columns) are staged in shared memory.
+//
+// Register kernel: two neighbouring lanes own one column b, each holding DK/2 of its rows in registers (a whole
+// 128-row column per thread would spill); the two partial sums of k.S and q.S meet through one shuffle.
+template <int DK>
+__global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
+    // Token inputs are double-buffered: the loads for token it + 1 are issued before token it is computed, so a long
+    // prefill does not wait a memory latency per token. q then k of a token, [2][DK] per buffer.
+    __shared__ float qk[2][2 * DK];
+    constexpr int R = DK / 2;
+    constexpr int kLoads = (2 * DK + kGdnThreads - 1) / kGdnThreads;  // q/k values each thread stages per token
+    const GdnCall &g = a.g;
+    const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
+    const int half = threadIdx.x & 1;
+    const int b = blockIdx.z * (blockDim.x / 2) + (threadIdx.x >> 1);
+    const bool active = b < dv;
+    const int a0 = half * R;
+    const int64_t n = a.n[e], t0 = a.t0[e];
+    const int kh = j % g.n_k;
+    const int64_t head = (int64_t)DK * dv;
+    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
+    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
+    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+    const int64_t q_off = (int64_t)kh * DK, k_off = (int64_t)(g.n_k + kh) * DK;
+    const int64_t v_off = (int64_t)2 * g.n_k * DK + (int64_t)j * dv + b;
+
+    // this thread's share of token `tok`'s q/k, and its v, g, beta
+    float st[kLoads];
+    float nv = 0.0f, ng = 0.0f, nb = 0.0f;
+    auto fetch = [&](int64_t tok) {
+        const float *row = g.cv + tok * g.C;
+#pragma unroll
+        for (int l = 0; l < kLoads; l++) {
+            const int i = threadIdx.x + l * kGdnThreads;
+            st[l] = i < 2 * DK ? row[i < DK ? q_off + i : k_off + (i - DK)] : 0.0f;
+        }
+        nv = active ? row[v_off] : 0.0f;
+        ng = g.g[tok * g.n_v + j];
+        nb = g.beta[tok * g.n_v + j];
+    };
+    auto stage = [&](int buf) {
+#pragma unroll
+        for (int l = 0; l < kLoads; l++) {
+            const int i = threadIdx.x + l * kGdnThreads;
+            if (i < 2 * DK) qk[buf][i] = st[l];
+        }
+    };
+
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = active ? S[(int64_t)(a0 + i) * dv + b] : 0.0f;
+    if (rec && active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+    if (n > 0) {
+        fetch(t0);
+        stage(0);
+    }
+    __syncthreads();
+    for (int64_t it = 0; it < n; it++) {
+        const int64_t tok = t0 + it;
+        const int buf = (int)(it & 1);
+        const float v = nv, decay = expf(ng), beta = nb;
+        if (it + 1 < n) fetch(tok + 1);
+        const float *q = qk[buf] + a0, *k = qk[buf] + DK + a0;
+        float u = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] *= decay;
+            u += k[i] * s[i];
+        }
+        u += __shfl_xor_sync(0xffffffffu, u, 1);
+        const float delta = beta * (v - u);
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            s[i] += k[i] * delta;
+            o += q[i] * s[i];
+        }
+        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        if (active) {
+            if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+            if (rec) {
+                float *dst = rec + (it + 1) * per;
+#pragma unroll
+                for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+            }
+        }
+        // the other buffer was last read in iteration it - 1, before that iteration's barrier
+        if (it + 1 < n) stage(buf ^ 1);
+        __syncthreads();
+    }
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) S[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+}
+
+// Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
+__global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
+    extern __shared__ float qk[];  // [2][dk]
+    const GdnCall &g = a.g;
+    const int j = blockIdx.x, e = blockIdx.y;
+    const int dk = g.dk, dv = g.dv;
+    const int b = blockIdx.z * blockDim.x + threadIdx.x;
+    const bool active = b < dv;
+    const int64_t n = a.n[e], t0 = a.t0[e];
+    const int kh = j % g.n_k;
+    const int64_t head = (int64_t)dk * dv;
+    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
+    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
+    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+    if (rec && active)
+        for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
+    for (int64_t it = 0; it < n; it++) {
+        const int64_t tok = t0 + it;
+        const float *row = g.cv + tok * g.C;
+        __syncthreads();
+        for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
+            qk[i] = i < dk ? row[(int64_t)kh * dk + i] : row[(int64_t)(g.n_k + kh) * dk + (i - dk)];
+        __syncthreads();
+        if (!active) continue;
+        const float *q = qk, *k = qk + dk;
+        const float decay = expf(g.g[tok * g.n_v + j]);
+        const float beta = g.beta[tok * g.n_v + j];
+        const float v = row[(int64_t)2 * g.n_k * dk + (int64_t)j * dv + b];
+        float u = 0.0f, o = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            const float x = S[(int64_t)i * dv + b] * decay;
+            S[(int64_t)i * dv + b] = x;
+            u += k[i] * x;
+        }
+        const float delta = beta * (v - u);
+        float *dst = rec ? rec + (it + 1) * per : nullptr;
+        for (int i = 0; i < dk; i++) {
+            const float x = S[(int64_t)i * dv + b] + k[i] * delta;
+            S[(int64_t)i * dv + b] = x;
+            o += q[i] * x;
+            if (dst) dst[(int64_t)i * dv + b] = x;
+        }
+        g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+    }
+}
+
+void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
+    if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
+    if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
+    GdnArgs a;
+    a.g = g;
+    a.t0 = m.t0;
+    a.n = m.n;
+    a.slot = m.slot;
+    a.rec_state = m.rec_state;
+    const size_t shm = (size_t)2 * g.dk * sizeof(float);
+    const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
+    const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
+    if (g.dk == 128)
+        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, 0, s>>>(a);
+    else if (g.dk == 64)
+        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, 0, s>>>(a);
+    else
+        gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
+    check_launch("gdn");
+}
+
+}  // namespace cuda
+}  // namespace dfl

@@ -1,0 +1,34 @@
+// The CUDA library's device entry points (the CPU library defines the same names in ops/cpu/lib_cpu.cpp).
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/device.h"
+
+namespace dfl {
+
+std::unique_ptr<Device> make_device(const dfl_model_params &p) { return make_cuda_device(p.device); }
+
+const char *device_kind() { return "cuda"; }
+
+int32_t device_count() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (index < 0 || index >= device_count())
+        fail(DFL_ERR_INVALID, "no such GPU cuda:" + std::to_string(index));
+    int prev = 0;
+    cuda::check(cudaGetDevice(&prev), "cudaGetDevice");
+    cuda::check(cudaSetDevice(index), "cudaSetDevice");
+    size_t fr = 0, tot = 0;
+    const cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    cudaSetDevice(prev);
+    cuda::check(e, "cudaMemGetInfo");
+    if (free_bytes) *free_bytes = fr;
+    if (total_bytes) *total_bytes = tot;
+}
+
+}  // namespace dfl

@@ -1,0 +1,450 @@
+// Embedding lookup and Y = X W^T for every weight type.
+//  - Decode (T <= kGemvMaxTokens, or up to kGemvChunkedMaxTokens in chunks of 8 for quantized weights): one warp per output row streams the row once, decoding it in registers, and
+//    accumulates all T tokens at once in f32; the activations are tiny and stay in L1/L2. This is the memory-bound
+//    path whose speed is the decode speed.
+//  - Prefill / verify: tensor cores through cuBLAS. f16/bf16 weights are used as they are; quantized weights are
+//    dequantized to f16 in chunks of rows in the device scratch; X is converted to the weight's 16-bit type; f32
+//    accumulation and output. f32 weights go through SGEMM (no TF32), exact to f32 rounding.
+#include <algorithm>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int64_t kGemvMaxTokens = 8;
+// Quantized weights: up to this many tokens (a DFlash verify block is 16) run the GEMV in chunks of kGemvMaxTokens.
+constexpr int64_t kGemvChunkedMaxTokens = 32;
+constexpr int kGemvWarps = 4;  // output rows per block
+
+__global__ void embed_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_rows,
+                             const int32_t *tokens, float *out) {
+    const int64_t t = blockIdx.x;
+    const int32_t tok = tokens[t];
+    float *o = out + t * n_in;
+    if (tok < 0 || tok >= n_rows) {  // an out-of-range id must not read out of bounds; NaN makes it visible
+        for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const uint8_t *row = W + (uint64_t)tok * row_bytes;
+    for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = load_elem(type, row, i);
+}
+
+void launch_embed(cudaStream_t s, const Weight &W, const int32_t *tokens, int64_t T, float *out) {
+    if (T <= 0) return;
+    embed_kernel<<<(unsigned)T, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, tokens, out);
+    check_launch("embed");
+}
+
+__device__ __forceinline__ float4 ldg4(const float *p) { return __ldg((const float4 *)p); }
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+// 8 consecutive x values of token t at element i (16-byte aligned).
+__device__ __forceinline__ void load_x8(const float *X, int64_t n_in, int t, int64_t i, float (&x)[8]) {
+    const float4 a = ldg4(X + t * n_in + i), b = ldg4(X + t * n_in + i + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+
+__device__ __forceinline__ void unpack_half8(uint4 v, float (&w)[8]) {
+    const __half2 *h = (const __half2 *)&v;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __half22float2(h[k]);
+        w[2 * k] = f.x, w[2 * k + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&w)[8]) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        w[2 * k] = __uint_as_float(u[k] << 16);
+        w[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
+    }
+}
+
+// Each gemv kernel: warp `w` of block b computes output row r = b * kGemvWarps + w for all NT tokens.
+// Requirements checked by the dispatcher: X 16-byte aligned, n_in a multiple of 8 (and of the block size), and for
+// f32/f16/bf16/q4_K rows 16-byte aligned.
+
+template <int NT>
+__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) Y[t * n_out + r] = v;
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                  int64_t n_out, const float *X, float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31;
+    const float *w = (const float *)(W + (uint64_t)r * row_bytes);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int64_t i = 4 * lane; i < n_in; i += 128) {
+        const float4 wv = ldg4(w + i);
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] += dot4(wv, ldg4(X + t * n_in + i));
+    }
+    finish_row<NT>(acc, Y, n_out, r);
+}
+
+template <int NT, bool BF16>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                    int64_t n_in, int64_t n_out, const float *X,
+                                                                    float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31;
+    const uint4 *w = (const uint4 *)(W + (uint64_t)r * row_bytes);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int64_t j = lane; j < n_in / 8; j += 32) {
+        float wf[8];
+        if (BF16)
+            unpack_bf16x8(__ldg(w + j), wf);
+        else
+            unpack_half8(__ldg(w + j), wf);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float x[8];
+            load_x8(X, n_in, t, 8 * j, x);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += wf[k] * x[k];
+            acc[t] += s;
+        }
+    }
+    finish_row<NT>(acc, Y, n_out, r);
+}
+
+// q8_0: four lanes per 34-byte block (8 quants each), so a warp reads 8 consecutive blocks per step. Blocks are only
+// 2-byte aligned, hence the 16-bit loads.
+template <int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                   int64_t n_out, const float *X, float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31, part = lane & 3;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    const int64_t nb = n_in / QK8_0;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 4
+    for (int64_t b = lane >> 2; b < nb; b += 8) {
+        const uint8_t *blk = row + b * kQ8_0Bytes;
+        const float d = half_bits_to_f32(__ldg((const unsigned short *)blk));
+        const unsigned short *qs = (const unsigned short *)(blk + 2 + 8 * part);
+        float q[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const unsigned short v = __ldg(qs + k);
+            q[2 * k] = (float)(int8_t)(v & 0xFF);
+            q[2 * k + 1] = (float)(int8_t)(v >> 8);
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float x[8];
+            load_x8(X, n_in, t, b * QK8_0 + 8 * part, x);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) s += q[k] * x[k];
+            acc[t] += d * s;
+        }
+    }
+    finish_row<NT>(acc, Y, n_out, r);
+}
+
+// q4_K: eight lanes per 144-byte super-block, each lane one 16-byte load of quants (32 weights: 16 low nibbles of
+// one sub-block, 16 high nibbles of the next); a warp covers four super-blocks per step.
+template <int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                   int64_t n_out, const float *X, float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    const int64_t nb = n_in / QK_K;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    // unrolled so the next super-block's loads are in flight while this one is decoded
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const uint8_t *blk = row + b * kQ4_KBytes;
+        const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
+        const uint32_t dd = __ldg((const unsigned int *)blk);
+        const float d = half_bits_to_f32((uint16_t)(dd & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dd >> 16));
+        int sc1, m1, sc2, m2;
+        q4k_scale_min_dev(2 * c, blk + 4, sc1, m1);
+        q4k_scale_min_dev(2 * c + 1, blk + 4, sc2, m2);
+        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1, d2 = d * (float)sc2, mm2 = dmin * (float)m2;
+        const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+        float lo[16], hi[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const uint32_t byte = (qw[k >> 2] >> (8 * (k & 3))) & 0xFF;
+            lo[k] = (float)(byte & 0x0F);
+            hi[k] = (float)(byte >> 4);
+        }
+        const int64_t e0 = b * QK_K + 64 * c + 16 * half;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float slo = 0.0f, shi = 0.0f, xlo = 0.0f, xhi = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 16; k += 4) {
+                const float4 a = ldg4(X + t * n_in + e0 + k), h = ldg4(X + t * n_in + e0 + 32 + k);
+                slo += lo[k] * a.x + lo[k + 1] * a.y + lo[k + 2] * a.z + lo[k + 3] * a.w;
+                shi += hi[k] * h.x + hi[k + 1] * h.y + hi[k + 2] * h.z + hi[k + 3] * h.w;
+                xlo += (a.x + a.y) + (a.z + a.w);
+                xhi += (h.x + h.y) + (h.z + h.w);
+            }
+            acc[t] += (d1 * slo - mm1 * xlo) + (d2 * shi - mm2 * xhi);
+        }
+    }
+    finish_row<NT>(acc, Y, n_out, r);
+}
+
+// q6_K: eight lanes per 210-byte super-block; lane p owns 8 positions l of half h = p / 4 and decodes the 4 weights
+// each (one per 32-wide quarter) from two ql bytes and one qh byte. Blocks are 2-byte aligned: 16-bit loads.
+template <int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                   int64_t n_out, const float *X, float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    const int64_t nb = n_in / QK_K;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const uint8_t *blk = row + b * kQ6_KBytes;
+        const unsigned short *qa = (const unsigned short *)(blk + 64 * h + l0);
+        const unsigned short *qb = (const unsigned short *)(blk + 64 * h + 32 + l0);
+        const unsigned short *qh = (const unsigned short *)(blk + 128 + 32 * h + l0);
+        uint8_t la[8], lb[8], hb[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const unsigned short va = __ldg(qa + k), vb = __ldg(qb + k), vh = __ldg(qh + k);
+            la[2 * k] = va & 0xFF, la[2 * k + 1] = va >> 8;
+            lb[2 * k] = vb & 0xFF, lb[2 * k + 1] = vb >> 8;
+            hb[2 * k] = vh & 0xFF, hb[2 * k + 1] = vh >> 8;
+        }
+        const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
+        const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
+        float ds[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) ds[k] = d * (float)sc[2 * k];
+        float q[4][8];
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            q[0][m] = (float)((int)((la[m] & 0x0F) | (((hb[m] >> 0) & 3) << 4)) - 32);
+            q[1][m] = (float)((int)((lb[m] & 0x0F) | (((hb[m] >> 2) & 3) << 4)) - 32);
+            q[2][m] = (float)((int)((la[m] >> 4) | (((hb[m] >> 4) & 3) << 4)) - 32);
+            q[3][m] = (float)((int)((lb[m] >> 4) | (((hb[m] >> 6) & 3) << 4)) - 32);
+        }
+        const int64_t e0 = b * QK_K + 128 * h + l0;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float x[8];
+                load_x8(X, n_in, t, e0 + 32 * k, x);
+                float sk = 0.0f;
+#pragma unroll
+                for (int m = 0; m < 8; m++) sk += q[k][m] * x[m];
+                s += ds[k] * sk;
+            }
+            acc[t] += s;
+        }
+    }
+    finish_row<NT>(acc, Y, n_out, r);
+}
+
+// Fallback for shapes the vector kernels do not take (unaligned pointers, odd n_in): element by element.
+__global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_out,
+                                    const float *X, int64_t T, float *Y) {
+    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const int lane = threadIdx.x & 31;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    for (int64_t t = 0; t < T; t++) {
+        float acc = 0.0f;
+        for (int64_t i = lane; i < n_in; i += 32) acc += load_elem(type, row, i) * X[t * n_in + i];
+        acc = warp_sum(acc);
+        if (lane == 0) Y[t * n_out + r] = acc;
+    }
+}
+
+template <int NT>
+static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y) {
+    const unsigned grid = (unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps);
+    const dim3 block(kGemvWarps * 32);
+    switch (W.type) {
+    case DFL_TYPE_F32:
+        gemv_f32_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    case DFL_TYPE_F16:
+        gemv_16bit_kernel<NT, false><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    case DFL_TYPE_BF16:
+        gemv_16bit_kernel<NT, true><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    case DFL_TYPE_Q8_0:
+        gemv_q8_0_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    case DFL_TYPE_Q4_K:
+        gemv_q4_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    case DFL_TYPE_Q6_K:
+        gemv_q6_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        break;
+    default:
+        fail(DFL_ERR_UNSUPPORTED, "matmul: unsupported weight type " + std::to_string(W.type));
+    }
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// Whether the vectorised gemv kernels can read this weight and these activations.
+static bool gemv_vector_ok(const Weight &W, const float *X) {
+    if (!aligned16(X) || W.n_in % 8 != 0) return false;
+    switch (W.type) {
+    case DFL_TYPE_F32:
+    case DFL_TYPE_F16:
+    case DFL_TYPE_BF16:
+    case DFL_TYPE_Q4_K:
+        return aligned16(W.data) && W.row_bytes % 16 == 0;
+    case DFL_TYPE_Q8_0:
+    case DFL_TYPE_Q6_K:
+        return ((uintptr_t)W.data & 1) == 0;
+    default:
+        return false;
+    }
+}
+
+static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y) {
+    if (!gemv_vector_ok(W, X)) {
+        const unsigned grid = (unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps);
+        gemv_generic_kernel<<<grid, kGemvWarps * 32, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y);
+        check_launch("matmul (gemv)");
+        return;
+    }
+    switch (T) {
+    case 1: launch_gemv_nt<1>(s, W, X, Y); break;
+    case 2: launch_gemv_nt<2>(s, W, X, Y); break;
+    case 3: launch_gemv_nt<3>(s, W, X, Y); break;
+    case 4: launch_gemv_nt<4>(s, W, X, Y); break;
+    case 5: launch_gemv_nt<5>(s, W, X, Y); break;
+    case 6: launch_gemv_nt<6>(s, W, X, Y); break;
+    case 7: launch_gemv_nt<7>(s, W, X, Y); break;
+    default: launch_gemv_nt<8>(s, W, X, Y); break;
+    }
+    check_launch("matmul (gemv)");
+}
+
+// ---- prefill path ----
+
+__global__ void f32_to_16bit_kernel(const float *x, int64_t n, void *out, bool bf16) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (bf16)
+            ((uint16_t *)out)[i] = f32_to_bf16_bits(x[i]);
+        else
+            ((__half *)out)[i] = __float2half_rn(x[i]);
+    }
+}
+
+// Rows [r0, r0 + gridDim.x) of W dequantized to f16, one block per row.
+__global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t r0,
+                                        __half *out) {
+    const int64_t r = blockIdx.x;
+    const uint8_t *row = W + (uint64_t)(r0 + r) * row_bytes;
+    __half *o = out + r * n_in;
+    for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = __float2half_rn(load_elem(type, row, i));
+}
+
+static void check_blas(cublasStatus_t st, const char *op) {
+    if (st != CUBLAS_STATUS_SUCCESS) fail(DFL_ERR_INTERNAL, std::string(op) + ": cuBLAS status " + std::to_string((int)st));
+}
+
+static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+constexpr size_t kDequantChunkBytes = 64u << 20;  // f16 scratch for dequantized weight rows
+
+// Column-major view for cuBLAS: Y^T [n_out x T] = W [n_in x n_out]^T * X^T [n_in x T].
+static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    cudaStream_t s = dev.stream();
+    cublasHandle_t h = dev.blas();
+    const int n_in = (int)W.n_in, n_out = (int)W.n_out, nt = (int)T;
+    const float one = 1.0f, zero = 0.0f;
+    if (W.type == DFL_TYPE_F32) {
+        check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, nt, n_in, &one, (const float *)W.data,
+                               (int)(W.row_bytes / 4), X, n_in, &zero, Y, n_out),
+                   "matmul (sgemm)");
+        return;
+    }
+    const bool bf16 = W.type == DFL_TYPE_BF16;
+    const cudaDataType dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const bool direct = W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16;
+    const size_t x_bytes = round256((size_t)T * n_in * 2);
+    int64_t chunk = direct ? 0 : std::max<int64_t>(1, std::min<int64_t>(n_out, (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2))));
+    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (size_t)chunk * n_in * 2);
+    void *Xh = scr;
+    __half *Wh = (__half *)(scr + x_bytes);
+    const int64_t nx = T * (int64_t)n_in;
+    f32_to_16bit_kernel<<<grid_for(nx, 256), 256, 0, s>>>(X, nx, Xh, bf16);
+    check_launch("matmul (convert X)");
+    if (direct) {
+        check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, nt, n_in, &one, W.data, dt, (int)(W.row_bytes / 2),
+                                Xh, dt, n_in, &zero, Y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "matmul (gemm)");
+        return;
+    }
+    for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
+        const int64_t rows = std::min<int64_t>(chunk, n_out - r0);
+        dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, n_in, r0, Wh);
+        check_launch("matmul (dequantize)");
+        check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, nt, n_in, &one, Wh, CUDA_R_16F, n_in, Xh,
+                                CUDA_R_16F, n_in, &zero, Y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   "matmul (gemm)");
+    }
+}
+
+void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    if (T <= 0 || W.n_out <= 0) return;
+    if (W.type != DFL_TYPE_F32 && W.type != DFL_TYPE_F16 && W.type != DFL_TYPE_BF16 && W.type != DFL_TYPE_Q8_0 &&
+        W.type != DFL_TYPE_Q4_K && W.type != DFL_TYPE_Q6_K)
+        fail(DFL_ERR_UNSUPPORTED, "matmul: unsupported weight type " + std::to_string(W.type));
+    if (T <= kGemvMaxTokens) {
+        launch_gemv(dev.stream(), W, X, T, Y);
+        return;
+    }
+    const bool quantized = W.type == DFL_TYPE_Q8_0 || W.type == DFL_TYPE_Q4_K || W.type == DFL_TYPE_Q6_K;
+    if (quantized && T <= kGemvChunkedMaxTokens) {
+        // verify-sized batches: re-reading the packed weight once per 8 tokens moves less memory than writing and
+        // re-reading an f16 copy of it for cuBLAS
+        for (int64_t t0 = 0; t0 < T; t0 += kGemvMaxTokens)
+            launch_gemv(dev.stream(), W, X + t0 * W.n_in, std::min(kGemvMaxTokens, T - t0), Y + t0 * W.n_out);
+        return;
+    }
+    launch_gemm(dev, W, X, T, Y);
+}
+
+}  // namespace cuda
+}  // namespace dfl

@@ -1,0 +1,82 @@
+// Row normalisations: one block per row, f32 block reduction of the sum of squares (the CPU sums in double; the
+// difference is a few f32 ulps of the scale).
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kNormThreads = 256;
+
+__device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float eps, float *red) {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, red);
+    return rsqrtf(ss / (float)n + eps);
+}
+
+// y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
+// before block_sum's barriers.
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    const float r = row_rms_scale(xr, n, eps, red);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? (xr[i] * r) * w[i] : xr[i] * r;
+}
+
+__global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps) {
+    __shared__ float red[32];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    const float *dr = d + (int64_t)blockIdx.x * n;
+    float *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + dr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? (xr[i] * r) * w[i] : xr[i] * r;
+}
+
+__global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {
+    __shared__ float red[32];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    const float *zr = z + (int64_t)blockIdx.x * n;
+    const float r = row_rms_scale(xr, n, eps, red);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = w ? (xr[i] * r) * w[i] : xr[i] * r;
+        xr[i] = v * silu_f(zr[i]);
+    }
+}
+
+static int norm_threads(int64_t n) {
+    int t = 32;
+    while (t < kNormThreads && t < n) t *= 2;
+    return t;
+}
+
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+    if (rows <= 0 || n <= 0) return;
+    rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, y, n, eps);
+    check_launch("rmsnorm");
+}
+
+void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
+                        float eps) {
+    if (rows <= 0 || n <= 0) return;
+    add_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, d, w, y, n, eps);
+    check_launch("add_rmsnorm");
+}
+
+void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
+                          float eps) {
+    if (rows <= 0 || n <= 0) return;
+    gated_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, z, w, n, eps);
+    check_launch("gated_rmsnorm");
+}
+
+}  // namespace cuda
+}  // namespace dfl

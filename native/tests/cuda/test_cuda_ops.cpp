@@ -1,0 +1,812 @@
+// The CUDA device against the CPU device, op by op: random inputs, the same bytes on both, outputs compared by
+// ||gpu - cpu|| / ||cpu||. Outputs are poisoned (all bytes 0xFF, a NaN in f32 and f16) before each run, so an output
+// the GPU does not write fails. Also times the decode GEMV. Without a GPU it says so and exits 0.
+//
+// Bounds, per path:
+//  - f32 element-wise ops, norms, attention, embed, the decode GEMV of every type, conv: 1e-5. Only the summation order
+//    and f32-vs-double reductions differ, so errors are a few ulps relative to the output norm.
+//  - the delta rule: 1e-4, because the CPU computes multi-token non-recording entries chunk-wise (a different but
+//    equivalent formula) while the GPU runs the recurrence.
+//  - quantized weights up to T = 32 run the GEMV in chunks of 8 tokens: 1e-5 like any GEMV.
+//  - prefill matmul (larger T) through tensor cores: f32 weights use SGEMM (1e-5); f16 and quantized weights run with X
+//    rounded to f16 (relative 2^-11 per element, plus f16 rounding of the dequantized weight): 3e-3; bf16 weights run
+//    with X rounded to bf16 (2^-8 per element): 1.5e-2.
+//  - KV cache writes: an input an ulp away from a rounding boundary of the cache type can round the other way, one step
+//    of that type: f16 1e-4, bf16 5e-4, q8_0 (a step is 1/127 of the block max) 2e-2.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/device.h"
+#include "test.h"
+
+namespace dfltest {
+std::vector<Case> &registry() {
+    static std::vector<Case> r;
+    return r;
+}
+int g_failures = 0;
+}  // namespace dfltest
+
+namespace {
+
+using namespace dfl;
+using dfltest::Rng;
+
+// GGUF block layouts (as quant.h).
+constexpr int QK8_0 = 32, QK_K = 256;
+constexpr size_t kQ8_0Bytes = 34, kQ4_KBytes = 144, kQ6_KBytes = 210;
+
+Device *g_cpu = nullptr;
+Device *g_gpu = nullptr;
+int g_cases = 0;
+
+// One buffer with the same bytes on the CPU and the GPU device.
+struct Dual {
+    DevBuf c, g;
+    size_t bytes;
+    explicit Dual(size_t n_bytes, const void *init = nullptr)
+        : c(g_cpu, n_bytes, "test"), g(g_gpu, n_bytes, "test"), bytes(n_bytes) {
+        if (init)
+            set(init);
+        else
+            poison();
+    }
+    template <class T>
+    explicit Dual(const std::vector<T> &v) : Dual(v.size() * sizeof(T), v.data()) {}
+    void set(const void *src) {
+        if (!bytes) return;
+        g_cpu->to_device(c.get(), src, bytes);
+        g_gpu->to_device(g.get(), src, bytes);
+    }
+    void poison() {
+        std::vector<uint8_t> p(bytes, 0xFF);
+        set(p.data());
+    }
+    template <class T = float>
+    T *cp() const { return c.get<T>(); }
+    template <class T = float>
+    T *gp() const { return g.get<T>(); }
+    std::vector<uint8_t> cpu_bytes() const {
+        std::vector<uint8_t> v(bytes);
+        g_cpu->to_host(v.data(), c.get(), bytes);
+        return v;
+    }
+    std::vector<uint8_t> gpu_bytes() const {
+        std::vector<uint8_t> v(bytes);
+        g_gpu->to_host(v.data(), g.get(), bytes);
+        return v;
+    }
+};
+
+std::vector<float> as_floats(const std::vector<uint8_t> &b) {
+    std::vector<float> f(b.size() / 4);
+    std::memcpy(f.data(), b.data(), f.size() * 4);
+    return f;
+}
+
+// Relative L2 error; positions NaN in both count as equal (never-written poison on both sides), NaN in one fails.
+bool compare(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref, double tol) {
+    g_cases++;
+    double num = 0, den = 0;
+    size_t bad_nan = 0, first_nan = 0, finite = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const bool gn = std::isnan(got[i]) || std::isinf(got[i]), rn = std::isnan(ref[i]) || std::isinf(ref[i]);
+        if (gn && rn) continue;
+        finite++;
+        if (gn != rn) {
+            if (!bad_nan) first_nan = i;
+            bad_nan++;
+            continue;
+        }
+        const double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = bad_nan == 0 && err <= tol && (finite > 0 || ref.empty());
+    if (!finite && !ref.empty())
+        std::printf("FAIL %-60s neither device wrote any value\n", name.c_str());
+    else if (bad_nan)
+        std::printf("FAIL %-60s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad_nan,
+                    first_nan, got[first_nan], ref[first_nan]);
+    else
+        std::printf("%s %-60s rel err %.3g (bound %.3g)\n", ok ? "ok  " : "FAIL", name.c_str(), err, tol);
+    if (!ok) dfltest::g_failures++;
+    return ok;
+}
+
+bool compare_f32(const std::string &name, const Dual &d, double tol) {
+    return compare(name, as_floats(d.gpu_bytes()), as_floats(d.cpu_bytes()), tol);
+}
+
+std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = r.sym(a);
+    return v;
+}
+
+const char *tname(uint32_t t) {
+    switch (t) {
+    case DFL_TYPE_F32: return "f32";
+    case DFL_TYPE_F16: return "f16";
+    case DFL_TYPE_BF16: return "bf16";
+    case DFL_TYPE_Q8_0: return "q8_0";
+    case DFL_TYPE_Q4_K: return "q4_K";
+    case DFL_TYPE_Q6_K: return "q6_K";
+    default: return "?";
+    }
+}
+
+uint64_t type_row_bytes(uint32_t t, int64_t n) {
+    switch (t) {
+    case DFL_TYPE_F32: return (uint64_t)n * 4;
+    case DFL_TYPE_F16:
+    case DFL_TYPE_BF16: return (uint64_t)n * 2;
+    case DFL_TYPE_Q8_0: return (uint64_t)(n / QK8_0) * kQ8_0Bytes;
+    case DFL_TYPE_Q4_K: return (uint64_t)(n / QK_K) * kQ4_KBytes;
+    case DFL_TYPE_Q6_K: return (uint64_t)(n / QK_K) * kQ6_KBytes;
+    default: return 0;
+    }
+}
+
+void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// n_rows rows of n random elements of `type` with sane block scales.
+std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r) {
+    const uint64_t rb = type_row_bytes(type, n);
+    std::vector<uint8_t> b((size_t)(rb * n_rows));
+    for (auto &x : b) x = (uint8_t)r.next();
+    for (int64_t row = 0; row < n_rows; row++) {
+        uint8_t *p = b.data() + row * rb;
+        switch (type) {
+        case DFL_TYPE_F32:
+            for (int64_t i = 0; i < n; i++) {
+                const float f = r.sym();
+                std::memcpy(p + 4 * i, &f, 4);
+            }
+            break;
+        case DFL_TYPE_F16:
+            for (int64_t i = 0; i < n; i++) put_u16(p + 2 * i, f32_to_f16(r.sym()));
+            break;
+        case DFL_TYPE_BF16:
+            for (int64_t i = 0; i < n; i++) put_u16(p + 2 * i, f32_to_bf16(r.sym()));
+            break;
+        case DFL_TYPE_Q8_0:
+            for (int64_t k = 0; k < n / QK8_0; k++) {
+                uint8_t *blk = p + k * kQ8_0Bytes;
+                put_u16(blk, f32_to_f16(0.002f + 0.01f * (float)r.uniform()));
+                for (int j = 0; j < QK8_0; j++)
+                    if (blk[2 + j] == 0x80) blk[2 + j] = 0x81;  // -128 never comes out of quantize_row
+            }
+            break;
+        case DFL_TYPE_Q4_K:
+            for (int64_t k = 0; k < n / QK_K; k++) {
+                uint8_t *blk = p + k * kQ4_KBytes;
+                put_u16(blk, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
+                put_u16(blk + 2, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
+            }
+            break;
+        case DFL_TYPE_Q6_K:
+            for (int64_t k = 0; k < n / QK_K; k++) {
+                uint8_t *blk = p + k * kQ6_KBytes;
+                put_u16(blk + 208, f32_to_f16(0.0005f + 0.002f * (float)r.uniform()));
+            }
+            break;
+        }
+    }
+    return b;
+}
+
+// ---- matmul and embed ----
+
+struct DualWeight {
+    std::vector<uint8_t> host;
+    Weight wc, wg;
+    DualWeight(uint32_t type, int64_t n_out, int64_t n_in, Rng &r) : host(rand_rows(type, n_out, n_in, r)) {
+        wc.type = wg.type = type;
+        wc.n_in = wg.n_in = n_in;
+        wc.n_out = wg.n_out = n_out;
+        wc.row_bytes = wg.row_bytes = type_row_bytes(type, n_in);
+        wc.data = g_cpu->upload_weight(host.data(), host.size(), true);
+        wg.data = g_gpu->upload_weight(host.data(), host.size(), true);
+    }
+};
+
+double matmul_bound(uint32_t type, int64_t T) {
+    const bool quantized = type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K || type == DFL_TYPE_Q6_K;
+    if (T <= 8 || type == DFL_TYPE_F32 || (quantized && T <= 32)) return 1e-5;  // f32 GEMV (chunked) or SGEMM
+    return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;
+}
+
+void test_matmul_embed() {
+    const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
+    const int64_t Ts[] = {1, 2, 3, 8, 16, 17, 33, 130};
+    struct Shape {
+        int64_t n_in, n_out;
+    };
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}};
+    Rng r(1);
+    for (uint32_t type : types) {
+        for (const Shape &s : shapes) {
+            DualWeight W(type, s.n_out, s.n_in, r);
+            for (int64_t T : Ts) {
+                Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+                Dual Y((size_t)(T * s.n_out) * 4);
+                g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+                g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+                compare_f32(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
+                            std::to_string(s.n_in) + " T=" + std::to_string(T),
+                        Y, matmul_bound(type, T));
+            }
+            std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3, 5, 0};
+            Dual tk(tok);
+            Dual E(tok.size() * (size_t)s.n_in * 4);
+            g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
+            g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
+            compare_f32(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
+        }
+    }
+    // shapes the vector kernels refuse (n_in not a multiple of 8): the generic gemv, and SGEMM
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(17)}) {
+        DualWeight W(DFL_TYPE_F32, 19, 37, r);
+        Dual X(rand_vec(r, (size_t)(T * 37)));
+        Dual Y((size_t)(T * 19) * 4);
+        g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+        g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+        compare_f32("matmul f32 19x37 (unaligned) T=" + std::to_string(T), Y, 1e-5);
+    }
+}
+
+// ---- norms and element-wise ----
+
+void test_norms_elementwise() {
+    Rng r(2);
+    const int64_t rows_list[] = {1, 3, 17};
+    const int64_t ns[] = {1, 7, 128, 1000, 4096};
+    for (int64_t rows : rows_list) {
+        for (int64_t n : ns) {
+            const std::string sz = " " + std::to_string(rows) + "x" + std::to_string(n);
+            const auto xv = rand_vec(r, (size_t)(rows * n), 3.0f), wv = rand_vec(r, (size_t)n), dv = rand_vec(r, (size_t)(rows * n));
+            Dual w(wv), d(dv);
+            for (int with_w = 0; with_w < 2; with_w++) {
+                Dual x(xv), y((size_t)(rows * n) * 4);
+                g_cpu->rmsnorm(x.cp(), with_w ? w.cp() : nullptr, y.cp(), rows, n, 1e-6f);
+                g_gpu->rmsnorm(x.gp(), with_w ? w.gp() : nullptr, y.gp(), rows, n, 1e-6f);
+                compare_f32(std::string("rmsnorm") + (with_w ? "" : " (no w)") + sz, y, 1e-5);
+            }
+            {
+                Dual x(xv);  // in place
+                g_cpu->rmsnorm(x.cp(), w.cp(), x.cp(), rows, n, 1e-6f);
+                g_gpu->rmsnorm(x.gp(), w.gp(), x.gp(), rows, n, 1e-6f);
+                compare_f32("rmsnorm in place" + sz, x, 1e-5);
+            }
+            {
+                Dual x(xv), y((size_t)(rows * n) * 4);
+                g_cpu->add_rmsnorm(x.cp(), d.cp(), w.cp(), y.cp(), rows, n, 1e-6f);
+                g_gpu->add_rmsnorm(x.gp(), d.gp(), w.gp(), y.gp(), rows, n, 1e-6f);
+                compare_f32("add_rmsnorm x" + sz, x, 1e-6);
+                compare_f32("add_rmsnorm y" + sz, y, 1e-5);
+            }
+            {
+                Dual x(xv), z(dv);
+                g_cpu->gated_rmsnorm(x.cp(), z.cp(), w.cp(), rows, n, 1e-6f);
+                g_gpu->gated_rmsnorm(x.gp(), z.gp(), w.gp(), rows, n, 1e-6f);
+                compare_f32("gated_rmsnorm" + sz, x, 1e-5);
+            }
+        }
+    }
+    for (int64_t count : {int64_t(1), int64_t(1000), int64_t(12345)}) {
+        const auto av = rand_vec(r, (size_t)count, 8.0f), bv = rand_vec(r, (size_t)count, 8.0f);
+        const std::string sz = " n=" + std::to_string(count);
+        {
+            Dual a(av), b(bv);
+            g_cpu->add(a.cp(), b.cp(), count);
+            g_gpu->add(a.gp(), b.gp(), count);
+            compare_f32("add" + sz, a, 1e-6);
+        }
+        {
+            Dual a(av), b(bv);
+            g_cpu->swiglu(a.cp(), b.cp(), count);
+            g_gpu->swiglu(a.gp(), b.gp(), count);
+            compare_f32("swiglu" + sz, a, 1e-5);
+        }
+        {
+            Dual a(av), b(bv);
+            g_cpu->sigmoid_mul(a.cp(), b.cp(), count);
+            g_gpu->sigmoid_mul(a.gp(), b.gp(), count);
+            compare_f32("sigmoid_mul" + sz, a, 1e-5);
+        }
+    }
+    {
+        const int64_t n = 77, X = 50;
+        std::vector<int32_t> rows = {3, 49, 0, 3, 17, 22, 8};
+        Dual x(rand_vec(r, (size_t)(X * n))), ri(rows), out(rows.size() * n * 4);
+        g_cpu->gather_rows(x.cp(), ri.cp<int32_t>(), (int64_t)rows.size(), n, out.cp());
+        g_gpu->gather_rows(x.gp(), ri.gp<int32_t>(), (int64_t)rows.size(), n, out.gp());
+        compare_f32("gather_rows 7 of 50 x 77", out, 0);
+    }
+    {
+        const int64_t rows = 13, n = 30, ss = 41, ds = 35;
+        Dual src(rand_vec(r, (size_t)(rows * ss))), dst((size_t)(rows * ds) * 4);
+        g_cpu->copy_rows(dst.cp(), ds, src.cp(), ss, rows, n);
+        g_gpu->copy_rows(dst.gp(), ds, src.gp(), ss, rows, n);
+        compare_f32("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
+    }
+}
+
+// ---- batches ----
+
+// Host description of a batch of entries (each a sequence with len0 cached tokens and n new ones), uploaded to both
+// devices. KV blocks are handed out shuffled so block tables are not the identity.
+struct Batch {
+    struct Ent {
+        int32_t n, len0, slot;
+        bool record;
+    };
+    std::vector<Ent> ents;
+    int block_size;
+    int64_t T = 0, max_n = 0, max_ctx = 0;
+    int32_t max_blocks = 0, n_blocks = 0;
+    std::vector<int32_t> tokens, pos, ent, kv_slot, t0, n, len0, slot, block_table;
+    std::unique_ptr<Dual> d_tokens, d_pos, d_ent, d_kv_slot, d_t0, d_n, d_len0, d_slot, d_bt;
+
+    Batch(std::vector<Ent> e, int bs, Rng &r) : ents(std::move(e)), block_size(bs) {
+        for (const Ent &x : ents) {
+            max_n = std::max<int64_t>(max_n, x.n);
+            max_ctx = std::max<int64_t>(max_ctx, (int64_t)x.len0 + x.n);
+            max_blocks = std::max<int32_t>(max_blocks, (int32_t)ceil_div((int64_t)x.len0 + x.n, bs));
+            n_blocks += (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
+        }
+        n_blocks += 3;  // unused blocks too
+        std::vector<int32_t> ids((size_t)n_blocks);
+        for (int32_t i = 0; i < n_blocks; i++) ids[(size_t)i] = i;
+        for (int32_t i = n_blocks - 1; i > 0; i--) std::swap(ids[(size_t)i], ids[(size_t)(r.next() % (uint64_t)(i + 1))]);
+        block_table.assign((size_t)ents.size() * max_blocks, 0);
+        size_t next = 0;
+        for (size_t ei = 0; ei < ents.size(); ei++) {
+            const Ent &x = ents[ei];
+            const int32_t nb = (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
+            for (int32_t b = 0; b < nb; b++) block_table[ei * max_blocks + b] = ids[next++];
+            t0.push_back((int32_t)T);
+            n.push_back(x.n);
+            len0.push_back(x.len0);
+            slot.push_back(x.slot);
+            for (int32_t i = 0; i < x.n; i++) {
+                const int32_t p = x.len0 + i;
+                tokens.push_back((int32_t)(r.next() % 100));
+                pos.push_back(p);
+                ent.push_back((int32_t)ei);
+                kv_slot.push_back(block_table[ei * max_blocks + p / bs] * bs + p % bs);
+            }
+            T += x.n;
+        }
+        d_tokens.reset(new Dual(tokens));
+        d_pos.reset(new Dual(pos));
+        d_ent.reset(new Dual(ent));
+        d_kv_slot.reset(new Dual(kv_slot));
+        d_t0.reset(new Dual(t0));
+        d_n.reset(new Dual(n));
+        d_len0.reset(new Dual(len0));
+        d_slot.reset(new Dual(slot));
+        d_bt.reset(new Dual(block_table));
+    }
+    int64_t pool_rows() const { return (int64_t)n_blocks * block_size; }
+    BatchMeta meta(bool gpu) const {
+        BatchMeta m;
+        auto p = [&](const std::unique_ptr<Dual> &d) { return gpu ? d->gp<int32_t>() : d->cp<int32_t>(); };
+        m.T = T;
+        m.n_ent = (int32_t)ents.size();
+        m.max_n = max_n;
+        m.max_ctx = max_ctx;
+        m.tokens = p(d_tokens);
+        m.pos = p(d_pos);
+        m.ent = p(d_ent);
+        m.kv_slot = p(d_kv_slot);
+        m.t0 = p(d_t0);
+        m.n = p(d_n);
+        m.len0 = p(d_len0);
+        m.slot = p(d_slot);
+        m.block_table = p(d_bt);
+        m.max_blocks = max_blocks;
+        return m;
+    }
+};
+
+// ---- attention ----
+
+std::vector<float> dequant_cache(uint32_t type, const std::vector<uint8_t> &b, int64_t n_rows, int hd) {
+    const uint64_t rb = type_row_bytes(type, hd);
+    std::vector<float> f((size_t)(n_rows * hd));
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *p = b.data() + r * rb;
+        float *o = f.data() + r * hd;
+        for (int i = 0; i < hd; i++) {
+            uint16_t h;
+            switch (type) {
+            case DFL_TYPE_F32: std::memcpy(&o[i], p + 4 * i, 4); break;
+            case DFL_TYPE_F16: std::memcpy(&h, p + 2 * i, 2); o[i] = f16_to_f32(h); break;
+            case DFL_TYPE_BF16: std::memcpy(&h, p + 2 * i, 2); o[i] = bf16_to_f32(h); break;
+            case DFL_TYPE_Q8_0: {
+                const uint8_t *blk = p + (i / QK8_0) * kQ8_0Bytes;
+                std::memcpy(&h, blk, 2);
+                o[i] = f16_to_f32(h) * (float)(int8_t)blk[2 + i % QK8_0];
+                break;
+            }
+            }
+        }
+    }
+    return f;
+}
+
+// K rows come from f32 values that differ by an ulp or so (FMA contraction, f32 vs double norm): now and then one
+// lands on the other side of a rounding boundary of the cache type, an error of one step of that type.
+double cache_bound(uint32_t type) {
+    switch (type) {
+    case DFL_TYPE_F32: return 1e-5;
+    case DFL_TYPE_F16: return 1e-4;
+    case DFL_TYPE_BF16: return 5e-4;
+    default: return 2e-2;
+    }
+}
+
+struct AttnShape {
+    int n_head, n_kv, hd, rope_dim;
+    bool gated;
+};
+
+std::string attn_name(const char *op, const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s h=%d kv=%d hd=%d%s k=%s v=%s T=%lld ents=%zu", op, s.n_head, s.n_kv, s.hd,
+                  s.gated ? " gated" : "", tname(tk), tname(tv), (long long)b.T, b.ents.size());
+    return buf;
+}
+
+void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r) {
+    const int64_t T = b.T, qd = (int64_t)s.n_head * s.hd, kvd = (int64_t)s.n_kv * s.hd;
+    const int64_t q_out = qd * (s.gated ? 2 : 1);
+    std::vector<float> inv((size_t)s.rope_dim / 2);
+    for (int i = 0; i < s.rope_dim / 2; i++) inv[(size_t)i] = 1.0f / std::pow(1e6f, (float)(2 * i) / (float)s.rope_dim);
+    Dual qf(rand_vec(r, (size_t)(T * q_out), 2.0f)), kf(rand_vec(r, (size_t)(T * kvd), 2.0f)),
+        vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)), invf(inv);
+    Dual Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4);
+    const int64_t rows = b.pool_rows() * s.n_kv;
+    // the cache holds random earlier tokens; attn_prep overwrites the batch's rows
+    Dual kc(rand_rows(tk, rows, s.hd, r)), vc(rand_rows(tv, rows, s.hd, r));
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        AttnPrep a;
+        a.qf = g ? qf.gp() : qf.cp();
+        a.kf = g ? kf.gp() : kf.cp();
+        a.vf = g ? vf.gp() : vf.cp();
+        a.q_norm = g ? qn.gp() : qn.cp();
+        a.k_norm = g ? kn.gp() : kn.cp();
+        a.inv_freq = g ? invf.gp() : invf.cp();
+        a.n_head = s.n_head;
+        a.rope_dim = s.rope_dim;
+        a.gated = s.gated;
+        a.Q = g ? Q.gp() : Q.cp();
+        a.gate = s.gated ? (g ? gate.gp() : gate.cp()) : nullptr;
+        a.kv.k = g ? kc.gp<uint8_t>() : kc.cp<uint8_t>();
+        a.kv.v = g ? vc.gp<uint8_t>() : vc.cp<uint8_t>();
+        a.kv.type_k = tk;
+        a.kv.type_v = tv;
+        a.kv.k_row = type_row_bytes(tk, s.hd);
+        a.kv.v_row = type_row_bytes(tv, s.hd);
+        a.kv.n_kv = s.n_kv;
+        a.kv.head_dim = s.hd;
+        a.kv.block_size = b.block_size;
+        (g ? g_gpu : g_cpu)->attn_prep(b.meta(g), a);
+    }
+    compare_f32(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
+    compare_f32(attn_name("attn_prep kf", s, tk, tv, b), kf, 1e-5);
+    if (s.gated) compare_f32(attn_name("attn_prep gate", s, tk, tv, b), gate, 0);
+    compare(attn_name("attn_prep K cache", s, tk, tv, b), dequant_cache(tk, kc.gpu_bytes(), rows, s.hd),
+            dequant_cache(tk, kc.cpu_bytes(), rows, s.hd), cache_bound(tk));
+    compare(attn_name("attn_prep V cache", s, tk, tv, b), dequant_cache(tv, vc.gpu_bytes(), rows, s.hd),
+            dequant_cache(tv, vc.cpu_bytes(), rows, s.hd), cache_bound(tv));
+
+    // attention over identical caches (the CPU's, so a q8_0 rounding tie above does not count twice)
+    kc.set(kc.cpu_bytes().data());
+    vc.set(vc.cpu_bytes().data());
+    Dual Qin(rand_vec(r, (size_t)(T * qd), 2.0f)), out((size_t)(T * qd) * 4);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        AttnCall a;
+        a.Q = g ? Qin.gp() : Qin.cp();
+        a.out = g ? out.gp() : out.cp();
+        a.n_head = s.n_head;
+        a.scale = 1.0f / std::sqrt((float)s.hd);
+        a.kv.k = g ? kc.gp<uint8_t>() : kc.cp<uint8_t>();
+        a.kv.v = g ? vc.gp<uint8_t>() : vc.cp<uint8_t>();
+        a.kv.type_k = tk;
+        a.kv.type_v = tv;
+        a.kv.k_row = type_row_bytes(tk, s.hd);
+        a.kv.v_row = type_row_bytes(tv, s.hd);
+        a.kv.n_kv = s.n_kv;
+        a.kv.head_dim = s.hd;
+        a.kv.block_size = b.block_size;
+        (g ? g_gpu : g_cpu)->attention(b.meta(g), a);
+    }
+    compare_f32(attn_name("attention", s, tk, tv, b), out, 1e-5);
+}
+
+void test_attention() {
+    Rng r(3);
+    // GQA groups 4, 1, 3, 6, 8 (the kernel takes 1..8 heads per block); rope_dim below head_dim in the last three
+    const AttnShape shapes[] = {{8, 2, 128, 128, true},  {4, 4, 64, 64, false}, {6, 2, 256, 64, true},
+                                {12, 2, 128, 64, false}, {16, 2, 64, 32, true}};
+    const uint32_t ctypes[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0};
+    std::vector<std::vector<Batch::Ent>> batches = {
+        {{1, 100, 0, false}},                                        // decode, T = 1
+        {{3, 40, 1, false}},                                         // verify, T = 3
+        {{5, 0, 0, false}, {1, 77, 1, false}, {11, 200, 2, false}},  // mixed, T = 17
+        {{120, 0, 0, false}, {10, 33, 1, false}},                    // prefill, T = 130
+        {{1, 3000, 0, false}},                                       // long decode: split-K attention
+        {{1, 2500, 0, false}, {2, 10, 1, false}},                    // splits past a short entry's end stay empty
+    };
+    for (const AttnShape &s : shapes) {
+        for (uint32_t ct : ctypes) {
+            for (const auto &be : batches) {
+                Batch b(be, 16, r);
+                run_attention_case(s, ct, ct, b, r);
+            }
+        }
+    }
+    Batch odd({{3, 9, 0, false}, {14, 2, 1, false}}, 5, r);  // block size not a power of two, mixed cache types
+    run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
+}
+
+// ---- Gated DeltaNet ----
+
+struct GdnShape {
+    int n_k, n_v, dk, dv, K;
+};
+
+void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r) {
+    Batch b(be, 16, r);
+    const int64_t T = b.T;
+    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
+    const int n_rec = 2, rec_layer = 1, n_slots = 4;
+    char nm[160];
+    std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
+                  b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
+    const std::string tag = nm;
+
+    // conv
+    const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;  // slots need not be packed
+    Dual x(rand_vec(r, (size_t)(T * C))), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
+    Dual cv((size_t)(T * C) * 4);
+    std::vector<std::unique_ptr<Dual>> recw;
+    std::vector<float *> rwc, rwg;
+    for (const auto &e : b.ents) {
+        if (!e.record) {
+            recw.emplace_back();
+            rwc.push_back(nullptr);
+            rwg.push_back(nullptr);
+            continue;
+        }
+        recw.emplace_back(new Dual((size_t)n_rec * (s.K - 1 + e.n) * C * 4));
+        rwc.push_back(recw.back()->cp());
+        rwg.push_back(recw.back()->gp());
+    }
+    Dual rwpc(rwc), rwpg(rwg);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        ConvCall c;
+        c.x = g ? x.gp() : x.cp();
+        c.out = g ? cv.gp() : cv.cp();
+        c.w = g ? w.gp() : w.cp();
+        c.C = C;
+        c.K = s.K;
+        c.conv = g ? conv.gp() : conv.cp();
+        c.slot_stride = conv_stride;
+        c.rec_layer = rec_layer;
+        c.n_rec = n_rec;
+        BatchMeta m = b.meta(g);
+        m.rec_window = g ? rwpg.gp<float *>() : rwpc.cp<float *>();
+        (g ? g_gpu : g_cpu)->conv1d_silu(m, c);
+    }
+    compare_f32("conv1d_silu out " + tag, cv, 1e-5);
+    compare_f32("conv1d_silu state " + tag, conv, 0);
+    for (size_t i = 0; i < recw.size(); i++)
+        if (recw[i]) compare_f32("conv1d_silu rec_window " + tag, *recw[i], 0);
+
+    // gates (on the CPU's conv output, so each op is judged alone)
+    cv.set(cv.cpu_bytes().data());
+    Dual bb(rand_vec(r, (size_t)(T * s.n_v), 3.0f)), aa(rand_vec(r, (size_t)(T * s.n_v), 30.0f));
+    Dual ssm_a(rand_vec(r, (size_t)s.n_v, 1.0f)), dt(rand_vec(r, (size_t)s.n_v, 1.0f));
+    Dual beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        GdnGates q;
+        q.cv = g ? cv.gp() : cv.cp();
+        q.C = C;
+        q.n_k = s.n_k;
+        q.dk = s.dk;
+        q.n_v = s.n_v;
+        q.b = g ? bb.gp() : bb.cp();
+        q.a = g ? aa.gp() : aa.cp();
+        q.ssm_a = g ? ssm_a.gp() : ssm_a.cp();
+        q.dt_bias = g ? dt.gp() : dt.cp();
+        q.beta = g ? beta.gp() : beta.cp();
+        q.g = g ? gl.gp() : gl.cp();
+        (g ? g_gpu : g_cpu)->gdn_gates(T, q);
+    }
+    compare_f32("gdn_gates cv " + tag, cv, 1e-5);
+    compare_f32("gdn_gates beta " + tag, beta, 1e-5);
+    compare_f32("gdn_gates g " + tag, gl, 1e-5);
+
+    // the delta rule, with decays kept in (0, 1] as the model's are
+    cv.set(cv.cpu_bytes().data());
+    std::vector<float> gv((size_t)(T * s.n_v)), bv((size_t)(T * s.n_v));
+    for (auto &v : gv) v = -0.3f * (float)r.uniform();
+    for (auto &v : bv) v = (float)r.uniform();
+    Dual gd(gv), bd(bv);
+    const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
+    Dual state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
+    Dual out((size_t)(T * s.n_v * s.dv) * 4);
+    std::vector<std::unique_ptr<Dual>> recs;
+    std::vector<float *> rsc, rsg;
+    for (const auto &e : b.ents) {
+        if (!e.record) {
+            recs.emplace_back();
+            rsc.push_back(nullptr);
+            rsg.push_back(nullptr);
+            continue;
+        }
+        recs.emplace_back(new Dual((size_t)(e.n + 1) * n_rec * sf * 4));
+        rsc.push_back(recs.back()->cp());
+        rsg.push_back(recs.back()->gp());
+    }
+    Dual rspc(rsc), rspg(rsg);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        GdnCall c;
+        c.cv = g ? cv.gp() : cv.cp();
+        c.C = C;
+        c.n_k = s.n_k;
+        c.n_v = s.n_v;
+        c.dk = s.dk;
+        c.dv = s.dv;
+        c.g = g ? gd.gp() : gd.cp();
+        c.beta = g ? bd.gp() : bd.cp();
+        c.out = g ? out.gp() : out.cp();
+        c.state = g ? state.gp() : state.cp();
+        c.slot_stride = state_stride;
+        c.rec_layer = rec_layer;
+        c.n_rec = n_rec;
+        BatchMeta m = b.meta(g);
+        m.rec_state = g ? rspg.gp<float *>() : rspc.cp<float *>();
+        (g ? g_gpu : g_cpu)->gdn(m, c);
+    }
+    compare_f32("gdn out " + tag, out, 1e-4);
+    compare_f32("gdn state " + tag, state, 1e-4);
+    for (size_t i = 0; i < recs.size(); i++)
+        if (recs[i]) compare_f32("gdn rec_state " + tag, *recs[i], 1e-4);
+}
+
+void test_gdn() {
+    Rng r(4);
+    const GdnShape shapes[] = {{2, 4, 128, 128, 4}, {2, 6, 64, 64, 4}, {1, 3, 32, 48, 3}};
+    const std::vector<std::vector<Batch::Ent>> batches = {
+        {{1, 10, 2, false}},
+        {{3, 4, 1, true}},
+        {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}},
+        {{120, 0, 0, false}, {10, 0, 1, true}},
+    };
+    for (const GdnShape &s : shapes)
+        for (const auto &be : batches) run_gdn_case(s, be, r);
+}
+
+// ---- misc ----
+
+void test_errors() {
+    g_cases++;
+    bool ok = false;
+    try {
+        make_cuda_device(999);
+    } catch (const Error &e) {
+        ok = e.code == DFL_ERR_INVALID && std::string(e.what()).find("cuda:999") != std::string::npos;
+    }
+    std::printf("%s make_cuda_device(999) throws DFL_ERR_INVALID naming cuda:999\n", ok ? "ok  " : "FAIL");
+    if (!ok) dfltest::g_failures++;
+    g_cases++;
+    ok = false;
+    try {
+        g_gpu->alloc((size_t)1 << 50, "a petabyte");
+    } catch (const Error &e) {
+        ok = e.code == DFL_ERR_NO_MEMORY && std::string(e.what()).find("a petabyte") != std::string::npos;
+    }
+    std::printf("%s alloc of 2^50 bytes throws DFL_ERR_NO_MEMORY naming what\n", ok ? "ok  " : "FAIL");
+    if (!ok) dfltest::g_failures++;
+}
+
+// Decode GEMV speed: median of 20 timed calls after warm-up, CUDA events on the device's stream.
+void bench_gemv() {
+    auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
+    if (!cd) return;
+    Rng r(5);
+    const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
+    const int64_t shapes[][2] = {{4096, 4096}, {12288, 4096}, {4096, 12288}};  // {n_out, n_in}
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (uint32_t type : types) {
+        for (const auto &sh : shapes) {
+            const int64_t n_out = sh[0], n_in = sh[1];
+            const auto host = rand_rows(type, n_out, n_in, r);
+            Weight W;
+            W.type = type;
+            W.n_in = n_in;
+            W.n_out = n_out;
+            W.row_bytes = type_row_bytes(type, n_in);
+            W.data = g_gpu->upload_weight(host.data(), host.size(), true);
+            DevBuf X(g_gpu, (size_t)n_in * 4 * 8, "x"), Y(g_gpu, (size_t)n_out * 4 * 8, "y");
+            g_gpu->zero(X.get(), X.bytes());
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(16)}) {
+                for (int i = 0; i < 3; i++) g_gpu->matmul(W, X.f(), T, Y.f());
+                std::vector<float> ms;
+                for (int i = 0; i < 20; i++) {
+                    cudaEventRecord(e0, cd->stream());
+                    g_gpu->matmul(W, X.f(), T, Y.f());
+                    cudaEventRecord(e1, cd->stream());
+                    cudaEventSynchronize(e1);
+                    float t = 0;
+                    cudaEventElapsedTime(&t, e0, e1);
+                    ms.push_back(t);
+                }
+                std::sort(ms.begin(), ms.end());
+                const double med = ms[ms.size() / 2];
+                std::printf("bench gemv %-5s %5lldx%-5lld T=%lld  %8.1f us  %7.1f GB/s (weight bytes %zu)\n", tname(type),
+                            (long long)n_out, (long long)n_in, (long long)T, med * 1e3, (double)host.size() / (med * 1e-3) / 1e9,
+                            host.size());
+            }
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    int n_gpus = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
+    if (ce != cudaSuccess || n_gpus == 0) {
+        std::printf("skip: no CUDA device (%s); the CUDA op tests need a GPU\n",
+                    ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+        return 0;
+    }
+    std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
+    g_cpu = cpu.get();
+    g_gpu = gpu.get();
+    std::printf("comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
+    const char *only = argc > 1 ? argv[1] : nullptr;
+    struct Group {
+        const char *name;
+        void (*fn)();
+    };
+    const Group groups[] = {{"errors", test_errors},  {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
+                            {"attention", test_attention}, {"gdn", test_gdn},   {"bench", bench_gemv}};
+    for (const Group &g : groups) {
+        if (only && std::strcmp(only, g.name) != 0) continue;
+        try {
+            g.fn();
+        } catch (const std::exception &e) {
+            std::printf("FAIL %s: exception: %s\n", g.name, e.what());
+            dfltest::g_failures++;
+        }
+    }
+    std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
+    return dfltest::g_failures == 0 ? 0 : 1;
+}
