@@ -15,7 +15,8 @@ CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC))))
 CUDA_LIBDIRS := $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib $(CUDA_HOME)/lib/x86_64-linux-gnu)
 # (never -I/usr/include: it breaks libstdc++'s #include_next)
 CUDA_INC := $(addprefix -I,$(filter-out /usr/include,$(wildcard $(CUDA_HOME)/include)))
-CUDA_LIBS = $(addprefix -L,$(CUDA_LIBDIRS)) -lcublas -lcudart_static -lpthread -ldl -lrt
+CUDA_LIBS = $(addprefix -L,$(CUDA_LIBDIRS)) $(addprefix -Wl$(comma)-rpath$(comma),$(CUDA_LIBDIRS)) -lcublas -lcudart_static -lpthread -ldl -lrt
+comma := ,
 
 CPPFLAGS += -Iinclude -Isrc
 CXXOPT   ?= -O3 -march=x86-64-v2 -mtune=generic
