@@ -38,6 +38,11 @@ func testDevice(t *testing.T) *Lib {
 // for bf16), which through a few layers of a random model moves logits by up to about 1e-2 of their range.
 const deviceBound = 3e-2
 
+// bf16Bound is the bound for the random qwen35 with bf16 weights, whose prefill products round the activations to
+// bf16 (as llama.cpp's do): on this chaotic random model that rounding alone, emulated on the CPU, moves logits rows
+// by up to 0.19 of their range (seen 2026-12-02), while the GPU shows 0.16.
+const bf16Bound = 0.25
+
 // TestDeviceMatchesCPU replays one script of engine calls on the CPU and on the device under test: batched prefill,
 // batched decode, snapshot/rollback, recorded verify with truncation, hidden-state capture. Every logits row must
 // agree within deviceBound and the captured hidden states likewise.
@@ -68,12 +73,16 @@ func TestDeviceMatchesCPU(t *testing.T) {
 			if len(got) != len(want) {
 				t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
 			}
+			bound := deviceBound
+			if v.c.arch == "qwen35" && v.c.weight == gguf.BF16 {
+				bound = bf16Bound
+			}
 			worst := 0.0
 			for i := range want {
 				e := relErr(got[i].v, want[i].v)
 				worst = max(worst, e)
-				if e > deviceBound || e != e {
-					t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, deviceBound)
+				if e > bound || e != e {
+					t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, bound)
 				}
 			}
 			t.Logf("worst max-relative error over %d rows: %.3g", len(want), worst)
