@@ -65,7 +65,7 @@ bench() {
     f=$(make_model "$m") || continue
     log "ours: $m ($(du -h "$f" | cut -f1))"
     (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ours.txt" |
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ours.txt" |
       grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     if [ -f .gpu/gitRelease.bundle ]; then
       while [ ! -f /tmp/llama.done ]; do sleep 5; done
