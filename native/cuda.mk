@@ -79,7 +79,7 @@ $(TEST): $(CB)/tests/test_cuda_ops.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommo
 
 cuda-test-build: $(TEST)
 cuda-test: $(TEST)
-	./$(TEST)
+	$(abspath $(TEST))
 
 cuda-clean:
 	rm -rf $(CB) $(LIB)
