@@ -234,7 +234,8 @@ void test_matmul_embed() {
     struct Shape {
         int64_t n_in, n_out;
     };
-    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}};
+    // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}};
     Rng r(1);
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
