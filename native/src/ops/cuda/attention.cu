@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     extern __shared__ float qs[];  // [G][head_dim]
     __shared__ float sc[G][kAttnTilePos];
     __shared__ float m_s[G], l_s[G], corr_s[G];
+    __shared__ uint64_t row_s[kAttnTilePos];  // pool row of each tile position, found once while scoring
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * G;
     const int hd = a.head_dim;
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         for (int j = warp; j < cnt; j += nw) {
             const int64_t p = p0 + j;
             const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            if (lane == 0) row_s[j] = row;
             const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
             float dot[G];
 #pragma unroll
@@ -217,9 +219,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         // unrolling every position would cost a full memory latency)
 #pragma unroll 8
         for (int j = 0; j < cnt; j++) {
-            const int64_t p = p0 + j;
-            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
-            const uint8_t *vr = a.v + (row * a.n_kv + kvh) * a.v_row;
+            const uint8_t *vr = a.v + (row_s[j] * a.n_kv + kvh) * a.v_row;
 #pragma unroll
             for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
                 const int d = threadIdx.x + k * blockDim.x;
