@@ -234,7 +234,8 @@ void test_matmul_embed() {
     struct Shape {
         int64_t n_in, n_out;
     };
-    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}};
+    // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}};
     Rng r(1);
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
@@ -542,9 +543,10 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
 
 void test_attention() {
     Rng r(3);
-    // GQA groups 4, 1, 3, 6, 8 (the kernel takes 1..8 heads per block); rope_dim below head_dim in the last three
+    // GQA groups 4, 1, 3, 6, 8, 2 (the kernel takes 1, 2, 3, 4, 6 or 8 heads per block); rope_dim below head_dim in
+    // the last four
     const AttnShape shapes[] = {{8, 2, 128, 128, true},  {4, 4, 64, 64, false}, {6, 2, 256, 64, true},
-                                {12, 2, 128, 64, false}, {16, 2, 64, 32, true}};
+                                {12, 2, 128, 64, false}, {16, 2, 64, 32, true}, {4, 2, 96, 32, false}};
     const uint32_t ctypes[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0};
     std::vector<std::vector<Batch::Ent>> batches = {
         {{1, 100, 0, false}},                                        // decode, T = 1

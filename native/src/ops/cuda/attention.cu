@@ -126,12 +126,20 @@ struct AttnArgs {
 // (thread d holds output dims d, d + blockDim... of all G heads, again one load of each V element for G heads).
 // Without splits (gridDim.z == 1) the block writes the normalised output. With splits, block z covers positions
 // [z * split_len, (z + 1) * split_len) and writes its unnormalised accumulators and (m, l) for attention_combine.
-template <int G>
+// Cache element of a type fixed at compile time (CT >= 0: the decode switch folds away, so unrolled loops can batch
+// their loads) or read at run time (CT < 0: K and V of different types).
+template <int CT>
+__device__ __forceinline__ float load_cache(uint32_t type, const uint8_t *row, int64_t i) {
+    return load_elem(CT >= 0 ? (uint32_t)CT : type, row, i);
+}
+
+template <int G, int CT>
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int64_t split_len, float *part_o,
                                                                  float *part_ml) {
     extern __shared__ float qs[];  // [G][head_dim]
     __shared__ float sc[G][kAttnTilePos];
     __shared__ float m_s[G], l_s[G], corr_s[G];
+    __shared__ uint64_t row_s[kAttnTilePos];  // pool row of each tile position, found once while scoring
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * G;
     const int hd = a.head_dim;
@@ -160,12 +168,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         for (int j = warp; j < cnt; j += nw) {
             const int64_t p = p0 + j;
             const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+            if (lane == 0) row_s[j] = row;
             const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
             float dot[G];
 #pragma unroll
             for (int g = 0; g < G; g++) dot[g] = 0.0f;
+#pragma unroll 4
             for (int d = lane; d < hd; d += 32) {
-                const float kd = load_elem(a.type_k, kr, d);
+                const float kd = load_cache<CT>(a.type_k, kr, d);
 #pragma unroll
                 for (int g = 0; g < G; g++) dot[g] += qs[g * hd + d] * kd;
             }
@@ -205,15 +215,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         for (int g = 0; g < G; g++)
 #pragma unroll
             for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] *= corr[g];
+        // unrolled so several positions' V loads are in flight at once (each is a dependent-free load; without
+        // unrolling every position would cost a full memory latency)
+#pragma unroll 8
         for (int j = 0; j < cnt; j++) {
-            const int64_t p = p0 + j;
-            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
-            const uint8_t *vr = a.v + (row * a.n_kv + kvh) * a.v_row;
+            const uint8_t *vr = a.v + (row_s[j] * a.n_kv + kvh) * a.v_row;
 #pragma unroll
             for (int k = 0; k < kAttnMaxDimsPerThread; k++) {
                 const int d = threadIdx.x + k * blockDim.x;
                 if (d < hd) {
-                    const float vd = load_elem(a.type_v, vr, d);
+                    const float vd = load_cache<CT>(a.type_v, vr, d);
 #pragma unroll
                     for (int g = 0; g < G; g++) acc[g][k] += sc[g][j] * vd;
                 }
@@ -285,15 +296,28 @@ static int heads_per_block(int group) {
     return 1;
 }
 
+template <int G>
+static void launch_attention_typed(uint32_t tk, uint32_t tv, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a,
+                                   int64_t split_len, float *part_o, float *part_ml) {
+    const int ct = tk == tv ? (int)tk : -1;
+    switch (ct) {
+    case DFL_TYPE_F32: attention_kernel<G, DFL_TYPE_F32><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_F16: attention_kernel<G, DFL_TYPE_F16><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_BF16: attention_kernel<G, DFL_TYPE_BF16><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_Q8_0: attention_kernel<G, DFL_TYPE_Q8_0><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    default: attention_kernel<G, -1><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    }
+}
+
 static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
                                     float *part_o, float *part_ml) {
     switch (G) {
-    case 8: attention_kernel<8><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case 6: attention_kernel<6><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case 4: attention_kernel<4><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case 3: attention_kernel<3><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case 2: attention_kernel<2><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    default: attention_kernel<1><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case 8: launch_attention_typed<8>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
+    case 6: launch_attention_typed<6>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
+    case 4: launch_attention_typed<4>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
+    case 3: launch_attention_typed<3>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
+    case 2: launch_attention_typed<2>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
+    default: launch_attention_typed<1>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
     }
 }
 

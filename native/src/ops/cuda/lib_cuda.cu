@@ -20,13 +20,11 @@ int32_t device_count() {
 void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
     if (index < 0 || index >= device_count())
         fail(DFL_ERR_INVALID, "no such GPU cuda:" + std::to_string(index));
-    int prev = 0;
-    cuda::check(cudaGetDevice(&prev), "cudaGetDevice");
+    // The calling thread's current device is left at `index`: switching back would initialise a context on the
+    // previous device (cudaSetDevice does since CUDA 12), and every CudaDevice op selects its own device anyway.
     cuda::check(cudaSetDevice(index), "cudaSetDevice");
     size_t fr = 0, tot = 0;
-    const cudaError_t e = cudaMemGetInfo(&fr, &tot);
-    cudaSetDevice(prev);
-    cuda::check(e, "cudaMemGetInfo");
+    cuda::check(cudaMemGetInfo(&fr, &tot), "cudaMemGetInfo");
     if (free_bytes) *free_bytes = fr;
     if (total_bytes) *total_bytes = tot;
 }

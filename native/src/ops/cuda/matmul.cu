@@ -69,48 +69,86 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&w)[8]) {
 // Requirements checked by the dispatcher: X 16-byte aligned, n_in a multiple of 8 (and of the block size), and for
 // f32/f16/bf16/q4_K rows 16-byte aligned.
 
+// The output row of this warp and which slice of it the warp reads. Small matrices (few rows) would leave most SMs
+// idle with one warp per row, so there `wpr` warps (2 or 4) of one block share a row, each taking every wpr-th step.
+struct RowSlice {
+    int64_t row;
+    int part;
+    bool valid;
+};
+
+__device__ __forceinline__ RowSlice row_slice(int wpr, int64_t n_out) {
+    const int warp = threadIdx.x >> 5;
+    RowSlice s;
+    s.row = (int64_t)blockIdx.x * (kGemvWarps / wpr) + warp / wpr;
+    s.part = warp % wpr;
+    s.valid = s.row < n_out;
+    return s;
+}
+
+// Warp sums, then (wpr > 1) the slices of a row through shared memory. Every thread of the block must get here:
+// rows past n_out run empty loops instead of returning early.
 template <int NT>
-__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
-    const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
+    __shared__ float red[kGemvWarps][NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float v[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) Y[t * n_out + r] = v;
+    for (int t = 0; t < NT; t++) v[t] = warp_sum(acc[t]);
+    if (wpr == 1) {
+        if (lane == 0 && rs.valid) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) Y[t * n_out + rs.row] = v[t];
+        }
+        return;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) red[warp][t] = v[t];
+    }
+    __syncthreads();
+    if (lane == 0 && rs.part == 0 && rs.valid) {
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float sum = 0.0f;
+            for (int p = 0; p < wpr; p++) sum += red[warp + p][t];
+            Y[t * n_out + rs.row] = sum;
+        }
     }
 }
 
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                  int64_t n_out, const float *X, float *Y) {
-    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
+                                                                  int64_t n_out, const float *X, float *Y, int wpr) {
+    const RowSlice rs = row_slice(wpr, n_out);
+    const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
     const float *w = (const float *)(W + (uint64_t)r * row_bytes);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 4
-    for (int64_t i = 4 * lane; i < n_in; i += 128) {
+    for (int64_t i = 4 * (lane + 32 * rs.part); i < (rs.valid ? n_in : 0); i += 128 * wpr) {
         const float4 wv = ldg4(w + i);
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] += dot4(wv, ldg4(X + t * n_in + i));
     }
-    finish_row<NT>(acc, Y, n_out, r);
+    finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
 template <int NT, bool BF16>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                     int64_t n_in, int64_t n_out, const float *X,
-                                                                    float *Y) {
-    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
+                                                                    float *Y, int wpr) {
+    const RowSlice rs = row_slice(wpr, n_out);
+    const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
     const uint4 *w = (const uint4 *)(W + (uint64_t)r * row_bytes);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 4
-    for (int64_t j = lane; j < n_in / 8; j += 32) {
+    for (int64_t j = lane + 32 * rs.part; j < (rs.valid ? n_in / 8 : 0); j += 32 * wpr) {
         float wf[8];
         if (BF16)
             unpack_bf16x8(__ldg(w + j), wf);
@@ -126,16 +164,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
             acc[t] += s;
         }
     }
-    finish_row<NT>(acc, Y, n_out, r);
+    finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
 // q8_0: four lanes per 34-byte block (8 quants each), so a warp reads 8 consecutive blocks per step. Blocks are only
 // 2-byte aligned, hence the 16-bit loads.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y) {
-    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
+                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+    const RowSlice rs = row_slice(wpr, n_out);
+    const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, part = lane & 3;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK8_0;
@@ -143,7 +181,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 4
-    for (int64_t b = lane >> 2; b < nb; b += 8) {
+    for (int64_t b = (lane >> 2) + 8 * rs.part; b < (rs.valid ? nb : 0); b += 8 * wpr) {
         const uint8_t *blk = row + b * kQ8_0Bytes;
         const float d = half_bits_to_f32(__ldg((const unsigned short *)blk));
         const unsigned short *qs = (const unsigned short *)(blk + 2 + 8 * part);
@@ -164,16 +202,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_
             acc[t] += d * s;
         }
     }
-    finish_row<NT>(acc, Y, n_out, r);
+    finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
 // q4_K: eight lanes per 144-byte super-block, each lane one 16-byte load of quants (32 weights: 16 low nibbles of
 // one sub-block, 16 high nibbles of the next); a warp covers four super-blocks per step.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y) {
-    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
+                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+    const RowSlice rs = row_slice(wpr, n_out);
+    const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
@@ -182,7 +220,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     // unrolled so the next super-block's loads are in flight while this one is decoded
 #pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
+    for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
         const uint8_t *blk = row + b * kQ4_KBytes;
         const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
         const uint32_t dd = __ldg((const unsigned int *)blk);
@@ -214,16 +252,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
             acc[t] += (d1 * slo - mm1 * xlo) + (d2 * shi - mm2 * xhi);
         }
     }
-    finish_row<NT>(acc, Y, n_out, r);
+    finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
 // q6_K: eight lanes per 210-byte super-block; lane p owns 8 positions l of half h = p / 4 and decodes the 4 weights
 // each (one per 32-wide quarter) from two ql bytes and one qh byte. Blocks are 2-byte aligned: 16-bit loads.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y) {
-    const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
+                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+    const RowSlice rs = row_slice(wpr, n_out);
+    const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
@@ -231,7 +269,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
+    for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
         const uint8_t *blk = row + b * kQ6_KBytes;
         const unsigned short *qa = (const unsigned short *)(blk + 64 * h + l0);
         const unsigned short *qb = (const unsigned short *)(blk + 64 * h + 32 + l0);
@@ -273,7 +311,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
             acc[t] += s;
         }
     }
-    finish_row<NT>(acc, Y, n_out, r);
+    finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
 // Fallback for shapes the vector kernels do not take (unaligned pointers, odd n_in): element by element.
@@ -293,26 +331,29 @@ __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t ro
 
 template <int NT>
 static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y) {
-    const unsigned grid = (unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps);
+    // few rows: share each row among 2 or 4 warps so the grid still covers the GPU
+    const int wpr = W.n_out < 1024 ? 4 : W.n_out < 2048 ? 2 : 1;
+    const int64_t rows_per_block = kGemvWarps / wpr;
+    const unsigned grid = (unsigned)((W.n_out + rows_per_block - 1) / rows_per_block);
     const dim3 block(kGemvWarps * 32);
     switch (W.type) {
     case DFL_TYPE_F32:
-        gemv_f32_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_f32_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     case DFL_TYPE_F16:
-        gemv_16bit_kernel<NT, false><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_16bit_kernel<NT, false><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     case DFL_TYPE_BF16:
-        gemv_16bit_kernel<NT, true><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_16bit_kernel<NT, true><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     case DFL_TYPE_Q8_0:
-        gemv_q8_0_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_q8_0_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     case DFL_TYPE_Q4_K:
-        gemv_q4_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_q4_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     case DFL_TYPE_Q6_K:
-        gemv_q6_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
+        gemv_q6_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
         break;
     default:
         fail(DFL_ERR_UNSUPPORTED, "matmul: unsupported weight type " + std::to_string(W.type));
