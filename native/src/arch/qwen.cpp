@@ -406,8 +406,15 @@ void QwenModel::seq_rollback(int32_t s) {
 
 // ---------------------------------------------------------------------------------------------------------------------
 
+void QwenModel::drop_graphs() {
+    for (auto &g : graphs_) dev_->graph_free(g.second);
+    graphs_.clear();
+    graph_seen_.clear();
+}
+
 void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
     if (b.bytes() >= bytes) return;
+    drop_graphs();  // they point at the old buffer
     b.reset();
     b = DevBuf(dev_.get(), bytes, what);
 }
@@ -415,6 +422,7 @@ void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
 void QwenModel::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
     const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);
+    drop_graphs();
     const HParams &h = hp_;
     const size_t f = sizeof(float);
     Acts &a = acts_;
@@ -566,6 +574,37 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
 }
 
+// The whole model on a prepared batch: embeddings, layers, captures, and the logits rows into logits_.
+void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows) {
+    const HParams &h = hp_;
+    Acts &a = acts_;
+    const int64_t T = m.T, H = h.n_embd;
+    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    for (int il = 0; il < h.n_layer; il++) {
+        const Layer &L = layers_[(size_t)il];
+        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
+        if (L.attn)
+            attn_layer(L, m, T);
+        else
+            gdn_layer(L, m, T);
+        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
+        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
+        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
+        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
+        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+        dev_->add(a.x.f(), a.mix.f(), T * H);
+        for (uint32_t c = 0; c < b.n_capture; c++)
+            if (b.capture_layers[c] == il)
+                dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
+    }
+    if (rows > 0) {
+        // the normed rows of the logits go through xn, free by now
+        dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());
+        dev_->rmsnorm(a.xn.f(), output_norm_, a.xn.f(), rows, H, h.eps);
+        dev_->matmul(output_, a.xn.f(), rows, logits_.f());
+    }
+}
+
 void QwenModel::forward(const dfl_batch &b) {
     const HParams &h = hp_;
     if (b.n_seqs == 0) return;
@@ -575,6 +614,7 @@ void QwenModel::forward(const dfl_batch &b) {
     std::set<int32_t> seen;
     int64_t T = 0, rows = 0, max_n = 0, max_ctx = 0;
     uint32_t max_blocks = 0;
+    bool any_record = false;
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         const dfl_seq_batch &sb = b.seqs[i];
         const std::string who = "batch entry " + std::to_string(i) + " (sequence " + std::to_string(sb.seq) + ")";
@@ -593,6 +633,16 @@ void QwenModel::forward(const dfl_batch &b) {
         max_n = std::max<int64_t>(max_n, sb.n_tokens);
         max_ctx = std::max<int64_t>(max_ctx, (int64_t)q.len + sb.n_tokens);
         max_blocks = std::max(max_blocks, table_.blocks_for(q.len + sb.n_tokens));
+        any_record |= (sb.flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+    }
+    // A decode step (one token per sequence) is replayed from a device graph where the device has them. The graph
+    // freezes the host scalars of the batch, so the block table width is rounded up (kernels treat it and max_ctx as
+    // upper bounds and read each sequence's true length from the metadata).
+    const bool graph_step = dev_->has_graphs() && max_n == 1 && b.n_capture == 0 && !any_record;
+    if (graph_step) {
+        const uint32_t bucket = 64;
+        max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
+        max_ctx = (int64_t)max_blocks * table_.block_size();
     }
     if (rows > 0 && !b.logits) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
     if (b.n_capture > 0) {
@@ -686,37 +736,31 @@ void QwenModel::forward(const dfl_batch &b) {
     m.rec_window = ptrs_.get<float *>() + E;
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 
-    Acts &a = acts_;
-    const int64_t H = h.n_embd;
-    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
-    for (int il = 0; il < h.n_layer; il++) {
-        const Layer &L = layers_[(size_t)il];
-        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
-        if (L.attn)
-            attn_layer(L, m, T);
+    if (graph_step) {
+        const GraphKey key(E, max_blocks, rows);
+        auto it = graphs_.find(key);
+        if (it == graphs_.end() && graph_seen_[key]++ > 0) {
+            // a failed capture ran nothing: the step then runs eagerly below
+            uintptr_t g = 0;
+            try {
+                dev_->graph_begin();
+                run_layers(m, b, rows, d_out_rows);
+                g = dev_->graph_end();
+            } catch (const Error &) {
+                dev_->graph_free(dev_->graph_end());
+            }
+            if (g) it = graphs_.emplace(key, g).first;
+        }
+        if (it != graphs_.end())
+            dev_->graph_launch(it->second);
         else
-            gdn_layer(L, m, T);
-        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
-        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
-        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
-        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
-        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
-        dev_->add(a.x.f(), a.mix.f(), T * H);
-        for (uint32_t c = 0; c < b.n_capture; c++)
-            if (b.capture_layers[c] == il)
-                dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
+            run_layers(m, b, rows, d_out_rows);
+    } else {
+        run_layers(m, b, rows, d_out_rows);
     }
-
-    if (rows > 0) {
-        // the normed rows of the logits go through xn, free by now
-        dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());
-        dev_->rmsnorm(a.xn.f(), output_norm_, a.xn.f(), rows, H, h.eps);
-        if (rows > a.cap) fail(DFL_ERR_INTERNAL, "logit rows exceed the batch");
-        dev_->matmul(output_, a.xn.f(), rows, logits_.f());
-        dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
-    }
-    if (b.n_capture > 0) dev_->to_host(b.capture, capture_.get(), (size_t)T * b.n_capture * H * sizeof(float));
-    else dev_->sync();
+    if (rows > 0) dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
+    if (b.n_capture > 0) dev_->to_host(b.capture, capture_.get(), (size_t)T * b.n_capture * h.n_embd * sizeof(float));
+    else if (rows == 0) dev_->sync();
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
         q.len += b.seqs[i].n_tokens;

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "arch/model.h"
@@ -51,6 +52,7 @@ struct Layer {
 class QwenModel final : public Model {
 public:
     QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev);
+    ~QwenModel() override { drop_graphs(); }
 
     void info(dfl_model_info *out) const override;
     void kv_stats(dfl_kv_stats *out) const override;
@@ -90,6 +92,8 @@ private:
     void ensure(DevBuf &b, size_t bytes, const char *what);
     void ensure_record(int32_t s, uint32_t n);
 
+    void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
+    void drop_graphs();
     void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
 
@@ -120,6 +124,12 @@ private:
     DevBuf meta_, ptrs_, logits_, capture_;
     std::vector<int32_t> host_meta_;
     std::vector<float *> host_ptrs_;
+
+    // Decode steps replayed as device graphs, by shape: (sequences, KV blocks per sequence, bucketed). A shape runs
+    // eagerly the first time (sizing every buffer), is captured the second, replayed after.
+    using GraphKey = std::tuple<int64_t, int64_t, int64_t>;  // sequences, block-table width, logits rows
+    std::map<GraphKey, uintptr_t> graphs_;
+    std::map<GraphKey, int> graph_seen_;
 };
 
 }  // namespace dfl

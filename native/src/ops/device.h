@@ -165,6 +165,16 @@ public:
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
     // x = rmsnorm(x) * w * silu(z) per row of n.
     virtual void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) = 0;
+
+    // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin
+    // and graph_end instead of running them, and graph_end returns a handle that graph_launch replays (the same ops
+    // on the same pointers; the host scalars of the captured calls are frozen). graph_end returns 0 when the capture
+    // failed; the ops were not run then. Devices without graphs keep these defaults.
+    virtual bool has_graphs() const { return false; }
+    virtual void graph_begin() {}
+    virtual uintptr_t graph_end() { return 0; }
+    virtual void graph_launch(uintptr_t) {}
+    virtual void graph_free(uintptr_t) {}
 };
 
 // The devices. Each library defines make_device (ops/cpu/lib_cpu.cpp, ops/cuda/lib_cuda.cu) on top of these, so a test

@@ -4,6 +4,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ops/device.h"
@@ -44,6 +46,12 @@ public:
     void gdn(const BatchMeta &m, const GdnCall &g) override;
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
 
+    bool has_graphs() const override { return graphs_enabled_; }
+    void graph_begin() override;
+    uintptr_t graph_end() override;
+    void graph_launch(uintptr_t g) override;
+    void graph_free(uintptr_t g) override;
+
     // Scratch of at least `bytes` for the current op; grown (never shrunk) when too small. Ops on the one stream run
     // in order, so one buffer serves them all.
     void *scratch(size_t bytes);
@@ -51,8 +59,38 @@ public:
     cublasHandle_t blas() const { return blas_; }
     int sm_count() const { return sm_count_; }
 
+    // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
+    // device is destroyed. Off, an op pays one branch.
+    class OpTimer {
+    public:
+        OpTimer(CudaDevice &d, const char *op, const Weight *w = nullptr, int64_t T = 0);
+        ~OpTimer();
+
+    private:
+        CudaDevice *d_ = nullptr;
+        int slot_ = -1;
+    };
+
 private:
     void use() const;  // makes this device current for the calling thread
+    void settle_profile();  // after a sync: add the finished ops' times to the totals
+    void print_profile();
+    void *stage(const void *src, size_t bytes);  // pinned copy of a small host buffer, valid until the next sync
+
+    bool profiling_ = false;
+    bool capturing_ = false;
+    struct Pending {
+        std::string op;
+        cudaEvent_t start, stop;
+    };
+    std::vector<Pending> pending_;
+    std::vector<cudaEvent_t> spare_events_;
+    std::map<std::string, std::pair<double, long>> op_ms_;  // op -> (total ms, calls)
+
+    bool graphs_enabled_ = true;
+    // pinned staging for batch metadata uploads: appended to during a forward, reset when the stream is idle
+    uint8_t *staging_ = nullptr;
+    size_t staging_bytes_ = 0, staging_used_ = 0;
 
     int index_;
     std::string name_;

@@ -1,5 +1,8 @@
 // CudaDevice: memory, copies and the dispatch of every op to its launcher on the device's stream.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -39,18 +42,35 @@ CudaDevice::CudaDevice(int index) : index_(index) {
         fail(DFL_ERR_INTERNAL, std::string("cublasCreate: ") + blas_status_name(bs));
     }
     cublasSetStream(blas_, stream_);
+    const char *prof = std::getenv("DFL_CUDA_PROFILE");
+    profiling_ = prof && *prof && std::strcmp(prof, "0") != 0;
+    const char *graphs = std::getenv("DFL_CUDA_GRAPHS");
+    graphs_enabled_ = !(graphs && std::strcmp(graphs, "0") == 0);
 }
 
 CudaDevice::~CudaDevice() {
     cudaSetDevice(index_);
     if (stream_) cudaStreamSynchronize(stream_);
+    if (profiling_) {
+        settle_profile();
+        print_profile();
+    }
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    if (staging_) cudaFreeHost(staging_);
     for (void *p : weights_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaDevice::use() const { check(cudaSetDevice(index_), "cudaSetDevice"); }
+// The device current on this thread, as last set through use(): cudaSetDevice per op is measurable in decode.
+static thread_local int t_current_device = -1;
+
+void CudaDevice::use() const {
+    if (t_current_device == index_) return;
+    check(cudaSetDevice(index_), "cudaSetDevice");
+    t_current_device = index_;
+}
 
 std::string CudaDevice::name() const { return name_; }
 
@@ -77,12 +97,35 @@ void CudaDevice::release(void *p) {
     check(cudaFree(p), "cudaFree");
 }
 
+// Small uploads (batch metadata, every forward) go through pinned staging so they neither wait for the device nor
+// make it wait; the staging is reused once the stream is idle (after to_host or sync).
+constexpr size_t kStageMax = 4u << 20;
+
+void *CudaDevice::stage(const void *src, size_t bytes) {
+    const size_t need = staging_used_ + ((bytes + 255) & ~(size_t)255);
+    if (need > staging_bytes_) {
+        check(cudaStreamSynchronize(stream_), "staging");  // queued copies may still read the old buffer
+        if (staging_) check(cudaFreeHost(staging_), "cudaFreeHost");
+        staging_ = nullptr;
+        staging_used_ = 0;
+        staging_bytes_ = std::max<size_t>(2 * kStageMax, bytes);
+        check(cudaHostAlloc((void **)&staging_, staging_bytes_, cudaHostAllocDefault), "cudaHostAlloc");
+    }
+    uint8_t *p = staging_ + staging_used_;
+    std::memcpy(p, src, bytes);
+    staging_used_ += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
 void CudaDevice::to_device(void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     use();
+    if (bytes <= kStageMax && !capturing_) {
+        check(cudaMemcpyAsync(dst, stage(src, bytes), bytes, cudaMemcpyHostToDevice, stream_), "to_device");
+        return;
+    }
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "to_device");
-    // The source is host memory the caller may reuse at once; pageable copies are staged, but wait to be safe for
-    // pinned memory too.
+    // the source is pageable host memory the caller may reuse at once
     check(cudaStreamSynchronize(stream_), "to_device");
 }
 
@@ -90,6 +133,8 @@ void CudaDevice::to_host(void *dst, const void *src, size_t bytes) {
     use();
     if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
     check(cudaStreamSynchronize(stream_), "to_host");
+    staging_used_ = 0;
+    if (profiling_) settle_profile();
 }
 
 void CudaDevice::copy(void *dst, const void *src, size_t bytes) {
@@ -107,6 +152,115 @@ void CudaDevice::zero(void *dst, size_t bytes) {
 void CudaDevice::sync() {
     use();
     check(cudaStreamSynchronize(stream_), "sync");
+    staging_used_ = 0;
+    if (profiling_) settle_profile();
+}
+
+// --- graphs ------------------------------------------------------------------------------------------------------
+
+void CudaDevice::graph_begin() {
+    use();
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    capturing_ = true;
+}
+
+uintptr_t CudaDevice::graph_end() {
+    use();
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(stream_, &g) != cudaSuccess || !g) {
+        cudaGetLastError();
+        if (g) cudaGraphDestroy(g);
+        return 0;
+    }
+    cudaGraphExec_t ex = nullptr;
+    const cudaError_t e = cudaGraphInstantiateWithFlags(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return (uintptr_t)ex;
+}
+
+void CudaDevice::graph_launch(uintptr_t g) {
+    use();
+    OpTimer t(*this, "graph replay");
+    check(cudaGraphLaunch((cudaGraphExec_t)g, stream_), "cudaGraphLaunch");
+}
+
+void CudaDevice::graph_free(uintptr_t g) {
+    if (!g) return;
+    use();
+    cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
+// --- profile -----------------------------------------------------------------------------------------------------
+
+static const char *type_label(uint32_t t) {
+    switch (t) {
+    case DFL_TYPE_F32: return "f32";
+    case DFL_TYPE_F16: return "f16";
+    case DFL_TYPE_BF16: return "bf16";
+    case DFL_TYPE_Q8_0: return "q8_0";
+    case DFL_TYPE_Q4_K: return "q4_K";
+    case DFL_TYPE_Q6_K: return "q6_K";
+    default: return "?";
+    }
+}
+
+CudaDevice::OpTimer::OpTimer(CudaDevice &d, const char *op, const Weight *w, int64_t T) {
+    if (!d.profiling_ || d.capturing_) return;
+    d_ = &d;
+    Pending p;
+    p.op = op;
+    if (w) {
+        const int64_t tb = T <= 1 ? 1 : T <= 8 ? 8 : T <= 64 ? 64 : 512;
+        p.op += std::string(" ") + type_label(w->type) + " " + std::to_string(w->n_out) + "x" + std::to_string(w->n_in) +
+                " T<=" + std::to_string(tb);
+    }
+    for (cudaEvent_t *e : {&p.start, &p.stop}) {
+        if (!d.spare_events_.empty()) {
+            *e = d.spare_events_.back();
+            d.spare_events_.pop_back();
+        } else {
+            check(cudaEventCreate(e), "cudaEventCreate");
+        }
+    }
+    check(cudaEventRecord(p.start, d.stream_), "cudaEventRecord");
+    d.pending_.push_back(std::move(p));
+    slot_ = (int)d.pending_.size() - 1;
+}
+
+CudaDevice::OpTimer::~OpTimer() {
+    if (d_ && slot_ >= 0) cudaEventRecord(d_->pending_[(size_t)slot_].stop, d_->stream_);
+}
+
+void CudaDevice::settle_profile() {
+    for (Pending &p : pending_) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p.start, p.stop) == cudaSuccess) {
+            auto &acc = op_ms_[p.op];
+            acc.first += ms;
+            acc.second++;
+        }
+        spare_events_.push_back(p.start);
+        spare_events_.push_back(p.stop);
+    }
+    pending_.clear();
+    cudaGetLastError();
+}
+
+void CudaDevice::print_profile() {
+    std::vector<std::pair<std::string, std::pair<double, long>>> v(op_ms_.begin(), op_ms_.end());
+    std::sort(v.begin(), v.end(), [](const auto &a, const auto &b) { return a.second.first > b.second.first; });
+    double total = 0;
+    for (const auto &x : v) total += x.second.first;
+    std::fprintf(stderr, "cuda profile %s: %.1f ms of GPU time in ops\n", name_.c_str(), total);
+    for (const auto &x : v)
+        std::fprintf(stderr, "  %9.2f ms %5.1f%% %8ld calls %8.1f us/call  %s\n", x.second.first,
+                     total > 0 ? 100 * x.second.first / total : 0, x.second.second,
+                     1000 * x.second.first / (double)std::max<long>(1, x.second.second), x.first.c_str());
 }
 
 uint64_t CudaDevice::free_bytes() {
@@ -143,41 +297,49 @@ void *CudaDevice::scratch(size_t bytes) {
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     use();
+    OpTimer t(*this, "embed");
     launch_embed(stream_, W, tokens, T, out);
 }
 
 void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
     use();
+    OpTimer t(*this, "matmul", &W, T);
     launch_matmul(*this, W, X, T, Y);
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     use();
+    OpTimer t(*this, "rmsnorm");
     launch_rmsnorm(stream_, x, w, y, rows, n, eps);
 }
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     use();
+    OpTimer t(*this, "add_rmsnorm");
     launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps);
 }
 
 void CudaDevice::add(float *x, const float *d, int64_t count) {
     use();
+    OpTimer t(*this, "add");
     launch_add(stream_, x, d, count);
 }
 
 void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
     use();
+    OpTimer t(*this, "swiglu");
     launch_swiglu(stream_, g, u, count);
 }
 
 void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {
     use();
+    OpTimer t(*this, "sigmoid_mul");
     launch_sigmoid_mul(stream_, a, g, count);
 }
 
 void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {
     use();
+    OpTimer t(*this, "gather_rows");
     launch_gather_rows(stream_, x, rows, R, n, out);
 }
 
@@ -185,6 +347,7 @@ void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int
                            int64_t n) {
     if (rows <= 0 || n <= 0) return;
     use();
+    OpTimer t(*this, "copy_rows");
     if (rows == 1) {  // any stride is valid for one row; cudaMemcpy2D would reject a stride below the width
         check(cudaMemcpyAsync(dst, src, (size_t)n * 4, cudaMemcpyDeviceToDevice, stream_), "copy_rows");
         return;
@@ -196,31 +359,37 @@ void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int
 
 void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
     use();
+    OpTimer t(*this, "attn_prep");
     launch_attn_prep(stream_, m, a);
 }
 
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     use();
+    OpTimer t(*this, "attention");
     launch_attention(*this, m, a);
 }
 
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
     use();
+    OpTimer t(*this, "conv1d_silu");
     launch_conv1d_silu(stream_, m, c);
 }
 
 void CudaDevice::gdn_gates(int64_t T, const GdnGates &g) {
     use();
+    OpTimer t(*this, "gdn_gates");
     launch_gdn_gates(stream_, T, g);
 }
 
 void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
     use();
+    OpTimer t(*this, "gdn");
     launch_gdn(stream_, m, g);
 }
 
 void CudaDevice::gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) {
     use();
+    OpTimer t(*this, "gated_rmsnorm");
     launch_gated_rmsnorm(stream_, x, z, w, rows, n, eps);
 }
 
