@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // Model states reported by Health.
@@ -40,7 +41,7 @@ type Backend struct {
 
 	mu       sync.Mutex
 	proc     *process
-	client   *sdk.BackendClient
+	client   *transport.BackendClient
 	info     sdk.BackendInfo
 	cfg      *sdk.ModelConfig
 	desc     sdk.ModelDescription
@@ -74,12 +75,12 @@ func LaunchBackend(ctx context.Context, f File, logger hclog.Logger) (*Backend, 
 	return b, nil
 }
 
-func (b *Backend) spawn(ctx context.Context) (*process, *sdk.BackendClient, sdk.BackendInfo, error) {
+func (b *Backend) spawn(ctx context.Context) (*process, *transport.BackendClient, sdk.BackendInfo, error) {
 	proc, err := launch(b.file, b.logger, nil)
 	if err != nil {
 		return nil, nil, sdk.BackendInfo{}, err
 	}
-	client, ok := proc.impl.(*sdk.BackendClient)
+	client, ok := proc.impl.(*transport.BackendClient)
 	if !ok {
 		proc.kill()
 		return nil, nil, sdk.BackendInfo{}, fmt.Errorf("plugin %s: not a backend plugin", b.file.Path)
@@ -114,7 +115,7 @@ func (b *Backend) Description() sdk.ModelDescription {
 }
 
 // current returns the client to call, or ErrUnavailable.
-func (b *Backend) current(needReady bool) (*sdk.BackendClient, error) {
+func (b *Backend) current(needReady bool) (*transport.BackendClient, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.client == nil || (needReady && b.state != StateReady) {
@@ -163,7 +164,7 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 
 // watch waits for the process to exit and restarts it unless the exit was
 // ours.
-func (b *Backend) watch(proc *process, client *sdk.BackendClient) {
+func (b *Backend) watch(proc *process, client *transport.BackendClient) {
 	<-client.Exited()
 	b.mu.Lock()
 	if b.closing || b.proc != proc {

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
@@ -31,8 +32,8 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	cmd.Env = append(cmd.Environ(), env...)
 	dieWithParent(cmd)
 	cfg := &plugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake,
-		VersionedPlugins: sdk.HostPluginSets(),
+		HandshakeConfig:  transport.Handshake,
+		VersionedPlugins: transport.HostPluginSets(),
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           logger.Named(f.Kind.String() + "." + f.Name),
@@ -50,9 +51,9 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 		client.Kill()
 		return nil, fmt.Errorf("plugin %s: %s", f.Path, oneLine(describeLaunchErr(err)))
 	}
-	name := sdk.BackendPluginName
+	name := transport.BackendPluginName
 	if f.Kind == KindPolicy {
-		name = sdk.PolicyPluginName
+		name = transport.PolicyPluginName
 	}
 	impl, err := rpc.Dispense(name)
 	if err != nil {

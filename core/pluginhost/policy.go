@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // Policy is a supervised policy plugin. While its process is restarting,
@@ -20,7 +21,7 @@ type Policy struct {
 
 	mu       sync.Mutex
 	proc     *process
-	client   *sdk.PolicyClient
+	client   *transport.PolicyClient
 	info     sdk.PolicyInfo
 	opts     map[string]string
 	restarts int
@@ -34,7 +35,7 @@ func (p *Policy) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	client, ok := proc.impl.(*sdk.PolicyClient)
+	client, ok := proc.impl.(*transport.PolicyClient)
 	if !ok {
 		proc.kill()
 		return fmt.Errorf("plugin %s: not a policy plugin", p.file.Path)
@@ -64,7 +65,7 @@ func (p *Policy) start(ctx context.Context) error {
 	return nil
 }
 
-func (p *Policy) watch(proc *process, client *sdk.PolicyClient) {
+func (p *Policy) watch(proc *process, client *transport.PolicyClient) {
 	<-client.Exited()
 	p.mu.Lock()
 	if p.closing || p.proc != proc {
@@ -103,7 +104,7 @@ func (p *Policy) Restarts() int {
 	return p.restarts
 }
 
-func (p *Policy) current() (*sdk.PolicyClient, error) {
+func (p *Policy) current() (*transport.PolicyClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.client == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/dflash/dflash_server/core/pluginhost"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // catalog implements launch.Catalog over the plugin directory. It starts
@@ -126,9 +127,9 @@ func (c *catalog) file(kind pluginhost.Kind, name string) (pluginhost.File, erro
 	if c.err != nil {
 		return pluginhost.File{}, c.err
 	}
-	prefix := sdk.BackendPrefix
+	prefix := transport.BackendPrefix
 	if kind == pluginhost.KindPolicy {
-		prefix = sdk.PolicyPrefix
+		prefix = transport.PolicyPrefix
 	}
 	return pluginhost.File{}, fmt.Errorf("plugin %s%s not found in %s", prefix, name, c.dir)
 }
