@@ -1,7 +1,6 @@
 package pluginhost
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -97,17 +96,21 @@ func checkAPIVersion(f File, v int) error {
 	return nil
 }
 
-// kill ends the process; Shutdown RPCs are the caller's business.
-func (p *process) kill() { p.client.Kill() }
-
-// exited reports whether the process has gone away.
-func (p *process) exited() bool { return p.client.Exited() }
-
-// LaunchPolicy starts a policy plugin and checks its Info.
-func LaunchPolicy(ctx context.Context, f File, logger hclog.Logger) (*Policy, error) {
-	p := &Policy{file: f, logger: logger}
-	if err := p.start(ctx); err != nil {
-		return nil, err
+// kill ends the process; Shutdown RPCs are the caller's business. A
+// process without a go-plugin client (a test double) has nothing to kill.
+func (p *process) kill() {
+	if p.client != nil {
+		p.client.Kill()
 	}
-	return p, nil
+}
+
+// pid is the process id, 0 when unknown.
+func (p *process) pid() int {
+	if p.client == nil {
+		return 0
+	}
+	if rc := p.client.ReattachConfig(); rc != nil {
+		return rc.Pid
+	}
+	return 0
 }

@@ -11,16 +11,9 @@ import (
 	"time"
 
 	"github.com/dflash/dflash_server/core/admission"
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/core/metrics"
 	"github.com/dflash/dflash_server/sdk"
-)
-
-// Health states of a model's backend.
-const (
-	StateLoading    = "loading"
-	StateReady      = "ready"
-	StateRestarting = "restarting"
-	StateFailed     = "failed"
 )
 
 // policyTimeout bounds one policy call; a policy that hangs is a failed
@@ -49,12 +42,12 @@ type Model struct {
 	// Health reports the backend's state (loading, ready, restarting,
 	// failed) and its restart count; nil means always ready. It must be
 	// cheap: it is called on every attempt.
-	Health func() (state string, restarts int)
+	Health func() (state health.State, restarts int)
 }
 
-func (m *Model) health() (string, int) {
+func (m *Model) health() (health.State, int) {
 	if m.Health == nil {
-		return StateReady, 0
+		return health.Ready, 0
 	}
 	return m.Health()
 }
@@ -282,7 +275,7 @@ func (rt *routing) precheck(ctx context.Context) error {
 		if limit <= 0 {
 			continue
 		}
-		if st, _ := model.health(); st != StateReady {
+		if st, _ := model.health(); st != health.Ready {
 			continue
 		}
 		n, err := model.Backend.CountTokens(ctx, rt.req)
@@ -361,8 +354,8 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	r := rt.r
 	model := r.models[m]
 	switch st, _ := model.health(); st {
-	case StateReady:
-	case StateFailed:
+	case health.Ready:
+	case health.Failed:
 		rt.dropFailed(m, "backend failed")
 		return nil, nil
 	default:
@@ -436,10 +429,10 @@ func (rt *routing) startFailed(ctx context.Context, m int, err error) error {
 		return rejection(http.StatusBadRequest, ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
 	}
 	switch st, _ := model.health(); {
-	case st == StateFailed:
+	case st == health.Failed:
 		rt.dropFailed(m, "backend failed: "+err.Error())
 		return nil
-	case st != StateReady || errors.Is(err, sdk.ErrUnavailable):
+	case st != health.Ready || errors.Is(err, sdk.ErrUnavailable):
 		rt.markBusy(m, skipUnavailable)
 		return nil
 	}
@@ -594,7 +587,7 @@ func (r *Router) snapshot(req *sdk.ChatRequest) sdk.Snapshot {
 		snap.Models[i] = sdk.ModelState{
 			Name:         m.Name,
 			Primary:      i == 0,
-			Available:    st == StateReady,
+			Available:    st == health.Ready,
 			Slots:        c.Slots[i],
 			InFlight:     c.InUse[i],
 			KVPoolTokens: m.Desc.KVPoolTokens,

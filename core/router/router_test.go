@@ -13,6 +13,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/dflash/dflash_server/core/admission"
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/plugins/policy-by-name/byname"
 	"github.com/dflash/dflash_server/plugins/policy-primary-first/primaryfirst"
@@ -570,15 +571,15 @@ func TestBackendRefusals(t *testing.T) {
 		is.Equal(s.Model(), "b")
 		is.Equal(s.Route(), "fallback:a=unavailable")
 	})
-	for _, state := range []string{router.StateRestarting, router.StateLoading, router.StateFailed} {
-		t.Run("primary "+state, func(t *testing.T) {
+	for _, state := range []health.State{health.Restarting, health.Loading, health.Failed} {
+		t.Run("primary "+string(state), func(t *testing.T) {
 			is := is.New(t)
 			a, b := newScripted("a", 1, 1000), newScripted("b", 1, 1000)
 			f := newFixture(t, balanced(), a, b)
 			models := f.r.Models()
 			_ = models
 			ms := []*router.Model{
-				{Name: "a", Backend: a, Desc: a.desc(), Health: func() (string, int) { return state, 3 }},
+				{Name: "a", Backend: a, Desc: a.desc(), Health: func() (health.State, int) { return state, 3 }},
 				{Name: "b", Backend: b, Desc: b.desc()},
 			}
 			r := router.New(balanced(), ms)
@@ -595,15 +596,15 @@ func TestBackendRefusals(t *testing.T) {
 		is := is.New(t)
 		a := newScripted("a", 1, 1000)
 		var state atomic.Value
-		state.Store(router.StateRestarting)
+		state.Store(health.Restarting)
 		cfg := balanced()
 		cfg.Retry = time.Hour
 		r := router.New(cfg, []*router.Model{{Name: "a", Backend: a, Desc: a.desc(),
-			Health: func() (string, int) { return state.Load().(string), 1 }}})
+			Health: func() (health.State, int) { return state.Load().(health.State), 1 }}})
 		ch := make(chan outcome, 1)
 		go func() { s, err := r.Start(bg, chat("r", 1, 1)); ch <- outcome{s, err} }()
 		waitUntil(t, "request queued", func() bool { return r.Status().Waiting == 1 })
-		state.Store(router.StateReady)
+		state.Store(health.Ready)
 		r.Wake()
 		o := <-ch
 		is.NoErr(o.err) // served once the backend is back
@@ -613,7 +614,7 @@ func TestBackendRefusals(t *testing.T) {
 	t.Run("only failed models: 503", func(t *testing.T) {
 		is := is.New(t)
 		a := newScripted("a", 1, 1000)
-		r := router.New(balanced(), []*router.Model{{Name: "a", Backend: a, Desc: a.desc(), Health: func() (string, int) { return router.StateFailed, 5 }}})
+		r := router.New(balanced(), []*router.Model{{Name: "a", Backend: a, Desc: a.desc(), Health: func() (health.State, int) { return health.Failed, 5 }}})
 		_, err := r.Start(bg, chat("r", 1, 1))
 		is.Equal(rejectionOf(err).Reason, router.ReasonBackendUnavailable)
 	})
@@ -726,5 +727,5 @@ func TestStatus(t *testing.T) {
 	is.Equal(st.Models[0].ActiveSequences, 1)
 	is.Equal(st.Models[0].DraftAcceptance, 0.75)
 	is.True(st.Models[0].Primary)
-	is.Equal(st.Models[1].State, router.StateReady)
+	is.Equal(st.Models[1].State, health.Ready)
 }

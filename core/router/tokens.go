@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -30,7 +31,7 @@ func (r *Router) resolve(name string) (*Model, error) {
 }
 
 func (r *Router) ready(m *Model) (*Model, error) {
-	if st, _ := m.health(); st != StateReady {
+	if st, _ := m.health(); st != health.Ready {
 		return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "model %s is %s", m.Name, st)
 	}
 	return m, nil

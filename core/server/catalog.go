@@ -69,7 +69,7 @@ func (c *catalog) load() {
 func probeBackend(f pluginhost.File, logger hclog.Logger) (sdk.BackendInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := pluginhost.LaunchBackend(ctx, f, logger)
+	b, err := pluginhost.LaunchBackend(ctx, f, pluginhost.Options{Logger: logger})
 	if err != nil {
 		return sdk.BackendInfo{}, err
 	}

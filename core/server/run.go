@@ -329,7 +329,7 @@ func (s *Server) startPolicy(ctx context.Context) (*pluginhost.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--routing-policy %s: %w", s.cfg.Policy, err)
 	}
-	p, err := pluginhost.LaunchPolicy(ctx, f, s.logger)
+	p, err := pluginhost.LaunchPolicy(ctx, f, s.pluginOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +344,18 @@ func (s *Server) startPolicy(ctx context.Context) (*pluginhost.Policy, error) {
 	return p, nil
 }
 
+// pluginOptions hand the server's logger and --log-level to a plugin.
+func (s *Server) pluginOptions() pluginhost.Options {
+	return pluginhost.Options{Logger: s.logger, LogLevel: s.cfg.LogLevel}
+}
+
 // loadBlock starts the block's backend process and loads its model.
 func (s *Server) loadBlock(ctx context.Context, b *launch.Block) (*pluginhost.Backend, sdk.ModelDescription, error) {
 	f, err := s.cat.file(pluginhost.KindBackend, b.Backend)
 	if err != nil {
 		return nil, sdk.ModelDescription{}, err
 	}
-	be, err := pluginhost.LaunchBackend(ctx, f, s.logger)
+	be, err := pluginhost.LaunchBackend(ctx, f, s.pluginOptions())
 	if err != nil {
 		return nil, sdk.ModelDescription{}, err
 	}

@@ -66,11 +66,15 @@ func ServePolicy(impl sdk.Policy) {
 	serve(PolicyPluginName, &PolicyPlugin{Impl: impl})
 }
 
+// EnvLogLevel names the environment variable through which the host passes
+// its --log-level to a plugin process.
+const EnvLogLevel = "DFLASH_LOG_LEVEL"
+
 // PluginLogger is the logger a plugin should use: JSON on stderr, which the
 // host relays into its own log tagged with the plugin's name.
 func PluginLogger(name string) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{
-		Name: name, Level: hclog.LevelFromString(envOr("DFLASH_LOG_LEVEL", "info")),
+		Name: name, Level: hclog.LevelFromString(envOr(EnvLogLevel, "info")),
 		Output: os.Stderr, JSONFormat: true,
 	})
 }
