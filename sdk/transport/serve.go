@@ -80,11 +80,13 @@ func PluginLogger(name string) hclog.Logger {
 }
 
 func serve(name string, p plugin.Plugin) {
+	log := PluginLogger(name)
+	ignoreStopSignals(log)
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: {name: p}},
 		GRPCServer:       plugin.DefaultGRPCServer,
-		Logger:           PluginLogger(name),
+		Logger:           log,
 	})
 }
 

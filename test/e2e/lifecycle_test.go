@@ -11,8 +11,25 @@ import (
 
 // TestShutdownDrain sends SIGTERM while a stream of each API is active and
 // a request waits: every stream ends with its API's normal terminal event,
-// the waiter gets 503, the server exits 0 and leaves no plugin process.
+// the waiter gets 503, the server exits 0 and leaves no plugin process. The
+// drain must hold whether the signal reaches the server alone or its whole
+// process group (systemd's KillMode=control-group, timeout(1), Ctrl-C),
+// where the plugins receive it too (issue 14 item 3).
 func TestShutdownDrain(t *testing.T) {
+	tests := []struct {
+		name string
+		send func(s *server, sig syscall.Signal)
+	}{
+		{"server pid", (*server).signal},
+		{"process group", (*server).signalGroup},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" SIGTERM", func(t *testing.T) { testDrain(t, func(s *server) { tt.send(s, syscall.SIGTERM) }) })
+	}
+	t.Run("process group SIGINT", func(t *testing.T) { testDrain(t, func(s *server) { s.signalGroup(syscall.SIGINT) }) })
+}
+
+func testDrain(t *testing.T, stop func(s *server)) {
 	is := is.New(t)
 	words := strings.Repeat("word ", 39) + "end"
 	dir := t.TempDir()
@@ -34,7 +51,7 @@ func TestShutdownDrain(t *testing.T) {
 		is.True(!isDone(c)) // still streaming when the signal comes
 	}
 
-	s.signal(syscall.SIGTERM)
+	stop(s)
 	w.wait(t)
 	is.Equal(w.status, 503)
 	is.Equal(w.header.Get("X-Dflash-Reject-Reason"), "shutting-down")
