@@ -24,6 +24,10 @@ type process struct {
 	impl   any
 }
 
+// startTimeout bounds the go-plugin handshake; loading happens later, in
+// the Load RPC.
+const startTimeout = 20 * time.Second
+
 // launch starts f, negotiates the protocol and dispenses its kind. Every
 // failure is one line naming the file.
 func launch(f File, logger hclog.Logger, env []string) (*process, error) {
@@ -36,7 +40,7 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           logger.Named(f.Kind.String() + "." + f.Name),
-		StartTimeout:     20 * time.Second,
+		StartTimeout:     startTimeout,
 		Managed:          true,
 		AutoMTLS:         true,
 	}
@@ -48,7 +52,7 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	rpc, err := client.Client()
 	if err != nil {
 		client.Kill()
-		return nil, fmt.Errorf("plugin %s: %s", f.Path, oneLine(describeLaunchErr(err)))
+		return nil, &LaunchError{Path: f.Path, Reason: oneLine(describeLaunchErr(err)), Err: err}
 	}
 	name := transport.BackendPluginName
 	if f.Kind == KindPolicy {
@@ -57,10 +61,21 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	impl, err := rpc.Dispense(name)
 	if err != nil {
 		client.Kill()
-		return nil, fmt.Errorf("plugin %s: dispense %s: %s", f.Path, name, oneLine(err.Error()))
+		return nil, &LaunchError{Path: f.Path, Reason: "dispense " + name + ": " + oneLine(err.Error()), Err: err}
 	}
 	return &process{file: f, client: client, impl: impl}, nil
 }
+
+// LaunchError is a plugin binary that could not be started as a plugin:
+// Path names the file and Reason says why in words an operator can act on.
+type LaunchError struct {
+	Path   string
+	Reason string
+	Err    error // go-plugin's own error
+}
+
+func (e *LaunchError) Error() string { return "plugin " + e.Path + ": " + e.Reason }
+func (e *LaunchError) Unwrap() error { return e.Err }
 
 func (k Kind) String() string { return string(k) }
 
@@ -76,6 +91,8 @@ func describeLaunchErr(err error) string {
 		return "not a dflash plugin (no go-plugin handshake on stdout)"
 	case strings.Contains(err.Error(), "plugin exited before we could connect"):
 		return "not a dflash plugin or wrong handshake: it exited before the handshake"
+	case strings.Contains(err.Error(), "timeout while waiting for plugin to start"):
+		return fmt.Sprintf("not a dflash plugin: no handshake within %s", startTimeout)
 	}
 	return err.Error()
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -57,6 +58,14 @@ func (c *catalog) load() {
 			}
 			info, err := probeBackend(f, c.logger)
 			if err != nil {
+				// Reported here too: the error itself only surfaces when no
+				// other plugin serves the architecture asked for.
+				reason := err.Error()
+				var le *pluginhost.LaunchError
+				if errors.As(err, &le) {
+					reason = le.Reason
+				}
+				c.logger.Warn("skipped plugin", "file", f.Path, "reason", reason)
 				errs = multierror.Append(errs, err)
 				continue
 			}
