@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -187,4 +188,4 @@ func refuse(err error) func(*sdk.ChatRequest) (*fakeStream, error) {
 	return func(*sdk.ChatRequest) (*fakeStream, error) { return nil, err }
 }
 
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func discardLogger() hclog.Logger { return hclog.NewNullLogger() }

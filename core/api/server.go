@@ -5,12 +5,12 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/julienschmidt/httprouter"
 
 	"github.com/dflash/dflash_server/sdk"
@@ -83,8 +83,8 @@ type Options struct {
 	// Heartbeat is the keep-alive interval of a quiet SSE stream (a comment,
 	// or Anthropic's ping event). Default 10s; negative disables.
 	Heartbeat time.Duration
-	// Logger receives handler panics; nil uses slog.Default().
-	Logger *slog.Logger
+	// Logger receives handler panics; nil uses hclog.Default().
+	Logger hclog.Logger
 	// OwnedBy is the owned_by of /v1/models entries. Default "dflash_server".
 	OwnedBy string
 	// ObserveRequest, when set, is told the outcome of every generation
@@ -169,7 +169,7 @@ func New[S Stream, M any, T any](r Router[S, M, T], opts Options) *Server {
 		opts.Heartbeat = 10 * time.Second
 	}
 	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+		opts.Logger = hclog.Default()
 	}
 	if opts.OwnedBy == "" {
 		opts.OwnedBy = "dflash_server"

@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/dflash/dflash_server/core/admission"
 	"github.com/dflash/dflash_server/core/health"
@@ -69,7 +70,7 @@ type Config struct {
 	// Metrics is optional.
 	Metrics *metrics.Registry
 	// Logger is optional; routing decisions are logged at debug level.
-	Logger *slog.Logger
+	Logger hclog.Logger
 }
 
 type policyRef struct {
@@ -86,7 +87,7 @@ type Router struct {
 	index  map[string]int
 	adm    *admission.Controller
 	met    *metrics.Registry
-	log    *slog.Logger
+	log    hclog.Logger
 	policy atomic.Pointer[policyRef]
 	stats  []statsCache
 }
@@ -105,7 +106,7 @@ func New(cfg Config, models []*Model) *Router {
 		stats:  make([]statsCache, len(models)),
 	}
 	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
+		r.log = hclog.NewNullLogger()
 	}
 	if r.cfg.QueueLimit < 0 {
 		r.cfg.QueueLimit = 0

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -54,10 +53,15 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if pluginDir == "" {
 		pluginDir = filepath.Join(exeDir, "plugins")
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Info})
+	// One logger for the whole process: every component and every plugin's
+	// relayed log go through it, to stderr, at --log-level.
+	logger := hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Info, IndependentLevels: true})
 	// Probing plugins for the CLI starts and stops each backend once; only
-	// problems are worth a line.
-	cat := newCatalog(pluginDir, hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Warn}))
+	// problems are worth a line. With independent levels this copy keeps
+	// its own level when --log-level is applied below.
+	probeLog := logger.With()
+	probeLog.SetLevel(hclog.Warn)
+	cat := newCatalog(pluginDir, probeLog)
 
 	cfg, err := launch.Parse(args, cat)
 	var ue *launch.UsageError
@@ -177,7 +181,7 @@ func (s *Server) serve() error {
 		Metrics:        reg.Handler(),
 		APIKeys:        s.cfg.APIKeys,
 		CORSOrigins:    s.cfg.CORSOrigins,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Logger:         s.logger.Named("api"),
 		ObserveRequest: reg.ObserveRequest,
 	}))
 	s.handler.Store(&h)
@@ -319,6 +323,7 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 		// policy must then be asked too.
 		LoadBalancing: s.cfg.LoadBalancing || len(loaded) > 1,
 		Metrics:       reg,
+		Logger:        s.logger.Named("router"),
 	}, loaded)
 	routerRef.Store(rt)
 	return rt, reg, nil

@@ -147,3 +147,18 @@ func TestPluginsExitWhenServerKilled(t *testing.T) {
 	gone := func() bool { return len(s.pluginProcs("")) == 0 }
 	waitFor(t, "the plugins of the killed server to exit", gone)
 }
+
+// TestLogLevelReachesEveryComponent: --log-level and the server's log
+// stream reach the router and the plugin processes (issue 14 item 5: the
+// router logged nowhere and plugins always logged at info).
+func TestLogLevelReachesEveryComponent(t *testing.T) {
+	is := is.New(t)
+	dir := t.TempDir()
+	s := startServer(t, serverOpts{args: []string{"--log-level", "debug", "--model", scriptedModel(t, dir, "a"), "--model-name", "a"}})
+	c := s.start(t, pathChat, quick(""))
+	c.wait(t)
+	is.Equal(c.status, 200)
+	log := s.stderr.String()
+	is.True(strings.Contains(log, "request admitted")) // the router's debug line, in the server's log
+	is.True(strings.Contains(log, "plugin address"))   // a plugin's own debug line, relayed
+}
