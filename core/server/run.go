@@ -196,8 +196,38 @@ func (s *Server) serve() error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	s.logger.Info("draining", "signal", sig.String(), "deadline", s.cfg.DrainTimeout)
-	s.drain(hs, rt, sigs, cancelRequests)
+	relayDone := make(chan struct{})
+	defer close(relayDone)
+	s.drain(hs, rt, secondSignal(sig, sigs, s.logger, relayDone), cancelRequests)
 	return nil
+}
+
+// duplicateWindow is how long a repeat of the signal that started the drain
+// counts as the same delivery: timeout(1) and some supervisors signal the
+// server and then its process group, so one stop request arrives twice.
+const duplicateWindow = time.Second
+
+// secondSignal relays the signals after first that ask to cut the drain
+// short, dropping a repeat of first within duplicateWindow, until done.
+func secondSignal(first os.Signal, sigs <-chan os.Signal, log hclog.Logger, done <-chan struct{}) <-chan os.Signal {
+	at := time.Now()
+	out := make(chan os.Signal, 1)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case sig := <-sigs:
+				if sig == first && time.Since(at) < duplicateWindow {
+					log.Debug("repeated signal ignored", "signal", sig.String())
+					continue
+				}
+				out <- sig
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // drain follows the one drain path: readiness 503, refuse new work and

@@ -27,6 +27,11 @@ func TestShutdownDrain(t *testing.T) {
 		t.Run(tt.name+" SIGTERM", func(t *testing.T) { testDrain(t, func(s *server) { tt.send(s, syscall.SIGTERM) }) })
 	}
 	t.Run("process group SIGINT", func(t *testing.T) { testDrain(t, func(s *server) { s.signalGroup(syscall.SIGINT) }) })
+	// timeout(1) signals its child and then the child's group: the server
+	// gets the same signal twice, which is not an operator's second signal.
+	t.Run("server pid then group SIGTERM", func(t *testing.T) {
+		testDrain(t, func(s *server) { s.signal(syscall.SIGTERM); s.signalGroup(syscall.SIGTERM) })
+	})
 }
 
 func testDrain(t *testing.T, stop func(s *server)) {
