@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -165,13 +164,13 @@ func (r *Router) SetPolicy(name string, p sdk.Policy) {
 // to the client before it returns. The returned Stream must be closed.
 func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, error) {
 	if req == nil {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusBadRequest, ReasonInvalidRequest, nil, "no request"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonInvalidRequest, nil, "no request"))
 	}
 	if len(r.models) == 0 {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "no model is loaded"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonBackendUnavailable, nil, "no model is loaded"))
 	}
 	if r.adm.Closed() {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusServiceUnavailable, ReasonShuttingDown, admission.ErrShuttingDown, "server is shutting down"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonShuttingDown, admission.ErrShuttingDown, "server is shutting down"))
 	}
 	order, pin, rej := r.plan(ctx, req)
 	if err := ctx.Err(); err != nil {
@@ -201,7 +200,7 @@ func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, erro
 }
 
 func (r *Router) refuse(label string, rj *Rejection) *Rejection {
-	r.met.Rejection(label, rj.Reason)
+	r.met.Rejection(label, string(rj.Reason))
 	r.log.Debug("request refused", "reason", rj.Reason, "message", rj.Message)
 	return rj
 }
@@ -247,10 +246,10 @@ func (rt *routing) run(ctx context.Context) (*Stream, error) {
 		}
 		if left := r.adm.Report(rt.ticket, rt.busy, rt.drop); left == 0 {
 			if rt.failed > 0 {
-				return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil,
+				return nil, rejection(ReasonBackendUnavailable, nil,
 					"no model that could serve this request is available: %s", strings.Join(rt.never, "; "))
 			}
-			return nil, rejection(http.StatusBadRequest, ReasonNeverFits, nil,
+			return nil, rejection(ReasonNeverFits, nil,
 				"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
 		}
 	}
@@ -294,7 +293,7 @@ func (rt *routing) precheck(ctx context.Context) error {
 		}
 	}
 	if len(rt.drop) > 0 && r.adm.Report(rt.ticket, nil, rt.drop) == 0 {
-		return rejection(http.StatusBadRequest, ReasonNeverFits, nil,
+		return rejection(ReasonNeverFits, nil,
 			"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
 	}
 	return nil
@@ -329,13 +328,13 @@ func (rt *routing) waitError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, admission.ErrQueueFull):
 		if rt.r.cfg.QueueLimit == 0 {
-			return rejection(http.StatusServiceUnavailable, ReasonQueueFull, err, "every model that can serve this request is busy and queueing is disabled")
+			return rejection(ReasonQueueFull, err, "every model that can serve this request is busy and queueing is disabled")
 		}
-		return rejection(http.StatusServiceUnavailable, ReasonQueueFull, err, "every model that can serve this request is busy and %d requests are already waiting", rt.r.cfg.QueueLimit)
+		return rejection(ReasonQueueFull, err, "every model that can serve this request is busy and %d requests are already waiting", rt.r.cfg.QueueLimit)
 	case errors.Is(err, admission.ErrQueueTimeout):
-		return rejection(http.StatusServiceUnavailable, ReasonQueueTimeout, err, "no model became free within %s", rt.r.cfg.QueueTimeout)
+		return rejection(ReasonQueueTimeout, err, "no model became free within %s", rt.r.cfg.QueueTimeout)
 	case errors.Is(err, admission.ErrShuttingDown):
-		return rejection(http.StatusServiceUnavailable, ReasonShuttingDown, err, "server is shutting down")
+		return rejection(ReasonShuttingDown, err, "server is shutting down")
 	case ctx.Err() != nil:
 		return ctx.Err()
 	}
@@ -365,7 +364,7 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	}
 	if err := r.adm.Reserve(m); err != nil {
 		if errors.Is(err, admission.ErrShuttingDown) {
-			return nil, rejection(http.StatusServiceUnavailable, ReasonShuttingDown, err, "server is shutting down")
+			return nil, rejection(ReasonShuttingDown, err, "server is shutting down")
 		}
 		rt.markBusy(m, skipBusy)
 		return nil, nil
@@ -402,10 +401,10 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 		if reason == "" {
 			reason = "the request is not valid for this model"
 		}
-		return nil, rejection(http.StatusBadRequest, ReasonInvalidRequest, nil, "%s: %s", model.Name, reason)
+		return nil, rejection(ReasonInvalidRequest, nil, "%s: %s", model.Name, reason)
 	}
 	s.Close()
-	return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "%s: unknown admission outcome %d", model.Name, a.Outcome)
+	return nil, rejection(ReasonBackendUnavailable, nil, "%s: unknown admission outcome %d", model.Name, a.Outcome)
 }
 
 func (rt *routing) markBusy(m int, why string) {
@@ -427,7 +426,7 @@ func (rt *routing) startFailed(ctx context.Context, m int, err error) error {
 	}
 	var inv *sdk.InvalidError
 	if errors.As(err, &inv) {
-		return rejection(http.StatusBadRequest, ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
+		return rejection(ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
 	}
 	switch st, _ := model.health(); {
 	case st == health.Failed:
@@ -438,7 +437,7 @@ func (rt *routing) startFailed(ctx context.Context, m int, err error) error {
 		return nil
 	}
 	rt.r.log.Warn("backend start failed", "model", model.Name, "err", err)
-	return rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, err, "%s: %v", model.Name, err)
+	return rejection(ReasonBackendUnavailable, err, "%s: %v", model.Name, err)
 }
 
 func neverFitsText(name string, a sdk.Admission) string {
@@ -528,7 +527,7 @@ func (r *Router) plan(ctx context.Context, req *sdk.ChatRequest) ([]int, bool, *
 		if msg == "" {
 			msg = fmt.Sprintf("model %q is not loaded; loaded models: %s", req.Model, strings.Join(r.names, ", "))
 		}
-		return nil, false, rejection(http.StatusNotFound, ReasonUnknownModel, ErrUnknownModel, "%s", msg)
+		return nil, false, rejection(ReasonUnknownModel, ErrUnknownModel, "%s", msg)
 	}
 	order := make([]int, 0, len(dec.Order))
 	for _, name := range dec.Order {

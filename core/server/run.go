@@ -176,7 +176,7 @@ func (s *Server) serve() error {
 		return fmt.Errorf("serve: %w", err)
 	}
 
-	h := http.Handler(api.New(rt, api.Options{
+	h := http.Handler(api.New(api.FromRouter(rt), api.Options{
 		Ready:          s.ready,
 		Metrics:        reg.Handler(),
 		APIKeys:        s.cfg.APIKeys,
