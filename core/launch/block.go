@@ -10,19 +10,26 @@ import (
 	"github.com/dflash/dflash_server/sdk"
 )
 
-// parseBlock detects the block's architecture and backend, partitions its
-// tokens into core, listener (first block only) and plugin options, and
-// checks each. It returns the first block's listener tokens for the
-// global grammar.
-func (p *parser) parseBlock(rb *rawBlock) (*Block, []string, error) {
+// detectArch reads the block's model architecture into rb.arch.
+func (p *parser) detectArch(rb *rawBlock) error {
 	arch, err := p.cat.DetectArch(rb.path)
 	if err != nil {
 		msg := err.Error()
 		if !strings.HasPrefix(msg, "failed to detect architecture from ") {
 			msg = fmt.Sprintf("failed to detect architecture from %s: %s", rb.path, msg)
 		}
-		return nil, nil, &UsageError{Block: rb.index, Path: rb.path, Msg: msg, err: err}
+		return &UsageError{Block: rb.index, Path: rb.path, Msg: msg, err: err}
 	}
+	rb.arch = arch
+	return nil
+}
+
+// parseBlock detects the block's architecture and backend, partitions its
+// tokens into core, listener (first block only) and plugin options, and
+// checks each. It returns the first block's listener tokens for the
+// global grammar.
+func (p *parser) parseBlock(rb *rawBlock) (*Block, []string, error) {
+	arch := rb.arch
 	backend, specs, err := p.cat.Backend(arch)
 	if err != nil {
 		return nil, nil, &UsageError{Block: rb.index, Path: rb.path, Msg: err.Error(), err: err}

@@ -31,8 +31,10 @@ func Parse(args []string, cat Catalog) (*Config, error) {
 type parser struct {
 	cat  Catalog
 	core coreFlags
-	// backends caches cat.Backends() for hints and suggestions.
+	// backends caches cat.Backends() for hints and suggestions; see
+	// backendList.
 	backends []BackendHelp
+	listed   bool
 	// specs are the options each block's backend declared, by block index.
 	specs map[int][]sdk.OptionSpec
 }
@@ -41,9 +43,16 @@ func (p *parser) blockErr(rb *rawBlock, format string, args ...any) *UsageError 
 	return &UsageError{Block: rb.index, Path: rb.path, Msg: fmt.Sprintf(format, args...)}
 }
 
-func (p *parser) parse(args []string) (*Config, error) {
-	p.backends = p.cat.Backends()
+// backendList is cat.Backends(), asked only when a hint needs it: the real
+// catalog starts every backend binary to answer.
+func (p *parser) backendList() []BackendHelp {
+	if !p.listed {
+		p.backends, p.listed = p.cat.Backends(), true
+	}
+	return p.backends
+}
 
+func (p *parser) parse(args []string) (*Config, error) {
 	headArgs, blocks, err := splitBlocks(args)
 	if err != nil {
 		return nil, err
@@ -66,9 +75,22 @@ func (p *parser) parse(args []string) (*Config, error) {
 		return nil, usagef("no model given: dflash_server [options] MODEL.gguf [model options], or --model <path> [model options] for each model")
 	}
 
+	// Model files are read before any backend is asked for its options:
+	// the real catalog starts each plugin binary to ask, which a command
+	// line naming a missing first model should not cost. Blocks before an
+	// unreadable one are still parsed first, so the first mistake on the
+	// command line is the one reported.
+	parsed, detectErr := len(blocks), error(nil)
+	for i, rb := range blocks {
+		if err := p.detectArch(rb); err != nil {
+			parsed, detectErr = i, err
+			break
+		}
+	}
+
 	cfg := &Config{}
 	var listenerToks []string
-	for _, rb := range blocks {
+	for _, rb := range blocks[:parsed] {
 		b, lt, err := p.parseBlock(rb)
 		if err != nil {
 			return nil, err
@@ -83,6 +105,9 @@ func (p *parser) parse(args []string) (*Config, error) {
 			listenerToks = lt
 		}
 		cfg.Blocks = append(cfg.Blocks, *b)
+	}
+	if detectErr != nil {
+		return nil, detectErr
 	}
 	if len(listenerToks) > 0 {
 		for _, t := range listenerToks {

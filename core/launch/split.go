@@ -9,6 +9,7 @@ import (
 type rawBlock struct {
 	index int
 	path  string
+	arch  string   // general.architecture of path, read before parsing
 	args  []string // from --model (or the positional path) on
 	opts  []string // after the path
 }

@@ -32,7 +32,7 @@ func removedMsg(occ occurrence) string {
 // owners lists the backends (other than except) that declare option name.
 func (p *parser) owners(name, except string) []string {
 	var out []string
-	for _, b := range p.backends {
+	for _, b := range p.backendList() {
 		if b.Name == except {
 			continue
 		}
@@ -70,7 +70,7 @@ func (p *parser) unknown(occ occurrence, extra []sdk.OptionSpec) string {
 	for name := range p.core {
 		add(name)
 	}
-	for _, b := range p.backends {
+	for _, b := range p.backendList() {
 		for _, o := range b.Options {
 			add(o.Name)
 		}
