@@ -291,7 +291,7 @@ func TestCancelFreesKV(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(st.ActiveSequences, 0) // freed before Start returned
 	is.Equal(st.KVTokensUsed, 0)
-	kv, err := b.loaded().native.KVStats()
+	kv, err := b.loaded().Native.KVStats()
 	is.NoErr(err)
 	is.Equal(kv.BlocksFree, kv.BlocksTotal)
 	is.Equal(kv.SeqsFree, kv.SeqsTotal)

@@ -3,6 +3,7 @@ package qwendflash
 import (
 	"math/rand/v2"
 
+	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/chat"
 	"github.com/dflash/dflash_server/sdk/engine"
@@ -26,7 +27,7 @@ func (m *model) render(req *sdk.ChatRequest) (string, error) {
 	if len(req.Messages) == 0 {
 		return "", sdk.Invalidf("messages must not be empty")
 	}
-	s, err := m.tmpl.Render(req.Messages, m.renderOptions(req))
+	s, err := m.Tmpl.Render(req.Messages, m.renderOptions(req))
 	if err != nil {
 		return "", sdk.Invalidf("%v", err)
 	}
@@ -50,16 +51,16 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := m.tok.Encode(prompt, true, true)
+	ids := m.Tok.Encode(prompt, true, true)
 	open := chat.ThinkingOpen(prompt)
 	tools := len(req.Tools) > 0 && req.ToolChoice != "none"
 	parser := chat.NewParser(m.family, chat.ParserOptions{ThinkingOpen: open, Tools: tools, ToolSchemas: req.Tools})
 
 	maxTok := req.MaxTokens
 	if maxTok <= 0 {
-		maxTok = m.desc.DefaultMaxTokens
+		maxTok = m.Desc.DefaultMaxTokens
 	}
-	maxTok = min(maxTok, m.desc.MaxTokens)
+	maxTok = min(maxTok, m.Desc.MaxTokens)
 
 	thinking := req.Reasoning.Enabled == nil || *req.Reasoning.Enabled
 	if v, ok := req.TemplateKwargs["enable_thinking"].(bool); ok && req.Reasoning.Enabled == nil {
@@ -74,10 +75,10 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
 		SnapshotAt:           generationStart(ids, m.imStart),
 		ReasoningBudget:      m.reasoningBudget(req),
-		HardLimitReplyBudget: m.cfg.HardLimitReplyBudget,
-		CloseReasoning:       m.tok.Encode(parser.ReasoningCloseTag(), false, true),
-		Detokenizer:          tokenizer.NewStreamDecoder(m.tok),
-		Parser:               outputParser{parser},
+		HardLimitReplyBudget: m.Cfg.HardLimitReplyBudget,
+		CloseReasoning:       m.Tok.Encode(parser.ReasoningCloseTag(), false, true),
+		Detokenizer:          tokenizer.NewStreamDecoder(m.Tok),
+		Parser:               nativebackend.OutputParser{P: parser},
 		Format:               format,
 	}
 	// A thinking model opens its reasoning itself unless the prompt did;
@@ -101,9 +102,9 @@ func (m *model) reasoningBudget(req *sdk.ChatRequest) int {
 			budget = n
 		}
 	}
-	tighten(m.cfg.ThinkMaxTokens)
+	tighten(m.Cfg.ThinkMaxTokens)
 	if e := req.Reasoning.Effort; e != "" {
-		tighten(m.cfg.EffortBudgets[e])
+		tighten(m.Cfg.EffortBudgets[e])
 	}
 	tighten(req.Reasoning.BudgetTokens)
 	return budget
