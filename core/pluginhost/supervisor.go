@@ -162,6 +162,7 @@ func (s *supervisor[C]) spawn(ctx context.Context, restart bool) (instance[C], e
 func (s *supervisor[C]) start(ctx context.Context) error {
 	inst, err := s.spawn(ctx, false)
 	if err != nil {
+		s.cancel() // nothing to supervise
 		return err
 	}
 	s.mu.Lock()
