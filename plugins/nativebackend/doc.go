@@ -3,10 +3,14 @@
 // building its tokenizer and chat template, the capacity and engine-option
 // defaults (in one place, defaults.go), the engine options every such
 // backend declares, loading the weights and starting sdk/engine's
-// continuous-batching loop over them, and the adapters from the native
-// model and the chat parsers to sdk/engine.
+// continuous-batching loop over them, the adapters from the native model
+// and the chat parsers to sdk/engine, the checks of a request's settings,
+// and Runner, which answers the sdk.Backend calls that are the same for
+// every native backend (Start, Tokenize, Detokenize, CountTokens, Stats,
+// Shutdown).
 //
 // A backend (qwen-dflash, and later ds4) keeps only what is specific to its
-// models: its name and architectures, its own options, how a request is
-// rendered and sampled, and its model family's quirks.
+// models: Info, ValidateOptions and Load; its own options; how a request is
+// rendered and prepared (Model), its sampling presets and its model
+// family's quirks.
 package nativebackend

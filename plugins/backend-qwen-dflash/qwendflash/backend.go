@@ -2,9 +2,7 @@ package qwendflash
 
 import (
 	"context"
-	"errors"
 	"slices"
-	"sync"
 
 	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
@@ -17,10 +15,10 @@ const Name = "qwen-dflash"
 // Architectures are the GGUF general.architecture values served.
 var Architectures = []string{"qwen3", "qwen35"}
 
-// Backend implements sdk.Backend for Qwen targets.
+// Backend implements sdk.Backend for Qwen targets; nativebackend.Runner
+// answers the calls every native backend answers alike.
 type Backend struct {
-	mu sync.Mutex
-	m  *model // nil until Load
+	nativebackend.Runner
 }
 
 var _ sdk.Backend = (*Backend)(nil)
@@ -39,10 +37,15 @@ type model struct {
 	thinkOpen int32 // <think>, -1 if the vocabulary has none
 }
 
+var _ nativebackend.Model = (*model)(nil)
+
+// Base is the shared loaded model.
+func (m *model) Base() *nativebackend.Loaded { return m.Loaded }
+
+// loaded is the kept model, nil before Load.
 func (b *Backend) loaded() *model {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.m
+	m, _ := b.Current().(*model)
+	return m
 }
 
 func (b *Backend) Info(context.Context) (sdk.BackendInfo, error) {
@@ -59,7 +62,7 @@ func (b *Backend) ValidateOptions(_ context.Context, cfg sdk.ModelConfig) error 
 
 func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(sdk.LoadProgress)) (desc sdk.ModelDescription, err error) {
 	if b.loaded() != nil {
-		return desc, errors.New("load: a model is already loaded in this process")
+		return desc, nativebackend.ErrLoaded
 	}
 	report := func(p sdk.LoadProgress) {
 		if progress != nil {
@@ -92,77 +95,9 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 	if id := tok.EOS(); id >= 0 {
 		m.eos = tok.TokenText(id)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m != nil {
-		_ = l.Close(ctx)
-		return desc, errors.New("load: a model is already loaded in this process")
+	if err := b.Keep(ctx, m); err != nil {
+		return desc, err
 	}
-	b.m = m
 	report(sdk.LoadProgress{Stage: "ready", BytesDone: l.WeightFileBytes, BytesTotal: l.WeightFileBytes})
 	return m.Desc, nil
-}
-
-func (b *Backend) Start(ctx context.Context, req *sdk.ChatRequest, emit sdk.Emitter) error {
-	m := b.loaded()
-	if m == nil {
-		return emit.Admit(sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: "model not loaded"})
-	}
-	er, err := m.prepare(req)
-	if err != nil {
-		return emit.Admit(sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: err.Error()})
-	}
-	return m.Engine.Run(ctx, er, emit)
-}
-
-func (b *Backend) Tokenize(_ context.Context, text string, addSpecial bool) ([]int32, error) {
-	m := b.loaded()
-	if m == nil {
-		return nil, errors.New("model not loaded")
-	}
-	return m.Tok.Encode(text, addSpecial, true), nil
-}
-
-func (b *Backend) Detokenize(_ context.Context, ids []int32) (string, error) {
-	m := b.loaded()
-	if m == nil {
-		return "", errors.New("model not loaded")
-	}
-	for _, id := range ids {
-		if id < 0 || int(id) >= m.Tok.VocabSize() {
-			return "", sdk.Invalidf("token id %d out of range [0, %d)", id, m.Tok.VocabSize())
-		}
-	}
-	return m.Tok.Decode(ids), nil
-}
-
-func (b *Backend) CountTokens(_ context.Context, req *sdk.ChatRequest) (int, error) {
-	m := b.loaded()
-	if m == nil {
-		return 0, errors.New("model not loaded")
-	}
-	prompt, err := m.render(req)
-	if err != nil {
-		return 0, err
-	}
-	return len(m.Tok.Encode(prompt, true, true)), nil
-}
-
-func (b *Backend) Stats(context.Context) (sdk.ModelStats, error) {
-	m := b.loaded()
-	if m == nil {
-		return sdk.ModelStats{}, nil
-	}
-	return m.Engine.Stats(), nil
-}
-
-func (b *Backend) Shutdown(ctx context.Context) error {
-	b.mu.Lock()
-	m := b.m
-	b.m = nil
-	b.mu.Unlock()
-	if m == nil {
-		return nil
-	}
-	return m.Close(ctx)
 }

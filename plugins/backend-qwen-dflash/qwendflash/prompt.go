@@ -20,8 +20,8 @@ func (m *model) renderOptions(req *sdk.ChatRequest) chat.RenderOptions {
 	return o
 }
 
-// render turns a request into prompt text with the model's template.
-func (m *model) render(req *sdk.ChatRequest) (string, error) {
+// Render turns a request into prompt text with the model's template.
+func (m *model) Render(req *sdk.ChatRequest) (string, error) {
 	if len(req.Messages) == 0 {
 		return "", sdk.Invalidf("messages must not be empty")
 	}
@@ -32,14 +32,14 @@ func (m *model) render(req *sdk.ChatRequest) (string, error) {
 	return s, nil
 }
 
-// prepare renders, tokenizes and applies the model's defaults; an error is
+// Prepare renders, tokenizes and applies the model's defaults; an error is
 // the request's fault and is answered as invalid.
-func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
+func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	format, err := nativebackend.ResponseFormat(Name, req.ResponseFormat)
 	if err != nil {
 		return nil, err
 	}
-	prompt, err := m.render(req)
+	prompt, err := m.Render(req)
 	if err != nil {
 		return nil, err
 	}
