@@ -163,7 +163,11 @@ func TestLogLevelReachesEveryComponent(t *testing.T) {
 	c := s.start(t, pathChat, quick(""))
 	c.wait(t)
 	is.Equal(c.status, 200)
-	log := s.stderr.String()
-	is.True(strings.Contains(log, "request admitted")) // the router's debug line, in the server's log
-	is.True(strings.Contains(log, "plugin address"))   // a plugin's own debug line, relayed
+	// The server's stderr reaches the buffer through a pipe: poll for it.
+	for _, line := range []string{
+		"request admitted", // the router's debug line, in the server's log
+		"plugin address",   // a plugin's own debug line, relayed
+	} {
+		waitFor(t, "log line "+line, func() bool { return strings.Contains(s.stderr.String(), line) })
+	}
 }
