@@ -13,7 +13,7 @@ export GOFLAGS
 CORE_CMDS   := dflash_server dflash-model
 PLUGIN_PKGS := backend-qwen-dflash policy-primary-first policy-by-name
 
-.PHONY: all build go-build native cuda test test-go test-race test-native run proto bench check-tools clean models
+.PHONY: all build go-build native cuda test test-go test-race test-native lint run proto bench check-tools clean models
 
 all: build
 
@@ -53,7 +53,14 @@ npm-deps:
 		fi; \
 	done
 
-test: build npm-deps test-native test-go test-race
+test: build npm-deps lint test-native test-go test-race
+
+# Static checks. staticcheck is pinned here and fetched through the module
+# proxy on first use; it is not a dependency of the module.
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint:
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 test-native:
 	@if [ -f native/Makefile ]; then $(MAKE) -C native test OUT=$(abspath $(LIBDIR)); fi
@@ -62,7 +69,7 @@ test-go:
 	DFLASH_LIB_DIR=$(abspath $(LIBDIR)) DFLASH_BIN_DIR=$(abspath $(BIN)) $(GO) test -count=1 ./...
 
 # Concurrency-heavy packages also run under the race detector.
-RACE_PKGS := ./core/router/... ./core/admission/... ./core/pluginhost/...
+RACE_PKGS := ./core/router/... ./core/admission/... ./core/pluginhost/... ./core/api/... ./sdk/engine/...
 test-race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
 

@@ -1,8 +1,7 @@
-// Package sdk is what a dflash_server plugin author imports: the Backend and
-// Policy interfaces, the API-neutral request and event types that travel
-// between the core and a backend, the go-plugin handshake, and the
-// ServeBackend / ServePolicy helpers that run a plugin binary.
+// Package sdk is what a dflash_server plugin author implements against: the
+// Backend and Policy interfaces and the API-neutral request and event types
+// that travel between the core and a backend. The go-plugin/gRPC transport
+// (handshake, ServeBackend / ServePolicy, adapters) is in sdk/transport.
 //
-// The core (cmd/dflash_server, core/...) talks to plugins only through the
-// host adapters in this package; plugins never see HTTP.
+// Plugins never see HTTP.
 package sdk

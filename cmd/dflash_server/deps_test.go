@@ -52,3 +52,39 @@ func TestEveryPackageDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestLayering keeps the seams that the package docs promise: the types a
+// plugin author implements, the engine runtime and the router do not pull
+// in the go-plugin/gRPC transport (sdk/transport has it), and the router
+// knows nothing of HTTP (core/api maps its refusal reasons).
+func TestLayering(t *testing.T) {
+	const module = "github.com/dflash/dflash_server/"
+	tests := []struct {
+		pkg    string
+		banned []string
+		direct bool // only the package's own imports, not its dependencies
+	}{
+		{pkg: "sdk", banned: []string{"google.golang.org/grpc", "github.com/hashicorp/go-plugin"}},
+		{pkg: "sdk/engine", banned: []string{"google.golang.org/grpc", "github.com/hashicorp/go-plugin"}},
+		{pkg: "core/router", banned: []string{"google.golang.org/grpc", "github.com/hashicorp/go-plugin"}},
+		{pkg: "core/router", banned: []string{"net/http"}, direct: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.pkg+" "+strings.Join(tt.banned, ","), func(t *testing.T) {
+			is := is.New(t)
+			args := []string{"list", "-deps", module + tt.pkg}
+			if tt.direct {
+				args = []string{"list", "-f", `{{join .Imports "\n"}}`, module + tt.pkg}
+			}
+			out, err := exec.Command("go", args...).Output()
+			is.NoErr(err) // go list must work
+			for _, p := range strings.Fields(string(out)) {
+				for _, b := range tt.banned {
+					if p == b || strings.HasPrefix(p, b+"/") {
+						t.Errorf("%s imports %s", tt.pkg, p)
+					}
+				}
+			}
+		})
+	}
+}

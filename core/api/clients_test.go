@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -108,7 +109,7 @@ func newScriptedRouter() *fakeRouter {
 			seen[nonce] = true
 			mu.Unlock()
 			if first {
-				return nil, &rejection{Status: 503, Reason: "queue_full", Message: "all models are busy; the waiting queue is full (0)", RetryAfter: time.Second}
+				return nil, &router.Rejection{Reason: router.ReasonQueueFull, Message: "all models are busy; the waiting queue is full (0)"}
 			}
 		}
 		var evs []sdk.Event
@@ -117,9 +118,9 @@ func newScriptedRouter() *fakeRouter {
 		var failure error
 		switch {
 		case strings.Contains(text, "[[503]]"):
-			return nil, &rejection{Status: 503, Reason: "queue_full", Message: "all models are busy; the waiting queue is full (0)", RetryAfter: time.Second}
+			return nil, &router.Rejection{Reason: router.ReasonQueueFull, Message: "all models are busy; the waiting queue is full (0)"}
 		case strings.Contains(text, "[[never_fits]]"):
-			return nil, &rejection{Status: 400, Reason: "never_fits", Message: "the request needs 9000 tokens; fake-model holds 4096"}
+			return nil, &router.Rejection{Reason: router.ReasonNeverFits, Message: "the request needs 9000 tokens; fake-model holds 4096"}
 		case last.Role == "tool":
 			evs = []sdk.Event{{Text: "The weather in Oslo is "}, {Text: last.Content}, {Text: "."}}
 		case strings.Contains(text, "[[fail]]"):

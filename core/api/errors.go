@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dflash/dflash_server/core/router"
 )
 
 // shape is the error and body convention of a route family.
@@ -204,23 +206,31 @@ func marshal(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte{'\n'}), nil
 }
 
-// rejectionCodes maps a routing refusal reason to the OpenAI error type and
-// code; the status comes from the router.
-var rejectionCodes = map[string]struct{ kind, code, param string }{
-	"queue_full":          {"unavailable_error", "queue_full", ""},
-	"queue_timeout":       {"unavailable_error", "queue_timeout", ""},
-	"shutting_down":       {"unavailable_error", "shutting_down", ""},
-	"backend_unavailable": {"unavailable_error", "backend_unavailable", ""},
-	"model_loading":       {"unavailable_error", "model_loading", ""},
-	"never_fits":          {"invalid_request_error", "context_length_exceeded", ""},
-	"invalid_request":     {"invalid_request_error", "invalid_value", ""},
-	"unknown_model":       {"invalid_request_error", "model_not_found", "model"},
-	"model_required":      {"invalid_request_error", "model_required", "model"},
+// rejectionAnswer is how the HTTP APIs answer one kind of routing refusal.
+type rejectionAnswer struct {
+	status     int
+	retryAfter time.Duration // > 0 sends Retry-After
+	// kind, code and param are the OpenAI error type, code and param.
+	kind, code, param string
+	// overload refusals follow Options.OverloadStatus.
+	overload bool
 }
 
-// overloadReasons are the refusals that mean "too busy now"; only they follow
-// Options.OverloadStatus.
-var overloadReasons = map[string]bool{"queue_full": true, "queue_timeout": true}
+// unavailableRetry is the Retry-After of every 503: capacity turns over in
+// seconds, and a plugin restart takes about that long too.
+const unavailableRetry = time.Second
+
+// rejectionAnswers is the one table from router reasons to HTTP.
+var rejectionAnswers = map[router.Reason]rejectionAnswer{
+	router.ReasonQueueFull:          {http.StatusServiceUnavailable, unavailableRetry, "unavailable_error", "queue_full", "", true},
+	router.ReasonQueueTimeout:       {http.StatusServiceUnavailable, unavailableRetry, "unavailable_error", "queue_timeout", "", true},
+	router.ReasonShuttingDown:       {http.StatusServiceUnavailable, unavailableRetry, "unavailable_error", "shutting_down", "", false},
+	router.ReasonBackendUnavailable: {http.StatusServiceUnavailable, unavailableRetry, "unavailable_error", "backend_unavailable", "", false},
+	router.ReasonNeverFits:          {http.StatusBadRequest, 0, "invalid_request_error", "context_length_exceeded", "", false},
+	router.ReasonInvalidRequest:     {http.StatusBadRequest, 0, "invalid_request_error", "invalid_value", "", false},
+	router.ReasonUnknownModel:       {http.StatusNotFound, 0, "invalid_request_error", "model_not_found", "model", false},
+	router.ReasonModelRequired:      {http.StatusBadRequest, 0, "invalid_request_error", "model_required", "model", false},
+}
 
 // errorFor turns any error from the router into the answer for route shape
 // sh. Routing refusals keep their status and reason; anything else is a 500.
@@ -229,23 +239,20 @@ func (s *Server) errorFor(err error, sh shape) *apiError {
 	if errors.As(err, &ae) {
 		return ae
 	}
-	var rj *rejection
+	var rj *router.Rejection
 	if !errors.As(err, &rj) {
 		return internalError("%v", err)
 	}
-	e := &apiError{status: rj.Status, message: rj.Message, retryAfter: rj.RetryAfter, reason: rj.Reason}
-	if e.status == 0 {
-		e.status = http.StatusServiceUnavailable
-	}
+	reason := string(rj.Reason)
+	e := &apiError{status: http.StatusServiceUnavailable, retryAfter: unavailableRetry, message: rj.Message, reason: reason, code: reason}
 	if e.message == "" {
-		e.message = strings.ReplaceAll(rj.Reason, "_", " ")
+		e.message = strings.ReplaceAll(reason, "_", " ")
 	}
-	if c, ok := rejectionCodes[rj.Reason]; ok {
-		e.kind, e.code, e.param = c.kind, c.code, c.param
-	} else {
-		e.code = rj.Reason
+	a, ok := rejectionAnswers[rj.Reason]
+	if ok {
+		e.status, e.retryAfter, e.kind, e.code, e.param = a.status, a.retryAfter, a.kind, a.code, a.param
 	}
-	if overloadReasons[rj.Reason] && e.status == http.StatusServiceUnavailable {
+	if a.overload {
 		switch s.opts.OverloadStatus {
 		case http.StatusTooManyRequests:
 			e.status, e.kind = http.StatusTooManyRequests, "rate_limit_error"

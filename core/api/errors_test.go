@@ -7,9 +7,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/matryer/is"
+
+	"github.com/dflash/dflash_server/core/router"
 )
 
 type routeCase struct {
@@ -45,14 +46,14 @@ func TestErrorMapping(t *testing.T) {
 		retryAfter    string
 		reasonHeader  string
 	}{
-		{&rejection{Status: 503, Reason: "queue_full", Message: "queue is full (32)", RetryAfter: time.Second}, 503, "unavailable_error", "queue_full", "", "overloaded_error", "1", "queue-full"},
-		{&rejection{Status: 503, Reason: "queue_timeout", Message: "waited 30s", RetryAfter: 2100 * time.Millisecond}, 503, "unavailable_error", "queue_timeout", "", "overloaded_error", "3", "queue-timeout"},
-		{&rejection{Status: 503, Reason: "shutting_down", Message: "draining", RetryAfter: time.Millisecond}, 503, "unavailable_error", "shutting_down", "", "overloaded_error", "1", "shutting-down"},
-		{&rejection{Status: 503, Reason: "backend_unavailable", Message: "restarting"}, 503, "unavailable_error", "backend_unavailable", "", "overloaded_error", "", "backend-unavailable"},
-		{&rejection{Status: 400, Reason: "never_fits", Message: "needs 9000 tokens; qwen holds 4096"}, 400, "invalid_request_error", "context_length_exceeded", "", "invalid_request_error", "", "never-fits"},
-		{&rejection{Status: 400, Reason: "invalid_request", Message: "template error"}, 400, "invalid_request_error", "invalid_value", "", "invalid_request_error", "", "invalid-request"},
-		{&rejection{Status: 404, Reason: "unknown_model", Message: `model "x" is not loaded`}, 404, "invalid_request_error", "model_not_found", "model", "not_found_error", "", "unknown-model"},
-		{&rejection{Status: 400, Reason: "model_required", Message: "name one of: a, b"}, 400, "invalid_request_error", "model_required", "model", "invalid_request_error", "", "model-required"},
+		{&router.Rejection{Reason: router.ReasonQueueFull, Message: "queue is full (32)"}, 503, "unavailable_error", "queue_full", "", "overloaded_error", "1", "queue-full"},
+		{&router.Rejection{Reason: router.ReasonQueueTimeout, Message: "waited 30s"}, 503, "unavailable_error", "queue_timeout", "", "overloaded_error", "1", "queue-timeout"},
+		{&router.Rejection{Reason: router.ReasonShuttingDown, Message: "draining"}, 503, "unavailable_error", "shutting_down", "", "overloaded_error", "1", "shutting-down"},
+		{&router.Rejection{Reason: router.ReasonBackendUnavailable, Message: "restarting"}, 503, "unavailable_error", "backend_unavailable", "", "overloaded_error", "1", "backend-unavailable"},
+		{&router.Rejection{Reason: router.ReasonNeverFits, Message: "needs 9000 tokens; qwen holds 4096"}, 400, "invalid_request_error", "context_length_exceeded", "", "invalid_request_error", "", "never-fits"},
+		{&router.Rejection{Reason: router.ReasonInvalidRequest, Message: "template error"}, 400, "invalid_request_error", "invalid_value", "", "invalid_request_error", "", "invalid-request"},
+		{&router.Rejection{Reason: router.ReasonUnknownModel, Message: `model "x" is not loaded`}, 404, "invalid_request_error", "model_not_found", "model", "not_found_error", "", "unknown-model"},
+		{&router.Rejection{Reason: router.ReasonModelRequired, Message: "name one of: a, b"}, 400, "invalid_request_error", "model_required", "model", "invalid_request_error", "", "model-required"},
 		{errors.New("plugin connection lost"), 500, "server_error", "internal_error", "", "api_error", "", ""},
 	}
 	for _, rc := range errorRoutes {
@@ -125,7 +126,7 @@ func deref(s *string) string {
 }
 
 func TestOverloadStatus(t *testing.T) {
-	queueFull := &rejection{Status: 503, Reason: "queue_full", Message: "full", RetryAfter: time.Second}
+	queueFull := &router.Rejection{Reason: router.ReasonQueueFull, Message: "full"}
 	tests := []struct {
 		name     string
 		option   int
@@ -140,7 +141,7 @@ func TestOverloadStatus(t *testing.T) {
 		{"429 anthropic", 429, queueFull, "/v1/messages", messagesBody + `}`, 429, "rate_limit_error"},
 		{"529 anthropic", 529, queueFull, "/v1/messages", messagesBody + `}`, 529, "overloaded_error"},
 		{"529 keeps openai at 503", 529, queueFull, "/v1/responses", responsesBody + `}`, 503, "unavailable_error"},
-		{"429 leaves draining at 503", 429, &rejection{Status: 503, Reason: "shutting_down", Message: "draining"}, "/v1/chat/completions", chatBody + `}`, 503, "unavailable_error"},
+		{"429 leaves draining at 503", 429, &router.Rejection{Reason: router.ReasonShuttingDown, Message: "draining"}, "/v1/chat/completions", chatBody + `}`, 503, "unavailable_error"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -23,7 +24,7 @@ type fakeRouter struct {
 	tokenErr error
 }
 
-func (f *fakeRouter) Start(ctx context.Context, req *sdk.ChatRequest) (*fakeStream, error) {
+func (f *fakeRouter) Start(ctx context.Context, req *sdk.ChatRequest) (Stream, error) {
 	f.mu.Lock()
 	f.last = req
 	script := f.script
@@ -84,8 +85,16 @@ type fakeModelStatus struct {
 	Slots int    `json:"slots"`
 }
 
-func (f *fakeRouter) Models() []fakeModelStatus {
+func (f *fakeRouter) models() []fakeModelStatus {
 	return []fakeModelStatus{{Name: "fake-model", State: "ready", Slots: 2}, {Name: "fake-fallback", State: "loading", Slots: 1}}
+}
+
+func (f *fakeRouter) Models() []any {
+	var out []any
+	for _, m := range f.models() {
+		out = append(out, m)
+	}
+	return out
 }
 
 type fakeStatus struct {
@@ -94,8 +103,8 @@ type fakeStatus struct {
 	Models  []fakeModelStatus `json:"models"`
 }
 
-func (f *fakeRouter) Status() fakeStatus {
-	return fakeStatus{Policy: "primary-first", Models: f.Models()}
+func (f *fakeRouter) Status() any {
+	return fakeStatus{Policy: "primary-first", Models: f.models()}
 }
 
 // fakeStream replays events, then io.EOF; with failWith set it returns that
@@ -187,4 +196,4 @@ func refuse(err error) func(*sdk.ChatRequest) (*fakeStream, error) {
 	return func(*sdk.ChatRequest) (*fakeStream, error) { return nil, err }
 }
 
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+func discardLogger() hclog.Logger { return hclog.NewNullLogger() }

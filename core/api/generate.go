@@ -210,7 +210,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation) {
 	g.req.ID = g.requestID
 	began := time.Now()
 	api := apiName(r.URL.Path)
-	st, err := s.rt.start(ctx, g.req)
+	st, err := s.rt.Start(ctx, g.req)
 	if err != nil {
 		if ctx.Err() != nil {
 			// The client left while waiting: nobody reads an answer.

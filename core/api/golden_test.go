@@ -18,6 +18,7 @@ import (
 
 	"github.com/matryer/is"
 
+	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -105,7 +106,7 @@ func goldenCases() []goldenCase {
 		{name: "chat_stream_fail", path: "/v1/chat/completions", body: chatBody + `,"stream":true}`, script: failing(backendDied, sdk.Event{Text: "Partial"})},
 		{name: "chat_fail", path: "/v1/chat/completions", body: chatBody + `}`, script: failing(backendDied, sdk.Event{Text: "Partial"})},
 		{name: "chat_queue_full", path: "/v1/chat/completions", body: chatBody + `}`,
-			script: refuse(&rejection{Status: 503, Reason: "queue_full", Message: "all models are busy; the waiting queue is full (32)", RetryAfter: 1500 * time.Millisecond})},
+			script: refuse(&router.Rejection{Reason: router.ReasonQueueFull, Message: "all models are busy; the waiting queue is full (32)"})},
 
 		{name: "messages_reasoning", path: "/v1/messages", body: messagesBody + `}`, script: stream(evReasoningText...)},
 		{name: "messages_stream_reasoning", path: "/v1/messages", body: messagesBody + `,"stream":true}`, script: stream(evReasoningText...)},
@@ -115,7 +116,7 @@ func goldenCases() []goldenCase {
 		{name: "messages_length", path: "/v1/messages", body: messagesBody + `}`, script: stream(evLength...)},
 		{name: "messages_stream_fail", path: "/v1/messages", body: messagesBody + `,"stream":true}`, script: failing(backendDied, sdk.Event{Reasoning: "Hmm"})},
 		{name: "messages_queue_full", path: "/v1/messages", body: messagesBody + `}`,
-			script: refuse(&rejection{Status: 503, Reason: "queue_full", Message: "all models are busy; the waiting queue is full (32)", RetryAfter: time.Second})},
+			script: refuse(&router.Rejection{Reason: router.ReasonQueueFull, Message: "all models are busy; the waiting queue is full (32)"})},
 		{name: "messages_missing_max_tokens", path: "/v1/messages", body: `{"model":"any","messages":[{"role":"user","content":"hi"}]}`},
 
 		{name: "responses_reasoning", path: "/v1/responses", body: responsesBody + `,"reasoning":{"effort":"low"}}`, script: stream(evReasoningText...)},

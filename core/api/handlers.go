@@ -91,7 +91,7 @@ func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.ID = requestID(r)
-	model, n, err := s.rt.countTokens(r.Context(), req)
+	model, n, err := s.rt.CountTokens(r.Context(), req)
 	if err != nil {
 		s.tokenError(w, r, err)
 		return
@@ -132,7 +132,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, missingParam("content"))
 		return
 	}
-	model, ids, err := s.rt.tokenize(r.Context(), in.Model, *in.Content, in.AddSpecial)
+	model, ids, err := s.rt.Tokenize(r.Context(), in.Model, *in.Content, in.AddSpecial)
 	if err != nil {
 		s.tokenError(w, r, err)
 		return
@@ -166,7 +166,7 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, missingParam("tokens"))
 		return
 	}
-	model, text, err := s.rt.detokenize(r.Context(), in.Model, in.Tokens)
+	model, text, err := s.rt.Detokenize(r.Context(), in.Model, in.Tokens)
 	if err != nil {
 		s.tokenError(w, r, err)
 		return
@@ -196,7 +196,7 @@ type anthropicModel struct {
 // modelEntries lists the router's models in OpenAI's shape; the router's
 // per-model status rides along under "dflash" (SDKs ignore extra keys).
 func (s *Server) modelEntries() ([]modelEntry, error) {
-	ms := s.rt.models()
+	ms := s.rt.Models()
 	data := make([]modelEntry, 0, len(ms))
 	for _, m := range ms {
 		raw, err := marshal(m)
@@ -299,7 +299,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, s.rt.status())
+	writeJSON(w, http.StatusOK, s.rt.Status())
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {

@@ -135,7 +135,7 @@ func TestWithRealRouter(t *testing.T) {
 			qwen := &inprocBackend{name: "qwen", outcome: tc.primary, reason: "bad template", events: helloEvents}
 			ds4 := &inprocBackend{name: "ds4", outcome: tc.second, events: helloEvents}
 			rt := newRealRouter(router.Config{LoadBalancing: tc.lb}, qwen, ds4)
-			s := New(rt, Options{})
+			s := New(FromRouter(rt), Options{})
 			rec := do(s, "POST", tc.path, tc.body, nil)
 			is.Equal(rec.Code, tc.status)
 			is.Equal(rec.Header().Get("X-Dflash-Model"), tc.model)
@@ -152,7 +152,7 @@ func TestWithRealRouter(t *testing.T) {
 func TestWithRealRouterTokensAndInfo(t *testing.T) {
 	is := is.New(t)
 	rt := newRealRouter(router.Config{LoadBalancing: true}, &inprocBackend{name: "qwen"}, &inprocBackend{name: "ds4"})
-	s := New(rt, Options{})
+	s := New(FromRouter(rt), Options{})
 
 	rec := do(s, "POST", "/tokenize", `{"model":"ds4","content":"hi"}`, nil)
 	is.Equal(rec.Code, 200)
@@ -201,7 +201,7 @@ func TestWithRealRouterDisconnect(t *testing.T) {
 	qwen := &inprocBackend{name: "qwen", outcome: sdk.OutcomeAdmitted, events: []sdk.Event{{Text: "first"}}, hang: true,
 		started: make(chan struct{}), cancelled: make(chan struct{})}
 	rt := newRealRouter(router.Config{}, qwen)
-	srv := httptest.NewServer(New(rt, Options{}))
+	srv := httptest.NewServer(New(FromRouter(rt), Options{}))
 	defer srv.Close()
 	res, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody+`,"stream":true}`))
 	is.NoErr(err)
@@ -226,6 +226,6 @@ func TestWithRealRouterDisconnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	is.NoErr(rt.Wait(ctx)) // every reservation released
-	rec := do(New(rt, Options{}), "POST", "/v1/chat/completions", chatBody+`}`, nil)
+	rec := do(New(FromRouter(rt), Options{}), "POST", "/v1/chat/completions", chatBody+`}`, nil)
 	is.Equal(rec.Code, 200)
 }

@@ -5,14 +5,15 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/julienschmidt/httprouter"
 
+	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -34,22 +35,45 @@ type Stream interface {
 	Close()
 }
 
-// Router is what the HTTP layer needs from core/router; *router.Router
-// satisfies it with S = *router.Stream, M = router.ModelStatus and
-// T = router.Status, all inferred by New.
-type Router[S Stream, M any, T any] interface {
+// Router is what the HTTP layer needs from the router; FromRouter adapts
+// core/router's *Router to it. Its methods are called concurrently.
+type Router interface {
 	// Start routes one request; nothing is written before it returns.
 	// Refusals are *router.Rejection errors.
-	Start(ctx context.Context, req *sdk.ChatRequest) (S, error)
+	Start(ctx context.Context, req *sdk.ChatRequest) (Stream, error)
 	Tokenize(ctx context.Context, model, text string, addSpecial bool) (string, []int32, error)
 	Detokenize(ctx context.Context, model string, ids []int32) (string, string, error)
 	CountTokens(ctx context.Context, req *sdk.ChatRequest) (string, int, error)
 	// Models lists the loaded models in priority order; each must marshal
 	// to a JSON object with a "name" field.
-	Models() []M
+	Models() []any
 	// Status is the JSON of /props and /status/json.
-	Status() T
+	Status() any
 }
+
+// FromRouter adapts core/router's *Router to Router.
+func FromRouter(r *router.Router) Router { return routerAdapter{r} }
+
+type routerAdapter struct{ *router.Router }
+
+func (a routerAdapter) Start(ctx context.Context, req *sdk.ChatRequest) (Stream, error) {
+	s, err := a.Router.Start(ctx, req)
+	if err != nil {
+		return nil, err // never a typed nil inside the interface
+	}
+	return s, nil
+}
+
+func (a routerAdapter) Models() []any {
+	ms := a.Router.Models()
+	out := make([]any, len(ms))
+	for i, m := range ms {
+		out[i] = m
+	}
+	return out
+}
+
+func (a routerAdapter) Status() any { return a.Router.Status() }
 
 // Options configure a Server; the zero value serves without auth or CORS
 // with the default limits.
@@ -83,8 +107,8 @@ type Options struct {
 	// Heartbeat is the keep-alive interval of a quiet SSE stream (a comment,
 	// or Anthropic's ping event). Default 10s; negative disables.
 	Heartbeat time.Duration
-	// Logger receives handler panics; nil uses slog.Default().
-	Logger *slog.Logger
+	// Logger receives handler panics; nil uses hclog.Default().
+	Logger hclog.Logger
 	// OwnedBy is the owned_by of /v1/models entries. Default "dflash_server".
 	OwnedBy string
 	// ObserveRequest, when set, is told the outcome of every generation
@@ -96,7 +120,7 @@ type Options struct {
 
 // Server serves the HTTP API. It is an http.Handler.
 type Server struct {
-	rt      routerView
+	rt      Router
 	opts    Options
 	lim     limits
 	handler http.Handler
@@ -107,52 +131,8 @@ type Server struct {
 	created int64
 }
 
-// routerView is the non-generic view of a Router that handlers use.
-type routerView interface {
-	start(ctx context.Context, req *sdk.ChatRequest) (Stream, error)
-	tokenize(ctx context.Context, model, text string, addSpecial bool) (string, []int32, error)
-	detokenize(ctx context.Context, model string, ids []int32) (string, string, error)
-	countTokens(ctx context.Context, req *sdk.ChatRequest) (string, int, error)
-	models() []any
-	status() any
-}
-
-type routerAdapter[S Stream, M any, T any] struct{ r Router[S, M, T] }
-
-func (a routerAdapter[S, M, T]) start(ctx context.Context, req *sdk.ChatRequest) (Stream, error) {
-	s, err := a.r.Start(ctx, req)
-	if err != nil {
-		// Never return a typed nil inside the interface.
-		return nil, err
-	}
-	return s, nil
-}
-
-func (a routerAdapter[S, M, T]) tokenize(ctx context.Context, model, text string, addSpecial bool) (string, []int32, error) {
-	return a.r.Tokenize(ctx, model, text, addSpecial)
-}
-
-func (a routerAdapter[S, M, T]) detokenize(ctx context.Context, model string, ids []int32) (string, string, error) {
-	return a.r.Detokenize(ctx, model, ids)
-}
-
-func (a routerAdapter[S, M, T]) countTokens(ctx context.Context, req *sdk.ChatRequest) (string, int, error) {
-	return a.r.CountTokens(ctx, req)
-}
-
-func (a routerAdapter[S, M, T]) models() []any {
-	ms := a.r.Models()
-	out := make([]any, len(ms))
-	for i, m := range ms {
-		out[i] = m
-	}
-	return out
-}
-
-func (a routerAdapter[S, M, T]) status() any { return a.r.Status() }
-
 // New builds the HTTP API over r.
-func New[S Stream, M any, T any](r Router[S, M, T], opts Options) *Server {
+func New(r Router, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 32 << 20
 	}
@@ -169,13 +149,13 @@ func New[S Stream, M any, T any](r Router[S, M, T], opts Options) *Server {
 		opts.Heartbeat = 10 * time.Second
 	}
 	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+		opts.Logger = hclog.Default()
 	}
 	if opts.OwnedBy == "" {
 		opts.OwnedBy = "dflash_server"
 	}
 	s := &Server{
-		rt:    routerAdapter[S, M, T]{r},
+		rt:    r,
 		opts:  opts,
 		lim:   limits{maxBody: opts.MaxBodyBytes, maxDepth: opts.MaxJSONDepth, maxMessages: opts.MaxMessages, maxTokens: opts.MaxTokens},
 		now:   time.Now,

@@ -178,7 +178,7 @@ type blockingRouter struct {
 	started chan struct{}
 }
 
-func (b *blockingRouter) Start(ctx context.Context, _ *sdk.ChatRequest) (*fakeStream, error) {
+func (b *blockingRouter) Start(ctx context.Context, _ *sdk.ChatRequest) (Stream, error) {
 	close(b.started)
 	<-ctx.Done()
 	return nil, ctx.Err()

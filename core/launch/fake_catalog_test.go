@@ -11,6 +11,8 @@ import (
 type fakeCatalog struct {
 	archs    map[string]string // path → general.architecture
 	backends []BackendHelp
+	// probes counts calls that start plugin processes in the real catalog.
+	probes int
 }
 
 func (c *fakeCatalog) DetectArch(path string) (string, error) {
@@ -22,6 +24,7 @@ func (c *fakeCatalog) DetectArch(path string) (string, error) {
 }
 
 func (c *fakeCatalog) Backend(arch string) (string, []sdk.OptionSpec, error) {
+	c.probes++
 	for _, b := range c.backends {
 		for _, a := range b.Architectures {
 			if a == arch {
@@ -32,7 +35,10 @@ func (c *fakeCatalog) Backend(arch string) (string, []sdk.OptionSpec, error) {
 	return "", nil, fmt.Errorf("no backend plugin serves architecture %q", arch)
 }
 
-func (c *fakeCatalog) Backends() []BackendHelp { return c.backends }
+func (c *fakeCatalog) Backends() []BackendHelp {
+	c.probes++
+	return c.backends
+}
 
 var (
 	qwenOptions = []sdk.OptionSpec{

@@ -543,3 +543,30 @@ func TestLevenshtein(t *testing.T) {
 		})
 	}
 }
+
+// TestWrongCommandLineStartsNoPlugin: mistakes that need no plugin to see
+// are reported before any plugin is probed (the real catalog starts every
+// backend binary to ask its options).
+func TestWrongCommandLineStartsNoPlugin(t *testing.T) {
+	tests := []struct {
+		name, args, want string
+	}{
+		{"no model", "--port 9000", "no model given"},
+		{"double dash", "-- /m/a.gguf", `"--" is not supported`},
+		{"bad global value", "--log-level loud /m/a.gguf", "--log-level must be one of"},
+		{"missing value", "--port", "--port: missing value"},
+		{"missing model file", "/m/missing.gguf --model /m/a.gguf", "failed to detect architecture from /m/missing.gguf"},
+		{"model needs a path", "/m/a.gguf --model", "--model needs a path"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			cat := newFakeCatalog()
+			_, err := Parse(strings.Fields(tt.args), cat)
+			var ue *UsageError
+			is.True(errors.As(err, &ue))                    // a usage error
+			is.True(strings.Contains(err.Error(), tt.want)) // the expected one
+			is.Equal(cat.probes, 0)                         // and no plugin was started to find it
+		})
+	}
+}

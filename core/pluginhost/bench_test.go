@@ -18,7 +18,7 @@ func (c *countingEmitter) Emit(sdk.Event) error      { c.events++; return nil }
 func benchBackend(b *testing.B, reply string) *pluginhost.Backend {
 	b.Helper()
 	f := pluginhost.File{Kind: pluginhost.KindBackend, Name: "scripted", Path: pluginDir + "/dflash-backend-scripted"}
-	be, err := pluginhost.LaunchBackend(context.Background(), f, logger())
+	be, err := pluginhost.LaunchBackend(context.Background(), f, pluginhost.Options{Logger: logger()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/hashicorp/go-multierror"
 
-	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // Kind is a plugin kind, named by its binary prefix.
@@ -78,7 +78,7 @@ func classify(base string) (Kind, string, bool) {
 	for _, k := range []struct {
 		kind   Kind
 		prefix string
-	}{{KindBackend, sdk.BackendPrefix}, {KindPolicy, sdk.PolicyPrefix}} {
+	}{{KindBackend, transport.BackendPrefix}, {KindPolicy, transport.PolicyPrefix}} {
 		if name, ok := strings.CutPrefix(base, k.prefix); ok && name != "" {
 			return k.kind, name, true
 		}

@@ -1,7 +1,6 @@
 package pluginhost
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
@@ -24,6 +24,10 @@ type process struct {
 	impl   any
 }
 
+// startTimeout bounds the go-plugin handshake; loading happens later, in
+// the Load RPC.
+const startTimeout = 20 * time.Second
+
 // launch starts f, negotiates the protocol and dispenses its kind. Every
 // failure is one line naming the file.
 func launch(f File, logger hclog.Logger, env []string) (*process, error) {
@@ -31,12 +35,12 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	cmd.Env = append(cmd.Environ(), env...)
 	dieWithParent(cmd)
 	cfg := &plugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake,
-		VersionedPlugins: sdk.HostPluginSets(),
+		HandshakeConfig:  transport.Handshake,
+		VersionedPlugins: transport.HostPluginSets(),
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           logger.Named(f.Kind.String() + "." + f.Name),
-		StartTimeout:     20 * time.Second,
+		StartTimeout:     startTimeout,
 		Managed:          true,
 		AutoMTLS:         true,
 	}
@@ -48,19 +52,30 @@ func launch(f File, logger hclog.Logger, env []string) (*process, error) {
 	rpc, err := client.Client()
 	if err != nil {
 		client.Kill()
-		return nil, fmt.Errorf("plugin %s: %s", f.Path, oneLine(describeLaunchErr(err)))
+		return nil, &LaunchError{Path: f.Path, Reason: oneLine(describeLaunchErr(err)), Err: err}
 	}
-	name := sdk.BackendPluginName
+	name := transport.BackendPluginName
 	if f.Kind == KindPolicy {
-		name = sdk.PolicyPluginName
+		name = transport.PolicyPluginName
 	}
 	impl, err := rpc.Dispense(name)
 	if err != nil {
 		client.Kill()
-		return nil, fmt.Errorf("plugin %s: dispense %s: %s", f.Path, name, oneLine(err.Error()))
+		return nil, &LaunchError{Path: f.Path, Reason: "dispense " + name + ": " + oneLine(err.Error()), Err: err}
 	}
 	return &process{file: f, client: client, impl: impl}, nil
 }
+
+// LaunchError is a plugin binary that could not be started as a plugin:
+// Path names the file and Reason says why in words an operator can act on.
+type LaunchError struct {
+	Path   string
+	Reason string
+	Err    error // go-plugin's own error
+}
+
+func (e *LaunchError) Error() string { return "plugin " + e.Path + ": " + e.Reason }
+func (e *LaunchError) Unwrap() error { return e.Err }
 
 func (k Kind) String() string { return string(k) }
 
@@ -76,6 +91,8 @@ func describeLaunchErr(err error) string {
 		return "not a dflash plugin (no go-plugin handshake on stdout)"
 	case strings.Contains(err.Error(), "plugin exited before we could connect"):
 		return "not a dflash plugin or wrong handshake: it exited before the handshake"
+	case strings.Contains(err.Error(), "timeout while waiting for plugin to start"):
+		return fmt.Sprintf("not a dflash plugin: no handshake within %s", startTimeout)
 	}
 	return err.Error()
 }
@@ -96,17 +113,21 @@ func checkAPIVersion(f File, v int) error {
 	return nil
 }
 
-// kill ends the process; Shutdown RPCs are the caller's business.
-func (p *process) kill() { p.client.Kill() }
-
-// exited reports whether the process has gone away.
-func (p *process) exited() bool { return p.client.Exited() }
-
-// LaunchPolicy starts a policy plugin and checks its Info.
-func LaunchPolicy(ctx context.Context, f File, logger hclog.Logger) (*Policy, error) {
-	p := &Policy{file: f, logger: logger}
-	if err := p.start(ctx); err != nil {
-		return nil, err
+// kill ends the process; Shutdown RPCs are the caller's business. A
+// process without a go-plugin client (a test double) has nothing to kill.
+func (p *process) kill() {
+	if p.client != nil {
+		p.client.Kill()
 	}
-	return p, nil
+}
+
+// pid is the process id, 0 when unknown.
+func (p *process) pid() int {
+	if p.client == nil {
+		return 0
+	}
+	if rc := p.client.ReattachConfig(); rc != nil {
+		return rc.Pid
+	}
+	return 0
 }

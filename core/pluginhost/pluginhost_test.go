@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/matryer/is"
 
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/core/pluginhost"
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -112,7 +113,7 @@ func (r *recorder) text() string {
 func loadScripted(t *testing.T, opts map[string]string) *pluginhost.Backend {
 	t.Helper()
 	is := is.New(t)
-	b, err := pluginhost.LaunchBackend(context.Background(), findFile(t, pluginDir, "dflash-backend-scripted"), logger())
+	b, err := pluginhost.LaunchBackend(context.Background(), findFile(t, pluginDir, "dflash-backend-scripted"), pluginhost.Options{Logger: logger()})
 	is.NoErr(err) // launch the real scripted backend binary
 	t.Cleanup(func() { _ = b.Shutdown(context.Background()) })
 	model := filepath.Join(t.TempDir(), "m.gguf")
@@ -157,7 +158,7 @@ func TestCancelMidStream(t *testing.T) {
 	is.Equal(st.ActiveSequences, 0) // sequence retired before Start returned
 	is.Equal(st.KVTokensUsed, 0)    // and its KV freed
 	state, restarts := b.Health()
-	is.Equal(state, pluginhost.StateReady)
+	is.Equal(state, health.Ready)
 	is.Equal(restarts, 0)
 	rec2 := newRecorder()
 	is.NoErr(b.Start(context.Background(), chat("again", 8), rec2))
@@ -177,7 +178,7 @@ func TestKillMidStreamRestarts(t *testing.T) {
 	}
 	err := b.Start(context.Background(), chat("x", 200), rec)
 	is.True(errors.Is(err, sdk.ErrUnavailable)) // a clean, typed error, not a hang or panic
-	waitFor(t, func() bool { s, _ := b.Health(); return s == pluginhost.StateReady && b.Pid() != pid })
+	waitFor(t, func() bool { s, _ := b.Health(); return s == health.Ready && b.Pid() != pid })
 	_, restarts := b.Health()
 	is.Equal(restarts, 1) // restarted once with a fresh client
 	rec2 := newRecorder()
@@ -190,7 +191,7 @@ func TestPolicyPlugin(t *testing.T) {
 		t.Fatalf("policy plugin not built: %v", err)
 	}
 	is := is.New(t)
-	p, err := pluginhost.LaunchPolicy(context.Background(), findFile(t, pluginDir, "dflash-policy-primary-first"), logger())
+	p, err := pluginhost.LaunchPolicy(context.Background(), findFile(t, pluginDir, "dflash-policy-primary-first"), pluginhost.Options{Logger: logger()})
 	is.NoErr(err)
 	defer p.Close()
 	snap := sdk.Snapshot{Models: []sdk.ModelState{
@@ -242,7 +243,7 @@ func TestBadPlugins(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			is := is.New(t)
-			_, err := pluginhost.LaunchBackend(context.Background(), findFile(t, dir, tt.file), logger())
+			_, err := pluginhost.LaunchBackend(context.Background(), findFile(t, dir, tt.file), pluginhost.Options{Logger: logger()})
 			is.True(err != nil)
 			msg := err.Error()
 			is.True(strings.Contains(msg, filepath.Join(dir, tt.file))) // names the file
@@ -297,3 +298,24 @@ func waitFor(t *testing.T, cond func() bool) {
 // writeFile creates a stand-in model file; the scripted backend only checks
 // that it exists.
 func writeFile(path string) error { return os.WriteFile(path, []byte("GGUF"), 0o644) }
+
+// TestPolicyRestartBudget: the policy plugin restarts within its budget and
+// then stays failed, answering ErrUnavailable so the router falls back to
+// block order (issue 14 item 6: it restarted without a budget).
+func TestPolicyRestartBudget(t *testing.T) {
+	is := is.New(t)
+	p, err := pluginhost.LaunchPolicy(context.Background(), findFile(t, pluginDir, "dflash-policy-primary-first"), pluginhost.Options{
+		Logger:  logger(),
+		Restart: pluginhost.RestartPolicy{Budget: 1, Window: time.Hour, BackoffInitial: time.Millisecond, BackoffMax: time.Millisecond, AttemptTimeout: time.Minute},
+	})
+	is.NoErr(err)
+	defer p.Close()
+	pid := p.Pid()
+	is.NoErr(syscall.Kill(pid, syscall.SIGKILL))
+	waitFor(t, func() bool { st, n := p.Health(); return st == health.Ready && n == 1 })
+	is.True(p.Pid() != pid) // a fresh process
+	is.NoErr(syscall.Kill(p.Pid(), syscall.SIGKILL))
+	waitFor(t, func() bool { st, _ := p.Health(); return st == health.Failed })
+	_, err = p.Order(context.Background(), sdk.Snapshot{})
+	is.True(errors.Is(err, sdk.ErrUnavailable)) // the router falls back to block order
+}

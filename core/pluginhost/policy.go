@@ -3,113 +3,71 @@ package pluginhost
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sync"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
-
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
-// Policy is a supervised policy plugin. While its process is restarting,
-// Order fails with sdk.ErrUnavailable and the router uses the configured
-// block order instead.
+// Policy is a supervised policy plugin. While its process is restarting (or
+// after its restart budget is spent), Order fails with sdk.ErrUnavailable
+// and the router uses the configured block order instead.
 type Policy struct {
-	file   File
-	logger hclog.Logger
+	sup *supervisor[*transport.PolicyClient]
 
-	mu       sync.Mutex
-	proc     *process
-	client   *sdk.PolicyClient
-	info     sdk.PolicyInfo
-	opts     map[string]string
-	restarts int
-	closing  bool
+	mu   sync.Mutex
+	info sdk.PolicyInfo
+	opts map[string]string // set by Configure; a restart configures again
 }
 
 var _ sdk.Policy = (*Policy)(nil)
 
-func (p *Policy) start(ctx context.Context) error {
-	proc, err := launch(p.file, p.logger, nil)
+// LaunchPolicy starts a policy plugin, checks its Info and supervises it.
+func LaunchPolicy(ctx context.Context, f File, o Options) (*Policy, error) {
+	p := &Policy{}
+	p.sup = newSupervisor(f, "policy", o, PolicyRestart, p.prepare)
+	if err := p.sup.start(ctx); err != nil {
+		return nil, err
+	}
+	p.sup.serve()
+	return p, nil
+}
+
+// prepare checks a fresh process and, on a restart, passes the options
+// again. ctx carries the restart policy's deadline on restarts.
+func (p *Policy) prepare(ctx context.Context, c *transport.PolicyClient, _ bool) error {
+	f := p.sup.file
+	info, err := c.Info(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("plugin %s: info: %w", f.Path, err)
 	}
-	client, ok := proc.impl.(*sdk.PolicyClient)
-	if !ok {
-		proc.kill()
-		return fmt.Errorf("plugin %s: not a policy plugin", p.file.Path)
-	}
-	info, err := client.Info(ctx)
-	if err != nil {
-		proc.kill()
-		return fmt.Errorf("plugin %s: info: %w", p.file.Path, err)
-	}
-	if err := checkAPIVersion(p.file, info.APIVersion); err != nil {
-		proc.kill()
+	if err := checkAPIVersion(f, info.APIVersion); err != nil {
 		return err
 	}
 	p.mu.Lock()
 	opts := p.opts
 	p.mu.Unlock()
 	if opts != nil {
-		if err := client.Configure(ctx, opts); err != nil {
-			proc.kill()
-			return fmt.Errorf("plugin %s: configure: %w", p.file.Path, err)
+		if err := c.Configure(ctx, opts); err != nil {
+			return fmt.Errorf("plugin %s: configure: %w", f.Path, err)
 		}
 	}
 	p.mu.Lock()
-	p.proc, p.client, p.info = proc, client, info
+	p.info = info
 	p.mu.Unlock()
-	go p.watch(proc, client)
 	return nil
 }
 
-func (p *Policy) watch(proc *process, client *sdk.PolicyClient) {
-	<-client.Exited()
-	p.mu.Lock()
-	if p.closing || p.proc != proc {
-		p.mu.Unlock()
-		return
-	}
-	p.client = nil
-	p.mu.Unlock()
-	proc.kill()
-	p.logger.Warn("policy plugin exited; restarting", "plugin", p.file.Path)
-	backoff := backoffInitial
-	for {
-		p.mu.Lock()
-		closing := p.closing
-		p.mu.Unlock()
-		if closing {
-			return
-		}
-		err := p.start(context.Background())
-		if err == nil {
-			p.mu.Lock()
-			p.restarts++
-			p.mu.Unlock()
-			return
-		}
-		p.logger.Warn("policy restart failed", "plugin", p.file.Path, "error", err)
-		time.Sleep(backoff)
-		backoff = min(2*backoff, backoffMax)
-	}
-}
+// Health reports the policy's state and how often its process was
+// restarted.
+func (p *Policy) Health() (health.State, int) { return p.sup.health() }
 
 // Restarts counts restarts of the policy process.
 func (p *Policy) Restarts() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.restarts
-}
-
-func (p *Policy) current() (*sdk.PolicyClient, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.client == nil {
-		return nil, fmt.Errorf("%w: policy %s is restarting", sdk.ErrUnavailable, p.file.Name)
-	}
-	return p.client, nil
+	_, n := p.sup.health()
+	return n
 }
 
 func (p *Policy) Info(context.Context) (sdk.PolicyInfo, error) {
@@ -120,48 +78,30 @@ func (p *Policy) Info(context.Context) (sdk.PolicyInfo, error) {
 
 // Configure passes options and remembers them for restarts.
 func (p *Policy) Configure(ctx context.Context, opts map[string]string) error {
-	c, err := p.current()
+	c, err := p.sup.current(false)
 	if err != nil {
 		return err
 	}
 	if err := c.Configure(ctx, opts); err != nil {
-		return fmt.Errorf("policy %s: %w", p.file.Name, err)
+		return fmt.Errorf("policy %s: %w", p.sup.file.Name, err)
 	}
 	p.mu.Lock()
-	p.opts = opts
+	p.opts = maps.Clone(opts)
 	p.mu.Unlock()
 	return nil
 }
 
 func (p *Policy) Order(ctx context.Context, snap sdk.Snapshot) (sdk.Decision, error) {
-	c, err := p.current()
+	c, err := p.sup.current(false)
 	if err != nil {
 		return sdk.Decision{}, err
 	}
 	return c.Order(ctx, snap)
 }
 
-// Close kills the policy process; no restart follows.
-func (p *Policy) Close() {
-	p.mu.Lock()
-	p.closing = true
-	proc := p.proc
-	p.client = nil
-	p.mu.Unlock()
-	if proc != nil {
-		proc.kill()
-	}
-}
+// Close kills the policy process; no restart follows, and a restart or
+// back-off in progress is abandoned.
+func (p *Policy) Close() { _ = p.sup.stop(context.Background(), nil) }
 
 // Pid is the plugin process id (tests use it to kill the process).
-func (p *Policy) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.proc == nil {
-		return 0
-	}
-	if rc := p.proc.client.ReattachConfig(); rc != nil {
-		return rc.Pid
-	}
-	return 0
-}
+func (p *Policy) Pid() int { return p.sup.pid() }

@@ -5,5 +5,5 @@ package pluginhost
 import "os/exec"
 
 // dieWithParent has no kernel support here; plugins watch their parent
-// themselves (sdk.ServeBackend).
+// themselves (transport.ServeBackend).
 func dieWithParent(*exec.Cmd) {}

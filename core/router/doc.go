@@ -1,9 +1,12 @@
 // Package router decides which loaded model serves a generation request and
-// when: it asks the routing policy for an order of candidate models, takes a
+// when. It knows nothing of HTTP: a refusal is a *Rejection with a typed
+// Reason and its cause, which core/api turns into a status.
+//
+// It asks the routing policy for an order of candidate models, takes a
 // listener reservation in core/admission, opens the backend's Start stream
 // and reads its engine-level admission. Busy models are skipped, models the
 // request can never fit are dropped, and when every candidate is busy the
-// request waits in the bounded FIFO queue until capacity is released (or the
+// request waits in core/admission's bounded FIFO queue until capacity is released (or the
 // periodic retry sees engine-side capacity). Nothing reaches the client
 // before Start returns a Stream, so fallback always happens before response
 // headers and before prefill.
@@ -14,18 +17,18 @@
 //     it finishes, is cancelled or fails.
 //   - busy: the reservation is given back and the next candidate is tried.
 //   - never fits: the model is dropped for this request; when no candidate
-//     is left the request gets a 400 naming the tokens needed and each
+//     is left the request is refused (never_fits) naming the tokens needed and each
 //     model's limit. Before a request first waits, the models whose backend
 //     has not judged it yet are checked with Backend.CountTokens against
 //     their context and KV pool, so a request that can never fit gets its
-//     400 at once, never a queue_full 503 or a wait.
-//   - invalid: 400 invalid_request, no fallback (the request is wrong).
+//     never_fits at once, never a queue_full or a wait.
+//   - invalid: invalid_request, no fallback (the request is wrong).
 //   - Start fails before its admission: when the model's Health says
 //     restarting or loading, or the error is sdk.ErrUnavailable (the plugin
 //     died), the model is treated as busy (the supervisor brings it back);
 //     when Health says failed the model is dropped like a never-fitting one
-//     (a request left with only failed models gets 503 backend_unavailable);
-//     any other error ends the request with 503 backend_unavailable and no
+//     (a request left with only failed models gets backend_unavailable);
+//     any other error ends the request with backend_unavailable and no
 //     fallback, because a backend that misbehaves for one request is not a
 //     capacity signal.
 //

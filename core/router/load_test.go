@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,11 +51,11 @@ func TestLoadEveryRequestEndsOnce(t *testing.T) {
 				s, err := f.r.Start(context.Background(), chat(fmt.Sprint(i), prompt, 10))
 				if err != nil {
 					switch rj := rejectionOf(err); {
-					case rj != nil && rj.Status == http.StatusServiceUnavailable:
+					case rj != nil && rj.Reason == router.ReasonQueueFull, rj != nil && rj.Reason == router.ReasonQueueTimeout:
 						busy.Add(1)
 						// Clients back off before their next request.
 						time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Microsecond)
-					case rj != nil && rj.Status == http.StatusBadRequest:
+					case rj != nil && rj.Reason == router.ReasonNeverFits:
 						never.Add(1)
 					default:
 						other.Add(1)
@@ -87,15 +86,15 @@ func TestLoadEveryRequestEndsOnce(t *testing.T) {
 	val := func(name string, labels map[string]string) int64 {
 		return int64(metricValue(t, f.met, name, labels))
 	}
-	rejected503 := val("dflash_admission_rejections_total", map[string]string{"reason": router.ReasonQueueFull}) +
-		val("dflash_admission_rejections_total", map[string]string{"reason": router.ReasonQueueTimeout})
-	is.Equal(rejected503, busy.Load())                                                                                    // every 503 counted once
-	is.Equal(val("dflash_admission_rejections_total", map[string]string{"reason": router.ReasonNeverFits}), never.Load()) // every 400 counted once
-	is.Equal(val("dflash_generation_tokens_total", nil), 3*served.Load())                                                 // every success counted once
-	is.Equal(val("dflash_queue_wait_seconds", nil), served.Load())                                                        // one queue-wait sample per admission
+	rejected503 := val("dflash_admission_rejections_total", map[string]string{"reason": string(router.ReasonQueueFull)}) +
+		val("dflash_admission_rejections_total", map[string]string{"reason": string(router.ReasonQueueTimeout)})
+	is.Equal(rejected503, busy.Load())                                                                                            // every 503 counted once
+	is.Equal(val("dflash_admission_rejections_total", map[string]string{"reason": string(router.ReasonNeverFits)}), never.Load()) // every 400 counted once
+	is.Equal(val("dflash_generation_tokens_total", nil), 3*served.Load())                                                         // every success counted once
+	is.Equal(val("dflash_queue_wait_seconds", nil), served.Load())                                                                // one queue-wait sample per admission
 	is.Equal(val("dflash_requests_running", nil), int64(0))
 	is.Equal(val("dflash_requests_waiting", nil), int64(0))
 	is.Equal(f.waiting(), 0)
 	is.Equal(f.inFlight("a")+f.inFlight("b"), 0)
-	t.Logf("served %d, 503 %d (full %d), 400 %d; fallbacks %d", served.Load(), busy.Load(), val("dflash_admission_rejections_total", map[string]string{"reason": router.ReasonQueueFull}), never.Load(), val("dflash_fallback_total", nil))
+	t.Logf("served %d, 503 %d (full %d), 400 %d; fallbacks %d", served.Load(), busy.Load(), val("dflash_admission_rejections_total", map[string]string{"reason": string(router.ReasonQueueFull)}), never.Load(), val("dflash_fallback_total", nil))
 }

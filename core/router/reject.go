@@ -3,26 +3,32 @@ package router
 import (
 	"errors"
 	"fmt"
-	"math"
-	"net/http"
-	"time"
 )
+
+// Reason says why the router refused a request. The router knows nothing
+// of HTTP: core/api maps each reason to a status, a Retry-After and each
+// API's error shape.
+type Reason string
 
 // Rejection reasons.
 const (
-	ReasonQueueFull          = "queue_full"
-	ReasonQueueTimeout       = "queue_timeout"
-	ReasonNeverFits          = "never_fits"
-	ReasonShuttingDown       = "shutting_down"
-	ReasonUnknownModel       = "unknown_model"
-	ReasonInvalidRequest     = "invalid_request"
-	ReasonBackendUnavailable = "backend_unavailable"
-	ReasonModelRequired      = "model_required"
+	// The request is invalid for the model (a backend said so).
+	ReasonInvalidRequest Reason = "invalid_request"
+	// No model can ever hold the request.
+	ReasonNeverFits Reason = "never_fits"
+	// The model named is not loaded.
+	ReasonUnknownModel Reason = "unknown_model"
+	// Several models are loaded and the request names none.
+	ReasonModelRequired Reason = "model_required"
+	// Every candidate is busy and the waiting queue is full (or disabled).
+	ReasonQueueFull Reason = "queue_full"
+	// The request waited longer than --routing-queue-timeout.
+	ReasonQueueTimeout Reason = "queue_timeout"
+	// The server is draining.
+	ReasonShuttingDown Reason = "shutting_down"
+	// No backend that could serve the request is up.
+	ReasonBackendUnavailable Reason = "backend_unavailable"
 )
-
-// retryAfter is the Retry-After of every 503: capacity turns over in
-// seconds, and a plugin restart takes about that long too.
-const retryAfter = time.Second
 
 // ErrUnknownModel is the cause of an unknown_model Rejection.
 var ErrUnknownModel = errors.New("model is not loaded")
@@ -31,41 +37,24 @@ var ErrUnknownModel = errors.New("model is not loaded")
 // without a finish event.
 var ErrNoFinish = errors.New("backend ended the stream without a finish event")
 
-// Rejection is every routing refusal; the API layer maps it to the API's
-// error shape. errors.Is sees its cause (admission.ErrQueueFull,
+// Rejection is every routing refusal: a typed reason, a message and the
+// cause. errors.Is sees the cause (admission.ErrQueueFull,
 // admission.ErrQueueTimeout, admission.ErrShuttingDown, ErrUnknownModel,
 // a backend's *sdk.InvalidError).
 type Rejection struct {
-	// Status is the HTTP status: 400, 404 or 503.
-	Status int
-	// Reason is one of the Reason* constants.
-	Reason string
+	Reason Reason
 	// Message is for people; never-fits lists the tokens needed against
 	// each model's limit.
 	Message string
-	// RetryAfter > 0 asks for a Retry-After header (seconds, rounded up).
-	RetryAfter time.Duration
 
 	cause error
 }
 
-func (e *Rejection) Error() string { return e.Reason + ": " + e.Message }
+func rejection(reason Reason, cause error, format string, args ...any) *Rejection {
+	return &Rejection{Reason: reason, Message: fmt.Sprintf(format, args...), cause: cause}
+}
+
+func (e *Rejection) Error() string { return string(e.Reason) + ": " + e.Message }
 
 // Unwrap returns the refusal's cause, if any.
 func (e *Rejection) Unwrap() error { return e.cause }
-
-// RetryAfterSeconds is RetryAfter rounded up to whole seconds (0 for none).
-func (e *Rejection) RetryAfterSeconds() int {
-	if e.RetryAfter <= 0 {
-		return 0
-	}
-	return int(math.Ceil(e.RetryAfter.Seconds()))
-}
-
-func rejection(status int, reason string, cause error, format string, args ...any) *Rejection {
-	r := &Rejection{Status: status, Reason: reason, Message: fmt.Sprintf(format, args...), cause: cause}
-	if status == http.StatusServiceUnavailable {
-		r.RetryAfter = retryAfter
-	}
-	return r
-}

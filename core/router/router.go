@@ -4,23 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/dflash/dflash_server/core/admission"
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/core/metrics"
 	"github.com/dflash/dflash_server/sdk"
-)
-
-// Health states of a model's backend.
-const (
-	StateLoading    = "loading"
-	StateReady      = "ready"
-	StateRestarting = "restarting"
-	StateFailed     = "failed"
 )
 
 // policyTimeout bounds one policy call; a policy that hangs is a failed
@@ -49,12 +42,12 @@ type Model struct {
 	// Health reports the backend's state (loading, ready, restarting,
 	// failed) and its restart count; nil means always ready. It must be
 	// cheap: it is called on every attempt.
-	Health func() (state string, restarts int)
+	Health func() (state health.State, restarts int)
 }
 
-func (m *Model) health() (string, int) {
+func (m *Model) health() (health.State, int) {
 	if m.Health == nil {
-		return StateReady, 0
+		return health.Ready, 0
 	}
 	return m.Health()
 }
@@ -76,7 +69,7 @@ type Config struct {
 	// Metrics is optional.
 	Metrics *metrics.Registry
 	// Logger is optional; routing decisions are logged at debug level.
-	Logger *slog.Logger
+	Logger hclog.Logger
 }
 
 type policyRef struct {
@@ -93,7 +86,7 @@ type Router struct {
 	index  map[string]int
 	adm    *admission.Controller
 	met    *metrics.Registry
-	log    *slog.Logger
+	log    hclog.Logger
 	policy atomic.Pointer[policyRef]
 	stats  []statsCache
 }
@@ -112,7 +105,7 @@ func New(cfg Config, models []*Model) *Router {
 		stats:  make([]statsCache, len(models)),
 	}
 	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
+		r.log = hclog.NewNullLogger()
 	}
 	if r.cfg.QueueLimit < 0 {
 		r.cfg.QueueLimit = 0
@@ -171,13 +164,13 @@ func (r *Router) SetPolicy(name string, p sdk.Policy) {
 // to the client before it returns. The returned Stream must be closed.
 func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, error) {
 	if req == nil {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusBadRequest, ReasonInvalidRequest, nil, "no request"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonInvalidRequest, nil, "no request"))
 	}
 	if len(r.models) == 0 {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "no model is loaded"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonBackendUnavailable, nil, "no model is loaded"))
 	}
 	if r.adm.Closed() {
-		return nil, r.refuse(metrics.AnyModel, rejection(http.StatusServiceUnavailable, ReasonShuttingDown, admission.ErrShuttingDown, "server is shutting down"))
+		return nil, r.refuse(metrics.AnyModel, rejection(ReasonShuttingDown, admission.ErrShuttingDown, "server is shutting down"))
 	}
 	order, pin, rej := r.plan(ctx, req)
 	if err := ctx.Err(); err != nil {
@@ -207,7 +200,7 @@ func (r *Router) Start(ctx context.Context, req *sdk.ChatRequest) (*Stream, erro
 }
 
 func (r *Router) refuse(label string, rj *Rejection) *Rejection {
-	r.met.Rejection(label, rj.Reason)
+	r.met.Rejection(label, string(rj.Reason))
 	r.log.Debug("request refused", "reason", rj.Reason, "message", rj.Message)
 	return rj
 }
@@ -253,10 +246,10 @@ func (rt *routing) run(ctx context.Context) (*Stream, error) {
 		}
 		if left := r.adm.Report(rt.ticket, rt.busy, rt.drop); left == 0 {
 			if rt.failed > 0 {
-				return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil,
+				return nil, rejection(ReasonBackendUnavailable, nil,
 					"no model that could serve this request is available: %s", strings.Join(rt.never, "; "))
 			}
-			return nil, rejection(http.StatusBadRequest, ReasonNeverFits, nil,
+			return nil, rejection(ReasonNeverFits, nil,
 				"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
 		}
 	}
@@ -282,7 +275,7 @@ func (rt *routing) precheck(ctx context.Context) error {
 		if limit <= 0 {
 			continue
 		}
-		if st, _ := model.health(); st != StateReady {
+		if st, _ := model.health(); st != health.Ready {
 			continue
 		}
 		n, err := model.Backend.CountTokens(ctx, rt.req)
@@ -300,7 +293,7 @@ func (rt *routing) precheck(ctx context.Context) error {
 		}
 	}
 	if len(rt.drop) > 0 && r.adm.Report(rt.ticket, nil, rt.drop) == 0 {
-		return rejection(http.StatusBadRequest, ReasonNeverFits, nil,
+		return rejection(ReasonNeverFits, nil,
 			"the request does not fit any loaded model: %s", strings.Join(rt.never, "; "))
 	}
 	return nil
@@ -335,13 +328,13 @@ func (rt *routing) waitError(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, admission.ErrQueueFull):
 		if rt.r.cfg.QueueLimit == 0 {
-			return rejection(http.StatusServiceUnavailable, ReasonQueueFull, err, "every model that can serve this request is busy and queueing is disabled")
+			return rejection(ReasonQueueFull, err, "every model that can serve this request is busy and queueing is disabled")
 		}
-		return rejection(http.StatusServiceUnavailable, ReasonQueueFull, err, "every model that can serve this request is busy and %d requests are already waiting", rt.r.cfg.QueueLimit)
+		return rejection(ReasonQueueFull, err, "every model that can serve this request is busy and %d requests are already waiting", rt.r.cfg.QueueLimit)
 	case errors.Is(err, admission.ErrQueueTimeout):
-		return rejection(http.StatusServiceUnavailable, ReasonQueueTimeout, err, "no model became free within %s", rt.r.cfg.QueueTimeout)
+		return rejection(ReasonQueueTimeout, err, "no model became free within %s", rt.r.cfg.QueueTimeout)
 	case errors.Is(err, admission.ErrShuttingDown):
-		return rejection(http.StatusServiceUnavailable, ReasonShuttingDown, err, "server is shutting down")
+		return rejection(ReasonShuttingDown, err, "server is shutting down")
 	case ctx.Err() != nil:
 		return ctx.Err()
 	}
@@ -361,8 +354,8 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	r := rt.r
 	model := r.models[m]
 	switch st, _ := model.health(); st {
-	case StateReady:
-	case StateFailed:
+	case health.Ready:
+	case health.Failed:
 		rt.dropFailed(m, "backend failed")
 		return nil, nil
 	default:
@@ -371,7 +364,7 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	}
 	if err := r.adm.Reserve(m); err != nil {
 		if errors.Is(err, admission.ErrShuttingDown) {
-			return nil, rejection(http.StatusServiceUnavailable, ReasonShuttingDown, err, "server is shutting down")
+			return nil, rejection(ReasonShuttingDown, err, "server is shutting down")
 		}
 		rt.markBusy(m, skipBusy)
 		return nil, nil
@@ -408,10 +401,10 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 		if reason == "" {
 			reason = "the request is not valid for this model"
 		}
-		return nil, rejection(http.StatusBadRequest, ReasonInvalidRequest, nil, "%s: %s", model.Name, reason)
+		return nil, rejection(ReasonInvalidRequest, nil, "%s: %s", model.Name, reason)
 	}
 	s.Close()
-	return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "%s: unknown admission outcome %d", model.Name, a.Outcome)
+	return nil, rejection(ReasonBackendUnavailable, nil, "%s: unknown admission outcome %d", model.Name, a.Outcome)
 }
 
 func (rt *routing) markBusy(m int, why string) {
@@ -433,18 +426,18 @@ func (rt *routing) startFailed(ctx context.Context, m int, err error) error {
 	}
 	var inv *sdk.InvalidError
 	if errors.As(err, &inv) {
-		return rejection(http.StatusBadRequest, ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
+		return rejection(ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
 	}
 	switch st, _ := model.health(); {
-	case st == StateFailed:
+	case st == health.Failed:
 		rt.dropFailed(m, "backend failed: "+err.Error())
 		return nil
-	case st != StateReady || errors.Is(err, sdk.ErrUnavailable):
+	case st != health.Ready || errors.Is(err, sdk.ErrUnavailable):
 		rt.markBusy(m, skipUnavailable)
 		return nil
 	}
 	rt.r.log.Warn("backend start failed", "model", model.Name, "err", err)
-	return rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, err, "%s: %v", model.Name, err)
+	return rejection(ReasonBackendUnavailable, err, "%s: %v", model.Name, err)
 }
 
 func neverFitsText(name string, a sdk.Admission) string {
@@ -534,7 +527,7 @@ func (r *Router) plan(ctx context.Context, req *sdk.ChatRequest) ([]int, bool, *
 		if msg == "" {
 			msg = fmt.Sprintf("model %q is not loaded; loaded models: %s", req.Model, strings.Join(r.names, ", "))
 		}
-		return nil, false, rejection(http.StatusNotFound, ReasonUnknownModel, ErrUnknownModel, "%s", msg)
+		return nil, false, rejection(ReasonUnknownModel, ErrUnknownModel, "%s", msg)
 	}
 	order := make([]int, 0, len(dec.Order))
 	for _, name := range dec.Order {
@@ -594,7 +587,7 @@ func (r *Router) snapshot(req *sdk.ChatRequest) sdk.Snapshot {
 		snap.Models[i] = sdk.ModelState{
 			Name:         m.Name,
 			Primary:      i == 0,
-			Available:    st == StateReady,
+			Available:    st == health.Ready,
 			Slots:        c.Slots[i],
 			InFlight:     c.InUse[i],
 			KVPoolTokens: m.Desc.KVPoolTokens,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/dflash/dflash_server/core/admission"
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/plugins/policy-by-name/byname"
 	"github.com/dflash/dflash_server/plugins/policy-primary-first/primaryfirst"
@@ -99,7 +99,6 @@ func TestNeverFits(t *testing.T) {
 		_, err := f.r.Start(bg, chat("huge", 250, 50))
 		rj := rejectionOf(err)
 		is.True(rj != nil)
-		is.Equal(rj.Status, http.StatusBadRequest)
 		is.Equal(rj.Reason, router.ReasonNeverFits)
 		is.True(strings.Contains(rj.Message, "a: needs 300 tokens, limit 100")) // each model's limit
 		is.True(strings.Contains(rj.Message, "b: needs 300 tokens, limit 200"))
@@ -174,9 +173,7 @@ func TestQueueLimits(t *testing.T) {
 		_, err = f.r.Start(bg, chat("w2", 1, 1))
 		rj := rejectionOf(err)
 		is.True(rj != nil)
-		is.Equal(rj.Status, http.StatusServiceUnavailable)
 		is.Equal(rj.Reason, router.ReasonQueueFull)
-		is.Equal(rj.RetryAfterSeconds(), 1)
 		is.True(errors.Is(err, admission.ErrQueueFull)) // cause is visible
 	})
 	t.Run("limit 0: 503 at once", func(t *testing.T) {
@@ -206,7 +203,6 @@ func TestQueueLimits(t *testing.T) {
 		_, err = f.r.Start(bg, chat("late", 1, 1))
 		rj := rejectionOf(err)
 		is.Equal(rj.Reason, router.ReasonQueueTimeout)
-		is.Equal(rj.Status, http.StatusServiceUnavailable)
 		is.True(errors.Is(err, admission.ErrQueueTimeout))
 		is.Equal(f.waiting(), 0)
 	})
@@ -456,7 +452,6 @@ func TestByNamePolicy(t *testing.T) {
 		req.Model = "gpt-4"
 		_, err := f.r.Start(bg, req)
 		rj := rejectionOf(err)
-		is.Equal(rj.Status, http.StatusNotFound)
 		is.Equal(rj.Reason, router.ReasonUnknownModel)
 		is.True(strings.Contains(rj.Message, "a, b")) // names the loaded models
 		is.True(errors.Is(err, router.ErrUnknownModel))
@@ -534,7 +529,6 @@ func TestBackendRefusals(t *testing.T) {
 		f := newFixture(t, balanced(), a, b)
 		_, err := f.r.Start(bg, chat("r", 1, 1))
 		rj := rejectionOf(err)
-		is.Equal(rj.Status, http.StatusBadRequest)
 		is.Equal(rj.Reason, router.ReasonInvalidRequest)
 		is.True(strings.Contains(rj.Message, "tool_choice names no tool"))
 		is.Equal(b.startCount(), 0) // no fallback
@@ -546,7 +540,6 @@ func TestBackendRefusals(t *testing.T) {
 		f := newFixture(t, balanced(), a, b)
 		_, err := f.r.Start(bg, chat("r", 1, 1))
 		rj := rejectionOf(err)
-		is.Equal(rj.Status, http.StatusServiceUnavailable)
 		is.Equal(rj.Reason, router.ReasonBackendUnavailable)
 		is.Equal(b.startCount(), 0)
 		is.NoErr(f.r.Wait(bg)) // the attempt's reservation was returned
@@ -557,7 +550,7 @@ func TestBackendRefusals(t *testing.T) {
 		a.startErr = sdk.Invalidf("bad json schema")
 		f := newFixture(t, balanced(), a)
 		_, err := f.r.Start(bg, chat("r", 1, 1))
-		is.Equal(rejectionOf(err).Status, http.StatusBadRequest)
+		is.Equal(rejectionOf(err).Reason, router.ReasonInvalidRequest)
 	})
 	t.Run("plugin died: next model", func(t *testing.T) {
 		is := is.New(t)
@@ -570,15 +563,15 @@ func TestBackendRefusals(t *testing.T) {
 		is.Equal(s.Model(), "b")
 		is.Equal(s.Route(), "fallback:a=unavailable")
 	})
-	for _, state := range []string{router.StateRestarting, router.StateLoading, router.StateFailed} {
-		t.Run("primary "+state, func(t *testing.T) {
+	for _, state := range []health.State{health.Restarting, health.Loading, health.Failed} {
+		t.Run("primary "+string(state), func(t *testing.T) {
 			is := is.New(t)
 			a, b := newScripted("a", 1, 1000), newScripted("b", 1, 1000)
 			f := newFixture(t, balanced(), a, b)
 			models := f.r.Models()
 			_ = models
 			ms := []*router.Model{
-				{Name: "a", Backend: a, Desc: a.desc(), Health: func() (string, int) { return state, 3 }},
+				{Name: "a", Backend: a, Desc: a.desc(), Health: func() (health.State, int) { return state, 3 }},
 				{Name: "b", Backend: b, Desc: b.desc()},
 			}
 			r := router.New(balanced(), ms)
@@ -595,15 +588,15 @@ func TestBackendRefusals(t *testing.T) {
 		is := is.New(t)
 		a := newScripted("a", 1, 1000)
 		var state atomic.Value
-		state.Store(router.StateRestarting)
+		state.Store(health.Restarting)
 		cfg := balanced()
 		cfg.Retry = time.Hour
 		r := router.New(cfg, []*router.Model{{Name: "a", Backend: a, Desc: a.desc(),
-			Health: func() (string, int) { return state.Load().(string), 1 }}})
+			Health: func() (health.State, int) { return state.Load().(health.State), 1 }}})
 		ch := make(chan outcome, 1)
 		go func() { s, err := r.Start(bg, chat("r", 1, 1)); ch <- outcome{s, err} }()
 		waitUntil(t, "request queued", func() bool { return r.Status().Waiting == 1 })
-		state.Store(router.StateReady)
+		state.Store(health.Ready)
 		r.Wake()
 		o := <-ch
 		is.NoErr(o.err) // served once the backend is back
@@ -613,7 +606,7 @@ func TestBackendRefusals(t *testing.T) {
 	t.Run("only failed models: 503", func(t *testing.T) {
 		is := is.New(t)
 		a := newScripted("a", 1, 1000)
-		r := router.New(balanced(), []*router.Model{{Name: "a", Backend: a, Desc: a.desc(), Health: func() (string, int) { return router.StateFailed, 5 }}})
+		r := router.New(balanced(), []*router.Model{{Name: "a", Backend: a, Desc: a.desc(), Health: func() (health.State, int) { return health.Failed, 5 }}})
 		_, err := r.Start(bg, chat("r", 1, 1))
 		is.Equal(rejectionOf(err).Reason, router.ReasonBackendUnavailable)
 	})
@@ -654,7 +647,6 @@ func TestQuiesce(t *testing.T) {
 	for _, ch := range []chan outcome{w1, w2} {
 		o := <-ch
 		is.Equal(rejectionOf(o.err).Reason, router.ReasonShuttingDown) // waiters refused at once
-		is.Equal(rejectionOf(o.err).Status, http.StatusServiceUnavailable)
 	}
 	_, err = f.r.Start(bg, chat("new", 1, 1))
 	is.Equal(rejectionOf(err).Reason, router.ReasonShuttingDown)
@@ -687,7 +679,6 @@ func TestTokenUtilities(t *testing.T) {
 		f := newFixture(t, balanced(), a, b)
 		_, _, err := f.r.Tokenize(bg, "", "xyz", false)
 		is.Equal(rejectionOf(err).Reason, router.ReasonModelRequired)
-		is.Equal(rejectionOf(err).Status, http.StatusBadRequest)
 		_, _, err = f.r.Detokenize(bg, "zz", nil)
 		is.Equal(rejectionOf(err).Reason, router.ReasonUnknownModel)
 		m, ids, err := f.r.Tokenize(bg, "bb", "xyz", false)
@@ -726,5 +717,5 @@ func TestStatus(t *testing.T) {
 	is.Equal(st.Models[0].ActiveSequences, 1)
 	is.Equal(st.Models[0].DraftAcceptance, 0.75)
 	is.True(st.Models[0].Primary)
-	is.Equal(st.Models[1].State, router.StateReady)
+	is.Equal(st.Models[1].State, health.Ready)
 }

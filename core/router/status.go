@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dflash/dflash_server/core/admission"
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -55,7 +56,7 @@ func (r *Router) refreshStats() {
 		if !stale {
 			continue
 		}
-		if st, _ := m.health(); st != StateReady {
+		if st, _ := m.health(); st != health.Ready {
 			c.mu.Lock()
 			c.fetching = false
 			c.mu.Unlock()
@@ -103,7 +104,7 @@ func (r *Router) scrape() {
 	for i, m := range r.models {
 		st, restarts := m.health()
 		r.met.SetSlots(m.Name, c.InUse[i], c.Slots[i])
-		r.met.SetBackendUp(m.Name, m.Info.BackendName, st == StateReady)
+		r.met.SetBackendUp(m.Name, m.Info.BackendName, st == health.Ready)
 		r.met.SetBackendRestarts(m.Name, restarts)
 	}
 }
@@ -122,9 +123,9 @@ type ModelStatus struct {
 	Priority int  `json:"priority"`
 	Primary  bool `json:"primary"`
 	ModelInfo
-	State    string   `json:"state"`
-	Restarts int      `json:"restarts"`
-	Capacity Capacity `json:"capacity"`
+	State    health.State `json:"state"`
+	Restarts int          `json:"restarts"`
+	Capacity Capacity     `json:"capacity"`
 	// InFlight is listener reservations held (admitted, retiring or
 	// draining, plus attempts in progress).
 	InFlight int `json:"in_flight"`

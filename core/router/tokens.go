@@ -3,9 +3,9 @@ package router
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 
+	"github.com/dflash/dflash_server/core/health"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -14,24 +14,24 @@ import (
 func (r *Router) resolve(name string) (*Model, error) {
 	switch {
 	case len(r.models) == 0:
-		return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "no model is loaded")
+		return nil, rejection(ReasonBackendUnavailable, nil, "no model is loaded")
 	case len(r.models) == 1:
 		return r.ready(r.models[0])
 	case name == "" || name == "auto":
-		return nil, rejection(http.StatusBadRequest, ReasonModelRequired, nil,
+		return nil, rejection(ReasonModelRequired, nil,
 			"several models are loaded: name one of %s", strings.Join(r.names, ", "))
 	}
 	i, ok := r.index[name]
 	if !ok {
-		return nil, rejection(http.StatusNotFound, ReasonUnknownModel, ErrUnknownModel,
+		return nil, rejection(ReasonUnknownModel, ErrUnknownModel,
 			"model %q is not loaded; loaded models: %s", name, strings.Join(r.names, ", "))
 	}
 	return r.ready(r.models[i])
 }
 
 func (r *Router) ready(m *Model) (*Model, error) {
-	if st, _ := m.health(); st != StateReady {
-		return nil, rejection(http.StatusServiceUnavailable, ReasonBackendUnavailable, nil, "model %s is %s", m.Name, st)
+	if st, _ := m.health(); st != health.Ready {
+		return nil, rejection(ReasonBackendUnavailable, nil, "model %s is %s", m.Name, st)
 	}
 	return m, nil
 }
@@ -67,7 +67,7 @@ func (r *Router) Detokenize(ctx context.Context, model string, ids []int32) (str
 // and counts its prompt tokens, admitting nothing.
 func (r *Router) CountTokens(ctx context.Context, req *sdk.ChatRequest) (string, int, error) {
 	if req == nil {
-		return "", 0, rejection(http.StatusBadRequest, ReasonInvalidRequest, nil, "no request")
+		return "", 0, rejection(ReasonInvalidRequest, nil, "no request")
 	}
 	m, err := r.resolve(req.Model)
 	if err != nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/dflash/dflash_server/core/pluginhost"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // catalog implements launch.Catalog over the plugin directory. It starts
@@ -56,6 +58,14 @@ func (c *catalog) load() {
 			}
 			info, err := probeBackend(f, c.logger)
 			if err != nil {
+				// Reported here too: the error itself only surfaces when no
+				// other plugin serves the architecture asked for.
+				reason := err.Error()
+				var le *pluginhost.LaunchError
+				if errors.As(err, &le) {
+					reason = le.Reason
+				}
+				c.logger.Warn("skipped plugin", "file", f.Path, "reason", reason)
 				errs = multierror.Append(errs, err)
 				continue
 			}
@@ -68,7 +78,7 @@ func (c *catalog) load() {
 func probeBackend(f pluginhost.File, logger hclog.Logger) (sdk.BackendInfo, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := pluginhost.LaunchBackend(ctx, f, logger)
+	b, err := pluginhost.LaunchBackend(ctx, f, pluginhost.Options{Logger: logger})
 	if err != nil {
 		return sdk.BackendInfo{}, err
 	}
@@ -126,9 +136,9 @@ func (c *catalog) file(kind pluginhost.Kind, name string) (pluginhost.File, erro
 	if c.err != nil {
 		return pluginhost.File{}, c.err
 	}
-	prefix := sdk.BackendPrefix
+	prefix := transport.BackendPrefix
 	if kind == pluginhost.KindPolicy {
-		prefix = sdk.PolicyPrefix
+		prefix = transport.PolicyPrefix
 	}
 	return pluginhost.File{}, fmt.Errorf("plugin %s%s not found in %s", prefix, name, c.dir)
 }

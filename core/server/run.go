@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -54,10 +53,15 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if pluginDir == "" {
 		pluginDir = filepath.Join(exeDir, "plugins")
 	}
-	logger := hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Info})
+	// One logger for the whole process: every component and every plugin's
+	// relayed log go through it, to stderr, at --log-level.
+	logger := hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Info, IndependentLevels: true})
 	// Probing plugins for the CLI starts and stops each backend once; only
-	// problems are worth a line.
-	cat := newCatalog(pluginDir, hclog.New(&hclog.LoggerOptions{Name: "dflash_server", Output: stderr, Level: hclog.Warn}))
+	// problems are worth a line. With independent levels this copy keeps
+	// its own level when --log-level is applied below.
+	probeLog := logger.With()
+	probeLog.SetLevel(hclog.Warn)
+	cat := newCatalog(pluginDir, probeLog)
 
 	cfg, err := launch.Parse(args, cat)
 	var ue *launch.UsageError
@@ -172,12 +176,12 @@ func (s *Server) serve() error {
 		return fmt.Errorf("serve: %w", err)
 	}
 
-	h := http.Handler(api.New(rt, api.Options{
+	h := http.Handler(api.New(api.FromRouter(rt), api.Options{
 		Ready:          s.ready,
 		Metrics:        reg.Handler(),
 		APIKeys:        s.cfg.APIKeys,
 		CORSOrigins:    s.cfg.CORSOrigins,
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		Logger:         s.logger.Named("api"),
 		ObserveRequest: reg.ObserveRequest,
 	}))
 	s.handler.Store(&h)
@@ -192,8 +196,38 @@ func (s *Server) serve() error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	s.logger.Info("draining", "signal", sig.String(), "deadline", s.cfg.DrainTimeout)
-	s.drain(hs, rt, sigs, cancelRequests)
+	relayDone := make(chan struct{})
+	defer close(relayDone)
+	s.drain(hs, rt, secondSignal(sig, sigs, s.logger, relayDone), cancelRequests)
 	return nil
+}
+
+// duplicateWindow is how long a repeat of the signal that started the drain
+// counts as the same delivery: timeout(1) and some supervisors signal the
+// server and then its process group, so one stop request arrives twice.
+const duplicateWindow = time.Second
+
+// secondSignal relays the signals after first that ask to cut the drain
+// short, dropping a repeat of first within duplicateWindow, until done.
+func secondSignal(first os.Signal, sigs <-chan os.Signal, log hclog.Logger, done <-chan struct{}) <-chan os.Signal {
+	at := time.Now()
+	out := make(chan os.Signal, 1)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case sig := <-sigs:
+				if sig == first && time.Since(at) < duplicateWindow {
+					log.Debug("repeated signal ignored", "signal", sig.String())
+					continue
+				}
+				out <- sig
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // drain follows the one drain path: readiness 503, refuse new work and
@@ -319,6 +353,7 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 		// policy must then be asked too.
 		LoadBalancing: s.cfg.LoadBalancing || len(loaded) > 1,
 		Metrics:       reg,
+		Logger:        s.logger.Named("router"),
 	}, loaded)
 	routerRef.Store(rt)
 	return rt, reg, nil
@@ -329,7 +364,7 @@ func (s *Server) startPolicy(ctx context.Context) (*pluginhost.Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--routing-policy %s: %w", s.cfg.Policy, err)
 	}
-	p, err := pluginhost.LaunchPolicy(ctx, f, s.logger)
+	p, err := pluginhost.LaunchPolicy(ctx, f, s.pluginOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +379,18 @@ func (s *Server) startPolicy(ctx context.Context) (*pluginhost.Policy, error) {
 	return p, nil
 }
 
+// pluginOptions hand the server's logger and --log-level to a plugin.
+func (s *Server) pluginOptions() pluginhost.Options {
+	return pluginhost.Options{Logger: s.logger, LogLevel: s.cfg.LogLevel}
+}
+
 // loadBlock starts the block's backend process and loads its model.
 func (s *Server) loadBlock(ctx context.Context, b *launch.Block) (*pluginhost.Backend, sdk.ModelDescription, error) {
 	f, err := s.cat.file(pluginhost.KindBackend, b.Backend)
 	if err != nil {
 		return nil, sdk.ModelDescription{}, err
 	}
-	be, err := pluginhost.LaunchBackend(ctx, f, s.logger)
+	be, err := pluginhost.LaunchBackend(ctx, f, s.pluginOptions())
 	if err != nil {
 		return nil, sdk.ModelDescription{}, err
 	}

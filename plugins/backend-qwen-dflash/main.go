@@ -6,7 +6,7 @@ package main
 
 import (
 	"github.com/dflash/dflash_server/plugins/backend-qwen-dflash/qwendflash"
-	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
-func main() { sdk.ServeBackend(qwendflash.New()) }
+func main() { transport.ServeBackend(qwendflash.New()) }

@@ -7,7 +7,7 @@ package main
 
 import (
 	"github.com/dflash/dflash_server/plugins/backend-scripted/scripted"
-	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
-func main() { sdk.ServeBackend(scripted.New()) }
+func main() { transport.ServeBackend(scripted.New()) }

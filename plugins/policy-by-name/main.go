@@ -6,7 +6,7 @@ package main
 
 import (
 	"github.com/dflash/dflash_server/plugins/policy-by-name/byname"
-	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
-func main() { sdk.ServePolicy(byname.New()) }
+func main() { transport.ServePolicy(byname.New()) }

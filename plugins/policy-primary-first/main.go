@@ -5,7 +5,7 @@ package main
 
 import (
 	"github.com/dflash/dflash_server/plugins/policy-primary-first/primaryfirst"
-	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
-func main() { sdk.ServePolicy(primaryfirst.Policy{}) }
+func main() { transport.ServePolicy(primaryfirst.Policy{}) }

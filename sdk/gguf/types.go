@@ -258,11 +258,3 @@ func (v ValueType) String() string {
 }
 
 func (v ValueType) valid() bool { return int(v) < len(valueNames) }
-
-func (v ValueType) isInt() bool {
-	switch v {
-	case ValueUint8, ValueInt8, ValueUint16, ValueInt16, ValueUint32, ValueInt32, ValueUint64, ValueInt64:
-		return true
-	}
-	return false
-}

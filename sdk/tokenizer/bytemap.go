@@ -27,15 +27,6 @@ func init() {
 	}
 }
 
-// byteLevelEncode maps raw bytes to their byte-level string form.
-func byteLevelEncode(raw []byte) string {
-	out := make([]byte, 0, len(raw)*2)
-	for _, b := range raw {
-		out = utf8.AppendRune(out, byteToRune[b])
-	}
-	return string(out)
-}
-
 // byteLevelDecode maps a byte-level string back to raw bytes. ok is false
 // when s holds a character outside the alphabet; such characters are kept
 // as their own UTF-8 so that nothing is lost.

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -410,12 +409,4 @@ func decode[T any](t *testing.T, b []byte) T {
 		t.Fatalf("decode %q: %v", b, err)
 	}
 	return v
-}
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return -1
-	}
-	return n
 }

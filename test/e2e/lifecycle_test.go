@@ -11,8 +11,30 @@ import (
 
 // TestShutdownDrain sends SIGTERM while a stream of each API is active and
 // a request waits: every stream ends with its API's normal terminal event,
-// the waiter gets 503, the server exits 0 and leaves no plugin process.
+// the waiter gets 503, the server exits 0 and leaves no plugin process. The
+// drain must hold whether the signal reaches the server alone or its whole
+// process group (systemd's KillMode=control-group, timeout(1), Ctrl-C),
+// where the plugins receive it too (issue 14 item 3).
 func TestShutdownDrain(t *testing.T) {
+	tests := []struct {
+		name string
+		send func(s *server, sig syscall.Signal)
+	}{
+		{"server pid", (*server).signal},
+		{"process group", (*server).signalGroup},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+" SIGTERM", func(t *testing.T) { testDrain(t, func(s *server) { tt.send(s, syscall.SIGTERM) }) })
+	}
+	t.Run("process group SIGINT", func(t *testing.T) { testDrain(t, func(s *server) { s.signalGroup(syscall.SIGINT) }) })
+	// timeout(1) signals its child and then the child's group: the server
+	// gets the same signal twice, which is not an operator's second signal.
+	t.Run("server pid then group SIGTERM", func(t *testing.T) {
+		testDrain(t, func(s *server) { s.signal(syscall.SIGTERM); s.signalGroup(syscall.SIGTERM) })
+	})
+}
+
+func testDrain(t *testing.T, stop func(s *server)) {
 	is := is.New(t)
 	words := strings.Repeat("word ", 39) + "end"
 	dir := t.TempDir()
@@ -34,7 +56,7 @@ func TestShutdownDrain(t *testing.T) {
 		is.True(!isDone(c)) // still streaming when the signal comes
 	}
 
-	s.signal(syscall.SIGTERM)
+	stop(s)
 	w.wait(t)
 	is.Equal(w.status, 503)
 	is.Equal(w.header.Get("X-Dflash-Reject-Reason"), "shutting-down")
@@ -129,4 +151,23 @@ func TestPluginsExitWhenServerKilled(t *testing.T) {
 	s.wait()
 	gone := func() bool { return len(s.pluginProcs("")) == 0 }
 	waitFor(t, "the plugins of the killed server to exit", gone)
+}
+
+// TestLogLevelReachesEveryComponent: --log-level and the server's log
+// stream reach the router and the plugin processes (issue 14 item 5: the
+// router logged nowhere and plugins always logged at info).
+func TestLogLevelReachesEveryComponent(t *testing.T) {
+	is := is.New(t)
+	dir := t.TempDir()
+	s := startServer(t, serverOpts{args: []string{"--log-level", "debug", "--model", scriptedModel(t, dir, "a"), "--model-name", "a"}})
+	c := s.start(t, pathChat, quick(""))
+	c.wait(t)
+	is.Equal(c.status, 200)
+	// The server's stderr reaches the buffer through a pipe: poll for it.
+	for _, line := range []string{
+		"request admitted", // the router's debug line, in the server's log
+		"plugin address",   // a plugin's own debug line, relayed
+	} {
+		waitFor(t, "log line "+line, func() bool { return strings.Contains(s.stderr.String(), line) })
+	}
 }

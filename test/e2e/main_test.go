@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -117,7 +116,8 @@ func setup(tmp string) error {
 func goBuild(root, out string, pkgs []string) error {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		// go test exports GOROOT to the test binary.
+		gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 	}
 	args := append([]string{"build", "-o", out + string(filepath.Separator)}, pkgs...)
 	cmd := exec.Command(gobin, args...)

@@ -149,6 +149,9 @@ func launchServer(t *testing.T, dir string, port int, args []string) *server {
 	s.cmd = exec.Command(env.server, argv...)
 	s.cmd.Env = serverEnv()
 	s.cmd.Stdout, s.cmd.Stderr = s.stdout, s.stderr
+	// Its own process group, so a test can signal the server with its
+	// plugins as a supervisor would, without signalling the test.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start dflash_server: %v", err)
 	}
@@ -212,6 +215,15 @@ func (s *server) signal(sig syscall.Signal) {
 	s.t.Helper()
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		s.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// signalGroup sends sig to the server's process group: the server and
+// every plugin process it started.
+func (s *server) signalGroup(sig syscall.Signal) {
+	s.t.Helper()
+	if err := syscall.Kill(-s.cmd.Process.Pid, sig); err != nil {
+		s.t.Fatalf("signal group %v: %v", sig, err)
 	}
 }
 

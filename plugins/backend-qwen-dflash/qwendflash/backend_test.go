@@ -14,6 +14,7 @@ import (
 
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/sdktest"
+	"github.com/dflash/dflash_server/sdk/transport"
 )
 
 // stream records one Start stream.
@@ -82,7 +83,7 @@ func blockConfig(t testing.TB, path string) sdk.ModelConfig {
 }
 
 // load loads a model into a fresh backend served over in-process gRPC.
-func load(t testing.TB, cfg sdk.ModelConfig) (*Backend, *sdk.BackendClient, sdk.ModelDescription) {
+func load(t testing.TB, cfg sdk.ModelConfig) (*Backend, *transport.BackendClient, sdk.ModelDescription) {
 	t.Helper()
 	b := New()
 	c := sdktest.Backend(t, b)
@@ -290,7 +291,7 @@ func TestCancelFreesKV(t *testing.T) {
 	is.NoErr(err)
 	is.Equal(st.ActiveSequences, 0) // freed before Start returned
 	is.Equal(st.KVTokensUsed, 0)
-	kv, err := b.loaded().native.KVStats()
+	kv, err := b.loaded().Native.KVStats()
 	is.NoErr(err)
 	is.Equal(kv.BlocksFree, kv.BlocksTotal)
 	is.Equal(kv.SeqsFree, kv.SeqsTotal)

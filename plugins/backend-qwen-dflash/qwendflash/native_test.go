@@ -11,6 +11,7 @@ import (
 	"github.com/matryer/is"
 
 	native "github.com/dflash/dflash_server/native/engine"
+	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk/engine"
 	"github.com/dflash/dflash_server/sdk/gguf"
 	"github.com/dflash/dflash_server/sdk/tokenizer"
@@ -60,7 +61,7 @@ func TestBatchedDecodeMatchesAloneOnCPU(t *testing.T) {
 				return em.summary().tokens, err
 			}
 			alone := make([][]int32, len(prompts))
-			e, err := engine.New(engine.Config{Model: newNativeModel(m), Vocab: tok, MaxCtx: 256, StepTokens: 8})
+			e, err := engine.New(engine.Config{Model: nativebackend.NewModel(m), Vocab: tok, MaxCtx: 256, StepTokens: 8})
 			is.NoErr(err)
 			for i, p := range prompts {
 				alone[i], err = run(e, p)
@@ -69,7 +70,7 @@ func TestBatchedDecodeMatchesAloneOnCPU(t *testing.T) {
 			}
 			is.NoErr(e.Close(context.Background()))
 
-			held := &heldModel{Model: newNativeModel(m), entered: make(chan struct{}), release: make(chan struct{})}
+			held := &heldModel{Model: nativebackend.NewModel(m), entered: make(chan struct{}), release: make(chan struct{})}
 			e, err = engine.New(engine.Config{Model: held, Vocab: tok, MaxCtx: 256, StepTokens: 8})
 			is.NoErr(err)
 			defer e.Close(context.Background())

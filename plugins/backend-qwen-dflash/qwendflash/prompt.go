@@ -1,8 +1,7 @@
 package qwendflash
 
 import (
-	"math/rand/v2"
-
+	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/chat"
 	"github.com/dflash/dflash_server/sdk/engine"
@@ -21,45 +20,35 @@ func (m *model) renderOptions(req *sdk.ChatRequest) chat.RenderOptions {
 	return o
 }
 
-// render turns a request into prompt text with the model's template.
-func (m *model) render(req *sdk.ChatRequest) (string, error) {
+// Render turns a request into prompt text with the model's template.
+func (m *model) Render(req *sdk.ChatRequest) (string, error) {
 	if len(req.Messages) == 0 {
 		return "", sdk.Invalidf("messages must not be empty")
 	}
-	s, err := m.tmpl.Render(req.Messages, m.renderOptions(req))
+	s, err := m.Tmpl.Render(req.Messages, m.renderOptions(req))
 	if err != nil {
 		return "", sdk.Invalidf("%v", err)
 	}
 	return s, nil
 }
 
-// prepare renders, tokenizes and applies the model's defaults; an error is
+// Prepare renders, tokenizes and applies the model's defaults; an error is
 // the request's fault and is answered as invalid.
-func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
-	format := engine.FormatText
-	switch req.ResponseFormat {
-	case "", "text":
-	case "json_object":
-		format = engine.FormatJSONObject
-	case "json_schema":
-		return nil, sdk.Invalidf("response_format json_schema is not supported by the %s backend yet; use json_object (and describe the schema in the prompt)", Name)
-	default:
-		return nil, sdk.Invalidf("response_format %q is not supported by the %s backend", req.ResponseFormat, Name)
-	}
-	prompt, err := m.render(req)
+func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
+	format, err := nativebackend.ResponseFormat(Name, req.ResponseFormat)
 	if err != nil {
 		return nil, err
 	}
-	ids := m.tok.Encode(prompt, true, true)
+	prompt, err := m.Render(req)
+	if err != nil {
+		return nil, err
+	}
+	ids := m.Tok.Encode(prompt, true, true)
 	open := chat.ThinkingOpen(prompt)
 	tools := len(req.Tools) > 0 && req.ToolChoice != "none"
 	parser := chat.NewParser(m.family, chat.ParserOptions{ThinkingOpen: open, Tools: tools, ToolSchemas: req.Tools})
 
-	maxTok := req.MaxTokens
-	if maxTok <= 0 {
-		maxTok = m.desc.DefaultMaxTokens
-	}
-	maxTok = min(maxTok, m.desc.MaxTokens)
+	maxTok := nativebackend.MaxTokens(req, m.Desc)
 
 	thinking := req.Reasoning.Enabled == nil || *req.Reasoning.Enabled
 	if v, ok := req.TemplateKwargs["enable_thinking"].(bool); ok && req.Reasoning.Enabled == nil {
@@ -73,11 +62,11 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		ID: req.ID, Prompt: ids, MaxTokens: maxTok, MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs, TopLogprobs: req.TopLogprobs,
 		SnapshotAt:           generationStart(ids, m.imStart),
-		ReasoningBudget:      m.reasoningBudget(req),
-		HardLimitReplyBudget: m.cfg.HardLimitReplyBudget,
-		CloseReasoning:       m.tok.Encode(parser.ReasoningCloseTag(), false, true),
-		Detokenizer:          tokenizer.NewStreamDecoder(m.tok),
-		Parser:               outputParser{parser},
+		ReasoningBudget:      nativebackend.ReasoningBudget(m.Cfg, req),
+		HardLimitReplyBudget: m.Cfg.HardLimitReplyBudget,
+		CloseReasoning:       m.Tok.Encode(parser.ReasoningCloseTag(), false, true),
+		Detokenizer:          tokenizer.NewStreamDecoder(m.Tok),
+		Parser:               nativebackend.OutputParser{P: parser},
 		Format:               format,
 	}
 	// A thinking model opens its reasoning itself unless the prompt did;
@@ -91,76 +80,17 @@ func (m *model) prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	return er, nil
 }
 
-// reasoningBudget is the tightest of the operator's --think-max-tokens, the
-// effort budget of the request's reasoning effort, and the request's own
-// budget_tokens; 0 means none.
-func (m *model) reasoningBudget(req *sdk.ChatRequest) int {
-	budget := 0
-	tighten := func(n int) {
-		if n > 0 && (budget == 0 || n < budget) {
-			budget = n
-		}
-	}
-	tighten(m.cfg.ThinkMaxTokens)
-	if e := req.Reasoning.Effort; e != "" {
-		tighten(m.cfg.EffortBudgets[e])
-	}
-	tighten(req.Reasoning.BudgetTokens)
-	return budget
-}
-
 // sampling applies the family's recommended preset (thinking or not) to the
 // settings the request leaves unset.
 func (m *model) sampling(s sdk.Sampling, thinking bool) (engine.Sampling, error) {
-	out := engine.Sampling{Temperature: 0.7, TopP: 0.8, TopK: 20, RepeatPenalty: 1, PenaltyLastN: -1}
+	preset := engine.Sampling{Temperature: 0.7, TopP: 0.8, TopK: 20, RepeatPenalty: 1, PenaltyLastN: -1}
 	if thinking {
-		out.Temperature, out.TopP = 0.6, 0.95
+		preset.Temperature, preset.TopP = 0.6, 0.95
 		if m.family == chat.FamilyQwen35 {
-			out.Temperature = 1.0
+			preset.Temperature = 1.0
 		}
 	}
-	if s.Temperature != nil {
-		if *s.Temperature < 0 {
-			return out, sdk.Invalidf("temperature %g must not be negative", *s.Temperature)
-		}
-		out.Temperature = float32(*s.Temperature)
-	}
-	if s.TopP != nil {
-		if *s.TopP <= 0 || *s.TopP > 1 {
-			return out, sdk.Invalidf("top_p %g must be in (0, 1]", *s.TopP)
-		}
-		out.TopP = float32(*s.TopP)
-	}
-	if s.TopK != nil {
-		if *s.TopK < 0 {
-			return out, sdk.Invalidf("top_k %d must not be negative", *s.TopK)
-		}
-		out.TopK = *s.TopK
-	}
-	if s.MinP != nil {
-		if *s.MinP < 0 || *s.MinP > 1 {
-			return out, sdk.Invalidf("min_p %g must be in [0, 1]", *s.MinP)
-		}
-		out.MinP = float32(*s.MinP)
-	}
-	if s.FrequencyPenalty != nil {
-		out.FrequencyPenalty = float32(*s.FrequencyPenalty)
-	}
-	if s.PresencePenalty != nil {
-		out.PresencePenalty = float32(*s.PresencePenalty)
-	}
-	if s.RepetitionPenalty != nil {
-		if *s.RepetitionPenalty <= 0 {
-			return out, sdk.Invalidf("repetition_penalty %g must be positive", *s.RepetitionPenalty)
-		}
-		out.RepeatPenalty = float32(*s.RepetitionPenalty)
-	}
-	if s.Seed != nil {
-		out.Seed = uint64(*s.Seed)
-	} else {
-		out.Seed = rand.Uint64()
-	}
-	return out, nil
+	return nativebackend.Sampling(s, preset)
 }
 
 // generationStart is where the generation prompt (the last

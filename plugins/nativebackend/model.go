@@ -1,4 +1,4 @@
-package qwendflash
+package nativebackend
 
 import (
 	"context"
@@ -21,7 +21,9 @@ var (
 	_ engine.Rewinder = (*nativeModel)(nil)
 )
 
-func newNativeModel(m *native.Model) *nativeModel { return &nativeModel{m: m, info: m.Info()} }
+// NewModel adapts a loaded native model to engine.Model (and
+// engine.Rewinder).
+func NewModel(m *native.Model) engine.Model { return &nativeModel{m: m, info: m.Info()} }
 
 func (n *nativeModel) VocabSize() int   { return n.info.Vocab }
 func (n *nativeModel) KVBlockSize() int { return n.info.BlockSize }

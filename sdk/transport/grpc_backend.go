@@ -1,4 +1,4 @@
-package sdk
+package transport
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/dflash/dflash_server/sdk"
 	backendv1 "github.com/dflash/dflash_server/sdk/proto/dflash/backend/v1"
 )
 
@@ -22,7 +23,7 @@ import (
 // *BackendClient from Dispense.
 type BackendPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl Backend
+	Impl sdk.Backend
 }
 
 var _ plugin.GRPCPlugin = (*BackendPlugin)(nil)
@@ -47,7 +48,7 @@ const cancelDrainLimit = time.Minute
 // backendServer adapts a Backend implementation to the generated service.
 type backendServer struct {
 	backendv1.UnimplementedBackendServiceServer
-	impl Backend
+	impl sdk.Backend
 
 	mu      sync.Mutex
 	streams map[string]context.CancelFunc
@@ -62,7 +63,7 @@ func (s *backendServer) Info(ctx context.Context, _ *backendv1.InfoRequest) (*ba
 		Name: info.Name, Architectures: info.Architectures, Devices: info.Devices, ApiVersion: int32(info.APIVersion),
 	}
 	if r.ApiVersion == 0 {
-		r.ApiVersion = APIVersion
+		r.ApiVersion = sdk.APIVersion
 	}
 	for _, o := range info.Options {
 		r.Options = append(r.Options, optionToProto(o))
@@ -78,7 +79,7 @@ func (s *backendServer) ValidateOptions(ctx context.Context, req *backendv1.Vali
 }
 
 func (s *backendServer) Load(req *backendv1.LoadRequest, stream grpc.ServerStreamingServer[backendv1.LoadResponse]) error {
-	progress := func(p LoadProgress) {
+	progress := func(p sdk.LoadProgress) {
 		// Progress is best effort: a failed send surfaces on the final one.
 		_ = stream.Send(&backendv1.LoadResponse{Msg: &backendv1.LoadResponse_Progress{Progress: &backendv1.LoadProgress{
 			Stage: p.Stage, BytesDone: p.BytesDone, BytesTotal: p.BytesTotal,
@@ -92,9 +93,9 @@ func (s *backendServer) Load(req *backendv1.LoadRequest, stream grpc.ServerStrea
 }
 
 func (s *backendServer) Start(req *backendv1.StartRequest, stream grpc.ServerStreamingServer[backendv1.StartResponse]) error {
-	var cr ChatRequest
+	var cr sdk.ChatRequest
 	if err := json.Unmarshal(req.GetChatRequestJson(), &cr); err != nil {
-		return toStatus(Invalidf("decode chat request: %v", err))
+		return toStatus(sdk.Invalidf("decode chat request: %v", err))
 	}
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
@@ -131,7 +132,7 @@ type streamEmitter struct {
 	admitted bool
 }
 
-func (e *streamEmitter) Admit(a Admission) error {
+func (e *streamEmitter) Admit(a sdk.Admission) error {
 	if e.admitted {
 		return errors.New("admission already sent")
 	}
@@ -139,7 +140,7 @@ func (e *streamEmitter) Admit(a Admission) error {
 	return e.stream.Send(&backendv1.StartResponse{Msg: &backendv1.StartResponse_Admission{Admission: admissionToProto(a)}})
 }
 
-func (e *streamEmitter) Emit(ev Event) error {
+func (e *streamEmitter) Emit(ev sdk.Event) error {
 	if !e.admitted {
 		return errors.New("event before admission")
 	}
@@ -163,9 +164,9 @@ func (s *backendServer) Detokenize(ctx context.Context, req *backendv1.Detokeniz
 }
 
 func (s *backendServer) CountTokens(ctx context.Context, req *backendv1.CountTokensRequest) (*backendv1.CountTokensResponse, error) {
-	var cr ChatRequest
+	var cr sdk.ChatRequest
 	if err := json.Unmarshal(req.GetChatRequestJson(), &cr); err != nil {
-		return nil, toStatus(Invalidf("decode chat request: %v", err))
+		return nil, toStatus(sdk.Invalidf("decode chat request: %v", err))
 	}
 	n, err := s.impl.CountTokens(ctx, &cr)
 	if err != nil {
@@ -198,46 +199,46 @@ type BackendClient struct {
 	streams atomic.Uint64
 }
 
-var _ Backend = (*BackendClient)(nil)
+var _ sdk.Backend = (*BackendClient)(nil)
 
 // Exited is closed when the plugin process has gone away.
 func (c *BackendClient) Exited() <-chan struct{} { return c.done.Done() }
 
-func (c *BackendClient) Info(ctx context.Context) (BackendInfo, error) {
+func (c *BackendClient) Info(ctx context.Context) (sdk.BackendInfo, error) {
 	r, err := c.rpc.Info(ctx, &backendv1.InfoRequest{})
 	if err != nil {
-		return BackendInfo{}, fromStatus(ctx, err)
+		return sdk.BackendInfo{}, fromStatus(ctx, err)
 	}
-	info := BackendInfo{Name: r.GetName(), Architectures: r.GetArchitectures(), Devices: r.GetDevices(), APIVersion: int(r.GetApiVersion())}
+	info := sdk.BackendInfo{Name: r.GetName(), Architectures: r.GetArchitectures(), Devices: r.GetDevices(), APIVersion: int(r.GetApiVersion())}
 	for _, o := range r.GetOptions() {
 		info.Options = append(info.Options, optionFromProto(o))
 	}
 	return info, nil
 }
 
-func (c *BackendClient) ValidateOptions(ctx context.Context, cfg ModelConfig) error {
+func (c *BackendClient) ValidateOptions(ctx context.Context, cfg sdk.ModelConfig) error {
 	_, err := c.rpc.ValidateOptions(ctx, &backendv1.ValidateOptionsRequest{Config: configToProto(cfg)})
 	return fromStatus(ctx, err)
 }
 
-func (c *BackendClient) Load(ctx context.Context, cfg ModelConfig, progress func(LoadProgress)) (ModelDescription, error) {
+func (c *BackendClient) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(sdk.LoadProgress)) (sdk.ModelDescription, error) {
 	stream, err := c.rpc.Load(ctx, &backendv1.LoadRequest{Config: configToProto(cfg)})
 	if err != nil {
-		return ModelDescription{}, fromStatus(ctx, err)
+		return sdk.ModelDescription{}, fromStatus(ctx, err)
 	}
 	for {
 		m, err := stream.Recv()
 		if err == io.EOF {
-			return ModelDescription{}, errors.New("load ended without a model description")
+			return sdk.ModelDescription{}, errors.New("load ended without a model description")
 		}
 		if err != nil {
-			return ModelDescription{}, fromStatus(ctx, err)
+			return sdk.ModelDescription{}, fromStatus(ctx, err)
 		}
 		switch msg := m.GetMsg().(type) {
 		case *backendv1.LoadResponse_Progress:
 			if progress != nil {
 				p := msg.Progress
-				progress(LoadProgress{Stage: p.GetStage(), BytesDone: p.GetBytesDone(), BytesTotal: p.GetBytesTotal()})
+				progress(sdk.LoadProgress{Stage: p.GetStage(), BytesDone: p.GetBytesDone(), BytesTotal: p.GetBytesTotal()})
 			}
 		case *backendv1.LoadResponse_Description:
 			return descFromProto(msg.Description), nil
@@ -250,7 +251,7 @@ func (c *BackendClient) Load(ctx context.Context, cfg ModelConfig, progress func
 // without relaying, until the plugin ends the stream: Start returns only
 // once the engine has retired the sequence, so the caller's reservation
 // covers all device work.
-func (c *BackendClient) Start(ctx context.Context, req *ChatRequest, emit Emitter) error {
+func (c *BackendClient) Start(ctx context.Context, req *sdk.ChatRequest, emit sdk.Emitter) error {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("encode chat request: %w", err)
@@ -311,7 +312,7 @@ func (c *BackendClient) Start(ctx context.Context, req *ChatRequest, emit Emitte
 			if c.done.Err() != nil {
 				// The stream lives with the process: its end shows up as a
 				// cancellation here, but the cause is the process exit.
-				return fmt.Errorf("%w: plugin process exited", ErrUnavailable)
+				return fmt.Errorf("%w: plugin process exited", sdk.ErrUnavailable)
 			}
 			return fromStatus(ctx, err)
 		}
@@ -352,7 +353,7 @@ func (c *BackendClient) Detokenize(ctx context.Context, ids []int32) (string, er
 	return r.GetText(), nil
 }
 
-func (c *BackendClient) CountTokens(ctx context.Context, req *ChatRequest) (int, error) {
+func (c *BackendClient) CountTokens(ctx context.Context, req *sdk.ChatRequest) (int, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return 0, fmt.Errorf("encode chat request: %w", err)
@@ -364,10 +365,10 @@ func (c *BackendClient) CountTokens(ctx context.Context, req *ChatRequest) (int,
 	return int(r.GetTokens()), nil
 }
 
-func (c *BackendClient) Stats(ctx context.Context) (ModelStats, error) {
+func (c *BackendClient) Stats(ctx context.Context) (sdk.ModelStats, error) {
 	r, err := c.rpc.Stats(ctx, &backendv1.StatsRequest{})
 	if err != nil {
-		return ModelStats{}, fromStatus(ctx, err)
+		return sdk.ModelStats{}, fromStatus(ctx, err)
 	}
 	return statsFromProto(r), nil
 }

@@ -1,4 +1,4 @@
-package sdk
+package transport
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+
+	"github.com/dflash/dflash_server/sdk"
 )
 
 // Describe is what a plugin binary prints for `<binary> describe`, without
@@ -25,11 +27,11 @@ type Describe struct {
 // serves impl over go-plugin's gRPC protocol until the host kills it.
 // Native libraries must be initialised in Load, never before this call: the
 // first line on stdout is the handshake.
-func ServeBackend(impl Backend) {
+func ServeBackend(impl sdk.Backend) {
 	if describeRequested() {
 		info, err := impl.Info(context.Background())
 		exitOnErr(err)
-		printDescribe(Describe{Kind: "backend", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: APIVersion, Architectures: info.Architectures})
+		printDescribe(Describe{Kind: "backend", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: sdk.APIVersion, Architectures: info.Architectures})
 		return
 	}
 	go exitWithParent(func(ctx context.Context) { _ = impl.Shutdown(ctx) })
@@ -53,32 +55,38 @@ func exitWithParent(shutdown func(ctx context.Context)) {
 }
 
 // ServePolicy runs a policy plugin binary (see ServeBackend).
-func ServePolicy(impl Policy) {
+func ServePolicy(impl sdk.Policy) {
 	if describeRequested() {
 		info, err := impl.Info(context.Background())
 		exitOnErr(err)
-		printDescribe(Describe{Kind: "policy", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: APIVersion})
+		printDescribe(Describe{Kind: "policy", Name: info.Name, ProtocolVersion: ProtocolVersion, APIVersion: sdk.APIVersion})
 		return
 	}
 	go exitWithParent(func(context.Context) {})
 	serve(PolicyPluginName, &PolicyPlugin{Impl: impl})
 }
 
+// EnvLogLevel names the environment variable through which the host passes
+// its --log-level to a plugin process.
+const EnvLogLevel = "DFLASH_LOG_LEVEL"
+
 // PluginLogger is the logger a plugin should use: JSON on stderr, which the
 // host relays into its own log tagged with the plugin's name.
 func PluginLogger(name string) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{
-		Name: name, Level: hclog.LevelFromString(envOr("DFLASH_LOG_LEVEL", "info")),
+		Name: name, Level: hclog.LevelFromString(envOr(EnvLogLevel, "info")),
 		Output: os.Stderr, JSONFormat: true,
 	})
 }
 
 func serve(name string, p plugin.Plugin) {
+	log := PluginLogger(name)
+	ignoreStopSignals(log)
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: {name: p}},
 		GRPCServer:       plugin.DefaultGRPCServer,
-		Logger:           PluginLogger(name),
+		Logger:           log,
 	})
 }
 

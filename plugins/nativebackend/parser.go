@@ -1,4 +1,4 @@
-package qwendflash
+package nativebackend
 
 import (
 	"github.com/dflash/dflash_server/sdk"
@@ -6,14 +6,14 @@ import (
 	"github.com/dflash/dflash_server/sdk/engine"
 )
 
-// outputParser adapts the family's chat parser to engine.Parser.
-type outputParser struct{ p *chat.Parser }
+// OutputParser adapts a model family's chat parser to engine.Parser.
+type OutputParser struct{ P *chat.Parser }
 
-var _ engine.Parser = outputParser{}
+var _ engine.Parser = OutputParser{}
 
-func (o outputParser) Feed(text string) engine.Output { return pieces(o.p.Feed(text)) }
-func (o outputParser) Close() engine.Output           { return pieces(o.p.Close()) }
-func (o outputParser) InReasoning() bool              { return o.p.InReasoning() }
+func (o OutputParser) Feed(text string) engine.Output { return pieces(o.P.Feed(text)) }
+func (o OutputParser) Close() engine.Output           { return pieces(o.P.Close()) }
+func (o OutputParser) InReasoning() bool              { return o.P.InReasoning() }
 
 func pieces(ps []chat.Piece) engine.Output {
 	var out engine.Output

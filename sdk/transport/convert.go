@@ -1,27 +1,28 @@
-package sdk
+package transport
 
 import (
+	"github.com/dflash/dflash_server/sdk"
 	backendv1 "github.com/dflash/dflash_server/sdk/proto/dflash/backend/v1"
 	policyv1 "github.com/dflash/dflash_server/sdk/proto/dflash/policy/v1"
 )
 
 // Conversions between the Go types plugin authors use and the wire types.
 
-func optionToProto(o OptionSpec) *backendv1.OptionSpec {
+func optionToProto(o sdk.OptionSpec) *backendv1.OptionSpec {
 	return &backendv1.OptionSpec{
 		Name: o.Name, Kind: backendv1.OptionSpec_Kind(o.Kind), DefaultValue: o.Default,
 		Help: o.Help, EnumValues: o.Enum, SharedProcessPolicy: o.SharedProcessPolicy,
 	}
 }
 
-func optionFromProto(o *backendv1.OptionSpec) OptionSpec {
-	return OptionSpec{
-		Name: o.GetName(), Kind: OptionKind(o.GetKind()), Default: o.GetDefaultValue(),
+func optionFromProto(o *backendv1.OptionSpec) sdk.OptionSpec {
+	return sdk.OptionSpec{
+		Name: o.GetName(), Kind: sdk.OptionKind(o.GetKind()), Default: o.GetDefaultValue(),
 		Help: o.GetHelp(), Enum: o.GetEnumValues(), SharedProcessPolicy: o.GetSharedProcessPolicy(),
 	}
 }
 
-func configToProto(c ModelConfig) *backendv1.ModelConfig {
+func configToProto(c sdk.ModelConfig) *backendv1.ModelConfig {
 	eb := make(map[string]int32, len(c.EffortBudgets))
 	for k, v := range c.EffortBudgets {
 		eb[k] = int32(v)
@@ -35,7 +36,7 @@ func configToProto(c ModelConfig) *backendv1.ModelConfig {
 	}
 }
 
-func configFromProto(c *backendv1.ModelConfig) ModelConfig {
+func configFromProto(c *backendv1.ModelConfig) sdk.ModelConfig {
 	eb := make(map[string]int, len(c.GetEffortBudgets()))
 	for k, v := range c.GetEffortBudgets() {
 		eb[k] = int(v)
@@ -44,7 +45,7 @@ func configFromProto(c *backendv1.ModelConfig) ModelConfig {
 	if opts == nil {
 		opts = map[string]string{}
 	}
-	return ModelConfig{
+	return sdk.ModelConfig{
 		Path: c.GetPath(), Name: c.GetName(), Architecture: c.GetArchitecture(), Device: c.GetDevice(),
 		LibDir: c.GetLibDir(), MaxCtx: int(c.GetMaxCtx()), MaxConcurrency: int(c.GetMaxConcurrency()),
 		KVPoolTokens: int(c.GetKvPoolTokens()), DefaultMaxTokens: int(c.GetDefaultMaxTokens()),
@@ -54,7 +55,7 @@ func configFromProto(c *backendv1.ModelConfig) ModelConfig {
 	}
 }
 
-func descToProto(d ModelDescription) *backendv1.ModelDescription {
+func descToProto(d sdk.ModelDescription) *backendv1.ModelDescription {
 	return &backendv1.ModelDescription{
 		Name: d.Name, Architecture: d.Architecture, Device: d.Device, DraftDevice: d.DraftDevice,
 		MaxConcurrency: int32(d.MaxConcurrency), KvPoolTokens: int32(d.KVPoolTokens), MaxCtx: int32(d.MaxCtx),
@@ -67,13 +68,13 @@ func descToProto(d ModelDescription) *backendv1.ModelDescription {
 	}
 }
 
-func descFromProto(d *backendv1.ModelDescription) ModelDescription {
+func descFromProto(d *backendv1.ModelDescription) sdk.ModelDescription {
 	f := d.GetFeatures()
-	return ModelDescription{
+	return sdk.ModelDescription{
 		Name: d.GetName(), Architecture: d.GetArchitecture(), Device: d.GetDevice(), DraftDevice: d.GetDraftDevice(),
 		MaxConcurrency: int(d.GetMaxConcurrency()), KVPoolTokens: int(d.GetKvPoolTokens()), MaxCtx: int(d.GetMaxCtx()),
 		DefaultMaxTokens: int(d.GetDefaultMaxTokens()), MaxTokens: int(d.GetMaxTokens()),
-		Features: Features{
+		Features: sdk.Features{
 			Tools: f.GetTools(), Reasoning: f.GetReasoning(),
 			Logprobs: f.GetLogprobs(), Speculative: f.GetSpeculative(),
 		},
@@ -81,21 +82,21 @@ func descFromProto(d *backendv1.ModelDescription) ModelDescription {
 	}
 }
 
-func admissionToProto(a Admission) *backendv1.Admission {
+func admissionToProto(a sdk.Admission) *backendv1.Admission {
 	return &backendv1.Admission{
 		Outcome: backendv1.Admission_Outcome(a.Outcome), PromptTokens: int32(a.PromptTokens),
 		NeededTokens: int32(a.NeededTokens), LimitTokens: int32(a.LimitTokens), Reason: a.Reason,
 	}
 }
 
-func admissionFromProto(a *backendv1.Admission) Admission {
-	return Admission{
-		Outcome: Outcome(a.GetOutcome()), PromptTokens: int(a.GetPromptTokens()),
+func admissionFromProto(a *backendv1.Admission) sdk.Admission {
+	return sdk.Admission{
+		Outcome: sdk.Outcome(a.GetOutcome()), PromptTokens: int(a.GetPromptTokens()),
 		NeededTokens: int(a.GetNeededTokens()), LimitTokens: int(a.GetLimitTokens()), Reason: a.GetReason(),
 	}
 }
 
-func eventToProto(e Event) *backendv1.Event {
+func eventToProto(e sdk.Event) *backendv1.Event {
 	pe := &backendv1.Event{Reasoning: e.Reasoning, Text: e.Text, TokenIds: e.TokenIDs}
 	for _, tc := range e.ToolCalls {
 		pe.ToolCalls = append(pe.ToolCalls, &backendv1.ToolCallDelta{
@@ -125,29 +126,29 @@ func eventToProto(e Event) *backendv1.Event {
 	return pe
 }
 
-func eventFromProto(pe *backendv1.Event) Event {
-	e := Event{Reasoning: pe.GetReasoning(), Text: pe.GetText(), TokenIDs: pe.GetTokenIds()}
+func eventFromProto(pe *backendv1.Event) sdk.Event {
+	e := sdk.Event{Reasoning: pe.GetReasoning(), Text: pe.GetText(), TokenIDs: pe.GetTokenIds()}
 	for _, tc := range pe.GetToolCalls() {
-		e.ToolCalls = append(e.ToolCalls, ToolCallDelta{
+		e.ToolCalls = append(e.ToolCalls, sdk.ToolCallDelta{
 			Index: int(tc.GetIndex()), ID: tc.GetId(), Name: tc.GetName(), ArgumentsDelta: tc.GetArgumentsDelta(),
 		})
 	}
 	for _, plp := range pe.GetLogprobs() {
-		lp := TokenLogprob{Token: plp.GetToken(), Logprob: plp.GetLogprob(), Bytes: plp.GetBytes()}
+		lp := sdk.TokenLogprob{Token: plp.GetToken(), Logprob: plp.GetLogprob(), Bytes: plp.GetBytes()}
 		for _, t := range plp.GetTop() {
-			lp.Top = append(lp.Top, TopLogprob{Token: t.GetToken(), Logprob: t.GetLogprob(), Bytes: t.GetBytes()})
+			lp.Top = append(lp.Top, sdk.TopLogprob{Token: t.GetToken(), Logprob: t.GetLogprob(), Bytes: t.GetBytes()})
 		}
 		e.Logprobs = append(e.Logprobs, lp)
 	}
 	if pf := pe.GetFinish(); pf != nil {
 		u, t := pf.GetUsage(), pf.GetTimings()
-		e.Finish = &Finish{
-			Reason: FinishReason(pf.GetReason()), StopSequence: pf.GetStopSequence(),
-			Usage: Usage{
+		e.Finish = &sdk.Finish{
+			Reason: sdk.FinishReason(pf.GetReason()), StopSequence: pf.GetStopSequence(),
+			Usage: sdk.Usage{
 				PromptTokens: int(u.GetPromptTokens()), CompletionTokens: int(u.GetCompletionTokens()),
 				ReasoningTokens: int(u.GetReasoningTokens()), CachedTokens: int(u.GetCachedTokens()),
 			},
-			Timings: Timings{
+			Timings: sdk.Timings{
 				PrefillMS: t.GetPrefillMs(), DecodeMS: t.GetDecodeMs(),
 				DraftAccepted: int(t.GetDraftAccepted()), DraftProposed: int(t.GetDraftProposed()),
 			},
@@ -156,7 +157,7 @@ func eventFromProto(pe *backendv1.Event) Event {
 	return e
 }
 
-func statsToProto(s ModelStats) *backendv1.StatsResponse {
+func statsToProto(s sdk.ModelStats) *backendv1.StatsResponse {
 	return &backendv1.StatsResponse{
 		ActiveSequences: int32(s.ActiveSequences), KvTokensUsed: int32(s.KVTokensUsed),
 		KvTokensTotal: int32(s.KVTokensTotal), DraftAccepted: s.DraftAccepted, DraftProposed: s.DraftProposed,
@@ -164,15 +165,15 @@ func statsToProto(s ModelStats) *backendv1.StatsResponse {
 	}
 }
 
-func statsFromProto(s *backendv1.StatsResponse) ModelStats {
-	return ModelStats{
+func statsFromProto(s *backendv1.StatsResponse) sdk.ModelStats {
+	return sdk.ModelStats{
 		ActiveSequences: int(s.GetActiveSequences()), KVTokensUsed: int(s.GetKvTokensUsed()),
 		KVTokensTotal: int(s.GetKvTokensTotal()), DraftAccepted: s.GetDraftAccepted(),
 		DraftProposed: s.GetDraftProposed(), TokensGenerated: s.GetTokensGenerated(), PromptTokens: s.GetPromptTokens(),
 	}
 }
 
-func snapshotToProto(s Snapshot) *policyv1.OrderRequest {
+func snapshotToProto(s sdk.Snapshot) *policyv1.OrderRequest {
 	r := &policyv1.OrderRequest{RequestedModel: s.RequestedModel, Waiting: int32(s.Waiting)}
 	for _, m := range s.Models {
 		r.Models = append(r.Models, &policyv1.ModelState{
@@ -184,10 +185,10 @@ func snapshotToProto(s Snapshot) *policyv1.OrderRequest {
 	return r
 }
 
-func snapshotFromProto(r *policyv1.OrderRequest) Snapshot {
-	s := Snapshot{RequestedModel: r.GetRequestedModel(), Waiting: int(r.GetWaiting())}
+func snapshotFromProto(r *policyv1.OrderRequest) sdk.Snapshot {
+	s := sdk.Snapshot{RequestedModel: r.GetRequestedModel(), Waiting: int(r.GetWaiting())}
 	for _, m := range r.GetModels() {
-		s.Models = append(s.Models, ModelState{
+		s.Models = append(s.Models, sdk.ModelState{
 			Name: m.GetName(), Primary: m.GetPrimary(), Available: m.GetAvailable(), Slots: int(m.GetSlots()),
 			InFlight: int(m.GetInFlight()), KVPoolTokens: int(m.GetKvPoolTokens()), KVTokensUsed: int(m.GetKvTokensUsed()),
 			MaxCtx: int(m.GetMaxCtx()), Fits: m.GetFits(),

@@ -1,4 +1,4 @@
-package qwendflash
+package nativebackend
 
 import (
 	"strings"
@@ -11,7 +11,7 @@ import (
 
 func TestOutputParserMapsPieces(t *testing.T) {
 	is := is.New(t)
-	p := outputParser{chat.NewParser(chat.FamilyQwen3, chat.ParserOptions{
+	p := OutputParser{chat.NewParser(chat.FamilyQwen3, chat.ParserOptions{
 		ThinkingOpen: true, Tools: true, NewID: func(i int) string { return "call_test" },
 	})}
 	is.True(p.InReasoning()) // the prompt opened <think>

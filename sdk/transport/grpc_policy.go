@@ -1,4 +1,4 @@
-package sdk
+package transport
 
 import (
 	"context"
@@ -6,13 +6,14 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/dflash/dflash_server/sdk"
 	policyv1 "github.com/dflash/dflash_server/sdk/proto/dflash/policy/v1"
 )
 
 // PolicyPlugin is the go-plugin glue for the policy kind.
 type PolicyPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
-	Impl Policy
+	Impl sdk.Policy
 }
 
 var _ plugin.GRPCPlugin = (*PolicyPlugin)(nil)
@@ -30,7 +31,7 @@ func (p *PolicyPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, c *
 
 type policyServer struct {
 	policyv1.UnimplementedPolicyServiceServer
-	impl Policy
+	impl sdk.Policy
 }
 
 func (s *policyServer) Info(ctx context.Context, _ *policyv1.InfoRequest) (*policyv1.InfoResponse, error) {
@@ -40,7 +41,7 @@ func (s *policyServer) Info(ctx context.Context, _ *policyv1.InfoRequest) (*poli
 	}
 	r := &policyv1.InfoResponse{Name: info.Name, ApiVersion: int32(info.APIVersion)}
 	if r.ApiVersion == 0 {
-		r.ApiVersion = APIVersion
+		r.ApiVersion = sdk.APIVersion
 	}
 	for _, o := range info.Options {
 		r.Options = append(r.Options, &policyv1.OptionSpec{Name: o.Name, DefaultValue: o.Default, Help: o.Help, EnumValues: o.Enum})
@@ -69,19 +70,19 @@ type PolicyClient struct {
 	done context.Context
 }
 
-var _ Policy = (*PolicyClient)(nil)
+var _ sdk.Policy = (*PolicyClient)(nil)
 
 // Exited is closed when the plugin process has gone away.
 func (c *PolicyClient) Exited() <-chan struct{} { return c.done.Done() }
 
-func (c *PolicyClient) Info(ctx context.Context) (PolicyInfo, error) {
+func (c *PolicyClient) Info(ctx context.Context) (sdk.PolicyInfo, error) {
 	r, err := c.rpc.Info(ctx, &policyv1.InfoRequest{})
 	if err != nil {
-		return PolicyInfo{}, fromStatus(ctx, err)
+		return sdk.PolicyInfo{}, fromStatus(ctx, err)
 	}
-	info := PolicyInfo{Name: r.GetName(), APIVersion: int(r.GetApiVersion())}
+	info := sdk.PolicyInfo{Name: r.GetName(), APIVersion: int(r.GetApiVersion())}
 	for _, o := range r.GetOptions() {
-		info.Options = append(info.Options, OptionSpec{Name: o.GetName(), Default: o.GetDefaultValue(), Help: o.GetHelp(), Enum: o.GetEnumValues()})
+		info.Options = append(info.Options, sdk.OptionSpec{Name: o.GetName(), Default: o.GetDefaultValue(), Help: o.GetHelp(), Enum: o.GetEnumValues()})
 	}
 	return info, nil
 }
@@ -91,10 +92,10 @@ func (c *PolicyClient) Configure(ctx context.Context, opts map[string]string) er
 	return fromStatus(ctx, err)
 }
 
-func (c *PolicyClient) Order(ctx context.Context, snap Snapshot) (Decision, error) {
+func (c *PolicyClient) Order(ctx context.Context, snap sdk.Snapshot) (sdk.Decision, error) {
 	r, err := c.rpc.Order(ctx, snapshotToProto(snap))
 	if err != nil {
-		return Decision{}, fromStatus(ctx, err)
+		return sdk.Decision{}, fromStatus(ctx, err)
 	}
-	return Decision{Order: r.GetOrder(), Pin: r.GetPin(), NotFound: r.GetNotFound(), Message: r.GetMessage()}, nil
+	return sdk.Decision{Order: r.GetOrder(), Pin: r.GetPin(), NotFound: r.GetNotFound(), Message: r.GetMessage()}, nil
 }

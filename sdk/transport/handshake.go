@@ -1,4 +1,4 @@
-package sdk
+package transport
 
 import (
 	"github.com/hashicorp/go-plugin"
@@ -8,10 +8,6 @@ import (
 // only with a breaking change of the proto packages (dflash.backend.v1 →
 // v2); additive changes keep it.
 const ProtocolVersion = 1
-
-// APIVersion is reported in Info so the core can refuse plugins built
-// against an incompatible SDK before loading anything.
-const APIVersion = 1
 
 // Plugin names inside a go-plugin set.
 const (

@@ -1,0 +1,180 @@
+package nativebackend
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/hashicorp/go-multierror"
+
+	native "github.com/dflash/dflash_server/native/engine"
+	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/chat"
+	"github.com/dflash/dflash_server/sdk/engine"
+	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/tokenizer"
+)
+
+// LibDir finds the engine libraries: the block's LibDir, $DFLASH_LIB_DIR,
+// else ../lib next to this binary (bin/plugins → bin/lib).
+func LibDir(cfg sdk.ModelConfig) string {
+	if cfg.LibDir != "" {
+		return cfg.LibDir
+	}
+	if d := os.Getenv("DFLASH_LIB_DIR"); d != "" {
+		return d
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "lib"
+	}
+	return filepath.Join(filepath.Dir(exe), "..", "lib")
+}
+
+// Spec says what a backend serves, for Load.
+type Spec struct {
+	// Name is the backend's name, for messages.
+	Name string
+	// Architectures are the GGUF general.architecture values it serves.
+	Architectures []string
+	// Features go into the model description.
+	Features sdk.Features
+}
+
+// Loaded is one model block loaded on the native engine and running in
+// sdk/engine's loop.
+type Loaded struct {
+	Cfg    sdk.ModelConfig
+	File   *gguf.File
+	Native *native.Model
+	Engine *engine.Engine
+	Tok    *tokenizer.Tokenizer
+	Tmpl   *chat.Template
+	// TemplateSource is the GGUF's chat template text.
+	TemplateSource string
+	Desc           sdk.ModelDescription
+	// WeightFileBytes is the size of every tensor in the file (progress).
+	WeightFileBytes int64
+}
+
+// Load loads cfg's model for spec: engine library for the device, the
+// mapped GGUF, tokenizer and chat template, capacity defaults, weights and
+// the engine. report receives progress (mapping, uploading); the caller
+// reports ready once it has kept the model.
+func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.LoadProgress)) (l *Loaded, err error) {
+	device := cfg.Device
+	if device == "" {
+		device = "cpu"
+	}
+	lib, err := native.Open(LibDir(cfg), device)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	report(sdk.LoadProgress{Stage: "mapping"})
+	f, err := gguf.Open(cfg.Path)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := f.Close(); cerr != nil {
+			err = multierror.Append(err, cerr)
+		}
+	}()
+	arch := f.Arch()
+	if !slices.Contains(spec.Architectures, arch) {
+		return nil, fmt.Errorf("load %s: architecture %q is not served by %s (serves %v)", cfg.Path, arch, spec.Name, spec.Architectures)
+	}
+	tok, err := tokenizer.FromMetadata(f.Meta)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: tokenizer: %w", cfg.Path, err)
+	}
+	src, err := f.String("tokenizer.chat_template")
+	if err != nil {
+		return nil, fmt.Errorf("load %s: chat template: %w", cfg.Path, err)
+	}
+	tmpl, err := chat.NewTemplate(src)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+
+	maxCtx := cfg.MaxCtx
+	if maxCtx <= 0 {
+		maxCtx = DefaultMaxCtx
+		if n, err := f.Uint32(arch + ".context_length"); err == nil && n > 0 {
+			maxCtx = min(maxCtx, int(n))
+		}
+	}
+	slots := OrDefault(cfg.MaxConcurrency, DefaultMaxConcurrency)
+	pool := OrDefault(cfg.KVPoolTokens, slots*maxCtx)
+	ms, err := native.SpecFromGGUF(f)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	var total, params int64
+	for _, t := range f.Tensors() {
+		total += int64(t.Size)
+		params += int64(t.Elements())
+	}
+	report(sdk.LoadProgress{Stage: "uploading", BytesTotal: total})
+	ms.Options = native.Options{
+		KVPoolTokens: pool, BlockSize: opts.KVBlockSize, MaxSeqs: slots + opts.PrefixSlots,
+		CacheK: opts.CacheK, CacheV: opts.CacheV, Threads: opts.Threads,
+	}
+	nm, err := lib.LoadModel(ms)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	info := nm.Info()
+	if info.AttnLayers == 0 {
+		// The engine's admission counts KV blocks; a model without any
+		// full-attention layer has none to count.
+		_ = nm.Close()
+		return nil, fmt.Errorf("load %s: the model has no full-attention layer (%d layers, all recurrent); this backend needs at least one (for qwen35 see %s.full_attention_interval)", cfg.Path, info.Layers, arch)
+	}
+	if tok.VocabSize() > info.Vocab {
+		_ = nm.Close()
+		return nil, fmt.Errorf("load %s: tokenizer has %d tokens, the model's output only %d", cfg.Path, tok.VocabSize(), info.Vocab)
+	}
+	eng, err := engine.New(engine.Config{
+		Model: NewModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
+		StepTokens: opts.StepTokens, DecodeHeadroom: opts.DecodeHeadroom, PrefixCacheSlots: opts.PrefixSlots,
+		Special: func(id int32) bool {
+			switch tok.TokenType(id) {
+			case tokenizer.TypeNormal, tokenizer.TypeUndefined, tokenizer.TypeByte:
+				return false
+			}
+			return true
+		},
+	})
+	if err != nil {
+		_ = nm.Close()
+		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	lim := eng.Limits()
+	return &Loaded{
+		Cfg: cfg, File: f, Native: nm, Engine: eng, Tok: tok, Tmpl: tmpl, TemplateSource: src, WeightFileBytes: total,
+		Desc: sdk.ModelDescription{
+			Name: cfg.Name, Architecture: arch, Device: device,
+			MaxConcurrency: lim.MaxConcurrency, KVPoolTokens: lim.KVPoolTokens, MaxCtx: lim.MaxCtx,
+			DefaultMaxTokens: OrDefault(cfg.DefaultMaxTokens, min(DefaultMaxTokens, maxCtx/2)),
+			MaxTokens:        OrDefault(cfg.MaxTokens, maxCtx),
+			Features:         spec.Features,
+			ParameterCount:   params, WeightBytes: int64(info.WeightBytes),
+		},
+	}, nil
+}
+
+// Close stops the engine (within ctx) and frees the weights and the
+// mapping, reporting every failure.
+func (l *Loaded) Close(ctx context.Context) error {
+	var errs *multierror.Error
+	errs = multierror.Append(errs, l.Engine.Close(ctx))
+	errs = multierror.Append(errs, l.Native.Close())
+	errs = multierror.Append(errs, l.File.Close())
+	return errs.ErrorOrNil()
+}

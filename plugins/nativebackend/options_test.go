@@ -1,0 +1,103 @@
+package nativebackend
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/matryer/is"
+
+	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/engine"
+)
+
+// TestDeclaredDefaultsAreTheParsedOnes: what --help shows as a default is
+// what a block that leaves the option out gets.
+func TestDeclaredDefaultsAreTheParsedOnes(t *testing.T) {
+	is := is.New(t)
+	r := NewOptions(nil)
+	got := r.Engine()
+	is.NoErr(r.Err())
+	parsed := map[string]int{
+		"kv-block-size": got.KVBlockSize, "threads": got.Threads, "step-tokens": got.StepTokens,
+		"decode-headroom": got.DecodeHeadroom, "prefix-cache-slots": got.PrefixSlots,
+	}
+	for _, s := range append(EngineOptionSpecs(), PrefixCacheSpec()) {
+		if s.Kind != sdk.OptionInt {
+			is.Equal(s.Default, DefaultCacheType) // cache types
+			continue
+		}
+		is.Equal(s.Default, strconv.Itoa(parsed[s.Name])) // declared default of --s.Name is the parsed one
+	}
+}
+
+func TestOptionProblems(t *testing.T) {
+	tests := []struct {
+		name string
+		opts map[string]string
+		want []string // every problem, each naming its flag
+	}{
+		{"fine", map[string]string{"threads": "4", "cache-type-k": "Q8_0"}, nil},
+		{"not an integer", map[string]string{"step-tokens": "many"}, []string{`--step-tokens: "many" is not an integer`}},
+		{"out of range", map[string]string{"kv-block-size": "0"}, []string{"--kv-block-size: 0 is outside [1, 4096]"}},
+		{"bad cache type", map[string]string{"cache-type-v": "q4"}, []string{`--cache-type-v: "q4" is not a KV cache type`}},
+		{"unknown and bad together", map[string]string{"nope": "1", "threads": "-1"}, []string{"--nope: unknown option of the test backend", "--threads: -1 is outside"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			r := NewOptions(tt.opts)
+			r.Known("test", append(EngineOptionSpecs(), PrefixCacheSpec()))
+			r.Engine()
+			err := r.Err()
+			if tt.want == nil {
+				is.NoErr(err)
+				return
+			}
+			var inv *sdk.InvalidError
+			is.True(errors.As(err, &inv)) // the user's mistake, shown as it is
+			for _, w := range tt.want {
+				is.True(strings.Contains(err.Error(), w)) // names the flag and the problem
+			}
+		})
+	}
+}
+
+func TestRequestSettings(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	tests := []struct {
+		name string
+		s    sdk.Sampling
+		want string // error substring; "" for none
+	}{
+		{"preset kept", sdk.Sampling{}, ""},
+		{"negative temperature", sdk.Sampling{Temperature: f(-1)}, "temperature -1 must not be negative"},
+		{"top_p zero", sdk.Sampling{TopP: f(0)}, "top_p 0 must be in (0, 1]"},
+		{"min_p above one", sdk.Sampling{MinP: f(2)}, "min_p 2 must be in [0, 1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			_, err := Sampling(tt.s, engine.Sampling{Temperature: 0.7, TopP: 0.8})
+			if tt.want == "" {
+				is.NoErr(err)
+				return
+			}
+			is.True(err != nil && strings.Contains(err.Error(), tt.want))
+		})
+	}
+	t.Run("response formats", func(t *testing.T) {
+		is := is.New(t)
+		_, err := ResponseFormat("b", "json_schema")
+		is.True(err != nil && strings.Contains(err.Error(), "not supported by the b backend yet"))
+		_, err = ResponseFormat("b", "json_object")
+		is.NoErr(err)
+	})
+	t.Run("max tokens", func(t *testing.T) {
+		is := is.New(t)
+		desc := sdk.ModelDescription{DefaultMaxTokens: 100, MaxTokens: 500}
+		is.Equal(MaxTokens(&sdk.ChatRequest{}, desc), 100)                // the model's default
+		is.Equal(MaxTokens(&sdk.ChatRequest{MaxTokens: 9000}, desc), 500) // capped
+	})
+}
