@@ -91,13 +91,17 @@ type logprobsResult struct {
 				Logprob float64 `json:"logprob"`
 				Bytes   []int   `json:"bytes"`
 				Top     []struct {
-					Token string `json:"token"`
-					Bytes []int  `json:"bytes"`
+					Token   string  `json:"token"`
+					Logprob float64 `json:"logprob"`
+					Bytes   []int   `json:"bytes"`
 				} `json:"top_logprobs"`
 			} `json:"content"`
 		} `json:"logprobs"`
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
+	Usage struct {
+		PromptTokens int `json:"prompt_tokens"`
+	} `json:"usage"`
 }
 
 func intsToBytes(v []int) []byte {
