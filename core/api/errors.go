@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dflash/dflash_server/sdk"
 )
 
 // shape is the error and body convention of a route family.
@@ -228,6 +230,12 @@ func (s *Server) errorFor(err error, sh shape) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
+	}
+	var inv *sdk.InvalidError
+	if errors.As(err, &inv) {
+		// A plugin refused what the client sent (e.g. a token id outside
+		// the vocabulary): the message names the culprit.
+		return badRequest("", "%v", err)
 	}
 	var rj *rejection
 	if !errors.As(err, &rj) {
