@@ -70,6 +70,11 @@ type Options struct {
 	CORSOrigins []string
 	// MaxBodyBytes bounds a request body (413 above). Default 32 MiB.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a client may take to send a request body
+	// once its headers arrived (408 after it), so a client that trickles a
+	// body cannot hold a connection for ever. Default 60s; negative
+	// disables.
+	BodyTimeout time.Duration
 	// MaxJSONDepth bounds object/array nesting of a body. Default 64.
 	MaxJSONDepth int
 	// MaxMessages bounds messages / input items per request. Default 4096.
@@ -156,6 +161,9 @@ func New[S Stream, M any, T any](r Router[S, M, T], opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 32 << 20
 	}
+	if opts.BodyTimeout == 0 {
+		opts.BodyTimeout = time.Minute
+	}
 	if opts.MaxJSONDepth <= 0 {
 		opts.MaxJSONDepth = 64
 	}
@@ -177,7 +185,7 @@ func New[S Stream, M any, T any](r Router[S, M, T], opts Options) *Server {
 	s := &Server{
 		rt:    routerAdapter[S, M, T]{r},
 		opts:  opts,
-		lim:   limits{maxBody: opts.MaxBodyBytes, maxDepth: opts.MaxJSONDepth, maxMessages: opts.MaxMessages, maxTokens: opts.MaxTokens},
+		lim:   limits{maxBody: opts.MaxBodyBytes, bodyTimeout: opts.BodyTimeout, maxDepth: opts.MaxJSONDepth, maxMessages: opts.MaxMessages, maxTokens: opts.MaxTokens},
 		now:   time.Now,
 		newID: randomID,
 	}

@@ -132,7 +132,10 @@ func (s *Server) serve() error {
 	hs := &http.Server{
 		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*s.handler.Load()).ServeHTTP(w, r) }),
 		ReadHeaderTimeout: 30 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return reqCtx },
+		// Without it an idle keep-alive connection is kept for ever (the
+		// body has its own deadline, api.Options.BodyTimeout).
+		IdleTimeout: 2 * time.Minute,
+		BaseContext: func(net.Listener) context.Context { return reqCtx },
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
