@@ -112,9 +112,13 @@ func TestRealBackendFaults(t *testing.T) {
 		is := is.New(t)
 		hv := s.start(t, pathChat, longStream("victim"))
 		hb := s.start(t, pathChat, longStream("bystander"))
-		defer release(hv, hb)
+		whole := longStream("victim") // a non-streaming client of the victim
+		whole["stream"] = false
+		hw := s.start(t, pathMessages, whole)
+		defer release(hv, hb, hw)
 		firstToken(t, hv)
 		firstToken(t, hb)
+		s.waitStatus(t, "both victim requests running", func(st status) bool { return st.model("victim").InFlight == 2 })
 		is.NoErr(syscall.Kill(s.backendOf(t, q3).pid, syscall.SIGKILL))
 
 		// The victim's client gets an in-stream error, then the stream ends.
@@ -122,6 +126,12 @@ func TestRealBackendFaults(t *testing.T) {
 		evs := hv.events()
 		is.True(streamErrored(evs))              // the failure is reported in the stream
 		is.Equal(evs[len(evs)-1].data, "[DONE]") // and the stream is closed properly
+		// The non-streaming client gets one error answer naming the failure.
+		hw.wait(t)
+		is.True(hw.status >= 500)                                   // a server-side failure, not the client's
+		is.True(errorMessage(hw.bodyBytes()) != "")                 // with a message
+		is.Equal(hw.header.Get("Content-Type"), "application/json") // in the API's error shape
+		t.Logf("the victim's non-streaming client: %d %s", hw.status, errorMessage(hw.bodyBytes()))
 		// The bystander's stream goes on without an error.
 		is.True(!isDone(hb))
 		is.True(!streamErrored(hb.events()))
