@@ -39,18 +39,23 @@ func rawRequest(t *testing.T, srv *httptest.Server, head, partial string) (strin
 }
 
 // TestSlowBody: a client that sends its headers and then trickles (or
-// stops sending) the body is answered 408 once BodyTimeout passes, instead
-// of holding a connection and a goroutine for ever (slowloris).
+// stops sending) the body is answered 408, in the route's error shape, once
+// BodyTimeout passes, instead of holding a connection and a goroutine for
+// ever (slowloris).
 func TestSlowBody(t *testing.T) {
-	is := is.New(t)
 	fr := &fakeRouter{script: stream(sdk.Event{Text: "hi"}, finish(sdk.FinishStop, 1, 1))}
 	srv := httptest.NewServer(newTestServer(fr, Options{BodyTimeout: 50 * time.Millisecond, Logger: discardLogger()}))
 	defer srv.Close()
-	body := chatBody + `}`
-	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
-	status, msg := rawRequest(t, srv, head, body[:10])
-	is.Equal(status, "408 Request Timeout")
-	is.True(strings.Contains(msg, "request body")) // says what was too slow
+	for _, rc := range errorRoutes {
+		t.Run(rc.path, func(t *testing.T) {
+			is := is.New(t)
+			head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", rc.path, len(rc.body))
+			status, body := rawRequest(t, srv, head, rc.body[:5])
+			is.Equal(status, "408 Request Timeout")
+			checkErrorBody(t, []byte(body), rc.shape, "invalid_request_error", "request_timeout", "", "invalid_request_error")
+			is.True(strings.Contains(body, "request body")) // says what was too slow
+		})
+	}
 }
 
 // TestBodyDeadlineEnds: the body deadline covers reading the body only; a
