@@ -82,6 +82,11 @@ func (f FinishReason) String() string {
 // Event is one message of a Start stream after the admission: one decode
 // step's worth of output. Several fields may be set in one event; the API
 // writers emit them in the order Reasoning, Text, ToolCalls.
+//
+// The text fields (Reasoning, Text, tool-call pieces, logprob tokens) are the
+// model's bytes and need not be valid UTF-8: a model can emit a byte token
+// that never completes a character. They cross the plugin boundary exactly;
+// the core's API writers replace what is not valid UTF-8 with U+FFFD.
 type Event struct {
 	// Reasoning is a piece of the thinking section (already split out by the
 	// backend's output parser).
@@ -111,6 +116,9 @@ type ToolCallDelta struct {
 // TokenLogprob is the log probability of a sampled token and its best
 // alternatives.
 type TokenLogprob struct {
+	// Token is the token's text; with byte-level BPE it can be part of a
+	// multi-byte character. Bytes are the same bytes, for the APIs' exact
+	// "bytes" field.
 	Token   string
 	Logprob float64
 	Bytes   []byte

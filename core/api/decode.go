@@ -6,14 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // limits bound what a request body may hold, before the router sees it.
 type limits struct {
 	maxBody     int64
+	bodyTimeout time.Duration
 	maxDepth    int
 	maxMessages int
 	maxTokens   int
@@ -21,16 +24,34 @@ type limits struct {
 
 // readBody reads the whole body under the byte limit.
 func readBody(w http.ResponseWriter, r *http.Request, lim limits) ([]byte, *apiError) {
+	// The server's header timeout ends with the headers; without a deadline
+	// here a client trickling its body holds the connection for ever.
+	clearDeadline := func() {}
+	if lim.bodyTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(lim.bodyTimeout)) == nil {
+			clearDeadline = func() { _ = rc.SetReadDeadline(time.Time{}) }
+		}
+	}
 	body := http.MaxBytesReader(w, r.Body, lim.maxBody)
 	b, err := io.ReadAll(body)
 	if err != nil {
+		// The deadline stays after a failed read, so the server's discard
+		// of the unread rest of the body cannot block either.
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: "request_too_large",
 				message: fmt.Sprintf("request body is larger than the limit of %d bytes", tooBig.Limit)}
 		}
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			return nil, &apiError{status: http.StatusRequestTimeout, code: "request_timeout",
+				message: fmt.Sprintf("the request body did not arrive within %s", lim.bodyTimeout)}
+		}
 		return nil, badRequest("", "read request body: %v", err)
 	}
+	// The server's background read, which notices a client leaving
+	// mid-stream, inherits the deadline: it must go once the body is in.
+	clearDeadline()
 	return b, nil
 }
 

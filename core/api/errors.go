@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dflash/dflash_server/core/router"
+	"github.com/dflash/dflash_server/sdk"
 )
 
 // shape is the error and body convention of a route family.
@@ -238,6 +239,12 @@ func (s *Server) errorFor(err error, sh shape) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {
 		return ae
+	}
+	var inv *sdk.InvalidError
+	if errors.As(err, &inv) {
+		// A plugin refused what the client sent (e.g. a token id outside
+		// the vocabulary): the message names the culprit.
+		return badRequest("", "%v", err)
 	}
 	var rj *router.Rejection
 	if !errors.As(err, &rj) {

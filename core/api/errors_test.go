@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/dflash/dflash_server/core/router"
+	"github.com/dflash/dflash_server/sdk"
 )
 
 type routeCase struct {
@@ -55,6 +57,9 @@ func TestErrorMapping(t *testing.T) {
 		{&router.Rejection{Reason: router.ReasonUnknownModel, Message: `model "x" is not loaded`}, 404, "invalid_request_error", "model_not_found", "model", "not_found_error", "", "unknown-model"},
 		{&router.Rejection{Reason: router.ReasonModelRequired, Message: "name one of: a, b"}, 400, "invalid_request_error", "model_required", "model", "invalid_request_error", "", "model-required"},
 		{errors.New("plugin connection lost"), 500, "server_error", "internal_error", "", "api_error", "", ""},
+		// A plugin's refusal of bad input (an out-of-range token id) is the
+		// client's error, not the server's.
+		{fmt.Errorf("detokenize with m: %w", &sdk.InvalidError{Msg: "token id -1 out of range [0, 151669)"}), 400, "invalid_request_error", "invalid_value", "", "invalid_request_error", "", ""},
 	}
 	for _, rc := range errorRoutes {
 		for _, rs := range reasons {

@@ -54,6 +54,14 @@ var (
 		{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ArgumentsDelta: `"Oslo"}`}, {Index: 1, ID: "call_b", Name: "get_time", ArgumentsDelta: `{"tz":"Europe/Oslo"}`}}},
 		{Finish: &sdk.Finish{Reason: sdk.FinishToolCalls, Usage: sdk.Usage{PromptTokens: 61, CompletionTokens: 23}}},
 	}
+	// 日 (E6 97 A5) split across two byte-level BPE tokens: token text is
+	// not valid UTF-8 on its own (U+FFFD in "token"), "bytes" stay exact.
+	evPartialCharacter = []sdk.Event{
+		{Text: "\xE6\x97", TokenIDs: []int32{100}, Logprobs: []sdk.TokenLogprob{{Token: "\xE6\x97", Bytes: []byte("\xE6\x97"), Logprob: -0.25,
+			Top: []sdk.TopLogprob{{Token: "\xE6\x97", Bytes: []byte("\xE6\x97"), Logprob: -0.25}, {Token: "\xF0", Bytes: []byte("\xF0"), Logprob: -2}}}}},
+		{Text: "\xA5", TokenIDs: []int32{101}, Logprobs: []sdk.TokenLogprob{{Token: "\xA5", Bytes: []byte("\xA5"), Logprob: -0.5}}},
+		finish(sdk.FinishStop, 9, 2),
+	}
 	evStopSequence = []sdk.Event{
 		{Text: "1, 2, 3"},
 		{Finish: &sdk.Finish{Reason: sdk.FinishStopSequence, StopSequence: ", 4", Usage: sdk.Usage{PromptTokens: 9, CompletionTokens: 5}}},
@@ -103,6 +111,8 @@ func goldenCases() []goldenCase {
 		{name: "chat_stream_length", path: "/v1/chat/completions", body: chatBody + `,"stream":true,"max_tokens":16}`, script: stream(evLength...)},
 		{name: "chat_logprobs", path: "/v1/chat/completions", body: chatBody + `,"logprobs":true,"top_logprobs":2}`, script: stream(evLogprobs...)},
 		{name: "chat_stream_logprobs", path: "/v1/chat/completions", body: chatBody + `,"stream":true,"logprobs":true}`, script: stream(evLogprobs...)},
+		{name: "chat_stream_logprobs_partial_character", path: "/v1/chat/completions", body: chatBody + `,"stream":true,"logprobs":true,"top_logprobs":2}`, script: stream(evPartialCharacter...)},
+		{name: "chat_logprobs_partial_character", path: "/v1/chat/completions", body: chatBody + `,"logprobs":true,"top_logprobs":2}`, script: stream(evPartialCharacter...)},
 		{name: "chat_stream_fail", path: "/v1/chat/completions", body: chatBody + `,"stream":true}`, script: failing(backendDied, sdk.Event{Text: "Partial"})},
 		{name: "chat_fail", path: "/v1/chat/completions", body: chatBody + `}`, script: failing(backendDied, sdk.Event{Text: "Partial"})},
 		{name: "chat_queue_full", path: "/v1/chat/completions", body: chatBody + `}`,

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"net/http"
@@ -94,6 +95,11 @@ type Options struct {
 	CORSOrigins []string
 	// MaxBodyBytes bounds a request body (413 above). Default 32 MiB.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a client may take to send a request body
+	// once its headers arrived (408 after it), so a client that trickles a
+	// body cannot hold a connection for ever. Default 60s; negative
+	// disables.
+	BodyTimeout time.Duration
 	// MaxJSONDepth bounds object/array nesting of a body. Default 64.
 	MaxJSONDepth int
 	// MaxMessages bounds messages / input items per request. Default 4096.
@@ -124,7 +130,7 @@ type Server struct {
 	opts    Options
 	lim     limits
 	handler http.Handler
-	keys    [][]byte
+	keys    [][sha256.Size]byte // digests of the accepted API keys
 	// now and newID are replaced by tests for stable output.
 	now     func() time.Time
 	newID   func(prefix string) string
@@ -135,6 +141,9 @@ type Server struct {
 func New(r Router, opts Options) *Server {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 32 << 20
+	}
+	if opts.BodyTimeout == 0 {
+		opts.BodyTimeout = time.Minute
 	}
 	if opts.MaxJSONDepth <= 0 {
 		opts.MaxJSONDepth = 64
@@ -157,14 +166,14 @@ func New(r Router, opts Options) *Server {
 	s := &Server{
 		rt:    r,
 		opts:  opts,
-		lim:   limits{maxBody: opts.MaxBodyBytes, maxDepth: opts.MaxJSONDepth, maxMessages: opts.MaxMessages, maxTokens: opts.MaxTokens},
+		lim:   limits{maxBody: opts.MaxBodyBytes, bodyTimeout: opts.BodyTimeout, maxDepth: opts.MaxJSONDepth, maxMessages: opts.MaxMessages, maxTokens: opts.MaxTokens},
 		now:   time.Now,
 		newID: randomID,
 	}
 	s.created = s.now().Unix()
 	for _, k := range opts.APIKeys {
 		if k != "" {
-			s.keys = append(s.keys, []byte(k))
+			s.keys = append(s.keys, sha256.Sum256([]byte(k)))
 		}
 	}
 	s.handler = s.routes()
@@ -264,14 +273,16 @@ func (s *Server) validKey(r *http.Request) bool {
 	if got == "" {
 		return false
 	}
-	ok := false
-	for _, k := range s.keys {
-		// Compare with every key so timing does not tell which matched.
-		if subtle.ConstantTimeCompare([]byte(got), k) == 1 {
-			ok = true
-		}
+	// Digests have one length, so the comparison does not end early on a
+	// length mismatch (subtle.ConstantTimeCompare does, which would time
+	// out a key's length); every key is compared, so timing does not tell
+	// which one matched either.
+	d := sha256.Sum256([]byte(got))
+	ok := 0
+	for i := range s.keys {
+		ok |= subtle.ConstantTimeCompare(d[:], s.keys[i][:])
 	}
-	return ok
+	return ok == 1
 }
 
 // exposedHeaders are the response headers a browser client may read.

@@ -133,11 +133,8 @@ func (s *Server) serve() error {
 
 	reqCtx, cancelRequests := context.WithCancel(context.Background())
 	defer cancelRequests()
-	hs := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*s.handler.Load()).ServeHTTP(w, r) }),
-		ReadHeaderTimeout: 30 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return reqCtx },
-	}
+	hs := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*s.handler.Load()).ServeHTTP(w, r) }),
+		reqCtx, defaultConnLimits)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	addr := ln.Addr().String()

@@ -97,6 +97,10 @@ const (
 type familySyntax struct {
 	toolOpen   string
 	reasonTail string // ReasoningCloseTag
+	// reasonTrim are the characters the family's template puts around the
+	// reasoning and at the start of the answer after it; the parser drops
+	// them there and nowhere else.
+	reasonTrim string
 }
 
 const (
@@ -109,8 +113,9 @@ func syntaxOf(f Family) familySyntax {
 	switch f {
 	case FamilyQwen3, FamilyQwen35:
 		// The templates render a finished thought as
-		// "<think>\n" + reasoning + "\n</think>\n\n" + answer.
-		return familySyntax{toolOpen: "<tool_call>", reasonTail: "\n</think>\n\n"}
+		// "<think>\n" + reasoning.strip('\n') + "\n</think>\n\n" +
+		// answer.lstrip('\n').
+		return familySyntax{toolOpen: "<tool_call>", reasonTail: "\n</think>\n\n", reasonTrim: "\n"}
 	case FamilyDeepSeekV4:
 		// encoding_dsv4 renders reasoning + "</think>" + answer.
 		return familySyntax{toolOpen: "<" + dsml + "tool_calls>", reasonTail: thinkClose}
@@ -126,6 +131,7 @@ func NewParser(f Family, opts ParserOptions) *Parser {
 	}
 	if opts.ThinkingOpen {
 		p.mode = modeReasoning
+		p.seg.lead = p.syntax.reasonTrim
 	}
 	return p
 }
@@ -228,7 +234,7 @@ func (p *Parser) run(final bool) {
 func (p *Parser) tags(dst []string) []string {
 	if p.mode == modeReasoning {
 		dst = append(dst, thinkClose)
-		if !p.seg.started {
+		if !p.seg.visible {
 			dst = append(dst, thinkOpen) // a repeated opening tag is dropped
 		}
 		return dst
@@ -265,6 +271,10 @@ func (p *Parser) scanText(final bool) bool {
 		p.segText(kind, p.buf[:n])
 		p.buf = p.buf[n:]
 		if final {
+			if kind == PieceText {
+				// The answer ends here: held whitespace is the model's.
+				p.emit(kind, p.seg.ws, 0)
+			}
 			p.seg = segment{}
 		}
 		return false
@@ -275,17 +285,16 @@ func (p *Parser) scanText(final bool) bool {
 	case tag == thinkOpen && p.mode == modeReasoning:
 		// stay in reasoning
 	case tag == thinkOpen:
-		p.seg = segment{}
+		// Whitespace held before the tag is dropped with it.
+		p.seg = segment{lead: p.syntax.reasonTrim}
 		p.mode = modeReasoning
 	case tag == thinkClose:
-		p.seg = segment{}
+		p.seg = segment{lead: p.syntax.reasonTrim}
 		p.mode = modeText
 		p.sawAny = true
 	default: // tool-call opening tag
 		p.call = newToolCall(p.fam)
-		if p.seg.started {
-			p.call.preWS = p.seg.ws
-		}
+		p.call.preWS = p.seg.ws
 		p.seg = segment{}
 		p.sawAny = true
 		p.mode = modeToolCall
@@ -293,33 +302,44 @@ func (p *Parser) scanText(final bool) bool {
 	return true
 }
 
-// segment trims the whitespace the templates put around reasoning, answers
-// and tool calls: leading whitespace is dropped and trailing whitespace is
-// held until more text shows it was inside the segment.
+// segment is one run of reasoning or answer text. Its text is the model's,
+// exactly (code completions keep their indentation), except for what the
+// family's output format puts between segments: the characters in lead at
+// its start (the newlines around a Qwen thought), whitespace before a tool
+// call or an opening <think>, and the newlines before </think>. Trailing
+// whitespace is held until what follows shows whether it was the model's.
 type segment struct {
-	started bool
-	ws      string
+	started bool   // text of the segment was emitted
+	visible bool   // anything but whitespace arrived in the segment
+	lead    string // format characters dropped at the segment's start
+	ws      string // trailing whitespace held back
 }
 
 func (p *Parser) segText(kind PieceKind, s string) {
 	if s == "" {
 		return
 	}
-	if kind == PieceText && strings.TrimLeft(s, " \t\r\n") != "" {
-		p.sawAny = true
+	if strings.TrimLeft(s, " \t\r\n") != "" {
+		p.seg.visible = true
+		if kind == PieceText {
+			p.sawAny = true
+		}
 	}
-	if !p.seg.started {
-		s = strings.TrimLeft(s, " \t\r\n")
-		if s == "" {
+	if !p.seg.started && p.seg.ws == "" {
+		if s = strings.TrimLeft(s, p.seg.lead); s == "" {
 			return
 		}
-		p.seg.started = true
 	}
-	body := strings.TrimRight(s, " \t\r\n")
+	hold := " \t\r\n" // before a tool call it is the format's
+	if kind == PieceReasoning {
+		hold = p.syntax.reasonTrim // before </think>
+	}
+	body := strings.TrimRight(s, hold)
 	if body == "" {
 		p.seg.ws += s
 		return
 	}
+	p.seg.started = true
 	p.emit(kind, p.seg.ws+body, 0)
 	p.seg.ws = s[len(body):]
 }
@@ -342,6 +362,8 @@ func (p *Parser) scanAfterCall(final bool) bool {
 	}
 	p.call = nil
 	p.mode = modeText
+	// Text after a call starts after the whitespace that separates blocks.
+	p.seg = segment{lead: " \t\r\n"}
 	return true
 }
 

@@ -8,6 +8,16 @@ import (
 
 // Conversions between the Go types plugin authors use and the wire types.
 
+// modelBytes is text a model produced, for a proto bytes field: it may be
+// an incomplete UTF-8 sequence, which a string field would refuse to
+// marshal. Empty text stays nil so the field is left off the wire.
+func modelBytes(s string) []byte {
+	if s == "" {
+		return nil
+	}
+	return []byte(s)
+}
+
 func optionToProto(o sdk.OptionSpec) *backendv1.OptionSpec {
 	return &backendv1.OptionSpec{
 		Name: o.Name, Kind: backendv1.OptionSpec_Kind(o.Kind), DefaultValue: o.Default,
@@ -97,16 +107,16 @@ func admissionFromProto(a *backendv1.Admission) sdk.Admission {
 }
 
 func eventToProto(e sdk.Event) *backendv1.Event {
-	pe := &backendv1.Event{Reasoning: e.Reasoning, Text: e.Text, TokenIds: e.TokenIDs}
+	pe := &backendv1.Event{Reasoning: modelBytes(e.Reasoning), Text: modelBytes(e.Text), TokenIds: e.TokenIDs}
 	for _, tc := range e.ToolCalls {
 		pe.ToolCalls = append(pe.ToolCalls, &backendv1.ToolCallDelta{
-			Index: int32(tc.Index), Id: tc.ID, Name: tc.Name, ArgumentsDelta: tc.ArgumentsDelta,
+			Index: int32(tc.Index), Id: modelBytes(tc.ID), Name: modelBytes(tc.Name), ArgumentsDelta: modelBytes(tc.ArgumentsDelta),
 		})
 	}
 	for _, lp := range e.Logprobs {
-		plp := &backendv1.TokenLogprob{Token: lp.Token, Logprob: lp.Logprob, Bytes: lp.Bytes}
+		plp := &backendv1.TokenLogprob{Token: modelBytes(lp.Token), Logprob: lp.Logprob, Bytes: lp.Bytes}
 		for _, t := range lp.Top {
-			plp.Top = append(plp.Top, &backendv1.TopLogprob{Token: t.Token, Logprob: t.Logprob, Bytes: t.Bytes})
+			plp.Top = append(plp.Top, &backendv1.TopLogprob{Token: modelBytes(t.Token), Logprob: t.Logprob, Bytes: t.Bytes})
 		}
 		pe.Logprobs = append(pe.Logprobs, plp)
 	}
@@ -127,16 +137,16 @@ func eventToProto(e sdk.Event) *backendv1.Event {
 }
 
 func eventFromProto(pe *backendv1.Event) sdk.Event {
-	e := sdk.Event{Reasoning: pe.GetReasoning(), Text: pe.GetText(), TokenIDs: pe.GetTokenIds()}
+	e := sdk.Event{Reasoning: string(pe.GetReasoning()), Text: string(pe.GetText()), TokenIDs: pe.GetTokenIds()}
 	for _, tc := range pe.GetToolCalls() {
 		e.ToolCalls = append(e.ToolCalls, sdk.ToolCallDelta{
-			Index: int(tc.GetIndex()), ID: tc.GetId(), Name: tc.GetName(), ArgumentsDelta: tc.GetArgumentsDelta(),
+			Index: int(tc.GetIndex()), ID: string(tc.GetId()), Name: string(tc.GetName()), ArgumentsDelta: string(tc.GetArgumentsDelta()),
 		})
 	}
 	for _, plp := range pe.GetLogprobs() {
-		lp := sdk.TokenLogprob{Token: plp.GetToken(), Logprob: plp.GetLogprob(), Bytes: plp.GetBytes()}
+		lp := sdk.TokenLogprob{Token: string(plp.GetToken()), Logprob: plp.GetLogprob(), Bytes: plp.GetBytes()}
 		for _, t := range plp.GetTop() {
-			lp.Top = append(lp.Top, sdk.TopLogprob{Token: t.GetToken(), Logprob: t.GetLogprob(), Bytes: t.GetBytes()})
+			lp.Top = append(lp.Top, sdk.TopLogprob{Token: string(t.GetToken()), Logprob: t.GetLogprob(), Bytes: t.GetBytes()})
 		}
 		e.Logprobs = append(e.Logprobs, lp)
 	}

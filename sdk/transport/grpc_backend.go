@@ -160,7 +160,7 @@ func (s *backendServer) Detokenize(ctx context.Context, req *backendv1.Detokeniz
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &backendv1.DetokenizeResponse{Text: text}, nil
+	return &backendv1.DetokenizeResponse{Text: modelBytes(text)}, nil
 }
 
 func (s *backendServer) CountTokens(ctx context.Context, req *backendv1.CountTokensRequest) (*backendv1.CountTokensResponse, error) {
@@ -350,7 +350,7 @@ func (c *BackendClient) Detokenize(ctx context.Context, ids []int32) (string, er
 	if err != nil {
 		return "", fromStatus(ctx, err)
 	}
-	return r.GetText(), nil
+	return string(r.GetText()), nil
 }
 
 func (c *BackendClient) CountTokens(ctx context.Context, req *sdk.ChatRequest) (int, error) {

@@ -85,7 +85,7 @@ func serve(name string, p plugin.Plugin) {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig:  Handshake,
 		VersionedPlugins: map[int]plugin.PluginSet{ProtocolVersion: {name: p}},
-		GRPCServer:       plugin.DefaultGRPCServer,
+		GRPCServer:       grpcServer,
 		Logger:           log,
 	})
 }

@@ -1229,9 +1229,9 @@ func (x *Admission) GetReason() string {
 type ToolCallDelta struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Index          int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Id             string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Name           string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
-	ArgumentsDelta string                 `protobuf:"bytes,4,opt,name=arguments_delta,json=argumentsDelta,proto3" json:"arguments_delta,omitempty"`
+	Id             []byte                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Name           []byte                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	ArgumentsDelta []byte                 `protobuf:"bytes,4,opt,name=arguments_delta,json=argumentsDelta,proto3" json:"arguments_delta,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1273,32 +1273,33 @@ func (x *ToolCallDelta) GetIndex() int32 {
 	return 0
 }
 
-func (x *ToolCallDelta) GetId() string {
+func (x *ToolCallDelta) GetId() []byte {
 	if x != nil {
 		return x.Id
 	}
-	return ""
+	return nil
 }
 
-func (x *ToolCallDelta) GetName() string {
+func (x *ToolCallDelta) GetName() []byte {
 	if x != nil {
 		return x.Name
 	}
-	return ""
+	return nil
 }
 
-func (x *ToolCallDelta) GetArgumentsDelta() string {
+func (x *ToolCallDelta) GetArgumentsDelta() []byte {
 	if x != nil {
 		return x.ArgumentsDelta
 	}
-	return ""
+	return nil
 }
 
 type TopLogprob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	Bytes         []byte                 `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the token's text, possibly part of a character.
+	Token         []byte  `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float64 `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Bytes         []byte  `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1333,11 +1334,11 @@ func (*TopLogprob) Descriptor() ([]byte, []int) {
 	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{16}
 }
 
-func (x *TopLogprob) GetToken() string {
+func (x *TopLogprob) GetToken() []byte {
 	if x != nil {
 		return x.Token
 	}
-	return ""
+	return nil
 }
 
 func (x *TopLogprob) GetLogprob() float64 {
@@ -1355,11 +1356,12 @@ func (x *TopLogprob) GetBytes() []byte {
 }
 
 type TokenLogprob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	Bytes         []byte                 `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Top           []*TopLogprob          `protobuf:"bytes,4,rep,name=top,proto3" json:"top,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is the token's text, possibly part of a character.
+	Token         []byte        `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float64       `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Bytes         []byte        `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Top           []*TopLogprob `protobuf:"bytes,4,rep,name=top,proto3" json:"top,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1394,11 +1396,11 @@ func (*TokenLogprob) Descriptor() ([]byte, []int) {
 	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{17}
 }
 
-func (x *TokenLogprob) GetToken() string {
+func (x *TokenLogprob) GetToken() []byte {
 	if x != nil {
 		return x.Token
 	}
-	return ""
+	return nil
 }
 
 func (x *TokenLogprob) GetLogprob() float64 {
@@ -1629,8 +1631,8 @@ func (x *Finish) GetTimings() *Timings {
 // Event is one decode step's output.
 type Event struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Reasoning     string                 `protobuf:"bytes,1,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
-	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	Reasoning     []byte                 `protobuf:"bytes,1,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	Text          []byte                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	ToolCalls     []*ToolCallDelta       `protobuf:"bytes,3,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	TokenIds      []int32                `protobuf:"varint,4,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
 	Logprobs      []*TokenLogprob        `protobuf:"bytes,5,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
@@ -1669,18 +1671,18 @@ func (*Event) Descriptor() ([]byte, []int) {
 	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{21}
 }
 
-func (x *Event) GetReasoning() string {
+func (x *Event) GetReasoning() []byte {
 	if x != nil {
 		return x.Reasoning
 	}
-	return ""
+	return nil
 }
 
-func (x *Event) GetText() string {
+func (x *Event) GetText() []byte {
 	if x != nil {
 		return x.Text
 	}
-	return ""
+	return nil
 }
 
 func (x *Event) GetToolCalls() []*ToolCallDelta {
@@ -1935,7 +1937,7 @@ func (x *DetokenizeRequest) GetIds() []int32 {
 
 type DetokenizeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Text          string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	Text          []byte                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1970,11 +1972,11 @@ func (*DetokenizeResponse) Descriptor() ([]byte, []int) {
 	return file_sdk_proto_dflash_backend_v1_backend_proto_rawDescGZIP(), []int{26}
 }
 
-func (x *DetokenizeResponse) GetText() string {
+func (x *DetokenizeResponse) GetText() []byte {
 	if x != nil {
 		return x.Text
 	}
-	return ""
+	return nil
 }
 
 type CountTokensRequest struct {
@@ -2374,16 +2376,16 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x0fOUTCOME_INVALID\x10\x04\"r\n" +
 	"\rToolCallDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x0e\n" +
-	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
-	"\x04name\x18\x03 \x01(\tR\x04name\x12'\n" +
-	"\x0farguments_delta\x18\x04 \x01(\tR\x0eargumentsDelta\"R\n" +
+	"\x02id\x18\x02 \x01(\fR\x02id\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\fR\x04name\x12'\n" +
+	"\x0farguments_delta\x18\x04 \x01(\fR\x0eargumentsDelta\"R\n" +
 	"\n" +
 	"TopLogprob\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
+	"\x05token\x18\x01 \x01(\fR\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x01R\alogprob\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\"\x85\x01\n" +
 	"\fTokenLogprob\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
+	"\x05token\x18\x01 \x01(\fR\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x01R\alogprob\x12\x14\n" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12/\n" +
 	"\x03top\x18\x04 \x03(\v2\x1d.dflash.backend.v1.TopLogprobR\x03top\"\xa9\x01\n" +
@@ -2411,8 +2413,8 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x11REASON_TOOL_CALLS\x10\x04\x12\x14\n" +
 	"\x10REASON_CANCELLED\x10\x05\"\x87\x02\n" +
 	"\x05Event\x12\x1c\n" +
-	"\treasoning\x18\x01 \x01(\tR\treasoning\x12\x12\n" +
-	"\x04text\x18\x02 \x01(\tR\x04text\x12?\n" +
+	"\treasoning\x18\x01 \x01(\fR\treasoning\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\fR\x04text\x12?\n" +
 	"\n" +
 	"tool_calls\x18\x03 \x03(\v2 .dflash.backend.v1.ToolCallDeltaR\ttoolCalls\x12\x1b\n" +
 	"\ttoken_ids\x18\x04 \x03(\x05R\btokenIds\x12;\n" +
@@ -2431,7 +2433,7 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x11DetokenizeRequest\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x05R\x03ids\"(\n" +
 	"\x12DetokenizeResponse\x12\x12\n" +
-	"\x04text\x18\x01 \x01(\tR\x04text\"@\n" +
+	"\x04text\x18\x01 \x01(\fR\x04text\"@\n" +
 	"\x12CountTokensRequest\x12*\n" +
 	"\x11chat_request_json\x18\x01 \x01(\fR\x0fchatRequestJson\"-\n" +
 	"\x13CountTokensResponse\x12\x16\n" +

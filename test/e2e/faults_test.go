@@ -1,0 +1,187 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/matryer/is"
+)
+
+// copyFile copies src to dst, so a test can damage its own copy of a model.
+func copyFile(t *testing.T, src, dst string) string {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// backendOf is the live backend process that has file mapped: each backend
+// mmaps its model's GGUF, which tells two backend processes apart.
+func (s *server) backendOf(t *testing.T, file string) proc {
+	t.Helper()
+	for _, p := range s.pluginProcs("backend-") {
+		maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.pid))
+		if err == nil && bytes.Contains(maps, []byte(file)) {
+			return p
+		}
+	}
+	t.Fatalf("no backend process maps %s", file)
+	return proc{}
+}
+
+// longStream is a streaming request that generates until it is cancelled
+// (thousands of tokens of a tiny model take seconds).
+func longStream(model string) map[string]any {
+	b := chatReq(model, "Tell me a long story.", 6000, true)
+	b["ignore_eos"] = true
+	return b
+}
+
+// waitKVReturned waits until every ready model's engine reports no active
+// sequence and no KV in use (engine statistics are cached briefly, so they
+// trail the reservations).
+func (s *server) waitKVReturned(t *testing.T) {
+	t.Helper()
+	s.waitStatus(t, "every KV block returned", func(st status) bool {
+		for _, m := range st.Models {
+			if m.State == "ready" && (m.ActiveSequences != 0 || m.KVTokensUsed != 0) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// streamErrored reports whether an SSE body carries an error event.
+func streamErrored(evs []sseEvent) bool {
+	for _, e := range evs {
+		if e.name == "error" || strings.Contains(e.data, `"error"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRealBackendFaults breaks one of two real models and checks that only
+// its own clients notice: SIGKILL of its backend mid-stream (an in-stream
+// error, a restart, service again), then its GGUF truncated after start-up
+// validation (the engine faults on the missing pages, reloads fail with a
+// message naming the file, and the model ends failed while the other one
+// serves throughout).
+func TestRealBackendFaults(t *testing.T) {
+	q3, q35 := tinyModels(t)
+	dir := t.TempDir()
+	q3 = copyFile(t, q3, filepath.Join(dir, "victim.gguf"))
+	q35 = copyFile(t, q35, filepath.Join(dir, "bystander.gguf"))
+	args := []string{"--routing-policy", "by-name",
+		"--model", q3, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
+		"--model", q35, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-by-name"}, args: args})
+
+	// firstToken waits until a stream has sent generated text.
+	firstToken := func(t *testing.T, c *call) {
+		t.Helper()
+		c.waitHead(t)
+		if c.status != 200 {
+			c.wait(t)
+			t.Fatalf("status %d: %s", c.status, c.bodyBytes())
+		}
+		waitFor(t, "the first token", func() bool { return len(c.events()) >= 2 })
+	}
+
+	t.Run("SIGKILL of a backend mid-stream", func(t *testing.T) {
+		is := is.New(t)
+		hv := s.start(t, pathChat, longStream("victim"))
+		hb := s.start(t, pathChat, longStream("bystander"))
+		whole := longStream("victim") // a non-streaming client of the victim
+		whole["stream"] = false
+		hw := s.start(t, pathMessages, whole)
+		defer release(hv, hb, hw)
+		firstToken(t, hv)
+		firstToken(t, hb)
+		s.waitStatus(t, "both victim requests running", func(st status) bool { return st.model("victim").InFlight == 2 })
+		is.NoErr(syscall.Kill(s.backendOf(t, q3).pid, syscall.SIGKILL))
+
+		// The victim's client gets an in-stream error, then the stream ends.
+		hv.wait(t)
+		evs := hv.events()
+		is.True(streamErrored(evs))              // the failure is reported in the stream
+		is.Equal(evs[len(evs)-1].data, "[DONE]") // and the stream is closed properly
+		// The non-streaming client gets one error answer naming the failure.
+		hw.wait(t)
+		is.True(hw.status >= 500)                                   // a server-side failure, not the client's
+		is.True(errorMessage(hw.bodyBytes()) != "")                 // with a message
+		is.Equal(hw.header.Get("Content-Type"), "application/json") // in the API's error shape
+		t.Logf("the victim's non-streaming client: %d %s", hw.status, errorMessage(hw.bodyBytes()))
+		// The bystander's stream goes on without an error.
+		is.True(!isDone(hb))
+		is.True(!streamErrored(hb.events()))
+
+		st := s.waitStatus(t, "victim restarted", func(st status) bool {
+			return st.model("victim").State == "ready" && st.model("victim").Restarts == 1
+		})
+		is.Equal(st.model("bystander").Restarts, 0)
+		c := s.post(t, pathChat, chatReq("victim", "hi", 4, false))
+		is.Equal(c.status, 200) // the restarted model serves again
+		is.True(!isDone(hb))    // still streaming after the victim's restart
+		release(hb)
+		s.waitIdle(t)
+		s.waitKVReturned(t)
+	})
+
+	t.Run("GGUF truncated after start-up validation", func(t *testing.T) {
+		is := is.New(t)
+		hb := s.start(t, pathChat, longStream("bystander"))
+		defer release(hb)
+		firstToken(t, hb)
+		fi, err := os.Stat(q3)
+		is.NoErr(err)
+		// The weights stay mapped from the file: cutting it removes pages
+		// the engine reads on the next forward pass.
+		is.NoErr(os.Truncate(q3, fi.Size()/2))
+
+		c := s.start(t, pathChat, chatReq("victim", "hi", 4, true))
+		c.wait(t)
+		if c.status == 200 {
+			is.True(streamErrored(c.events())) // admitted before the fault: an in-stream error
+		} else {
+			is.Equal(c.status, 503) // otherwise refused as unavailable
+		}
+		st := s.waitStatus(t, "victim failed", func(st status) bool { return st.model("victim").State == "failed" })
+		is.Equal(st.model("bystander").State, "ready")
+		is.True(strings.Contains(s.stderr.String(), "truncated file")) // the operator is told why reloads fail
+		is.True(strings.Contains(s.stderr.String(), q3))               // and which file
+
+		c = s.post(t, pathChat, chatReq("victim", "hi", 4, false))
+		is.Equal(c.status, 503)
+		is.True(strings.Contains(string(c.bodyBytes()), "victim")) // the refusal names the model
+
+		c = s.post(t, pathChat, chatReq("bystander", "hi", 4, false))
+		is.Equal(c.status, 200) // the other model never noticed
+		is.True(!isDone(hb))
+		is.True(!streamErrored(hb.events()))
+		release(hb)
+		s.waitIdle(t)
+		s.waitKVReturned(t)
+		is.Equal(s.status(t).model("bystander").Restarts, 0)
+	})
+}

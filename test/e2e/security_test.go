@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/matryer/is"
+)
+
+// TestSecurityDefaults runs the real server as an operator would, with API
+// keys and nothing else set: it listens on loopback only, refuses requests
+// without a valid key (probes exempt), sends no CORS headers, and logs no
+// request content and no key, at debug level too.
+func TestSecurityDefaults(t *testing.T) {
+	const (
+		key    = "sk-test-6f1c2b"
+		secret = "SECRET-PROMPT-4b9d7e"
+	)
+	dir := t.TempDir()
+	args := []string{"--log-level", "debug", "--api-key", key, "--api-key", "another-key-of-another-length",
+		"--model", scriptedModel(t, dir, "a"), "--model-name", "a"}
+	s := startServer(t, serverOpts{args: args})
+
+	send := func(method, path, body string, header map[string]string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	chat := `{"messages":[{"role":"user","content":"` + secret + `"}],"max_tokens":2}`
+
+	t.Run("listens on loopback only", func(t *testing.T) {
+		is := is.New(t)
+		is.True(strings.Contains(s.stderr.String(), "addr=http://127.0.0.1:")) // the default host
+		_, port, err := net.SplitHostPort(strings.TrimPrefix(s.url, "http://"))
+		is.NoErr(err)
+		addrs, _ := net.InterfaceAddrs()
+		for _, a := range addrs {
+			ip, ok := a.(*net.IPNet)
+			if !ok || ip.IP.IsLoopback() || ip.IP.To4() == nil {
+				continue
+			}
+			if c, err := net.Dial("tcp", net.JoinHostPort(ip.IP.String(), port)); err == nil {
+				c.Close()
+				t.Errorf("the server answers on %s", ip.IP)
+			}
+		}
+	})
+
+	t.Run("API keys", func(t *testing.T) {
+		tests := []struct {
+			name   string
+			method string
+			path   string
+			header map[string]string
+			want   int
+		}{
+			{"no key", "POST", pathChat, nil, 401},
+			{"wrong key", "POST", pathChat, map[string]string{"Authorization": "Bearer sk-test-6f1c2c"}, 401},
+			{"a prefix of the key", "POST", pathChat, map[string]string{"Authorization": "Bearer sk-test"}, 401},
+			{"the key with a suffix", "POST", pathChat, map[string]string{"Authorization": "Bearer " + key + "x"}, 401},
+			{"bearer key", "POST", pathChat, map[string]string{"Authorization": "Bearer " + key}, 200},
+			{"x-api-key", "POST", pathMessages, map[string]string{"x-api-key": "another-key-of-another-length", "anthropic-version": "2023-06-01"}, 200},
+			{"health without a key", "GET", "/health", nil, 200},
+			{"ready without a key", "GET", "/ready", nil, 200},
+			{"livez without a key", "GET", "/livez", nil, 200},
+			{"readyz without a key", "GET", "/readyz", nil, 200},
+			{"models need a key", "GET", "/v1/models", nil, 401},
+			{"tokenize needs a key", "POST", "/tokenize", nil, 401},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				is := is.New(t)
+				body := chat
+				if tt.path == pathMessages {
+					body = `{"max_tokens":2,"messages":[{"role":"user","content":"` + secret + `"}]}`
+				}
+				resp := send(tt.method, tt.path, body, tt.header)
+				is.Equal(resp.StatusCode, tt.want)
+				if tt.want == 401 {
+					is.True(resp.Header.Get("WWW-Authenticate") != "") // says how to authenticate
+				}
+			})
+		}
+	})
+
+	t.Run("CORS is off unless configured", func(t *testing.T) {
+		is := is.New(t)
+		pre := send("OPTIONS", pathChat, "", map[string]string{"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+		is.Equal(pre.Header.Get("Access-Control-Allow-Origin"), "")
+		resp := send("POST", pathChat, chat, map[string]string{"Origin": "https://evil.example", "Authorization": "Bearer " + key})
+		is.Equal(resp.StatusCode, 200)
+		is.Equal(resp.Header.Get("Access-Control-Allow-Origin"), "")
+	})
+
+	t.Run("no request content or key in the logs", func(t *testing.T) {
+		is := is.New(t)
+		s.waitIdle(t)
+		logs := s.stdout.String() + s.stderr.String()
+		is.True(!strings.Contains(logs, secret)) // prompts stay out of the logs
+		is.True(!strings.Contains(logs, key))    // and so do keys
+		is.True(!strings.Contains(logs, "another-key-of-another-length"))
+	})
+}
