@@ -11,6 +11,10 @@ rm -rf "$out" && mkdir -p "$out/stage/bin/lib" "$out/stage/tokenizer"
 make -s native >/dev/null
 stage=$out/stage
 CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash-model
+mkdir -p "$stage/bin/plugins"
+CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash_server ./test/loadgen
+go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-qwen-dflash" ./plugins/backend-qwen-dflash
+go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-primary-first" ./plugins/policy-primary-first
 go test -c -ldflags '-s -w' -o "$stage/bin/engine.test" ./native/engine
 go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity
 cp bin/lib/libdflash_cpu.so "$stage/bin/lib/"

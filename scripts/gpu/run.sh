@@ -67,6 +67,8 @@ bench() {
     (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ours.txt" |
       grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    log "through the server: $m"
+    server_bench "$f"
     if [ -f .gpu/gitRelease.bundle ]; then
       while [ ! -f /tmp/llama.done ]; do sleep 5; done
       if grep -q rc=0 /tmp/llama.done; then
@@ -78,6 +80,17 @@ bench() {
       fi
     fi
   done
+}
+
+# Through the server: dflash_server with the model on cuda:0, measured by test/loadgen (1 and 32 streams).
+server_bench() {
+  local f=$1 port=18080
+  DFLASH_LIB_DIR=$lib "$stage/bin/dflash_server" --plugin-dir "$stage/bin/plugins" --port $port --model "$f" --model-name bench \
+    --target-device cuda:0 --max-ctx 1024 --max-concurrency 32 --kv-pool-tokens 40000 >"$OUT/server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 120); do curl -sf localhost:$port/ready >/dev/null && break; sleep 1; done
+  DFLASH_LIB_DIR=$lib "$stage/bin/loadgen" -url http://127.0.0.1:$port -streams 1,32 -tokens 128 2>&1 | tee -a "$OUT/summary.txt"
+  kill -TERM $pid; wait $pid
 }
 
 case $mode in
