@@ -6,6 +6,7 @@
 #                                            (default: qwen3-8b:q8_0 qwen3-8b:q4_K qwen3.5-27b:q8_0), our
 #                                            engine and (with .gpu/gitRelease.bundle) llama-bench on the same files
 #   scripts/gpu/run.sh all                   both
+#   scripts/gpu/run.sh torch                 the PyTorch column (transformers bf16, static cache, compiled)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -97,6 +98,8 @@ case $mode in
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; build_cuda; check; bench "$@" ;;
+  torch) log "PyTorch bf16, static cache, torch.compile"
+         timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
