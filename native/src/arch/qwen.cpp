@@ -113,6 +113,10 @@ HParams qwen_hparams(const dfl_model_params &p) {
 
 namespace {
 
+// Batches of up to this many tokens use the fused projections (decode, verify blocks); larger ones (prefill) run the
+// parts one by one and need no split copies.
+constexpr int64_t kFusedMaxTokens = 64;
+
 std::string dims_str(const dfl_tensor &t) {
     std::string s = "[";
     for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
@@ -223,15 +227,75 @@ Weight QwenModel::weight(const std::string &name, int64_t n_in, int64_t n_out, b
     w.row_bytes = row_bytes(t->type, n_in);
     const uint64_t bytes = w.row_bytes * (uint64_t)n_out;
     if (t->size < bytes) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
-    auto it = uploaded_.find(t->data);
+    w.data = (const uint8_t *)t->data;
+    return w;
+}
+
+void QwenModel::upload(Weight &w) {
+    if (w.empty()) return;
+    auto it = uploaded_.find(w.data);
     if (it != uploaded_.end()) {
         w.data = it->second;  // tied embeddings share one copy
-        return w;
+        return;
     }
-    w.data = dev_->upload_weight(t->data, bytes, copy_weights_);
-    uploaded_[t->data] = w.data;
+    const uint64_t bytes = w.row_bytes * (uint64_t)w.n_out;
+    const uint8_t *host = w.data;
+    w.data = dev_->upload_weight(host, bytes, copy_weights_);
+    uploaded_[host] = w.data;
     weight_bytes_ += bytes;
-    return w;
+}
+
+Weight QwenModel::fuse(const std::vector<Weight *> &parts) {
+    bool same = dev_->copies_weights();
+    for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
+    if (!same) {
+        for (Weight *p : parts) upload(*p);
+        return Weight{};
+    }
+    Weight f = *parts[0];
+    f.n_out = 0;
+    for (const Weight *p : parts) f.n_out += p->n_out;
+    std::vector<uint8_t> host((size_t)(f.row_bytes * (uint64_t)f.n_out));
+    uint64_t off = 0;
+    for (const Weight *p : parts) {
+        const uint64_t n = p->row_bytes * (uint64_t)p->n_out;
+        std::memcpy(host.data() + off, p->data, (size_t)n);
+        off += n;
+    }
+    f.data = dev_->upload_weight(host.data(), host.size(), true);
+    weight_bytes_ += host.size();
+    off = 0;
+    for (Weight *p : parts) {
+        p->data = f.data + off;
+        off += p->row_bytes * (uint64_t)p->n_out;
+    }
+    return f;
+}
+
+std::vector<float *> QwenModel::project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
+                                        const float *x, int64_t T) {
+    std::vector<float *> where;
+    if (fused.empty() || T > kFusedMaxTokens) {
+        for (const auto &o : outs) {
+            dev_->matmul(*o.first, x, T, o.second);
+            where.push_back(o.second);
+        }
+        return where;
+    }
+    float *y = acts_.fused.f();
+    dev_->matmul(fused, x, T, y);
+    int64_t off = 0;
+    for (const auto &o : outs) {
+        const int64_t n = o.first->n_out;
+        if (T == 1) {
+            where.push_back(y + off);  // one row: each part's output is already contiguous
+        } else {
+            dev_->copy_rows(o.second, n, y + off, fused.n_out, T, n);
+            where.push_back(o.second);
+        }
+        off += n;
+    }
+    return where;
 }
 
 const float *QwenModel::vec(const std::string &name, int64_t n0, int64_t n1) {
@@ -267,8 +331,10 @@ void QwenModel::load_weights(const dfl_model_params &p) {
     hp_.n_vocab = positive((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
 
     tok_embd_ = weight("token_embd.weight", h.n_embd, h.n_vocab);
+    upload(tok_embd_);
     output_ = weight("output.weight", h.n_embd, h.n_vocab, true);
     if (output_.empty()) output_ = tok_embd_;  // tied embeddings
+    upload(output_);
     output_norm_ = vec("output_norm.weight", h.n_embd);
 
     layers_.resize((size_t)h.n_layer);
@@ -302,6 +368,15 @@ void QwenModel::load_weights(const dfl_model_params &p) {
         L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
         L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
         L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+        if (L.attn) {
+            L.in_proj = fuse({&L.wq, &L.wk, &L.wv});
+            upload(L.wo);
+        } else {
+            L.in_proj = fuse({&L.wqkv, &L.wz, &L.wb, &L.wa});
+            upload(L.wout);
+        }
+        L.gate_up = fuse({&L.ffn_gate, &L.ffn_up});
+        upload(L.ffn_down);
     }
     tensors_.clear();  // the caller's table is not needed after load
     uploaded_.clear();
@@ -436,6 +511,13 @@ void QwenModel::ensure_acts(int64_t T) {
     mk(a.mix, H, "activations");
     mk(a.ff_g, h.n_ff, "activations");
     mk(a.ff_u, h.n_ff, "activations");
+    if (dev_->copies_weights()) {
+        int64_t widest = 2 * (int64_t)h.n_ff;
+        if (n_attn_ > 0) widest = std::max<int64_t>(widest, (int64_t)h.n_head * h.head_dim * (h.gated_attn ? 2 : 1) + 2 * (int64_t)h.n_kv * h.head_dim);
+        if (n_rec_ > 0) widest = std::max<int64_t>(widest, (int64_t)h.conv_channels() + (int64_t)h.n_v * h.dv + 2 * h.n_v);
+        // the fused products run for at most kFusedMaxTokens tokens
+        a.fused = DevBuf(dev_.get(), (size_t)(std::min<int64_t>(cap, kFusedMaxTokens) * widest) * f, "activations");
+    }
     if (n_attn_ > 0) {
         const int64_t qd = (int64_t)h.n_head * h.head_dim, kvd = (int64_t)h.n_kv * h.head_dim;
         mk(a.qf, qd * (h.gated_attn ? 2 : 1), "activations");
@@ -475,9 +557,7 @@ void QwenModel::ensure_record(int32_t s, uint32_t n) {
 void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
-    dev_->matmul(L.wq, a.xn.f(), T, a.qf.f());
-    dev_->matmul(L.wk, a.xn.f(), T, a.kf.f());
-    dev_->matmul(L.wv, a.xn.f(), T, a.vf.f());
+    const std::vector<float *> qkv = project(L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T);
 
     KVLayer kv;
     kv.k = k_cache_[(size_t)L.kv_index].get<uint8_t>();
@@ -491,9 +571,9 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     kv.block_size = (int)table_.block_size();
 
     AttnPrep p;
-    p.qf = a.qf.f();
-    p.kf = a.kf.f();
-    p.vf = a.vf.f();
+    p.qf = qkv[0];
+    p.kf = qkv[1];
+    p.vf = qkv[2];
     p.q_norm = L.q_norm;
     p.k_norm = L.k_norm;
     p.inv_freq = inv_freq_;
@@ -522,14 +602,12 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const int C = h.conv_channels();
-    dev_->matmul(L.wqkv, a.xn.f(), T, a.qkv.f());
-    dev_->matmul(L.wz, a.xn.f(), T, a.z.f());
-    dev_->matmul(L.wb, a.xn.f(), T, a.bb.f());
-    dev_->matmul(L.wa, a.xn.f(), T, a.aa.f());
+    const std::vector<float *> in =
+        project(L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(), T);
 
     const int64_t sf = h.state_floats(), cf = h.conv_floats();
     ConvCall cc;
-    cc.x = a.qkv.f();
+    cc.x = in[0];
     cc.out = a.cv.f();
     cc.w = L.conv_w;
     cc.C = C;
@@ -546,8 +624,8 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.n_k = h.n_k;
     gg.dk = h.dk;
     gg.n_v = h.n_v;
-    gg.b = a.bb.f();
-    gg.a = a.aa.f();
+    gg.b = in[2];
+    gg.a = in[3];
     gg.ssm_a = L.ssm_a;
     gg.dt_bias = L.dt_bias;
     gg.beta = a.beta.f();
@@ -570,7 +648,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.n_rec = n_rec_;
     dev_->gdn(m, gc);
 
-    dev_->gated_rmsnorm(a.core.f(), a.z.f(), L.ssm_norm, T * h.n_v, h.dv, h.eps);
+    dev_->gated_rmsnorm(a.core.f(), in[1], L.ssm_norm, T * h.n_v, h.dv, h.eps);
     dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
 }
 
@@ -588,10 +666,9 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         else
             gdn_layer(L, m, T);
         dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
-        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
-        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
-        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
-        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+        const std::vector<float *> gu = project(L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T);
+        dev_->swiglu(gu[0], gu[1], T * h.n_ff);
+        dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
         dev_->add(a.x.f(), a.mix.f(), T * H);
         for (uint32_t c = 0; c < b.n_capture; c++)
             if (b.capture_layers[c] == il)

@@ -47,6 +47,9 @@ struct Layer {
     const float *conv_w = nullptr, *ssm_a = nullptr, *dt_bias = nullptr, *ssm_norm = nullptr;
     // ffn
     Weight ffn_gate, ffn_up, ffn_down;
+    // Matrices that read the same input, side by side in one device buffer (empty where the device keeps the
+    // caller's mapping or the types differ): q|k|v or qkv|z|b|a, and gate|up. The parts above point into them.
+    Weight in_proj, gate_up;
 };
 
 class QwenModel final : public Model {
@@ -72,6 +75,7 @@ private:
         DevBuf x, xn, mix, ff_g, ff_u;              // residual stream, normed, layer output, FFN
         DevBuf qf, kf, vf, Q, gate, attn;           // attention
         DevBuf qkv, z, bb, aa, cv, beta, g, core;   // Gated DeltaNet
+        DevBuf fused;                               // output of a fused projection, before it is split
     };
     // Per-sequence device buffers for snapshot and recording, allocated when first needed.
     struct SeqState {
@@ -82,7 +86,14 @@ private:
     };
 
     void load_weights(const dfl_model_params &p);
+    // A validated weight whose data still points at the caller's tensor; upload() or fuse() puts it on the device.
     Weight weight(const std::string &name, int64_t n_in, int64_t n_out, bool optional = false);
+    void upload(Weight &w);
+    Weight fuse(const std::vector<Weight *> &parts);
+    // The products of x with each part, through the fused matrix when there is one (few tokens: one read of all the
+    // weights) or one by one; returns where each part's output is (in `outs`, or inside acts_.fused for one token).
+    std::vector<float *> project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
+                                 const float *x, int64_t T);
     const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
     const dfl_tensor *tensor(const std::string &name) const;
 

@@ -139,6 +139,9 @@ public:
     virtual uint64_t free_bytes() = 0;
     // Weights: the device's copy of GGUF tensor bytes (the CPU device may keep the caller's mapping).
     virtual const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) = 0;
+    // True when upload_weight always copies: the layer plans then lay matrices that read the same input side by side
+    // (q|k|v, gate|up) so one product reads them all. The CPU keeps the caller's mapping instead.
+    virtual bool copies_weights() const { return true; }
 
     // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;

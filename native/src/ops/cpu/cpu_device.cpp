@@ -50,6 +50,8 @@ public:
         return copies_.back().get();
     }
 
+    bool copies_weights() const override { return false; }
+
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
         pool_.parallel_for(T, [&](int64_t t, int) { get_row(W, tokens[t], out + t * W.n_in); });
     }
