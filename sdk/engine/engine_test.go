@@ -280,9 +280,19 @@ func TestSchedulerMixesPrefillChunksWithDecode(t *testing.T) {
 		{{Seq: 0, Tokens: 1, Logits: engine.LogitsLast}, {Seq: 1, Tokens: 6, Logits: engine.LogitsLast}},
 		{{Seq: 0, Tokens: 1, Logits: engine.LogitsLast}, {Seq: 1, Tokens: 1, Logits: engine.LogitsLast}},
 	}
-	is.True(len(steps) >= len(want))
-	for i, w := range want {
-		is.Equal(fmt.Sprint(steps[i]), fmt.Sprint(w)) // step i
+	// b's admission reaches the test just before Run hands b to the loop,
+	// so the loop may run a step or more with a alone first (the race
+	// detector's scheduling showed it): skip those, then b joins.
+	is.True(len(steps) >= 1)
+	is.Equal(fmt.Sprint(steps[0]), fmt.Sprint(want[0])) // step 0: a's prefill
+	rest := steps[1:]
+	for len(rest) > 0 && len(rest[0]) == 1 && rest[0][0].Seq == 0 {
+		is.Equal(fmt.Sprint(rest[0]), fmt.Sprint([]ent{{Seq: 0, Tokens: 1, Logits: engine.LogitsLast}})) // a decodes alone until b joins
+		rest = rest[1:]
+	}
+	is.True(len(rest) >= len(want)-1)
+	for i, w := range want[1:] {
+		is.Equal(fmt.Sprint(rest[i]), fmt.Sprint(w)) // step i after b joined
 	}
 	is.Equal(len(a.c.result().tokens), 10)
 	is.Equal(len(b.c.result().tokens), 3)
