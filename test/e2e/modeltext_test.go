@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -68,6 +69,30 @@ func TestRealModelTextIsItsTokens(t *testing.T) {
 				}
 				want := strings.ToValidUTF8(string(gen), "\uFFFD")
 				is.Equal(ch.Message.Content, want) // content is exactly the sampled tokens
+
+				// The same request streamed (same seed, same tokens): the
+				// deltas concatenate to the same text.
+				body["stream"] = true
+				c = s.post(t, pathChat, body)
+				is.Equal(c.status, 200)
+				var streamed strings.Builder
+				for _, e := range c.events() {
+					if e.data == "[DONE]" {
+						continue
+					}
+					var chunk struct {
+						Choices []struct {
+							Delta struct {
+								Content *string `json:"content"`
+							} `json:"delta"`
+						} `json:"choices"`
+					}
+					is.NoErr(json.Unmarshal([]byte(e.data), &chunk))
+					if len(chunk.Choices) == 1 && chunk.Choices[0].Delta.Content != nil {
+						streamed.WriteString(*chunk.Choices[0].Delta.Content)
+					}
+				}
+				is.Equal(streamed.String(), want) // streamed deltas are the same text
 			})
 		}
 	}
