@@ -120,11 +120,17 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 		total += int64(t.Size)
 		params += int64(t.Elements())
 	}
-	report(sdk.LoadProgress{Stage: "uploading", BytesTotal: total})
 	ms.Options = native.Options{
 		KVPoolTokens: pool, BlockSize: opts.KVBlockSize, MaxSeqs: slots + opts.PrefixSlots,
 		CacheK: opts.CacheK, CacheV: opts.CacheV, Threads: opts.Threads,
 	}
+	if cfg.KVPoolTokens <= 0 && lib.Kind() != "cpu" {
+		// On a GPU the pool is what the device's free memory holds next to the weights, up to every slot's context.
+		if ms.Options.KVPoolTokens, err = devicePool(lib, ms, slots+opts.PrefixSlots, pool, maxCtx); err != nil {
+			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+		}
+	}
+	report(sdk.LoadProgress{Stage: "uploading", BytesTotal: total})
 	nm, err := lib.LoadModel(ms)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
