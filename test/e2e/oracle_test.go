@@ -131,17 +131,6 @@ func TestLlamaCppOracle(t *testing.T) {
 	}
 }
 
-// logprobOf is the top-logprob of the token with bytes b in r's first
-// position.
-func logprobOf(r logprobsResult, b string) float64 {
-	for _, o := range r.Choices[0].Logprobs.Content[0].Top {
-		if string(intsToBytes(o.Bytes)) == b {
-			return o.Logprob
-		}
-	}
-	return math.NaN()
-}
-
 func openTokenizer(t *testing.T, path string) *tokenizer.Tokenizer {
 	t.Helper()
 	f, err := gguf.Open(path)
