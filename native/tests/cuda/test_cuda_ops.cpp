@@ -838,9 +838,12 @@ void bench_gemv() {
             W.n_out = n_out;
             W.row_bytes = type_row_bytes(type, n_in);
             W.data = g_gpu->upload_weight(host.data(), host.size(), true);
-            DevBuf X(g_gpu, (size_t)n_in * 4 * 8, "x"), Y(g_gpu, (size_t)n_out * 4 * 8, "y");
+            // rows for the largest T timed below (8 rows here with T = 16 wrote past Y: the illegal access that
+            // surfaced as "cudaFree: an illegal memory access" after the gdn group, its output lost in the stdio buffer)
+            constexpr int64_t kMaxT = 16;
+            DevBuf X(g_gpu, (size_t)n_in * 4 * kMaxT, "x"), Y(g_gpu, (size_t)n_out * 4 * kMaxT, "y");
             g_gpu->zero(X.get(), X.bytes());
-            for (int64_t T : {int64_t(1), int64_t(4), int64_t(16)}) {
+            for (int64_t T : {int64_t(1), int64_t(4), kMaxT}) {
                 for (int i = 0; i < 3; i++) g_gpu->matmul(W, X.f(), T, Y.f());
                 std::vector<float> ms;
                 for (int i = 0; i < 20; i++) {
@@ -867,6 +870,9 @@ void bench_gemv() {
 }  // namespace
 
 int main(int argc, char **argv) {
+    // line-buffered even into a pipe or file: a device fault ends the process from a destructor (std::terminate), and
+    // the lines already printed must show how far it got
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     int n_gpus = 0;
     const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
     if (ce != cudaSuccess || n_gpus == 0) {
