@@ -29,8 +29,45 @@ namespace cuda {
 
 constexpr int64_t kGemmAttnMinRows = 64;             // fewest query rows (per entry, upper bound) for this path
 constexpr size_t kGemmAttnScoreBudget = 256u << 20;  // bytes of S + P per chunk of query rows
+constexpr size_t kGemmAttnMaxScratch = (size_t)3 << 29;  // 1.5 GiB: beyond it the CUDA-core kernel runs instead
+constexpr int64_t kGemmAttnMaxPadding = 16;          // padded query rows (n_ent * max_n) at most this many times T
 constexpr int64_t kGemmAttnRowAlign = 16;            // query rows per chunk are a multiple of this
 constexpr int kGemmAttnThreads = 256;
+
+static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+// Shapes and scratch of one call, from the host's exact T and n_ent and the upper bounds max_n and max_ctx.
+struct GemmAttnPlan {
+    int64_t cols = 0;   // K/V positions per entry (max_ctx rounded up to 8), the row stride of S and P
+    int64_t n_max = 0;  // query rows per entry to cover
+    int64_t rows = 0;   // query rows per chunk
+    size_t kv_bytes = 0, q_bytes = 0, s_bytes = 0, p_bytes = 0, o_bytes = 0;
+    size_t total() const { return 2 * kv_bytes + q_bytes + s_bytes + p_bytes + o_bytes; }
+};
+
+static GemmAttnPlan plan_attention_gemm(const BatchMeta &m, const AttnCall &c) {
+    GemmAttnPlan p;
+    const size_t n_ent = (size_t)m.n_ent, n_head = (size_t)c.n_head, n_kv = (size_t)c.kv.n_kv, hd = (size_t)c.kv.head_dim;
+    p.cols = (m.max_ctx + 7) / 8 * 8;
+    // no entry has more tokens than the batch (an entry may have none, so T - (n_ent - 1) is no bound)
+    p.n_max = std::min<int64_t>(m.max_n, m.T);
+    const int64_t n_pad = (p.n_max + kGemmAttnRowAlign - 1) / kGemmAttnRowAlign * kGemmAttnRowAlign;
+    // rows per chunk: S (4 bytes) + P (2 bytes) per score within the budget, at least one aligned group of rows
+    const size_t per_row = n_ent * n_head * (size_t)p.cols * 6;
+    p.rows = (int64_t)(kGemmAttnScoreBudget / per_row) / kGemmAttnRowAlign * kGemmAttnRowAlign;
+    p.rows = std::max<int64_t>(kGemmAttnRowAlign, std::min<int64_t>(p.rows, n_pad));
+    const size_t scores = n_ent * n_head * (size_t)p.rows * (size_t)p.cols;
+    p.kv_bytes = round256(n_ent * n_kv * (size_t)p.cols * hd * sizeof(__half));
+    p.q_bytes = round256(n_ent * n_head * (size_t)p.rows * hd * sizeof(__half));
+    p.s_bytes = round256(scores * sizeof(float));
+    p.p_bytes = round256(scores * sizeof(__half));
+    p.o_bytes = round256(n_ent * n_head * (size_t)p.rows * hd * sizeof(float));
+    return p;
+}
+
+static bool gemm_cache_type(uint32_t t) {
+    return t == DFL_TYPE_F32 || t == DFL_TYPE_F16 || t == DFL_TYPE_BF16 || t == DFL_TYPE_Q8_0;
+}
 
 bool attention_gemm_path(const BatchMeta &m, const AttnCall &c) {
     // A decode-shaped batch (one token per entry) never comes here: it must not touch scratch, and the CUDA-core
@@ -40,23 +77,19 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &c) {
     const int hd = c.kv.head_dim;
     if (hd <= 0 || hd % 8 != 0 || hd > 512) return false;  // 16-byte aligned f16 rows for the tensor-core GEMMs
     if (c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0) return false;
-    switch (c.kv.type_k) {
-    case DFL_TYPE_F32: case DFL_TYPE_F16: case DFL_TYPE_BF16: case DFL_TYPE_Q8_0: break;
-    default: return false;
-    }
-    switch (c.kv.type_v) {
-    case DFL_TYPE_F32: case DFL_TYPE_F16: case DFL_TYPE_BF16: case DFL_TYPE_Q8_0: break;
-    default: return false;
-    }
-    return m.max_ctx > 0 && m.max_ctx < (int64_t)1 << 30;
+    if (!gemm_cache_type(c.kv.type_k) || !gemm_cache_type(c.kv.type_v)) return false;
+    if (m.max_ctx <= 0 || m.max_ctx >= (int64_t)1 << 30) return false;
+    // Every entry is padded to n_max rows and max_ctx positions: a batch of many short or decode entries beside one
+    // long prefill would spend its time (and scratch) on padding; the CUDA-core kernel handles those.
+    const GemmAttnPlan p = plan_attention_gemm(m, c);
+    if (p.n_max * m.n_ent > kGemmAttnMaxPadding * m.T) return false;
+    return p.total() <= kGemmAttnMaxScratch;
 }
 
 static void check_blas(cublasStatus_t st, const char *op) {
     if (st != CUBLAS_STATUS_SUCCESS)
         fail(DFL_ERR_INTERNAL, std::string(op) + ": cuBLAS status " + std::to_string((int)st));
 }
-
-static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 // Block (position p, entry e): K and V rows of every KV head at position p of the entry, dequantized to f16.
 __global__ void gather_kv_f16_kernel(KVLayer kv, const int32_t *len0, const int32_t *ns, const int32_t *block_table,
@@ -149,27 +182,15 @@ void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &
     cublasHandle_t blas = dev.blas();
     const int n_ent = m.n_ent, n_head = c.n_head, n_kv = c.kv.n_kv, hd = c.kv.head_dim;
     const int group = n_head / n_kv;
-    const int64_t cols = (m.max_ctx + 7) / 8 * 8;
-    // no entry has more tokens than the batch (an entry may have none, so T - (n_ent - 1) is no bound)
-    const int64_t n_max = std::min<int64_t>(m.max_n, m.T);
-    const int64_t n_pad = (n_max + kGemmAttnRowAlign - 1) / kGemmAttnRowAlign * kGemmAttnRowAlign;
-    // rows per chunk: S (4 bytes) + P (2 bytes) per score within the budget, at least one aligned group of rows
-    const size_t per_row = (size_t)n_ent * n_head * cols * 6;
-    int64_t rows = (int64_t)(kGemmAttnScoreBudget / per_row) / kGemmAttnRowAlign * kGemmAttnRowAlign;
-    rows = std::max<int64_t>(kGemmAttnRowAlign, std::min<int64_t>(rows, n_pad));
-
-    const size_t kv_bytes = round256((size_t)n_ent * n_kv * cols * hd * sizeof(__half));
-    const size_t q_bytes = round256((size_t)n_ent * n_head * rows * hd * sizeof(__half));
-    const size_t s_bytes = round256((size_t)n_ent * n_head * rows * cols * sizeof(float));
-    const size_t p_bytes = round256((size_t)n_ent * n_head * rows * cols * sizeof(__half));
-    const size_t o_bytes = round256((size_t)n_ent * n_head * rows * hd * sizeof(float));
-    uint8_t *base = (uint8_t *)dev.scratch(2 * kv_bytes + q_bytes + s_bytes + p_bytes + o_bytes);
+    const GemmAttnPlan plan = plan_attention_gemm(m, c);
+    const int64_t cols = plan.cols, rows = plan.rows, n_max = plan.n_max;
+    uint8_t *base = (uint8_t *)dev.scratch(plan.total());
     __half *k16 = (__half *)base;
-    __half *v16 = (__half *)(base + kv_bytes);
-    __half *q16 = (__half *)(base + 2 * kv_bytes);
-    float *S = (float *)(base + 2 * kv_bytes + q_bytes);
-    __half *P = (__half *)(base + 2 * kv_bytes + q_bytes + s_bytes);
-    float *O = (float *)(base + 2 * kv_bytes + q_bytes + s_bytes + p_bytes);
+    __half *v16 = (__half *)(base + plan.kv_bytes);
+    __half *q16 = (__half *)(base + 2 * plan.kv_bytes);
+    float *S = (float *)(base + 2 * plan.kv_bytes + plan.q_bytes);
+    __half *P = (__half *)(base + 2 * plan.kv_bytes + plan.q_bytes + plan.s_bytes);
+    float *O = (float *)(base + 2 * plan.kv_bytes + plan.q_bytes + plan.s_bytes + plan.p_bytes);
 
     gather_kv_f16_kernel<<<dim3((unsigned)cols, (unsigned)n_ent), kGemmAttnThreads, 0, s>>>(
         c.kv, m.len0, m.n, m.block_table, m.max_blocks, cols, k16, v16);
