@@ -568,6 +568,10 @@ void test_attention_gemm_path(Rng &r) {
     Batch mixed({{100, 33, 0, false}, {1, 40, 1, false}}, 5, r);  // mixed cache types, a one-token entry beside
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, mixed, r);
     run_attention_case(shapes[1], DFL_TYPE_F32, DFL_TYPE_BF16, mixed, r);
+    // long enough that the scores of all rows pass the 256 MB budget (32 heads x 1320 x 1312 x 6 bytes): two chunks
+    // of query rows, the second with the causal column limit of a single entry
+    Batch chunked({{1300, 20, 0, false}}, 16, r);
+    run_attention_case({32, 8, 64, 64, false}, DFL_TYPE_F16, DFL_TYPE_F16, chunked, r);
 }
 
 void test_attention() {
