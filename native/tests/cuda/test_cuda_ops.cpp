@@ -11,6 +11,7 @@
 //  - prefill matmul (larger T) through tensor cores: f32 weights use SGEMM (1e-5); f16 and quantized weights run with X
 //    rounded to f16 (relative 2^-11 per element, plus f16 rounding of the dequantized weight): 3e-3; bf16 weights run
 //    with X rounded to bf16 (2^-8 per element): 1.5e-2.
+//  - attention of entries with 64+ query rows (tensor cores, Q/K/V/P rounded to f16): 2e-3, see run_attention_case.
 //  - KV cache writes: an input an ulp away from a rounding boundary of the cache type can round the other way, one step
 //    of that type: f16 1e-4, bf16 5e-4, q8_0 (a step is 1/127 of the block max) 2e-2.
 #include <cuda_runtime.h>
