@@ -328,6 +328,10 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
         fail(DFL_ERR_UNSUPPORTED, "attention: head_dim " + std::to_string(c.kv.head_dim) + " above 512");
     if (c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
         fail(DFL_ERR_INVALID, "attention: n_head must be a multiple of n_kv");
+    if (attention_gemm_path(m, c)) {  // many query rows per entry: tensor cores (attention_gemm.cu)
+        launch_attention_gemm(dev, m, c);
+        return;
+    }
     AttnArgs a;
     a.Q = c.Q;
     a.out = c.out;

@@ -116,6 +116,10 @@ void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count)
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
+// The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
+// launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.
+bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
+void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
