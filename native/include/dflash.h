@@ -224,6 +224,12 @@ typedef struct dfl_api {
     /* The memory a model of these params needs, so a caller can size kv_pool_tokens from free device memory. Reads
      * params->arch, meta and tensors (kv_pool_tokens and max_seqs are ignored). */
     dfl_status (*model_estimate)(const dfl_model_params *params, dfl_model_estimate *out);
+    /* forward, except that each logits row comes back as its k best candidates (1 <= k <= 64): ids and logits
+     * [rows][k], larger logit first and lower id on ties (rows with fewer than k finite logits padded with id -1 and
+     * -inf), and the row's log-sum-exp [rows]; batch->logits is not used. Greedy decoding, sampling with top_k <= k
+     * and top logprobs <= k need nothing else, and a decode step moves k candidates per sequence instead of the
+     * vocabulary. */
+    dfl_status (*forward_topk)(dfl_model *m, const dfl_batch *batch, uint32_t k, int32_t *ids, float *logits, float *lse);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

@@ -8,6 +8,15 @@
 
 namespace dfl {
 
+// Where forward puts each logits row's k best candidates instead of the row (host arrays: ids, vals [rows][k],
+// lse [rows]).
+struct TopKOut {
+    int k = 0;
+    int32_t *ids = nullptr;
+    float *vals = nullptr;
+    float *lse = nullptr;
+};
+
 class Model {
 public:
     virtual ~Model() = default;
@@ -20,7 +29,7 @@ public:
     virtual void seq_truncate(int32_t s, uint32_t n) = 0;
     virtual void seq_snapshot(int32_t s) = 0;
     virtual void seq_rollback(int32_t s) = 0;
-    virtual void forward(const dfl_batch &b) = 0;
+    virtual void forward(const dfl_batch &b, const TopKOut *topk = nullptr) = 0;
 };
 
 // Loads the model of params->arch onto the library's device; DFL_ERR_UNSUPPORTED for an unknown architecture.

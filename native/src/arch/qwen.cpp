@@ -682,7 +682,7 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     }
 }
 
-void QwenModel::forward(const dfl_batch &b) {
+void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     const HParams &h = hp_;
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
@@ -721,7 +721,9 @@ void QwenModel::forward(const dfl_batch &b) {
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
         max_ctx = (int64_t)max_blocks * table_.block_size();
     }
-    if (rows > 0 && !b.logits) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
+    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
+    if (topk && (topk->k < 1 || topk->k > 64 || !topk->ids || !topk->vals || !topk->lse))
+        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
     if (b.n_capture > 0) {
         if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");
         for (uint32_t c = 0; c < b.n_capture; c++)
@@ -744,6 +746,8 @@ void QwenModel::forward(const dfl_batch &b) {
     ensure(meta_, n_meta * sizeof(int32_t), "batch metadata");
     ensure(ptrs_, (size_t)2 * E * sizeof(float *), "batch metadata");
     if (rows > 0) ensure(logits_, (size_t)rows * h.n_vocab * sizeof(float), "logits");
+    const size_t topk_bytes = topk ? (size_t)rows * (2 * (size_t)topk->k + 1) * 4 : 0;
+    if (topk_bytes > 0) ensure(topk_, topk_bytes, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
     for (uint32_t i = 0; i < b.n_seqs; i++)
         if ((b.seqs[i].flags & DFL_SEQ_RECORD) && n_rec_ > 0) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
@@ -835,7 +839,20 @@ void QwenModel::forward(const dfl_batch &b) {
     } else {
         run_layers(m, b, rows, d_out_rows);
     }
-    if (rows > 0) dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
+    if (rows > 0 && topk) {
+        // only the candidates cross to the host: ids, then values, then the log-sum-exps
+        const size_t rk = (size_t)rows * (size_t)topk->k;
+        int32_t *d_ids = topk_.get<int32_t>();
+        float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk;
+        dev_->topk(logits_.f(), rows, h.n_vocab, topk->k, d_ids, d_vals, d_lse);
+        host_topk_.resize(topk_bytes);
+        dev_->to_host(host_topk_.data(), topk_.get(), topk_bytes);
+        std::memcpy(topk->ids, host_topk_.data(), rk * 4);
+        std::memcpy(topk->vals, host_topk_.data() + rk * 4, rk * 4);
+        std::memcpy(topk->lse, host_topk_.data() + 2 * rk * 4, (size_t)rows * 4);
+    } else if (rows > 0) {
+        dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
+    }
     if (b.n_capture > 0) dev_->to_host(b.capture, capture_.get(), (size_t)T * b.n_capture * h.n_embd * sizeof(float));
     else if (rows == 0) dev_->sync();
     for (uint32_t i = 0; i < b.n_seqs; i++) {

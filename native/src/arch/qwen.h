@@ -66,7 +66,7 @@ public:
     void seq_truncate(int32_t s, uint32_t n) override;
     void seq_snapshot(int32_t s) override;
     void seq_rollback(int32_t s) override;
-    void forward(const dfl_batch &b) override;
+    void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override;
 
 private:
     // Activations of one forward, sized for `cap` tokens; grown (never per decode step) when a batch is larger.
@@ -132,7 +132,8 @@ private:
     std::vector<SeqState> seq_state_;
 
     Acts acts_;
-    DevBuf meta_, ptrs_, logits_, capture_;
+    DevBuf meta_, ptrs_, logits_, capture_, topk_;
+    std::vector<uint8_t> host_topk_;
     std::vector<int32_t> host_meta_;
     std::vector<float *> host_ptrs_;
 

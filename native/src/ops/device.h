@@ -168,6 +168,10 @@ public:
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
     // x = rmsnorm(x) * w * silu(z) per row of n.
     virtual void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) = 0;
+    // The k (1..64) largest values of each row of n logits, larger first and lower id on ties (NaN counts as -inf;
+    // rows with fewer than k finite values are padded with id -1, value -inf), and each row's log-sum-exp.
+    // ids, vals: [rows][k]; lse: [rows].
+    virtual void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) = 0;
 
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin
     // and graph_end instead of running them, and graph_end returns a handle that graph_launch replays (the same ops

@@ -224,6 +224,10 @@ public:
         pool_.parallel_for(rows, [&](int64_t r, int) { dfl::gated_rmsnorm(x + r * n, z + r * n, w, n, eps); });
     }
 
+    void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override {
+        pool_.parallel_for(rows, [&](int64_t r, int) { topk_row(logits + r * n, n, k, ids + r * k, vals + r * k, lse + r); });
+    }
+
 private:
     // Elementwise work split into a few large chunks per thread.
     template <class F>

@@ -278,4 +278,37 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
     }
 }
 
+void topk_row(const float *x, int64_t n, int k, int32_t *ids, float *vals, float *lse) {
+    const auto clean = [](float v) { return v != v ? -std::numeric_limits<float>::infinity() : v; };
+    const auto better = [](float av, int32_t ai, float bv, int32_t bi) { return av > bv || (av == bv && ai < bi); };
+    // a min-heap of the best k seen so far: its root is the worst of them
+    std::vector<std::pair<float, int32_t>> heap;
+    heap.reserve((size_t)k);
+    const auto worse_first = [&](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
+        return better(a.first, a.second, b.first, b.second);
+    };
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < n; i++) mx = std::max(mx, (double)clean(x[i]));
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = clean(x[i]);
+        if (v == -std::numeric_limits<float>::infinity()) continue;
+        sum += std::exp((double)v - mx);
+        if ((int)heap.size() < k) {
+            heap.emplace_back(v, (int32_t)i);
+            std::push_heap(heap.begin(), heap.end(), worse_first);
+        } else if (better(v, (int32_t)i, heap.front().first, heap.front().second)) {
+            std::pop_heap(heap.begin(), heap.end(), worse_first);
+            heap.back() = {v, (int32_t)i};
+            std::push_heap(heap.begin(), heap.end(), worse_first);
+        }
+    }
+    std::sort(heap.begin(), heap.end(), worse_first);
+    for (int j = 0; j < k; j++) {
+        ids[j] = j < (int)heap.size() ? heap[(size_t)j].second : -1;
+        vals[j] = j < (int)heap.size() ? heap[(size_t)j].first : -std::numeric_limits<float>::infinity();
+    }
+    *lse = sum > 0 ? (float)(mx + std::log(sum)) : -std::numeric_limits<float>::infinity();
+}
+
 }  // namespace dfl

@@ -13,6 +13,10 @@
 
 namespace dfl {
 
+// The k largest values of one row (larger first, lower id on ties, NaN as -inf, padded with id -1 / -inf) and the
+// row's log-sum-exp (device.h: Device::topk).
+void topk_row(const float *x, int64_t n, int k, int32_t *ids, float *vals, float *lse);
+
 // Free (available) and total bytes of system memory.
 void host_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 

@@ -46,6 +46,8 @@ public:
     void gdn(const BatchMeta &m, const GdnCall &g) override;
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
 
+    void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override;
+
     bool has_graphs() const override { return graphs_enabled_; }
     void graph_begin() override;
     uintptr_t graph_end() override;
@@ -123,6 +125,8 @@ void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
+void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
+                 float *lse);
 
 }  // namespace cuda
 }  // namespace dfl

@@ -156,6 +156,12 @@ void CudaDevice::sync() {
     if (profiling_) settle_profile();
 }
 
+void CudaDevice::topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) {
+    use();
+    OpTimer t(*this, "topk");
+    launch_topk(*this, logits, rows, n, k, ids, vals, lse);
+}
+
 // --- graphs ------------------------------------------------------------------------------------------------------
 
 void CudaDevice::graph_begin() {
