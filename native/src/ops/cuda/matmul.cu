@@ -472,11 +472,13 @@ static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_
 // ---- batched decode / verify path: tensor-core matmul on the packed weights ----
 //
 // One block computes kMmqRows output rows for all T tokens (padded to 16 * NF). Per K tile of 256 elements (one K-quant
-// super-block, eight q8_0 blocks): the raw weight bytes of the tile are copied into shared memory with 16-byte loads
-// (q8_0 and q6_K blocks are only 2-byte aligned, so each row's window starts at its 16-byte aligned-down address),
-// decoded once into a 16-bit tile, and multiplied on tensor cores against the matching slice of X, which the caller
-// converted to the same 16-bit type once per call. Every weight byte is read once per call whatever T is, and the
-// decode cost is shared by all tokens. Long K with few row tiles is split over blockIdx.y (partial sums in scratch,
+// super-block, eight q8_0 blocks): the raw weight bytes of the tile are copied into shared memory with 16-byte
+// asynchronous copies (q8_0 and q6_K blocks are only 2-byte aligned, so each row's window starts at its 16-byte
+// aligned-down address), decoded once into a 16-bit tile, and multiplied on tensor cores against the matching slice of
+// X, which the caller converted to the same 16-bit type once per call (small: it stays in L1/L2, so the fragments are
+// read from it directly). The raw tiles are double-buffered: the copy of tile k + 1 is in flight while tile k is
+// decoded and multiplied. Every weight byte is read once per call whatever T is, and the decode is shared by all
+// tokens. When the row tiles alone leave the GPU short of blocks, K is split over blockIdx.y (partial sums in scratch,
 // summed in a fixed order so results do not depend on scheduling).
 
 constexpr int64_t kMmqMinTokens = 2;
@@ -485,7 +487,6 @@ constexpr int kMmqRows = 64;                  // output rows per block: 16 per w
 constexpr int kMmqWarps = kMmqRows / 16;
 constexpr int kMmqK = 256;                    // K elements per tile
 constexpr int kMmqLd = kMmqK + 8;             // 16-bit tile row stride: 528 bytes shifts banks by 4 per row
-constexpr int kMmqRawLd = 544;                // raw bytes per row: up to 512 tile bytes + 15 of misalignment, in words
 constexpr int kMmqCLd = kMmqRows + 4;         // f32 output staging, [token][row]
 constexpr int kMmqMinTilesPerSplit = 4;       // a split must stream enough K to amortise its partial-sum write
 
@@ -499,22 +500,37 @@ __host__ __device__ __forceinline__ int mmq_tile_bytes(uint32_t type, int klen) 
     }
 }
 
-__host__ __device__ __forceinline__ size_t mmq_smem_bytes(int nf) {
-    return (size_t)kMmqRows * kMmqRawLd + (size_t)kMmqRows * kMmqLd * 2 + (size_t)16 * nf * kMmqLd * 2;
+// Raw bytes kept per row of a tile: the tile's bytes plus up to 15 of misalignment, in whole 16-byte words.
+static int mmq_raw_ld(uint32_t type) { return (mmq_tile_bytes(type, kMmqK) + 15) / 16 * 16 + 16; }
+
+// Two raw buffers, then the 16-bit weight tile. The output staging (16 * NF x kMmqCLd floats, at most 17 KB) reuses the
+// raw buffers, which are at least 2 * 64 * 160 bytes (q4_K).
+static size_t mmq_smem_bytes(uint32_t type) {
+    return (size_t)2 * kMmqRows * mmq_raw_ld(type) + (size_t)kMmqRows * kMmqLd * 2;
 }
 
-// Copies bytes [p, p + len) of the weight into `dst`, which receives the 16-byte words from p's aligned-down address
-// on, so the tile starts at dst + (p & 15). Words wholly inside the tensor [lo, hi) are single 16-byte loads; a word
-// crossing the tensor's ends (only possible when its start or size is not 16-byte aligned) goes byte by byte so
-// nothing outside the tensor is read. `lane`/`nl` split the words among the threads given this row.
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Starts copying bytes [p, p + len) of the weight into `dst`, which receives the 16-byte words from p's aligned-down
+// address on, so the tile starts at dst + (p & 15). Words wholly inside the tensor [lo, hi) are asynchronous 16-byte
+// copies; a word crossing the tensor's ends (only when its start or size is not 16-byte aligned) is copied byte by
+// byte at once, so nothing outside the tensor is read. Lane `lane` of `nl` threads takes every nl-th word.
 __device__ __forceinline__ void mmq_copy_raw(const uint8_t *p, int len, const uint8_t *lo, const uint8_t *hi,
                                              uint8_t *dst, int lane, int nl) {
     const uint8_t *a0 = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)15);
-    const int words = (int)((p + len - a0) + 15) / 16;
+    const int words = (int)(((p + len) - a0) + 15) / 16;
     for (int w = lane; w < words; w += nl) {
         const uint8_t *a = a0 + 16 * w;
         if (a >= lo && a + 16 <= hi) {
-            *(uint4 *)(dst + 16 * w) = __ldg((const uint4 *)a);
+            cp_async16(dst + 16 * w, a);
         } else {
             for (int b = 0; b < 16; b++) dst[16 * w + b] = (a + b >= lo && a + b < hi) ? a[b] : (uint8_t)0;
         }
@@ -594,18 +610,17 @@ __global__ void mmq_convert_x_kernel(const float *X, int64_t T, int64_t n_in, in
 }
 
 // Block (bx, by): rows [64 bx, 64 bx + 64), K tiles [by * tiles_per_split, ...). Writes out[by][t][row] (out = Y when
-// there is one split).
+// there is one split). Xh is t_pad x k_pad 16-bit values, zero-padded.
 template <typename E, int NF>
 __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes,
                                                             int64_t n_in, int64_t n_out, const uint16_t *Xh,
-                                                            int64_t k_pad, int64_t T, int tiles_per_split,
+                                                            int64_t k_pad, int64_t T, int tiles_per_split, int raw_ld,
                                                             float *out) {
     namespace wmma = nvcuda::wmma;
     extern __shared__ __align__(128) uint8_t smem[];
-    uint8_t *raw = smem;
-    uint16_t *wt = (uint16_t *)(smem + kMmqRows * kMmqRawLd);
-    uint16_t *xt = wt + kMmqRows * kMmqLd;
-    float *cs = (float *)smem;  // after the K loop, the raw area stages the output
+    uint8_t *raw[2] = {smem, smem + kMmqRows * raw_ld};
+    uint16_t *wt = (uint16_t *)(smem + 2 * kMmqRows * raw_ld);
+    float *cs = (float *)smem;  // after the K loop, the raw buffers stage the output
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int64_t row0 = (int64_t)blockIdx.x * kMmqRows;
@@ -615,33 +630,42 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
     const int full_bytes = mmq_tile_bytes(type, kMmqK);
     const uint8_t *lo = W, *hi = W + (uint64_t)n_out * row_bytes;
 
+    // Tile kt's raw bytes into buffer b: warp w takes rows w, w + 4, ..., its lanes the words of a row.
+    auto issue_tile = [&](int kt, int b) {
+        const int64_t left = n_in - (int64_t)kt * kMmqK;
+        const int bytes = mmq_tile_bytes(type, left < kMmqK ? (int)left : kMmqK);
+#pragma unroll 4
+        for (int r = warp; r < kMmqRows; r += kMmqWarps) {
+            if (row0 + r >= n_out) continue;
+            const uint8_t *p = W + (uint64_t)(row0 + r) * row_bytes + (uint64_t)kt * full_bytes;
+            mmq_copy_raw(p, bytes, lo, hi, raw[b] + r * raw_ld, lane, 32);
+        }
+        cp_async_commit();
+    };
+
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NF];
 #pragma unroll
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
 
+    issue_tile(kt0, 0);
     for (int kt = kt0; kt < kt1; kt++) {
+        const int b = (kt - kt0) & 1;
+        if (kt + 1 < kt1) {
+            issue_tile(kt + 1, b ^ 1);  // its buffer was last decoded two tiles ago, before the barrier below
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // every thread's copies of tile kt have landed
         const int64_t left = n_in - (int64_t)kt * kMmqK;
         const int klen = left < kMmqK ? (int)left : kMmqK;
-        const int bytes = mmq_tile_bytes(type, klen);
-        // raw weight bytes: each warp takes rows warp, warp + 4, ...; a row's window is at most 33 words
-        for (int r = warp; r < kMmqRows; r += kMmqWarps) {
-            if (row0 + r >= n_out) continue;
-            const uint8_t *p = W + (uint64_t)(row0 + r) * row_bytes + (uint64_t)kt * full_bytes;
-            mmq_copy_raw(p, bytes, lo, hi, raw + r * kMmqRawLd, lane, 32);
-        }
-        // X slice: 16 * NF tokens x 256 elements, 32 words per token
-        for (int i = tid; i < 16 * NF * (kMmqK / 8); i += kMmqWarps * 32) {
-            const int t = i / (kMmqK / 8), c = i % (kMmqK / 8);
-            *(uint4 *)(xt + t * kMmqLd + 8 * c) = __ldg((const uint4 *)(Xh + t * k_pad + (int64_t)kt * kMmqK + 8 * c));
-        }
-        __syncthreads();
-        // decode: a warp per row at a time, 8 weights per lane
+        // decode: a warp per row at a time, 8 weights per lane; rows past n_out and K past n_in are zeros
         for (int g = tid; g < kMmqRows * (kMmqK / 8); g += kMmqWarps * 32) {
             const int r = g / (kMmqK / 8), j0 = 8 * (g % (kMmqK / 8));
             uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (row0 + r < n_out && j0 < klen) {
                 const uint8_t *p = W + (uint64_t)(row0 + r) * row_bytes + (uint64_t)kt * full_bytes;
-                mmq_decode8(type, raw + r * kMmqRawLd + ((uintptr_t)p & 15), j0, v);
+                mmq_decode8(type, raw[b] + r * raw_ld + ((uintptr_t)p & 15), j0, v);
             }
             uint4 u;
             u.x = v[0] | ((uint32_t)v[1] << 16);
@@ -651,19 +675,20 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
             *(uint4 *)(wt + r * kMmqLd + j0) = u;
         }
         __syncthreads();
+        const E *xk = (const E *)(Xh + (int64_t)kt * kMmqK);
 #pragma unroll 4
         for (int kk = 0; kk < kMmqK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, E, wmma::row_major> a;
             wmma::load_matrix_sync(a, (const E *)(wt + warp * 16 * kMmqLd + kk), kMmqLd);
 #pragma unroll
             for (int f = 0; f < NF; f++) {
-                // B[k][n] = X[token 16 f + n][k]: the token-major X tile read column-major
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> b;
-                wmma::load_matrix_sync(b, (const E *)(xt + f * 16 * kMmqLd + kk), kMmqLd);
-                wmma::mma_sync(acc[f], a, b, acc[f]);
+                // B[k][n] = X[token 16 f + n][k]: token-major X read column-major, from global (L1/L2)
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, E, wmma::col_major> bf;
+                wmma::load_matrix_sync(bf, xk + f * 16 * k_pad + kk, (unsigned)k_pad);
+                wmma::mma_sync(acc[f], a, bf, acc[f]);
             }
         }
-        __syncthreads();  // the next tile overwrites raw, wt and xt
+        __syncthreads();  // the next tile overwrites wt, and the copy after it this raw buffer
     }
 #pragma unroll
     for (int f = 0; f < NF; f++)
@@ -702,12 +727,12 @@ static bool mmq_ok(const Weight &W) {
 template <typename E, int NF>
 static void launch_mmq_nf(cudaStream_t s, const Weight &W, const uint16_t *Xh, int64_t k_pad, int64_t T, dim3 grid,
                           int tiles_per_split, float *out) {
-    const size_t smem = mmq_smem_bytes(NF);
+    const size_t smem = mmq_smem_bytes(W.type);
     // per device and kernel; cheap, so set at every launch rather than tracking which devices have it
     check(cudaFuncSetAttribute(mmq_kernel<E, NF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
           "matmul (mmq smem)");
     mmq_kernel<E, NF><<<grid, kMmqWarps * 32, smem, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, Xh, k_pad, T,
-                                                         tiles_per_split, out);
+                                                         tiles_per_split, mmq_raw_ld(W.type), out);
 }
 
 static void launch_mmq(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
