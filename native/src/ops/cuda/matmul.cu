@@ -8,6 +8,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -489,6 +490,7 @@ constexpr int kMmqK = 256;                    // K elements per tile
 constexpr int kMmqLd = kMmqK + 8;             // 16-bit tile row stride: 528 bytes shifts banks by 4 per row
 constexpr int kMmqCLd = kMmqRows + 4;         // f32 output staging, [token][row]
 constexpr int kMmqMinTilesPerSplit = 4;       // a split must stream enough K to amortise its partial-sum write
+constexpr int kMaxDevices = 64;               // device ordinals with a cached kernel attribute
 
 // Bytes of `klen` elements (a multiple of the block size) of a row of `type`.
 __host__ __device__ __forceinline__ int mmq_tile_bytes(uint32_t type, int klen) {
@@ -618,7 +620,7 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
                                                             float *out) {
     namespace wmma = nvcuda::wmma;
     extern __shared__ __align__(128) uint8_t smem[];
-    uint8_t *raw[2] = {smem, smem + kMmqRows * raw_ld};
+    uint8_t *const raw = smem;  // two buffers of kMmqRows * raw_ld bytes
     uint16_t *wt = (uint16_t *)(smem + 2 * kMmqRows * raw_ld);
     float *cs = (float *)smem;  // after the K loop, the raw buffers stage the output
 
@@ -638,7 +640,7 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
         for (int r = warp; r < kMmqRows; r += kMmqWarps) {
             if (row0 + r >= n_out) continue;
             const uint8_t *p = W + (uint64_t)(row0 + r) * row_bytes + (uint64_t)kt * full_bytes;
-            mmq_copy_raw(p, bytes, lo, hi, raw[b] + r * raw_ld, lane, 32);
+            mmq_copy_raw(p, bytes, lo, hi, raw + (b * kMmqRows + r) * raw_ld, lane, 32);
         }
         cp_async_commit();
     };
@@ -665,7 +667,7 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
             uint16_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             if (row0 + r < n_out && j0 < klen) {
                 const uint8_t *p = W + (uint64_t)(row0 + r) * row_bytes + (uint64_t)kt * full_bytes;
-                mmq_decode8(type, raw[b] + r * raw_ld + ((uintptr_t)p & 15), j0, v);
+                mmq_decode8(type, raw + (b * kMmqRows + r) * raw_ld + ((uintptr_t)p & 15), j0, v);
             }
             uint4 u;
             u.x = v[0] | ((uint32_t)v[1] << 16);
@@ -728,9 +730,17 @@ template <typename E, int NF>
 static void launch_mmq_nf(cudaStream_t s, const Weight &W, const uint16_t *Xh, int64_t k_pad, int64_t T, dim3 grid,
                           int tiles_per_split, float *out) {
     const size_t smem = mmq_smem_bytes(W.type);
-    // per device and kernel; cheap, so set at every launch rather than tracking which devices have it
-    check(cudaFuncSetAttribute(mmq_kernel<E, NF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-          "matmul (mmq smem)");
+    // The opt-in above 48 KB is per device and kernel: set once per device to the largest size any type needs (f16),
+    // so the per-launch cost is an atomic load.
+    static std::atomic<bool> smem_set[kMaxDevices];
+    int dev = 0;
+    check(cudaGetDevice(&dev), "matmul (mmq device)");
+    if (dev < 0 || dev >= kMaxDevices || !smem_set[dev].load(std::memory_order_acquire)) {
+        check(cudaFuncSetAttribute(mmq_kernel<E, NF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)mmq_smem_bytes(DFL_TYPE_F16)),
+              "matmul (mmq smem)");
+        if (dev >= 0 && dev < kMaxDevices) smem_set[dev].store(true, std::memory_order_release);
+    }
     mmq_kernel<E, NF><<<grid, kMmqWarps * 32, smem, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, Xh, k_pad, T,
                                                          tiles_per_split, mmq_raw_ld(W.type), out);
 }
