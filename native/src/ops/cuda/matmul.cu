@@ -1,8 +1,11 @@
 // Embedding lookup and Y = X W^T for every weight type.
-//  - Decode (T <= kGemvMaxTokens, or up to kGemvChunkedMaxTokens in chunks of 8 for quantized weights): one warp per output row streams the row once, decoding it in registers, and
-//    accumulates all T tokens at once in f32; the activations are tiny and stay in L1/L2. This is the memory-bound
-//    path whose speed is the decode speed.
-//  - Prefill / verify: tensor cores through cuBLAS. f16/bf16 weights are used as they are; quantized weights are
+//  - T == 1 (decode): one warp per output row streams the row once, decoding it in registers, f32 accumulation; the
+//    activations are tiny and stay in L1/L2. This memory-bound path is the single-sequence decode speed.
+//  - 2 <= T <= 64 (batched decode, DFlash verify blocks, small prefill chunks), f16/bf16/quantized weights: a
+//    tensor-core kernel on the packed weights (mmq_kernel below) that reads every weight byte once per call and decodes
+//    it once for all tokens. f32 weights, and the odd-addressed tensors it refuses, keep the GEMV (T <= 8, or in chunks
+//    of 8 up to 32 tokens for quantized weights) and cuBLAS.
+//  - Prefill (T > 64): tensor cores through cuBLAS. f16/bf16 weights are used as they are; quantized weights are
 //    dequantized to f16 in chunks of rows in the device scratch; X is converted to the weight's 16-bit type; f32
 //    accumulation and output. f32 weights go through SGEMM (no TF32), exact to f32 rounding.
 #include <mma.h>
