@@ -260,10 +260,10 @@ void test_matmul_embed() {
             compare_f32(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
         }
     }
-    // a large shape: 65 row tiles, the last of one row, and K split 4 ways
+    // a large shape: 65 row tiles, the last of one row, and K split 4 ways (T = 1: q8_0 rows staged in two chunks)
     for (uint32_t type : types) {
         DualWeight W(type, 4097, 4096, r);
-        for (int64_t T : {int64_t(2), int64_t(17), int64_t(64)}) {
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) {
             Dual X(rand_vec(r, (size_t)(T * 4096)));
             Dual Y((size_t)(T * 4097) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
