@@ -760,6 +760,8 @@ __global__ void __launch_bounds__(kMmqWarps * 32) mmq_kernel(uint32_t type, cons
         }
         __syncthreads();  // the next tile overwrites wt, and the copy after it this raw buffer
     }
+    cp_async_wait<0>();  // no copy may still be landing where the output is staged (the loop always waits; be sure)
+    __syncthreads();
 #pragma unroll
     for (int f = 0; f < NF; f++)
         wmma::store_matrix_sync(cs + f * 16 * kMmqCLd + warp * 16, acc[f], kMmqCLd, wmma::mem_col_major);
