@@ -237,8 +237,9 @@ void test_matmul_embed() {
         int64_t n_in, n_out;
     };
     // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV; n_out not a multiple of the
-    // tensor-core kernel's 64-row tile; n_in 2048 with few row tiles: K split over 2 blocks
-    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}, {2048, 300}};
+    // tensor-core kernel's 64-row tile; n_in 2048 / 4096 with few row tiles: K split over 2 / 4 blocks (and at T = 1
+    // the q8_0 GEMV's two 64-block chunks of a row go to two of its four warps)
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}, {2048, 300}, {4096, 700}};
     Rng r(1);
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
