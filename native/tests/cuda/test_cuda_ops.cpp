@@ -7,10 +7,12 @@
 //    and f32-vs-double reductions differ, so errors are a few ulps relative to the output norm.
 //  - the delta rule: 1e-4, because the CPU computes multi-token non-recording entries chunk-wise (a different but
 //    equivalent formula) while the GPU runs the recurrence.
-//  - quantized weights up to T = 32 run the GEMV in chunks of 8 tokens: 1e-5 like any GEMV.
-//  - prefill matmul (larger T) through tensor cores: f32 weights use SGEMM (1e-5); f16 and quantized weights run with X
-//    rounded to f16 (relative 2^-11 per element, plus f16 rounding of the dequantized weight): 3e-3; bf16 weights run
-//    with X rounded to bf16 (2^-8 per element): 1.5e-2.
+//  - matmul with T >= 2 (the tensor-core kernel on packed weights for T <= 64, cuBLAS beyond) on f16, bf16 and
+//    quantized weights: f32 weights stay exact (GEMV, SGEMM: 1e-5). f16 and quantized weights run with X rounded to
+//    f16 and the dequantized weight rounded to f16 (each a relative error of at most 2^-11 per operand, products summed
+//    in f32, so the error of a dot product is at most about 2^-10 of the sum of |w x|, a few times less than that
+//    relative to ||y|| for random signs): 3e-3; bf16 weights are exact and X is rounded to bf16 (2^-8 per element):
+//    1.5e-2. Inputs here are |x| <= 1 and small weights, far inside f16 range.
 //  - attention of entries with 64+ query rows (tensor cores, Q/K/V/P rounded to f16): 2e-3, see run_attention_case.
 //  - KV cache writes: an input an ulp away from a rounding boundary of the cache type can round the other way, one step
 //    of that type: f16 1e-4, bf16 5e-4, q8_0 (a step is 1/127 of the block max) 2e-2.
@@ -224,19 +226,21 @@ struct DualWeight {
 };
 
 double matmul_bound(uint32_t type, int64_t T) {
-    const bool quantized = type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K || type == DFL_TYPE_Q6_K;
-    if (T <= 8 || type == DFL_TYPE_F32 || (quantized && T <= 32)) return 1e-5;  // f32 GEMV (chunked) or SGEMM
-    return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;
+    if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
+    return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }
 
 void test_matmul_embed() {
     const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
-    const int64_t Ts[] = {1, 2, 3, 8, 16, 17, 33, 130};
+    // 2..64: the tensor-core kernel with 1..4 token fragments of 16 (5, 17, 33: partial fragments); 65, 130: cuBLAS
+    const int64_t Ts[] = {1, 2, 3, 5, 8, 16, 17, 33, 64, 65, 130};
     struct Shape {
         int64_t n_in, n_out;
     };
-    // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV
-    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}};
+    // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV; n_out not a multiple of the
+    // tensor-core kernel's 64-row tile; n_in 2048 / 4096 with few row tiles: K split over 2 / 4 blocks (and at T = 1
+    // the q8_0 GEMV's two 64-block chunks of a row go to two of its four warps)
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}, {2048, 300}, {4096, 700}};
     Rng r(1);
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
@@ -256,6 +260,50 @@ void test_matmul_embed() {
             g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
             g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
             compare_f32(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
+        }
+    }
+    // a large shape: 65 row tiles, the last of one row, and K split 4 ways (T = 1: q8_0 rows staged in two chunks)
+    for (uint32_t type : types) {
+        DualWeight W(type, 4097, 4096, r);
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) {
+            Dual X(rand_vec(r, (size_t)(T * 4096)));
+            Dual Y((size_t)(T * 4097) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+            compare_f32(std::string("matmul ") + tname(type) + " 4097x4096 T=" + std::to_string(T), Y,
+                        matmul_bound(type, T));
+        }
+    }
+    // n_in not a multiple of the 256-wide K tile (q8_0 9 blocks, f16/bf16 264): the last tile is partial, and q8_0
+    // rows of 306 bytes start at every even offset mod 16
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_F16, DFL_TYPE_BF16}) {
+        const int64_t n_in = type == DFL_TYPE_Q8_0 ? 288 : 264;
+        DualWeight W(type, 70, n_in, r);
+        for (int64_t T : {int64_t(2), int64_t(16), int64_t(40)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            Dual Y((size_t)(T * 70) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+            compare_f32(std::string("matmul ") + tname(type) + " 70x" + std::to_string(n_in) + " T=" + std::to_string(T),
+                        Y, matmul_bound(type, T));
+        }
+    }
+    // a tensor that starts 2 bytes past a 16-byte boundary (and so ends off one): the tensor-core kernel's first and
+    // last words of the tensor are read byte by byte, never outside it
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q6_K, DFL_TYPE_F16}) {
+        const int64_t n_in = 512, n_out = 37;
+        DualWeight W(type, n_out, n_in, r);
+        std::vector<uint8_t> shifted(W.host.size() + 2, 0);
+        std::memcpy(shifted.data() + 2, W.host.data(), W.host.size());
+        Weight wg = W.wg;
+        wg.data = g_gpu->upload_weight(shifted.data(), shifted.size(), true) + 2;
+        for (int64_t T : {int64_t(1), int64_t(5), int64_t(17)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            Dual Y((size_t)(T * n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wg, X.gp(), T, Y.gp());
+            compare_f32(std::string("matmul ") + tname(type) + " 37x512 at +2 bytes T=" + std::to_string(T), Y,
+                        matmul_bound(type, T));
         }
     }
     // shapes the vector kernels refuse (n_in not a multiple of 8): the generic gemv, and SGEMM
@@ -823,7 +871,7 @@ void bench_attention() {
     cudaEventDestroy(e1);
 }
 
-// Decode GEMV speed: median of 20 timed calls after warm-up, CUDA events on the device's stream.
+// Decode GEMV and batched tensor-core matmul speed: median of 20 timed calls after warm-up, CUDA events on the device's stream.
 void bench_gemv() {
     auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
     if (!cd) return;
@@ -843,12 +891,12 @@ void bench_gemv() {
             W.n_out = n_out;
             W.row_bytes = type_row_bytes(type, n_in);
             W.data = g_gpu->upload_weight(host.data(), host.size(), true);
-            // rows for the largest T timed below (8 rows here with T = 16 wrote past Y: the illegal access that
-            // surfaced as "cudaFree: an illegal memory access" after the gdn group, its output lost in the stdio buffer)
-            constexpr int64_t kMaxT = 16;
+            // rows for the largest T timed below (a bench sized for fewer rows than it timed wrote past Y once)
+            constexpr int64_t kMaxT = 32;
             DevBuf X(g_gpu, (size_t)n_in * 4 * kMaxT, "x"), Y(g_gpu, (size_t)n_out * 4 * kMaxT, "y");
             g_gpu->zero(X.get(), X.bytes());
-            for (int64_t T : {int64_t(1), int64_t(4), kMaxT}) {
+            // T = 1: the GEMV; 4, 8, 16, 32: the tensor-core kernel (GB/s counts each weight byte once per call)
+            for (int64_t T : {int64_t(1), int64_t(4), int64_t(8), int64_t(16), kMaxT}) {
                 for (int i = 0; i < 3; i++) g_gpu->matmul(W, X.f(), T, Y.f());
                 std::vector<float> ms;
                 for (int i = 0; i < 20; i++) {
