@@ -817,6 +817,10 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     m.rec_window = ptrs_.get<float *>() + E;
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 
+    if (graph_step && dev_->scratch_epoch() != graph_epoch_) {
+        drop_graphs();  // the device moved its scratch since they were captured
+        graph_epoch_ = dev_->scratch_epoch();
+    }
     if (graph_step) {
         const GraphKey key(E, max_blocks, rows);
         auto it = graphs_.find(key);
@@ -830,7 +834,8 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
             } catch (const Error &) {
                 dev_->graph_free(dev_->graph_end());
             }
-            if (g) it = graphs_.emplace(key, g).first;
+            if (g && dev_->scratch_epoch() == graph_epoch_) it = graphs_.emplace(key, g).first;
+            else dev_->graph_free(g);
         }
         if (it != graphs_.end())
             dev_->graph_launch(it->second);

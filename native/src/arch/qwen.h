@@ -142,6 +142,7 @@ private:
     using GraphKey = std::tuple<int64_t, int64_t, int64_t>;  // sequences, block-table width, logits rows
     std::map<GraphKey, uintptr_t> graphs_;
     std::map<GraphKey, int> graph_seen_;
+    uint64_t graph_epoch_ = 0;  // the device's scratch epoch the graphs were captured in
 };
 
 }  // namespace dfl

@@ -182,6 +182,9 @@ public:
     virtual uintptr_t graph_end() { return 0; }
     virtual void graph_launch(uintptr_t) {}
     virtual void graph_free(uintptr_t) {}
+    // Changes whenever the device reallocates memory its ops use internally (scratch): graphs captured before then
+    // point at freed memory and must not be replayed.
+    virtual uint64_t scratch_epoch() const { return 0; }
 };
 
 // The devices. Each library defines make_device (ops/cpu/lib_cpu.cpp, ops/cuda/lib_cuda.cu) on top of these, so a test

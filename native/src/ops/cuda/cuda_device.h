@@ -49,6 +49,7 @@ public:
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override;
 
     bool has_graphs() const override { return graphs_enabled_; }
+    uint64_t scratch_epoch() const override { return scratch_epoch_; }
     void graph_begin() override;
     uintptr_t graph_end() override;
     void graph_launch(uintptr_t g) override;
@@ -100,6 +101,7 @@ private:
     cublasHandle_t blas_ = nullptr;
     void *scratch_ = nullptr;
     size_t scratch_bytes_ = 0;
+    uint64_t scratch_epoch_ = 0;
     int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 };

@@ -298,6 +298,7 @@ void *CudaDevice::scratch(size_t bytes) {
     const size_t want = (bytes + (8u << 20) - 1) & ~(size_t)((8u << 20) - 1);
     scratch_ = alloc(want, "matmul scratch");
     scratch_bytes_ = want;
+    scratch_epoch_++;
     return scratch_;
 }
 
