@@ -13,7 +13,8 @@ import (
 // the same file and GPU: $DFLASH_BENCH_GGUF (the file), $DFLASH_BENCH_DEVICE (default cpu), $DFLASH_BENCH_BATCHES
 // (decode batch sizes, default "1,8,32"), $DFLASH_BENCH_PROMPTS (prefill lengths, default "512,4096"). Sub-benchmarks:
 // pp<N> (one prompt of N tokens per forward) and tg-b<B> (B sequences decoding one token each per forward, after a
-// 16-token prompt). Run with -test.benchtime=Nx; tok/s is what to compare.
+// 16-token prompt; the next token is the device's greedy choice, Batch.TopK = 1). Run with -test.benchtime=Nx; tok/s
+// is what to compare.
 func BenchmarkGGUF(b *testing.B) {
 	path := os.Getenv("DFLASH_BENCH_GGUF")
 	if path == "" {
@@ -72,6 +73,9 @@ func BenchmarkGGUF(b *testing.B) {
 				}
 				batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: []int32{1}, Logits: LogitsLast})
 			}
+			// greedy on the device: every logits row is computed, only the chosen token comes back (as llama.cpp's
+			// batched bench computes the logits and samples nothing)
+			batch.TopK = 1
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= 1000 {
@@ -84,7 +88,8 @@ func BenchmarkGGUF(b *testing.B) {
 					b.Fatal(err)
 				}
 				for e := range batch.Entries {
-					batch.Entries[e].Tokens[0] = argmax(r.Row(e, 0))
+					ids, _, _, _ := r.Candidates(e, 0)
+					batch.Entries[e].Tokens[0] = ids[0]
 				}
 			}
 			sec := b.Elapsed().Seconds()

@@ -93,6 +93,15 @@ static dfl_status w_model_estimate(const dfl_api *a, const dfl_model_params *p, 
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static int has_topk_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, forward_topk) + sizeof(a->forward_topk);
+}
+static dfl_status w_forward_topk(const dfl_api *a, dfl_model *m, const dfl_batch *b, uint32_t k, int32_t *ids,
+                                 float *logits, float *lse, char **err) {
+	dfl_status rc = a->forward_topk(m, b, k, ids, logits, lse);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 */
 import "C"
 
@@ -532,7 +541,7 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		pin.Pin(&seqs[0])
 		cb.seqs = &seqs[0]
 	}
-	if len(r.Logits) > 0 {
+	if len(r.Logits) > 0 && r.K == 0 {
 		pin.Pin(&r.Logits[0])
 		cb.logits = (*C.float)(unsafe.Pointer(&r.Logits[0]))
 	}
@@ -550,6 +559,22 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		}
 	}
 	var msg *C.char
+	if r.K > 0 {
+		if C.has_topk_api(a.t) == 0 {
+			return errors.New("forward: the engine library predates forward_topk: rebuild it")
+		}
+		var ids *C.int32_t
+		var vals, lse *C.float
+		if len(r.IDs) > 0 {
+			pin.Pin(&r.IDs[0])
+			pin.Pin(&r.Logits[0])
+			pin.Pin(&r.LSE[0])
+			ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
+			vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
+			lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
+		}
+		return status(C.w_forward_topk(a.t, m, &cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
+	}
 	return status(C.w_forward(a.t, m, &cb, &msg), msg)
 }
 

@@ -195,3 +195,18 @@ func TestDeviceMemory(t *testing.T) {
 		t.Fatalf("free memory fell by %d bytes, the KV pool alone is %d", free0-free1, pool)
 	}
 }
+
+// The device's top-k candidates and log-sum-exp agree with its own full logits.
+func TestDeviceTopK(t *testing.T) {
+	dev := testDevice(t)
+	c := tinyQwen3()
+	c.embd, c.ff, c.headDim, c.vocab = 256, 512, 64, 5000
+	spec := randomSpec(t, c)
+	spec.Options = Options{KVPoolTokens: 512, MaxSeqs: 4}
+	m, err := dev.LoadModel(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	checkTopK(t, m, c.vocab, 1e-5)
+}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -573,5 +574,76 @@ func TestEstimateAgreesWithLoadedModel(t *testing.T) {
 	_, err = lib.Estimate(ModelSpec{Arch: "llama"})
 	if err == nil || !strings.Contains(err.Error(), `"llama" is not supported`) {
 		t.Fatalf("estimate of an unknown architecture: %v", err)
+	}
+}
+
+// checkTopK runs one batch with full logits and again (on fresh sequences) with Batch.TopK, and checks that the
+// candidates are the row's best logits in order and lse its log-sum-exp, within bound relative to the row's largest
+// logit (the two forwards may differ by the device's rounding).
+func checkTopK(t *testing.T, m *Model, vocab int, bound float64) {
+	t.Helper()
+	run := func(k int) *Result {
+		t.Helper()
+		var b Batch
+		for i := 0; i < 3; i++ {
+			s, err := m.NewSeq()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.FreeSeq(s)
+			b.Entries = append(b.Entries, Entry{Seq: s, Tokens: randomTokens(rand.New(rand.NewPCG(uint64(i), 3)), 5+i, vocab), Logits: LogitsAll})
+		}
+		b.TopK = k
+		r, err := m.Forward(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	full := run(0)
+	for _, k := range []int{1, 7, MaxTopK} {
+		top := run(k)
+		for e := 0; e < 3; e++ {
+			for i := 0; i < 5+e; i++ {
+				row := full.Row(e, i)
+				ids, vals, lse, ok := top.Candidates(e, i)
+				if !ok || len(ids) != k {
+					t.Fatalf("k=%d entry %d row %d: no candidates", k, e, i)
+				}
+				order := make([]int, len(row))
+				for j := range order {
+					order[j] = j
+				}
+				sort.SliceStable(order, func(a, b int) bool { return row[order[a]] > row[order[b]] })
+				mx := float64(row[order[0]])
+				var sum float64
+				for _, v := range row {
+					sum += math.Exp(float64(v) - mx)
+				}
+				tol := bound * math.Max(1, math.Abs(mx))
+				if d := math.Abs(float64(lse) - (mx + math.Log(sum))); d > tol {
+					t.Fatalf("k=%d entry %d row %d: lse %g, want %g", k, e, i, lse, mx+math.Log(sum))
+				}
+				for j := 0; j < k; j++ {
+					if ids[j] < 0 || int(ids[j]) >= vocab || math.Abs(float64(vals[j]-row[ids[j]])) > tol {
+						t.Fatalf("k=%d entry %d row %d candidate %d: id %d logit %g", k, e, i, j, ids[j], vals[j])
+					}
+					// the j-th candidate has the j-th best value (near-equal logits may swap between the forwards)
+					if math.Abs(float64(vals[j]-row[order[j]])) > tol {
+						t.Fatalf("k=%d entry %d row %d: candidate %d is %d (%g), want %d (%g)", k, e, i, j, ids[j], vals[j], order[j], row[order[j]])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestTopKCandidates(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		t.Run(c.arch, func(t *testing.T) {
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 4, Threads: 2})
+			checkTopK(t, m, c.vocab, 1e-6)
+		})
 	}
 }

@@ -164,13 +164,21 @@ type Batch struct {
 	Entries []Entry
 	// Capture lists layers whose outputs (after the FFN residual) are returned for every token.
 	Capture []int
+	// TopK (1..64), when set, returns each logits row as its TopK best candidates and the row's log-sum-exp
+	// (Result.Candidates) instead of the whole row: on a GPU only those cross to the host.
+	TopK int
 }
 
 // Result holds a forward's outputs.
 type Result struct {
 	Vocab  int
-	Logits []float32 // [rows][Vocab], rows in entry order
+	Logits []float32 // [rows][Vocab], rows in entry order; [rows][K] candidate logits with Batch.TopK
 	Embd   int
+	// With Batch.TopK: K candidates per row (ids [rows][K], larger logit first, lower id on ties; id -1 pads a row
+	// with fewer finite logits) and each row's log-sum-exp.
+	K   int
+	IDs []int32
+	LSE []float32
 	// Capture is [tokens][len(Batch.Capture)][Embd], tokens in entry order.
 	Capture []float32
 
@@ -185,8 +193,22 @@ func (r *Result) Row(e, i int) []float32 {
 	if e < 0 || e >= len(r.rowStart) || r.rowStart[e] < 0 || i < 0 || i >= r.rowCount[e] {
 		return nil
 	}
+	if r.K > 0 {
+		return nil
+	}
 	off := (r.rowStart[e] + i) * r.Vocab
 	return r.Logits[off : off+r.Vocab : off+r.Vocab]
+}
+
+// Candidates returns the i-th row of entry e of a Batch.TopK forward: its candidate ids and logits and the row's
+// log-sum-exp (a candidate's log-probability is its logit minus lse). ok is false when there is no such row.
+func (r *Result) Candidates(e, i int) (ids []int32, logits []float32, lse float32, ok bool) {
+	if r.K == 0 || e < 0 || e >= len(r.rowStart) || r.rowStart[e] < 0 || i < 0 || i >= r.rowCount[e] {
+		return nil, nil, 0, false
+	}
+	row := r.rowStart[e] + i
+	off := row * r.K
+	return r.IDs[off : off+r.K : off+r.K], r.Logits[off : off+r.K : off+r.K], r.LSE[row], true
 }
 
 // Hidden returns the captured output of Batch.Capture[c] for token i of entry e; nil if there is none.
@@ -249,6 +271,9 @@ func (l *Lib) LoadModel(spec ModelSpec) (*Model, error) {
 	}
 	return md, nil
 }
+
+// MaxTopK is the most candidates per row a Batch.TopK forward returns.
+const MaxTopK = 64
 
 // Estimate is what a model would take on its device (Lib.Estimate), to size the KV pool from free memory.
 type Estimate struct {
@@ -449,7 +474,15 @@ func (m *Model) Forward(b Batch) (*Result, error) {
 		r.rowCount = append(r.rowCount, n)
 		rows += n
 	}
-	r.Logits = make([]float32, rows*r.Vocab)
+	if b.TopK != 0 {
+		if b.TopK < 1 || b.TopK > MaxTopK {
+			return nil, fmt.Errorf("forward: top-k %d outside [1, %d]", b.TopK, MaxTopK)
+		}
+		r.K = b.TopK
+		r.Logits, r.IDs, r.LSE = make([]float32, rows*r.K), make([]int32, rows*r.K), make([]float32, rows)
+	} else {
+		r.Logits = make([]float32, rows*r.Vocab)
+	}
 	if len(b.Capture) > 0 {
 		r.Capture = make([]float32, toks*len(b.Capture)*r.Embd)
 	}

@@ -153,6 +153,7 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
         int layer = -1;
         if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= h.n_layer) continue;  // MTP blocks are not loaded
         e.weight_bytes += t.size;
+        if (t.n_dims >= 2 && t.dims[1] > 1) e.weight_bytes += device_weight_copy_bytes(t.type, t.size);
     }
     e.kv_bytes_per_token = (uint64_t)n_attn * (uint64_t)h.n_kv *
                            (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
@@ -377,7 +378,16 @@ void QwenModel::load_weights(const dfl_model_params &p) {
         }
         L.gate_up = fuse({&L.ffn_gate, &L.ffn_up});
         upload(L.ffn_down);
+        // the device's decode layout of what decode steps multiply with (fused where fused)
+        for (Weight *w : {&L.in_proj, &L.gate_up, &L.wo, &L.wout, &L.ffn_down})
+            if (!w->empty()) dev_->prepare_weight(*w);
+        if (L.in_proj.empty())
+            for (Weight *w : {&L.wq, &L.wk, &L.wv, &L.wqkv, &L.wz, &L.wb, &L.wa})
+                if (!w->empty()) dev_->prepare_weight(*w);
+        if (L.gate_up.empty())
+            for (Weight *w : {&L.ffn_gate, &L.ffn_up}) dev_->prepare_weight(*w);
     }
+    dev_->prepare_weight(output_);
     tensors_.clear();  // the caller's table is not needed after load
     uploaded_.clear();
 }
@@ -722,7 +732,7 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
         max_ctx = (int64_t)max_blocks * table_.block_size();
     }
     if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
-    if (topk && (topk->k < 1 || topk->k > 64 || !topk->ids || !topk->vals || !topk->lse))
+    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
         fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
     if (b.n_capture > 0) {
         if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");

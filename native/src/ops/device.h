@@ -28,6 +28,8 @@ struct Weight {
     int64_t n_in = 0, n_out = 0;
     const uint8_t *data = nullptr;
     uint64_t row_bytes = 0;
+    // A second copy in a layout of the device's own for its decode kernels (Device::prepare_weight), or null.
+    const uint8_t *packed = nullptr;
 
     bool empty() const { return data == nullptr; }
     const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
@@ -142,6 +144,9 @@ public:
     // True when upload_weight always copies: the layer plans then lay matrices that read the same input side by side
     // (q|k|v, gate|up) so one product reads them all. The CPU keeps the caller's mapping instead.
     virtual bool copies_weights() const { return true; }
+    // Gives a device the chance to add its own layout of an uploaded matrix (Weight::packed), kept until the device
+    // is destroyed. The CPU keeps none.
+    virtual void prepare_weight(Weight &) {}
 
     // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;
@@ -199,6 +204,8 @@ const char *device_kind();
 int32_t device_count();
 // Free and total bytes of device `index` (the CPU device reports system memory).
 void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes);
+// Bytes prepare_weight adds for a matrix of this type and size (its device layout copy), for model_estimate.
+uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes);
 
 // Frees a device allocation when it goes out of scope.
 class DevBuf {

@@ -274,6 +274,24 @@ void test_matmul_embed() {
                         matmul_bound(type, T));
         }
     }
+    // q8_0 repacked by prepare_weight: the dp4a kernel on int8 activations (8 tokens per pass, up to 32). Activations
+    // rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs):
+    // 1.5e-2 of the output's norm.
+    for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}}) {
+        DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
+        Weight wp = W.wg;
+        g_gpu->prepare_weight(wp);
+        CHECK(wp.packed != nullptr);
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(17), int64_t(32)}) {
+            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+            Dual Y((size_t)(T * s.n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wp, X.gp(), T, Y.gp());
+            compare_f32(std::string("matmul q8_0 repacked ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
+                            " T=" + std::to_string(T),
+                        Y, 1.5e-2);
+        }
+    }
     // n_in not a multiple of the 256-wide K tile (q8_0 9 blocks, f16/bf16 264): the last tile is partial, and q8_0
     // rows of 306 bytes start at every even offset mod 16
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_F16, DFL_TYPE_BF16}) {

@@ -11,4 +11,6 @@ int32_t device_count() { return 1; }
 
 void device_memory(int32_t, uint64_t *free_bytes, uint64_t *total_bytes) { host_memory(free_bytes, total_bytes); }
 
+uint64_t device_weight_copy_bytes(uint32_t, uint64_t) { return 0; }
+
 }  // namespace dfl

@@ -28,6 +28,8 @@ public:
     void sync() override;
     uint64_t free_bytes() override;
     const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) override;
+    void prepare_weight(Weight &w) override;
+    void *alloc_weight(size_t bytes, const char *what);  // freed with the device
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override;
     void matmul(const Weight &W, const float *X, int64_t T, float *Y) override;
@@ -127,6 +129,9 @@ void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
+void repack_q8_0(CudaDevice &dev, Weight &W);
+bool q8p_ok(const Weight &W);
+void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
                  float *lse);
 

@@ -286,6 +286,24 @@ const uint8_t *CudaDevice::upload_weight(const void *host, size_t bytes, bool mu
     return (const uint8_t *)p;
 }
 
+void *CudaDevice::alloc_weight(size_t bytes, const char *what) {
+    void *p = alloc(bytes ? bytes : 1, what);
+    weights_.push_back(p);
+    return p;
+}
+
+// q8_0 matrices get a second copy for the dp4a decode kernel (gemv_q8p.cu); DFL_CUDA_REPACK=0 turns it off (the
+// copy costs the q8_0 weights' size again in device memory).
+void CudaDevice::prepare_weight(Weight &w) {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_REPACK");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    if (!on) return;
+    use();
+    repack_q8_0(*this, w);
+}
+
 void *CudaDevice::scratch(size_t bytes) {
     if (bytes <= scratch_bytes_) return scratch_;
     if (scratch_) {

@@ -1,0 +1,132 @@
+// Decode products on q8_0 weights repacked at load: the quants of a row contiguous (16-byte words, no 34-byte block
+// boundaries to straddle) and the block scales beside them, with the activations quantized to int8 per block of 32 as
+// well, so that a warp streams its row with 16-byte loads, several in flight per lane, and multiplies with dp4a
+// (four int8 products per instruction) instead of converting every weight to float. This is the path a batch-1
+// decode step spends its time in.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kQ8pWarps = 4;     // rows per block
+constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
+constexpr int kQ8pMaxTokens = 8; // tokens per pass
+
+// Repack: block b of row r (d, then 32 quants) -> qs[r][32b..32b+31], d[r][b].
+__global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64_t n_in, int64_t n_out, int8_t *qs,
+                                   uint16_t *d) {
+    const int64_t nb = n_in / 32;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // one thread per block of 32
+    if (i >= nb * n_out) return;
+    const int64_t r = i / nb, b = i % nb;
+    const uint8_t *blk = raw + (uint64_t)r * row_bytes + (uint64_t)b * 34;
+    d[i] = (uint16_t)blk[0] | (uint16_t)((uint16_t)blk[1] << 8);
+    int8_t *q = qs + r * n_in + b * 32;
+    for (int k = 0; k < 32; k++) q[k] = (int8_t)blk[2 + k];
+}
+
+// x (T rows of n_in floats) -> int8 per block of 32 with one float scale: amax / 127, rounded to nearest.
+__global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs) {
+    const int64_t nb = n_in / 32;
+    const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nb * T) return;
+    const int64_t t = blk / nb, b = blk % nb;
+    const float v = x[t * n_in + b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    xq[t * n_in + b * 32 + lane] = (int8_t)__float2int_rn(v * inv);
+    if (lane == 0) xs[t * nb + b] = d;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                int64_t n_out, const int8_t *xq, const float *xs,
+                                                                float *Y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (row >= n_out) return;
+    const int64_t nw = n_in / 16, nb = n_in / 32;
+    const uint4 *w = (const uint4 *)(qs + row * n_in);
+    const uint16_t *d = dw + row * nb;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
+        uint4 wv[kQ8pUnroll];
+#pragma unroll
+        for (int u = 0; u < kQ8pUnroll; u++)
+            if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kQ8pUnroll; u++) {
+            const int64_t i = i0 + 32 * u;
+            if (i >= nw) break;
+            const int64_t b = i >> 1;  // two words per block of 32
+            const float sw = half_bits_to_f32(__ldg(d + b));
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
+                int s = __dp4a((int)wv[u].x, xv.x, 0);
+                s = __dp4a((int)wv[u].y, xv.y, s);
+                s = __dp4a((int)wv[u].z, xv.z, s);
+                s = __dp4a((int)wv[u].w, xv.w, s);
+                acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) Y[t * n_out + row] = v;
+    }
+}
+
+bool q8p_ok(const Weight &W) { return W.packed != nullptr && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0; }
+
+void repack_q8_0(CudaDevice &dev, Weight &W) {
+    if (W.type != DFL_TYPE_Q8_0 || W.n_in % 32 != 0 || W.packed) return;
+    const int64_t nb = W.n_in / 32;
+    const size_t q_bytes = (size_t)(W.n_out * W.n_in), d_bytes = (size_t)(W.n_out * nb) * 2;
+    uint8_t *p = (uint8_t *)dev.alloc_weight(q_bytes + d_bytes, "repacked q8_0 weight");
+    const int64_t n = nb * W.n_out;
+    repack_q8_0_kernel<<<grid_for(n, 256), 256, 0, dev.stream()>>>(W.data, W.row_bytes, W.n_in, W.n_out, (int8_t *)p,
+                                                                 (uint16_t *)(p + q_bytes));
+    check_launch("repack q8_0");
+    W.packed = p;
+}
+
+void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    const int64_t nb = W.n_in / 32;
+    const size_t xq_bytes = ((size_t)(T * W.n_in) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(T * nb) * 4);
+    int8_t *xq = (int8_t *)scr;
+    float *xs = (float *)(scr + xq_bytes);
+    cudaStream_t s = dev.stream();
+    quantize_x_q8_kernel<<<grid_for(T * nb * 32, 256), 256, 0, s>>>(X, W.n_in, T, xq, xs);
+    check_launch("matmul (quantize x)");
+    const int8_t *qs = (const int8_t *)W.packed;
+    const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
+    for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
+        const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
+        const int8_t *xq0 = xq + t0 * W.n_in;
+        const float *xs0 = xs + t0 * nb;
+        float *y0 = Y + t0 * W.n_out;
+        switch (nt) {
+        case 1: gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 2: gemv_q8p_kernel<2><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 3: gemv_q8p_kernel<3><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 4: gemv_q8p_kernel<4><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 5: gemv_q8p_kernel<5><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 6: gemv_q8p_kernel<6><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 7: gemv_q8p_kernel<7><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        default: gemv_q8p_kernel<8><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        }
+        check_launch("matmul (q8_0 dp4a)");
+    }
+}
+
+}  // namespace cuda
+}  // namespace dfl
