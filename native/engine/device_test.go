@@ -43,6 +43,11 @@ const deviceBound = 3e-2
 // by up to 0.19 of their range (seen 2026-12-02), while the GPU shows 0.16.
 const bf16Bound = 0.25
 
+// int8Bound is the bound for q8_0 weights, whose decode products on the GPU quantize the activations to int8 per block
+// of 32 (as llama.cpp's do; the op test bounds that product at 1.5e-2): through these random models' layers it moves
+// logits rows by up to 0.15 of their range (seen 2026-12-02, H200).
+const int8Bound = 0.25
+
 // TestDeviceMatchesCPU replays one script of engine calls on the CPU and on the device under test: batched prefill,
 // batched decode, snapshot/rollback, recorded verify with truncation, hidden-state capture. Every logits row must
 // agree within deviceBound and the captured hidden states likewise.
@@ -74,8 +79,11 @@ func TestDeviceMatchesCPU(t *testing.T) {
 				t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
 			}
 			bound := deviceBound
-			if v.c.arch == "qwen35" && v.c.weight == gguf.BF16 {
+			switch {
+			case v.c.arch == "qwen35" && v.c.weight == gguf.BF16:
 				bound = bf16Bound
+			case v.c.weight == gguf.Q8_0:
+				bound = int8Bound
 			}
 			worst := 0.0
 			for i := range want {
