@@ -17,8 +17,9 @@ type nativeModel struct {
 }
 
 var (
-	_ engine.Model    = (*nativeModel)(nil)
-	_ engine.Rewinder = (*nativeModel)(nil)
+	_ engine.Model          = (*nativeModel)(nil)
+	_ engine.Rewinder       = (*nativeModel)(nil)
+	_ engine.CandidateModel = (*nativeModel)(nil)
 )
 
 // NewModel adapts a loaded native model to engine.Model (and
@@ -51,6 +52,20 @@ func (n *nativeModel) Forward(_ context.Context, batch []engine.SeqInput) ([]flo
 		return nil, kvErr(err)
 	}
 	return r.Logits, nil
+}
+
+// ForwardCandidates is Forward with each logits row reduced to its k best candidates by the engine library (on a
+// GPU only those cross to the host).
+func (n *nativeModel) ForwardCandidates(_ context.Context, batch []engine.SeqInput, k int) (engine.Candidates, error) {
+	n.batch = n.batch[:0]
+	for _, in := range batch {
+		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits)})
+	}
+	r, err := n.m.Forward(native.Batch{Entries: n.batch, TopK: min(k, native.MaxTopK)})
+	if err != nil {
+		return engine.Candidates{}, kvErr(err)
+	}
+	return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil
 }
 
 func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int32, rng *uint64) (int32, error) {

@@ -474,7 +474,18 @@ func (e *Engine) grow(s *sequence, need int) error {
 
 // step runs one forward and advances every sequence in it.
 func (e *Engine) step(batch []SeqInput, members []*sequence) {
-	logits, err := e.m.Forward(e.ctx, batch)
+	var (
+		logits []float32
+		cands  Candidates
+		err    error
+	)
+	cm, useCands := e.m.(CandidateModel)
+	useCands = useCands && e.allFromCandidates(batch, members)
+	if useCands {
+		cands, err = cm.ForwardCandidates(e.ctx, batch, candidateK)
+	} else {
+		logits, err = e.m.Forward(e.ctx, batch)
+	}
 	if err != nil {
 		if e.ctx.Err() != nil {
 			err = ErrClosed
@@ -500,13 +511,20 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 		case LogitsAll:
 			row += len(in.Tokens) - 1
 		}
-		r := logits[row*e.nv : (row+1)*e.nv]
+		var r []float32
+		var c *candidateRow
+		if useCands {
+			k := cands.K
+			c = &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k]}
+		} else {
+			r = logits[row*e.nv : (row+1)*e.nv]
+		}
 		row++
 		if s.state == statePrefill {
 			s.state = stateDecode
 			s.tFirst = time.Now()
 		}
-		e.advance(s, r)
+		e.advance(s, r, c)
 		generated++
 	}
 	e.mu.Lock()
@@ -519,8 +537,17 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 
 // advance picks the sequence's next token from its logits row and handles
 // the output it makes.
-func (e *Engine) advance(s *sequence, row []float32) {
-	tok, forced, err := e.pick(s, row)
+func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
+	var (
+		tok    int32
+		forced bool
+		err    error
+	)
+	if c != nil {
+		tok, forced, err = e.pickCandidate(s, c)
+	} else {
+		tok, forced, err = e.pick(s, row)
+	}
 	if err != nil {
 		e.retire(s, err)
 		return
@@ -692,4 +719,66 @@ func (e *Engine) retire(s *sequence, err error) {
 	e.active = slices.DeleteFunc(e.active, func(x *sequence) bool { return x == s })
 	s.err = err
 	s.out.close()
+}
+
+// candidateK is how many candidates a step asks a CandidateModel for per row.
+const candidateK = 64
+
+// candidateRow is one row of a CandidateModel forward.
+type candidateRow struct {
+	ids    []int32
+	logits []float32
+}
+
+// allFromCandidates reports whether every row the batch asks for can be decided from its candidates alone.
+func (e *Engine) allFromCandidates(batch []SeqInput, members []*sequence) bool {
+	for i, in := range batch {
+		if in.Logits != LogitsNone && !e.fromCandidates(members[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// fromCandidates reports whether s's next token depends only on its row's best candidateK logits: greedy, or
+// sampling restricted to the top k (k small enough that end-of-generation ids suppressed among the candidates leave
+// k others), with no penalties (they can lift a token from outside), no logprobs (their top lists and the chosen
+// token's value want the row) and no JSON constraint (it may reject every candidate).
+func (e *Engine) fromCandidates(s *sequence) bool {
+	r := s.req
+	if r.Logprobs || r.Format != FormatText {
+		return false
+	}
+	p := &r.Sampling
+	penalised := p.PenaltyLastN != 0 &&
+		((p.RepeatPenalty != 1 && p.RepeatPenalty != 0) || p.PresencePenalty != 0 || p.FrequencyPenalty != 0)
+	if penalised {
+		return false
+	}
+	return p.Temperature <= 0 || (p.TopK > 0 && p.TopK <= candidateK-len(e.eog))
+}
+
+// pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
+// the whole row into), so the choice and the draw are the ones the whole row would give.
+func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (tok int32, forced bool, err error) {
+	if len(s.forced) > 0 {
+		tok = s.forced[0]
+		s.forced = s.forced[1:]
+		return tok, true, nil
+	}
+	suppress := s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens
+	inf := float32(math.Inf(-1))
+	for j, id := range c.ids {
+		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
+			c.logits[j] = inf
+		}
+	}
+	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
+	if err != nil {
+		return 0, false, fmt.Errorf("sample: %w", err)
+	}
+	if j < 0 || int(j) >= len(c.ids) || c.ids[j] < 0 {
+		return 0, false, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
+	}
+	return c.ids[j], false, nil
 }

@@ -120,3 +120,21 @@ type Parser interface {
 	// section.
 	InReasoning() bool
 }
+
+// Candidates are the logits rows of a CandidateModel forward: K best per row (ids and logits, larger first, lower id
+// on ties; id -1 pads a row with fewer finite logits), rows in entry order as Forward's, and each row's log-sum-exp.
+type Candidates struct {
+	K      int
+	IDs    []int32
+	Logits []float32
+	LSE    []float32
+}
+
+// CandidateModel is a Model that can return each logits row as its k best candidates instead of the whole row (a
+// GPU then moves k values per sequence instead of the vocabulary). The engine uses it for a step when every row's
+// request needs nothing outside its candidates: greedy or top-k sampling without penalties, no logprobs, no
+// constraint.
+type CandidateModel interface {
+	ForwardCandidates(ctx context.Context, batch []SeqInput, k int) (Candidates, error)
+}
+

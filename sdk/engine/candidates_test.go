@@ -1,0 +1,86 @@
+package engine_test
+
+import (
+	"context"
+	"math"
+	"sort"
+	"testing"
+
+	"github.com/dflash/dflash_server/sdk/engine"
+	"github.com/dflash/dflash_server/sdk/engine/enginetest"
+	"github.com/matryer/is"
+)
+
+// candidateFake is the fake model with a CandidateModel forward computed from its own logits rows (best first, lower
+// id on ties), counting the forwards that went each way.
+type candidateFake struct {
+	*enginetest.FakeModel
+	candidateForwards int
+}
+
+func (c *candidateFake) ForwardCandidates(ctx context.Context, batch []engine.SeqInput, k int) (engine.Candidates, error) {
+	logits, err := c.FakeModel.Forward(ctx, batch)
+	if err != nil {
+		return engine.Candidates{}, err
+	}
+	c.candidateForwards++
+	v := c.VocabSize()
+	rows := len(logits) / v
+	out := engine.Candidates{K: k, IDs: make([]int32, rows*k), Logits: make([]float32, rows*k), LSE: make([]float32, rows)}
+	for r := 0; r < rows; r++ {
+		row := logits[r*v : (r+1)*v]
+		idx := make([]int, v)
+		for i := range idx {
+			idx[i] = i
+		}
+		sort.SliceStable(idx, func(a, b int) bool { return row[idx[a]] > row[idx[b]] })
+		var sum float64
+		for _, x := range row {
+			sum += math.Exp(float64(x - row[idx[0]]))
+		}
+		out.LSE[r] = row[idx[0]] + float32(math.Log(sum))
+		for j := 0; j < k; j++ {
+			out.IDs[r*k+j], out.Logits[r*k+j] = int32(idx[j]), row[idx[j]]
+		}
+	}
+	return out, nil
+}
+
+func TestCandidateSteps(t *testing.T) {
+	tests := []struct {
+		name           string
+		edit           func(*engine.Request)
+		wantCandidates bool
+	}{
+		{"greedy", func(*engine.Request) {}, true},
+		{"ignore eos suppresses it among the candidates", func(r *engine.Request) { r.IgnoreEOS = true }, true},
+		{"top-k sampling", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 5 }, true},
+		{"sampling over the whole vocabulary", func(r *engine.Request) { r.Sampling.Temperature = 0.8 }, false},
+		{"top-k larger than the candidates", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 64 }, false},
+		{"logprobs", func(r *engine.Request) { r.Logprobs, r.TopLogprobs = true, 2 }, false},
+		{"penalties", func(r *engine.Request) { r.Sampling.PresencePenalty, r.Sampling.PenaltyLastN = 0.5, -1 }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			generate := func(m engine.Model) *collector {
+				req := request("q", 6)
+				tc.edit(req)
+				e, err := engine.New(engine.Config{Model: m, Vocab: enginetest.ByteVocab{}, MaxCtx: 256})
+				is.NoErr(err)
+				defer e.Close(context.Background())
+				c, err := run(e, req)
+				is.NoErr(err)
+				return c
+			}
+			plain := enginetest.NewFakeModel(4, 64, 1)
+			plain.Next = enginetest.Reply(1, enginetest.Encode("ok"))
+			want := generate(plain).result()
+			fake := &candidateFake{FakeModel: enginetest.NewFakeModel(4, 64, 1)}
+			fake.Next = enginetest.Reply(1, enginetest.Encode("ok"))
+			got := generate(fake).result()
+			is.Equal(got.text, want.text)                          // the candidates decide as the whole row does
+			is.Equal(fake.candidateForwards > 0, tc.wantCandidates) // and are used only where they suffice
+		})
+	}
+}
