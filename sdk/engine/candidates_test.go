@@ -79,7 +79,7 @@ func TestCandidateSteps(t *testing.T) {
 			fake := &candidateFake{FakeModel: enginetest.NewFakeModel(4, 64, 1)}
 			fake.Next = enginetest.Reply(1, enginetest.Encode("ok"))
 			got := generate(fake).result()
-			is.Equal(got.text, want.text)                          // the candidates decide as the whole row does
+			is.Equal(got.text, want.text)                           // the candidates decide as the whole row does
 			is.Equal(fake.candidateForwards > 0, tc.wantCandidates) // and are used only where they suffice
 		})
 	}

@@ -137,4 +137,3 @@ type Candidates struct {
 type CandidateModel interface {
 	ForwardCandidates(ctx context.Context, batch []SeqInput, k int) (Candidates, error)
 }
-
