@@ -54,8 +54,8 @@ make_model() {  # preset:type -> path
   mkdir -p /tmp/models
   local arch=qwen3
   case $preset in qwen3.5*) arch=qwen35 ;; esac
-  [ -f "$f" ] || "$stage/bin/dflash-model" mk "$arch" "$f" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk.log" 2>&1 ||
-    { tail -5 "$OUT/mk.log"; return 1; }
+  [ -f "$f" ] || "$stage/bin/dflash-model" mk "$arch" "$f.tmp" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk-$preset.log" 2>&1 &&
+    mv "$f.tmp" "$f" || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
   echo "$f"
 }
 
@@ -66,21 +66,26 @@ bench() {
     f=$(make_model "$m") || continue
     log "ours: $m ($(du -h "$f" | cut -f1))"
     (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ours.txt" |
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-ours.txt" |
       grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     log "through the server: $m"
     server_bench "$f"
-    if [ -f .gpu/gitRelease.bundle ]; then
-      while [ ! -f /tmp/llama.done ]; do sleep 5; done
-      if grep -q rc=0 /tmp/llama.done; then
-        log "llama.cpp: $m"
-        /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512,4096 -n 128 -ngl 99 -r 3 -o md 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
-        /tmp/llama/build/bin/llama-batched-bench -m "$f" -fa 1 -ngl 99 -c 16384 -npp 16 -ntg 128 -npl 8,32 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
-      else
-        log "llama.cpp build failed: $(tail -3 /tmp/llama-build.log)"
-      fi
-    fi
   done
+  [ -f .gpu/gitRelease.bundle ] || return 0
+  while [ ! -f /tmp/llama.done ]; do sleep 5; done
+  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(tail -3 /tmp/llama-build.log)"; return 0; fi
+  for m in "${models[@]}"; do
+    f=/tmp/models/${m//:/-}.gguf
+    [ -f "$f" ] || continue
+    log "llama.cpp: $m"
+    /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512,4096 -n 128 -ngl 99 -r 2 -o md 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
+    /tmp/llama/build/bin/llama-batched-bench -m "$f" -fa 1 -ngl 99 -c 16384 -npp 16 -ntg 128 -npl 8,32 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
+  done
+}
+
+# The model files, made in the background while the library builds and is checked.
+premake() {
+  for m in "$@"; do make_model "$m" >/dev/null 2>&1 & done
 }
 
 # Through the server: dflash_server with the model on cuda:0, measured by test/loadgen (1 and 32 streams).
@@ -97,7 +102,7 @@ server_bench() {
 case $mode in
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
-  all) peer_build; build_cuda; check; bench "$@" ;;
+  all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all [preset:type ...]"; exit 2 ;;
