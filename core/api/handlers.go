@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dflash/dflash_server/sdk"
 	"github.com/julienschmidt/httprouter"
 )
 
@@ -30,6 +31,47 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			}
 			return &chatWhole{w: w, st: st, id: id, created: created, logprobs: req.Logprobs, reqID: reqID}
 		}})
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, opts, e := decodeCompletion(body, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	reqID := requestID(r)
+	id, created := s.newID("cmpl-"), s.now().Unix()
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
+		newSink: func(st Stream, w http.ResponseWriter) sink {
+			cw := newCompletionWriter(w, st, id, created, reqID, s.echoText(r, st, req.Prompt, opts.echo), opts)
+			if opts.stream {
+				return completionStream{cw}
+			}
+			return cw
+		}})
+}
+
+// echoText is the prompt as text for echo; token ids are detokenized by
+// the model that admitted them, which already checked they are in its
+// vocabulary.
+func (s *Server) echoText(r *http.Request, st Stream, p *sdk.RawPrompt, echo bool) string {
+	if !echo {
+		return ""
+	}
+	if len(p.Tokens) == 0 {
+		return p.Text
+	}
+	_, text, err := s.rt.Detokenize(r.Context(), st.Model(), p.Tokens)
+	if err != nil {
+		s.opts.Logger.Error("echo: detokenize the prompt", "request_id", requestID(r), "model", st.Model(), "error", err)
+		return ""
+	}
+	return text
 }
 
 func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {

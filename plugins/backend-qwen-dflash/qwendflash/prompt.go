@@ -22,6 +22,13 @@ func (m *model) renderOptions(req *sdk.ChatRequest) chat.RenderOptions {
 
 // Render turns a request into prompt text with the model's template.
 func (m *model) Render(req *sdk.ChatRequest) (string, error) {
+	if req.Prompt != nil {
+		ids, err := m.rawPrompt(req.Prompt)
+		if err != nil {
+			return "", err
+		}
+		return m.Tok.Decode(ids), nil
+	}
 	if len(req.Messages) == 0 {
 		return "", sdk.Invalidf("messages must not be empty")
 	}
@@ -35,6 +42,9 @@ func (m *model) Render(req *sdk.ChatRequest) (string, error) {
 // Prepare renders, tokenizes and applies the model's defaults; an error is
 // the request's fault and is answered as invalid.
 func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
+	if req.Prompt != nil {
+		return m.prepareRaw(req)
+	}
 	format, err := nativebackend.ResponseFormat(Name, req.ResponseFormat)
 	if err != nil {
 		return nil, err
@@ -107,4 +117,48 @@ func generationStart(ids []int32, imStart int32) int {
 		}
 	}
 	return 0
+}
+
+// rawPrompt is a text completion's prompt in tokens: text is tokenized with
+// special tokens recognised (as llama.cpp's /completion does), so a client
+// can write a chat turn by hand; ids are checked against the vocabulary.
+func (m *model) rawPrompt(p *sdk.RawPrompt) ([]int32, error) {
+	if p.Suffix != "" {
+		return nil, sdk.Invalidf("suffix: model %s has no fill-in-the-middle; send the prompt without a suffix", m.Desc.Name)
+	}
+	if len(p.Tokens) > 0 {
+		for i, id := range p.Tokens {
+			if id < 0 || int(id) >= m.Tok.VocabSize() {
+				return nil, sdk.Invalidf("prompt[%d]: token id %d out of range [0, %d)", i, id, m.Tok.VocabSize())
+			}
+		}
+		return p.Tokens, nil
+	}
+	ids := m.Tok.Encode(p.Text, true, true)
+	if len(ids) == 0 {
+		return nil, sdk.Invalidf("prompt must not be empty")
+	}
+	return ids, nil
+}
+
+// prepareRaw is a text completion as engine work: the prompt as it is, no
+// template and no output parser, so everything generated is text; the
+// sampling preset is the family's non-thinking one.
+func (m *model) prepareRaw(req *sdk.ChatRequest) (*engine.Request, error) {
+	if req.ResponseFormat != "" && req.ResponseFormat != "text" {
+		return nil, sdk.Invalidf("response_format is not supported on text completions")
+	}
+	ids, err := m.rawPrompt(req.Prompt)
+	if err != nil {
+		return nil, err
+	}
+	s, err := m.sampling(req.Sampling, false)
+	if err != nil {
+		return nil, err
+	}
+	return &engine.Request{
+		ID: req.ID, Prompt: ids, MaxTokens: nativebackend.MaxTokens(req, m.Desc), MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
+		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs || req.TopLogprobs > 0, TopLogprobs: req.TopLogprobs,
+		Detokenizer: tokenizer.NewStreamDecoder(m.Tok),
+	}, nil
 }
