@@ -1,6 +1,9 @@
 package qwendflash
 
 import (
+	"encoding/json"
+	"strings"
+
 	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/chat"
@@ -53,10 +56,24 @@ func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	ids := m.Tok.Encode(prompt, true, true)
 	open := chat.ThinkingOpen(prompt)
 	tools := len(req.Tools) > 0 && req.ToolChoice != "none"
 	parser := chat.NewParser(m.family, chat.ParserOptions{ThinkingOpen: open, Tools: tools, ToolSchemas: req.Tools})
+	var outParser engine.Parser = nativebackend.OutputParser{P: parser}
+	forced, err := forcedCall(req, open)
+	if err != nil {
+		return nil, err
+	}
+	if forced != nil {
+		if format != engine.FormatText {
+			return nil, sdk.Invalidf("response_format cannot be combined with tool_choice %q: the reply is a tool call", req.ToolChoice)
+		}
+		prompt += forced.Prefill
+		forced.P = parser
+		outParser = forced
+		format = forced.format
+	}
+	ids := m.Tok.Encode(prompt, true, true)
 
 	maxTok := nativebackend.MaxTokens(req, m.Desc)
 
@@ -76,12 +93,12 @@ func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		HardLimitReplyBudget: m.Cfg.HardLimitReplyBudget,
 		CloseReasoning:       m.Tok.Encode(parser.ReasoningCloseTag(), false, true),
 		Detokenizer:          tokenizer.NewStreamDecoder(m.Tok),
-		Parser:               nativebackend.OutputParser{P: parser},
+		Parser:               outParser,
 		Format:               format,
 	}
 	// A thinking model opens its reasoning itself unless the prompt did;
 	// the JSON constraint then starts after the reasoning.
-	if format != engine.FormatText && thinking && !open && m.thinkOpen >= 0 {
+	if format != engine.FormatText && forced == nil && thinking && !open && m.thinkOpen >= 0 {
 		er.OpenReasoning = []int32{m.thinkOpen}
 	}
 	if req.TopLogprobs > 0 {
@@ -161,4 +178,49 @@ func (m *model) prepareRaw(req *sdk.ChatRequest) (*engine.Request, error) {
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs || req.TopLogprobs > 0, TopLogprobs: req.TopLogprobs,
 		Detokenizer: tokenizer.NewStreamDecoder(m.Tok),
 	}, nil
+}
+
+// forcedTool is a forced call's parser and the constraint on what the
+// model writes after the prefill.
+type forcedTool struct {
+	*nativebackend.ForcedCallParser
+	format engine.Format
+}
+
+// forcedCall is how a request whose tool_choice is "required" or names a
+// function is made to call: the prompt ends with the opening of a Qwen
+// tool call in its JSON form (which both Qwen families' parsers read), the
+// function name written for the model where the choice (or a single tool)
+// decides it, and the engine holds the rest to one JSON object. A prompt
+// that opened the reasoning gets it closed first: a forced call skips
+// thinking. Nil when the choice forces nothing.
+func forcedCall(req *sdk.ChatRequest, thinkingOpen bool) (*forcedTool, error) {
+	name, named := strings.CutPrefix(string(req.ToolChoice), "function:")
+	if !named && req.ToolChoice != "required" {
+		return nil, nil
+	}
+	if len(req.Tools) == 0 {
+		return nil, sdk.Invalidf("tool_choice %q needs tools", req.ToolChoice)
+	}
+	if !named && len(req.Tools) == 1 {
+		name, named = req.Tools[0].Name, true
+	}
+	prefill := ""
+	if thinkingOpen {
+		prefill = "</think>\n\n"
+	}
+	prefill += "<tool_call>\n"
+	f := &forcedTool{ForcedCallParser: &nativebackend.ForcedCallParser{Suffix: "\n</tool_call>"}, format: engine.FormatJSONObject}
+	if named {
+		quoted, err := json.Marshal(name)
+		if err != nil {
+			return nil, sdk.Invalidf("tool_choice: function name %q: %v", name, err)
+		}
+		// The model writes the arguments object; the parser closes the
+		// outer object and the call.
+		prefill += `{"name": ` + string(quoted) + `, "arguments": `
+		f.Suffix = "}" + f.Suffix
+	}
+	f.Prefill = prefill
+	return f, nil
 }
