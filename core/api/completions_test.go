@@ -86,7 +86,7 @@ func TestCompletionWhole(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, body, text string
-		offsets    []int
+		offsets          []int
 	}{
 		{"plain", `{"prompt":"Hi","logprobs":2}`, " there é!", []int{0, 6, 7}},
 		{"echo of text", `{"prompt":"Hi","echo":true}`, "Hi there é!", nil},

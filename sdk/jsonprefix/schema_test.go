@@ -1,0 +1,105 @@
+package jsonprefix
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/matryer/is"
+)
+
+const personSchema = `{"type":"object","title":"p","properties":{
+	"name":{"type":"string","minLength":2,"maxLength":5},
+	"age":{"type":"integer","minimum":0,"maximum":150},
+	"role":{"enum":["admin","user",null]},
+	"tags":{"type":"array","items":{"type":"string"},"minItems":1,"maxItems":2},
+	"score":{"anyOf":[{"type":"number","exclusiveMinimum":0},{"type":"null"}]},
+	"kind":{"const":"person"},
+	"extra":{"type":"object"}},
+	"required":["name","kind"]}`
+
+func TestSchemaState(t *testing.T) {
+	s, err := CompileSchema([]byte(personSchema))
+	is.New(t).NoErr(err)
+	for _, tc := range []struct {
+		name, text string
+		complete   bool // a whole object the schema admits
+		valid      bool // a prefix the schema admits
+	}{
+		{"minimal", `{"name":"Al","kind":"person"}`, true, true},
+		{"all, in order", `{"name": "Alice", "age": 30, "role": null, "tags": ["a","b"], "score": 0.5, "kind": "person", "extra": {"any": [1, {"x": null}]}}`, true, true},
+		{"enum string", `{"name":"Al","role":"user","kind":"person"}`, true, true},
+		{"anyOf null branch", `{"name":"Al","score":null,"kind":"person"}`, true, true},
+		{"escape counts as one char", `{"name":"A\u00e9","kind":"person"}`, true, true},
+		{"prefix", `{"name":"Al","age":1`, false, true},
+		{"missing required at close", `{"name":"Al"}`, false, false},
+		{"unknown property", `{"nick"`, false, false},
+		{"unknown property prefix", `{"x`, false, false},
+		{"out of order", `{"kind":"person","name"`, false, false},
+		{"skipping a required property", `{"age"`, false, false},
+		{"string too long", `{"name":"Alexander"`, false, false},
+		{"string too short", `{"name":"A"`, false, false},
+		{"integer with fraction", `{"name":"Al","age":1.5`, false, false},
+		{"above maximum", `{"name":"Al","age":151`, false, false},
+		{"cannot reach the bounds", `{"name":"Al","age":1000`, false, false},
+		{"negative below minimum", `{"name":"Al","age":-1`, false, false},
+		{"minus zero is zero", `{"name":"Al","age":-0,"kind":"person"}`, true, true},
+		{"enum miss", `{"name":"Al","role":"adm1`, false, false},
+		{"enum cut short", `{"name":"Al","role":"adm"`, false, false},
+		{"wrong type", `{"name":5`, false, false},
+		{"const miss", `{"name":"Al","kind":"animal"`, false, false},
+		{"too few items", `{"name":"Al","tags":[]`, false, false},
+		{"too many items", `{"name":"Al","tags":["a","b",`, false, false},
+		{"item type", `{"name":"Al","tags":[1`, false, false},
+		{"exclusive minimum", `{"name":"Al","score":0,`, false, false},
+		{"anyOf no branch", `{"name":"Al","score":"x`, false, false},
+		{"comma with nothing left", `{"name":"Al","kind":"person","extra":{},`, false, false},
+		{"not an object", `[`, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			st := NewSchemaState(s, 40)
+			ok := st.Feed([]byte(tc.text))
+			if !tc.valid {
+				is.True(!ok) // refused
+				return
+			}
+			is.True(ok)                          // accepted
+			is.Equal(st.Complete(), tc.complete) // complete
+		})
+	}
+}
+
+func TestSchemaStateFeedLeavesStateOnRefusal(t *testing.T) {
+	is := is.New(t)
+	s, err := CompileSchema([]byte(personSchema))
+	is.NoErr(err)
+	st := NewSchemaState(s, 0)
+	is.True(st.Feed([]byte(`{"name":"Al"`)))
+	is.True(!st.Feed([]byte(`}`))) // kind is required
+	is.True(st.Accepts([]byte(`,"kind":"person"}`)))
+	is.True(!st.AcceptsByte('}'))
+	is.True(st.Feed([]byte(`,"kind":"person"}`)))
+	is.True(st.Complete())
+}
+
+func TestCompileSchemaRefusals(t *testing.T) {
+	for _, tc := range []struct{ schema, want string }{
+		{`{"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}}`, `schema.properties.a: keyword "pattern" is not supported`},
+		{`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}}}`, `keyword "$ref" is not supported`},
+		{`{"type":"object","properties":{"a":{"type":"string","format":"date"}}}`, `keyword "format" is not supported`},
+		{`{"type":"string"}`, "root must be an object"},
+		{`{"type":"object","required":["a"],"properties":{}}`, `"a" is not in properties`},
+		{`{"type":"object","properties":{"a":{"anyOf":[{"type":"object"},{"type":"object"}]}}}`, "branches that accept the same type"},
+		{`{"type":"object","properties":{"a":{"enum":[[1]]}}}`, "objects or arrays are not supported"},
+		{`{"type":"object","additionalProperties":{"type":"string"}}`, "only true or false"},
+		{`{"type":"object","properties":{"a":{"type":"integer","minimum":5,"maximum":1}}}`, "admit nothing"},
+		{`{"type":"object","properties":{"a":{"type":"thing"}}}`, `unknown type "thing"`},
+	} {
+		t.Run(tc.want, func(t *testing.T) {
+			is := is.New(t)
+			_, err := CompileSchema([]byte(tc.schema))
+			is.True(err != nil)
+			is.True(strings.Contains(err.Error(), tc.want)) // names the culprit
+		})
+	}
+}
