@@ -2,6 +2,8 @@ package engine
 
 import (
 	"fmt"
+
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 	"math"
 	"slices"
 )
@@ -18,10 +20,29 @@ const (
 	jsonMaxSpace = 40
 )
 
+// constraint is where the visible text of a JSON format stands: any
+// object (*jsonprefix.State) or an object of a schema
+// (*jsonprefix.SchemaState).
+type constraint interface {
+	Feed(b []byte) bool
+	Accepts(b []byte) bool
+	AcceptsByte(c byte) bool
+	Complete() bool
+	Started() bool
+}
+
+func newConstraint(req *Request) constraint {
+	if req.Format == FormatJSONSchema {
+		return jsonprefix.NewSchemaState(req.Schema, jsonMaxSpace)
+	}
+	st := jsonprefix.WithMaxSpace(jsonMaxSpace)
+	return &st
+}
+
 // constrained reports whether the sequence's next token is held to its
-// format: a JSON object request outside its reasoning section.
+// format: a JSON request outside its reasoning section.
 func (e *Engine) constrained(s *sequence) bool {
-	return s.req.Format == FormatJSONObject && !s.parser.InReasoning()
+	return s.req.Format != FormatText && !s.parser.InReasoning()
 }
 
 // opensReasoning reports whether tok opens the reasoning section a

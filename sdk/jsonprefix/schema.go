@@ -453,6 +453,12 @@ func (s *SchemaState) Feed(b []byte) bool {
 
 // Accepts reports whether b would keep the text a valid prefix.
 func (s *SchemaState) Accepts(b []byte) bool {
+	if s.plainText(b) {
+		// Inside a string the schema only counts characters: the grammar
+		// alone decides, without copying the schema's stack. This is most
+		// of a vocabulary scan.
+		return s.syn.Accepts(b)
+	}
 	t := s.try()
 	for _, c := range b {
 		if !t.step(c) {
@@ -460,6 +466,17 @@ func (s *SchemaState) Accepts(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// plainText reports whether b is text inside a string value whose schema
+// cannot refuse it: no quote or backslash, no enum, and short enough for
+// any maxLength.
+func (s *SchemaState) plainText(b []byte) bool {
+	if !s.sc.active || !s.sc.str || s.syn.mode != mString || bytes.ContainsAny(b, "\"\\") {
+		return false
+	}
+	n := s.sc.node
+	return n == nil || n.enum == nil && (n.maxLen < 0 || s.sc.chars+len(b) <= n.maxLen)
 }
 
 // AcceptsByte reports whether c would keep the text a valid prefix.
@@ -471,7 +488,9 @@ func (s *SchemaState) Complete() bool { return s.syn.Complete() }
 // Started reports whether anything but whitespace has been fed.
 func (s *SchemaState) Started() bool { return s.syn.Started() }
 
-func isNumByte(c byte) bool { return c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-' }
+func isNumByte(c byte) bool {
+	return c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+}
 
 // step takes one byte: the grammar first, then the schema.
 func (s *SchemaState) step(c byte) bool {
