@@ -180,3 +180,41 @@ func TestCompletionStream(t *testing.T) {
 	is.Equal(*usage, completionUsage{PromptTokens: 4, CompletionTokens: 2, TotalTokens: 6})
 	is.True(done)
 }
+
+func TestDecodeStructuredOutputs(t *testing.T) {
+	const schema = `{"type":"object","properties":{"a":{"type":"string"}}}`
+	for _, tc := range []struct {
+		name, path, body string
+		param            string // refusal names it; "" for accepted
+	}{
+		{"chat json_schema", "chat", `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":` + schema + `}}}`, ""},
+		{"responses json_schema", "responses", `{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":` + schema + `}}}`, ""},
+		{"anthropic output_format", "messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"output_format":{"type":"json_schema","schema":` + schema + `}}`, ""},
+		{"anthropic output_config", "messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"output_config":{"format":{"type":"json_schema","schema":` + schema + `}}}`, ""},
+		{"anthropic both", "messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"output_format":{"type":"json_schema","schema":{}},"output_config":{"format":{"type":"json_schema","schema":{}}}}`, "output_config.format"},
+		{"anthropic other type", "messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"output_format":{"type":"xml"}}`, "output_format.type"},
+		{"anthropic no schema", "messages", `{"max_tokens":5,"messages":[{"role":"user","content":"x"}],"output_format":{"type":"json_schema"}}`, "output_format.schema"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			var req *sdk.ChatRequest
+			var err *apiError
+			switch tc.path {
+			case "chat":
+				req, _, err = decodeChat([]byte(tc.body), testLimits)
+			case "responses":
+				req, _, _, err = decodeResponses([]byte(tc.body), testLimits)
+			case "messages":
+				req, _, err = decodeMessages([]byte(tc.body), testLimits, false)
+			}
+			if tc.param != "" {
+				is.True(err != nil)
+				is.Equal(err.param, tc.param)
+				return
+			}
+			is.True(err == nil)
+			is.Equal(req.ResponseFormat, "json_schema")
+			is.Equal(string(req.JSONSchema), schema)
+		})
+	}
+}

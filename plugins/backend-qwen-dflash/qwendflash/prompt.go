@@ -8,6 +8,7 @@ import (
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/chat"
 	"github.com/dflash/dflash_server/sdk/engine"
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
@@ -48,7 +49,7 @@ func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 	if req.Prompt != nil {
 		return m.prepareRaw(req)
 	}
-	format, err := nativebackend.ResponseFormat(Name, req.ResponseFormat)
+	format, schema, err := nativebackend.ResponseFormat(Name, req)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +72,7 @@ func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		prompt += forced.Prefill
 		forced.P = parser
 		outParser = forced
-		format = forced.format
+		format, schema = forced.format, forced.schema
 	}
 	ids := m.Tok.Encode(prompt, true, true)
 
@@ -95,6 +96,7 @@ func (m *model) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		Detokenizer:          tokenizer.NewStreamDecoder(m.Tok),
 		Parser:               outParser,
 		Format:               format,
+		Schema:               schema,
 	}
 	// A thinking model opens its reasoning itself unless the prompt did;
 	// the JSON constraint then starts after the reasoning.
@@ -185,6 +187,7 @@ func (m *model) prepareRaw(req *sdk.ChatRequest) (*engine.Request, error) {
 type forcedTool struct {
 	*nativebackend.ForcedCallParser
 	format engine.Format
+	schema *jsonprefix.Schema
 }
 
 // forcedCall is how a request whose tool_choice is "required" or names a
@@ -216,10 +219,32 @@ func forcedCall(req *sdk.ChatRequest, thinkingOpen bool) (*forcedTool, error) {
 		if err != nil {
 			return nil, sdk.Invalidf("tool_choice: function name %q: %v", name, err)
 		}
-		// The model writes the arguments object; the parser closes the
-		// outer object and the call.
+		// The model writes the arguments object, held to the function's
+		// parameters where the engine can enforce their schema (any object
+		// where it cannot); the parser closes the outer object and the call.
 		prefill += `{"name": ` + string(quoted) + `, "arguments": `
 		f.Suffix = "}" + f.Suffix
+		for _, t := range req.Tools {
+			if t.Name == name && len(t.Parameters) > 0 {
+				if s, err := jsonprefix.CompileSchema(t.Parameters); err == nil {
+					f.format, f.schema = engine.FormatJSONSchema, s
+				}
+			}
+		}
+	} else {
+		// The model writes the whole call object: the name one of the
+		// tools', the arguments an object.
+		var list []string
+		for _, t := range req.Tools {
+			list = append(list, t.Name)
+		}
+		names, _ := json.Marshal(list)
+		s, err := jsonprefix.CompileSchema([]byte(`{"type":"object","properties":{"name":{"enum":` + string(names) +
+			`},"arguments":{"type":"object"}},"required":["name","arguments"]}`))
+		if err != nil {
+			return nil, sdk.Invalidf("tool_choice required: %v", err)
+		}
+		f.format, f.schema = engine.FormatJSONSchema, s
 	}
 	f.Prefill = prefill
 	return f, nil
