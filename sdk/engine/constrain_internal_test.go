@@ -113,3 +113,55 @@ func BenchmarkFits(b *testing.B) {
 		})
 	}
 }
+
+// slowPath hides the plain-string fast path of a constraint.
+type slowPath struct{ constraint }
+
+func (slowPath) PlainString() (bool, int) { return false, 0 }
+
+// TestMaskFastPathAgrees checks that the plain-string table masks exactly
+// what stepping the state for every token masks.
+func TestMaskFastPathAgrees(t *testing.T) {
+	const n = 20000
+	vocab := newWordVocab(n)
+	vocab[7] = []byte("\xc3") // half a character is never plain
+	vocab[8] = []byte("é\"")
+	vocab[9] = []byte("日本語です")
+	schema, err := jsonprefix.CompileSchema([]byte(`{"type":"object","properties":{"a":{"type":"string","maxLength":6},"b":{"type":"string"},"c":{"enum":["xy","zz"]}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	special := make([]bool, n)
+	special[11] = true
+	for _, tc := range []struct {
+		name, prefix string
+		format       Format
+	}{
+		{"object string", `{"k": "abc`, FormatJSONObject},
+		{"object key", `{"k`, FormatJSONObject},
+		{"schema bounded string", `{"a": "abcd`, FormatJSONSchema},
+		{"schema free string", `{"b": "`, FormatJSONSchema},
+		{"schema enum string", `{"c": "x`, FormatJSONSchema},
+		{"schema after value", `{"b": "x"`, FormatJSONSchema},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{vocab: vocab, special: special, nv: n}
+			req := &Request{Format: tc.format, Schema: schema}
+			fast := &sequence{req: req, json: newConstraint(req)}
+			slow := &sequence{req: req, json: slowPath{newConstraint(req)}}
+			if !fast.json.Feed([]byte(tc.prefix)) || !slow.json.Feed([]byte(tc.prefix)) {
+				t.Fatal("prefix refused")
+			}
+			rf, rs := make([]float32, n), make([]float32, n)
+			lf, ls := e.maskMisfits(fast, rf), e.maskMisfits(slow, rs)
+			if lf != ls {
+				t.Fatalf("fast path leaves %d tokens, stepping the state %d", lf, ls)
+			}
+			for id := range rf {
+				if rf[id] != rs[id] {
+					t.Fatalf("token %d (%q): fast %v, slow %v", id, vocab[id], rf[id], rs[id])
+				}
+			}
+		})
+	}
+}

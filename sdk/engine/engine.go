@@ -66,8 +66,11 @@ type Engine struct {
 	// special marks the tokens constrained output may not contain (nil:
 	// none).
 	special []bool
-	bs      int
-	nv      int
+	// plainOnce builds plainChars, the mask's fast path inside strings.
+	plainOnce  sync.Once
+	plainChars []int32
+	bs         int
+	nv         int
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc

@@ -479,6 +479,24 @@ func (s *SchemaState) plainText(b []byte) bool {
 	return n == nil || n.enum == nil && (n.maxLen < 0 || s.sc.chars+len(b) <= n.maxLen)
 }
 
+// PlainString reports whether the text stands inside a string value at a
+// character boundary, where the schema admits any text without a quote, a
+// backslash or a control character; room is how many more characters fit
+// (-1: no limit). Keys and enum strings are never plain.
+func (s *SchemaState) PlainString() (ok bool, room int) {
+	if !s.sc.active || !s.sc.str || s.syn.mode != mString {
+		return false, 0
+	}
+	n := s.sc.node
+	switch {
+	case n == nil || n.maxLen < 0 && n.enum == nil:
+		return true, -1
+	case n.enum != nil:
+		return false, 0
+	}
+	return true, max(n.maxLen-s.sc.chars, 0)
+}
+
 // AcceptsByte reports whether c would keep the text a valid prefix.
 func (s *SchemaState) AcceptsByte(c byte) bool { return s.try().step(c) }
 
