@@ -149,3 +149,15 @@ func TestRawPrompt(t *testing.T) {
 		})
 	}
 }
+
+func TestForcedToolChoiceWithResponseFormat(t *testing.T) {
+	is := is.New(t)
+	q3, _ := tinyModels(t)
+	_, c, _ := load(t, blockConfig(t, q3))
+	req := &sdk.ChatRequest{Messages: []sdk.Message{{Role: "user", Content: "x"}}, ToolChoice: "required",
+		Tools: []sdk.Tool{{Name: "f"}}, ResponseFormat: "json_object"}
+	s := newStream()
+	is.NoErr(c.Start(context.Background(), req, s))
+	is.Equal(s.admission().Outcome, sdk.OutcomeInvalid)
+	is.True(strings.Contains(s.admission().Reason, "cannot be combined")) // one clear refusal, not a silent choice
+}
