@@ -1,6 +1,8 @@
 package jsonprefix
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -102,4 +104,63 @@ func TestCompileSchemaRefusals(t *testing.T) {
 			is.True(strings.Contains(err.Error(), tc.want)) // names the culprit
 		})
 	}
+}
+
+// FuzzSchemaState feeds arbitrary bytes one at a time: the state never
+// panics, and whatever it calls complete is JSON that personSchema admits.
+func FuzzSchemaState(f *testing.F) {
+	for _, s := range []string{
+		`{"name":"Al","kind":"person"}`,
+		`{"name": "Alice", "age": 30, "role": null, "tags": ["a","b"], "score": 0.5, "kind": "person", "extra": {"any": [1]}}`,
+		`{"name":"Al","age":-0,"score":null,"kind":"person"}`,
+		`{"name":"A\u00e9","kind":"person","extra":{}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	schema, err := CompileSchema([]byte(personSchema))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st := NewSchemaState(schema, 40)
+		var text []byte
+		for _, c := range b {
+			if st.Feed([]byte{c}) {
+				text = append(text, c)
+			}
+		}
+		if !st.Complete() {
+			return
+		}
+		var v struct {
+			Name  *string         `json:"name"`
+			Age   *float64        `json:"age"`
+			Role  json.RawMessage `json:"role"`
+			Tags  *[]string       `json:"tags"`
+			Score json.RawMessage `json:"score"`
+			Kind  *string         `json:"kind"`
+			Extra json.RawMessage `json:"extra"`
+		}
+		if err := json.Unmarshal(text, &v); err != nil {
+			t.Fatalf("complete %q is not JSON of the schema's shape: %v", text, err)
+		}
+		switch {
+		case v.Name == nil || len([]rune(*v.Name)) < 2 || len([]rune(*v.Name)) > 5:
+			t.Fatalf("%q: name", text)
+		case v.Kind == nil || *v.Kind != "person":
+			t.Fatalf("%q: kind", text)
+		case v.Age != nil && (*v.Age != float64(int(*v.Age)) || *v.Age < 0 || *v.Age > 150):
+			t.Fatalf("%q: age", text)
+		case v.Role != nil && !slices.Contains([]string{`"admin"`, `"user"`, `null`}, string(v.Role)):
+			t.Fatalf("%q: role", text)
+		case v.Tags != nil && (len(*v.Tags) < 1 || len(*v.Tags) > 2):
+			t.Fatalf("%q: tags", text)
+		}
+		if v.Score != nil && string(v.Score) != "null" {
+			var x float64
+			if json.Unmarshal(v.Score, &x) != nil || x <= 0 {
+				t.Fatalf("%q: score", text)
+			}
+		}
+	})
 }
