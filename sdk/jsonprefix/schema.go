@@ -17,7 +17,7 @@ import (
 var (
 	SchemaKeywords = []string{"type", "properties", "required", "additionalProperties", "enum", "const", "items",
 		"anyOf", "oneOf", "minLength", "maxLength", "minItems", "maxItems",
-		"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+		"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "$ref", "$defs", "definitions"}
 	Annotations = []string{"title", "description", "default", "examples", "$schema", "$id", "$comment",
 		"deprecated", "readOnly", "writeOnly", "strict"}
 )
@@ -68,7 +68,22 @@ const maxProps = 64
 // CompileSchema compiles a JSON Schema. Errors name the keyword (and where
 // it is) that is not supported.
 func CompileSchema(raw []byte) (*Schema, error) {
-	n, err := compile(raw, "schema")
+	c := &compiler{expanding: map[string]bool{}}
+	// Local definitions ($defs, or draft-7's definitions) are what $ref
+	// may point at: "#/$defs/Name" and "#/definitions/Name".
+	var root struct {
+		Defs        map[string]json.RawMessage `json:"$defs"`
+		Definitions map[string]json.RawMessage `json:"definitions"`
+	}
+	_ = json.Unmarshal(raw, &root) // a malformed schema fails in compile with its own message
+	c.defs = map[string]json.RawMessage{}
+	for k, v := range root.Defs {
+		c.defs["#/$defs/"+k] = v
+	}
+	for k, v := range root.Definitions {
+		c.defs["#/definitions/"+k] = v
+	}
+	n, err := c.compile(raw, "schema")
 	if err != nil {
 		return nil, err
 	}
@@ -87,7 +102,37 @@ func anyBranch(n *node, k uint8) bool {
 	return false
 }
 
-func compile(raw []byte, at string) (*node, error) {
+// compiler holds what compiling one schema shares: the definitions $ref
+// may name and the references being expanded (a reference inside its own
+// expansion is recursive, which a finite prefix validator cannot hold).
+type compiler struct {
+	defs      map[string]json.RawMessage
+	expanding map[string]bool
+}
+
+func (c *compiler) ref(r json.RawMessage, kw map[string]json.RawMessage, at string) (*node, error) {
+	var name string
+	if err := json.Unmarshal(r, &name); err != nil {
+		return nil, fmt.Errorf("%s.$ref: expected a string", at)
+	}
+	for k := range kw {
+		if k != "$ref" && k != "$defs" && k != "definitions" && !slices.Contains(Annotations, k) {
+			return nil, fmt.Errorf("%s: keyword %q next to $ref is not supported", at, k)
+		}
+	}
+	def, ok := c.defs[name]
+	if !ok {
+		return nil, fmt.Errorf("%s.$ref: %q is not supported (only #/$defs/NAME and #/definitions/NAME of this schema)", at, name)
+	}
+	if c.expanding[name] {
+		return nil, fmt.Errorf("%s.$ref: %q refers to itself; recursive schemas are not supported", at, name)
+	}
+	c.expanding[name] = true
+	defer delete(c.expanding, name)
+	return c.compile(def, at+"("+name+")")
+}
+
+func (c *compiler) compile(raw []byte, at string) (*node, error) {
 	t := bytes.TrimSpace(raw)
 	switch string(t) {
 	case "true", "{}":
@@ -108,6 +153,9 @@ func compile(raw []byte, at string) (*node, error) {
 		if !slices.Contains(SchemaKeywords, k) && !slices.Contains(Annotations, k) {
 			return nil, fmt.Errorf("%s: keyword %q is not supported (supported: %s)", at, k, strings.Join(SchemaKeywords, ", "))
 		}
+	}
+	if r, ok := kw["$ref"]; ok {
+		return c.ref(r, kw, at)
 	}
 	n := &node{kinds: kAny, maxItems: -1, maxLen: -1, lo: math.Inf(-1), hi: math.Inf(1)}
 	if r, ok := kw["type"]; ok {
@@ -133,7 +181,7 @@ func compile(raw []byte, at string) (*node, error) {
 		}
 		seen := uint8(0)
 		for i, b := range branches {
-			bn, err := compile(b, fmt.Sprintf("%s.%s[%d]", at, name, i))
+			bn, err := c.compile(b, fmt.Sprintf("%s.%s[%d]", at, name, i))
 			if err != nil {
 				return nil, err
 			}
@@ -154,7 +202,7 @@ func compile(raw []byte, at string) (*node, error) {
 		}
 		if len(keys) > 0 {
 			for _, k := range keys {
-				if k != name && !slices.Contains(Annotations, k) {
+				if k != name && k != "$defs" && k != "definitions" && !slices.Contains(Annotations, k) {
 					return nil, fmt.Errorf("%s: keyword %q next to %s is not supported", at, k, name)
 				}
 			}
@@ -162,7 +210,7 @@ func compile(raw []byte, at string) (*node, error) {
 		n.kinds = seen
 	}
 	if r, ok := kw["properties"]; ok {
-		if err := n.compileProps(r, kw, at); err != nil {
+		if err := n.compileProps(c, r, kw, at); err != nil {
 			return nil, err
 		}
 	} else if r, ok := kw["required"]; ok && rawNonEmptyArray(r) {
@@ -174,7 +222,7 @@ func compile(raw []byte, at string) (*node, error) {
 		}
 	}
 	if r, ok := kw["items"]; ok {
-		it, err := compile(r, at+".items")
+		it, err := c.compile(r, at+".items")
 		if err != nil {
 			return nil, err
 		}
@@ -241,7 +289,7 @@ func kindsOf(r json.RawMessage, at string) (uint8, error) {
 	return k, nil
 }
 
-func (n *node) compileProps(r json.RawMessage, kw map[string]json.RawMessage, at string) error {
+func (n *node) compileProps(c *compiler, r json.RawMessage, kw map[string]json.RawMessage, at string) error {
 	// The order of the properties is the schema's: output follows it, as
 	// a model trained on the schema expects.
 	dec := json.NewDecoder(bytes.NewReader(r))
@@ -258,7 +306,7 @@ func (n *node) compileProps(r json.RawMessage, kw map[string]json.RawMessage, at
 		if err := dec.Decode(&sub); err != nil {
 			return fmt.Errorf("%s.properties.%s: %v", at, name, err)
 		}
-		pn, err := compile(sub, at+".properties."+name)
+		pn, err := c.compile(sub, at+".properties."+name)
 		if err != nil {
 			return err
 		}

@@ -71,6 +71,36 @@ func TestSchemaState(t *testing.T) {
 	}
 }
 
+// TestSchemaRefs follows local $ref into $defs and definitions, as
+// pydantic and zod emit for nested models.
+func TestSchemaRefs(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		ok         bool
+	}{
+		{"nested object", `{"owner":{"name":"Al","age":3},"pets":[{"name":"Rex"}]}`, true},
+		{"nested required", `{"owner":{"age":3}`, false},
+		{"nested wrong type", `{"owner":{"name":"Al","age":"3"`, false},
+		{"definitions", `{"owner":{"name":"Al"},"pets":[{"name":"Rex","kind":"dog"}]}`, true},
+		{"definitions enum", `{"owner":{"name":"Al"},"pets":[{"name":"Rex","kind":"cow"`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			s, err := CompileSchema([]byte(`{"type":"object",
+				"$defs":{"Person":{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name"]}},
+				"definitions":{"Pet":{"type":"object","properties":{"name":{"type":"string"},"kind":{"enum":["dog","cat"]}}}},
+				"properties":{"owner":{"$ref":"#/$defs/Person","description":"who"},"pets":{"type":"array","items":{"$ref":"#/definitions/Pet"}}},
+				"required":["owner"]}`))
+			is.NoErr(err)
+			st := NewSchemaState(s, 0)
+			is.Equal(st.Feed([]byte(tc.text)), tc.ok)
+			if tc.ok {
+				is.True(st.Complete())
+			}
+		})
+	}
+}
+
 func TestSchemaStateFeedLeavesStateOnRefusal(t *testing.T) {
 	is := is.New(t)
 	s, err := CompileSchema([]byte(personSchema))
@@ -87,7 +117,10 @@ func TestSchemaStateFeedLeavesStateOnRefusal(t *testing.T) {
 func TestCompileSchemaRefusals(t *testing.T) {
 	for _, tc := range []struct{ schema, want string }{
 		{`{"type":"object","properties":{"a":{"type":"string","pattern":"x+"}}}`, `schema.properties.a: keyword "pattern" is not supported`},
-		{`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}}}`, `keyword "$ref" is not supported`},
+		{`{"type":"object","properties":{"a":{"$ref":"#/$defs/x"}}}`, `"#/$defs/x" is not supported`},
+		{`{"type":"object","properties":{"a":{"$ref":"http://x/y"}}}`, `"http://x/y" is not supported`},
+		{`{"$defs":{"N":{"type":"object","properties":{"next":{"$ref":"#/$defs/N"}}}},"$ref":"#/$defs/N"}`, "recursive schemas are not supported"},
+		{`{"$defs":{"N":{"type":"object"}},"type":"object","properties":{"a":{"$ref":"#/$defs/N","type":"object"}}}`, `keyword "type" next to $ref`},
 		{`{"type":"object","properties":{"a":{"type":"string","format":"date"}}}`, `keyword "format" is not supported`},
 		{`{"type":"string"}`, "root must be an object"},
 		{`{"type":"object","required":["a"],"properties":{}}`, `"a" is not in properties`},
