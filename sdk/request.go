@@ -14,6 +14,13 @@ type ChatRequest struct {
 	// primary-first policy; backends may ignore it.
 	Model    string    `json:"model,omitempty"`
 	Messages []Message `json:"messages"`
+	// Prompt, when set, makes this a raw text completion (POST
+	// /v1/completions): the backend tokenizes it as it is, with no chat
+	// template and no output parser (all output is Text), and Messages,
+	// Tools and Reasoning are empty. A backend that cannot serve it answers
+	// OutcomeInvalid. It travels inside the request JSON, so adding it did
+	// not change the plugin protocol.
+	Prompt *RawPrompt `json:"prompt,omitempty"`
 
 	Tools             []Tool     `json:"tools,omitempty"`
 	ToolChoice        ToolChoice `json:"tool_choice,omitempty"`
@@ -45,6 +52,16 @@ type ChatRequest struct {
 	// TemplateKwargs are extra variables for the chat template
 	// (chat_template_kwargs), e.g. {"enable_thinking": false}.
 	TemplateKwargs map[string]any `json:"template_kwargs,omitempty"`
+}
+
+// RawPrompt is the prompt of a text completion: text, or token ids of the
+// serving model's vocabulary (exactly one of the two).
+type RawPrompt struct {
+	Text   string  `json:"text,omitempty"`
+	Tokens []int32 `json:"tokens,omitempty"`
+	// Suffix is the text after the insertion point (fill-in-the-middle);
+	// a backend whose model has no FIM refuses a non-empty one.
+	Suffix string `json:"suffix,omitempty"`
 }
 
 // Message is one conversation turn. Content parts are flattened to text by

@@ -28,9 +28,21 @@ type messagesRequest struct {
 		Type         string `json:"type"`
 		BudgetTokens *int   `json:"budget_tokens"`
 	} `json:"thinking"`
+	// OutputFormat is Anthropic's structured outputs (beta header
+	// structured-outputs-2025-11-13); OutputConfig.Format is its later
+	// place. Both take {"type":"json_schema","schema":{…}}.
+	OutputFormat *anthropicOutputFormat `json:"output_format"`
+	OutputConfig *struct {
+		Format *anthropicOutputFormat `json:"format"`
+	} `json:"output_config"`
 	Stream    bool `json:"stream"`
 	IgnoreEOS bool `json:"ignore_eos"`
 	MinTokens *int `json:"min_tokens"`
+}
+
+type anthropicOutputFormat struct {
+	Type   string          `json:"type"`
+	Schema json.RawMessage `json:"schema"`
 }
 
 type anthropicMessage struct {
@@ -134,6 +146,22 @@ func decodeMessages(b []byte, lim limits, countOnly bool) (*sdk.ChatRequest, boo
 			no := false
 			req.ParallelToolCalls = &no
 		}
+	}
+	of, field := in.OutputFormat, "output_format"
+	if in.OutputConfig != nil && in.OutputConfig.Format != nil {
+		if of != nil {
+			return nil, false, badRequest("output_config.format", "output_format and output_config.format are the same setting; send one")
+		}
+		of, field = in.OutputConfig.Format, "output_config.format"
+	}
+	if of != nil {
+		if of.Type != "json_schema" {
+			return nil, false, badRequest(field+".type", "%s.type must be json_schema, got %q", field, of.Type)
+		}
+		if len(nullToNil(of.Schema)) == 0 {
+			return nil, false, missingParam(field + ".schema")
+		}
+		req.ResponseFormat, req.JSONSchema = "json_schema", of.Schema
 	}
 	if th := in.Thinking; th != nil {
 		switch th.Type {

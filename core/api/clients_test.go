@@ -83,7 +83,9 @@ func tail(s string, lines int) string {
 //	[[never_fits]]   refused: 400 never fits
 //	[[fail]]         "Partial", then a backend failure
 //	[[reason]]       reasoning, then the answer
-//	[[tool]]         a call of the first tool, arguments in pieces
+//	[[tool]]         a call of the first tool, arguments in pieces (also
+//	                 what a forced tool_choice gets, naming its function)
+//	json_schema      {"answer":"yes"} (response_format json_schema)
 //	[[long]]         text, then finish by length
 //	[[stop]]         text, then finish by the request's first stop string
 //	a tool result    "The weather in Oslo is <result>."
@@ -102,6 +104,10 @@ func newScriptedRouter() *fakeRouter {
 			last = req.Messages[n-1]
 		}
 		text := last.Content
+		if req.Prompt != nil {
+			text = req.Prompt.Text // a text completion's prompt
+		}
+		forced := req.ToolChoice == "required" || strings.HasPrefix(string(req.ToolChoice), "function:")
 		if i := strings.Index(text, "[[503-once:"); i >= 0 {
 			nonce := text[i:]
 			mu.Lock()
@@ -128,9 +134,15 @@ func newScriptedRouter() *fakeRouter {
 			failure = errors.New("backend fake-model restarted during generation")
 		case strings.Contains(text, "[[reason]]"):
 			evs = []sdk.Event{{Reasoning: "Two plus two; "}, {Reasoning: "that is four."}, {Text: "2 + 2 = 4"}}
-		case strings.Contains(text, "[[tool]]") && len(req.Tools) > 0:
+		case req.ResponseFormat == "json_schema":
+			evs = []sdk.Event{{Text: `{"answer":`}, {Text: `"yes"}`}}
+		case (forced || strings.Contains(text, "[[tool]]")) && len(req.Tools) > 0:
+			name := req.Tools[0].Name
+			if n, ok := strings.CutPrefix(string(req.ToolChoice), "function:"); ok {
+				name = n
+			}
 			evs = []sdk.Event{
-				{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ID: "call_fake1", Name: req.Tools[0].Name}}},
+				{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ID: "call_fake1", Name: name}}},
 				{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ArgumentsDelta: `{"city"`}}},
 				{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ArgumentsDelta: `:"Oslo"}`}}},
 			}

@@ -73,6 +73,9 @@ func (f *fakeRouter) CountTokens(_ context.Context, req *sdk.ChatRequest) (strin
 		return "", 0, f.tokenErr
 	}
 	n := 0
+	if req.Prompt != nil {
+		n = len(req.Prompt.Text)
+	}
 	for _, m := range req.Messages {
 		n += len(m.Content)
 	}

@@ -359,6 +359,8 @@ func apiName(path string) string {
 	switch {
 	case strings.HasSuffix(path, "/chat/completions"):
 		return "chat"
+	case strings.HasSuffix(path, "/completions"):
+		return "completions"
 	case strings.HasSuffix(path, "/messages"):
 		return "messages"
 	case strings.HasSuffix(path, "/responses"):

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 	"github.com/julienschmidt/httprouter"
 )
 
@@ -30,6 +32,47 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			}
 			return &chatWhole{w: w, st: st, id: id, created: created, logprobs: req.Logprobs, reqID: reqID}
 		}})
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	body, e := readBody(w, r, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	req, opts, e := decodeCompletion(body, s.lim)
+	if e != nil {
+		s.fail(w, r, e)
+		return
+	}
+	reqID := requestID(r)
+	id, created := s.newID("cmpl-"), s.now().Unix()
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
+		newSink: func(st Stream, w http.ResponseWriter) sink {
+			cw := newCompletionWriter(w, st, id, created, reqID, s.echoText(r, st, req.Prompt, opts.echo), opts)
+			if opts.stream {
+				return completionStream{cw}
+			}
+			return cw
+		}})
+}
+
+// echoText is the prompt as text for echo; token ids are detokenized by
+// the model that admitted them, which already checked they are in its
+// vocabulary.
+func (s *Server) echoText(r *http.Request, st Stream, p *sdk.RawPrompt, echo bool) string {
+	if !echo {
+		return ""
+	}
+	if len(p.Tokens) == 0 {
+		return p.Text
+	}
+	_, text, err := s.rt.Detokenize(r.Context(), st.Model(), p.Tokens)
+	if err != nil {
+		s.opts.Logger.Error("echo: detokenize the prompt", "request_id", requestID(r), "model", st.Model(), "error", err)
+		return ""
+	}
+	return text
 }
 
 func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
@@ -298,8 +341,49 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 }
 
-func (s *Server) handleStatus(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, s.rt.Status())
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	st, err := json.Marshal(s.rt.Status())
+	var fields map[string]json.RawMessage
+	if err == nil {
+		err = json.Unmarshal(st, &fields)
+	}
+	if err != nil {
+		s.fail(w, r, &apiError{status: http.StatusInternalServerError, code: "internal_error", message: fmt.Sprintf("status: %v", err)})
+		return
+	}
+	fields["api"], _ = json.Marshal(apiSurface)
+	writeJSON(w, http.StatusOK, fields)
+}
+
+// apiSurface is what /props advertises about the request shapes served,
+// so that a client can find out before it sends a schema that is refused.
+var apiSurface = struct {
+	Endpoints       []string `json:"endpoints"`
+	ResponseFormats []string `json:"response_formats"`
+	// JSONSchemaKeywords are enforced by the native engine's constrained
+	// decoding; other keywords are refused naming the keyword, and
+	// JSONSchemaIgnored are accepted as annotations.
+	JSONSchemaKeywords []string `json:"json_schema_keywords"`
+	JSONSchemaIgnored  []string `json:"json_schema_ignored"`
+	ToolChoice         []string `json:"tool_choice"`
+	TextCompletions    struct {
+		PromptForms []string `json:"prompt_forms"`
+		Suffix      bool     `json:"suffix"`
+		MaxN        int      `json:"max_n"`
+		MaxLogprobs int      `json:"max_logprobs"`
+	} `json:"text_completions"`
+}{
+	Endpoints:          []string{"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"},
+	ResponseFormats:    []string{"text", "json_object", "json_schema"},
+	JSONSchemaKeywords: jsonprefix.SchemaKeywords,
+	JSONSchemaIgnored:  jsonprefix.Annotations,
+	ToolChoice:         []string{"auto", "none", "required", "function"},
+	TextCompletions: struct {
+		PromptForms []string `json:"prompt_forms"`
+		Suffix      bool     `json:"suffix"`
+		MaxN        int      `json:"max_n"`
+		MaxLogprobs int      `json:"max_logprobs"`
+	}{PromptForms: []string{"string", "token ids", "one-element array of either"}, Suffix: false, MaxN: 1, MaxLogprobs: maxLegacyLogprobs},
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {

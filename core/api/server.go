@@ -186,6 +186,8 @@ func (s *Server) routes() http.Handler {
 	get := func(path string, h http.HandlerFunc) { hr.Handler(http.MethodGet, path, h) }
 	post("/v1/chat/completions", s.handleChat)
 	post("/chat/completions", s.handleChat)
+	post("/v1/completions", s.handleCompletions)
+	post("/completions", s.handleCompletions)
 	post("/v1/messages", s.handleMessages)
 	post("/v1/messages/count_tokens", s.handleCountTokens)
 	post("/v1/responses", s.handleResponses)

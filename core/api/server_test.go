@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -134,7 +135,21 @@ func TestHealthReadyStatusMetrics(t *testing.T) {
 	props, status := do(s, "GET", "/props", "", nil), do(s, "GET", "/status/json", "", nil)
 	is.Equal(props.Code, 200)
 	is.Equal(props.Body.String(), status.Body.String())
-	is.Equal(do(s, "GET", "/metrics", "", nil).Code, 404) // no metrics handler given
+	var pr struct {
+		Policy string `json:"policy"`
+		API    struct {
+			Endpoints          []string `json:"endpoints"`
+			ResponseFormats    []string `json:"response_formats"`
+			JSONSchemaKeywords []string `json:"json_schema_keywords"`
+		} `json:"api"`
+	}
+	is.NoErr(json.Unmarshal(props.Body.Bytes(), &pr))
+	is.Equal(pr.Policy, "primary-first")                            // the router's status is still there
+	is.True(slices.Contains(pr.API.Endpoints, "/v1/completions"))   // advertised
+	is.True(slices.Contains(pr.API.ResponseFormats, "json_schema")) // advertised
+	is.True(slices.Contains(pr.API.JSONSchemaKeywords, "anyOf"))    // supported keywords listed
+	is.True(!slices.Contains(pr.API.JSONSchemaKeywords, "pattern")) // and only those
+	is.Equal(do(s, "GET", "/metrics", "", nil).Code, 404)           // no metrics handler given
 	is.Equal(do(s, "GET", "/v1/chat/completions", "", nil).Code, 405)
 	rec = do(s, "GET", "/v1/models", "", nil)
 	var list struct {

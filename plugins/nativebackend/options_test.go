@@ -89,10 +89,17 @@ func TestRequestSettings(t *testing.T) {
 	}
 	t.Run("response formats", func(t *testing.T) {
 		is := is.New(t)
-		_, err := ResponseFormat("b", "json_schema")
-		is.True(err != nil && strings.Contains(err.Error(), "not supported by the b backend yet"))
-		_, err = ResponseFormat("b", "json_object")
+		f, s, err := ResponseFormat("b", &sdk.ChatRequest{ResponseFormat: "json_schema", JSONSchema: []byte(`{"type":"object","properties":{"a":{"type":"string"}}}`)})
 		is.NoErr(err)
+		is.Equal(f, engine.FormatJSONSchema)
+		is.True(s != nil)
+		_, _, err = ResponseFormat("b", &sdk.ChatRequest{ResponseFormat: "json_schema", JSONSchema: []byte(`{"type":"object","properties":{"a":{"pattern":"x"}}}`)})
+		is.True(err != nil && strings.Contains(err.Error(), `keyword "pattern" is not supported`)) // names the keyword
+		f, _, err = ResponseFormat("b", &sdk.ChatRequest{ResponseFormat: "json_object"})
+		is.NoErr(err)
+		is.Equal(f, engine.FormatJSONObject)
+		_, _, err = ResponseFormat("b", &sdk.ChatRequest{ResponseFormat: "yaml"})
+		is.True(err != nil && strings.Contains(err.Error(), "not supported by the b backend"))
 	})
 	t.Run("max tokens", func(t *testing.T) {
 		is := is.New(t)

@@ -5,20 +5,27 @@ import (
 
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/engine"
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 )
 
 // ResponseFormat maps a request's response_format to the engine's output
-// constraint; what the engine cannot constrain is refused naming backend.
-func ResponseFormat(backend, format string) (engine.Format, error) {
-	switch format {
+// constraint (and the compiled schema of json_schema); what the engine
+// cannot constrain is refused naming backend, a schema keyword it cannot
+// enforce naming the keyword.
+func ResponseFormat(backend string, req *sdk.ChatRequest) (engine.Format, *jsonprefix.Schema, error) {
+	switch req.ResponseFormat {
 	case "", "text":
-		return engine.FormatText, nil
+		return engine.FormatText, nil, nil
 	case "json_object":
-		return engine.FormatJSONObject, nil
+		return engine.FormatJSONObject, nil, nil
 	case "json_schema":
-		return engine.FormatText, sdk.Invalidf("response_format json_schema is not supported by the %s backend yet; use json_object (and describe the schema in the prompt)", backend)
+		s, err := jsonprefix.CompileSchema(req.JSONSchema)
+		if err != nil {
+			return engine.FormatText, nil, sdk.Invalidf("response_format json_schema: %v", err)
+		}
+		return engine.FormatJSONSchema, s, nil
 	}
-	return engine.FormatText, sdk.Invalidf("response_format %q is not supported by the %s backend", format, backend)
+	return engine.FormatText, nil, sdk.Invalidf("response_format %q is not supported by the %s backend", req.ResponseFormat, backend)
 }
 
 // MaxTokens is the request's max tokens, else the model's default, capped

@@ -318,3 +318,17 @@ func TestParserDuplicateArguments(t *testing.T) {
 		"<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"arguments\": {\"b\": 2}}</tool_call>")
 	is.Equal(got, []Piece{start(0, "f"), args(0, `{"a": 1}`)})
 }
+
+// TestToolCallArgumentsKeepUTF8 checks that streamed JSON arguments carry
+// the model's bytes: a byte once became the rune of the same number.
+func TestToolCallArgumentsKeepUTF8(t *testing.T) {
+	is := is.New(t)
+	p := NewParser(FamilyQwen3, ParserOptions{Tools: true})
+	var args string
+	for _, pc := range append(p.Feed("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Zürich 東京\"}}\n</tool_call>"), p.Close()...) {
+		if pc.Kind == PieceToolCallArgs {
+			args += pc.Text
+		}
+	}
+	is.Equal(args, `{"city": "Zürich 東京"}`)
+}

@@ -346,7 +346,7 @@ func (j *jsonCall) step(p *Parser, c *toolCall, final bool) bool {
 			if !j.started {
 				j.start(p)
 			}
-			j.stream.feed(string(b))
+			j.stream.feed(p.buf[i : i+1]) // the byte as it is: string(b) would make it a rune
 			p.emit(PieceToolCallArgs, j.stream.take(), j.index)
 			if j.stream.lx.done {
 				j.streaming, j.streamed = false, true

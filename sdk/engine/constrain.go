@@ -1,7 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"fmt"
+	"unicode/utf8"
+
+	"github.com/dflash/dflash_server/sdk/jsonprefix"
 	"math"
 	"slices"
 )
@@ -18,10 +22,30 @@ const (
 	jsonMaxSpace = 40
 )
 
+// constraint is where the visible text of a JSON format stands: any
+// object (*jsonprefix.State) or an object of a schema
+// (*jsonprefix.SchemaState).
+type constraint interface {
+	Feed(b []byte) bool
+	Accepts(b []byte) bool
+	AcceptsByte(c byte) bool
+	Complete() bool
+	Started() bool
+	PlainString() (ok bool, room int)
+}
+
+func newConstraint(req *Request) constraint {
+	if req.Format == FormatJSONSchema {
+		return jsonprefix.NewSchemaState(req.Schema, jsonMaxSpace)
+	}
+	st := jsonprefix.WithMaxSpace(jsonMaxSpace)
+	return &st
+}
+
 // constrained reports whether the sequence's next token is held to its
-// format: a JSON object request outside its reasoning section.
+// format: a JSON request outside its reasoning section.
 func (e *Engine) constrained(s *sequence) bool {
-	return s.req.Format == FormatJSONObject && !s.parser.InReasoning()
+	return s.req.Format != FormatText && !s.parser.InReasoning()
 }
 
 // opensReasoning reports whether tok opens the reasoning section a
@@ -85,6 +109,14 @@ func (e *Engine) sampleJSON(s *sequence, row []float32) (int32, error) {
 // -inf and returns how many are left.
 func (e *Engine) maskMisfits(s *sequence, row []float32) int {
 	inf := float32(math.Inf(-1))
+	// Inside a string most of the vocabulary is plain text that fits
+	// whatever came before: a table built once answers for those tokens
+	// without stepping the state.
+	plain, room := s.json.PlainString()
+	var chars []int32
+	if plain {
+		chars = e.plainTable()
+	}
 	// Most tokens start with a byte that cannot come next: one table of
 	// the 256 first bytes rules them out without stepping the state.
 	var first [256]bool
@@ -97,6 +129,12 @@ func (e *Engine) maskMisfits(s *sequence, row []float32) int {
 			continue
 		}
 		tok := int32(id)
+		if id < len(chars) {
+			if n := chars[id]; n >= 0 && (room < 0 || int(n) <= room) {
+				left++
+				continue
+			}
+		}
 		b := e.vocab.TokenBytes(tok)
 		ok := e.opensReasoning(s, tok) || len(b) > 0 && first[b[0]] && !e.isSpecial(tok) && s.json.Accepts(b) && !e.vocab.EOG(tok)
 		if !ok {
@@ -106,4 +144,40 @@ func (e *Engine) maskMisfits(s *sequence, row []float32) int {
 		left++
 	}
 	return left
+}
+
+// plainTable is, per token, the number of characters of its text when it
+// is plain string text (complete UTF-8, no quote, backslash or control
+// character, not special, not end-of-generation), else -1.
+func (e *Engine) plainTable() []int32 {
+	e.plainOnce.Do(func() {
+		n := 0
+		if e.special != nil {
+			n = len(e.special)
+		}
+		// The vocabulary size is the row length; TokenBytes answers for
+		// every id below it.
+		n = max(n, e.nv)
+		t := make([]int32, n)
+		for id := range t {
+			t[id] = -1
+			tok := int32(id)
+			b := e.vocab.TokenBytes(tok)
+			if len(b) == 0 || e.isSpecial(tok) || e.vocab.EOG(tok) || !utf8.Valid(b) || bytes.ContainsAny(b, "\"\\") || hasControl(b) {
+				continue
+			}
+			t[id] = int32(utf8.RuneCount(b))
+		}
+		e.plainChars = t
+	})
+	return e.plainChars
+}
+
+func hasControl(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
 }

@@ -188,3 +188,54 @@ func TestJSONObjectReasoningInPrompt(t *testing.T) {
 	is.Equal(r.text, `{"a":1}`)
 	is.Equal(r.finish.Reason, sdk.FinishStop)
 }
+
+// TestJSONSchemaFromGarbage holds a model that emits JSON characters in no
+// sensible order to a schema: every request that finishes is an object the
+// schema admits.
+func TestJSONSchemaFromGarbage(t *testing.T) {
+	schema, err := jsonprefix.CompileSchema([]byte(`{"type":"object","properties":{
+		"n":{"type":"integer","minimum":-5,"maximum":99},
+		"ok":{"type":"boolean"},
+		"list":{"type":"array","items":{"enum":["a","b",1]},"maxItems":3},
+		"s":{"anyOf":[{"type":"string","maxLength":4},{"type":"null"}]}},
+		"required":["n","list"]}`))
+	is.New(t).NoErr(err)
+	m := enginetest.NewFakeModel(16, 1024, 4)
+	m.Next = garbage
+	e := newEngine(t, m, engine.Config{MaxCtx: 2048})
+	complete := 0
+	for i := range 30 {
+		is := is.New(t)
+		req := request(fmt.Sprintf("prompt %d", i), 400)
+		req.Format, req.Schema = engine.FormatJSONSchema, schema
+		c, err := run(e, req)
+		is.NoErr(err)
+		r := c.result()
+		st := jsonprefix.NewSchemaState(schema, 0)
+		is.True(st.Feed([]byte(r.text))) // a prefix the schema admits
+		if r.finish.Reason != sdk.FinishStop {
+			is.Equal(r.finish.Reason, sdk.FinishLength)
+			continue
+		}
+		complete++
+		is.True(st.Complete())
+		var v struct {
+			N    *int  `json:"n"`
+			List []any `json:"list"`
+			S    any   `json:"s"`
+		}
+		is.NoErr(json.Unmarshal([]byte(r.text), &v))
+		is.True(v.N != nil && *v.N >= -5 && *v.N <= 99) // required, in bounds
+		is.True(v.List != nil && len(v.List) <= 3)
+		for _, x := range v.List {
+			is.True(x == "a" || x == "b" || x == 1.0) // enum
+		}
+		if s, ok := v.S.(string); ok {
+			is.True(len([]rune(s)) <= 4)
+		}
+	}
+	if complete == 0 {
+		t.Fatal("no request produced a complete object")
+	}
+	t.Logf("%d of 30 complete", complete)
+}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/dflash/dflash_server/sdk"
-	"github.com/dflash/dflash_server/sdk/jsonprefix"
 )
 
 // ErrClosed ends the requests still running when the engine is closed.
@@ -67,8 +66,11 @@ type Engine struct {
 	// special marks the tokens constrained output may not contain (nil:
 	// none).
 	special []bool
-	bs      int
-	nv      int
+	// plainOnce builds plainChars, the mask's fast path inside strings.
+	plainOnce  sync.Once
+	plainChars []int32
+	bs         int
+	nv         int
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -214,8 +216,10 @@ func validate(req *Request) string {
 		return "request has no detokenizer"
 	case req.TopLogprobs < 0 || req.TopLogprobs > maxTopLogprobs:
 		return fmt.Sprintf("top_logprobs %d is outside [0, %d]", req.TopLogprobs, maxTopLogprobs)
-	case req.Format > FormatJSONObject:
+	case req.Format > FormatJSONSchema:
 		return fmt.Sprintf("unknown response format %d", req.Format)
+	case req.Format == FormatJSONSchema && req.Schema == nil:
+		return "response format json_schema without a schema"
 	}
 	return ""
 }
@@ -266,7 +270,7 @@ func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *seque
 	s := &sequence{
 		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
 		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
-		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: jsonprefix.WithMaxSpace(jsonMaxSpace),
+		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: newConstraint(req),
 		tAdmit: time.Now(),
 	}
 	e.freeBlocks -= extra

@@ -21,6 +21,9 @@ const (
 	// the visible answer only: a reasoning section is free text (see
 	// OpenReasoning).
 	FormatJSONObject
+	// FormatJSONSchema: one JSON object valid against Request.Schema,
+	// held to it the way FormatJSONObject holds text to any object.
+	FormatJSONSchema
 )
 
 // Request is one generation request as the engine runs it: the backend has
@@ -51,6 +54,8 @@ type Request struct {
 	CloseReasoning       []int32
 	// Format constrains the visible text.
 	Format Format
+	// Schema is the schema of FormatJSONSchema.
+	Schema *jsonprefix.Schema
 	// OpenReasoning lists the tokens that open a reasoning section. A
 	// constrained request may begin with one of them (nothing but
 	// whitespace before it, no reasoning yet); its constraint then starts
@@ -108,7 +113,7 @@ type sequence struct {
 	forced     []int32
 	toolCalls  bool
 	stop       stopMatcher
-	json       jsonprefix.State // the visible text so far, for FormatJSONObject
+	json       constraint // the visible text so far, for the JSON formats
 	parser     Parser
 	rng        uint64
 	snapLen    int   // length of the snapshot taken at the prompt's end

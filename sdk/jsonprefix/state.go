@@ -84,6 +84,12 @@ func (s State) Complete() bool { return s.mode == mDone }
 // Started reports whether anything but whitespace has been fed.
 func (s State) Started() bool { return s.mode != mStart }
 
+// PlainString reports whether the text stands inside a string at a
+// character boundary, where any text without a quote, a backslash or a
+// control character fits; room is how many more characters fit (-1: no
+// limit).
+func (s State) PlainString() (ok bool, room int) { return s.mode == mString, -1 }
+
 // Depth is the number of objects and arrays open.
 func (s State) Depth() int { return int(s.depth) }
 

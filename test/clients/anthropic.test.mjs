@@ -129,3 +129,27 @@ test('messages: error after the stream started is raised by the SDK', { skip: ne
   const stream = client.messages.stream({ model, max_tokens: maxTokens, messages: user('[[fail]]') });
   await assert.rejects(stream.finalMessage(), (err) => /restarted/.test(String(err.message)));
 });
+
+test('messages: tool_choice any and tool force a tool_use', async () => {
+  const two = [...tools, { name: 'get_time', description: 'Current time', input_schema: { type: 'object' } }];
+  for (const [choice, name] of [[{ type: 'any' }, null], [{ type: 'tool', name: 'get_time' }, 'get_time']]) {
+    const msg = await client.messages.create({ model, max_tokens: 256, messages: user('Hello there.'), tools: two, tool_choice: choice });
+    if (msg.stop_reason === 'max_tokens' && !scripted) continue; // a real model ran out of tokens mid-call
+    assert.equal(msg.stop_reason, 'tool_use');
+    const use = msg.content.find((b) => b.type === 'tool_use');
+    assert.ok(use, 'a tool_use block');
+    if (name) assert.equal(use.name, name);
+    else assert.ok(['get_weather', 'get_time'].includes(use.name));
+    assert.equal(typeof use.input, 'object');
+  }
+});
+
+test('messages: output_format json_schema gives JSON of the schema', async () => {
+  const msg = await client.messages.create({
+    model, max_tokens: 256, messages: user('Answer yes or no, in JSON.'),
+    output_format: { type: 'json_schema', schema: { type: 'object', properties: { answer: { enum: ['yes', 'no'] } }, required: ['answer'] } },
+  });
+  if (msg.stop_reason === 'max_tokens' && !scripted) return;
+  const text = msg.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
+  assert.ok(['yes', 'no'].includes(JSON.parse(text).answer));
+});

@@ -257,3 +257,94 @@ test('a wrong API key is a 401 in each API shape', { skip: process.env.DFLASH_AP
   const health = await fetch(`${baseURL}/health`);
   assert.equal(health.status, 200, 'probes need no key');
 });
+
+test('completions: text prompt, non-streaming', async () => {
+  const res = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: maxTokens, logprobs: 2 });
+  assert.equal(res.object, 'text_completion');
+  assert.match(res.id, /^cmpl-/);
+  assert.equal(res.choices.length, 1);
+  const choice = res.choices[0];
+  assert.equal(typeof choice.text, 'string');
+  assert.ok(['stop', 'length'].includes(choice.finish_reason));
+  const lp = choice.logprobs;
+  assert.equal(lp.tokens.length, lp.token_logprobs.length);
+  assert.equal(lp.tokens.length, lp.top_logprobs.length);
+  assert.equal(lp.tokens.length, lp.text_offset.length);
+  assert.ok(res.usage.prompt_tokens > 0);
+  assert.equal(res.usage.total_tokens, res.usage.prompt_tokens + res.usage.completion_tokens);
+  if (scripted) assert.equal(choice.text, 'Hello from dflash! 😀 You said: Once upon a time');
+});
+
+test('completions: echo and token-id prompts', async () => {
+  const res = await client.completions.create({ model, prompt: 'Echo me', max_tokens: maxTokens, echo: true });
+  assert.ok(res.choices[0].text.startsWith('Echo me'));
+  const { tokens } = await fetch(`${baseURL}/tokenize`, {
+    method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${apiKey}` },
+    body: JSON.stringify({ model, content: 'Echo me' }),
+  }).then((r) => r.json());
+  const byIds = await client.completions.create({ model, prompt: tokens, max_tokens: maxTokens, echo: true });
+  assert.ok(byIds.choices[0].text.startsWith('Echo me'));
+});
+
+test('completions: streaming with include_usage', async () => {
+  const stream = await client.completions.create({
+    model, prompt: 'Count to three:', max_tokens: maxTokens, stream: true, stream_options: { include_usage: true },
+  });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  const finishes = chunks.flatMap((c) => c.choices).filter((c) => c.finish_reason != null);
+  assert.equal(finishes.length, 1, 'exactly one finish_reason');
+  const last = chunks.at(-1);
+  assert.deepEqual(last.choices, []);
+  assert.ok(last.usage.completion_tokens > 0);
+  const text = chunks.flatMap((c) => c.choices).map((c) => c.text).join('');
+  if (scripted) assert.equal(text, 'Hello from dflash! 😀 You said: Count to three:');
+});
+
+test('completions: several prompts and n > 1 are 400s naming the parameter', async () => {
+  for (const [body, param] of [[{ prompt: ['a', 'b'] }, 'prompt'], [{ prompt: 'a', n: 2 }, 'n']]) {
+    await assert.rejects(client.completions.create({ model, max_tokens: 4, ...body }), (err) => {
+      assert.ok(err instanceof OpenAI.BadRequestError);
+      assert.equal(err.param, param);
+      return true;
+    });
+  }
+});
+
+test('chat: tool_choice required and named force a call', async () => {
+  const tools = [{ type: 'function', function: weatherTool }, { type: 'function', function: { name: 'get_time', parameters: { type: 'object' } } }];
+  for (const [toolChoice, name] of [['required', null], [{ type: 'function', function: { name: 'get_time' } }, 'get_time']]) {
+    const res = await client.chat.completions.create({ model, messages: user('Hello there.'), tools, tool_choice: toolChoice, max_tokens: 256 });
+    const choice = res.choices[0];
+    if (choice.finish_reason === 'length' && !scripted) continue; // a real model ran out of tokens mid-call
+    assert.equal(choice.finish_reason, 'tool_calls');
+    assert.equal(choice.message.tool_calls.length >= 1, true);
+    const call = choice.message.tool_calls[0];
+    if (name) assert.equal(call.function.name, name);
+    else assert.ok(['get_weather', 'get_time'].includes(call.function.name));
+    assert.equal(typeof JSON.parse(call.function.arguments), 'object');
+  }
+});
+
+test('chat: response_format json_schema gives JSON of the schema', async () => {
+  const res = await client.chat.completions.create({
+    model, messages: user('Answer yes or no, in JSON.'), max_tokens: 256,
+    response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema: {
+      type: 'object', properties: { answer: { enum: ['yes', 'no'] } }, required: ['answer'], additionalProperties: false,
+    } } },
+  });
+  const choice = res.choices[0];
+  if (choice.finish_reason === 'length' && !scripted) return;
+  assert.ok(['yes', 'no'].includes(JSON.parse(choice.message.content).answer));
+});
+
+test('chat: a json_schema keyword that is not supported is a 400 naming it', { skip: scripted ? 'the scripted router does not compile schemas' : false }, async () => {
+  await assert.rejects(client.chat.completions.create({
+    model, messages: user('x'), max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'object', properties: { a: { type: 'string', pattern: 'x+' } } } } },
+  }), (err) => {
+    assert.ok(err instanceof OpenAI.BadRequestError);
+    assert.match(err.message, /"pattern" is not supported/);
+    return true;
+  });
+});

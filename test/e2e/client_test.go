@@ -30,6 +30,8 @@ const (
 	pathChat      = "/v1/chat/completions"
 	pathMessages  = "/v1/messages"
 	pathResponses = "/v1/responses"
+	// pathCompletions is OpenAI's legacy text completions.
+	pathCompletions = "/v1/completions"
 )
 
 // call is one HTTP request in flight. head is closed when the response

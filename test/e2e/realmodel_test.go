@@ -217,7 +217,7 @@ func testRealServer(t *testing.T, qwen3, qwen35 string) {
 	})
 
 	t.Run("every API generates text", func(t *testing.T) {
-		for _, api := range []string{pathChat, pathMessages, pathResponses} {
+		for _, api := range []string{pathChat, pathCompletions, pathMessages, pathResponses} {
 			is := is.New(t)
 			text, usage := generate(t, s, api, "qwen")
 			is.True(text != "")
@@ -234,7 +234,7 @@ func testRealServer(t *testing.T, qwen3, qwen35 string) {
 			holders = append(holders, s.hold(t, "", "qwen"))
 		}
 		defer release(holders...)
-		for _, api := range []string{pathChat, pathMessages, pathResponses} {
+		for _, api := range []string{pathChat, pathCompletions, pathMessages, pathResponses} {
 			is := is.New(t)
 			text, usage := generate(t, s, api, "ds4")
 			is.True(text != "")
@@ -280,6 +280,8 @@ func generate(t *testing.T, s *server, api, want string) (string, [2]int) {
 		body = map[string]any{"messages": user, "max_tokens": 8}
 	case pathResponses:
 		body = map[string]any{"input": "Hello, who are you?", "max_output_tokens": 8}
+	case pathCompletions:
+		body = map[string]any{"prompt": "Hello, who are you?", "max_tokens": 8}
 	}
 	c := s.post(t, api, body)
 	if c.status != 200 {
@@ -294,6 +296,16 @@ func generate(t *testing.T, s *server, api, want string) (string, [2]int) {
 	case pathChat:
 		r := decode[chatResult](t, c.bodyBytes())
 		text = r.Choices[0].Message.Content + r.Choices[0].Message.ReasoningContent
+		usage = [2]int{r.Usage.PromptTokens, r.Usage.CompletionTokens}
+	case pathCompletions:
+		r := decode[struct {
+			Choices []struct{ Text string }
+			Usage   struct {
+				PromptTokens     int `json:"prompt_tokens"`
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}](t, c.bodyBytes())
+		text = r.Choices[0].Text
 		usage = [2]int{r.Usage.PromptTokens, r.Usage.CompletionTokens}
 	case pathMessages:
 		r := decode[struct {

@@ -74,9 +74,47 @@ func TestJSONSchemaRefused(t *testing.T) {
 	_, c, _ := load(t, blockConfig(t, q3))
 	s := newStream()
 	is.NoErr(c.Start(context.Background(), &sdk.ChatRequest{
-		ResponseFormat: "json_schema", JSONSchema: json.RawMessage(`{"type":"object"}`),
+		ResponseFormat: "json_schema", JSONSchema: json.RawMessage(`{"type":"object","properties":{"a":{"type":"string","format":"email"}}}`),
 		Messages: []sdk.Message{{Role: "user", Content: "x"}},
 	}, s))
 	is.Equal(s.admission().Outcome, sdk.OutcomeInvalid)
-	is.True(strings.Contains(s.admission().Reason, "use json_object"))
+	is.True(strings.Contains(s.admission().Reason, `keyword "format" is not supported`)) // names the keyword
+}
+
+// TestJSONSchema runs json_schema requests on the tiny random-weight
+// models: every answer that finishes is an object the schema admits.
+func TestJSONSchema(t *testing.T) {
+	q3, _ := tinyModels(t)
+	cfg := blockConfig(t, q3)
+	cfg.MaxCtx = 512
+	_, c, _ := load(t, cfg)
+	schema := `{"type":"object","properties":{"answer":{"enum":["yes","no"]},"n":{"type":"integer","minimum":1,"maximum":9}},"required":["answer","n"]}`
+	complete := 0
+	for seed := range int64(6) {
+		is := is.New(t)
+		req := &sdk.ChatRequest{
+			Messages: []sdk.Message{{Role: "user", Content: "Answer in JSON."}}, MaxTokens: 400,
+			ResponseFormat: "json_schema", JSONSchema: json.RawMessage(schema),
+			Sampling: sdk.Sampling{Temperature: f64(1), Seed: i64(seed)},
+		}
+		req.Reasoning.Enabled = boolp(false)
+		s := newStream()
+		is.NoErr(c.Start(context.Background(), req, s))
+		is.Equal(s.admission().Outcome, sdk.OutcomeAdmitted)
+		r := s.summary()
+		t.Logf("seed %d: %s %q", seed, r.finish.Reason, r.text)
+		if r.finish.Reason == sdk.FinishLength {
+			continue
+		}
+		is.Equal(r.finish.Reason, sdk.FinishStop)
+		var v struct {
+			Answer string `json:"answer"`
+			N      int    `json:"n"`
+		}
+		is.NoErr(json.Unmarshal([]byte(r.text), &v))
+		is.True(v.Answer == "yes" || v.Answer == "no") // enum
+		is.True(v.N >= 1 && v.N <= 9)                  // bounds
+		complete++
+	}
+	is.New(t).True(complete > 0)
 }

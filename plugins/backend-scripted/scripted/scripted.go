@@ -114,6 +114,17 @@ func orDefault(v, def int) int {
 // render is the scripted "chat template": one line per message. Prompt
 // tokens are its bytes, so tests can size requests exactly.
 func render(req *sdk.ChatRequest) string {
+	if p := req.Prompt; p != nil {
+		// A text completion's prompt is used as it is; token ids are bytes.
+		if len(p.Tokens) > 0 {
+			b := make([]byte, len(p.Tokens))
+			for i, id := range p.Tokens {
+				b[i] = byte(id)
+			}
+			return string(b)
+		}
+		return p.Text
+	}
 	var sb strings.Builder
 	for _, m := range req.Messages {
 		sb.WriteString(m.Role)
@@ -125,6 +136,9 @@ func render(req *sdk.ChatRequest) string {
 }
 
 func lastUser(req *sdk.ChatRequest) string {
+	if req.Prompt != nil {
+		return render(req)
+	}
 	for i := len(req.Messages) - 1; i >= 0; i-- {
 		if req.Messages[i].Role == "user" {
 			return req.Messages[i].Content
@@ -146,7 +160,11 @@ func (b *Backend) admit(req *sdk.ChatRequest) (sdk.Admission, int) {
 	switch {
 	case !b.loaded:
 		return sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: "model not loaded"}, 0
-	case len(req.Messages) == 0:
+	case req.Prompt != nil && req.Prompt.Suffix != "":
+		return sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: "suffix: the scripted model has no fill-in-the-middle"}, 0
+	case req.Prompt != nil && len(render(req)) == 0:
+		return sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: "prompt must not be empty"}, 0
+	case req.Prompt == nil && len(req.Messages) == 0:
 		return sdk.Admission{Outcome: sdk.OutcomeInvalid, Reason: "messages must not be empty"}, 0
 	case need > b.maxCtx:
 		return sdk.Admission{Outcome: sdk.OutcomeNeverFits, PromptTokens: prompt, NeededTokens: need, LimitTokens: b.maxCtx,
@@ -192,8 +210,14 @@ func (b *Backend) Start(ctx context.Context, req *sdk.ChatRequest, emit sdk.Emit
 		}
 	}
 	user := lastUser(req)
-	if len(req.Tools) > 0 && strings.Contains(user, "call a tool") {
+	// A forced choice (required or a named function) always calls, as the
+	// native backends guarantee.
+	forced := req.ToolChoice == "required" || strings.HasPrefix(string(req.ToolChoice), "function:")
+	if len(req.Tools) > 0 && req.ToolChoice != "none" && (forced || strings.Contains(user, "call a tool")) {
 		t := req.Tools[0]
+		if name, ok := strings.CutPrefix(string(req.ToolChoice), "function:"); ok {
+			t.Name = name
+		}
 		pieces = append(pieces,
 			sdk.Event{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ID: "call_scripted_0", Name: t.Name}}},
 			sdk.Event{ToolCalls: []sdk.ToolCallDelta{{Index: 0, ArgumentsDelta: `{"input":`}}},
