@@ -313,6 +313,7 @@ func TestReversedPriority(t *testing.T) {
 	c := s.post(t, pathChat, quick("a"))
 	is.Equal(c.model(), "b")
 	is.Equal(c.header.Get("X-Dflash-Route"), "primary")
+	s.waitIdle(t) // b's one slot is held until its sequence retired, which may follow the response
 	h := s.hold(t, "", "b")
 	defer release(h)
 	c = s.post(t, pathChat, quick(""))
