@@ -21,6 +21,7 @@ type globalFlags struct {
 	PluginDir             string        `name:"plugin-dir" placeholder:"DIR" help:"Directory searched for dflash-backend-* and dflash-policy-* plugins (default: plugins/ next to dflash_server)."`
 	QueueTimeout          time.Duration `name:"routing-queue-timeout" default:"0s" help:"Longest a request waits for a free model; 0 waits without deadline."`
 	DrainTimeout          time.Duration `name:"drain-timeout" default:"30s" help:"On shutdown, how long running requests may finish before they are cancelled."`
+	AdmissionTimeout      time.Duration `name:"admission-timeout" default:"60s" help:"How long a model's backend may take to admit or refuse a request before it counts as unavailable for that request (a hung plugin); 0 waits without deadline."`
 	LogLevel              string        `name:"log-level" default:"info" enum:"trace,debug,info,warn,error" help:"Log level (trace, debug, info, warn, error)."`
 	ContinueOnLoadFailure bool          `name:"continue-on-load-failure" help:"Start without the models that fail to load instead of exiting."`
 }

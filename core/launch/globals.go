@@ -53,7 +53,10 @@ func (p *parser) applyGlobals(cfg *Config, h headFlags, given map[string]bool) e
 	if g.DrainTimeout < 0 {
 		return usagef("--drain-timeout must not be negative (got %s)", g.DrainTimeout)
 	}
-	cfg.QueueTimeout, cfg.DrainTimeout = g.QueueTimeout, g.DrainTimeout
+	if g.AdmissionTimeout < 0 {
+		return usagef("--admission-timeout must not be negative (got %s)", g.AdmissionTimeout)
+	}
+	cfg.QueueTimeout, cfg.DrainTimeout, cfg.AdmissionTimeout = g.QueueTimeout, g.DrainTimeout, g.AdmissionTimeout
 	cfg.LogLevel, cfg.PluginDir, cfg.ContinueOnLoadFailure = g.LogLevel, g.PluginDir, g.ContinueOnLoadFailure
 	cfg.LoadBalancing = g.LoadBalancing
 

@@ -47,6 +47,9 @@ type Config struct {
 	Port         int
 	QueueLimit   int           // --routing-queue-limit; 0 rejects at once when every model is busy
 	QueueTimeout time.Duration // --routing-queue-timeout; 0 means no deadline
+	// AdmissionTimeout is --admission-timeout: a backend that neither admits nor refuses a request within it is
+	// passed over for that request; 0 means no deadline.
+	AdmissionTimeout time.Duration
 	DrainTimeout time.Duration
 	CORSOrigins  []string
 	// APIKeys holds the --api-key values followed by the keys read from

@@ -276,6 +276,7 @@ func TestParseErrors(t *testing.T) {
 		{"negative queue limit", "/m/a.gguf --routing-queue-limit -1", "--routing-queue-limit must not be negative (got -1)"},
 		{"duration without unit", "--drain-timeout 5 /m/a.gguf", `--drain-timeout: expected duration but got "5": time: missing unit in duration "5"`},
 		{"negative duration", "--routing-queue-timeout -1s /m/a.gguf", "--routing-queue-timeout must not be negative (got -1s)"},
+		{"negative admission timeout", "--admission-timeout -1s /m/a.gguf", "--admission-timeout must not be negative (got -1s)"},
 		{"log level", "--log-level loud /m/a.gguf", `--log-level must be one of "trace","debug","info","warn","error" but got "loud"`},
 		{"cors origin with a path", "--cors-origin http://a.example/x /m/a.gguf", `--cors-origin "http://a.example/x": expected * or scheme://host[:port]`},
 		{"empty api key", "--api-key= /m/a.gguf", "--api-key must not be empty"},

@@ -59,6 +59,9 @@ type Config struct {
 	QueueLimit int
 	// QueueTimeout is --routing-queue-timeout; 0 means no deadline.
 	QueueTimeout time.Duration
+	// AdmissionTimeout bounds the wait for a backend's first answer (admitted, busy, never fits, invalid): a backend
+	// that gives none in time (a hung plugin) is passed over for the request, as a failed one is. 0 means no deadline.
+	AdmissionTimeout time.Duration
 	// Retry is the period of the waiters' retry; 0 means 250ms.
 	Retry time.Duration
 	// Policy orders candidates; nil means the block order (primary first).
@@ -371,7 +374,7 @@ func (rt *routing) try(ctx context.Context, m int) (*Stream, error) {
 	}
 	s := newStream(ctx, r, m)
 	go s.run(rt.req)
-	a, startErr, done := s.awaitAdmission(ctx)
+	a, startErr, done := s.awaitAdmission(ctx, r.cfg.AdmissionTimeout)
 	if !done {
 		s.Close()
 		return nil, ctx.Err()
@@ -427,6 +430,11 @@ func (rt *routing) startFailed(ctx context.Context, m int, err error) error {
 	var inv *sdk.InvalidError
 	if errors.As(err, &inv) {
 		return rejection(ReasonInvalidRequest, err, "%s: %s", model.Name, inv.Msg)
+	}
+	if errors.Is(err, errNoAdmission) {
+		rt.r.log.Warn("backend gave no admission in time", "model", model.Name, "timeout", rt.r.cfg.AdmissionTimeout)
+		rt.dropFailed(m, err.Error())
+		return nil
 	}
 	switch st, _ := model.health(); {
 	case st == health.Failed:

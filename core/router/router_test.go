@@ -75,6 +75,33 @@ func TestSlotFallback(t *testing.T) {
 	is.Equal(metricValue(t, f.met, "dflash_fallback_total", map[string]string{"from": "a", "to": "b"}), 1.0)
 }
 
+// A backend that answers nothing (a hung plugin) is passed over once the admission timeout expires: the request goes
+// to the next model, or is refused as unavailable when there is none.
+func TestHungBackendIsPassedOver(t *testing.T) {
+	is := is.New(t)
+	a, b := newScripted("a", 2, 1000), newScripted("b", 2, 1000)
+	a.hang = make(chan struct{})
+	defer close(a.hang)
+	cfg := balanced()
+	cfg.AdmissionTimeout = 20 * time.Millisecond
+	f := newFixture(t, cfg, a, b)
+	s, err := f.r.Start(bg, chat("r1", 10, 10))
+	is.NoErr(err)
+	defer s.Close()
+	is.Equal(s.Model(), "b")                      // served by the next model
+	is.Equal(s.Route(), "fallback:a=unavailable") // and the route says why
+
+	only := newScripted("only", 2, 1000)
+	only.hang = make(chan struct{})
+	defer close(only.hang)
+	cfg = router.Config{QueueLimit: 8, AdmissionTimeout: 20 * time.Millisecond}
+	g := newFixture(t, cfg, only)
+	_, err = g.r.Start(bg, chat("r2", 10, 10))
+	var rj *router.Rejection
+	is.True(errors.As(err, &rj))                                 // refused, not hung
+	is.True(strings.Contains(rj.Error(), "no admission within")) // naming the cause
+}
+
 func TestKVPressureFallsBackWithFreeSlots(t *testing.T) {
 	is := is.New(t)
 	a, b := newScripted("a", 4, 100), newScripted("b", 4, 100)

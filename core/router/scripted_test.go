@@ -32,6 +32,8 @@ type scriptedBackend struct {
 	admitted []string
 	startErr error
 	invalid  string
+	// hang, when set, makes Start answer nothing until it is closed or the request ends (a hung plugin).
+	hang chan struct{}
 	// auto: admitted requests finish at once; otherwise each is handed to
 	// the test on runs and waits for its gates.
 	auto  bool
@@ -80,6 +82,16 @@ func (b *scriptedBackend) desc() sdk.ModelDescription {
 }
 
 func (b *scriptedBackend) Start(ctx context.Context, req *sdk.ChatRequest, emit sdk.Emitter) error {
+	b.mu.Lock()
+	hang := b.hang
+	b.mu.Unlock()
+	if hang != nil {
+		select {
+		case <-hang:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	prompt := len(req.Messages[0].Content)
 	need := prompt + req.MaxTokens
 	b.mu.Lock()

@@ -76,10 +76,21 @@ func (s *Stream) run(req *sdk.ChatRequest) {
 	s.err = s.r.models[s.m].Backend.Start(s.ctx, req, (*emitter)(s))
 }
 
-// awaitAdmission waits for the first message of the Start stream. done is
-// false when ctx ended first.
-func (s *Stream) awaitAdmission(ctx context.Context) (a sdk.Admission, err error, done bool) {
+// errNoAdmission: the backend neither admitted nor refused within the admission timeout.
+var errNoAdmission = errors.New("no admission")
+
+// awaitAdmission waits for the first message of the Start stream, at most
+// timeout (0: no limit). done is false when ctx ended first.
+func (s *Stream) awaitAdmission(ctx context.Context, timeout time.Duration) (a sdk.Admission, err error, done bool) {
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
 	select {
+	case <-expired:
+		return a, fmt.Errorf("backend %s: %w within %s", s.name, errNoAdmission, timeout), true
 	case a = <-s.admitc:
 		return a, nil, true
 	case <-s.done:

@@ -343,7 +343,8 @@ func (s *Server) start(ctx context.Context) (*router.Router, *metrics.Registry, 
 	}
 	rt := router.New(router.Config{
 		QueueLimit:   s.cfg.QueueLimit,
-		QueueTimeout: s.cfg.QueueTimeout,
+		QueueTimeout:     s.cfg.QueueTimeout,
+		AdmissionTimeout: s.cfg.AdmissionTimeout,
 		Policy:       pol,
 		PolicyName:   s.cfg.Policy,
 		// By-name routing loads every block without --load-balancing; the

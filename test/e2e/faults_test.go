@@ -219,3 +219,41 @@ func TestRealBackendFaults(t *testing.T) {
 		is.Equal(s.status(t).model("bystander").Restarts, 0)
 	})
 }
+
+// TestHungBackend stops one of two real models' backend processes (SIGSTOP: alive, answering nothing): a request
+// that would go to it is served by the other model once --admission-timeout expires, and the model serves again
+// when its process resumes.
+func TestHungBackend(t *testing.T) {
+	is := is.New(t)
+	q3, q35 := tinyModels(t)
+	dir := t.TempDir()
+	q3 = copyFile(t, q3, filepath.Join(dir, "hung.gguf"))
+	q35 = copyFile(t, q35, filepath.Join(dir, "other.gguf"))
+	args := []string{"--load-balancing", "--admission-timeout", "300ms",
+		"--model", q3, "--model-name", "hung", "--target-device", "cpu:0", "--max-ctx", "2048", "--max-concurrency", "2",
+		"--model", q35, "--model-name", "other", "--target-device", "cpu:1", "--max-ctx", "2048", "--max-concurrency", "2"}
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-primary-first"}, args: args})
+	hung := s.backendOf(t, q3)
+	is.NoErr(syscall.Kill(hung.pid, syscall.SIGSTOP))
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(hung.pid, syscall.SIGCONT)
+		}
+	}
+	defer resume()
+
+	c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+	is.Equal(c.status, 200)                                                      // answered, not hung
+	is.Equal(c.model(), "other")                                                 // by the model that answers
+	is.True(strings.HasPrefix(c.header.Get("X-Dflash-Route"), "fallback:hung=")) // the route names the one passed over
+
+	resume()
+	ok := waitFor(t, "the resumed model to serve again", func() bool {
+		c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+		return c.status == 200 && c.model() == "hung"
+	})
+	is.True(ok)
+	s.waitIdle(t)
+}
