@@ -78,6 +78,13 @@ public:
 
 private:
     void use() const;  // makes this device current for the calling thread
+    // Runs one op's launches on this device, timed under `name` when profiling.
+    template <class F>
+    void op(const char *name, F &&launch) {
+        use();
+        OpTimer t(*this, name);
+        launch();
+    }
     void settle_profile();  // after a sync: add the finished ops' times to the totals
     void print_profile();
     void *stage(const void *src, size_t bytes);  // pinned copy of a small host buffer, valid until the next sync

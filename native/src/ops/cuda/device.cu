@@ -157,9 +157,7 @@ void CudaDevice::sync() {
 }
 
 void CudaDevice::topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) {
-    use();
-    OpTimer t(*this, "topk");
-    launch_topk(*this, logits, rows, n, k, ids, vals, lse);
+    op("topk", [&] { launch_topk(*this, logits, rows, n, k, ids, vals, lse); });
 }
 
 // --- graphs ------------------------------------------------------------------------------------------------------
@@ -321,9 +319,7 @@ void *CudaDevice::scratch(size_t bytes) {
 }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
-    use();
-    OpTimer t(*this, "embed");
-    launch_embed(stream_, W, tokens, T, out);
+    op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });
 }
 
 void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
@@ -333,39 +329,27 @@ void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    use();
-    OpTimer t(*this, "rmsnorm");
-    launch_rmsnorm(stream_, x, w, y, rows, n, eps);
+    op("rmsnorm", [&] { launch_rmsnorm(stream_, x, w, y, rows, n, eps); });
 }
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    use();
-    OpTimer t(*this, "add_rmsnorm");
-    launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps);
+    op("add_rmsnorm", [&] { launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps); });
 }
 
 void CudaDevice::add(float *x, const float *d, int64_t count) {
-    use();
-    OpTimer t(*this, "add");
-    launch_add(stream_, x, d, count);
+    op("add", [&] { launch_add(stream_, x, d, count); });
 }
 
 void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
-    use();
-    OpTimer t(*this, "swiglu");
-    launch_swiglu(stream_, g, u, count);
+    op("swiglu", [&] { launch_swiglu(stream_, g, u, count); });
 }
 
 void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {
-    use();
-    OpTimer t(*this, "sigmoid_mul");
-    launch_sigmoid_mul(stream_, a, g, count);
+    op("sigmoid_mul", [&] { launch_sigmoid_mul(stream_, a, g, count); });
 }
 
 void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {
-    use();
-    OpTimer t(*this, "gather_rows");
-    launch_gather_rows(stream_, x, rows, R, n, out);
+    op("gather_rows", [&] { launch_gather_rows(stream_, x, rows, R, n, out); });
 }
 
 void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
@@ -383,39 +367,27 @@ void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int
 }
 
 void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
-    use();
-    OpTimer t(*this, "attn_prep");
-    launch_attn_prep(stream_, m, a);
+    op("attn_prep", [&] { launch_attn_prep(stream_, m, a); });
 }
 
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
-    use();
-    OpTimer t(*this, "attention");
-    launch_attention(*this, m, a);
+    op("attention", [&] { launch_attention(*this, m, a); });
 }
 
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
-    use();
-    OpTimer t(*this, "conv1d_silu");
-    launch_conv1d_silu(stream_, m, c);
+    op("conv1d_silu", [&] { launch_conv1d_silu(stream_, m, c); });
 }
 
 void CudaDevice::gdn_gates(int64_t T, const GdnGates &g) {
-    use();
-    OpTimer t(*this, "gdn_gates");
-    launch_gdn_gates(stream_, T, g);
+    op("gdn_gates", [&] { launch_gdn_gates(stream_, T, g); });
 }
 
 void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
-    use();
-    OpTimer t(*this, "gdn");
-    launch_gdn(stream_, m, g);
+    op("gdn", [&] { launch_gdn(stream_, m, g); });
 }
 
 void CudaDevice::gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) {
-    use();
-    OpTimer t(*this, "gated_rmsnorm");
-    launch_gated_rmsnorm(stream_, x, z, w, rows, n, eps);
+    op("gated_rmsnorm", [&] { launch_gated_rmsnorm(stream_, x, z, w, rows, n, eps); });
 }
 
 }  // namespace cuda
