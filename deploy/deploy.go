@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
@@ -53,6 +54,10 @@ func typed(apiVersion, kind string) (any, error) {
 		return &corev1.Service{}, nil
 	case "v1 ServiceAccount":
 		return &corev1.ServiceAccount{}, nil
+	case "rbac.authorization.k8s.io/v1 Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
 	case "gateway.networking.k8s.io/v1 HTTPRoute":
 		return &gatewayv1.HTTPRoute{}, nil
 	case InferencePoolAPIVersion + " InferencePool":
