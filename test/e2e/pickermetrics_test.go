@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"io"
 	"testing"
 
 	"github.com/matryer/is"
@@ -90,6 +91,12 @@ func TestPickerMetrics(t *testing.T) {
 			is.Equal(c.status, 200) // queued requests are served once the slots free
 		}
 		s.waitIdle(t)
+		// The scrape size drives the picker's cost at scale (docs/SCALE-OUT.md).
+		if resp, err := httpClient.Get(s.url + "/metrics"); err == nil {
+			n, _ := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			t.Logf("/metrics after load, one model: %d bytes", n)
+		}
 		waitFor(t, "all picker gauges back at zero", func() bool {
 			w, r, k := gauges()
 			return w == 0 && r == 0 && k == 0
