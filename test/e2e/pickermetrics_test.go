@@ -15,7 +15,7 @@ import (
 // on /metrics as gauges, rise while requests run, queue and hold KV, and
 // return to zero once the load is gone, so the picker stops seeing a
 // drained replica as busy. Ordering comes from the server's own state
-// (/status/json, SSE headers after admission), never from sleeps.
+// (/status/json, SSE headers after admission), never from fixed sleeps.
 func TestPickerMetrics(t *testing.T) {
 	names, err := deploy.PickerMetrics()
 	if err != nil {
