@@ -74,17 +74,6 @@ static inline uint16_t load_u16(const void *p) {
     return v;
 }
 
-// 6-bit scale and min of sub-block j of a q4_K super-block (gguf-and-quant §3.5).
-static inline void q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
 static void dequant_q8_0(const BlockQ8_0 *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n / QK8_0; i++) {
         const float d = f16_to_f32(load_u16(&b[i].d));

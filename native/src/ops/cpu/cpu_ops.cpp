@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "ops/cpu/qgemm.h"
+
 namespace dfl {
 
 void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row(r), out, W.n_in); }
@@ -13,9 +15,52 @@ void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row
 static constexpr int64_t kTokBlock = 32;
 static constexpr int64_t kFusedMaxTokens = 3;
 
+// Integer path. The activations are quantized once (a row is quantized the same whichever batch it is in), then the
+// output is split into tasks of rb rows x tb tokens: few tokens split over rows only (the weights stream once); many
+// split over rows and token blocks, so every thread has work and a task's weights (rb rows) and activations (tb
+// rows) stay in L2 while its tiles reuse each weight block for several tokens.
+static constexpr int64_t kInt8TokBlock = 64;
+
+static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
+    const int64_t n_in = W.n_in, n_out = W.n_out, nb = n_in / kActBlock;
+    scratch.act_q.resize((size_t)(T * n_in));
+    scratch.act_d.resize((size_t)(T * nb));
+    scratch.act_sum.resize((size_t)(T * nb));
+    QuantizedActs A;
+    A.q = scratch.act_q.data();
+    A.d = scratch.act_d.data();
+    A.dsum = scratch.act_sum.data();
+    A.n_in = n_in;
+    const int64_t qchunk = 8;
+    auto quantize = [&](int64_t task, int) {
+        for (int64_t t = task * qchunk; t < std::min(T, (task + 1) * qchunk); t++)
+            quantize_act_row(X + t * n_in, n_in, scratch.act_q.data() + t * n_in, scratch.act_d.data() + t * nb,
+                             scratch.act_sum.data() + t * nb);
+    };
+    if (T <= qchunk) {
+        quantize(0, 0);
+    } else {
+        pool.parallel_for(ceil_div(T, qchunk), quantize);
+    }
+
+    const int64_t threads = pool.size();
+    const int64_t tb = T <= 8 ? T : kInt8TokBlock;
+    const int64_t n_tb = ceil_div(T, tb);
+    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 4 rows (the tile
+    // height), at most 64 rows so a task's weights stay in L2.
+    const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
+    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(ceil_div(n_out, want_row_tasks), 4) * 4));
+    const int64_t n_rb = ceil_div(n_out, rb);
+    pool.parallel_for(n_rb * n_tb, [&](int64_t task, int) {
+        const int64_t r0 = (task / n_tb) * rb, t0 = (task % n_tb) * tb;
+        int8_gemm_block(W, A, r0, std::min(n_out, r0 + rb), t0, std::min(T, t0 + tb), Y);
+    });
+}
+
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t n_in = W.n_in, n_out = W.n_out;
     if (T <= 0 || n_out <= 0) return;
+    if (int8_matmul_applies(W)) return matmul_int8(pool, scratch, W, X, T, Y);
     const int64_t per_thread = ceil_div(n_out, (int64_t)pool.size() * 4);
     const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(per_thread, 4) * 4));
     const int64_t n_tasks = ceil_div(n_out, rb);

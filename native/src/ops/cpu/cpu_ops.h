@@ -19,6 +19,9 @@ void host_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 // Per-thread scratch growable buffers, reused across calls.
 struct Scratch {
     std::vector<std::vector<float>> per_thread;
+    // The int8 activations of the current integer matmul (qgemm.h), shared by its threads.
+    std::vector<int8_t> act_q;
+    std::vector<float> act_d, act_sum;
     explicit Scratch(int n = 1) : per_thread(n) {}
     float *get(int thread, size_t n) {
         auto &v = per_thread[thread];
@@ -27,7 +30,8 @@ struct Scratch {
     }
 };
 
-// Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out.
+// Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out. Quantized weights run on
+// the integer kernels of qgemm.h (activations rounded to int8 per block of 32); the rest on float kernels.
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y);
 
 // out[0..n_in) = row `r` of W as f32 (embedding lookup).
