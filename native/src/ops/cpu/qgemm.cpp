@@ -128,7 +128,11 @@ constexpr int kMaxR = 2, kMaxC = 4;
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+// GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which -Wuninitialized reports.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace qk_avx512vnni {
 #define QK_DPBUSD 512
 // 32 vector registers: 4 x 4 accumulators plus operands.
@@ -136,6 +140,7 @@ constexpr int kMaxR = 4, kMaxC = 4;
 #include "ops/cpu/qgemm_kernels.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avx512vnni
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
@@ -157,7 +162,8 @@ static bool has_avx2() {
 static bool has_avxvnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
 static bool has_avx512vnni() {
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
 }
 #endif
 
