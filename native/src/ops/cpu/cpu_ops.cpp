@@ -154,6 +154,39 @@ DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+// a[d] += sum_j s[j] * V[j][d], j in order: per element the same operations as cnt axpy calls, but each 32-float
+// slice of a stays in registers across the rows instead of being reloaded and stored for every row.
+DFL_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
+    typedef float v8 __attribute__((vector_size(32)));
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        v8 a0, a1, a2, a3;
+        std::memcpy(&a0, a + d, 32);
+        std::memcpy(&a1, a + d + 8, 32);
+        std::memcpy(&a2, a + d + 16, 32);
+        std::memcpy(&a3, a + d + 24, 32);
+        for (int64_t j = 0; j < cnt; j++) {
+            const float *v = V + j * hd + d;
+            v8 v0, v1, v2, v3;
+            std::memcpy(&v0, v, 32);
+            std::memcpy(&v1, v + 8, 32);
+            std::memcpy(&v2, v + 16, 32);
+            std::memcpy(&v3, v + 24, 32);
+            const float w = s[j];
+            a0 += w * v0;
+            a1 += w * v1;
+            a2 += w * v2;
+            a3 += w * v3;
+        }
+        std::memcpy(a + d, &a0, 32);
+        std::memcpy(a + d + 8, &a1, 32);
+        std::memcpy(a + d + 16, &a2, 32);
+        std::memcpy(a + d + 24, &a3, 32);
+    }
+    for (; d < hd; d++)
+        for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
+}
+
 DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
@@ -203,7 +236,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 float *a = acc + idx * hd;
                 l[idx] = l[idx] * corr + sum;
                 scale_vec(corr, a, hd);
-                for (int64_t j = 0; j < cnt; j++) axpy(s[j], Vt + j * hd, a, hd);
+                accumulate_rows(s, Vt, cnt, hd, a);
                 m[idx] = mnew;
             }
         }
