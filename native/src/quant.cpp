@@ -156,6 +156,14 @@ __attribute__((target("avx2,f16c"))) static void dequant_f16_f16c(const uint16_t
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
     for (; i < n; i++) y[i] = f16_to_f32(x[i]);
 }
+
+// Round to nearest even like f32_to_f16, bit for bit (NaN payloads aside): the KV cache write of every token.
+__attribute__((target("avx2,f16c"))) static void quantize_f16_f16c(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = f32_to_f16(x[i]);
+}
 #endif
 
 static void dequant_f16(const uint16_t *x, float *y, int64_t n) {
@@ -213,6 +221,9 @@ void quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
         return;
     case DFL_TYPE_F16: {
         uint16_t *y = (uint16_t *)dst;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (cpu_avx2()) return quantize_f16_f16c(src, y, n);
+#endif
         for (int64_t i = 0; i < n; i++) y[i] = f32_to_f16(src[i]);
         return;
     }

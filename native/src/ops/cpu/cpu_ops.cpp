@@ -31,11 +31,21 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     A.d = scratch.act_d.data();
     A.dsum = scratch.act_sum.data();
     A.n_in = n_in;
+    const bool pairs = int8_wants_pair_layout();
+    if (pairs) {
+        scratch.act_u.resize((size_t)(T * n_in));
+        scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
+        A.qu = scratch.act_u.data();
+        A.dpair = scratch.act_dpair.data();
+    }
     const int64_t qchunk = 8;
     auto quantize = [&](int64_t task, int) {
-        for (int64_t t = task * qchunk; t < std::min(T, (task + 1) * qchunk); t++)
-            quantize_act_row(X + t * n_in, n_in, scratch.act_q.data() + t * n_in, scratch.act_d.data() + t * nb,
-                             scratch.act_sum.data() + t * nb);
+        for (int64_t t = task * qchunk; t < std::min(T, (task + 1) * qchunk); t++) {
+            int8_t *q = scratch.act_q.data() + t * n_in;
+            float *d = scratch.act_d.data() + t * nb;
+            quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
+            if (pairs) expand_act_row(q, d, n_in, scratch.act_u.data() + t * n_in, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+        }
     };
     if (T <= qchunk) {
         quantize(0, 0);
@@ -140,6 +150,25 @@ void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq) {
     for (int i = 0; i < half; i++) {
         const float ang = (float)pos * inv_freq[i];
         const float c = (float)std::cos((double)ang), s = (float)std::sin((double)ang);
+        const float x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * c - x1 * s;
+        x[i + half] = x1 * c + x0 * s;
+    }
+}
+
+void rope_cos_sin(int rope_dim, int32_t pos, const float *inv_freq, float *cs) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float ang = (float)pos * inv_freq[i];
+        cs[i] = (float)std::cos((double)ang);
+        cs[half + i] = (float)std::sin((double)ang);
+    }
+}
+
+void rope_neox_with(float *x, int rope_dim, const float *cs) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float c = cs[i], s = cs[half + i];
         const float x0 = x[i], x1 = x[i + half];
         x[i] = x0 * c - x1 * s;
         x[i + half] = x1 * c + x0 * s;

@@ -21,7 +21,8 @@ struct Scratch {
     std::vector<std::vector<float>> per_thread;
     // The int8 activations of the current integer matmul (qgemm.h), shared by its threads.
     std::vector<int8_t> act_q;
-    std::vector<float> act_d, act_sum;
+    std::vector<float> act_d, act_sum, act_dpair;
+    std::vector<uint8_t> act_u;
     explicit Scratch(int n = 1) : per_thread(n) {}
     float *get(int thread, size_t n) {
         auto &v = per_thread[thread];
@@ -57,6 +58,9 @@ void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float ep
 
 // NeoX (rotate-half) RoPE on the first rope_dim values of one head: x[i] pairs with x[i + rope_dim/2].
 void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq);
+// The same in two steps, so the cos/sin of a position are computed once for all its heads: cs gets rope_dim floats.
+void rope_cos_sin(int rope_dim, int32_t pos, const float *inv_freq, float *cs);
+void rope_neox_with(float *x, int rope_dim, const float *cs);
 
 // A paged KV cache of one attention layer seen through one sequence's block table.
 struct PagedKV {

@@ -35,6 +35,15 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
+void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair) {
+    for (int64_t i = 0; i < n; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+    const int64_t nb = n / kActBlock;
+    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
+        for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
+        for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
+    }
+}
+
 // ---- portable kernels: one (row, token) dot at a time, integer sums per block, then float. ----
 
 static float generic_dot_q8_0(const uint8_t *row, const QuantizedActs &A, int64_t t) {
@@ -111,7 +120,7 @@ static void generic_gemm_block(const Weight &W, const QuantizedActs &A, int64_t 
 namespace qk_avx2 {
 #define QK_DPBUSD 0
 // 16 vector registers: 2 rows x 4 tokens keeps the 8 accumulators and the operands in registers.
-constexpr int kMaxR = 2, kMaxC = 4;
+constexpr int kShapeQ8_0[2] = {2, 4}, kShapeK[2] = {2, 4};
 #include "ops/cpu/qgemm_kernels.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avx2
@@ -121,7 +130,7 @@ constexpr int kMaxR = 2, kMaxC = 4;
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace qk_avxvnni {
 #define QK_DPBUSD 256
-constexpr int kMaxR = 2, kMaxC = 4;
+constexpr int kShapeQ8_0[2] = {2, 4}, kShapeK[2] = {2, 4};
 #include "ops/cpu/qgemm_kernels.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avxvnni
@@ -135,8 +144,8 @@ constexpr int kMaxR = 2, kMaxC = 4;
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace qk_avx512vnni {
 #define QK_DPBUSD 512
-// 32 vector registers: 4 x 4 accumulators plus operands.
-constexpr int kMaxR = 4, kMaxC = 4;
+// 32 vector registers: 4 x 4 accumulators plus operands (2 x 8 and 4 x 6 measured no faster for q8_0).
+constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
 #include "ops/cpu/qgemm_kernels.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avx512vnni
@@ -152,6 +161,7 @@ struct KernelSet {
     const char *name;
     GemmFn gemm;  // null: the float path
     bool (*supported)();
+    bool pair_layout;  // reads QuantizedActs::qu and dpair
 };
 
 static bool always() { return true; }
@@ -170,12 +180,12 @@ static bool has_avx512vnni() {
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
-    {"avx512vnni", qk_avx512vnni::gemm_block, has_avx512vnni},
-    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni},
-    {"avx2", qk_avx2::gemm_block, has_avx2},
+    {"avx512vnni", qk_avx512vnni::gemm_block, has_avx512vnni, true},
+    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false},
+    {"avx2", qk_avx2::gemm_block, has_avx2, false},
 #endif
-    {"generic", generic_gemm_block, always},
-    {"off", nullptr, always},
+    {"generic", generic_gemm_block, always, false},
+    {"off", nullptr, always, false},
 };
 
 static const KernelSet *choose(const char *name) {
@@ -193,6 +203,8 @@ static const KernelSet *g_set = choose(std::getenv("DFLASH_CPU_INT8"));
 void set_int8_kernels(const char *name) { g_set = choose(name); }
 
 const char *int8_kernels() { return g_set->name; }
+
+bool int8_wants_pair_layout() { return g_set->pair_layout; }
 
 bool int8_matmul_applies(const Weight &W) {
     if (g_set->gemm == nullptr) return false;
