@@ -249,9 +249,13 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             for (int hh = 0; hh < group; hh++) {
                 const int h = kvh * group + hh;
                 const float *qh = q + i * q_stride + (int64_t)h * hd;
+                // dot4_f32 gives each row exactly dot_f32's result and reads q once for four keys
+                int64_t j = 0;
+                for (; j + 4 <= cnt; j += 4) dot4_f32(Kt + j * hd, qh, hd, s + j);
+                for (; j < cnt; j++) s[j] = dot_f32(qh, Kt + j * hd, hd);
                 float mx = -std::numeric_limits<float>::infinity();
-                for (int64_t j = 0; j < cnt; j++) {
-                    s[j] = dot_f32(qh, Kt + j * hd, hd) * scale;
+                for (j = 0; j < cnt; j++) {
+                    s[j] *= scale;
                     mx = std::max(mx, s[j]);
                 }
                 const size_t idx = (size_t)(i - i0) * group + hh;
