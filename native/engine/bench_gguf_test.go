@@ -13,8 +13,8 @@ import (
 // the same file and GPU: $DFLASH_BENCH_GGUF (the file), $DFLASH_BENCH_DEVICE (default cpu), $DFLASH_BENCH_BATCHES
 // (decode batch sizes, default "1,8,32"), $DFLASH_BENCH_PROMPTS (prefill lengths, default "512,4096"). Sub-benchmarks:
 // pp<N> (one prompt of N tokens per forward) and tg-b<B> (B sequences decoding one token each per forward, after a
-// 16-token prompt; the next token is the device's greedy choice, Batch.TopK = 1). Run with -test.benchtime=Nx; tok/s
-// is what to compare.
+// 16-token prompt; the next token is the device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
+// count) sets the CPU threads (default: every core). Run with -test.benchtime=Nx; tok/s is what to compare.
 func BenchmarkGGUF(b *testing.B) {
 	path := os.Getenv("DFLASH_BENCH_GGUF")
 	if path == "" {
@@ -36,7 +36,8 @@ func BenchmarkGGUF(b *testing.B) {
 	for _, x := range prompts {
 		maxP = max(maxP, x)
 	}
-	m, err := lib.LoadGGUF(path, Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16})
+	threads, _ := strconv.Atoi(os.Getenv("DFLASH_BENCH_THREADS"))
+	m, err := lib.LoadGGUF(path, Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -422,7 +422,19 @@ func TestQuantizedWeightsAndCaches(t *testing.T) {
 				is.NoErr(err)
 				f.Tensors = append(f.Tensors, Tensor{Name: tt.Name, Type: gguf.F32, Dims: tt.Dims, Data: b})
 			}
-			is.True(relErr(run(t, q, f32opt), run(t, f, f32opt)) < 1e-5)
+			got, want := run(t, q, f32opt), run(t, f, f32opt)
+			switch wt {
+			case gguf.Q8_0, gguf.Q4_K, gguf.Q6_K:
+				// On the CPU these multiply int8-quantized activations (blocks of 32, error <= 1/254 of each
+				// block's largest value; see native/tests/test_ops.cpp), so through the layers of this random
+				// model the logits differ by a few percent of their range, like those of the q8_0 KV cache below.
+				e := relErr(got, want)
+				t.Logf("relErr %.2g", e)
+				is.True(e < 0.05) // the bound the q8_0 KV cache test below uses
+				is.Equal(argmax(got), argmax(want))
+			default:
+				is.True(relErr(got, want) < 1e-5)
+			}
 		})
 	}
 	for _, ct := range []CacheType{CacheF16, CacheBF16, CacheQ8_0} {

@@ -74,17 +74,6 @@ static inline uint16_t load_u16(const void *p) {
     return v;
 }
 
-// 6-bit scale and min of sub-block j of a q4_K super-block (gguf-and-quant §3.5).
-static inline void q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
-        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
 static void dequant_q8_0(const BlockQ8_0 *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n / QK8_0; i++) {
         const float d = f16_to_f32(load_u16(&b[i].d));
@@ -167,6 +156,14 @@ __attribute__((target("avx2,f16c"))) static void dequant_f16_f16c(const uint16_t
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
     for (; i < n; i++) y[i] = f16_to_f32(x[i]);
 }
+
+// Round to nearest even like f32_to_f16, bit for bit (NaN payloads aside): the KV cache write of every token.
+__attribute__((target("avx2,f16c"))) static void quantize_f16_f16c(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = f32_to_f16(x[i]);
+}
 #endif
 
 static void dequant_f16(const uint16_t *x, float *y, int64_t n) {
@@ -224,6 +221,9 @@ void quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
         return;
     case DFL_TYPE_F16: {
         uint16_t *y = (uint16_t *)dst;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (cpu_avx2()) return quantize_f16_f16c(src, y, n);
+#endif
         for (int64_t i = 0; i < n; i++) y[i] = f32_to_f16(src[i]);
         return;
     }

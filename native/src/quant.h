@@ -32,6 +32,17 @@ static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block");
 static_assert(sizeof(BlockQ4_K) == 144, "q4_K block");
 static_assert(sizeof(BlockQ6_K) == 210, "q6_K block");
 
+// 6-bit scale and min of sub-block j (of 32 elements) of a q4_K super-block (gguf-and-quant §3.5).
+inline void q4k_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
 // Elements per block and bytes per block of a type; 0 for unsupported types.
 int type_block(uint32_t type);
 int type_block_bytes(uint32_t type);

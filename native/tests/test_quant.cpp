@@ -234,3 +234,22 @@ TEST(dequant_paths_agree_bitwise) {
         CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
     }
 }
+
+// The F16C KV-cache write rounds exactly like f32_to_f16 for every non-NaN float (halfway cases, subnormals, overflow).
+TEST(f16_quantize_paths_agree_bitwise) {
+    Rng rng(41);
+    std::vector<float> x(4096 + 5);
+    for (size_t i = 0; i < x.size(); i++) {
+        uint32_t bits = (uint32_t)rng.next();
+        if (i % 3 == 0) bits = (bits & 0x8000FFFFu) | ((uint32_t)(100 + rng.next() % 60) << 23);  // near half range
+        if (i % 7 == 0) bits = (bits & ~0x0FFFu) | 0x1000u;  // exact halfway between two halves
+        x[i] = fp32_from_bits(bits);
+        if (std::isnan(x[i])) x[i] = 1.0f;
+    }
+    std::vector<uint16_t> a(x.size()), b(x.size());
+    force_generic_kernels(true);
+    quantize_row(DFL_TYPE_F16, x.data(), a.data(), (int64_t)x.size());
+    force_generic_kernels(false);
+    quantize_row(DFL_TYPE_F16, x.data(), b.data(), (int64_t)x.size());
+    CHECK(a == b);
+}

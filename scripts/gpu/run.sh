@@ -15,6 +15,7 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 export NCCL_NVLS_ENABLE=0
+export DFLASH_CPU_INT8=off  # the CPU reference of the device tests is the float path
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 stage=/tmp/gpu-stage

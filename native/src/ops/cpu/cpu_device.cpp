@@ -94,19 +94,21 @@ public:
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override {
         const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
         const int64_t q_out = (int64_t)nh * hd * (a.gated ? 2 : 1), qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-        pool_.parallel_for(m.T, [&](int64_t t, int) {
+        pool_.parallel_for(m.T, [&](int64_t t, int th) {
+            float *cs = scratch_.get(th, (size_t)a.rope_dim);  // one position's cos/sin, shared by its heads
+            rope_cos_sin(a.rope_dim, m.pos[t], a.inv_freq, cs);
             for (int hh = 0; hh < nh; hh++) {
                 const float *src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
                 float *dst = a.Q + t * qd + (int64_t)hh * hd;
                 dfl::rmsnorm(src, a.q_norm, dst, hd, a.eps);
-                rope_neox(dst, a.rope_dim, m.pos[t], a.inv_freq);
+                rope_neox_with(dst, a.rope_dim, cs);
                 if (a.gated) std::memcpy(a.gate + t * qd + (int64_t)hh * hd, src + hd, sizeof(float) * (size_t)hd);
             }
             const uint64_t row = (uint64_t)m.kv_slot[t] * (uint64_t)nkv;
             for (int g = 0; g < nkv; g++) {
                 float *kr = a.kf + t * kvd + (int64_t)g * hd;
                 dfl::rmsnorm(kr, a.k_norm, kr, hd, a.eps);
-                rope_neox(kr, a.rope_dim, m.pos[t], a.inv_freq);
+                rope_neox_with(kr, a.rope_dim, cs);
                 quantize_row(a.kv.type_k, kr, a.kv.k + (row + (uint64_t)g) * a.kv.k_row, hd);
                 quantize_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + (row + (uint64_t)g) * a.kv.v_row, hd);
             }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "ops/cpu/qgemm.h"
+
 namespace dfl {
 
 void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row(r), out, W.n_in); }
@@ -13,9 +15,62 @@ void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row
 static constexpr int64_t kTokBlock = 32;
 static constexpr int64_t kFusedMaxTokens = 3;
 
+// Integer path. The activations are quantized once (a row is quantized the same whichever batch it is in), then the
+// output is split into tasks of rb rows x tb tokens: few tokens split over rows only (the weights stream once); many
+// split over rows and token blocks, so every thread has work and a task's weights (rb rows) and activations (tb
+// rows) stay in L2 while its tiles reuse each weight block for several tokens.
+static constexpr int64_t kInt8TokBlock = 64;
+
+static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
+    const int64_t n_in = W.n_in, n_out = W.n_out, nb = n_in / kActBlock;
+    scratch.act_q.resize((size_t)(T * n_in));
+    scratch.act_d.resize((size_t)(T * nb));
+    scratch.act_sum.resize((size_t)(T * nb));
+    QuantizedActs A;
+    A.q = scratch.act_q.data();
+    A.d = scratch.act_d.data();
+    A.dsum = scratch.act_sum.data();
+    A.n_in = n_in;
+    const bool pairs = int8_wants_pair_layout();
+    if (pairs) {
+        scratch.act_u.resize((size_t)(T * n_in));
+        scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
+        A.qu = scratch.act_u.data();
+        A.dpair = scratch.act_dpair.data();
+    }
+    const int64_t qchunk = 8;
+    auto quantize = [&](int64_t task, int) {
+        for (int64_t t = task * qchunk; t < std::min(T, (task + 1) * qchunk); t++) {
+            int8_t *q = scratch.act_q.data() + t * n_in;
+            float *d = scratch.act_d.data() + t * nb;
+            quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
+            if (pairs) expand_act_row(q, d, n_in, scratch.act_u.data() + t * n_in, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+        }
+    };
+    if (T <= qchunk) {
+        quantize(0, 0);
+    } else {
+        pool.parallel_for(ceil_div(T, qchunk), quantize);
+    }
+
+    const int64_t threads = pool.size();
+    const int64_t tb = T <= 8 ? T : kInt8TokBlock;
+    const int64_t n_tb = ceil_div(T, tb);
+    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 4 rows (the tile
+    // height), at most 64 rows so a task's weights stay in L2.
+    const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
+    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(ceil_div(n_out, want_row_tasks), 4) * 4));
+    const int64_t n_rb = ceil_div(n_out, rb);
+    pool.parallel_for(n_rb * n_tb, [&](int64_t task, int) {
+        const int64_t r0 = (task / n_tb) * rb, t0 = (task % n_tb) * tb;
+        int8_gemm_block(W, A, r0, std::min(n_out, r0 + rb), t0, std::min(T, t0 + tb), Y);
+    });
+}
+
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t n_in = W.n_in, n_out = W.n_out;
     if (T <= 0 || n_out <= 0) return;
+    if (int8_matmul_applies(W)) return matmul_int8(pool, scratch, W, X, T, Y);
     const int64_t per_thread = ceil_div(n_out, (int64_t)pool.size() * 4);
     const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(per_thread, 4) * 4));
     const int64_t n_tasks = ceil_div(n_out, rb);
@@ -101,12 +156,64 @@ void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq) {
     }
 }
 
+void rope_cos_sin(int rope_dim, int32_t pos, const float *inv_freq, float *cs) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float ang = (float)pos * inv_freq[i];
+        cs[i] = (float)std::cos((double)ang);
+        cs[half + i] = (float)std::sin((double)ang);
+    }
+}
+
+void rope_neox_with(float *x, int rope_dim, const float *cs) {
+    const int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float c = cs[i], s = cs[half + i];
+        const float x0 = x[i], x1 = x[i + half];
+        x[i] = x0 * c - x1 * s;
+        x[i + half] = x1 * c + x0 * s;
+    }
+}
+
 size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
     return (size_t)(2 * kAttnTile * head_dim + kAttnTile) + (size_t)n_tok * group * (head_dim + 2);
 }
 
 DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+// a[d] += sum_j s[j] * V[j][d], j in order: per element the same operations as cnt axpy calls, but each 32-float
+// slice of a stays in registers across the rows instead of being reloaded and stored for every row.
+DFL_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
+    typedef float v8 __attribute__((vector_size(32)));
+    int d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        v8 a0, a1, a2, a3;
+        std::memcpy(&a0, a + d, 32);
+        std::memcpy(&a1, a + d + 8, 32);
+        std::memcpy(&a2, a + d + 16, 32);
+        std::memcpy(&a3, a + d + 24, 32);
+        for (int64_t j = 0; j < cnt; j++) {
+            const float *v = V + j * hd + d;
+            v8 v0, v1, v2, v3;
+            std::memcpy(&v0, v, 32);
+            std::memcpy(&v1, v + 8, 32);
+            std::memcpy(&v2, v + 16, 32);
+            std::memcpy(&v3, v + 24, 32);
+            const float w = s[j];
+            a0 += w * v0;
+            a1 += w * v1;
+            a2 += w * v2;
+            a3 += w * v3;
+        }
+        std::memcpy(a + d, &a0, 32);
+        std::memcpy(a + d + 8, &a1, 32);
+        std::memcpy(a + d + 16, &a2, 32);
+        std::memcpy(a + d + 24, &a3, 32);
+    }
+    for (; d < hd; d++)
+        for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
 }
 
 DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
@@ -142,9 +249,13 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             for (int hh = 0; hh < group; hh++) {
                 const int h = kvh * group + hh;
                 const float *qh = q + i * q_stride + (int64_t)h * hd;
+                // dot4_f32 gives each row exactly dot_f32's result and reads q once for four keys
+                int64_t j = 0;
+                for (; j + 4 <= cnt; j += 4) dot4_f32(Kt + j * hd, qh, hd, s + j);
+                for (; j < cnt; j++) s[j] = dot_f32(qh, Kt + j * hd, hd);
                 float mx = -std::numeric_limits<float>::infinity();
-                for (int64_t j = 0; j < cnt; j++) {
-                    s[j] = dot_f32(qh, Kt + j * hd, hd) * scale;
+                for (j = 0; j < cnt; j++) {
+                    s[j] *= scale;
                     mx = std::max(mx, s[j]);
                 }
                 const size_t idx = (size_t)(i - i0) * group + hh;
@@ -158,7 +269,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 float *a = acc + idx * hd;
                 l[idx] = l[idx] * corr + sum;
                 scale_vec(corr, a, hd);
-                for (int64_t j = 0; j < cnt; j++) axpy(s[j], Vt + j * hd, a, hd);
+                accumulate_rows(s, Vt, cnt, hd, a);
                 m[idx] = mnew;
             }
         }

@@ -23,6 +23,10 @@ void host_memory(uint64_t *free_bytes, uint64_t *total_bytes);
 // Per-thread scratch growable buffers, reused across calls.
 struct Scratch {
     std::vector<std::vector<float>> per_thread;
+    // The int8 activations of the current integer matmul (qgemm.h), shared by its threads.
+    std::vector<int8_t> act_q;
+    std::vector<float> act_d, act_sum, act_dpair;
+    std::vector<uint8_t> act_u;
     explicit Scratch(int n = 1) : per_thread(n) {}
     float *get(int thread, size_t n) {
         auto &v = per_thread[thread];
@@ -31,7 +35,8 @@ struct Scratch {
     }
 };
 
-// Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out.
+// Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out. Quantized weights run on
+// the integer kernels of qgemm.h (activations rounded to int8 per block of 32); the rest on float kernels.
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y);
 
 // out[0..n_in) = row `r` of W as f32 (embedding lookup).
@@ -57,6 +62,9 @@ void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float ep
 
 // NeoX (rotate-half) RoPE on the first rope_dim values of one head: x[i] pairs with x[i + rope_dim/2].
 void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq);
+// The same in two steps, so the cos/sin of a position are computed once for all its heads: cs gets rope_dim floats.
+void rope_cos_sin(int rope_dim, int32_t pos, const float *inv_freq, float *cs);
+void rope_neox_with(float *x, int rope_dim, const float *cs);
 
 // A paged KV cache of one attention layer seen through one sequence's block table.
 struct PagedKV {

@@ -1,0 +1,227 @@
+#include "ops/cpu/qgemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "quant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define DFL_QGEMM_X86 1
+#endif
+
+namespace dfl {
+
+DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, float *d, float *dsum) {
+    for (int64_t b = 0; b < n / kActBlock; b++) {
+        const float *xb = x + b * kActBlock;
+        int8_t *qb = q + b * kActBlock;
+        float amax = 0;
+        for (int i = 0; i < kActBlock; i++) amax = std::max(amax, std::fabs(xb[i]));
+        const float scale = amax / 127.0f;
+        const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < kActBlock; i++) {
+            // |x * inv| <= 127 up to rounding; the clamp keeps -128 out (the AVX2 kernels rely on |a| <= 127)
+            const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xb[i] * inv)));
+            qb[i] = (int8_t)v;
+            sum += (int)v;
+        }
+        d[b] = scale;
+        dsum[b] = scale * (float)sum;
+    }
+}
+
+void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair) {
+    for (int64_t i = 0; i < n; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+    const int64_t nb = n / kActBlock;
+    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
+        for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
+        for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
+    }
+}
+
+// ---- portable kernels: one (row, token) dot at a time, integer sums per block, then float. ----
+
+static float generic_dot_q8_0(const uint8_t *row, const QuantizedActs &A, int64_t t) {
+    const BlockQ8_0 *w = (const BlockQ8_0 *)row;
+    const int8_t *a = A.codes(t);
+    const float *ad = A.scales(t);
+    float acc = 0;
+    for (int64_t b = 0; b < A.n_blocks(); b++) {
+        int32_t s = 0;
+        for (int i = 0; i < QK8_0; i++) s += (int32_t)w[b].qs[i] * a[b * QK8_0 + i];
+        acc += (float)s * (f16_to_f32(w[b].d) * ad[b]);
+    }
+    return acc;
+}
+
+static float generic_dot_q4_K(const uint8_t *row, const QuantizedActs &A, int64_t t) {
+    const BlockQ4_K *w = (const BlockQ4_K *)row;
+    const int8_t *a = A.codes(t);
+    const float *ad = A.scales(t), *as = A.sums(t);
+    float acc = 0;
+    for (int64_t sb = 0; sb < A.n_in / QK_K; sb++) {
+        const float d = f16_to_f32(w[sb].d), dmin = f16_to_f32(w[sb].dmin);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            q4k_scale_min(j, w[sb].scales, &sc, &m);
+            const uint8_t *qs = w[sb].qs + 32 * (j / 2);
+            const int8_t *aj = a + sb * QK_K + 32 * j;
+            int32_t s = 0;
+            for (int i = 0; i < 32; i++) s += (int32_t)(j % 2 ? qs[i] >> 4 : qs[i] & 0x0F) * aj[i];
+            acc += (float)s * (d * (float)sc * ad[sb * 8 + j]) - dmin * (float)m * as[sb * 8 + j];
+        }
+    }
+    return acc;
+}
+
+static float generic_dot_q6_K(const uint8_t *row, const QuantizedActs &A, int64_t t) {
+    const BlockQ6_K *w = (const BlockQ6_K *)row;
+    const int8_t *a = A.codes(t);
+    const float *ad = A.scales(t);
+    float acc = 0;
+    for (int64_t sb = 0; sb < A.n_in / QK_K; sb++) {
+        const float d = f16_to_f32(w[sb].d);
+        for (int j = 0; j < 8; j++) {
+            const int h = j / 4, k = j % 4;
+            const uint8_t *ql = w[sb].ql + 64 * h + 32 * (k & 1), *qh = w[sb].qh + 32 * h;
+            const int8_t *aj = a + sb * QK_K + 32 * j;
+            for (int half = 0; half < 2; half++) {
+                int32_t s = 0;
+                for (int i = 16 * half; i < 16 * half + 16; i++) {
+                    const int lo = k < 2 ? ql[i] & 0x0F : ql[i] >> 4;
+                    const int q = (lo | (((qh[i] >> (2 * k)) & 3) << 4)) - 32;
+                    s += q * aj[i];
+                }
+                acc += (float)s * (d * (float)w[sb].scales[2 * j + half] * ad[sb * 8 + j]);
+            }
+        }
+    }
+    return acc;
+}
+
+static void generic_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0,
+                               int64_t t1, float *Y) {
+    float (*dot)(const uint8_t *, const QuantizedActs &, int64_t) =
+        W.type == DFL_TYPE_Q8_0 ? generic_dot_q8_0 : W.type == DFL_TYPE_Q4_K ? generic_dot_q4_K : generic_dot_q6_K;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t r = r0; r < r1; r++) Y[t * W.n_out + r] = dot(W.row(r), A, t);
+}
+
+// ---- SIMD kernels: qgemm_kernels.inc once per instruction set. ----
+
+#ifdef DFL_QGEMM_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace qk_avx2 {
+#define QK_DPBUSD 0
+// 16 vector registers: 2 rows x 4 tokens keeps the 8 accumulators and the operands in registers.
+constexpr int kShapeQ8_0[2] = {2, 4}, kShapeK[2] = {2, 4};
+#include "ops/cpu/qgemm_kernels.inc"
+#undef QK_DPBUSD
+}  // namespace qk_avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+namespace qk_avxvnni {
+#define QK_DPBUSD 256
+constexpr int kShapeQ8_0[2] = {2, 4}, kShapeK[2] = {2, 4};
+#include "ops/cpu/qgemm_kernels.inc"
+#undef QK_DPBUSD
+}  // namespace qk_avxvnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+// GCC 12's 512-bit intrinsics pass _mm512_undefined_*() as the unused merge source, which -Wuninitialized reports.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace qk_avx512vnni {
+#define QK_DPBUSD 512
+// 32 vector registers: 4 x 4 accumulators plus operands (2 x 8 and 4 x 6 measured no faster for q8_0).
+constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
+#include "ops/cpu/qgemm_kernels.inc"
+#undef QK_DPBUSD
+}  // namespace qk_avx512vnni
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+// ---- run-time choice ----
+
+using GemmFn = void (*)(const Weight &, const QuantizedActs &, int64_t, int64_t, int64_t, int64_t, float *);
+
+struct KernelSet {
+    const char *name;
+    GemmFn gemm;  // null: the float path
+    bool (*supported)();
+    bool pair_layout;  // reads QuantizedActs::qu and dpair
+};
+
+static bool always() { return true; }
+#ifdef DFL_QGEMM_X86
+static bool has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+static bool has_avxvnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
+static bool has_avx512vnni() {
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+// Best first.
+static const KernelSet kSets[] = {
+#ifdef DFL_QGEMM_X86
+    {"avx512vnni", qk_avx512vnni::gemm_block, has_avx512vnni, true},
+    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false},
+    {"avx2", qk_avx2::gemm_block, has_avx2, false},
+#endif
+    {"generic", generic_gemm_block, always, false},
+    {"off", nullptr, always, false},
+};
+
+static const KernelSet *choose(const char *name) {
+    const bool any = name == nullptr || *name == 0 || std::strcmp(name, "auto") == 0;
+    bool reached = any;
+    for (const KernelSet &k : kSets) {
+        if (!reached && std::strcmp(k.name, name) == 0) reached = true;
+        if (reached && k.supported()) return &k;
+    }
+    return &kSets[0] + (sizeof kSets / sizeof kSets[0]) - 2;  // unknown name: generic
+}
+
+static const KernelSet *g_set = choose(std::getenv("DFLASH_CPU_INT8"));
+
+void set_int8_kernels(const char *name) { g_set = choose(name); }
+
+const char *int8_kernels() { return g_set->name; }
+
+bool int8_wants_pair_layout() { return g_set->pair_layout; }
+
+bool int8_matmul_applies(const Weight &W) {
+    if (g_set->gemm == nullptr) return false;
+    switch (W.type) {
+    case DFL_TYPE_Q8_0:
+        return W.n_in % kActBlock == 0;
+    case DFL_TYPE_Q4_K:
+    case DFL_TYPE_Q6_K:
+        return W.n_in % QK_K == 0;
+    default:
+        return false;
+    }
+}
+
+void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+                     float *Y) {
+    g_set->gemm(W, A, r0, r1, t0, t1, Y);
+}
+
+}  // namespace dfl

