@@ -42,12 +42,17 @@ func (n *nativeModel) Reserve(s engine.SeqID, tokens int) error {
 	return kvErr(n.m.Reserve(native.Seq(s), tokens))
 }
 
-func (n *nativeModel) Forward(_ context.Context, batch []engine.SeqInput) ([]float32, error) {
+// entries is batch as the native engine's entries (in a buffer reused across forwards).
+func (n *nativeModel) entries(batch []engine.SeqInput) []native.Entry {
 	n.batch = n.batch[:0]
 	for _, in := range batch {
 		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits)})
 	}
-	r, err := n.m.Forward(native.Batch{Entries: n.batch})
+	return n.batch
+}
+
+func (n *nativeModel) Forward(_ context.Context, batch []engine.SeqInput) ([]float32, error) {
+	r, err := n.m.Forward(native.Batch{Entries: n.entries(batch)})
 	if err != nil {
 		return nil, kvErr(err)
 	}
@@ -57,11 +62,7 @@ func (n *nativeModel) Forward(_ context.Context, batch []engine.SeqInput) ([]flo
 // ForwardCandidates is Forward with each logits row reduced to its k best candidates by the engine library (on a
 // GPU only those cross to the host).
 func (n *nativeModel) ForwardCandidates(_ context.Context, batch []engine.SeqInput, k int) (engine.Candidates, error) {
-	n.batch = n.batch[:0]
-	for _, in := range batch {
-		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits)})
-	}
-	r, err := n.m.Forward(native.Batch{Entries: n.batch, TopK: min(k, native.MaxTopK)})
+	r, err := n.m.Forward(native.Batch{Entries: n.entries(batch), TopK: min(k, native.MaxTopK)})
 	if err != nil {
 		return engine.Candidates{}, kvErr(err)
 	}

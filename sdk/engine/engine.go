@@ -547,10 +547,14 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 		forced bool
 		err    error
 	)
-	if c != nil {
-		tok, forced, err = e.pickCandidate(s, c)
-	} else {
-		tok, forced, err = e.pick(s, row)
+	switch {
+	case len(s.forced) > 0: // a forced token (closing the reasoning) needs no sample
+		tok, forced = s.forced[0], true
+		s.forced = s.forced[1:]
+	case c != nil:
+		tok, err = e.pickCandidate(s, c)
+	default:
+		tok, err = e.pick(s, row)
 	}
 	if err != nil {
 		e.retire(s, err)
@@ -564,15 +568,13 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 	s.out.put(ev)
 }
 
-// pick chooses the next token: a forced one (closing the reasoning), else a
-// sample, with end-of-generation suppressed while the request wants it.
-func (e *Engine) pick(s *sequence, row []float32) (tok int32, forced bool, err error) {
-	if len(s.forced) > 0 {
-		tok = s.forced[0]
-		s.forced = s.forced[1:]
-		return tok, true, nil
-	}
-	if s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens {
+// suppressEOG reports whether end-of-generation may not be sampled yet.
+func suppressEOG(s *sequence) bool { return s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens }
+
+// pick samples the next token from the whole row, with end-of-generation
+// suppressed while the request wants it.
+func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
+	if suppressEOG(s) {
 		for _, id := range e.eog {
 			if int(id) < len(row) {
 				row[id] = float32(math.Inf(-1))
@@ -585,9 +587,9 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, forced bool, err e
 		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
 	}
 	if err != nil {
-		return 0, false, fmt.Errorf("sample: %w", err)
+		return 0, fmt.Errorf("sample: %w", err)
 	}
-	return tok, false, nil
+	return tok, nil
 }
 
 // commit appends one generated token to the sequence and its output to ev
@@ -764,13 +766,8 @@ func (e *Engine) fromCandidates(s *sequence) bool {
 
 // pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
 // the whole row into), so the choice and the draw are the ones the whole row would give.
-func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (tok int32, forced bool, err error) {
-	if len(s.forced) > 0 {
-		tok = s.forced[0]
-		s.forced = s.forced[1:]
-		return tok, true, nil
-	}
-	suppress := s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens
+func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
+	suppress := suppressEOG(s)
 	inf := float32(math.Inf(-1))
 	for j, id := range c.ids {
 		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
@@ -779,10 +776,10 @@ func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (tok int32, forced 
 	}
 	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
 	if err != nil {
-		return 0, false, fmt.Errorf("sample: %w", err)
+		return 0, fmt.Errorf("sample: %w", err)
 	}
 	if j < 0 || int(j) >= len(c.ids) || c.ids[j] < 0 {
-		return 0, false, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
+		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
 	}
-	return c.ids[j], false, nil
+	return c.ids[j], nil
 }

@@ -125,19 +125,21 @@ std::string dims_str(const dfl_tensor &t) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const dfl_model_params &p) {
+// The architectures this engine has a layer plan for.
+static void require_served_arch(const dfl_model_params &p) {
     if (!p.arch) fail(DFL_ERR_INVALID, "model params: arch is null");
     const std::string arch = p.arch;
     if (arch != "qwen3" && arch != "qwen35")
         fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35)");
+}
+
+std::unique_ptr<Model> load_model(const dfl_model_params &p) {
+    require_served_arch(p);
     return std::unique_ptr<Model>(new QwenModel(p, make_device(p)));
 }
 
 void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
-    if (!p.arch) fail(DFL_ERR_INVALID, "model params: arch is null");
-    const std::string arch = p.arch;
-    if (arch != "qwen3" && arch != "qwen35")
-        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35)");
+    require_served_arch(p);
     const HParams h = qwen_hparams(p);
     if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
         fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");
