@@ -169,6 +169,7 @@ type ModelStats struct {
 	// DraftAccepted / DraftProposed are cumulative speculative counts.
 	DraftAccepted   int64
 	DraftProposed   int64
+	DraftSteps      int64 // target forwards that verified a draft block
 	TokensGenerated int64
 	PromptTokens    int64
 }

@@ -159,4 +159,8 @@ type Timings struct {
 	// model is used.
 	DraftAccepted int
 	DraftProposed int
+	// DraftSteps counts the target forwards that verified a draft block:
+	// (DraftAccepted + DraftSteps) / DraftSteps is the acceptance length,
+	// tokens committed per verify.
+	DraftSteps int
 }

@@ -36,11 +36,18 @@ type dflashTimings struct {
 	DecodeMS      float64 `json:"decode_ms"`
 	DraftAccepted int     `json:"draft_accepted,omitempty"`
 	DraftProposed int     `json:"draft_proposed,omitempty"`
+	// DraftSteps is the target forwards that verified a draft block; AcceptanceLength the tokens each committed.
+	DraftSteps       int     `json:"draft_steps,omitempty"`
+	AcceptanceLength float64 `json:"acceptance_length,omitempty"`
 }
 
 func newTimings(st Stream, t sdk.Timings) *dflashTimings {
-	return &dflashTimings{QueueMS: float64(st.QueueWait().Microseconds()) / 1000, PrefillMS: t.PrefillMS, DecodeMS: t.DecodeMS,
-		DraftAccepted: t.DraftAccepted, DraftProposed: t.DraftProposed}
+	d := &dflashTimings{QueueMS: float64(st.QueueWait().Microseconds()) / 1000, PrefillMS: t.PrefillMS, DecodeMS: t.DecodeMS,
+		DraftAccepted: t.DraftAccepted, DraftProposed: t.DraftProposed, DraftSteps: t.DraftSteps}
+	if t.DraftSteps > 0 {
+		d.AcceptanceLength = float64(t.DraftAccepted+t.DraftSteps) / float64(t.DraftSteps)
+	}
+	return d
 }
 
 type chatLogprobs struct {

@@ -48,6 +48,7 @@ type Registry struct {
 	genTokens     *prometheus.CounterVec
 	draftProposed *prometheus.CounterVec
 	draftAccepted *prometheus.CounterVec
+	draftSteps    *prometheus.CounterVec
 	requests      *prometheus.CounterVec
 	duration      *prometheus.HistogramVec
 	backendUp     *prometheus.GaugeVec
@@ -109,6 +110,8 @@ func New(opts Options) *Registry {
 	r.genTokens = counter("dflash_generation_tokens_total", "Generated tokens of finished requests.", model)
 	r.draftProposed = counter("dflash_draft_tokens_proposed_total", "Speculative draft tokens proposed.", model)
 	r.draftAccepted = counter("dflash_draft_tokens_accepted_total", "Speculative draft tokens accepted.", model)
+	r.draftSteps = counter("dflash_draft_verify_steps_total",
+		"Target forwards that verified a draft block; (accepted + steps) / steps is the acceptance length, tokens per target forward.", model)
 	r.requests = counter("dflash_requests_total", "HTTP generation requests by model, API and status code.", []string{"model", "api", "code"})
 	r.duration = hist("dflash_request_duration_seconds", "HTTP generation request duration.", durBuckets, []string{"model", "api", "code"})
 	r.backendUp = gauge("dflash_backend_up", "1 when the model's backend is ready, else 0.", []string{"model", "backend"})
@@ -299,13 +302,14 @@ func (r *Registry) AddTokens(model string, prompt, generated int) {
 	}
 }
 
-// AddDraft counts speculative draft tokens proposed and accepted.
-func (r *Registry) AddDraft(model string, proposed, accepted int) {
-	if r == nil || proposed <= 0 {
+// AddDraft counts speculative draft tokens proposed and accepted, and the verify forwards that checked them.
+func (r *Registry) AddDraft(model string, proposed, accepted, steps int) {
+	if r == nil || steps <= 0 {
 		return
 	}
 	r.draftProposed.WithLabelValues(model).Add(float64(proposed))
 	r.draftAccepted.WithLabelValues(model).Add(float64(accepted))
+	r.draftSteps.WithLabelValues(model).Add(float64(steps))
 }
 
 // ObserveRequest records one finished HTTP generation request (for the API

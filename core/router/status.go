@@ -135,6 +135,8 @@ type ModelStatus struct {
 	ActiveSequences int     `json:"active_sequences"`
 	KVTokensUsed    int     `json:"kv_tokens_used"`
 	DraftAcceptance float64 `json:"draft_acceptance,omitempty"`
+	// AcceptanceLength is the tokens committed per verify forward of the target (accepted proposals + the bonus).
+	AcceptanceLength float64 `json:"acceptance_length,omitempty"`
 	// Description is the backend's full description (features, defaults).
 	Description sdk.ModelDescription `json:"-"`
 }
@@ -177,6 +179,9 @@ func (r *Router) Models() []ModelStatus {
 			ms.KVTokensUsed = es.KVTokensUsed
 			if es.DraftProposed > 0 {
 				ms.DraftAcceptance = float64(es.DraftAccepted) / float64(es.DraftProposed)
+			}
+			if es.DraftSteps > 0 {
+				ms.AcceptanceLength = float64(es.DraftAccepted+es.DraftSteps) / float64(es.DraftSteps)
 			}
 		}
 		out[i] = ms

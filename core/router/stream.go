@@ -231,7 +231,7 @@ func (s *Stream) observe(ev sdk.Event) {
 		return
 	}
 	met.AddTokens(s.name, f.Usage.PromptTokens, f.Usage.CompletionTokens)
-	met.AddDraft(s.name, f.Timings.DraftProposed, f.Timings.DraftAccepted)
+	met.AddDraft(s.name, f.Timings.DraftProposed, f.Timings.DraftAccepted, f.Timings.DraftSteps)
 	if n := f.Usage.CompletionTokens; n > 1 {
 		switch {
 		case f.Timings.DecodeMS > 0:

@@ -45,6 +45,10 @@ type Config struct {
 	// added tokens such as <|im_start|> or <think>); constrained output
 	// never contains them. nil: every token with bytes is text.
 	Special func(id int32) bool
+	// Drafter turns on speculative decoding (nil: off); the Model must then be a Verifier. DraftBlock is how many
+	// block tokens (root and proposals) a sequence verifies at most (0: the draft's block size).
+	Drafter    Drafter
+	DraftBlock int
 }
 
 // Limits is the capacity the engine enforces.
@@ -71,6 +75,13 @@ type Engine struct {
 	plainChars []int32
 	bs         int
 	nv         int
+
+	// Speculative decoding (nil draft: off).
+	ver      Verifier
+	draft    Drafter
+	drafts   int // block tokens verified at most
+	featSize int
+	capture  []int
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -127,11 +138,22 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 32
 	}
+	ver, err := checkSpec(cfg)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		cfg: cfg, m: m, rew: rew, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
 		ctx: ctx, cancel: cancel, wakeCh: make(chan struct{}, 1), done: make(chan struct{}),
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
+	}
+	if ver != nil {
+		e.ver, e.draft, e.featSize, e.capture = ver, cfg.Drafter, cfg.Drafter.FeatureSize(), cfg.Drafter.CaptureLayers()
+		e.drafts = cfg.DraftBlock
+		if e.drafts == 0 {
+			e.drafts = cfg.Drafter.BlockSize()
+		}
 	}
 	if cfg.Special != nil {
 		e.special = make([]bool, nv)
@@ -363,6 +385,9 @@ func (e *Engine) loop() {
 				e.retire(s, nil)
 			}
 		}
+		if e.speculating() {
+			e.propose()
+		}
 		batch, members := e.schedule()
 		if len(batch) == 0 {
 			<-e.wakeCh
@@ -390,6 +415,7 @@ func (e *Engine) startSeq(s *sequence) {
 	}
 	s.reservedTk = s.held * e.bs
 	s.state = statePrefill
+	e.startSpec(s)
 }
 
 // schedule builds the next forward: each decoding sequence's next token
@@ -403,7 +429,11 @@ func (e *Engine) schedule() ([]SeqInput, []*sequence) {
 		if s.state != stateDecode || len(s.feed) == 0 || s.out.full() {
 			continue
 		}
-		batch = append(batch, SeqInput{Seq: s.id, Tokens: s.feed, Logits: LogitsLast})
+		in := SeqInput{Seq: s.id, Tokens: s.feed, Logits: LogitsLast}
+		if len(s.feed) > 1 { // a draft block to verify
+			in.Logits, in.Record = LogitsAll, true
+		}
+		batch = append(batch, in)
 		members = append(members, s)
 		budget -= len(s.feed)
 	}
@@ -481,13 +511,21 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 	var (
 		logits []float32
 		cands  Candidates
+		feats  []float32
 		err    error
 	)
 	cm, useCands := e.m.(CandidateModel)
 	useCands = useCands && e.allFromCandidates(batch, members)
-	if useCands {
+	switch {
+	case e.speculating():
+		k := 0
+		if useCands {
+			k = candidateK
+		}
+		logits, cands, feats, err = e.ver.ForwardCapture(e.ctx, batch, e.capture, k)
+	case useCands:
 		cands, err = cm.ForwardCandidates(e.ctx, batch, candidateK)
-	} else {
+	default:
 		logits, err = e.m.Forward(e.ctx, batch)
 	}
 	if err != nil {
@@ -501,11 +539,33 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 		}
 		return
 	}
-	row := 0
+	row, tok0 := 0, 0
 	var generated int64
+	rowAt := func(row int) ([]float32, *candidateRow) {
+		if useCands {
+			k := cands.K
+			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k]}
+		}
+		return logits[row*e.nv : (row+1)*e.nv], nil
+	}
 	for i, in := range batch {
 		s := members[i]
+		var f []float32 // the entry's features
+		if feats != nil {
+			f = feats[tok0*e.featSize : (tok0+len(in.Tokens))*e.featSize]
+			tok0 += len(in.Tokens)
+		}
+		if in.Logits == LogitsAll && s.spec != nil {
+			first := row
+			n := e.verify(s, s.nPast, in.Tokens, func(j int) ([]float32, *candidateRow) { return rowAt(first + j) }, f)
+			row += len(in.Tokens)
+			generated += int64(n)
+			continue
+		}
 		s.nPast += len(in.Tokens)
+		if s.spec != nil {
+			s.spec.pending = append(s.spec.pending, f...)
+		}
 		if at := e.snapshotAt(s); s.nPast == at && s.snapLen != at && e.rew.Snapshot(s.id) == nil {
 			s.snapLen = s.nPast
 		}
@@ -515,14 +575,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 		case LogitsAll:
 			row += len(in.Tokens) - 1
 		}
-		var r []float32
-		var c *candidateRow
-		if useCands {
-			k := cands.K
-			c = &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k]}
-		} else {
-			r = logits[row*e.nv : (row+1)*e.nv]
-		}
+		r, c := rowAt(row)
 		row++
 		if s.state == statePrefill {
 			s.state = stateDecode
@@ -694,6 +747,7 @@ func (e *Engine) finish(s *sequence, ev sdk.Event, reason sdk.FinishReason, stop
 		Reason: reason, StopSequence: stopSeq, Timings: t,
 		Usage: sdk.Usage{PromptTokens: len(s.req.Prompt), CompletionTokens: len(s.generated), ReasoningTokens: s.reasoning, CachedTokens: s.cached},
 	}
+	specTimings(s, &ev.Finish.Timings)
 	s.out.put(ev)
 	e.retire(s, nil)
 }
@@ -710,13 +764,14 @@ func (e *Engine) retire(s *sequence, err error) {
 	s.state = stateDone
 	if c := s.reuse; c != nil { // retired before it adopted its cache entry
 		s.reuse = nil
-		_ = e.m.FreeSeq(c.id)
+		e.freeEntry(c)
 	}
 	if s.hasID && !e.keep(s, err) {
 		if ferr := e.m.FreeSeq(s.id); ferr != nil && err == nil {
 			err = fmt.Errorf("free sequence: %w", ferr)
 		}
 	}
+	e.endSpec(s)
 	e.mu.Lock()
 	e.freeBlocks += s.held
 	s.held = 0

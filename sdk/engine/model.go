@@ -32,6 +32,10 @@ type SeqInput struct {
 	Seq    SeqID
 	Tokens []int32
 	Logits LogitsMode
+	// Record keeps the model's recurrent state after every token, so that
+	// Verifier.Truncate can cut the sequence anywhere inside this forward
+	// (a speculative verify block).
+	Record bool
 }
 
 // Sampling are the sampler settings of one request. Order of application
@@ -136,4 +140,47 @@ type Candidates struct {
 // constraint.
 type CandidateModel interface {
 	ForwardCandidates(ctx context.Context, batch []SeqInput, k int) (Candidates, error)
+}
+
+// Verifier is the part of a target Model that speculative decoding needs: forwards that hand back the hidden states
+// a Drafter reads, and cutting a verified sequence back to its accepted tokens.
+type Verifier interface {
+	// ForwardCapture is Forward (k == 0) or ForwardCandidates (k > 0) that also returns the outputs of the capture
+	// layers (after their FFN residual) for every token of the batch, in entry order, the layers' vectors
+	// concatenated per token.
+	ForwardCapture(ctx context.Context, batch []SeqInput, capture []int, k int) (logits []float32, cands Candidates, features []float32, err error)
+	// Truncate cuts a sequence to tokens: anywhere for attention-only models, inside its last Record forward for
+	// models with recurrent state.
+	Truncate(seq SeqID, tokens int) error
+}
+
+// DraftInput is one sequence's part of a draft step.
+type DraftInput struct {
+	Seq SeqID
+	// Features are target hidden states (FeatureSize floats per token) of the positions after the draft sequence's
+	// context, appended to it.
+	Features []float32
+	// Block is the root token (the newest, not yet in the target's KV) followed by mask tokens.
+	Block []int32
+}
+
+// Drafter is a block draft model (DFlash): conditioned on the target's hidden states, one forward proposes the
+// tokens that follow a root. Its sequences mirror the engine's target sequences; the engine calls it from the step
+// loop only.
+type Drafter interface {
+	// BlockSize is the most block tokens (root included) one draft step takes.
+	BlockSize() int
+	MaskToken() int32
+	// CaptureLayers are the target layers whose outputs the draft reads; FeatureSize the floats of one token's
+	// features (the layers' outputs concatenated).
+	CaptureLayers() []int
+	FeatureSize() int
+	NewSeq() (SeqID, error)
+	FreeSeq(SeqID) error
+	// Reserve makes the sequence hold room for tokens (context and block) so that a Draft cannot fail for lack of it.
+	Reserve(seq SeqID, tokens int) error
+	Truncate(seq SeqID, tokens int) error
+	// Draft appends each input's Features to its sequence and proposes len(Block)-1 tokens after Block[0]: the k
+	// best candidates of every block position but the root, rows in input order.
+	Draft(ctx context.Context, in []DraftInput, k int) (Candidates, error)
 }

@@ -28,9 +28,10 @@ const minPrefixReuse = 16
 // An entry is used by one request (it is adopted, not shared).
 type cacheEntry struct {
 	id      SeqID
-	tokens  []int32 // the tokens in its KV
-	snapLen int     // length of its snapshot (the prompt's end), 0 if none
-	held    int     // KV blocks it holds
+	tokens  []int32  // the tokens in its KV
+	snapLen int      // length of its snapshot (the prompt's end), 0 if none
+	held    int      // KV blocks it holds
+	draft   *specSeq // its draft sequence (context up to len(tokens)), when it speculated
 }
 
 // snapshotAt is the prompt position where s takes its snapshot for the
@@ -108,7 +109,7 @@ func (e *Engine) reap() {
 	e.evicted = nil
 	e.mu.Unlock()
 	for _, c := range ev {
-		_ = e.m.FreeSeq(c.id) // already out of the ledger; nothing to undo
+		e.freeEntry(c) // already out of the ledger; nothing to undo
 	}
 }
 
@@ -131,11 +132,12 @@ func (e *Engine) adopt(s *sequence) bool {
 		err = e.rew.Truncate(c.id, s.cached)
 	}
 	if err != nil {
-		_ = e.m.FreeSeq(c.id)
+		e.freeEntry(c)
 		s.cached = 0
 		return false
 	}
 	s.id, s.hasID, s.nPast = c.id, true, s.cached
+	e.adoptSpec(s, c)
 	if c.snapLen <= s.cached {
 		s.snapLen = c.snapLen // still the model's snapshot of this sequence
 	}
@@ -148,6 +150,9 @@ func (e *Engine) keep(s *sequence, err error) bool {
 	if e.cfg.PrefixCacheSlots <= 0 || !s.hasID || s.nPast < minPrefixReuse || (err != nil && !isCancel(err)) {
 		return false
 	}
+	if !e.settleSpec(s) {
+		return false
+	}
 	tokens := slices.Clone(s.req.Prompt[:min(s.nPast, len(s.req.Prompt))])
 	if s.nPast > len(s.req.Prompt) {
 		tokens = append(tokens, s.generated[:s.nPast-len(s.req.Prompt)]...)
@@ -157,8 +162,9 @@ func (e *Engine) keep(s *sequence, err error) bool {
 		e.mu.Unlock()
 		return false
 	}
-	c := &cacheEntry{id: s.id, tokens: tokens, snapLen: s.snapLen, held: s.held}
+	c := &cacheEntry{id: s.id, tokens: tokens, snapLen: s.snapLen, held: s.held, draft: s.spec}
 	s.held = 0 // the entry holds them now
+	s.spec = nil
 	e.cache = append(e.cache, c)
 	var drop *cacheEntry
 	if len(e.cache) > e.cfg.PrefixCacheSlots {
@@ -168,7 +174,7 @@ func (e *Engine) keep(s *sequence, err error) bool {
 	}
 	e.mu.Unlock()
 	if drop != nil {
-		_ = e.m.FreeSeq(drop.id)
+		e.freeEntry(drop)
 	}
 	return true
 }

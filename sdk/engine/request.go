@@ -116,7 +116,9 @@ type sequence struct {
 	json       constraint // the visible text so far, for the JSON formats
 	parser     Parser
 	rng        uint64
-	snapLen    int   // length of the snapshot taken at the prompt's end
+	snapLen    int      // length of the snapshot taken at the prompt's end
+	spec       *specSeq // the draft side, when the sequence speculates
+	counts     specCounts
 	err        error // why it ended with an error
 	tAdmit     time.Time
 	tFirst     time.Time

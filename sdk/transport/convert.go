@@ -129,7 +129,7 @@ func eventToProto(e sdk.Event) *backendv1.Event {
 			},
 			Timings: &backendv1.Timings{
 				PrefillMs: f.Timings.PrefillMS, DecodeMs: f.Timings.DecodeMS,
-				DraftAccepted: int32(f.Timings.DraftAccepted), DraftProposed: int32(f.Timings.DraftProposed),
+				DraftAccepted: int32(f.Timings.DraftAccepted), DraftProposed: int32(f.Timings.DraftProposed), DraftSteps: int32(f.Timings.DraftSteps),
 			},
 		}
 	}
@@ -160,7 +160,7 @@ func eventFromProto(pe *backendv1.Event) sdk.Event {
 			},
 			Timings: sdk.Timings{
 				PrefillMS: t.GetPrefillMs(), DecodeMS: t.GetDecodeMs(),
-				DraftAccepted: int(t.GetDraftAccepted()), DraftProposed: int(t.GetDraftProposed()),
+				DraftAccepted: int(t.GetDraftAccepted()), DraftProposed: int(t.GetDraftProposed()), DraftSteps: int(t.GetDraftSteps()),
 			},
 		}
 	}
@@ -170,7 +170,7 @@ func eventFromProto(pe *backendv1.Event) sdk.Event {
 func statsToProto(s sdk.ModelStats) *backendv1.StatsResponse {
 	return &backendv1.StatsResponse{
 		ActiveSequences: int32(s.ActiveSequences), KvTokensUsed: int32(s.KVTokensUsed),
-		KvTokensTotal: int32(s.KVTokensTotal), DraftAccepted: s.DraftAccepted, DraftProposed: s.DraftProposed,
+		KvTokensTotal: int32(s.KVTokensTotal), DraftAccepted: s.DraftAccepted, DraftProposed: s.DraftProposed, DraftSteps: s.DraftSteps,
 		TokensGenerated: s.TokensGenerated, PromptTokens: s.PromptTokens,
 	}
 }
@@ -179,7 +179,7 @@ func statsFromProto(s *backendv1.StatsResponse) sdk.ModelStats {
 	return sdk.ModelStats{
 		ActiveSequences: int(s.GetActiveSequences()), KVTokensUsed: int(s.GetKvTokensUsed()),
 		KVTokensTotal: int(s.GetKvTokensTotal()), DraftAccepted: s.GetDraftAccepted(),
-		DraftProposed: s.GetDraftProposed(), TokensGenerated: s.GetTokensGenerated(), PromptTokens: s.GetPromptTokens(),
+		DraftProposed: s.GetDraftProposed(), DraftSteps: s.GetDraftSteps(), TokensGenerated: s.GetTokensGenerated(), PromptTokens: s.GetPromptTokens(),
 	}
 }
 

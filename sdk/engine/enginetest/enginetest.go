@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -62,11 +63,13 @@ type fakeSeq struct {
 	blocks  int
 	snap    []int32
 	hasSnap bool
+	recFrom int // length before the last Record forward, -1 without one
 }
 
 var (
 	_ engine.Model    = (*FakeModel)(nil)
 	_ engine.Rewinder = (*FakeModel)(nil)
+	_ engine.Verifier = (*FakeModel)(nil)
 )
 
 // NewFakeModel returns a fake model with a pool of blocks KV blocks of
@@ -109,7 +112,7 @@ func (m *FakeModel) NewSeq() (engine.SeqID, error) {
 	defer m.mu.Unlock()
 	for id := engine.SeqID(0); int(id) < m.slots; id++ {
 		if _, used := m.seqs[id]; !used {
-			m.seqs[id] = &fakeSeq{}
+			m.seqs[id] = &fakeSeq{recFrom: -1}
 			return id, nil
 		}
 	}
@@ -199,6 +202,10 @@ func (m *FakeModel) Forward(ctx context.Context, batch []engine.SeqInput) ([]flo
 	r := 0
 	for _, in := range batch {
 		s := m.seqs[in.Seq]
+		s.recFrom = -1
+		if in.Record {
+			s.recFrom = len(s.history)
+		}
 		for i, t := range in.Tokens {
 			s.history = append(s.history, t)
 			if in.Logits == engine.LogitsAll || (in.Logits == engine.LogitsLast && i == len(in.Tokens)-1) {
@@ -229,8 +236,8 @@ func (m *FakeModel) Truncate(id engine.SeqID, tokens int) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("truncate unknown sequence %d", id)
-	case m.RecurrentState:
-		return fmt.Errorf("sequence %d: recurrent state cannot be truncated", id)
+	case m.RecurrentState && (s.recFrom < 0 || tokens < s.recFrom):
+		return fmt.Errorf("sequence %d: recurrent state cannot be truncated to %d outside its last recorded forward", id, tokens)
 	case tokens < 0 || tokens > len(s.history):
 		return fmt.Errorf("sequence %d: truncate to %d of %d tokens", id, tokens, len(s.history))
 	}
@@ -395,3 +402,174 @@ func (p *ThinkParser) Feed(text string) engine.Output {
 
 func (p *ThinkParser) Close() engine.Output { return engine.Output{} }
 func (p *ThinkParser) InReasoning() bool    { return p.In }
+
+// FeatureSize is the floats of one token's FakeModel features: the token id and its position.
+const FeatureSize = 2
+
+// ForwardCapture is Forward that also returns features for every token fed: its id and its position in the
+// sequence, so a drafter can tell exactly which context it was given. FakeModel has no candidates path (k is
+// ignored; the engine only asks a CandidateModel for candidates).
+func (m *FakeModel) ForwardCapture(ctx context.Context, batch []engine.SeqInput, _ []int, _ int) ([]float32, engine.Candidates, []float32, error) {
+	m.mu.Lock()
+	var feats []float32
+	for _, in := range batch {
+		n := 0
+		if s, ok := m.seqs[in.Seq]; ok {
+			n = len(s.history)
+		}
+		for i, t := range in.Tokens {
+			feats = append(feats, float32(t), float32(n+i))
+		}
+	}
+	m.mu.Unlock()
+	logits, err := m.Forward(ctx, batch)
+	return logits, engine.Candidates{}, feats, err
+}
+
+// OracleDrafter is a test double of engine.Drafter whose acceptance the test controls: it knows the target's Next
+// and proposes exactly what the target will favour, except at the positions Wrong picks, where it proposes another
+// token. It rebuilds each sequence's context from FakeModel features and fails a draft whose context does not
+// continue exactly where the sequence's stands (Errs collects those failures, which the engine would otherwise
+// absorb by decoding plainly).
+type OracleDrafter struct {
+	Next  func(history []int32) int32
+	Block int
+	// Wrong reports whether the proposal for absolute position pos is to be wrong (nil: never).
+	Wrong func(pos int) bool
+
+	mu     sync.Mutex
+	slots  int
+	seqs   map[engine.SeqID]*oracleSeq
+	Errs   []error
+	Drafts int // Draft calls
+}
+
+type oracleSeq struct {
+	ctx      []int32
+	reserved int
+}
+
+var _ engine.Drafter = (*OracleDrafter)(nil)
+
+// NewOracleDrafter returns a drafter of block tokens with slots sequences.
+func NewOracleDrafter(next func([]int32) int32, block, slots int) *OracleDrafter {
+	return &OracleDrafter{Next: next, Block: block, slots: slots, seqs: map[engine.SeqID]*oracleSeq{}}
+}
+
+func (d *OracleDrafter) BlockSize() int       { return d.Block }
+func (d *OracleDrafter) MaskToken() int32     { return -7 }
+func (d *OracleDrafter) CaptureLayers() []int { return []int{0} }
+func (d *OracleDrafter) FeatureSize() int     { return FeatureSize }
+
+func (d *OracleDrafter) NewSeq() (engine.SeqID, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id := engine.SeqID(0); int(id) < d.slots; id++ {
+		if _, used := d.seqs[id]; !used {
+			d.seqs[id] = &oracleSeq{}
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("every one of %d draft slots is in use", d.slots)
+}
+
+func (d *OracleDrafter) FreeSeq(id engine.SeqID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.seqs[id]; !ok {
+		return d.fail(fmt.Errorf("free unknown draft sequence %d", id))
+	}
+	delete(d.seqs, id)
+	return nil
+}
+
+func (d *OracleDrafter) Reserve(id engine.SeqID, tokens int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.seqs[id]
+	if !ok {
+		return d.fail(fmt.Errorf("reserve for unknown draft sequence %d", id))
+	}
+	s.reserved = max(s.reserved, tokens)
+	return nil
+}
+
+func (d *OracleDrafter) Truncate(id engine.SeqID, tokens int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, ok := d.seqs[id]
+	if !ok || tokens > len(s.ctx) {
+		return d.fail(fmt.Errorf("truncate draft sequence %d to %d", id, tokens))
+	}
+	s.ctx = s.ctx[:tokens]
+	return nil
+}
+
+// Live is the number of draft sequences allocated.
+func (d *OracleDrafter) Live() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.seqs)
+}
+
+func (d *OracleDrafter) fail(err error) error {
+	d.Errs = append(d.Errs, err)
+	return err
+}
+
+func (d *OracleDrafter) Draft(_ context.Context, in []engine.DraftInput, k int) (engine.Candidates, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.Drafts++
+	c := engine.Candidates{K: k}
+	for _, x := range in {
+		s, ok := d.seqs[x.Seq]
+		if !ok {
+			return c, d.fail(fmt.Errorf("draft on unknown sequence %d", x.Seq))
+		}
+		if len(x.Features)%FeatureSize != 0 {
+			return c, d.fail(fmt.Errorf("draft sequence %d: %d feature floats", x.Seq, len(x.Features)))
+		}
+		if need := len(s.ctx) + len(x.Features)/FeatureSize + len(x.Block); need > s.reserved {
+			return c, d.fail(fmt.Errorf("draft sequence %d: %d tokens, %d reserved", x.Seq, need, s.reserved))
+		}
+		for i := 0; i < len(x.Features); i += FeatureSize {
+			if pos := int(x.Features[i+1]); pos != len(s.ctx) {
+				return c, d.fail(fmt.Errorf("draft sequence %d: context row for position %d after %d rows", x.Seq, pos, len(s.ctx)))
+			}
+			s.ctx = append(s.ctx, int32(x.Features[i]))
+		}
+		if len(x.Block) == 0 {
+			continue
+		}
+		hist := append(append([]int32(nil), s.ctx...), x.Block[0])
+		for j := 1; j < len(x.Block); j++ {
+			if x.Block[j] != d.MaskToken() {
+				return c, d.fail(fmt.Errorf("draft sequence %d: block position %d is %d, not the mask", x.Seq, j, x.Block[j]))
+			}
+			p := d.Next(hist)
+			if d.Wrong != nil && d.Wrong(len(s.ctx)+j) {
+				p = wrongToken(p)
+			}
+			hist = append(hist, p)
+			for r := 0; r < k; r++ {
+				id, v := p, float32(1)
+				if r > 0 {
+					id, v = -1, float32(math.Inf(-1))
+				}
+				c.IDs = append(c.IDs, id)
+				c.Logits = append(c.Logits, v)
+			}
+			c.LSE = append(c.LSE, 1)
+		}
+	}
+	return c, nil
+}
+
+// wrongToken is a token other than p.
+func wrongToken(p int32) int32 {
+	if p == 'x' {
+		return 'y'
+	}
+	return 'x'
+}

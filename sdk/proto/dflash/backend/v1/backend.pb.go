@@ -1498,6 +1498,8 @@ type Timings struct {
 	DecodeMs      float64                `protobuf:"fixed64,2,opt,name=decode_ms,json=decodeMs,proto3" json:"decode_ms,omitempty"`
 	DraftAccepted int32                  `protobuf:"varint,3,opt,name=draft_accepted,json=draftAccepted,proto3" json:"draft_accepted,omitempty"`
 	DraftProposed int32                  `protobuf:"varint,4,opt,name=draft_proposed,json=draftProposed,proto3" json:"draft_proposed,omitempty"`
+	// Verify forwards of the target (draft blocks checked).
+	DraftSteps    int32 `protobuf:"varint,5,opt,name=draft_steps,json=draftSteps,proto3" json:"draft_steps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1556,6 +1558,13 @@ func (x *Timings) GetDraftAccepted() int32 {
 func (x *Timings) GetDraftProposed() int32 {
 	if x != nil {
 		return x.DraftProposed
+	}
+	return 0
+}
+
+func (x *Timings) GetDraftSteps() int32 {
+	if x != nil {
+		return x.DraftSteps
 	}
 	return 0
 }
@@ -2112,6 +2121,7 @@ type StatsResponse struct {
 	DraftProposed   int64                  `protobuf:"varint,5,opt,name=draft_proposed,json=draftProposed,proto3" json:"draft_proposed,omitempty"`
 	TokensGenerated int64                  `protobuf:"varint,6,opt,name=tokens_generated,json=tokensGenerated,proto3" json:"tokens_generated,omitempty"`
 	PromptTokens    int64                  `protobuf:"varint,7,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	DraftSteps      int64                  `protobuf:"varint,8,opt,name=draft_steps,json=draftSteps,proto3" json:"draft_steps,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2191,6 +2201,13 @@ func (x *StatsResponse) GetTokensGenerated() int64 {
 func (x *StatsResponse) GetPromptTokens() int64 {
 	if x != nil {
 		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *StatsResponse) GetDraftSteps() int64 {
+	if x != nil {
+		return x.DraftSteps
 	}
 	return 0
 }
@@ -2393,13 +2410,15 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12)\n" +
 	"\x10reasoning_tokens\x18\x03 \x01(\x05R\x0freasoningTokens\x12#\n" +
-	"\rcached_tokens\x18\x04 \x01(\x05R\fcachedTokens\"\x93\x01\n" +
+	"\rcached_tokens\x18\x04 \x01(\x05R\fcachedTokens\"\xb4\x01\n" +
 	"\aTimings\x12\x1d\n" +
 	"\n" +
 	"prefill_ms\x18\x01 \x01(\x01R\tprefillMs\x12\x1b\n" +
 	"\tdecode_ms\x18\x02 \x01(\x01R\bdecodeMs\x12%\n" +
 	"\x0edraft_accepted\x18\x03 \x01(\x05R\rdraftAccepted\x12%\n" +
-	"\x0edraft_proposed\x18\x04 \x01(\x05R\rdraftProposed\"\xdb\x02\n" +
+	"\x0edraft_proposed\x18\x04 \x01(\x05R\rdraftProposed\x12\x1f\n" +
+	"\vdraft_steps\x18\x05 \x01(\x05R\n" +
+	"draftSteps\"\xdb\x02\n" +
 	"\x06Finish\x128\n" +
 	"\x06reason\x18\x01 \x01(\x0e2 .dflash.backend.v1.Finish.ReasonR\x06reason\x12#\n" +
 	"\rstop_sequence\x18\x02 \x01(\tR\fstopSequence\x12.\n" +
@@ -2438,7 +2457,7 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x11chat_request_json\x18\x01 \x01(\fR\x0fchatRequestJson\"-\n" +
 	"\x13CountTokensResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x01(\x05R\x06tokens\"\x0e\n" +
-	"\fStatsRequest\"\xa6\x02\n" +
+	"\fStatsRequest\"\xc7\x02\n" +
 	"\rStatsResponse\x12)\n" +
 	"\x10active_sequences\x18\x01 \x01(\x05R\x0factiveSequences\x12$\n" +
 	"\x0ekv_tokens_used\x18\x02 \x01(\x05R\fkvTokensUsed\x12&\n" +
@@ -2446,7 +2465,9 @@ const file_sdk_proto_dflash_backend_v1_backend_proto_rawDesc = "" +
 	"\x0edraft_accepted\x18\x04 \x01(\x03R\rdraftAccepted\x12%\n" +
 	"\x0edraft_proposed\x18\x05 \x01(\x03R\rdraftProposed\x12)\n" +
 	"\x10tokens_generated\x18\x06 \x01(\x03R\x0ftokensGenerated\x12#\n" +
-	"\rprompt_tokens\x18\a \x01(\x03R\fpromptTokens\"\x11\n" +
+	"\rprompt_tokens\x18\a \x01(\x03R\fpromptTokens\x12\x1f\n" +
+	"\vdraft_steps\x18\b \x01(\x03R\n" +
+	"draftSteps\"\x11\n" +
 	"\x0fShutdownRequest\"\x12\n" +
 	"\x10ShutdownResponse2\xda\x06\n" +
 	"\x0eBackendService\x12G\n" +

@@ -1,0 +1,272 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dflash/dflash_server/sdk"
+)
+
+// Speculative decoding (draft and verify). A decoding sequence with a draft sequence feeds the target a block
+// [root, proposals...] instead of its one root token; the target's row for each block position is sampled exactly as
+// plain decoding would sample it (same history, same sampler), and the block is accepted up to the first proposal
+// that differs from what the target sampled. That sample becomes the next root (the bonus). This is the standard
+// speculative-sampling rule for a draft that proposes its argmax (a one-hot draft distribution): a proposal x is
+// kept with probability p(x), and otherwise the token comes from p with x taken out, renormalised — so greedy output
+// equals target-only greedy output and sampled output follows the target's distribution.
+//
+// Invariants, per sequence with a draft (s.spec != nil), between steps:
+//   - the target's KV holds s.nPast tokens; its features for positions [dlen, nPast) wait in pending;
+//   - the draft sequence holds the context of positions [0, dlen): draft blocks are never kept.
+
+// specSeq is one sequence's draft side.
+type specSeq struct {
+	id      SeqID
+	dlen    int       // positions in the draft's context
+	pending []float32 // target features of positions [dlen, nPast)
+}
+
+// specCounts are one request's speculative counts, for its timings.
+type specCounts struct {
+	drafted  int // proposals verified
+	accepted int // proposals accepted
+	steps    int // verify forwards
+}
+
+// flushRows is how many pending feature rows a prefilling sequence may collect before they go to the draft in a
+// context-only step (bounding host memory on long prompts).
+const flushRows = 256
+
+// speculating reports whether the engine drafts at all.
+func (e *Engine) speculating() bool { return e.draft != nil }
+
+// startSpec gives a new sequence its draft sequence. Without one the sequence decodes plainly; that is never an
+// error.
+// A sequence continuing from a prefix-cache entry took the entry's draft along (adoptSpec); one whose entry had none
+// cannot draft, its draft would lack the cached context.
+func (e *Engine) startSpec(s *sequence) {
+	if !e.speculating() || s.spec != nil || s.nPast > 0 {
+		return
+	}
+	if id, err := e.draft.NewSeq(); err == nil {
+		s.spec = &specSeq{id: id}
+	}
+}
+
+// endSpec frees the sequence's draft side.
+func (e *Engine) endSpec(s *sequence) {
+	if s.spec != nil {
+		_ = e.draft.FreeSeq(s.spec.id)
+		s.spec = nil
+	}
+}
+
+// blockLen is how many block tokens s verifies next: the draft's block, cut so that no row is verified that could
+// not be committed (the token budget and the context end).
+func (e *Engine) blockLen(s *sequence) int {
+	return min(e.drafts, s.req.MaxTokens-len(s.generated), e.cfg.MaxCtx-s.nPast)
+}
+
+// propose runs one draft step for every decoding sequence that can take a block (its root is in s.feed) and for
+// prefilling sequences whose pending features have piled up; a decoding sequence's feed becomes [root, proposals].
+// When the draft fails, the step decodes plainly.
+func (e *Engine) propose() {
+	var (
+		in      []DraftInput
+		members []*sequence
+	)
+	for _, s := range e.active {
+		sp := s.spec
+		if sp == nil {
+			continue
+		}
+		rows := len(sp.pending) / e.featSize
+		block := 0
+		switch {
+		case s.state == stateDecode && len(s.feed) == 1 && len(s.forced) == 0 && !s.out.full():
+			if q := e.blockLen(s); q > 1 {
+				block = e.draft.BlockSize()
+			}
+		case s.state == statePrefill && rows >= flushRows:
+		default:
+			continue
+		}
+		if rows == 0 && block == 0 {
+			continue
+		}
+		if err := e.draft.Reserve(sp.id, sp.dlen+rows+block); err != nil {
+			continue // no room for the block: this sequence decodes plainly this step
+		}
+		inp := DraftInput{Seq: sp.id, Features: sp.pending}
+		if block > 0 {
+			inp.Block = make([]int32, block)
+			inp.Block[0] = s.feed[0]
+			for i := 1; i < block; i++ {
+				inp.Block[i] = e.draft.MaskToken()
+			}
+		}
+		in = append(in, inp)
+		members = append(members, s)
+	}
+	if len(in) == 0 {
+		return
+	}
+	c, err := e.draft.Draft(e.ctx, in, 1)
+	if err != nil {
+		// The draft's state is unknown now: those sequences continue without it.
+		for _, s := range members {
+			e.endSpec(s)
+		}
+		return
+	}
+	row := 0
+	for i, s := range members {
+		sp := s.spec
+		sp.dlen += len(sp.pending) / e.featSize
+		sp.pending = sp.pending[:0]
+		n := max(len(in[i].Block)-1, 0)
+		if n == 0 {
+			continue
+		}
+		q := e.blockLen(s)
+		for j := 0; j < n && len(s.feed) < q; j++ {
+			id := c.IDs[(row+j)*c.K]
+			if id < 0 {
+				break
+			}
+			s.feed = append(s.feed, id)
+		}
+		row += n
+	}
+}
+
+// verify takes the target's rows for a verified block: rows(i) is the row of block position i. It commits the
+// accepted proposals and the bonus as one event and cuts the target back to the accepted tokens. nBefore is the
+// sequence's length before the block; feats the block's features.
+func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) ([]float32, *candidateRow), feats []float32) int {
+	sp := s.spec
+	s.counts.steps++
+	s.counts.drafted += len(block) - 1
+	e.mu.Lock()
+	e.stats.DraftProposed += int64(len(block) - 1)
+	e.stats.DraftSteps++
+	e.mu.Unlock()
+	var ev sdk.Event
+	for i := range block {
+		r, c := rows(i)
+		var (
+			tok int32
+			err error
+		)
+		if c != nil {
+			tok, err = e.pickCandidate(s, c)
+		} else {
+			tok, err = e.pick(s, r)
+		}
+		if err != nil {
+			e.retire(s, err)
+			return i
+		}
+		// Block position i is now part of the sequence: its KV and features are kept.
+		s.nPast = nBefore + i + 1
+		sp.pending = append(sp.pending, feats[i*e.featSize:(i+1)*e.featSize]...)
+		accepted := i+1 < len(block) && tok == block[i+1]
+		if accepted {
+			s.counts.accepted++
+			e.mu.Lock()
+			e.stats.DraftAccepted++
+			e.mu.Unlock()
+		}
+		if e.commit(s, &ev, tok, false, r) {
+			return i + 1
+		}
+		if !accepted || len(s.forced) > 0 {
+			if err := e.ver.Truncate(s.id, s.nPast); err != nil {
+				e.retire(s, fmt.Errorf("roll back the rejected draft tokens: %w", err))
+				return i + 1
+			}
+			s.feed = append(s.feed[:0], tok)
+			s.out.put(ev)
+			return i + 1
+		}
+	}
+	return len(block) // not reached: the last row never has a proposal to accept
+}
+
+// settleSpec brings a retiring sequence's draft up to its target before the prefix cache keeps both: the pending
+// features go into the draft's context and the target's rows of a block the sequence ended in are cut off. It
+// reports whether the pair is consistent.
+func (e *Engine) settleSpec(s *sequence) bool {
+	if !e.speculating() {
+		return true
+	}
+	if err := e.ver.Truncate(s.id, s.nPast); err != nil {
+		return false
+	}
+	sp := s.spec
+	if sp == nil {
+		return true
+	}
+	if rows := len(sp.pending) / e.featSize; rows > 0 {
+		if e.draft.Reserve(sp.id, sp.dlen+rows) != nil {
+			return false
+		}
+		if _, err := e.draft.Draft(e.ctx, []DraftInput{{Seq: sp.id, Features: sp.pending}}, 1); err != nil {
+			return false
+		}
+		sp.dlen += rows
+		sp.pending = sp.pending[:0]
+	}
+	return sp.dlen == s.nPast
+}
+
+// adoptSpec continues a sequence's draft from its prefix-cache entry: the entry's draft sequence is cut back to the
+// reused prefix (the draft keeps attention context only, so any length is reachable).
+func (e *Engine) adoptSpec(s *sequence, c *cacheEntry) {
+	if c.draft == nil {
+		return
+	}
+	d := c.draft
+	c.draft = nil
+	if e.draft.Truncate(d.id, s.cached) != nil {
+		_ = e.draft.FreeSeq(d.id)
+		return
+	}
+	d.dlen, d.pending = s.cached, d.pending[:0]
+	s.spec = d
+}
+
+// freeEntry frees a prefix-cache entry's model sequences.
+func (e *Engine) freeEntry(c *cacheEntry) {
+	_ = e.m.FreeSeq(c.id)
+	if c.draft != nil {
+		_ = e.draft.FreeSeq(c.draft.id)
+		c.draft = nil
+	}
+}
+
+// specTimings adds the request's speculative counts to its timings.
+func specTimings(s *sequence, t *sdk.Timings) {
+	t.DraftProposed, t.DraftAccepted, t.DraftSteps = s.counts.drafted, s.counts.accepted, s.counts.steps
+}
+
+// checkSpec validates a Config's draft against its model.
+func checkSpec(cfg Config) (Verifier, error) {
+	if cfg.Drafter == nil {
+		return nil, nil
+	}
+	v, ok := cfg.Model.(Verifier)
+	if !ok {
+		return nil, errors.New("engine: speculative decoding needs a target model that can capture hidden states and truncate")
+	}
+	d := cfg.Drafter
+	switch {
+	case d.BlockSize() < 2:
+		return nil, fmt.Errorf("engine: draft block size %d must be at least 2", d.BlockSize())
+	case d.FeatureSize() <= 0 || len(d.CaptureLayers()) == 0:
+		return nil, fmt.Errorf("engine: draft reads %d layers of %d features; both must be positive", len(d.CaptureLayers()), d.FeatureSize())
+	case cfg.DraftBlock < 0 || cfg.DraftBlock > d.BlockSize():
+		return nil, fmt.Errorf("engine: draft block %d is outside [1, %d] (the draft's block size)", cfg.DraftBlock, d.BlockSize())
+	}
+	return v, nil
+}
