@@ -304,7 +304,7 @@ func (r *Registry) AddTokens(model string, prompt, generated int) {
 
 // AddDraft counts speculative draft tokens proposed and accepted, and the verify forwards that checked them.
 func (r *Registry) AddDraft(model string, proposed, accepted, steps int) {
-	if r == nil || steps <= 0 {
+	if r == nil || (proposed <= 0 && steps <= 0) {
 		return
 	}
 	r.draftProposed.WithLabelValues(model).Add(float64(proposed))
