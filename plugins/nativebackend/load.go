@@ -57,6 +57,8 @@ type Loaded struct {
 	Desc           sdk.ModelDescription
 	// WeightFileBytes is the size of every tensor in the file (progress).
 	WeightFileBytes int64
+	// draft is the speculative-decoding draft, nil without one.
+	draft *draft
 }
 
 // Load loads cfg's model for spec: engine library for the device, the
@@ -120,6 +122,24 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 		total += int64(t.Size)
 		params += int64(t.Elements())
 	}
+	var d *draft
+	if opts.Draft.Path != "" {
+		if cfg.MultiModel && opts.Draft.Device != "" && opts.Draft.Device != device {
+			return nil, fmt.Errorf("load %s: --draft-device %s: a draft on another device than the target's (%s) is not offered when several models share the server", cfg.Path, opts.Draft.Device, device)
+		}
+		report(sdk.LoadProgress{Stage: "uploading draft"})
+		// The draft loads first so that a GPU target sizes its KV pool from what the draft leaves free.
+		if d, err = loadDraft(opts.Draft, f, LibDir(cfg), device, slots+opts.PrefixSlots, maxCtx, opts); err != nil {
+			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+		}
+		defer func() {
+			if err != nil {
+				if cerr := d.close(); cerr != nil {
+					err = multierror.Append(err, cerr)
+				}
+			}
+		}()
+	}
 	ms.Options = native.Options{
 		KVPoolTokens: pool, BlockSize: opts.KVBlockSize, MaxSeqs: slots + opts.PrefixSlots,
 		CacheK: opts.CacheK, CacheV: opts.CacheV, Threads: opts.Threads,
@@ -146,7 +166,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 		_ = nm.Close()
 		return nil, fmt.Errorf("load %s: tokenizer has %d tokens, the model's output only %d", cfg.Path, tok.VocabSize(), info.Vocab)
 	}
-	eng, err := engine.New(engine.Config{
+	ecfg := engine.Config{
 		Model: NewModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
 		StepTokens: opts.StepTokens, DecodeHeadroom: opts.DecodeHeadroom, PrefixCacheSlots: opts.PrefixSlots,
 		Special: func(id int32) bool {
@@ -156,7 +176,14 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 			}
 			return true
 		},
-	})
+	}
+	features := spec.Features
+	draftDevice := ""
+	if d != nil {
+		ecfg.Drafter, ecfg.DraftBlock = &drafter{d: d}, opts.Draft.Block
+		features.Speculative, draftDevice = true, d.device
+	}
+	eng, err := engine.New(ecfg)
 	if err != nil {
 		_ = nm.Close()
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
@@ -164,12 +191,13 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	lim := eng.Limits()
 	return &Loaded{
 		Cfg: cfg, File: f, Native: nm, Engine: eng, Tok: tok, Tmpl: tmpl, TemplateSource: src, WeightFileBytes: total,
+		draft: d,
 		Desc: sdk.ModelDescription{
-			Name: cfg.Name, Architecture: arch, Device: device,
+			Name: cfg.Name, Architecture: arch, Device: device, DraftDevice: draftDevice,
 			MaxConcurrency: lim.MaxConcurrency, KVPoolTokens: lim.KVPoolTokens, MaxCtx: lim.MaxCtx,
 			DefaultMaxTokens: OrDefault(cfg.DefaultMaxTokens, min(DefaultMaxTokens, maxCtx/2)),
 			MaxTokens:        OrDefault(cfg.MaxTokens, maxCtx),
-			Features:         spec.Features,
+			Features:         features,
 			ParameterCount:   params, WeightBytes: int64(info.WeightBytes),
 		},
 	}, nil
@@ -181,6 +209,9 @@ func (l *Loaded) Close(ctx context.Context) error {
 	var errs *multierror.Error
 	errs = multierror.Append(errs, l.Engine.Close(ctx))
 	errs = multierror.Append(errs, l.Native.Close())
+	if l.draft != nil {
+		errs = multierror.Append(errs, l.draft.close())
+	}
 	errs = multierror.Append(errs, l.File.Close())
 	return errs.ErrorOrNil()
 }

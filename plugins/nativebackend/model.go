@@ -20,6 +20,7 @@ var (
 	_ engine.Model          = (*nativeModel)(nil)
 	_ engine.Rewinder       = (*nativeModel)(nil)
 	_ engine.CandidateModel = (*nativeModel)(nil)
+	_ engine.Verifier       = (*nativeModel)(nil)
 )
 
 // NewModel adapts a loaded native model to engine.Model (and
@@ -46,7 +47,7 @@ func (n *nativeModel) Reserve(s engine.SeqID, tokens int) error {
 func (n *nativeModel) entries(batch []engine.SeqInput) []native.Entry {
 	n.batch = n.batch[:0]
 	for _, in := range batch {
-		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits)})
+		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits), Record: in.Record})
 	}
 	return n.batch
 }
@@ -67,6 +68,23 @@ func (n *nativeModel) ForwardCandidates(_ context.Context, batch []engine.SeqInp
 		return engine.Candidates{}, kvErr(err)
 	}
 	return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil
+}
+
+// ForwardCapture is Forward (k == 0) or ForwardCandidates (k > 0) that also returns the capture layers' outputs of
+// every token, for a draft.
+func (n *nativeModel) ForwardCapture(_ context.Context, batch []engine.SeqInput, capture []int, k int) ([]float32, engine.Candidates, []float32, error) {
+	b := native.Batch{Entries: n.entries(batch), Capture: capture}
+	if k > 0 {
+		b.TopK = min(k, native.MaxTopK)
+	}
+	r, err := n.m.Forward(b)
+	if err != nil {
+		return nil, engine.Candidates{}, nil, kvErr(err)
+	}
+	if k > 0 {
+		return nil, engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, r.Capture, nil
+	}
+	return r.Logits, engine.Candidates{}, r.Capture, nil
 }
 
 func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int32, rng *uint64) (int32, error) {

@@ -43,6 +43,8 @@ type EngineOptions struct {
 	StepTokens     int
 	DecodeHeadroom int
 	PrefixSlots    int
+	// Draft is the block's speculative-decoding draft (Path "" = none); the backend that offers drafts fills it.
+	Draft DraftOptions
 }
 
 // Options reads a block's plugin-owned options and gathers every problem,

@@ -124,7 +124,7 @@ func TestInfoAndOptions(t *testing.T) {
 		is.True(shared["target-split"])
 		is.True(!shared["cache-type-k"])
 		_, declared := shared["draft"]
-		is.True(declared) // --draft is known to the CLI, then refused
+		is.True(declared) // --draft is known to the CLI
 	})
 	for _, tc := range []struct {
 		name string
@@ -133,7 +133,10 @@ func TestInfoAndOptions(t *testing.T) {
 	}{
 		{"defaults", nil, nil},
 		{"valid", map[string]string{"cache-type-k": "q8_0", "cache-type-v": "bf16", "threads": "2", "fa-window": "0", "prefix-cache-slots": "4"}, nil},
-		{"draft refused", map[string]string{"draft": "/m/draft.gguf"}, []string{"--draft: DFlash speculative decoding is not implemented"}},
+		{"draft", map[string]string{"draft": "/m/draft.gguf", "draft-device": "cpu", "draft-block-size": "8"}, nil},
+		{"tree budget", map[string]string{"draft": "/m/draft.gguf", "spec-tree-budget": "22"}, []string{"--spec-tree-budget: tree verification (DDTree) is not in this build yet"}},
+		{"block of one", map[string]string{"draft": "/m/draft.gguf", "draft-block-size": "1"}, []string{"--draft-block-size: 1 leaves no proposal"}},
+		{"bad draft device", map[string]string{"draft": "/m/draft.gguf", "draft-device": "cuda:x"}, []string{"--draft-device: device \"cuda:x\": bad device index"}},
 		{"bad cache type", map[string]string{"cache-type-k": "q4_0"}, []string{`--cache-type-k: "q4_0" is not a KV cache type (want f32, f16, bf16, q8_0)`}},
 		{"fa window", map[string]string{"fa-window": "128"}, []string{"--fa-window: 128 is not supported"}},
 		{"prefill cache", map[string]string{"prefill-cache-slots": "4"}, []string{"--prefill-cache-slots: 4 is not supported"}},
@@ -351,7 +354,9 @@ func TestLoadErrors(t *testing.T) {
 	}{
 		{"missing file", func(c *sdk.ModelConfig) { c.Path = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
 		{"no library", func(c *sdk.ModelConfig) { c.Device = "cuda:0" }, "libdflash_cuda.so not found"},
-		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": "d.gguf"} }, "--draft:"},
+		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"spec-tree-budget": "4"} }, "--spec-tree-budget:"},
+		{"missing draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": "/nonexistent/d.gguf"} }, "draft /nonexistent/d.gguf"},
+		{"draft is not a draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": c.Path} }, "draft " },
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)

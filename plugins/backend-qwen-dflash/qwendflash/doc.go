@@ -17,6 +17,11 @@
 // appear inside the JSON, so json_object leaves no room for tool calls.
 // json_schema is refused for now.
 //
-// DFlash speculative decoding (--draft) is not implemented yet: the option
-// is declared so the CLI knows it, and ValidateOptions refuses it.
+// DFlash speculative decoding (--draft FILE): the draft (native arch
+// "dflash", read from upstream llama.cpp files and the older spellings)
+// proposes a block per decoding sequence from the target's captured hidden
+// states, and sdk/engine verifies it in the batched target forward
+// (greedy output identical to target-only decoding, sampled output from the
+// target's distribution). Tree verification (--spec-tree-budget) is not in
+// this build yet.
 package qwendflash

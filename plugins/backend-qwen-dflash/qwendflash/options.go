@@ -1,6 +1,7 @@
 package qwendflash
 
 import (
+	native "github.com/dflash/dflash_server/native/engine"
 	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -11,12 +12,13 @@ var optionSpecs = append(nativebackend.EngineOptionSpecs(),
 	sdk.OptionSpec{Name: "fa-window", Kind: sdk.OptionInt, Default: "0", Help: "Attention window in tokens (0 = full attention; only 0 is supported yet)."},
 	nativebackend.PrefixCacheSpec(),
 	sdk.OptionSpec{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."},
-	sdk.OptionSpec{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF for speculative decoding (not supported yet)."},
+	sdk.OptionSpec{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF (upstream llama.cpp `dflash` files, and the Lucebox and pre-merge spellings) for lossless speculative decoding."},
 	// Not a shared-process policy as such: only a remote draft (a device
 	// other than the target's) is, and that is refused through
-	// ModelConfig.MultiModel once --draft is implemented.
+	// ModelConfig.MultiModel at load.
 	sdk.OptionSpec{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device)."},
-	sdk.OptionSpec{Name: "draft-block-size", Kind: sdk.OptionInt, Default: "0", Help: "Draft block size (0 = the draft's own)."},
+	sdk.OptionSpec{Name: "draft-block-size", Kind: sdk.OptionInt, Default: "0", Help: "Most block tokens (the root and the proposals) verified per step (0 = the draft's block size; never above it)."},
+	sdk.OptionSpec{Name: "spec-tree-budget", Kind: sdk.OptionInt, Default: "0", Help: "DDTree verify budget in tree nodes (0 = verify the draft's chain)."},
 	sdk.OptionSpec{Name: "target-split", Kind: sdk.OptionString, Help: "Split the target's layers across devices (not supported yet).", SharedProcessPolicy: true},
 )
 
@@ -40,10 +42,22 @@ func parseOptions(m map[string]string) (options, error) {
 			unsupported = 0
 		}
 	}
-	draftBlock := 0
+	draftBlock, treeBudget := 0, 0
 	r.Int("draft-block-size", &draftBlock, 0, 1024)
-	if r.Get("draft") != "" {
-		r.Bad("draft", "DFlash speculative decoding is not implemented in this build yet; remove --draft to serve the model without a draft")
+	r.Int("spec-tree-budget", &treeBudget, 0, 1024)
+	if draftBlock == 1 {
+		r.Bad("draft-block-size", "1 leaves no proposal to verify; use 0 for the draft's block size or at least 2")
+	}
+	if treeBudget != 0 {
+		r.Bad("spec-tree-budget", "tree verification (DDTree) is not in this build yet; 0 verifies the draft's chain")
+	}
+	if path := r.Get("draft"); path != "" {
+		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock}
+		if dev := r.Get("draft-device"); dev != "" {
+			if _, _, err := native.ParseDevice(dev); err != nil {
+				r.Bad("draft-device", "%v", err)
+			}
+		}
 	} else {
 		if r.Get("draft-device") != "" {
 			r.Bad("draft-device", "needs --draft")
