@@ -47,6 +47,9 @@ type FakeModel struct {
 	// RecurrentState makes the model behave like one with recurrent
 	// layers: Truncate fails, only Rollback to a Snapshot goes back.
 	RecurrentState bool
+	// Dist, when set, gives the whole logits row after a history instead of Next's favourite; Sample then draws
+	// from softmax(row / temperature) when the request samples.
+	Dist func(history []int32) []float32
 
 	mu        sync.Mutex
 	blockSize int
@@ -210,9 +213,13 @@ func (m *FakeModel) Forward(ctx context.Context, batch []engine.SeqInput) ([]flo
 			s.history = append(s.history, t)
 			if in.Logits == engine.LogitsAll || (in.Logits == engine.LogitsLast && i == len(in.Tokens)-1) {
 				row := out[r*VocabSize : (r+1)*VocabSize]
-				fav := next(s.history)
-				row[fav] = 10
-				row[runnerUp(fav)] = 5 // picked when fav is suppressed
+				if m.Dist != nil {
+					copy(row, m.Dist(s.history))
+				} else {
+					fav := next(s.history)
+					row[fav] = 10
+					row[runnerUp(fav)] = 5 // picked when fav is suppressed
+				}
 				r++
 			}
 		}
@@ -270,8 +277,12 @@ func (m *FakeModel) Rollback(id engine.SeqID) error {
 	return nil
 }
 
-// Sample is greedy: the highest logit, lowest id on ties.
-func (m *FakeModel) Sample(logits []float32, _ *engine.Sampling, _ []int32, _ *uint64) (int32, error) {
+// Sample is greedy (the highest logit, lowest id on ties), or with Dist set and a positive temperature a draw from
+// softmax(logits / temperature) with the request's generator.
+func (m *FakeModel) Sample(logits []float32, p *engine.Sampling, _ []int32, rng *uint64) (int32, error) {
+	if m.Dist != nil && p.Temperature > 0 {
+		return drawSoftmax(logits, p.Temperature, rng), nil
+	}
 	best := 0
 	for i, v := range logits {
 		if v > logits[best] {
@@ -572,4 +583,31 @@ func wrongToken(p int32) int32 {
 		return 'y'
 	}
 	return 'x'
+}
+
+// drawSoftmax draws an index from softmax(logits / temp) with a xorshift64* step of rng.
+func drawSoftmax(logits []float32, temp float32, rng *uint64) int32 {
+	mx := math.Inf(-1)
+	for _, v := range logits {
+		mx = math.Max(mx, float64(v))
+	}
+	w := make([]float64, len(logits))
+	sum := 0.0
+	for i, v := range logits {
+		w[i] = math.Exp((float64(v) - mx) / float64(temp))
+		sum += w[i]
+	}
+	x := *rng
+	x ^= x >> 12
+	x ^= x << 25
+	x ^= x >> 27
+	*rng = x
+	u := float64((x*0x2545F4914F6CDD1D)>>11) / float64(1<<53) * sum
+	for i, v := range w {
+		if u < v {
+			return int32(i)
+		}
+		u -= v
+	}
+	return int32(len(w) - 1)
 }
