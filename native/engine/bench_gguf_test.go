@@ -14,7 +14,10 @@ import (
 // (decode batch sizes, default "1,8,32"), $DFLASH_BENCH_PROMPTS (prefill lengths, default "512,4096"). Sub-benchmarks:
 // pp<N> (one prompt of N tokens per forward) and tg-b<B> (B sequences decoding one token each per forward, after a
 // 16-token prompt; the next token is the device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
-// count) sets the CPU threads (default: every core). Run with -test.benchtime=Nx; tok/s is what to compare.
+// count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
+// vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
+// state recorded, five layers captured for the draft, then cut back to one accepted token) — its ms/step against
+// tg-b<B>'s is the verify cost. Run with -test.benchtime=Nx; tok/s is what to compare.
 func BenchmarkGGUF(b *testing.B) {
 	path := os.Getenv("DFLASH_BENCH_GGUF")
 	if path == "" {
@@ -29,6 +32,7 @@ func BenchmarkGGUF(b *testing.B) {
 		b.Fatal(err)
 	}
 	batches, prompts := envInts("DFLASH_BENCH_BATCHES", "1,8,32"), envInts("DFLASH_BENCH_PROMPTS", "512,4096")
+	verify := envInts("DFLASH_BENCH_VERIFY", "")
 	maxB, maxP := 1, 16
 	for _, x := range batches {
 		maxB = max(maxB, x)
@@ -96,8 +100,63 @@ func BenchmarkGGUF(b *testing.B) {
 			sec := b.Elapsed().Seconds()
 			b.ReportMetric(float64(nb*b.N)/sec, "tok/s")
 			b.ReportMetric(float64(m.Info().WeightBytes)*float64(b.N)/sec/1e9, "weightGB/s")
+			b.ReportMetric(sec*1e3/float64(b.N), "ms/step")
 		})
+		for _, q := range verify {
+			b.Run(fmt.Sprintf("vf-b%d-q%d", nb, q), func(b *testing.B) { benchVerify(b, m, rng, nb, q) })
+		}
 	}
+}
+
+// benchVerify times forwards in which nb sequences each verify a block of q tokens the way speculative decoding
+// does, then keep one of them.
+func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
+	info := m.Info()
+	capture := make([]int, 0, 5)
+	for i := 0; i < 5; i++ {
+		capture = append(capture, (i*info.Layers)/5)
+	}
+	batch := Batch{Capture: capture, TopK: 1}
+	start := func() {
+		for _, e := range batch.Entries {
+			_ = m.FreeSeq(e.Seq)
+		}
+		batch.Entries = batch.Entries[:0]
+		for i := 0; i < nb; i++ {
+			s, err := m.NewSeq()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := m.Forward(one(s, randomTokens(rng, 16, info.Vocab), LogitsNone)); err != nil {
+				b.Fatal(err)
+			}
+			batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: randomTokens(rng, q, info.Vocab), Logits: LogitsAll, Record: true})
+		}
+	}
+	start()
+	defer func() {
+		for _, e := range batch.Entries {
+			_ = m.FreeSeq(e.Seq)
+		}
+	}()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if n, _ := m.SeqLen(batch.Entries[0].Seq); n+q >= 1000 {
+			b.StopTimer()
+			start()
+			b.StartTimer()
+		}
+		n0, _ := m.SeqLen(batch.Entries[0].Seq)
+		if _, err := m.Forward(batch); err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range batch.Entries {
+			if err := m.Truncate(e.Seq, n0+1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/step")
 }
 
 func envInts(key, def string) []int {
