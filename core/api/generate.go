@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/sdk"
 )
 
@@ -210,7 +211,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation) {
 	g.req.ID = g.requestID
 	began := time.Now()
 	api := apiName(r.URL.Path)
-	st, err := s.rt.Start(ctx, g.req)
+	st, err := s.rt.Start(router.WithAPI(ctx, api), g.req)
 	if err != nil {
 		if ctx.Err() != nil {
 			// The client left while waiting: nobody reads an answer.

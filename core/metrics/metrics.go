@@ -44,6 +44,7 @@ type Registry struct {
 	queueWait     *prometheus.HistogramVec
 	ttft          *prometheus.HistogramVec
 	tpot          *prometheus.HistogramVec
+	itl           *prometheus.HistogramVec
 	promptTokens  *prometheus.CounterVec
 	genTokens     *prometheus.CounterVec
 	draftProposed *prometheus.CounterVec
@@ -104,8 +105,10 @@ func New(opts Options) *Registry {
 	r.rejections = counter("dflash_admission_rejections_total", "Requests refused by routing, by reason.", []string{"model", "reason"})
 	r.policyErrors = counter("dflash_policy_errors_total", "Policy calls that failed or answered nonsense; the block order was used instead.", []string{"policy"})
 	r.queueWait = hist("dflash_queue_wait_seconds", "Time admitted requests spent waiting in the routing queue.", queueBuckets, model)
-	r.ttft = hist("dflash_time_to_first_token_seconds", "Time from the backend call to the first output (text, reasoning or tool call).", ttftBuckets, model)
-	r.tpot = hist("dflash_time_per_output_token_seconds", "Mean decode time per output token after the first, one observation per request.", tpotBuckets, model)
+	modelAPI := []string{"model", "api"}
+	r.ttft = hist("dflash_time_to_first_token_seconds", "Time from the backend call to the first output (text, reasoning or tool call), by model and API.", ttftBuckets, modelAPI)
+	r.tpot = hist("dflash_time_per_output_token_seconds", "Mean decode time per output token after the first, one observation per request, by model and API.", tpotBuckets, modelAPI)
+	r.itl = hist("dflash_inter_token_latency_seconds", "Time between output tokens as the backend streams them (a burst of n tokens after a gap d counts n times d/n), by model and API.", tpotBuckets, modelAPI)
 	r.promptTokens = counter("dflash_prompt_tokens_total", "Prompt tokens of finished requests.", model)
 	r.genTokens = counter("dflash_generation_tokens_total", "Generated tokens of finished requests.", model)
 	r.draftProposed = counter("dflash_draft_tokens_proposed_total", "Speculative draft tokens proposed.", model)
@@ -273,20 +276,31 @@ func (r *Registry) ObserveQueueWait(model string, d time.Duration) {
 	r.queueWait.WithLabelValues(model).Observe(d.Seconds())
 }
 
-// ObserveTTFT records the time to the first output of a request.
-func (r *Registry) ObserveTTFT(model string, d time.Duration) {
+// ObserveTTFT records the time to the first output of a request made through api.
+func (r *Registry) ObserveTTFT(model, api string, d time.Duration) {
 	if r == nil {
 		return
 	}
-	r.ttft.WithLabelValues(model).Observe(d.Seconds())
+	r.ttft.WithLabelValues(model, api).Observe(d.Seconds())
 }
 
 // ObserveTPOT records a request's mean time per output token.
-func (r *Registry) ObserveTPOT(model string, d time.Duration) {
+func (r *Registry) ObserveTPOT(model, api string, d time.Duration) {
 	if r == nil {
 		return
 	}
-	r.tpot.WithLabelValues(model).Observe(d.Seconds())
+	r.tpot.WithLabelValues(model, api).Observe(d.Seconds())
+}
+
+// ObserveITL records n output tokens that arrived together, d after the previous ones: n observations of d/n.
+func (r *Registry) ObserveITL(model, api string, d time.Duration, n int) {
+	if r == nil || n <= 0 {
+		return
+	}
+	h := r.itl.WithLabelValues(model, api)
+	for range n {
+		h.Observe(d.Seconds() / float64(n))
+	}
 }
 
 // AddTokens counts prompt and generated tokens of a finished request.

@@ -30,7 +30,8 @@ func TestNilRegistryRecordsNothing(t *testing.T) {
 	r.SetKV("a", 1, 2)
 	r.Fallback("a", "b")
 	r.Rejection("a", "queue_full")
-	r.ObserveTTFT("a", time.Second)
+	r.ObserveTTFT("a", "chat", time.Second)
+	r.ObserveITL("a", "chat", time.Second, 2)
 	r.SetBackendRestarts("a", 1)
 	r.OnScrape(func() {})
 	rec := httptest.NewRecorder()
@@ -52,7 +53,10 @@ func TestExposition(t *testing.T) {
 			`dflash_fallback_total{from="qwen",to="ds4"} 1`,
 			`dflash_admission_rejections_total{model="any",reason="queue_full"} 1`,
 			`dflash_backend_restarts_total{model="ds4"} 3`,
-			`dflash_time_to_first_token_seconds_count{model="qwen"} 1`,
+			`dflash_time_to_first_token_seconds_count{api="chat",model="qwen"} 1`,
+			`dflash_time_per_output_token_seconds_count{api="messages",model="qwen"} 1`,
+			`dflash_inter_token_latency_seconds_count{api="responses",model="qwen"} 4`,
+			`dflash_inter_token_latency_seconds_bucket{api="responses",model="qwen",le="0.01"} 4`,
 			`dflash_generation_tokens_total{model="qwen"} 7`,
 			`dflash_queue_limit 32`,
 			`dflash_requests_total{api="chat",code="200",model="qwen"} 1`,
@@ -77,7 +81,9 @@ func TestExposition(t *testing.T) {
 			r.Rejection(metrics.AnyModel, "queue_full")
 			r.SetBackendRestarts("ds4", 3)
 			r.SetBackendRestarts("ds4", 1) // a counter never goes down
-			r.ObserveTTFT("qwen", 30*time.Millisecond)
+			r.ObserveTTFT("qwen", "chat", 30*time.Millisecond)
+			r.ObserveTPOT("qwen", "messages", 10*time.Millisecond)
+			r.ObserveITL("qwen", "responses", 40*time.Millisecond, 4) // a burst of 4 tokens: 4 gaps of 10ms
 			r.AddTokens("qwen", 5, 7)
 			r.SetQueueLimit(32)
 			r.ObserveRequest("qwen", "chat", 200, time.Second)

@@ -42,6 +42,8 @@ type Stream struct {
 	// Emitter side (the backend's goroutine).
 	begun    time.Time
 	firstOut time.Time
+	lastOut  time.Time // the last event with tokens
+	api      string    // the client API, for metric labels (WithAPI)
 
 	finished bool // Recv side
 }
@@ -54,6 +56,7 @@ func newStream(ctx context.Context, r *Router, m int) *Stream {
 		admitc: make(chan sdk.Admission, 1),
 		events: make(chan sdk.Event, eventBuffer),
 		done:   make(chan struct{}),
+		api:    apiOf(ctx),
 	}
 	// Derived from the request so a client that goes away cancels
 	// generation even before the API layer calls Close.
@@ -222,9 +225,16 @@ func (s *Stream) observe(ev sdk.Event) {
 	if met == nil {
 		return
 	}
+	now := time.Now()
 	if s.firstOut.IsZero() && (ev.Text != "" || ev.Reasoning != "" || len(ev.ToolCalls) > 0) {
-		s.firstOut = time.Now()
-		met.ObserveTTFT(s.name, s.firstOut.Sub(s.begun))
+		s.firstOut = now
+		met.ObserveTTFT(s.name, s.api, s.firstOut.Sub(s.begun))
+	}
+	if n := len(ev.TokenIDs); n > 0 {
+		if !s.lastOut.IsZero() {
+			met.ObserveITL(s.name, s.api, now.Sub(s.lastOut), n)
+		}
+		s.lastOut = now
 	}
 	f := ev.Finish
 	if f == nil {
@@ -235,9 +245,24 @@ func (s *Stream) observe(ev sdk.Event) {
 	if n := f.Usage.CompletionTokens; n > 1 {
 		switch {
 		case f.Timings.DecodeMS > 0:
-			met.ObserveTPOT(s.name, time.Duration(f.Timings.DecodeMS*float64(time.Millisecond)/float64(n-1)))
+			met.ObserveTPOT(s.name, s.api, time.Duration(f.Timings.DecodeMS*float64(time.Millisecond)/float64(n-1)))
 		case !s.firstOut.IsZero():
-			met.ObserveTPOT(s.name, time.Since(s.firstOut)/time.Duration(n-1))
+			met.ObserveTPOT(s.name, s.api, time.Since(s.firstOut)/time.Duration(n-1))
 		}
 	}
+}
+
+// apiKey is the context key of WithAPI.
+type apiKey struct{}
+
+// WithAPI labels a request's context with the client API it came through ("chat", "messages", ...), for the
+// latency metrics the router records per model and API.
+func WithAPI(ctx context.Context, api string) context.Context { return context.WithValue(ctx, apiKey{}, api) }
+
+// apiOf is the WithAPI label of ctx, "other" without one.
+func apiOf(ctx context.Context) string {
+	if api, ok := ctx.Value(apiKey{}).(string); ok && api != "" {
+		return api
+	}
+	return "other"
 }

@@ -59,6 +59,21 @@ func TestPickerMetrics(t *testing.T) {
 		is.Equal(k, 0.0)
 	})
 
+	t.Run("latency histograms per model and API", func(t *testing.T) {
+		is := is.New(t)
+		chat := s.post(t, pathChat, chatReq("a", "hi", 4, false))
+		is.Equal(chat.status, 200)
+		msg := s.post(t, pathMessages, map[string]any{"model": "a", "max_tokens": 4,
+			"messages": []map[string]any{{"role": "user", "content": "hi"}}})
+		is.Equal(msg.status, 200)
+		m := s.metrics(t)
+		for _, api := range []string{"chat", "messages"} {
+			is.True(m.value("dflash_time_to_first_token_seconds", "model", "a", "api", api) >= 1) // TTFT by API
+			is.True(m.value("dflash_inter_token_latency_seconds", "model", "a", "api", api) >= 1) // gaps between tokens
+		}
+		is.Equal(m.value("dflash_time_to_first_token_seconds", "api", "responses"), 0.0) // no request came that way
+	})
+
 	t.Run("load moves them and they return to zero", func(t *testing.T) {
 		is := is.New(t)
 		var holders []*call
