@@ -102,6 +102,15 @@ static dfl_status w_forward_topk(const dfl_api *a, dfl_model *m, const dfl_batch
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static int has_draft_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, draft_forward) + sizeof(a->draft_forward);
+}
+static dfl_status w_draft_forward(const dfl_api *a, dfl_model *m, uint32_t n, const dfl_draft_entry *es, uint32_t k,
+                                  int32_t *ids, float *logits, float *lse, char **err) {
+	dfl_status rc = a->draft_forward(m, n, es, k, ids, logits, lse);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 */
 import "C"
 
@@ -463,6 +472,7 @@ func (a *capi) info(m *cmodel) (Info, error) {
 		RMSEps:           float32(ci.rms_eps),
 		RopeTheta:        float32(ci.rope_theta),
 		RopeDim:          int(ci.rope_dim),
+		DraftFeatures:    int(ci.n_feat),
 	}, nil
 }
 
@@ -576,6 +586,48 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		return status(C.w_forward_topk(a.t, m, &cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
 	return status(C.w_forward(a.t, m, &cb, &msg), msg)
+}
+
+// runDraft runs one draft step; feature and block slices are pinned for the call so the C entries may point at them.
+func (a *capi) runDraft(m *cmodel, entries []DraftEntry, nFeat int, r *Result) error {
+	if C.has_draft_api(a.t) == 0 {
+		return errors.New("draft forward: the engine library predates draft_forward: rebuild it")
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	ces := make([]C.dfl_draft_entry, len(entries))
+	for i := range entries {
+		e := &entries[i]
+		ce := &ces[i]
+		ce.seq = C.int32_t(e.Seq)
+		if len(e.Features) > 0 {
+			pin.Pin(&e.Features[0])
+			ce.n_ctx = C.uint32_t(len(e.Features) / nFeat)
+			ce.features = (*C.float)(unsafe.Pointer(&e.Features[0]))
+		}
+		if len(e.Block) > 0 {
+			pin.Pin(&e.Block[0])
+			ce.n_block = C.uint32_t(len(e.Block))
+			ce.block = (*C.int32_t)(unsafe.Pointer(&e.Block[0]))
+		}
+	}
+	var cs *C.dfl_draft_entry
+	if len(ces) > 0 {
+		pin.Pin(&ces[0])
+		cs = &ces[0]
+	}
+	var ids *C.int32_t
+	var vals, lse *C.float
+	if len(r.IDs) > 0 {
+		pin.Pin(&r.IDs[0])
+		pin.Pin(&r.Logits[0])
+		pin.Pin(&r.LSE[0])
+		ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
+		vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
+		lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
+	}
+	var msg *C.char
+	return status(C.w_draft_forward(a.t, m, C.uint32_t(len(ces)), cs, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 }
 
 func (a *capi) runSample(logits []float32, p SamplingParams, history []int32, rng *uint64) (int32, error) {

@@ -94,7 +94,7 @@ type Tensor struct {
 
 // ModelSpec is everything the engine needs to build a model.
 type ModelSpec struct {
-	// Arch is general.architecture ("qwen3", "qwen35").
+	// Arch is general.architecture ("qwen3", "qwen35", or "dflash" for a DFlash draft run through DraftForward).
 	Arch string
 	// Meta holds the hyperparameters under their GGUF keys ("qwen3.block_count", ...). Values may be Go integers,
 	// floats, bools, strings, or integer/float slices. Keys the architecture does not use are ignored.
@@ -117,6 +117,8 @@ type Info struct {
 	KVBytesPerToken, StateBytesPerSeq, WeightBytes uint64
 	RMSEps, RopeTheta                              float32
 	RopeDim                                        int
+	// DraftFeatures is the float count of one context row of DraftForward (a "dflash" draft's fc input); 0 otherwise.
+	DraftFeatures int
 }
 
 // KVStats is the current occupancy of the KV pool and sequence slots.
@@ -487,6 +489,51 @@ func (m *Model) Forward(b Batch) (*Result, error) {
 		r.Capture = make([]float32, toks*len(b.Capture)*r.Embd)
 	}
 	if err := m.locked(func() error { return m.lib.api.runForward(m.m, &b, r) }); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// DraftEntry is one sequence's part of a draft step.
+type DraftEntry struct {
+	Seq Seq
+	// Features are the new context rows ([n_ctx][Info.DraftFeatures]: the target's captured hidden states of the
+	// positions after the draft sequence's length), appended to the draft's cache and kept.
+	Features []float32
+	// Block is the root token then mask tokens, at the positions after the context; not kept.
+	Block []int32
+}
+
+// DraftForward runs a DFlash draft step; the result holds K candidates per row (IDs, Logits, LSE as forward with
+// TopK), rows = per entry len(Block)-1 (none for 0 or 1), in entry order (Result.Candidates(e, i) is block position
+// i+1 of entry e). Each sequence's length grows by its context rows; the caller should have reserved length +
+// context + block tokens. On error no sequence changed length.
+func (m *Model) DraftForward(entries []DraftEntry, k int) (*Result, error) {
+	nf := m.info.DraftFeatures
+	if nf <= 0 {
+		return nil, fmt.Errorf("draft forward: %s model is not a DFlash draft", m.info.Arch)
+	}
+	if k < 1 || k > MaxTopK {
+		return nil, fmt.Errorf("draft forward: top-k %d outside [1, %d]", k, MaxTopK)
+	}
+	r := &Result{Vocab: m.info.Vocab, Embd: m.info.Embd, K: k}
+	rows := 0
+	for i, e := range entries {
+		if len(e.Features)%nf != 0 {
+			return nil, fmt.Errorf("draft forward: entry %d (sequence %d) has %d feature floats, not a multiple of %d",
+				i, e.Seq, len(e.Features), nf)
+		}
+		n := max(len(e.Block)-1, 0)
+		start := -1
+		if n > 0 {
+			start = rows
+		}
+		r.rowStart = append(r.rowStart, start)
+		r.rowCount = append(r.rowCount, n)
+		rows += n
+	}
+	r.Logits, r.IDs, r.LSE = make([]float32, rows*k), make([]int32, rows*k), make([]float32, rows)
+	if err := m.locked(func() error { return m.lib.api.runDraft(m.m, entries, nf, r) }); err != nil {
 		return nil, err
 	}
 	return r, nil

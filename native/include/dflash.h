@@ -86,7 +86,7 @@ enum {
 
 typedef struct {
     uint32_t struct_size;
-    const char *arch;           /* general.architecture: "qwen3", "qwen35" */
+    const char *arch;           /* general.architecture: "qwen3", "qwen35", "dflash" (a DFlash draft, see draft_forward) */
     const dfl_meta *meta;       /* the architecture's hyperparameters ("<arch>.*" keys; others are ignored) */
     uint32_t n_meta;
     const dfl_tensor *tensors;
@@ -122,6 +122,7 @@ typedef struct {
     float rms_eps;
     float rope_theta;
     uint32_t rope_dim;
+    uint32_t n_feat;            /* dflash: floats of one context row of draft_forward (fc.weight dims[0]); else 0 */
 } dfl_model_info;
 
 /* What a model would take on its device, computed from the load parameters without loading (model_estimate). */
@@ -167,6 +168,15 @@ typedef struct {
     const int32_t *capture_layers;  /* layer ids; the output of the whole decoder layer (after the FFN residual) */
     float *capture;                 /* out: [total tokens, n_capture * n_embd] f32, tokens in entry order */
 } dfl_batch;
+
+/* One sequence's part of a DFlash draft step (draft_forward). */
+typedef struct {
+    int32_t seq;
+    uint32_t n_ctx;          /* context rows appended to the draft's cache at positions seq_length.. and kept */
+    const float *features;   /* [n_ctx][n_feat]: target hidden states of those positions (layer outputs concatenated) */
+    uint32_t n_block;        /* block tokens (root, then mask tokens) at the positions after the context; not kept */
+    const int32_t *block;
+} dfl_draft_entry;
 
 /* Sampler settings. Order: penalties, temperature, top-k, top-p, min-p, then a draw. temperature <= 0 is greedy
  * (argmax after penalties, lowest id on ties). */
@@ -230,6 +240,13 @@ typedef struct dfl_api {
      * and top logprobs <= k need nothing else, and a decode step moves k candidates per sequence instead of the
      * vocabulary. */
     dfl_status (*forward_topk)(dfl_model *m, const dfl_batch *batch, uint32_t k, int32_t *ids, float *logits, float *lse);
+    /* A DFlash draft step (arch "dflash"): k best candidates (1..64, as forward_topk) of every block row but the first,
+     * rows = sum(max(n_block,1) - 1) in entry order; the caller must have reserved len + n_ctx + n_block tokens. On
+     * error no sequence changed length. Each entry first appends its n_ctx context rows to the draft's cache (kept),
+     * then runs its block after them (not kept: the sequence's length becomes len + n_ctx). Other architectures return
+     * DFL_ERR_UNSUPPORTED, and a dflash model refuses forward and forward_topk. */
+    dfl_status (*draft_forward)(dfl_model *m, uint32_t n_entries, const dfl_draft_entry *entries, uint32_t k,
+                                int32_t *ids, float *logits, float *lse);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

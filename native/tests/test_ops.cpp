@@ -332,6 +332,92 @@ TEST(attention_paged_all_cache_types) {
     }
 }
 
+// The masks of a DFlash draft block (non-causal, sliding causal, sliding both ways) against a naive reference that
+// applies the rule of device.h's AttnCall directly, not through attn_range.
+TEST(attention_masks) {
+    struct Case {
+        const char *name;
+        bool causal;
+        int window;
+        int64_t n_past, n_new;
+    };
+    const Case cases[] = {
+        {"causal", true, 0, 70, 20},           {"non-causal", false, 0, 70, 20},
+        {"non-causal, no past", false, 0, 0, 9}, {"sliding causal", true, 24, 70, 20},
+        {"sliding causal, window > ctx", true, 500, 30, 10},
+        {"sliding non-causal", false, 24, 70, 20}, {"sliding non-causal, window 1", false, 1, 40, 16},
+        {"sliding non-causal, tile edge", false, 64, 130, 16},
+    };
+    Rng rng(29);
+    const int n_head = 4, n_kv = 2, hd = 32, bs = 16, group = n_head / n_kv;
+    for (const Case &c : cases) {
+        const int64_t total = c.n_past + c.n_new;
+        const int n_blocks = (int)ceil_div(total, bs);
+        std::vector<int32_t> blocks((size_t)n_blocks);
+        for (int b = 0; b < n_blocks; b++) blocks[(size_t)b] = (b * 5 + 3) % n_blocks;  // a permutation
+        PagedKV kv;
+        kv.n_kv = n_kv;
+        kv.head_dim = hd;
+        kv.block_size = bs;
+        kv.k_row = kv.v_row = row_bytes(DFL_TYPE_F32, hd);
+        std::vector<uint8_t> kb((size_t)n_blocks * bs * n_kv * kv.k_row), vb(kb.size());
+        kv.k = kb.data();
+        kv.v = vb.data();
+        kv.blocks = blocks.data();
+        for (int64_t p = 0; p < total; p++)
+            for (int g = 0; g < n_kv; g++)
+                for (int d = 0; d < hd; d++) {
+                    ((float *)kv.k_at(p, g))[d] = rng.sym(2);
+                    ((float *)kv.v_at(p, g))[d] = rng.sym(2);
+                }
+        std::vector<float> q((size_t)(c.n_new * n_head * hd)), out(q.size(), NAN);
+        for (auto &v : q) v = rng.sym();
+        AttnMask mask;
+        mask.causal = c.causal;
+        mask.window = c.window;
+        mask.n_new = c.n_new;
+        for (int g = 0; g < n_kv; g++)
+            for (int64_t i0 = 0; i0 < c.n_new; i0 += 7) {
+                const int64_t i1 = std::min(c.n_new, i0 + 7);
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
+                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, c.n_past, i0, i1,
+                          1.0f / std::sqrt((float)hd), scr.data(), mask);
+            }
+        int bad = 0;
+        for (int64_t i = 0; i < c.n_new; i++)
+            for (int h = 0; h < n_head; h++) {
+                const int g = h / group;
+                const int64_t p = c.n_past + i;
+                std::vector<double> w((size_t)total, 0.0);
+                double mx = -1e300;
+                for (int64_t k = 0; k < total; k++) {
+                    bool sees = c.causal ? k <= p : true;
+                    if (c.window > 0) sees = sees && p - k < c.window && (c.causal || k - p < c.window);
+                    if (!sees) continue;
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)q[(size_t)((i * n_head + h) * hd + e)] * ((float *)kv.k_at(k, g))[e];
+                    w[(size_t)k] = d / std::sqrt((double)hd);
+                    mx = std::max(mx, w[(size_t)k]);
+                }
+                double z = 0;
+                for (int64_t k = 0; k < total; k++) {
+                    bool sees = c.causal ? k <= p : true;
+                    if (c.window > 0) sees = sees && p - k < c.window && (c.causal || k - p < c.window);
+                    w[(size_t)k] = sees ? std::exp(w[(size_t)k] - mx) : 0.0;
+                    z += w[(size_t)k];
+                }
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int64_t k = 0; k < total; k++) o += w[(size_t)k] * ((float *)kv.v_at(k, g))[e];
+                    const float got = out[(size_t)((i * n_head + h) * hd + e)];
+                    if (!(std::fabs(got - o / z) <= 2e-6)) bad++;
+                }
+            }
+        if (bad) std::printf("  attention mask %s: %d values off\n", c.name, bad);
+        CHECK(bad == 0);
+    }
+}
+
 TEST(conv1d_silu_causal) {
     Rng rng(17);
     const int K = 4, C = 10, n = 6;

@@ -30,6 +30,10 @@ public:
     virtual void seq_snapshot(int32_t s) = 0;
     virtual void seq_rollback(int32_t s) = 0;
     virtual void forward(const dfl_batch &b, const TopKOut *topk = nullptr) = 0;
+    // A DFlash draft step (dflash.h draft_forward); only the dflash architecture has one.
+    virtual void draft_forward(uint32_t n_entries, const dfl_draft_entry *entries, const TopKOut &topk) {
+        fail(DFL_ERR_UNSUPPORTED, "this architecture is not a DFlash draft; draft_forward needs arch \"dflash\"");
+    }
 };
 
 // Loads the model of params->arch onto the library's device; DFL_ERR_UNSUPPORTED for an unknown architecture.

@@ -67,6 +67,7 @@ struct KVLayer {
 };
 
 // q/k RMSNorm + NeoX RoPE on the projections, K/V written into the cache.
+// qf = nullptr: K/V only (rows that are keys but never queries, e.g. a DFlash draft's context); Q is not written.
 struct AttnPrep {
     const float *qf = nullptr;  // [T][n_head * head_dim * (gated ? 2 : 1)]; gated: per head head_dim q, then head_dim gate
     float *kf = nullptr;        // [T][n_kv * head_dim] (normalised and rotated in place)
@@ -81,15 +82,35 @@ struct AttnPrep {
     KVLayer kv;
 };
 
-// Causal attention of every batch token against its sequence's cache: token i of an entry sees cache positions
-// [0, len0 + i]. Q, out: [T][n_head * head_dim].
+// Attention of every batch token against its sequence's cache. Token i of an entry sits at cache position
+// p = len0 + i and sees positions [lo, hi): causal (the default): hi = p + 1, else hi = len0 + n (the whole entry, as
+// a DFlash draft block needs); window W > 0: lo = max(0, p - W + 1), and when not causal also hi = min(hi, p + W)
+// (a sliding window in both directions); W = 0: lo = 0. Q, out: [T][n_head * head_dim].
 struct AttnCall {
     const float *Q = nullptr;
     float *out = nullptr;
     int n_head = 0;
     float scale = 1.0f;
+    bool causal = true;
+    int window = 0;
     KVLayer kv;
 };
+
+// The cache positions [lo, hi) a token at position p of an entry of n tokens after len0 sees (see AttnCall). Host and
+// device code share it so every implementation applies the same mask.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline void attn_range(int64_t p, int64_t len0, int64_t n, bool causal, int window, int64_t *lo, int64_t *hi) {
+    int64_t h = causal ? p + 1 : len0 + n;
+    int64_t l = 0;
+    if (window > 0) {
+        l = p - window + 1 > 0 ? p - window + 1 : 0;
+        if (!causal && p + window < h) h = p + window;
+    }
+    *lo = l;
+    *hi = h;
+}
 
 // Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is
 // updated to the last K-1 inputs. Recording entries also get their whole window in rec_window.
@@ -161,6 +182,8 @@ public:
     virtual void swiglu(float *g, const float *u, int64_t count) = 0;
     // a = a * sigmoid(g)
     virtual void sigmoid_mul(float *a, const float *g, int64_t count) = 0;
+    // x = x * scale, then, when cap > 0, x = cap * tanh(x / cap) (logit scaling and soft-capping of some heads).
+    virtual void scale_softcap(float *x, int64_t count, float scale, float cap) = 0;
     // out[r] = x[rows[r]] (rows of n floats); rows is a device array of R indices.
     virtual void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) = 0;
     // dst[r * dst_stride + i] = src[r * src_stride + i], i < n, r < rows (floats).

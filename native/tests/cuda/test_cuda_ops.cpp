@@ -394,6 +394,12 @@ void test_norms_elementwise() {
             g_gpu->sigmoid_mul(a.gp(), b.gp(), count);
             compare_f32("sigmoid_mul" + sz, a, 1e-5);
         }
+        for (float cap : {0.0f, 3.0f}) {  // a draft's logit scale, with and without soft-capping
+            Dual a(av);
+            g_cpu->scale_softcap(a.cp(), count, 1.5f, cap);
+            g_gpu->scale_softcap(a.gp(), count, 1.5f, cap);
+            compare_f32("scale_softcap cap=" + std::to_string((int)cap) + sz, a, 1e-5);
+        }
     }
     {
         const int64_t n = 77, X = 50;
@@ -539,7 +545,16 @@ std::string attn_name(const char *op, const AttnShape &s, uint32_t tk, uint32_t 
     return buf;
 }
 
-void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r) {
+// The mask of an attention call (AttnCall::causal, window) and whether attn_prep runs without Q (K/V only, as for a
+// DFlash draft's context rows).
+struct AttnMaskCase {
+    bool causal = true;
+    int window = 0;
+    bool kv_only = false;
+};
+
+void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r,
+                        const AttnMaskCase &mc = AttnMaskCase()) {
     const int64_t T = b.T, qd = (int64_t)s.n_head * s.hd, kvd = (int64_t)s.n_kv * s.hd;
     const int64_t q_out = qd * (s.gated ? 2 : 1);
     std::vector<float> inv((size_t)s.rope_dim / 2);
@@ -553,7 +568,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         AttnPrep a;
-        a.qf = g ? qf.gp() : qf.cp();
+        a.qf = mc.kv_only ? nullptr : g ? qf.gp() : qf.cp();
         a.kf = g ? kf.gp() : kf.cp();
         a.vf = g ? vf.gp() : vf.cp();
         a.q_norm = g ? qn.gp() : qn.cp();
@@ -575,7 +590,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         a.kv.block_size = b.block_size;
         (g ? g_gpu : g_cpu)->attn_prep(b.meta(g), a);
     }
-    compare_f32(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
+    if (!mc.kv_only) compare_f32(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
     compare_f32(attn_name("attn_prep kf", s, tk, tv, b), kf, 1e-5);
     if (s.gated) compare_f32(attn_name("attn_prep gate", s, tk, tv, b), gate, 0);
     compare(attn_name("attn_prep K cache", s, tk, tv, b), dequant_cache(tk, kc.gpu_bytes(), rows, s.hd),
@@ -595,6 +610,8 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         a.out = g ? out.gp() : out.cp();
         a.n_head = s.n_head;
         a.scale = 1.0f / std::sqrt((float)s.hd);
+        a.causal = mc.causal;
+        a.window = mc.window;
         a.kv.k = g ? kc.gp<uint8_t>() : kc.cp<uint8_t>();
         a.kv.v = g ? vc.gp<uint8_t>() : vc.cp<uint8_t>();
         a.kv.type_k = tk;
@@ -610,8 +627,32 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     // The tensor-core path rounds Q, K, V and the softmax weights P to f16 (2^-12 relative rms each): a score moves by
     // about 3e-4 absolute, and an output, a weighted mean of V rows, by a few 1e-4 of its norm per rounded operand;
     // together under 1e-3 in these cases, bound 2e-3. The CUDA-core path computes in f32 like the CPU: 1e-5.
-    compare_f32(attn_name(gemm_path ? "attention (tensor cores)" : "attention", s, tk, tv, b), out,
-                gemm_path ? 2e-3 : 1e-5);
+    char what[64];
+    std::snprintf(what, sizeof what, "%s%s window=%d", gemm_path ? "attention (tensor cores)" : "attention",
+                  mc.causal ? "" : " non-causal", mc.window);
+    compare_f32(attn_name(what, s, tk, tv, b), out, gemm_path ? 2e-3 : 1e-5);
+}
+
+// The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after
+// a context, several entries, a context long enough for split-K, and an entry of 64+ rows (which must not take the
+// causal-only tensor-core path). Also attn_prep without Q (the draft's context rows).
+void test_attention_masks(Rng &r) {
+    const AttnShape shapes[] = {{32, 8, 128, 128, false}, {4, 2, 64, 64, false}};
+    const AttnMaskCase masks[] = {{false, 0, false}, {true, 7, false}, {false, 7, false}, {false, 300, true},
+                                  {true, 0, true}};
+    const std::vector<std::vector<Batch::Ent>> batches = {
+        {{16, 100, 0, false}},                                        // one draft block after its context
+        {{16, 0, 0, false}, {8, 33, 1, false}, {1, 5, 2, false}},     // blocks of several sequences
+        {{16, 3000, 0, false}, {4, 10, 1, false}},                    // long context: split-K
+        {{80, 20, 0, false}},                                         // 64+ rows: the paged kernel all the same
+    };
+    for (const AttnShape &s : shapes)
+        for (const AttnMaskCase &mc : masks)
+            for (const auto &be : batches)
+                for (uint32_t ct : {DFL_TYPE_F32, DFL_TYPE_F16}) {
+                    Batch b(be, 16, r);
+                    run_attention_case(s, ct, ct, b, r, mc);
+                }
 }
 
 // Cases for the tensor-core path (entries of 64 or more query rows): GQA groups 1, 4 and 6 (qwen3-8b's 32/8 heads of
@@ -667,6 +708,7 @@ void test_attention() {
     Batch odd({{3, 9, 0, false}, {14, 2, 1, false}}, 5, r);  // block size not a power of two, mixed cache types
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
     test_attention_gemm_path(r);
+    test_attention_masks(r);
 }
 
 // ---- Gated DeltaNet ----

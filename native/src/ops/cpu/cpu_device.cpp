@@ -82,6 +82,14 @@ public:
             for (int64_t i = i0; i < i1; i++) a[i] *= sigmoid(g[i]);
         });
     }
+    void scale_softcap(float *x, int64_t count, float scale, float cap) override {
+        for_chunks(count, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; i++) {
+                const float v = x[i] * scale;
+                x[i] = cap > 0 ? cap * std::tanh(v / cap) : v;
+            }
+        });
+    }
     void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override {
         for (int64_t r = 0; r < R; r++) std::memcpy(out + r * n, x + (int64_t)rows[r] * n, sizeof(float) * (size_t)n);
     }
@@ -97,7 +105,7 @@ public:
         pool_.parallel_for(m.T, [&](int64_t t, int th) {
             float *cs = scratch_.get(th, (size_t)a.rope_dim);  // one position's cos/sin, shared by its heads
             rope_cos_sin(a.rope_dim, m.pos[t], a.inv_freq, cs);
-            for (int hh = 0; hh < nh; hh++) {
+            for (int hh = 0; hh < (a.qf ? nh : 0); hh++) {
                 const float *src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
                 float *dst = a.Q + t * qd + (int64_t)hh * hd;
                 dfl::rmsnorm(src, a.q_norm, dst, hd, a.eps);
@@ -143,7 +151,12 @@ public:
             kv.blocks = m.block_table + (int64_t)tk.e * m.max_blocks;
             float *scr = scratch_.get(th, attention_scratch(hd, group, tk.i1 - tk.i0));
             const int64_t t0 = m.t0[tk.e];
-            dfl::attention(kv, tk.g, nh, a.Q + t0 * qd, qd, a.out + t0 * qd, qd, m.len0[tk.e], tk.i0, tk.i1, a.scale, scr);
+            AttnMask mask;
+            mask.causal = a.causal;
+            mask.window = a.window;
+            mask.n_new = m.n[tk.e];
+            dfl::attention(kv, tk.g, nh, a.Q + t0 * qd, qd, a.out + t0 * qd, qd, m.len0[tk.e], tk.i0, tk.i1, a.scale, scr,
+                           mask);
         });
     }
 

@@ -221,7 +221,8 @@ DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
 }
 
 void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
-               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch) {
+               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch,
+               const AttnMask &mask) {
     const int hd = kv.head_dim;
     const int group = n_head / kv.n_kv;
     const int64_t nt = i1 - i0;
@@ -235,24 +236,33 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     std::fill(m, m + (size_t)nt * group, -std::numeric_limits<float>::infinity());
     std::fill(l, l + (size_t)nt * group, 0.0f);
 
-    const int64_t p_end = n_past + i1;
-    for (int64_t p0 = 0; p0 < p_end; p0 += kAttnTile) {
+    // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
+    const int64_t n_new = mask.causal ? i1 : mask.n_new;
+    int64_t p_start, p_end, unused;
+    attn_range(n_past + i0, n_past, n_new, mask.causal, mask.window, &p_start, &unused);
+    attn_range(n_past + i1 - 1, n_past, n_new, mask.causal, mask.window, &unused, &p_end);
+    // tiles stay aligned to kAttnTile from position 0, so a causal call splits its sums exactly as before
+    for (int64_t p0 = p_start / kAttnTile * kAttnTile; p0 < p_end; p0 += kAttnTile) {
+        const int64_t pa = std::max(p0, p_start);  // first position of the tile anyone sees
         const int64_t pn = std::min<int64_t>(kAttnTile, p_end - p0);
-        for (int64_t j = 0; j < pn; j++) {
+        for (int64_t j = pa - p0; j < pn; j++) {
             dequant_row(kv.type_k, kv.k_at(p0 + j, kvh), Kt + j * hd, hd);
             dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
         }
         for (int64_t i = i0; i < i1; i++) {
-            const int64_t lim = n_past + i + 1;
-            if (p0 >= lim) continue;
-            const int64_t cnt = std::min(pn, lim - p0);
+            int64_t lo, hi;
+            attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
+            if (p0 >= hi || p0 + pn <= lo) continue;
+            const int64_t j0 = std::max<int64_t>(0, lo - p0);  // this row's part of the tile: [j0, j0 + cnt)
+            const int64_t cnt = std::min(pn, hi - p0) - j0;
+            const float *Kr = Kt + j0 * hd, *Vr = Vt + j0 * hd;
             for (int hh = 0; hh < group; hh++) {
                 const int h = kvh * group + hh;
                 const float *qh = q + i * q_stride + (int64_t)h * hd;
                 // dot4_f32 gives each row exactly dot_f32's result and reads q once for four keys
                 int64_t j = 0;
-                for (; j + 4 <= cnt; j += 4) dot4_f32(Kt + j * hd, qh, hd, s + j);
-                for (; j < cnt; j++) s[j] = dot_f32(qh, Kt + j * hd, hd);
+                for (; j + 4 <= cnt; j += 4) dot4_f32(Kr + j * hd, qh, hd, s + j);
+                for (; j < cnt; j++) s[j] = dot_f32(qh, Kr + j * hd, hd);
                 float mx = -std::numeric_limits<float>::infinity();
                 for (j = 0; j < cnt; j++) {
                     s[j] *= scale;
@@ -269,7 +279,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 float *a = acc + idx * hd;
                 l[idx] = l[idx] * corr + sum;
                 scale_vec(corr, a, hd);
-                accumulate_rows(s, Vt, cnt, hd, a);
+                accumulate_rows(s, Vr, cnt, hd, a);
                 m[idx] = mnew;
             }
         }

@@ -81,11 +81,21 @@ struct PagedKV {
 
 constexpr int kAttnTile = 64;
 
-// Causal attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV head
-// `kvh`. Token i sits at cache position n_past + i and sees positions [0, n_past + i]. q and out are [n_new][n_head]
-// [head_dim] with row strides q_stride / out_stride floats per token. Scratch must hold attention_scratch() floats.
+// Which cache positions a new token sees (device.h attn_range): the default is causal, [0, n_past + i].
+// n_new (the entry's token count) bounds a non-causal row.
+struct AttnMask {
+    bool causal = true;
+    int window = 0;
+    int64_t n_new = 0;
+};
+
+// Attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV head `kvh`.
+// Token i sits at cache position n_past + i and sees the positions attn_range gives for `mask`. q and out are
+// [n_new][n_head][head_dim] with row strides q_stride / out_stride floats per token. Scratch must hold
+// attention_scratch() floats.
 void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
-               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch);
+               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch,
+               const AttnMask &mask = AttnMask());
 size_t attention_scratch(int head_dim, int group, int64_t n_tok);
 
 // Depthwise causal conv over `channels` with kernel K followed by SiLU. window holds K-1+n rows of `channels` values

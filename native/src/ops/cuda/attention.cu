@@ -46,12 +46,13 @@ __device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int
 
 // Block (t, h): h < n_head normalises and rotates query head h of token t into Q (and copies its gate); h >= n_head
 // does key head h - n_head in place in kf and writes that head's K and V rows into the cache at pool row kv_slot[t].
-__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot) {
+// head_off (n_head when there is no qf, else 0) is added to blockIdx.y, so a K/V-only call launches only key heads.
+__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot, int head_off) {
     extern __shared__ float xs[];  // [head_dim]
     __shared__ float red[32];
     const int hd = a.kv.head_dim, n_kv = a.kv.n_kv;
     const int64_t t = blockIdx.x;
-    const int hh = blockIdx.y;
+    const int hh = blockIdx.y + head_off;
     const bool is_q = hh < a.n_head;
     const int64_t q_out = (int64_t)a.n_head * hd * (a.gated ? 2 : 1), kvd = (int64_t)n_kv * hd;
     const float *src;
@@ -104,8 +105,11 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
 
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
     if (m.T <= 0) return;
-    const dim3 grid((unsigned)m.T, (unsigned)(a.n_head + a.kv.n_kv));
-    attn_prep_kernel<<<grid, kPrepThreads, (size_t)a.kv.head_dim * sizeof(float), s>>>(a, m.pos, m.kv_slot);
+    // without qf only the key heads run: blocks y = 0..n_kv-1 map to heads n_head.. (see head_off)
+    const int n_q = a.qf ? a.n_head : 0;
+    const dim3 grid((unsigned)m.T, (unsigned)(n_q + a.kv.n_kv));
+    attn_prep_kernel<<<grid, kPrepThreads, (size_t)a.kv.head_dim * sizeof(float), s>>>(a, m.pos, m.kv_slot,
+                                                                                        a.n_head - n_q);
     check_launch("attn_prep");
 }
 
@@ -117,7 +121,9 @@ struct AttnArgs {
     const uint8_t *k, *v;
     uint32_t type_k, type_v;
     uint64_t k_row, v_row;
-    const int32_t *ent, *t0, *len0, *block_table;
+    const int32_t *ent, *t0, *len0, *n, *block_table;
+    bool causal;
+    int window;
 };
 
 // One block per (token, group of G query heads sharing one KV head, split). Each step scores a tile of cache
@@ -145,9 +151,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     const int hd = a.head_dim;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int e = a.ent[t];
-    const int64_t lim = (int64_t)a.len0[e] + (t - a.t0[e]) + 1;  // positions [0, lim)
-    const int64_t p_begin = (int64_t)blockIdx.z * split_len;
-    const int64_t p_end = min(lim, p_begin + split_len);
+    int64_t lo, hi;  // the positions this token sees
+    attn_range((int64_t)a.len0[e] + (t - a.t0[e]), a.len0[e], a.n[e], a.causal, a.window, &lo, &hi);
+    const int64_t p_begin = max(lo, (int64_t)blockIdx.z * split_len);
+    const int64_t p_end = min(hi, (int64_t)blockIdx.z * split_len + split_len);
     const int kvh = h0 / (a.n_head / a.n_kv);
     const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
     const int64_t qd = (int64_t)a.n_head * hd;
@@ -245,7 +252,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         }
         return;
     }
-    // an empty split (past this token's causal limit) leaves m = -inf, l = 0: it weighs nothing in the combine
+    // an empty split (outside the positions this token sees) leaves m = -inf, l = 0: it weighs nothing in the combine
 #pragma unroll
     for (int g = 0; g < G; g++) {
         const int64_t part = ((int64_t)t * a.n_head + h0 + g) * gridDim.z + blockIdx.z;
@@ -350,7 +357,10 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     a.ent = m.ent;
     a.t0 = m.t0;
     a.len0 = m.len0;
+    a.n = m.n;
     a.block_table = m.block_table;
+    a.causal = c.causal;
+    a.window = c.window;
     // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
     // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
     const int64_t rows = m.T * c.n_head;

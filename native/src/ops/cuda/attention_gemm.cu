@@ -73,6 +73,8 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &c) {
     // A decode-shaped batch (one token per entry) never comes here: it must not touch scratch, and the CUDA-core
     // kernel is the faster one for it. min(max_n, T) is the tightest host bound on an entry's token count.
     if (m.T <= m.n_ent || m.n_ent <= 0) return false;
+    // its masks are causal over whole entries; other masks (DFlash draft blocks, a few rows each) take the paged kernel
+    if (!c.causal || c.window > 0) return false;
     if (std::min<int64_t>(m.max_n, m.T) < kGemmAttnMinRows) return false;
     const int hd = c.kv.head_dim;
     if (hd <= 0 || hd % 8 != 0 || hd > 512) return false;  // 16-byte aligned f16 rows for the tensor-core GEMMs

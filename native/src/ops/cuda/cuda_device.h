@@ -38,6 +38,7 @@ public:
     void add(float *x, const float *d, int64_t count) override;
     void swiglu(float *g, const float *u, int64_t count) override;
     void sigmoid_mul(float *a, const float *g, int64_t count) override;
+    void scale_softcap(float *x, int64_t count, float scale, float cap) override;
     void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override;
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
@@ -126,6 +127,7 @@ void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float 
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count);
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
+void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);

@@ -348,6 +348,10 @@ void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {
     op("sigmoid_mul", [&] { launch_sigmoid_mul(stream_, a, g, count); });
 }
 
+void CudaDevice::scale_softcap(float *x, int64_t count, float scale, float cap) {
+    op("scale_softcap", [&] { launch_scale_softcap(stream_, x, count, scale, cap); });
+}
+
 void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {
     op("gather_rows", [&] { launch_gather_rows(stream_, x, rows, R, n, out); });
 }

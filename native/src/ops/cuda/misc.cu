@@ -22,6 +22,13 @@ __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
         a[i] *= sigmoid_f(g[i]);
 }
 
+__global__ void scale_softcap_kernel(float *x, int64_t n, float scale, float cap) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[i] * scale;
+        x[i] = cap > 0.0f ? cap * tanhf(v / cap) : v;
+    }
+}
+
 __global__ void gather_rows_kernel(const float *x, const int32_t *rows, int64_t n, float *out) {
     const float *src = x + (int64_t)rows[blockIdx.x] * n;
     float *dst = out + (int64_t)blockIdx.x * n;
@@ -44,6 +51,12 @@ void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count)
     if (count <= 0) return;
     sigmoid_mul_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(a, g, count);
     check_launch("sigmoid_mul");
+}
+
+void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap) {
+    if (count <= 0) return;
+    scale_softcap_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(x, count, scale, cap);
+    check_launch("scale_softcap");
 }
 
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {

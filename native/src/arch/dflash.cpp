@@ -1,0 +1,659 @@
+#include "arch/dflash.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+#include "quant.h"
+#include "rope.h"
+
+namespace dfl {
+
+namespace {
+
+constexpr const char *kPrefix = "dflash.";
+// Context rows go through fc and the layers' K/V in chunks of this many, so a long prompt's features (n_feat floats
+// per row, e.g. 25 600) need no device buffer of the whole prompt.
+constexpr int64_t kCtxChunk = 256;
+
+using MetaMap = std::map<std::string, const dfl_meta *>;
+
+MetaMap meta_map(const dfl_model_params &p) {
+    MetaMap m;
+    for (uint32_t i = 0; i < p.n_meta; i++) {
+        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
+        m[p.meta[i].key] = &p.meta[i];
+    }
+    return m;
+}
+
+const dfl_meta *find(const MetaMap &m, const std::string &k) {
+    auto it = m.find(kPrefix + k);
+    return it == m.end() ? nullptr : it->second;
+}
+
+int64_t meta_int(const MetaMap &m, const std::string &k) {
+    const dfl_meta *v = find(m, k);
+    if (!v) fail(DFL_ERR_INVALID, std::string("model metadata lacks ") + kPrefix + k);
+    if (v->kind != DFL_META_INT) fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + k + " is not an integer");
+    return v->i;
+}
+
+int64_t meta_int(const MetaMap &m, const std::string &k, int64_t def) { return find(m, k) ? meta_int(m, k) : def; }
+
+double meta_float(const MetaMap &m, const std::string &k, double def) {
+    const dfl_meta *v = find(m, k);
+    if (!v) return def;
+    if (v->kind == DFL_META_FLOAT) return v->f;
+    if (v->kind == DFL_META_INT) return (double)v->i;
+    fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + k + " is not a number");
+}
+
+int positive(int64_t v, const std::string &k) {
+    if (v <= 0 || v > (1 << 30))
+        fail(DFL_ERR_INVALID, std::string("model hyperparameter ") + kPrefix + k + " = " + std::to_string(v) + " is out of range");
+    return (int)v;
+}
+
+// The per-layer sliding flags: an int array of 0/1 (bools arrive as ints), one per layer; absent = no sliding layer.
+std::vector<bool> sliding_pattern(const MetaMap &m, int n_layer, int window) {
+    std::vector<bool> s((size_t)n_layer, false);
+    const dfl_meta *v = find(m, "attention.sliding_window_pattern");
+    if (window <= 0 || !v) return s;
+    if (v->kind != DFL_META_INT_ARRAY || v->n != (uint32_t)n_layer || (v->n > 0 && !v->ia))
+        fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + "attention.sliding_window_pattern must be an array of " +
+                                  std::to_string(n_layer) + " integers (one per layer)");
+    for (int il = 0; il < n_layer; il++) s[(size_t)il] = v->ia[il] != 0;
+    return s;
+}
+
+std::string dims_str(const dfl_tensor &t) {
+    std::string s = "[";
+    for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+    return s + "]";
+}
+
+std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
+
+int threads_of(const dfl_model_params &p) {
+    if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
+    const unsigned hc = std::thread::hardware_concurrency();
+    return hc == 0 ? 1 : (int)hc;
+}
+
+}  // namespace
+
+DFlashHParams dflash_hparams(const dfl_model_params &p) {
+    const MetaMap m = meta_map(p);
+    DFlashHParams h;
+    h.n_layer = positive(meta_int(m, "block_count"), "block_count");
+    h.n_embd = positive(meta_int(m, "embedding_length"), "embedding_length");
+    h.n_ff = positive(meta_int(m, "feed_forward_length"), "feed_forward_length");
+    h.n_head = positive(meta_int(m, "attention.head_count"), "attention.head_count");
+    h.n_kv = positive(meta_int(m, "attention.head_count_kv", h.n_head), "attention.head_count_kv");
+    h.head_dim = positive(meta_int(m, "attention.key_length", h.n_embd / h.n_head), "attention.key_length");
+    if (h.n_head % h.n_kv != 0) fail(DFL_ERR_INVALID, "dflash.attention.head_count is not a multiple of head_count_kv");
+    if (h.head_dim % 2 != 0) fail(DFL_ERR_INVALID, "dflash.attention.key_length must be even (NeoX RoPE)");
+    if (!find(m, "rope.freq_base")) fail(DFL_ERR_INVALID, "model metadata lacks dflash.rope.freq_base");
+    h.theta = (float)meta_float(m, "rope.freq_base", 0);
+    if (!(h.theta > 0)) fail(DFL_ERR_INVALID, "dflash.rope.freq_base must be positive");
+    h.eps = (float)meta_float(m, "attention.layer_norm_rms_epsilon", 1e-6);
+    h.n_ctx_train = (int)meta_int(m, "context_length", 0);
+    const int64_t window = meta_int(m, "attention.sliding_window", 0);
+    if (window < 0 || window > (1 << 30)) fail(DFL_ERR_INVALID, "dflash.attention.sliding_window is out of range");
+    h.window = (int)window;
+    h.sliding = sliding_pattern(m, h.n_layer, h.window);
+    h.sliding_causal = meta_int(m, "attention.causal", 1) != 0;
+    h.logit_scale = (float)meta_float(m, "logit_scale", 1.0);
+    h.softcap = (float)meta_float(m, "final_logit_softcapping", 0.0);
+    return h;
+}
+
+void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
+    const DFlashHParams h = dflash_hparams(p);
+    if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
+        fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");
+    dfl_model_estimate e;
+    std::memset(&e, 0, sizeof e);
+    e.struct_size = sizeof e;
+    std::set<const void *> seen;  // a head tied to the embedding table is uploaded once
+    int64_t n_feat = 0;
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name || !seen.insert(t.data).second) continue;
+        if (std::string(t.name) == "fc.weight") n_feat = (int64_t)t.dims[0];
+        e.weight_bytes += t.size;
+        if (t.n_dims >= 2 && t.dims[1] > 1) e.weight_bytes += device_weight_copy_bytes(t.type, t.size);
+    }
+    e.kv_bytes_per_token = (uint64_t)h.n_layer * (uint64_t)h.n_kv *
+                           (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
+    const uint64_t qd = (uint64_t)h.n_head * h.head_dim, kvd = (uint64_t)h.n_kv * h.head_dim;
+    const uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
+    e.scratch_bytes = 512ull * per_row * sizeof(float);
+    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
+    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
+    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+}
+
+DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
+    : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
+    hp_ = dflash_hparams(p);
+    n_threads_ = (uint32_t)threads_of(p);
+    copy_weights_ = (p.flags & DFL_LOAD_COPY_WEIGHTS) != 0;
+    if (!cache_type_ok(type_k_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type k ") + type_name(type_k_) + " is not supported");
+    if (!cache_type_ok(type_v_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type v ") + type_name(type_v_) + " is not supported");
+    if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
+    const uint32_t block_size = p.kv_block_size ? p.kv_block_size : 16;
+    if (block_size > 4096) fail(DFL_ERR_INVALID, "kv_block_size " + std::to_string(block_size) + " is too large");
+    if (hp_.head_dim % type_block(type_k_) != 0 || hp_.head_dim % type_block(type_v_) != 0)
+        fail(DFL_ERR_INVALID, "head_dim " + std::to_string(hp_.head_dim) + " is not a multiple of the cache type's block");
+    load_weights(p);
+    const uint32_t n_blocks = (uint32_t)ceil_div(p.kv_pool_tokens, block_size);
+    if (n_blocks == 0) fail(DFL_ERR_INVALID, "kv_pool_tokens must be at least 1");
+    table_.init(p.max_seqs, n_blocks, block_size, true);
+    k_row_ = row_bytes(type_k_, hp_.head_dim);
+    v_row_ = row_bytes(type_v_, hp_.head_dim);
+    const uint64_t pool_rows = (uint64_t)n_blocks * block_size * (uint64_t)hp_.n_kv;
+    for (int i = 0; i < hp_.n_layer; i++) {
+        // not zero-filled: rows are written before they are read
+        k_cache_.emplace_back(dev_.get(), pool_rows * k_row_, "draft KV pool (K)");
+        v_cache_.emplace_back(dev_.get(), pool_rows * v_row_, "draft KV pool (V)");
+    }
+    const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.head_dim);
+    owned_.emplace_back(dev_.get(), inv.size() * sizeof(float), "rope frequencies");
+    dev_->to_device(owned_.back().get(), inv.data(), inv.size() * sizeof(float));
+    inv_freq_ = owned_.back().f();
+    ensure_acts(16);
+}
+
+// ---- weights --------------------------------------------------------------------------------------------------------
+
+const dfl_tensor *DFlashModel::tensor(const std::string &name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : it->second;
+}
+
+// A validated 2-D weight, uploaded.
+Weight DFlashModel::weight(const std::string &name, int64_t n_in, int64_t n_out) {
+    const dfl_tensor *t = tensor(name);
+    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    if (!weight_type_ok(t->type))
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " has type " + std::to_string(t->type) + ", which this engine does not support");
+    if (t->dims[0] != (uint64_t)n_in || t->dims[1] != (uint64_t)n_out || t->dims[2] != 1 || t->dims[3] != 1)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n_in) + ", " +
+                                  std::to_string(n_out) + "]");
+    if (n_in % type_block(t->type) != 0)
+        fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
+                                  type_name(t->type) + " block");
+    Weight w;
+    w.type = t->type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = row_bytes(t->type, n_in);
+    if (t->size < w.row_bytes * (uint64_t)n_out) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    w.data = (const uint8_t *)t->data;
+    upload(w);
+    dev_->prepare_weight(w);
+    return w;
+}
+
+void DFlashModel::upload(Weight &w) {
+    auto it = uploaded_.find(w.data);
+    if (it != uploaded_.end()) {
+        w.data = it->second;
+        return;
+    }
+    const uint64_t bytes = w.row_bytes * (uint64_t)w.n_out;
+    const uint8_t *host = w.data;
+    w.data = dev_->upload_weight(host, bytes, copy_weights_);
+    uploaded_[host] = w.data;
+    weight_bytes_ += bytes;
+}
+
+// A norm weight of n floats, converted to f32 on the device.
+const float *DFlashModel::vec(const std::string &name, int64_t n) {
+    const dfl_tensor *t = tensor(name);
+    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    uint64_t count = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++) count *= t->dims[i];
+    if (count != (uint64_t)n || t->dims[0] != (uint64_t)n)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n) + "]");
+    if (t->type != DFL_TYPE_F32 && t->type != DFL_TYPE_F16 && t->type != DFL_TYPE_BF16)
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
+    if (t->size < count * (uint64_t)type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    std::vector<float> v((size_t)n);
+    dequant_row(t->type, t->data, v.data(), n);
+    weight_bytes_ += count * (uint64_t)type_block_bytes(t->type);
+    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
+    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
+    return owned_.back().f();
+}
+
+void DFlashModel::load_weights(const dfl_model_params &p) {
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name) fail(DFL_ERR_INVALID, "tensor entry " + std::to_string(i) + " has no name");
+        if (!t.data && t.size > 0) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has no data");
+        if (t.n_dims < 1 || t.n_dims > 4) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has a bad dimension count");
+        tensors_[t.name] = &t;
+    }
+    const DFlashHParams &h = hp_;
+    // sizes the file does not state as keys: the feature width (fc), and the target's vocabulary (its head, table)
+    for (const char *name : {"fc.weight", "output.weight", "token_embd.weight"})
+        if (!tensor(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
+    n_feat_ = positive((int64_t)tensor("fc.weight")->dims[0], "feature width (fc.weight dims[0])");
+    n_vocab_ = positive((int64_t)tensor("output.weight")->dims[1], "vocabulary size (output.weight dims[1])");
+    n_embd_rows_ = positive((int64_t)tensor("token_embd.weight")->dims[1], "vocabulary size (token_embd.weight dims[1])");
+
+    fc_ = weight("fc.weight", n_feat_, h.n_embd);
+    enc_norm_ = vec("enc.output_norm.weight", h.n_embd);
+    output_norm_ = vec("output_norm.weight", h.n_embd);
+    tok_embd_ = weight("token_embd.weight", h.n_embd, n_embd_rows_);
+    output_ = weight("output.weight", h.n_embd, n_vocab_);
+    const int64_t qd = (int64_t)h.n_head * h.head_dim, kvd = (int64_t)h.n_kv * h.head_dim;
+    layers_.resize((size_t)h.n_layer);
+    for (int il = 0; il < h.n_layer; il++) {
+        DraftLayer &L = layers_[(size_t)il];
+        L.sliding = h.sliding[(size_t)il];
+        L.attn_norm = vec(blk(il, "attn_norm.weight"), h.n_embd);
+        L.ffn_norm = vec(blk(il, "ffn_norm.weight"), h.n_embd);
+        L.q_norm = vec(blk(il, "attn_q_norm.weight"), h.head_dim);
+        L.k_norm = vec(blk(il, "attn_k_norm.weight"), h.head_dim);
+        L.wq = weight(blk(il, "attn_q.weight"), h.n_embd, qd);
+        L.wk = weight(blk(il, "attn_k.weight"), h.n_embd, kvd);
+        L.wv = weight(blk(il, "attn_v.weight"), h.n_embd, kvd);
+        L.wo = weight(blk(il, "attn_output.weight"), qd, h.n_embd);
+        L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
+        L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+        L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+    }
+    tensors_.clear();  // the caller's table is not needed after load
+    uploaded_.clear();
+}
+
+// ---- model interface ------------------------------------------------------------------------------------------------
+
+void DFlashModel::info(dfl_model_info *out) const {
+    const uint32_t size = out->struct_size;
+    dfl_model_info i;
+    std::memset(&i, 0, sizeof i);
+    i.struct_size = sizeof i;
+    std::snprintf(i.arch, sizeof i.arch, "%s", "dflash");
+    i.n_layer = (uint32_t)hp_.n_layer;
+    i.n_embd = (uint32_t)hp_.n_embd;
+    i.n_vocab = (uint32_t)n_vocab_;
+    i.n_ctx_train = (uint32_t)hp_.n_ctx_train;
+    i.n_head = (uint32_t)hp_.n_head;
+    i.n_head_kv = (uint32_t)hp_.n_kv;
+    i.head_dim = (uint32_t)hp_.head_dim;
+    i.n_ff = (uint32_t)hp_.n_ff;
+    i.n_attn_layers = (uint32_t)hp_.n_layer;
+    i.kv_block_size = table_.block_size();
+    i.kv_blocks_total = table_.n_blocks();
+    i.max_seqs = table_.max_seqs();
+    i.cache_type_k = type_k_;
+    i.cache_type_v = type_v_;
+    i.n_threads = n_threads_;
+    i.kv_bytes_per_token = (uint64_t)hp_.n_layer * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
+    i.weight_bytes = weight_bytes_;
+    i.rms_eps = hp_.eps;
+    i.rope_theta = hp_.theta;
+    i.rope_dim = (uint32_t)hp_.head_dim;
+    i.n_feat = (uint32_t)n_feat_;
+    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
+    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+}
+
+void DFlashModel::kv_stats(dfl_kv_stats *out) const {
+    out->block_size = table_.block_size();
+    out->blocks_total = table_.n_blocks();
+    out->blocks_free = table_.free_blocks();
+    out->seqs_total = table_.max_seqs();
+    out->seqs_free = table_.free_seqs();
+}
+
+// Attention only: cutting the length is all a truncate or rollback needs.
+void DFlashModel::seq_truncate(int32_t s, uint32_t n) {
+    Seq &q = table_.get(s);
+    if (n > q.len) fail(DFL_ERR_INVALID, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                             " tokens: it holds only " + std::to_string(q.len));
+    table_.set_length(q, n);
+}
+
+void DFlashModel::seq_snapshot(int32_t s) {
+    Seq &q = table_.get(s);
+    q.snap = true;
+    q.snap_len = q.len;
+}
+
+void DFlashModel::seq_rollback(int32_t s) {
+    Seq &q = table_.get(s);
+    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
+    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    table_.set_length(q, q.snap_len);
+}
+
+void DFlashModel::forward(const dfl_batch &, const TopKOut *) {
+    fail(DFL_ERR_UNSUPPORTED, "a dflash draft runs through draft_forward");
+}
+
+// ---- draft step -----------------------------------------------------------------------------------------------------
+
+void DFlashModel::ensure(DevBuf &b, size_t bytes, const char *what) {
+    if (b.bytes() >= bytes) return;
+    b.reset();
+    b = DevBuf(dev_.get(), bytes, what);
+}
+
+void DFlashModel::ensure_acts(int64_t rows) {
+    if (rows <= acts_.cap) return;
+    const int64_t cap = std::max<int64_t>(rows, acts_.cap * 2);
+    const DFlashHParams &h = hp_;
+    Acts &a = acts_;
+    a = Acts{};  // release the old set first: peak memory is one set
+    auto mk = [&](DevBuf &b, int64_t per_row) { b = DevBuf(dev_.get(), (size_t)(cap * per_row) * sizeof(float), "draft activations"); };
+    const int64_t qd = (int64_t)h.n_head * h.head_dim, kvd = (int64_t)h.n_kv * h.head_dim;
+    mk(a.feat, n_feat_);
+    mk(a.g, h.n_embd);
+    mk(a.x, h.n_embd);
+    mk(a.xn, h.n_embd);
+    mk(a.mix, h.n_embd);
+    mk(a.ff_g, h.n_ff);
+    mk(a.ff_u, h.n_ff);
+    mk(a.qf, qd);
+    mk(a.kf, kvd);
+    mk(a.vf, kvd);
+    mk(a.Q, qd);
+    mk(a.attn, qd);
+    a.cap = cap;
+}
+
+// Checks every entry before any state changes and lays out the step's metadata.
+DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) const {
+    StepLayout l;
+    std::set<int32_t> seen;
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dfl_draft_entry &e = es[i];
+        const std::string who = "draft entry " + std::to_string(i) + " (sequence " + std::to_string(e.seq) + ")";
+        const Seq &q = table_.get(e.seq);
+        if (!seen.insert(e.seq).second) fail(DFL_ERR_INVALID, who + ": the sequence appears twice in one step");
+        if (e.n_ctx > 0 && !e.features) fail(DFL_ERR_INVALID, who + ": features is null");
+        if (e.n_block > 0 && !e.block) fail(DFL_ERR_INVALID, who + ": block is null");
+        for (uint32_t t = 0; t < e.n_block; t++)
+            if (e.block[t] < 0 || e.block[t] >= n_embd_rows_)
+                fail(DFL_ERR_INVALID, who + ": token " + std::to_string(e.block[t]) + " is outside the vocabulary (" +
+                                          std::to_string(n_embd_rows_) + ")");
+        const uint64_t end = (uint64_t)q.len + e.n_ctx + e.n_block;
+        if (end > (uint64_t)INT32_MAX) fail(DFL_ERR_INVALID, who + ": sequence too long");
+        l.Tc += e.n_ctx;
+        if (e.n_block > 0) {
+            l.Tb += e.n_block;
+            l.Eb++;
+            l.rows += e.n_block - 1;
+        }
+        l.max_blocks = std::max(l.max_blocks, table_.blocks_for((uint32_t)end));
+        need += table_.missing_blocks(q, (uint32_t)end);
+    }
+    if (topk.k < 1 || topk.k > 64) fail(DFL_ERR_INVALID, "draft step: k must be in [1, 64]");
+    if (l.rows > 0 && (!topk.ids || !topk.vals || !topk.lse))
+        fail(DFL_ERR_INVALID, "draft step: an output buffer is null");
+    if (need > table_.free_blocks())
+        fail(DFL_ERR_NO_KV, "draft KV pool exhausted: the step needs " + std::to_string(need) + " more blocks, " +
+                                std::to_string(table_.free_blocks()) + " free");
+    // one int32 buffer: context pos and kv_slot [Tc]; block tokens, pos, ent, kv_slot [Tb]; per block entry t0, n,
+    // len0, slot [Eb] and the block table [Eb][max_blocks]; the logits rows [rows]
+    size_t off = 0;
+    auto take = [&](size_t &at, int64_t count) {
+        at = off;
+        off += (size_t)count;
+    };
+    take(l.ctx_pos, l.Tc);
+    take(l.ctx_slot, l.Tc);
+    take(l.tokens, l.Tb);
+    take(l.pos, l.Tb);
+    take(l.ent, l.Tb);
+    take(l.kv_slot, l.Tb);
+    take(l.t0, l.Eb);
+    take(l.n, l.Eb);
+    take(l.len0, l.Eb);
+    take(l.slot, l.Eb);
+    take(l.bt, (int64_t)l.Eb * l.max_blocks);
+    take(l.out_rows, l.rows);
+    l.total = off;
+    return l;
+}
+
+// The host metadata of a step whose sequences hold their blocks already. Cache positions are contiguous: context row
+// j of an entry sits at len + j, block row i at len + n_ctx + i; RoPE positions are the same.
+void DFlashModel::fill_meta(uint32_t n, const dfl_draft_entry *es, const StepLayout &l) {
+    host_meta_.assign(l.total, 0);
+    int32_t *hm = host_meta_.data();
+    const uint32_t bs = table_.block_size();
+    int64_t c = 0, t = 0, r = 0;
+    int32_t eb = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const dfl_draft_entry &e = es[i];
+        const Seq &q = table_.get(e.seq);
+        auto slot_of = [&](uint32_t p) { return q.blocks[p / bs] * (int32_t)bs + (int32_t)(p % bs); };
+        for (uint32_t j = 0; j < e.n_ctx; j++, c++) {
+            hm[l.ctx_pos + c] = (int32_t)(q.len + j);
+            hm[l.ctx_slot + c] = slot_of(q.len + j);
+        }
+        if (e.n_block == 0) continue;
+        const uint32_t base = q.len + e.n_ctx;
+        hm[l.t0 + eb] = (int32_t)t;
+        hm[l.n + eb] = (int32_t)e.n_block;
+        hm[l.len0 + eb] = (int32_t)base;
+        hm[l.slot + eb] = e.seq;
+        for (size_t k = 0; k < q.blocks.size() && k < l.max_blocks; k++)
+            hm[l.bt + (size_t)eb * l.max_blocks + k] = q.blocks[k];
+        for (uint32_t j = 1; j < e.n_block; j++) hm[l.out_rows + r++] = (int32_t)(t + j);  // row 0 is discarded
+        for (uint32_t j = 0; j < e.n_block; j++, t++) {
+            hm[l.tokens + t] = e.block[j];
+            hm[l.pos + t] = (int32_t)(base + j);
+            hm[l.ent + t] = eb;
+            hm[l.kv_slot + t] = slot_of(base + j);
+        }
+        eb++;
+    }
+}
+
+BatchMeta DFlashModel::block_meta(const StepLayout &l, int64_t max_n, int64_t max_ctx) const {
+    const int32_t *dm = meta_.get<int32_t>();
+    BatchMeta m;
+    m.T = l.Tb;
+    m.n_ent = l.Eb;
+    m.max_n = max_n;
+    m.max_ctx = max_ctx;
+    m.tokens = dm + l.tokens;
+    m.pos = dm + l.pos;
+    m.ent = dm + l.ent;
+    m.kv_slot = dm + l.kv_slot;
+    m.t0 = dm + l.t0;
+    m.n = dm + l.n;
+    m.len0 = dm + l.len0;
+    m.slot = dm + l.slot;
+    m.block_table = dm + l.bt;
+    m.max_blocks = (int32_t)l.max_blocks;
+    return m;
+}
+
+KVLayer DFlashModel::kv_layer(int il) {
+    KVLayer kv;
+    kv.k = k_cache_[(size_t)il].get<uint8_t>();
+    kv.v = v_cache_[(size_t)il].get<uint8_t>();
+    kv.type_k = type_k_;
+    kv.type_v = type_v_;
+    kv.k_row = k_row_;
+    kv.v_row = v_row_;
+    kv.n_kv = hp_.n_kv;
+    kv.head_dim = hp_.head_dim;
+    kv.block_size = (int)table_.block_size();
+    return kv;
+}
+
+// T context rows already in acts_.feat: g = RMSNorm(fc f), then every layer's K = RoPE(k_norm(W_k g)), V = W_v g
+// into its cache (no attn_norm, no queries: context rows are only keys and values).
+void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T) {
+    const DFlashHParams &h = hp_;
+    Acts &a = acts_;
+    dev_->matmul(fc_, a.feat.f(), T, a.g.f());
+    dev_->rmsnorm(a.g.f(), enc_norm_, a.g.f(), T, h.n_embd, h.eps);
+    BatchMeta m;
+    m.T = T;
+    m.pos = d_pos;
+    m.kv_slot = d_slot;
+    for (int il = 0; il < h.n_layer; il++) {
+        const DraftLayer &L = layers_[(size_t)il];
+        dev_->matmul(L.wk, a.g.f(), T, a.kf.f());
+        dev_->matmul(L.wv, a.g.f(), T, a.vf.f());
+        AttnPrep p;
+        p.kf = a.kf.f();
+        p.vf = a.vf.f();
+        p.k_norm = L.k_norm;
+        p.inv_freq = inv_freq_;
+        p.n_head = h.n_head;
+        p.rope_dim = h.head_dim;
+        p.eps = h.eps;
+        p.kv = kv_layer(il);
+        dev_->attn_prep(m, p);
+    }
+}
+
+// Every entry's context rows, in entry order, in chunks of kCtxChunk rows (a chunk may span entries).
+void DFlashModel::run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l) {
+    const int32_t *dm = meta_.get<int32_t>();
+    const int64_t nf = n_feat_;
+    uint32_t e = 0, j = 0;  // the next context row to stage: entry e, row j
+    for (int64_t c0 = 0; c0 < l.Tc; c0 += kCtxChunk) {
+        const int64_t T = std::min(kCtxChunk, l.Tc - c0);
+        host_feat_.resize((size_t)(T * nf));
+        for (int64_t r = 0; r < T;) {
+            while (j >= es[e].n_ctx) {
+                e++;
+                j = 0;
+            }
+            const int64_t take = std::min<int64_t>(T - r, es[e].n_ctx - j);
+            std::memcpy(host_feat_.data() + r * nf, es[e].features + (int64_t)j * nf, sizeof(float) * (size_t)(take * nf));
+            r += take;
+            j += (uint32_t)take;
+        }
+        dev_->to_device(acts_.feat.get(), host_feat_.data(), host_feat_.size() * sizeof(float));
+        context_chunk(dm + l.ctx_pos + c0, dm + l.ctx_slot + c0, T);
+    }
+}
+
+void DFlashModel::block_attention(int il, const BatchMeta &m) {
+    const DraftLayer &L = layers_[(size_t)il];
+    const DFlashHParams &h = hp_;
+    Acts &a = acts_;
+    const int64_t T = m.T;
+    dev_->matmul(L.wq, a.xn.f(), T, a.qf.f());
+    dev_->matmul(L.wk, a.xn.f(), T, a.kf.f());
+    dev_->matmul(L.wv, a.xn.f(), T, a.vf.f());
+    const KVLayer kv = kv_layer(il);
+    AttnPrep p;
+    p.qf = a.qf.f();
+    p.kf = a.kf.f();
+    p.vf = a.vf.f();
+    p.q_norm = L.q_norm;
+    p.k_norm = L.k_norm;
+    p.inv_freq = inv_freq_;
+    p.n_head = h.n_head;
+    p.rope_dim = h.head_dim;
+    p.eps = h.eps;
+    p.Q = a.Q.f();
+    p.kv = kv;
+    dev_->attn_prep(m, p);
+    AttnCall c;
+    c.Q = a.Q.f();
+    c.out = a.attn.f();
+    c.n_head = h.n_head;
+    c.scale = 1.0f / std::sqrt((float)h.head_dim);
+    // full layers: the block sees all of itself; sliding layers: causal unless the file says otherwise, windowed
+    c.causal = L.sliding && h.sliding_causal;
+    c.window = L.sliding ? h.window : 0;
+    c.kv = kv;
+    dev_->attention(m, c);
+    dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
+}
+
+// The block rows through the layers (pre-norm Qwen3), then the draft's norm, the target's head and the logit
+// scaling of `rows` rows into logits_.
+void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows) {
+    const DFlashHParams &h = hp_;
+    Acts &a = acts_;
+    const int64_t T = m.T, H = h.n_embd;
+    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    for (int il = 0; il < h.n_layer; il++) {
+        const DraftLayer &L = layers_[(size_t)il];
+        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
+        block_attention(il, m);
+        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.ffn_norm, a.xn.f(), T, H, h.eps);
+        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
+        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
+        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
+        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+        dev_->add(a.x.f(), a.mix.f(), T * H);
+    }
+    if (rows == 0) return;
+    dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());
+    dev_->rmsnorm(a.xn.f(), output_norm_, a.xn.f(), rows, H, h.eps);
+    dev_->matmul(output_, a.xn.f(), rows, logits_.f());
+    if (h.logit_scale != 1.0f || h.softcap > 0)
+        dev_->scale_softcap(logits_.f(), rows * n_vocab_, h.logit_scale, h.softcap);
+}
+
+// The k best of each logits row and its log-sum-exp, computed on the device; only they cross to the host.
+void DFlashModel::fetch_topk(int64_t rows, const TopKOut &topk) {
+    const size_t rk = (size_t)rows * (size_t)topk.k;
+    int32_t *d_ids = topk_.get<int32_t>();
+    float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk;
+    dev_->topk(logits_.f(), rows, n_vocab_, topk.k, d_ids, d_vals, d_lse);
+    const size_t bytes = (2 * rk + (size_t)rows) * 4;
+    host_topk_.resize(bytes);
+    dev_->to_host(host_topk_.data(), topk_.get(), bytes);
+    std::memcpy(topk.ids, host_topk_.data(), rk * 4);
+    std::memcpy(topk.vals, host_topk_.data() + rk * 4, rk * 4);
+    std::memcpy(topk.lse, host_topk_.data() + 2 * rk * 4, (size_t)rows * 4);
+}
+
+void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) {
+    const StepLayout l = validate(n, es, topk);
+    // device buffers before any state changes, so an allocation failure changes nothing
+    ensure_acts(std::max<int64_t>(l.Tb, std::min(l.Tc, kCtxChunk)));
+    ensure(meta_, std::max<size_t>(l.total, 1) * sizeof(int32_t), "draft step metadata");
+    if (l.rows > 0) {
+        ensure(logits_, (size_t)l.rows * n_vocab_ * sizeof(float), "draft logits");
+        ensure(topk_, (size_t)l.rows * (2 * (size_t)topk.k + 1) * 4, "draft top-k candidates");
+    }
+    int64_t max_n = 0, max_ctx = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        Seq &q = table_.get(es[i].seq);
+        const uint32_t end = q.len + es[i].n_ctx + es[i].n_block;
+        table_.grow(q, end);  // block rows need cache rows too, past the length the step leaves
+        if (es[i].n_block > 0) {
+            max_n = std::max<int64_t>(max_n, es[i].n_block);
+            max_ctx = std::max<int64_t>(max_ctx, end);
+        }
+    }
+    fill_meta(n, es, l);
+    if (l.total > 0) dev_->to_device(meta_.get(), host_meta_.data(), l.total * sizeof(int32_t));
+
+    if (l.Tc > 0) run_context(n, es, l);
+    if (l.Tb > 0) run_block(block_meta(l, max_n, max_ctx), l.rows, meta_.get<int32_t>() + l.out_rows);
+    if (l.rows > 0)
+        fetch_topk(l.rows, topk);
+    else
+        dev_->sync();
+    for (uint32_t i = 0; i < n; i++) {
+        Seq &q = table_.get(es[i].seq);
+        q.len += es[i].n_ctx;  // the block's rows stay past the length, to be overwritten
+        table_.trim(q);
+    }
+}
+
+}  // namespace dfl
