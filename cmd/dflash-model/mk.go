@@ -43,12 +43,12 @@ type mkCmd struct {
 	PartialRotary    float64 `name:"partial-rotary" help:"qwen35: fraction of each head's dims that are rotated (default 0.25)."`
 	MTP              int     `name:"mtp" help:"qwen35: MTP (next-token prediction) layers appended after the trunk (default 0)."`
 
-	TargetLayers  int `name:"target-layers" help:"Drafts: how many target layers feed the draft (default: the draft's layer count)."`
-	TargetDepth   int `name:"target-depth" help:"Drafts: the target's layer count, which places the captured layers (default: --target's, else 8)."`
-	TargetHidden  int `name:"target-hidden" help:"Drafts: the target's hidden size (default: --target's, else --hidden; the dflash format needs it equal to --hidden)."`
-	BlockSize     int `name:"block-size" help:"Drafts: tokens per draft block (default 16; DFlash2 8)."`
-	MaskTokenID   int `name:"mask-token-id" default:"-1" help:"Drafts: id of the mask token (default: the last vocabulary id)."`
-	SlidingWindow int `name:"sliding-window" help:"Drafts: sliding window of every layer but the last (default 0: all full attention)."`
+	TargetLayers  int  `name:"target-layers" help:"Drafts: how many target layers feed the draft (default: the draft's layer count)."`
+	TargetDepth   int  `name:"target-depth" help:"Drafts: the target's layer count, which places the captured layers (default: --target's, else 8)."`
+	TargetHidden  int  `name:"target-hidden" help:"Drafts: the target's hidden size (default: --target's, else --hidden; the dflash format needs it equal to --hidden)."`
+	BlockSize     int  `name:"block-size" help:"Drafts: tokens per draft block (default 16; DFlash2 8)."`
+	MaskTokenID   int  `name:"mask-token-id" default:"-1" help:"Drafts: id of the mask token (default: the last vocabulary id)."`
+	SlidingWindow int  `name:"sliding-window" help:"Drafts: sliding window of every layer but the last (default 0: all full attention)."`
 	DFlash2       bool `name:"dflash2" help:"dflash: a DFlash2 draft (dynamic convolutions and a candidate selector; non-causal blocks)."`
 	ConvGroup     int  `name:"conv-group" help:"dflash --dflash2: channels per convolution group (default 16); --conv-kernel sets the kernel (default 2)."`
 	SelectorRank  int  `name:"selector-rank" help:"dflash --dflash2: candidate selector rank (default 32)."`
