@@ -36,13 +36,16 @@ type hparams struct {
 	RopeDims         int // rotary dims per head
 	RopeSections     []int32
 
-	// dflash-draft (block-diffusion draft for a target model)
-	TargetLayerIDs []int32 // target layers whose outputs feed fc, in order
+	// DFlash drafts (block-diffusion draft for a target model): see dflash.go
+	Dialect        string  // "dflash" (upstream), "dflash-premerge" or "lucebox"
+	TargetLayerIDs []int32 // HF numbering: target layers whose outputs feed fc, in order
 	TargetHidden   int     // hidden size of the target
 	BlockSize      int
 	MaskTokenID    int
 	SlidingWindow  int    // 0: no sliding-window layers
 	SlidingLayers  []bool // per layer: sliding window (true) or full attention
+	NonCausal      bool   // attention.causal = false is written
+	D2             dflash2Params
 
 	// deepseek4 (DeepSeek V4): see deepseek4.go
 	DS ds4Params

@@ -20,6 +20,7 @@ type convertCmd struct {
 	Name        string `help:"general.name (default: the folder's name)."`
 	NoMTP       bool   `name:"no-mtp" help:"qwen35: leave out the MTP layers even when the checkpoint has them."`
 	Tokenizer   string `help:"Tokenizer folder or tokenizer.json to use instead of HF_DIR's (a DFlash draft has none: give its target's to embed one)."`
+	Target      string `type:"existingfile" help:"DFlash drafts: the target model's GGUF file, whose tokenizer is copied into the draft (as llama.cpp's converter does) and whose shape is checked." placeholder:"FILE"`
 	NoTokenizer bool   `help:"Write no tokenizer metadata (weights-only files, e.g. for numeric parity tests of tiny models)."`
 	Verbose     bool   `short:"v" help:"Print each tensor as it is written."`
 }
@@ -84,6 +85,30 @@ func (c *convertCmd) Run(out io.Writer) error {
 		tokPath = ""
 	}
 	var tok map[string]any
+	if c.Target != "" {
+		if arch != draftArch {
+			return fmt.Errorf("--target is for DFlash drafts, not %s", arch)
+		}
+		if c.Tokenizer != "" || c.NoTokenizer {
+			return fmt.Errorf("--target gives the tokenizer: leave out --tokenizer and --no-tokenizer")
+		}
+		tgt, err := readTarget(c.Target)
+		if err != nil {
+			return err
+		}
+		if tgt.vocab != hp.Vocab {
+			return fmt.Errorf("--target %s has %d tokens, config.json vocab_size is %d", c.Target, tgt.vocab, hp.Vocab)
+		}
+		if tgt.hidden != hp.TargetHidden {
+			return fmt.Errorf("--target %s has hidden size %d, the draft expects %d", c.Target, tgt.hidden, hp.TargetHidden)
+		}
+		for _, id := range hp.TargetLayerIDs {
+			if int(id) >= tgt.layers {
+				return fmt.Errorf("--target %s has %d layers, the draft captures layer %d", c.Target, tgt.layers, id)
+			}
+		}
+		tok, tokPath = tgt.tok, ""
+	}
 	if tokPath != "" { // a draft without a tokenizer shares its target's
 		var vocab int
 		if tok, vocab, err = tokenizerFor(tokPath, hp.Vocab); err != nil {
@@ -131,10 +156,8 @@ func (c hfConfig) arch() (string, error) {
 	_ = json.Unmarshal(c.top["architectures"], &classes)
 	for _, cl := range classes {
 		switch cl {
-		case "DFlashDraftModel":
+		case "DFlashDraftModel", "DFlash2DraftModel":
 			return draftArch, nil
-		case "DFlash2DraftModel":
-			return "", fmt.Errorf("config.json: %s (DFlash2 drafts) is not supported yet", cl)
 		}
 	}
 	if _, ok := c.top["dflash_config"]; ok {

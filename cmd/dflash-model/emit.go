@@ -126,9 +126,17 @@ func (m *modelFile) write(path string, log io.Writer) (err error) {
 		keys = append(keys, kv{"general.quantization_version", uint32(2)})
 	}
 	keys = append(keys, m.keys...)
+	// An architecture key wins over the tokenizer's (a draft's mask token
+	// id may also be in the tokenizer copied from its target).
+	archKey := map[string]bool{}
+	for _, k := range m.keys {
+		archKey[k.key] = true
+	}
 	tokKeys := make([]string, 0, len(m.tok))
 	for k := range m.tok {
-		tokKeys = append(tokKeys, k)
+		if !archKey[k] {
+			tokKeys = append(tokKeys, k)
+		}
 	}
 	sort.Strings(tokKeys)
 	for _, k := range tokKeys {

@@ -86,6 +86,10 @@ func inspect(out io.Writer, path string, f *gguf.File, fullTemplate, listTensors
 		tw.Flush()
 	}
 
+	if isDraftArch(f.Arch()) {
+		describeDraft(out, f)
+	}
+
 	inspectTokenizer(out, f, shown, fullTemplate)
 
 	var rest []gguf.KV

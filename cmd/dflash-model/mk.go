@@ -9,12 +9,15 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
 )
 
 type mkCmd struct {
-	Arch      string `arg:"" help:"Architecture: qwen3, qwen35, dflash-draft or deepseek4."`
+	Arch      string `arg:"" help:"Architecture: qwen3, qwen35, deepseek4, dflash (a DFlash draft in the upstream llama.cpp format) or dflash-draft (a DFlash draft in the Lucebox dialect)."`
 	Out       string `arg:"" help:"Output GGUF file."`
-	Tokenizer string `required:"" help:"Hugging Face tokenizer.json, or the folder holding it (with tokenizer_config.json for the chat template)."`
+	Tokenizer string `help:"Hugging Face tokenizer.json, or the folder holding it (with tokenizer_config.json for the chat template). Required unless --target gives the tokenizer."`
+	Target    string `type:"existingfile" help:"Drafts: the target model's GGUF file; its tokenizer, vocabulary, hidden size and layer count are used." placeholder:"FILE"`
 
 	Preset string `help:"Start from a real model's shape: ${presets}. Shape flags override it." placeholder:"NAME"`
 
@@ -40,12 +43,16 @@ type mkCmd struct {
 	PartialRotary    float64 `name:"partial-rotary" help:"qwen35: fraction of each head's dims that are rotated (default 0.25)."`
 	MTP              int     `name:"mtp" help:"qwen35: MTP (next-token prediction) layers appended after the trunk (default 0)."`
 
-	TargetLayers  int `name:"target-layers" help:"dflash-draft: how many target layers feed the draft (default: the draft's layer count)."`
-	TargetDepth   int `name:"target-depth" help:"dflash-draft: the target's layer count, which places the captured layers (default 8)."`
-	TargetHidden  int `name:"target-hidden" help:"dflash-draft: the target's hidden size (default: --hidden)."`
-	BlockSize     int `name:"block-size" help:"dflash-draft: tokens per draft block (default 16)."`
-	MaskTokenID   int `name:"mask-token-id" default:"-1" help:"dflash-draft: id of the mask token (default: the last vocabulary id)."`
-	SlidingWindow int `name:"sliding-window" help:"dflash-draft: sliding window of every layer but the last (default 0: all full attention)."`
+	TargetLayers  int  `name:"target-layers" help:"Drafts: how many target layers feed the draft (default: the draft's layer count)."`
+	TargetDepth   int  `name:"target-depth" help:"Drafts: the target's layer count, which places the captured layers (default: --target's, else 8)."`
+	TargetHidden  int  `name:"target-hidden" help:"Drafts: the target's hidden size (default: --target's, else --hidden; the dflash format needs it equal to --hidden)."`
+	BlockSize     int  `name:"block-size" help:"Drafts: tokens per draft block (default 16; DFlash2 8)."`
+	MaskTokenID   int  `name:"mask-token-id" default:"-1" help:"Drafts: id of the mask token (default: the last vocabulary id)."`
+	SlidingWindow int  `name:"sliding-window" help:"Drafts: sliding window of every layer but the last (default 0: all full attention)."`
+	DFlash2       bool `name:"dflash2" help:"dflash: a DFlash2 draft (dynamic convolutions and a candidate selector; non-causal blocks)."`
+	ConvGroup     int  `name:"conv-group" help:"dflash --dflash2: channels per convolution group (default 16); --conv-kernel sets the kernel (default 2)."`
+	SelectorRank  int  `name:"selector-rank" help:"dflash --dflash2: candidate selector rank (default 32)."`
+	SelectorTopK  int  `name:"selector-top-k" help:"dflash --dflash2: candidates per position (default 8; hidden must be at least k·(k+1))."`
 
 	Type    string  `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
 	Seed    uint64  `default:"1" help:"Random seed; the same seed and shape give the same file."`
@@ -87,8 +94,9 @@ func presetNames() string {
 	return strings.Join(names, ", ")
 }
 
-// hparams merges arch defaults, the preset and the flags.
-func (c *mkCmd) hparams(l *layout) (hparams, error) {
+// hparams merges arch defaults, the preset, the target (drafts; nil
+// otherwise) and the flags.
+func (c *mkCmd) hparams(l *layout, tgt *targetModel) (hparams, error) {
 	hp := l.defaults
 	hp.RopeSections = append([]int32(nil), hp.RopeSections...)
 	if c.Preset != "" {
@@ -96,10 +104,12 @@ func (c *mkCmd) hparams(l *layout) (hparams, error) {
 		if !ok {
 			return hp, fmt.Errorf("unknown preset %q (known: %s)", c.Preset, presetNames())
 		}
-		if p.arch != l.arch {
+		if p.arch != l.arch && !(isDraftArch(p.arch) && isDraftArch(l.arch)) {
 			return hp, fmt.Errorf("preset %q is a %s model, not %s", c.Preset, p.arch, l.arch)
 		}
+		dialect := hp.Dialect
 		hp = p.hp
+		hp.Dialect = dialect
 		hp.RopeSections = append([]int32(nil), hp.RopeSections...)
 	}
 	frac := 0.0
@@ -112,6 +122,9 @@ func (c *mkCmd) hparams(l *layout) (hparams, error) {
 		}
 	}
 	set(&hp.Layers, c.Layers)
+	if tgt != nil && c.Preset == "" {
+		hp.Hidden = tgt.hidden // a draft's hidden size is its target's
+	}
 	set(&hp.Hidden, c.Hidden)
 	set(&hp.Heads, c.Heads)
 	set(&hp.KVHeads, c.KVHeads)
@@ -158,41 +171,126 @@ func (c *mkCmd) hparams(l *layout) (hparams, error) {
 	} else if c.Experts != 0 || c.ExpertsUsed != 0 {
 		return hp, fmt.Errorf("--experts: architecture %s has no experts", l.arch)
 	}
-	if l.arch == draftArch {
-		if c.TargetHidden != 0 || hp.TargetHidden == 0 {
-			hp.TargetHidden = c.TargetHidden
-			if hp.TargetHidden == 0 {
-				hp.TargetHidden = hp.Hidden
-			}
+	if isDraftArch(l.arch) {
+		if err := c.draftHParams(l, tgt, &hp); err != nil {
+			return hp, err
 		}
-		if c.TargetLayers != 0 || c.TargetDepth != 0 || hp.TargetLayerIDs == nil {
-			n, depth := c.TargetLayers, c.TargetDepth
-			if n == 0 {
-				n = hp.Layers
-			}
-			if depth == 0 {
-				depth = 8
-			}
-			if n <= 0 || depth < 4 {
-				return hp, fmt.Errorf("--target-layers (%d) must be positive and --target-depth (%d) at least 4", n, depth)
-			}
-			hp.TargetLayerIDs = targetLayerIDs(depth, n)
-		}
-		set(&hp.BlockSize, c.BlockSize)
-		if c.MaskTokenID >= 0 {
-			hp.MaskTokenID = c.MaskTokenID
-		}
-		if c.SlidingWindow > 0 {
-			hp.SlidingWindow = c.SlidingWindow
-			hp.SlidingLayers = make([]bool, hp.Layers)
-			for i := 0; i < hp.Layers-1; i++ {
-				hp.SlidingLayers[i] = true
-			}
-		}
-	} else if c.TargetLayers != 0 || c.TargetDepth != 0 || c.TargetHidden != 0 || c.BlockSize != 0 || c.MaskTokenID >= 0 || c.SlidingWindow != 0 {
-		return hp, fmt.Errorf("the --target-*, --block-size, --mask-token-id and --sliding-window flags are for dflash-draft models")
+	} else if c.TargetLayers != 0 || c.TargetDepth != 0 || c.TargetHidden != 0 || c.BlockSize != 0 || c.MaskTokenID >= 0 ||
+		c.SlidingWindow != 0 || c.Target != "" || c.DFlash2 || c.ConvGroup != 0 || c.SelectorRank != 0 || c.SelectorTopK != 0 {
+		return hp, fmt.Errorf("the --target*, --block-size, --mask-token-id, --sliding-window, --dflash2 and --selector-* flags are for DFlash draft models")
 	}
 	return hp, nil
+}
+
+// draftHParams applies the draft flags and the target's shape.
+func (c *mkCmd) draftHParams(l *layout, tgt *targetModel, hp *hparams) error {
+	switch {
+	case c.TargetHidden != 0:
+		hp.TargetHidden = c.TargetHidden
+	case tgt != nil:
+		hp.TargetHidden = tgt.hidden
+	case hp.TargetHidden == 0:
+		hp.TargetHidden = hp.Hidden
+	}
+	if tgt != nil {
+		if c.TargetDepth != 0 && c.TargetDepth != tgt.layers {
+			return fmt.Errorf("--target-depth %d contradicts --target %s, which has %d layers", c.TargetDepth, c.Target, tgt.layers)
+		}
+		if c.Vocab != 0 && c.Vocab != tgt.vocab {
+			return fmt.Errorf("--vocab %d contradicts --target %s, whose vocabulary has %d tokens", c.Vocab, c.Target, tgt.vocab)
+		}
+		hp.Vocab = tgt.vocab
+	}
+	if c.TargetLayers != 0 || c.TargetDepth != 0 || tgt != nil || hp.TargetLayerIDs == nil {
+		n, depth := c.TargetLayers, c.TargetDepth
+		if n == 0 {
+			n = len(hp.TargetLayerIDs)
+		}
+		if n == 0 {
+			n = hp.Layers
+		}
+		if depth == 0 && tgt != nil {
+			depth = tgt.layers
+		}
+		if depth == 0 {
+			depth = 8
+		}
+		if n <= 0 || depth < 4 {
+			return fmt.Errorf("--target-layers (%d) must be positive and the target depth (%d) at least 4", n, depth)
+		}
+		hp.TargetLayerIDs = targetLayerIDs(depth, n)
+	}
+	if c.DFlash2 {
+		if l.arch != draftArch {
+			return fmt.Errorf("--dflash2: DFlash2 drafts are written as %s, not %s", draftArch, l.arch)
+		}
+		or := func(v, def int) int {
+			if v != 0 {
+				return v
+			}
+			return def
+		}
+		hp.D2 = dflash2Params{Kernel: or(c.ConvKernel, 2), Group: or(c.ConvGroup, 16), SelectorRank: or(c.SelectorRank, 32), SelectorTopK: or(c.SelectorTopK, 8)}
+		hp.NonCausal = true
+		hp.BlockSize = 8 // the released DFlash2 draft's block; more is not run with it
+	} else if c.ConvGroup != 0 || c.SelectorRank != 0 || c.SelectorTopK != 0 {
+		return fmt.Errorf("--conv-group and --selector-* need --dflash2")
+	}
+	if c.BlockSize != 0 {
+		hp.BlockSize = c.BlockSize
+	}
+	if c.MaskTokenID >= 0 {
+		hp.MaskTokenID = c.MaskTokenID
+	}
+	if c.SlidingWindow > 0 {
+		hp.SlidingWindow = c.SlidingWindow
+		hp.SlidingLayers = make([]bool, hp.Layers)
+		for i := 0; i < hp.Layers-1; i++ {
+			hp.SlidingLayers[i] = true
+		}
+	}
+	return nil
+}
+
+// targetModel is what a draft takes from its target's GGUF file.
+type targetModel struct {
+	tok    map[string]any // every tokenizer.* key
+	vocab  int
+	hidden int
+	layers int // trunk layers (MTP layers not counted): capture ids index them
+}
+
+func readTarget(path string) (*targetModel, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--target: %w", err)
+	}
+	defer f.Close()
+	p := f.Arch() + "."
+	t := &targetModel{tok: map[string]any{}}
+	for _, kv := range f.KVs() {
+		if strings.HasPrefix(kv.Key, "tokenizer.") {
+			if v, ok := f.Meta(kv.Key); ok {
+				t.tok[kv.Key] = v
+			}
+		}
+	}
+	tokens, ok := t.tok["tokenizer.ggml.tokens"].([]string)
+	if !ok {
+		return nil, fmt.Errorf("--target %s: no tokenizer.ggml.tokens to copy into the draft", path)
+	}
+	t.vocab = len(tokens)
+	h, err := f.Uint32(p + "embedding_length")
+	if err != nil {
+		return nil, fmt.Errorf("--target %s: %w", path, err)
+	}
+	n, err := f.Uint32(p + "block_count")
+	if err != nil {
+		return nil, fmt.Errorf("--target %s: %w", path, err)
+	}
+	mtp, _ := f.Uint32(p + "nextn_predict_layers")
+	t.hidden, t.layers = int(h), int(n)-int(mtp)
+	return t, nil
 }
 
 // defaultSections splits n rotary frequencies into M-RoPE sections in the
@@ -215,20 +313,38 @@ func (c *mkCmd) Run(out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--type: %w", err)
 	}
-	hp, err := c.hparams(l)
+	var tgt *targetModel
+	switch {
+	case c.Target != "" && !isDraftArch(l.arch):
+		return fmt.Errorf("--target is for DFlash draft models")
+	case c.Target != "" && c.Tokenizer != "":
+		return fmt.Errorf("--tokenizer and --target both give the tokenizer: use one")
+	case c.Target != "":
+		if tgt, err = readTarget(c.Target); err != nil {
+			return err
+		}
+	case c.Tokenizer == "":
+		return fmt.Errorf("--tokenizer is required (drafts may give --target instead)")
+	}
+	hp, err := c.hparams(l, tgt)
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(c.Tokenizer); err != nil {
-		return fmt.Errorf("--tokenizer: %w", err)
+	var tok map[string]any
+	if tgt != nil {
+		tok = tgt.tok
+	} else {
+		if _, err := os.Stat(c.Tokenizer); err != nil {
+			return fmt.Errorf("--tokenizer: %w", err)
+		}
+		var vocab int
+		if tok, vocab, err = tokenizerFor(c.Tokenizer, hp.Vocab); err != nil {
+			return err
+		}
+		hp.Vocab = vocab
 	}
-	tok, vocab, err := tokenizerFor(c.Tokenizer, hp.Vocab)
-	if err != nil {
-		return err
-	}
-	hp.Vocab = vocab
-	if l.arch == draftArch && hp.MaskTokenID < 0 {
-		hp.MaskTokenID = vocab - 1
+	if isDraftArch(l.arch) && hp.MaskTokenID < 0 {
+		hp.MaskTokenID = hp.Vocab - 1
 	}
 	if err := l.validate(hp); err != nil {
 		return fmt.Errorf("%s shape: %w", l.arch, err)
