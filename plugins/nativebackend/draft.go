@@ -58,6 +58,11 @@ func loadDraft(o DraftOptions, target *gguf.File, libDir, device string, seqs, m
 	if err := spec.AttachTarget(target, info); err != nil {
 		return nil, fmt.Errorf("draft %s: %w", o.Path, err)
 	}
+	if info.CaptureLayers == nil { // placed by AttachTarget from the target's depth
+		for _, l := range spec.Meta["dflash.capture_layers"].([]int64) {
+			info.CaptureLayers = append(info.CaptureLayers, int(l))
+		}
+	}
 	if info.MaskToken < 0 {
 		return nil, fmt.Errorf("draft %s: the file names no mask token (tokenizer.ggml.mask_token_id)", o.Path)
 	}
