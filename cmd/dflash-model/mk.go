@@ -215,8 +215,9 @@ func (c *mkCmd) draftHParams(l *layout, tgt *targetModel, hp *hparams) error {
 		if depth == 0 {
 			depth = 8
 		}
-		if n <= 0 || depth < 4 {
-			return fmt.Errorf("--target-layers (%d) must be positive and the target depth (%d) at least 4", n, depth)
+		// The reference rule spreads several captures over layers 1 .. depth-3; one capture takes the middle layer.
+		if n <= 0 || (n > 1 && depth < 4) || depth < 1 {
+			return fmt.Errorf("--target-layers (%d) must be positive and the target depth (%d) at least 4 (1 for one captured layer)", n, depth)
 		}
 		hp.TargetLayerIDs = targetLayerIDs(depth, n)
 	}

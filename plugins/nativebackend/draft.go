@@ -63,6 +63,9 @@ func loadDraft(o DraftOptions, target *gguf.File, libDir, device string, seqs, m
 			info.CaptureLayers = append(info.CaptureLayers, int(l))
 		}
 	}
+	if info.DFlash2 {
+		return nil, fmt.Errorf("draft %s: a DFlash2 draft (dynamic convolutions and a candidate selector) is not served by this build yet; use a DFlash v1 draft", o.Path)
+	}
 	if info.MaskToken < 0 {
 		return nil, fmt.Errorf("draft %s: the file names no mask token (tokenizer.ggml.mask_token_id)", o.Path)
 	}

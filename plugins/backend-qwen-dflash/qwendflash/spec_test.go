@@ -1,0 +1,122 @@
+package qwendflash
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/matryer/is"
+
+	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/sdktest"
+)
+
+// tinyDraft makes a random-weight DFlash draft (upstream dflash format) for target with dflash-model mk.
+func tinyDraft(t *testing.T, target string, extra ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "draft.gguf")
+	args := append([]string{"mk", "dflash", out, "--target", target, "--layers", "2", "--heads", "4", "--kv-heads", "2",
+		"--head-dim", "16", "--ffn", "128", "--type", "f32", "--seed", "11", "--target-layers", "1"}, extra...)
+	if b, err := exec.Command(modelTool(t), args...).CombinedOutput(); err != nil {
+		t.Fatalf("dflash-model %v: %v\n%s", args, err, b)
+	}
+	return out
+}
+
+// generate runs prompts concurrently on a loaded block and returns each one's tokens and finish.
+func generate(t *testing.T, cfg sdk.ModelConfig, prompts []string, sampling sdk.Sampling, maxTokens int) ([][]int32, []*sdk.Finish) {
+	t.Helper()
+	_, c, _ := load(t, cfg)
+	toks := make([][]int32, len(prompts))
+	fins := make([]*sdk.Finish, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := chatReq(p, maxTokens)
+			req.Sampling = sampling
+			s := newStream()
+			if err := c.Start(context.Background(), req, s); err != nil {
+				t.Errorf("prompt %d: %v", i, err)
+				return
+			}
+			r := s.summary()
+			toks[i], fins[i] = r.tokens, r.finish
+		}()
+	}
+	wg.Wait()
+	return toks, fins
+}
+
+// TestSpeculativeMatchesPlainOnCPU: with a DFlash draft loaded next to the target (through the plugin's real load
+// path), greedy output is token for token the target's own, for attention-only and hybrid targets, several
+// sequences batched, and the draft really ran (a random draft is seldom right, so acceptance is not asserted here;
+// sdk/engine's tests and the trained demo pair cover it).
+func TestSpeculativeMatchesPlainOnCPU(t *testing.T) {
+	q3, q35 := tinyModels(t)
+	prompts := []string{"The cat sat on", "a much longer prompt that needs several prefill chunks of eight tokens each", "x", "hello there, model"}
+	greedy := sdk.Sampling{Temperature: f64(0), Seed: i64(1)}
+	for _, tc := range []struct {
+		name, path, arch string
+		draftArgs        []string
+		options          map[string]string
+	}{
+		{name: "qwen3", path: q3, arch: "qwen3"},
+		{name: "qwen35", path: q35, arch: "qwen35"},
+		{name: "qwen3 sliding draft, verify 5", path: q3, arch: "qwen3", draftArgs: []string{"--sliding-window", "8"}, options: map[string]string{"draft-block-size": "5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			cfg := blockConfig(t, tc.path)
+			cfg.Architecture = tc.arch
+			plain, _ := generate(t, cfg, prompts, greedy, 24)
+			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, tc.draftArgs...)}
+			for k, v := range tc.options {
+				cfg.Options[k] = v
+			}
+			spec, fins := generate(t, cfg, prompts, greedy, 24)
+			for i := range prompts {
+				is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i])) // speculative greedy == target greedy
+				is.True(fins[i] != nil && fins[i].Timings.DraftSteps > 0) // blocks were drafted and verified
+			}
+		})
+	}
+}
+
+func TestSpeculativeDescriptionAndErrors(t *testing.T) {
+	q3, _ := tinyModels(t)
+	draft := tinyDraft(t, q3)
+	t.Run("description", func(t *testing.T) {
+		is := is.New(t)
+		cfg := blockConfig(t, q3)
+		cfg.Options = map[string]string{"threads": "1", "draft": draft}
+		_, _, desc := load(t, cfg)
+		is.True(desc.Features.Speculative)
+		is.Equal(desc.DraftDevice, "cpu:0")
+	})
+	for _, tc := range []struct {
+		name string
+		opts map[string]string
+		want string
+	}{
+		{"block above the draft's", map[string]string{"draft": draft, "draft-block-size": "17"}, "--draft-block-size 17 is larger than the draft's block of 16"},
+		{"DFlash2 draft", map[string]string{"draft": tinyDraft(t, q3, "--dflash2", "--selector-top-k", "4")}, "DFlash2 draft"},
+		{"remote draft in a shared server", map[string]string{"draft": draft, "draft-device": "cpu:1"}, "not offered when several models share"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			cfg := blockConfig(t, q3)
+			cfg.Options, cfg.MultiModel = tc.opts, true
+			_, err := sdktest.Backend(t, New()).Load(context.Background(), cfg, nil)
+			is.True(err != nil)
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
