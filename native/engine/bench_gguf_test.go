@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/dflash/dflash_server/sdk/gguf"
 )
 
 // BenchmarkGGUF measures a real-size model file on a device, the way llama-bench does, so the two can be compared on
@@ -171,4 +173,83 @@ func envInts(key, def string) []int {
 		}
 	}
 	return out
+}
+
+// BenchmarkDraftGGUF measures DFlash draft steps on a device: $DFLASH_BENCH_DRAFT (the draft file) beside
+// $DFLASH_BENCH_GGUF (its target, for the embedding and head), $DFLASH_BENCH_DEVICE, $DFLASH_BENCH_BATCHES. Sub-benchmark
+// draft-b<B>: B sequences each append 8 context rows of features and draft one whole block per call (what a
+// sequence does per step when about 8 tokens are accepted), top-1 returned.
+func BenchmarkDraftGGUF(b *testing.B) {
+	path, target := os.Getenv("DFLASH_BENCH_DRAFT"), os.Getenv("DFLASH_BENCH_GGUF")
+	if path == "" || target == "" {
+		b.Skip("set DFLASH_BENCH_DRAFT and DFLASH_BENCH_GGUF to a draft and its target")
+	}
+	device := os.Getenv("DFLASH_BENCH_DEVICE")
+	if device == "" {
+		device = "cpu"
+	}
+	lib, err := Open(libDir(b), device)
+	if err != nil {
+		b.Fatal(err)
+	}
+	df, err := gguf.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer df.Close()
+	tf, err := gguf.Open(target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer tf.Close()
+	spec, info, err := DraftSpecFromGGUF(df)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := spec.AttachTarget(tf, info); err != nil {
+		b.Fatal(err)
+	}
+	batches := envInts("DFLASH_BENCH_BATCHES", "1,8")
+	maxB := 1
+	for _, x := range batches {
+		maxB = max(maxB, x)
+	}
+	spec.Options = Options{KVPoolTokens: maxB * 2048, MaxSeqs: maxB, CacheK: CacheF16, CacheV: CacheF16}
+	m, err := lib.LoadModel(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	const ctxRows = 8
+	rng := rand.New(rand.NewPCG(9, 9))
+	feats := randomFeatures(rng, ctxRows, info.FeatureSize)
+	block := make([]int32, info.BlockSize)
+	for i := 1; i < len(block); i++ {
+		block[i] = info.MaskToken
+	}
+	for _, nb := range batches {
+		b.Run(fmt.Sprintf("draft-b%d", nb), func(b *testing.B) {
+			entries := make([]DraftEntry, nb)
+			for i := range entries {
+				s, err := m.NewSeq()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer m.FreeSeq(s)
+				entries[i] = DraftEntry{Seq: s, Features: feats, Block: block}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if n, _ := m.SeqLen(entries[0].Seq); n+ctxRows+len(block) > 2000 {
+					for _, e := range entries {
+						_ = m.Truncate(e.Seq, 0)
+					}
+				}
+				if _, err := m.DraftForward(entries, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/step")
+		})
+	}
 }

@@ -240,7 +240,9 @@ type modelStatus struct {
 	Arch     string `json:"arch"`
 	File     string `json:"file"`
 	Device   string `json:"device"`
-	Backend  string `json:"backend"`
+	// DraftDevice is the speculative draft's device ("" without a draft).
+	DraftDevice string `json:"draft_device"`
+	Backend     string `json:"backend"`
 	State    string `json:"state"`
 	Restarts int    `json:"restarts"`
 	Capacity struct {
@@ -252,6 +254,8 @@ type modelStatus struct {
 	Waiting         int `json:"waiting"`
 	ActiveSequences int `json:"active_sequences"`
 	KVTokensUsed    int `json:"kv_tokens_used"`
+	// AcceptanceLength is tokens per verify forward of a speculating model.
+	AcceptanceLength float64 `json:"acceptance_length"`
 }
 
 func (st status) model(name string) modelStatus {

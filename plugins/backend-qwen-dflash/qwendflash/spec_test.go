@@ -69,6 +69,8 @@ func TestSpeculativeMatchesPlainOnCPU(t *testing.T) {
 		{name: "qwen3", path: q3, arch: "qwen3"},
 		{name: "qwen35", path: q35, arch: "qwen35"},
 		{name: "qwen3 sliding draft, verify 5", path: q3, arch: "qwen3", draftArgs: []string{"--sliding-window", "8"}, options: map[string]string{"draft-block-size": "5"}},
+		{name: "qwen3 f16 caches, prefix cache", path: q3, arch: "qwen3", draftArgs: []string{"--type", "q8_0"},
+			options: map[string]string{"cache-type-k": "f16", "cache-type-v": "bf16", "prefix-cache-slots": "2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
