@@ -15,12 +15,12 @@ import (
 // draftConfig is a tiny random DFlash draft: layer 0 sliding (window), the others full.
 type draftConfig struct {
 	vocab, embd, ff, layers, feat int
-	heads, headsKV, headDim     int
-	theta                       float64
-	window                      int
-	causal                      *int    // dflash.attention.causal; nil: absent
-	logitScale, softcap         float64 // 0: absent
-	seed                        uint64
+	heads, headsKV, headDim       int
+	theta                         float64
+	window                        int
+	causal                        *int    // dflash.attention.causal; nil: absent
+	logitScale, softcap           float64 // 0: absent
+	seed                          uint64
 }
 
 func tinyDraft() draftConfig {
@@ -494,7 +494,7 @@ func TestDraftErrors(t *testing.T) {
 			_, err := m.DraftForward(tc.entries, tc.k)
 			is.True(err != nil)
 			is.True(strings.Contains(err.Error(), tc.want)) // the message names the culprit
-			is.Equal(must(m.SeqLen(s)), 0)                   // nothing changed
+			is.Equal(must(m.SeqLen(s)), 0)                  // nothing changed
 		})
 	}
 

@@ -243,9 +243,9 @@ type modelStatus struct {
 	// DraftDevice is the speculative draft's device ("" without a draft).
 	DraftDevice string `json:"draft_device"`
 	Backend     string `json:"backend"`
-	State    string `json:"state"`
-	Restarts int    `json:"restarts"`
-	Capacity struct {
+	State       string `json:"state"`
+	Restarts    int    `json:"restarts"`
+	Capacity    struct {
 		Slots        int `json:"slots"`
 		KVPoolTokens int `json:"kv_pool_tokens"`
 		MaxCtx       int `json:"max_ctx"`

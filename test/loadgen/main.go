@@ -54,7 +54,7 @@ type result struct {
 func measure(ctx context.Context, url string, n, tokens int, prompt string) (result, error) {
 	body, _ := json.Marshal(map[string]any{
 		"model": "auto", "stream": true, "max_tokens": tokens, "ignore_eos": true, "temperature": 0,
-		"messages": []map[string]string{{"role": "user", "content": prompt}},
+		"messages":       []map[string]string{{"role": "user", "content": prompt}},
 		"stream_options": map[string]bool{"include_usage": true},
 	})
 	type one struct {

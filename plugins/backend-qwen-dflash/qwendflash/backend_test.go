@@ -356,7 +356,7 @@ func TestLoadErrors(t *testing.T) {
 		{"no library", func(c *sdk.ModelConfig) { c.Device = "cuda:0" }, "libdflash_cuda.so not found"},
 		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"spec-tree-budget": "4"} }, "--spec-tree-budget:"},
 		{"missing draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": "/nonexistent/d.gguf"} }, "draft /nonexistent/d.gguf"},
-		{"draft is not a draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": c.Path} }, "draft " },
+		{"draft is not a draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": c.Path} }, "draft "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)

@@ -83,7 +83,7 @@ func TestSpeculativeMatchesPlainOnCPU(t *testing.T) {
 			}
 			spec, fins := generate(t, cfg, prompts, greedy, 24)
 			for i := range prompts {
-				is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i])) // speculative greedy == target greedy
+				is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i]))       // speculative greedy == target greedy
 				is.True(fins[i] != nil && fins[i].Timings.DraftSteps > 0) // blocks were drafted and verified
 			}
 		})
