@@ -7,6 +7,8 @@
 #                                            engine and (with .gpu/gitRelease.bundle) llama-bench on the same files
 #   scripts/gpu/run.sh all                   both
 #   scripts/gpu/run.sh torch                 the PyTorch column (transformers bf16, static cache, compiled)
+#   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
+#                                            shape with its 5-layer draft the cost of verify blocks and draft steps
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -100,12 +102,33 @@ server_bench() {
   kill -TERM $pid; wait $pid
 }
 
+# DFlash: the verify cost against a decode step on the 27B qwen35 shape, and the draft step of its 5-layer draft.
+spec_bench() {
+  local m=qwen3.5-27b:q8_0 f d
+  f=$(make_model $m) || return 1
+  d=/tmp/models/qwen3.5-27b-dflash-q8_0.gguf
+  [ -f "$d" ] || "$stage/bin/dflash-model" mk dflash "$d" --preset qwen3.5-27b-dflash --target "$f" --type q8_0 >"$OUT/mk-draft.log" 2>&1 ||
+    { tail -5 "$OUT/mk-draft.log"; return 1; }
+  log "verify blocks and draft steps: $m"
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d DFLASH_BENCH_DEVICE=cuda:0 \
+    DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8 DFLASH_BENCH_VERIFY=8,16,23 \
+    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
+    grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
+}
+
 case $mode in
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
+  spec) premake qwen3.5-27b:q8_0; build_cuda
+        log "CUDA op tests (CUDA vs CPU device)"
+        make -C native cuda-test BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ops.txt" 2>&1; tail -25 "$OUT/cuda-ops.txt" | tee -a "$OUT/summary.txt"
+        log "device tests (native/engine, draft included)"
+        (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
+          tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+        wait; spec_bench ;;
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
