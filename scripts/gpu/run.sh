@@ -109,11 +109,19 @@ spec_bench() {
   d=/tmp/models/qwen3.5-27b-dflash-q8_0.gguf
   [ -f "$d" ] || "$stage/bin/dflash-model" mk dflash "$d" --preset qwen3.5-27b-dflash --target "$f" --type q8_0 >"$OUT/mk-draft.log" 2>&1 ||
     { tail -5 "$OUT/mk-draft.log"; return 1; }
-  log "verify blocks and draft steps: $m"
-  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d DFLASH_BENCH_DEVICE=cuda:0 \
-    DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8 DFLASH_BENCH_VERIFY=8,16,23 \
-    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
-    grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
+  # the dp4a kernel up to 8 tokens (before) and up to 32 (now), in one run
+  for q8p in 8 32; do
+    log "verify blocks and draft steps: $m, DFL_CUDA_Q8P_MAX_TOKENS=$q8p"
+    (cd native/engine && DFL_CUDA_Q8P_MAX_TOKENS=$q8p DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
+      DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8,32 DFLASH_BENCH_VERIFY=8,16,23 \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
+      grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
+  done
+  log "per-op profile of a 16-token verify at batch 1"
+  (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+    DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=16 \
+    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 16x 2>&1) >"$OUT/profile-vf16.txt"
+  head -30 "$OUT/profile-vf16.txt" | tee -a "$OUT/summary.txt"
 }
 
 case $mode in

@@ -11,7 +11,7 @@ namespace cuda {
 
 constexpr int kQ8pWarps = 4;     // rows per block
 constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
-constexpr int kQ8pMaxTokens = 8; // tokens per pass
+constexpr int kQ8pMaxTokens = 16; // tokens per pass
 
 // Repack: block b of row r (d, then 32 quants) -> qs[r][32b..32b+31], d[r][b].
 __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64_t n_in, int64_t n_out, int8_t *qs,
@@ -83,6 +83,75 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     }
 }
 
+// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
+// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
+// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on.
+template <int NT, int R>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw,
+                                                                     int64_t n_in, int64_t n_out, const int8_t *xq,
+                                                                     const float *xs, float *Y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) return;
+    const int64_t nw = n_in / 16, nb = n_in / 32;
+    const uint4 *w[R];
+    const uint16_t *d[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int64_t row = min(row0 + r, n_out - 1);  // a short last group repeats its last row, never stored
+        w[r] = (const uint4 *)(qs + row * n_in);
+        d[r] = dw + row * nb;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (int64_t i = lane; i < nw; i += 32) {
+        uint4 wv[R];
+        float sw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            wv[r] = __ldg(w[r] + i);
+            sw[r] = half_bits_to_f32(__ldg(d[r] + (i >> 1)));
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
+            const float sx = __ldg(xs + t * nb + (i >> 1));
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int s = __dp4a((int)wv[r].x, xv.x, 0);
+                s = __dp4a((int)wv[r].y, xv.y, s);
+                s = __dp4a((int)wv[r].z, xv.z, s);
+                s = __dp4a((int)wv[r].w, xv.w, s);
+                acc[r][t] += (float)s * (sw[r] * sx);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < n_out) Y[t * n_out + row0 + r] = v;
+        }
+}
+
+template <int R>
+static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
+                            const int8_t *xq, const float *xs, float *y) {
+    const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
+#define DFL_Q8P_ROWS(N) \
+    case N: gemv_q8p_rows_kernel<N, R><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, y); break;
+    switch (nt) {
+        DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
+        DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
+        DFL_Q8P_ROWS(14) DFL_Q8P_ROWS(15) DFL_Q8P_ROWS(16)
+    }
+#undef DFL_Q8P_ROWS
+}
+
 bool q8p_ok(const Weight &W) { return W.packed != nullptr && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0; }
 
 void repack_q8_0(CudaDevice &dev, Weight &W) {
@@ -109,20 +178,19 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
+    // Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows).
+    const bool wide = W.n_out >= 4224;
     for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
         const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        switch (nt) {
-        case 1: gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 2: gemv_q8p_kernel<2><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 3: gemv_q8p_kernel<3><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 4: gemv_q8p_kernel<4><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 5: gemv_q8p_kernel<5><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 6: gemv_q8p_kernel<6><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        case 7: gemv_q8p_kernel<7><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
-        default: gemv_q8p_kernel<8><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        if (nt == 1) {
+            gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
+        } else if (wide) {
+            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
+        } else {
+            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         }
         check_launch("matmul (q8_0 dp4a)");
     }

@@ -11,6 +11,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -23,6 +24,17 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Quantized weights: up to this many tokens (a DFlash verify block is 16) run the GEMV in chunks of kGemvMaxTokens.
 constexpr int64_t kGemvChunkedMaxTokens = 32;
 constexpr int kGemvWarps = 4;  // output rows per block
+
+// Most tokens the repacked-q8_0 dp4a kernel takes (in passes of 16, each reading the weight once) before the
+// tensor-core kernel does: 32 by default (measured on the H200: two dp4a passes beat one mmq pass at 32 tokens),
+// DFL_CUDA_Q8P_MAX_TOKENS overrides it (for comparisons in one run).
+static int64_t q8p_max_tokens() {
+    static const int64_t n = [] {
+        const char *e = std::getenv("DFL_CUDA_Q8P_MAX_TOKENS");
+        return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(32);
+    }();
+    return n;
+}
 
 __global__ void embed_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_rows,
                              const int32_t *tokens, float *out) {
@@ -868,7 +880,7 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     // The path depends only on T and the weight type (and, for the tensor-core path, that the bytes are readable as
     // 16-bit words, true of every GGUF tensor): T == 1 is the GEMV, batched decode and verify blocks the tensor-core
     // kernel on the packed weights, prefill cuBLAS.
-    if (T <= 8 && q8p_ok(W)) {  // q8_0 repacked at load: dp4a on int8 activations (beyond 8 tokens mmq is faster)
+    if (T <= q8p_max_tokens() && q8p_ok(W)) {  // q8_0 repacked at load: dp4a on int8 activations
         launch_gemv_q8p(dev, W, X, T, Y);
         return;
     }
