@@ -151,8 +151,8 @@ def cmd_target(a):
         hl, hn = heldout_loss(model, held, a.seq, dev, a.eval_tokens)
     log("target: %d steps, %d tokens in %.0fs; held-out loss %.4f (ppl %.2f) over %d tokens" % (
         step, seen, train_s, hl, math.exp(hl), hn))
-    model = model.float()
     dm.save_hf(a.out, model, c)
+    model = dm.load_hf(a.out, dm.Qwen3).to(dev)  # samples from the exported (BF16) weights
     samples = []
     model.eval()
     for pr in PROMPTS:
