@@ -68,5 +68,12 @@ if [ "$SMOKE" = 1 ] && [ -x bin/dflash-model ]; then
   bin/dflash-model inspect "$OUT/demo-target-q8_0.gguf" 2>&1 | head -40 | tee -a "$LOG"
   bin/dflash-model convert "$OUT/draft" "$OUT/demo-draft-q8_0.gguf" --type q8_0 --name demo-draft 2>&1 | tee -a "$LOG"
   bin/dflash-model inspect "$OUT/demo-draft-q8_0.gguf" 2>&1 | head -40 | tee -a "$LOG"
+  if [ -f bin/lib/libdflash_cpu.so ] && command -v go >/dev/null; then
+    say "smoke: target logits and captures, PyTorch vs the CPU engine (f32 GGUF)"
+    "$PY" test/demo/parity_ref.py "$OUT/target" "$OUT/parity_ref.json" 2>&1 | tee -a "$LOG"
+    bin/dflash-model convert "$OUT/target" "$OUT/demo-target-f32.gguf" --type f32 --tokenizer test/demo/tokenizer 2>&1 | tee -a "$LOG"
+    DEMO_PARITY_GGUF="$(realpath "$OUT/demo-target-f32.gguf")" DEMO_PARITY_REF="$(realpath "$OUT/parity_ref.json")" \
+      DFLASH_LIB_DIR="$PWD/bin/lib" go test -count=1 -v -run Parity ./test/demo/ 2>&1 | grep -v '^=== ' | tee -a "$LOG"
+  fi
 fi
 exit "$drc"
