@@ -222,6 +222,7 @@ def target_config(vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx, eo
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
         "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "attention_bias": False,
         "attention_dropout": 0.0,
         "tie_word_embeddings": True,
