@@ -43,10 +43,19 @@ def setup(seed):
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-        torch.set_float32_matmul_precision("high")  # TF32 for the FP32 evaluation passes
     else:
         torch.set_num_threads(max(1, os.cpu_count() or 1))
     return dev
+
+
+def exact_fp32():
+    """Evaluation in true FP32 (no TF32), so that speculative and plain greedy
+    decoding, whose forwards have different shapes, agree on near-ties."""
+    if hasattr(torch, "set_float32_matmul_precision"):
+        torch.set_float32_matmul_precision("highest")
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 def autocast(dev):
@@ -152,6 +161,7 @@ def cmd_target(a):
         step, seen, train_s, hl, math.exp(hl), hn))
     dm.save_hf(a.out, model, c)
     model = dm.load_hf(a.out, dm.Qwen3).to(dev)  # samples from the exported (BF16) weights
+    exact_fp32()
     samples = []
     model.eval()
     for pr in PROMPTS:
@@ -320,7 +330,7 @@ def cmd_draft(a):
     draft = draft.float().eval()
     dm.save_hf(a.out, draft, c)
     log("draft: %d steps in %.0fs; wrote %s" % (step, train_s, a.out))
-    target = target.float()
+    exact_fp32()
     ev = torch.Generator().manual_seed(a.seed + 2)
     pal = position_al(target, draft, held, dev, mask_id, B, layer_ids, a.al_lengths, a.al_positions, ev)
     log("draft: per-position AL (prefix length -> mean AL): %s" % pal)
