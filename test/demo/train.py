@@ -130,7 +130,7 @@ def cmd_target(a):
     log("target: %d params, config %s" % (nparam, json.dumps({k: c[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size")})))
     opt = optimizer(list(model.parameters()), a.lr, 0.1)
     gen = torch.Generator().manual_seed(a.seed)
-    t0, step, seen, ema = time.time(), 0, 0, None
+    t0, step, seen, ema, wsum, wn = time.time(), 0, 0, None, 0.0, 0
     model.train()
     while True:
         el = time.time() - t0
@@ -149,11 +149,12 @@ def cmd_target(a):
         opt.step()
         step += 1
         seen += x[:, 1:].numel()
+        wsum, wn = wsum + loss.detach(), wn + 1
         if step % a.log_every == 0 or step == 1:
-            li = loss.item()
-            ema = li if ema is None else 0.9 * ema + 0.1 * li
-            log("target step %d  %.0fs  loss %.4f (ema %.4f)  lr %.2e  %.0f tok/s" % (
-                step, el, li, ema, opt.param_groups[0]["lr"], seen / max(time.time() - t0, 1e-9)))
+            ema = wsum.item() / wn  # mean over the steps since the last log line
+            wsum, wn = 0.0, 0
+            log("target step %d  %.0fs  loss %.4f  lr %.2e  %.0f tok/s" % (
+                step, el, ema, opt.param_groups[0]["lr"], seen / max(time.time() - t0, 1e-9)))
     train_s = time.time() - t0
     with autocast(dev):
         hl, hn = heldout_loss(model, held, a.seq, dev, a.eval_tokens)
@@ -172,7 +173,7 @@ def cmd_target(a):
     merge_results(a.results, "target", {
         "config": c, "params": nparam, "steps": step, "train_tokens": seen, "train_seconds": round(train_s, 1),
         "heldout_loss": round(hl, 4), "heldout_ppl": round(math.exp(hl), 3), "heldout_tokens": hn,
-        "final_train_loss_ema": ema, "seed": a.seed, "torch": torch.__version__, "device": str(dev),
+        "final_train_loss": ema, "seed": a.seed, "torch": torch.__version__, "device": str(dev),
         "greedy_samples": samples})
 
 
@@ -285,7 +286,7 @@ def cmd_draft(a):
     B, K, T = a.block, a.anchors, a.seq
     w = torch.exp(-torch.arange(B - 1, dtype=torch.float32) / a.gamma).to(dev)  # positions 1..B-1
     kk = torch.arange(B, device=dev)
-    t0, step, ema = time.time(), 0, None
+    t0, step, ema, wsum, wn = time.time(), 0, None, 0.0, 0
     while True:
         el = time.time() - t0
         p = max(el / a.time_limit, step / a.max_steps if a.max_steps else 0.0)
@@ -319,13 +320,14 @@ def cmd_draft(a):
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
         step += 1
+        wsum, wn = wsum + loss.detach(), wn + 1
         if step % a.log_every == 0 or step == 1:
             with torch.no_grad():
                 acc = (lg.argmax(-1) == tgt).long().cumprod(dim=2).sum(dim=2).float().mean().item() + 1
-            li = loss.item()
-            ema = li if ema is None else 0.9 * ema + 0.1 * li
-            log("draft step %d  %.0fs  loss %.4f (ema %.4f)  teacher-forced AL %.2f  lr %.2e" % (
-                step, el, li, ema, acc, opt.param_groups[0]["lr"]))
+            ema = wsum.item() / wn  # mean over the steps since the last log line
+            wsum, wn = 0.0, 0
+            log("draft step %d  %.0fs  loss %.4f  teacher-forced AL (this batch) %.2f  lr %.2e" % (
+                step, el, ema, acc, opt.param_groups[0]["lr"]))
     train_s = time.time() - t0
     draft = draft.float().eval()
     dm.save_hf(a.out, draft, c)
@@ -355,7 +357,7 @@ def cmd_draft(a):
         log("spec sample (AL %.2f, lossless %s): %r" % (samples[-1]["al"], samples[-1]["equals_plain_greedy"], tok.decode(out)))
     merge_results(a.results, "draft", {
         "config": c, "params": nparam, "steps": step, "train_seconds": round(train_s, 1),
-        "final_train_loss_ema": ema, "loss_target": "target greedy (teacher-forced argmax) at block positions 1..%d" % (B - 1),
+        "final_train_loss": ema, "loss_target": "target greedy (teacher-forced argmax) at block positions 1..%d" % (B - 1),
         "gamma": a.gamma, "per_position_al": pal, "al_positions_per_length": a.al_positions,
         "chain_al": round(chain_al, 4), "chain_prompts": a.chain_prompts, "chain_new_tokens": a.chain_new,
         "spec_samples": samples, "seed": a.seed, "device": str(dev)})
