@@ -103,12 +103,16 @@ server_bench() {
 }
 
 # DFlash: the verify cost against a decode step on the 27B qwen35 shape, and the draft step of its 5-layer draft.
-spec_bench() {
-  local m=qwen3.5-27b:q8_0 f d
-  f=$(make_model $m) || return 1
+spec_models() {  # the 27B target and its draft, made once per machine
+  f=$(make_model qwen3.5-27b:q8_0) || return 1
   d=/tmp/models/qwen3.5-27b-dflash-q8_0.gguf
   [ -f "$d" ] || "$stage/bin/dflash-model" mk dflash "$d" --preset qwen3.5-27b-dflash --target "$f" --type q8_0 >"$OUT/mk-draft.log" 2>&1 ||
     { tail -5 "$OUT/mk-draft.log"; return 1; }
+}
+
+spec_bench() {
+  local m=qwen3.5-27b:q8_0 f d
+  spec_models || return 1
   # the dp4a kernel up to 8 tokens (before) and up to 32 (now), in one run
   for q8p in 8 32; do
     log "verify blocks and draft steps: $m, DFL_CUDA_Q8P_MAX_TOKENS=$q8p"
@@ -135,6 +139,7 @@ case $mode in
         (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
           tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
         wait; spec_bench ;;
+  prep) build_cuda; spec_models ;;  # ahead of spec, e.g. in the background of another job
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all|torch|spec [preset:type ...]"; exit 2 ;;
