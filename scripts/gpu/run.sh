@@ -113,10 +113,11 @@ spec_models() {  # the 27B target and its draft, made once per machine
 spec_bench() {
   local m=qwen3.5-27b:q8_0 f d
   spec_models || return 1
-  # the dp4a kernel up to 8 tokens (before) and up to 32 (now), in one run
-  for q8p in 8 32; do
-    log "verify blocks and draft steps: $m, DFL_CUDA_Q8P_MAX_TOKENS=$q8p"
-    (cd native/engine && DFL_CUDA_Q8P_MAX_TOKENS=$q8p DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
+  # variants compared in one run: SPEC_VARIANTS, space-separated VAR=value settings ("-" = defaults)
+  for v in ${SPEC_VARIANTS:--}; do
+    log "verify blocks and draft steps: $m, $v"
+    [ "$v" = - ] && v=DFLASH_NOTHING=1
+    (cd native/engine && env "$v" DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8,32 DFLASH_BENCH_VERIFY=8,16,23 \
       "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
@@ -126,6 +127,22 @@ spec_bench() {
     DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=16 \
     "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 16x 2>&1) >"$OUT/profile-vf16.txt"
   head -30 "$OUT/profile-vf16.txt" | tee -a "$OUT/summary.txt"
+}
+
+# The trained demo pair (models/demo) through the server on cuda:0, with and without its draft: test/loadgen, raw Go
+# source prompt, greedy, 1 and 8 streams.
+demo_bench() {
+  local port=18081 prompt
+  prompt=$(printf 'package main\n\nimport (\n\t"fmt"\n')
+  for draft in "" models/demo/demo-draft-q8_0.gguf; do
+    DFLASH_LIB_DIR=$lib "$stage/bin/dflash_server" --plugin-dir "$stage/bin/plugins" --port $port --model models/demo/demo-target-q8_0.gguf \
+      --model-name demo --target-device cuda:0 --max-ctx 2048 --max-concurrency 8 ${draft:+--draft $draft} >"$OUT/server-demo.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 60); do curl -sf localhost:$port/ready >/dev/null && break; sleep 1; done
+    log "demo pair on cuda:0, draft: ${draft:-none}"
+    "$stage/bin/loadgen" -url http://127.0.0.1:$port -streams 1,8,1,8 -tokens 256 -completion -prompt "$prompt" 2>&1 | tee -a "$OUT/summary.txt"
+    kill -TERM $pid; wait $pid
+  done
 }
 
 case $mode in
@@ -138,8 +155,9 @@ case $mode in
         log "device tests (native/engine, draft included)"
         (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
           tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
-        wait; spec_bench ;;
-  prep) build_cuda; spec_models ;;  # ahead of spec, e.g. in the background of another job
+        wait; spec_bench; demo_bench ;;
+  prep) build_cuda; spec_models ;;
+  demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all|torch|spec [preset:type ...]"; exit 2 ;;

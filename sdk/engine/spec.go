@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -24,6 +25,9 @@ type specSeq struct {
 	id      SeqID
 	dlen    int       // positions in the draft's context
 	pending []float32 // target features of positions [dlen, nPast)
+	// accepted is a moving average of the proposals this sequence's blocks had accepted; it sets how many rows the
+	// next block verifies (see verifyLen).
+	accepted float64
 }
 
 // specCounts are one request's speculative counts, for its timings.
@@ -49,7 +53,7 @@ func (e *Engine) startSpec(s *sequence) {
 		return
 	}
 	if id, err := e.draft.NewSeq(); err == nil {
-		s.spec = &specSeq{id: id}
+		s.spec = &specSeq{id: id, accepted: float64(e.drafts - 1)}
 	}
 }
 
@@ -61,11 +65,22 @@ func (e *Engine) endSpec(s *sequence) {
 	}
 }
 
-// blockLen is how many block tokens s verifies next: the draft's block, cut so that no row is verified that could
+// blockLen is how many block tokens s may verify next: the draft's block, cut so that no row is verified that could
 // not be committed (the token budget and the context end).
 func (e *Engine) blockLen(s *sequence) int {
 	return min(e.drafts, s.req.MaxTokens-len(s.generated), e.cfg.MaxCtx-s.nPast)
 }
+
+// verifyLen is how many block tokens s verifies next: about twice what its recent blocks had accepted, plus the root
+// and one more, within blockLen. Rows past the first rejection are wasted work, which costs little on a GPU that is
+// reading weights anyway but a row's full compute on a CPU; a draft that keeps being right earns back the whole
+// block within a few steps. Which rows are verified never changes the output.
+func (e *Engine) verifyLen(s *sequence) int {
+	return min(e.blockLen(s), max(2, int(math.Ceil(2*s.spec.accepted))+2))
+}
+
+// acceptWeight is the weight of the newest block in specSeq.accepted.
+const acceptWeight = 0.5
 
 // propose runs one draft step for every decoding sequence that can take a block (its root is in s.feed) and for
 // prefilling sequences whose pending features have piled up; a decoding sequence's feed becomes [root, proposals].
@@ -128,7 +143,7 @@ func (e *Engine) propose() {
 		if n == 0 {
 			continue
 		}
-		q := e.blockLen(s)
+		q := e.verifyLen(s)
 		for j := 0; j < n && len(s.feed) < q; j++ {
 			id := c.IDs[(row+j)*c.K]
 			if id < 0 {
@@ -181,6 +196,7 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 			return i + 1
 		}
 		if !accepted || len(s.forced) > 0 {
+			sp.accepted += acceptWeight * (float64(i) - sp.accepted)
 			if err := e.ver.Truncate(s.id, s.nPast); err != nil {
 				e.retire(s, fmt.Errorf("roll back the rejected draft tokens: %w", err))
 				return i + 1

@@ -27,6 +27,7 @@ func main() {
 	streams := flag.String("streams", "1,32", "concurrent streams to measure, comma-separated")
 	tokens := flag.Int("tokens", 128, "tokens generated per request")
 	prompt := flag.String("prompt", "Write a long story about a lighthouse keeper.", "user message")
+	completion := flag.Bool("completion", false, "send -prompt as raw text to /v1/completions instead of a chat message")
 	flag.Parse()
 	for _, f := range strings.Split(*streams, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -34,13 +35,17 @@ func main() {
 			fmt.Fprintf(os.Stderr, "loadgen: bad -streams entry %q\n", f)
 			os.Exit(2)
 		}
-		r, err := measure(context.Background(), *url, n, *tokens, *prompt)
+		r, err := measure(context.Background(), *url, n, *tokens, *prompt, *completion)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "loadgen:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("streams=%d tokens/stream=%d wall=%.2fs aggregate=%.1f tok/s per-stream decode median=%.1f tok/s ttft median=%.0f ms\n",
+		fmt.Printf("streams=%d tokens/stream=%d wall=%.2fs aggregate=%.1f tok/s per-stream decode median=%.1f tok/s ttft median=%.0f ms",
 			n, *tokens, r.wall.Seconds(), r.aggregate, r.streamRate, r.ttft)
+		if r.draftSteps > 0 {
+			fmt.Printf(" acceptance length %.2f", float64(r.accepted+r.draftSteps)/float64(r.draftSteps))
+		}
+		fmt.Println()
 	}
 }
 
@@ -49,17 +54,26 @@ type result struct {
 	aggregate  float64 // generated tokens of all streams / wall time
 	streamRate float64 // median over streams of tokens after the first / time after the first
 	ttft       float64 // median time to first token, ms
+	// speculative decoding: accepted proposals and verify steps over all streams
+	accepted, draftSteps int
 }
 
-func measure(ctx context.Context, url string, n, tokens int, prompt string) (result, error) {
-	body, _ := json.Marshal(map[string]any{
+func measure(ctx context.Context, url string, n, tokens int, prompt string, completion bool) (result, error) {
+	req := map[string]any{
 		"model": "auto", "stream": true, "max_tokens": tokens, "ignore_eos": true, "temperature": 0,
-		"messages":       []map[string]string{{"role": "user", "content": prompt}},
 		"stream_options": map[string]bool{"include_usage": true},
-	})
+	}
+	path := "/v1/chat/completions"
+	if completion {
+		req["prompt"], path = prompt, "/v1/completions"
+	} else {
+		req["messages"] = []map[string]string{{"role": "user", "content": prompt}}
+	}
+	body, _ := json.Marshal(req)
 	type one struct {
 		tokens      int
 		first, last time.Time
+		spec        spec
 		err         error
 	}
 	res := make([]one, n)
@@ -69,7 +83,7 @@ func measure(ctx context.Context, url string, n, tokens int, prompt string) (res
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			res[i].tokens, res[i].first, res[i].last, res[i].err = stream(ctx, url, body)
+			res[i].tokens, res[i].first, res[i].last, res[i].spec, res[i].err = stream(ctx, url+path, body)
 		}(i)
 	}
 	wg.Wait()
@@ -77,12 +91,15 @@ func measure(ctx context.Context, url string, n, tokens int, prompt string) (res
 	total := 0
 	var rates, ttfts []float64
 	var errs []error
+	accepted, steps := 0, 0
 	for _, r := range res {
 		if r.err != nil {
 			errs = append(errs, r.err)
 			continue
 		}
 		total += r.tokens
+		accepted += r.spec.Accepted
+		steps += r.spec.Steps
 		if d := r.last.Sub(r.first).Seconds(); r.tokens > 1 && d > 0 {
 			rates = append(rates, float64(r.tokens-1)/d)
 		}
@@ -91,26 +108,34 @@ func measure(ctx context.Context, url string, n, tokens int, prompt string) (res
 	if len(errs) > 0 {
 		return result{}, fmt.Errorf("%d of %d streams failed: %w", len(errs), n, errors.Join(errs...))
 	}
-	return result{wall: wall, aggregate: float64(total) / wall.Seconds(), streamRate: median(rates), ttft: median(ttfts)}, nil
+	return result{wall: wall, aggregate: float64(total) / wall.Seconds(), streamRate: median(rates), ttft: median(ttfts),
+		accepted: accepted, draftSteps: steps}, nil
 }
 
 // stream runs one streaming request and returns the completion tokens the server reported with the times of the
 // first and last content chunks.
-func stream(ctx context.Context, url string, body []byte) (int, time.Time, time.Time, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+// spec is the speculative counts the server reports with a finished stream (dflash timings).
+type spec struct {
+	Accepted int `json:"draft_accepted"`
+	Steps    int `json:"draft_steps"`
+}
+
+func stream(ctx context.Context, url string, body []byte) (int, time.Time, time.Time, spec, error) {
+	var sp spec
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return 0, time.Time{}, time.Time{}, err
+		return 0, time.Time{}, time.Time{}, sp, err
 	}
 	req.Header.Set("content-type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, time.Time{}, time.Time{}, err
+		return 0, time.Time{}, time.Time{}, sp, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		var b bytes.Buffer
 		_, _ = b.ReadFrom(resp.Body)
-		return 0, time.Time{}, time.Time{}, fmt.Errorf("status %d: %s", resp.StatusCode, b.String())
+		return 0, time.Time{}, time.Time{}, sp, fmt.Errorf("status %d: %s", resp.StatusCode, b.String())
 	}
 	var first, last time.Time
 	tokens := 0
@@ -127,19 +152,24 @@ func stream(ctx context.Context, url string, body []byte) (int, time.Time, time.
 					Content          string `json:"content"`
 					ReasoningContent string `json:"reasoning_content"`
 				} `json:"delta"`
+				Text string `json:"text"` // completions
 			} `json:"choices"`
 			Usage *struct {
 				CompletionTokens int `json:"completion_tokens"`
 			} `json:"usage"`
+			Dflash *spec `json:"dflash"`
 		}
 		if err := json.Unmarshal([]byte(line[6:]), &ev); err != nil {
-			return 0, first, last, fmt.Errorf("bad event %q: %w", line, err)
+			return 0, first, last, sp, fmt.Errorf("bad event %q: %w", line, err)
 		}
 		if ev.Usage != nil {
 			tokens = ev.Usage.CompletionTokens
 		}
+		if ev.Dflash != nil {
+			sp = *ev.Dflash
+		}
 		for _, c := range ev.Choices {
-			if c.Delta.Content != "" || c.Delta.ReasoningContent != "" {
+			if c.Delta.Content != "" || c.Delta.ReasoningContent != "" || c.Text != "" {
 				now := time.Now()
 				if first.IsZero() {
 					first = now
@@ -149,12 +179,12 @@ func stream(ctx context.Context, url string, body []byte) (int, time.Time, time.
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, first, last, err
+		return 0, first, last, sp, err
 	}
 	if first.IsZero() {
-		return 0, first, last, errors.New("no content streamed")
+		return 0, first, last, sp, errors.New("no content streamed")
 	}
-	return tokens, first, last, nil
+	return tokens, first, last, sp, nil
 }
 
 func median(v []float64) float64 {

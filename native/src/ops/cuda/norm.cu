@@ -1,12 +1,25 @@
 // Row normalisations: one block per row, f32 block reduction of the sum of squares (the CPU sums in double; the
 // difference is a few f32 ulps of the scale).
+#include <algorithm>
+#include <cstdlib>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
 namespace dfl {
 namespace cuda {
 
-constexpr int kNormThreads = 256;
+// Up to 1024 threads per row, about four elements each: a decode step or a verify block has only a few rows, so a
+// row's block is the whole of the work on its SM and its latency is the op's (256 threads left a 5120-wide row
+// at 20 serial loads a thread). DFL_CUDA_NORM_THREADS caps it (for comparisons in one run).
+static int norm_max_threads() {
+    static const int n = [] {
+        const char *e = std::getenv("DFL_CUDA_NORM_THREADS");
+        const int v = e && *e ? std::atoi(e) : 1024;
+        return std::min(1024, std::max(32, v));
+    }();
+    return n;
+}
 
 __device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float eps, float *red) {
     float ss = 0.0f;
@@ -54,7 +67,7 @@ __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, i
 
 static int norm_threads(int64_t n) {
     int t = 32;
-    while (t < kNormThreads && t < n) t *= 2;
+    while (t < norm_max_threads() && t * 4 < n) t *= 2;
     return t;
 }
 
