@@ -122,3 +122,57 @@ func TestSpeculativeDescriptionAndErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestDemoPairSpeculative runs the trained demo pair (models/demo: a Qwen3 target and its DFlash draft, trained on
+// Go source) on the CPU: the draft is right often enough that blocks are accepted in part and in whole, so the
+// native paths of acceptance (recorded truncation, features of accepted rows, the draft's context) are exercised,
+// and the output is still the target's own greedy output, alone and batched.
+func TestDemoPairSpeculative(t *testing.T) {
+	is := is.New(t)
+	target := filepath.Join(repoRoot, "models", "demo", "demo-target-q8_0.gguf")
+	draft := filepath.Join(repoRoot, "models", "demo", "demo-draft-q8_0.gguf")
+	prompts := []string{
+		"package main\n\nimport (\n\t\"fmt\"\n",
+		"// Copyright 2009 The Go Authors. All rights reserved.\n// Use of this source code is governed by a BSD-style\n",
+		"func (b *Buffer) WriteString(s string) (n int, err error) {\n",
+		"\tfor i := 0; i < len(s); i++ {\n",
+	}
+	raw := func(cfg sdk.ModelConfig) ([][]int32, []*sdk.Finish) {
+		t.Helper()
+		_, c, _ := load(t, cfg)
+		toks := make([][]int32, len(prompts))
+		fins := make([]*sdk.Finish, len(prompts))
+		var wg sync.WaitGroup
+		for i, p := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req := &sdk.ChatRequest{Prompt: &sdk.RawPrompt{Text: p}, MaxTokens: 96, IgnoreEOS: true,
+					Sampling: sdk.Sampling{Temperature: f64(0), Seed: i64(1)}}
+				s := newStream()
+				if err := c.Start(context.Background(), req, s); err != nil {
+					t.Errorf("prompt %d: %v", i, err)
+					return
+				}
+				r := s.summary()
+				toks[i], fins[i] = r.tokens, r.finish
+			}()
+		}
+		wg.Wait()
+		return toks, fins
+	}
+	cfg := blockConfig(t, target)
+	cfg.MaxCtx, cfg.KVPoolTokens = 512, 2048
+	plain, _ := raw(cfg)
+	cfg.Options = map[string]string{"threads": "1", "draft": draft}
+	spec, fins := raw(cfg)
+	accepted, steps := 0, 0
+	for i := range prompts {
+		is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i])) // the draft never changes greedy output
+		accepted += fins[i].Timings.DraftAccepted
+		steps += fins[i].Timings.DraftSteps
+	}
+	al := float64(accepted+steps) / float64(steps)
+	t.Logf("acceptance length %.2f over %d verify steps", al, steps)
+	is.True(al > 1.5) // a trained draft: blocks are accepted, the acceptance paths ran
+}
