@@ -1,6 +1,6 @@
 # dflash_server build. `make` builds everything for CPU into bin/; `make test`
 # runs every test this machine can run; `make run` starts a working server on
-# generated tiny models. Go binaries never link native code: backends load
+# the trained demo pair (models/demo). Go binaries never link native code: backends load
 # bin/lib/libdflash_<device>.so at run time.
 
 GO       ?= go
@@ -13,7 +13,7 @@ export GOFLAGS
 CORE_CMDS   := dflash_server dflash-model
 PLUGIN_PKGS := backend-qwen-dflash policy-primary-first policy-by-name
 
-.PHONY: all build go-build native cuda test test-go test-race test-native lint run proto bench check-tools clean models
+.PHONY: all build go-build native cuda test test-go test-race test-native lint run proto bench check-tools clean
 
 all: build
 
@@ -84,12 +84,9 @@ proto:
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
 		sdk/proto/dflash/backend/v1/backend.proto sdk/proto/dflash/policy/v1/policy.proto
 
-RUN_DIR := $(BIN)/run
-models: build npm-deps
-	@./scripts/make-run-models.sh $(BIN) $(RUN_DIR)
-
-run: models
-	@./scripts/run-server.sh $(BIN) $(RUN_DIR)
+# The trained demo pair is committed (models/demo, see test/demo/README.md).
+run: build
+	@./scripts/run-server.sh $(BIN) models/demo
 
 clean:
 	rm -rf $(BIN) .bin
