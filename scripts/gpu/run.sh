@@ -149,13 +149,17 @@ case $mode in
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
-  spec) premake qwen3.5-27b:q8_0; build_cuda
+  spec) [ -n "${SPEC_SKIP_BENCH:-}" ] || premake qwen3.5-27b:q8_0; build_cuda
         log "CUDA op tests (CUDA vs CPU device)"
         make -C native cuda-test BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ops.txt" 2>&1; tail -25 "$OUT/cuda-ops.txt" | tee -a "$OUT/summary.txt"
         log "device tests (native/engine, draft included)"
         (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
           tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
-        wait; spec_bench; demo_bench ;;
+        log "speculative greedy == plain greedy on cuda:0 (qwen-dflash, random and demo pairs)"
+        (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
+          "$stage/bin/qwendflash.test" -test.run 'Speculative|DemoPair' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
+          grep -E "^\s*(---|ok|FAIL|PASS)|acceptance|spec_test" | tee -a "$OUT/summary.txt" | head -40
+        wait; ${SPEC_SKIP_BENCH:+true} spec_bench; ${SPEC_SKIP_BENCH:+true} demo_bench ;;
   prep) build_cuda; spec_models ;;
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   torch) log "PyTorch bf16, static cache, torch.compile"

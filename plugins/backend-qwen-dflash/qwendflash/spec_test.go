@@ -3,6 +3,7 @@ package qwendflash
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -53,11 +54,26 @@ func generate(t *testing.T, cfg sdk.ModelConfig, prompts []string, sampling sdk.
 	return toks, fins
 }
 
+// specDevices are the devices the speculative tests run on: the CPU, and $DFLASH_TEST_DEVICE (e.g. cuda:0 on the GPU
+// machine, with libdflash_cuda.so in the library folder).
+func specDevices() []string {
+	if d := os.Getenv("DFLASH_TEST_DEVICE"); d != "" && d != "cpu" && d != "cpu:0" {
+		return []string{"cpu:0", d}
+	}
+	return []string{"cpu:0"}
+}
+
 // TestSpeculativeMatchesPlainOnCPU: with a DFlash draft loaded next to the target (through the plugin's real load
 // path), greedy output is token for token the target's own, for attention-only and hybrid targets, several
 // sequences batched, and the draft really ran (a random draft is seldom right, so acceptance is not asserted here;
-// sdk/engine's tests and the trained demo pair cover it).
+// sdk/engine's tests and the trained demo pair cover it). Also on $DFLASH_TEST_DEVICE.
 func TestSpeculativeMatchesPlainOnCPU(t *testing.T) {
+	for _, dev := range specDevices() {
+		t.Run(dev, func(t *testing.T) { speculativeMatchesPlain(t, dev) })
+	}
+}
+
+func speculativeMatchesPlain(t *testing.T, dev string) {
 	q3, q35 := tinyModels(t)
 	prompts := []string{"The cat sat on", "a much longer prompt that needs several prefill chunks of eight tokens each", "x", "hello there, model"}
 	greedy := sdk.Sampling{Temperature: f64(0), Seed: i64(1)}
@@ -75,7 +91,7 @@ func TestSpeculativeMatchesPlainOnCPU(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
 			cfg := blockConfig(t, tc.path)
-			cfg.Architecture = tc.arch
+			cfg.Architecture, cfg.Device = tc.arch, dev
 			plain, _ := generate(t, cfg, prompts, greedy, 24)
 			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, tc.draftArgs...)}
 			for k, v := range tc.options {
@@ -126,8 +142,14 @@ func TestSpeculativeDescriptionAndErrors(t *testing.T) {
 // TestDemoPairSpeculative runs the trained demo pair (models/demo: a Qwen3 target and its DFlash draft, trained on
 // Go source) on the CPU: the draft is right often enough that blocks are accepted in part and in whole, so the
 // native paths of acceptance (recorded truncation, features of accepted rows, the draft's context) are exercised,
-// and the output is still the target's own greedy output, alone and batched.
+// and the output is still the target's own greedy output, alone and batched. Also on $DFLASH_TEST_DEVICE.
 func TestDemoPairSpeculative(t *testing.T) {
+	for _, dev := range specDevices() {
+		t.Run(dev, func(t *testing.T) { demoPairSpeculative(t, dev) })
+	}
+}
+
+func demoPairSpeculative(t *testing.T, dev string) {
 	is := is.New(t)
 	target := filepath.Join(repoRoot, "models", "demo", "demo-target-q8_0.gguf")
 	draft := filepath.Join(repoRoot, "models", "demo", "demo-draft-q8_0.gguf")
@@ -162,7 +184,7 @@ func TestDemoPairSpeculative(t *testing.T) {
 		return toks, fins
 	}
 	cfg := blockConfig(t, target)
-	cfg.MaxCtx, cfg.KVPoolTokens = 512, 2048
+	cfg.MaxCtx, cfg.KVPoolTokens, cfg.Device = 512, 2048, dev
 	plain, _ := raw(cfg)
 	cfg.Options = map[string]string{"threads": "1", "draft": draft}
 	spec, fins := raw(cfg)
