@@ -20,6 +20,8 @@ type DraftOptions struct {
 	// Block is how many block tokens (root and proposals) a sequence verifies at most (0 = the draft's block size;
 	// never above it).
 	Block int
+	// Always drafts on every step instead of only while drafting pays (engine.Config.DraftAlways).
+	Always bool
 }
 
 // draft is a loaded draft model: the native model, its file and what the engine needs to know of it.

@@ -180,7 +180,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	features := spec.Features
 	draftDevice := ""
 	if d != nil {
-		ecfg.Drafter, ecfg.DraftBlock = &drafter{d: d}, opts.Draft.Block
+		ecfg.Drafter, ecfg.DraftBlock, ecfg.DraftAlways = &drafter{d: d}, opts.Draft.Block, opts.Draft.Always
 		features.Speculative, draftDevice = true, d.device
 	}
 	eng, err := engine.New(ecfg)

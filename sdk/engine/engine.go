@@ -49,6 +49,9 @@ type Config struct {
 	// block tokens (root and proposals) a sequence verifies at most (0: the draft's block size).
 	Drafter    Drafter
 	DraftBlock int
+	// DraftAlways drafts on every step. By default the engine measures whether drafting pays (tokens per second of
+	// drafting steps against plain ones) and decodes plainly in bursts while it does not.
+	DraftAlways bool
 }
 
 // Limits is the capacity the engine enforces.
@@ -82,6 +85,7 @@ type Engine struct {
 	drafts   int // block tokens verified at most
 	featSize int
 	capture  []int
+	pace     pacer
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -385,7 +389,9 @@ func (e *Engine) loop() {
 				e.retire(s, nil)
 			}
 		}
-		if e.speculating() {
+		t0 := time.Now()
+		drafted := e.speculating() && (e.cfg.DraftAlways || e.pace.drafting())
+		if drafted {
 			e.propose()
 		}
 		batch, members := e.schedule()
@@ -393,7 +399,11 @@ func (e *Engine) loop() {
 			<-e.wakeCh
 			continue
 		}
-		e.step(batch, members)
+		decodeOnly := !slices.ContainsFunc(members, func(s *sequence) bool { return s.state != stateDecode })
+		generated := e.step(batch, members)
+		if e.speculating() && decodeOnly {
+			e.pace.observe(drafted, generated, time.Since(t0))
+		}
 	}
 }
 
@@ -506,8 +516,8 @@ func (e *Engine) grow(s *sequence, need int) error {
 	return nil
 }
 
-// step runs one forward and advances every sequence in it.
-func (e *Engine) step(batch []SeqInput, members []*sequence) {
+// step runs one forward and advances every sequence in it; it returns the tokens it generated.
+func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	var (
 		logits []float32
 		cands  Candidates
@@ -537,7 +547,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 		for _, s := range members {
 			e.retire(s, err)
 		}
-		return
+		return 0
 	}
 	row, tok0 := 0, 0
 	var generated int64
@@ -590,6 +600,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) {
 	}
 	e.stats.TokensGenerated += generated
 	e.mu.Unlock()
+	return generated
 }
 
 // advance picks the sequence's next token from its logits row and handles

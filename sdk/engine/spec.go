@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -285,4 +286,61 @@ func checkSpec(cfg Config) (Verifier, error) {
 		return nil, fmt.Errorf("engine: draft block %d is outside [1, %d] (the draft's block size)", cfg.DraftBlock, d.BlockSize())
 	}
 	return v, nil
+}
+
+// pacer decides for the whole engine whether drafting pays on this device and model: it keeps moving averages of
+// the tokens per second committed by decode steps that drafted and by plain ones, and while drafting yields less
+// it drafts nothing for a burst of plain steps, then tries again. Plain steps are measured in a short burst every
+// probeEvery drafting steps, so a change of load (batch size, acceptance) is seen. Which steps draft never changes
+// the output.
+type pacer struct {
+	spec, plain float64 // tokens per second; 0: not measured yet
+	plainLeft   int     // plain steps left in the current burst
+	sinceProbe  int     // drafting steps since plain was last measured
+}
+
+const (
+	paceWeight = 0.2 // weight of the newest step in the averages
+	probeEvery = 64  // drafting steps between plain measurements
+	probeSteps = 4   // plain steps of a measurement
+	plainBurst = 48  // plain steps after drafting was found to cost more than it gives
+)
+
+// drafting reports whether this step drafts.
+func (p *pacer) drafting() bool {
+	switch {
+	case p.plainLeft > 0:
+		p.plainLeft--
+		return false
+	case p.sinceProbe >= probeEvery || (p.plain == 0 && p.sinceProbe >= probeSteps):
+		p.sinceProbe = 0
+		p.plainLeft = probeSteps - 1
+		return false
+	}
+	return true
+}
+
+// observe records a decode-only step: whether it drafted, the tokens it committed and how long it took (draft,
+// forward and acceptance).
+func (p *pacer) observe(drafted bool, tokens int64, d time.Duration) {
+	if tokens <= 0 || d <= 0 {
+		return
+	}
+	rate := float64(tokens) / d.Seconds()
+	avg := func(a *float64) {
+		if *a == 0 {
+			*a = rate
+		} else {
+			*a += paceWeight * (rate - *a)
+		}
+	}
+	if !drafted {
+		avg(&p.plain)
+		return
+	}
+	avg(&p.spec)
+	p.sinceProbe++
+	if p.plain > 0 && p.spec < p.plain {
+		p.plainLeft, p.sinceProbe = plainBurst, 0
+	}
 }

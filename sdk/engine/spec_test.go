@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/matryer/is"
 
@@ -16,7 +17,7 @@ import (
 // specEngine is an engine over a fake target and an oracle drafter of the given block.
 func specEngine(t *testing.T, m *enginetest.FakeModel, d *enginetest.OracleDrafter, cfg engine.Config) *engine.Engine {
 	t.Helper()
-	cfg.Drafter = d
+	cfg.Drafter, cfg.DraftAlways = d, true
 	return newEngine(t, m, cfg)
 }
 
@@ -266,4 +267,48 @@ func TestSpeculativeSamplingFollowsTheTarget(t *testing.T) {
 		t.Fatalf("chi-square %.1f over 64 cells: speculative samples do not follow the target's distribution", chi2)
 	}
 	t.Logf("chi-square %.1f (63 dof), %d proposals accepted", chi2, accepted)
+}
+
+// TestSpeculativePacing: by default the engine drafts only while drafting pays. The fake target's forwards take
+// controlled time (1 ms, plus a cost per verified row beyond the first); with a draft that is always wrong and
+// costly rows the engine soon decodes mostly plainly, with a draft that is always right and cheap rows it keeps
+// drafting. The output is the target's either way.
+func TestSpeculativePacing(t *testing.T) {
+	cases := []struct {
+		name    string
+		wrong   func(int) bool
+		perRow  time.Duration
+		drafted func(steps, tokens int) bool
+	}{
+		{"drafting costs more than it gives", func(int) bool { return true }, 2 * time.Millisecond,
+			func(steps, tokens int) bool { return steps < tokens/3 }},
+		{"drafting pays", nil, 100 * time.Microsecond,
+			func(steps, tokens int) bool { return steps > tokens/16 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			const tokens = 200
+			m := enginetest.NewFakeModel(4, 256, 1)
+			m.BeforeForward = func(batch []engine.SeqInput) {
+				d := time.Millisecond
+				for _, in := range batch {
+					if in.Logits == engine.LogitsAll {
+						d += time.Duration(len(in.Tokens)-1) * tc.perRow
+					}
+				}
+				time.Sleep(d)
+			}
+			d := enginetest.NewOracleDrafter(enginetest.Letters, 8, 1)
+			d.Wrong = tc.wrong
+			e := newEngine(t, m, engine.Config{StepTokens: 16, MaxCtx: 512, Drafter: d})
+			c, err := run(e, request("pace me", tokens))
+			is.NoErr(err)
+			r := c.result()
+			is.Equal(r.tokens, plainTokens(t, "pace me", tokens, false))
+			steps := r.finish.Timings.DraftSteps
+			t.Logf("%d verify steps for %d tokens, %d accepted", steps, tokens, r.finish.Timings.DraftAccepted)
+			is.True(tc.drafted(steps, tokens))
+		})
+	}
 }

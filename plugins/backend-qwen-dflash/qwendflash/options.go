@@ -19,6 +19,7 @@ var optionSpecs = append(nativebackend.EngineOptionSpecs(),
 	sdk.OptionSpec{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device)."},
 	sdk.OptionSpec{Name: "draft-block-size", Kind: sdk.OptionInt, Default: "0", Help: "Most block tokens (the root and the proposals) verified per step (0 = the draft's block size; never above it)."},
 	sdk.OptionSpec{Name: "spec-tree-budget", Kind: sdk.OptionInt, Default: "0", Help: "DDTree verify budget in tree nodes (0 = verify the draft's chain)."},
+	sdk.OptionSpec{Name: "draft-pacing", Kind: sdk.OptionEnum, Enum: []string{"on", "off"}, Default: "on", Help: "on: measure whether drafting pays (tokens per second with and without) and decode plainly in bursts while it does not; off: draft on every step."},
 	sdk.OptionSpec{Name: "target-split", Kind: sdk.OptionString, Help: "Split the target's layers across devices (not supported yet).", SharedProcessPolicy: true},
 )
 
@@ -53,6 +54,13 @@ func parseOptions(m map[string]string) (options, error) {
 	}
 	if path := r.Get("draft"); path != "" {
 		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock}
+		switch p := r.Get("draft-pacing"); p {
+		case "", "on":
+		case "off":
+			o.engine.Draft.Always = true
+		default:
+			r.Bad("draft-pacing", "%q is not on or off", p)
+		}
 		if dev := r.Get("draft-device"); dev != "" {
 			if _, _, err := native.ParseDevice(dev); err != nil {
 				r.Bad("draft-device", "%v", err)

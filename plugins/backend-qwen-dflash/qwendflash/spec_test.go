@@ -93,7 +93,7 @@ func speculativeMatchesPlain(t *testing.T, dev string) {
 			cfg := blockConfig(t, tc.path)
 			cfg.Architecture, cfg.Device = tc.arch, dev
 			plain, _ := generate(t, cfg, prompts, greedy, 24)
-			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, tc.draftArgs...)}
+			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, tc.draftArgs...), "draft-pacing": "off"}
 			for k, v := range tc.options {
 				cfg.Options[k] = v
 			}
@@ -186,7 +186,7 @@ func demoPairSpeculative(t *testing.T, dev string) {
 	cfg := blockConfig(t, target)
 	cfg.MaxCtx, cfg.KVPoolTokens, cfg.Device = 512, 2048, dev
 	plain, _ := raw(cfg)
-	cfg.Options = map[string]string{"threads": "1", "draft": draft}
+	cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off"}
 	spec, fins := raw(cfg)
 	accepted, steps := 0, 0
 	for i := range prompts {
