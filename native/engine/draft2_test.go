@@ -148,3 +148,61 @@ func TestDraft2Errors(t *testing.T) {
 		is.True(res.Trans == nil)
 	})
 }
+
+// TestDraft2DeviceMatchesReference runs DFlash2 draft steps on the device under test ($DFLASH_TEST_DEVICE): logits
+// as TestDraftDeviceMatchesReference, transition scores within deviceBound of the largest reference score.
+func TestDraft2DeviceMatchesReference(t *testing.T) {
+	lib := testDevice(t)
+	is := is.New(t)
+	c := tinyDraft2()
+	m, spec := loadDraft(t, lib, c)
+	is.True(m.Info().DFlash2())
+	ref := newRefDraft(c, spec)
+	rng := rand.New(rand.NewPCG(25, 26))
+	a, b := must(m.NewSeq()), must(m.NewSeq())
+	ra, rb := ref.newSeq(), ref.newSeq()
+	worst := 0.0
+	for si, st := range []struct{ ctxA, blkA, ctxB, blkB int }{{7, 8, 13, 4}, {300, 8, 40, 8}} {
+		fa, fb := randomFeatures(rng, st.ctxA, c.feat), randomFeatures(rng, st.ctxB, c.feat)
+		ba, bb := randomTokens(rng, st.blkA, c.vocab), randomTokens(rng, st.blkB, c.vocab)
+		is.NoErr(m.Reserve(a, must(m.SeqLen(a))+st.ctxA+st.blkA))
+		is.NoErr(m.Reserve(b, must(m.SeqLen(b))+st.ctxB+st.blkB))
+		res, err := m.DraftForward([]DraftEntry{{Seq: a, Features: fa, Block: ba}, {Seq: b, Features: fb, Block: bb}}, c.selTopK)
+		is.NoErr(err)
+		for e, x := range []struct {
+			r     *refSeq
+			f     []float32
+			block []int32
+		}{{ra, fa, ba}, {rb, fb, bb}} {
+			what := fmt.Sprintf("step %d", si)
+			worst = math.Max(worst, deviceRowsError(t, what, res, e, ref.step(x.r, x.f, x.block)))
+			var cands [][]int32
+			for i := 0; ; i++ {
+				ids, _, _, ok := res.Candidates(e, i)
+				if !ok {
+					break
+				}
+				cands = append(cands, ids)
+			}
+			want := ref.trans(x.block[0], cands)
+			for row := range cands {
+				got := res.Transitions(e, row)
+				span := 1e-6
+				for _, wi := range want[row] {
+					for _, w := range wi {
+						span = math.Max(span, math.Abs(w))
+					}
+				}
+				for i, wi := range want[row] {
+					for j, w := range wi {
+						worst = math.Max(worst, math.Abs(float64(got[i*res.K+j])-w)/span)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("worst error: %.2e of the row's range", worst)
+	if worst > deviceBound {
+		t.Fatalf("DFlash2 draft on %s differs from the reference by %.3g (bound %g)", lib.Kind(), worst, deviceBound)
+	}
+}
