@@ -102,6 +102,15 @@ static dfl_status w_forward_topk(const dfl_api *a, dfl_model *m, const dfl_batch
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static int has_draft2_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, draft_forward2) + sizeof(a->draft_forward2);
+}
+static dfl_status w_draft_forward2(const dfl_api *a, dfl_model *m, uint32_t n, const dfl_draft_entry *es, uint32_t k,
+                                   int32_t *ids, float *logits, float *lse, float *trans, char **err) {
+	dfl_status rc = a->draft_forward2(m, n, es, k, ids, logits, lse, trans);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 static int has_draft_api(const dfl_api *a) {
 	return a->struct_size >= offsetof(dfl_api, draft_forward) + sizeof(a->draft_forward);
 }
@@ -473,6 +482,7 @@ func (a *capi) info(m *cmodel) (Info, error) {
 		RopeTheta:        float32(ci.rope_theta),
 		RopeDim:          int(ci.rope_dim),
 		DraftFeatures:    int(ci.n_feat),
+		SelectorTopK:     int(ci.selector_top_k),
 	}, nil
 }
 
@@ -627,6 +637,17 @@ func (a *capi) runDraft(m *cmodel, entries []DraftEntry, nFeat int, r *Result) e
 		lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
 	}
 	var msg *C.char
+	if r.Trans != nil {
+		if C.has_draft2_api(a.t) == 0 {
+			return errors.New("draft forward: the engine library predates draft_forward2 (DFlash2 drafts): rebuild it")
+		}
+		var trans *C.float
+		if len(r.Trans) > 0 {
+			pin.Pin(&r.Trans[0])
+			trans = (*C.float)(unsafe.Pointer(&r.Trans[0]))
+		}
+		return status(C.w_draft_forward2(a.t, m, C.uint32_t(len(ces)), cs, C.uint32_t(r.K), ids, vals, lse, trans, &msg), msg)
+	}
 	return status(C.w_draft_forward(a.t, m, C.uint32_t(len(ces)), cs, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 }
 

@@ -21,6 +21,17 @@ type draftConfig struct {
 	causal                        *int    // dflash.attention.causal; nil: absent
 	logitScale, softcap           float64 // 0: absent
 	seed                          uint64
+	// DFlash2 (convK > 0): conv kernel size, channels per conv group, selector rank and top-k
+	convK, convGroup, selRank, selTopK int
+}
+
+// tinyDraft2 is a tiny DFlash2 draft: block size 8, sliding layer non-causal as the published drafts.
+func tinyDraft2() draftConfig {
+	c := tinyDraft()
+	zero := 0
+	c.causal = &zero
+	c.convK, c.convGroup, c.selRank, c.selTopK = 2, 16, 24, 4
+	return c
 }
 
 func tinyDraft() draftConfig {
@@ -64,6 +75,13 @@ func randomDraftSpec(c draftConfig) ModelSpec {
 	if c.softcap != 0 {
 		meta["dflash.final_logit_softcapping"] = float32(c.softcap)
 	}
+	if c.convK > 0 {
+		meta["dflash.block_size"] = uint32(8)
+		meta["dflash.conv_kernel_size"] = uint32(c.convK)
+		meta["dflash.conv_group_size"] = uint32(c.convGroup)
+		meta["dflash.selector_rank"] = uint32(c.selRank)
+		meta["dflash.selector_top_k"] = uint32(c.selTopK)
+	}
 	var tensors []Tensor
 	add := func(name string, std, mean float64, dims ...uint64) {
 		n := 1
@@ -98,6 +116,18 @@ func randomDraftSpec(c draftConfig) ModelSpec {
 		mat(p+"ffn_gate.weight", c.embd, c.ff, 0.1)
 		mat(p+"ffn_up.weight", c.embd, c.ff, 0.1)
 		mat(p+"ffn_down.weight", c.ff, c.embd, 0.1)
+		if c.convK > 0 {
+			proj := 2 * c.convK * (c.embd / c.convGroup)
+			for _, s := range []string{"attn", "ffn"} {
+				add(p+s+"_conv_base", 0.3, 0.5, uint64(c.embd), uint64(c.convK), 2)
+				mat(p+s+"_conv_proj.weight", c.embd, proj, 0.1)
+			}
+		}
+	}
+	if c.convK > 0 {
+		mat("selector_predecessor.weight", c.selRank, c.vocab, 0.5)
+		mat("selector_successor.weight", c.selRank, c.vocab, 0.5)
+		mat("selector_hidden.weight", c.embd, c.selRank, 0.3)
 	}
 	return ModelSpec{Arch: "dflash", Meta: meta, Tensors: tensors,
 		Options: Options{KVPoolTokens: 512, BlockSize: 8, MaxSeqs: 6, CacheK: CacheF32, CacheV: CacheF32}}
@@ -119,6 +149,8 @@ func loadDraft(t *testing.T, lib *Lib, c draftConfig) (*Model, ModelSpec) {
 type refDraft struct {
 	c draftConfig
 	w map[string][]float32
+	// hidden holds the final normed hidden states of the last step's block rows 1.. (the selector's input)
+	hidden [][]float64
 }
 
 // refSeq is one sequence's context K/V: [layer][position][kv head * head_dim].
@@ -236,12 +268,21 @@ func (r *refDraft) step(s *refSeq, feats []float32, block []int32) [][]float64 {
 		K := append([][]float64{}, s.K[il]...)
 		V := append([][]float64{}, s.V[il]...)
 		Q := make([][]float64, nb)
+		hn := make([][]float64, nb)
 		for i := range h {
-			hn := r.rmsnorm(h[i], p+"attn_norm.weight")
-			Q[i] = r.headNormRope(r.mv(p+"attn_q.weight", hn), p+"attn_q_norm.weight", base+i)
-			K = append(K, r.headNormRope(r.mv(p+"attn_k.weight", hn), p+"attn_k_norm.weight", base+i))
-			V = append(V, r.mv(p+"attn_v.weight", hn))
+			hn[i] = r.rmsnorm(h[i], p+"attn_norm.weight")
 		}
+		var dyn [][]float64
+		if c.convK > 0 {
+			dyn = r.rows(p+"attn_conv_proj.weight", hn)
+			hn = r.conv(hn, dyn, p+"attn_conv_base", 0)
+		}
+		for i := range h {
+			Q[i] = r.headNormRope(r.mv(p+"attn_q.weight", hn[i]), p+"attn_q_norm.weight", base+i)
+			K = append(K, r.headNormRope(r.mv(p+"attn_k.weight", hn[i]), p+"attn_k_norm.weight", base+i))
+			V = append(V, r.mv(p+"attn_v.weight", hn[i]))
+		}
+		o := make([][]float64, nb)
 		for i := range h {
 			att := make([]float64, c.heads*hd)
 			for hh := 0; hh < c.heads; hh++ {
@@ -274,24 +315,45 @@ func (r *refDraft) step(s *refSeq, feats []float32, block []int32) [][]float64 {
 					}
 				}
 			}
-			o := r.mv(p+"attn_output.weight", att)
+			o[i] = r.mv(p+"attn_output.weight", att)
+		}
+		if c.convK > 0 {
+			o = r.conv(o, dyn, p+"attn_conv_base", 1)
+		}
+		hf := make([][]float64, nb)
+		for i := range h {
 			for e := range h[i] {
-				h[i][e] += o[e]
+				h[i][e] += o[i][e]
 			}
-			hf := r.rmsnorm(h[i], p+"ffn_norm.weight")
-			gate, up := r.mv(p+"ffn_gate.weight", hf), r.mv(p+"ffn_up.weight", hf)
+			hf[i] = r.rmsnorm(h[i], p+"ffn_norm.weight")
+		}
+		if c.convK > 0 {
+			dyn = r.rows(p+"ffn_conv_proj.weight", hf)
+			hf = r.conv(hf, dyn, p+"ffn_conv_base", 0)
+		}
+		d := make([][]float64, nb)
+		for i := range h {
+			gate, up := r.mv(p+"ffn_gate.weight", hf[i]), r.mv(p+"ffn_up.weight", hf[i])
 			for e := range gate {
 				gate[e] = gate[e] / (1 + math.Exp(-gate[e])) * up[e]
 			}
-			d := r.mv(p+"ffn_down.weight", gate)
+			d[i] = r.mv(p+"ffn_down.weight", gate)
+		}
+		if c.convK > 0 {
+			d = r.conv(d, dyn, p+"ffn_conv_base", 1)
+		}
+		for i := range h {
 			for e := range h[i] {
-				h[i][e] += d[e]
+				h[i][e] += d[i][e]
 			}
 		}
 	}
 	var out [][]float64
+	r.hidden = nil
 	for i := 1; i < nb; i++ {
-		l := r.mv("output.weight", r.rmsnorm(h[i], "output_norm.weight"))
+		hn := r.rmsnorm(h[i], "output_norm.weight")
+		r.hidden = append(r.hidden, hn)
+		l := r.mv("output.weight", hn)
 		for v := range l {
 			if c.logitScale != 0 {
 				l[v] *= c.logitScale
@@ -301,6 +363,61 @@ func (r *refDraft) step(s *refSeq, feats []float32, block []int32) [][]float64 {
 			}
 		}
 		out = append(out, l)
+	}
+	return out
+}
+
+// rows is W x for every row of xs.
+func (r *refDraft) rows(name string, xs [][]float64) [][]float64 {
+	out := make([][]float64, len(xs))
+	for i, x := range xs {
+		out[i] = r.mv(name, x)
+	}
+	return out
+}
+
+// conv is one side of DFlash2's grouped dynamic causal convolution over the block rows (spec §5.1 (a)):
+// y[i][c] = sum_{t <= min(K-1, i)} (base[side][t][c] + dyn[i][side][t][c / group]) x[i-t][c].
+func (r *refDraft) conv(x, dyn [][]float64, baseName string, side int) [][]float64 {
+	c := r.c
+	H, K, ng := c.embd, c.convK, c.embd/c.convGroup
+	base := r.w[baseName]
+	y := make([][]float64, len(x))
+	for i := range x {
+		y[i] = make([]float64, H)
+		for t := 0; t < K && t <= i; t++ {
+			for ch := 0; ch < H; ch++ {
+				w := float64(base[side*K*H+t*H+ch]) + dyn[i][side*K*ng+t*ng+ch/c.convGroup]
+				y[i][ch] += w * x[i-t][ch]
+			}
+		}
+	}
+	return y
+}
+
+// trans is the selector's transition scores of the last step's block rows (spec §5.1 (b)) for the candidate ids
+// cands[row][k]: trans[row][i][j] = <pred[a_i] * g_row, succ[cands[row][j]]>, a_i = cands[row-1][i] or the root.
+func (r *refDraft) trans(root int32, cands [][]int32) [][][]float64 {
+	rank := r.c.selRank
+	pred, succ := r.w["selector_predecessor.weight"], r.w["selector_successor.weight"]
+	out := make([][][]float64, len(cands))
+	for row, cs := range cands {
+		g := r.mv("selector_hidden.weight", r.hidden[row])
+		out[row] = make([][]float64, len(cs))
+		for i := range cs {
+			a := root
+			if row > 0 {
+				a = cands[row-1][i]
+			}
+			out[row][i] = make([]float64, len(cs))
+			for j, b := range cs {
+				var sum float64
+				for q := 0; q < rank; q++ {
+					sum += float64(pred[int(a)*rank+q]) * g[q] * float64(succ[int(b)*rank+q])
+				}
+				out[row][i][j] = sum
+			}
+		}
 	}
 	return out
 }

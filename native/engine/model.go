@@ -119,7 +119,13 @@ type Info struct {
 	RopeDim                                        int
 	// DraftFeatures is the float count of one context row of DraftForward (a "dflash" draft's fc input); 0 otherwise.
 	DraftFeatures int
+	// SelectorTopK > 0 marks a DFlash2 draft (dynamic convolutions and a candidate selector): the candidates per
+	// block row its selector is trained on (dflash.selector_top_k). DraftForward then also returns Result.Trans.
+	SelectorTopK int
 }
+
+// DFlash2 reports whether the model is a DFlash2 draft.
+func (i Info) DFlash2() bool { return i.SelectorTopK > 0 }
 
 // KVStats is the current occupancy of the KV pool and sequence slots.
 type KVStats struct {
@@ -183,6 +189,10 @@ type Result struct {
 	LSE []float32
 	// Capture is [tokens][len(Batch.Capture)][Embd], tokens in entry order.
 	Capture []float32
+	// Trans (DraftForward of a DFlash2 draft) is [rows][K][K]: the candidate selector's transition score from
+	// candidate i of the row before (of block position 1: the root token, the same for every i) to candidate j of
+	// this row; see Transitions.
+	Trans []float32
 
 	rowStart []int // first logits row of each entry, -1 if none
 	rowCount []int
@@ -211,6 +221,16 @@ func (r *Result) Candidates(e, i int) (ids []int32, logits []float32, lse float3
 	row := r.rowStart[e] + i
 	off := row * r.K
 	return r.IDs[off : off+r.K : off+r.K], r.Logits[off : off+r.K : off+r.K], r.LSE[row], true
+}
+
+// Transitions returns, for row i of entry e of a DFlash2 DraftForward, the K×K transition scores ([prev][cur],
+// row-major); nil when there are none.
+func (r *Result) Transitions(e, i int) []float32 {
+	if len(r.Trans) == 0 || e < 0 || e >= len(r.rowStart) || r.rowStart[e] < 0 || i < 0 || i >= r.rowCount[e] {
+		return nil
+	}
+	off := (r.rowStart[e] + i) * r.K * r.K
+	return r.Trans[off : off+r.K*r.K : off+r.K*r.K]
 }
 
 // Hidden returns the captured output of Batch.Capture[c] for token i of entry e; nil if there is none.
@@ -506,8 +526,10 @@ type DraftEntry struct {
 
 // DraftForward runs a DFlash draft step; the result holds K candidates per row (IDs, Logits, LSE as forward with
 // TopK), rows = per entry len(Block)-1 (none for 0 or 1), in entry order (Result.Candidates(e, i) is block position
-// i+1 of entry e). Each sequence's length grows by its context rows; the caller should have reserved length +
-// context + block tokens. On error no sequence changed length.
+// i+1 of entry e). For a DFlash2 draft (Info.DFlash2) it also holds the selector's transition scores between the K
+// candidates of consecutive rows (Result.Trans; pass k = Info.SelectorTopK for the candidates the selector was
+// trained on). Each sequence's length grows by its context rows; the caller should have reserved length + context +
+// block tokens. On error no sequence changed length.
 func (m *Model) DraftForward(entries []DraftEntry, k int) (*Result, error) {
 	nf := m.info.DraftFeatures
 	if nf <= 0 {
@@ -533,6 +555,9 @@ func (m *Model) DraftForward(entries []DraftEntry, k int) (*Result, error) {
 		rows += n
 	}
 	r.Logits, r.IDs, r.LSE = make([]float32, rows*k), make([]int32, rows*k), make([]float32, rows)
+	if m.info.DFlash2() {
+		r.Trans = make([]float32, rows*k*k)
+	}
 	if err := m.locked(func() error { return m.lib.api.runDraft(m.m, entries, nf, r) }); err != nil {
 		return nil, err
 	}

@@ -123,6 +123,10 @@ typedef struct {
     float rope_theta;
     uint32_t rope_dim;
     uint32_t n_feat;            /* dflash: floats of one context row of draft_forward (fc.weight dims[0]); else 0 */
+    /* Appended: */
+    uint32_t selector_top_k;    /* a DFlash2 draft (dynamic convolutions and a candidate selector, see draft_forward2):
+                                   dflash.selector_top_k, the candidates per block row its selector is trained on;
+                                   0 for other models */
 } dfl_model_info;
 
 /* What a model would take on its device, computed from the load parameters without loading (model_estimate). */
@@ -247,6 +251,18 @@ typedef struct dfl_api {
      * DFL_ERR_UNSUPPORTED, and a dflash model refuses forward and forward_topk. */
     dfl_status (*draft_forward)(dfl_model *m, uint32_t n_entries, const dfl_draft_entry *entries, uint32_t k,
                                 int32_t *ids, float *logits, float *lse);
+    /* draft_forward, and for a DFlash2 draft (model_info selector_top_k > 0) the candidate selector's transition
+     * scores between the k candidates of consecutive block rows: trans [rows][k][k] (trans may be NULL: exactly
+     * draft_forward). For the row of block position p >= 2 of an entry,
+     *   trans[row][i][j] = < pred[c_{p-1,i}] * g_p , succ[c_{p,j}] >
+     * with c the candidate ids (ids above; c_{p-1,i} those of the entry's previous row), g_p = selector_hidden · h_p
+     * (h_p the draft's final normed hidden state of the row) and pred / succ the selector's codebooks; for block
+     * position 1 the predecessor is the root token (block[0]) and trans[row][i][j] is the same for every i. A padded
+     * candidate (id -1) scores 0. The selector's path (spec §5.1 (b)) then picks, left to right from i = 0 at
+     * position 1, j = argmax_j logits[row][j] + trans[row][i][j] and continues from i = j. Pass k = selector_top_k to
+     * walk the candidates the selector was trained on. A non-DFlash2 model with trans != NULL: DFL_ERR_UNSUPPORTED. */
+    dfl_status (*draft_forward2)(dfl_model *m, uint32_t n_entries, const dfl_draft_entry *entries, uint32_t k,
+                                 int32_t *ids, float *logits, float *lse, float *trans);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

@@ -150,6 +150,20 @@ dfl_status draft_forward(dfl_model *m, uint32_t n_entries, const dfl_draft_entry
     });
 }
 
+dfl_status draft_forward2(dfl_model *m, uint32_t n_entries, const dfl_draft_entry *entries, uint32_t k, int32_t *ids,
+                          float *logits, float *lse, float *trans) {
+    return guard("draft forward", [&] {
+        if (n_entries > 0 && !entries) dfl::fail(DFL_ERR_INVALID, "entries is null");
+        dfl::TopKOut out;
+        out.k = (int)std::min<uint32_t>(k, 1u << 20);
+        out.ids = ids;
+        out.vals = logits;
+        out.lse = lse;
+        out.trans = trans;
+        need(m)->impl->draft_forward(n_entries, entries, out);
+    });
+}
+
 dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, const int32_t *history,
                   uint32_t n_history, uint64_t *rng, int32_t *out) {
     return guard("sample", [&] {
@@ -180,7 +194,7 @@ dfl_status model_estimate(const dfl_model_params *p, dfl_model_estimate *out) {
 const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
-    device_memory, model_estimate, forward_topk, draft_forward,
+    device_memory, model_estimate, forward_topk, draft_forward, draft_forward2,
 };
 
 }  // namespace

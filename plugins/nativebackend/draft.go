@@ -3,6 +3,8 @@ package nativebackend
 import (
 	"context"
 	"fmt"
+	"math"
+	"sort"
 
 	"github.com/hashicorp/go-multierror"
 
@@ -65,9 +67,6 @@ func loadDraft(o DraftOptions, target *gguf.File, libDir, device string, seqs, m
 			info.CaptureLayers = append(info.CaptureLayers, int(l))
 		}
 	}
-	if info.DFlash2 {
-		return nil, fmt.Errorf("draft %s: a DFlash2 draft (dynamic convolutions and a candidate selector) is not served by this build yet; use a DFlash v1 draft", o.Path)
-	}
 	if info.MaskToken < 0 {
 		return nil, fmt.Errorf("draft %s: the file names no mask token (tokenizer.ggml.mask_token_id)", o.Path)
 	}
@@ -81,6 +80,10 @@ func loadDraft(o DraftOptions, target *gguf.File, libDir, device string, seqs, m
 	m, err := lib.LoadModel(spec)
 	if err != nil {
 		return nil, fmt.Errorf("draft %s: %w", o.Path, err)
+	}
+	if info.DFlash2 && !m.Info().DFlash2() {
+		_ = m.Close()
+		return nil, fmt.Errorf("draft %s: a DFlash2 draft, but the engine library loaded it without its selector: rebuild the library", o.Path)
 	}
 	return &draft{file: f, model: m, info: info, device: o.Device}, nil
 }
@@ -126,9 +129,62 @@ func (a *drafter) Draft(_ context.Context, in []engine.DraftInput, k int) (engin
 	for _, x := range in {
 		a.entries = append(a.entries, native.DraftEntry{Seq: native.Seq(x.Seq), Features: x.Features, Block: x.Block})
 	}
-	r, err := a.d.model.DraftForward(a.entries, min(k, native.MaxTopK))
+	k = min(k, native.MaxTopK)
+	info := a.d.model.Info()
+	if info.DFlash2() {
+		// the selector walks the candidates it was trained on, whatever k the engine asks for
+		r, err := a.d.model.DraftForward(a.entries, info.SelectorTopK)
+		if err != nil {
+			return engine.Candidates{}, kvErr(err)
+		}
+		return walkSelector(r, len(in), k), nil
+	}
+	r, err := a.d.model.DraftForward(a.entries, k)
 	if err != nil {
 		return engine.Candidates{}, kvErr(err)
 	}
 	return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil
+}
+
+// walkSelector is DFlash2's greedy path through each entry's candidate lattice (spec §5.1 (b), as llama.cpp's
+// common/speculative.cpp): left to right from the root, row p scores its candidates j by
+// score_j = logit_j + trans[prev][j] (prev: the index picked at row p-1; the root row's scores do not depend on it),
+// picks the argmax (the lower index, i.e. the larger logit, on ties) and continues from it. Each row of the result
+// holds the pick first, then the row's other candidates by falling score (under the pick's predecessor), k per row
+// (padded with id -1 when k exceeds the selector's top-k); Logits are the candidates' draft logits.
+func walkSelector(r *native.Result, entries, k int) engine.Candidates {
+	K := r.K
+	rows := len(r.LSE)
+	out := engine.Candidates{K: k, IDs: make([]int32, rows*k), Logits: make([]float32, rows*k), LSE: r.LSE}
+	score := make([]float64, K)
+	order := make([]int, K)
+	row := 0
+	for e := 0; e < entries; e++ {
+		prev := 0
+		for i := 0; ; i++ {
+			ids, logits, _, ok := r.Candidates(e, i)
+			if !ok {
+				break
+			}
+			trans := r.Transitions(e, i)
+			for j := range K {
+				order[j] = j
+				score[j] = math.Inf(-1)
+				if ids[j] >= 0 {
+					score[j] = float64(logits[j]) + float64(trans[prev*K+j])
+				}
+			}
+			sort.SliceStable(order, func(a, b int) bool { return score[order[a]] > score[order[b]] })
+			prev = order[0]
+			for j := range k {
+				at := row*k + j
+				out.IDs[at], out.Logits[at] = -1, float32(math.Inf(-1))
+				if j < K && ids[order[j]] >= 0 {
+					out.IDs[at], out.Logits[at] = ids[order[j]], logits[order[j]]
+				}
+			}
+			row++
+		}
+	}
+	return out
 }

@@ -108,6 +108,21 @@ DFlashHParams dflash_hparams(const dfl_model_params &p) {
     h.sliding_causal = meta_int(m, "attention.causal", 1) != 0;
     h.logit_scale = (float)meta_float(m, "logit_scale", 1.0);
     h.softcap = (float)meta_float(m, "final_logit_softcapping", 0.0);
+    // DFlash2: the four keys come together (llama.cpp refuses a selector without them)
+    const char *d2[] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
+    int present = 0;
+    for (const char *k : d2) present += find(m, k) != nullptr;
+    if (present > 0) {
+        if (present != 4) fail(DFL_ERR_INVALID, "a DFlash2 draft needs all of dflash.conv_kernel_size, conv_group_size, selector_rank and selector_top_k");
+        h.conv_k = positive(meta_int(m, d2[0]), d2[0]);
+        h.conv_group = positive(meta_int(m, d2[1]), d2[1]);
+        h.sel_rank = positive(meta_int(m, d2[2]), d2[2]);
+        h.sel_top_k = positive(meta_int(m, d2[3]), d2[3]);
+        if (h.n_embd % h.conv_group != 0)
+            fail(DFL_ERR_INVALID, "dflash.embedding_length " + std::to_string(h.n_embd) + " is not a multiple of dflash.conv_group_size " +
+                                      std::to_string(h.conv_group));
+        if (h.sel_top_k > 64) fail(DFL_ERR_UNSUPPORTED, "dflash.selector_top_k " + std::to_string(h.sel_top_k) + " is above 64");
+    }
     return h;
 }
 
@@ -130,7 +145,8 @@ void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
     e.kv_bytes_per_token = (uint64_t)h.n_layer * (uint64_t)h.n_kv *
                            (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
     const uint64_t qd = (uint64_t)h.n_head * h.head_dim, kvd = (uint64_t)h.n_kv * h.head_dim;
-    const uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
+    uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
+    if (h.dflash2()) per_row += (uint64_t)h.n_embd + 2ull * h.conv_k * (h.n_embd / h.conv_group) + (uint64_t)h.sel_rank;
     e.scratch_bytes = 512ull * per_row * sizeof(float);
     const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
     std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
@@ -231,6 +247,33 @@ const float *DFlashModel::vec(const std::string &name, int64_t n) {
     return owned_.back().f();
 }
 
+// A small f32/f16/bf16 tensor of exactly these dims (ggml order), converted to f32 on the device.
+const float *DFlashModel::floats(const std::string &name, const std::vector<int64_t> &dims) {
+    const dfl_tensor *t = tensor(name);
+    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    int64_t count = 1;
+    bool ok = true;
+    for (uint32_t i = 0; i < 4; i++) {
+        const int64_t want = i < dims.size() ? dims[i] : 1;
+        if ((int64_t)t->dims[i] != want) ok = false;
+        count *= want;
+    }
+    if (!ok) {
+        std::string w = "[";
+        for (size_t i = 0; i < dims.size(); i++) w += (i ? ", " : "") + std::to_string(dims[i]);
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want " + w + "]");
+    }
+    if (t->type != DFL_TYPE_F32 && t->type != DFL_TYPE_F16 && t->type != DFL_TYPE_BF16)
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
+    if (t->size < (uint64_t)count * type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    std::vector<float> v((size_t)count);
+    dequant_row(t->type, t->data, v.data(), count);
+    weight_bytes_ += (uint64_t)count * (uint64_t)type_block_bytes(t->type);
+    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
+    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
+    return owned_.back().f();
+}
+
 void DFlashModel::load_weights(const dfl_model_params &p) {
     for (uint32_t i = 0; i < p.n_tensors; i++) {
         const dfl_tensor &t = p.tensors[i];
@@ -268,6 +311,21 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
         L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
         L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
         L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+        if (h.dflash2()) {
+            const int64_t proj = 2ll * h.conv_k * (h.n_embd / h.conv_group);
+            L.attn_conv_base = floats(blk(il, "attn_conv_base"), {h.n_embd, h.conv_k, 2});
+            L.ffn_conv_base = floats(blk(il, "ffn_conv_base"), {h.n_embd, h.conv_k, 2});
+            L.attn_conv_proj = weight(blk(il, "attn_conv_proj.weight"), h.n_embd, proj);
+            L.ffn_conv_proj = weight(blk(il, "ffn_conv_proj.weight"), h.n_embd, proj);
+        }
+    }
+    if (h.dflash2()) {
+        // codebooks: one row of rank per token of the target's vocabulary
+        for (const char *name : {"selector_predecessor.weight", "selector_successor.weight"})
+            if (!tensor(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
+        sel_pred_ = weight("selector_predecessor.weight", h.sel_rank, n_vocab_);
+        sel_succ_ = weight("selector_successor.weight", h.sel_rank, n_vocab_);
+        sel_hidden_ = weight("selector_hidden.weight", h.n_embd, h.sel_rank);
     }
     tensors_.clear();  // the caller's table is not needed after load
     uploaded_.clear();
@@ -302,6 +360,7 @@ void DFlashModel::info(dfl_model_info *out) const {
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.head_dim;
     i.n_feat = (uint32_t)n_feat_;
+    i.selector_top_k = (uint32_t)hp_.sel_top_k;
     std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
     out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
 }
@@ -367,6 +426,10 @@ void DFlashModel::ensure_acts(int64_t rows) {
     mk(a.vf, kvd);
     mk(a.Q, qd);
     mk(a.attn, qd);
+    if (h.dflash2()) {
+        mk(a.dyn, 2ll * h.conv_k * (h.n_embd / h.conv_group));
+        mk(a.cv, h.n_embd);
+    }
     a.cap = cap;
 }
 
@@ -400,6 +463,8 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
     if (topk.k < 1 || topk.k > 64) fail(DFL_ERR_INVALID, "draft step: k must be in [1, 64]");
     if (l.rows > 0 && (!topk.ids || !topk.vals || !topk.lse))
         fail(DFL_ERR_INVALID, "draft step: an output buffer is null");
+    if (topk.trans && !hp_.dflash2())
+        fail(DFL_ERR_UNSUPPORTED, "draft step: transition scores need a DFlash2 draft (this one has no candidate selector)");
     if (need > table_.free_blocks())
         fail(DFL_ERR_NO_KV, "draft KV pool exhausted: the step needs " + std::to_string(need) + " more blocks, " +
                                 std::to_string(table_.free_blocks()) + " free");
@@ -422,6 +487,8 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
     take(l.slot, l.Eb);
     take(l.bt, (int64_t)l.Eb * l.max_blocks);
     take(l.out_rows, l.rows);
+    take(l.sel_prev, l.rows);
+    take(l.sel_root, l.rows);
     l.total = off;
     return l;
 }
@@ -450,7 +517,12 @@ void DFlashModel::fill_meta(uint32_t n, const dfl_draft_entry *es, const StepLay
         hm[l.slot + eb] = e.seq;
         for (size_t k = 0; k < q.blocks.size() && k < l.max_blocks; k++)
             hm[l.bt + (size_t)eb * l.max_blocks + k] = q.blocks[k];
-        for (uint32_t j = 1; j < e.n_block; j++) hm[l.out_rows + r++] = (int32_t)(t + j);  // row 0 is discarded
+        for (uint32_t j = 1; j < e.n_block; j++, r++) {
+            hm[l.out_rows + r] = (int32_t)(t + j);  // row 0 is discarded
+            // selector: block position 1 follows the root token, later ones the candidates of the row before
+            hm[l.sel_prev + r] = j == 1 ? -1 : (int32_t)(r - 1);
+            hm[l.sel_root + r] = e.block[0];
+        }
         for (uint32_t j = 0; j < e.n_block; j++, t++) {
             hm[l.tokens + t] = e.block[j];
             hm[l.pos + t] = (int32_t)(base + j);
@@ -546,14 +618,14 @@ void DFlashModel::run_context(uint32_t n, const dfl_draft_entry *es, const StepL
     }
 }
 
-void DFlashModel::block_attention(int il, const BatchMeta &m) {
+void DFlashModel::block_attention(int il, const BatchMeta &m, const float *in) {
     const DraftLayer &L = layers_[(size_t)il];
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
     const int64_t T = m.T;
-    dev_->matmul(L.wq, a.xn.f(), T, a.qf.f());
-    dev_->matmul(L.wk, a.xn.f(), T, a.kf.f());
-    dev_->matmul(L.wv, a.xn.f(), T, a.vf.f());
+    dev_->matmul(L.wq, in, T, a.qf.f());
+    dev_->matmul(L.wk, in, T, a.kf.f());
+    dev_->matmul(L.wv, in, T, a.vf.f());
     const KVLayer kv = kv_layer(il);
     AttnPrep p;
     p.qf = a.qf.f();
@@ -581,17 +653,55 @@ void DFlashModel::block_attention(int il, const BatchMeta &m) {
     dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
 }
 
+// DFlash2: one side (0 "prepare", 1 "finish") of a sublayer's dynamic convolution, with the kernels in acts_.dyn.
+void DFlashModel::conv(const BatchMeta &m, const float *base, int side, const float *x, float *out) {
+    const DFlashHParams &h = hp_;
+    const int64_t per_side = (int64_t)h.conv_k * (h.n_embd / h.conv_group);
+    DynConvCall c;
+    c.x = x;
+    c.out = out;
+    c.dyn = acts_.dyn.f() + side * per_side;
+    c.dyn_stride = 2 * per_side;
+    c.base = base + (int64_t)side * h.conv_k * h.n_embd;
+    c.C = h.n_embd;
+    c.K = h.conv_k;
+    c.group = h.conv_group;
+    dev_->dyn_conv(m, c);
+}
+
 // The block rows through the layers (pre-norm Qwen3), then the draft's norm, the target's head and the logit
-// scaling of `rows` rows into logits_.
+// scaling of `rows` rows into logits_ (and, for DFlash2, the selector's projection of the normed rows into sel_g_).
+//
+// DFlash2 wraps both sublayers in dynamic convolutions over the block positions (spec §5.1 (a), as llama.cpp's
+// build_dflash2_conv): with n the normed sublayer input, the kernels come from n, "prepare" convolves n before the
+// sublayer and "finish" its output (after attn_output / ffn_down) before the residual add. Context rows (K/V only)
+// see no convolution.
 void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows) {
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
     const int64_t T = m.T, H = h.n_embd;
+    const bool d2 = h.dflash2();
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
     for (int il = 0; il < h.n_layer; il++) {
         const DraftLayer &L = layers_[(size_t)il];
         dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
-        block_attention(il, m);
+        if (d2) {
+            dev_->matmul(L.attn_conv_proj, a.xn.f(), T, a.dyn.f());
+            conv(m, L.attn_conv_base, 0, a.xn.f(), a.cv.f());
+            block_attention(il, m, a.cv.f());
+            conv(m, L.attn_conv_base, 1, a.mix.f(), a.cv.f());
+            dev_->add_rmsnorm(a.x.f(), a.cv.f(), L.ffn_norm, a.xn.f(), T, H, h.eps);
+            dev_->matmul(L.ffn_conv_proj, a.xn.f(), T, a.dyn.f());
+            conv(m, L.ffn_conv_base, 0, a.xn.f(), a.cv.f());
+            dev_->matmul(L.ffn_gate, a.cv.f(), T, a.ff_g.f());
+            dev_->matmul(L.ffn_up, a.cv.f(), T, a.ff_u.f());
+            dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
+            dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+            conv(m, L.ffn_conv_base, 1, a.mix.f(), a.cv.f());
+            dev_->add(a.x.f(), a.cv.f(), T * H);
+            continue;
+        }
+        block_attention(il, m, a.xn.f());
         dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.ffn_norm, a.xn.f(), T, H, h.eps);
         dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
         dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
@@ -603,22 +713,43 @@ void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_o
     dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());
     dev_->rmsnorm(a.xn.f(), output_norm_, a.xn.f(), rows, H, h.eps);
     dev_->matmul(output_, a.xn.f(), rows, logits_.f());
+    // the selector scores these logits: llama.cpp applies the scaling and soft-capping for DFlash2 (and leaves them
+    // to the sampler for v1); the engine applies them to both
     if (h.logit_scale != 1.0f || h.softcap > 0)
         dev_->scale_softcap(logits_.f(), rows * n_vocab_, h.logit_scale, h.softcap);
+    // g_p = selector_hidden · h_p, h_p the final normed hidden state (llama.cpp's t_embd, result_norm)
+    if (d2) dev_->matmul(sel_hidden_, a.xn.f(), rows, sel_g_.f());
 }
 
-// The k best of each logits row and its log-sum-exp, computed on the device; only they cross to the host.
-void DFlashModel::fetch_topk(int64_t rows, const TopKOut &topk) {
-    const size_t rk = (size_t)rows * (size_t)topk.k;
+// The k best of each logits row and its log-sum-exp, computed on the device; only they cross to the host. With
+// topk.trans (DFlash2), also the selector's transition scores between the k candidates of consecutive rows.
+void DFlashModel::fetch_topk(int64_t rows, const TopKOut &topk, const StepLayout &l) {
+    const size_t rk = (size_t)rows * (size_t)topk.k, rkk = topk.trans ? rk * (size_t)topk.k : 0;
     int32_t *d_ids = topk_.get<int32_t>();
-    float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk;
+    float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk, *d_trans = d_lse + rows;
     dev_->topk(logits_.f(), rows, n_vocab_, topk.k, d_ids, d_vals, d_lse);
-    const size_t bytes = (2 * rk + (size_t)rows) * 4;
+    if (topk.trans) {
+        const int32_t *dm = meta_.get<int32_t>();
+        SelectorCall s;
+        s.ids = d_ids;
+        s.prev = dm + l.sel_prev;
+        s.root = dm + l.sel_root;
+        s.g = sel_g_.f();
+        s.pred = sel_pred_;
+        s.succ = sel_succ_;
+        s.R = rows;
+        s.K = topk.k;
+        s.rank = hp_.sel_rank;
+        s.trans = d_trans;
+        dev_->selector_trans(s);
+    }
+    const size_t bytes = (2 * rk + (size_t)rows + rkk) * 4;
     host_topk_.resize(bytes);
     dev_->to_host(host_topk_.data(), topk_.get(), bytes);
     std::memcpy(topk.ids, host_topk_.data(), rk * 4);
     std::memcpy(topk.vals, host_topk_.data() + rk * 4, rk * 4);
     std::memcpy(topk.lse, host_topk_.data() + 2 * rk * 4, (size_t)rows * 4);
+    if (topk.trans) std::memcpy(topk.trans, host_topk_.data() + (2 * rk + (size_t)rows) * 4, rkk * 4);
 }
 
 void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) {
@@ -628,7 +759,9 @@ void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const Top
     ensure(meta_, std::max<size_t>(l.total, 1) * sizeof(int32_t), "draft step metadata");
     if (l.rows > 0) {
         ensure(logits_, (size_t)l.rows * n_vocab_ * sizeof(float), "draft logits");
-        ensure(topk_, (size_t)l.rows * (2 * (size_t)topk.k + 1) * 4, "draft top-k candidates");
+        ensure(topk_, (size_t)l.rows * (2 * (size_t)topk.k + 1 + (topk.trans ? (size_t)topk.k * topk.k : 0)) * 4,
+               "draft top-k candidates");
+        if (hp_.dflash2()) ensure(sel_g_, (size_t)l.rows * hp_.sel_rank * sizeof(float), "draft selector projection");
     }
     int64_t max_n = 0, max_ctx = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -646,7 +779,7 @@ void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const Top
     if (l.Tc > 0) run_context(n, es, l);
     if (l.Tb > 0) run_block(block_meta(l, max_n, max_ctx), l.rows, meta_.get<int32_t>() + l.out_rows);
     if (l.rows > 0)
-        fetch_topk(l.rows, topk);
+        fetch_topk(l.rows, topk, l);
     else
         dev_->sync();
     for (uint32_t i = 0; i < n; i++) {

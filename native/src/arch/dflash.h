@@ -22,6 +22,10 @@ struct DFlashHParams {
     std::vector<bool> sliding;   // per layer: windowed (window > 0 and the pattern says so)
     bool sliding_causal = true;  // dflash.attention.causal != 0: sliding layers are causal inside the block
     float logit_scale = 1.0f, softcap = 0.0f;
+    // DFlash2 (spec §5.1; all 0 for a v1 draft): dflash.conv_kernel_size, conv_group_size, selector_rank,
+    // selector_top_k
+    int conv_k = 0, conv_group = 0, sel_rank = 0, sel_top_k = 0;
+    bool dflash2() const { return conv_k > 0; }
 };
 
 // Reads the draft's hyperparameters from the metadata handed to model_load (keys "dflash.*").
@@ -33,6 +37,10 @@ struct DraftLayer {
     bool sliding = false;
     const float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     Weight wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down;
+    // DFlash2: the dynamic convolutions around the attention and FFN sublayers: base kernels [2][K][H] (device f32;
+    // side 0 "prepare", 1 "finish") and the kernel projections (H -> 2 * K * H / group)
+    const float *attn_conv_base = nullptr, *ffn_conv_base = nullptr;
+    Weight attn_conv_proj, ffn_conv_proj;
 };
 
 class DFlashModel final : public Model {
@@ -58,6 +66,7 @@ private:
         DevBuf feat, g;                // context: target features, their projection
         DevBuf x, xn, mix, ff_g, ff_u; // block: residual stream, normed, layer output, FFN
         DevBuf qf, kf, vf, Q, attn;    // attention (kf, vf also for the context)
+        DevBuf dyn, cv;                // DFlash2: a sublayer's dynamic kernels, a conv output
     };
     // Where the step's metadata sits in meta_ (device) and host_meta_.
     struct StepLayout {
@@ -65,13 +74,14 @@ private:
         int32_t Eb = 0;
         uint32_t max_blocks = 0;
         size_t ctx_pos = 0, ctx_slot = 0, tokens = 0, pos = 0, ent = 0, kv_slot = 0, t0 = 0, n = 0, len0 = 0, slot = 0,
-               bt = 0, out_rows = 0, total = 0;
+               bt = 0, out_rows = 0, sel_prev = 0, sel_root = 0, total = 0;
     };
 
     void load_weights(const dfl_model_params &p);
     Weight weight(const std::string &name, int64_t n_in, int64_t n_out);
     void upload(Weight &w);
     const float *vec(const std::string &name, int64_t n);
+    const float *floats(const std::string &name, const std::vector<int64_t> &dims);
     const dfl_tensor *tensor(const std::string &name) const;
 
     StepLayout validate(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) const;
@@ -83,8 +93,9 @@ private:
     void run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     void context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T);
     void run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows);
-    void block_attention(int il, const BatchMeta &m);
-    void fetch_topk(int64_t rows, const TopKOut &topk);
+    void block_attention(int il, const BatchMeta &m, const float *in);
+    void conv(const BatchMeta &m, const float *base, int side, const float *x, float *out);
+    void fetch_topk(int64_t rows, const TopKOut &topk, const StepLayout &l);
 
     std::unique_ptr<Device> dev_;
     DFlashHParams hp_;
@@ -99,6 +110,7 @@ private:
     Weight fc_, tok_embd_, output_;
     const float *enc_norm_ = nullptr, *output_norm_ = nullptr, *inv_freq_ = nullptr;
     std::vector<DraftLayer> layers_;
+    Weight sel_pred_, sel_succ_, sel_hidden_;  // DFlash2 selector: codebooks [vocab][rank], hidden projection H -> rank
 
     uint32_t type_k_, type_v_;
     uint64_t k_row_ = 0, v_row_ = 0;
@@ -106,7 +118,7 @@ private:
     SeqTable table_;
 
     Acts acts_;
-    DevBuf meta_, logits_, topk_;
+    DevBuf meta_, logits_, topk_, sel_g_;
     std::vector<int32_t> host_meta_;
     std::vector<float> host_feat_;
     std::vector<uint8_t> host_topk_;

@@ -15,6 +15,7 @@ struct TopKOut {
     int32_t *ids = nullptr;
     float *vals = nullptr;
     float *lse = nullptr;
+    float *trans = nullptr;  // DFlash2 draft_forward2: [rows][k][k] selector transition scores (null: not wanted)
 };
 
 class Model {

@@ -146,6 +146,37 @@ struct GdnCall {
     int rec_layer = 0, n_rec = 0;
 };
 
+// DFlash2's grouped dynamic causal convolution (spec §5.1 (a)) over each entry's tokens, which are the positions of
+// one draft block: token i of an entry (i = t - t0[ent[t]]) gets
+//   out[t][c] = sum_{tap < K, tap <= i} (base[tap][c] + dyn[t][tap][c / group]) * x[t - tap][c]
+// (positions before the entry's first token count as zero). dyn rows hold K * (C / group) floats at a stride of
+// dyn_stride floats (the caller points dyn and base at one side, "prepare" or "finish", of the layer's kernels).
+// out must not alias x.
+struct DynConvCall {
+    const float *x = nullptr;     // [T][C]
+    float *out = nullptr;         // [T][C]
+    const float *dyn = nullptr;   // [T][dyn_stride], [K][C / group] used
+    int64_t dyn_stride = 0;
+    const float *base = nullptr;  // [K][C]
+    int C = 0, K = 0, group = 0;
+};
+
+// DFlash2's candidate-selector transition scores (spec §5.1 (b)): for each of R rows with K candidate ids,
+//   trans[r][i][j] = sum_q pred[a_i][q] * g[r][q] * succ[ids[r][j]][q]
+// where the predecessors a_i are the candidates of row prev[r] (ids[prev[r]][i]) or, when prev[r] < 0, the single
+// token root[r] for every i. A candidate or predecessor id < 0 (top-k padding) scores 0. pred and succ are codebooks
+// of one row of `rank` elements per token (any weight type); g is f32.
+struct SelectorCall {
+    const int32_t *ids = nullptr;   // [R][K]
+    const int32_t *prev = nullptr;  // [R]
+    const int32_t *root = nullptr;  // [R]
+    const float *g = nullptr;       // [R][rank]
+    Weight pred, succ;
+    int64_t R = 0;
+    int K = 0, rank = 0;
+    float *trans = nullptr;         // out [R][K][K]
+};
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -200,6 +231,9 @@ public:
     // rows with fewer than k finite values are padded with id -1, value -inf), and each row's log-sum-exp.
     // ids, vals: [rows][k]; lse: [rows].
     virtual void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) = 0;
+    // DFlash2: the dynamic convolution and the selector's transition scores (DynConvCall, SelectorCall).
+    virtual void dyn_conv(const BatchMeta &m, const DynConvCall &c) = 0;
+    virtual void selector_trans(const SelectorCall &s) = 0;
 
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin
     // and graph_end instead of running them, and graph_end returns a handle that graph_launch replays (the same ops

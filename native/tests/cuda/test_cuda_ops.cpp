@@ -853,6 +853,81 @@ void test_gdn() {
         for (const auto &be : batches) run_gdn_case(s, be, r);
 }
 
+// ---- DFlash2 ----
+
+// The dynamic convolution over draft blocks of several entries (one of a single token), both sides of the kernels,
+// and the selector's transition scores with codebooks of each weight type (padded candidates and root rows included).
+void test_dflash2() {
+    Rng r(6);
+    struct ConvShape {
+        int C, K, group;
+    };
+    for (const ConvShape &cs : {ConvShape{64, 2, 16}, ConvShape{96, 3, 8}, ConvShape{5120, 2, 16}}) {
+        Batch b({{8, 12, 0, false}, {1, 3, 1, false}, {5, 0, 2, false}, {8, 40, 3, false}}, 16, r);
+        const int ng = cs.C / cs.group;
+        const int64_t stride = 2ll * cs.K * ng, T = b.T;
+        Dual x(rand_vec(r, (size_t)(T * cs.C))), dyn(rand_vec(r, (size_t)(T * stride), 0.5f)),
+            base(rand_vec(r, (size_t)2 * cs.K * cs.C, 0.5f)), out((size_t)(T * cs.C) * 4);
+        for (int side = 0; side < 2; side++) {
+            for (int dev = 0; dev < 2; dev++) {
+                const bool g = dev == 1;
+                DynConvCall c;
+                c.x = g ? x.gp() : x.cp();
+                c.out = g ? out.gp() : out.cp();
+                c.dyn = (g ? dyn.gp() : dyn.cp()) + side * (int64_t)cs.K * ng;
+                c.dyn_stride = stride;
+                c.base = (g ? base.gp() : base.cp()) + (int64_t)side * cs.K * cs.C;
+                c.C = cs.C;
+                c.K = cs.K;
+                c.group = cs.group;
+                (g ? g_gpu : g_cpu)->dyn_conv(b.meta(g), c);
+            }
+            compare_f32("dyn_conv C=" + std::to_string(cs.C) + " K=" + std::to_string(cs.K) + " group=" +
+                            std::to_string(cs.group) + " side " + std::to_string(side),
+                        out, 1e-5);
+        }
+    }
+    const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0};
+    struct SelShape {
+        int K, rank, vocab;
+    };
+    for (const SelShape &ss : {SelShape{4, 32, 50}, SelShape{16, 256, 1000}, SelShape{5, 64, 300}}) {
+        for (uint32_t type : types) {
+            // two entries of 7 and 3 rows: each first row follows its root token
+            const int64_t R = 10;
+            std::vector<int32_t> ids((size_t)(R * ss.K)), prev((size_t)R), root((size_t)R);
+            for (auto &v : ids) v = (int32_t)(r.next() % (uint64_t)ss.vocab);
+            ids[(size_t)(3 * ss.K + ss.K - 1)] = -1;  // a padded candidate
+            for (int64_t i = 0; i < R; i++) {
+                const bool first = i == 0 || i == 7;
+                prev[(size_t)i] = first ? -1 : (int32_t)(i - 1);
+                root[(size_t)i] = i < 7 ? 17 : 3;
+            }
+            DualWeight pred(type, ss.vocab, ss.rank, r), succ(type, ss.vocab, ss.rank, r);
+            Dual did(ids), dprev(prev), droot(root), dg(rand_vec(r, (size_t)(R * ss.rank))),
+                trans((size_t)(R * ss.K * ss.K) * 4);
+            for (int dev = 0; dev < 2; dev++) {
+                const bool g = dev == 1;
+                SelectorCall s;
+                s.ids = g ? did.gp<int32_t>() : did.cp<int32_t>();
+                s.prev = g ? dprev.gp<int32_t>() : dprev.cp<int32_t>();
+                s.root = g ? droot.gp<int32_t>() : droot.cp<int32_t>();
+                s.g = g ? dg.gp() : dg.cp();
+                s.pred = g ? pred.wg : pred.wc;
+                s.succ = g ? succ.wg : succ.wc;
+                s.R = R;
+                s.K = ss.K;
+                s.rank = ss.rank;
+                s.trans = g ? trans.gp() : trans.cp();
+                (g ? g_gpu : g_cpu)->selector_trans(s);
+            }
+            compare_f32(std::string("selector_trans ") + tname(type) + " K=" + std::to_string(ss.K) + " rank=" +
+                            std::to_string(ss.rank),
+                        trans, 1e-5);
+        }
+    }
+}
+
 // ---- misc ----
 
 void test_errors() {
@@ -1003,7 +1078,7 @@ int main(int argc, char **argv) {
         void (*fn)();
     };
     const Group groups[] = {{"errors", test_errors},  {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
-                            {"attention", test_attention}, {"gdn", test_gdn},   {"bench", bench_gemv},
+                            {"attention", test_attention}, {"gdn", test_gdn},   {"dflash2", test_dflash2},   {"bench", bench_gemv},
                             {"bench", bench_attention}};
     for (const Group &g : groups) {
         if (only && std::strcmp(only, g.name) != 0) continue;

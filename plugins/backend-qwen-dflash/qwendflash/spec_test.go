@@ -123,7 +123,6 @@ func TestSpeculativeDescriptionAndErrors(t *testing.T) {
 		want string
 	}{
 		{"block above the draft's", map[string]string{"draft": draft, "draft-block-size": "17"}, "--draft-block-size 17 is larger than the draft's block of 16"},
-		{"DFlash2 draft", map[string]string{"draft": tinyDraft(t, q3, "--dflash2", "--selector-top-k", "4")}, "DFlash2 draft"},
 		{"remote draft in a shared server", map[string]string{"draft": draft, "draft-device": "cpu:1"}, "not offered when several models share"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -243,6 +243,55 @@ public:
         pool_.parallel_for(rows, [&](int64_t r, int) { topk_row(logits + r * n, n, k, ids + r * k, vals + r * k, lse + r); });
     }
 
+    void dyn_conv(const BatchMeta &m, const DynConvCall &c) override {
+        const int64_t C = c.C;
+        const int ng = c.C / c.group;
+        pool_.parallel_for(m.T, [&](int64_t t, int) {
+            const int64_t i = t - m.t0[m.ent[t]];  // position inside the entry's block
+            float *o = c.out + t * C;
+            std::fill(o, o + C, 0.0f);
+            for (int tap = 0; tap < c.K && tap <= i; tap++) {
+                const float *x = c.x + (t - tap) * C, *b = c.base + (int64_t)tap * C;
+                const float *d = c.dyn + t * c.dyn_stride + (int64_t)tap * ng;
+                for (int64_t ch = 0; ch < C; ch++) o[ch] += (b[ch] + d[ch / c.group]) * x[ch];
+            }
+        });
+    }
+
+    void selector_trans(const SelectorCall &s) override {
+        const int K = s.K, rank = s.rank;
+        pool_.parallel_for(s.R, [&](int64_t r, int th) {
+            // cond[i] = pred[a_i] * g[r] (K rows of rank), then succ[j] for each candidate j
+            float *buf = scratch_.get(th, (size_t)(K + 1) * (size_t)rank);
+            float *cond = buf, *row = buf + (int64_t)K * rank;
+            const float *g = s.g + r * rank;
+            const int32_t *ids = s.ids + r * K;
+            const int np = s.prev[r] < 0 ? 1 : K;
+            bool ok[64];
+            for (int i = 0; i < np; i++) {
+                const int32_t a = s.prev[r] < 0 ? s.root[r] : s.ids[(int64_t)s.prev[r] * K + i];
+                ok[i] = a >= 0 && a < s.pred.n_out;
+                if (!ok[i]) continue;
+                get_row(s.pred, a, cond + (int64_t)i * rank);
+                for (int q = 0; q < rank; q++) cond[(int64_t)i * rank + q] *= g[q];
+            }
+            float *out = s.trans + r * K * K;
+            for (int j = 0; j < K; j++) {
+                const bool okj = ids[j] >= 0 && ids[j] < s.succ.n_out;
+                if (okj) get_row(s.succ, ids[j], row);
+                for (int i = 0; i < np; i++) {
+                    float acc = 0.0f;
+                    if (okj && ok[i]) {
+                        const float *ci = cond + (int64_t)i * rank;
+                        for (int q = 0; q < rank; q++) acc += ci[q] * row[q];
+                    }
+                    out[i * K + j] = acc;
+                }
+            }
+            for (int i = np; i < K; i++) std::memcpy(out + i * K, out, sizeof(float) * (size_t)K);  // root row: same for all i
+        });
+    }
+
 private:
     // Elementwise work split into a few large chunks per thread.
     template <class F>

@@ -50,6 +50,8 @@ public:
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
 
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override;
+    void dyn_conv(const BatchMeta &m, const DynConvCall &c) override;
+    void selector_trans(const SelectorCall &s) override;
 
     bool has_graphs() const override { return graphs_enabled_; }
     uint64_t scratch_epoch() const override { return scratch_epoch_; }
@@ -129,6 +131,8 @@ void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count);
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
 void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
+void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
+void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the

@@ -352,6 +352,14 @@ void CudaDevice::scale_softcap(float *x, int64_t count, float scale, float cap) 
     op("scale_softcap", [&] { launch_scale_softcap(stream_, x, count, scale, cap); });
 }
 
+void CudaDevice::dyn_conv(const BatchMeta &m, const DynConvCall &c) {
+    op("dyn_conv", [&] { launch_dyn_conv(stream_, m, c); });
+}
+
+void CudaDevice::selector_trans(const SelectorCall &s) {
+    op("selector_trans", [&] { launch_selector_trans(stream_, s); });
+}
+
 void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {
     op("gather_rows", [&] { launch_gather_rows(stream_, x, rows, R, n, out); });
 }

@@ -65,5 +65,57 @@ void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int
     check_launch("gather_rows");
 }
 
+// DFlash2 dynamic convolution: one thread per (token, channel).
+__global__ void dyn_conv_kernel(BatchMeta m, DynConvCall c) {
+    const int64_t n = m.T * (int64_t)c.C;
+    const int ng = c.C / c.group;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / c.C, ch = e % c.C;
+        const int64_t i = t - m.t0[m.ent[t]];
+        const float *d = c.dyn + t * c.dyn_stride + ch / c.group;
+        float acc = 0.0f;
+        for (int tap = 0; tap < c.K && tap <= i; tap++)
+            acc += (c.base[(int64_t)tap * c.C + ch] + d[(int64_t)tap * ng]) * c.x[(t - tap) * c.C + ch];
+        c.out[e] = acc;
+    }
+}
+
+void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c) {
+    const int64_t n = m.T * (int64_t)c.C;
+    if (n <= 0) return;
+    dyn_conv_kernel<<<grid_for(n, kEltThreads), kEltThreads, 0, s>>>(m, c);
+    check_launch("dyn_conv");
+}
+
+// DFlash2 selector transitions: block (row r, predecessor i); the predecessor's code times g in shared memory, then
+// one warp per successor candidate j at a time.
+__global__ void selector_trans_kernel(SelectorCall s) {
+    extern __shared__ float cond[];
+    const int64_t r = blockIdx.x;
+    const int i = blockIdx.y, K = s.K, rank = s.rank;
+    const int32_t a = s.prev[r] < 0 ? s.root[r] : s.ids[(int64_t)s.prev[r] * K + i];
+    const bool ok = a >= 0 && a < s.pred.n_out;
+    for (int q = threadIdx.x; q < rank; q += blockDim.x)
+        cond[q] = ok ? load_elem(s.pred.type, s.pred.data + (uint64_t)a * s.pred.row_bytes, q) * s.g[r * rank + q] : 0.0f;
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    for (int j = warp; j < K; j += n_warps) {
+        const int32_t b = s.ids[r * K + j];
+        float acc = 0.0f;
+        if (ok && b >= 0 && b < s.succ.n_out) {
+            const uint8_t *row = s.succ.data + (uint64_t)b * s.succ.row_bytes;
+            for (int q = lane; q < rank; q += 32) acc += cond[q] * load_elem(s.succ.type, row, q);
+        }
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) s.trans[(r * K + i) * K + j] = acc;
+    }
+}
+
+void launch_selector_trans(cudaStream_t st, const SelectorCall &s) {
+    if (s.R <= 0 || s.K <= 0) return;
+    selector_trans_kernel<<<dim3((unsigned)s.R, (unsigned)s.K), 128, (size_t)s.rank * sizeof(float), st>>>(s);
+    check_launch("selector_trans");
+}
+
 }  // namespace cuda
 }  // namespace dfl
