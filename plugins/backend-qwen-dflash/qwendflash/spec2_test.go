@@ -30,7 +30,7 @@ func TestSpeculativeDFlash2MatchesPlainOnCPU(t *testing.T) {
 			cfg.Architecture = tc.arch
 			plain, _ := generate(t, cfg, prompts, greedy, 24)
 			args := append([]string{"--dflash2", "--selector-top-k", "4"}, tc.draftArgs...)
-			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, args...)}
+			cfg.Options = map[string]string{"threads": "1", "draft": tinyDraft(t, tc.path, args...), "draft-pacing": "off"}
 			for k, v := range tc.options {
 				cfg.Options[k] = v
 			}
