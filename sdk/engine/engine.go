@@ -52,6 +52,10 @@ type Config struct {
 	// DraftAlways drafts on every step. By default the engine measures whether drafting pays (tokens per second of
 	// drafting steps against plain ones) and decodes plainly in bursts while it does not.
 	DraftAlways bool
+	// TreeBudget verifies a tree of up to this many draft tokens (DDTree: the draft's likeliest continuations,
+	// best first, the top-1 chain first) instead of the chain; 0 verifies the chain. The Model must be a
+	// TreeVerifier; at most 63.
+	TreeBudget int
 }
 
 // Limits is the capacity the engine enforces.
@@ -86,6 +90,7 @@ type Engine struct {
 	featSize int
 	capture  []int
 	pace     pacer
+	tree     TreeVerifier // nil: chains
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -157,6 +162,9 @@ func New(cfg Config) (*Engine, error) {
 		e.drafts = cfg.DraftBlock
 		if e.drafts == 0 {
 			e.drafts = cfg.Drafter.BlockSize()
+		}
+		if cfg.TreeBudget > 0 {
+			e.tree = ver.(TreeVerifier)
 		}
 	}
 	if cfg.Special != nil {
@@ -442,6 +450,9 @@ func (e *Engine) schedule() ([]SeqInput, []*sequence) {
 		in := SeqInput{Seq: s.id, Tokens: s.feed, Logits: LogitsLast}
 		if len(s.feed) > 1 { // a draft block to verify
 			in.Logits, in.Record = LogitsAll, true
+			if s.spec != nil && len(s.spec.parents) == len(s.feed) {
+				in.Parents = s.spec.parents
+			}
 		}
 		batch = append(batch, in)
 		members = append(members, s)
@@ -567,7 +578,13 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		}
 		if in.Logits == LogitsAll && s.spec != nil {
 			first := row
-			n := e.verify(s, s.nPast, in.Tokens, func(j int) ([]float32, *candidateRow) { return rowAt(first + j) }, f)
+			rows := func(j int) ([]float32, *candidateRow) { return rowAt(first + j) }
+			var n int
+			if in.Parents != nil {
+				n = e.verifyTree(s, s.nPast, in.Tokens, in.Parents, rows, f)
+			} else {
+				n = e.verify(s, s.nPast, in.Tokens, rows, f)
+			}
 			row += len(in.Tokens)
 			generated += int64(n)
 			continue

@@ -36,6 +36,11 @@ type SeqInput struct {
 	// Verifier.Truncate can cut the sequence anywhere inside this forward
 	// (a speculative verify block).
 	Record bool
+	// Parents, when set, makes Tokens a tree (DDTree verification, for a
+	// TreeVerifier): Parents[i] is the index of token i's parent (-1 for
+	// token 0, the root; Parents[i] < i). Token i sits at the sequence's
+	// length plus its depth and sees the sequence and its own ancestors.
+	Parents []int32
 }
 
 // Sampling are the sampler settings of one request. Order of application
@@ -152,6 +157,15 @@ type Verifier interface {
 	// Truncate cuts a sequence to tokens: anywhere for attention-only models, inside its last Record forward for
 	// models with recurrent state.
 	Truncate(seq SeqID, tokens int) error
+}
+
+// TreeVerifier is a Verifier that verifies token trees (SeqInput.Parents) and then keeps one root-to-node path.
+type TreeVerifier interface {
+	Verifier
+	// AcceptPath keeps the path path[0..] (indices into the last tree forward's tokens: path[0] = 0, each the child
+	// of the one before) of seq's last tree forward: the sequence becomes its length before that forward plus
+	// len(path).
+	AcceptPath(seq SeqID, path []int32) error
 }
 
 // DraftInput is one sequence's part of a draft step.

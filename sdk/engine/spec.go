@@ -29,6 +29,10 @@ type specSeq struct {
 	// accepted is a moving average of the proposals this sequence's blocks had accepted; it sets how many rows the
 	// next block verifies (see verifyLen).
 	accepted float64
+	// parents is the tree of the block in s.feed when it is one (tree verification), else nil; inTree is set from
+	// its forward until its path is kept (the target then holds tree rows that no length can describe).
+	parents []int32
+	inTree  bool
 }
 
 // specCounts are one request's speculative counts, for its timings.
@@ -127,7 +131,11 @@ func (e *Engine) propose() {
 	if len(in) == 0 {
 		return
 	}
-	c, err := e.draft.Draft(e.ctx, in, 1)
+	k := 1
+	if e.tree != nil {
+		k = treeK
+	}
+	c, err := e.draft.Draft(e.ctx, in, k)
 	if err != nil {
 		// The draft's state is unknown now: those sequences continue without it.
 		for _, s := range members {
@@ -142,6 +150,11 @@ func (e *Engine) propose() {
 		sp.pending = sp.pending[:0]
 		n := max(len(in[i].Block)-1, 0)
 		if n == 0 {
+			continue
+		}
+		if e.tree != nil {
+			e.planTree(s, c, row, n)
+			row += n
 			continue
 		}
 		q := e.verifyLen(s)
@@ -217,6 +230,9 @@ func (e *Engine) settleSpec(s *sequence) bool {
 	if !e.speculating() {
 		return true
 	}
+	if s.spec != nil && s.spec.inTree {
+		return false // ended inside a tree verify: its rows are in tree order, not the sequence's
+	}
 	if err := e.ver.Truncate(s.id, s.nPast); err != nil {
 		return false
 	}
@@ -284,6 +300,11 @@ func checkSpec(cfg Config) (Verifier, error) {
 		return nil, fmt.Errorf("engine: draft reads %d layers of %d features; both must be positive", len(d.CaptureLayers()), d.FeatureSize())
 	case cfg.DraftBlock < 0 || cfg.DraftBlock > d.BlockSize():
 		return nil, fmt.Errorf("engine: draft block %d is outside [1, %d] (the draft's block size)", cfg.DraftBlock, d.BlockSize())
+	case cfg.TreeBudget < 0 || cfg.TreeBudget > maxTreeBudget:
+		return nil, fmt.Errorf("engine: tree budget %d is outside [0, %d]", cfg.TreeBudget, maxTreeBudget)
+	}
+	if _, ok := v.(TreeVerifier); cfg.TreeBudget > 0 && !ok {
+		return nil, errors.New("engine: tree verification needs a target model that can keep a path of a tree forward")
 	}
 	return v, nil
 }

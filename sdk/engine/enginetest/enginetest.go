@@ -67,12 +67,17 @@ type fakeSeq struct {
 	snap    []int32
 	hasSnap bool
 	recFrom int // length before the last Record forward, -1 without one
+	// tree is the last forward's tree (tokens and parents) when it was one, until AcceptPath; treeBase the
+	// history length before it.
+	tree, treeParents []int32
+	treeBase          int
 }
 
 var (
 	_ engine.Model    = (*FakeModel)(nil)
 	_ engine.Rewinder = (*FakeModel)(nil)
-	_ engine.Verifier = (*FakeModel)(nil)
+	_ engine.Verifier     = (*FakeModel)(nil)
+	_ engine.TreeVerifier = (*FakeModel)(nil)
 )
 
 // NewFakeModel returns a fake model with a pool of blocks KV blocks of
@@ -209,6 +214,15 @@ func (m *FakeModel) Forward(ctx context.Context, batch []engine.SeqInput) ([]flo
 		if in.Record {
 			s.recFrom = len(s.history)
 		}
+		s.tree, s.treeParents = nil, nil
+		if in.Parents != nil {
+			rows, err := m.treeRows(s, in, out[r*VocabSize:], next)
+			if err != nil {
+				return nil, err
+			}
+			r += rows
+			continue
+		}
 		for i, t := range in.Tokens {
 			s.history = append(s.history, t)
 			if in.Logits == engine.LogitsAll || (in.Logits == engine.LogitsLast && i == len(in.Tokens)-1) {
@@ -227,6 +241,63 @@ func (m *FakeModel) Forward(ctx context.Context, batch []engine.SeqInput) ([]flo
 	return out, nil
 }
 
+// treeRows runs a tree entry: each token's row comes from the history along its path from the root; the tokens
+// land in the history in tree order (as a real model writes their KV), to be sorted out by AcceptPath.
+func (m *FakeModel) treeRows(s *fakeSeq, in engine.SeqInput, out []float32, next func([]int32) int32) (int, error) {
+	if len(in.Parents) != len(in.Tokens) || in.Parents[0] != -1 {
+		return 0, fmt.Errorf("sequence %d: tree of %d tokens with %d parents (root %v)", in.Seq, len(in.Tokens), len(in.Parents), in.Parents)
+	}
+	base := len(s.history)
+	rows := 0
+	for i := range in.Tokens {
+		if i > 0 && (in.Parents[i] < 0 || int(in.Parents[i]) >= i) {
+			return 0, fmt.Errorf("sequence %d: tree token %d has parent %d", in.Seq, i, in.Parents[i])
+		}
+		var path []int32
+		for j := int32(i); j >= 0; j = in.Parents[j] {
+			path = append([]int32{in.Tokens[j]}, path...)
+			if j == 0 {
+				break
+			}
+		}
+		if in.Logits == engine.LogitsAll {
+			row := out[rows*VocabSize : (rows+1)*VocabSize]
+			h := append(append([]int32(nil), s.history[:base]...), path...)
+			fav := next(h)
+			row[fav] = 10
+			row[runnerUp(fav)] = 5
+			rows++
+		}
+	}
+	s.history = append(s.history, in.Tokens...)
+	s.tree, s.treeParents, s.treeBase = append([]int32(nil), in.Tokens...), append([]int32(nil), in.Parents...), base
+	return rows, nil
+}
+
+// AcceptPath keeps a root-to-node path of the sequence's last tree forward.
+func (m *FakeModel) AcceptPath(id engine.SeqID, path []int32) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok || s.tree == nil {
+		return fmt.Errorf("sequence %d: no tree forward to keep a path of", id)
+	}
+	if len(path) == 0 || path[0] != 0 {
+		return fmt.Errorf("sequence %d: path %v does not start at the root", id, path)
+	}
+	for i := 1; i < len(path); i++ {
+		if int(path[i]) >= len(s.tree) || s.treeParents[path[i]] != path[i-1] {
+			return fmt.Errorf("sequence %d: path %v is not a path of the tree %v", id, path, s.treeParents)
+		}
+	}
+	s.history = s.history[:s.treeBase]
+	for _, n := range path {
+		s.history = append(s.history, s.tree[n])
+	}
+	s.tree, s.treeParents = nil, nil
+	return nil
+}
+
 func runnerUp(fav int32) int32 {
 	if fav == '.' {
 		return ','
@@ -243,6 +314,8 @@ func (m *FakeModel) Truncate(id engine.SeqID, tokens int) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("truncate unknown sequence %d", id)
+	case s.tree != nil:
+		return fmt.Errorf("sequence %d: truncate after a tree forward (its rows are in tree order; keep a path)", id)
 	case m.RecurrentState && (s.recFrom < 0 || tokens < s.recFrom):
 		return fmt.Errorf("sequence %d: recurrent state cannot be truncated to %d outside its last recorded forward", id, tokens)
 	case tokens < 0 || tokens > len(s.history):
@@ -429,7 +502,14 @@ func (m *FakeModel) ForwardCapture(ctx context.Context, batch []engine.SeqInput,
 			n = len(s.history)
 		}
 		for i, t := range in.Tokens {
-			feats = append(feats, float32(t), float32(n+i))
+			pos := n + i
+			if in.Parents != nil { // a tree token sits at its depth
+				pos = n
+				for j := i; j > 0; j = int(in.Parents[j]) {
+					pos++
+				}
+			}
+			feats = append(feats, float32(t), float32(pos))
 		}
 	}
 	m.mu.Unlock()
@@ -438,8 +518,9 @@ func (m *FakeModel) ForwardCapture(ctx context.Context, batch []engine.SeqInput,
 }
 
 // OracleDrafter is a test double of engine.Drafter whose acceptance the test controls: it knows the target's Next
-// and proposes exactly what the target will favour, except at the positions Wrong picks, where it proposes another
-// token. It rebuilds each sequence's context from FakeModel features and fails a draft whose context does not
+// and proposes exactly what the target will favour, except at the positions Wrong picks, where its best candidate
+// is another token and the right one comes second (so a tree can recover what a chain loses); later positions are
+// proposed as if the right token had been taken. It rebuilds each sequence's context from FakeModel features and fails a draft whose context does not
 // continue exactly where the sequence's stands (Errs collects those failures, which the engine would otherwise
 // absorb by decoding plainly).
 type OracleDrafter struct {
@@ -559,14 +640,15 @@ func (d *OracleDrafter) Draft(_ context.Context, in []engine.DraftInput, k int) 
 				return c, d.fail(fmt.Errorf("draft sequence %d: block position %d is %d, not the mask", x.Seq, j, x.Block[j]))
 			}
 			p := d.Next(hist)
-			if d.Wrong != nil && d.Wrong(len(s.ctx)+j) {
-				p = wrongToken(p)
-			}
 			hist = append(hist, p)
+			cands := []int32{p}
+			if d.Wrong != nil && d.Wrong(len(s.ctx)+j) {
+				cands = []int32{wrongToken(p), p}
+			}
 			for r := 0; r < k; r++ {
-				id, v := p, float32(1)
-				if r > 0 {
-					id, v = -1, float32(math.Inf(-1))
+				id, v := int32(-1), float32(math.Inf(-1))
+				if r < len(cands) {
+					id, v = cands[r], float32(-r)
 				}
 				c.IDs = append(c.IDs, id)
 				c.Logits = append(c.Logits, v)
