@@ -177,6 +177,33 @@ func TestTreeAcceptPathThenDecode(t *testing.T) {
 	}
 }
 
+// AcceptPath moves whole cache rows: 16-bit caches too.
+func TestTreeAcceptPath16BitCache(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range treeConfigs() {
+		t.Run(c.arch, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF16, CacheV: CacheBF16, Threads: 2})
+			rng := rand.New(rand.NewPCG(16, 8))
+			prefix, toks, next := randomTokens(rng, 20, c.vocab), randomTokens(rng, 12, c.vocab), randomTokens(rng, 2, c.vocab)
+			parents := randomTree(rng, 12)
+			path := pathTo(parents, deepest(parents))
+			want := chainRow(t, m, prefix, append(tokensOf(toks, path), next...))
+			s, _ := m.NewSeq()
+			_, err := m.Forward(one(s, prefix, LogitsNone))
+			is.NoErr(err)
+			_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Parents: parents}}})
+			is.NoErr(err)
+			is.NoErr(m.AcceptPath(s, path))
+			got, err := m.Forward(one(s, next, LogitsLast))
+			is.NoErr(err)
+			if e := relErr(got.Row(0, 0), want); e > 1e-4 {
+				t.Fatalf("path %v: rel err %g", path, e)
+			}
+		})
+	}
+}
+
 // Truncating a tree to a chain prefix of its flat order works like AcceptPath; other lengths are refused.
 func TestTreeTruncate(t *testing.T) {
 	lib := openCPU(t)
