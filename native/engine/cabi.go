@@ -102,6 +102,21 @@ static dfl_status w_forward_topk(const dfl_api *a, dfl_model *m, const dfl_batch
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static int has_tree_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, seq_accept_path) + sizeof(a->seq_accept_path);
+}
+static dfl_status w_forward_tree(const dfl_api *a, dfl_model *m, const dfl_batch *b, const int32_t *const *parents,
+                                 uint32_t k, int32_t *ids, float *logits, float *lse, char **err) {
+	dfl_status rc = a->forward_tree(m, b, parents, k, ids, logits, lse);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_seq_accept_path(const dfl_api *a, dfl_model *m, int32_t s, const int32_t *path, uint32_t n,
+                                    char **err) {
+	dfl_status rc = a->seq_accept_path(m, s, path, n);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 static int has_draft2_api(const dfl_api *a) {
 	return a->struct_size >= offsetof(dfl_api, draft_forward2) + sizeof(a->draft_forward2);
 }
@@ -538,9 +553,19 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 	var pin runtime.Pinner
 	defer pin.Unpin()
 	seqs := make([]C.dfl_seq_batch, len(b.Entries))
+	var parents []*C.int32_t // per entry, when any entry is a tree
 	for i := range b.Entries {
 		e := &b.Entries[i]
 		cs := &seqs[i]
+		if e.Parents != nil {
+			if parents == nil {
+				parents = make([]*C.int32_t, len(b.Entries))
+			}
+			if len(e.Parents) > 0 {
+				pin.Pin(&e.Parents[0])
+				parents[i] = (*C.int32_t)(unsafe.Pointer(&e.Parents[0]))
+			}
+		}
 		cs.seq = C.int32_t(e.Seq)
 		cs.n_tokens = C.uint32_t(len(e.Tokens))
 		if len(e.Tokens) > 0 {
@@ -579,6 +604,23 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		}
 	}
 	var msg *C.char
+	if parents != nil {
+		if C.has_tree_api(a.t) == 0 {
+			return errors.New("forward: the engine library predates forward_tree (tree verification): rebuild it")
+		}
+		pin.Pin(&parents[0])
+		var ids *C.int32_t
+		var vals, lse *C.float
+		if r.K > 0 && len(r.IDs) > 0 {
+			pin.Pin(&r.IDs[0])
+			pin.Pin(&r.Logits[0])
+			pin.Pin(&r.LSE[0])
+			ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
+			vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
+			lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
+		}
+		return status(C.w_forward_tree(a.t, m, &cb, &parents[0], C.uint32_t(r.K), ids, vals, lse, &msg), msg)
+	}
 	if r.K > 0 {
 		if C.has_topk_api(a.t) == 0 {
 			return errors.New("forward: the engine library predates forward_topk: rebuild it")
@@ -596,6 +638,22 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		return status(C.w_forward_topk(a.t, m, &cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
 	return status(C.w_forward(a.t, m, &cb, &msg), msg)
+}
+
+// acceptPath keeps one root-to-node path of the sequence's last tree forward.
+func (a *capi) acceptPath(m *cmodel, s Seq, path []int32) error {
+	if C.has_tree_api(a.t) == 0 {
+		return errors.New("accept path: the engine library predates seq_accept_path (tree verification): rebuild it")
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	var p *C.int32_t
+	if len(path) > 0 {
+		pin.Pin(&path[0])
+		p = (*C.int32_t)(unsafe.Pointer(&path[0]))
+	}
+	var msg *C.char
+	return status(C.w_seq_accept_path(a.t, m, C.int32_t(s), p, C.uint32_t(len(path)), &msg), msg)
 }
 
 // runDraft runs one draft step; feature and block slices are pinned for the call so the C entries may point at them.

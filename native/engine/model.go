@@ -165,6 +165,12 @@ type Entry struct {
 	// Record keeps the recurrent state after every token so that Truncate may later cut the sequence anywhere inside
 	// this forward (speculative decoding).
 	Record bool
+	// Parents, when not nil, makes the tokens a tree (DDTree verification): Parents[i] is the index of token i's
+	// parent within the entry, -1 for token 0 (the root) only, Parents[i] < i otherwise; at most 64 tokens. Token i
+	// sits at position length + depth(i) (unless Positions are given), sees the cache and its ancestors, and
+	// continues the recurrent state of its parent; all tokens are recorded. Until AcceptPath (or Truncate to the
+	// length before, or Rollback) the sequence cannot be forwarded again.
+	Parents []int32
 }
 
 // Batch is one forward over several sequences (a sequence appears at most once).
@@ -453,6 +459,14 @@ func (m *Model) Truncate(s Seq, n int) error {
 	return m.locked(func() error { return m.lib.api.seqOp(m.m, opTruncate, s, uint32(n)) })
 }
 
+// AcceptPath keeps the root-to-node path (flat token indices of the last forward of s, which was a tree: path[0] = 0,
+// each the child of the one before) and drops the rest of the tree: the sequence becomes its length before that
+// forward + len(path) tokens long, with the K/V and recurrent state of the path. ErrState when the last forward was
+// not a tree or path is not a path of it.
+func (m *Model) AcceptPath(s Seq, path []int32) error {
+	return m.locked(func() error { return m.lib.api.acceptPath(m.m, s, path) })
+}
+
 // Snapshot saves the sequence's length and recurrent state (one snapshot per sequence).
 func (m *Model) Snapshot(s Seq) error {
 	return m.locked(func() error { return m.lib.api.seqOp(m.m, opSnapshot, s, 0) })
@@ -471,6 +485,10 @@ func (m *Model) Forward(b Batch) (*Result, error) {
 	for i, e := range b.Entries {
 		if len(e.Tokens) == 0 {
 			return nil, fmt.Errorf("forward: entry %d (sequence %d) has no tokens", i, e.Seq)
+		}
+		if e.Parents != nil && len(e.Parents) != len(e.Tokens) {
+			return nil, fmt.Errorf("forward: entry %d (sequence %d) has %d parents for %d tokens", i, e.Seq,
+				len(e.Parents), len(e.Tokens))
 		}
 		if e.Positions != nil && len(e.Positions) != len(e.Tokens) {
 			return nil, fmt.Errorf("forward: entry %d (sequence %d) has %d positions for %d tokens", i, e.Seq,

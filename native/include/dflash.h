@@ -263,6 +263,27 @@ typedef struct dfl_api {
      * walk the candidates the selector was trained on. A non-DFlash2 model with trans != NULL: DFL_ERR_UNSUPPORTED. */
     dfl_status (*draft_forward2)(dfl_model *m, uint32_t n_entries, const dfl_draft_entry *entries, uint32_t k,
                                  int32_t *ids, float *logits, float *lse, float *trans);
+    /* Tree verification (DDTree). forward (k == 0: batch->logits) or forward_topk (k > 0: ids / logits / lse) in which
+     * the tokens of an entry e with parents != NULL and parents[e] != NULL form a tree: parents[e][i] is the index
+     * within the entry of token i's parent (-1 for token 0, the root, and only for it; 0 <= parents[e][i] < i
+     * otherwise), at most 64 tokens per tree entry. Token i sits at RoPE position seq_len + depth(i) (depth(root) = 0;
+     * the entry's positions, when not NULL, are used instead), sees the sequence's cache and its own ancestors (itself
+     * included) in the entry, and the recurrent layers continue from its parent's state (the root from the
+     * sequence's). Every token's K/V go to cache row seq_len + i (flat order) and every token's recurrent state and
+     * conv window are recorded (DFL_SEQ_RECORD is implied), so that seq_accept_path can keep any root-to-node path.
+     * Entries with parents[e] == NULL are ordinary (causal chain / prefill); parents == NULL is exactly forward /
+     * forward_topk. Logits rows and capture as in forward, in flat order (a tree entry normally asks DFL_LOGITS_ALL).
+     * After it the sequence is seq_len + n_tokens long but holds an unresolved tree: the next forward of it fails with
+     * DFL_ERR_STATE until seq_accept_path, seq_truncate (to the length before the tree, or to one whose tokens
+     * 0..k-1 are a chain: parents[e][i] == i - 1) or seq_rollback resolves it. */
+    dfl_status (*forward_tree)(dfl_model *m, const dfl_batch *batch, const int32_t *const *parents, uint32_t k,
+                               int32_t *ids, float *logits, float *lse);
+    /* After a forward_tree of seq: keep the root-to-node path path[0..n-1] (flat indices: path[0] = 0, each the child
+     * of the one before; n = 0 keeps nothing): the sequence becomes (length before the forward) + n tokens long, the
+     * path's K/V rows moved to consecutive cache rows, its recurrent state and conv window those after node
+     * path[n-1]. DFL_ERR_STATE if the last forward of seq was not a tree forward (or was resolved already) or the path
+     * is not a path of its tree. */
+    dfl_status (*seq_accept_path)(dfl_model *m, int32_t seq, const int32_t *path, uint32_t n);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

@@ -164,6 +164,30 @@ dfl_status draft_forward2(dfl_model *m, uint32_t n_entries, const dfl_draft_entr
     });
 }
 
+dfl_status forward_tree(dfl_model *m, const dfl_batch *b, const int32_t *const *parents, uint32_t k, int32_t *ids,
+                        float *logits, float *lse) {
+    return guard("forward", [&] {
+        if (!b) dfl::fail(DFL_ERR_INVALID, "batch is null");
+        if (k == 0) {
+            need(m)->impl->forward_tree(*b, nullptr, parents);
+            return;
+        }
+        dfl::TopKOut out;
+        out.k = (int)std::min<uint32_t>(k, 1u << 20);
+        out.ids = ids;
+        out.vals = logits;
+        out.lse = lse;
+        need(m)->impl->forward_tree(*b, &out, parents);
+    });
+}
+
+dfl_status seq_accept_path(dfl_model *m, int32_t s, const int32_t *path, uint32_t n) {
+    return guard("accept path", [&] {
+        if (n > 0 && !path) dfl::fail(DFL_ERR_INVALID, "path is null");
+        need(m)->impl->seq_accept_path(s, path, n);
+    });
+}
+
 dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, const int32_t *history,
                   uint32_t n_history, uint64_t *rng, int32_t *out) {
     return guard("sample", [&] {
@@ -194,7 +218,7 @@ dfl_status model_estimate(const dfl_model_params *p, dfl_model_estimate *out) {
 const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
-    device_memory, model_estimate, forward_topk, draft_forward, draft_forward2,
+    device_memory, model_estimate, forward_topk, draft_forward, draft_forward2, forward_tree, seq_accept_path,
 };
 
 }  // namespace

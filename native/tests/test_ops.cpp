@@ -418,6 +418,81 @@ TEST(attention_masks) {
     }
 }
 
+// Token trees (forward_tree): each new token sees the past and its own ancestors among the new tokens (AttnMask::vis),
+// here with rows that straddle a 64-position tile, in chunks that split the tree.
+TEST(attention_tree_mask) {
+    Rng rng(31);
+    const int n_head = 4, n_kv = 2, hd = 32, bs = 16, group = n_head / n_kv;
+    for (int64_t n_past : {0, 57}) {
+        const int64_t n_new = 13, total = n_past + n_new;
+        std::vector<int32_t> par((size_t)n_new);
+        std::vector<uint64_t> vis((size_t)n_new);
+        for (int64_t i = 0; i < n_new; i++) {
+            par[(size_t)i] = i == 0 ? -1 : (rng.next() % 3 == 0 ? (int32_t)i - 1 : (int32_t)(rng.next() % (uint64_t)i));
+            vis[(size_t)i] = (i > 0 ? vis[(size_t)par[(size_t)i]] : 0) | (uint64_t)1 << i;
+        }
+        const int n_blocks = (int)ceil_div(total, bs);
+        std::vector<int32_t> blocks((size_t)n_blocks);
+        for (int b = 0; b < n_blocks; b++) blocks[(size_t)b] = (b * 3 + 1) % n_blocks;
+        PagedKV kv;
+        kv.n_kv = n_kv;
+        kv.head_dim = hd;
+        kv.block_size = bs;
+        kv.k_row = kv.v_row = row_bytes(DFL_TYPE_F32, hd);
+        std::vector<uint8_t> kb((size_t)n_blocks * bs * n_kv * kv.k_row), vb(kb.size());
+        kv.k = kb.data();
+        kv.v = vb.data();
+        kv.blocks = blocks.data();
+        for (int64_t p = 0; p < total; p++)
+            for (int g = 0; g < n_kv; g++)
+                for (int d = 0; d < hd; d++) {
+                    ((float *)kv.k_at(p, g))[d] = rng.sym(2);
+                    ((float *)kv.v_at(p, g))[d] = rng.sym(2);
+                }
+        std::vector<float> q((size_t)(n_new * n_head * hd)), out(q.size(), NAN);
+        for (auto &v : q) v = rng.sym();
+        AttnMask mask;
+        mask.n_new = n_new;
+        mask.vis = vis.data();
+        for (int g = 0; g < n_kv; g++)
+            for (int64_t i0 = 0; i0 < n_new; i0 += 5) {
+                const int64_t i1 = std::min(n_new, i0 + 5);
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
+                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1,
+                          1.0f / std::sqrt((float)hd), scr.data(), mask);
+            }
+        int bad = 0;
+        for (int64_t i = 0; i < n_new; i++) {
+            std::vector<bool> anc((size_t)n_new, false);
+            for (int32_t a = (int32_t)i; a >= 0; a = par[(size_t)a]) anc[(size_t)a] = true;
+            for (int h = 0; h < n_head; h++) {
+                const int g = h / group;
+                auto sees = [&](int64_t k) { return k < n_past || anc[(size_t)(k - n_past)]; };
+                std::vector<double> w((size_t)total, 0.0);
+                double mx = -1e300, z = 0;
+                for (int64_t k = 0; k < total; k++) {
+                    if (!sees(k)) continue;
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)q[(size_t)((i * n_head + h) * hd + e)] * ((float *)kv.k_at(k, g))[e];
+                    w[(size_t)k] = d / std::sqrt((double)hd);
+                    mx = std::max(mx, w[(size_t)k]);
+                }
+                for (int64_t k = 0; k < total; k++) {
+                    w[(size_t)k] = sees(k) ? std::exp(w[(size_t)k] - mx) : 0.0;
+                    z += w[(size_t)k];
+                }
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int64_t k = 0; k < total; k++) o += w[(size_t)k] * ((float *)kv.v_at(k, g))[e];
+                    if (!(std::fabs(out[(size_t)((i * n_head + h) * hd + e)] - o / z) <= 2e-6)) bad++;
+                }
+            }
+        }
+        if (bad) std::printf("  attention tree mask, %lld past: %d values off\n", (long long)n_past, bad);
+        CHECK(bad == 0);
+    }
+}
+
 TEST(conv1d_silu_causal) {
     Rng rng(17);
     const int K = 4, C = 10, n = 6;

@@ -31,6 +31,15 @@ public:
     virtual void seq_snapshot(int32_t s) = 0;
     virtual void seq_rollback(int32_t s) = 0;
     virtual void forward(const dfl_batch &b, const TopKOut *topk = nullptr) = 0;
+    // forward with tree entries (dflash.h forward_tree): parents[e] != null makes entry e a token tree.
+    virtual void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) {
+        if (!parents) return forward(b, topk);
+        fail(DFL_ERR_UNSUPPORTED, "this architecture has no tree verification (forward_tree)");
+    }
+    // Keep one root-to-node path of the sequence's last tree forward (dflash.h seq_accept_path).
+    virtual void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
+        fail(DFL_ERR_UNSUPPORTED, "this architecture has no tree verification (seq_accept_path)");
+    }
     // A DFlash draft step (dflash.h draft_forward); only the dflash architecture has one.
     virtual void draft_forward(uint32_t n_entries, const dfl_draft_entry *entries, const TopKOut &topk) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture is not a DFlash draft; draft_forward needs arch \"dflash\"");

@@ -456,6 +456,20 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
     if (n > q.len) fail(DFL_ERR_INVALID, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
                                              " tokens: it holds only " + std::to_string(q.len));
     if (n == q.len) return;
+    if (q.tree && n >= q.rec_base) {
+        // within the tree: only a chain prefix of the flat order is a sequence
+        const uint32_t k = n - q.rec_base;
+        std::vector<int32_t> path(k);
+        for (uint32_t i = 0; i < k; i++) {
+            if (q.tree_parents[i] != (int32_t)i - 1)
+                fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                        " tokens: its last forward was a tree whose first " + std::to_string(k) +
+                                        " tokens are not a chain (use seq_accept_path)");
+            path[i] = (int32_t)i;
+        }
+        seq_accept_path(s, path.data(), k);
+        return;
+    }
     if (n_rec_ > 0) {
         if (!q.rec || n < q.rec_base || n > q.rec_base + q.rec_n)
             fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
@@ -471,6 +485,7 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
             dev_->copy(slot + n_rec_ * sf + r * cf, ss.rec_window.f() + ((size_t)r * wrows + k) * (size_t)C,
                        sizeof(float) * (size_t)cf);
     }
+    q.tree = false;
     table_.set_length(q, n);
 }
 
@@ -493,7 +508,63 @@ void QwenModel::seq_rollback(int32_t s) {
     const size_t bytes = (size_t)slot_floats() * sizeof(float);
     if (bytes > 0) dev_->copy(slot_ptr(s), seq_state_[(size_t)s].snap.get(), bytes);
     q.rec = false;
+    q.tree = false;
     table_.set_length(q, q.snap_len);
+}
+
+void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
+    Seq &q = table_.get(s);
+    const std::string who = "sequence " + std::to_string(s);
+    if (!q.tree) fail(DFL_ERR_STATE, who + ": its last forward was not a tree forward (or its tree was resolved already)");
+    if (n > q.rec_n)
+        fail(DFL_ERR_STATE, who + ": a path of " + std::to_string(n) + " nodes is longer than the tree (" +
+                                std::to_string(q.rec_n) + " tokens)");
+    for (uint32_t d = 0; d < n; d++) {
+        const int32_t want = d == 0 ? -1 : path[d - 1];
+        if (path[d] < 0 || (uint32_t)path[d] >= q.rec_n)
+            fail(DFL_ERR_STATE, who + ": path[" + std::to_string(d) + "] = " + std::to_string(path[d]) +
+                                    " is not a node of the tree (" + std::to_string(q.rec_n) + " tokens)");
+        if (d == 0 && path[0] != 0) fail(DFL_ERR_STATE, who + ": path[0] = " + std::to_string(path[0]) + " is not the root (0)");
+        if (q.tree_parents[(size_t)path[d]] != want)
+            fail(DFL_ERR_STATE, who + ": path[" + std::to_string(d) + "] = " + std::to_string(path[d]) +
+                                    " is not a child of path[" + std::to_string(d - 1) + "] = " + std::to_string(want) +
+                                    " (its parent is " + std::to_string(q.tree_parents[(size_t)path[d]]) + ")");
+    }
+    const uint32_t base = q.rec_base, bs = table_.block_size();
+    // K/V: node path[d] (row base + path[d], path[d] >= d) moves to row base + d; rows below d are written only
+    // by earlier moves, so no source is overwritten before it is read
+    if (n_attn_ > 0) {
+        auto row = [&](uint32_t p) { return (uint64_t)q.blocks[p / bs] * bs + p % bs; };
+        const uint64_t kb = k_row_ * (uint64_t)hp_.n_kv, vb = v_row_ * (uint64_t)hp_.n_kv;
+        for (uint32_t d = 1; d < n; d++) {
+            if ((uint32_t)path[d] == d) continue;
+            const uint64_t src = row(base + (uint32_t)path[d]), dst = row(base + d);
+            for (int l = 0; l < n_attn_; l++) {
+                dev_->copy(k_cache_[(size_t)l].get<uint8_t>() + dst * kb, k_cache_[(size_t)l].get<uint8_t>() + src * kb, kb);
+                dev_->copy(v_cache_[(size_t)l].get<uint8_t>() + dst * vb, v_cache_[(size_t)l].get<uint8_t>() + src * vb, vb);
+            }
+        }
+    }
+    if (n_rec_ > 0) {
+        const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels(), K1 = hp_.conv_k - 1;
+        const int64_t wrows = K1 + q.rec_n;
+        const SeqState &ss = seq_state_[(size_t)s];
+        float *slot = slot_ptr(s);
+        const size_t last = n == 0 ? 0 : (size_t)path[n - 1] + 1;  // recorded state slot
+        dev_->copy(slot, ss.rec_state.f() + last * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        // the conv state: the last K-1 inputs along old state rows 0..K-2, then the path's window rows
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < K1; r++) rows.push_back(r);
+        for (uint32_t d = 0; d < n; d++) rows.push_back(K1 + path[d]);
+        const size_t off = rows.size() - (size_t)K1;
+        for (int r = 0; r < n_rec_; r++)
+            for (int64_t i = 0; i < K1; i++)
+                dev_->copy(slot + n_rec_ * sf + r * cf + i * C, ss.rec_window.f() + ((size_t)r * wrows + rows[off + i]) * C,
+                           sizeof(float) * (size_t)C);
+    }
+    q.tree = false;
+    q.rec = false;
+    table_.set_length(q, base + n);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -699,10 +770,12 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     }
 }
 
-void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
+void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) {
     const HParams &h = hp_;
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
+    auto tree_of = [&](uint32_t i) -> const int32_t * { return parents ? parents[i] : nullptr; };
+    bool any_tree = false;
 
     // validate everything before touching any state
     std::set<int32_t> seen;
@@ -721,18 +794,37 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
                 fail(DFL_ERR_INVALID, who + ": token " + std::to_string(sb.tokens[t]) + " is outside the vocabulary (" +
                                           std::to_string(h.n_vocab) + ")");
         if (sb.logits > DFL_LOGITS_ALL) fail(DFL_ERR_INVALID, who + ": bad logits mode");
+        if (q.tree)
+            fail(DFL_ERR_STATE, who + ": the sequence holds an unresolved tree forward (seq_accept_path, seq_truncate or "
+                                      "seq_rollback first)");
+        if (const int32_t *par = tree_of(i)) {
+            any_tree = true;
+            if (sb.n_tokens > 64)
+                fail(DFL_ERR_INVALID, who + ": a tree entry has at most 64 tokens, not " + std::to_string(sb.n_tokens));
+            if (par[0] != -1)
+                fail(DFL_ERR_INVALID, who + ": parents[0] = " + std::to_string(par[0]) + ": token 0 must be the root (-1)");
+            for (uint32_t t = 1; t < sb.n_tokens; t++) {
+                if (par[t] == -1)
+                    fail(DFL_ERR_INVALID, who + ": parents[" + std::to_string(t) + "] = -1: a second root (only token 0 has none)");
+                if (par[t] < 0 || par[t] >= (int32_t)t)
+                    fail(DFL_ERR_INVALID, who + ": parents[" + std::to_string(t) + "] = " + std::to_string(par[t]) +
+                                              ": a parent must be an earlier token of the entry (0 <= parent < " +
+                                              std::to_string(t) + ")");
+            }
+        }
         if ((uint64_t)q.len + sb.n_tokens > (uint64_t)INT32_MAX) fail(DFL_ERR_INVALID, who + ": sequence too long");
         T += sb.n_tokens;
         rows += sb.logits == DFL_LOGITS_ALL ? sb.n_tokens : (sb.logits == DFL_LOGITS_LAST ? 1 : 0);
         max_n = std::max<int64_t>(max_n, sb.n_tokens);
         max_ctx = std::max<int64_t>(max_ctx, (int64_t)q.len + sb.n_tokens);
         max_blocks = std::max(max_blocks, table_.blocks_for(q.len + sb.n_tokens));
-        any_record |= (sb.flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+        any_record |= ((sb.flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0;
     }
+    auto records = [&](uint32_t i) { return ((b.seqs[i].flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0; };
     // A decode step (one token per sequence) is replayed from a device graph where the device has them. The graph
     // freezes the host scalars of the batch, so the block table width is rounded up (kernels treat it and max_ctx as
     // upper bounds and read each sequence's true length from the metadata).
-    const bool graph_step = dev_->has_graphs() && max_n == 1 && b.n_capture == 0 && !any_record;
+    const bool graph_step = dev_->has_graphs() && max_n == 1 && b.n_capture == 0 && !any_record && !any_tree;
     if (graph_step) {
         const uint32_t bucket = 64;
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
@@ -767,7 +859,8 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     if (topk_bytes > 0) ensure(topk_, topk_bytes, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
     for (uint32_t i = 0; i < b.n_seqs; i++)
-        if ((b.seqs[i].flags & DFL_SEQ_RECORD) && n_rec_ > 0) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
+        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
+    if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)), "tree metadata");
 
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
@@ -780,6 +873,9 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     int32_t *t0 = kv_slot + T, *nn = t0 + E, *len0 = nn + E, *slot = len0 + E, *bt = slot + E;
     int32_t *out_rows = bt + (int64_t)E * max_blocks;
     host_ptrs_.assign((size_t)2 * E, nullptr);
+    if (any_tree) host_tree_.assign((size_t)T + ((size_t)T + 1) / 2, 0);
+    uint64_t *vis = host_tree_.data();
+    int32_t *tpar = any_tree ? (int32_t *)(vis + T) : nullptr;
     const uint32_t bs = table_.block_size();
     int64_t t = 0, r = 0;
     for (int32_t e = 0; e < E; e++) {
@@ -790,9 +886,21 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
         len0[e] = (int32_t)q.len;
         slot[e] = sb.seq;
         for (size_t k = 0; k < q.blocks.size() && k < max_blocks; k++) bt[(int64_t)e * max_blocks + (int64_t)k] = q.blocks[k];
+        const int32_t *par = tree_of((uint32_t)e);
         for (uint32_t i = 0; i < sb.n_tokens; i++, t++) {
             tokens[t] = sb.tokens[i];
             pos[t] = sb.positions ? sb.positions[i] : (int32_t)(q.len + i);
+            if (any_tree) {
+                if (par) {
+                    // ancestors-or-self, and the position from the depth
+                    vis[t] = (i > 0 ? vis[t0[e] + par[i]] : 0) | ((uint64_t)1 << i);
+                    if (!sb.positions) pos[t] = i > 0 ? pos[t0[e] + par[i]] + 1 : (int32_t)q.len;
+                    tpar[t] = par[i];
+                } else {
+                    vis[t] = ~(uint64_t)0;
+                    tpar[t] = (int32_t)i - 1;
+                }
+            }
             ent[t] = e;
             const uint32_t p = q.len + i;
             kv_slot[t] = n_attn_ > 0 ? q.blocks[p / bs] * (int32_t)bs + (int32_t)(p % bs) : -1;
@@ -801,7 +909,7 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
             for (uint32_t i = 0; i < sb.n_tokens; i++) out_rows[r++] = t0[e] + (int32_t)i;
         else if (sb.logits == DFL_LOGITS_LAST)
             out_rows[r++] = t0[e] + (int32_t)sb.n_tokens - 1;
-        const bool record = (sb.flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+        const bool record = records((uint32_t)e);
         q.rec = false;
         if (record) {
             q.rec_base = q.len;
@@ -813,6 +921,7 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     }
     dev_->to_device(meta_.get(), host_meta_.data(), n_meta * sizeof(int32_t));
     dev_->to_device(ptrs_.get(), host_ptrs_.data(), host_ptrs_.size() * sizeof(float *));
+    if (any_tree) dev_->to_device(tree_.get(), host_tree_.data(), (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)));
 
     const int32_t *dm = meta_.get<int32_t>();
     BatchMeta m;
@@ -832,6 +941,10 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     m.max_blocks = (int32_t)max_blocks;
     m.rec_state = ptrs_.get<float *>();
     m.rec_window = ptrs_.get<float *>() + E;
+    if (any_tree) {
+        m.vis = tree_.get<uint64_t>();
+        m.parent = (const int32_t *)(m.vis + T);
+    }
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 
     if (graph_step && dev_->scratch_epoch() != graph_epoch_) {
@@ -879,8 +992,12 @@ void QwenModel::forward(const dfl_batch &b, const TopKOut *topk) {
     else if (rows == 0) dev_->sync();
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
+        q.rec_base = q.len;  // (recording or not: a tree's base)
+        q.rec_n = b.seqs[i].n_tokens;
         q.len += b.seqs[i].n_tokens;
-        q.rec = (b.seqs[i].flags & DFL_SEQ_RECORD) != 0 && n_rec_ > 0;
+        q.rec = records(i);
+        q.tree = tree_of(i) != nullptr;
+        if (q.tree) q.tree_parents.assign(tree_of(i), tree_of(i) + b.seqs[i].n_tokens);
     }
 }
 

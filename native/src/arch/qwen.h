@@ -66,7 +66,9 @@ public:
     void seq_truncate(int32_t s, uint32_t n) override;
     void seq_snapshot(int32_t s) override;
     void seq_rollback(int32_t s) override;
-    void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override;
+    void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override { forward_tree(b, topk, nullptr); }
+    void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) override;
+    void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) override;
 
 private:
     // Activations of one forward, sized for `cap` tokens; grown (never per decode step) when a batch is larger.
@@ -133,6 +135,8 @@ private:
 
     Acts acts_;
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
+    DevBuf tree_;                 // BatchMeta vis [T] (u64) then parent [T] of a batch with trees
+    std::vector<uint64_t> host_tree_;
     std::vector<uint8_t> host_topk_;
     std::vector<int32_t> host_meta_;
     std::vector<float *> host_ptrs_;

@@ -21,6 +21,10 @@ struct Seq {
     // the last DFL_SEQ_RECORD forward: lengths rec_base .. rec_base + rec_n can be truncated to
     bool rec = false;
     uint32_t rec_base = 0, rec_n = 0;
+    // the last forward was a tree (forward_tree) not yet resolved (seq_accept_path / truncate / rollback): its tokens
+    // are rows rec_base .. rec_base + rec_n in flat order, tree_parents[i] the parent of token i
+    bool tree = false;
+    std::vector<int32_t> tree_parents;
 };
 
 class SeqTable {

@@ -56,6 +56,15 @@ struct BatchMeta {
     // recording (speculative rollback), per entry; null pointer = the entry does not record
     float *const *rec_state = nullptr;  // [n + 1][n_rec][n_v * dk * dv]: state before the forward, then after each token
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
+    // Token trees (forward_tree); both null when the batch has none. Per token [T]:
+    //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
+    //    entry's token i has i - 1. The recurrent ops continue token i from the recorded state after its parent
+    //    (rec_state slot parent + 1; an entry with a tree always records) and build its conv window along its
+    //    ancestors, falling into the old conv state past the first token.
+    //  - vis: the entry's own tokens j < 64 the token sees (bit j; cache position len0 + j); see attn_visible. An
+    //    ordinary token has ~0 (its causal range decides). Tree entries have at most 64 tokens.
+    const int32_t *parent = nullptr;
+    const uint64_t *vis = nullptr;
 };
 
 // One attention layer's paged KV pool.
@@ -110,6 +119,16 @@ inline void attn_range(int64_t p, int64_t len0, int64_t n, bool causal, int wind
     }
     *lo = l;
     *hi = h;
+}
+
+// Whether a token whose tree visibility mask is `vis` sees cache position q of its entry (len0 = the entry's first
+// position), on top of attn_range: positions before len0 or len0 + 64 and later are decided by the range alone.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
+    const int64_t j = q - len0;
+    return j < 0 || j >= 64 || ((vis >> j) & 1u) != 0;
 }
 
 // Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is

@@ -475,6 +475,22 @@ struct Batch {
         d_bt.reset(new Dual(block_table));
     }
     int64_t pool_rows() const { return (int64_t)n_blocks * block_size; }
+    // Token trees (forward_tree): par[e] the parents of entry e's tokens (empty: an ordinary entry).
+    std::unique_ptr<Dual> d_parent, d_vis;
+    void set_trees(const std::vector<std::vector<int32_t>> &par) {
+        std::vector<int32_t> parent;
+        std::vector<uint64_t> vis;
+        for (size_t ei = 0; ei < ents.size(); ei++) {
+            const bool tree = ei < par.size() && !par[ei].empty();
+            for (int32_t i = 0; i < ents[ei].n; i++) {
+                parent.push_back(tree ? par[ei][(size_t)i] : i - 1);
+                vis.push_back(tree ? (i > 0 ? vis[vis.size() - (size_t)i + (size_t)par[ei][(size_t)i]] : 0) | (uint64_t)1 << i
+                                   : ~(uint64_t)0);
+            }
+        }
+        d_parent.reset(new Dual(parent));
+        d_vis.reset(new Dual(vis));
+    }
     BatchMeta meta(bool gpu) const {
         BatchMeta m;
         auto p = [&](const std::unique_ptr<Dual> &d) { return gpu ? d->gp<int32_t>() : d->cp<int32_t>(); };
@@ -492,11 +508,23 @@ struct Batch {
         m.slot = p(d_slot);
         m.block_table = p(d_bt);
         m.max_blocks = max_blocks;
+        if (d_parent) {
+            m.parent = gpu ? d_parent->gp<int32_t>() : d_parent->cp<int32_t>();
+            m.vis = gpu ? d_vis->gp<uint64_t>() : d_vis->cp<uint64_t>();
+        }
         return m;
     }
 };
 
 // ---- attention ----
+
+// Parents of a random n-token tree (a spine with branches).
+std::vector<int32_t> random_tree(Rng &r, int n) {
+    std::vector<int32_t> p((size_t)n);
+    p[0] = -1;
+    for (int i = 1; i < n; i++) p[(size_t)i] = r.next() % 3 == 0 ? i - 1 : (int32_t)(r.next() % (uint64_t)i);
+    return p;
+}
 
 std::vector<float> dequant_cache(uint32_t type, const std::vector<uint8_t> &b, int64_t n_rows, int hd) {
     const uint64_t rb = type_row_bytes(type, hd);
@@ -709,6 +737,16 @@ void test_attention() {
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
     test_attention_gemm_path(r);
     test_attention_masks(r);
+    // token trees: per-token ancestor masks, rows straddling tiles and splits, a 64-token tree (it must not take the
+    // tensor-core path) beside an ordinary prefill entry
+    {
+        Batch tb({{13, 60, 0, false}, {5, 20, 1, false}, {9, 0, 2, false}}, 16, r);
+        tb.set_trees({random_tree(r, 13), {}, random_tree(r, 9)});
+        for (uint32_t ct : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_Q8_0}) run_attention_case(shapes[0], ct, ct, tb, r);
+        Batch big({{64, 300, 0, false}, {70, 10, 1, false}}, 16, r);
+        big.set_trees({random_tree(r, 64), {}});
+        run_attention_case(shapes[0], DFL_TYPE_F16, DFL_TYPE_F16, big, r);
+    }
 }
 
 // ---- Gated DeltaNet ----
@@ -717,8 +755,10 @@ struct GdnShape {
     int n_k, n_v, dk, dv, K;
 };
 
-void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r) {
+void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
+                  const std::vector<std::vector<int32_t>> &trees = {}) {
     Batch b(be, 16, r);
+    if (!trees.empty()) b.set_trees(trees);
     const int64_t T = b.T;
     const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
     const int n_rec = 2, rec_layer = 1, n_slots = 4;
@@ -851,6 +891,10 @@ void test_gdn() {
     };
     for (const GdnShape &s : shapes)
         for (const auto &be : batches) run_gdn_case(s, be, r);
+    // token trees (recorded entries, each token continuing from its parent) beside ordinary entries
+    for (const GdnShape &s : shapes)
+        run_gdn_case(s, {{5, 0, 0, false}, {12, 7, 1, true}, {3, 2, 2, true}, {20, 0, 3, true}}, r,
+                     {{}, random_tree(r, 12), {}, random_tree(r, 20)});
 }
 
 // ---- DFlash2 ----

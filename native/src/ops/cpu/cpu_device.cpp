@@ -155,6 +155,7 @@ public:
             mask.causal = a.causal;
             mask.window = a.window;
             mask.n_new = m.n[tk.e];
+            mask.vis = m.vis ? m.vis + t0 : nullptr;
             dfl::attention(kv, tk.g, nh, a.Q + t0 * qd, qd, a.out + t0 * qd, qd, m.len0[tk.e], tk.i0, tk.i1, a.scale, scr,
                            mask);
         });
@@ -168,7 +169,24 @@ public:
             std::vector<float> win((size_t)((K - 1 + n) * C));
             std::memcpy(win.data(), cs, sizeof(float) * (size_t)(K - 1) * C);
             std::memcpy(win.data() + (size_t)(K - 1) * C, c.x + t0 * C, sizeof(float) * (size_t)(n * C));
-            dfl::conv1d_silu(win.data(), n, C, c.w, K, c.out + t0 * C);
+            const int32_t *par = m.parent ? m.parent + t0 : nullptr;
+            bool chain = true;
+            for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
+            if (chain) {
+                dfl::conv1d_silu(win.data(), n, C, c.w, K, c.out + t0 * C);
+            } else {
+                // a tree: each token's K rows along its ancestors (window row K-1+a for token a), then the old state
+                std::vector<float> tw((size_t)K * C);
+                for (int64_t i = 0; i < n; i++) {
+                    int64_t a = i, old = K - 2;
+                    for (int r = K - 1; r >= 0; r--) {
+                        const int64_t wr = a >= 0 ? K - 1 + a : old--;
+                        std::memcpy(tw.data() + (size_t)r * C, win.data() + (size_t)wr * C, sizeof(float) * (size_t)C);
+                        if (a >= 0) a = par[a];
+                    }
+                    dfl::conv1d_silu(tw.data(), 1, C, c.w, K, c.out + (t0 + i) * C);
+                }
+            }
             std::memcpy(cs, win.data() + (size_t)n * C, sizeof(float) * (size_t)(K - 1) * C);
             if (m.rec_window[e])
                 std::memcpy(m.rec_window[e] + (size_t)c.rec_layer * (size_t)((K - 1 + n) * C), win.data(),
@@ -216,7 +234,20 @@ public:
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
             float *rec = m.rec_state[e];
-            if (rec) {
+            const int32_t *par = m.parent ? m.parent + t0 : nullptr;
+            bool chain = true;
+            for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
+            if (!chain) {
+                // a tree (always recorded): token i continues from the state after its parent
+                const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
+                float *base = rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs;
+                std::memcpy(base, S, sizeof(float) * hs);
+                for (int64_t i = 0; i < n; i++) {
+                    if (par[i] != i - 1) std::memcpy(S, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
+                    gdn_recurrent(S, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
+                                  base + (size_t)(i + 1) * per);
+                }
+            } else if (rec) {
                 // slot 0 holds the state before the forward, slot i+1 the state after token i
                 const size_t per = (size_t)c.n_rec * (size_t)sf;
                 float *base = rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * dk * dv;

@@ -266,10 +266,13 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 float mx = -std::numeric_limits<float>::infinity();
                 for (j = 0; j < cnt; j++) {
                     s[j] *= scale;
+                    if (mask.vis && !attn_visible(mask.vis[i], p0 + j0 + j, n_past))
+                        s[j] = -std::numeric_limits<float>::infinity();
                     mx = std::max(mx, s[j]);
                 }
                 const size_t idx = (size_t)(i - i0) * group + hh;
                 const float mnew = std::max(m[idx], mx);
+                if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
                 const float corr = std::exp(m[idx] - mnew);  // 0 for the first tile (m = -inf)
                 float sum = 0;
                 for (int64_t j = 0; j < cnt; j++) {

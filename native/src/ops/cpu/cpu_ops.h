@@ -87,6 +87,7 @@ struct AttnMask {
     bool causal = true;
     int window = 0;
     int64_t n_new = 0;
+    const uint64_t *vis = nullptr;  // per new token: tree visibility of the entry's own positions (attn_visible), or null
 };
 
 // Attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV head `kvh`.

@@ -122,6 +122,7 @@ struct AttnArgs {
     uint32_t type_k, type_v;
     uint64_t k_row, v_row;
     const int32_t *ent, *t0, *len0, *n, *block_table;
+    const uint64_t *vis;  // tree visibility per token (BatchMeta::vis), or null
     bool causal;
     int window;
 };
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     const int kvh = h0 / (a.n_head / a.n_kv);
     const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
     const int64_t qd = (int64_t)a.n_head * hd;
+    const uint64_t vis = a.vis ? a.vis[t] : ~(uint64_t)0;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.Q[t * qd + (int64_t)h0 * hd + i];
     if (threadIdx.x < G) {
         m_s[threadIdx.x] = -INFINITY;
@@ -189,7 +191,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 const float v = warp_sum(dot[g]);
-                if (lane == 0) sc[g][j] = v * a.scale;
+                // a tree token does not see the entry's tokens off its ancestor path
+                if (lane == 0) sc[g][j] = attn_visible(vis, p, a.len0[e]) ? v * a.scale : -INFINITY;
             }
         }
         __syncthreads();
@@ -199,14 +202,15 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
             mx = warp_max(mx);
             const float mnew = fmaxf(m_s[g], mx);
             if (lane == 0) {
-                corr_s[g] = expf(m_s[g] - mnew);  // 0 on the first tile (m = -inf)
+                // 0 on the first tile (m = -inf); 1 while nothing was visible yet (a tree row's masked tile)
+                corr_s[g] = mnew == -INFINITY ? 1.0f : expf(m_s[g] - mnew);
                 m_s[g] = mnew;
             }
         }
         __syncthreads();
         for (int i = threadIdx.x; i < G * kAttnTilePos; i += blockDim.x) {
             const int g = i / kAttnTilePos, j = i % kAttnTilePos;
-            if (j < cnt) sc[g][j] = expf(sc[g][j] - m_s[g]);
+            if (j < cnt) sc[g][j] = sc[g][j] == -INFINITY ? 0.0f : expf(sc[g][j] - m_s[g]);
         }
         __syncthreads();
         for (int g = warp; g < G; g += nw) {  // l = l * corr + sum of the tile's weights
@@ -359,6 +363,7 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     a.len0 = m.len0;
     a.n = m.n;
     a.block_table = m.block_table;
+    a.vis = m.vis;
     a.causal = c.causal;
     a.window = c.window;
     // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are

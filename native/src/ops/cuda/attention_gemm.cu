@@ -75,6 +75,7 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &c) {
     if (m.T <= m.n_ent || m.n_ent <= 0) return false;
     // its masks are causal over whole entries; other masks (DFlash draft blocks, a few rows each) take the paged kernel
     if (!c.causal || c.window > 0) return false;
+    if (m.vis) return false;  // token trees (forward_tree) need per-token masks: the paged kernel applies them
     if (std::min<int64_t>(m.max_n, m.T) < kGemmAttnMinRows) return false;
     const int hd = c.kv.head_dim;
     if (hd <= 0 || hd % 8 != 0 || hd > 512) return false;  // 16-byte aligned f16 rows for the tensor-core GEMMs

@@ -13,8 +13,10 @@ constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register ker
 
 // Thread (entry e, channel c). Window row r < K-1 is the slot's stored input r, later rows are the entry's tokens.
 // The state update walks r upwards, reading row n + r > r, which is not yet overwritten.
+// A tree entry (parent != null and not a chain) builds each token's window along its ancestors: window row K-1+a for
+// ancestor a, then the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window) {
+                                   float *const *rec_window, const int32_t *parent) {
     const int e = blockIdx.y;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
@@ -30,9 +32,18 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
         for (int64_t r = 0; r < K - 1 + n; r++) rw[r * C + c] = window(r);
     }
     const float *w = cc.w + c * K;
+    const int32_t *par = parent ? parent + t0 : nullptr;
     for (int64_t i = 0; i < n; i++) {
         float acc = 0.0f;
-        for (int j = 0; j < K; j++) acc += w[j] * window(i + j);
+        if (par) {
+            int64_t a = i, old = K - 2;
+            for (int j = K - 1; j >= 0; j--) {
+                acc += w[j] * window(a >= 0 ? K - 1 + a : old--);
+                if (a >= 0) a = par[a];
+            }
+        } else {
+            for (int j = 0; j < K; j++) acc += w[j] * window(i + j);
+        }
         cc.out[(t0 + i) * C + c] = silu_f(acc);
     }
     for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
@@ -41,7 +52,7 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent);
     check_launch("conv1d_silu");
 }
 
@@ -79,6 +90,7 @@ struct GdnArgs {
     GdnCall g;
     const int32_t *t0, *n, *slot;
     float *const *rec_state;
+    const int32_t *parent;  // BatchMeta::parent (token trees), or null
 };
 
 // Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
@@ -147,6 +159,13 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
         const int64_t tok = t0 + it;
         const int buf = (int)(it & 1);
         const float v = nv, decay = expf(ng), beta = nb;
+        if (a.parent && a.parent[tok] != it - 1 && active) {
+            // a tree token: continue from the state recorded after its parent (this thread's own column, written by
+            // this thread)
+            const float *src = rec + (a.parent[tok] + 1) * per;
+#pragma unroll
+            for (int i = 0; i < R; i++) s[i] = src[(int64_t)(a0 + i) * dv + b];
+        }
         if (it + 1 < n) fetch(tok + 1);
         const float *q = qk[buf] + a0, *k = qk[buf] + DK + a0;
         float u = 0.0f;
@@ -208,6 +227,10 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         __syncthreads();
         if (!active) continue;
         const float *q = qk, *k = qk + dk;
+        if (a.parent && a.parent[tok] != it - 1) {  // a tree token: from the state recorded after its parent
+            const float *src = rec + (a.parent[tok] + 1) * per;
+            for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = src[(int64_t)i * dv + b];
+        }
         const float decay = expf(g.g[tok * g.n_v + j]);
         const float beta = g.beta[tok * g.n_v + j];
         const float v = row[(int64_t)2 * g.n_k * dk + (int64_t)j * dv + b];
@@ -238,6 +261,7 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.n = m.n;
     a.slot = m.slot;
     a.rec_state = m.rec_state;
+    a.parent = m.parent;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
