@@ -24,6 +24,8 @@ type DraftOptions struct {
 	Block int
 	// Always drafts on every step instead of only while drafting pays (engine.Config.DraftAlways).
 	Always bool
+	// TreeBudget verifies a tree of up to this many draft tokens instead of the chain (0: chain).
+	TreeBudget int
 }
 
 // draft is a loaded draft model: the native model, its file and what the engine needs to know of it.

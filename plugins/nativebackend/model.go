@@ -21,6 +21,7 @@ var (
 	_ engine.Rewinder       = (*nativeModel)(nil)
 	_ engine.CandidateModel = (*nativeModel)(nil)
 	_ engine.Verifier       = (*nativeModel)(nil)
+	_ engine.TreeVerifier   = (*nativeModel)(nil)
 )
 
 // NewModel adapts a loaded native model to engine.Model (and
@@ -47,7 +48,8 @@ func (n *nativeModel) Reserve(s engine.SeqID, tokens int) error {
 func (n *nativeModel) entries(batch []engine.SeqInput) []native.Entry {
 	n.batch = n.batch[:0]
 	for _, in := range batch {
-		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits), Record: in.Record})
+		n.batch = append(n.batch, native.Entry{Seq: native.Seq(in.Seq), Tokens: in.Tokens, Logits: native.LogitsMode(in.Logits),
+			Record: in.Record, Parents: in.Parents})
 	}
 	return n.batch
 }
@@ -99,6 +101,11 @@ func (n *nativeModel) Recurrent() bool { return n.info.RecurrentLayers > 0 }
 
 func (n *nativeModel) Truncate(s engine.SeqID, tokens int) error {
 	return n.m.Truncate(native.Seq(s), tokens)
+}
+
+// AcceptPath keeps a root-to-node path of the sequence's last tree forward.
+func (n *nativeModel) AcceptPath(s engine.SeqID, path []int32) error {
+	return n.m.AcceptPath(native.Seq(s), path)
 }
 
 func (n *nativeModel) Snapshot(s engine.SeqID) error { return n.m.Snapshot(native.Seq(s)) }

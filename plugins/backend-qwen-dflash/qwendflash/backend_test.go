@@ -134,7 +134,8 @@ func TestInfoAndOptions(t *testing.T) {
 		{"defaults", nil, nil},
 		{"valid", map[string]string{"cache-type-k": "q8_0", "cache-type-v": "bf16", "threads": "2", "fa-window": "0", "prefix-cache-slots": "4"}, nil},
 		{"draft", map[string]string{"draft": "/m/draft.gguf", "draft-device": "cpu", "draft-block-size": "8"}, nil},
-		{"tree budget", map[string]string{"draft": "/m/draft.gguf", "spec-tree-budget": "22"}, []string{"--spec-tree-budget: tree verification (DDTree) is not in this build yet"}},
+		{"tree budget", map[string]string{"draft": "/m/draft.gguf", "spec-tree-budget": "22"}, nil},
+		{"tree budget too large", map[string]string{"draft": "/m/draft.gguf", "spec-tree-budget": "64"}, []string{"--spec-tree-budget: 64 is outside [0, 63]"}},
 		{"block of one", map[string]string{"draft": "/m/draft.gguf", "draft-block-size": "1"}, []string{"--draft-block-size: 1 leaves no proposal"}},
 		{"bad draft device", map[string]string{"draft": "/m/draft.gguf", "draft-device": "cuda:x"}, []string{"--draft-device: device \"cuda:x\": bad device index"}},
 		{"bad cache type", map[string]string{"cache-type-k": "q4_0"}, []string{`--cache-type-k: "q4_0" is not a KV cache type (want f32, f16, bf16, q8_0)`}},
@@ -354,7 +355,7 @@ func TestLoadErrors(t *testing.T) {
 	}{
 		{"missing file", func(c *sdk.ModelConfig) { c.Path = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
 		{"no library", func(c *sdk.ModelConfig) { c.Device = "cuda:0" }, "libdflash_cuda.so not found"},
-		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"spec-tree-budget": "4"} }, "--spec-tree-budget:"},
+		{"bad option", func(c *sdk.ModelConfig) { c.Options = map[string]string{"spec-tree-budget": "99"} }, "--spec-tree-budget:"},
 		{"missing draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": "/nonexistent/d.gguf"} }, "draft /nonexistent/d.gguf"},
 		{"draft is not a draft", func(c *sdk.ModelConfig) { c.Options = map[string]string{"draft": c.Path} }, "draft "},
 	} {

@@ -45,15 +45,12 @@ func parseOptions(m map[string]string) (options, error) {
 	}
 	draftBlock, treeBudget := 0, 0
 	r.Int("draft-block-size", &draftBlock, 0, 1024)
-	r.Int("spec-tree-budget", &treeBudget, 0, 1024)
+	r.Int("spec-tree-budget", &treeBudget, 0, 63)
 	if draftBlock == 1 {
 		r.Bad("draft-block-size", "1 leaves no proposal to verify; use 0 for the draft's block size or at least 2")
 	}
-	if treeBudget != 0 {
-		r.Bad("spec-tree-budget", "tree verification (DDTree) is not in this build yet; 0 verifies the draft's chain")
-	}
 	if path := r.Get("draft"); path != "" {
-		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock}
+		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock, TreeBudget: treeBudget}
 		switch p := r.Get("draft-pacing"); p {
 		case "", "on":
 		case "off":
@@ -72,6 +69,9 @@ func parseOptions(m map[string]string) (options, error) {
 		}
 		if draftBlock != 0 {
 			r.Bad("draft-block-size", "needs --draft")
+		}
+		if treeBudget != 0 {
+			r.Bad("spec-tree-budget", "needs --draft")
 		}
 	}
 	if r.Get("target-split") != "" {

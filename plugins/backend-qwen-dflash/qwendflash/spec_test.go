@@ -85,6 +85,8 @@ func speculativeMatchesPlain(t *testing.T, dev string) {
 		{name: "qwen3", path: q3, arch: "qwen3"},
 		{name: "qwen35", path: q35, arch: "qwen35"},
 		{name: "qwen3 sliding draft, verify 5", path: q3, arch: "qwen3", draftArgs: []string{"--sliding-window", "8"}, options: map[string]string{"draft-block-size": "5"}},
+		{name: "qwen3 tree", path: q3, arch: "qwen3", options: map[string]string{"spec-tree-budget": "22"}},
+		{name: "qwen35 tree", path: q35, arch: "qwen35", options: map[string]string{"spec-tree-budget": "22"}},
 		{name: "qwen3 f16 caches, prefix cache", path: q3, arch: "qwen3", draftArgs: []string{"--type", "q8_0"},
 			options: map[string]string{"cache-type-k": "f16", "cache-type-v": "bf16", "prefix-cache-slots": "2"}},
 	} {
@@ -185,15 +187,23 @@ func demoPairSpeculative(t *testing.T, dev string) {
 	cfg := blockConfig(t, target)
 	cfg.MaxCtx, cfg.KVPoolTokens, cfg.Device = 512, 2048, dev
 	plain, _ := raw(cfg)
-	cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off"}
-	spec, fins := raw(cfg)
-	accepted, steps := 0, 0
-	for i := range prompts {
-		is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i])) // the draft never changes greedy output
-		accepted += fins[i].Timings.DraftAccepted
-		steps += fins[i].Timings.DraftSteps
+	var chain float64
+	for _, budget := range []string{"0", "22"} {
+		cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off", "spec-tree-budget": budget}
+		spec, fins := raw(cfg)
+		accepted, steps := 0, 0
+		for i := range prompts {
+			is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i])) // the draft never changes greedy output
+			accepted += fins[i].Timings.DraftAccepted
+			steps += fins[i].Timings.DraftSteps
+		}
+		al := float64(accepted+steps) / float64(steps)
+		t.Logf("tree budget %s: acceptance length %.2f over %d verify steps", budget, al, steps)
+		is.True(al > 1.5) // a trained draft: blocks are accepted, the acceptance paths ran
+		if budget == "0" {
+			chain = al
+		} else {
+			is.True(al > chain) // the tree's side branches catch what the chain misses
+		}
 	}
-	al := float64(accepted+steps) / float64(steps)
-	t.Logf("acceptance length %.2f over %d verify steps", al, steps)
-	is.True(al > 1.5) // a trained draft: blocks are accepted, the acceptance paths ran
 }
