@@ -52,6 +52,10 @@ type Config struct {
 	// DraftAlways drafts on every step. By default the engine measures whether drafting pays (tokens per second of
 	// drafting steps against plain ones) and decodes plainly in bursts while it does not.
 	DraftAlways bool
+	// Store keeps sequence states of prompts (up to their SnapshotAt, or whole) beyond the engine, e.g. on disk, and
+	// a request whose prompt starts with a stored prefix starts from its state; the Model must be a StateModel.
+	// Output is the same with it or without. nil: off.
+	Store StateStore
 	// TreeBudget verifies a tree of up to this many draft tokens (DDTree: the draft's likeliest continuations,
 	// best first, the top-1 chain first) instead of the chain; 0 verifies the chain. The Model must be a
 	// TreeVerifier; at most 63.
@@ -91,6 +95,8 @@ type Engine struct {
 	capture  []int
 	pace     pacer
 	tree     TreeVerifier // nil: chains
+	store    StateStore   // nil: no state store
+	states   StateModel
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -151,11 +157,19 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	var states StateModel
+	if cfg.Store != nil {
+		var ok bool
+		if states, ok = m.(StateModel); !ok {
+			return nil, errors.New("engine: a state store needs a model that can export and import sequence states")
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		cfg: cfg, m: m, rew: rew, vocab: cfg.Vocab, eog: cfg.Vocab.EOGTokens(), bs: bs, nv: nv,
 		ctx: ctx, cancel: cancel, wakeCh: make(chan struct{}, 1), done: make(chan struct{}),
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
+		store: cfg.Store, states: states,
 	}
 	if ver != nil {
 		e.ver, e.draft, e.featSize, e.capture = ver, cfg.Drafter, cfg.Drafter.FeatureSize(), cfg.Drafter.CaptureLayers()
@@ -231,6 +245,7 @@ func (e *Engine) Run(ctx context.Context, req *Request, emit sdk.Emitter) error 
 	if s == nil {
 		return nil
 	}
+	e.lookupStored(s)
 	e.mu.Lock()
 	e.incoming = append(e.incoming, s)
 	e.mu.Unlock()
@@ -433,6 +448,7 @@ func (e *Engine) startSeq(s *sequence) {
 	}
 	s.reservedTk = s.held * e.bs
 	s.state = statePrefill
+	e.importStored(s)
 	e.startSpec(s)
 }
 
@@ -593,8 +609,8 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		if s.spec != nil {
 			s.spec.pending = append(s.spec.pending, f...)
 		}
-		if at := e.snapshotAt(s); s.nPast == at && s.snapLen != at && e.rew.Snapshot(s.id) == nil {
-			s.snapLen = s.nPast
+		if at := e.snapshotAt(s); s.nPast == at {
+			e.atSnapshot(s)
 		}
 		switch in.Logits {
 		case LogitsNone:

@@ -37,7 +37,7 @@ type cacheEntry struct {
 // snapshotAt is the prompt position where s takes its snapshot for the
 // prefix cache; 0 when it takes none (no cache, or no recurrent state).
 func (e *Engine) snapshotAt(s *sequence) int {
-	if e.rew == nil || !e.rew.Recurrent() {
+	if (e.rew == nil || !e.rew.Recurrent()) && e.store == nil {
 		return 0
 	}
 	if at := s.req.SnapshotAt; at > 0 && at <= len(s.req.Prompt) {
@@ -193,4 +193,62 @@ func (e *Engine) dropCache() {
 
 func isCancel(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// StateModel is a Model whose sequences' whole state (KV and recurrent state) can be copied out and back in.
+type StateModel interface {
+	// Export is the state of a sequence at its current length.
+	Export(seq SeqID) ([]byte, error)
+	// Import gives an empty sequence (holding KV for the state's length) the exported state.
+	Import(seq SeqID, state []byte) error
+}
+
+// StateStore keeps sequence states of prompt prefixes beyond the engine (a disk prefix cache: sdk/statecache).
+type StateStore interface {
+	// Lookup returns the longest stored prefix of prompt that leaves a prompt token to run, and its state (n = 0:
+	// none).
+	Lookup(prompt []int32) (n int, state []byte)
+	// Store keeps state as the state after prefix; it may drop it.
+	Store(prefix []int32, state []byte)
+}
+
+// lookupStored finds, in the request's own goroutine (reading a state may take a while), the longest prefix of its
+// prompt the store holds, for a sequence the in-memory prefix cache does not serve better.
+func (e *Engine) lookupStored(s *sequence) {
+	if e.store == nil || s.cached >= len(s.req.Prompt)-1 {
+		return
+	}
+	if n, st := e.store.Lookup(s.req.Prompt); n >= minPrefixReuse && n > s.cached {
+		s.stored, s.storedState = n, st
+	}
+}
+
+// importStored starts a new sequence from the stored state its admission found; on failure it prefills as usual.
+func (e *Engine) importStored(s *sequence) {
+	st := s.storedState
+	s.storedState = nil
+	if st == nil || s.nPast > 0 {
+		return
+	}
+	if err := e.states.Import(s.id, st); err != nil {
+		return
+	}
+	s.nPast, s.cached, s.storedDone = s.stored, s.stored, true
+	if at := e.snapshotAt(s); at == s.nPast {
+		e.atSnapshot(s)
+	}
+}
+
+// atSnapshot runs when a sequence reaches its prompt's snapshot point: the in-memory prefix cache of a recurrent
+// model snapshots it, and the state store gets its state (once per request).
+func (e *Engine) atSnapshot(s *sequence) {
+	if e.rew != nil && e.rew.Recurrent() && s.snapLen != s.nPast && e.rew.Snapshot(s.id) == nil {
+		s.snapLen = s.nPast
+	}
+	if e.store != nil && !s.storedDone {
+		s.storedDone = true
+		if st, err := e.states.Export(s.id); err == nil {
+			e.store.Store(s.req.Prompt[:s.nPast], st)
+		}
+	}
 }

@@ -119,6 +119,10 @@ type sequence struct {
 	snapLen    int      // length of the snapshot taken at the prompt's end
 	spec       *specSeq // the draft side, when the sequence speculates
 	counts     specCounts
+	// stored is the longest prefix of the prompt the state store holds (its length and state), found at admission.
+	stored      int
+	storedState []byte
+	storedDone  bool // the state at the prompt's snapshot point went to the store
 	err        error // why it ended with an error
 	tAdmit     time.Time
 	tFirst     time.Time

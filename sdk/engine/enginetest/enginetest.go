@@ -59,6 +59,7 @@ type FakeModel struct {
 	seqs      map[engine.SeqID]*fakeSeq
 	steps     [][]Entry
 	logits    []float32
+	imports   int
 }
 
 type fakeSeq struct {
@@ -78,6 +79,7 @@ var (
 	_ engine.Rewinder = (*FakeModel)(nil)
 	_ engine.Verifier     = (*FakeModel)(nil)
 	_ engine.TreeVerifier = (*FakeModel)(nil)
+	_ engine.StateModel   = (*FakeModel)(nil)
 )
 
 // NewFakeModel returns a fake model with a pool of blocks KV blocks of
@@ -363,6 +365,50 @@ func (m *FakeModel) Sample(logits []float32, p *engine.Sampling, _ []int32, rng 
 		}
 	}
 	return int32(best), nil
+}
+
+// Export is the sequence's history, four bytes a token.
+func (m *FakeModel) Export(id engine.SeqID) ([]byte, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	if !ok {
+		return nil, fmt.Errorf("export unknown sequence %d", id)
+	}
+	out := make([]byte, 0, 4*len(s.history))
+	for _, t := range s.history {
+		out = append(out, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+	}
+	return out, nil
+}
+
+// Import gives an empty sequence an exported history; it must hold the KV blocks for it.
+func (m *FakeModel) Import(id engine.SeqID, state []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.seqs[id]
+	switch {
+	case !ok:
+		return fmt.Errorf("import into unknown sequence %d", id)
+	case len(s.history) > 0:
+		return fmt.Errorf("import into sequence %d of %d tokens", id, len(s.history))
+	case len(state)%4 != 0:
+		return fmt.Errorf("import a state of %d bytes", len(state))
+	case s.blocks*m.blockSize < len(state)/4:
+		return fmt.Errorf("%w: import of %d tokens into %d reserved", engine.ErrNoKV, len(state)/4, s.blocks*m.blockSize)
+	}
+	for i := 0; i < len(state); i += 4 {
+		s.history = append(s.history, int32(uint32(state[i])|uint32(state[i+1])<<8|uint32(state[i+2])<<16|uint32(state[i+3])<<24))
+	}
+	m.imports++
+	return nil
+}
+
+// Imports is how many sequences started from an imported state.
+func (m *FakeModel) Imports() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.imports
 }
 
 // Steps returns the recorded forwards.
