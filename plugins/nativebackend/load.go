@@ -14,6 +14,7 @@ import (
 	"github.com/dflash/dflash_server/sdk/chat"
 	"github.com/dflash/dflash_server/sdk/engine"
 	"github.com/dflash/dflash_server/sdk/gguf"
+	"github.com/dflash/dflash_server/sdk/statecache"
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
@@ -59,6 +60,8 @@ type Loaded struct {
 	WeightFileBytes int64
 	// draft is the speculative-decoding draft, nil without one.
 	draft *draft
+	// store is the disk prefix cache, nil when off.
+	store *statecache.Cache
 }
 
 // Load loads cfg's model for spec: engine library for the device, the
@@ -166,6 +169,13 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 		_ = nm.Close()
 		return nil, fmt.Errorf("load %s: tokenizer has %d tokens, the model's output only %d", cfg.Path, tok.VocabSize(), info.Vocab)
 	}
+	var store *statecache.Cache
+	if opts.Disk.On {
+		if store, err = openDiskCache(opts.Disk, cfg.Path, opts); err != nil {
+			_ = nm.Close()
+			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+		}
+	}
 	ecfg := engine.Config{
 		Model: NewModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
 		StepTokens: opts.StepTokens, DecodeHeadroom: opts.DecodeHeadroom, PrefixCacheSlots: opts.PrefixSlots,
@@ -177,6 +187,9 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 			return true
 		},
 	}
+	if store != nil {
+		ecfg.Store = store
+	}
 	features := spec.Features
 	draftDevice := ""
 	if d != nil {
@@ -186,13 +199,16 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	}
 	eng, err := engine.New(ecfg)
 	if err != nil {
+		if store != nil {
+			store.Close()
+		}
 		_ = nm.Close()
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 	}
 	lim := eng.Limits()
 	return &Loaded{
 		Cfg: cfg, File: f, Native: nm, Engine: eng, Tok: tok, Tmpl: tmpl, TemplateSource: src, WeightFileBytes: total,
-		draft: d,
+		draft: d, store: store,
 		Desc: sdk.ModelDescription{
 			Name: cfg.Name, Architecture: arch, Device: device, DraftDevice: draftDevice,
 			MaxConcurrency: lim.MaxConcurrency, KVPoolTokens: lim.KVPoolTokens, MaxCtx: lim.MaxCtx,
@@ -209,6 +225,9 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 func (l *Loaded) Close(ctx context.Context) error {
 	var errs *multierror.Error
 	errs = multierror.Append(errs, l.Engine.Close(ctx))
+	if l.store != nil {
+		l.store.Close() // the queued writes finish
+	}
 	errs = multierror.Append(errs, l.Native.Close())
 	if l.draft != nil {
 		errs = multierror.Append(errs, l.draft.close())

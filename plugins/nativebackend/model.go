@@ -22,6 +22,7 @@ var (
 	_ engine.CandidateModel = (*nativeModel)(nil)
 	_ engine.Verifier       = (*nativeModel)(nil)
 	_ engine.TreeVerifier   = (*nativeModel)(nil)
+	_ engine.StateModel     = (*nativeModel)(nil)
 )
 
 // NewModel adapts a loaded native model to engine.Model (and
@@ -106,6 +107,14 @@ func (n *nativeModel) Truncate(s engine.SeqID, tokens int) error {
 // AcceptPath keeps a root-to-node path of the sequence's last tree forward.
 func (n *nativeModel) AcceptPath(s engine.SeqID, path []int32) error {
 	return n.m.AcceptPath(native.Seq(s), path)
+}
+
+// Export is the sequence's whole state at its length (KV rows and recurrent state), for the disk prefix cache.
+func (n *nativeModel) Export(s engine.SeqID) ([]byte, error) { return n.m.Export(native.Seq(s)) }
+
+// Import gives an empty sequence an exported state.
+func (n *nativeModel) Import(s engine.SeqID, state []byte) error {
+	return kvErr(n.m.Import(native.Seq(s), state))
 }
 
 func (n *nativeModel) Snapshot(s engine.SeqID) error { return n.m.Snapshot(native.Seq(s)) }

@@ -35,6 +35,15 @@ func PrefixCacheSpec() sdk.OptionSpec {
 	return sdk.OptionSpec{Name: "prefix-cache-slots", Kind: sdk.OptionInt, Default: itoa(DefaultPrefixSlots), Help: "Finished sequences kept with their KV for later prompts that share their prefix (0 = off); their KV is evicted as soon as running requests need it."}
 }
 
+// DiskCacheSpecs are the disk prefix cache options; a backend lists them where its help reads best.
+func DiskCacheSpecs() []sdk.OptionSpec {
+	return []sdk.OptionSpec{
+		{Name: "disk-prefix-cache", Kind: sdk.OptionEnum, Enum: []string{"off", "on"}, Default: "off", Help: "Keep the KV and recurrent state of prompts (up to the generation prompt) in files, so later prompts sharing a prefix, also after a restart, skip its prefill."},
+		{Name: "disk-prefix-cache-dir", Kind: sdk.OptionString, Help: "Directory of the disk prefix cache (default: the user cache directory's dflash_server/prefix)."},
+		{Name: "disk-prefix-cache-max-gb", Kind: sdk.OptionFloat, Default: "8", Help: "Size bound of the model's disk prefix cache entries, in GiB; the least recently used go first."},
+	}
+}
+
 // EngineOptions are the parsed engine options of a block.
 type EngineOptions struct {
 	CacheK, CacheV native.CacheType
@@ -45,6 +54,8 @@ type EngineOptions struct {
 	PrefixSlots    int
 	// Draft is the block's speculative-decoding draft (Path "" = none); the backend that offers drafts fills it.
 	Draft DraftOptions
+	// Disk is the disk prefix cache (DiskCacheSpecs).
+	Disk DiskCacheOptions
 }
 
 // Options reads a block's plugin-owned options and gathers every problem,
@@ -122,7 +133,37 @@ func (o *Options) Engine() EngineOptions {
 	o.Int("step-tokens", &e.StepTokens, 1, 1<<20)
 	o.Int("decode-headroom", &e.DecodeHeadroom, 1, 1<<20)
 	o.Int("prefix-cache-slots", &e.PrefixSlots, 0, 1024)
+	e.Disk = o.diskCache()
 	return e
+}
+
+// diskCache reads DiskCacheSpecs (absent options leave the cache off).
+func (o *Options) diskCache() DiskCacheOptions {
+	d := DiskCacheOptions{MaxGB: 8}
+	switch v := o.m["disk-prefix-cache"]; v {
+	case "", "off":
+	case "on":
+		d.On = true
+	default:
+		o.Bad("disk-prefix-cache", "%q is not on or off", v)
+	}
+	d.Dir = o.m["disk-prefix-cache-dir"]
+	if v := o.m["disk-prefix-cache-max-gb"]; v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 {
+			o.Bad("disk-prefix-cache-max-gb", "%q is not a positive number", v)
+		} else {
+			d.MaxGB = f
+		}
+	}
+	if !d.On && (d.Dir != "" || o.m["disk-prefix-cache-max-gb"] != "") {
+		for _, name := range []string{"disk-prefix-cache-dir", "disk-prefix-cache-max-gb"} {
+			if o.m[name] != "" {
+				o.Bad(name, "needs --disk-prefix-cache on")
+			}
+		}
+	}
+	return d
 }
 
 // Err is every recorded problem as one *sdk.InvalidError, or nil.

@@ -40,9 +40,9 @@ func seedDS4Block(model string, ds4Flags bool) []string {
 	b := []string{"--model", model, "--model-name", "ds4", "--target-device", "cpu:1",
 		"--max-ctx", "8192", "--max-concurrency", "1",
 		"--default-max-tokens", "2048", "--hard-limit-reply-budget", "1024",
-		"--prefix-cache-slots", "0", "--prefill-cache-slots", "0"}
+		"--prefix-cache-slots", "0", "--prefill-cache-slots", "0", "--disk-prefix-cache", "off"}
 	if ds4Flags {
-		b = append(b, "--disk-prefix-cache", "off", "--ds4-fused-decode", "--ds4-expert-top-k", "6", "--ds4-prefill", "exact")
+		b = append(b, "--ds4-fused-decode", "--ds4-expert-top-k", "6", "--ds4-prefill", "exact")
 	}
 	return b
 }
@@ -54,8 +54,8 @@ var realPlugins = []string{"backend-qwen-dflash", "policy-primary-first"}
 // TestSeedCommandLine runs the seed's example launch with tiny real
 // models, the qwen block with its DFlash draft on the target's device. What
 // cannot run today: the ds4 block (there is no deepseek4 backend; its
-// --ds4-* and --disk-prefix-cache options belong to no backend), so a
-// qwen35 model stands in for it without those options.
+// --ds4-* options belong to no backend), so a qwen35 model stands in for
+// it with the seed's --disk-prefix-cache off and without the --ds4-* ones.
 func TestSeedCommandLine(t *testing.T) {
 	qwen3, qwen35 := tinyModels(t)
 	draft := tinyDraft(t, qwen3)
@@ -77,7 +77,7 @@ func TestSeedCommandLine(t *testing.T) {
 		is.Equal(code, 2)
 		lines := errorLines(stderr)
 		is.Equal(len(lines), 1)
-		if len(lines) == 1 && !contains(lines[0], "--model #2 ("+qwen35+")", "unknown flag --disk-prefix-cache") {
+		if len(lines) == 1 && !contains(lines[0], "--model #2 ("+qwen35+")", "unknown flag --ds4-fused-decode") {
 			t.Errorf("error line %q does not name block 2 and its flag", lines[0])
 		}
 	})

@@ -1,6 +1,8 @@
 package qwendflash
 
 import (
+	"slices"
+
 	native "github.com/dflash/dflash_server/native/engine"
 	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
@@ -8,9 +10,10 @@ import (
 
 // optionSpecs are the block flags this backend owns: the engine's, then
 // the Qwen and DFlash ones.
-var optionSpecs = append(nativebackend.EngineOptionSpecs(),
+var optionSpecs = slices.Concat(nativebackend.EngineOptionSpecs(), []sdk.OptionSpec{
 	sdk.OptionSpec{Name: "fa-window", Kind: sdk.OptionInt, Default: "0", Help: "Attention window in tokens (0 = full attention; only 0 is supported yet)."},
 	nativebackend.PrefixCacheSpec(),
+}, nativebackend.DiskCacheSpecs(), []sdk.OptionSpec{
 	sdk.OptionSpec{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."},
 	sdk.OptionSpec{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF (upstream llama.cpp `dflash` files, and the Lucebox and pre-merge spellings) for lossless speculative decoding."},
 	// Not a shared-process policy as such: only a remote draft (a device
@@ -21,7 +24,7 @@ var optionSpecs = append(nativebackend.EngineOptionSpecs(),
 	sdk.OptionSpec{Name: "spec-tree-budget", Kind: sdk.OptionInt, Default: "0", Help: "DDTree verify budget in tree nodes (0 = verify the draft's chain)."},
 	sdk.OptionSpec{Name: "draft-pacing", Kind: sdk.OptionEnum, Enum: []string{"on", "off"}, Default: "on", Help: "on: measure whether drafting pays (tokens per second with and without) and decode plainly in bursts while it does not; off: draft on every step."},
 	sdk.OptionSpec{Name: "target-split", Kind: sdk.OptionString, Help: "Split the target's layers across devices (not supported yet).", SharedProcessPolicy: true},
-)
+})
 
 // options are the parsed plugin-owned flags of a block.
 type options struct {
