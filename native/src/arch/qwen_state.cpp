@@ -145,15 +145,16 @@ void QwenModel::seq_import(int32_t s, const void *buf, uint64_t size) {
     Seq &q = table_.get(s);
     const std::string who = "sequence " + std::to_string(s);
     if (q.len != 0) fail(DFL_ERR_STATE, who + " is not empty (" + std::to_string(q.len) + " tokens); import needs a new sequence");
-    if (!buf) fail(DFL_ERR_INVALID, "blob is null");
     SeqBlobHeader h;
     if (size < sizeof h)
         fail(DFL_ERR_INVALID, "blob truncated: " + std::to_string(size) + " bytes, its header alone takes " +
                                   std::to_string(sizeof h));
+    if (!buf) fail(DFL_ERR_INVALID, "blob is null");
     std::memcpy(&h, buf, sizeof h);
     if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) fail(DFL_ERR_INVALID, "not a sequence blob (bad magic)");
     if (h.format != kFormat)
-        fail(DFL_ERR_INVALID, "blob format " + std::to_string(h.format) + ", this library reads format " + std::to_string(kFormat));
+        fail(DFL_ERR_INVALID, "blob format " + std::to_string(h.format) + ", this library reads format " + std::to_string(kFormat) +
+                                  " (a blob of another library version, or a corrupt blob header)");
     if (h.header_bytes != sizeof h)
         fail(DFL_ERR_INVALID, "corrupt blob header: header size " + std::to_string(h.header_bytes) + ", expected " +
                                   std::to_string(sizeof h));
