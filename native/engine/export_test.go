@@ -188,3 +188,72 @@ func TestExportDraftUnsupported(t *testing.T) {
 		t.Fatalf("import into a draft: %v", err)
 	}
 }
+
+// TestDeviceExportImport (DFLASH_TEST_DEVICE=cuda:0): the round trip on the device is exact, and the blob format is
+// the same on every device: a blob exported on the GPU continues on the CPU and one from the CPU on the GPU, logits
+// within deviceBound of the exporting side's own continuation.
+func TestDeviceExportImport(t *testing.T) {
+	dev := testDevice(t)
+	cpu := openCPU(t)
+	caches := []struct{ k, v CacheType }{{CacheF32, CacheF32}, {CacheF16, CacheQ8_0}}
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		for _, ct := range caches {
+			t.Run(c.arch+"/"+string(ct.k)+"-"+string(ct.v), func(t *testing.T) {
+				is := is.New(t)
+				c := c
+				if ct.v == CacheQ8_0 {
+					c.headDim = 32
+				}
+				spec := randomSpec(t, c)
+				spec.Options = Options{KVPoolTokens: 256, BlockSize: 16, MaxSeqs: 4, CacheK: ct.k, CacheV: ct.v, Threads: 2}
+				md, err := dev.LoadModel(spec)
+				is.NoErr(err)
+				defer md.Close()
+				mc, err := cpu.LoadModel(spec)
+				is.NoErr(err)
+				defer mc.Close()
+				rng := rand.New(rand.NewPCG(23, 5))
+				prompt, steps := randomTokens(rng, 45, c.vocab), randomTokens(rng, 4, c.vocab)
+
+				export := func(m *Model) ([]byte, [][]float32) {
+					s, _ := m.NewSeq()
+					filler, _ := m.NewSeq()
+					is.NoErr(m.Reserve(s, 16))
+					is.NoErr(m.Reserve(filler, 16)) // s's blocks are not consecutive
+					_, err := m.Forward(one(s, prompt, LogitsNone))
+					is.NoErr(err)
+					blob, err := m.Export(s)
+					is.NoErr(err)
+					want := decodeSteps(t, m, s, steps)
+					is.NoErr(m.FreeSeq(s))
+					is.NoErr(m.FreeSeq(filler))
+					return blob, want
+				}
+				importAndDecode := func(m *Model, blob []byte) [][]float32 {
+					s, _ := m.NewSeq()
+					is.NoErr(m.Import(s, blob))
+					re, err := m.Export(s)
+					is.NoErr(err)
+					is.True(bytes.Equal(re, blob))
+					got := decodeSteps(t, m, s, steps)
+					is.NoErr(m.FreeSeq(s))
+					return got
+				}
+				near := func(what string, got, want [][]float32, bound float64) {
+					t.Helper()
+					for i := range want {
+						if e := relErr(got[i], want[i]); e > bound {
+							t.Errorf("%s step %d: rel err %.3g > %.3g", what, i, e, bound)
+						}
+					}
+				}
+				bd, wd := export(md)
+				bc, wc := export(mc)
+				is.Equal(len(bd), len(bc))
+				near("device -> device", importAndDecode(md, bd), wd, 1e-5)
+				near("device -> cpu", importAndDecode(mc, bd), wd, deviceBound)
+				near("cpu -> device", importAndDecode(md, bc), wc, deviceBound)
+			})
+		}
+	}
+}
