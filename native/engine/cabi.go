@@ -135,6 +135,20 @@ static dfl_status w_draft_forward(const dfl_api *a, dfl_model *m, uint32_t n, co
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static int has_state_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, seq_import) + sizeof(a->seq_import);
+}
+static dfl_status w_seq_export(const dfl_api *a, const dfl_model *m, int32_t s, void *buf, uint64_t size,
+                               uint64_t *needed, char **err) {
+	dfl_status rc = a->seq_export(m, s, buf, size, needed);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static dfl_status w_seq_import(const dfl_api *a, dfl_model *m, int32_t s, const void *buf, uint64_t size, char **err) {
+	dfl_status rc = a->seq_import(m, s, buf, size);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 */
 import "C"
 
@@ -654,6 +668,49 @@ func (a *capi) acceptPath(m *cmodel, s Seq, path []int32) error {
 	}
 	var msg *C.char
 	return status(C.w_seq_accept_path(a.t, m, C.int32_t(s), p, C.uint32_t(len(path)), &msg), msg)
+}
+
+// seqExport returns the sequence's state blob: one call for its size, one to fill it.
+func (a *capi) seqExport(m *cmodel, s Seq) ([]byte, error) {
+	if C.has_state_api(a.t) == 0 {
+		return nil, errors.New("export sequence: the engine library predates seq_export: rebuild it")
+	}
+	var need C.uint64_t
+	var msg *C.char
+	if err := status(C.w_seq_export(a.t, m, C.int32_t(s), nil, 0, &need, &msg), msg); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, int(need))
+	if len(buf) == 0 {
+		return nil, fmt.Errorf("export sequence %d: the engine reported an empty blob", int(s))
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	pin.Pin(&buf[0])
+	got := need
+	if err := status(C.w_seq_export(a.t, m, C.int32_t(s), unsafe.Pointer(&buf[0]), C.uint64_t(len(buf)), &got, &msg), msg); err != nil {
+		return nil, err
+	}
+	if got != need {
+		return nil, fmt.Errorf("export sequence %d: the blob took %d bytes, %d were reported", int(s), uint64(got), uint64(need))
+	}
+	return buf, nil
+}
+
+// seqImport loads a blob of seqExport into an empty sequence.
+func (a *capi) seqImport(m *cmodel, s Seq, blob []byte) error {
+	if C.has_state_api(a.t) == 0 {
+		return errors.New("import sequence: the engine library predates seq_import: rebuild it")
+	}
+	var pin runtime.Pinner
+	defer pin.Unpin()
+	var p unsafe.Pointer
+	if len(blob) > 0 {
+		pin.Pin(&blob[0])
+		p = unsafe.Pointer(&blob[0])
+	}
+	var msg *C.char
+	return status(C.w_seq_import(a.t, m, C.int32_t(s), p, C.uint64_t(len(blob)), &msg), msg)
 }
 
 // runDraft runs one draft step; feature and block slices are pinned for the call so the C entries may point at them.

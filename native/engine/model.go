@@ -467,6 +467,24 @@ func (m *Model) AcceptPath(s Seq, path []int32) error {
 	return m.locked(func() error { return m.lib.api.acceptPath(m.m, s, path) })
 }
 
+// Export returns the sequence's whole state at its current length (K/V rows of every attention layer, recurrent and
+// conv state) as one blob in the library's own format, for a disk prefix cache: store it as is and give it to Import
+// of a model of the same shape and cache types. ErrState while the sequence holds an unresolved tree forward;
+// ErrUnsupported for a DFlash draft.
+func (m *Model) Export(s Seq) ([]byte, error) {
+	var blob []byte
+	err := m.locked(func() (err error) { blob, err = m.lib.api.seqExport(m.m, s); return })
+	return blob, err
+}
+
+// Import loads a blob of Export into an empty sequence, which becomes that long with that state. It takes the KV
+// blocks it needs (those Reserve holds, then free ones: ErrNoKV otherwise); ErrState when s is not empty; ErrInvalid
+// naming the problem when the blob was made by another model shape or cache types, or is truncated or damaged. On
+// error nothing changed.
+func (m *Model) Import(s Seq, blob []byte) error {
+	return m.locked(func() error { return m.lib.api.seqImport(m.m, s, blob) })
+}
+
 // Snapshot saves the sequence's length and recurrent state (one snapshot per sequence).
 func (m *Model) Snapshot(s Seq) error {
 	return m.locked(func() error { return m.lib.api.seqOp(m.m, opSnapshot, s, 0) })

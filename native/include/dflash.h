@@ -284,6 +284,20 @@ typedef struct dfl_api {
      * path[n-1]. DFL_ERR_STATE if the last forward of seq was not a tree forward (or was resolved already) or the path
      * is not a path of its tree. */
     dfl_status (*seq_accept_path)(dfl_model *m, int32_t seq, const int32_t *path, uint32_t n);
+    /* The state of a sequence at its current length n as one byte string: for every attention layer its K and V rows
+     * of positions 0..n-1 in the cache types, and the recurrent and conv state of its slot. buf == NULL (or size too
+     * small) only reports the size in *needed (needed may be NULL when buf is large enough). The format is the
+     * library's own (a small header naming the layer count, cache types, dims and n, with checksums of itself and of
+     * the rows, so that seq_import can refuse a blob made by another model shape or damaged); callers store it as is.
+     * The snapshot and recorded states are not part of it. DFL_ERR_STATE while the sequence holds an unresolved tree
+     * forward; DFL_ERR_UNSUPPORTED for a DFlash draft. */
+    dfl_status (*seq_export)(const dfl_model *m, int32_t seq, void *buf, uint64_t size, uint64_t *needed);
+    /* Load a blob from seq_export into an empty sequence (length 0, else DFL_ERR_STATE): it becomes that long with
+     * that state. Needs KV for the blob's length: blocks held by seq_reserve, then free blocks of the pool
+     * (DFL_ERR_NO_KV otherwise, nothing changed); DFL_ERR_INVALID when the blob does not fit this model (shape, cache
+     * types, truncated, corrupt header or rows) naming what differs, nothing changed. The sequence has no recorded
+     * forward afterwards (seq_truncate of a recurrent model needs a new DFL_SEQ_RECORD forward). */
+    dfl_status (*seq_import)(dfl_model *m, int32_t seq, const void *buf, uint64_t size);
 } dfl_api;
 
 /* Returns the function table for `version`, or NULL if this library does not implement it. */

@@ -188,6 +188,20 @@ dfl_status seq_accept_path(dfl_model *m, int32_t s, const int32_t *path, uint32_
     });
 }
 
+dfl_status seq_export(const dfl_model *m, int32_t s, void *buf, uint64_t size, uint64_t *needed) {
+    return guard("export sequence", [&] {
+        const uint64_t n = need(m)->impl->seq_export(s, buf, size);
+        if (needed) *needed = n;
+        else if (!buf || size < n)
+            dfl::fail(DFL_ERR_INVALID, "the blob takes " + std::to_string(n) + " bytes, the buffer has " +
+                                           std::to_string(buf ? size : 0) + " and needed is null");
+    });
+}
+
+dfl_status seq_import(dfl_model *m, int32_t s, const void *buf, uint64_t size) {
+    return guard("import sequence", [&] { need(m)->impl->seq_import(s, buf, size); });
+}
+
 dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, const int32_t *history,
                   uint32_t n_history, uint64_t *rng, int32_t *out) {
     return guard("sample", [&] {
@@ -219,6 +233,7 @@ const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
     device_memory, model_estimate, forward_topk, draft_forward, draft_forward2, forward_tree, seq_accept_path,
+    seq_export, seq_import,
 };
 
 }  // namespace

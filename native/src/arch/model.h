@@ -40,6 +40,15 @@ public:
     virtual void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture has no tree verification (seq_accept_path)");
     }
+    // The sequence's whole state as one blob (dflash.h seq_export): returns the bytes it takes, writes them when
+    // size covers them.
+    virtual uint64_t seq_export(int32_t s, void *buf, uint64_t size) const {
+        fail(DFL_ERR_UNSUPPORTED, "this architecture cannot export a sequence's state (seq_export)");
+    }
+    // Loads a seq_export blob into an empty sequence (dflash.h seq_import).
+    virtual void seq_import(int32_t s, const void *buf, uint64_t size) {
+        fail(DFL_ERR_UNSUPPORTED, "this architecture cannot import a sequence's state (seq_import)");
+    }
     // A DFlash draft step (dflash.h draft_forward); only the dflash architecture has one.
     virtual void draft_forward(uint32_t n_entries, const dfl_draft_entry *entries, const TopKOut &topk) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture is not a DFlash draft; draft_forward needs arch \"dflash\"");

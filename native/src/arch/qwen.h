@@ -69,6 +69,8 @@ public:
     void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override { forward_tree(b, topk, nullptr); }
     void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) override;
     void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) override;
+    uint64_t seq_export(int32_t s, void *buf, uint64_t size) const override;
+    void seq_import(int32_t s, const void *buf, uint64_t size) override;
 
 private:
     // Activations of one forward, sized for `cap` tokens; grown (never per decode step) when a batch is larger.
