@@ -265,7 +265,6 @@ func (c *Cache) drop(key string, err error) {
 
 // header is what precedes a state in its file.
 type header struct {
-	id      []byte
 	tokens  []int32
 	length  uint64
 	sum     [32]byte
