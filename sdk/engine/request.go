@@ -122,10 +122,10 @@ type sequence struct {
 	// stored is the longest prefix of the prompt the state store holds (its length and state), found at admission.
 	stored      int
 	storedState []byte
-	storedDone  bool // the state at the prompt's snapshot point went to the store
-	err        error // why it ended with an error
-	tAdmit     time.Time
-	tFirst     time.Time
+	storedDone  bool  // the state at the prompt's snapshot point went to the store
+	err         error // why it ended with an error
+	tAdmit      time.Time
+	tFirst      time.Time
 }
 
 // textParser is the Parser of requests without one: all text is visible.

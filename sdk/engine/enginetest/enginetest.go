@@ -75,8 +75,8 @@ type fakeSeq struct {
 }
 
 var (
-	_ engine.Model    = (*FakeModel)(nil)
-	_ engine.Rewinder = (*FakeModel)(nil)
+	_ engine.Model        = (*FakeModel)(nil)
+	_ engine.Rewinder     = (*FakeModel)(nil)
 	_ engine.Verifier     = (*FakeModel)(nil)
 	_ engine.TreeVerifier = (*FakeModel)(nil)
 	_ engine.StateModel   = (*FakeModel)(nil)

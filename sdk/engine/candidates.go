@@ -1,0 +1,66 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Steps whose rows need only their best logits ask a CandidateModel for candidates instead of whole rows.
+
+// candidateK is how many candidates a step asks a CandidateModel for per row.
+const candidateK = 64
+
+// candidateRow is one row of a CandidateModel forward.
+type candidateRow struct {
+	ids    []int32
+	logits []float32
+}
+
+// allFromCandidates reports whether every row the batch asks for can be decided from its candidates alone.
+func (e *Engine) allFromCandidates(batch []SeqInput, members []*sequence) bool {
+	for i, in := range batch {
+		if in.Logits != LogitsNone && !e.fromCandidates(members[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// fromCandidates reports whether s's next token depends only on its row's best candidateK logits: greedy, or
+// sampling restricted to the top k (k small enough that end-of-generation ids suppressed among the candidates leave
+// k others), with no penalties (they can lift a token from outside), no logprobs (their top lists and the chosen
+// token's value want the row) and no JSON constraint (it may reject every candidate).
+func (e *Engine) fromCandidates(s *sequence) bool {
+	r := s.req
+	if r.Logprobs || r.Format != FormatText {
+		return false
+	}
+	p := &r.Sampling
+	penalised := p.PenaltyLastN != 0 &&
+		((p.RepeatPenalty != 1 && p.RepeatPenalty != 0) || p.PresencePenalty != 0 || p.FrequencyPenalty != 0)
+	if penalised {
+		return false
+	}
+	return p.Temperature <= 0 || (p.TopK > 0 && p.TopK <= candidateK-len(e.eog))
+}
+
+// pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
+// the whole row into), so the choice and the draw are the ones the whole row would give.
+func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
+	suppress := suppressEOG(s)
+	inf := float32(math.Inf(-1))
+	for j, id := range c.ids {
+		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
+			c.logits[j] = inf
+		}
+	}
+	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
+	if err != nil {
+		return 0, fmt.Errorf("sample: %w", err)
+	}
+	if j < 0 || int(j) >= len(c.ids) || c.ids[j] < 0 {
+		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
+	}
+	return c.ids[j], nil
+}
