@@ -21,7 +21,25 @@ func TestMkDeepseek4(t *testing.T) {
 	is.NoErr(checkLayout(f))
 	ratios, err := f.Int32s("deepseek4.attention.compress_ratios")
 	is.NoErr(err)
-	is.Equal(ratios, []int32{0, 0, 4, 8, 4, 8})
+	is.Equal(ratios, []int32{0, 0, 4, 128, 4, 128}) // llama.cpp loads only 0, 4 and 128
+	// The keys upstream llama.cpp requires, with its converter's types.
+	gating, err := f.Uint32("deepseek4.expert_gating_func")
+	is.NoErr(err)
+	is.Equal(gating, uint32(4)) // sqrtsoftplus
+	rs, _ := f.Meta("deepseek4.rope.scaling.type")
+	is.Equal(rs, "yarn")
+	clamp, err := f.Float32s("deepseek4.swiglu_clamp_exp")
+	is.NoErr(err)
+	is.Equal(clamp, []float32{10, 10, 10, 10, 10, 10})
+	clamp, err = f.Float32s("deepseek4.swiglu_clamp_shexp")
+	is.NoErr(err)
+	is.Equal(len(clamp), 6)
+	out4, _ := f.Uint32("deepseek4.embedding_length_out")
+	is.Equal(out4, uint32(4*64))
+	norm, _ := f.Meta("deepseek4.expert_weights_norm")
+	is.Equal(norm, true)
+	_, ok := f.Meta("deepseek4.vocab_size") // upstream has none: token_embd says
+	is.True(!ok)
 	// Hash layers carry distinct expert ids per token; the others a bias.
 	ti, ok := f.Tensor("blk.2.ffn_gate_tid2eid.weight")
 	is.True(ok)
@@ -45,7 +63,7 @@ func TestMkDeepseek4(t *testing.T) {
 	ape, _ := f.Tensor("blk.2.attn_compressor_ape.weight")
 	is.Equal(ape.Dims, []uint64{64, 4}) // CSA: two series of head_dim
 	ape, _ = f.Tensor("blk.3.attn_compressor_ape.weight")
-	is.Equal(ape.Dims, []uint64{32, 8})
+	is.Equal(ape.Dims, []uint64{32, 128})
 	hc, _ := f.Tensor("blk.0.hc_attn_fn.weight")
 	is.Equal(hc.Type, gguf.F16) // mixing weights stay 16-bit in quantized files
 	router, _ := f.Tensor("blk.0.ffn_gate_inp.weight")
