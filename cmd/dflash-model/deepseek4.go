@@ -71,13 +71,16 @@ func flashKinds(n int) []int {
 func init() {
 	register(&layout{
 		arch: ds4Arch,
-		// The tiny shape of the spec's transformers recipe (§11.3).
+		// The tiny shape of the spec's transformers recipe (§11.3), but with
+		// llama.cpp-loadable head sizes (head 128, indexer 64: multiples of
+		// 64 and unequal, as in Flash; llama.cpp's Hadamard K rotation
+		// asserts on smaller heads) and HCA ratio 128.
 		defaults: hparams{
-			Layers: 6, Hidden: 64, Heads: 4, KVHeads: 1, HeadDim: 32, RopeDims: 16,
+			Layers: 6, Hidden: 64, Heads: 4, KVHeads: 1, HeadDim: 128, RopeDims: 16,
 			Context: 1048576, RMSEps: 1e-6, RopeTheta: 10000,
 			DS: ds4Params{
 				QLora: 32, OGroups: 2, OLora: 16, Experts: 8, ExpertsUsed: 2, Shared: 1, FFN: 32,
-				HashLayers: 3, Window: 8, IndexHeads: 32, IndexHeadDim: 32, TopK: 4, HC: 4, Sinkhorn: 20,
+				HashLayers: 3, Window: 8, IndexHeads: 32, IndexHeadDim: 64, TopK: 4, HC: 4, Sinkhorn: 20,
 				HCEps: 1e-6, SwigluLimit: 10, RoutedScale: 1.5, CompressTheta: 160000,
 				YarnFactor: 16, BetaFast: 32, BetaSlow: 1, YarnOrigCtx: 65536,
 				Kinds: flashKinds(6), CSARatio: 4, HCARatio: upstreamHCARatio,
@@ -148,11 +151,14 @@ const upstreamHCARatio = 128
 // spec's transformers recipe) use 8 so that HCA windows close in short
 // prompts. Our own reader takes any ratio.
 func upstreamWarning(arch string, hp hparams) string {
-	if arch != ds4Arch || hp.DS.HCARatio == upstreamHCARatio {
+	if arch != ds4Arch {
 		return ""
 	}
+	if hp.HeadDim%64 != 0 || hp.DS.IndexHeadDim%64 != 0 {
+		return fmt.Sprintf("head dim %d / indexer head dim %d: upstream llama.cpp's K rotation needs multiples of 64 (it asserts when creating a context)", hp.HeadDim, hp.DS.IndexHeadDim)
+	}
 	for _, k := range hp.DS.Kinds {
-		if k == ds4HCA {
+		if k == ds4HCA && hp.DS.HCARatio != upstreamHCARatio {
 			return fmt.Sprintf("HCA compression ratio %d: upstream llama.cpp loads only ratios 0, 4 and %d", hp.DS.HCARatio, upstreamHCARatio)
 		}
 	}

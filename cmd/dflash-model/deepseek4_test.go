@@ -62,9 +62,9 @@ func TestMkDeepseek4(t *testing.T) {
 	_, ok = f.Tensor("blk.3.indexer.proj.weight")
 	is.True(!ok)
 	ape, _ := f.Tensor("blk.2.attn_compressor_ape.weight")
-	is.Equal(ape.Dims, []uint64{64, 4}) // CSA: two series of head_dim
+	is.Equal(ape.Dims, []uint64{256, 4}) // CSA: two series of head_dim
 	ape, _ = f.Tensor("blk.3.attn_compressor_ape.weight")
-	is.Equal(ape.Dims, []uint64{32, 128})
+	is.Equal(ape.Dims, []uint64{128, 128})
 	hc, _ := f.Tensor("blk.0.hc_attn_fn.weight")
 	is.Equal(hc.Type, gguf.F16) // mixing weights stay 16-bit in quantized files
 	router, _ := f.Tensor("blk.0.ffn_gate_inp.weight")
