@@ -54,6 +54,9 @@ func (c *convertCmd) Run(out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if w := upstreamWarning(arch, hp); w != "" {
+		fmt.Fprintln(os.Stderr, "warning:", w)
+	}
 	ck, err := safetensors.Open(c.HFDir)
 	if err != nil {
 		return err

@@ -71,16 +71,19 @@ func flashKinds(n int) []int {
 func init() {
 	register(&layout{
 		arch: ds4Arch,
-		// The tiny shape of the spec's transformers recipe (§11.3).
+		// The tiny shape of the spec's transformers recipe (§11.3), but with
+		// llama.cpp-loadable head sizes (head 128, indexer 64: multiples of
+		// 64 and unequal, as in Flash; llama.cpp's Hadamard K rotation
+		// asserts on smaller heads) and HCA ratio 128.
 		defaults: hparams{
-			Layers: 6, Hidden: 64, Heads: 4, KVHeads: 1, HeadDim: 32, RopeDims: 16,
+			Layers: 6, Hidden: 64, Heads: 4, KVHeads: 1, HeadDim: 128, RopeDims: 16,
 			Context: 1048576, RMSEps: 1e-6, RopeTheta: 10000,
 			DS: ds4Params{
 				QLora: 32, OGroups: 2, OLora: 16, Experts: 8, ExpertsUsed: 2, Shared: 1, FFN: 32,
-				HashLayers: 3, Window: 8, IndexHeads: 32, IndexHeadDim: 32, TopK: 4, HC: 4, Sinkhorn: 20,
+				HashLayers: 3, Window: 8, IndexHeads: 32, IndexHeadDim: 64, TopK: 4, HC: 4, Sinkhorn: 20,
 				HCEps: 1e-6, SwigluLimit: 10, RoutedScale: 1.5, CompressTheta: 160000,
 				YarnFactor: 16, BetaFast: 32, BetaSlow: 1, YarnOrigCtx: 65536,
-				Kinds: flashKinds(6), CSARatio: 4, HCARatio: 8,
+				Kinds: flashKinds(6), CSARatio: 4, HCARatio: upstreamHCARatio,
 			},
 		},
 		validate: validateDS4,
@@ -109,6 +112,9 @@ func validateDS4(hp hparams) error {
 	if (hp.Heads*hp.HeadDim)%d.OGroups != 0 {
 		errs = multierror.Append(errs, fmt.Errorf("heads × head-dim (%d) must divide into %d output groups", hp.Heads*hp.HeadDim, d.OGroups))
 	}
+	if hp.Tied {
+		errs = multierror.Append(errs, fmt.Errorf("deepseek4 cannot tie the output head: llama.cpp requires output.weight"))
+	}
 	if d.ExpertsUsed > d.Experts {
 		errs = multierror.Append(errs, fmt.Errorf("experts used (%d) exceeds experts (%d)", d.ExpertsUsed, d.Experts))
 	}
@@ -131,50 +137,94 @@ func validateDS4(hp hparams) error {
 	return errs.ErrorOrNil()
 }
 
+// ds4GatingSqrtSoftplus is llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SQRTSOFTPLUS,
+// the only value its deepseek4 loader accepts for expert_gating_func.
+const ds4GatingSqrtSoftplus = 4
+
+// upstreamHCARatio is the only HCA compression ratio upstream llama.cpp's
+// deepseek4 loader accepts (besides 0 and 4).
+const upstreamHCARatio = 128
+
+// upstreamWarning says why a file of this shape converts but will not load
+// in upstream llama.cpp ("" when it will): its deepseek4 loader accepts only
+// the compression ratios 0, 4 and 128, while small test checkpoints (the
+// spec's transformers recipe) use 8 so that HCA windows close in short
+// prompts. Our own reader takes any ratio.
+func upstreamWarning(arch string, hp hparams) string {
+	if arch != ds4Arch {
+		return ""
+	}
+	if hp.HeadDim%64 != 0 || hp.DS.IndexHeadDim%64 != 0 {
+		return fmt.Sprintf("head dim %d / indexer head dim %d: upstream llama.cpp's K rotation needs multiples of 64 (it asserts when creating a context)", hp.HeadDim, hp.DS.IndexHeadDim)
+	}
+	for _, k := range hp.DS.Kinds {
+		if k == ds4HCA && hp.DS.HCARatio != upstreamHCARatio {
+			return fmt.Sprintf("HCA compression ratio %d: upstream llama.cpp loads only ratios 0, 4 and %d", hp.DS.HCARatio, upstreamHCARatio)
+		}
+	}
+	return ""
+}
+
+// ds4Keys writes the keys of upstream llama.cpp's deepseek4 architecture
+// with the types its converter writes (deepseek4 spec, appendix §1). There is
+// no vocab_size key: the vocabulary is token_embd's second dimension.
 func ds4Keys(hp hparams) []kv {
 	d := hp.DS
 	p := ds4Arch + "."
 	ratios := make([]int32, hp.Layers)
+	clamp := make([]float32, hp.Layers)
 	for i, k := range d.Kinds {
 		ratios[i] = int32(d.ratio(k))
+		clamp[i] = d.SwigluLimit
 	}
-	return []kv{
+	keys := []kv{
 		{p + "block_count", u32(hp.Layers)},
 		{p + "context_length", u32(hp.Context)},
 		{p + "embedding_length", u32(hp.Hidden)},
-		{p + "vocab_size", u32(hp.Vocab)},
+		{p + "embedding_length_out", u32(d.HC * hp.Hidden)},
 		{p + "attention.head_count", u32(hp.Heads)},
 		{p + "attention.head_count_kv", u32(hp.KVHeads)},
 		{p + "attention.key_length", u32(hp.HeadDim)},
 		{p + "attention.value_length", u32(hp.HeadDim)},
-		{p + "rope.dimension_count", u32(hp.RopeDims)},
-		{p + "attention.q_lora_rank", u32(d.QLora)},
-		{p + "attention.output_lora_rank", u32(d.OLora)},
-		{p + "attention.output_group_count", u32(d.OGroups)},
-		{p + "expert_count", u32(d.Experts)},
-		{p + "expert_used_count", u32(d.ExpertsUsed)},
-		{p + "expert_shared_count", u32(d.Shared)},
-		{p + "expert_feed_forward_length", u32(d.FFN)},
-		{p + "hash_layer_count", u32(d.HashLayers)},
-		{p + "attention.sliding_window", u32(d.Window)},
-		{p + "attention.indexer.head_count", u32(d.IndexHeads)},
-		{p + "attention.indexer.key_length", u32(d.IndexHeadDim)},
-		{p + "attention.indexer.top_k", u32(d.TopK)},
-		{p + "hyper_connection.count", u32(d.HC)},
-		{p + "hyper_connection.sinkhorn_iterations", u32(d.Sinkhorn)},
-		{p + "hyper_connection.epsilon", d.HCEps},
-		{p + "rope.freq_base", hp.RopeTheta},
-		{p + "rope.scaling.factor", d.YarnFactor},
-		{p + "rope.scaling.yarn_beta_fast", d.BetaFast},
-		{p + "rope.scaling.yarn_beta_slow", d.BetaSlow},
-		{p + "rope.scaling.original_context_length", u32(d.YarnOrigCtx)},
-		{p + "attention.compress_rope_freq_base", d.CompressTheta},
-		{p + "attention.compress_ratios", ratios},
 		{p + "attention.layer_norm_rms_epsilon", hp.RMSEps},
-		{p + "expert_weights_scale", d.RoutedScale},
-		{p + "expert_weights_norm", true},
-		{p + "swiglu_clamp_exp", d.SwigluLimit},
+		{p + "rope.dimension_count", u32(hp.RopeDims)},
+		{p + "rope.freq_base", hp.RopeTheta},
 	}
+	// Without rope.scaling.type llama.cpp takes "linear": compressing
+	// layers would get plain interpolation instead of the YaRN ramp.
+	if d.YarnFactor != 0 && d.YarnFactor != 1 {
+		keys = append(keys,
+			kv{p + "rope.scaling.type", "yarn"},
+			kv{p + "rope.scaling.factor", d.YarnFactor},
+			kv{p + "rope.scaling.original_context_length", u32(d.YarnOrigCtx)},
+			kv{p + "rope.scaling.yarn_beta_fast", d.BetaFast},
+			kv{p + "rope.scaling.yarn_beta_slow", d.BetaSlow},
+		)
+	}
+	return append(keys,
+		kv{p + "attention.q_lora_rank", u32(d.QLora)},
+		kv{p + "attention.sliding_window", u32(d.Window)},
+		kv{p + "expert_count", u32(d.Experts)},
+		kv{p + "expert_used_count", u32(d.ExpertsUsed)},
+		kv{p + "expert_feed_forward_length", u32(d.FFN)},
+		kv{p + "expert_shared_count", u32(d.Shared)},
+		kv{p + "expert_weights_scale", d.RoutedScale},
+		kv{p + "expert_weights_norm", true},
+		kv{p + "expert_gating_func", u32(ds4GatingSqrtSoftplus)},
+		kv{p + "swiglu_clamp_exp", clamp},
+		kv{p + "swiglu_clamp_shexp", clamp},
+		kv{p + "attention.indexer.head_count", u32(d.IndexHeads)},
+		kv{p + "attention.indexer.key_length", u32(d.IndexHeadDim)},
+		kv{p + "attention.indexer.top_k", u32(d.TopK)},
+		kv{p + "attention.output_group_count", u32(d.OGroups)},
+		kv{p + "attention.output_lora_rank", u32(d.OLora)},
+		kv{p + "attention.compress_ratios", ratios},
+		kv{p + "attention.compress_rope_freq_base", d.CompressTheta},
+		kv{p + "hyper_connection.count", u32(d.HC)},
+		kv{p + "hyper_connection.sinkhorn_iterations", u32(d.Sinkhorn)},
+		kv{p + "hyper_connection.epsilon", d.HCEps},
+		kv{p + "hash_layer_count", u32(d.HashLayers)},
+	)
 }
 
 // expertRows maps the rows of ffn_gate_exps / ffn_up_exps (ggml [D, F, E]:
@@ -254,6 +304,7 @@ func ds4Tensors(hp hparams) []tensorPlan {
 			)
 		}
 		E, F := d.Experts, d.FFN
+		SF := F * max(d.Shared, 1) // llama.cpp: the shared experts are one MLP n_shared times as wide
 		gateUp := func(up bool) hfRule {
 			r := hf("mlp.experts.gate_up_proj", E, 2*F, D)
 			r.Rows = func() []int { return expertRows(E, F, up) }
@@ -273,14 +324,21 @@ func ds4Tensors(hp hparams) []tensorPlan {
 			tensorPlan{Name: blk("ffn_gate_exps.weight"), Dims: dims(D, F, E), HF: gateUp(false)},
 			tensorPlan{Name: blk("ffn_up_exps.weight"), Dims: dims(D, F, E), HF: gateUp(true)},
 			tensorPlan{Name: blk("ffn_down_exps.weight"), Dims: dims(F, D, E), HF: hf("mlp.experts.down_proj", E, D, F)},
-			tensorPlan{Name: blk("ffn_gate_shexp.weight"), Dims: dims(D, F), HF: hf("mlp.shared_experts.gate_proj.weight", F, D)},
-			tensorPlan{Name: blk("ffn_up_shexp.weight"), Dims: dims(D, F), HF: hf("mlp.shared_experts.up_proj.weight", F, D)},
-			tensorPlan{Name: blk("ffn_down_shexp.weight"), Dims: dims(F, D), HF: hf("mlp.shared_experts.down_proj.weight", D, F)},
+			tensorPlan{Name: blk("ffn_gate_shexp.weight"), Dims: dims(D, SF), HF: hf("mlp.shared_experts.gate_proj.weight", SF, D)},
+			tensorPlan{Name: blk("ffn_up_shexp.weight"), Dims: dims(D, SF), HF: hf("mlp.shared_experts.up_proj.weight", SF, D)},
+			tensorPlan{Name: blk("ffn_down_shexp.weight"), Dims: dims(SF, D), HF: hf("mlp.shared_experts.down_proj.weight", D, SF)},
 		)
 	}
 	return ps
 }
 
+// ds4FromGGUF reads upstream llama.cpp's deepseek4 keys (deepseek4 spec,
+// appendix §1). The vocabulary comes from token_embd (upstream writes no
+// vocab_size key); block_count counts MTP layers, so the trunk is
+// block_count − nextn_predict_layers, and compress_ratios may be longer than
+// the trunk (upstream's converter adds the MTP layer's entry). Older
+// dflash-model files (vocab_size key, scalar swiglu_clamp_exp, no
+// expert_gating_func, HCA ratio 8) are still read.
 func ds4FromGGUF(f *gguf.File) (hparams, error) {
 	var errs *multierror.Error
 	p := ds4Arch + "."
@@ -288,6 +346,12 @@ func ds4FromGGUF(f *gguf.File) (hparams, error) {
 		v, err := f.Uint32(p + key)
 		errs = multierror.Append(errs, err)
 		return int(v)
+	}
+	getiOr := func(key string, def int) int {
+		if _, ok := f.Meta(p + key); !ok {
+			return def
+		}
+		return geti(key)
 	}
 	getf := func(key string, def float32) float32 {
 		if _, ok := f.Meta(p + key); !ok {
@@ -298,13 +362,36 @@ func ds4FromGGUF(f *gguf.File) (hparams, error) {
 		return v
 	}
 	hp := hparams{
-		Layers: geti("block_count"), Hidden: geti("embedding_length"), Vocab: geti("vocab_size"),
-		Heads: geti("attention.head_count"), KVHeads: geti("attention.head_count_kv"),
-		HeadDim: geti("attention.key_length"), RopeDims: geti("rope.dimension_count"), Context: 1,
-		RMSEps: getf("attention.layer_norm_rms_epsilon", 1e-6), RopeTheta: getf("rope.freq_base", 10000),
+		Layers: geti("block_count"), Hidden: geti("embedding_length"),
+		Heads: geti("attention.head_count"), KVHeads: getiOr("attention.head_count_kv", 1),
+		Context: getiOr("context_length", 1),
+		RMSEps:  getf("attention.layer_norm_rms_epsilon", 1e-6), RopeTheta: getf("rope.freq_base", 10000),
 	}
-	if v, err := f.Uint32(p + "context_length"); err == nil {
-		hp.Context = int(v)
+	hp.HeadDim = getiOr("attention.key_length", 0)
+	if hp.HeadDim == 0 && hp.Heads > 0 {
+		hp.HeadDim = hp.Hidden / hp.Heads
+	}
+	hp.RopeDims = getiOr("rope.dimension_count", hp.HeadDim)
+	if t, ok := f.Tensor("token_embd.weight"); ok && len(t.Dims) == 2 {
+		hp.Vocab = int(t.Dims[1])
+	} else if _, ok := f.Meta(p + "vocab_size"); ok { // older dflash-model files
+		hp.Vocab = geti("vocab_size")
+	} else {
+		errs = multierror.Append(errs, fmt.Errorf("cannot tell the vocabulary size: no %q tensor", "token_embd.weight"))
+	}
+	if nextn := getiOr("nextn_predict_layers", 0); nextn > 0 {
+		// As llama.cpp does: MTP layers count only if their eh_proj is there.
+		if _, ok := f.Tensor(fmt.Sprintf("blk.%d.nextn.eh_proj.weight", hp.Layers-nextn)); ok {
+			if _, ok := f.Tensor("blk.0.attn_norm.weight"); !ok {
+				errs = multierror.Append(errs, fmt.Errorf("an MTP-only file (no blk.0, nextn_predict_layers %d) is not supported", nextn))
+			}
+			hp.Layers -= nextn
+		}
+	}
+	if v, ok := f.Meta(p + "expert_gating_func"); ok {
+		if g, err := f.Uint32(p + "expert_gating_func"); err != nil || g != ds4GatingSqrtSoftplus {
+			errs = multierror.Append(errs, fmt.Errorf("%sexpert_gating_func is %v, want %d (sqrtsoftplus)", p, v, ds4GatingSqrtSoftplus))
+		}
 	}
 	d := &hp.DS
 	d.QLora, d.OLora, d.OGroups = geti("attention.q_lora_rank"), geti("attention.output_lora_rank"), geti("attention.output_group_count")
@@ -312,11 +399,39 @@ func ds4FromGGUF(f *gguf.File) (hparams, error) {
 	d.FFN, d.HashLayers, d.Window = geti("expert_feed_forward_length"), geti("hash_layer_count"), geti("attention.sliding_window")
 	d.IndexHeads, d.IndexHeadDim, d.TopK = geti("attention.indexer.head_count"), geti("attention.indexer.key_length"), geti("attention.indexer.top_k")
 	d.HC, d.Sinkhorn = geti("hyper_connection.count"), geti("hyper_connection.sinkhorn_iterations")
+	d.HCEps = getf("hyper_connection.epsilon", 1e-6)
+	d.RoutedScale = getf("expert_weights_scale", 1.5)
+	d.CompressTheta = getf("attention.compress_rope_freq_base", 160000)
+	d.YarnFactor = getf("rope.scaling.factor", 1)
+	d.BetaFast, d.BetaSlow = getf("rope.scaling.yarn_beta_fast", 32), getf("rope.scaling.yarn_beta_slow", 1)
+	d.YarnOrigCtx = getiOr("rope.scaling.original_context_length", hp.Context)
+	// swiglu_clamp_exp: a scalar (older files) or one value per layer; the
+	// per-layer values must agree (one limit is all hparams keeps).
+	if v, ok := f.Meta(p + "swiglu_clamp_exp"); ok {
+		if xs, err := f.Float32s(p + "swiglu_clamp_exp"); err == nil {
+			for _, x := range xs {
+				if len(xs) > 0 && x != xs[0] {
+					errs = multierror.Append(errs, fmt.Errorf("%sswiglu_clamp_exp differs between layers (%v); one limit is supported", p, xs))
+					break
+				}
+			}
+			if len(xs) > 0 {
+				d.SwigluLimit = xs[0]
+			}
+		} else if x, err := f.Float32(p + "swiglu_clamp_exp"); err == nil {
+			d.SwigluLimit = x
+		} else {
+			errs = multierror.Append(errs, fmt.Errorf("%sswiglu_clamp_exp: %v is not a float or float array", p, v))
+		}
+	}
 	d.CSARatio = 4
 	ratios, err := f.Int32s(p + "attention.compress_ratios")
 	if err != nil {
 		// Files without the key follow the Flash schedule.
-		d.Kinds, d.HCARatio = flashKinds(hp.Layers), 128
+		d.Kinds, d.HCARatio = flashKinds(hp.Layers), upstreamHCARatio
+	}
+	if len(ratios) > hp.Layers && hp.Layers >= 0 {
+		ratios = ratios[:hp.Layers] // trailing entries are the MTP layers'
 	}
 	for _, r := range ratios {
 		switch {
@@ -329,7 +444,7 @@ func ds4FromGGUF(f *gguf.File) (hparams, error) {
 		}
 	}
 	if d.HCARatio == 0 {
-		d.HCARatio = 128
+		d.HCARatio = upstreamHCARatio
 	}
 	return hp, errs.ErrorOrNil()
 }

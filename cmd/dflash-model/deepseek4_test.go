@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dflash/dflash_server/sdk/gguf"
@@ -21,7 +22,25 @@ func TestMkDeepseek4(t *testing.T) {
 	is.NoErr(checkLayout(f))
 	ratios, err := f.Int32s("deepseek4.attention.compress_ratios")
 	is.NoErr(err)
-	is.Equal(ratios, []int32{0, 0, 4, 8, 4, 8})
+	is.Equal(ratios, []int32{0, 0, 4, 128, 4, 128}) // llama.cpp loads only 0, 4 and 128
+	// The keys upstream llama.cpp requires, with its converter's types.
+	gating, err := f.Uint32("deepseek4.expert_gating_func")
+	is.NoErr(err)
+	is.Equal(gating, uint32(4)) // sqrtsoftplus
+	rs, _ := f.Meta("deepseek4.rope.scaling.type")
+	is.Equal(rs, "yarn")
+	clamp, err := f.Float32s("deepseek4.swiglu_clamp_exp")
+	is.NoErr(err)
+	is.Equal(clamp, []float32{10, 10, 10, 10, 10, 10})
+	clamp, err = f.Float32s("deepseek4.swiglu_clamp_shexp")
+	is.NoErr(err)
+	is.Equal(len(clamp), 6)
+	out4, _ := f.Uint32("deepseek4.embedding_length_out")
+	is.Equal(out4, uint32(4*64))
+	norm, _ := f.Meta("deepseek4.expert_weights_norm")
+	is.Equal(norm, true)
+	_, ok := f.Meta("deepseek4.vocab_size") // upstream has none: token_embd says
+	is.True(!ok)
 	// Hash layers carry distinct expert ids per token; the others a bias.
 	ti, ok := f.Tensor("blk.2.ffn_gate_tid2eid.weight")
 	is.True(ok)
@@ -43,9 +62,9 @@ func TestMkDeepseek4(t *testing.T) {
 	_, ok = f.Tensor("blk.3.indexer.proj.weight")
 	is.True(!ok)
 	ape, _ := f.Tensor("blk.2.attn_compressor_ape.weight")
-	is.Equal(ape.Dims, []uint64{64, 4}) // CSA: two series of head_dim
+	is.Equal(ape.Dims, []uint64{256, 4}) // CSA: two series of head_dim
 	ape, _ = f.Tensor("blk.3.attn_compressor_ape.weight")
-	is.Equal(ape.Dims, []uint64{32, 8})
+	is.Equal(ape.Dims, []uint64{128, 128})
 	hc, _ := f.Tensor("blk.0.hc_attn_fn.weight")
 	is.Equal(hc.Type, gguf.F16) // mixing weights stay 16-bit in quantized files
 	router, _ := f.Tensor("blk.0.ffn_gate_inp.weight")
@@ -231,4 +250,78 @@ func TestConvertDeepseek4(t *testing.T) {
 		}
 	}
 	_ = quant.F16ToF32
+}
+
+// rewriteDS4 copies src to dst with keys set (nil: dropped) and extra F32
+// tensors of the given dims added.
+func rewriteDS4(t *testing.T, src, dst string, set map[string]any, extra map[string][]uint64) {
+	t.Helper()
+	is := is.New(t)
+	f := openGGUF(t, src)
+	w, err := gguf.Create(dst)
+	is.NoErr(err)
+	for _, kv := range f.KVs() {
+		if _, ok := set[kv.Key]; ok {
+			continue
+		}
+		v, _ := f.Meta(kv.Key)
+		is.NoErr(w.AddKV(kv.Key, v))
+	}
+	for k, v := range set {
+		if v != nil {
+			is.NoErr(w.AddKV(k, v))
+		}
+	}
+	for _, ti := range f.Tensors() {
+		is.NoErr(w.AddTensor(ti.Name, ti.Type, ti.Dims))
+	}
+	for name, d := range extra {
+		is.NoErr(w.AddTensor(name, gguf.F32, d))
+	}
+	for _, ti := range f.Tensors() {
+		d, _ := f.TensorData(ti.Name)
+		is.NoErr(w.WriteTensorData(ti.Name, d[:ti.Size]))
+	}
+	for name, d := range extra {
+		n := uint64(4)
+		for _, x := range d {
+			n *= x
+		}
+		is.NoErr(w.WriteTensorData(name, make([]byte, n)))
+	}
+	is.NoErr(w.Close())
+}
+
+// TestDeepseek4ReadsUpstreamAndOlderFiles: the reader takes what upstream
+// llama.cpp's converter writes (compress_ratios with the MTP layer's entry,
+// u32 ratios, an MTP layer counted in block_count) and what older
+// dflash-model files have (vocab_size, a scalar swiglu clamp, no gating
+// function or scaling type, HCA ratio 8), and refuses another gating
+// function.
+func TestDeepseek4ReadsUpstreamAndOlderFiles(t *testing.T) {
+	is := is.New(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "ds.gguf")
+	mustCLI(t, "mk", "deepseek4", src, "--tokenizer", testTokenizer, "--type", "f32", "--vocab", "40")
+	const p = "deepseek4."
+	check := func(name string, set map[string]any, extra map[string][]uint64) error {
+		t.Helper()
+		dst := filepath.Join(dir, name+".gguf")
+		rewriteDS4(t, src, dst, set, extra)
+		return checkLayout(openGGUF(t, dst))
+	}
+	is.NoErr(check("upstream", map[string]any{p + "attention.compress_ratios": []int32{0, 0, 4, 128, 4, 128, 0}}, nil))
+	is.NoErr(check("u32", map[string]any{p + "attention.compress_ratios": []uint32{0, 0, 4, 128, 4, 128}}, nil))
+	is.NoErr(check("mtp", map[string]any{
+		p + "block_count": uint32(7), p + "nextn_predict_layers": uint32(1),
+		p + "attention.compress_ratios": []int32{0, 0, 4, 128, 4, 128, 0},
+	}, map[string][]uint64{"blk.6.nextn.eh_proj.weight": {128, 64}}))
+	is.NoErr(check("older", map[string]any{
+		p + "vocab_size": uint32(40), p + "swiglu_clamp_exp": float32(10), p + "swiglu_clamp_shexp": nil,
+		p + "expert_gating_func": nil, p + "rope.scaling.type": nil,
+	}, nil))
+	err := check("softmax", map[string]any{p + "expert_gating_func": uint32(1)}, nil)
+	is.True(err != nil && strings.Contains(err.Error(), "expert_gating_func"))
+	_, err = runCLI(t, "mk", "deepseek4", filepath.Join(dir, "tied.gguf"), "--tokenizer", testTokenizer, "--tied")
+	is.True(err != nil) // llama.cpp has no tied fallback for deepseek4
 }

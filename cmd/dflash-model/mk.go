@@ -350,6 +350,9 @@ func (c *mkCmd) Run(out io.Writer) error {
 	if err := l.validate(hp); err != nil {
 		return fmt.Errorf("%s shape: %w", l.arch, err)
 	}
+	if w := upstreamWarning(l.arch, hp); w != "" {
+		fmt.Fprintln(os.Stderr, "warning:", w)
+	}
 	name := c.Name
 	if name == "" {
 		name = fmt.Sprintf("dflash random %s L%d H%d", l.arch, hp.Layers, hp.Hidden)
