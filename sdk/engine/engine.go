@@ -150,6 +150,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.DecodeHeadroom <= 0 {
 		cfg.DecodeHeadroom = 64
 	}
+	if cfg.Drafter != nil {
+		// Admission keeps room for a whole verify block (or tree) of every running sequence.
+		cfg.DecodeHeadroom = max(cfg.DecodeHeadroom, cfg.Drafter.BlockSize(), cfg.TreeBudget+1)
+	}
 	if cfg.EventBuffer <= 0 {
 		cfg.EventBuffer = 32
 	}
@@ -497,7 +501,13 @@ func (e *Engine) schedule() ([]SeqInput, []*sequence) {
 	kept := 0
 	for i, in := range batch {
 		s := members[i]
-		if err := e.grow(s, s.nPast+len(in.Tokens)); err != nil {
+		err := e.grow(s, s.nPast+len(in.Tokens))
+		if err != nil && in.Logits == LogitsAll && s.state == stateDecode {
+			// No room for the draft block: the root alone, as plain decoding would go on.
+			in = e.unblock(s, in)
+			err = e.grow(s, s.nPast+1)
+		}
+		if err != nil {
 			e.retire(s, err)
 			continue
 		}

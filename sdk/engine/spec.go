@@ -365,3 +365,13 @@ func (p *pacer) observe(drafted bool, tokens int64, d time.Duration) {
 		p.plainLeft, p.sinceProbe = plainBurst, 0
 	}
 }
+
+// unblock turns a decoding sequence's draft block back into its root alone (the pool has no room for the block).
+func (e *Engine) unblock(s *sequence, in SeqInput) SeqInput {
+	s.feed = s.feed[:1]
+	if s.spec != nil {
+		s.spec.parents = s.spec.parents[:0]
+	}
+	in.Tokens, in.Logits, in.Record, in.Parents = s.feed, LogitsLast, false, nil
+	return in
+}

@@ -312,3 +312,4 @@ func TestSpeculativePacing(t *testing.T) {
 		})
 	}
 }
+
