@@ -312,4 +312,3 @@ func TestSpeculativePacing(t *testing.T) {
 		})
 	}
 }
-
