@@ -69,20 +69,6 @@ std::vector<bool> sliding_pattern(const MetaMap &m, int n_layer, int window) {
     return s;
 }
 
-std::string dims_str(const dfl_tensor &t) {
-    std::string s = "[";
-    for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
-    return s + "]";
-}
-
-std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
-
-int threads_of(const dfl_model_params &p) {
-    if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
-    const unsigned hc = std::thread::hardware_concurrency();
-    return hc == 0 ? 1 : (int)hc;
-}
-
 }  // namespace
 
 DFlashHParams dflash_hparams(const dfl_model_params &p) {
@@ -157,7 +143,6 @@ DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
     : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
     hp_ = dflash_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    copy_weights_ = (p.flags & DFL_LOAD_COPY_WEIGHTS) != 0;
     if (!cache_type_ok(type_k_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type k ") + type_name(type_k_) + " is not supported");
     if (!cache_type_ok(type_v_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type v ") + type_name(type_v_) + " is not supported");
     if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
@@ -178,79 +163,23 @@ DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
         v_cache_.emplace_back(dev_.get(), pool_rows * v_row_, "draft KV pool (V)");
     }
     const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.head_dim);
-    owned_.emplace_back(dev_.get(), inv.size() * sizeof(float), "rope frequencies");
-    dev_->to_device(owned_.back().get(), inv.data(), inv.size() * sizeof(float));
-    inv_freq_ = owned_.back().f();
+    inv_freq_ = w_.floats(inv, "rope frequencies");
     ensure_acts(16);
 }
 
 // ---- weights --------------------------------------------------------------------------------------------------------
 
-const dfl_tensor *DFlashModel::tensor(const std::string &name) const {
-    auto it = tensors_.find(name);
-    return it == tensors_.end() ? nullptr : it->second;
-}
-
-// A validated 2-D weight, uploaded.
+// A validated 2-D weight, uploaded, with the device's own layout.
 Weight DFlashModel::weight(const std::string &name, int64_t n_in, int64_t n_out) {
-    const dfl_tensor *t = tensor(name);
-    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
-    if (!weight_type_ok(t->type))
-        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " has type " + std::to_string(t->type) + ", which this engine does not support");
-    if (t->dims[0] != (uint64_t)n_in || t->dims[1] != (uint64_t)n_out || t->dims[2] != 1 || t->dims[3] != 1)
-        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n_in) + ", " +
-                                  std::to_string(n_out) + "]");
-    if (n_in % type_block(t->type) != 0)
-        fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
-                                  type_name(t->type) + " block");
-    Weight w;
-    w.type = t->type;
-    w.n_in = n_in;
-    w.n_out = n_out;
-    w.row_bytes = row_bytes(t->type, n_in);
-    if (t->size < w.row_bytes * (uint64_t)n_out) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
-    w.data = (const uint8_t *)t->data;
-    upload(w);
+    Weight w = w_.matrix(name, n_in, n_out);
+    w_.upload(w);
     dev_->prepare_weight(w);
     return w;
 }
 
-void DFlashModel::upload(Weight &w) {
-    auto it = uploaded_.find(w.data);
-    if (it != uploaded_.end()) {
-        w.data = it->second;
-        return;
-    }
-    const uint64_t bytes = w.row_bytes * (uint64_t)w.n_out;
-    const uint8_t *host = w.data;
-    w.data = dev_->upload_weight(host, bytes, copy_weights_);
-    uploaded_[host] = w.data;
-    weight_bytes_ += bytes;
-}
-
-// A norm weight of n floats, converted to f32 on the device.
-const float *DFlashModel::vec(const std::string &name, int64_t n) {
-    const dfl_tensor *t = tensor(name);
-    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
-    uint64_t count = 1;
-    for (uint32_t i = 0; i < t->n_dims; i++) count *= t->dims[i];
-    if (count != (uint64_t)n || t->dims[0] != (uint64_t)n)
-        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n) + "]");
-    if (t->type != DFL_TYPE_F32 && t->type != DFL_TYPE_F16 && t->type != DFL_TYPE_BF16)
-        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
-    if (t->size < count * (uint64_t)type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
-    std::vector<float> v((size_t)n);
-    dequant_row(t->type, t->data, v.data(), n);
-    weight_bytes_ += count * (uint64_t)type_block_bytes(t->type);
-    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
-    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
-    return owned_.back().f();
-}
-
 // A small f32/f16/bf16 tensor of exactly these dims (ggml order), converted to f32 on the device.
 const float *DFlashModel::floats(const std::string &name, const std::vector<int64_t> &dims) {
-    const dfl_tensor *t = tensor(name);
-    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    const dfl_tensor *t = &w_.need(name);
     int64_t count = 1;
     bool ok = true;
     for (uint32_t i = 0; i < 4; i++) {
@@ -268,31 +197,22 @@ const float *DFlashModel::floats(const std::string &name, const std::vector<int6
     if (t->size < (uint64_t)count * type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
     std::vector<float> v((size_t)count);
     dequant_row(t->type, t->data, v.data(), count);
-    weight_bytes_ += (uint64_t)count * (uint64_t)type_block_bytes(t->type);
-    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
-    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
-    return owned_.back().f();
+    return w_.floats(v, name.c_str(), (uint64_t)count * (uint64_t)type_block_bytes(t->type));
 }
 
 void DFlashModel::load_weights(const dfl_model_params &p) {
-    for (uint32_t i = 0; i < p.n_tensors; i++) {
-        const dfl_tensor &t = p.tensors[i];
-        if (!t.name) fail(DFL_ERR_INVALID, "tensor entry " + std::to_string(i) + " has no name");
-        if (!t.data && t.size > 0) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has no data");
-        if (t.n_dims < 1 || t.n_dims > 4) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has a bad dimension count");
-        tensors_[t.name] = &t;
-    }
+    w_.init(dev_.get(), p);
     const DFlashHParams &h = hp_;
     // sizes the file does not state as keys: the feature width (fc), and the target's vocabulary (its head, table)
     for (const char *name : {"fc.weight", "output.weight", "token_embd.weight"})
-        if (!tensor(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
-    n_feat_ = positive((int64_t)tensor("fc.weight")->dims[0], "feature width (fc.weight dims[0])");
-    n_vocab_ = positive((int64_t)tensor("output.weight")->dims[1], "vocabulary size (output.weight dims[1])");
-    n_embd_rows_ = positive((int64_t)tensor("token_embd.weight")->dims[1], "vocabulary size (token_embd.weight dims[1])");
+        if (!w_.find(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
+    n_feat_ = positive((int64_t)w_.find("fc.weight")->dims[0], "feature width (fc.weight dims[0])");
+    n_vocab_ = positive((int64_t)w_.find("output.weight")->dims[1], "vocabulary size (output.weight dims[1])");
+    n_embd_rows_ = positive((int64_t)w_.find("token_embd.weight")->dims[1], "vocabulary size (token_embd.weight dims[1])");
 
     fc_ = weight("fc.weight", n_feat_, h.n_embd);
-    enc_norm_ = vec("enc.output_norm.weight", h.n_embd);
-    output_norm_ = vec("output_norm.weight", h.n_embd);
+    enc_norm_ = w_.vec("enc.output_norm.weight", h.n_embd);
+    output_norm_ = w_.vec("output_norm.weight", h.n_embd);
     tok_embd_ = weight("token_embd.weight", h.n_embd, n_embd_rows_);
     output_ = weight("output.weight", h.n_embd, n_vocab_);
     const int64_t qd = (int64_t)h.n_head * h.head_dim, kvd = (int64_t)h.n_kv * h.head_dim;
@@ -300,10 +220,10 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
     for (int il = 0; il < h.n_layer; il++) {
         DraftLayer &L = layers_[(size_t)il];
         L.sliding = h.sliding[(size_t)il];
-        L.attn_norm = vec(blk(il, "attn_norm.weight"), h.n_embd);
-        L.ffn_norm = vec(blk(il, "ffn_norm.weight"), h.n_embd);
-        L.q_norm = vec(blk(il, "attn_q_norm.weight"), h.head_dim);
-        L.k_norm = vec(blk(il, "attn_k_norm.weight"), h.head_dim);
+        L.attn_norm = w_.vec(blk(il, "attn_norm.weight"), h.n_embd);
+        L.ffn_norm = w_.vec(blk(il, "ffn_norm.weight"), h.n_embd);
+        L.q_norm = w_.vec(blk(il, "attn_q_norm.weight"), h.head_dim);
+        L.k_norm = w_.vec(blk(il, "attn_k_norm.weight"), h.head_dim);
         L.wq = weight(blk(il, "attn_q.weight"), h.n_embd, qd);
         L.wk = weight(blk(il, "attn_k.weight"), h.n_embd, kvd);
         L.wv = weight(blk(il, "attn_v.weight"), h.n_embd, kvd);
@@ -322,13 +242,12 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
     if (h.dflash2()) {
         // codebooks: one row of rank per token of the target's vocabulary
         for (const char *name : {"selector_predecessor.weight", "selector_successor.weight"})
-            if (!tensor(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
+            if (!w_.find(name)) fail(DFL_ERR_INVALID, std::string("tensor ") + name + " is missing");
         sel_pred_ = weight("selector_predecessor.weight", h.sel_rank, n_vocab_);
         sel_succ_ = weight("selector_successor.weight", h.sel_rank, n_vocab_);
         sel_hidden_ = weight("selector_hidden.weight", h.n_embd, h.sel_rank);
     }
-    tensors_.clear();  // the caller's table is not needed after load
-    uploaded_.clear();
+    w_.done();
 }
 
 // ---- model interface ------------------------------------------------------------------------------------------------
@@ -355,7 +274,7 @@ void DFlashModel::info(dfl_model_info *out) const {
     i.cache_type_v = type_v_;
     i.n_threads = n_threads_;
     i.kv_bytes_per_token = (uint64_t)hp_.n_layer * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
-    i.weight_bytes = weight_bytes_;
+    i.weight_bytes = w_.bytes();
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.head_dim;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "arch/model.h"
+#include "arch/weights.h"
 #include "core/seqtable.h"
 #include "ops/device.h"
 
@@ -79,10 +80,7 @@ private:
 
     void load_weights(const dfl_model_params &p);
     Weight weight(const std::string &name, int64_t n_in, int64_t n_out);
-    void upload(Weight &w);
-    const float *vec(const std::string &name, int64_t n);
     const float *floats(const std::string &name, const std::vector<int64_t> &dims);
-    const dfl_tensor *tensor(const std::string &name) const;
 
     StepLayout validate(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) const;
     void fill_meta(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
@@ -101,11 +99,7 @@ private:
     DFlashHParams hp_;
     int n_feat_ = 0, n_vocab_ = 0, n_embd_rows_ = 0;  // fc input; rows of the target's head and embedding table
     uint32_t n_threads_ = 0;
-    std::map<std::string, const dfl_tensor *> tensors_;
-    std::map<const void *, const uint8_t *> uploaded_;  // host tensor data -> device copy (shared head and table)
-    std::vector<DevBuf> owned_;
-    bool copy_weights_ = false;
-    uint64_t weight_bytes_ = 0;
+    WeightStore w_;  // after dev_: its device buffers go first
 
     Weight fc_, tok_embd_, output_;
     const float *enc_norm_ = nullptr, *output_norm_ = nullptr, *inv_freq_ = nullptr;

@@ -51,14 +51,6 @@ int positive(int64_t v, const std::string &what) {
     return (int)v;
 }
 
-int threads_of(const dfl_model_params &p) {
-    if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
-    const unsigned hc = std::thread::hardware_concurrency();
-    return hc == 0 ? 1 : (int)hc;
-}
-
-std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
-
 }  // namespace
 
 HParams qwen_hparams(const dfl_model_params &p) {
@@ -118,12 +110,6 @@ namespace {
 // parts one by one and need no split copies.
 constexpr int64_t kFusedMaxTokens = 64;
 
-std::string dims_str(const dfl_tensor &t) {
-    std::string s = "[";
-    for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
-    return s + "]";
-}
-
 }  // namespace
 
 // The architectures this engine has a layer plan for.
@@ -178,7 +164,6 @@ QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
     : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
     hp_ = qwen_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    copy_weights_ = (p.flags & DFL_LOAD_COPY_WEIGHTS) != 0;
     if (!cache_type_ok(type_k_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type k ") + type_name(type_k_) + " is not supported");
     if (!cache_type_ok(type_v_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type v ") + type_name(type_v_) + " is not supported");
     if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
@@ -202,62 +187,15 @@ QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
     if (states_.bytes()) dev_->zero(states_.get(), states_.bytes());
     seq_state_.resize(p.max_seqs);
     const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.rope_dim);
-    owned_.emplace_back(dev_.get(), inv.size() * sizeof(float), "rope frequencies");
-    dev_->to_device(owned_.back().get(), inv.data(), inv.size() * sizeof(float));
-    inv_freq_ = owned_.back().f();
+    inv_freq_ = w_.floats(inv, "rope frequencies");
     ensure_acts(16);
-}
-
-const dfl_tensor *QwenModel::tensor(const std::string &name) const {
-    auto it = tensors_.find(name);
-    return it == tensors_.end() ? nullptr : it->second;
-}
-
-Weight QwenModel::weight(const std::string &name, int64_t n_in, int64_t n_out, bool optional) {
-    const dfl_tensor *t = tensor(name);
-    if (!t) {
-        if (optional) return Weight{};
-        fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
-    }
-    if (!weight_type_ok(t->type))
-        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " has type " + std::to_string(t->type) + ", which this engine does not support");
-    const bool shape_ok = t->dims[0] == (uint64_t)n_in && t->dims[1] == (uint64_t)n_out && t->dims[2] == 1 && t->dims[3] == 1;
-    if (!shape_ok)
-        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n_in) + ", " +
-                                  std::to_string(n_out) + "]");
-    if (n_in % type_block(t->type) != 0)
-        fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
-                                  type_name(t->type) + " block");
-    Weight w;
-    w.type = t->type;
-    w.n_in = n_in;
-    w.n_out = n_out;
-    w.row_bytes = row_bytes(t->type, n_in);
-    const uint64_t bytes = w.row_bytes * (uint64_t)n_out;
-    if (t->size < bytes) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
-    w.data = (const uint8_t *)t->data;
-    return w;
-}
-
-void QwenModel::upload(Weight &w) {
-    if (w.empty()) return;
-    auto it = uploaded_.find(w.data);
-    if (it != uploaded_.end()) {
-        w.data = it->second;  // tied embeddings share one copy
-        return;
-    }
-    const uint64_t bytes = w.row_bytes * (uint64_t)w.n_out;
-    const uint8_t *host = w.data;
-    w.data = dev_->upload_weight(host, bytes, copy_weights_);
-    uploaded_[host] = w.data;
-    weight_bytes_ += bytes;
 }
 
 Weight QwenModel::fuse(const std::vector<Weight *> &parts) {
     bool same = dev_->copies_weights();
     for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
     if (!same) {
-        for (Weight *p : parts) upload(*p);
+        for (Weight *p : parts) w_.upload(*p);
         return Weight{};
     }
     Weight f = *parts[0];
@@ -270,8 +208,7 @@ Weight QwenModel::fuse(const std::vector<Weight *> &parts) {
         std::memcpy(host.data() + off, p->data, (size_t)n);
         off += n;
     }
-    f.data = dev_->upload_weight(host.data(), host.size(), true);
-    weight_bytes_ += host.size();
+    f.data = w_.upload_copy(host.data(), host.size());
     off = 0;
     for (Weight *p : parts) {
         p->data = f.data + off;
@@ -306,85 +243,60 @@ std::vector<float *> QwenModel::project(const Weight &fused, const std::vector<s
     return where;
 }
 
-const float *QwenModel::vec(const std::string &name, int64_t n0, int64_t n1) {
-    const dfl_tensor *t = tensor(name);
-    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
-    uint64_t n = 1;
-    for (uint32_t i = 0; i < t->n_dims; i++) n *= t->dims[i];
-    if (n != (uint64_t)(n0 * n1) || t->dims[0] != (uint64_t)n0)
-        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n0) +
-                                  (n1 > 1 ? ", " + std::to_string(n1) : "") + "]");
-    if (t->type != DFL_TYPE_F32 && t->type != DFL_TYPE_F16 && t->type != DFL_TYPE_BF16)
-        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
-    if (t->size < n * (uint64_t)type_block_bytes(t->type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
-    std::vector<float> v((size_t)n);
-    dequant_row(t->type, t->data, v.data(), (int64_t)n);
-    weight_bytes_ += n * (uint64_t)type_block_bytes(t->type);
-    owned_.emplace_back(dev_.get(), v.size() * sizeof(float), name.c_str());
-    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
-    return owned_.back().f();
-}
-
 void QwenModel::load_weights(const dfl_model_params &p) {
-    for (uint32_t i = 0; i < p.n_tensors; i++) {
-        const dfl_tensor &t = p.tensors[i];
-        if (!t.name) fail(DFL_ERR_INVALID, "tensor entry " + std::to_string(i) + " has no name");
-        if (!t.data && t.size > 0) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has no data");
-        if (t.n_dims < 1 || t.n_dims > 4) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has a bad dimension count");
-        tensors_[t.name] = &t;
-    }
+    w_.init(dev_.get(), p);
     const HParams &h = hp_;
-    const dfl_tensor *emb = tensor("token_embd.weight");
+    const dfl_tensor *emb = w_.find("token_embd.weight");
     if (!emb) fail(DFL_ERR_INVALID, "tensor token_embd.weight is missing");
     hp_.n_vocab = positive((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
 
-    tok_embd_ = weight("token_embd.weight", h.n_embd, h.n_vocab);
-    upload(tok_embd_);
-    output_ = weight("output.weight", h.n_embd, h.n_vocab, true);
+    tok_embd_ = w_.matrix("token_embd.weight", h.n_embd, h.n_vocab);
+    w_.upload(tok_embd_);
+    output_ = w_.matrix("output.weight", h.n_embd, h.n_vocab, true);
     if (output_.empty()) output_ = tok_embd_;  // tied embeddings
-    upload(output_);
-    output_norm_ = vec("output_norm.weight", h.n_embd);
+    w_.upload(output_);
+    output_norm_ = w_.vec("output_norm.weight", h.n_embd);
 
     layers_.resize((size_t)h.n_layer);
     for (int il = 0; il < h.n_layer; il++) {
         Layer &L = layers_[(size_t)il];
         L.attn = h.is_attn(il);
-        L.attn_norm = vec(blk(il, "attn_norm.weight"), h.n_embd);
-        L.post_norm = vec(blk(il, h.hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), h.n_embd);
+        L.attn_norm = w_.vec(blk(il, "attn_norm.weight"), h.n_embd);
+        L.post_norm = w_.vec(blk(il, h.hybrid ? "post_attention_norm.weight" : "ffn_norm.weight"), h.n_embd);
         if (L.attn) {
             L.kv_index = n_attn_++;
             const int64_t q_out = (int64_t)h.n_head * h.head_dim * (h.gated_attn ? 2 : 1);
-            L.wq = weight(blk(il, "attn_q.weight"), h.n_embd, q_out);
-            L.wk = weight(blk(il, "attn_k.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
-            L.wv = weight(blk(il, "attn_v.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
-            L.wo = weight(blk(il, "attn_output.weight"), (int64_t)h.n_head * h.head_dim, h.n_embd);
-            L.q_norm = vec(blk(il, "attn_q_norm.weight"), h.head_dim);
-            L.k_norm = vec(blk(il, "attn_k_norm.weight"), h.head_dim);
+            L.wq = w_.matrix(blk(il, "attn_q.weight"), h.n_embd, q_out);
+            L.wk = w_.matrix(blk(il, "attn_k.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
+            L.wv = w_.matrix(blk(il, "attn_v.weight"), h.n_embd, (int64_t)h.n_kv * h.head_dim);
+            L.wo = w_.matrix(blk(il, "attn_output.weight"), (int64_t)h.n_head * h.head_dim, h.n_embd);
+            L.q_norm = w_.vec(blk(il, "attn_q_norm.weight"), h.head_dim);
+            L.k_norm = w_.vec(blk(il, "attn_k_norm.weight"), h.head_dim);
         } else {
             L.rec_index = n_rec_++;
             const int C = h.conv_channels();
-            L.wqkv = weight(blk(il, "attn_qkv.weight"), h.n_embd, C);
-            L.wz = weight(blk(il, "attn_gate.weight"), h.n_embd, (int64_t)h.n_v * h.dv);
-            L.wb = weight(blk(il, "ssm_beta.weight"), h.n_embd, h.n_v);
-            L.wa = weight(blk(il, "ssm_alpha.weight"), h.n_embd, h.n_v);
-            L.wout = weight(blk(il, "ssm_out.weight"), (int64_t)h.n_v * h.dv, h.n_embd);
-            L.conv_w = vec(blk(il, "ssm_conv1d.weight"), h.conv_k, C);
-            L.ssm_a = vec(blk(il, "ssm_a"), h.n_v);
-            L.dt_bias = vec(blk(il, "ssm_dt.bias"), h.n_v);
-            L.ssm_norm = vec(blk(il, "ssm_norm.weight"), h.dv);
+            L.wqkv = w_.matrix(blk(il, "attn_qkv.weight"), h.n_embd, C);
+            L.wz = w_.matrix(blk(il, "attn_gate.weight"), h.n_embd, (int64_t)h.n_v * h.dv);
+            L.wb = w_.matrix(blk(il, "ssm_beta.weight"), h.n_embd, h.n_v);
+            L.wa = w_.matrix(blk(il, "ssm_alpha.weight"), h.n_embd, h.n_v);
+            L.wout = w_.matrix(blk(il, "ssm_out.weight"), (int64_t)h.n_v * h.dv, h.n_embd);
+            L.conv_w = w_.vec(blk(il, "ssm_conv1d.weight"), h.conv_k, C);
+            L.ssm_a = w_.vec(blk(il, "ssm_a"), h.n_v);
+            L.dt_bias = w_.vec(blk(il, "ssm_dt.bias"), h.n_v);
+            L.ssm_norm = w_.vec(blk(il, "ssm_norm.weight"), h.dv);
         }
-        L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
-        L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
-        L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
+        L.ffn_gate = w_.matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
+        L.ffn_up = w_.matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+        L.ffn_down = w_.matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
         if (L.attn) {
             L.in_proj = fuse({&L.wq, &L.wk, &L.wv});
-            upload(L.wo);
+            w_.upload(L.wo);
         } else {
             L.in_proj = fuse({&L.wqkv, &L.wz, &L.wb, &L.wa});
-            upload(L.wout);
+            w_.upload(L.wout);
         }
         L.gate_up = fuse({&L.ffn_gate, &L.ffn_up});
-        upload(L.ffn_down);
+        w_.upload(L.ffn_down);
         // the device's decode layout of what decode steps multiply with (fused where fused)
         for (Weight *w : {&L.in_proj, &L.gate_up, &L.wo, &L.wout, &L.ffn_down})
             if (!w->empty()) dev_->prepare_weight(*w);
@@ -395,8 +307,7 @@ void QwenModel::load_weights(const dfl_model_params &p) {
             for (Weight *w : {&L.ffn_gate, &L.ffn_up}) dev_->prepare_weight(*w);
     }
     dev_->prepare_weight(output_);
-    tensors_.clear();  // the caller's table is not needed after load
-    uploaded_.clear();
+    w_.done();
 }
 
 void QwenModel::info(dfl_model_info *out) const {
@@ -423,7 +334,7 @@ void QwenModel::info(dfl_model_info *out) const {
     i.n_threads = n_threads_;
     i.kv_bytes_per_token = (uint64_t)n_attn_ * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
     i.state_bytes_per_seq = (uint64_t)slot_floats() * sizeof(float);
-    i.weight_bytes = weight_bytes_;
+    i.weight_bytes = w_.bytes();
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.rope_dim;

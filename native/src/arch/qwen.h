@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "arch/model.h"
+#include "arch/weights.h"
 #include "core/seqtable.h"
 #include "ops/device.h"
 
@@ -91,15 +92,11 @@ private:
 
     void load_weights(const dfl_model_params &p);
     // A validated weight whose data still points at the caller's tensor; upload() or fuse() puts it on the device.
-    Weight weight(const std::string &name, int64_t n_in, int64_t n_out, bool optional = false);
-    void upload(Weight &w);
     Weight fuse(const std::vector<Weight *> &parts);
     // The products of x with each part, through the fused matrix when there is one (few tokens: one read of all the
     // weights) or one by one; returns where each part's output is (in `outs`, or inside acts_.fused for one token).
     std::vector<float *> project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
                                  const float *x, int64_t T);
-    const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
-    const dfl_tensor *tensor(const std::string &name) const;
 
     float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats(); }
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
@@ -114,11 +111,7 @@ private:
 
     std::unique_ptr<Device> dev_;
     HParams hp_;
-    std::map<std::string, const dfl_tensor *> tensors_;
-    std::map<const void *, const uint8_t *> uploaded_;  // host tensor data -> device copy
-    std::vector<DevBuf> owned_;                         // weights and vectors the model allocated on the device
-    bool copy_weights_ = false;
-    uint64_t weight_bytes_ = 0;
+    WeightStore w_;  // after dev_: its device buffers go first
 
     Weight tok_embd_, output_;
     const float *output_norm_ = nullptr;

@@ -1,0 +1,116 @@
+#include "arch/weights.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "quant.h"
+
+namespace dfl {
+
+std::string dims_str(const dfl_tensor &t) {
+    std::string s = "[";
+    for (uint32_t i = 0; i < t.n_dims; i++) s += (i ? ", " : "") + std::to_string(t.dims[i]);
+    return s + "]";
+}
+
+int threads_of(const dfl_model_params &p) {
+    if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
+    const unsigned hc = std::thread::hardware_concurrency();
+    return hc == 0 ? 1 : (int)hc;
+}
+
+void WeightStore::init(Device *dev, const dfl_model_params &p) {
+    dev_ = dev;
+    copy_ = (p.flags & DFL_LOAD_COPY_WEIGHTS) != 0;
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name) fail(DFL_ERR_INVALID, "tensor entry " + std::to_string(i) + " has no name");
+        if (!t.data && t.size > 0) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has no data");
+        if (t.n_dims < 1 || t.n_dims > 4) fail(DFL_ERR_INVALID, std::string("tensor ") + t.name + " has a bad dimension count");
+        tensors_[t.name] = &t;
+    }
+}
+
+void WeightStore::done() {
+    tensors_.clear();
+    uploaded_.clear();
+}
+
+const dfl_tensor *WeightStore::find(const std::string &name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : it->second;
+}
+
+const dfl_tensor &WeightStore::need(const std::string &name) const {
+    const dfl_tensor *t = find(name);
+    if (!t) fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    return *t;
+}
+
+Weight WeightStore::matrix(const std::string &name, int64_t n_in, int64_t n_out, bool optional) const {
+    const dfl_tensor *t = find(name);
+    if (!t) {
+        if (optional) return Weight{};
+        fail(DFL_ERR_INVALID, "tensor " + name + " is missing");
+    }
+    if (!weight_type_ok(t->type))
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " has type " + std::to_string(t->type) + ", which this engine does not support");
+    const bool shape_ok = t->dims[0] == (uint64_t)n_in && t->dims[1] == (uint64_t)n_out && t->dims[2] == 1 && t->dims[3] == 1;
+    if (!shape_ok)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(*t) + ", want [" + std::to_string(n_in) + ", " +
+                                  std::to_string(n_out) + "]");
+    if (n_in % type_block(t->type) != 0)
+        fail(DFL_ERR_INVALID, "tensor " + name + ": row length " + std::to_string(n_in) + " is not a multiple of the " +
+                                  type_name(t->type) + " block");
+    Weight w;
+    w.type = t->type;
+    w.n_in = n_in;
+    w.n_out = n_out;
+    w.row_bytes = row_bytes(t->type, n_in);
+    if (t->size < w.row_bytes * (uint64_t)n_out) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    w.data = (const uint8_t *)t->data;
+    return w;
+}
+
+void WeightStore::upload(Weight &w) {
+    if (w.empty()) return;
+    auto it = uploaded_.find(w.data);
+    if (it != uploaded_.end()) {
+        w.data = it->second;
+        return;
+    }
+    const uint64_t bytes = w.row_bytes * (uint64_t)w.n_out;
+    const uint8_t *host = w.data;
+    w.data = dev_->upload_weight(host, bytes, copy_);
+    uploaded_[host] = w.data;
+    bytes_ += bytes;
+}
+
+const uint8_t *WeightStore::upload_copy(const void *host, size_t bytes) {
+    bytes_ += bytes;
+    return dev_->upload_weight(host, bytes, true);
+}
+
+const float *WeightStore::vec(const std::string &name, int64_t n0, int64_t n1) {
+    const dfl_tensor &t = need(name);
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < t.n_dims; i++) n *= t.dims[i];
+    if (n != (uint64_t)(n0 * n1) || t.dims[0] != (uint64_t)n0)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(t) + ", want [" + std::to_string(n0) +
+                                  (n1 > 1 ? ", " + std::to_string(n1) : "") + "]");
+    if (t.type != DFL_TYPE_F32 && t.type != DFL_TYPE_F16 && t.type != DFL_TYPE_BF16)
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + " must be f32, f16 or bf16");
+    if (t.size < n * (uint64_t)type_block_bytes(t.type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
+    std::vector<float> v((size_t)n);
+    dequant_row(t.type, t.data, v.data(), (int64_t)n);
+    return floats(v, name.c_str(), n * (uint64_t)type_block_bytes(t.type));
+}
+
+const float *WeightStore::floats(const std::vector<float> &v, const char *what, uint64_t bytes_counted) {
+    bytes_ += bytes_counted;
+    owned_.emplace_back(dev_, v.size() * sizeof(float), what);
+    dev_->to_device(owned_.back().get(), v.data(), v.size() * sizeof(float));
+    return owned_.back().f();
+}
+
+}  // namespace dfl

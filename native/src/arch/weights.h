@@ -1,0 +1,55 @@
+// The weights of one model as its layer plan binds them: the caller's tensor table while loading, validated
+// matrices and norm vectors, every host tensor uploaded once (a head tied to the embedding table, or a draft's
+// borrowed head, shares one copy), and the device bytes they take. Every architecture binds its weights through it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "ops/device.h"
+
+namespace dfl {
+
+// "[d0, d1, ...]" of a tensor, for messages.
+std::string dims_str(const dfl_tensor &t);
+// "blk.<il>.<name>": a layer's tensor name.
+inline std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
+// The CPU worker threads a model's params ask for (0: every core), at most 256.
+int threads_of(const dfl_model_params &p);
+
+class WeightStore {
+public:
+    // Indexes the caller's tensors (each must have a name, data and 1..4 dims); dev must outlive the store.
+    void init(Device *dev, const dfl_model_params &p);
+    // Forgets the caller's table once the plan is bound (its data need not stay valid where the device copies).
+    void done();
+
+    const dfl_tensor *find(const std::string &name) const;
+    // The tensor, or a DFL_ERR_INVALID naming it.
+    const dfl_tensor &need(const std::string &name) const;
+    // A 2-D weight [n_in, n_out] checked for type, shape, block alignment and size; a view of the caller's bytes
+    // (upload it). A missing optional one is an empty Weight.
+    Weight matrix(const std::string &name, int64_t n_in, int64_t n_out, bool optional = false) const;
+    // Puts w's bytes on the device (once per host tensor) and points w at them.
+    void upload(Weight &w);
+    // A device copy of host bytes that are the model's own (e.g. matrices laid side by side).
+    const uint8_t *upload_copy(const void *host, size_t bytes);
+    // A norm-like f32/f16/bf16 tensor of n0 x n1 elements (dims[0] = n0), converted to f32 on the device.
+    const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
+    // f32 values of the model's own (or a tensor's, counted as bytes_counted weight bytes) on the device.
+    const float *floats(const std::vector<float> &v, const char *what, uint64_t bytes_counted = 0);
+
+    uint64_t bytes() const { return bytes_; }
+
+private:
+    Device *dev_ = nullptr;
+    std::map<std::string, const dfl_tensor *> tensors_;
+    std::map<const void *, const uint8_t *> uploaded_;  // host tensor data -> device copy
+    std::vector<DevBuf> owned_;                         // vectors the store allocated on the device
+    bool copy_ = false;
+    uint64_t bytes_ = 0;
+};
+
+}  // namespace dfl
