@@ -625,13 +625,8 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		pin.Pin(&parents[0])
 		var ids *C.int32_t
 		var vals, lse *C.float
-		if r.K > 0 && len(r.IDs) > 0 {
-			pin.Pin(&r.IDs[0])
-			pin.Pin(&r.Logits[0])
-			pin.Pin(&r.LSE[0])
-			ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
-			vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
-			lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
+		if r.K > 0 {
+			ids, vals, lse = r.candidateBuffers(&pin)
 		}
 		return status(C.w_forward_tree(a.t, m, &cb, &parents[0], C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
@@ -639,16 +634,7 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 		if C.has_topk_api(a.t) == 0 {
 			return errors.New("forward: the engine library predates forward_topk: rebuild it")
 		}
-		var ids *C.int32_t
-		var vals, lse *C.float
-		if len(r.IDs) > 0 {
-			pin.Pin(&r.IDs[0])
-			pin.Pin(&r.Logits[0])
-			pin.Pin(&r.LSE[0])
-			ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
-			vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
-			lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
-		}
+		ids, vals, lse := r.candidateBuffers(&pin)
 		return status(C.w_forward_topk(a.t, m, &cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
 	return status(C.w_forward(a.t, m, &cb, &msg), msg)
@@ -741,16 +727,7 @@ func (a *capi) runDraft(m *cmodel, entries []DraftEntry, nFeat int, r *Result) e
 		pin.Pin(&ces[0])
 		cs = &ces[0]
 	}
-	var ids *C.int32_t
-	var vals, lse *C.float
-	if len(r.IDs) > 0 {
-		pin.Pin(&r.IDs[0])
-		pin.Pin(&r.Logits[0])
-		pin.Pin(&r.LSE[0])
-		ids = (*C.int32_t)(unsafe.Pointer(&r.IDs[0]))
-		vals = (*C.float)(unsafe.Pointer(&r.Logits[0]))
-		lse = (*C.float)(unsafe.Pointer(&r.LSE[0]))
-	}
+	ids, vals, lse := r.candidateBuffers(&pin)
 	var msg *C.char
 	if r.Trans != nil {
 		if C.has_draft2_api(a.t) == 0 {
@@ -803,4 +780,16 @@ func (p SamplingParams) c() C.dfl_sampling {
 		cp.penalty_last_n = -1
 	}
 	return cp
+}
+
+// candidateBuffers pins r's candidate arrays (ids, logits, log-sum-exps) for a call and returns them as C pointers;
+// nil pointers when there are no rows.
+func (r *Result) candidateBuffers(pin *runtime.Pinner) (*C.int32_t, *C.float, *C.float) {
+	if len(r.IDs) == 0 {
+		return nil, nil, nil
+	}
+	pin.Pin(&r.IDs[0])
+	pin.Pin(&r.Logits[0])
+	pin.Pin(&r.LSE[0])
+	return (*C.int32_t)(unsafe.Pointer(&r.IDs[0])), (*C.float)(unsafe.Pointer(&r.Logits[0])), (*C.float)(unsafe.Pointer(&r.LSE[0]))
 }
