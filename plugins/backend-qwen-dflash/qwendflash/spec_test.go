@@ -28,8 +28,18 @@ func tinyDraft(t *testing.T, target string, extra ...string) string {
 	return out
 }
 
-// generate runs prompts concurrently on a loaded block and returns each one's tokens and finish.
+// generate runs prompts concurrently as chat messages on a loaded block and returns each one's tokens and finish.
 func generate(t *testing.T, cfg sdk.ModelConfig, prompts []string, sampling sdk.Sampling, maxTokens int) ([][]int32, []*sdk.Finish) {
+	t.Helper()
+	return runAll(t, cfg, prompts, func(p string) *sdk.ChatRequest {
+		req := chatReq(p, maxTokens)
+		req.Sampling = sampling
+		return req
+	})
+}
+
+// runAll runs one request per prompt concurrently on a loaded block and returns each one's tokens and finish.
+func runAll(t *testing.T, cfg sdk.ModelConfig, prompts []string, request func(prompt string) *sdk.ChatRequest) ([][]int32, []*sdk.Finish) {
 	t.Helper()
 	_, c, _ := load(t, cfg)
 	toks := make([][]int32, len(prompts))
@@ -39,8 +49,7 @@ func generate(t *testing.T, cfg sdk.ModelConfig, prompts []string, sampling sdk.
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req := chatReq(p, maxTokens)
-			req.Sampling = sampling
+			req := request(p)
 			s := newStream()
 			if err := c.Start(context.Background(), req, s); err != nil {
 				t.Errorf("prompt %d: %v", i, err)
@@ -162,27 +171,10 @@ func demoPairSpeculative(t *testing.T, dev string) {
 	}
 	raw := func(cfg sdk.ModelConfig) ([][]int32, []*sdk.Finish) {
 		t.Helper()
-		_, c, _ := load(t, cfg)
-		toks := make([][]int32, len(prompts))
-		fins := make([]*sdk.Finish, len(prompts))
-		var wg sync.WaitGroup
-		for i, p := range prompts {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				req := &sdk.ChatRequest{Prompt: &sdk.RawPrompt{Text: p}, MaxTokens: 96, IgnoreEOS: true,
-					Sampling: sdk.Sampling{Temperature: f64(0), Seed: i64(1)}}
-				s := newStream()
-				if err := c.Start(context.Background(), req, s); err != nil {
-					t.Errorf("prompt %d: %v", i, err)
-					return
-				}
-				r := s.summary()
-				toks[i], fins[i] = r.tokens, r.finish
-			}()
-		}
-		wg.Wait()
-		return toks, fins
+		return runAll(t, cfg, prompts, func(p string) *sdk.ChatRequest {
+			return &sdk.ChatRequest{Prompt: &sdk.RawPrompt{Text: p}, MaxTokens: 96, IgnoreEOS: true,
+				Sampling: sdk.Sampling{Temperature: f64(0), Seed: i64(1)}}
+		})
 	}
 	cfg := blockConfig(t, target)
 	cfg.MaxCtx, cfg.KVPoolTokens, cfg.Device = 512, 2048, dev
