@@ -658,10 +658,8 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 	case len(s.forced) > 0: // a forced token (closing the reasoning) needs no sample
 		tok, forced = s.forced[0], true
 		s.forced = s.forced[1:]
-	case c != nil:
-		tok, err = e.pickCandidate(s, c)
 	default:
-		tok, err = e.pick(s, row)
+		tok, err = e.choose(s, row, c)
 	}
 	if err != nil {
 		e.retire(s, err)
@@ -673,6 +671,14 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 	}
 	s.feed = append(s.feed[:0], tok)
 	s.out.put(ev)
+}
+
+// choose samples the next token from a row given whole (row) or as its candidates (c != nil).
+func (e *Engine) choose(s *sequence, row []float32, c *candidateRow) (int32, error) {
+	if c != nil {
+		return e.pickCandidate(s, c)
+	}
+	return e.pick(s, row)
 }
 
 // suppressEOG reports whether end-of-generation may not be sampled yet.

@@ -174,24 +174,11 @@ func (e *Engine) propose() {
 // sequence's length before the block; feats the block's features.
 func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) ([]float32, *candidateRow), feats []float32) int {
 	sp := s.spec
-	s.counts.steps++
-	s.counts.drafted += len(block) - 1
-	e.mu.Lock()
-	e.stats.DraftProposed += int64(len(block) - 1)
-	e.stats.DraftSteps++
-	e.mu.Unlock()
+	e.countVerify(s, len(block)-1)
 	var ev sdk.Event
 	for i := range block {
 		r, c := rows(i)
-		var (
-			tok int32
-			err error
-		)
-		if c != nil {
-			tok, err = e.pickCandidate(s, c)
-		} else {
-			tok, err = e.pick(s, r)
-		}
+		tok, err := e.choose(s, r, c)
 		if err != nil {
 			e.retire(s, err)
 			return i
@@ -201,10 +188,7 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 		sp.pending = append(sp.pending, feats[i*e.featSize:(i+1)*e.featSize]...)
 		accepted := i+1 < len(block) && tok == block[i+1]
 		if accepted {
-			s.counts.accepted++
-			e.mu.Lock()
-			e.stats.DraftAccepted++
-			e.mu.Unlock()
+			e.countAccepted(s)
 		}
 		if e.commit(s, &ev, tok, false, r) {
 			return i + 1
@@ -221,6 +205,25 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 		}
 	}
 	return len(block) // not reached: the last row never has a proposal to accept
+}
+
+// countVerify counts a verify forward of proposed draft tokens, for s and for the engine's statistics.
+func (e *Engine) countVerify(s *sequence, proposed int) {
+	s.counts.steps++
+	s.counts.drafted += proposed
+	e.mu.Lock()
+	e.stats.DraftSteps++
+	e.stats.DraftProposed += int64(proposed)
+	e.mu.Unlock()
+}
+
+// countAccepted counts one accepted proposal, before the token is committed (which may retire s: the statistics are
+// complete by the time its request returns).
+func (e *Engine) countAccepted(s *sequence) {
+	s.counts.accepted++
+	e.mu.Lock()
+	e.stats.DraftAccepted++
+	e.mu.Unlock()
 }
 
 // settleSpec brings a retiring sequence's draft up to its target before the prefix cache keeps both: the pending

@@ -96,12 +96,7 @@ func (e *Engine) planTree(s *sequence, c Candidates, row, n int) {
 func (e *Engine) verifyTree(s *sequence, nBefore int, tokens, parents []int32, rows func(int) ([]float32, *candidateRow), feats []float32) int {
 	sp := s.spec
 	sp.inTree = true
-	s.counts.steps++
-	s.counts.drafted += len(tokens) - 1
-	e.mu.Lock()
-	e.stats.DraftProposed += int64(len(tokens) - 1)
-	e.stats.DraftSteps++
-	e.mu.Unlock()
+	e.countVerify(s, len(tokens)-1)
 	children := make([][]int32, len(tokens))
 	for i := 1; i < len(tokens); i++ {
 		children[parents[i]] = append(children[parents[i]], int32(i))
@@ -110,15 +105,7 @@ func (e *Engine) verifyTree(s *sequence, nBefore int, tokens, parents []int32, r
 	path := []int32{0}
 	for node := int32(0); ; {
 		r, c := rows(int(node))
-		var (
-			tok int32
-			err error
-		)
-		if c != nil {
-			tok, err = e.pickCandidate(s, c)
-		} else {
-			tok, err = e.pick(s, r)
-		}
+		tok, err := e.choose(s, r, c)
 		if err != nil {
 			e.retire(s, err)
 			return len(path) - 1
@@ -133,10 +120,7 @@ func (e *Engine) verifyTree(s *sequence, nBefore int, tokens, parents []int32, r
 			}
 		}
 		if next >= 0 {
-			s.counts.accepted++
-			e.mu.Lock()
-			e.stats.DraftAccepted++
-			e.mu.Unlock()
+			e.countAccepted(s)
 		}
 		if e.commit(s, &ev, tok, false, r) {
 			return len(path)
