@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -35,16 +34,7 @@ type llamaDraftLoad struct {
 // Controls: the pre-merge spelling and the Lucebox dialect are refused at
 // load, as the dflash spec §2.3 says.
 func TestLlamaCppLoadsDraft(t *testing.T) {
-	dir := filepath.Join(env.root, "test", "llamacpp")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "node-llama-cpp")); err != nil {
-		skip, err := npmCI(dir)
-		if skip != "" {
-			unavailable(t, skip)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := llamacppDir(t)
 	tmp := t.TempDir()
 	tok := filepath.Join(env.root, "cmd", "dflash-model", "testdata", "tok")
 	mk := func(args ...string) {

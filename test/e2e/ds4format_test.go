@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -29,16 +28,7 @@ type llamaModelLoad struct {
 // mk (loading validates every deepseek4 key and tensor), creates a context
 // and evaluates one token. No output is compared.
 func TestLlamaCppLoadsDeepseek4(t *testing.T) {
-	dir := filepath.Join(env.root, "test", "llamacpp")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "node-llama-cpp")); err != nil {
-		skip, err := npmCI(dir)
-		if skip != "" {
-			unavailable(t, skip)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := llamacppDir(t)
 	model := filepath.Join(t.TempDir(), "ds4.gguf")
 	tok := filepath.Join(env.root, "cmd", "dflash-model", "testdata", "tok")
 	if b, err := exec.Command(env.modelTool, "mk", "deepseek4", model, "--tokenizer", tok, "--vocab", "40", "--type", "q8_0").CombinedOutput(); err != nil {

@@ -44,16 +44,7 @@ type oracleAnswer struct {
 // must be in ours unless it is within tol of our fifth.
 func TestLlamaCppOracle(t *testing.T) {
 	qwen3, qwen35 := tinyModels(t)
-	dir := filepath.Join(env.root, "test", "llamacpp")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "node-llama-cpp")); err != nil {
-		skip, err := npmCI(dir)
-		if skip != "" {
-			unavailable(t, skip)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := llamacppDir(t)
 	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-by-name"}, args: realPairArgs(qwen3, qwen35)})
 
 	tests := []struct {
@@ -179,4 +170,21 @@ func llamaNextTokens(t *testing.T, dir, model string, top int) []oracleAnswer {
 		}
 	}
 	return answers
+}
+
+// llamacppDir is test/llamacpp with its npm packages (node-llama-cpp's prebuilt llama.cpp) installed; the test is
+// reported unavailable where npm cannot install them.
+func llamacppDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(env.root, "test", "llamacpp")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "node-llama-cpp")); err != nil {
+		skip, err := npmCI(dir)
+		if skip != "" {
+			unavailable(t, skip)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
