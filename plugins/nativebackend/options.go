@@ -137,16 +137,24 @@ func (o *Options) Engine() EngineOptions {
 	return e
 }
 
+// OnOff is option name's on/off value (def when not given), recording anything else as a problem.
+func (o *Options) OnOff(name string, def bool) bool {
+	switch v := o.m[name]; v {
+	case "":
+		return def
+	case "on":
+		return true
+	case "off":
+		return false
+	default:
+		o.Bad(name, "%q is not on or off", v)
+		return def
+	}
+}
+
 // diskCache reads DiskCacheSpecs (absent options leave the cache off).
 func (o *Options) diskCache() DiskCacheOptions {
-	d := DiskCacheOptions{MaxGB: 8}
-	switch v := o.m["disk-prefix-cache"]; v {
-	case "", "off":
-	case "on":
-		d.On = true
-	default:
-		o.Bad("disk-prefix-cache", "%q is not on or off", v)
-	}
+	d := DiskCacheOptions{MaxGB: 8, On: o.OnOff("disk-prefix-cache", false)}
 	d.Dir = o.m["disk-prefix-cache-dir"]
 	if v := o.m["disk-prefix-cache-max-gb"]; v != "" {
 		f, err := strconv.ParseFloat(v, 64)

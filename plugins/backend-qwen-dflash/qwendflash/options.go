@@ -54,13 +54,7 @@ func parseOptions(m map[string]string) (options, error) {
 	}
 	if path := r.Get("draft"); path != "" {
 		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock, TreeBudget: treeBudget}
-		switch p := r.Get("draft-pacing"); p {
-		case "", "on":
-		case "off":
-			o.engine.Draft.Always = true
-		default:
-			r.Bad("draft-pacing", "%q is not on or off", p)
-		}
+		o.engine.Draft.Always = !r.OnOff("draft-pacing", true)
 		if dev := r.Get("draft-device"); dev != "" {
 			if _, _, err := native.ParseDevice(dev); err != nil {
 				r.Bad("draft-device", "%v", err)
