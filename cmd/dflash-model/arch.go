@@ -82,14 +82,26 @@ type tensorPlan struct {
 
 // hfRule says where convert finds a tensor in a Hugging Face checkpoint and
 // how the values change on the way. Every conversion convention lives in these
-// rules (built in qwen3.go / qwen35.go) so it can be read and fixed in one
-// place.
+// rules (built in qwen3.go, qwen35.go, deepseek4.go, ...) so it can be read
+// and fixed in one place.
 type hfRule struct {
-	// Name is relative to the text model's prefix ("model." or
-	// "model.language_model."), unless Top is set (e.g. lm_head.weight).
+	// Name is relative to the text model's prefix ("model.",
+	// "model.language_model." or "" in the official DeepSeek layout),
+	// unless Top is set (e.g. lm_head.weight).
 	Name string
 	Top  bool
-	// Shape is the torch shape the checkpoint must have.
+	// Alt is another full (top-level) name of the tensor, read when Name is
+	// absent: the official DeepSeek checkpoint spells a few top-level
+	// tensors differently ("embed.weight", "hc_head_fn").
+	Alt string
+	// Parts, when set, builds the tensor from several checkpoint tensors
+	// (named like Name, which is then unused): their rows are concatenated
+	// in order, so output row k·n + r is part k's row r when each part has
+	// n rows. DeepSeek V4 expert stacks are made this way from one matrix
+	// per expert. Rows and Cols index the concatenation.
+	Parts []string
+	// Shape is the torch shape the checkpoint must have: every part's
+	// shape when Parts is set.
 	Shape []int64
 	// PlusOne adds 1 to every value (zero-centred RMSNorm weights).
 	PlusOne bool

@@ -73,11 +73,6 @@ func (c *convertCmd) Run(out io.Writer) error {
 			hp.NextN = 0 // HF's own classes drop the MTP weights when saving
 		}
 	}
-	if !hp.Tied {
-		if _, ok := ck.Tensor("lm_head.weight"); !ok {
-			return fmt.Errorf("checkpoint has no tensor %q and config.json does not tie the embeddings", "lm_head.weight")
-		}
-	}
 	tokPath := c.Tokenizer
 	if tokPath == "" {
 		if _, err := os.Stat(filepath.Join(c.HFDir, "tokenizer.json")); err == nil || arch != draftArch {
@@ -125,6 +120,14 @@ func (c *convertCmd) Run(out io.Writer) error {
 		return fmt.Errorf("config.json: %w", err)
 	}
 	plans := l.tensors(hp)
+	for _, p := range plans {
+		if p.Name != "output.weight" {
+			continue
+		}
+		if name := p.HF.sources(ck, prefix)[0]; !has(ck, name) {
+			return fmt.Errorf("checkpoint has no tensor %q and config.json does not tie the embeddings", name)
+		}
+	}
 	if err := checkCheckpoint(ck, prefix, plans, hp, arch == draftArch); err != nil {
 		return err
 	}
@@ -136,8 +139,12 @@ func (c *convertCmd) Run(out io.Writer) error {
 		arch: arch, name: name, fileType: fileType, want: want,
 		keys: l.keys(hp), tok: tok, plans: plans,
 		rows: func(p tensorPlan) (rowFunc, error) {
-			t, _ := ck.Tensor(p.HF.fullName(prefix))
-			return hfRows(t, p), nil
+			var ts []*safetensors.Tensor
+			for _, name := range p.HF.sources(ck, prefix) {
+				t, _ := ck.Tensor(name)
+				ts = append(ts, t)
+			}
+			return hfRows(ts, p), nil
 		},
 	}
 	var log io.Writer
@@ -173,20 +180,45 @@ func (c hfConfig) arch() (string, error) {
 	return "", fmt.Errorf("config.json: model_type %q is not supported (supported: qwen3, qwen3_5, deepseek_v4, DFlash drafts)", mt)
 }
 
-func (r hfRule) fullName(prefix string) string {
-	if r.Top {
-		return r.Name
+// sources returns the full checkpoint names a rule reads, in row order: its
+// Parts, else Name (or Alt when only Alt is there).
+func (r hfRule) sources(ck *safetensors.Checkpoint, prefix string) []string {
+	full := func(n string) string {
+		if r.Top {
+			return n
+		}
+		return prefix + n
 	}
-	return prefix + r.Name
+	if r.Parts != nil {
+		out := make([]string, len(r.Parts))
+		for i, n := range r.Parts {
+			out[i] = full(n)
+		}
+		return out
+	}
+	name := full(r.Name)
+	if r.Alt != "" && !has(ck, name) && has(ck, r.Alt) {
+		return []string{r.Alt}
+	}
+	return []string{name}
+}
+
+func has(ck *safetensors.Checkpoint, name string) bool {
+	_, ok := ck.Tensor(name)
+	return ok
 }
 
 // textPrefix finds where the text model's tensors live: "model." in a
-// *ForCausalLM checkpoint, "model.language_model." in a vision-language one.
+// *ForCausalLM checkpoint, "model.language_model." in a vision-language one,
+// "" in the official DeepSeek layout (embed.weight, layers.N.…).
 func textPrefix(ck *safetensors.Checkpoint) (string, error) {
 	for _, p := range []string{"model.language_model.", "model."} {
-		if _, ok := ck.Tensor(p + "embed_tokens.weight"); ok {
+		if has(ck, p+"embed_tokens.weight") {
 			return p, nil
 		}
+	}
+	if has(ck, "embed.weight") {
+		return "", nil
 	}
 	return "", fmt.Errorf("checkpoint has no %q or %q", "model.embed_tokens.weight", "model.language_model.embed_tokens.weight")
 }
@@ -194,33 +226,48 @@ func textPrefix(ck *safetensors.Checkpoint) (string, error) {
 // ignoredPrefixes are checkpoint tensors a text-only GGUF leaves out.
 var ignoredPrefixes = []string{"model.visual.", "visual.", "model.vision_tower.", "mtp."}
 
-// checkCheckpoint verifies that every planned tensor is in the checkpoint
-// with the expected shape and a float dtype, and that the checkpoint holds
-// nothing the layout would silently drop (biases, say).
+// checkCheckpoint verifies that every planned tensor (every part of a
+// concatenated one) is in the checkpoint with the expected shape and a float
+// dtype, and that the checkpoint holds nothing the layout would silently
+// drop (biases, say).
 func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPlan, hp hparams, draft bool) error {
 	var errs *multierror.Error
 	used := map[string]bool{}
+	quantized := map[string]bool{} // non-float weights: their .scale companions are not reported again
 	for _, p := range plans {
-		name := p.HF.fullName(prefix)
-		used[name] = true
-		t, ok := ck.Tensor(name)
-		if !ok {
-			errs = multierror.Append(errs, fmt.Errorf("missing tensor %q (for %s)", name, p.Name))
-			continue
-		}
-		if fmt.Sprint(t.Shape) != fmt.Sprint(p.HF.Shape) {
-			errs = multierror.Append(errs, fmt.Errorf("tensor %q has shape %v, want %v", name, t.Shape, p.HF.Shape))
-		}
-		switch {
-		case p.I32 && (t.DType == "I64" || t.DType == "I32"):
-		case p.I32:
-			errs = multierror.Append(errs, fmt.Errorf("tensor %q has dtype %s, want an integer table (I64 or I32)", name, t.DType))
-		case !safetensors.IsFloat(t.DType):
-			errs = multierror.Append(errs, fmt.Errorf("tensor %q has unsupported dtype %s (F32, F16, BF16 or F64 needed)", name, t.DType))
+		for _, name := range p.HF.sources(ck, prefix) {
+			used[name] = true
+			t, ok := ck.Tensor(name)
+			if !ok {
+				alt := ""
+				if p.HF.Alt != "" {
+					alt = fmt.Sprintf(" or %q", p.HF.Alt)
+				}
+				errs = multierror.Append(errs, fmt.Errorf("missing tensor %q%s (for %s)", name, alt, p.Name))
+				continue
+			}
+			if fmt.Sprint(t.Shape) != fmt.Sprint(p.HF.Shape) {
+				errs = multierror.Append(errs, fmt.Errorf("tensor %q has shape %v, want %v", name, t.Shape, p.HF.Shape))
+			}
+			switch {
+			case p.I32 && (t.DType == "I64" || t.DType == "I32"):
+			case p.I32:
+				errs = multierror.Append(errs, fmt.Errorf("tensor %q has dtype %s, want an integer table (I64 or I32)", name, t.DType))
+			case !safetensors.IsFloat(t.DType):
+				hint := ""
+				if strings.HasPrefix(t.DType, "F8_") || has(ck, strings.TrimSuffix(name, ".weight")+".scale") {
+					hint = "; FP8/FP4 checkpoints with .scale companions must be dequantized to BF16 first"
+				}
+				quantized[name] = true
+				errs = multierror.Append(errs, fmt.Errorf("tensor %q has unsupported dtype %s (F32, F16, BF16 or F64 needed%s)", name, t.DType, hint))
+			}
 		}
 	}
 	for _, n := range ck.Names() {
 		if used[n] || (hp.Tied && n == "lm_head.weight") || strings.HasSuffix(n, "rotary_emb.inv_freq") {
+			continue
+		}
+		if base, ok := strings.CutSuffix(n, ".scale"); ok && quantized[base+".weight"] {
 			continue
 		}
 		ignored := false
@@ -243,12 +290,15 @@ func checkCheckpoint(ck *safetensors.Checkpoint, prefix string, plans []tensorPl
 	return errs.ErrorOrNil()
 }
 
-// hfRows reads a checkpoint tensor row by row, applying the rule's
+// hfRows reads checkpoint tensors row by row, applying the rule's
 // reordering and value changes. A torch [out, in] tensor's row o is ggml
-// row o; a conv weight [C, 1, K] has C rows of K.
-func hfRows(t *safetensors.Tensor, p tensorPlan) rowFunc {
+// row o; a conv weight [C, 1, K] has C rows of K. Several tensors (the
+// rule's Parts, all of one shape) are read as one whose rows are theirs
+// concatenated.
+func hfRows(ts []*safetensors.Tensor, p tensorPlan) rowFunc {
 	r := p.HF
 	ne0 := int(p.Dims[0])
+	partRows := int(ts[0].Elements()) / ne0
 	var rows, cols []int
 	if r.Rows != nil {
 		rows = r.Rows()
@@ -265,7 +315,7 @@ func hfRows(t *safetensors.Tensor, p tensorPlan) rowFunc {
 		if cols != nil {
 			buf = make([]float32, ne0)
 		}
-		if err := t.ReadFloat32(int64(src)*int64(ne0), buf); err != nil {
+		if err := ts[src/partRows].ReadFloat32(int64(src%partRows)*int64(ne0), buf); err != nil {
 			return err
 		}
 		for i, c := range cols {

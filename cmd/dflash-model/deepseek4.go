@@ -14,11 +14,20 @@ import (
 // lightning indexer on CSA layers, hyper-connections (HC streams) around
 // every sub-block and an all-MoE FFN (hash-routed first layers).
 //
-// Conversion is a renaming plus three reshapes: HF's fused expert
-// gate_up_proj [E, 2F, D] splits into ffn_gate_exps / ffn_up_exps (gate =
-// the first F rows of each expert), tid2eid (int64 [vocab, k]) becomes an I32
-// table, and 3-D expert stacks keep their bytes (ggml [D, F, E]). Norms are
-// plain w·x̂ (nothing added).
+// convert reads checkpoints as transformers 5.17 saves them: its
+// save_pretrained reverses the in-memory renaming, so the files carry the
+// official DeepSeek names under "model." (head.weight at the top,
+// model.embed_tokens, model.hc_head.hc_fn, layers.N.attn.wq_a, ffn.experts.E.w1,
+// ...). The official hub layout (no "model." prefix; embed.weight,
+// hc_head_fn) is read too, when its tensors are floats; its FP8/FP4 tensors
+// are refused. transformers' in-memory names (self_attn.q_a_proj, fused
+// mlp.experts.gate_up_proj) never reach a file and are not read.
+//
+// Conversion is a renaming plus two reshapes: the per-expert matrices
+// (w1 gate, w3 up, w2 down) are stacked into ffn_{gate,up,down}_exps
+// (ggml [D, F, E] / [F, D, E]: expert e's rows follow expert e−1's), and
+// tid2eid (int64 [vocab, k]) becomes an I32 table. Norms are plain w·x̂
+// (nothing added).
 const ds4Arch = "deepseek4"
 
 // ds4 layer kinds.
@@ -227,21 +236,15 @@ func ds4Keys(hp hparams) []kv {
 	)
 }
 
-// expertRows maps the rows of ffn_gate_exps / ffn_up_exps (ggml [D, F, E]:
-// row e·F + f) to rows of HF's gate_up_proj [E, 2F, D]: gate is the first
-// F rows of each expert, up the second F.
-func expertRows(e, f int, up bool) []int {
-	m := make([]int, e*f)
-	off := 0
-	if up {
-		off = f
+// expertParts names the per-expert matrices layers.i.ffn.experts.e.<w>.weight
+// (w1 gate, w3 up, w2 down) whose rows, concatenated over e, make a ggml
+// expert stack: output row e·n + r is expert e's row r.
+func expertParts(i, experts int, w string) []string {
+	out := make([]string, experts)
+	for e := range out {
+		out[e] = fmt.Sprintf("layers.%d.ffn.experts.%d.%s.weight", i, e, w)
 	}
-	for x := 0; x < e; x++ {
-		for y := 0; y < f; y++ {
-			m[x*f+y] = x*2*f + off + y
-		}
-	}
-	return m
+	return out
 }
 
 func ds4Tensors(hp hparams) []tensorPlan {
@@ -249,33 +252,34 @@ func ds4Tensors(hp hparams) []tensorPlan {
 	D, V, H, hd := hp.Hidden, hp.Vocab, hp.Heads, hp.HeadDim
 	mix := (2 + d.HC) * d.HC // pre, post and comb weights of one HC site
 	ps := []tensorPlan{
-		{Name: "token_embd.weight", Dims: dims(D, V), HF: hfRule{Name: "embed_tokens.weight", Shape: torch(V, D)}},
+		{Name: "token_embd.weight", Dims: dims(D, V), HF: hfRule{Name: "embed_tokens.weight", Alt: "embed.weight", Shape: torch(V, D)}},
 		{Name: "output_norm.weight", Dims: dims(D), Init: initNorm, HF: hfRule{Name: "norm.weight", Shape: torch(D)}},
-		{Name: "output.weight", Dims: dims(D, V), HF: hfRule{Name: "lm_head.weight", Top: true, Shape: torch(V, D)}},
-		{Name: "output_hc_fn.weight", Dims: dims(d.HC*D, d.HC), Half: true, HF: hfRule{Name: "hc_head.hc_fn", Shape: torch(d.HC, d.HC*D)}},
-		{Name: "output_hc_base.weight", Dims: dims(d.HC), Init: initSmall, HF: hfRule{Name: "hc_head.hc_base", Shape: torch(d.HC)}},
-		{Name: "output_hc_scale.weight", Dims: dims(1), Init: initNorm, HF: hfRule{Name: "hc_head.hc_scale", Shape: torch(1)}},
+		{Name: "output.weight", Dims: dims(D, V), HF: hfRule{Name: "head.weight", Top: true, Shape: torch(V, D)}},
+		{Name: "output_hc_fn.weight", Dims: dims(d.HC*D, d.HC), Half: true, HF: hfRule{Name: "hc_head.hc_fn", Alt: "hc_head_fn", Shape: torch(d.HC, d.HC*D)}},
+		{Name: "output_hc_base.weight", Dims: dims(d.HC), Init: initSmall, HF: hfRule{Name: "hc_head.hc_base", Alt: "hc_head_base", Shape: torch(d.HC)}},
+		{Name: "output_hc_scale.weight", Dims: dims(1), Init: initNorm, HF: hfRule{Name: "hc_head.hc_scale", Alt: "hc_head_scale", Shape: torch(1)}},
 	}
 	for i := 0; i < hp.Layers; i++ {
 		blk, hf := layerNames(i)
 		for _, site := range []string{"attn", "ffn"} {
+			hc := "hc_" + site + "_"
 			ps = append(ps,
-				tensorPlan{Name: blk("hc_" + site + "_fn.weight"), Dims: dims(d.HC*D, mix), Half: true, HF: hf(site+"_hc.fn", mix, d.HC*D)},
-				tensorPlan{Name: blk("hc_" + site + "_base.weight"), Dims: dims(mix), Init: initSmall, HF: hf(site+"_hc.base", mix)},
-				tensorPlan{Name: blk("hc_" + site + "_scale.weight"), Dims: dims(3), Init: initNorm, HF: hf(site+"_hc.scale", 3)},
+				tensorPlan{Name: blk(hc + "fn.weight"), Dims: dims(d.HC*D, mix), Half: true, HF: hf(hc+"fn", mix, d.HC*D)},
+				tensorPlan{Name: blk(hc + "base.weight"), Dims: dims(mix), Init: initSmall, HF: hf(hc+"base", mix)},
+				tensorPlan{Name: blk(hc + "scale.weight"), Dims: dims(3), Init: initNorm, HF: hf(hc+"scale", 3)},
 			)
 		}
 		og := H * hd / d.OGroups
 		ps = append(ps,
-			tensorPlan{Name: blk("attn_norm.weight"), Dims: dims(D), Init: initNorm, HF: hf("input_layernorm.weight", D)},
-			tensorPlan{Name: blk("attn_q_a.weight"), Dims: dims(D, d.QLora), HF: hf("self_attn.q_a_proj.weight", d.QLora, D)},
-			tensorPlan{Name: blk("attn_q_a_norm.weight"), Dims: dims(d.QLora), Init: initNorm, HF: hf("self_attn.q_a_norm.weight", d.QLora)},
-			tensorPlan{Name: blk("attn_q_b.weight"), Dims: dims(d.QLora, H*hd), HF: hf("self_attn.q_b_proj.weight", H*hd, d.QLora)},
-			tensorPlan{Name: blk("attn_kv.weight"), Dims: dims(D, hd), HF: hf("self_attn.kv_proj.weight", hd, D)},
-			tensorPlan{Name: blk("attn_kv_a_norm.weight"), Dims: dims(hd), Init: initNorm, HF: hf("self_attn.kv_norm.weight", hd)},
-			tensorPlan{Name: blk("attn_sinks.weight"), Dims: dims(H), Init: initSmall, HF: hf("self_attn.sinks", H)},
-			tensorPlan{Name: blk("attn_output_a.weight"), Dims: dims(og, d.OGroups*d.OLora), HF: hf("self_attn.o_a_proj.weight", d.OGroups*d.OLora, og)},
-			tensorPlan{Name: blk("attn_output_b.weight"), Dims: dims(d.OGroups*d.OLora, D), HF: hf("self_attn.o_b_proj.weight", D, d.OGroups*d.OLora)},
+			tensorPlan{Name: blk("attn_norm.weight"), Dims: dims(D), Init: initNorm, HF: hf("attn_norm.weight", D)},
+			tensorPlan{Name: blk("attn_q_a.weight"), Dims: dims(D, d.QLora), HF: hf("attn.wq_a.weight", d.QLora, D)},
+			tensorPlan{Name: blk("attn_q_a_norm.weight"), Dims: dims(d.QLora), Init: initNorm, HF: hf("attn.q_norm.weight", d.QLora)},
+			tensorPlan{Name: blk("attn_q_b.weight"), Dims: dims(d.QLora, H*hd), HF: hf("attn.wq_b.weight", H*hd, d.QLora)},
+			tensorPlan{Name: blk("attn_kv.weight"), Dims: dims(D, hd), HF: hf("attn.wkv.weight", hd, D)},
+			tensorPlan{Name: blk("attn_kv_a_norm.weight"), Dims: dims(hd), Init: initNorm, HF: hf("attn.norm.weight", hd)},
+			tensorPlan{Name: blk("attn_sinks.weight"), Dims: dims(H), Init: initSmall, HF: hf("attn.attn_sink", H)},
+			tensorPlan{Name: blk("attn_output_a.weight"), Dims: dims(og, d.OGroups*d.OLora), HF: hf("attn.wo_a.weight", d.OGroups*d.OLora, og)},
+			tensorPlan{Name: blk("attn_output_b.weight"), Dims: dims(d.OGroups*d.OLora, D), HF: hf("attn.wo_b.weight", D, d.OGroups*d.OLora)},
 		)
 		kind := d.Kinds[i]
 		if kind != ds4Sliding {
@@ -285,48 +289,46 @@ func ds4Tensors(hp hparams) []tensorPlan {
 				cw = 2 * hd
 			}
 			ps = append(ps,
-				tensorPlan{Name: blk("attn_compressor_ape.weight"), Dims: dims(cw, r), Init: initSmall, Half: true, HF: hf("self_attn.compressor.position_bias", r, cw)},
-				tensorPlan{Name: blk("attn_compressor_kv.weight"), Dims: dims(D, cw), Half: true, HF: hf("self_attn.compressor.kv_proj.weight", cw, D)},
-				tensorPlan{Name: blk("attn_compressor_gate.weight"), Dims: dims(D, cw), Half: true, HF: hf("self_attn.compressor.gate_proj.weight", cw, D)},
-				tensorPlan{Name: blk("attn_compressor_norm.weight"), Dims: dims(hd), Init: initNorm, HF: hf("self_attn.compressor.kv_norm.weight", hd)},
+				tensorPlan{Name: blk("attn_compressor_ape.weight"), Dims: dims(cw, r), Init: initSmall, Half: true, HF: hf("attn.compressor.ape", r, cw)},
+				tensorPlan{Name: blk("attn_compressor_kv.weight"), Dims: dims(D, cw), Half: true, HF: hf("attn.compressor.wkv.weight", cw, D)},
+				tensorPlan{Name: blk("attn_compressor_gate.weight"), Dims: dims(D, cw), Half: true, HF: hf("attn.compressor.wgate.weight", cw, D)},
+				tensorPlan{Name: blk("attn_compressor_norm.weight"), Dims: dims(hd), Init: initNorm, HF: hf("attn.compressor.norm.weight", hd)},
 			)
 		}
 		if kind == ds4CSA {
 			ih, ihd := d.IndexHeads, d.IndexHeadDim
-			ix := "self_attn.compressor.indexer."
+			const ix = "attn.indexer."
 			ps = append(ps,
-				tensorPlan{Name: blk("indexer.attn_q_b.weight"), Dims: dims(d.QLora, ih*ihd), Half: true, HF: hf(ix+"q_b_proj.weight", ih*ihd, d.QLora)},
-				tensorPlan{Name: blk("indexer.proj.weight"), Dims: dims(D, ih), Half: true, HF: hf(ix+"scorer.weights_proj.weight", ih, D)},
-				tensorPlan{Name: blk("indexer_compressor_ape.weight"), Dims: dims(2*ihd, d.CSARatio), Init: initSmall, Half: true, HF: hf(ix+"position_bias", d.CSARatio, 2*ihd)},
-				tensorPlan{Name: blk("indexer_compressor_kv.weight"), Dims: dims(D, 2*ihd), Half: true, HF: hf(ix+"kv_proj.weight", 2*ihd, D)},
-				tensorPlan{Name: blk("indexer_compressor_gate.weight"), Dims: dims(D, 2*ihd), Half: true, HF: hf(ix+"gate_proj.weight", 2*ihd, D)},
-				tensorPlan{Name: blk("indexer_compressor_norm.weight"), Dims: dims(ihd), Init: initNorm, HF: hf(ix+"kv_norm.weight", ihd)},
+				tensorPlan{Name: blk("indexer.attn_q_b.weight"), Dims: dims(d.QLora, ih*ihd), Half: true, HF: hf(ix+"wq_b.weight", ih*ihd, d.QLora)},
+				tensorPlan{Name: blk("indexer.proj.weight"), Dims: dims(D, ih), Half: true, HF: hf(ix+"weights_proj.weight", ih, D)},
+				tensorPlan{Name: blk("indexer_compressor_ape.weight"), Dims: dims(2*ihd, d.CSARatio), Init: initSmall, Half: true, HF: hf(ix+"compressor.ape", d.CSARatio, 2*ihd)},
+				tensorPlan{Name: blk("indexer_compressor_kv.weight"), Dims: dims(D, 2*ihd), Half: true, HF: hf(ix+"compressor.wkv.weight", 2*ihd, D)},
+				tensorPlan{Name: blk("indexer_compressor_gate.weight"), Dims: dims(D, 2*ihd), Half: true, HF: hf(ix+"compressor.wgate.weight", 2*ihd, D)},
+				tensorPlan{Name: blk("indexer_compressor_norm.weight"), Dims: dims(ihd), Init: initNorm, HF: hf(ix+"compressor.norm.weight", ihd)},
 			)
 		}
 		E, F := d.Experts, d.FFN
 		SF := F * max(d.Shared, 1) // llama.cpp: the shared experts are one MLP n_shared times as wide
-		gateUp := func(up bool) hfRule {
-			r := hf("mlp.experts.gate_up_proj", E, 2*F, D)
-			r.Rows = func() []int { return expertRows(E, F, up) }
-			return r
+		experts := func(w string, shape ...int) hfRule {
+			return hfRule{Parts: expertParts(i, E, w), Shape: torch(shape...)}
 		}
 		ps = append(ps,
-			tensorPlan{Name: blk("ffn_norm.weight"), Dims: dims(D), Init: initNorm, HF: hf("post_attention_layernorm.weight", D)},
-			tensorPlan{Name: blk("ffn_gate_inp.weight"), Dims: dims(D, E), F32: true, HF: hf("mlp.gate.weight", E, D)},
+			tensorPlan{Name: blk("ffn_norm.weight"), Dims: dims(D), Init: initNorm, HF: hf("ffn_norm.weight", D)},
+			tensorPlan{Name: blk("ffn_gate_inp.weight"), Dims: dims(D, E), F32: true, HF: hf("ffn.gate.weight", E, D)},
 		)
 		if i < d.HashLayers {
 			ps = append(ps, tensorPlan{Name: blk("ffn_gate_tid2eid.weight"), Dims: dims(d.ExpertsUsed, V), I32: true,
-				Init: initExpertIDs, IDs: E, HF: hf("mlp.gate.tid2eid", V, d.ExpertsUsed)})
+				Init: initExpertIDs, IDs: E, HF: hf("ffn.gate.tid2eid", V, d.ExpertsUsed)})
 		} else {
-			ps = append(ps, tensorPlan{Name: blk("exp_probs_b.bias"), Dims: dims(E), Init: initSmall, HF: hf("mlp.gate.e_score_correction_bias", E)})
+			ps = append(ps, tensorPlan{Name: blk("exp_probs_b.bias"), Dims: dims(E), Init: initSmall, HF: hf("ffn.gate.bias", E)})
 		}
 		ps = append(ps,
-			tensorPlan{Name: blk("ffn_gate_exps.weight"), Dims: dims(D, F, E), HF: gateUp(false)},
-			tensorPlan{Name: blk("ffn_up_exps.weight"), Dims: dims(D, F, E), HF: gateUp(true)},
-			tensorPlan{Name: blk("ffn_down_exps.weight"), Dims: dims(F, D, E), HF: hf("mlp.experts.down_proj", E, D, F)},
-			tensorPlan{Name: blk("ffn_gate_shexp.weight"), Dims: dims(D, SF), HF: hf("mlp.shared_experts.gate_proj.weight", SF, D)},
-			tensorPlan{Name: blk("ffn_up_shexp.weight"), Dims: dims(D, SF), HF: hf("mlp.shared_experts.up_proj.weight", SF, D)},
-			tensorPlan{Name: blk("ffn_down_shexp.weight"), Dims: dims(SF, D), HF: hf("mlp.shared_experts.down_proj.weight", D, SF)},
+			tensorPlan{Name: blk("ffn_gate_exps.weight"), Dims: dims(D, F, E), HF: experts("w1", F, D)},
+			tensorPlan{Name: blk("ffn_up_exps.weight"), Dims: dims(D, F, E), HF: experts("w3", F, D)},
+			tensorPlan{Name: blk("ffn_down_exps.weight"), Dims: dims(F, D, E), HF: experts("w2", D, F)},
+			tensorPlan{Name: blk("ffn_gate_shexp.weight"), Dims: dims(D, SF), HF: hf("ffn.shared_experts.w1.weight", SF, D)},
+			tensorPlan{Name: blk("ffn_up_shexp.weight"), Dims: dims(D, SF), HF: hf("ffn.shared_experts.w3.weight", SF, D)},
+			tensorPlan{Name: blk("ffn_down_shexp.weight"), Dims: dims(SF, D), HF: hf("ffn.shared_experts.w2.weight", D, SF)},
 		)
 	}
 	return ps

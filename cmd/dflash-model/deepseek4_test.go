@@ -2,13 +2,15 @@ package main
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/dflash/dflash_server/sdk/gguf"
-	"github.com/dflash/dflash_server/sdk/gguf/quant"
 	"github.com/dflash/dflash_server/sdk/safetensors"
 	"github.com/matryer/is"
 )
@@ -74,10 +76,12 @@ func TestMkDeepseek4(t *testing.T) {
 	is.Equal(exps.Type, gguf.Q8_0)
 }
 
-// ds4Fixture mirrors DeepseekV4ForCausalLM (transformers 5.17 names) with
-// the spec's tiny shape: hidden 64, 4 layers [window, window, CSA, HCA],
-// 4 heads of 32, rope 16, q LoRA 32, 2 output groups of 16, 8 experts (2
-// used) of 32, 3 hash layers, indexer 32 × 32, 4 HC streams.
+// ds4Fixture is a DeepseekV4ForCausalLM checkpoint as transformers 5.17
+// saves it (official DeepSeek names under "model.", head.weight at the top,
+// one tensor per expert) with the spec's tiny shape: hidden 64, 4 layers
+// [window, window, CSA, HCA], 4 heads of 32, rope 16, q LoRA 32, 2 output
+// groups of 16, 8 experts (2 used) of 32, 3 hash layers, indexer 32 × 32, 4
+// HC streams.
 func ds4Fixture() (map[string]any, []hfTensor) {
 	cfg := map[string]any{
 		"architectures": []string{"DeepseekV4ForCausalLM"}, "model_type": "deepseek_v4",
@@ -87,10 +91,11 @@ func ds4Fixture() (map[string]any, []hfTensor) {
 		"sliding_window": 8, "index_n_heads": 32, "index_head_dim": 32, "index_topk": 4,
 		"hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0, "routed_scaling_factor": 1.5,
 		"scoring_func": "sqrtsoftplus", "norm_topk_prob": true, "rms_norm_eps": 1e-6, "max_position_embeddings": 1048576,
-		"layer_types":           []string{"sliding_attention", "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"},
-		"compress_rates":        map[string]int{"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-		"mlp_layer_types":       []string{"hash_moe", "hash_moe", "hash_moe", "moe"},
-		"partial_rotary_factor": 0.5, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+		"layer_types":              []string{"sliding_attention", "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"},
+		"compress_rates":           map[string]int{"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+		"mlp_layer_types":          []string{"hash_moe", "hash_moe", "hash_moe", "moe"},
+		"num_nextn_predict_layers": 1, // transformers drops the MTP weights
+		"partial_rotary_factor":    0.5, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
 		"rope_parameters": map[string]any{
 			"main":     map[string]any{"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
 			"compress": map[string]any{"rope_type": "yarn", "rope_theta": 160000.0, "partial_rotary_factor": 0.5, "factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0},
@@ -101,69 +106,75 @@ func ds4Fixture() (map[string]any, []hfTensor) {
 	ts := []hfTensor{
 		{name: "model.embed_tokens.weight", shape: []int64{16, D}},
 		{name: "model.norm.weight", shape: []int64{D}},
-		{name: "lm_head.weight", shape: []int64{16, D}},
+		{name: "head.weight", shape: []int64{16, D}},
 		{name: "model.hc_head.hc_fn", shape: []int64{HC, HC * D}},
 		{name: "model.hc_head.hc_base", shape: []int64{HC}},
 		{name: "model.hc_head.hc_scale", shape: []int64{1}},
 	}
 	for i := 0; i < 4; i++ {
 		p := fmt.Sprintf("model.layers.%d.", i)
-		for _, site := range []string{"attn_hc", "ffn_hc"} {
+		for _, site := range []string{"hc_attn_", "hc_ffn_"} {
 			ts = append(ts,
-				hfTensor{name: p + site + ".fn", shape: []int64{int64(mix), HC * D}},
-				hfTensor{name: p + site + ".base", shape: []int64{int64(mix)}},
-				hfTensor{name: p + site + ".scale", shape: []int64{3}})
+				hfTensor{name: p + site + "fn", shape: []int64{int64(mix), HC * D}},
+				hfTensor{name: p + site + "base", shape: []int64{int64(mix)}},
+				hfTensor{name: p + site + "scale", shape: []int64{3}})
 		}
-		a := p + "self_attn."
+		a := p + "attn."
 		ts = append(ts,
-			hfTensor{name: p + "input_layernorm.weight", shape: []int64{D}},
-			hfTensor{name: p + "post_attention_layernorm.weight", shape: []int64{D}},
-			hfTensor{name: a + "q_a_proj.weight", shape: []int64{QL, D}},
-			hfTensor{name: a + "q_a_norm.weight", shape: []int64{QL}},
-			hfTensor{name: a + "q_b_proj.weight", shape: []int64{H * hd, QL}},
-			hfTensor{name: a + "kv_proj.weight", shape: []int64{hd, D}},
-			hfTensor{name: a + "kv_norm.weight", shape: []int64{hd}},
-			hfTensor{name: a + "o_a_proj.weight", shape: []int64{2 * 16, H * hd / 2}},
-			hfTensor{name: a + "o_b_proj.weight", shape: []int64{D, 2 * 16}},
-			hfTensor{name: a + "sinks", shape: []int64{H}},
+			hfTensor{name: p + "attn_norm.weight", shape: []int64{D}},
+			hfTensor{name: p + "ffn_norm.weight", shape: []int64{D}},
+			hfTensor{name: a + "wq_a.weight", shape: []int64{QL, D}},
+			hfTensor{name: a + "q_norm.weight", shape: []int64{QL}},
+			hfTensor{name: a + "wq_b.weight", shape: []int64{H * hd, QL}},
+			hfTensor{name: a + "wkv.weight", shape: []int64{hd, D}},
+			hfTensor{name: a + "norm.weight", shape: []int64{hd}},
+			hfTensor{name: a + "wo_a.weight", shape: []int64{2 * 16, H * hd / 2}},
+			hfTensor{name: a + "wo_b.weight", shape: []int64{D, 2 * 16}},
+			hfTensor{name: a + "attn_sink", shape: []int64{H}},
 		)
 		switch i {
 		case 2: // CSA
-			c := a + "compressor."
+			c, x := a+"compressor.", a+"indexer."
 			ts = append(ts,
-				hfTensor{name: c + "kv_proj.weight", shape: []int64{2 * hd, D}},
-				hfTensor{name: c + "gate_proj.weight", shape: []int64{2 * hd, D}},
-				hfTensor{name: c + "position_bias", shape: []int64{4, 2 * hd}},
-				hfTensor{name: c + "kv_norm.weight", shape: []int64{hd}},
-				hfTensor{name: c + "indexer.kv_proj.weight", shape: []int64{64, D}},
-				hfTensor{name: c + "indexer.gate_proj.weight", shape: []int64{64, D}},
-				hfTensor{name: c + "indexer.position_bias", shape: []int64{4, 64}},
-				hfTensor{name: c + "indexer.kv_norm.weight", shape: []int64{32}},
-				hfTensor{name: c + "indexer.q_b_proj.weight", shape: []int64{32 * 32, QL}},
-				hfTensor{name: c + "indexer.scorer.weights_proj.weight", shape: []int64{32, D}},
+				hfTensor{name: c + "wkv.weight", shape: []int64{2 * hd, D}},
+				hfTensor{name: c + "wgate.weight", shape: []int64{2 * hd, D}},
+				hfTensor{name: c + "ape", shape: []int64{4, 2 * hd}},
+				hfTensor{name: c + "norm.weight", shape: []int64{hd}},
+				hfTensor{name: x + "compressor.wkv.weight", shape: []int64{64, D}},
+				hfTensor{name: x + "compressor.wgate.weight", shape: []int64{64, D}},
+				hfTensor{name: x + "compressor.ape", shape: []int64{4, 64}},
+				hfTensor{name: x + "compressor.norm.weight", shape: []int64{32}},
+				hfTensor{name: x + "wq_b.weight", shape: []int64{32 * 32, QL}},
+				hfTensor{name: x + "weights_proj.weight", shape: []int64{32, D}},
 			)
 		case 3: // HCA
 			c := a + "compressor."
 			ts = append(ts,
-				hfTensor{name: c + "kv_proj.weight", shape: []int64{hd, D}},
-				hfTensor{name: c + "gate_proj.weight", shape: []int64{hd, D}},
-				hfTensor{name: c + "position_bias", shape: []int64{8, hd}},
-				hfTensor{name: c + "kv_norm.weight", shape: []int64{hd}},
+				hfTensor{name: c + "wkv.weight", shape: []int64{hd, D}},
+				hfTensor{name: c + "wgate.weight", shape: []int64{hd, D}},
+				hfTensor{name: c + "ape", shape: []int64{8, hd}},
+				hfTensor{name: c + "norm.weight", shape: []int64{hd}},
 			)
 		}
-		m := p + "mlp."
+		m := p + "ffn."
 		ts = append(ts,
 			hfTensor{name: m + "gate.weight", shape: []int64{E, D}},
-			hfTensor{name: m + "experts.gate_up_proj", shape: []int64{E, 2 * F, D}},
-			hfTensor{name: m + "experts.down_proj", shape: []int64{E, D, F}},
-			hfTensor{name: m + "shared_experts.gate_proj.weight", shape: []int64{F, D}},
-			hfTensor{name: m + "shared_experts.up_proj.weight", shape: []int64{F, D}},
-			hfTensor{name: m + "shared_experts.down_proj.weight", shape: []int64{D, F}},
+			hfTensor{name: m + "shared_experts.w1.weight", shape: []int64{F, D}},
+			hfTensor{name: m + "shared_experts.w3.weight", shape: []int64{F, D}},
+			hfTensor{name: m + "shared_experts.w2.weight", shape: []int64{D, F}},
 		)
+		for e := 0; e < E; e++ {
+			x := fmt.Sprintf("%sexperts.%d.", m, e)
+			ts = append(ts,
+				hfTensor{name: x + "w1.weight", shape: []int64{F, D}},
+				hfTensor{name: x + "w3.weight", shape: []int64{F, D}},
+				hfTensor{name: x + "w2.weight", shape: []int64{D, F}},
+			)
+		}
 		if i < 3 {
 			ts = append(ts, hfTensor{name: m + "gate.tid2eid", shape: []int64{16, K}})
 		} else {
-			ts = append(ts, hfTensor{name: m + "gate.e_score_correction_bias", shape: []int64{E}})
+			ts = append(ts, hfTensor{name: m + "gate.bias", shape: []int64{E}})
 		}
 	}
 	ts = fill(ts)
@@ -177,15 +188,39 @@ func ds4Fixture() (map[string]any, []hfTensor) {
 	return cfg, ts
 }
 
-func TestConvertDeepseek4(t *testing.T) {
-	is := is.New(t)
-	cfg, ts := ds4Fixture()
+// ds4Official renames a fixture to the official DeepSeek hub layout: no
+// "model." prefix, embed.weight and hc_head_{fn,base,scale} at the top.
+func ds4Official(ts []hfTensor) []hfTensor {
+	out := make([]hfTensor, len(ts))
+	for i, x := range ts {
+		n := strings.TrimPrefix(x.name, "model.")
+		switch n {
+		case "embed_tokens.weight":
+			n = "embed.weight"
+		case "hc_head.hc_fn", "hc_head.hc_base", "hc_head.hc_scale":
+			n = strings.Replace(n, ".hc_", "_", 1)
+		}
+		out[i] = hfTensor{name: n, shape: x.shape, vals: x.vals}
+	}
+	return out
+}
+
+// writeDS4 writes a fixture checkpoint with tid2eid as I64 (as transformers
+// saves it) and the tensors named in raw given that dtype and zero bytes
+// (FP8 and the like).
+func writeDS4(t *testing.T, cfg map[string]any, ts []hfTensor, raw map[string]string) string {
+	t.Helper()
 	dir := writeHF(t, cfg, ts, "F32")
-	// tid2eid is int64 in the checkpoint: rewrite those tensors as I64.
 	var nts []safetensors.NewTensor
 	for _, x := range ts {
-		nt, _ := safetensors.FromFloat32(x.name, "F32", x.shape, x.vals)
-		if filepath.Ext(x.name) == ".tid2eid" {
+		nt, err := safetensors.FromFloat32(x.name, "F32", x.shape, x.vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch dt := raw[x.name]; {
+		case dt != "":
+			nt = safetensors.NewTensor{Name: x.name, DType: dt, Shape: x.shape, Data: make([]byte, len(x.vals))}
+		case filepath.Ext(x.name) == ".tid2eid":
 			b := make([]byte, 8*len(x.vals))
 			for k, v := range x.vals {
 				binary.LittleEndian.PutUint64(b[8*k:], uint64(int64(v)))
@@ -194,8 +229,46 @@ func TestConvertDeepseek4(t *testing.T) {
 		}
 		nts = append(nts, nt)
 	}
-	is.NoErr(safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), nts, nil))
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), nts, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
 
+func TestConvertDeepseek4(t *testing.T) {
+	cfg, ts := ds4Fixture()
+	// Head dims of 32 convert, with a warning that upstream llama.cpp will
+	// not create a context for them.
+	hp, err := ds4FromHF(hfConfig{top: jsonRaw(t, cfg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := upstreamWarning(ds4Arch, hp); !strings.Contains(w, "head dim 32 / indexer head dim 32: upstream llama.cpp's K rotation needs multiples of 64") {
+		t.Fatalf("warning %q", w)
+	}
+	t.Run("transformers", func(t *testing.T) { checkDS4Conversion(t, cfg, ts, "model.") })
+	t.Run("official", func(t *testing.T) { checkDS4Conversion(t, cfg, ds4Official(ts), "") })
+}
+
+// jsonRaw turns a config map into config.json's raw fields.
+func jsonRaw(t *testing.T, cfg map[string]any) map[string]json.RawMessage {
+	t.Helper()
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// checkDS4Conversion converts a fixture checkpoint whose layer tensors are
+// under prefix and compares the GGUF with it.
+func checkDS4Conversion(t *testing.T, cfg map[string]any, ts []hfTensor, prefix string) {
+	is := is.New(t)
+	dir := writeDS4(t, cfg, ts, nil)
 	out := filepath.Join(t.TempDir(), "ds.gguf")
 	mustCLI(t, "convert", dir, out, "--type", "f32")
 	f := openGGUF(t, out)
@@ -219,37 +292,113 @@ func TestConvertDeepseek4(t *testing.T) {
 	same := func(gg, hf string) {
 		t.Helper()
 		got, ti := ggufFloats(t, f, gg)
-		x := byName[hf]
+		x, ok := byName[hf]
+		if !ok {
+			t.Fatalf("fixture has no %q", hf)
+		}
 		is.Equal(ti.Dims, reversed(x.shape))
 		is.Equal(got, x.vals)
 	}
-	same("output_hc_fn.weight", "model.hc_head.hc_fn")
-	same("blk.1.hc_ffn_fn.weight", "model.layers.1.ffn_hc.fn")
-	same("blk.2.attn_compressor_ape.weight", "model.layers.2.self_attn.compressor.position_bias")
-	same("blk.2.indexer.proj.weight", "model.layers.2.self_attn.compressor.indexer.scorer.weights_proj.weight")
-	same("blk.3.attn_output_a.weight", "model.layers.3.self_attn.o_a_proj.weight")
-	same("blk.3.exp_probs_b.bias", "model.layers.3.mlp.gate.e_score_correction_bias")
-	same("blk.0.ffn_down_exps.weight", "model.layers.0.mlp.experts.down_proj")
-	same("blk.1.ffn_gate_tid2eid.weight", "model.layers.1.mlp.gate.tid2eid")
+	top := map[string]string{"model.": "model.embed_tokens.weight", "": "embed.weight"}[prefix]
+	same("token_embd.weight", top)
+	same("output.weight", "head.weight")
+	same("output_norm.weight", prefix+"norm.weight")
+	same("output_hc_fn.weight", map[string]string{"model.": "model.hc_head.hc_fn", "": "hc_head_fn"}[prefix])
+	same("output_hc_scale.weight", map[string]string{"model.": "model.hc_head.hc_scale", "": "hc_head_scale"}[prefix])
+	l := prefix + "layers."
+	same("blk.1.hc_ffn_fn.weight", l+"1.hc_ffn_fn")
+	same("blk.0.attn_q_a_norm.weight", l+"0.attn.q_norm.weight")
+	same("blk.0.attn_kv_a_norm.weight", l+"0.attn.norm.weight")
+	same("blk.1.attn_sinks.weight", l+"1.attn.attn_sink")
+	same("blk.2.attn_compressor_ape.weight", l+"2.attn.compressor.ape")
+	same("blk.2.indexer.proj.weight", l+"2.attn.indexer.weights_proj.weight")
+	same("blk.2.indexer_compressor_kv.weight", l+"2.attn.indexer.compressor.wkv.weight")
+	same("blk.3.attn_output_a.weight", l+"3.attn.wo_a.weight")
+	same("blk.3.exp_probs_b.bias", l+"3.ffn.gate.bias")
+	same("blk.3.ffn_gate_inp.weight", l+"3.ffn.gate.weight")
+	same("blk.2.ffn_up_shexp.weight", l+"2.ffn.shared_experts.w3.weight")
+	same("blk.1.ffn_gate_tid2eid.weight", l+"1.ffn.gate.tid2eid")
 	tid, _ := f.Tensor("blk.1.ffn_gate_tid2eid.weight")
 	is.Equal(tid.Type, gguf.I32)
+	_, ok := f.Tensor("blk.2.exp_probs_b.bias") // hash layers route by token, without a bias
+	is.True(!ok)
 
-	// gate_up_proj [E, 2F, D]: expert e's gate is rows [0, F), up rows [F, 2F).
-	gu := byName["model.layers.2.mlp.experts.gate_up_proj"].vals
-	gate, gi := ggufFloats(t, f, "blk.2.ffn_gate_exps.weight")
-	up, _ := ggufFloats(t, f, "blk.2.ffn_up_exps.weight")
-	is.Equal(gi.Dims, []uint64{64, 32, 8})
-	const D, F = 64, 32
-	for e := 0; e < 8; e++ {
-		for r := 0; r < F; r++ {
-			for c := 0; c < D; c++ {
-				if gate[(e*F+r)*D+c] != gu[(e*2*F+r)*D+c] || up[(e*F+r)*D+c] != gu[(e*2*F+F+r)*D+c] {
-					t.Fatalf("expert %d row %d col %d: gate/up split wrong", e, r, c)
+	// Expert stacks: row e·F + f of gate (up) is expert e's w1 (w3) row f;
+	// row e·D + d of down is expert e's w2 row d.
+	const D, F, E = 64, 32, 8
+	for _, c := range []struct {
+		gg, w   string
+		dims    []uint64
+		rows, n int
+	}{
+		{"ffn_gate_exps", "w1", []uint64{D, F, E}, F, D},
+		{"ffn_up_exps", "w3", []uint64{D, F, E}, F, D},
+		{"ffn_down_exps", "w2", []uint64{F, D, E}, D, F},
+	} {
+		for _, layer := range []int{0, 3} {
+			got, ti := ggufFloats(t, f, fmt.Sprintf("blk.%d.%s.weight", layer, c.gg))
+			is.Equal(ti.Dims, c.dims)
+			for e := 0; e < E; e++ {
+				want := byName[fmt.Sprintf("%s%d.ffn.experts.%d.%s.weight", l, layer, e, c.w)].vals
+				is.Equal(len(want), c.rows*c.n)
+				if !slices.Equal(got[e*c.rows*c.n:(e+1)*c.rows*c.n], want) {
+					t.Fatalf("blk.%d.%s: expert %d's rows are not its %s", layer, c.gg, e, c.w)
 				}
 			}
 		}
 	}
-	_ = quant.F16ToF32
+}
+
+func TestConvertDeepseek4Errors(t *testing.T) {
+	drop := func(name string) func([]hfTensor) []hfTensor {
+		return func(ts []hfTensor) []hfTensor {
+			return slices.DeleteFunc(slices.Clone(ts), func(x hfTensor) bool { return x.name == name })
+		}
+	}
+	tests := []struct {
+		name  string
+		build func([]hfTensor) []hfTensor
+		raw   map[string]string
+		want  []string
+		not   string
+	}{
+		{name: "missing expert", build: drop("model.layers.3.ffn.experts.5.w3.weight"),
+			want: []string{`missing tensor "model.layers.3.ffn.experts.5.w3.weight" (for blk.3.ffn_up_exps.weight)`}},
+		{name: "expert shape", build: func(ts []hfTensor) []hfTensor {
+			ts = drop("model.layers.1.ffn.experts.2.w2.weight")(ts)
+			return append(ts, fill([]hfTensor{{name: "model.layers.1.ffn.experts.2.w2.weight", shape: []int64{32, 64}}})...)
+		}, want: []string{`tensor "model.layers.1.ffn.experts.2.w2.weight" has shape [32 64], want [64 32]`}},
+		{name: "missing head", build: drop("head.weight"), want: []string{`checkpoint has no tensor "head.weight"`}},
+		{name: "missing official hc head", build: func(ts []hfTensor) []hfTensor { return drop("hc_head_base")(ds4Official(ts)) },
+			want: []string{`missing tensor "hc_head.hc_base" or "hc_head_base" (for output_hc_base.weight)`}},
+		{name: "fp8", build: func(ts []hfTensor) []hfTensor {
+			return append(ts, fill([]hfTensor{{name: "model.layers.1.attn.wq_a.scale", shape: []int64{1, 1}}})...)
+		}, raw: map[string]string{"model.layers.1.attn.wq_a.weight": "F8_E4M3"},
+			want: []string{`tensor "model.layers.1.attn.wq_a.weight" has unsupported dtype F8_E4M3`, "must be dequantized"},
+			not:  `"model.layers.1.attn.wq_a.scale"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, ts := ds4Fixture()
+			dir := writeDS4(t, cfg, tc.build(ts), tc.raw)
+			out := filepath.Join(t.TempDir(), "x.gguf")
+			_, err := runCLI(t, "convert", dir, out)
+			if err == nil {
+				t.Fatal("convert succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not contain %q", err, w)
+				}
+			}
+			if tc.not != "" && strings.Contains(err.Error(), tc.not) {
+				t.Fatalf("error %q mentions %s", err, tc.not)
+			}
+			if _, err := os.Stat(out); !os.IsNotExist(err) {
+				t.Fatalf("%s was written", out)
+			}
+		})
+	}
 }
 
 // rewriteDS4 copies src to dst with keys set (nil: dropped) and extra F32

@@ -10,7 +10,7 @@ import (
 
 type cli struct {
 	Inspect inspectCmd `cmd:"" help:"Print a GGUF file's architecture, hyperparameters, tokenizer, chat template and tensors."`
-	Convert convertCmd `cmd:"" help:"Convert a Hugging Face safetensors checkpoint (qwen3, qwen3_5, DFlash draft) to GGUF."`
+	Convert convertCmd `cmd:"" help:"Convert a Hugging Face safetensors checkpoint (qwen3, qwen3_5, deepseek_v4, DFlash draft) to GGUF."`
 	Mk      mkCmd      `cmd:"" help:"Write a random-weight model of a served architecture, with a real tokenizer."`
 }
 
