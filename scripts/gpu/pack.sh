@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs and cannot build (it has no Go and no network) into .gpu/, which the device call
 # carries: the Go test binaries, dflash-model, the CPU engine library (the reference the GPU is compared with), the
-# Qwen tokenizer, and optionally llama.cpp's source bundle (the peer) from the npm package node-llama-cpp.
+# Qwen tokenizer, and optionally llama.cpp's source (the peer, trimmed from the bundle) from the npm package node-llama-cpp.
 #   scripts/gpu/pack.sh [--peer]      then run scripts/gpu/run.sh on the GPU machine with carry [".gpu"]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +29,12 @@ if [ "${1:-}" = "--peer" ]; then
     mkdir -p .peer && grep -qx '/.peer/' .git/info/exclude || echo '/.peer/' >> .git/info/exclude
     (cd .peer && npm i -E node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1 --omit=optional --no-audit --no-fund --loglevel=error)
   fi
-  cp "$peer" "$out/"
+  # The source tree without history, models, docs, web UI and other GPU back ends (~6 MB instead of the 35 MB bundle),
+  # so the call's 64 MiB carry still fits the repository beside it.
+  src=.peer/src
+  [ -d "$src" ] || git clone -q "$peer" "$src"
+  git -C "$src" archive --format=tar HEAD -- . ':!models' ':!docs' ':!tools/ui/src' ':!tools/ui/tests' ':!benches' \
+    ':!ggml/src/ggml-sycl' ':!ggml/src/ggml-vulkan' ':!ggml/src/ggml-opencl' ':!ggml/src/ggml-cann' ':!ggml/src/ggml-musa' \
+    ':!ggml/src/ggml-metal' ':!ggml/src/ggml-webgpu' ':!ggml/src/ggml-hexagon' | xz -T2 -6 >"$out/llama-src.tar.xz"
 fi
 du -sh "$out"/*

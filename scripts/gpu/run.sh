@@ -4,9 +4,11 @@
 #   scripts/gpu/run.sh check                 CUDA op tests, device-vs-CPU replay, transformers parity on the GPU
 #   scripts/gpu/run.sh bench [MODEL...]      random-weight full-size models from dflash-model presets
 #                                            (default: qwen3-8b:q8_0 qwen3-8b:q4_K qwen3.5-27b:q8_0), our
-#                                            engine and (with .gpu/gitRelease.bundle) llama-bench on the same files
+#                                            engine and (with .gpu/llama-src.tar.xz from pack.sh --peer) llama-bench on the same files
 #   scripts/gpu/run.sh all                   both
 #   scripts/gpu/run.sh torch                 the PyTorch column (transformers bf16, static cache, compiled)
+#   scripts/gpu/run.sh demo-peer             the trained demo pair through our server and in llama.cpp's own DFlash
+#                                            (llama-speculative-simple), same files, prompt and GPU
 #   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
 #                                            shape with its 5-layer draft the cost of verify blocks and draft steps
 set -uo pipefail
@@ -26,11 +28,11 @@ lib=$stage/bin/lib
 
 peer_build() {
   # llama.cpp, the peer, built in the background while our library builds and the models are made
-  [ -f .gpu/gitRelease.bundle ] || return 0
-  rm -rf /tmp/llama /tmp/llama.done
-  setsid nohup bash -c 'git clone -q '"$PWD"'/.gpu/gitRelease.bundle /tmp/llama && cd /tmp/llama &&
+  [ -f .gpu/llama-src.tar.xz ] || return 0
+  rm -rf /tmp/llama /tmp/llama.done && mkdir -p /tmp/llama
+  setsid nohup bash -c 'tar -C /tmp/llama -xJf '"$PWD"'/.gpu/llama-src.tar.xz && cd /tmp/llama &&
     cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-      -DCMAKE_BUILD_TYPE=Release && cmake --build build -j 10 --target llama-bench llama-batched-bench; echo rc=$? > /tmp/llama.done' \
+      -DCMAKE_BUILD_TYPE=Release && cmake --build build -j 10 --target llama-bench llama-batched-bench llama-speculative-simple; echo rc=$? > /tmp/llama.done' \
     >/tmp/llama-build.log 2>&1 </dev/null &
 }
 
@@ -74,9 +76,9 @@ bench() {
     log "through the server: $m"
     server_bench "$f"
   done
-  [ -f .gpu/gitRelease.bundle ] || return 0
+  [ -f .gpu/llama-src.tar.xz ] || return 0
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
-  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(tail -3 /tmp/llama-build.log)"; return 0; fi
+  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
   for m in "${models[@]}"; do
     f=/tmp/models/${m//:/-}.gguf
     [ -f "$f" ] || continue
@@ -145,6 +147,25 @@ demo_bench() {
   done
 }
 
+# The demo pair in llama.cpp's own DFlash (llama-speculative-simple --spec-type draft-dflash) on the same files, prompt and
+# GPU as demo_bench: greedy, 256 tokens, the draft's block size as the draft length; and the target alone (llama-bench).
+peer_dflash() {
+  local prompt bs
+  prompt=$(printf 'package main\n\nimport (\n\t"fmt"\n')
+  while [ ! -f /tmp/llama.done ]; do sleep 5; done
+  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
+  bs=${PEER_DRAFT_MAX:-16}
+  log "llama.cpp: demo target alone (llama-bench tg256)"
+  /tmp/llama/build/bin/llama-bench -m models/demo/demo-target-q8_0.gguf -fa 1 -p 0 -n 256 -ngl 99 -r 3 -o md 2>&1 |
+    tee -a "$OUT/peer-dflash.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
+  for run in 1 2; do
+    log "llama.cpp DFlash: demo pair, draft max $bs, run $run"
+    /tmp/llama/build/bin/llama-speculative-simple -m models/demo/demo-target-q8_0.gguf -md models/demo/demo-draft-q8_0.gguf \
+      --spec-type draft-dflash --spec-draft-n-max "$bs" -ngl 99 -ngld 99 -fa on -n 256 --temp 0 --top-k 1 --seed 42 \
+      -p "$prompt" 2>&1 | tee -a "$OUT/peer-dflash.txt" | grep -E "decoded|n_drafted|n_accept|accept |error|failed" | tee -a "$OUT/summary.txt"
+  done
+}
+
 case $mode in
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
@@ -162,6 +183,7 @@ case $mode in
         wait; ${SPEC_SKIP_BENCH:+true} spec_bench; ${SPEC_SKIP_BENCH:+true} demo_bench ;;
   prep) build_cuda; spec_models ;;
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
+  demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all|torch|spec [preset:type ...]"; exit 2 ;;
