@@ -81,11 +81,15 @@ func ds4Spec(t testing.TB, c ds4Config) ModelSpec {
 		}
 		return v
 	}
-	normal := func(std float64) func(*rand.Rand) float64 { return func(r *rand.Rand) float64 { return r.NormFloat64() * std } }
+	normal := func(std float64) func(*rand.Rand) float64 {
+		return func(r *rand.Rand) float64 { return r.NormFloat64() * std }
+	}
 	vec := func(name string, v []float32, dims ...uint64) {
 		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32(v)})
 	}
-	norm := func(name string, n int) { vec(name, draw(n, func(r *rand.Rand) float64 { return 1 + r.NormFloat64()*0.1 }), uint64(n)) }
+	norm := func(name string, n int) {
+		vec(name, draw(n, func(r *rand.Rand) float64 { return 1 + r.NormFloat64()*0.1 }), uint64(n))
+	}
 	small := func(name string, dims ...uint64) {
 		n := uint64(1)
 		for _, d := range dims {
