@@ -23,7 +23,10 @@ import (
 // Neither side fake-quantises: llama.cpp's deepseek4 graph keeps the KV latent and the indexer q/k in full precision
 // (no FP8 / FP4 round trips, as transformers 5.17). What differs is rounding: llama.cpp rounds activations to q8_0
 // for q8_0 weights (so do we, per 32-value block, but with different accumulation) and stores its caches as f16;
-// f32 files leave only the f16 caches and summation order.
+// f32 files leave only the f16 caches and summation order. Measured (2 cores, this file): f32 weights (std 0.1, so the
+// distribution is far from flat) max |Δ log p| 1.7e-3; q8_0 weights (std 0.02) 4.8e-3. With std 0.1 q8_0 weights
+// the activation rounding alone moves log-probabilities by up to 0.17 on both sides of a 6-layer random model, so the
+// q8_0 case uses the smaller spread.
 func TestLlamaCppDeepseek4Oracle(t *testing.T) {
 	dir := llamacppDir(t)
 	if env.libDir == "" {
@@ -44,17 +47,17 @@ func TestLlamaCppDeepseek4Oracle(t *testing.T) {
 		seqs = append(seqs, s)
 	}
 	tests := []struct {
-		typ string
-		tol float64
+		typ, std string
+		tol      float64
 	}{
-		{"f32", 2e-3},
-		{"q8_0", 1e-2},
+		{"f32", "0.1", 2e-3},
+		{"q8_0", "0.02", 1e-2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.typ, func(t *testing.T) {
 			is := is.New(t)
 			model := filepath.Join(t.TempDir(), "ds4.gguf")
-			if b, err := exec.Command(env.modelTool, "mk", "deepseek4", model, "--tokenizer", tok, "--vocab", "40", "--type", tt.typ, "--seed", "3", "--std", "0.1").CombinedOutput(); err != nil {
+			if b, err := exec.Command(env.modelTool, "mk", "deepseek4", model, "--tokenizer", tok, "--vocab", "40", "--type", tt.typ, "--seed", "3", "--std", tt.std).CombinedOutput(); err != nil {
 				t.Fatalf("dflash-model mk deepseek4: %v\n%s", err, b)
 			}
 			want := llamaNextIDs(t, dir, model, seqs, 5)
