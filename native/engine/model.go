@@ -94,7 +94,8 @@ type Tensor struct {
 
 // ModelSpec is everything the engine needs to build a model.
 type ModelSpec struct {
-	// Arch is general.architecture ("qwen3", "qwen35", or "dflash" for a DFlash draft run through DraftForward).
+	// Arch is general.architecture ("qwen3", "qwen35", "deepseek4", or "dflash" for a DFlash draft run through
+	// DraftForward).
 	Arch string
 	// Meta holds the hyperparameters under their GGUF keys ("qwen3.block_count", ...). Values may be Go integers,
 	// floats, bools, strings, or integer/float slices. Keys the architecture does not use are ignored.

@@ -86,7 +86,7 @@ enum {
 
 typedef struct {
     uint32_t struct_size;
-    const char *arch;           /* general.architecture: "qwen3", "qwen35", "dflash" (a DFlash draft, see draft_forward) */
+    const char *arch;           /* general.architecture: "qwen3", "qwen35", "deepseek4", "dflash" (a DFlash draft) */
     const dfl_meta *meta;       /* the architecture's hyperparameters ("<arch>.*" keys; others are ignored) */
     uint32_t n_meta;
     const dfl_tensor *tensors;

@@ -6,6 +6,7 @@
 #include <set>
 #include <thread>
 
+#include "arch/deepseek4.h"
 #include "arch/dflash.h"
 #include "quant.h"
 #include "rope.h"
@@ -116,21 +117,24 @@ constexpr int64_t kFusedMaxTokens = 64;
 static void require_served_arch(const dfl_model_params &p) {
     if (!p.arch) fail(DFL_ERR_INVALID, "model params: arch is null");
     const std::string arch = p.arch;
-    if (arch != "qwen3" && arch != "qwen35" && arch != "dflash")
-        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35, dflash)");
+    if (arch != "qwen3" && arch != "qwen35" && arch != "dflash" && arch != "deepseek4")
+        fail(DFL_ERR_UNSUPPORTED, "architecture \"" + arch + "\" is not supported by this engine (qwen3, qwen35, dflash, deepseek4)");
 }
 
 static bool is_dflash(const dfl_model_params &p) { return std::string(p.arch) == "dflash"; }
+static bool is_deepseek4(const dfl_model_params &p) { return std::string(p.arch) == "deepseek4"; }
 
 std::unique_ptr<Model> load_model(const dfl_model_params &p) {
     require_served_arch(p);
     if (is_dflash(p)) return std::unique_ptr<Model>(new DFlashModel(p, make_device(p)));
+    if (is_deepseek4(p)) return std::unique_ptr<Model>(new DeepSeek4Model(p, make_device(p)));
     return std::unique_ptr<Model>(new QwenModel(p, make_device(p)));
 }
 
 void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     require_served_arch(p);
     if (is_dflash(p)) return estimate_dflash(p, out);
+    if (is_deepseek4(p)) return estimate_deepseek4(p, out);
     const HParams h = qwen_hparams(p);
     if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
         fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");

@@ -72,6 +72,20 @@ Weight WeightStore::matrix(const std::string &name, int64_t n_in, int64_t n_out,
     return w;
 }
 
+Weight WeightStore::stack(const std::string &name, int64_t n_in, int64_t n_out, int64_t n) const {
+    const dfl_tensor &t = need(name);
+    if (t.dims[0] != (uint64_t)n_in || t.dims[1] != (uint64_t)n_out || t.dims[2] != (uint64_t)n || t.dims[3] != 1)
+        fail(DFL_ERR_INVALID, "tensor " + name + " has shape " + dims_str(t) + ", want [" + std::to_string(n_in) + ", " +
+                                  std::to_string(n_out) + ", " + std::to_string(n) + "]");
+    dfl_tensor flat = t;  // the same bytes seen as one matrix of n * n_out rows
+    flat.n_dims = 2;
+    flat.dims[1] = (uint64_t)(n_out * n);
+    flat.dims[2] = 1;
+    WeightStore one;
+    one.tensors_[name] = &flat;
+    return one.matrix(name, n_in, n_out * n);
+}
+
 void WeightStore::upload(Weight &w) {
     if (w.empty()) return;
     auto it = uploaded_.find(w.data);

@@ -32,6 +32,9 @@ public:
     // A 2-D weight [n_in, n_out] checked for type, shape, block alignment and size; a view of the caller's bytes
     // (upload it). A missing optional one is an empty Weight.
     Weight matrix(const std::string &name, int64_t n_in, int64_t n_out, bool optional = false) const;
+    // A 3-D stack of n 2-D weights [n_in, n_out, n] (ggml order; MoE experts) as one Weight of n * n_out rows:
+    // matrix e is rows [e * n_out, (e + 1) * n_out).
+    Weight stack(const std::string &name, int64_t n_in, int64_t n_out, int64_t n) const;
     // Puts w's bytes on the device (once per host tensor) and points w at them.
     void upload(Weight &w);
     // A device copy of host bytes that are the model's own (e.g. matrices laid side by side).

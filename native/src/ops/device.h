@@ -196,6 +196,184 @@ struct SelectorCall {
     float *trans = nullptr;         // out [R][K][K]
 };
 
+// ---------------------------------------------------------------------------------------------------------------------
+// DeepSeek V4 (arch "deepseek4"; spec deepseek4.md §2). All math in f32. Conventions of these ops:
+//  - The hyper-connection (HC) state of a token is N streams of D floats, [T][N][D] row-major.
+//  - "Cache position" of token t = len0[e] + (t - t0[e]) (e = ent[t]); ring slots, compressor windows and row
+//    visibility use it. RoPE of queries / window keys uses BatchMeta::pos (equal to it unless the caller passed
+//    positions); compressed rows are rotated at their window start ratio * w.
+//  - RoPE here is the interleaved ("NORMAL") kind on the trailing rope_dim dims of each head: pair i rotates
+//    (head_dim - rope_dim + 2i, head_dim - rope_dim + 2i + 1) by pos * inv_freq[i]. inv_freq already holds any YaRN
+//    ramp (no magnitude scaling).
+//  - Per-sequence state lives in slots: a layer's part of slot s starts at base + s * slot_stride floats (BatchMeta
+//    slot[e] names the entry's slot).
+//  - Compressed rows (attention rows of a compressing layer, indexer keys of a CSA layer) live in a paged pool of
+//    rows_per_block rows per KV block; row w of an entry is at ds4_comp_row(block_table of the entry, w, ...).
+
+// Pool row of compressed row w of a sequence whose KV block table is `blocks` (ratio tokens per row, KV blocks of
+// block_size tokens, rows_per_block = ceil(block_size / ratio) rows per block): row w belongs to the block holding its
+// window start ratio * w. Host and device code share it.
+#if defined(__CUDACC__)
+__host__ __device__
+#endif
+inline int64_t ds4_comp_row(const int32_t *blocks, int64_t w, int ratio, int block_size, int rows_per_block) {
+    const int64_t p = w * (int64_t)ratio;
+    return (int64_t)blocks[p / block_size] * rows_per_block + (p % block_size) / ratio;
+}
+
+// mHC "pre" of one site (spec §2.3) for T tokens, from mix = fn · rmsnorm_unweighted(flat X) ([T][(2+N)*N], computed
+// by the caller with rmsnorm + matmul): pre[i] = sigmoid(mix[i] * scale[0] + base[i]) + eps,
+// post[i] = 2 sigmoid(mix[N+i] * scale[1] + base[N+i]), comb[a][b] = Sinkhorn(mix[2N + N*a + b] * scale[2] +
+// base[2N + N*a + b]) (row softmax + eps, column normalisation, then iters - 1 row / column normalisations, each sum
+// + eps), and x = sum_i pre[i] * X[i].
+struct HcPreCall {
+    const float *mix = nullptr;    // [T][(2+N)*N]
+    const float *base = nullptr;   // [(2+N)*N]
+    const float *scale = nullptr;  // [3]
+    const float *X = nullptr;      // [T][N][D]
+    int64_t T = 0, D = 0;
+    int N = 4, iters = 20;
+    float eps = 1e-6f;             // hyper_connection.epsilon
+    float *x = nullptr;            // out [T][D]: the sub-block input
+    float *post = nullptr;         // out [T][N]
+    float *comb = nullptr;         // out [T][N][N], comb[a][b]: from stream a to stream b
+};
+
+// mHC "post" (spec §2.4): out[b] = post[b] * F + sum_a comb[a][b] * X[a]. out must not alias X.
+struct HcPostCall {
+    const float *F = nullptr;     // [T][D] sub-block output
+    const float *X = nullptr;     // [T][N][D]
+    const float *post = nullptr;  // [T][N]
+    const float *comb = nullptr;  // [T][N][N]
+    int64_t T = 0, D = 0;
+    int N = 4;
+    float *out = nullptr;         // [T][N][D]
+};
+
+// The HC output head (spec §2.7) from mix = hc_head_fn · rmsnorm_unweighted(flat X) ([T][N]):
+// y = sum_i (sigmoid(mix[i] * scale[0] + base[i]) + eps) * X[i].
+struct HcHeadCall {
+    const float *mix = nullptr;    // [T][N]
+    const float *base = nullptr;   // [N]
+    const float *scale = nullptr;  // [1]
+    const float *X = nullptr;      // [T][N][D]
+    int64_t T = 0, D = 0;
+    int N = 4;
+    float eps = 1e-6f;
+    float *y = nullptr;            // out [T][D]
+};
+
+// Interleaved RoPE on the trailing rope_dim dims of n_head heads of head_dim per row, in place; row r is at
+// x + r * row_stride and rotates by pos[r] (inverse: by -pos[r], the attention output's un-rotation, spec §2.5.5).
+struct RopeTailCall {
+    float *x = nullptr;
+    int64_t rows = 0, row_stride = 0;
+    int n_head = 1, head_dim = 0, rope_dim = 0;
+    const int32_t *pos = nullptr;       // [rows]
+    const float *inv_freq = nullptr;    // [rope_dim / 2]
+    bool inverse = false;
+};
+
+// A compressor (spec §2.5.2-2.5.4) over the batch's tokens, entry by entry in token order. Token at cache position p:
+// z += ape[p % ratio]; (c, z) go to the slot's current-window buffer at p % ratio. When p % ratio == ratio - 1 the
+// window w = p / ratio closes: per channel d < head_dim, softmax over the window's slots of z and weighted sum of c
+// (overlap: 2 * ratio slots: dims [0, head_dim) of the previous window's tokens (score -inf for w = 0), then dims
+// [head_dim, 2 head_dim) of this window's; else ratio slots of dims [0, head_dim)), then RMSNorm with `norm`, RoPE at
+// position ratio * w, and the row is written to pool row ds4_comp_row(..., w, ...). Overlap: then the current buffer
+// becomes the previous one. Rows of windows closing inside the batch are written before the op returns, so later
+// ops of the same forward see them.
+// Slot buffer layout (floats, at state + slot * slot_stride): cur_kv [ratio][width], cur_gate [ratio][width], and
+// with overlap prev_kv [ratio][width], prev_gate [ratio][width]; width = head_dim * (overlap ? 2 : 1).
+struct Ds4CompressCall {
+    const float *kv = nullptr;      // [T][width] c = wkv · h
+    const float *gate = nullptr;    // [T][width] z = wgate · h (without ape)
+    const float *ape = nullptr;     // [ratio][width]
+    const float *norm = nullptr;    // [head_dim]
+    const float *inv_freq = nullptr;  // [rope_dim / 2] (the compress rope)
+    int ratio = 4, head_dim = 0, rope_dim = 0;
+    bool overlap = false;
+    float eps = 1e-6f;
+    float *state = nullptr;         // slot 0's buffers of this compressor
+    int64_t slot_stride = 0;        // floats
+    float *rows = nullptr;          // [pool rows][head_dim]
+    int block_size = 16, rows_per_block = 1;
+};
+
+// The lightning indexer's choice (spec §2.5.4): for each token at cache position p, over the visible index keys
+// s < (p + 1) / ratio, score(s) = sum_h (w[h] * head_scale) * (ReLU(q_h · k_s) * dot_scale); keeps the top_k best
+// (ties: lower s) and writes them in ascending row order to sel [T][top_k], padded with -1; all visible rows when
+// there are at most top_k.
+struct Ds4IndexerCall {
+    const float *q = nullptr;       // [T][n_head][head_dim] (rotated)
+    const float *w = nullptr;       // [T][n_head] weights_proj · h
+    const float *keys = nullptr;    // index key pool [pool rows][head_dim]
+    int n_head = 0, head_dim = 0, ratio = 4, top_k = 0;
+    float head_scale = 1.0f, dot_scale = 1.0f;
+    int block_size = 16, rows_per_block = 1;
+    int32_t *sel = nullptr;         // out [T][top_k]
+};
+
+// Shared-KV attention with a sink (spec §2.5.5) of every token t at cache position p over the window rows
+// [max(0, p - window + 1), p] and its compressed rows. Window rows of positions < len0 come from the slot's ring
+// (position q at ring row q % window), the others from this batch's kv rows (token t0 + q - len0). Compressed rows
+// (comp != null): sel == null: every row w < (p + 1) / ratio; else the rows sel[t][0..top_k) that are >= 0. Keys and
+// values are the same vectors; logits (q · k) * scale; p_j = exp(l_j) / (exp(sink_h) + sum exp(l)). The output is
+// not un-rotated (see RopeTailCall::inverse).
+struct Ds4AttnCall {
+    const float *Q = nullptr;       // [T][n_head][head_dim]
+    const float *kv = nullptr;      // [T][head_dim] this batch's window rows (normed, rotated)
+    const float *ring = nullptr;    // slot 0's ring [window][head_dim] of this layer
+    int64_t slot_stride = 0;        // floats between slots' rings
+    int window = 0;
+    const float *comp = nullptr;    // compressed row pool [pool rows][head_dim], or null (window-only layer)
+    int ratio = 0, block_size = 16, rows_per_block = 1;
+    const int32_t *sel = nullptr;   // [T][top_k] indexer selection, or null
+    int top_k = 0;
+    const float *sinks = nullptr;   // [n_head]
+    int n_head = 0, head_dim = 0;
+    float scale = 1.0f;
+    float *out = nullptr;           // [T][n_head][head_dim]
+};
+
+// Writes each entry's window rows into its slot's ring after the layer's attention: the kv row of the token at cache
+// position p goes to ring row p % window (only the entry's last `window` tokens matter).
+struct Ds4RingWrite {
+    const float *kv = nullptr;      // [T][head_dim]
+    float *ring = nullptr;          // slot 0's ring of this layer
+    int64_t slot_stride = 0;
+    int window = 0, head_dim = 0;
+};
+
+// MoE routing (spec §2.6): s = sqrt(softplus(logits)); candidates: hash layers (tid2eid != null) the k_table experts
+// tid2eid[token] (keeping the k highest-scoring when k < k_table, ties: earlier), else the top k of s + bias (bias
+// may be null; ties: lower id). weights: s[id] (unbiased), divided by (sum + 1e-20) when norm, times scale.
+struct MoeRouteCall {
+    const float *logits = nullptr;   // [T][n_expert] gate_inp · h
+    const float *bias = nullptr;     // [n_expert] selection bias, or null
+    const int32_t *tid2eid = nullptr;  // [vocab][k_table], or null
+    const int32_t *tokens = nullptr;   // [T] (hash layers)
+    int64_t T = 0;
+    int n_expert = 0, k = 0, k_table = 0;
+    bool norm = true;
+    float scale = 1.0f;
+    int32_t *ids = nullptr;          // out [T][k]
+    float *weights = nullptr;        // out [T][k]
+};
+
+// Routed experts (spec §2.6 step 5): out[t] = sum_j weights[t][j] * down_e(silu(min(gate_e x, limit)) *
+// clamp(up_e x, -limit, limit)), e = ids[t][j], summed in j order. gate / up / down are 3-D stacks: expert e owns rows
+// [e * n_out_e, (e + 1) * n_out_e) (gate, up: n_out_e = n_ff; down: n_embd).
+struct MoeExpertsCall {
+    const float *x = nullptr;        // [T][n_embd]
+    Weight gate, up, down;
+    int64_t T = 0;
+    int n_expert = 0, n_ff = 0, n_embd = 0, k = 0;
+    float limit = 0;                 // swiglu_clamp_exp (<= 0: no clamp)
+    const int32_t *ids = nullptr;    // [T][k]
+    const float *weights = nullptr;  // [T][k]
+    float *out = nullptr;            // [T][n_embd]
+};
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -254,6 +432,21 @@ public:
     virtual void dyn_conv(const BatchMeta &m, const DynConvCall &c) = 0;
     virtual void selector_trans(const SelectorCall &s) = 0;
 
+    // DeepSeek V4 ops (structs above). The defaults refuse, so a device without them still builds and loads other
+    // architectures.
+    virtual void hc_pre(const HcPreCall &) { ds4_missing("hc_pre"); }
+    virtual void hc_post(const HcPostCall &) { ds4_missing("hc_post"); }
+    virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
+    virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }
+    virtual void ds4_compress(const BatchMeta &, const Ds4CompressCall &) { ds4_missing("ds4_compress"); }
+    virtual void ds4_indexer_topk(const BatchMeta &, const Ds4IndexerCall &) { ds4_missing("ds4_indexer_topk"); }
+    virtual void ds4_attention(const BatchMeta &, const Ds4AttnCall &) { ds4_missing("ds4_attention"); }
+    virtual void ds4_ring_write(const BatchMeta &, const Ds4RingWrite &) { ds4_missing("ds4_ring_write"); }
+    virtual void moe_route(const MoeRouteCall &) { ds4_missing("moe_route"); }
+    // g = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: plain swiglu).
+    virtual void swiglu_clamp(float *g, const float *u, int64_t count, float limit) { ds4_missing("swiglu_clamp"); }
+    virtual void moe_experts(const MoeExpertsCall &) { ds4_missing("moe_experts"); }
+
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin
     // and graph_end instead of running them, and graph_end returns a handle that graph_launch replays (the same ops
     // on the same pointers; the host scalars of the captured calls are frozen). graph_end returns 0 when the capture
@@ -266,6 +459,11 @@ public:
     // Changes whenever the device reallocates memory its ops use internally (scratch): graphs captured before then
     // point at freed memory and must not be replayed.
     virtual uint64_t scratch_epoch() const { return 0; }
+
+protected:
+    [[noreturn]] void ds4_missing(const char *op) const {
+        fail(DFL_ERR_UNSUPPORTED, "deepseek4 op " + std::string(op) + " is not implemented on this device (" + name() + ")");
+    }
 };
 
 // The devices. Each library defines make_device (ops/cpu/lib_cpu.cpp, ops/cuda/lib_cuda.cu) on top of these, so a test

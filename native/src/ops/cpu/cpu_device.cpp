@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/ds4_ops.h"
 
 namespace dfl {
 
@@ -322,6 +323,21 @@ public:
             for (int i = np; i < K; i++) std::memcpy(out + i * K, out, sizeof(float) * (size_t)K);  // root row: same for all i
         });
     }
+
+    // DeepSeek V4 (ds4_ops.cpp)
+    void hc_pre(const HcPreCall &c) override { ds4_hc_pre(pool_, c); }
+    void hc_post(const HcPostCall &c) override { ds4_hc_post(pool_, c); }
+    void hc_head(const HcHeadCall &c) override { ds4_hc_head(pool_, c); }
+    void rope_tail(const RopeTailCall &c) override { ds4_rope_tail(pool_, c); }
+    void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override { dfl::ds4_compress(pool_, m, c); }
+    void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override { dfl::ds4_indexer_topk(pool_, scratch_, m, c); }
+    void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override { dfl::ds4_attention(pool_, scratch_, m, c); }
+    void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override { dfl::ds4_ring_write(m, c); }
+    void moe_route(const MoeRouteCall &c) override { ds4_moe_route(pool_, c); }
+    void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override {
+        for_chunks(count, [&](int64_t i0, int64_t i1) { ds4_swiglu_clamp(g + i0, u + i0, i1 - i0, limit); });
+    }
+    void moe_experts(const MoeExpertsCall &c) override { ds4_moe_experts(pool_, scratch_, c); }
 
 private:
     // Elementwise work split into a few large chunks per thread.
