@@ -9,7 +9,7 @@
 // every native backend (Start, Tokenize, Detokenize, CountTokens, Stats,
 // Shutdown).
 //
-// A backend (qwen-dflash, and later ds4) keeps only what is specific to its
+// A backend (qwen-dflash, ds4) keeps only what is specific to its
 // models: Info, ValidateOptions and Load; its own options; how a request is
 // rendered and prepared (Model), its sampling presets and its model
 // family's quirks.

@@ -42,6 +42,10 @@ type Spec struct {
 	Architectures []string
 	// Features go into the model description.
 	Features sdk.Features
+	// Configure, when set, edits the native model spec before the weights
+	// load: how a backend passes its own options to the engine (metadata
+	// overrides of the architecture's keys). An error fails the load.
+	Configure func(ms *native.ModelSpec) error
 }
 
 // Loaded is one model block loaded on the native engine and running in
@@ -119,6 +123,11 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	ms, err := native.SpecFromGGUF(f)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+	}
+	if spec.Configure != nil {
+		if err := spec.Configure(&ms); err != nil {
+			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+		}
 	}
 	var total, params int64
 	for _, t := range f.Tensors() {
