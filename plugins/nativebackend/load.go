@@ -3,6 +3,7 @@ package nativebackend
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -124,10 +125,13 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 	}
+	var overrides map[string]any
 	if spec.Configure != nil {
+		before := maps.Clone(ms.Meta)
 		if err := spec.Configure(&ms); err != nil {
 			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 		}
+		overrides = changedMeta(before, ms.Meta)
 	}
 	var total, params int64
 	for _, t := range f.Tensors() {
@@ -180,7 +184,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	}
 	var store *statecache.Cache
 	if opts.Disk.On {
-		if store, err = openDiskCache(opts.Disk, cfg.Path, opts); err != nil {
+		if store, err = openDiskCache(opts.Disk, cfg.Path, opts, overrides); err != nil {
 			_ = nm.Close()
 			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 		}

@@ -148,4 +148,7 @@ func TestDiskPrefixCache(t *testing.T) {
 	damaged := turn(on, conversation...)
 	is.Equal(damaged.Finish.Usage.CachedTokens, 0)
 	is.Equal(fmt.Sprint(damaged.Tokens), fmt.Sprint(plain.Tokens))
+	// States of the full model are not another expert count's.
+	fewer := turn(map[string]string{"disk-prefix-cache": "on", "disk-prefix-cache-dir": dir, "ds4-expert-top-k": "1"}, conversation...)
+	is.Equal(fewer.Finish.Usage.CachedTokens, 0)
 }
