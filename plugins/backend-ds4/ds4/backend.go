@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 
+	"github.com/hashicorp/go-hclog"
+
 	native "github.com/dflash/dflash_server/native/engine"
 	"github.com/dflash/dflash_server/plugins/nativebackend"
 	"github.com/dflash/dflash_server/sdk"
@@ -26,12 +28,15 @@ var Architectures = []string{Arch}
 // alike.
 type Backend struct {
 	nativebackend.Runner
+	// log is the plugin's log (stderr, relayed by the server): where an
+	// approximating option is reported at load.
+	log hclog.Logger
 }
 
 var _ sdk.Backend = (*Backend)(nil)
 
 // New returns an unloaded backend.
-func New() *Backend { return &Backend{} }
+func New() *Backend { return &Backend{log: transport.PluginLogger(Name)} }
 
 // loaded is the kept model, nil before Load.
 func (b *Backend) loaded() *nativebackend.ChatModel {
@@ -62,7 +67,7 @@ func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(s
 		Configure: func(ms *native.ModelSpec) error {
 			warning, err := opts.configure(ms)
 			if warning != "" {
-				transport.PluginLogger(Name).Warn(warning, "model", cfg.Name)
+				b.log.Warn(warning, "model", cfg.Name)
 			}
 			return err
 		},

@@ -1,6 +1,7 @@
 package ds4
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/matryer/is"
 
 	"github.com/dflash/dflash_server/sdk"
@@ -45,6 +47,7 @@ func TestGenerate(t *testing.T) {
 	is.Equal(first.Finish.Usage.CompletionTokens, 12)
 	again := run(t, c, chatReq("Hello there", 12))
 	is.Equal(fmt.Sprint(again.Tokens), fmt.Sprint(first.Tokens)) // greedy is deterministic
+	t.Logf("generated %v: text %q, reasoning %q", first.Tokens, first.Text, first.Reasoning)
 }
 
 // TestBatchedEqualsAlone: requests decoded together in one batch give
@@ -81,9 +84,13 @@ func TestBatchedEqualsAlone(t *testing.T) {
 // nothing; more is refused at load, naming the flag.
 func TestExpertTopK(t *testing.T) {
 	path := tinyModel(t)
+	var log bytes.Buffer
 	generate := func(t *testing.T, opts map[string]string) []int32 {
 		t.Helper()
-		b, c, _ := load(t, blockConfig(t, path, opts))
+		log.Reset()
+		b := New()
+		b.log = hclog.New(&hclog.LoggerOptions{Output: &log})
+		b, c, _ := loadInto(t, b, blockConfig(t, path, opts))
 		defer b.Shutdown(context.Background())
 		var out []int32
 		for _, p := range []string{"Tell me a story", "A B C D E F"} {
@@ -95,10 +102,13 @@ func TestExpertTopK(t *testing.T) {
 	t.Run("the trained count", func(t *testing.T) {
 		is := is.New(t)
 		is.Equal(fmt.Sprint(generate(t, map[string]string{"ds4-expert-top-k": "2"})), fmt.Sprint(full)) // same as the default
+		is.Equal(log.String(), "")                                                                      // nothing to warn about
 	})
 	t.Run("fewer", func(t *testing.T) {
 		is := is.New(t)
 		is.True(fmt.Sprint(generate(t, map[string]string{"ds4-expert-top-k": "1"})) != fmt.Sprint(full)) // one expert of two changes the output
+		is.Equal(strings.Count(log.String(), "[WARN]"), 1)                                               // one warning at load
+		is.True(strings.Contains(log.String(), "--ds4-expert-top-k 1: routing 1 of the model's 2 experts per token"))
 	})
 	t.Run("more", func(t *testing.T) {
 		is := is.New(t)

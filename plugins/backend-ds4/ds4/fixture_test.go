@@ -81,7 +81,12 @@ func errNoForward(err error) bool {
 // every other load failure fails it.
 func load(t testing.TB, cfg sdk.ModelConfig) (*Backend, *transport.BackendClient, sdk.ModelDescription) {
 	t.Helper()
-	b := New()
+	return loadInto(t, New(), cfg)
+}
+
+// loadInto is load into the backend b.
+func loadInto(t testing.TB, b *Backend, cfg sdk.ModelConfig) (*Backend, *transport.BackendClient, sdk.ModelDescription) {
+	t.Helper()
 	desc, err := b.Load(context.Background(), cfg, nil)
 	if errNoForward(err) {
 		t.Skipf("the native engine of this build has no deepseek4 forward yet (%v); it comes with the ds4-native branch", err)
