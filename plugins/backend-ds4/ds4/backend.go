@@ -38,12 +38,6 @@ var _ sdk.Backend = (*Backend)(nil)
 // New returns an unloaded backend.
 func New() *Backend { return &Backend{log: transport.PluginLogger(Name)} }
 
-// loaded is the kept model, nil before Load.
-func (b *Backend) loaded() *nativebackend.ChatModel {
-	m, _ := b.Current().(*nativebackend.ChatModel)
-	return m
-}
-
 func (b *Backend) Info(context.Context) (sdk.BackendInfo, error) {
 	return sdk.BackendInfo{
 		Name: Name, Architectures: Architectures, Devices: []string{"cpu", "cuda"},
