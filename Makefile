@@ -11,7 +11,7 @@ GOFLAGS  ?=
 export GOFLAGS
 
 CORE_CMDS   := dflash_server dflash-model
-PLUGIN_PKGS := backend-qwen-dflash policy-primary-first policy-by-name
+PLUGIN_PKGS := backend-qwen-dflash backend-ds4 policy-primary-first policy-by-name
 
 .PHONY: all build go-build native cuda test test-go test-race test-native lint run proto bench check-tools clean
 

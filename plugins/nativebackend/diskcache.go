@@ -4,8 +4,11 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 
 	"github.com/dflash/dflash_server/sdk/statecache"
 	"github.com/dflash/dflash_server/sdk/transport"
@@ -27,14 +30,18 @@ func DefaultDiskCacheDir() string {
 }
 
 // openDiskCache opens the disk prefix cache of a model file. The identity covers what a stored state depends on: the
-// file (its size and first 16 MiB: header, metadata, the first tensors) and the engine options that shape the state
-// (cache types, block size); the native blob header checks the shapes again on import.
-func openDiskCache(o DiskCacheOptions, path string, eo EngineOptions) (*statecache.Cache, error) {
+// file (its size and first 16 MiB: header, metadata, the first tensors), the engine options that shape the state
+// (cache types, block size) and the metadata the backend overrode (Spec.Configure: e.g. fewer routed experts give
+// other states); the native blob header checks the shapes again on import.
+func openDiskCache(o DiskCacheOptions, path string, eo EngineOptions, overrides map[string]any) (*statecache.Cache, error) {
 	id, err := fileIdentity(path)
 	if err != nil {
 		return nil, fmt.Errorf("--disk-prefix-cache: %w", err)
 	}
 	id = fmt.Appendf(id, "|k=%s|v=%s|bs=%d", eo.CacheK, eo.CacheV, eo.KVBlockSize)
+	for _, k := range slices.Sorted(maps.Keys(overrides)) {
+		id = fmt.Appendf(id, "|%s=%v", k, overrides[k])
+	}
 	dir := o.Dir
 	if dir == "" {
 		dir = DefaultDiskCacheDir()
@@ -63,4 +70,16 @@ func fileIdentity(path string) ([]byte, error) {
 		return nil, err
 	}
 	return h.Sum(nil), nil
+}
+
+// changedMeta are the metadata entries of after that before lacks or holds
+// with another value: what a backend's Configure overrode.
+func changedMeta(before, after map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range after {
+		if old, ok := before[k]; !ok || !reflect.DeepEqual(old, v) {
+			out[k] = v
+		}
+	}
+	return out
 }

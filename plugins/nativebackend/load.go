@@ -3,6 +3,7 @@ package nativebackend
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -42,6 +43,10 @@ type Spec struct {
 	Architectures []string
 	// Features go into the model description.
 	Features sdk.Features
+	// Configure, when set, edits the native model spec before the weights
+	// load: how a backend passes its own options to the engine (metadata
+	// overrides of the architecture's keys). An error fails the load.
+	Configure func(ms *native.ModelSpec) error
 }
 
 // Loaded is one model block loaded on the native engine and running in
@@ -120,6 +125,14 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 	}
+	var overrides map[string]any
+	if spec.Configure != nil {
+		before := maps.Clone(ms.Meta)
+		if err := spec.Configure(&ms); err != nil {
+			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
+		}
+		overrides = changedMeta(before, ms.Meta)
+	}
 	var total, params int64
 	for _, t := range f.Tensors() {
 		total += int64(t.Size)
@@ -171,7 +184,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	}
 	var store *statecache.Cache
 	if opts.Disk.On {
-		if store, err = openDiskCache(opts.Disk, cfg.Path, opts); err != nil {
+		if store, err = openDiskCache(opts.Disk, cfg.Path, opts, overrides); err != nil {
 			_ = nm.Close()
 			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)
 		}

@@ -44,6 +44,12 @@ func DiskCacheSpecs() []sdk.OptionSpec {
 	}
 }
 
+// PrefillCacheSpec is the prefill snapshot cache option, which this build
+// does not implement yet (only 0; see Options.ZeroOnly).
+func PrefillCacheSpec() sdk.OptionSpec {
+	return sdk.OptionSpec{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."}
+}
+
 // EngineOptions are the parsed engine options of a block.
 type EngineOptions struct {
 	CacheK, CacheV native.CacheType
@@ -106,6 +112,17 @@ func (o *Options) Int(name string, dst *int, lo, hi int) {
 		return
 	}
 	*dst = n
+}
+
+// ZeroOnly refuses any value but 0 of an integer option that this build
+// declares (command lines written for other builds give it) but does not
+// implement yet.
+func (o *Options) ZeroOnly(name string) {
+	n := 0
+	o.Int(name, &n, 0, 1<<30)
+	if n != 0 {
+		o.Bad(name, "%d is not supported by this build yet (only 0)", n)
+	}
 }
 
 // CacheType stores option name (default DefaultCacheType) in dst.

@@ -108,3 +108,13 @@ func TestRequestSettings(t *testing.T) {
 		is.Equal(MaxTokens(&sdk.ChatRequest{MaxTokens: 9000}, desc), 500) // capped
 	})
 }
+
+// TestChangedMeta: the disk prefix cache's identity names what a backend's
+// Configure overrode, and nothing else.
+func TestChangedMeta(t *testing.T) {
+	is := is.New(t)
+	before := map[string]any{"a.x": uint32(6), "a.y": []int64{1, 2}, "a.z": "same"}
+	after := map[string]any{"a.x": int64(4), "a.y": []int64{1, 2}, "a.z": "same", "a.engine.mode": "exact"}
+	is.Equal(changedMeta(before, after), map[string]any{"a.x": int64(4), "a.engine.mode": "exact"})
+	is.Equal(changedMeta(before, before), map[string]any{})
+}

@@ -55,6 +55,31 @@ func (r *Runner) Keep(ctx context.Context, m Model) error {
 	return nil
 }
 
+// LoadChat is a chat backend's Load: it loads cfg's model for spec with
+// the engine options opts, completes it with the Chat that family gives for
+// it, keeps it and reports it ready. progress may be nil.
+func (r *Runner) LoadChat(ctx context.Context, cfg sdk.ModelConfig, spec Spec, opts EngineOptions,
+	family func(*Loaded) Chat, progress func(sdk.LoadProgress)) (sdk.ModelDescription, error) {
+	if r.Current() != nil {
+		return sdk.ModelDescription{}, ErrLoaded
+	}
+	report := func(p sdk.LoadProgress) {
+		if progress != nil {
+			progress(p)
+		}
+	}
+	l, err := Load(cfg, spec, opts, report)
+	if err != nil {
+		return sdk.ModelDescription{}, err
+	}
+	m := NewChatModel(l, family(l))
+	if err := r.Keep(ctx, m); err != nil {
+		return sdk.ModelDescription{}, err
+	}
+	report(sdk.LoadProgress{Stage: "ready", BytesDone: l.WeightFileBytes, BytesTotal: l.WeightFileBytes})
+	return m.Desc, nil
+}
+
 func (r *Runner) Start(ctx context.Context, req *sdk.ChatRequest, emit sdk.Emitter) error {
 	m := r.Current()
 	if m == nil {

@@ -14,6 +14,7 @@ CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash-model
 mkdir -p "$stage/bin/plugins"
 CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash_server ./test/loadgen
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-qwen-dflash" ./plugins/backend-qwen-dflash
+go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-ds4" ./plugins/backend-ds4
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-primary-first" ./plugins/policy-primary-first
 go test -c -ldflags '-s -w' -o "$stage/bin/engine.test" ./native/engine
 go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity

@@ -4,6 +4,7 @@
 package sdktest
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-plugin"
@@ -40,4 +41,53 @@ func Policy(t testing.TB, impl sdk.Policy) *transport.PolicyClient {
 		t.Fatalf("dispense policy: %v", err)
 	}
 	return raw.(*transport.PolicyClient)
+}
+
+// Recorder is an sdk.Emitter that keeps what one Start stream sent, for
+// tests that run a backend's Start. It is safe for concurrent use.
+type Recorder struct {
+	mu     sync.Mutex
+	adm    sdk.Admission
+	events []sdk.Event
+}
+
+var _ sdk.Emitter = (*Recorder)(nil)
+
+func (r *Recorder) Admit(a sdk.Admission) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.adm = a
+	return nil
+}
+
+func (r *Recorder) Emit(e sdk.Event) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	return nil
+}
+
+// Result is what a recorded stream sent: its admission, its text,
+// reasoning and token ids in order, and its finish (nil before it).
+type Result struct {
+	Admission       sdk.Admission
+	Text, Reasoning string
+	Tokens          []int32
+	Finish          *sdk.Finish
+}
+
+// Result is the stream so far.
+func (r *Recorder) Result() Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := Result{Admission: r.adm}
+	for _, e := range r.events {
+		res.Text += e.Text
+		res.Reasoning += e.Reasoning
+		res.Tokens = append(res.Tokens, e.TokenIDs...)
+		if e.Finish != nil {
+			res.Finish = e.Finish
+		}
+	}
+	return res
 }

@@ -67,17 +67,21 @@ func TestCLIErrors(t *testing.T) {
 }
 
 // TestHelp lists the options of every backend found, the real qwen-dflash
-// backend's included, and exits 0.
+// and ds4 backends' included, and exits 0.
 func TestHelp(t *testing.T) {
 	is := is.New(t)
 	if env.plugins["backend-qwen-dflash"] == "" {
 		unavailable(t, "needs the dflash-backend-qwen-dflash plugin")
 	}
-	code, stdout, _ := runCLI(t, []string{"backend-qwen-dflash", "backend-scripted", "policy-primary-first"}, "--help")
+	if env.plugins["backend-ds4"] == "" {
+		unavailable(t, "needs the dflash-backend-ds4 plugin")
+	}
+	code, stdout, _ := runCLI(t, []string{"backend-qwen-dflash", "backend-ds4", "backend-scripted", "policy-primary-first"}, "--help")
 	is.Equal(code, 0)
 	for _, want := range []string{
 		"--load-balancing", "--load-balancing-primary-gpu", "--routing-queue-limit", "--model-name", "--target-device",
 		"Backend qwen-dflash (architectures: qwen3, qwen35)", "--cache-type-k", "--draft", "--fa-window",
+		"Backend ds4 (architectures: deepseek4)", "--ds4-fused-decode", "--ds4-expert-top-k", "--ds4-prefill",
 		"Backend scripted", "--scripted-token-delay",
 	} {
 		if !strings.Contains(stdout, want) {

@@ -42,7 +42,7 @@ func run(m *testing.M) int {
 }
 
 // shippedPlugins are the plugin packages `make build` puts in bin/plugins.
-var shippedPlugins = []string{"backend-qwen-dflash", "policy-primary-first", "policy-by-name"}
+var shippedPlugins = []string{"backend-qwen-dflash", "backend-ds4", "policy-primary-first", "policy-by-name"}
 
 func setup(tmp string) error {
 	root, err := moduleRoot()

@@ -135,3 +135,24 @@ func tinyDraft(t *testing.T, target string) string {
 	}
 	return out
 }
+
+// tinyDS4 makes a random-weight deepseek4 model with dflash-model mk: the
+// ds4 backend tests' tokenizer folder (DeepSeek V4's special tokens and
+// chat template), 6 of 8 routed experts per token (the seed's
+// --ds4-expert-top-k 6 is the model's own count), trained context 8192
+// (the seed's --max-ctx).
+func tinyDS4(t *testing.T) string {
+	t.Helper()
+	needLib(t)
+	if env.plugins["backend-ds4"] == "" {
+		unavailable(t, "needs the dflash-backend-ds4 plugin")
+	}
+	out := filepath.Join(t.TempDir(), "deepseek-v4-flash.gguf")
+	tok := filepath.Join(env.root, "plugins", "backend-ds4", "ds4", "testdata", "tok")
+	args := []string{"mk", "deepseek4", out, "--tokenizer", tok, "--type", "q8_0", "--experts", "8", "--experts-used", "6",
+		"--context", "8192", "--seed", "4"}
+	if b, err := exec.Command(env.modelTool, args...).CombinedOutput(); err != nil {
+		t.Fatalf("dflash-model %v: %v\n%s", args, err, b)
+	}
+	return out
+}

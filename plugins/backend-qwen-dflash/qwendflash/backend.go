@@ -26,25 +26,9 @@ var _ sdk.Backend = (*Backend)(nil)
 // New returns an unloaded backend.
 func New() *Backend { return &Backend{} }
 
-// model is a loaded model block: the shared native wiring plus what the
-// Qwen families need to render and parse.
-type model struct {
-	*nativebackend.Loaded
-	family    chat.Family
-	bos       string
-	eos       string
-	imStart   int32 // <|im_start|>, -1 if the vocabulary has none
-	thinkOpen int32 // <think>, -1 if the vocabulary has none
-}
-
-var _ nativebackend.Model = (*model)(nil)
-
-// Base is the shared loaded model.
-func (m *model) Base() *nativebackend.Loaded { return m.Loaded }
-
 // loaded is the kept model, nil before Load.
-func (b *Backend) loaded() *model {
-	m, _ := b.Current().(*model)
+func (b *Backend) loaded() *nativebackend.ChatModel {
+	m, _ := b.Current().(*nativebackend.ChatModel)
 	return m
 }
 
@@ -60,44 +44,15 @@ func (b *Backend) ValidateOptions(_ context.Context, cfg sdk.ModelConfig) error 
 	return err
 }
 
-func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(sdk.LoadProgress)) (desc sdk.ModelDescription, err error) {
-	if b.loaded() != nil {
-		return desc, nativebackend.ErrLoaded
-	}
-	report := func(p sdk.LoadProgress) {
-		if progress != nil {
-			progress(p)
-		}
-	}
+func (b *Backend) Load(ctx context.Context, cfg sdk.ModelConfig, progress func(sdk.LoadProgress)) (sdk.ModelDescription, error) {
 	opts, err := parseOptions(cfg.Options)
 	if err != nil {
-		return desc, err
+		return sdk.ModelDescription{}, err
 	}
-	l, err := nativebackend.Load(cfg, nativebackend.Spec{
+	return b.LoadChat(ctx, cfg, nativebackend.Spec{
 		Name: Name, Architectures: Architectures,
 		Features: sdk.Features{Tools: true, Reasoning: true, Logprobs: true},
-	}, opts.engine, report)
-	if err != nil {
-		return desc, err
-	}
-	m := &model{Loaded: l, family: chat.DetectFamily(l.Desc.Architecture, l.TemplateSource)}
-	tok := l.Tok
-	m.imStart, m.thinkOpen = -1, -1
-	if id, ok := tok.Special("<|im_start|>"); ok {
-		m.imStart = id
-	}
-	if id, ok := tok.Special("<think>"); ok {
-		m.thinkOpen = id
-	}
-	if id := tok.BOS(); id >= 0 {
-		m.bos = tok.TokenText(id)
-	}
-	if id := tok.EOS(); id >= 0 {
-		m.eos = tok.TokenText(id)
-	}
-	if err := b.Keep(ctx, m); err != nil {
-		return desc, err
-	}
-	report(sdk.LoadProgress{Stage: "ready", BytesDone: l.WeightFileBytes, BytesTotal: l.WeightFileBytes})
-	return m.Desc, nil
+	}, opts.engine, func(l *nativebackend.Loaded) nativebackend.Chat {
+		return qwenChat(chat.DetectFamily(l.Desc.Architecture, l.TemplateSource), l.Tok)
+	}, progress)
 }

@@ -8,41 +8,15 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/dflash/dflash_server/plugins/nativebackend/nativetest"
 )
 
-// repoRoot is the repository root seen from this package.
-const repoRoot = "../../.."
+// libDirForTests finds libdflash_cpu.so (nativetest.LibDir).
+func libDirForTests(t testing.TB) string { return nativetest.LibDir(t) }
 
-// libDirForTests finds libdflash_cpu.so: $DFLASH_LIB_DIR, else bin/lib.
-func libDirForTests(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("DFLASH_LIB_DIR")
-	if dir == "" {
-		dir = filepath.Join(repoRoot, "bin", "lib")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "libdflash_cpu.so")); err != nil {
-		t.Fatalf("libdflash_cpu.so not found in %s: build it first (make, or make -C native OUT=../bin/lib), or set DFLASH_LIB_DIR", dir)
-	}
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return abs
-}
-
-// modelTool finds the dflash-model binary: $DFLASH_BIN_DIR, else bin/.
-func modelTool(t testing.TB) string {
-	t.Helper()
-	dir := os.Getenv("DFLASH_BIN_DIR")
-	if dir == "" {
-		dir = filepath.Join(repoRoot, "bin")
-	}
-	p := filepath.Join(dir, "dflash-model")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("dflash-model not found in %s: build it first (make, or go build -o bin/ ./cmd/dflash-model), or set DFLASH_BIN_DIR", dir)
-	}
-	return p
-}
+// modelTool finds the dflash-model binary (nativetest.ModelTool).
+func modelTool(t testing.TB) string { return nativetest.ModelTool(t) }
 
 // testTemplate is a Qwen3.5-style ChatML template: the generation prompt
 // opens <think> unless enable_thinking is false.

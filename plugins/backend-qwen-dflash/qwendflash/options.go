@@ -14,7 +14,7 @@ var optionSpecs = slices.Concat(nativebackend.EngineOptionSpecs(), []sdk.OptionS
 	sdk.OptionSpec{Name: "fa-window", Kind: sdk.OptionInt, Default: "0", Help: "Attention window in tokens (0 = full attention; only 0 is supported yet)."},
 	nativebackend.PrefixCacheSpec(),
 }, nativebackend.DiskCacheSpecs(), []sdk.OptionSpec{
-	sdk.OptionSpec{Name: "prefill-cache-slots", Kind: sdk.OptionInt, Default: "0", Help: "Prefill snapshot cache slots (not supported yet: 0)."},
+	nativebackend.PrefillCacheSpec(),
 	sdk.OptionSpec{Name: "draft", Kind: sdk.OptionString, Help: "DFlash draft model GGUF (upstream llama.cpp `dflash` files, and the Lucebox and pre-merge spellings) for lossless speculative decoding."},
 	// Not a shared-process policy as such: only a remote draft (a device
 	// other than the target's) is, and that is refused through
@@ -38,14 +38,8 @@ func parseOptions(m map[string]string) (options, error) {
 	r.Known(Name, optionSpecs)
 	o := options{engine: r.Engine()}
 
-	var unsupported int
-	for _, name := range []string{"fa-window", "prefill-cache-slots"} {
-		r.Int(name, &unsupported, 0, 1<<30)
-		if unsupported != 0 {
-			r.Bad(name, "%d is not supported by this build yet (only 0)", unsupported)
-			unsupported = 0
-		}
-	}
+	r.ZeroOnly("fa-window")
+	r.ZeroOnly("prefill-cache-slots")
 	draftBlock, treeBudget := 0, 0
 	r.Int("draft-block-size", &draftBlock, 0, 1024)
 	r.Int("spec-tree-budget", &treeBudget, 0, 63)
