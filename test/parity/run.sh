@@ -15,6 +15,7 @@ if [ ! -x bin/dflash-model ]; then
 fi
 mkdir -p "$out"
 python3 test/parity/make_goldens.py --out "$out" --convert bin/dflash-model
+python3 test/parity/make_goldens_ds4.py --out "$out" --convert bin/dflash-model
 if [ -x bin/parity.test ] && [ -f bin/lib/libdflash_cpu.so ]; then
 	DFLASH_PARITY_DIR="$(cd "$out" && pwd)" DFLASH_LIB_DIR="$(pwd)/bin/lib" bin/parity.test -test.v -test.run Parity
 fi
