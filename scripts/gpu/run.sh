@@ -9,6 +9,7 @@
 #   scripts/gpu/run.sh torch                 the PyTorch column (transformers bf16, static cache, compiled)
 #   scripts/gpu/run.sh demo-peer             the trained demo pair through our server and in llama.cpp's own DFlash
 #                                            (llama-speculative-simple), same files, prompt and GPU
+#   scripts/gpu/run.sh diskcache             time to first token with and without the disk prefix cache on cuda:0
 #   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
 #                                            shape with its 5-layer draft the cost of verify blocks and draft steps
 set -uo pipefail
@@ -183,6 +184,8 @@ case $mode in
         wait; ${SPEC_SKIP_BENCH:+true} spec_bench; ${SPEC_SKIP_BENCH:+true} demo_bench ;;
   prep) build_cuda; spec_models ;;
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
+  diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
+             BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
