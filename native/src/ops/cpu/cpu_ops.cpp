@@ -33,9 +33,9 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     A.n_in = n_in;
     const bool pairs = int8_wants_pair_layout();
     if (pairs) {
-        scratch.act_u.resize((size_t)(T * n_in));
+        scratch.act_bias.resize((size_t)(T * nb));
         scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
-        A.qu = scratch.act_u.data();
+        A.bias = scratch.act_bias.data();
         A.dpair = scratch.act_dpair.data();
     }
     const int64_t qchunk = 8;
@@ -44,7 +44,7 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
             int8_t *q = scratch.act_q.data() + t * n_in;
             float *d = scratch.act_d.data() + t * nb;
             quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
-            if (pairs) expand_act_row(q, d, n_in, scratch.act_u.data() + t * n_in, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+            if (pairs) expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_dpair.data() + t * A.n_pairs() * 16);
         }
     };
     if (T <= qchunk) {
@@ -59,7 +59,7 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 4 rows (the tile
     // height), at most 64 rows so a task's weights stay in L2.
     const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
-    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(ceil_div(n_out, want_row_tasks), 4) * 4));
+    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(16, ceil_div(ceil_div(n_out, want_row_tasks), 16) * 16));
     const int64_t n_rb = ceil_div(n_out, rb);
     pool.parallel_for(n_rb * n_tb, [&](int64_t task, int) {
         const int64_t r0 = (task / n_tb) * rb, t0 = (task % n_tb) * tb;

@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "quant.h"
 
@@ -35,9 +39,13 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair) {
-    for (int64_t i = 0; i < n; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair) {
     const int64_t nb = n / kActBlock;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sum = 0;
+        for (int i = 0; i < kActBlock; i++) sum += q[b * kActBlock + i];
+        bias[b] = -128 * sum;
+    }
     for (int64_t p = 0; p < (nb + 1) / 2; p++) {
         for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
         for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
@@ -147,6 +155,7 @@ namespace qk_avx512vnni {
 // 32 vector registers: 4 x 4 accumulators plus operands (2 x 8 and 4 x 6 measured no faster for q8_0).
 constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
 #include "ops/cpu/qgemm_kernels.inc"
+#include "ops/cpu/qgemm_rows16.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avx512vnni
 #pragma GCC diagnostic pop
@@ -161,7 +170,7 @@ struct KernelSet {
     const char *name;
     GemmFn gemm;  // null: the float path
     bool (*supported)();
-    bool pair_layout;  // reads QuantizedActs::qu and dpair
+    bool pair_layout;  // reads QuantizedActs::bias and dpair
 };
 
 static bool always() { return true; }
@@ -180,7 +189,7 @@ static bool has_avx512vnni() {
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
-    {"avx512vnni", qk_avx512vnni::gemm_block, has_avx512vnni, true},
+    {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true},
     {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false},
     {"avx2", qk_avx2::gemm_block, has_avx2, false},
 #endif
