@@ -171,6 +171,8 @@ struct KernelSet {
     GemmFn gemm;  // null: the float path
     bool (*supported)();
     bool pair_layout;  // reads QuantizedActs::bias and dpair
+    uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
+    void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
 };
 
 static bool always() { return true; }
@@ -189,12 +191,13 @@ static bool has_avx512vnni() {
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
-    {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true},
-    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false},
-    {"avx2", qk_avx2::gemm_block, has_avx2, false},
+    {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
+     qk_avx512vnni::pack_groups},
+    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false, nullptr, nullptr},
+    {"avx2", qk_avx2::gemm_block, has_avx2, false, nullptr, nullptr},
 #endif
-    {"generic", generic_gemm_block, always, false},
-    {"off", nullptr, always, false},
+    {"generic", generic_gemm_block, always, false, nullptr, nullptr},
+    {"off", nullptr, always, false, nullptr, nullptr},
 };
 
 static const KernelSet *choose(const char *name) {
@@ -227,6 +230,18 @@ bool int8_matmul_applies(const Weight &W) {
         return false;
     }
 }
+
+uint64_t int8_packed_bytes(const Weight &W) {
+    return g_set->packed_bytes != nullptr && int8_matmul_applies(W) ? g_set->packed_bytes(W) : 0;
+}
+
+bool int8_packs_type(uint32_t type) {
+    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
+}
+
+int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }
+
+void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst) { g_set->pack_groups(W, g0, g1, dst); }
 
 void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
                      float *Y) {

@@ -50,6 +50,14 @@ bool int8_matmul_applies(const Weight &W);
 void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
                      float *Y);
 
+// The active kernels' own layout of W, packed once at load (Weight::packed; only the AVX-512 kernels have one, for
+// q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when there is
+// none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
+uint64_t int8_packed_bytes(const Weight &W);
+bool int8_packs_type(uint32_t type);
+int64_t int8_pack_group_count(const Weight &W);
+void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst);
+
 // Which integer kernels run: "avx512vnni", "avxvnni", "avx2", "generic", or "off" (the float path).
 const char *int8_kernels();
 // Tests and benchmarks: "off" sends quantized weights back to the float path; "generic", "avx2", "avxvnni",
