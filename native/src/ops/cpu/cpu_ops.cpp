@@ -56,8 +56,8 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     const int64_t threads = pool.size();
     const int64_t tb = T <= 8 ? T : kInt8TokBlock;
     const int64_t n_tb = ceil_div(T, tb);
-    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 4 rows (the tile
-    // height), at most 64 rows so a task's weights stay in L2.
+    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 16 rows (the AVX-512
+    // tiles' row group; packed groups start at multiples of 16), at most 64 rows so a task's weights stay in L2.
     const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
     const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(16, ceil_div(ceil_div(n_out, want_row_tasks), 16) * 16));
     const int64_t n_rb = ceil_div(n_out, rb);
