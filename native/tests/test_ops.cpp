@@ -169,6 +169,38 @@ TEST(matmul_int8_kernels_within_quantization_error) {
     set_int8_kernels("auto");
 }
 
+// A matrix packed at load (Weight::packed, the AVX-512 kernels' layout) gives bitwise the products of the same
+// matrix repacked per task, for row counts that leave a partial group and odd numbers of q8_0 blocks.
+TEST(matmul_int8_packed_weight_is_bitwise_the_unpacked) {
+    Rng rng(79);
+    ThreadPool pool(3);
+    Scratch scratch(3);
+    set_int8_kernels("auto");
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        for (int64_t n_in : {512, 480}) {
+            if (n_in % type_block(type) != 0) continue;
+            const int64_t n_out = 70;
+            const auto raw = random_weight(type, n_in, n_out, rng);
+            Weight W = make_weight(type, n_in, n_out, raw);
+            const uint64_t bytes = int8_packed_bytes(W);
+            if (bytes == 0) continue;  // these kernels keep no layout of their own for this type
+            const uint64_t groups = (uint64_t)(n_out + 15) / 16;  // the original's size, + 32 bytes a group at most
+            CHECK(bytes <= groups * (16 * row_bytes(type, n_in) + 32));
+            std::vector<uint8_t> packed(bytes);
+            int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
+            for (int64_t T : {1, 5, 70}) {
+                std::vector<float> X((size_t)(T * n_in)), Y0((size_t)(T * n_out)), Y1((size_t)(T * n_out));
+                for (auto &x : X) x = rng.sym();
+                W.packed = nullptr;
+                matmul(pool, scratch, W, X.data(), T, Y0.data());
+                W.packed = packed.data();
+                matmul(pool, scratch, W, X.data(), T, Y1.data());
+                for (size_t i = 0; i < Y0.size(); i++) CHECK(Y0[i] == Y1[i]);
+            }
+        }
+    }
+}
+
 // The quantization error bound is not vacuous: on random data the integer result is much closer than the bound
 // (errors of independent roundings mostly cancel), yet not equal to the float path (the integer path did run).
 TEST(matmul_int8_typical_error) {

@@ -2,6 +2,7 @@
 // against; the layer plans drive it exactly as they drive the GPU.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/ds4_ops.h"
+#include "ops/cpu/qgemm.h"
 
 namespace dfl {
 
@@ -52,6 +54,22 @@ public:
     }
 
     bool copies_weights() const override { return false; }
+
+    // The AVX-512 integer kernels read q8_0 / q4_K matrices in their own layout (16 rows interleaved, qgemm.h), the
+    // same size as the original. Packing at load saves repacking every group in every product (decode would repack
+    // each weight once per token). The original stays mapped for embedding lookups and the other kernel sets.
+    void prepare_weight(Weight &W) override {
+        const uint64_t bytes = int8_packed_bytes(W);
+        if (bytes == 0 || W.packed != nullptr) return;
+        packs_.emplace_back((uint8_t *)std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+        uint8_t *dst = packs_.back().get();
+        if (dst == nullptr) fail(DFL_ERR_NO_MEMORY, "cannot pack a weight of " + std::to_string(bytes) + " bytes");
+        const int64_t groups = int8_pack_group_count(W), per_task = 64;
+        pool_.parallel_for(ceil_div(groups, per_task), [&](int64_t task, int) {
+            int8_pack_groups(W, task * per_task, std::min(groups, (task + 1) * per_task), dst);
+        });
+        W.packed = dst;
+    }
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
         pool_.parallel_for(T, [&](int64_t t, int) { get_row(W, tokens[t], out + t * W.n_in); });
@@ -350,6 +368,10 @@ private:
     ThreadPool pool_;
     Scratch scratch_;
     std::vector<std::unique_ptr<uint8_t[]>> copies_;
+    struct FreeAligned {
+        void operator()(uint8_t *p) const { std::free(p); }
+    };
+    std::vector<std::unique_ptr<uint8_t, FreeAligned>> packs_;
 };
 
 int threads_or_hw(int n) {

@@ -33,9 +33,9 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     A.n_in = n_in;
     const bool pairs = int8_wants_pair_layout();
     if (pairs) {
-        scratch.act_u.resize((size_t)(T * n_in));
+        scratch.act_bias.resize((size_t)(T * nb));
         scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
-        A.qu = scratch.act_u.data();
+        A.bias = scratch.act_bias.data();
         A.dpair = scratch.act_dpair.data();
     }
     const int64_t qchunk = 8;
@@ -44,7 +44,7 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
             int8_t *q = scratch.act_q.data() + t * n_in;
             float *d = scratch.act_d.data() + t * nb;
             quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
-            if (pairs) expand_act_row(q, d, n_in, scratch.act_u.data() + t * n_in, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+            if (pairs) expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_dpair.data() + t * A.n_pairs() * 16);
         }
     };
     if (T <= qchunk) {
@@ -56,10 +56,10 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     const int64_t threads = pool.size();
     const int64_t tb = T <= 8 ? T : kInt8TokBlock;
     const int64_t n_tb = ceil_div(T, tb);
-    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 4 rows (the tile
-    // height), at most 64 rows so a task's weights stay in L2.
+    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 16 rows (the AVX-512
+    // tiles' row group; packed groups start at multiples of 16), at most 64 rows so a task's weights stay in L2.
     const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
-    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(4, ceil_div(ceil_div(n_out, want_row_tasks), 4) * 4));
+    const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(16, ceil_div(ceil_div(n_out, want_row_tasks), 16) * 16));
     const int64_t n_rb = ceil_div(n_out, rb);
     pool.parallel_for(n_rb * n_tb, [&](int64_t task, int) {
         const int64_t r0 = (task / n_tb) * rb, t0 = (task % n_tb) * tb;
@@ -176,44 +176,69 @@ void rope_neox_with(float *x, int rope_dim, const float *cs) {
 }
 
 size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
-    return (size_t)(2 * kAttnTile * head_dim + kAttnTile) + (size_t)n_tok * group * (head_dim + 2);
+    return (size_t)(3 * kAttnTile * head_dim + kAttnTile) + (size_t)n_tok * group * (head_dim + 2);
 }
 
 DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-// a[d] += sum_j s[j] * V[j][d], j in order: per element the same operations as cnt axpy calls, but each 32-float
+// Wide kernels for attention: the same element-wise float operations in the same order on any target, so the
+// AVX-512 clone (16 lanes a register, twice the work per instruction of the AVX2 one) gives bitwise the same results.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DFL_WIDE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DFL_WIDE_MULTIVERSION
+#endif
+
+typedef float v16f __attribute__((vector_size(64)));
+
+static inline v16f load16f(const float *p) {
+    v16f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// a[d] += sum_j s[j] * V[j][d], j in order: per element the same operations as cnt axpy calls, but each 64-float
 // slice of a stays in registers across the rows instead of being reloaded and stored for every row.
-DFL_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
-    typedef float v8 __attribute__((vector_size(32)));
+DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
     int d = 0;
-    for (; d + 32 <= hd; d += 32) {
-        v8 a0, a1, a2, a3;
-        std::memcpy(&a0, a + d, 32);
-        std::memcpy(&a1, a + d + 8, 32);
-        std::memcpy(&a2, a + d + 16, 32);
-        std::memcpy(&a3, a + d + 24, 32);
+    for (; d + 64 <= hd; d += 64) {
+        v16f a0 = load16f(a + d), a1 = load16f(a + d + 16), a2 = load16f(a + d + 32), a3 = load16f(a + d + 48);
         for (int64_t j = 0; j < cnt; j++) {
             const float *v = V + j * hd + d;
-            v8 v0, v1, v2, v3;
-            std::memcpy(&v0, v, 32);
-            std::memcpy(&v1, v + 8, 32);
-            std::memcpy(&v2, v + 16, 32);
-            std::memcpy(&v3, v + 24, 32);
             const float w = s[j];
-            a0 += w * v0;
-            a1 += w * v1;
-            a2 += w * v2;
-            a3 += w * v3;
+            a0 += w * load16f(v);
+            a1 += w * load16f(v + 16);
+            a2 += w * load16f(v + 32);
+            a3 += w * load16f(v + 48);
         }
-        std::memcpy(a + d, &a0, 32);
-        std::memcpy(a + d + 8, &a1, 32);
-        std::memcpy(a + d + 16, &a2, 32);
-        std::memcpy(a + d + 24, &a3, 32);
+        std::memcpy(a + d, &a0, 64);
+        std::memcpy(a + d + 16, &a1, 64);
+        std::memcpy(a + d + 32, &a2, 64);
+        std::memcpy(a + d + 48, &a3, 64);
     }
     for (; d < hd; d++)
         for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
+}
+
+// s[c] = dot_f32(q, key c) for 16 keys, bitwise: KT holds the keys transposed (KT[i * ld + c] = element i of key c),
+// so each of dot_f32's 16 partial sums (element i goes to partial i % 16, in order of i) is one register with the 16
+// keys in its lanes, and the final reduction is hsum8(s0 + s1)'s fixed order done lane-wise. hd % 16 == 0. One score
+// then costs 1/16 of a register operation per multiply-add instead of a shuffle-heavy horizontal sum per key.
+DFL_WIDE_MULTIVERSION static void dot_keys16(const float *q, const float *KT, int64_t ld, int hd, float *s) {
+    v16f p[16];  // fully unrolled so that the 16 partial sums live in registers
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; l++) p[l] = v16f{} + q[l] * load16f(KT + l * ld);  // 0 + x, as dot_f32 (-0 -> +0)
+    for (int i = 16; i < hd; i += 16) {
+#pragma GCC unroll 16
+        for (int l = 0; l < 16; l++) p[l] += q[i + l] * load16f(KT + (int64_t)(i + l) * ld);
+    }
+    v16f t[8];
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++) t[l] = p[l] + p[l + 8];
+    const v16f r = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    std::memcpy(s, &r, 64);
 }
 
 DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
@@ -228,7 +253,8 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     const int64_t nt = i1 - i0;
     float *Kt = scratch;
     float *Vt = Kt + (size_t)kAttnTile * hd;
-    float *s = Vt + (size_t)kAttnTile * hd;
+    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for dot_keys16
+    float *s = KT + (size_t)kAttnTile * hd;
     float *acc = s + kAttnTile;
     float *m = acc + (size_t)nt * group * hd;
     float *l = m + (size_t)nt * group;
@@ -249,6 +275,10 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             dequant_row(kv.type_k, kv.k_at(p0 + j, kvh), Kt + j * hd, hd);
             dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
         }
+        const bool wide = hd % 16 == 0;
+        if (wide)
+            for (int d = 0; d < hd; d++)
+                for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
             attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
@@ -259,8 +289,10 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             for (int hh = 0; hh < group; hh++) {
                 const int h = kvh * group + hh;
                 const float *qh = q + i * q_stride + (int64_t)h * hd;
-                // dot4_f32 gives each row exactly dot_f32's result and reads q once for four keys
+                // dot_keys16 and dot4_f32 give each key exactly dot_f32's result
                 int64_t j = 0;
+                if (wide)
+                    for (; j + 16 <= cnt; j += 16) dot_keys16(qh, KT + j0 + j, kAttnTile, hd, s + j);
                 for (; j + 4 <= cnt; j += 4) dot4_f32(Kr + j * hd, qh, hd, s + j);
                 for (; j < cnt; j++) s[j] = dot_f32(qh, Kr + j * hd, hd);
                 float mx = -std::numeric_limits<float>::infinity();

@@ -1,5 +1,6 @@
 // What makes libdflash_cpu.so a CPU library: its device and the device queries of the C ABI.
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/qgemm.h"
 
 namespace dfl {
 
@@ -11,6 +12,9 @@ int32_t device_count() { return 1; }
 
 void device_memory(int32_t, uint64_t *free_bytes, uint64_t *total_bytes) { host_memory(free_bytes, total_bytes); }
 
-uint64_t device_weight_copy_bytes(uint32_t, uint64_t) { return 0; }
+// CpuDevice::prepare_weight packs q8_0 / q4_K matrices for the AVX-512 kernels: about the original's size again.
+uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
+    return int8_packs_type(type) ? bytes : 0;
+}
 
 }  // namespace dfl

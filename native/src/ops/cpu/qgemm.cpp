@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "quant.h"
 
@@ -35,9 +39,13 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair) {
-    for (int64_t i = 0; i < n; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair) {
     const int64_t nb = n / kActBlock;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t sum = 0;
+        for (int i = 0; i < kActBlock; i++) sum += q[b * kActBlock + i];
+        bias[b] = -128 * sum;
+    }
     for (int64_t p = 0; p < (nb + 1) / 2; p++) {
         for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
         for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
@@ -147,6 +155,7 @@ namespace qk_avx512vnni {
 // 32 vector registers: 4 x 4 accumulators plus operands (2 x 8 and 4 x 6 measured no faster for q8_0).
 constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
 #include "ops/cpu/qgemm_kernels.inc"
+#include "ops/cpu/qgemm_rows16.inc"
 #undef QK_DPBUSD
 }  // namespace qk_avx512vnni
 #pragma GCC diagnostic pop
@@ -161,7 +170,9 @@ struct KernelSet {
     const char *name;
     GemmFn gemm;  // null: the float path
     bool (*supported)();
-    bool pair_layout;  // reads QuantizedActs::qu and dpair
+    bool pair_layout;  // reads QuantizedActs::bias and dpair
+    uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
+    void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
 };
 
 static bool always() { return true; }
@@ -180,12 +191,13 @@ static bool has_avx512vnni() {
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
-    {"avx512vnni", qk_avx512vnni::gemm_block, has_avx512vnni, true},
-    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false},
-    {"avx2", qk_avx2::gemm_block, has_avx2, false},
+    {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
+     qk_avx512vnni::pack_groups},
+    {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false, nullptr, nullptr},
+    {"avx2", qk_avx2::gemm_block, has_avx2, false, nullptr, nullptr},
 #endif
-    {"generic", generic_gemm_block, always, false},
-    {"off", nullptr, always, false},
+    {"generic", generic_gemm_block, always, false, nullptr, nullptr},
+    {"off", nullptr, always, false, nullptr, nullptr},
 };
 
 static const KernelSet *choose(const char *name) {
@@ -218,6 +230,18 @@ bool int8_matmul_applies(const Weight &W) {
         return false;
     }
 }
+
+uint64_t int8_packed_bytes(const Weight &W) {
+    return g_set->packed_bytes != nullptr && int8_matmul_applies(W) ? g_set->packed_bytes(W) : 0;
+}
+
+bool int8_packs_type(uint32_t type) {
+    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
+}
+
+int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }
+
+void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst) { g_set->pack_groups(W, g0, g1, dst); }
 
 void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
                      float *Y) {

@@ -20,15 +20,16 @@ struct QuantizedActs {
     const int8_t *q = nullptr;
     const float *d = nullptr;
     const float *dsum = nullptr;
-    // Only for the AVX-512 q8_0 tiles (int8_wants_pair_layout()): the codes + 128 as bytes (q ^ 0x80), and per pair
-    // of blocks the scales spread as [d_b x8 | d_b+1 x8] (ceil(n_blocks / 2) * 16 floats per row).
-    const uint8_t *qu = nullptr;
+    // Only for the AVX-512 tiles (int8_wants_pair_layout()): per block, -128 * the sum of its codes (the q8_0 tiles
+    // multiply codes + 128), and per pair of blocks the scales spread as [d_b x8 | d_b+1 x8] (ceil(n_blocks / 2) * 16
+    // floats per row, for q6_K).
+    const int32_t *bias = nullptr;
     const float *dpair = nullptr;
     int64_t n_in = 0;
 
     int64_t n_blocks() const { return n_in / kActBlock; }
     int64_t n_pairs() const { return (n_blocks() + 1) / 2; }
-    const uint8_t *offset_codes(int64_t t) const { return qu + t * n_in; }
+    const int32_t *biases(int64_t t) const { return bias + t * n_blocks(); }
     const float *pair_scales(int64_t t) const { return dpair + t * n_pairs() * 16; }
     const int8_t *codes(int64_t t) const { return q + t * n_in; }
     const float *scales(int64_t t) const { return d + t * n_blocks(); }
@@ -38,9 +39,9 @@ struct QuantizedActs {
 // Quantizes one row of n floats (n a multiple of kActBlock): per block d = max|x| / 127, q = round(x / d).
 void quantize_act_row(const float *x, int64_t n, int8_t *q, float *d, float *dsum);
 
-// Whether the kernels read QuantizedActs::qu and dpair, and fills them for one row from its codes and scales.
+// Whether the kernels read QuantizedActs::bias and dpair, and fills them for one row from its codes and scales.
 bool int8_wants_pair_layout();
-void expand_act_row(const int8_t *q, const float *d, int64_t n, uint8_t *qu, float *dpair);
+void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair);
 
 // Whether W's product runs on the integer kernels (its type has one and they are enabled).
 bool int8_matmul_applies(const Weight &W);
@@ -48,6 +49,14 @@ bool int8_matmul_applies(const Weight &W);
 // Y[t][r] for rows [r0, r1) of W and tokens [t0, t1) of A; Y rows have W.n_out elements.
 void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0, int64_t t1,
                      float *Y);
+
+// The active kernels' own layout of W, packed once at load (Weight::packed; only the AVX-512 kernels have one, for
+// q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when there is
+// none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
+uint64_t int8_packed_bytes(const Weight &W);
+bool int8_packs_type(uint32_t type);
+int64_t int8_pack_group_count(const Weight &W);
+void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst);
 
 // Which integer kernels run: "avx512vnni", "avxvnni", "avx2", "generic", or "off" (the float path).
 const char *int8_kernels();
