@@ -130,8 +130,9 @@ def f32_b64(t):
     return base64.b64encode(struct.pack("<%df" % t.numel(), *t.flatten().tolist())).decode("ascii")
 
 
-def run_hf(model, prompts):
-    """Prefill logits of every prompt; greedy decode of DECODE_STEPS tokens after the first prompt."""
+def prefill_and_decode(model, prompts, steps):
+    """Logits of every position of each prompt (no cache); greedy decode of `steps` tokens through the model's cache
+    after the first prompt, with the smallest top-2 margin of the greedy choices."""
     out = {"prompts": []}
     with torch.no_grad():
         for ids in prompts:
@@ -141,23 +142,31 @@ def run_hf(model, prompts):
         cache = r.past_key_values
         last = r.logits[0, -1]
         tokens, rows, margins = [], [], []
-        for step in range(DECODE_STEPS + 1):
+        for step in range(steps + 1):
             top = torch.topk(last, 2)
             margins.append(float(top.values[0] - top.values[1]))
             tok = int(torch.argmax(last))
             tokens.append(tok)
-            if step == DECODE_STEPS:
+            if step == steps:
                 break
             r = model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
             cache = r.past_key_values
             last = r.logits[0, -1]
             rows.append(last)
+    out["decode"] = {"prompt": 0, "tokens": tokens, "logits": torch.stack(rows)}
+    out["min_margin"] = min(margins)
+    return out
+
+
+def run_hf(model, prompts):
+    """Prefill logits of every prompt; greedy decode of DECODE_STEPS tokens after the first prompt."""
+    out = prefill_and_decode(model, prompts, DECODE_STEPS)
+    tokens, rows = out["decode"]["tokens"], out["decode"]["logits"]
+    with torch.no_grad():
         # HF self-check (§6.5): the first decode step (recurrent DeltaNet path) against an uncached forward of the
         # prompt plus that token (chunked path)
         r = model(input_ids=torch.tensor([prompts[0] + tokens[:1]]), use_cache=False)
         self_err = float((r.logits[0, -1] - rows[0]).abs().max())
-    out["decode"] = {"prompt": 0, "tokens": tokens, "logits": torch.stack(rows)}
-    out["min_margin"] = min(margins)
     out["hf_self_err"] = self_err
     return out
 

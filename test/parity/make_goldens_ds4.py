@@ -28,7 +28,7 @@ import tempfile
 import torch
 import transformers
 
-from make_goldens import f32_b64
+from make_goldens import f32_b64, prefill_and_decode
 
 VOCAB = 512
 PROMPT_LENS = (70, 45)  # > 4 * (index_topk + 2) so the indexer prunes; several HCA windows; the ring wraps
@@ -148,26 +148,8 @@ def rerandomise(model, cfg, gen):
 def run_hf(model, prompts):
     """Logits of every position of each prompt (no cache); greedy decode through the cache after the first prompt; and
     HF's own consistency: the first prompt prefilled in chunks of 5 through the cache against the uncached logits."""
-    out = {"prompts": []}
+    out = prefill_and_decode(model, prompts, DECODE_STEPS)
     with torch.no_grad():
-        for ids in prompts:
-            r = model(input_ids=torch.tensor([ids]), use_cache=False)
-            out["prompts"].append({"ids": ids, "logits": r.logits[0]})
-        r = model(input_ids=torch.tensor([prompts[0]]), use_cache=True)
-        cache = r.past_key_values
-        last = r.logits[0, -1]
-        tokens, rows, margins = [], [], []
-        for step in range(DECODE_STEPS + 1):
-            top = torch.topk(last, 2)
-            margins.append(float(top.values[0] - top.values[1]))
-            tok = int(torch.argmax(last))
-            tokens.append(tok)
-            if step == DECODE_STEPS:
-                break
-            r = model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-            cache = r.past_key_values
-            last = r.logits[0, -1]
-            rows.append(last)
         ids = prompts[0]
         r = model(input_ids=torch.tensor([ids[:5]]), use_cache=True)
         cache, chunks = r.past_key_values, [r.logits[0]]
@@ -176,8 +158,6 @@ def run_hf(model, prompts):
             cache = r.past_key_values
             chunks.append(r.logits[0])
         self_err = float((torch.cat(chunks) - out["prompts"][0]["logits"]).abs().max())
-    out["decode"] = {"prompt": 0, "tokens": tokens, "logits": torch.stack(rows)}
-    out["min_margin"] = min(margins)
     out["hf_self_err"] = self_err
     return out
 
