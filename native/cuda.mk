@@ -54,9 +54,13 @@ $(CB)/cpu/%.o: src/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$ $< && mv -f $@.tmp.$$$$ $@
 
+# The DeepSeek V4 kernels round element-wise arithmetic as the CPU reference (built with -ffp-contract=off) does, so
+# that the indexer's scores and the router's choices match it bit for bit: no FMA contraction there.
+$(CB)/ops/cuda/ds4%.o: NVCC_FILE_FLAGS := -fmad=false
+
 $(CB)/%.o: src/%.cu cuda.mk
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$.o $< && mv -f $@.tmp.$$$$.o $@
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(NVCC_FILE_FLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$.o $< && mv -f $@.tmp.$$$$.o $@
 
 $(CB)/tests/%.o: tests/cuda/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
