@@ -12,9 +12,11 @@
 #   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
 #                                            shape with its 5-layer draft the cost of verify blocks and draft steps
 #   scripts/gpu/run.sh ds4                   DeepSeek V4: its op tests, the deepseek4 device replay, the parity goldens on
-#                                            cuda:0, and decode of the V4-Flash shape (DS4_LAYERS layers, default 12: the
-#                                            file must fit the machine's disk; q8_0 attention, q4_K experts) at batch 1 and 8
-#   scripts/gpu/run.sh ds4-check             the checks only
+#                                            cuda:0, and decode of the V4-Flash shape (DS4_LAYERS layers, default 8, about
+#                                            4 GB each: the file must fit the machine's disk; q8_0 attention, q4_K experts)
+#                                            at batch 1 and 8
+#   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
+#   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -186,7 +188,7 @@ ds4_check() {
 
 # The V4-Flash shape with DS4_LAYERS layers (random weights; the small test tokenizer padded to the real vocabulary).
 ds4_model() {
-  local layers=${DS4_LAYERS:-12} f
+  local layers=${DS4_LAYERS:-8} f
   f=/tmp/models/deepseek-v4-flash-L${layers}-q8_0-q4_K.gguf
   mkdir -p /tmp/models
   [ -f "$f" ] || "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" --type q8_0 \
@@ -215,6 +217,7 @@ case $mode in
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
+  ds4-bench) build_cuda; ds4_bench ;;
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
@@ -234,6 +237,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
