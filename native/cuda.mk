@@ -1,6 +1,7 @@
 # Builds the CUDA engine library and its op-by-op test against the CPU device.
 #   make -C native -f cuda.mk OUT=../bin/lib      -> $(OUT)/libdflash_cuda.so
-#   make -C native -f cuda.mk cuda-test           -> builds and runs $(BUILD)/cuda/test_cuda_ops
+#   make -C native -f cuda.mk cuda-test           -> builds and runs $(BUILD)/cuda/test_cuda_ops and test_cuda_ds4
+#   make -C native -f cuda.mk cuda-test-ds4       -> only the DeepSeek V4 op tests
 # NVCC_ARCH overrides the GPU targets (default: sm_90 code plus compute_90 PTX, which later GPUs JIT-compile).
 # Objects live in $(BUILD)/cuda; every rule writes its target atomically.
 
@@ -38,8 +39,9 @@ CU_OBJS     := $(CU_SRCS:src/%.cu=$(CB)/%.o)
 CPU_OBJS    := $(CPU_SRCS:src/%.cpp=$(CB)/cpu/%.o)
 LIB := $(OUT)/libdflash_cuda.so
 TEST := $(CB)/test_cuda_ops
+TEST_DS4 := $(CB)/test_cuda_ds4
 
-.PHONY: cuda cuda-test cuda-test-build cuda-clean
+.PHONY: cuda cuda-test cuda-test-build cuda-test-ds4 cuda-clean
 cuda: $(LIB)
 
 $(LIB): $(COMMON_OBJS) $(CU_OBJS) src/exports.map
@@ -54,9 +56,13 @@ $(CB)/cpu/%.o: src/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) $(CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$ $< && mv -f $@.tmp.$$$$ $@
 
+# The DeepSeek V4 kernels round element-wise arithmetic as the CPU reference (built with -ffp-contract=off) does, so
+# that the indexer's scores and the router's choices match it bit for bit: no FMA contraction there.
+$(CB)/ops/cuda/ds4%.o: NVCC_FILE_FLAGS := -fmad=false
+
 $(CB)/%.o: src/%.cu cuda.mk
 	@mkdir -p $(dir $@)
-	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$.o $< && mv -f $@.tmp.$$$$.o $@
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) $(NVCC_FILE_FLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$.o $< && mv -f $@.tmp.$$$$.o $@
 
 $(CB)/tests/%.o: tests/cuda/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
@@ -78,11 +84,18 @@ $(TEST): $(CB)/tests/test_cuda_ops.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommo
 	$(CXX) -pthread -o $@.tmp.$$$$ $(CB)/tests/test_cuda_ops.o -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@
 
-cuda-test-build: $(TEST)
-cuda-test: $(TEST)
+$(TEST_DS4): $(CB)/tests/test_cuda_ds4.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
+	$(CXX) -pthread -o $@.tmp.$$$$ $(CB)/tests/test_cuda_ds4.o -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
+		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@
+
+cuda-test-build: $(TEST) $(TEST_DS4)
+cuda-test: $(TEST) $(TEST_DS4)
 	$(abspath $(TEST))
+	$(abspath $(TEST_DS4))
+cuda-test-ds4: $(TEST_DS4)
+	$(abspath $(TEST_DS4))
 
 cuda-clean:
 	rm -rf $(CB) $(LIB)
 
--include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(CB)/tests/test_cuda_ops.d
+-include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(CB)/tests/test_cuda_ops.d $(CB)/tests/test_cuda_ds4.d

@@ -474,3 +474,23 @@ func TestDeepseek4ReadsUpstreamAndOlderFiles(t *testing.T) {
 	_, err = runCLI(t, "mk", "deepseek4", filepath.Join(dir, "tied.gguf"), "--tokenizer", testTokenizer, "--tied")
 	is.True(err != nil) // llama.cpp has no tied fallback for deepseek4
 }
+
+// --expert-type gives the routed expert stacks their own type; every other matrix keeps --type, and other
+// architectures refuse the flag.
+func TestMkDeepseek4ExpertType(t *testing.T) {
+	is := is.New(t)
+	out := filepath.Join(t.TempDir(), "ds.gguf")
+	mustCLI(t, "mk", "deepseek4", out, "--tokenizer", testTokenizer, "--type", "q8_0", "--expert-type", "q4_K",
+		"--hidden", "256", "--ffn", "256", "--vocab", "40")
+	f := openGGUF(t, out)
+	for name, want := range map[string]gguf.Type{
+		"blk.3.ffn_gate_exps.weight": gguf.Q4_K, "blk.3.ffn_up_exps.weight": gguf.Q4_K, "blk.3.ffn_down_exps.weight": gguf.Q4_K,
+		"blk.3.ffn_gate_shexp.weight": gguf.Q8_0, "blk.3.attn_q_a.weight": gguf.Q8_0, "output.weight": gguf.Q8_0,
+	} {
+		ti, ok := f.Tensor(name)
+		is.True(ok)
+		is.Equal(ti.Type, want) // name
+	}
+	_, err := runCLI(t, "mk", "qwen3", filepath.Join(t.TempDir(), "q.gguf"), "--tokenizer", testTokenizer, "--expert-type", "q4_K")
+	is.True(err != nil)
+}

@@ -79,6 +79,11 @@ func chooseType(p tensorPlan, want gguf.Type) gguf.Type {
 	return t
 }
 
+// isExpertStack tells the routed expert stacks (3-D, "*_exps.weight") from the other matrices.
+func isExpertStack(p tensorPlan) bool {
+	return len(p.Dims) == 3 && strings.HasSuffix(p.Name, "_exps.weight")
+}
+
 // rowFunc fills dst with one row (ne0 values) of a tensor. It is called
 // concurrently for different rows.
 type rowFunc func(row int, dst []float32) error
@@ -89,9 +94,11 @@ type modelFile struct {
 	name     string
 	fileType uint32
 	want     gguf.Type
-	keys     []kv           // architecture keys
-	tok      map[string]any // tokenizer keys
-	plans    []tensorPlan
+	// expertWant, when set, is the wanted type of the routed expert stacks (3-D "*_exps.weight" tensors) instead of want.
+	expertWant *gguf.Type
+	keys       []kv           // architecture keys
+	tok        map[string]any // tokenizer keys
+	plans      []tensorPlan
 	// rows opens a tensor's row source.
 	rows func(p tensorPlan) (rowFunc, error)
 }
@@ -114,7 +121,11 @@ func (m *modelFile) write(path string, log io.Writer) (err error) {
 	types := make([]gguf.Type, len(m.plans))
 	quantized := false
 	for i, p := range m.plans {
-		types[i] = chooseType(p, m.want)
+		want := m.want
+		if m.expertWant != nil && isExpertStack(p) {
+			want = *m.expertWant
+		}
+		types[i] = chooseType(p, want)
 		quantized = quantized || types[i].Quantized()
 	}
 	keys := []kv{{gguf.KeyArchitecture, m.arch}, {"general.type", "model"}}

@@ -54,11 +54,12 @@ type mkCmd struct {
 	SelectorRank  int  `name:"selector-rank" help:"dflash --dflash2: candidate selector rank (default 32)."`
 	SelectorTopK  int  `name:"selector-top-k" help:"dflash --dflash2: candidates per position (default 8; hidden must be at least k·(k+1))."`
 
-	Type    string  `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
-	Seed    uint64  `default:"1" help:"Random seed; the same seed and shape give the same file."`
-	Std     float64 `default:"0.02" help:"Standard deviation of the random weights."`
-	Name    string  `help:"general.name (default: a description of the shape)."`
-	Verbose bool    `short:"v" help:"Print each tensor as it is written."`
+	Type       string  `default:"f16" help:"Weight type: ${types}." placeholder:"TYPE"`
+	ExpertType string  `name:"expert-type" help:"deepseek4: type of the routed expert stacks (default: --type), e.g. --type q8_0 --expert-type q4_K as released checkpoints keep attention finer than experts." placeholder:"TYPE"`
+	Seed       uint64  `default:"1" help:"Random seed; the same seed and shape give the same file."`
+	Std        float64 `default:"0.02" help:"Standard deviation of the random weights."`
+	Name       string  `help:"general.name (default: a description of the shape)."`
+	Verbose    bool    `short:"v" help:"Print each tensor as it is written."`
 }
 
 // presets are the shapes of released checkpoints, so that full-size test
@@ -314,6 +315,17 @@ func (c *mkCmd) Run(out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--type: %w", err)
 	}
+	var expertWant *gguf.Type
+	if c.ExpertType != "" {
+		if l.arch != ds4Arch {
+			return fmt.Errorf("--expert-type: architecture %s has no expert stacks", l.arch)
+		}
+		t, _, err := parseOutputType(c.ExpertType)
+		if err != nil {
+			return fmt.Errorf("--expert-type: %w", err)
+		}
+		expertWant = &t
+	}
 	var tgt *targetModel
 	switch {
 	case c.Target != "" && !isDraftArch(l.arch):
@@ -358,7 +370,7 @@ func (c *mkCmd) Run(out io.Writer) error {
 		name = fmt.Sprintf("dflash random %s L%d H%d", l.arch, hp.Layers, hp.Hidden)
 	}
 	m := &modelFile{
-		arch: l.arch, name: name, fileType: fileType, want: want,
+		arch: l.arch, name: name, fileType: fileType, want: want, expertWant: expertWant,
 		keys: l.keys(hp), tok: tok, plans: l.tensors(hp),
 		rows: func(p tensorPlan) (rowFunc, error) { return randomRows(p, c.Seed, float32(c.Std)), nil },
 	}

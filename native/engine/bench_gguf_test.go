@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -20,6 +21,12 @@ import (
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
 // state recorded, five layers captured for the draft, then cut back to one accepted token) — its ms/step against
 // tg-b<B>'s is the verify cost. Run with -test.benchtime=Nx; tok/s is what to compare.
+//
+// MoE models (deepseek4): tg-b<B> also reports activeGB/s, the bytes a decode step must read (every matrix but the
+// embedding, and of each expert stack the share of the experts B tokens routed at random choose) per second of the
+// step: against the device's memory bandwidth it is the bytes-read bound. $DFLASH_BENCH_PREFILL sets
+// deepseek4.engine.prefill (exact, the default, runs prompts token by token: keep DFLASH_BENCH_PROMPTS short, or use
+// sparse); verify blocks run without hidden-state capture there (deepseek4 has none).
 func BenchmarkGGUF(b *testing.B) {
 	path := os.Getenv("DFLASH_BENCH_GGUF")
 	if path == "" {
@@ -43,7 +50,20 @@ func BenchmarkGGUF(b *testing.B) {
 		maxP = max(maxP, x)
 	}
 	threads, _ := strconv.Atoi(os.Getenv("DFLASH_BENCH_THREADS"))
-	m, err := lib.LoadGGUF(path, Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads})
+	f, err := gguf.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	spec, err := SpecFromGGUF(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if mode := os.Getenv("DFLASH_BENCH_PREFILL"); mode != "" && spec.Arch == "deepseek4" {
+		spec.Meta["deepseek4.engine.prefill"] = mode
+	}
+	spec.Options = Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads}
+	m, err := lib.LoadModel(spec)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,6 +123,9 @@ func BenchmarkGGUF(b *testing.B) {
 			b.ReportMetric(float64(nb*b.N)/sec, "tok/s")
 			b.ReportMetric(float64(m.Info().WeightBytes)*float64(b.N)/sec/1e9, "weightGB/s")
 			b.ReportMetric(sec*1e3/float64(b.N), "ms/step")
+			if active, ok := moeStepBytes(spec, nb); ok {
+				b.ReportMetric(active*float64(b.N)/sec/1e9, "activeGB/s")
+			}
 		})
 		for _, q := range verify {
 			b.Run(fmt.Sprintf("vf-b%d-q%d", nb, q), func(b *testing.B) { benchVerify(b, m, rng, nb, q) })
@@ -115,7 +138,7 @@ func BenchmarkGGUF(b *testing.B) {
 func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
 	info := m.Info()
 	capture := make([]int, 0, 5)
-	for i := 0; i < 5; i++ {
+	for i := 0; i < 5 && info.Arch != "deepseek4"; i++ {
 		capture = append(capture, (i*info.Layers)/5)
 	}
 	batch := Batch{Capture: capture, TopK: 1}
@@ -159,6 +182,37 @@ func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
 		}
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/step")
+}
+
+// moeStepBytes is what one decode step of nb sequences reads of an MoE model's weights: every matrix but the token
+// embedding (nb rows of it), and of each expert stack (3-D "*_exps.weight") the expected share of its E experts that
+// nb tokens choosing k at random touch, 1 - (1 - k/E)^nb. ok is false for models without expert stacks.
+func moeStepBytes(spec ModelSpec, nb int) (bytes float64, ok bool) {
+	k := 0.0
+	switch v := spec.Meta[spec.Arch+".expert_used_count"].(type) {
+	case uint32:
+		k = float64(v)
+	case int32:
+		k = float64(v)
+	case uint64:
+		k = float64(v)
+	case int64:
+		k = float64(v)
+	case int:
+		k = float64(v)
+	}
+	for _, t := range spec.Tensors {
+		switch {
+		case t.Name == "token_embd.weight":
+		case len(t.Dims) == 3 && strings.HasSuffix(t.Name, "_exps.weight") && k > 0:
+			e := float64(t.Dims[2])
+			bytes += float64(len(t.Data)) * (1 - math.Pow(1-min(k, e)/e, float64(nb)))
+			ok = true
+		default:
+			bytes += float64(len(t.Data))
+		}
+	}
+	return bytes, ok
 }
 
 func envInts(key, def string) []int {

@@ -12,6 +12,12 @@
 #   scripts/gpu/run.sh diskcache             time to first token with and without the disk prefix cache on cuda:0
 #   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
 #                                            shape with its 5-layer draft the cost of verify blocks and draft steps
+#   scripts/gpu/run.sh ds4                   DeepSeek V4: its op tests, the deepseek4 device replay, the parity goldens on
+#                                            cuda:0, and decode of the V4-Flash shape (DS4_LAYERS layers, default 8, about
+#                                            4 GB each: the file must fit the machine's disk; q8_0 attention, q4_K experts)
+#                                            at batch 1 and 8
+#   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
+#   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -167,7 +173,52 @@ peer_dflash() {
   done
 }
 
+# DeepSeek V4: CUDA op tests of its ops, the CPU-vs-device replay of a tiny deepseek4, the transformers goldens
+# (deepseek4*.json among them) on cuda:0.
+ds4_check() {
+  log "DeepSeek V4 op tests (CUDA vs CPU device)"
+  make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/cuda-ds4.txt" | head -60 | tee -a "$OUT/summary.txt"
+  log "deepseek4 device replay vs CPU (native/engine TestDeviceDeepseek4)"
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'DeviceDeepseek4' -test.v -test.count=1 2>&1) |
+    tee "$OUT/device-ds4.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+  log "transformers parity on cuda:0 (test/parity goldens, deepseek4 included)"
+  (cd test/parity && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/parity.test" -test.count=1 -test.v 2>&1) |
+    tee "$OUT/parity.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
+}
+
+# The V4-Flash shape with DS4_LAYERS layers (random weights; the small test tokenizer padded to the real vocabulary).
+ds4_model() {
+  local layers=${DS4_LAYERS:-8} f
+  f=/tmp/models/deepseek-v4-flash-L${layers}-q8_0-q4_K.gguf
+  mkdir -p /tmp/models
+  [ -f "$f" ] || "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" --type q8_0 \
+    --expert-type q4_K --tokenizer cmd/dflash-model/testdata/tok >"$OUT/mk-ds4.log" 2>&1 && mv "$f.tmp" "$f" || [ -f "$f" ] ||
+    { tail -5 "$OUT/mk-ds4.log"; rm -f "$f.tmp"; return 1; }
+  echo "$f"
+}
+
+# Decode of the flash shape at batch 1 and 8 (sparse prefill of the 16-token prompts and a 512-token prefill), with
+# activeGB/s (the bytes a step must read per second: against ~4.8 TB/s of HBM on an H200 that is the bound), then the
+# per-op profile of batch-1 decode.
+ds4_bench() {
+  local f
+  f=$(ds4_model) || return 1
+  log "deepseek4 flash shape: $f ($(du -h "$f" | cut -f1))"
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
+    DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) |
+    tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+  log "per-op profile of batch-1 decode"
+  (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
+    DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x 2>&1) >"$OUT/profile-ds4.txt"
+  grep -A30 "cuda profile" "$OUT/profile-ds4.txt" | head -32 | tee -a "$OUT/summary.txt"
+}
+
 case $mode in
+  ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
+       build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
+  ds4-check) build_cuda; ds4_check ;;
+  ds4-bench) build_cuda; ds4_bench ;;
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
@@ -189,6 +240,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -120,9 +120,15 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         } else {
             L.exp_bias = w_.find(blk(il, "exp_probs_b.bias")) ? w_.vec(blk(il, "exp_probs_b.bias"), h.n_expert) : nullptr;
         }
-        L.exp_gate = up(w_.stack(blk(il, "ffn_gate_exps.weight"), D, h.n_ff, h.n_expert));
-        L.exp_up = up(w_.stack(blk(il, "ffn_up_exps.weight"), D, h.n_ff, h.n_expert));
-        L.exp_down = up(w_.stack(blk(il, "ffn_down_exps.weight"), h.n_ff, D, h.n_expert));
+        // expert stacks are multiplied by row slices (moe_experts), which a device's own layout of the whole stack
+        // (prepare_weight) cannot serve: upload only, so that copy is not made
+        auto stack = [&](Weight w) {
+            w_.upload(w);
+            return w;
+        };
+        L.exp_gate = stack(w_.stack(blk(il, "ffn_gate_exps.weight"), D, h.n_ff, h.n_expert));
+        L.exp_up = stack(w_.stack(blk(il, "ffn_up_exps.weight"), D, h.n_ff, h.n_expert));
+        L.exp_down = stack(w_.stack(blk(il, "ffn_down_exps.weight"), h.n_ff, D, h.n_expert));
         if (h.n_shared > 0) {
             const int64_t sf = (int64_t)h.n_ff * h.n_shared;
             L.sh_gate = up(w_.matrix(blk(il, "ffn_gate_shexp.weight"), D, sf));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "arch/deepseek4.h"
@@ -155,6 +156,10 @@ Ds4HParams ds4_hparams(const dfl_model_params &p) {
     else if (mode == "sparse") h.prefill = Ds4Prefill::Sparse;
     else fail(DFL_ERR_INVALID, "deepseek4.engine.prefill = \"" + mode + "\": allowed values are exact, dense, sparse");
 
+    // deepseek4.engine.fused_decode (the plugin's --ds4-fused-decode, cuda only) asks for captured decode graphs. It is
+    // accepted and has no effect yet: moe_experts brings the chosen expert ids to the host once per MoE layer, so a
+    // decode step cannot be captured; the plan runs every step op by op.
+
     // shapes the plan relies on
     if (h.rope_dim % 2 != 0 || h.rope_dim > h.head_dim || h.rope_dim > h.idx_dim)
         fail(DFL_ERR_INVALID, "deepseek4.rope.dimension_count " + std::to_string(h.rope_dim) +
@@ -205,6 +210,9 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
         int layer = -1;
         if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= h.n_layer) continue;  // MTP blocks are not loaded
         e.weight_bytes += t.size;
+        // the device's own copy of a matrix (prepare_weight); expert stacks (3-D) and the hash tables get none
+        const bool stack = t.n_dims >= 3, table = std::strstr(t.name, "tid2eid") != nullptr;
+        if (t.n_dims >= 2 && t.dims[1] > 1 && !stack && !table) e.weight_bytes += device_weight_copy_bytes(t.type, t.size);
     }
     const uint32_t bs = p.kv_block_size ? p.kv_block_size : 16;
     uint64_t per_block = 0;  // compressed-row bytes one KV block holds over all layers

@@ -53,6 +53,19 @@ public:
     void dyn_conv(const BatchMeta &m, const DynConvCall &c) override;
     void selector_trans(const SelectorCall &s) override;
 
+    // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
+    void hc_pre(const HcPreCall &c) override;
+    void hc_post(const HcPostCall &c) override;
+    void hc_head(const HcHeadCall &c) override;
+    void rope_tail(const RopeTailCall &c) override;
+    void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override;
+    void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override;
+    void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override;
+    void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override;
+    void moe_route(const MoeRouteCall &c) override;
+    void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;
+    void moe_experts(const MoeExpertsCall &c) override;
+
     bool has_graphs() const override { return graphs_enabled_; }
     uint64_t scratch_epoch() const override { return scratch_epoch_; }
     void graph_begin() override;
@@ -63,6 +76,9 @@ public:
     // Scratch of at least `bytes` for the current op; grown (never shrunk) when too small. Ops on the one stream run
     // in order, so one buffer serves them all.
     void *scratch(size_t bytes);
+    // A second buffer of at least `bytes` for an op that calls other ops (matmul uses scratch): moe_experts' grouped
+    // rows. Grown like scratch, and likewise moves scratch_epoch when it does.
+    void *ds4_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
     int sm_count() const { return sm_count_; }
@@ -114,6 +130,8 @@ private:
     void *scratch_ = nullptr;
     size_t scratch_bytes_ = 0;
     uint64_t scratch_epoch_ = 0;
+    void *ds4_buf_ = nullptr;
+    size_t ds4_buf_bytes_ = 0;
     int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 };

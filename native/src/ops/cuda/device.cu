@@ -59,6 +59,7 @@ CudaDevice::~CudaDevice() {
     if (staging_) cudaFreeHost(staging_);
     for (void *p : weights_) cudaFree(p);
     if (scratch_) cudaFree(scratch_);
+    if (ds4_buf_) cudaFree(ds4_buf_);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -316,6 +317,21 @@ void *CudaDevice::scratch(size_t bytes) {
     scratch_bytes_ = want;
     scratch_epoch_++;
     return scratch_;
+}
+
+void *CudaDevice::ds4_buffer(size_t bytes) {
+    if (bytes <= ds4_buf_bytes_) return ds4_buf_;
+    if (ds4_buf_) {
+        check(cudaStreamSynchronize(stream_), "ds4 buffer");
+        check(cudaFree(ds4_buf_), "ds4 buffer");
+        ds4_buf_ = nullptr;
+        ds4_buf_bytes_ = 0;
+    }
+    const size_t want = (bytes + (8u << 20) - 1) & ~(size_t)((8u << 20) - 1);
+    ds4_buf_ = alloc(want, "deepseek4 expert rows");
+    ds4_buf_bytes_ = want;
+    scratch_epoch_++;
+    return ds4_buf_;
 }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {

@@ -1,0 +1,269 @@
+// DeepSeek V4 ops on the GPU (device.h, "DeepSeek V4"): the hyper-connection pre / post / head, the tail RoPE, the
+// window ring write and the sink attention over the ring and the compressed rows. The compressors and the indexer are
+// in ds4_compress.cu, the MoE in ds4_moe.cu. Every kernel computes what ops/cpu/ds4_ops.cpp computes, in f32, mostly
+// in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
+// arithmetic rounds as the CPU's (-ffp-contract=off) does.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/ds4_common.cuh"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kDs4Threads = 128;
+
+// ---- hyper-connections ----------------------------------------------------------------------------------------------
+
+// Sinkhorn projection of one n x n matrix in place, the CPU's ds4_sinkhorn step for step (one thread; n is 4).
+__device__ void sinkhorn_serial(float *c, int n, int iters, float eps) {
+    for (int a = 0; a < n; a++) {
+        float *r = c + a * n;
+        float mx = r[0];
+        for (int b = 1; b < n; b++) mx = fmaxf(mx, r[b]);
+        float sum = 0.0f;
+        for (int b = 0; b < n; b++) sum += (r[b] = expf(r[b] - mx));
+        for (int b = 0; b < n; b++) r[b] = r[b] / sum + eps;
+    }
+    // the first column normalisation always runs (iters <= 1 included), as on the CPU
+    for (int it = 0; it < (iters > 1 ? iters : 1); it++) {
+        if (it > 0)
+            for (int a = 0; a < n; a++) {
+                float sum = 0.0f;
+                for (int b = 0; b < n; b++) sum += c[a * n + b];
+                for (int b = 0; b < n; b++) c[a * n + b] /= sum + eps;
+            }
+        for (int b = 0; b < n; b++) {
+            float sum = 0.0f;
+            for (int a = 0; a < n; a++) sum += c[a * n + b];
+            for (int a = 0; a < n; a++) c[a * n + b] /= sum + eps;
+        }
+    }
+}
+
+// One block per token: thread 0 derives pre, post and comb (a few dozen scalars), then the block mixes the streams.
+__global__ void hc_pre_kernel(HcPreCall c) {
+    __shared__ float pre[kDs4MaxHc], comb[kDs4MaxHc * kDs4MaxHc];
+    const int64_t t = blockIdx.x;
+    const int N = c.N, M = (2 + N) * N;
+    const float *mix = c.mix + t * M;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < N; i++) pre[i] = sigmoid_f(mix[i] * c.scale[0] + c.base[i]) + c.eps;
+        for (int i = 0; i < N; i++) c.post[t * N + i] = 2.0f * sigmoid_f(mix[N + i] * c.scale[1] + c.base[N + i]);
+        for (int k = 0; k < N * N; k++) comb[k] = mix[2 * N + k] * c.scale[2] + c.base[2 * N + k];
+        sinkhorn_serial(comb, N, c.iters, c.eps);
+        for (int k = 0; k < N * N; k++) c.comb[t * N * N + k] = comb[k];
+    }
+    __syncthreads();
+    const float *X = c.X + t * N * c.D;
+    float *x = c.x + t * c.D;
+    for (int64_t d = threadIdx.x; d < c.D; d += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) s += pre[i] * X[i * c.D + d];
+        x[d] = s;
+    }
+}
+
+// One thread per output element (token, stream b, channel d).
+__global__ void hc_post_kernel(HcPostCall c) {
+    const int N = c.N;
+    const int64_t total = c.T * N * c.D;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / (N * c.D), d = e % c.D;
+        const int b = (int)((e / c.D) % N);
+        const float *X = c.X + t * N * c.D, *comb = c.comb + t * N * N;
+        float s = 0.0f;
+        for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d];
+        c.out[e] = c.post[t * N + b] * c.F[t * c.D + d] + s;
+    }
+}
+
+__global__ void hc_head_kernel(HcHeadCall c) {
+    __shared__ float a[kDs4MaxHc];
+    const int64_t t = blockIdx.x;
+    const int N = c.N;
+    if (threadIdx.x < N) a[threadIdx.x] = sigmoid_f(c.mix[t * N + threadIdx.x] * c.scale[0] + c.base[threadIdx.x]) + c.eps;
+    __syncthreads();
+    const float *X = c.X + t * N * c.D;
+    float *y = c.y + t * c.D;
+    for (int64_t d = threadIdx.x; d < c.D; d += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) s += a[i] * X[i * c.D + d];
+        y[d] = s;
+    }
+}
+
+// ---- RoPE -----------------------------------------------------------------------------------------------------------
+
+// One thread per (row, head, rotated pair).
+__global__ void rope_tail_kernel(RopeTailCall c) {
+    const int half = c.rope_dim / 2;
+    const int64_t total = c.rows * c.n_head * half;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / ((int64_t)c.n_head * half);
+        const int h = (int)((e / half) % c.n_head), i = (int)(e % half);
+        const double pos = c.inverse ? -(double)c.pos[r] : (double)c.pos[r];
+        float *x = c.x + r * c.row_stride + (int64_t)h * c.head_dim + c.head_dim - c.rope_dim;
+        rotate_pair(x + 2 * i, pos, c.inv_freq[i]);
+    }
+}
+
+// ---- window ring ----------------------------------------------------------------------------------------------------
+
+// Block (entry, i): the entry's i-th of its last min(n, window) tokens goes to ring row position % window.
+__global__ void ring_write_kernel(BatchMeta m, Ds4RingWrite c) {
+    const int32_t e = blockIdx.x;
+    const int64_t n = m.n[e], cnt = n < c.window ? n : c.window;
+    if ((int64_t)blockIdx.y >= cnt) return;
+    const int64_t i = n - cnt + blockIdx.y;
+    const float *src = c.kv + ((int64_t)m.t0[e] + i) * c.head_dim;
+    float *dst = c.ring + (int64_t)m.slot[e] * c.slot_stride + (((int64_t)m.len0[e] + i) % c.window) * c.head_dim;
+    for (int d = threadIdx.x; d < c.head_dim; d += blockDim.x) dst[d] = src[d];
+}
+
+// ---- sink attention -------------------------------------------------------------------------------------------------
+
+constexpr int kAttnTile = 32;                       // keys whose logits a block holds at once
+constexpr int kAttnMaxDimsPerThread = 8;            // head_dim <= 8 * kDs4Threads
+constexpr int kAttnMaxHeadDim = kAttnMaxDimsPerThread * kDs4Threads;
+
+// Key j of token t (at cache position p of entry e) of a Ds4AttnCall, in the CPU's order: the window rows lo..p, then
+// the compressed rows (selected or all). Null for a padded (-1) selection slot.
+__device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64_t t, int32_t e, int64_t p, int64_t lo,
+                                 int64_t n_win, int64_t j) {
+    const int hd = c.head_dim;
+    if (j < n_win) {
+        const int64_t q = lo + j, len0 = m.len0[e];
+        if (q < len0) return c.ring + (int64_t)m.slot[e] * c.slot_stride + (q % c.window) * hd;
+        return c.kv + ((int64_t)m.t0[e] + q - len0) * hd;
+    }
+    int64_t w = j - n_win;
+    if (c.sel) {
+        w = c.sel[t * c.top_k + w];
+        if (w < 0) return nullptr;
+    }
+    const int32_t *blocks = m.block_table + (int64_t)e * m.max_blocks;
+    return c.comp + ds4_comp_row(blocks, w, c.ratio, c.block_size, c.rows_per_block) * hd;
+}
+
+// Block (token, head), online softmax over tiles of keys: the running max starts at the sink's logit and the running
+// denominator at exp(0) = 1 for it, which is the CPU's exp(sink - mx) term once rescaled. Each thread owns the output
+// dims d = threadIdx.x + k * blockDim.x.
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c) {
+    extern __shared__ float q_sh[];  // [head_dim]
+    __shared__ float l_sh[kAttnTile];
+    __shared__ const float *k_sh[kAttnTile];
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y, hd = c.head_dim;
+    const int32_t e = m.ent[t];
+    const int64_t len0 = m.len0[e], p = len0 + (t - m.t0[e]);
+    const int64_t lo = p - c.window + 1 > 0 ? p - c.window + 1 : 0, n_win = p - lo + 1;
+    const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (p + 1) / c.ratio) : 0, nk = n_win + n_comp;
+    const float *q = c.Q + (t * c.n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) q_sh[d] = q[d];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    float acc[kAttnMaxDimsPerThread];
+#pragma unroll
+    for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
+    float mx = c.sinks[h], den = 1.0f;
+    for (int64_t j0 = 0; j0 < nk; j0 += kAttnTile) {
+        const int tile = (int)(nk - j0 < kAttnTile ? nk - j0 : kAttnTile);
+        if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
+        __syncthreads();  // also orders q_sh's fill before the first use
+        for (int j = warp; j < tile; j += n_warps) {
+            const float *k = k_sh[j];
+            float s = 0.0f;
+            if (k)
+                for (int d = lane; d < hd; d += 32) s += q_sh[d] * k[d];
+            s = warp_sum(s);
+            if (lane == 0) l_sh[j] = k ? s * c.scale : -INFINITY;
+        }
+        __syncthreads();
+        float tmax = -INFINITY;
+        for (int j = 0; j < tile; j++) tmax = fmaxf(tmax, l_sh[j]);
+        const float mnew = fmaxf(mx, tmax), alpha = expf(mx - mnew);
+        den *= alpha;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] *= alpha;
+        for (int j = 0; j < tile; j++) {
+            const float *k = k_sh[j];
+            if (!k) continue;
+            const float pj = expf(l_sh[j] - mnew);
+            den += pj;
+#pragma unroll
+            for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                const int d = threadIdx.x + kk * blockDim.x;
+                if (d < hd) acc[kk] += pj * k[d];
+            }
+        }
+        mx = mnew;
+        __syncthreads();  // k_sh / l_sh are refilled by the next tile
+    }
+    float *o = c.out + (t * c.n_head + h) * hd;
+#pragma unroll
+    for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+        const int d = threadIdx.x + kk * blockDim.x;
+        if (d < hd) o[d] = acc[kk] / den;
+    }
+}
+
+// ---- launchers ------------------------------------------------------------------------------------------------------
+
+void CudaDevice::hc_pre(const HcPreCall &c) {
+    if (c.N < 1 || c.N > kDs4MaxHc) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 16)");
+    op("hc_pre", [&] {
+        if (c.T <= 0) return;
+        hc_pre_kernel<<<(unsigned)c.T, 256, 0, stream_>>>(c);
+        check_launch("hc_pre");
+    });
+}
+
+void CudaDevice::hc_post(const HcPostCall &c) {
+    op("hc_post", [&] {
+        const int64_t n = c.T * c.N * c.D;
+        if (n <= 0) return;
+        hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
+        check_launch("hc_post");
+    });
+}
+
+void CudaDevice::hc_head(const HcHeadCall &c) {
+    if (c.N < 1 || c.N > kDs4MaxHc) fail(DFL_ERR_UNSUPPORTED, "hc_head: " + std::to_string(c.N) + " streams (at most 16)");
+    op("hc_head", [&] {
+        if (c.T <= 0) return;
+        hc_head_kernel<<<(unsigned)c.T, 256, 0, stream_>>>(c);
+        check_launch("hc_head");
+    });
+}
+
+void CudaDevice::rope_tail(const RopeTailCall &c) {
+    op("rope_tail", [&] {
+        const int64_t n = c.rows * c.n_head * (c.rope_dim / 2);
+        if (n <= 0) return;
+        rope_tail_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
+        check_launch("rope_tail");
+    });
+}
+
+void CudaDevice::ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) {
+    op("ds4_ring_write", [&] {
+        if (m.n_ent <= 0 || c.window <= 0) return;
+        ring_write_kernel<<<dim3((unsigned)m.n_ent, (unsigned)c.window), kDs4Threads, 0, stream_>>>(m, c);
+        check_launch("ds4_ring_write");
+    });
+}
+
+void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
+    if (c.head_dim < 1 || c.head_dim > kAttnMaxHeadDim)
+        fail(DFL_ERR_UNSUPPORTED, "ds4_attention: head_dim " + std::to_string(c.head_dim) + " (at most 1024)");
+    if (c.window < 1) fail(DFL_ERR_INVALID, "ds4_attention: window must be at least 1");
+    if (c.comp && c.ratio < 1) fail(DFL_ERR_INVALID, "ds4_attention: compressed rows need a ratio");
+    op("ds4_attention", [&] {
+        if (m.T <= 0 || c.n_head <= 0) return;
+        ds4_attention_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kDs4Threads, (size_t)c.head_dim * sizeof(float),
+                               stream_>>>(m, c);
+        check_launch("ds4_attention");
+    });
+}
+
+}  // namespace cuda
+}  // namespace dfl

@@ -1,0 +1,38 @@
+// Device helpers shared by the DeepSeek V4 kernels (ds4.cu, ds4_compress.cu, ds4_moe.cu).
+#pragma once
+
+#include "ops/cuda/cuda_common.cuh"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kDs4MaxHc = 16;  // hyper-connection streams a kernel holds in shared memory (V4 has 4)
+
+// Interleaved RoPE of one pair (x[0], x[1]) by angle pos * inv_freq, rounded as the CPU's ds4_rope_tail_head: the
+// angle in f32, its cosine and sine in double, rounded to f32.
+__device__ __forceinline__ void rotate_pair(float *x, double pos, float inv_freq) {
+    const float ang = (float)pos * inv_freq;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    const float c = (float)cd, s = (float)sd;
+    const float x0 = x[0], x1 = x[1];
+    x[0] = x0 * c - x1 * s;
+    x[1] = x1 * c + x0 * s;
+}
+
+// Sum over the block in double (every thread gets it); `red` is 32 doubles of shared memory. The CPU's rmsnorm sums
+// squares in double, so the compressed rows' norm scale matches it to the last bit in practice.
+__device__ __forceinline__ double block_sum_double(double v, double *red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += red[i];
+    __syncthreads();
+    return s;
+}
+
+}  // namespace cuda
+}  // namespace dfl

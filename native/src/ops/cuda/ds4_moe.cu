@@ -1,0 +1,206 @@
+// DeepSeek V4 MoE on the GPU (device.h: MoeRouteCall, swiglu_clamp, MoeExpertsCall).
+//
+// Routing runs on the device (one warp per token). The routed experts reuse the device's matmul on row slices of the
+// 3-D expert stacks: the chosen ids come to the host (one wait per MoE layer), the (token, choice) pairs are grouped by
+// expert in token order as on the CPU, their inputs gathered into one contiguous block, each used expert's gate / up /
+// down products run on its group, and a combine kernel adds the weighted outputs per token in choice order.
+// Decode steps therefore cannot be captured into a CUDA graph (the plan does not capture deepseek4 forwards).
+#include <algorithm>
+#include <vector>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/ds4_common.cuh"
+
+namespace dfl {
+namespace cuda {
+
+constexpr int kRouteMaxK = 64;
+
+// PyTorch softplus (beta 1, threshold 20), as the CPU's.
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The better of two candidates: larger value, lower id on ties (id INT32_MAX: no candidate).
+__device__ __forceinline__ void keep_better(float &v, int32_t &id, float v2, int32_t id2) {
+    if (v2 > v || (v2 == v && id2 < id)) {
+        v = v2;
+        id = id2;
+    }
+}
+
+// One warp (block of 32) per token. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by repeated
+// warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted.
+__global__ void moe_route_kernel(MoeRouteCall c) {
+    extern __shared__ float sh[];
+    const int E = c.n_expert, K = c.k;
+    float *s = sh, *b = sh + E;
+    __shared__ int32_t ids[kRouteMaxK];
+    const int64_t t = blockIdx.x;
+    const int lane = threadIdx.x;
+    for (int i = lane; i < E; i += 32) {
+        s[i] = sqrtf(softplus_f(c.logits[t * E + i]));
+        b[i] = s[i] + (c.bias ? c.bias[i] : 0.0f);
+    }
+    __syncwarp();
+    if (c.tid2eid) {
+        if (lane == 0) {
+            // the K best-scoring of the token's table experts (ties: earlier slot), listed in table order
+            const int32_t *row = c.tid2eid + (int64_t)c.tokens[t] * c.k_table;
+            uint64_t used = 0;
+            for (int j = 0; j < K; j++) {
+                int best = -1;
+                for (int q = 0; q < c.k_table; q++)
+                    if (!((used >> q) & 1u) && (best < 0 || s[row[q]] > s[row[best]])) best = q;
+                used |= (uint64_t)1 << best;
+            }
+            int j = 0;
+            for (int q = 0; q < c.k_table; q++)
+                if ((used >> q) & 1u) ids[j++] = row[q];
+        }
+    } else {
+        // K rounds of arg-max of s + bias over the experts not yet chosen (chosen ones are marked NaN in b)
+        for (int j = 0; j < K; j++) {
+            float v = -INFINITY;
+            int32_t id = INT32_MAX;
+            for (int i = lane; i < E; i += 32)
+                if (b[i] == b[i]) keep_better(v, id, b[i], i);
+            for (int o = 16; o > 0; o >>= 1) {
+                const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+                const int32_t id2 = __shfl_xor_sync(0xffffffffu, id, o);
+                keep_better(v, id, v2, id2);
+            }
+            if (lane == 0) {
+                if (id >= E) id = 0;  // no candidate left (NaN logits): keep the index in range
+                ids[j] = id;
+                b[id] = __int_as_float(0x7fc00000);
+            }
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    if (lane != 0) return;
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += s[ids[j]];
+    for (int j = 0; j < K; j++) {
+        float w = s[ids[j]];
+        if (c.norm) w = w / (sum + 1e-20f);
+        c.ids[t * K + j] = ids[j];
+        c.weights[t * K + j] = w * c.scale;
+    }
+}
+
+__global__ void swiglu_clamp_kernel(float *g, const float *u, int64_t n, float limit) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i], b = u[i];
+        if (limit > 0.0f) {
+            a = fminf(a, limit);
+            b = fminf(fmaxf(b, -limit), limit);
+        }
+        g[i] = silu_f(a) * b;
+    }
+}
+
+// xg[r] = x[token of pair order[r]] (pair i = token * k + choice).
+__global__ void moe_gather_kernel(const float *x, const int32_t *order, int k, int64_t D, float *xg) {
+    const float *src = x + (int64_t)(order[blockIdx.x] / k) * D;
+    float *dst = xg + (int64_t)blockIdx.x * D;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
+}
+
+// out[t][d] = sum_j weights[t][j] * yg[row of pair (t, j)][d], in j order from 0 as the CPU adds.
+__global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, const float *weights, int k, int64_t T,
+                                   int64_t D, float *out) {
+    const int64_t n = T * D;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = e / D, d = e % D;
+        float o = 0.0f;
+        for (int j = 0; j < k; j++) o += weights[t * k + j] * yg[(int64_t)row_of_pair[t * k + j] * D + d];
+        out[e] = o;
+    }
+}
+
+void launch_swiglu_clamp(cudaStream_t s, float *g, const float *u, int64_t count, float limit) {
+    if (count <= 0) return;
+    swiglu_clamp_kernel<<<grid_for(count, 256), 256, 0, s>>>(g, u, count, limit);
+    check_launch("swiglu_clamp");
+}
+
+void CudaDevice::moe_route(const MoeRouteCall &c) {
+    if (c.k < 1 || c.k > kRouteMaxK || c.k > c.n_expert)
+        fail(DFL_ERR_INVALID, "moe_route: k " + std::to_string(c.k) + " of " + std::to_string(c.n_expert) + " experts");
+    if (c.tid2eid && (c.k_table < c.k || c.k_table > 64 || !c.tokens))
+        fail(DFL_ERR_INVALID, "moe_route: hash table of " + std::to_string(c.k_table) + " experts per token");
+    op("moe_route", [&] {
+        if (c.T <= 0) return;
+        moe_route_kernel<<<(unsigned)c.T, 32, 2 * (size_t)c.n_expert * sizeof(float), stream_>>>(c);
+        check_launch("moe_route");
+    });
+}
+
+void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float limit) {
+    op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit); });
+}
+
+// Rows [e * n, (e + 1) * n) of a 3-D expert stack as a 2-D weight (without the stack's packed copy, whose layout a
+// row slice cannot address).
+static Weight expert_slice(const Weight &stack, int e, int64_t n) {
+    Weight w = stack;
+    w.n_out = n;
+    w.data = stack.data + (uint64_t)e * (uint64_t)n * stack.row_bytes;
+    w.packed = nullptr;
+    return w;
+}
+
+void CudaDevice::moe_experts(const MoeExpertsCall &c) {
+    const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
+    if (P <= 0) return;
+    use();
+    // the choices, grouped by expert in (token, choice) order
+    std::vector<int32_t> ids((size_t)P);
+    to_host(ids.data(), c.ids, (size_t)P * sizeof(int32_t));
+    std::vector<int64_t> count((size_t)c.n_expert + 1, 0);
+    for (int32_t e : ids) {
+        if (e < 0 || e >= c.n_expert) fail(DFL_ERR_INTERNAL, "moe_experts: expert id " + std::to_string(e) + " out of range");
+        count[(size_t)e + 1]++;
+    }
+    std::vector<int64_t> first(count);  // first[e]: the group's first row
+    for (int e = 0; e < c.n_expert; e++) first[(size_t)e + 1] += first[(size_t)e];
+    std::vector<int32_t> index((size_t)(2 * P));  // order [P] (pair of each grouped row), then row_of_pair [P]
+    {
+        std::vector<int64_t> next(first.begin(), first.end() - 1);
+        for (int64_t i = 0; i < P; i++) {
+            const int64_t r = next[(size_t)ids[(size_t)i]]++;
+            index[(size_t)r] = (int32_t)i;
+            index[(size_t)(P + i)] = (int32_t)r;
+        }
+    }
+    // device buffers: index, xg [P][D], g, u [P][F], yg [P][D]
+    const size_t idx_bytes = ((size_t)(2 * P) * sizeof(int32_t) + 255) & ~(size_t)255;
+    uint8_t *buf = (uint8_t *)ds4_buffer(idx_bytes + (size_t)(P * (2 * D + 2 * F)) * sizeof(float));
+    int32_t *d_index = (int32_t *)buf;
+    float *xg = (float *)(buf + idx_bytes), *g = xg + P * D, *u = g + P * F, *yg = u + P * F;
+    to_device(d_index, index.data(), (size_t)(2 * P) * sizeof(int32_t));
+    {
+        OpTimer tm(*this, "moe_experts (gather)");
+        moe_gather_kernel<<<(unsigned)P, 256, 0, stream_>>>(c.x, d_index, (int)K, D, xg);
+        check_launch("moe_experts (gather)");
+    }
+    for (int e = 0; e < c.n_expert; e++) {
+        const int64_t n = count[(size_t)e + 1], r0 = first[(size_t)e];
+        if (n == 0) continue;
+        matmul(expert_slice(c.gate, e, F), xg + r0 * D, n, g + r0 * F);
+        matmul(expert_slice(c.up, e, F), xg + r0 * D, n, u + r0 * F);
+    }
+    swiglu_clamp(g, u, P * F, c.limit);
+    for (int e = 0; e < c.n_expert; e++) {
+        const int64_t n = count[(size_t)e + 1], r0 = first[(size_t)e];
+        if (n == 0) continue;
+        matmul(expert_slice(c.down, e, D), g + r0 * F, n, yg + r0 * D);
+    }
+    OpTimer tm(*this, "moe_experts (combine)");
+    moe_combine_kernel<<<grid_for(T * D, 256), 256, 0, stream_>>>(yg, d_index + P, c.weights, (int)K, T, D, c.out);
+    check_launch("moe_experts (combine)");
+}
+
+}  // namespace cuda
+}  // namespace dfl

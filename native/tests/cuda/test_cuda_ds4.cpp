@@ -1,0 +1,638 @@
+// The DeepSeek V4 ops of the CUDA device against the CPU device (ops/cpu/ds4_ops.cpp), op by op, on random inputs of
+// several sizes: decode (one token per entry) and multi-token chunks, several sequences in shuffled slots and KV
+// blocks, window rings that wrap, compressor windows that close inside a batch. Outputs are poisoned (0xFF bytes, a
+// NaN) before each run so an unwritten output fails; in-place state (rings, compressor buffers, row pools) starts from
+// the same random bytes on both devices and is compared whole afterwards. Without a GPU it says so and exits 0.
+//
+// Bounds: relative L2 error 1e-5 for the f32 ops (summation order and exp / cos ulps differ); the indexer's selection
+// and the router's ids must be identical (their kernels round as the CPU does); the routed experts inherit the matmul
+// bounds of test_cuda_ops (1e-5 one row per expert or f32 weights, 3e-3 for several rows of a quantized expert).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arch/deepseek4.h"
+#include "common.h"
+#include "ops/device.h"
+#include "test.h"
+
+namespace dfltest {
+std::vector<Case> &registry() {
+    static std::vector<Case> r;
+    return r;
+}
+int g_failures = 0;
+}  // namespace dfltest
+
+namespace {
+
+using namespace dfl;
+using dfltest::Rng;
+
+Device *g_cpu = nullptr, *g_gpu = nullptr;
+int g_cases = 0;
+
+// One buffer with the same bytes on both devices.
+struct Dual {
+    DevBuf c, g;
+    size_t bytes;
+    explicit Dual(size_t n, const void *init = nullptr) : c(g_cpu, n, "test"), g(g_gpu, n, "test"), bytes(n) {
+        if (init) {
+            set(init);
+        } else {
+            std::vector<uint8_t> p(bytes, 0xFF);
+            set(p.data());
+        }
+    }
+    template <class T>
+    explicit Dual(const std::vector<T> &v) : Dual(v.size() * sizeof(T), v.data()) {}
+    void set(const void *src) {
+        if (!bytes) return;
+        g_cpu->to_device(c.get(), src, bytes);
+        g_gpu->to_device(g.get(), src, bytes);
+    }
+    template <class T = float>
+    T *p(bool gpu) const { return gpu ? g.get<T>() : c.get<T>(); }
+    template <class T = float>
+    std::vector<T> read(bool gpu) const {
+        std::vector<T> v(bytes / sizeof(T));
+        (gpu ? g_gpu : g_cpu)->to_host(v.data(), (gpu ? g : c).get(), bytes);
+        return v;
+    }
+};
+
+std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = r.sym(a);
+    return v;
+}
+
+// Relative L2 error of the GPU's floats against the CPU's; NaN on both sides is equal, on one side a failure.
+bool compare(const std::string &name, const Dual &d, double tol) {
+    g_cases++;
+    const std::vector<float> got = d.read<float>(true), ref = d.read<float>(false);
+    double num = 0, den = 0;
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const bool gn = !std::isfinite(got[i]), rn = !std::isfinite(ref[i]);
+        if (gn || rn) {
+            if (gn != rn && !bad++) first = i;
+            continue;
+        }
+        num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = bad == 0 && err <= tol;
+    if (bad)
+        std::printf("FAIL %-66s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad, first,
+                    got[first], ref[first]);
+    else
+        std::printf("%s %-66s rel err %.3g (bound %.3g)\n", ok ? "ok  " : "FAIL", name.c_str(), err, tol);
+    if (!ok) dfltest::g_failures++;
+    return ok;
+}
+
+// Exact equality of int32 outputs.
+bool compare_ids(const std::string &name, const Dual &d) {
+    g_cases++;
+    const std::vector<int32_t> got = d.read<int32_t>(true), ref = d.read<int32_t>(false);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < ref.size(); i++)
+        if (got[i] != ref[i] && !bad++) first = i;
+    if (bad)
+        std::printf("FAIL %-66s %zu of %zu ids differ (first at %zu: gpu %d cpu %d)\n", name.c_str(), bad, ref.size(),
+                    first, got[first], ref[first]);
+    else
+        std::printf("ok   %-66s %zu ids identical\n", name.c_str(), ref.size());
+    if (bad) dfltest::g_failures++;
+    return bad == 0;
+}
+
+// A batch of entries {n new tokens after len0 cached ones, in sequence slot `slot`} with KV blocks of block_size
+// tokens handed out shuffled, uploaded to both devices.
+struct Batch {
+    struct Ent {
+        int32_t n, len0, slot;
+    };
+    std::vector<Ent> ents;
+    int block_size;
+    int64_t T = 0, max_n = 0, max_ctx = 0;
+    int32_t max_blocks = 1, n_blocks = 0, n_slots = 0;
+    std::vector<int32_t> tokens, pos, ent, t0, n, len0, slot, bt;
+    std::unique_ptr<Dual> d_tokens, d_pos, d_ent, d_t0, d_n, d_len0, d_slot, d_bt;
+
+    Batch(std::vector<Ent> e, int bs, Rng &r) : ents(std::move(e)), block_size(bs) {
+        for (const Ent &x : ents) {
+            max_n = std::max<int64_t>(max_n, x.n);
+            max_ctx = std::max<int64_t>(max_ctx, (int64_t)x.len0 + x.n);
+            max_blocks = std::max<int32_t>(max_blocks, (int32_t)ceil_div((int64_t)x.len0 + x.n, bs));
+            n_blocks += (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
+            n_slots = std::max(n_slots, x.slot + 1);
+        }
+        n_blocks += 2;
+        std::vector<int32_t> ids((size_t)n_blocks);
+        for (int32_t i = 0; i < n_blocks; i++) ids[(size_t)i] = i;
+        for (int32_t i = n_blocks - 1; i > 0; i--) std::swap(ids[(size_t)i], ids[(size_t)(r.next() % (uint64_t)(i + 1))]);
+        bt.assign(ents.size() * (size_t)max_blocks, 0);
+        size_t next = 0;
+        for (size_t ei = 0; ei < ents.size(); ei++) {
+            const Ent &x = ents[ei];
+            const int32_t nb = (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
+            for (int32_t b = 0; b < nb; b++) bt[ei * (size_t)max_blocks + (size_t)b] = ids[next++];
+            t0.push_back((int32_t)T);
+            n.push_back(x.n);
+            len0.push_back(x.len0);
+            slot.push_back(x.slot);
+            for (int32_t i = 0; i < x.n; i++) {
+                tokens.push_back((int32_t)(r.next() % 97));
+                pos.push_back(x.len0 + i);
+                ent.push_back((int32_t)ei);
+            }
+            T += x.n;
+        }
+        d_tokens.reset(new Dual(tokens));
+        d_pos.reset(new Dual(pos));
+        d_ent.reset(new Dual(ent));
+        d_t0.reset(new Dual(t0));
+        d_n.reset(new Dual(n));
+        d_len0.reset(new Dual(len0));
+        d_slot.reset(new Dual(slot));
+        d_bt.reset(new Dual(bt));
+    }
+    BatchMeta meta(bool gpu) const {
+        BatchMeta m;
+        m.T = T;
+        m.n_ent = (int32_t)ents.size();
+        m.max_n = max_n;
+        m.max_ctx = max_ctx;
+        m.tokens = d_tokens->p<int32_t>(gpu);
+        m.pos = d_pos->p<int32_t>(gpu);
+        m.ent = d_ent->p<int32_t>(gpu);
+        m.t0 = d_t0->p<int32_t>(gpu);
+        m.n = d_n->p<int32_t>(gpu);
+        m.len0 = d_len0->p<int32_t>(gpu);
+        m.slot = d_slot->p<int32_t>(gpu);
+        m.block_table = d_bt->p<int32_t>(gpu);
+        m.max_blocks = max_blocks;
+        return m;
+    }
+    std::string str() const {
+        std::string s = "T=" + std::to_string(T) + " [";
+        for (size_t i = 0; i < ents.size() && i < 4; i++)
+            s += (i ? " " : "") + std::to_string(ents[i].len0) + "+" + std::to_string(ents[i].n);
+        return s + (ents.size() > 4 ? " ...]" : "]");
+    }
+};
+
+Device *dev(bool gpu) { return gpu ? g_gpu : g_cpu; }
+
+std::vector<float> inv_freq(int rope_dim, float base) {
+    std::vector<float> f((size_t)rope_dim / 2);
+    for (int i = 0; i < rope_dim / 2; i++) f[(size_t)i] = 1.0f / std::pow(base, (float)(2 * i) / (float)rope_dim);
+    return f;
+}
+
+// Decode steps, multi-token chunks and mixed batches over the given window / ratio structure.
+std::vector<std::vector<Batch::Ent>> batch_shapes(int ratio) {
+    const int R = ratio > 0 ? ratio : 4;
+    return {
+        {{1, 0, 0}},                                            // first token
+        {{1, R - 1, 2}},                                        // decode closing a window
+        {{1, 5 * R + 2, 1}, {1, 3 * R - 1, 3}, {1, 7, 0}},      // decode, several sequences
+        {{13, 3, 1}},                                           // chunk closing windows inside it
+        {{2 * R + 3, 0, 0}, {5, R * 9 + 1, 2}, {1, 40, 3}},     // mixed
+        {{3 * R + 1, 4 * R - 1, 4}, {R, 2 * R, 1}},             // windows aligned and not
+        {{150, 37, 1}},                                         // long chunk: rings wrap inside it
+    };
+}
+
+// ---- hyper-connections and RoPE ----
+
+void test_hc() {
+    for (int64_t T : {1, 5, 33})
+        for (int64_t D : {64, 200}) {
+            Rng r((uint64_t)(T * 131 + D));
+            const int N = 4, M = (2 + N) * N;
+            Dual mix(rand_vec(r, (size_t)(T * M), 2.0f)), base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 1.5f));
+            Dual X(rand_vec(r, (size_t)(T * N * D))), F(rand_vec(r, (size_t)(T * D)));
+            Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), out((size_t)(T * N * D) * 4);
+            Dual hmix(rand_vec(r, (size_t)(T * N), 2.0f)), hbase(rand_vec(r, (size_t)N)), hscale(rand_vec(r, 1)), y((size_t)(T * D) * 4);
+            for (bool g : {false, true}) {
+                HcPreCall c;
+                c.mix = mix.p(g);
+                c.base = base.p(g);
+                c.scale = scale.p(g);
+                c.X = X.p(g);
+                c.T = T;
+                c.D = D;
+                c.N = N;
+                c.iters = 20;
+                c.x = x.p(g);
+                c.post = post.p(g);
+                c.comb = comb.p(g);
+                dev(g)->hc_pre(c);
+                HcPostCall p;
+                p.F = F.p(g);
+                p.X = X.p(g);
+                p.post = post.p(g);
+                p.comb = comb.p(g);
+                p.T = T;
+                p.D = D;
+                p.N = N;
+                p.out = out.p(g);
+                dev(g)->hc_post(p);
+                HcHeadCall h;
+                h.mix = hmix.p(g);
+                h.base = hbase.p(g);
+                h.scale = hscale.p(g);
+                h.X = X.p(g);
+                h.T = T;
+                h.D = D;
+                h.N = N;
+                h.y = y.p(g);
+                dev(g)->hc_head(h);
+            }
+            const std::string sh = " T=" + std::to_string(T) + " D=" + std::to_string(D);
+            compare("hc_pre x" + sh, x, 1e-5);
+            compare("hc_pre post" + sh, post, 1e-5);
+            compare("hc_pre comb" + sh, comb, 1e-5);
+            compare("hc_post" + sh, out, 1e-5);
+            compare("hc_head" + sh, y, 1e-5);
+        }
+}
+
+void test_rope() {
+    struct S {
+        int64_t rows;
+        int n_head, head_dim, rope_dim;
+    };
+    for (const S &s : {S{1, 64, 512, 64}, S{7, 3, 96, 32}, S{40, 1, 512, 64}})
+        for (bool inverse : {false, true}) {
+            Rng r((uint64_t)(s.rows * 7 + s.n_head + inverse));
+            const int64_t stride = (int64_t)s.n_head * s.head_dim + 3;  // rows not packed
+            std::vector<int32_t> pos((size_t)s.rows);
+            for (auto &p : pos) p = (int32_t)(r.next() % 200000);
+            Dual x(rand_vec(r, (size_t)(s.rows * stride))), dpos(pos), inv(inv_freq(s.rope_dim, 160000.0f));
+            for (bool g : {false, true}) {
+                RopeTailCall c;
+                c.x = x.p(g);
+                c.rows = s.rows;
+                c.row_stride = stride;
+                c.n_head = s.n_head;
+                c.head_dim = s.head_dim;
+                c.rope_dim = s.rope_dim;
+                c.pos = dpos.p<int32_t>(g);
+                c.inv_freq = inv.p(g);
+                c.inverse = inverse;
+                dev(g)->rope_tail(c);
+            }
+            compare("rope_tail rows=" + std::to_string(s.rows) + " h=" + std::to_string(s.n_head) + " hd=" +
+                        std::to_string(s.head_dim) + (inverse ? " inverse" : ""),
+                    x, 1e-5);
+        }
+}
+
+// ---- compressor ----
+
+void run_compress(int ratio, bool overlap, int hd, const Batch &b, Rng &r, const std::string &what) {
+    const int width = hd * (overlap ? 2 : 1), rope_dim = std::min(hd, 16);
+    const int64_t stride = (int64_t)(overlap ? 4 : 2) * ratio * width + 5;
+    const int rpb = ds4_rows_per_block(b.block_size, ratio);
+    const int64_t pool = (int64_t)b.n_blocks * rpb;
+    Dual kv(rand_vec(r, (size_t)(b.T * width))), gate(rand_vec(r, (size_t)(b.T * width), 3.0f)),
+        ape(rand_vec(r, (size_t)ratio * width)), norm(rand_vec(r, (size_t)hd)), inv(inv_freq(rope_dim, 160000.0f));
+    Dual state(rand_vec(r, (size_t)(b.n_slots * stride), 2.0f)), rows(rand_vec(r, (size_t)(pool * hd)));
+    for (bool g : {false, true}) {
+        Ds4CompressCall c;
+        c.kv = kv.p(g);
+        c.gate = gate.p(g);
+        c.ape = ape.p(g);
+        c.norm = norm.p(g);
+        c.inv_freq = inv.p(g);
+        c.ratio = ratio;
+        c.head_dim = hd;
+        c.rope_dim = rope_dim;
+        c.overlap = overlap;
+        c.state = state.p(g);
+        c.slot_stride = stride;
+        c.rows = rows.p(g);
+        c.block_size = b.block_size;
+        c.rows_per_block = rpb;
+        dev(g)->ds4_compress(b.meta(g), c);
+    }
+    const std::string name = what + " ratio=" + std::to_string(ratio) + " hd=" + std::to_string(hd) + " " + b.str();
+    compare("ds4_compress rows " + name, rows, 1e-5);
+    compare("ds4_compress state " + name, state, 1e-6);
+}
+
+void test_compress() {
+    Rng r(11);
+    for (const auto &shape : batch_shapes(4)) {
+        run_compress(4, true, 64, Batch(shape, 16, r), r, "csa");
+        run_compress(4, true, 32, Batch(shape, 16, r), r, "indexer");
+    }
+    for (const auto &shape : batch_shapes(8)) run_compress(8, false, 64, Batch(shape, 16, r), r, "hca");
+    run_compress(128, false, 128, Batch({{300, 100, 1}, {1, 255, 0}}, 16, r), r, "hca");
+    run_compress(128, false, 128, Batch({{1, 127, 0}, {129, 0, 2}}, 64, r), r, "hca");
+}
+
+// ---- indexer ----
+
+void run_indexer(int H, int hd, int top_k, const Batch &b, Rng &r, bool ties) {
+    const int ratio = 4, rpb = ds4_rows_per_block(b.block_size, ratio);
+    const int64_t pool = (int64_t)b.n_blocks * rpb;
+    std::vector<float> keys = rand_vec(r, (size_t)(pool * hd));
+    if (ties)  // duplicate rows score equal: the lower row must win
+        for (int64_t i = 1; i < pool; i += 3) std::copy(keys.begin(), keys.begin() + hd, keys.begin() + i * hd);
+    Dual q(rand_vec(r, (size_t)(b.T * H * hd))), w(rand_vec(r, (size_t)(b.T * H))), dkeys(keys);
+    Dual sel((size_t)(b.T * top_k) * 4);
+    for (bool g : {false, true}) {
+        Ds4IndexerCall c;
+        c.q = q.p(g);
+        c.w = w.p(g);
+        c.keys = dkeys.p(g);
+        c.n_head = H;
+        c.head_dim = hd;
+        c.ratio = ratio;
+        c.top_k = top_k;
+        c.head_scale = 1.0f / std::sqrt((float)H);
+        c.dot_scale = 1.0f / std::sqrt((float)hd);
+        c.block_size = b.block_size;
+        c.rows_per_block = rpb;
+        c.sel = sel.p<int32_t>(g);
+        dev(g)->ds4_indexer_topk(b.meta(g), c);
+    }
+    compare_ids("ds4_indexer_topk h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " k=" + std::to_string(top_k) +
+                    (ties ? " ties " : " ") + b.str(),
+                sel);
+}
+
+void test_indexer() {
+    Rng r(23);
+    for (const auto &shape : batch_shapes(4)) {
+        run_indexer(4, 32, 8, Batch(shape, 16, r), r, false);
+        run_indexer(8, 64, 16, Batch(shape, 16, r), r, true);
+    }
+    run_indexer(64, 128, 512, Batch({{1, 5000, 0}, {3, 2047, 1}, {1, 100, 2}}, 64, r), r, false);
+    run_indexer(64, 128, 64, Batch({{64, 3000, 1}}, 16, r), r, true);
+}
+
+// ---- attention and ring ----
+
+void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r) {
+    const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;
+    const int64_t stride = (int64_t)window * hd + 7, pool = (int64_t)b.n_blocks * rpb;
+    std::vector<int32_t> sel;
+    for (int64_t t = 0; t < b.T; t++) {  // a valid selection: distinct visible rows ascending, padded with -1
+        const int e = b.ent[(size_t)t];
+        const int64_t nvis = ratio ? ((int64_t)b.len0[(size_t)e] + (t - b.t0[(size_t)e]) + 1) / ratio : 0;
+        std::vector<int32_t> s;
+        for (int64_t w = 0; w < nvis; w++)
+            if (nvis <= top_k || r.next() % (uint64_t)nvis < (uint64_t)top_k) s.push_back((int32_t)w);
+        s.resize(std::min<size_t>(s.size(), (size_t)top_k));
+        s.resize((size_t)top_k, -1);
+        sel.insert(sel.end(), s.begin(), s.end());
+    }
+    Dual Q(rand_vec(r, (size_t)(b.T * H * hd))), kv(rand_vec(r, (size_t)(b.T * hd))),
+        ring(rand_vec(r, (size_t)(b.n_slots * stride))), comp(rand_vec(r, (size_t)std::max<int64_t>(1, pool * hd))),
+        dsel(sel), sinks(rand_vec(r, (size_t)H, 2.0f)), out((size_t)(b.T * H * hd) * 4);
+    for (bool g : {false, true}) {
+        Ds4AttnCall c;
+        c.Q = Q.p(g);
+        c.kv = kv.p(g);
+        c.ring = ring.p(g);
+        c.slot_stride = stride;
+        c.window = window;
+        c.comp = ratio ? comp.p(g) : nullptr;
+        c.ratio = ratio;
+        c.block_size = b.block_size;
+        c.rows_per_block = rpb;
+        c.sel = with_sel ? dsel.p<int32_t>(g) : nullptr;
+        c.top_k = top_k;
+        c.sinks = sinks.p(g);
+        c.n_head = H;
+        c.head_dim = hd;
+        c.scale = 1.0f / std::sqrt((float)hd);
+        c.out = out.p(g);
+        dev(g)->ds4_attention(b.meta(g), c);
+        Ds4RingWrite w;
+        w.kv = kv.p(g);
+        w.ring = ring.p(g);
+        w.slot_stride = stride;
+        w.window = window;
+        w.head_dim = hd;
+        dev(g)->ds4_ring_write(b.meta(g), w);
+    }
+    const std::string name = "h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " win=" + std::to_string(window) +
+                             " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") + b.str();
+    compare("ds4_attention " + name, out, 1e-5);
+    compare("ds4_ring_write " + name, ring, 0.0);
+}
+
+void test_attention() {
+    Rng r(37);
+    for (const auto &shape : batch_shapes(4)) {
+        run_attention(4, 64, 8, 0, false, Batch(shape, 16, r), r);
+        run_attention(4, 64, 16, 4, true, Batch(shape, 16, r), r);
+        run_attention(3, 96, 8, 8, false, Batch(shape, 16, r), r);
+    }
+    run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {2, 50, 2}}, 64, r), r);
+    run_attention(64, 512, 128, 128, false, Batch({{1, 1000, 1}, {20, 300, 0}}, 64, r), r);
+}
+
+// ---- MoE ----
+
+void run_route(int E, int k, bool bias, bool norm, int k_table, int64_t T, Rng &r) {
+    const int vocab = 97;
+    std::vector<int32_t> table;
+    if (k_table)  // each token's row: k_table distinct experts
+        for (int v = 0; v < vocab; v++) {
+            std::vector<int32_t> ex((size_t)E);
+            for (int i = 0; i < E; i++) ex[(size_t)i] = i;
+            for (int i = 0; i < k_table; i++) std::swap(ex[(size_t)i], ex[(size_t)i + (size_t)(r.next() % (uint64_t)(E - i))]);
+            table.insert(table.end(), ex.begin(), ex.begin() + k_table);
+        }
+    else
+        table.push_back(0);
+    std::vector<int32_t> toks((size_t)T);
+    for (auto &t : toks) t = (int32_t)(r.next() % vocab);
+    Dual logits(rand_vec(r, (size_t)(T * E), 4.0f)), b(rand_vec(r, (size_t)E, 0.5f)), dtable(table), dtoks(toks);
+    Dual ids((size_t)(T * k) * 4), wts((size_t)(T * k) * 4);
+    for (bool g : {false, true}) {
+        MoeRouteCall c;
+        c.logits = logits.p(g);
+        c.bias = bias ? b.p(g) : nullptr;
+        c.tid2eid = k_table ? dtable.p<int32_t>(g) : nullptr;
+        c.tokens = dtoks.p<int32_t>(g);
+        c.T = T;
+        c.n_expert = E;
+        c.k = k;
+        c.k_table = k_table;
+        c.norm = norm;
+        c.scale = 1.5f;
+        c.ids = ids.p<int32_t>(g);
+        c.weights = wts.p(g);
+        dev(g)->moe_route(c);
+    }
+    const std::string name = "E=" + std::to_string(E) + " k=" + std::to_string(k) + (bias ? " bias" : "") +
+                             (norm ? " norm" : "") + (k_table ? " hash" + std::to_string(k_table) : "") + " T=" + std::to_string(T);
+    compare_ids("moe_route ids " + name, ids);
+    compare("moe_route weights " + name, wts, 1e-6);
+}
+
+uint64_t row_bytes_of(uint32_t t, int64_t n) {
+    switch (t) {
+    case DFL_TYPE_Q8_0: return (uint64_t)(n / 32) * 34;
+    case DFL_TYPE_Q4_K: return (uint64_t)(n / 256) * 144;
+    default: return (uint64_t)n * 4;
+    }
+}
+
+void put_f16(uint8_t *p, float f) {
+    const uint16_t h = f32_to_f16(f);
+    std::memcpy(p, &h, 2);
+}
+
+// n_rows random rows of `type` with small block scales (as test_cuda_ops' rand_rows).
+std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r) {
+    const uint64_t rb = row_bytes_of(type, n);
+    std::vector<uint8_t> b((size_t)(rb * (uint64_t)n_rows));
+    for (auto &x : b) x = (uint8_t)r.next();
+    for (int64_t row = 0; row < n_rows; row++) {
+        uint8_t *p = b.data() + (uint64_t)row * rb;
+        if (type == DFL_TYPE_F32)
+            for (int64_t i = 0; i < n; i++) {
+                const float f = r.sym(0.1f);
+                std::memcpy(p + 4 * i, &f, 4);
+            }
+        else if (type == DFL_TYPE_Q8_0)
+            for (int64_t k = 0; k < n / 32; k++) {
+                put_f16(p + k * 34, 0.002f + 0.01f * (float)r.uniform());
+                for (int j = 0; j < 32; j++)
+                    if (p[k * 34 + 2 + j] == 0x80) p[k * 34 + 2 + j] = 0x81;
+            }
+        else
+            for (int64_t k = 0; k < n / 256; k++) {
+                put_f16(p + k * 144, 0.001f + 0.004f * (float)r.uniform());
+                put_f16(p + k * 144 + 2, 0.001f + 0.004f * (float)r.uniform());
+            }
+    }
+    return b;
+}
+
+// A 3-D expert stack with the same bytes on both devices.
+struct Stack {
+    std::vector<uint8_t> host;
+    Weight c, g;
+    Stack(uint32_t type, int n_expert, int64_t n_out, int64_t n_in, Rng &r) : host(rand_rows(type, n_expert * n_out, n_in, r)) {
+        c.type = g.type = type;
+        c.n_in = g.n_in = n_in;
+        c.n_out = g.n_out = n_out * n_expert;
+        c.row_bytes = g.row_bytes = row_bytes_of(type, n_in);
+        c.data = g_cpu->upload_weight(host.data(), host.size(), true);
+        g.data = g_gpu->upload_weight(host.data(), host.size(), true);
+    }
+    const Weight &w(bool gpu) const { return gpu ? g : c; }
+};
+
+void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
+    const int64_t D = 256, F = 256;
+    Stack gate(type, E, F, D, r), up(type, E, F, D, r), down(type, E, D, F, r);
+    std::vector<int32_t> ids;
+    std::vector<int> per((size_t)E, 0);
+    for (int64_t t = 0; t < T; t++) {
+        std::vector<int32_t> ex((size_t)E);
+        for (int i = 0; i < E; i++) ex[(size_t)i] = i;
+        for (int j = 0; j < k; j++) std::swap(ex[(size_t)j], ex[(size_t)j + (size_t)(r.next() % (uint64_t)(E - j))]);
+        for (int j = 0; j < k; j++) ids.push_back(ex[(size_t)j]), per[(size_t)ex[(size_t)j]]++;
+    }
+    Dual x(rand_vec(r, (size_t)(T * D), 3.0f)), dids(ids), wts(rand_vec(r, (size_t)(T * k))), out((size_t)(T * D) * 4);
+    for (bool g : {false, true}) {
+        MoeExpertsCall c;
+        c.x = x.p(g);
+        c.gate = gate.w(g);
+        c.up = up.w(g);
+        c.down = down.w(g);
+        c.T = T;
+        c.n_expert = E;
+        c.n_ff = (int)F;
+        c.n_embd = (int)D;
+        c.k = k;
+        c.limit = limit;
+        c.ids = dids.p<int32_t>(g);
+        c.weights = wts.p(g);
+        c.out = out.p(g);
+        dev(g)->moe_experts(c);
+    }
+    // several rows of one expert take the tensor-core path (operands rounded to f16) for quantized weights
+    const int most = *std::max_element(per.begin(), per.end());
+    const double bound = type == DFL_TYPE_F32 || most <= 1 ? 1e-5 : 3e-3;
+    const char *tn = type == DFL_TYPE_F32 ? "f32" : type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
+    compare(std::string("moe_experts ") + tn + " E=" + std::to_string(E) + " k=" + std::to_string(k) + " T=" +
+                std::to_string(T) + " limit=" + std::to_string((int)limit),
+            out, bound);
+}
+
+void test_moe() {
+    Rng r(51);
+    for (int64_t T : {1, 4, 37}) {
+        run_route(16, 6, true, true, 0, T, r);
+        run_route(256, 6, true, true, 0, T, r);
+        run_route(64, 4, false, false, 0, T, r);
+        run_route(32, 6, false, true, 6, T, r);
+        run_route(32, 4, false, true, 8, T, r);
+    }
+    for (float limit : {0.0f, 1.0f}) {
+        const int64_t n = 3000;
+        Dual g(rand_vec(r, (size_t)n, 4.0f)), u(rand_vec(r, (size_t)n, 4.0f));
+        for (bool gp : {false, true}) dev(gp)->swiglu_clamp(g.p(gp), u.p(gp), n, limit);
+        compare("swiglu_clamp limit=" + std::to_string(limit), g, 1e-6);
+    }
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K}) {
+        run_experts(type, 8, 3, 1, 10.0f, r);
+        run_experts(type, 8, 3, 5, 10.0f, r);
+        run_experts(type, 16, 6, 40, 0.0f, r);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    int n_gpus = 0;
+    const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
+    if (ce != cudaSuccess || n_gpus == 0) {
+        std::printf("skip: no CUDA device (%s); the CUDA ds4 op tests need a GPU\n",
+                    ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+        return 0;
+    }
+    std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
+    g_cpu = cpu.get();
+    g_gpu = gpu.get();
+    std::printf("deepseek4 ops: comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
+    const char *only = argc > 1 ? argv[1] : nullptr;
+    struct Group {
+        const char *name;
+        void (*fn)();
+    };
+    const Group groups[] = {{"hc", test_hc},           {"rope", test_rope},         {"compress", test_compress},
+                            {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe}};
+    for (const Group &g : groups) {
+        if (only && std::strcmp(only, g.name) != 0) continue;
+        try {
+            g.fn();
+        } catch (const std::exception &e) {
+            std::printf("FAIL %s: exception: %s\n", g.name, e.what());
+            dfltest::g_failures++;
+        }
+    }
+    std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
+    return dfltest::g_failures == 0 ? 0 : 1;
+}
