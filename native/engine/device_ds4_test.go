@@ -25,6 +25,12 @@ func TestDeviceDeepseek4(t *testing.T) {
 	for _, wt := range []gguf.Type{gguf.F32, gguf.Q8_0} {
 		c := tinyDS4()
 		c.weight = wt
+		if wt == gguf.Q8_0 {
+			// The device's q8_0 products quantize the activations to int8 (the CPU reference does not), which moves
+			// indexer scores by ~1e-3: a pruned top-4 then flips on near ties and one row's logits move by 0.3–0.5
+			// (seen on the H200). Pruning is checked by the f32 variants; here top-k keeps every visible row.
+			c.topK = 64
+		}
 		for _, mode := range []string{"exact", "sparse"} {
 			vs = append(vs, variant{c, mode})
 		}
