@@ -67,6 +67,21 @@ static float generic_dot_q8_0(const uint8_t *row, const QuantizedActs &A, int64_
     return acc;
 }
 
+static float generic_dot_q4_0(const uint8_t *row, const QuantizedActs &A, int64_t t) {
+    const BlockQ4_0 *w = (const BlockQ4_0 *)row;
+    const int8_t *a = A.codes(t);
+    const float *ad = A.scales(t);
+    float acc = 0;
+    for (int64_t b = 0; b < A.n_blocks(); b++) {
+        const int8_t *ab = a + b * QK4_0;
+        int32_t s = 0;
+        for (int i = 0; i < QK4_0 / 2; i++)
+            s += ((w[b].qs[i] & 0x0F) - 8) * ab[i] + ((w[b].qs[i] >> 4) - 8) * ab[i + QK4_0 / 2];
+        acc += (float)s * (f16_to_f32(w[b].d) * ad[b]);
+    }
+    return acc;
+}
+
 static float generic_dot_q4_K(const uint8_t *row, const QuantizedActs &A, int64_t t) {
     const BlockQ4_K *w = (const BlockQ4_K *)row;
     const int8_t *a = A.codes(t);
@@ -114,8 +129,10 @@ static float generic_dot_q6_K(const uint8_t *row, const QuantizedActs &A, int64_
 
 static void generic_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0,
                                int64_t t1, float *Y) {
-    float (*dot)(const uint8_t *, const QuantizedActs &, int64_t) =
-        W.type == DFL_TYPE_Q8_0 ? generic_dot_q8_0 : W.type == DFL_TYPE_Q4_K ? generic_dot_q4_K : generic_dot_q6_K;
+    float (*dot)(const uint8_t *, const QuantizedActs &, int64_t) = W.type == DFL_TYPE_Q8_0   ? generic_dot_q8_0
+                                                                    : W.type == DFL_TYPE_Q4_0 ? generic_dot_q4_0
+                                                                    : W.type == DFL_TYPE_Q4_K ? generic_dot_q4_K
+                                                                                              : generic_dot_q6_K;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t r = r0; r < r1; r++) Y[t * W.n_out + r] = dot(W.row(r), A, t);
 }
@@ -221,6 +238,7 @@ bool int8_wants_pair_layout() { return g_set->pair_layout; }
 bool int8_matmul_applies(const Weight &W) {
     if (g_set->gemm == nullptr) return false;
     switch (W.type) {
+    case DFL_TYPE_Q4_0:
     case DFL_TYPE_Q8_0:
         return W.n_in % kActBlock == 0;
     case DFL_TYPE_Q4_K:
@@ -236,7 +254,7 @@ uint64_t int8_packed_bytes(const Weight &W) {
 }
 
 bool int8_packs_type(uint32_t type) {
-    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
+    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q4_0 || type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
 }
 
 int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }

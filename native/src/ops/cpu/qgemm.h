@@ -1,4 +1,4 @@
-// Integer matmul for quantized weights (q8_0, q4_K, q6_K): the activations are quantized once per matmul to int8
+// Integer matmul for quantized weights (q4_0, q8_0, q4_K, q6_K): the activations are quantized once per matmul to int8
 // blocks of 32 (one float scale per block, like q8_0) and multiplied with the weight codes by integer instructions
 // (AVX-512 VNNI, AVX-VNNI or AVX2 maddubs, picked at run time), so no weight is ever converted to float.
 //
@@ -51,8 +51,8 @@ void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_
                      float *Y);
 
 // The active kernels' own layout of W, packed once at load (Weight::packed; only the AVX-512 kernels have one, for
-// q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when there is
-// none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
+// q4_0, q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when
+// there is none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
 uint64_t int8_packed_bytes(const Weight &W);
 bool int8_packs_type(uint32_t type);
 int64_t int8_pack_group_count(const Weight &W);
