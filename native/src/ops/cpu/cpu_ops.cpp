@@ -34,8 +34,10 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     const bool pairs = int8_wants_pair_layout();
     if (pairs) {
         scratch.act_bias.resize((size_t)(T * nb));
+        scratch.act_bias16.resize((size_t)(T * nb * 2));
         scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
         A.bias = scratch.act_bias.data();
+        A.bias16 = scratch.act_bias16.data();
         A.dpair = scratch.act_dpair.data();
     }
     const int64_t qchunk = 8;
@@ -44,7 +46,9 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
             int8_t *q = scratch.act_q.data() + t * n_in;
             float *d = scratch.act_d.data() + t * nb;
             quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
-            if (pairs) expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+            if (pairs)
+                expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_bias16.data() + t * nb * 2,
+                               scratch.act_dpair.data() + t * A.n_pairs() * 16);
         }
     };
     if (T <= qchunk) {

@@ -39,12 +39,14 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair) {
+void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, int32_t *bias16, float *dpair) {
     const int64_t nb = n / kActBlock;
     for (int64_t b = 0; b < nb; b++) {
-        int32_t sum = 0;
-        for (int i = 0; i < kActBlock; i++) sum += q[b * kActBlock + i];
-        bias[b] = -128 * sum;
+        int32_t sum[2] = {0, 0};
+        for (int i = 0; i < kActBlock; i++) sum[i / 16] += q[b * kActBlock + i];
+        bias[b] = -128 * (sum[0] + sum[1]);
+        bias16[2 * b] = -32 * sum[0];
+        bias16[2 * b + 1] = -32 * sum[1];
     }
     for (int64_t p = 0; p < (nb + 1) / 2; p++) {
         for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
@@ -254,7 +256,8 @@ uint64_t int8_packed_bytes(const Weight &W) {
 }
 
 bool int8_packs_type(uint32_t type) {
-    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q4_0 || type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
+    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q4_0 || type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K ||
+                                              type == DFL_TYPE_Q6_K);
 }
 
 int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }

@@ -25,11 +25,15 @@ struct QuantizedActs {
     // floats per row, for q6_K).
     const int32_t *bias = nullptr;
     const float *dpair = nullptr;
+    // Also only for the AVX-512 tiles: per 16 codes, -32 * their sum (q6_K's 16-row tiles multiply codes + 32 with
+    // 16-element sub-blocks of their own scale; two values per block).
+    const int32_t *bias16 = nullptr;
     int64_t n_in = 0;
 
     int64_t n_blocks() const { return n_in / kActBlock; }
     int64_t n_pairs() const { return (n_blocks() + 1) / 2; }
     const int32_t *biases(int64_t t) const { return bias + t * n_blocks(); }
+    const int32_t *biases16(int64_t t) const { return bias16 + t * 2 * n_blocks(); }
     const float *pair_scales(int64_t t) const { return dpair + t * n_pairs() * 16; }
     const int8_t *codes(int64_t t) const { return q + t * n_in; }
     const float *scales(int64_t t) const { return d + t * n_blocks(); }
@@ -39,9 +43,10 @@ struct QuantizedActs {
 // Quantizes one row of n floats (n a multiple of kActBlock): per block d = max|x| / 127, q = round(x / d).
 void quantize_act_row(const float *x, int64_t n, int8_t *q, float *d, float *dsum);
 
-// Whether the kernels read QuantizedActs::bias and dpair, and fills them for one row from its codes and scales.
+// Whether the kernels read QuantizedActs::bias, bias16 and dpair, and fills them for one row from its codes and
+// scales.
 bool int8_wants_pair_layout();
-void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair);
+void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, int32_t *bias16, float *dpair);
 
 // Whether W's product runs on the integer kernels (its type has one and they are enabled).
 bool int8_matmul_applies(const Weight &W);
@@ -51,7 +56,7 @@ void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_
                      float *Y);
 
 // The active kernels' own layout of W, packed once at load (Weight::packed; only the AVX-512 kernels have one, for
-// q4_0, q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when
+// q4_0, q8_0, q4_K and q6_K: groups of 16 rows interleaved, the size of the original, + 1 % for q6_K). int8_packed_bytes is 0 when
 // there is none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
 uint64_t int8_packed_bytes(const Weight &W);
 bool int8_packs_type(uint32_t type);
