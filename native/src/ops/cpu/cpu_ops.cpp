@@ -35,10 +35,8 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     if (pairs) {
         scratch.act_bias.resize((size_t)(T * nb));
         scratch.act_bias16.resize((size_t)(T * nb * 2));
-        scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
         A.bias = scratch.act_bias.data();
         A.bias16 = scratch.act_bias16.data();
-        A.dpair = scratch.act_dpair.data();
     }
     const int64_t qchunk = 8;
     auto quantize = [&](int64_t task, int) {
@@ -47,8 +45,7 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
             float *d = scratch.act_d.data() + t * nb;
             quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
             if (pairs)
-                expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_bias16.data() + t * nb * 2,
-                               scratch.act_dpair.data() + t * A.n_pairs() * 16);
+                expand_act_row(q, n_in, scratch.act_bias.data() + t * nb, scratch.act_bias16.data() + t * nb * 2);
         }
     };
     if (T <= qchunk) {

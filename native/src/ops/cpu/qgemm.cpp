@@ -39,7 +39,7 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, int32_t *bias16, float *dpair) {
+void expand_act_row(const int8_t *q, int64_t n, int32_t *bias, int32_t *bias16) {
     const int64_t nb = n / kActBlock;
     for (int64_t b = 0; b < nb; b++) {
         int32_t sum[2] = {0, 0};
@@ -47,10 +47,6 @@ void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, i
         bias[b] = -128 * (sum[0] + sum[1]);
         bias16[2 * b] = -32 * sum[0];
         bias16[2 * b + 1] = -32 * sum[1];
-    }
-    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
-        for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
-        for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
     }
 }
 
@@ -189,7 +185,7 @@ struct KernelSet {
     const char *name;
     GemmFn gemm;  // null: the float path
     bool (*supported)();
-    bool pair_layout;  // reads QuantizedActs::bias and dpair
+    bool pair_layout;  // reads QuantizedActs::bias and bias16
     uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
     void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
 };
