@@ -187,6 +187,32 @@ func TestMkDeterministicAndTyped(t *testing.T) {
 	is.True(std(w) > 0.017 && std(w) < 0.023)
 }
 
+// --type q4_0: every matrix in Q4_0 (blocks of 32 fit every row), file type MOSTLY_Q4_0.
+func TestMkQ4_0(t *testing.T) {
+	is := is.New(t)
+	out := filepath.Join(t.TempDir(), "q4_0.gguf")
+	mustCLI(t, "mk", "qwen3", out, "--tokenizer", testTokenizer, "--hidden", "256", "--ffn", "256", "--layers", "1", "--type", "q4_0")
+	f := openGGUF(t, out)
+	for name, typ := range map[string]gguf.Type{
+		"token_embd.weight":        gguf.Q4_0,
+		"output.weight":            gguf.Q4_0,
+		"blk.0.attn_output.weight": gguf.Q4_0,
+		"blk.0.ffn_down.weight":    gguf.Q4_0,
+		"blk.0.attn_norm.weight":   gguf.F32,
+	} {
+		ti, ok := f.Tensor(name)
+		is.True(ok)
+		is.Equal(ti.Type, typ)
+	}
+	ft, _ := f.Uint32("general.file_type")
+	is.Equal(ft, uint32(2))
+	ti, _ := f.Tensor("blk.0.ffn_up.weight")
+	data, _ := f.TensorData(ti.Name)
+	w, err := quant.ToFloat32(ti.Type, data)
+	is.NoErr(err)
+	is.True(std(w) > 0.017 && std(w) < 0.023)
+}
+
 func TestMkErrors(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "x.gguf")

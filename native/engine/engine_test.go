@@ -406,7 +406,7 @@ func TestQuantizedWeightsAndCaches(t *testing.T) {
 		return r.Row(0, 0)
 	}
 	f32opt := Options{KVPoolTokens: 64, CacheK: CacheF32, CacheV: CacheF32, Threads: 2}
-	for _, wt := range []gguf.Type{gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K} {
+	for _, wt := range []gguf.Type{gguf.F16, gguf.BF16, gguf.Q4_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K} {
 		t.Run(wt.String(), func(t *testing.T) {
 			is := is.New(t)
 			c := base
@@ -424,7 +424,7 @@ func TestQuantizedWeightsAndCaches(t *testing.T) {
 			}
 			got, want := run(t, q, f32opt), run(t, f, f32opt)
 			switch wt {
-			case gguf.Q8_0, gguf.Q4_K, gguf.Q6_K:
+			case gguf.Q4_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K:
 				// On the CPU these multiply int8-quantized activations (blocks of 32, error <= 1/254 of each
 				// block's largest value; see native/tests/test_ops.cpp), so through the layers of this random
 				// model the logits differ by a few percent of their range, like those of the q8_0 KV cache below.
@@ -518,6 +518,68 @@ func TestLoadGGUF(t *testing.T) {
 	is.NoErr(fm.Close())
 	_, err = fm.NewSeq()
 	is.True(err != nil) // closed
+}
+
+// A q4_0 model written to a GGUF file loads and generates: greedy decoding one token a step gives the tokens and
+// logits that the same steps give when the model comes from the in-memory spec, and each step's logits are finite.
+func TestGGUFQ4_0Generates(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	c := tinyQwen3()
+	c.weight = gguf.Q4_0
+	spec := randomSpec(t, c)
+	for _, tt := range spec.Tensors {
+		if len(tt.Dims) == 2 {
+			is.Equal(tt.Type, gguf.Q4_0) // every matrix, the embedding included
+		}
+	}
+	path := filepath.Join(t.TempDir(), "q4_0.gguf")
+	w, err := gguf.Create(path)
+	is.NoErr(err)
+	is.NoErr(w.AddKV(gguf.KeyArchitecture, c.arch))
+	for k, v := range spec.Meta {
+		is.NoErr(w.AddKV(k, v))
+	}
+	for _, tt := range spec.Tensors {
+		is.NoErr(w.AddTensor(tt.Name, tt.Type, tt.Dims))
+	}
+	for _, tt := range spec.Tensors {
+		is.NoErr(w.WriteTensorData(tt.Name, tt.Data))
+	}
+	is.NoErr(w.Close())
+
+	opt := Options{KVPoolTokens: 128, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
+	generate := func(m *Model) ([]int32, [][]float32) {
+		s, err := m.NewSeq()
+		is.NoErr(err)
+		toks := randomTokens(rand.New(rand.NewPCG(14, 14)), 8, c.vocab)
+		var out []int32
+		var logits [][]float32
+		for step := 0; step < 16; step++ {
+			r, err := m.Forward(one(s, toks, LogitsLast))
+			is.NoErr(err)
+			row := append([]float32(nil), r.Row(0, 0)...)
+			for _, v := range row {
+				is.True(!math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0))
+			}
+			logits = append(logits, row)
+			toks = []int32{argmax(row)}
+			out = append(out, toks[0])
+		}
+		return out, logits
+	}
+	fm, err := lib.LoadGGUF(path, opt)
+	is.NoErr(err)
+	defer fm.Close()
+	spec.Options = opt
+	mm, err := lib.LoadModel(spec)
+	is.NoErr(err)
+	defer mm.Close()
+	gotToks, gotLogits := generate(fm)
+	wantToks, wantLogits := generate(mm)
+	is.Equal(gotToks, wantToks)
+	is.Equal(gotLogits, wantLogits)
+	t.Logf("tokens %v", gotToks)
 }
 
 // Explicit RoPE positions equal to the cache positions change nothing; a shifted start changes the logits only by

@@ -351,8 +351,27 @@ func (l *Lib) LoadGGUF(path string, opt Options) (*Model, error) {
 		_ = f.Close()
 	} else {
 		md.closer = f
+		if l.kind == "cpu" {
+			evictPackedWeights(f)
+		}
 	}
 	return md, nil
+}
+
+// evictPackedWeights drops the file pages of the matrices the CPU engine repacks at load (q4_0, q8_0, q4_K, q6_K with
+// the AVX-512 VNNI kernels; CpuDevice::prepare_weight): packing read every page once, after which the products read
+// only the packed copy, so the file's pages would otherwise keep the weights resident twice. What is still read from
+// the file (embedding rows, also where the head shares the embedding matrix; the matrices of a machine without
+// AVX-512 VNNI, which has no packed copy) faults back in from the page cache as it is touched.
+func evictPackedWeights(f *gguf.File) {
+	for _, t := range f.Tensors() {
+		switch t.Type {
+		case gguf.Q4_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K:
+			if len(t.Dims) >= 2 {
+				_ = f.EvictTensorData(t.Name) // advice only: on failure the pages just stay
+			}
+		}
+	}
 }
 
 // SpecFromGGUF lists f's tensors (zero-copy views of the mapping) and its architecture's hyperparameters

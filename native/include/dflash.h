@@ -47,6 +47,7 @@ enum {
 enum {
     DFL_TYPE_F32 = 0,
     DFL_TYPE_F16 = 1,
+    DFL_TYPE_Q4_0 = 2,
     DFL_TYPE_Q8_0 = 8,
     DFL_TYPE_Q4_K = 12,
     DFL_TYPE_Q6_K = 14,

@@ -15,6 +15,8 @@ int type_block(uint32_t type) {
     case DFL_TYPE_F16:
     case DFL_TYPE_BF16:
         return 1;
+    case DFL_TYPE_Q4_0:
+        return QK4_0;
     case DFL_TYPE_Q8_0:
         return QK8_0;
     case DFL_TYPE_Q4_K:
@@ -32,6 +34,8 @@ int type_block_bytes(uint32_t type) {
     case DFL_TYPE_F16:
     case DFL_TYPE_BF16:
         return 2;
+    case DFL_TYPE_Q4_0:
+        return sizeof(BlockQ4_0);
     case DFL_TYPE_Q8_0:
         return sizeof(BlockQ8_0);
     case DFL_TYPE_Q4_K:
@@ -51,6 +55,8 @@ const char *type_name(uint32_t type) {
         return "f16";
     case DFL_TYPE_BF16:
         return "bf16";
+    case DFL_TYPE_Q4_0:
+        return "q4_0";
     case DFL_TYPE_Q8_0:
         return "q8_0";
     case DFL_TYPE_Q4_K:
@@ -72,6 +78,16 @@ static inline uint16_t load_u16(const void *p) {
     uint16_t v;
     std::memcpy(&v, p, 2);
     return v;
+}
+
+static void dequant_q4_0(const BlockQ4_0 *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n / QK4_0; i++) {
+        const float d = f16_to_f32(load_u16(&b[i].d));
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[i * QK4_0 + j] = d * (float)((b[i].qs[j] & 0x0F) - 8);
+            y[i * QK4_0 + QK4_0 / 2 + j] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
 }
 
 static void dequant_q8_0(const BlockQ8_0 *b, float *y, int64_t n) {
@@ -190,6 +206,9 @@ void dequant_row(uint32_t type, const void *src, float *dst, int64_t n) {
         return;
     case DFL_TYPE_BF16:
         dequant_bf16((const uint16_t *)src, dst, n);
+        return;
+    case DFL_TYPE_Q4_0:
+        dequant_q4_0((const BlockQ4_0 *)src, dst, n);
         return;
     case DFL_TYPE_Q8_0:
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -338,6 +357,22 @@ static float dot_q8_0_generic(const BlockQ8_0 *b, const float *x, int64_t n) {
             s0 += w0 * load8(x + 16 * h);
             s1 += w1 * load8(x + 16 * h + 8);
         }
+    }
+    return hsum8(s0 + s1);
+}
+
+// Elements 0-15 of a block are the low nibbles, 16-31 the high ones: each half is one step of 16, as in dot_f32.
+static float dot_q4_0_generic(const BlockQ4_0 *b, const float *x, int64_t n) {
+    v8sf s0 = {0, 0, 0, 0, 0, 0, 0, 0}, s1 = s0;
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+        const float d = f16_to_f32(load_u16(&b[i].d));
+        const v8qu a = load8u(b[i].qs), bb = load8u(b[i].qs + 8);
+        const v8qi lo0 = __builtin_convertvector(a & 0x0F, v8qi) - 8, lo1 = __builtin_convertvector(bb & 0x0F, v8qi) - 8;
+        const v8qi hi0 = __builtin_convertvector(a >> 4, v8qi) - 8, hi1 = __builtin_convertvector(bb >> 4, v8qi) - 8;
+        s0 += (d * __builtin_convertvector(lo0, v8sf)) * load8(x);
+        s1 += (d * __builtin_convertvector(lo1, v8sf)) * load8(x + 8);
+        s0 += (d * __builtin_convertvector(hi0, v8sf)) * load8(x + 16);
+        s1 += (d * __builtin_convertvector(hi1, v8sf)) * load8(x + 24);
     }
     return hsum8(s0 + s1);
 }
@@ -621,6 +656,8 @@ float dot_row(uint32_t type, const void *row, const float *x, int64_t n) {
         return dot_f16_table((const uint16_t *)row, x, n);
     case DFL_TYPE_BF16:
         return dot_bf16((const uint16_t *)row, x, n);
+    case DFL_TYPE_Q4_0:
+        return dot_q4_0_generic((const BlockQ4_0 *)row, x, n);
     case DFL_TYPE_Q8_0:
 #if defined(__x86_64__) && defined(__GNUC__)
         if (cpu_avx2()) return dot_q8_0_avx2((const BlockQ8_0 *)row, x, n);

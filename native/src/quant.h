@@ -7,10 +7,16 @@
 
 namespace dfl {
 
+constexpr int QK4_0 = 32;
 constexpr int QK8_0 = 32;
 constexpr int QK_K = 256;
 
 #pragma pack(push, 1)
+// q4_0: element j of the block is (low nibble of qs[j] - 8) * d, element j + 16 is (high nibble of qs[j] - 8) * d.
+struct BlockQ4_0 {
+    uint16_t d;
+    uint8_t qs[QK4_0 / 2];
+};
 struct BlockQ8_0 {
     uint16_t d;
     int8_t qs[QK8_0];
@@ -28,6 +34,7 @@ struct BlockQ6_K {
     uint16_t d;
 };
 #pragma pack(pop)
+static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block");
 static_assert(sizeof(BlockQ8_0) == 34, "q8_0 block");
 static_assert(sizeof(BlockQ4_K) == 144, "q4_K block");
 static_assert(sizeof(BlockQ6_K) == 210, "q6_K block");

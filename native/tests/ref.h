@@ -30,6 +30,8 @@ inline double ref_elem(uint32_t type, const uint8_t *blk, int e) {
         return ref_f16(v);
     };
     switch (type) {
+    case DFL_TYPE_Q4_0:
+        return h16(0) * (double)((e < 16 ? (blk[2 + e] & 15) : (blk[2 + e - 16] >> 4)) - 8);
     case DFL_TYPE_Q8_0:
         return h16(0) * (double)(int8_t)blk[2 + e];
     case DFL_TYPE_Q4_K: {

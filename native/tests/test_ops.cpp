@@ -75,7 +75,7 @@ TEST(matmul_all_weight_types) {
     ThreadPool pool(3);
     Scratch scratch(3);
     const int64_t n_in = 512, n_out = 13;
-    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         const auto raw = random_weight(type, n_in, n_out, rng);
         const Weight W = make_weight(type, n_in, n_out, raw);
         for (int64_t T : {1, 3, 37}) {
@@ -116,7 +116,7 @@ TEST(matmul_int8_kernels_within_quantization_error) {
     for (const char *set : {"generic", "avx2", "avxvnni", "avx512vnni"}) {
         set_int8_kernels(set);
         if (std::strcmp(int8_kernels(), set) != 0) continue;  // not supported on this CPU
-        for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        for (uint32_t type : {DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
           for (int64_t n_in : {512, 480}) {  // 480: an odd number of q8_0 blocks (a half-empty last pair)
             if (n_in % type_block(type) != 0) continue;
             for (int64_t n_out : {13, 70}) {
@@ -176,7 +176,7 @@ TEST(matmul_int8_packed_weight_is_bitwise_the_unpacked) {
     ThreadPool pool(3);
     Scratch scratch(3);
     set_int8_kernels("auto");
-    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         for (int64_t n_in : {512, 480}) {
             if (n_in % type_block(type) != 0) continue;
             const int64_t n_out = 70;
@@ -184,8 +184,9 @@ TEST(matmul_int8_packed_weight_is_bitwise_the_unpacked) {
             Weight W = make_weight(type, n_in, n_out, raw);
             const uint64_t bytes = int8_packed_bytes(W);
             if (bytes == 0) continue;  // these kernels keep no layout of their own for this type
-            const uint64_t groups = (uint64_t)(n_out + 15) / 16;  // the original's size, + 32 bytes a group at most
-            CHECK(bytes <= groups * (16 * row_bytes(type, n_in) + 32));
+            // the original's size, + 32 bytes a group (an odd last q4_0/q8_0 block) or a q6_K super-block at most
+            const uint64_t groups = (uint64_t)(n_out + 15) / 16;
+            CHECK(bytes <= groups * (16 * row_bytes(type, n_in) + 32 * (uint64_t)std::max<int64_t>(1, n_in / 256)));
             std::vector<uint8_t> packed(bytes);
             int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
             for (int64_t T : {1, 5, 70}) {
@@ -230,7 +231,7 @@ TEST(matmul_int8_typical_error) {
 
 TEST(get_row_dequantizes) {
     Rng rng(5);
-    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         const auto raw = random_weight(type, 256, 3, rng);
         const Weight W = make_weight(type, 256, 3, raw);
         std::vector<float> y(256);

@@ -112,9 +112,27 @@ TEST(dequant_test_vectors) {
     }
 }
 
+// q4_0 (ggml type 2): an f16 scale, then 16 bytes whose low nibbles are elements 0-15 and high nibbles 16-31, each
+// nibble 8 above its code. A hand-made block: d = 0.5, byte j = j | (15 - j) << 4, so element j is (j - 8) / 2 and
+// element 16 + j is (7 - j) / 2.
+TEST(q4_0_dequant_hand_made_block) {
+    CHECK(type_block(DFL_TYPE_Q4_0) == 32 && type_block_bytes(DFL_TYPE_Q4_0) == 18);
+    CHECK(row_bytes(DFL_TYPE_Q4_0, 1024) == 32 * 18);
+    CHECK(std::strcmp(type_name(DFL_TYPE_Q4_0), "q4_0") == 0 && weight_type_ok(DFL_TYPE_Q4_0));
+    uint8_t blk[18] = {0x00, 0x38};  // 0x3800 little-endian: 0.5
+    for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    float y[32];
+    dequant_row(DFL_TYPE_Q4_0, blk, y, 32);
+    for (int j = 0; j < 16; j++) {
+        CHECK(y[j] == (float)(j - 8) * 0.5f);
+        CHECK(y[16 + j] == (float)(7 - j) * 0.5f);
+    }
+    CHECK(y[0] == -4.0f && y[15] == 3.5f && y[16] == 3.5f && y[31] == -4.0f);
+}
+
 TEST(dequant_random_blocks_match_reference) {
     Rng rng(7);
-    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         const int n = 4 * type_block(type);
         std::vector<uint8_t> raw(row_bytes(type, n));
         for (auto &b : raw) b = (uint8_t)rng.next();
@@ -187,7 +205,7 @@ TEST(dot_row_is_dequant_then_dot_bitwise) {
     for (bool generic : {false, true}) {
     force_generic_kernels(generic);
     Rng rng(12);
-    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         const int qb = type_block(type);
         for (int64_t n : {256, 512, 1024 + 256}) {
             const int64_t m = qb == 1 ? n + 7 : n;  // float rows may end mid-vector
@@ -220,7 +238,7 @@ TEST(dot_row_is_dequant_then_dot_bitwise) {
 
 TEST(dequant_paths_agree_bitwise) {
     Rng rng(31);
-    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
         const int64_t n = 1024;
         std::vector<uint8_t> raw(row_bytes(type, n));
         for (auto &b : raw) b = (uint8_t)rng.next();

@@ -111,6 +111,21 @@ func Open(path string) (*File, error) {
 	return f, nil
 }
 
+// EvictTensorData drops the resident pages of the named tensor's data from a file opened by Open (for a File from
+// Parse it does nothing). The data stay readable: the mapping is a read-only view of the file, so a later read faults
+// the pages back in. For a caller that no longer reads the tensor (an engine that copied it into a layout of its own),
+// so that the file's copy stops counting as the process's memory.
+func (f *File) EvictTensorData(name string) error {
+	if f.unmap == nil {
+		return nil
+	}
+	b, err := f.TensorData(name)
+	if err != nil {
+		return err
+	}
+	return mmap.Evict(b)
+}
+
 // Parse parses a whole GGUF file held in memory. The File refers to b.
 func Parse(b []byte) (*File, error) {
 	f, err := parse(b, false)

@@ -34,9 +34,9 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
     const bool pairs = int8_wants_pair_layout();
     if (pairs) {
         scratch.act_bias.resize((size_t)(T * nb));
-        scratch.act_dpair.resize((size_t)(T * A.n_pairs() * 16));
+        scratch.act_bias16.resize((size_t)(T * nb * 2));
         A.bias = scratch.act_bias.data();
-        A.dpair = scratch.act_dpair.data();
+        A.bias16 = scratch.act_bias16.data();
     }
     const int64_t qchunk = 8;
     auto quantize = [&](int64_t task, int) {
@@ -44,7 +44,8 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const Weight &W, con
             int8_t *q = scratch.act_q.data() + t * n_in;
             float *d = scratch.act_d.data() + t * nb;
             quantize_act_row(X + t * n_in, n_in, q, d, scratch.act_sum.data() + t * nb);
-            if (pairs) expand_act_row(q, d, n_in, scratch.act_bias.data() + t * nb, scratch.act_dpair.data() + t * A.n_pairs() * 16);
+            if (pairs)
+                expand_act_row(q, n_in, scratch.act_bias.data() + t * nb, scratch.act_bias16.data() + t * nb * 2);
         }
     };
     if (T <= qchunk) {

@@ -25,8 +25,8 @@ struct Scratch {
     std::vector<std::vector<float>> per_thread;
     // The int8 activations of the current integer matmul (qgemm.h), shared by its threads.
     std::vector<int8_t> act_q;
-    std::vector<float> act_d, act_sum, act_dpair;
-    std::vector<int32_t> act_bias;
+    std::vector<float> act_d, act_sum;
+    std::vector<int32_t> act_bias, act_bias16;
     explicit Scratch(int n = 1) : per_thread(n) {}
     float *get(int thread, size_t n) {
         auto &v = per_thread[thread];

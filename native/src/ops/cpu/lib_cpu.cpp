@@ -12,9 +12,11 @@ int32_t device_count() { return 1; }
 
 void device_memory(int32_t, uint64_t *free_bytes, uint64_t *total_bytes) { host_memory(free_bytes, total_bytes); }
 
-// CpuDevice::prepare_weight packs q8_0 / q4_K matrices for the AVX-512 kernels: about the original's size again.
+// CpuDevice::prepare_weight packs q4_0 / q8_0 / q4_K / q6_K matrices for the AVX-512 kernels: about the original's
+// size again (q6_K: 64-byte aligned super-blocks, 3392 bytes for 16 rows' 3360).
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
-    return int8_packs_type(type) ? bytes : 0;
+    if (!int8_packs_type(type)) return 0;
+    return type == DFL_TYPE_Q6_K ? bytes / 105 * 106 + 64 : bytes;
 }
 
 }  // namespace dfl

@@ -39,16 +39,14 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair) {
+void expand_act_row(const int8_t *q, int64_t n, int32_t *bias, int32_t *bias16) {
     const int64_t nb = n / kActBlock;
     for (int64_t b = 0; b < nb; b++) {
-        int32_t sum = 0;
-        for (int i = 0; i < kActBlock; i++) sum += q[b * kActBlock + i];
-        bias[b] = -128 * sum;
-    }
-    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
-        for (int i = 0; i < 8; i++) dpair[16 * p + i] = d[2 * p];
-        for (int i = 0; i < 8; i++) dpair[16 * p + 8 + i] = 2 * p + 1 < nb ? d[2 * p + 1] : 0.0f;
+        int32_t sum[2] = {0, 0};
+        for (int i = 0; i < kActBlock; i++) sum[i / 16] += q[b * kActBlock + i];
+        bias[b] = -128 * (sum[0] + sum[1]);
+        bias16[2 * b] = -32 * sum[0];
+        bias16[2 * b + 1] = -32 * sum[1];
     }
 }
 
@@ -62,6 +60,21 @@ static float generic_dot_q8_0(const uint8_t *row, const QuantizedActs &A, int64_
     for (int64_t b = 0; b < A.n_blocks(); b++) {
         int32_t s = 0;
         for (int i = 0; i < QK8_0; i++) s += (int32_t)w[b].qs[i] * a[b * QK8_0 + i];
+        acc += (float)s * (f16_to_f32(w[b].d) * ad[b]);
+    }
+    return acc;
+}
+
+static float generic_dot_q4_0(const uint8_t *row, const QuantizedActs &A, int64_t t) {
+    const BlockQ4_0 *w = (const BlockQ4_0 *)row;
+    const int8_t *a = A.codes(t);
+    const float *ad = A.scales(t);
+    float acc = 0;
+    for (int64_t b = 0; b < A.n_blocks(); b++) {
+        const int8_t *ab = a + b * QK4_0;
+        int32_t s = 0;
+        for (int i = 0; i < QK4_0 / 2; i++)
+            s += ((w[b].qs[i] & 0x0F) - 8) * ab[i] + ((w[b].qs[i] >> 4) - 8) * ab[i + QK4_0 / 2];
         acc += (float)s * (f16_to_f32(w[b].d) * ad[b]);
     }
     return acc;
@@ -114,8 +127,10 @@ static float generic_dot_q6_K(const uint8_t *row, const QuantizedActs &A, int64_
 
 static void generic_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_t r1, int64_t t0,
                                int64_t t1, float *Y) {
-    float (*dot)(const uint8_t *, const QuantizedActs &, int64_t) =
-        W.type == DFL_TYPE_Q8_0 ? generic_dot_q8_0 : W.type == DFL_TYPE_Q4_K ? generic_dot_q4_K : generic_dot_q6_K;
+    float (*dot)(const uint8_t *, const QuantizedActs &, int64_t) = W.type == DFL_TYPE_Q8_0   ? generic_dot_q8_0
+                                                                    : W.type == DFL_TYPE_Q4_0 ? generic_dot_q4_0
+                                                                    : W.type == DFL_TYPE_Q4_K ? generic_dot_q4_K
+                                                                                              : generic_dot_q6_K;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t r = r0; r < r1; r++) Y[t * W.n_out + r] = dot(W.row(r), A, t);
 }
@@ -170,7 +185,7 @@ struct KernelSet {
     const char *name;
     GemmFn gemm;  // null: the float path
     bool (*supported)();
-    bool pair_layout;  // reads QuantizedActs::bias and dpair
+    bool pair_layout;  // reads QuantizedActs::bias and bias16
     uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
     void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
 };
@@ -221,6 +236,7 @@ bool int8_wants_pair_layout() { return g_set->pair_layout; }
 bool int8_matmul_applies(const Weight &W) {
     if (g_set->gemm == nullptr) return false;
     switch (W.type) {
+    case DFL_TYPE_Q4_0:
     case DFL_TYPE_Q8_0:
         return W.n_in % kActBlock == 0;
     case DFL_TYPE_Q4_K:
@@ -236,7 +252,8 @@ uint64_t int8_packed_bytes(const Weight &W) {
 }
 
 bool int8_packs_type(uint32_t type) {
-    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K);
+    return g_set->packed_bytes != nullptr && (type == DFL_TYPE_Q4_0 || type == DFL_TYPE_Q8_0 || type == DFL_TYPE_Q4_K ||
+                                              type == DFL_TYPE_Q6_K);
 }
 
 int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }

@@ -1,4 +1,4 @@
-// Integer matmul for quantized weights (q8_0, q4_K, q6_K): the activations are quantized once per matmul to int8
+// Integer matmul for quantized weights (q4_0, q8_0, q4_K, q6_K): the activations are quantized once per matmul to int8
 // blocks of 32 (one float scale per block, like q8_0) and multiplied with the weight codes by integer instructions
 // (AVX-512 VNNI, AVX-VNNI or AVX2 maddubs, picked at run time), so no weight is ever converted to float.
 //
@@ -21,16 +21,15 @@ struct QuantizedActs {
     const float *d = nullptr;
     const float *dsum = nullptr;
     // Only for the AVX-512 tiles (int8_wants_pair_layout()): per block, -128 * the sum of its codes (the q8_0 tiles
-    // multiply codes + 128), and per pair of blocks the scales spread as [d_b x8 | d_b+1 x8] (ceil(n_blocks / 2) * 16
-    // floats per row, for q6_K).
+    // multiply codes + 128; q4_0 divides it by 16), and per 16 codes -32 * their sum (q6_K multiplies codes + 32 in
+    // 16-element sub-blocks of their own scale; two values per block).
     const int32_t *bias = nullptr;
-    const float *dpair = nullptr;
+    const int32_t *bias16 = nullptr;
     int64_t n_in = 0;
 
     int64_t n_blocks() const { return n_in / kActBlock; }
-    int64_t n_pairs() const { return (n_blocks() + 1) / 2; }
     const int32_t *biases(int64_t t) const { return bias + t * n_blocks(); }
-    const float *pair_scales(int64_t t) const { return dpair + t * n_pairs() * 16; }
+    const int32_t *biases16(int64_t t) const { return bias16 + t * 2 * n_blocks(); }
     const int8_t *codes(int64_t t) const { return q + t * n_in; }
     const float *scales(int64_t t) const { return d + t * n_blocks(); }
     const float *sums(int64_t t) const { return dsum + t * n_blocks(); }
@@ -39,9 +38,9 @@ struct QuantizedActs {
 // Quantizes one row of n floats (n a multiple of kActBlock): per block d = max|x| / 127, q = round(x / d).
 void quantize_act_row(const float *x, int64_t n, int8_t *q, float *d, float *dsum);
 
-// Whether the kernels read QuantizedActs::bias and dpair, and fills them for one row from its codes and scales.
+// Whether the kernels read QuantizedActs::bias and bias16, and fills them for one row from its codes.
 bool int8_wants_pair_layout();
-void expand_act_row(const int8_t *q, const float *d, int64_t n, int32_t *bias, float *dpair);
+void expand_act_row(const int8_t *q, int64_t n, int32_t *bias, int32_t *bias16);
 
 // Whether W's product runs on the integer kernels (its type has one and they are enabled).
 bool int8_matmul_applies(const Weight &W);
@@ -51,8 +50,8 @@ void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_
                      float *Y);
 
 // The active kernels' own layout of W, packed once at load (Weight::packed; only the AVX-512 kernels have one, for
-// q8_0 and q4_K: groups of 16 rows interleaved, the same size as the original). int8_packed_bytes is 0 when there is
-// none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
+// q4_0, q8_0, q4_K and q6_K: groups of 16 rows interleaved, the size of the original, + 1 % for q6_K). int8_packed_bytes is 0 when
+// there is none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
 uint64_t int8_packed_bytes(const Weight &W);
 bool int8_packs_type(uint32_t type);
 int64_t int8_pack_group_count(const Weight &W);

@@ -19,6 +19,7 @@ namespace cuda {
 constexpr int QK8_0 = 32;
 constexpr int QK_K = 256;
 constexpr int kQ8_0Bytes = 34;   // f16 d, 32 x int8
+constexpr int kQ4_0Bytes = 18;   // f16 d, 16 bytes of nibbles (low: elements 0-15, high: 16-31, each code + 8)
 constexpr int kQ4_KBytes = 144;  // f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
 constexpr int kQ6_KBytes = 210;  // 128 bytes low nibbles, 64 bytes high bit pairs, 16 int8 scales, f16 d
 
@@ -115,6 +116,12 @@ __host__ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t
     case DFL_TYPE_Q8_0: {
         const uint8_t *b = row + (i / QK8_0) * kQ8_0Bytes;
         return half_bits_to_f32(ld_u16(b)) * (float)(int8_t)b[2 + i % QK8_0];
+    }
+    case DFL_TYPE_Q4_0: {
+        const uint8_t *b = row + (i / 32) * kQ4_0Bytes;
+        const int j = (int)(i % 32);
+        const int nib = j < 16 ? (b[2 + j] & 0x0F) : (b[2 + j - 16] >> 4);
+        return half_bits_to_f32(ld_u16(b)) * (float)(nib - 8);
     }
     case DFL_TYPE_Q4_K: {
         const uint8_t *b = row + (i / QK_K) * kQ4_KBytes;

@@ -208,6 +208,7 @@ static const char *type_label(uint32_t t) {
     case DFL_TYPE_F16: return "f16";
     case DFL_TYPE_BF16: return "bf16";
     case DFL_TYPE_Q8_0: return "q8_0";
+    case DFL_TYPE_Q4_0: return "q4_0";
     case DFL_TYPE_Q4_K: return "q4_K";
     case DFL_TYPE_Q6_K: return "q6_K";
     default: return "?";
@@ -294,6 +295,10 @@ void *CudaDevice::alloc_weight(size_t bytes, const char *what) {
 // q8_0 matrices get a second copy for the dp4a decode kernel (gemv_q8p.cu); DFL_CUDA_REPACK=0 turns it off (the
 // copy costs the q8_0 weights' size again in device memory).
 void CudaDevice::prepare_weight(Weight &w) {
+    // load_elem reads q4_0 (embedding rows), but no matmul kernel does: refuse the model at load, not mid-forward.
+    if (w.type == DFL_TYPE_Q4_0)
+        fail(DFL_ERR_UNSUPPORTED, "q4_0 weights are not supported by the CUDA engine (the CPU engine runs them); "
+                                  "convert the model to q8_0, q4_K or q6_K");
     static const bool on = [] {
         const char *e = std::getenv("DFL_CUDA_REPACK");
         return !(e && std::strcmp(e, "0") == 0);
