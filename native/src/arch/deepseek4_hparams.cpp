@@ -7,6 +7,7 @@
 #include <map>
 
 #include "arch/deepseek4.h"
+#include "core/sized.h"
 #include "quant.h"
 
 namespace dfl {
@@ -235,9 +236,7 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
                                2ull * h.o_groups * h.o_lora + 4ull * h.head_dim + 2ull * h.idx_heads * h.idx_dim +
                                (uint64_t)h.n_expert + 2ull * h.n_used * h.n_embd + 2ull * h.n_ff * (h.n_shared + 1);
     e.scratch_bytes = 512ull * per_token * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 }  // namespace dfl

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "arch/deepseek4.h"
+#include "core/sized.h"
 
 namespace dfl {
 
@@ -59,7 +60,6 @@ uint64_t DeepSeek4Model::comp_bytes_per_token() const {
 }
 
 void DeepSeek4Model::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -86,17 +86,10 @@ void DeepSeek4Model::info(dfl_model_info *out) const {
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.rope_dim;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void DeepSeek4Model::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void DeepSeek4Model::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 int32_t DeepSeek4Model::seq_alloc() {
     const int32_t s = table_.alloc();

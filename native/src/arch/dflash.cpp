@@ -6,6 +6,7 @@
 #include <set>
 #include <thread>
 
+#include "core/sized.h"
 #include "quant.h"
 #include "rope.h"
 
@@ -134,9 +135,7 @@ void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
     uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
     if (h.dflash2()) per_row += (uint64_t)h.n_embd + 2ull * h.conv_k * (h.n_embd / h.conv_group) + (uint64_t)h.sel_rank;
     e.scratch_bytes = 512ull * per_row * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
@@ -253,7 +252,6 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
 // ---- model interface ------------------------------------------------------------------------------------------------
 
 void DFlashModel::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -280,17 +278,10 @@ void DFlashModel::info(dfl_model_info *out) const {
     i.rope_dim = (uint32_t)hp_.head_dim;
     i.n_feat = (uint32_t)n_feat_;
     i.selector_top_k = (uint32_t)hp_.sel_top_k;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void DFlashModel::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void DFlashModel::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 // Attention only: cutting the length is all a truncate or rollback needs.
 void DFlashModel::seq_truncate(int32_t s, uint32_t n) {

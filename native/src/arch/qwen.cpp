@@ -8,6 +8,7 @@
 
 #include "arch/deepseek4.h"
 #include "arch/dflash.h"
+#include "core/sized.h"
 #include "quant.h"
 #include "rope.h"
 
@@ -159,9 +160,7 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     const uint64_t per_token = 3ull * h.n_embd + 2ull * h.n_ff + (n_attn ? qd * 5 + 2 * kvd : 0) +
                                (n_rec ? 2ull * h.conv_channels() + 2ull * h.n_v * h.dv + 4ull * h.n_v : 0);
     e.scratch_bytes = 512ull * per_token * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
@@ -315,7 +314,6 @@ void QwenModel::load_weights(const dfl_model_params &p) {
 }
 
 void QwenModel::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -342,17 +340,10 @@ void QwenModel::info(dfl_model_info *out) const {
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.rope_dim;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void QwenModel::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void QwenModel::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 int32_t QwenModel::seq_alloc() {
     const int32_t s = table_.alloc();
