@@ -8,6 +8,7 @@
 
 #include "arch/deepseek4.h"
 #include "arch/dflash.h"
+#include "core/batch.h"
 #include "core/sized.h"
 #include "quant.h"
 #include "rope.h"
@@ -690,16 +691,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     bool any_record = false;
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         const dfl_seq_batch &sb = b.seqs[i];
-        const std::string who = "batch entry " + std::to_string(i) + " (sequence " + std::to_string(sb.seq) + ")";
+        const std::string who = check_batch_entry(table_, seen, i, sb, h.n_vocab);
         Seq &q = table_.get(sb.seq);
-        if (!seen.insert(sb.seq).second) fail(DFL_ERR_INVALID, who + ": the sequence appears twice in one batch");
-        if (sb.n_tokens == 0) fail(DFL_ERR_INVALID, who + ": no tokens");
-        if (!sb.tokens) fail(DFL_ERR_INVALID, who + ": tokens is null");
-        for (uint32_t t = 0; t < sb.n_tokens; t++)
-            if (sb.tokens[t] < 0 || sb.tokens[t] >= h.n_vocab)
-                fail(DFL_ERR_INVALID, who + ": token " + std::to_string(sb.tokens[t]) + " is outside the vocabulary (" +
-                                          std::to_string(h.n_vocab) + ")");
-        if (sb.logits > DFL_LOGITS_ALL) fail(DFL_ERR_INVALID, who + ": bad logits mode");
         if (q.tree)
             fail(DFL_ERR_STATE, who + ": the sequence holds an unresolved tree forward (seq_accept_path, seq_truncate or "
                                       "seq_rollback first)");
