@@ -1,4 +1,5 @@
 #include "arch/dflash.h"
+#include "arch/hparams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -19,21 +20,7 @@ constexpr const char *kPrefix = "dflash.";
 // per row, e.g. 25 600) need no device buffer of the whole prompt.
 constexpr int64_t kCtxChunk = 256;
 
-using MetaMap = std::map<std::string, const dfl_meta *>;
-
-MetaMap meta_map(const dfl_model_params &p) {
-    MetaMap m;
-    for (uint32_t i = 0; i < p.n_meta; i++) {
-        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
-        m[p.meta[i].key] = &p.meta[i];
-    }
-    return m;
-}
-
-const dfl_meta *find(const MetaMap &m, const std::string &k) {
-    auto it = m.find(kPrefix + k);
-    return it == m.end() ? nullptr : it->second;
-}
+const dfl_meta *find(const MetaMap &m, const std::string &k) { return meta_find(m, kPrefix + k); }
 
 int64_t meta_int(const MetaMap &m, const std::string &k) {
     const dfl_meta *v = find(m, k);
@@ -44,19 +31,9 @@ int64_t meta_int(const MetaMap &m, const std::string &k) {
 
 int64_t meta_int(const MetaMap &m, const std::string &k, int64_t def) { return find(m, k) ? meta_int(m, k) : def; }
 
-double meta_float(const MetaMap &m, const std::string &k, double def) {
-    const dfl_meta *v = find(m, k);
-    if (!v) return def;
-    if (v->kind == DFL_META_FLOAT) return v->f;
-    if (v->kind == DFL_META_INT) return (double)v->i;
-    fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + k + " is not a number");
-}
+double meta_float(const MetaMap &m, const std::string &k, double def) { return meta_number(find(m, k), kPrefix + k, def); }
 
-int positive(int64_t v, const std::string &k) {
-    if (v <= 0 || v > (1 << 30))
-        fail(DFL_ERR_INVALID, std::string("model hyperparameter ") + kPrefix + k + " = " + std::to_string(v) + " is out of range");
-    return (int)v;
-}
+int positive(int64_t v, const std::string &k) { return positive_hparam(v, kPrefix + k); }
 
 // The per-layer sliding flags: an int array of 0/1 (bools arrive as ints), one per layer; absent = no sliding layer.
 std::vector<bool> sliding_pattern(const MetaMap &m, int n_layer, int window) {

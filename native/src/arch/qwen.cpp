@@ -8,6 +8,7 @@
 
 #include "arch/deepseek4.h"
 #include "arch/dflash.h"
+#include "arch/hparams.h"
 #include "core/batch.h"
 #include "core/sized.h"
 #include "quant.h"
@@ -18,13 +19,10 @@ namespace dfl {
 namespace {
 
 struct Meta {
-    std::map<std::string, const dfl_meta *> kv;
+    MetaMap kv;
     std::string prefix;
 
-    const dfl_meta *find(const std::string &k) const {
-        auto it = kv.find(prefix + k);
-        return it == kv.end() ? nullptr : it->second;
-    }
+    const dfl_meta *find(const std::string &k) const { return meta_find(kv, prefix + k); }
     bool has(const std::string &k) const { return find(k) != nullptr; }
     int64_t i(const std::string &k) const {
         const dfl_meta *m = find(k);
@@ -40,19 +38,8 @@ struct Meta {
         fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not an integer");
     }
     int64_t i(const std::string &k, int64_t def) const { return has(k) ? i(k) : def; }
-    double f(const std::string &k, double def) const {
-        const dfl_meta *m = find(k);
-        if (!m) return def;
-        if (m->kind == DFL_META_FLOAT) return m->f;
-        if (m->kind == DFL_META_INT) return (double)m->i;
-        fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not a number");
-    }
+    double f(const std::string &k, double def) const { return meta_number(find(k), prefix + k, def); }
 };
-
-int positive(int64_t v, const std::string &what) {
-    if (v <= 0 || v > (1 << 30)) fail(DFL_ERR_INVALID, "model hyperparameter " + what + " = " + std::to_string(v) + " is out of range");
-    return (int)v;
-}
 
 }  // namespace
 
@@ -61,10 +48,7 @@ HParams qwen_hparams(const dfl_model_params &p) {
     hp_.arch = p.arch;
     Meta m;
     m.prefix = hp_.arch + ".";
-    for (uint32_t i = 0; i < p.n_meta; i++) {
-        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
-        m.kv[p.meta[i].key] = &p.meta[i];
-    }
+    m.kv = meta_map(p);
     if (hp_.arch == "qwen3") {
         hp_.hybrid = false;
     } else if (hp_.arch == "qwen35") {
@@ -73,31 +57,31 @@ HParams qwen_hparams(const dfl_model_params &p) {
     } else {
         fail(DFL_ERR_UNSUPPORTED, "architecture \"" + hp_.arch + "\" is not supported by this engine (qwen3, qwen35)");
     }
-    const int blocks = positive(m.i("block_count"), m.prefix + "block_count");
+    const int blocks = positive_hparam(m.i("block_count"), m.prefix + "block_count");
     const int64_t nextn = m.i("nextn_predict_layers", 0);
     if (nextn < 0 || nextn >= blocks) fail(DFL_ERR_INVALID, "metadata " + m.prefix + "nextn_predict_layers is out of range");
     hp_.n_layer = blocks - (int)nextn;
-    hp_.n_embd = positive(m.i("embedding_length"), m.prefix + "embedding_length");
-    hp_.n_ff = positive(m.i("feed_forward_length"), m.prefix + "feed_forward_length");
-    hp_.n_head = positive(m.i("attention.head_count"), m.prefix + "attention.head_count");
-    hp_.n_kv = positive(m.i("attention.head_count_kv", hp_.n_head), m.prefix + "attention.head_count_kv");
-    hp_.head_dim = positive(m.i("attention.key_length", hp_.n_embd / hp_.n_head), m.prefix + "attention.key_length");
-    const int vdim = positive(m.i("attention.value_length", hp_.head_dim), m.prefix + "attention.value_length");
+    hp_.n_embd = positive_hparam(m.i("embedding_length"), m.prefix + "embedding_length");
+    hp_.n_ff = positive_hparam(m.i("feed_forward_length"), m.prefix + "feed_forward_length");
+    hp_.n_head = positive_hparam(m.i("attention.head_count"), m.prefix + "attention.head_count");
+    hp_.n_kv = positive_hparam(m.i("attention.head_count_kv", hp_.n_head), m.prefix + "attention.head_count_kv");
+    hp_.head_dim = positive_hparam(m.i("attention.key_length", hp_.n_embd / hp_.n_head), m.prefix + "attention.key_length");
+    const int vdim = positive_hparam(m.i("attention.value_length", hp_.head_dim), m.prefix + "attention.value_length");
     if (vdim != hp_.head_dim) fail(DFL_ERR_UNSUPPORTED, "attention.value_length differs from key_length");
     if (hp_.n_head % hp_.n_kv != 0) fail(DFL_ERR_INVALID, "attention.head_count is not a multiple of head_count_kv");
     hp_.eps = (float)m.f("attention.layer_norm_rms_epsilon", 1e-6);
     hp_.theta = (float)m.f("rope.freq_base", 10000.0);
-    hp_.rope_dim = positive(m.i("rope.dimension_count", hp_.head_dim), m.prefix + "rope.dimension_count");
+    hp_.rope_dim = positive_hparam(m.i("rope.dimension_count", hp_.head_dim), m.prefix + "rope.dimension_count");
     if (hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2 != 0)
         fail(DFL_ERR_INVALID, "rope.dimension_count " + std::to_string(hp_.rope_dim) + " does not fit head_dim");
     hp_.n_ctx_train = (int)m.i("context_length", 0);
     if (hp_.hybrid) {
-        hp_.full_attn_interval = positive(m.i("full_attention_interval", 4), m.prefix + "full_attention_interval");
-        hp_.conv_k = positive(m.i("ssm.conv_kernel"), m.prefix + "ssm.conv_kernel");
-        hp_.dk = positive(m.i("ssm.state_size"), m.prefix + "ssm.state_size");
-        hp_.n_k = positive(m.i("ssm.group_count"), m.prefix + "ssm.group_count");
-        hp_.n_v = positive(m.i("ssm.time_step_rank"), m.prefix + "ssm.time_step_rank");
-        const int inner = positive(m.i("ssm.inner_size"), m.prefix + "ssm.inner_size");
+        hp_.full_attn_interval = positive_hparam(m.i("full_attention_interval", 4), m.prefix + "full_attention_interval");
+        hp_.conv_k = positive_hparam(m.i("ssm.conv_kernel"), m.prefix + "ssm.conv_kernel");
+        hp_.dk = positive_hparam(m.i("ssm.state_size"), m.prefix + "ssm.state_size");
+        hp_.n_k = positive_hparam(m.i("ssm.group_count"), m.prefix + "ssm.group_count");
+        hp_.n_v = positive_hparam(m.i("ssm.time_step_rank"), m.prefix + "ssm.time_step_rank");
+        const int inner = positive_hparam(m.i("ssm.inner_size"), m.prefix + "ssm.inner_size");
         if (inner % hp_.n_v != 0) fail(DFL_ERR_INVALID, "ssm.inner_size is not a multiple of ssm.time_step_rank");
         hp_.dv = inner / hp_.n_v;
         if (hp_.n_v % hp_.n_k != 0) fail(DFL_ERR_INVALID, "ssm.time_step_rank is not a multiple of ssm.group_count");
@@ -252,7 +236,7 @@ void QwenModel::load_weights(const dfl_model_params &p) {
     const HParams &h = hp_;
     const dfl_tensor *emb = w_.find("token_embd.weight");
     if (!emb) fail(DFL_ERR_INVALID, "tensor token_embd.weight is missing");
-    hp_.n_vocab = positive((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
+    hp_.n_vocab = positive_hparam((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
 
     tok_embd_ = w_.matrix("token_embd.weight", h.n_embd, h.n_vocab);
     w_.upload(tok_embd_);
