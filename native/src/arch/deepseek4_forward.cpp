@@ -142,17 +142,8 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
         rows += sb.logits == DFL_LOGITS_ALL ? sb.n_tokens : (sb.logits == DFL_LOGITS_LAST ? 1 : 0);
         max_n = std::max(max_n, sb.n_tokens);
     }
-    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
-    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
-        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b.n_seqs; i++) {
-        const Seq &q = table_.get(b.seqs[i].seq);
-        need += table_.missing_blocks(q, q.len + b.seqs[i].n_tokens);
-    }
-    if (need > table_.free_blocks())
-        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
-                                std::to_string(table_.free_blocks()) + " free");
+    check_batch_outputs(b, rows, topk);
+    check_batch_blocks(table_, b);
     // recording buffers before any state changes
     auto records = [&](uint32_t i) { return (b.seqs[i].flags & DFL_SEQ_RECORD) != 0; };
     for (uint32_t i = 0; i < b.n_seqs; i++) {

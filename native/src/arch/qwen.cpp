@@ -713,9 +713,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
         max_ctx = (int64_t)max_blocks * table_.block_size();
     }
-    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
-    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
-        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
+    check_batch_outputs(b, rows, topk);
     if (b.n_capture > 0) {
         if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");
         for (uint32_t c = 0; c < b.n_capture; c++)
@@ -723,14 +721,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
                 fail(DFL_ERR_INVALID, "batch: capture layer " + std::to_string(b.capture_layers[c]) + " is out of range");
     }
     // KV blocks for the new tokens, all or nothing
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b.n_seqs; i++) {
-        const Seq &q = table_.get(b.seqs[i].seq);
-        need += table_.missing_blocks(q, q.len + b.seqs[i].n_tokens);
-    }
-    if (need > table_.free_blocks())
-        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
-                                std::to_string(table_.free_blocks()) + " free");
+    check_batch_blocks(table_, b);
     // device buffers before any state changes, so an allocation failure changes nothing
     ensure_acts(T);
     const int32_t E = (int32_t)b.n_seqs;

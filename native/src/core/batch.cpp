@@ -17,4 +17,15 @@ std::string check_batch_entry(const SeqTable &table, std::set<int32_t> &seen, ui
     return who;
 }
 
+void check_batch_blocks(const SeqTable &table, const dfl_batch &b) {
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < b.n_seqs; i++) {
+        const Seq &q = table.get(b.seqs[i].seq);
+        need += table.missing_blocks(q, q.len + b.seqs[i].n_tokens);
+    }
+    if (need > table.free_blocks())
+        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
+                                std::to_string(table.free_blocks()) + " free");
+}
+
 }  // namespace dfl
