@@ -182,12 +182,7 @@ func loadDS4(t testing.TB, lib *Lib, spec ModelSpec, extra map[string]any, opt O
 	}
 	spec.Meta = meta
 	spec.Options = opt
-	m, err := lib.LoadModel(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	return m
+	return loadSpec(t, lib, spec)
 }
 
 func ds4Opts() Options { return Options{KVPoolTokens: 1024, BlockSize: 16, MaxSeqs: 4, Threads: 2} }

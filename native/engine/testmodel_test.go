@@ -182,6 +182,12 @@ func loadRandom(t testing.TB, lib *Lib, c config, opt Options) *Model {
 	t.Helper()
 	spec := randomSpec(t, c)
 	spec.Options = opt
+	return loadSpec(t, lib, spec)
+}
+
+// loadSpec loads spec on lib and closes the model when the test ends.
+func loadSpec(t testing.TB, lib *Lib, spec ModelSpec) *Model {
+	t.Helper()
 	m, err := lib.LoadModel(spec)
 	if err != nil {
 		t.Fatal(err)
