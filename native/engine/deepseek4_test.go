@@ -65,14 +65,6 @@ func ds4Spec(t testing.TB, c ds4Config) ModelSpec {
 	}
 	var tensors []Tensor
 	seed := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), uint64(len(tensors)))) }
-	f32 := func(v []float32) []byte {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			u := math.Float32bits(x)
-			b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
-		}
-		return b
-	}
 	draw := func(n int, f func(r *rand.Rand) float64) []float32 {
 		r := seed()
 		v := make([]float32, n)
@@ -81,11 +73,8 @@ func ds4Spec(t testing.TB, c ds4Config) ModelSpec {
 		}
 		return v
 	}
-	normal := func(std float64) func(*rand.Rand) float64 {
-		return func(r *rand.Rand) float64 { return r.NormFloat64() * std }
-	}
 	vec := func(name string, v []float32, dims ...uint64) {
-		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32(v)})
+		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32Bytes(v)})
 	}
 	norm := func(name string, n int) {
 		vec(name, draw(n, func(r *rand.Rand) float64 { return 1 + r.NormFloat64()*0.1 }), uint64(n))
@@ -105,7 +94,7 @@ func ds4Spec(t testing.TB, c ds4Config) ModelSpec {
 		}
 		v := draw(int(n), normal(std))
 		if typ == gguf.F32 {
-			tensors = append(tensors, Tensor{Name: name, Type: typ, Dims: dims, Data: f32(v)})
+			tensors = append(tensors, Tensor{Name: name, Type: typ, Dims: dims, Data: f32Bytes(v)})
 			return
 		}
 		b, err := quant.FromFloat32(typ, v)
@@ -193,12 +182,7 @@ func loadDS4(t testing.TB, lib *Lib, spec ModelSpec, extra map[string]any, opt O
 	}
 	spec.Meta = meta
 	spec.Options = opt
-	m, err := lib.LoadModel(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	return m
+	return loadSpec(t, lib, spec)
 }
 
 func ds4Opts() Options { return Options{KVPoolTokens: 1024, BlockSize: 16, MaxSeqs: 4, Threads: 2} }

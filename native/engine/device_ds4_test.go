@@ -46,22 +46,11 @@ func TestDeviceDeepseek4(t *testing.T) {
 			spec.Options = Options{KVPoolTokens: 1024, BlockSize: 16, MaxSeqs: 3, Threads: 2}
 			want := replayDS4(t, cpu, spec, v.c.vocab)
 			got := replayDS4(t, dev, spec, v.c.vocab)
-			if len(got) != len(want) {
-				t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
-			}
 			bound := deviceBound
 			if v.c.weight == gguf.Q8_0 {
 				bound = int8Bound
 			}
-			worst := 0.0
-			for i := range want {
-				e := relErr(got[i].v, want[i].v)
-				worst = max(worst, e)
-				if e > bound || e != e {
-					t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, bound)
-				}
-			}
-			t.Logf("worst max-relative error over %d rows: %.3g", len(want), worst)
+			checkReplay(t, got, want, bound)
 		})
 	}
 }
@@ -69,69 +58,15 @@ func TestDeviceDeepseek4(t *testing.T) {
 // replayDS4 is replay's script without hidden-state capture (deepseek4 has none): every logits row in order.
 func replayDS4(t *testing.T, lib *Lib, spec ModelSpec, vocab int) []replayRow {
 	t.Helper()
-	m, err := lib.LoadModel(spec)
-	if err != nil {
-		t.Fatalf("%s: %v", lib.Kind(), err)
-	}
-	defer m.Close()
-	var out []replayRow
-	must := func(r *Result, err error) *Result {
-		t.Helper()
-		if err != nil {
-			t.Fatalf("%s: %v", lib.Kind(), err)
-		}
-		return r
-	}
-	keep := func(what string, r *Result, e, rows int) {
-		for i := 0; i < rows; i++ {
-			out = append(out, replayRow{fmt.Sprintf("%s row %d", what, i), append([]float32(nil), r.Row(e, i)...)})
-		}
-	}
-	rng := rand.New(rand.NewPCG(42, 4))
-	a, _ := m.NewSeq()
-	b, _ := m.NewSeq()
-	pa, pb := randomTokens(rng, 29, vocab), randomTokens(rng, 5, vocab)
-	r := must(m.Forward(Batch{Entries: []Entry{{Seq: a, Tokens: pa, Logits: LogitsAll}, {Seq: b, Tokens: pb, Logits: LogitsLast}}}))
-	keep("prefill a", r, 0, len(pa))
-	keep("prefill b", r, 1, 1)
-	for step := 0; step < 4; step++ {
-		r = must(m.Forward(Batch{Entries: []Entry{
-			{Seq: a, Tokens: randomTokens(rng, 1, vocab), Logits: LogitsLast},
-			{Seq: b, Tokens: randomTokens(rng, 1, vocab), Logits: LogitsLast},
-		}}))
-		keep(fmt.Sprintf("decode %d a", step), r, 0, 1)
-		keep(fmt.Sprintf("decode %d b", step), r, 1, 1)
-	}
-	if err := m.Snapshot(a); err != nil {
-		t.Fatal(err)
-	}
-	must(m.Forward(one(a, randomTokens(rng, 6, vocab), LogitsAll)))
-	if err := m.Rollback(a); err != nil {
-		t.Fatal(err)
-	}
-	r = must(m.Forward(one(a, randomTokens(rng, 3, vocab), LogitsAll)))
-	keep("after rollback", r, 0, 3)
-	n, _ := m.SeqLen(b)
-	r = must(m.Forward(Batch{Entries: []Entry{{Seq: b, Tokens: randomTokens(rng, 5, vocab), Logits: LogitsAll, Record: true}}}))
-	keep("recorded verify", r, 0, 5)
-	if err := m.Truncate(b, n+2); err != nil {
-		t.Fatal(err)
-	}
-	r = must(m.Forward(one(b, randomTokens(rng, 2, vocab), LogitsAll)))
-	keep("after truncate", r, 0, 2)
-	x, _ := m.NewSeq()
-	px := randomTokens(rng, 90, vocab)
-	r = must(m.Forward(Batch{Entries: []Entry{{Seq: x, Tokens: px, Logits: LogitsAll}}}))
+	p := newReplayer(t, lib, spec, rand.New(rand.NewPCG(42, 4)), vocab)
+	defer p.m.Close()
+	a, b := p.twoSequences()
+	x, _ := p.m.NewSeq()
+	px := p.tokens(90)
+	r := p.must(p.m.Forward(Batch{Entries: []Entry{{Seq: x, Tokens: px, Logits: LogitsAll}}}))
 	for i := 0; i < len(px); i += 11 {
-		out = append(out, replayRow{fmt.Sprintf("long prefill token %d", i), append([]float32(nil), r.Row(0, i)...)})
+		p.keepRow(fmt.Sprintf("long prefill token %d", i), r.Row(0, i))
 	}
-	r = must(m.Forward(Batch{Entries: []Entry{
-		{Seq: x, Tokens: randomTokens(rng, 1, vocab), Logits: LogitsLast},
-		{Seq: a, Tokens: randomTokens(rng, 1, vocab), Logits: LogitsLast},
-		{Seq: b, Tokens: randomTokens(rng, 1, vocab), Logits: LogitsLast},
-	}}))
-	keep("decode x", r, 0, 1)
-	keep("decode a", r, 1, 1)
-	keep("decode b", r, 2, 1)
-	return out
+	p.decodeThree(x, a, b)
+	return p.out
 }

@@ -75,9 +75,6 @@ func TestDeviceMatchesCPU(t *testing.T) {
 			spec.Options = Options{KVPoolTokens: 1024, BlockSize: 16, MaxSeqs: 3, CacheK: v.cacheK, CacheV: v.cacheV, Threads: 2}
 			want := replay(t, cpu, spec, v.c)
 			got := replay(t, dev, spec, v.c)
-			if len(got) != len(want) {
-				t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
-			}
 			bound := deviceBound
 			switch {
 			case v.c.arch == "qwen35" && v.c.weight == gguf.BF16:
@@ -85,15 +82,7 @@ func TestDeviceMatchesCPU(t *testing.T) {
 			case v.c.weight == gguf.Q8_0:
 				bound = int8Bound
 			}
-			worst := 0.0
-			for i := range want {
-				e := relErr(got[i].v, want[i].v)
-				worst = max(worst, e)
-				if e > bound || e != e {
-					t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, bound)
-				}
-			}
-			t.Logf("worst max-relative error over %d rows: %.3g", len(want), worst)
+			checkReplay(t, got, want, bound)
 		})
 	}
 }
@@ -103,77 +92,130 @@ type replayRow struct {
 	v    []float32
 }
 
-// replay runs the script on lib and returns every logits row and captured hidden state in order.
-func replay(t *testing.T, lib *Lib, spec ModelSpec, c config) []replayRow {
+// replayer runs a device test's script of engine calls on one model and keeps the rows the test compares.
+type replayer struct {
+	t     *testing.T
+	kind  string
+	m     *Model
+	rng   *rand.Rand
+	vocab int
+	out   []replayRow
+}
+
+// newReplayer loads spec on lib; the caller closes r.m.
+func newReplayer(t *testing.T, lib *Lib, spec ModelSpec, rng *rand.Rand, vocab int) *replayer {
 	t.Helper()
 	m, err := lib.LoadModel(spec)
 	if err != nil {
 		t.Fatalf("%s: %v", lib.Kind(), err)
 	}
-	defer m.Close()
-	var out []replayRow
-	must := func(r *Result, err error) *Result {
-		t.Helper()
-		if err != nil {
-			t.Fatalf("%s: %v", lib.Kind(), err)
-		}
-		return r
+	return &replayer{t: t, kind: lib.Kind(), m: m, rng: rng, vocab: vocab}
+}
+
+func (p *replayer) must(r *Result, err error) *Result {
+	p.t.Helper()
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.kind, err)
 	}
-	keep := func(what string, r *Result, e, rows int) {
-		for i := 0; i < rows; i++ {
-			out = append(out, replayRow{fmt.Sprintf("%s row %d", what, i), append([]float32(nil), r.Row(e, i)...)})
-		}
+	return r
+}
+
+func (p *replayer) tokens(n int) []int32 { return randomTokens(p.rng, n, p.vocab) }
+
+func (p *replayer) keepRow(what string, v []float32) {
+	p.out = append(p.out, replayRow{what, append([]float32(nil), v...)})
+}
+
+func (p *replayer) keep(what string, r *Result, e, rows int) {
+	for i := 0; i < rows; i++ {
+		p.keepRow(fmt.Sprintf("%s row %d", what, i), r.Row(e, i))
 	}
-	rng := rand.New(rand.NewPCG(42, 1))
-	a, _ := m.NewSeq()
-	b, _ := m.NewSeq()
-	pa, pb := randomTokens(rng, 29, c.vocab), randomTokens(rng, 5, c.vocab)
-	r := must(m.Forward(Batch{Entries: []Entry{{Seq: a, Tokens: pa, Logits: LogitsAll}, {Seq: b, Tokens: pb, Logits: LogitsLast}}}))
-	keep("prefill a", r, 0, len(pa))
-	keep("prefill b", r, 1, 1)
+}
+
+// twoSequences is the script's first part: batched prefill of two sequences, batched decode, snapshot / rollback, and
+// a recorded verify block truncated. It returns the two sequences.
+func (p *replayer) twoSequences() (a, b Seq) {
+	t, m := p.t, p.m
+	a, _ = m.NewSeq()
+	b, _ = m.NewSeq()
+	pa, pb := p.tokens(29), p.tokens(5)
+	r := p.must(m.Forward(Batch{Entries: []Entry{{Seq: a, Tokens: pa, Logits: LogitsAll}, {Seq: b, Tokens: pb, Logits: LogitsLast}}}))
+	p.keep("prefill a", r, 0, len(pa))
+	p.keep("prefill b", r, 1, 1)
 	for step := 0; step < 4; step++ {
-		r = must(m.Forward(Batch{Entries: []Entry{
-			{Seq: a, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
-			{Seq: b, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+		r = p.must(m.Forward(Batch{Entries: []Entry{
+			{Seq: a, Tokens: p.tokens(1), Logits: LogitsLast},
+			{Seq: b, Tokens: p.tokens(1), Logits: LogitsLast},
 		}}))
-		keep(fmt.Sprintf("decode %d a", step), r, 0, 1)
-		keep(fmt.Sprintf("decode %d b", step), r, 1, 1)
+		p.keep(fmt.Sprintf("decode %d a", step), r, 0, 1)
+		p.keep(fmt.Sprintf("decode %d b", step), r, 1, 1)
 	}
 	if err := m.Snapshot(a); err != nil {
 		t.Fatal(err)
 	}
-	must(m.Forward(one(a, randomTokens(rng, 6, c.vocab), LogitsAll)))
+	p.must(m.Forward(one(a, p.tokens(6), LogitsAll)))
 	if err := m.Rollback(a); err != nil {
 		t.Fatal(err)
 	}
-	r = must(m.Forward(one(a, randomTokens(rng, 3, c.vocab), LogitsAll)))
-	keep("after rollback", r, 0, 3)
+	r = p.must(m.Forward(one(a, p.tokens(3), LogitsAll)))
+	p.keep("after rollback", r, 0, 3)
 	n, _ := m.SeqLen(b)
-	r = must(m.Forward(Batch{Entries: []Entry{{Seq: b, Tokens: randomTokens(rng, 5, c.vocab), Logits: LogitsAll, Record: true}}}))
-	keep("recorded verify", r, 0, 5)
+	r = p.must(m.Forward(Batch{Entries: []Entry{{Seq: b, Tokens: p.tokens(5), Logits: LogitsAll, Record: true}}}))
+	p.keep("recorded verify", r, 0, 5)
 	if err := m.Truncate(b, n+2); err != nil {
 		t.Fatal(err)
 	}
-	r = must(m.Forward(one(b, randomTokens(rng, 2, c.vocab), LogitsAll)))
-	keep("after truncate", r, 0, 2)
-	// a long prompt in a third sequence, across many KV blocks, with capture of the first and last layers
-	x, _ := m.NewSeq()
-	px := randomTokens(rng, 150, c.vocab)
-	r = must(m.Forward(Batch{Entries: []Entry{{Seq: x, Tokens: px, Logits: LogitsLast}}, Capture: []int{0, c.layers - 1}}))
-	keep("long prefill", r, 0, 1)
-	for i := 0; i < len(px); i += 37 {
-		out = append(out, replayRow{fmt.Sprintf("capture token %d layer 0", i), append([]float32(nil), r.Hidden(0, i, 0)...)})
-		out = append(out, replayRow{fmt.Sprintf("capture token %d last layer", i), append([]float32(nil), r.Hidden(0, i, 1)...)})
-	}
-	r = must(m.Forward(Batch{Entries: []Entry{
-		{Seq: x, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
-		{Seq: a, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
-		{Seq: b, Tokens: randomTokens(rng, 1, c.vocab), Logits: LogitsLast},
+	r = p.must(m.Forward(one(b, p.tokens(2), LogitsAll)))
+	p.keep("after truncate", r, 0, 2)
+	return a, b
+}
+
+// decodeThree is the script's last step: one decode step of x, a and b together.
+func (p *replayer) decodeThree(x, a, b Seq) {
+	r := p.must(p.m.Forward(Batch{Entries: []Entry{
+		{Seq: x, Tokens: p.tokens(1), Logits: LogitsLast},
+		{Seq: a, Tokens: p.tokens(1), Logits: LogitsLast},
+		{Seq: b, Tokens: p.tokens(1), Logits: LogitsLast},
 	}}))
-	keep("decode x", r, 0, 1)
-	keep("decode a", r, 1, 1)
-	keep("decode b", r, 2, 1)
-	return out
+	p.keep("decode x", r, 0, 1)
+	p.keep("decode a", r, 1, 1)
+	p.keep("decode b", r, 2, 1)
+}
+
+// checkReplay fails t for each row of got further than bound (max-relative error) from its row in want.
+func checkReplay(t *testing.T, got, want []replayRow, bound float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d results on the device, %d on the CPU", len(got), len(want))
+	}
+	worst := 0.0
+	for i := range want {
+		e := relErr(got[i].v, want[i].v)
+		worst = max(worst, e)
+		if e > bound || e != e {
+			t.Errorf("%s: max relative error %.3g > %.0e", want[i].what, e, bound)
+		}
+	}
+	t.Logf("worst max-relative error over %d rows: %.3g", len(want), worst)
+}
+
+// replay runs the script on lib and returns every logits row and captured hidden state in order.
+func replay(t *testing.T, lib *Lib, spec ModelSpec, c config) []replayRow {
+	t.Helper()
+	p := newReplayer(t, lib, spec, rand.New(rand.NewPCG(42, 1)), c.vocab)
+	defer p.m.Close()
+	a, b := p.twoSequences()
+	// a long prompt in a third sequence, across many KV blocks, with capture of the first and last layers
+	x, _ := p.m.NewSeq()
+	px := p.tokens(150)
+	r := p.must(p.m.Forward(Batch{Entries: []Entry{{Seq: x, Tokens: px, Logits: LogitsLast}}, Capture: []int{0, c.layers - 1}}))
+	p.keep("long prefill", r, 0, 1)
+	for i := 0; i < len(px); i += 37 {
+		p.keepRow(fmt.Sprintf("capture token %d layer 0", i), r.Hidden(0, i, 0))
+		p.keepRow(fmt.Sprintf("capture token %d last layer", i), r.Hidden(0, i, 1))
+	}
+	p.decodeThree(x, a, b)
+	return p.out
 }
 
 // A model on the device reports its memory, and the device's memory shrinks by at least the KV pool it allocated.

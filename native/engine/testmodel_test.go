@@ -99,20 +99,9 @@ func randomSpec(t testing.TB, c config) ModelSpec {
 		}
 		return out
 	}
-	normal := func(std float64) func(*rand.Rand) float64 {
-		return func(r *rand.Rand) float64 { return r.NormFloat64() * std }
-	}
-	f32bytes := func(v []float32) []byte {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			u := math.Float32bits(x)
-			b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
-		}
-		return b
-	}
 	seed := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), uint64(len(tensors)))) }
 	addF32 := func(name string, v []float32, dims ...uint64) {
-		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32bytes(v)})
+		tensors = append(tensors, Tensor{Name: name, Type: gguf.F32, Dims: dims, Data: f32Bytes(v)})
 	}
 	addMat := func(name string, in, out int, std float64) {
 		r := seed()
@@ -121,7 +110,7 @@ func randomSpec(t testing.TB, c config) ModelSpec {
 		jobs = append(jobs, func() {
 			v := vals(r, in*out, normal(std))
 			if c.weight == gguf.F32 {
-				tensors[idx].Data = f32bytes(v)
+				tensors[idx].Data = f32Bytes(v)
 				return
 			}
 			b, err := quant.FromFloat32(c.weight, v)
@@ -193,6 +182,12 @@ func loadRandom(t testing.TB, lib *Lib, c config, opt Options) *Model {
 	t.Helper()
 	spec := randomSpec(t, c)
 	spec.Options = opt
+	return loadSpec(t, lib, spec)
+}
+
+// loadSpec loads spec on lib and closes the model when the test ends.
+func loadSpec(t testing.TB, lib *Lib, spec ModelSpec) *Model {
+	t.Helper()
 	m, err := lib.LoadModel(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -207,4 +202,19 @@ func randomTokens(rng *rand.Rand, n, vocab int) []int32 {
 		out[i] = int32(rng.IntN(vocab))
 	}
 	return out
+}
+
+// normal draws from N(0, std²).
+func normal(std float64) func(*rand.Rand) float64 {
+	return func(r *rand.Rand) float64 { return r.NormFloat64() * std }
+}
+
+// f32Bytes is v as GGUF stores F32 tensor data (little endian).
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		u := math.Float32bits(x)
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+	}
+	return b
 }

@@ -14,8 +14,12 @@ struct Case {
     const char *name;
     std::function<void()> fn;
 };
-std::vector<Case> &registry();
-extern int g_failures;
+// Inline so that every test program (tests/*.cpp linked together, each CUDA test alone) has exactly one of each.
+inline std::vector<Case> &registry() {
+    static std::vector<Case> r;
+    return r;
+}
+inline int g_failures = 0;
 
 struct Reg {
     Reg(const char *n, std::function<void()> f) { registry().push_back({n, std::move(f)}); }

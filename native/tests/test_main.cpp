@@ -2,14 +2,6 @@
 
 #include "test.h"
 
-namespace dfltest {
-std::vector<Case> &registry() {
-    static std::vector<Case> r;
-    return r;
-}
-int g_failures = 0;
-}  // namespace dfltest
-
 int main(int argc, char **argv) {
     int failed_cases = 0, run = 0;
     for (const auto &c : dfltest::registry()) {

@@ -143,6 +143,10 @@ private:
     void moe_layer(int il, const BatchMeta &m);
     void record_rows(const std::vector<StepEntry> &es, const float *src, int64_t width, int64_t rec_off);
     void replay(int32_t s, uint32_t base, uint32_t k);
+    // Calls f(row, dim) for each compressed row (then, on a CSA layer, each index key) the first n tokens of q hold,
+    // in the order a sequence blob stores them: row is its device address, dim its width in floats.
+    template <class F>
+    void each_comp_row(const Seq &q, uint32_t n, F f) const;
 
     std::unique_ptr<Device> dev_;
     Ds4HParams hp_;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "arch/deepseek4.h"
+#include "core/batch.h"
 
 namespace dfl {
 
@@ -135,31 +136,14 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
     uint32_t max_n = 0;
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         const dfl_seq_batch &sb = b.seqs[i];
-        const std::string who = "batch entry " + std::to_string(i) + " (sequence " + std::to_string(sb.seq) + ")";
+        const std::string who = check_batch_entry(table_, seen, i, sb, h.n_vocab);
         const Seq &q = table_.get(sb.seq);
-        if (!seen.insert(sb.seq).second) fail(DFL_ERR_INVALID, who + ": the sequence appears twice in one batch");
-        if (sb.n_tokens == 0) fail(DFL_ERR_INVALID, who + ": no tokens");
-        if (!sb.tokens) fail(DFL_ERR_INVALID, who + ": tokens is null");
-        for (uint32_t t = 0; t < sb.n_tokens; t++)
-            if (sb.tokens[t] < 0 || sb.tokens[t] >= h.n_vocab)
-                fail(DFL_ERR_INVALID, who + ": token " + std::to_string(sb.tokens[t]) + " is outside the vocabulary (" +
-                                          std::to_string(h.n_vocab) + ")");
-        if (sb.logits > DFL_LOGITS_ALL) fail(DFL_ERR_INVALID, who + ": bad logits mode");
         if ((uint64_t)q.len + sb.n_tokens > (uint64_t)INT32_MAX) fail(DFL_ERR_INVALID, who + ": sequence too long");
         rows += sb.logits == DFL_LOGITS_ALL ? sb.n_tokens : (sb.logits == DFL_LOGITS_LAST ? 1 : 0);
         max_n = std::max(max_n, sb.n_tokens);
     }
-    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
-    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
-        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b.n_seqs; i++) {
-        const Seq &q = table_.get(b.seqs[i].seq);
-        need += table_.missing_blocks(q, q.len + b.seqs[i].n_tokens);
-    }
-    if (need > table_.free_blocks())
-        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
-                                std::to_string(table_.free_blocks()) + " free");
+    check_batch_outputs(b, rows, topk);
+    check_batch_blocks(table_, b);
     // recording buffers before any state changes
     auto records = [&](uint32_t i) { return (b.seqs[i].flags & DFL_SEQ_RECORD) != 0; };
     for (uint32_t i = 0; i < b.n_seqs; i++) {

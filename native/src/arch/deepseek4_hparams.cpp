@@ -4,9 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <map>
 
 #include "arch/deepseek4.h"
+#include "arch/hparams.h"
+#include "core/sized.h"
 #include "quant.h"
 
 namespace dfl {
@@ -16,12 +17,9 @@ namespace {
 constexpr const char *kPrefix = "deepseek4.";
 
 struct Ds4Meta {
-    std::map<std::string, const dfl_meta *> kv;
+    MetaMap kv;
 
-    const dfl_meta *find(const std::string &k) const {
-        auto it = kv.find(kPrefix + k);
-        return it == kv.end() ? nullptr : it->second;
-    }
+    const dfl_meta *find(const std::string &k) const { return meta_find(kv, kPrefix + k); }
     [[noreturn]] static void bad(const std::string &k, const std::string &why) {
         fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + k + " " + why);
     }
@@ -38,13 +36,7 @@ struct Ds4Meta {
         bad(k, "is not an integer");
     }
     int64_t i(const std::string &k, int64_t def) const { return find(k) ? i(k) : def; }
-    double f(const std::string &k, double def) const {
-        const dfl_meta *m = find(k);
-        if (!m) return def;
-        if (m->kind == DFL_META_FLOAT) return m->f;
-        if (m->kind == DFL_META_INT) return (double)m->i;
-        bad(k, "is not a number");
-    }
+    double f(const std::string &k, double def) const { return meta_number(find(k), kPrefix + k, def); }
     // A per-layer float (scalar or array of at least n values; longer arrays carry MTP layers).
     std::vector<float> per_layer(const std::string &k, int n, double def) const {
         const dfl_meta *m = find(k);
@@ -68,11 +60,7 @@ struct Ds4Meta {
     }
 };
 
-int positive(int64_t v, const std::string &what) {
-    if (v <= 0 || v > (1 << 30))
-        fail(DFL_ERR_INVALID, "model hyperparameter " + std::string(kPrefix) + what + " = " + std::to_string(v) + " is out of range");
-    return (int)v;
-}
+int positive(int64_t v, const std::string &what) { return positive_hparam(v, kPrefix + what); }
 
 const dfl_tensor *find_tensor(const dfl_model_params &p, const char *name) {
     for (uint32_t i = 0; i < p.n_tensors; i++)
@@ -84,10 +72,7 @@ const dfl_tensor *find_tensor(const dfl_model_params &p, const char *name) {
 
 Ds4HParams ds4_hparams(const dfl_model_params &p) {
     Ds4Meta m;
-    for (uint32_t i = 0; i < p.n_meta; i++) {
-        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
-        m.kv[p.meta[i].key] = &p.meta[i];
-    }
+    m.kv = meta_map(p);
     Ds4HParams h;
     const int blocks = positive(m.i("block_count"), "block_count");
     const int64_t nextn = m.i("nextn_predict_layers", 0);
@@ -235,9 +220,7 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
                                2ull * h.o_groups * h.o_lora + 4ull * h.head_dim + 2ull * h.idx_heads * h.idx_dim +
                                (uint64_t)h.n_expert + 2ull * h.n_used * h.n_embd + 2ull * h.n_ff * (h.n_shared + 1);
     e.scratch_bytes = 512ull * per_token * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 }  // namespace dfl

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "arch/deepseek4.h"
+#include "core/sized.h"
 
 namespace dfl {
 
@@ -59,7 +60,6 @@ uint64_t DeepSeek4Model::comp_bytes_per_token() const {
 }
 
 void DeepSeek4Model::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -86,17 +86,10 @@ void DeepSeek4Model::info(dfl_model_info *out) const {
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.rope_dim;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void DeepSeek4Model::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void DeepSeek4Model::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 int32_t DeepSeek4Model::seq_alloc() {
     const int32_t s = table_.alloc();
@@ -230,6 +223,21 @@ static Ds4BlobHeader blob_header(const Ds4HParams &h, uint64_t slot_floats, uint
     return b;
 }
 
+template <class F>
+void DeepSeek4Model::each_comp_row(const Seq &q, uint32_t n, F f) const {
+    const int bs = (int)table_.block_size();
+    for (const Ds4Layer &L : layers_) {
+        if (!L.ratio) continue;
+        const int rpb = ds4_rows_per_block(bs, L.ratio);
+        for (int pool = 0; pool < (L.csa ? 2 : 1); pool++) {
+            const int dim = pool ? hp_.idx_dim : hp_.head_dim;
+            float *rows = (pool ? idx_rows_ : comp_rows_)[(size_t)L.comp_pool].f();
+            for (int64_t w = 0; w < (int64_t)(n / (uint32_t)L.ratio); w++)
+                f(rows + ds4_comp_row(q.blocks.data(), w, L.ratio, bs, rpb) * dim, dim);
+        }
+    }
+}
+
 uint64_t DeepSeek4Model::seq_export(int32_t s, void *buf, uint64_t size) const {
     const Seq &q = table_.get(s);
     Ds4BlobHeader b = blob_header(hp_, (uint64_t)slot_floats_, q.len);
@@ -238,19 +246,10 @@ uint64_t DeepSeek4Model::seq_export(int32_t s, void *buf, uint64_t size) const {
     uint8_t *out = (uint8_t *)buf + sizeof b;
     dev_->to_host(out, slot_ptr(s), slot_bytes());
     out += slot_bytes();
-    const int bs = (int)table_.block_size();
-    for (const Ds4Layer &L : layers_) {
-        if (!L.ratio) continue;
-        const int rpb = ds4_rows_per_block(bs, L.ratio);
-        for (int pool = 0; pool < (L.csa ? 2 : 1); pool++) {
-            const int dim = pool ? hp_.idx_dim : hp_.head_dim;
-            const float *rows = (pool ? idx_rows_ : comp_rows_)[(size_t)L.comp_pool].f();
-            for (int64_t w = 0; w < (int64_t)(q.len / (uint32_t)L.ratio); w++) {
-                dev_->to_host(out, rows + ds4_comp_row(q.blocks.data(), w, L.ratio, bs, rpb) * dim, (size_t)dim * 4);
-                out += (size_t)dim * 4;
-            }
-        }
-    }
+    each_comp_row(q, q.len, [&](const float *row, int dim) {
+        dev_->to_host(out, row, (size_t)dim * 4);
+        out += (size_t)dim * 4;
+    });
     b.payload_hash = hash_bytes((const uint8_t *)buf + sizeof b, b.payload_bytes);
     b.header_hash = hash_bytes(&b, offsetof(Ds4BlobHeader, header_hash));
     std::memcpy(buf, &b, sizeof b);
@@ -280,19 +279,10 @@ void DeepSeek4Model::seq_import(int32_t s, const void *buf, uint64_t size) {
     table_.grow(q, b.n_tokens);  // DFL_ERR_NO_KV, changing nothing, when the pool is short
     dev_->to_device(slot_ptr(s), in, slot_bytes());
     in += slot_bytes();
-    const int bs = (int)table_.block_size();
-    for (const Ds4Layer &L : layers_) {
-        if (!L.ratio) continue;
-        const int rpb = ds4_rows_per_block(bs, L.ratio);
-        for (int pool = 0; pool < (L.csa ? 2 : 1); pool++) {
-            const int dim = pool ? hp_.idx_dim : hp_.head_dim;
-            float *rows = (pool ? idx_rows_ : comp_rows_)[(size_t)L.comp_pool].f();
-            for (int64_t w = 0; w < (int64_t)(b.n_tokens / (uint32_t)L.ratio); w++) {
-                dev_->to_device(rows + ds4_comp_row(q.blocks.data(), w, L.ratio, bs, rpb) * dim, in, (size_t)dim * 4);
-                in += (size_t)dim * 4;
-            }
-        }
-    }
+    each_comp_row(q, b.n_tokens, [&](float *row, int dim) {
+        dev_->to_device(row, in, (size_t)dim * 4);
+        in += (size_t)dim * 4;
+    });
     q.rec = false;
     q.len = b.n_tokens;
 }

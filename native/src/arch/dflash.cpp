@@ -1,4 +1,5 @@
 #include "arch/dflash.h"
+#include "arch/hparams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "core/sized.h"
 #include "quant.h"
 #include "rope.h"
 
@@ -18,21 +20,7 @@ constexpr const char *kPrefix = "dflash.";
 // per row, e.g. 25 600) need no device buffer of the whole prompt.
 constexpr int64_t kCtxChunk = 256;
 
-using MetaMap = std::map<std::string, const dfl_meta *>;
-
-MetaMap meta_map(const dfl_model_params &p) {
-    MetaMap m;
-    for (uint32_t i = 0; i < p.n_meta; i++) {
-        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
-        m[p.meta[i].key] = &p.meta[i];
-    }
-    return m;
-}
-
-const dfl_meta *find(const MetaMap &m, const std::string &k) {
-    auto it = m.find(kPrefix + k);
-    return it == m.end() ? nullptr : it->second;
-}
+const dfl_meta *find(const MetaMap &m, const std::string &k) { return meta_find(m, kPrefix + k); }
 
 int64_t meta_int(const MetaMap &m, const std::string &k) {
     const dfl_meta *v = find(m, k);
@@ -43,19 +31,9 @@ int64_t meta_int(const MetaMap &m, const std::string &k) {
 
 int64_t meta_int(const MetaMap &m, const std::string &k, int64_t def) { return find(m, k) ? meta_int(m, k) : def; }
 
-double meta_float(const MetaMap &m, const std::string &k, double def) {
-    const dfl_meta *v = find(m, k);
-    if (!v) return def;
-    if (v->kind == DFL_META_FLOAT) return v->f;
-    if (v->kind == DFL_META_INT) return (double)v->i;
-    fail(DFL_ERR_INVALID, std::string("metadata ") + kPrefix + k + " is not a number");
-}
+double meta_float(const MetaMap &m, const std::string &k, double def) { return meta_number(find(m, k), kPrefix + k, def); }
 
-int positive(int64_t v, const std::string &k) {
-    if (v <= 0 || v > (1 << 30))
-        fail(DFL_ERR_INVALID, std::string("model hyperparameter ") + kPrefix + k + " = " + std::to_string(v) + " is out of range");
-    return (int)v;
-}
+int positive(int64_t v, const std::string &k) { return positive_hparam(v, kPrefix + k); }
 
 // The per-layer sliding flags: an int array of 0/1 (bools arrive as ints), one per layer; absent = no sliding layer.
 std::vector<bool> sliding_pattern(const MetaMap &m, int n_layer, int window) {
@@ -134,9 +112,7 @@ void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
     uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
     if (h.dflash2()) per_row += (uint64_t)h.n_embd + 2ull * h.conv_k * (h.n_embd / h.conv_group) + (uint64_t)h.sel_rank;
     e.scratch_bytes = 512ull * per_row * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
@@ -253,7 +229,6 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
 // ---- model interface ------------------------------------------------------------------------------------------------
 
 void DFlashModel::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -280,17 +255,10 @@ void DFlashModel::info(dfl_model_info *out) const {
     i.rope_dim = (uint32_t)hp_.head_dim;
     i.n_feat = (uint32_t)n_feat_;
     i.selector_top_k = (uint32_t)hp_.sel_top_k;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void DFlashModel::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void DFlashModel::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 // Attention only: cutting the length is all a truncate or rollback needs.
 void DFlashModel::seq_truncate(int32_t s, uint32_t n) {

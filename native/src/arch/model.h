@@ -18,6 +18,14 @@ struct TopKOut {
     float *trans = nullptr;  // DFlash2 draft_forward2: [rows][k][k] selector transition scores (null: not wanted)
 };
 
+// Fails (DFL_ERR_INVALID) unless a batch that wants `rows` logits rows has somewhere to put them: b.logits or topk,
+// and topk with a supported k and its buffers.
+inline void check_batch_outputs(const dfl_batch &b, int64_t rows, const TopKOut *topk) {
+    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
+    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
+        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
+}
+
 class Model {
 public:
     virtual ~Model() = default;

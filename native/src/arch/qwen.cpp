@@ -8,6 +8,9 @@
 
 #include "arch/deepseek4.h"
 #include "arch/dflash.h"
+#include "arch/hparams.h"
+#include "core/batch.h"
+#include "core/sized.h"
 #include "quant.h"
 #include "rope.h"
 
@@ -16,13 +19,10 @@ namespace dfl {
 namespace {
 
 struct Meta {
-    std::map<std::string, const dfl_meta *> kv;
+    MetaMap kv;
     std::string prefix;
 
-    const dfl_meta *find(const std::string &k) const {
-        auto it = kv.find(prefix + k);
-        return it == kv.end() ? nullptr : it->second;
-    }
+    const dfl_meta *find(const std::string &k) const { return meta_find(kv, prefix + k); }
     bool has(const std::string &k) const { return find(k) != nullptr; }
     int64_t i(const std::string &k) const {
         const dfl_meta *m = find(k);
@@ -38,19 +38,8 @@ struct Meta {
         fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not an integer");
     }
     int64_t i(const std::string &k, int64_t def) const { return has(k) ? i(k) : def; }
-    double f(const std::string &k, double def) const {
-        const dfl_meta *m = find(k);
-        if (!m) return def;
-        if (m->kind == DFL_META_FLOAT) return m->f;
-        if (m->kind == DFL_META_INT) return (double)m->i;
-        fail(DFL_ERR_INVALID, "metadata " + prefix + k + " is not a number");
-    }
+    double f(const std::string &k, double def) const { return meta_number(find(k), prefix + k, def); }
 };
-
-int positive(int64_t v, const std::string &what) {
-    if (v <= 0 || v > (1 << 30)) fail(DFL_ERR_INVALID, "model hyperparameter " + what + " = " + std::to_string(v) + " is out of range");
-    return (int)v;
-}
 
 }  // namespace
 
@@ -59,10 +48,7 @@ HParams qwen_hparams(const dfl_model_params &p) {
     hp_.arch = p.arch;
     Meta m;
     m.prefix = hp_.arch + ".";
-    for (uint32_t i = 0; i < p.n_meta; i++) {
-        if (!p.meta[i].key) fail(DFL_ERR_INVALID, "metadata entry " + std::to_string(i) + " has no key");
-        m.kv[p.meta[i].key] = &p.meta[i];
-    }
+    m.kv = meta_map(p);
     if (hp_.arch == "qwen3") {
         hp_.hybrid = false;
     } else if (hp_.arch == "qwen35") {
@@ -71,31 +57,31 @@ HParams qwen_hparams(const dfl_model_params &p) {
     } else {
         fail(DFL_ERR_UNSUPPORTED, "architecture \"" + hp_.arch + "\" is not supported by this engine (qwen3, qwen35)");
     }
-    const int blocks = positive(m.i("block_count"), m.prefix + "block_count");
+    const int blocks = positive_hparam(m.i("block_count"), m.prefix + "block_count");
     const int64_t nextn = m.i("nextn_predict_layers", 0);
     if (nextn < 0 || nextn >= blocks) fail(DFL_ERR_INVALID, "metadata " + m.prefix + "nextn_predict_layers is out of range");
     hp_.n_layer = blocks - (int)nextn;
-    hp_.n_embd = positive(m.i("embedding_length"), m.prefix + "embedding_length");
-    hp_.n_ff = positive(m.i("feed_forward_length"), m.prefix + "feed_forward_length");
-    hp_.n_head = positive(m.i("attention.head_count"), m.prefix + "attention.head_count");
-    hp_.n_kv = positive(m.i("attention.head_count_kv", hp_.n_head), m.prefix + "attention.head_count_kv");
-    hp_.head_dim = positive(m.i("attention.key_length", hp_.n_embd / hp_.n_head), m.prefix + "attention.key_length");
-    const int vdim = positive(m.i("attention.value_length", hp_.head_dim), m.prefix + "attention.value_length");
+    hp_.n_embd = positive_hparam(m.i("embedding_length"), m.prefix + "embedding_length");
+    hp_.n_ff = positive_hparam(m.i("feed_forward_length"), m.prefix + "feed_forward_length");
+    hp_.n_head = positive_hparam(m.i("attention.head_count"), m.prefix + "attention.head_count");
+    hp_.n_kv = positive_hparam(m.i("attention.head_count_kv", hp_.n_head), m.prefix + "attention.head_count_kv");
+    hp_.head_dim = positive_hparam(m.i("attention.key_length", hp_.n_embd / hp_.n_head), m.prefix + "attention.key_length");
+    const int vdim = positive_hparam(m.i("attention.value_length", hp_.head_dim), m.prefix + "attention.value_length");
     if (vdim != hp_.head_dim) fail(DFL_ERR_UNSUPPORTED, "attention.value_length differs from key_length");
     if (hp_.n_head % hp_.n_kv != 0) fail(DFL_ERR_INVALID, "attention.head_count is not a multiple of head_count_kv");
     hp_.eps = (float)m.f("attention.layer_norm_rms_epsilon", 1e-6);
     hp_.theta = (float)m.f("rope.freq_base", 10000.0);
-    hp_.rope_dim = positive(m.i("rope.dimension_count", hp_.head_dim), m.prefix + "rope.dimension_count");
+    hp_.rope_dim = positive_hparam(m.i("rope.dimension_count", hp_.head_dim), m.prefix + "rope.dimension_count");
     if (hp_.rope_dim > hp_.head_dim || hp_.rope_dim % 2 != 0)
         fail(DFL_ERR_INVALID, "rope.dimension_count " + std::to_string(hp_.rope_dim) + " does not fit head_dim");
     hp_.n_ctx_train = (int)m.i("context_length", 0);
     if (hp_.hybrid) {
-        hp_.full_attn_interval = positive(m.i("full_attention_interval", 4), m.prefix + "full_attention_interval");
-        hp_.conv_k = positive(m.i("ssm.conv_kernel"), m.prefix + "ssm.conv_kernel");
-        hp_.dk = positive(m.i("ssm.state_size"), m.prefix + "ssm.state_size");
-        hp_.n_k = positive(m.i("ssm.group_count"), m.prefix + "ssm.group_count");
-        hp_.n_v = positive(m.i("ssm.time_step_rank"), m.prefix + "ssm.time_step_rank");
-        const int inner = positive(m.i("ssm.inner_size"), m.prefix + "ssm.inner_size");
+        hp_.full_attn_interval = positive_hparam(m.i("full_attention_interval", 4), m.prefix + "full_attention_interval");
+        hp_.conv_k = positive_hparam(m.i("ssm.conv_kernel"), m.prefix + "ssm.conv_kernel");
+        hp_.dk = positive_hparam(m.i("ssm.state_size"), m.prefix + "ssm.state_size");
+        hp_.n_k = positive_hparam(m.i("ssm.group_count"), m.prefix + "ssm.group_count");
+        hp_.n_v = positive_hparam(m.i("ssm.time_step_rank"), m.prefix + "ssm.time_step_rank");
+        const int inner = positive_hparam(m.i("ssm.inner_size"), m.prefix + "ssm.inner_size");
         if (inner % hp_.n_v != 0) fail(DFL_ERR_INVALID, "ssm.inner_size is not a multiple of ssm.time_step_rank");
         hp_.dv = inner / hp_.n_v;
         if (hp_.n_v % hp_.n_k != 0) fail(DFL_ERR_INVALID, "ssm.time_step_rank is not a multiple of ssm.group_count");
@@ -159,9 +145,7 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     const uint64_t per_token = 3ull * h.n_embd + 2ull * h.n_ff + (n_attn ? qd * 5 + 2 * kvd : 0) +
                                (n_rec ? 2ull * h.conv_channels() + 2ull * h.n_v * h.dv + 4ull * h.n_v : 0);
     e.scratch_bytes = 512ull * per_token * sizeof(float);
-    const uint32_t size = out->struct_size ? out->struct_size : (uint32_t)sizeof e;
-    std::memcpy(out, &e, std::min<size_t>(size, sizeof e));
-    out->struct_size = std::min<uint32_t>(size, (uint32_t)sizeof e);
+    write_sized(out, e);
 }
 
 QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
@@ -252,7 +236,7 @@ void QwenModel::load_weights(const dfl_model_params &p) {
     const HParams &h = hp_;
     const dfl_tensor *emb = w_.find("token_embd.weight");
     if (!emb) fail(DFL_ERR_INVALID, "tensor token_embd.weight is missing");
-    hp_.n_vocab = positive((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
+    hp_.n_vocab = positive_hparam((int64_t)emb->dims[1], "vocabulary size (token_embd.weight dims[1])");
 
     tok_embd_ = w_.matrix("token_embd.weight", h.n_embd, h.n_vocab);
     w_.upload(tok_embd_);
@@ -315,7 +299,6 @@ void QwenModel::load_weights(const dfl_model_params &p) {
 }
 
 void QwenModel::info(dfl_model_info *out) const {
-    const uint32_t size = out->struct_size;
     dfl_model_info i;
     std::memset(&i, 0, sizeof i);
     i.struct_size = sizeof i;
@@ -342,17 +325,10 @@ void QwenModel::info(dfl_model_info *out) const {
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
     i.rope_dim = (uint32_t)hp_.rope_dim;
-    std::memcpy(out, &i, std::min<size_t>(size ? size : sizeof i, sizeof i));
-    out->struct_size = std::min<uint32_t>(size ? size : (uint32_t)sizeof i, (uint32_t)sizeof i);
+    write_sized(out, i);
 }
 
-void QwenModel::kv_stats(dfl_kv_stats *out) const {
-    out->block_size = table_.block_size();
-    out->blocks_total = table_.n_blocks();
-    out->blocks_free = table_.free_blocks();
-    out->seqs_total = table_.max_seqs();
-    out->seqs_free = table_.free_seqs();
-}
+void QwenModel::kv_stats(dfl_kv_stats *out) const { table_.kv_stats(out); }
 
 int32_t QwenModel::seq_alloc() {
     const int32_t s = table_.alloc();
@@ -699,16 +675,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     bool any_record = false;
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         const dfl_seq_batch &sb = b.seqs[i];
-        const std::string who = "batch entry " + std::to_string(i) + " (sequence " + std::to_string(sb.seq) + ")";
+        const std::string who = check_batch_entry(table_, seen, i, sb, h.n_vocab);
         Seq &q = table_.get(sb.seq);
-        if (!seen.insert(sb.seq).second) fail(DFL_ERR_INVALID, who + ": the sequence appears twice in one batch");
-        if (sb.n_tokens == 0) fail(DFL_ERR_INVALID, who + ": no tokens");
-        if (!sb.tokens) fail(DFL_ERR_INVALID, who + ": tokens is null");
-        for (uint32_t t = 0; t < sb.n_tokens; t++)
-            if (sb.tokens[t] < 0 || sb.tokens[t] >= h.n_vocab)
-                fail(DFL_ERR_INVALID, who + ": token " + std::to_string(sb.tokens[t]) + " is outside the vocabulary (" +
-                                          std::to_string(h.n_vocab) + ")");
-        if (sb.logits > DFL_LOGITS_ALL) fail(DFL_ERR_INVALID, who + ": bad logits mode");
         if (q.tree)
             fail(DFL_ERR_STATE, who + ": the sequence holds an unresolved tree forward (seq_accept_path, seq_truncate or "
                                       "seq_rollback first)");
@@ -745,9 +713,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
         max_ctx = (int64_t)max_blocks * table_.block_size();
     }
-    if (rows > 0 && !b.logits && !topk) fail(DFL_ERR_INVALID, "batch: logits requested but the output buffer is null");
-    if (topk && (topk->k < 1 || topk->k > 64 || (rows > 0 && (!topk->ids || !topk->vals || !topk->lse))))
-        fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
+    check_batch_outputs(b, rows, topk);
     if (b.n_capture > 0) {
         if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");
         for (uint32_t c = 0; c < b.n_capture; c++)
@@ -755,14 +721,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
                 fail(DFL_ERR_INVALID, "batch: capture layer " + std::to_string(b.capture_layers[c]) + " is out of range");
     }
     // KV blocks for the new tokens, all or nothing
-    uint64_t need = 0;
-    for (uint32_t i = 0; i < b.n_seqs; i++) {
-        const Seq &q = table_.get(b.seqs[i].seq);
-        need += table_.missing_blocks(q, q.len + b.seqs[i].n_tokens);
-    }
-    if (need > table_.free_blocks())
-        fail(DFL_ERR_NO_KV, "KV pool exhausted: the batch needs " + std::to_string(need) + " more blocks, " +
-                                std::to_string(table_.free_blocks()) + " free");
+    check_batch_blocks(table_, b);
     // device buffers before any state changes, so an allocation failure changes nothing
     ensure_acts(T);
     const int32_t E = (int32_t)b.n_seqs;

@@ -43,6 +43,14 @@ uint32_t SeqTable::free_seqs() const {
     return n;
 }
 
+void SeqTable::kv_stats(dfl_kv_stats *out) const {
+    out->block_size = block_size();
+    out->blocks_total = n_blocks();
+    out->blocks_free = free_blocks();
+    out->seqs_total = max_seqs();
+    out->seqs_free = free_seqs();
+}
+
 uint32_t SeqTable::missing_blocks(const Seq &q, uint32_t tokens) const {
     if (!paged_) return 0;
     const uint32_t want = blocks_for(tokens);

@@ -42,6 +42,7 @@ public:
     uint32_t max_seqs() const { return (uint32_t)seqs_.size(); }
     uint32_t free_blocks() const { return (uint32_t)free_.size(); }
     uint32_t free_seqs() const;
+    void kv_stats(dfl_kv_stats *out) const;
     uint32_t blocks_for(uint32_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
     // Blocks sequence q lacks to hold `tokens` tokens.
     uint32_t missing_blocks(const Seq &q, uint32_t tokens) const;

@@ -20,15 +20,8 @@
 #include "arch/deepseek4.h"
 #include "common.h"
 #include "ops/device.h"
+#include "cuda_test.h"
 #include "test.h"
-
-namespace dfltest {
-std::vector<Case> &registry() {
-    static std::vector<Case> r;
-    return r;
-}
-int g_failures = 0;
-}  // namespace dfltest
 
 namespace {
 
@@ -606,33 +599,14 @@ void test_moe() {
 
 int main(int argc, char **argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    int n_gpus = 0;
-    const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
-    if (ce != cudaSuccess || n_gpus == 0) {
-        std::printf("skip: no CUDA device (%s); the CUDA ds4 op tests need a GPU\n",
-                    ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
-        return 0;
-    }
+    if (!dfltest::cuda_present("the CUDA ds4 op tests")) return 0;
     std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
     g_cpu = cpu.get();
     g_gpu = gpu.get();
     std::printf("deepseek4 ops: comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
-    const char *only = argc > 1 ? argv[1] : nullptr;
-    struct Group {
-        const char *name;
-        void (*fn)();
-    };
-    const Group groups[] = {{"hc", test_hc},           {"rope", test_rope},         {"compress", test_compress},
-                            {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe}};
-    for (const Group &g : groups) {
-        if (only && std::strcmp(only, g.name) != 0) continue;
-        try {
-            g.fn();
-        } catch (const std::exception &e) {
-            std::printf("FAIL %s: exception: %s\n", g.name, e.what());
-            dfltest::g_failures++;
-        }
-    }
+    const dfltest::Group groups[] = {{"hc", test_hc},           {"rope", test_rope},           {"compress", test_compress},
+                                     {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe}};
+    dfltest::run_groups(groups, argc > 1 ? argv[1] : nullptr);
     std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
     return dfltest::g_failures == 0 ? 0 : 1;
 }

@@ -30,15 +30,8 @@
 #include "common.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/device.h"
+#include "cuda_test.h"
 #include "test.h"
-
-namespace dfltest {
-std::vector<Case> &registry() {
-    static std::vector<Case> r;
-    return r;
-}
-int g_failures = 0;
-}  // namespace dfltest
 
 namespace {
 
@@ -1105,34 +1098,15 @@ int main(int argc, char **argv) {
     // line-buffered even into a pipe or file: a device fault ends the process from a destructor (std::terminate), and
     // the lines already printed must show how far it got
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    int n_gpus = 0;
-    const cudaError_t ce = cudaGetDeviceCount(&n_gpus);
-    if (ce != cudaSuccess || n_gpus == 0) {
-        std::printf("skip: no CUDA device (%s); the CUDA op tests need a GPU\n",
-                    ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
-        return 0;
-    }
+    if (!dfltest::cuda_present("the CUDA op tests")) return 0;
     std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
     g_cpu = cpu.get();
     g_gpu = gpu.get();
     std::printf("comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
-    const char *only = argc > 1 ? argv[1] : nullptr;
-    struct Group {
-        const char *name;
-        void (*fn)();
-    };
-    const Group groups[] = {{"errors", test_errors},  {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
-                            {"attention", test_attention}, {"gdn", test_gdn},   {"dflash2", test_dflash2},   {"bench", bench_gemv},
-                            {"bench", bench_attention}};
-    for (const Group &g : groups) {
-        if (only && std::strcmp(only, g.name) != 0) continue;
-        try {
-            g.fn();
-        } catch (const std::exception &e) {
-            std::printf("FAIL %s: exception: %s\n", g.name, e.what());
-            dfltest::g_failures++;
-        }
-    }
+    const dfltest::Group groups[] = {{"errors", test_errors},       {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
+                                     {"attention", test_attention}, {"gdn", test_gdn},             {"dflash2", test_dflash2},
+                                     {"bench", bench_gemv},         {"bench", bench_attention}};
+    dfltest::run_groups(groups, argc > 1 ? argv[1] : nullptr);
     std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
     return dfltest::g_failures == 0 ? 0 : 1;
 }

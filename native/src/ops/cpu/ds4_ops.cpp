@@ -69,6 +69,15 @@ void ds4_rope_tail_head(float *x, int head_dim, int rope_dim, double pos, const 
     }
 }
 
+// One token's N streams X [N][D] weighted into y [D] (stream order, the same rounding for every caller).
+static void hc_mix_streams(const float *weight, const float *X, int N, int64_t D, float *y) {
+    for (int64_t d = 0; d < D; d++) {
+        float s = 0;
+        for (int i = 0; i < N; i++) s += weight[i] * X[i * D + d];
+        y[d] = s;
+    }
+}
+
 void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     const int N = c.N, M = (2 + N) * N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
@@ -79,13 +88,7 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
         float *comb = c.comb + t * N * N;
         for (int k = 0; k < N * N; k++) comb[k] = mix[2 * N + k] * c.scale[2] + c.base[2 * N + k];
         ds4_sinkhorn(comb, N, c.iters, c.eps);
-        const float *X = c.X + t * N * c.D;
-        float *x = c.x + t * c.D;
-        for (int64_t d = 0; d < c.D; d++) {
-            float s = 0;
-            for (int i = 0; i < N; i++) s += pre[i] * X[i * c.D + d];
-            x[d] = s;
-        }
+        hc_mix_streams(pre, c.X + t * N * c.D, N, c.D, c.x + t * c.D);
     });
 }
 
@@ -108,13 +111,7 @@ void ds4_hc_head(ThreadPool &pool, const HcHeadCall &c) {
     pool.parallel_for(c.T, [&](int64_t t, int) {
         float a[64];
         for (int i = 0; i < N; i++) a[i] = sigmoid(c.mix[t * N + i] * c.scale[0] + c.base[i]) + c.eps;
-        const float *X = c.X + t * N * c.D;
-        float *y = c.y + t * c.D;
-        for (int64_t d = 0; d < c.D; d++) {
-            float s = 0;
-            for (int i = 0; i < N; i++) s += a[i] * X[i * c.D + d];
-            y[d] = s;
-        }
+        hc_mix_streams(a, c.X + t * N * c.D, N, c.D, c.y + t * c.D);
     });
 }
 

@@ -40,6 +40,15 @@ __device__ void sinkhorn_serial(float *c, int n, int iters, float eps) {
     }
 }
 
+// The block weights one token's N streams X [N][D] into y [D], summing in stream order as the CPU reference does.
+__device__ void mix_streams_block(const float *weight, const float *X, int N, int64_t D, float *y) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float s = 0.0f;
+        for (int i = 0; i < N; i++) s += weight[i] * X[i * D + d];
+        y[d] = s;
+    }
+}
+
 // One block per token: thread 0 derives pre, post and comb (a few dozen scalars), then the block mixes the streams.
 __global__ void hc_pre_kernel(HcPreCall c) {
     __shared__ float pre[kDs4MaxHc], comb[kDs4MaxHc * kDs4MaxHc];
@@ -54,13 +63,7 @@ __global__ void hc_pre_kernel(HcPreCall c) {
         for (int k = 0; k < N * N; k++) c.comb[t * N * N + k] = comb[k];
     }
     __syncthreads();
-    const float *X = c.X + t * N * c.D;
-    float *x = c.x + t * c.D;
-    for (int64_t d = threadIdx.x; d < c.D; d += blockDim.x) {
-        float s = 0.0f;
-        for (int i = 0; i < N; i++) s += pre[i] * X[i * c.D + d];
-        x[d] = s;
-    }
+    mix_streams_block(pre, c.X + t * N * c.D, N, c.D, c.x + t * c.D);
 }
 
 // One thread per output element (token, stream b, channel d).
@@ -83,13 +86,7 @@ __global__ void hc_head_kernel(HcHeadCall c) {
     const int N = c.N;
     if (threadIdx.x < N) a[threadIdx.x] = sigmoid_f(c.mix[t * N + threadIdx.x] * c.scale[0] + c.base[threadIdx.x]) + c.eps;
     __syncthreads();
-    const float *X = c.X + t * N * c.D;
-    float *y = c.y + t * c.D;
-    for (int64_t d = threadIdx.x; d < c.D; d += blockDim.x) {
-        float s = 0.0f;
-        for (int i = 0; i < N; i++) s += a[i] * X[i * c.D + d];
-        y[d] = s;
-    }
+    mix_streams_block(a, c.X + t * N * c.D, N, c.D, c.y + t * c.D);
 }
 
 // ---- RoPE -----------------------------------------------------------------------------------------------------------
