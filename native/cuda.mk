@@ -58,7 +58,8 @@ $(CB)/cpu/%.o: src/%.cpp cuda.mk
 
 # The DeepSeek V4 kernels round element-wise arithmetic as the CPU reference (built with -ffp-contract=off) does, so
 # that the indexer's scores and the router's choices match it bit for bit: no FMA contraction there.
-$(CB)/ops/cuda/ds4.o $(CB)/ops/cuda/ds4_%.o: NVCC_FILE_FLAGS := -fmad=false
+$(CB)/ops/cuda/ds4.o: NVCC_FILE_FLAGS := -fmad=false
+$(CB)/ops/cuda/ds4_%.o: NVCC_FILE_FLAGS := -fmad=false
 
 $(CB)/%.o: src/%.cu cuda.mk
 	@mkdir -p $(dir $@)
