@@ -50,8 +50,12 @@ func (s *server) backendOf(t *testing.T, file string) proc {
 
 // longStream is a streaming request that generates until it is cancelled
 // (thousands of tokens of a tiny model take seconds).
-func longStream(model string) map[string]any {
-	b := chatReq(model, "Tell me a long story.", 6000, true)
+func longStream(model string) map[string]any { return storyStream(model, 6000) }
+
+// storyStream is a streaming request for exactly tokens tokens (the end of
+// sequence is ignored).
+func storyStream(model string, tokens int) map[string]any {
+	b := chatReq(model, "Tell me a long story.", tokens, true)
 	b["ignore_eos"] = true
 	return b
 }

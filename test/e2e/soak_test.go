@@ -28,13 +28,6 @@ type soakOutcome struct {
 	problem                  string // anything else
 }
 
-// terminalEvents names the one event that ends a stream of each API.
-var terminalEvents = map[string][]string{
-	pathChat:      {"[DONE]"},
-	pathMessages:  {"message_stop"},
-	pathResponses: {"response.completed", "response.incomplete"},
-}
-
 // soakBody is request i: the three APIs in turn, streaming every other
 // round, on either model.
 func soakBody(i int) (path string, body map[string]any, stream bool) {
@@ -114,19 +107,8 @@ func soakOne(s *server, i, leaveAfter int) soakOutcome {
 			break
 		}
 	}
-	terminals := 0
-	for _, e := range evs {
-		if e.name == "error" || strings.Contains(e.data, `"error":{`) || strings.Contains(e.data, `"type":"error"`) {
-			return soakOutcome{problem: fmt.Sprintf("request %d: an error event: %.200s", i, e.data)}
-		}
-		for _, term := range terminalEvents[path] {
-			if e.name == term || e.data == term {
-				terminals++
-			}
-		}
-	}
-	if terminals != 1 {
-		return soakOutcome{problem: fmt.Sprintf("request %d: %d terminal events in %d", i, terminals, len(evs))}
+	if _, err := streamEnd(path, evs); err != nil {
+		return soakOutcome{problem: fmt.Sprintf("request %d: %v", i, err)}
 	}
 	return soakOutcome{completed: true}
 }
