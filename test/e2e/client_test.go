@@ -511,3 +511,31 @@ func streamEnd(path string, evs []sseEvent) (streamEnding, error) {
 	}
 	return end, nil
 }
+
+// apiBody is a request of path's API (chat, completions, messages or
+// responses) with one user turn; model "" leaves the field out. Streams ask
+// for usage, so streamEnd can count their tokens on every API.
+func apiBody(path, model, content string, maxTokens int, stream bool) map[string]any {
+	var b map[string]any
+	user := []any{map[string]any{"role": "user", "content": content}}
+	switch path {
+	case pathMessages:
+		b = map[string]any{"messages": user, "max_tokens": maxTokens}
+	case pathResponses:
+		b = map[string]any{"input": content, "max_output_tokens": maxTokens}
+	case pathCompletions:
+		b = map[string]any{"prompt": content, "max_tokens": maxTokens}
+	default:
+		b = map[string]any{"messages": user, "max_tokens": maxTokens}
+	}
+	if model != "" {
+		b["model"] = model
+	}
+	if stream {
+		b["stream"] = true
+		if path == pathChat || path == pathCompletions {
+			b["stream_options"] = map[string]any{"include_usage": true}
+		}
+	}
+	return b
+}

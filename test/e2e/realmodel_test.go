@@ -125,6 +125,10 @@ func TestSeedCommandLine(t *testing.T) {
 		testRealServer(t, qwen3, ds4, draft)
 	})
 
+	t.Run("SIGTERM drains qwen and ds4 streams", func(t *testing.T) { testSeedDrain(t, qwen3, draft, ds4) })
+
+	t.Run("balancing disabled", func(t *testing.T) { testSeedBalancingDisabled(t, qwen3, draft, ds4) })
+
 	t.Run("primary cpu:1 reverses the priority", func(t *testing.T) {
 		head := []string{"--load-balancing", "--load-balancing-primary-gpu", "cpu:1"} // the only change
 		s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
@@ -273,8 +277,8 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		// Four long generations fill qwen's slots; the next requests go to
 		// ds4 (the deepseek4 model on the ds4 backend), one at a time.
 		var holders []*call
-		for i := 0; i < 4; i++ {
-			holders = append(holders, s.hold(t, "", "qwen"))
+		for range seedQwenSlots {
+			holders = append(holders, s.holdWith(t, storyStream("", seedQwenHold), "qwen"))
 		}
 		defer release(holders...)
 		for _, api := range []string{pathChat, pathCompletions, pathMessages, pathResponses} {
@@ -286,6 +290,8 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		release(holders...)
 		s.waitIdle(t)
 	})
+
+	testSeedAdmission(t, s)
 
 	t.Run("official clients", func(t *testing.T) {
 		dir := filepath.Join(env.root, "test", "clients")
@@ -314,18 +320,7 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 // want is the model that must answer.
 func generate(t *testing.T, s *server, api, want string) (string, [2]int) {
 	t.Helper()
-	user := []any{map[string]any{"role": "user", "content": "Hello, who are you?"}}
-	var body map[string]any
-	switch api {
-	case pathChat:
-		body = map[string]any{"messages": user, "max_tokens": 8}
-	case pathMessages:
-		body = map[string]any{"messages": user, "max_tokens": 8}
-	case pathResponses:
-		body = map[string]any{"input": "Hello, who are you?", "max_output_tokens": 8}
-	case pathCompletions:
-		body = map[string]any{"prompt": "Hello, who are you?", "max_tokens": 8}
-	}
+	body := apiBody(api, "", "Hello, who are you?", 8, false)
 	c := s.post(t, api, body)
 	if c.status != 200 {
 		t.Fatalf("%s: status %d: %s", api, c.status, c.bodyBytes())

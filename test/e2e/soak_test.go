@@ -38,16 +38,8 @@ func soakBody(i int) (path string, body map[string]any, stream bool) {
 	if stream {
 		maxTok = 24
 	}
-	user := fmt.Sprintf("request %d: say something", i)
-	switch path {
-	case pathChat:
-		body = map[string]any{"model": model, "messages": []any{map[string]any{"role": "user", "content": user}}, "max_tokens": maxTok}
-	case pathMessages:
-		body = map[string]any{"model": model, "messages": []any{map[string]any{"role": "user", "content": user}}, "max_tokens": maxTok}
-	case pathResponses:
-		body = map[string]any{"model": model, "input": user, "max_output_tokens": maxTok}
-	}
-	body["stream"] = stream
+	body = apiBody(path, model, fmt.Sprintf("request %d: say something", i), maxTok, stream)
+	body["stream"] = stream // also false: the non-streaming bodies say so
 	body["ignore_eos"] = true
 	return path, body, stream
 }
