@@ -88,18 +88,36 @@ func streamErrored(evs []sseEvent) bool {
 // TestRealBackendFaults breaks one of two real models and checks that only
 // its own clients notice: SIGKILL of its backend mid-stream (an in-stream
 // error, a restart, service again), SIGKILL of the policy (nobody notices),
-// then its GGUF truncated after start-up validation (the engine faults on the missing pages, reloads fail with a
-// message naming the file, and the model ends failed while the other one
-// serves throughout).
+// then its GGUF truncated after start-up validation (the engine faults on
+// the missing pages, reloads fail with a message naming the file, and the
+// model ends failed while the other one serves throughout). The victim is
+// a qwen3 model beside a qwen35 one, then the deepseek4 model (ds4
+// backend) beside a qwen3 one.
 func TestRealBackendFaults(t *testing.T) {
 	q3, q35 := tinyModels(t)
-	dir := t.TempDir()
-	q3 = copyFile(t, q3, filepath.Join(dir, "victim.gguf"))
-	q35 = copyFile(t, q35, filepath.Join(dir, "bystander.gguf"))
+	tests := []struct {
+		name              string
+		victim, bystander func(t *testing.T) string
+	}{
+		{"qwen3 victim", func(*testing.T) string { return q3 }, func(*testing.T) string { return q35 }},
+		{"deepseek4 victim", tinyDS4, func(*testing.T) string { return q3 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			// Copies: the last subtest truncates the victim's file.
+			victim := copyFile(t, tt.victim(t), filepath.Join(dir, "victim.gguf"))
+			bystander := copyFile(t, tt.bystander(t), filepath.Join(dir, "bystander.gguf"))
+			testBackendFaults(t, victim, bystander)
+		})
+	}
+}
+
+func testBackendFaults(t *testing.T, q3, q35 string) {
 	args := []string{"--routing-policy", "by-name",
 		"--model", q3, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
 		"--model", q35, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
-	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-by-name"}, args: args})
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-by-name"}, args: args})
 
 	// firstToken waits until a stream has sent generated text.
 	firstToken := func(t *testing.T, c *call) {
@@ -208,6 +226,12 @@ func TestRealBackendFaults(t *testing.T) {
 		is.Equal(st.model("bystander").State, "ready")
 		is.True(strings.Contains(s.stderr.String(), "truncated file")) // the operator is told why reloads fail
 		is.True(strings.Contains(s.stderr.String(), q3))               // and which file
+		for _, l := range strings.Split(s.stderr.String(), "\n") {
+			if strings.Contains(l, "truncated file") {
+				t.Logf("the request after the cut: %d; the reload: %s", c.status, l)
+				break
+			}
+		}
 
 		c = s.post(t, pathChat, chatReq("victim", "hi", 4, false))
 		is.Equal(c.status, 503)
@@ -224,40 +248,52 @@ func TestRealBackendFaults(t *testing.T) {
 	})
 }
 
-// TestHungBackend stops one of two real models' backend processes (SIGSTOP: alive, answering nothing): a request
-// that would go to it is served by the other model once --admission-timeout expires, and the model serves again
-// when its process resumes.
+// TestHungBackend stops the primary's backend process (SIGSTOP: alive, answering nothing): a request that would go
+// to it is served by the other model once --admission-timeout expires, and the model serves again when its process
+// resumes. The hung primary is a qwen3 model, then the deepseek4 one (ds4 backend); the other is qwen35.
 func TestHungBackend(t *testing.T) {
-	is := is.New(t)
 	q3, q35 := tinyModels(t)
-	dir := t.TempDir()
-	q3 = copyFile(t, q3, filepath.Join(dir, "hung.gguf"))
-	q35 = copyFile(t, q35, filepath.Join(dir, "other.gguf"))
-	args := []string{"--load-balancing", "--admission-timeout", "300ms",
-		"--model", q3, "--model-name", "hung", "--target-device", "cpu:0", "--max-ctx", "2048", "--max-concurrency", "2",
-		"--model", q35, "--model-name", "other", "--target-device", "cpu:1", "--max-ctx", "2048", "--max-concurrency", "2"}
-	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-primary-first"}, args: args})
-	hung := s.backendOf(t, q3)
-	is.NoErr(syscall.Kill(hung.pid, syscall.SIGSTOP))
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(hung.pid, syscall.SIGCONT)
-		}
+	tests := []struct {
+		name string
+		hung func(t *testing.T) string
+	}{
+		{"qwen3", func(*testing.T) string { return q3 }},
+		{"deepseek4", tinyDS4},
 	}
-	defer resume()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			dir := t.TempDir()
+			// Copies: backendOf tells the processes apart by the file they map.
+			hungFile := copyFile(t, tt.hung(t), filepath.Join(dir, "hung.gguf"))
+			other := copyFile(t, q35, filepath.Join(dir, "other.gguf"))
+			args := []string{"--load-balancing", "--admission-timeout", "300ms",
+				"--model", hungFile, "--model-name", "hung", "--target-device", "cpu:0", "--max-ctx", "2048", "--max-concurrency", "2",
+				"--model", other, "--model-name", "other", "--target-device", "cpu:1", "--max-ctx", "2048", "--max-concurrency", "2"}
+			s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-primary-first"}, args: args})
+			hung := s.backendOf(t, hungFile)
+			is.NoErr(syscall.Kill(hung.pid, syscall.SIGSTOP))
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					_ = syscall.Kill(hung.pid, syscall.SIGCONT)
+				}
+			}
+			defer resume()
 
-	c := s.post(t, pathChat, chatReq("", "hi", 4, false))
-	is.Equal(c.status, 200)                                                      // answered, not hung
-	is.Equal(c.model(), "other")                                                 // by the model that answers
-	is.True(strings.HasPrefix(c.header.Get("X-Dflash-Route"), "fallback:hung=")) // the route names the one passed over
+			c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+			is.Equal(c.status, 200)                                                      // answered, not hung
+			is.Equal(c.model(), "other")                                                 // by the model that answers
+			is.True(strings.HasPrefix(c.header.Get("X-Dflash-Route"), "fallback:hung=")) // the route names the one passed over
 
-	resume()
-	ok := waitFor(t, "the resumed model to serve again", func() bool {
-		c := s.post(t, pathChat, chatReq("", "hi", 4, false))
-		return c.status == 200 && c.model() == "hung"
-	})
-	is.True(ok)
-	s.waitIdle(t)
+			resume()
+			ok := waitFor(t, "the resumed model to serve again", func() bool {
+				c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+				return c.status == 200 && c.model() == "hung"
+			})
+			is.True(ok)
+			s.waitIdle(t)
+		})
+	}
 }
