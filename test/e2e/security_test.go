@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -153,4 +157,52 @@ func TestRealBackendsLogNoContent(t *testing.T) {
 	logs := s.stdout.String() + s.stderr.String()
 	is.True(strings.Contains(logs, "[TRACE]") || strings.Contains(logs, "[DEBUG]")) // the verbose levels were on
 	is.True(!strings.Contains(logs, secret))                                        // no request content anywhere
+}
+
+// TestPinnedPluginChecksums pins the real ds4 backend with a
+// <binary>.sha256 sidecar, as an operator does: with its digest the
+// deepseek4 model loads and serves; with another digest the binary is
+// never run, and the launch fails saying which plugin and why.
+func TestPinnedPluginChecksums(t *testing.T) {
+	ds4 := tinyDS4(t)
+	bin, err := os.ReadFile(env.plugins["backend-ds4"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bin)
+	wrong := sum
+	wrong[0] ^= 0xff
+	tests := []struct {
+		name   string
+		digest [32]byte
+		serves bool
+	}{
+		{"the binary's digest", sum, true},
+		{"another digest", wrong, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			dir := pluginDir(t, "backend-ds4", "policy-primary-first")
+			// sha256sum's format: the digest, two spaces, the file name.
+			pin := hex.EncodeToString(tt.digest[:]) + "  dflash-backend-ds4\n"
+			is.NoErr(os.WriteFile(filepath.Join(dir, "dflash-backend-ds4.sha256"), []byte(pin), 0o644))
+			s := launchServer(t, dir, freePort(t), []string{"--model", ds4, "--model-name", "ds4"})
+			if tt.serves {
+				is.NoErr(s.waitReady())
+				text, _ := generate(t, s, pathChat, "ds4")
+				is.True(text != "")
+				return
+			}
+			is.True(s.wait() != 0) // the launch fails
+			lines := errorLines(s.stderr.String())
+			is.Equal(len(lines), 1)
+			// The one error line names the architecture left unserved,
+			// the plugin and why it was not run.
+			if len(lines) == 1 && !contains(lines[0], `"deepseek4"`, "dflash-backend-ds4", "checksum mismatch") {
+				t.Errorf("error line %q does not say the pinned ds4 backend was refused", lines[0])
+			}
+			is.Equal(len(s.pluginProcs("backend-")), 0)
+		})
+	}
 }

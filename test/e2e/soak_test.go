@@ -251,10 +251,23 @@ func TestSoak(t *testing.T) {
 			}
 		}()
 	}
+	// Memory is sampled at each tenth of the run (by requests sent, or by
+	// time in a timed run) to tell growth that levels off from a leak.
+	samples := []map[string]int{memBefore}
+	length := time.Duration(sh.minutes * float64(time.Minute))
+	tenth := func(sent int) int {
+		if sh.minutes > 0 {
+			return int(10 * time.Since(begin) / length)
+		}
+		return 10 * sent / sh.requests
+	}
 	sent := 0
 	for ; sh.minutes > 0 || sent < sh.requests; sent++ {
-		if sh.minutes > 0 && time.Since(begin) > time.Duration(sh.minutes*float64(time.Minute)) {
+		if sh.minutes > 0 && time.Since(begin) > length {
 			break
+		}
+		if tenth(sent) > len(samples)-1 {
+			samples = append(samples, s.memory())
 		}
 		jobs <- sent
 	}
@@ -327,7 +340,11 @@ func TestSoak(t *testing.T) {
 	for p, before := range memBefore {
 		after, ok := memAfter[p]
 		is.True(ok) // the same processes: none restarted
-		t.Logf("memory %s: %d KiB before, %d KiB after", p, before, after)
+		var series []string
+		for _, m := range samples {
+			series = append(series, strconv.Itoa(m[p]/1024))
+		}
+		t.Logf("memory %s: %d KiB before, %d KiB after; MiB by tenths of the run: %s", p, before, after, strings.Join(series, " "))
 		// Flat, not equal: heaps and allocator caches settle after the
 		// warm-up (a few MiB were seen). A leak of per-request state
 		// (prompts, KV blocks, event buffers) over hundreds of requests
