@@ -313,6 +313,9 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		}
 		t.Logf("npm test: %s", summaryLines(string(out)))
 	})
+
+	// Last: it leaves ds4 with a restart behind it.
+	testSeedDS4Killed(t, s, ds4)
 }
 
 // generate sends a small non-streaming request on api and returns the

@@ -282,3 +282,38 @@ func testSeedBalancingDisabled(t *testing.T, qwen3, draft, ds4 string) {
 		})
 	}
 }
+
+// testSeedDS4Killed kills ds4's backend process (SIGKILL) while a ds4 and a
+// qwen stream run on the seed line: the ds4 client gets an in-stream error
+// and a closed stream, ds4 restarts and serves again, and qwen's stream
+// never notices.
+func testSeedDS4Killed(t *testing.T, s *server, ds4 string) {
+	t.Run("SIGKILL of ds4's backend mid-stream: only its client notices", func(t *testing.T) {
+		is := is.New(t)
+		hq := s.holdWith(t, storyStream("", seedQwenHold), "qwen")
+		hd := s.holdDS4(t)
+		defer release(hq, hd)
+		decoding(t, hq)
+		decoding(t, hd)
+		is.NoErr(syscall.Kill(s.backendOf(t, ds4).pid, syscall.SIGKILL))
+
+		hd.wait(t)
+		evs := hd.events()
+		is.True(streamErrored(evs))              // the failure is reported in the stream
+		is.Equal(evs[len(evs)-1].data, "[DONE]") // which is then closed properly
+		st := s.waitStatus(t, "ds4 restarted", func(st status) bool {
+			return st.model("ds4").State == "ready" && st.model("ds4").Restarts == 1
+		})
+		is.Equal(st.model("qwen").Restarts, 0)
+		again := s.holdDS4(t) // the restarted ds4 admits and generates
+		defer release(again)
+		decoding(t, again)
+		is.True(!streamErrored(again.events()))
+		release(again)
+		is.True(!isDone(hq)) // qwen's stream goes on
+		is.True(!streamErrored(hq.events()))
+		release(hq)
+		s.waitIdle(t)
+		s.waitKVReturned(t)
+	})
+}
