@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -160,11 +162,21 @@ func testSeedAdmission(t *testing.T, s *server) {
 // (qwen's, ds4's, the policy's) is left.
 func testSeedDrain(t *testing.T, qwen3, draft, ds4 string) {
 	is := is.New(t)
+	gpuBefore := gpuMemoryUsed(t)
 	// A generous drain deadline: on a shared 2-core machine the streams
 	// may take longer than the default 30 s, and a cut stream is not what
 	// this test looks for.
 	head := append(slices.Clone(seedHead), "--drain-timeout", "5m")
 	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
+	// Long enough to outlast the few requests sent before the signal; a
+	// GPU decodes the tiny models far faster than the CPU.
+	qwenTokens, ds4Tokens := 300, 100
+	if strings.HasPrefix(seedDevices.qwen, "cuda") {
+		qwenTokens = 3000
+	}
+	if strings.HasPrefix(seedDevices.ds4, "cuda") {
+		ds4Tokens = 3000
+	}
 	type stream struct {
 		path, model string
 		tokens      int
@@ -173,11 +185,11 @@ func testSeedDrain(t *testing.T, qwen3, draft, ds4 string) {
 	// Qwen's streams fill its slots, so the last goes to ds4; their
 	// lengths keep them running well past the signal.
 	streams := []*stream{
-		{path: pathChat, model: "qwen", tokens: 300},
-		{path: pathMessages, model: "qwen", tokens: 300},
-		{path: pathResponses, model: "qwen", tokens: 300},
-		{path: pathCompletions, model: "qwen", tokens: 300},
-		{path: pathMessages, model: "ds4", tokens: 100},
+		{path: pathChat, model: "qwen", tokens: qwenTokens},
+		{path: pathMessages, model: "qwen", tokens: qwenTokens},
+		{path: pathResponses, model: "qwen", tokens: qwenTokens},
+		{path: pathCompletions, model: "qwen", tokens: qwenTokens},
+		{path: pathMessages, model: "ds4", tokens: ds4Tokens},
 	}
 	for _, st := range streams {
 		b := apiBody(st.path, "", "Tell me a long story.", st.tokens, true)
@@ -211,6 +223,36 @@ func testSeedDrain(t *testing.T, qwen3, draft, ds4 string) {
 	}
 	is.Equal(s.wait(), 0)
 	is.Equal(len(s.pluginProcs("")), 0) // every plugin process exited
+	for dev, before := range gpuBefore {
+		// No GPU memory left: the device is back to what it used before
+		// the server started (a little slack for the driver).
+		if after := gpuMemoryUsed(t)[dev]; after > before+64 {
+			t.Errorf("%s: %d MiB used after the server exited, %d MiB before it started", dev, after, before)
+		}
+	}
+}
+
+// gpuMemoryUsed is the memory in use (MiB, nvidia-smi) on each cuda device
+// of the seed line; empty when the line uses none.
+func gpuMemoryUsed(t *testing.T) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, dev := range []string{seedDevices.qwen, seedDevices.ds4} {
+		idx, ok := strings.CutPrefix(dev, "cuda:")
+		if !ok {
+			continue
+		}
+		b, err := exec.Command("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", idx).Output()
+		if err != nil {
+			t.Fatalf("nvidia-smi for %s: %v", dev, err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("nvidia-smi for %s: %q: %v", dev, b, err)
+		}
+		out[dev] = n
+	}
+	return out
 }
 
 // testSeedBalancingDisabled drops --load-balancing from the seed line:
@@ -225,8 +267,8 @@ func testSeedBalancingDisabled(t *testing.T, qwen3, draft, ds4 string) {
 		slots         int
 		hold          func() map[string]any // a request that keeps one of its slots
 	}{
-		{"cpu:0", "qwen", "ds4", "dflash-backend-qwen-dflash", seedQwenSlots, func() map[string]any { return storyStream("", seedQwenHold) }},
-		{"cpu:1", "ds4", "qwen", "dflash-backend-ds4", 1, func() map[string]any { return longStream("") }},
+		{seedDevices.qwen, "qwen", "ds4", "dflash-backend-qwen-dflash", seedQwenSlots, func() map[string]any { return storyStream("", seedQwenHold) }},
+		{seedDevices.ds4, "ds4", "qwen", "dflash-backend-ds4", 1, func() map[string]any { return longStream("") }},
 	}
 	for _, tt := range tests {
 		t.Run("primary "+tt.primary, func(t *testing.T) {
