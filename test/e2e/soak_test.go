@@ -51,6 +51,10 @@ func soakConfig(t *testing.T) soakShape {
 	return sh
 }
 
+// soakCodes are the status codes dflash_requests_total records for the
+// soak's outcomes: completed, refused, left (client closed).
+var soakCodes = [3]string{"200", "503", "499"}
+
 // soakModels are the soak's models by name: qwen3 and qwen35 on the Qwen
 // backend, ds4 (deepseek4) on the ds4 backend.
 var soakModels = []string{"qwen3", "qwen35", "ds4"}
@@ -225,7 +229,12 @@ func TestSoak(t *testing.T) {
 	s.waitIdle(t)
 	httpClient.CloseIdleConnections()
 	base := s.goroutines(t)
-	warm := s.metrics(t).value("dflash_requests_total")
+	warmMetrics := s.metrics(t)
+	warm := warmMetrics.value("dflash_requests_total")
+	warmCodes := [3]float64{}
+	for i, code := range soakCodes {
+		warmCodes[i] = warmMetrics.value("dflash_requests_total", "code", code)
+	}
 	memBefore := s.memory()
 
 	type result struct {
@@ -323,6 +332,16 @@ func TestSoak(t *testing.T) {
 	s.waitKVReturned(t)
 	m := s.metrics(t)
 	is.Equal(m.value("dflash_requests_total")-warm, float64(sent)) // the server counted each request once
+	// ... with the outcome its client saw: 503 for each refusal, 200 or
+	// 499 (client closed) for the rest. A client that left is 499 unless
+	// the server wrote its whole stream before it noticed: no exact split.
+	var code [3]float64
+	for i := range soakCodes {
+		code[i] = m.value("dflash_requests_total", "code", soakCodes[i]) - warmCodes[i]
+	}
+	is.Equal(code[1], float64(refused))
+	is.Equal(code[0]+code[2], float64(completed+left))
+	is.True(code[2] <= float64(left)) // no completed request counted as abandoned
 	is.Equal(m.value("dflash_requests_running"), 0.0)
 	is.Equal(m.value("dflash_requests_waiting"), 0.0)
 	for _, st := range s.status(t).Models {
@@ -358,6 +377,6 @@ func TestSoak(t *testing.T) {
 		k := tally[name]
 		per = append(per, fmt.Sprintf("%s %d/%d/%d", name, k[0], k[1], k[2]))
 	}
-	t.Logf("soak: %d requests from %d clients in %s: %d completed, %d refused (503), %d disconnected (completed/refused/disconnected: %s); goroutines %v before, %v after",
-		sent, sh.clients, wall.Round(time.Millisecond), completed, refused, left, strings.Join(per, ", "), base, now)
+	t.Logf("soak: %d requests from %d clients in %s: %d completed, %d refused (503), %d disconnected (completed/refused/disconnected: %s); the server counted %v × 200, %v × 503, %v × 499; goroutines %v before, %v after",
+		sent, sh.clients, wall.Round(time.Millisecond), completed, refused, left, strings.Join(per, ", "), code[0], code[1], code[2], base, now)
 }
