@@ -113,10 +113,12 @@ func TestRealBackendFaults(t *testing.T) {
 	}
 }
 
-func testBackendFaults(t *testing.T, q3, q35 string) {
+// testBackendFaults serves victim and bystander (model files the test may
+// damage) by name and breaks the victim.
+func testBackendFaults(t *testing.T, victim, bystander string) {
 	args := []string{"--routing-policy", "by-name",
-		"--model", q3, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
-		"--model", q35, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
+		"--model", victim, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
+		"--model", bystander, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
 	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-by-name"}, args: args})
 
 	// firstToken waits until a stream has sent generated text.
@@ -127,7 +129,7 @@ func testBackendFaults(t *testing.T, q3, q35 string) {
 			c.wait(t)
 			t.Fatalf("status %d: %s", c.status, c.bodyBytes())
 		}
-		waitFor(t, "the first token", func() bool { return len(c.events()) >= 2 })
+		decoding(t, c)
 	}
 
 	t.Run("SIGKILL of a backend mid-stream", func(t *testing.T) {
@@ -143,7 +145,7 @@ func testBackendFaults(t *testing.T, q3, q35 string) {
 		is.Equal(hv.model(), "victim")
 		is.Equal(hb.model(), "bystander")
 		s.waitStatus(t, "both victim requests running", func(st status) bool { return st.model("victim").InFlight == 2 })
-		is.NoErr(syscall.Kill(s.backendOf(t, q3).pid, syscall.SIGKILL))
+		is.NoErr(syscall.Kill(s.backendOf(t, victim).pid, syscall.SIGKILL))
 
 		// The victim's client gets an in-stream error, then the stream ends.
 		hv.wait(t)
@@ -209,11 +211,11 @@ func testBackendFaults(t *testing.T, q3, q35 string) {
 		defer release(hb)
 		firstToken(t, hb)
 		is.Equal(hb.model(), "bystander")
-		fi, err := os.Stat(q3)
+		fi, err := os.Stat(victim)
 		is.NoErr(err)
 		// The weights stay mapped from the file: cutting it removes pages
 		// the engine reads on the next forward pass.
-		is.NoErr(os.Truncate(q3, fi.Size()/2))
+		is.NoErr(os.Truncate(victim, fi.Size()/2))
 
 		c := s.start(t, pathChat, chatReq("victim", "hi", 4, true))
 		c.wait(t)
@@ -225,7 +227,7 @@ func testBackendFaults(t *testing.T, q3, q35 string) {
 		st := s.waitStatus(t, "victim failed", func(st status) bool { return st.model("victim").State == "failed" })
 		is.Equal(st.model("bystander").State, "ready")
 		is.True(strings.Contains(s.stderr.String(), "truncated file")) // the operator is told why reloads fail
-		is.True(strings.Contains(s.stderr.String(), q3))               // and which file
+		is.True(strings.Contains(s.stderr.String(), victim))           // and which file
 		for _, l := range strings.Split(s.stderr.String(), "\n") {
 			if strings.Contains(l, "truncated file") {
 				t.Logf("the request after the cut: %d; the reload: %s", c.status, l)
