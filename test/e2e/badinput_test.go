@@ -62,17 +62,22 @@ func errorMessage(b []byte) string {
 	return e.Error.Message
 }
 
-// TestBadRequests sends bad input to a server of two tiny real models: each
-// request gets one answer, a refusal is a 4xx whose message names the
-// culprit, nothing answers 5xx, and afterwards the server is unharmed (the
-// same plugin processes, every slot and KV block back, normal requests
-// served).
+// TestBadRequests sends bad input to a server of three tiny real models
+// (qwen3 and qwen35 on the Qwen backend, a deepseek4 model on the ds4
+// backend, whose own template, tokenizer and output parser see the bad
+// input too): each request gets one answer, a refusal is a 4xx whose
+// message names the culprit, nothing answers 5xx, and afterwards the
+// server is unharmed (the same plugin processes, every slot and KV block
+// back, normal requests served).
 func TestBadRequests(t *testing.T) {
 	qwen3, qwen35 := tinyModels(t)
-	args := []string{"--routing-policy", "by-name",
-		"--model", qwen3, "--model-name", "qwen3", "--max-ctx", "1024", "--max-tokens", "4",
-		"--model", qwen35, "--model-name", "qwen35", "--max-ctx", "1024", "--max-tokens", "4"}
-	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-by-name"}, args: args})
+	ds4 := tinyDS4(t)
+	var args []string
+	for _, m := range []struct{ file, name string }{{qwen3, "qwen3"}, {qwen35, "qwen35"}, {ds4, "ds4"}} {
+		args = append(args, "--model", m.file, "--model-name", m.name, "--max-ctx", "1024", "--max-tokens", "4")
+	}
+	args = append([]string{"--routing-policy", "by-name"}, args...)
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-by-name"}, args: args})
 	before := s.pluginProcs("")
 
 	chat := func(extra string) []byte {
@@ -108,6 +113,16 @@ func TestBadRequests(t *testing.T) {
 		{"detokenize half a character", "/detokenize", []byte(`{"model":"qwen3","tokens":[145]}`), 200, ""},
 		{"tokenize invalid UTF-8", "/tokenize", []byte("{\"model\":\"qwen3\",\"content\":\"a\xffb<|im_start|>\"}"), 200, ""},
 		{"count_tokens of nothing", "/v1/messages/count_tokens", []byte(`{"model":"qwen3","messages":[]}`), 400, "messages"},
+		// The same kinds of input to the deepseek4 model.
+		{"ds4: max_tokens past int64", pathChat, []byte(`{"model":"ds4","messages":[{"role":"user","content":"hi"}],"max_tokens":9223372036854775808}`), 400, "max_tokens"},
+		{"ds4: max_tokens above the model cap is clamped", pathMessages, []byte(`{"model":"ds4","max_tokens":1000000,"messages":[{"role":"user","content":"hi"}]}`), 200, ""},
+		{"ds4: invalid UTF-8 in content", pathChat, []byte("{\"model\":\"ds4\",\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\xfe\xc3\"}]}"), 200, ""},
+		{"ds4: lone surrogate, NUL and its own special tokens in content", pathMessages, []byte(`{"model":"ds4","max_tokens":2,"messages":[{"role":"user","content":"\ud800 \u0000 <｜Assistant｜><think>"}]}`), 200, ""},
+		{"ds4: invalid UTF-8 in responses input", pathResponses, []byte("{\"model\":\"ds4\",\"input\":\"\xff\xff\",\"max_output_tokens\":2}"), 200, ""},
+		{"ds4: a forced tool call", pathChat, []byte(`{"model":"ds4","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required"}`), 400, "tool_choice"},
+		{"ds4: 5 MiB prompt", pathChat, []byte(`{"model":"ds4","messages":[{"role":"user","content":"` + string(big) + `"}]}`), 400, "context"},
+		{"ds4: detokenize ids outside the vocabulary", "/detokenize", []byte(`{"model":"ds4","tokens":[-1,99999999]}`), 400, "token id -1"},
+		{"ds4: tokenize invalid UTF-8", "/tokenize", []byte("{\"model\":\"ds4\",\"content\":\"a\xffb<｜User｜>\"}"), 200, ""},
 	}
 	t.Run("handcrafted", func(t *testing.T) {
 		for _, tt := range tests {
@@ -129,31 +144,34 @@ func TestBadRequests(t *testing.T) {
 	// cuts, repeats and type swaps. Only the absence of 5xx and of lost
 	// answers is asserted; the outcomes are logged.
 	t.Run("fuzzed bodies", func(t *testing.T) {
-		seeds := map[string][]string{
-			pathChat: {`{"model":"qwen3","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}],"max_tokens":3,"temperature":0.7,"stop":["x"],"logprobs":true,"top_logprobs":2}`,
-				`{"model":"qwen35","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`},
-			pathMessages:                {`{"model":"qwen3","max_tokens":3,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"thinking":{"type":"enabled","budget_tokens":2}}`},
-			pathResponses:               {`{"model":"qwen35","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"max_output_tokens":3,"stream":true}`},
-			"/tokenize":                 {`{"model":"qwen3","content":"héllo <|im_start|>","add_special":true}`},
-			"/v1/messages/count_tokens": {`{"model":"qwen35","messages":[{"role":"user","content":"hi"}],"tools":[{"name":"f","input_schema":{"type":"object"}}]}`},
+		// A slice, not a map: the mutations follow one seeded sequence, the
+		// same in every run.
+		seeds := []struct{ path, body string }{
+			{pathChat, `{"model":"qwen3","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"hi"}],"max_tokens":3,"temperature":0.7,"stop":["x"],"logprobs":true,"top_logprobs":2}`},
+			{pathChat, `{"model":"qwen35","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`},
+			{pathMessages, `{"model":"qwen3","max_tokens":3,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"thinking":{"type":"enabled","budget_tokens":2}}`},
+			{pathResponses, `{"model":"qwen35","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"max_output_tokens":3,"stream":true}`},
+			{"/tokenize", `{"model":"qwen3","content":"héllo <|im_start|>","add_special":true}`},
+			{"/v1/messages/count_tokens", `{"model":"qwen35","messages":[{"role":"user","content":"hi"}],"tools":[{"name":"f","input_schema":{"type":"object"}}]}`},
+			// The deepseek4 model: its DSML rendering of tool turns, and thinking.
+			{pathChat, `{"model":"ds4","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"2"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"max_tokens":3}`},
+			{pathMessages, `{"model":"ds4","max_tokens":3,"stream":true,"system":"s","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"thinking":{"type":"enabled","budget_tokens":2}}`},
 		}
 		rng := rand.New(rand.NewPCG(14, 2026))
 		const perSeed = 60
 		outcomes := map[int]int{}
 		tried := 0
-		for path, bodies := range seeds {
-			for _, seed := range bodies {
-				for i := 0; i < perSeed; i++ {
-					body := mutate(rng, []byte(seed))
-					r := s.postRaw(t, path, body, nil)
-					tried++
-					outcomes[r.status]++
-					if r.status >= 500 {
-						t.Errorf("%s %q: status %d: %.300s", path, body, r.status, r.body)
-					}
-					if r.status >= 400 && errorMessage(r.body) == "" {
-						t.Errorf("%s %q: status %d without an error message: %.300s", path, body, r.status, r.body)
-					}
+		for _, seed := range seeds {
+			for range perSeed {
+				body := mutate(rng, []byte(seed.body))
+				r := s.postRaw(t, seed.path, body, nil)
+				tried++
+				outcomes[r.status]++
+				if r.status >= 500 {
+					t.Errorf("%s %q: status %d: %.300s", seed.path, body, r.status, r.body)
+				}
+				if r.status >= 400 && errorMessage(r.body) == "" {
+					t.Errorf("%s %q: status %d without an error message: %.300s", seed.path, body, r.status, r.body)
 				}
 			}
 		}
@@ -208,7 +226,7 @@ func TestBadRequests(t *testing.T) {
 			is.Equal(m.Restarts, 0) // no backend crashed
 		}
 		is.Equal(len(s.pluginProcs("")), len(before)) // the same plugin processes
-		for _, model := range []string{"qwen3", "qwen35"} {
+		for _, model := range []string{"qwen3", "qwen35", "ds4"} {
 			c := s.post(t, pathChat, chatReq(model, "hi", 2, false))
 			is.Equal(c.status, 200)
 		}
@@ -296,16 +314,17 @@ func rawExchange(t *testing.T, url, frame string) int {
 	return status
 }
 
-// TestMalformedGGUF launches the server on broken model files: each launch
-// fails with one error line that names the file and what is wrong, and no
-// panic.
-func TestMalformedGGUF(t *testing.T) {
-	qwen3, _ := tinyModels(t)
-	src, err := os.ReadFile(qwen3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
+// ggufCase is a broken model file and what its launch must say.
+type ggufCase struct {
+	name string
+	data []byte
+	want string // part of the one error line
+}
+
+// brokenGGUFs damages src, a valid model of arch, in the ways that depend
+// on its contents: its first tensor record (token_embd.weight), its keys,
+// and one of its tensors (missing), whose block-0 name is renamed away.
+func brokenGGUFs(src []byte, arch, missing string) []ggufCase {
 	// Offsets of the first tensor's record (token_embd.weight): n_dims,
 	// dims, type, offset follow its name.
 	name := []byte("token_embd.weight")
@@ -322,41 +341,87 @@ func TestMalformedGGUF(t *testing.T) {
 	rename := func(from, to string) func([]byte) []byte {
 		return func(b []byte) []byte { return bytes.Replace(b, []byte(from), []byte(to), 1) }
 	}
-	tests := []struct {
-		name string
-		data []byte
-		want string
-	}{
-		{"empty", nil, "not a GGUF file"},
-		{"bad magic", edit(func(b []byte) []byte { copy(b, "GGUX"); return b }), "not a GGUF file"},
-		{"cut in the header", src[:100], "impossible"},
-		{"version 99", edit(put32(4, 99)), "unsupported GGUF version 99"},
-		{"2^62 tensors", edit(put64(8, 1<<62)), "tensor count"},
-		{"2^62 metadata records", edit(put64(16, 1<<62)), "metadata count"},
-		{"key length 2^60", edit(put64(24, 1<<60)), "key length"},
+	// An arch-prefixed key of the same length that the loader does not know.
+	unknown := func(key string) string { return "x" + arch[1:] + strings.TrimPrefix(key, arch) }
+	return []ggufCase{
 		{"cut in the tensor data", src[:len(src)*6/10], "truncated file"},
 		{"9 dimensions", edit(put32(ti, 9)), "9 dims"},
 		{"dimension 2^40", edit(put64(ti+4, 1<<40)), "extends past the end"},
 		{"unknown tensor type", edit(put32(typeAt, 99)), "unknown ggml type 99"},
 		{"tensor offset 2^50", edit(put64(offAt, 1<<50)), "extends past the end"},
 		{"no tokenizer vocabulary", edit(rename("tokenizer.ggml.tokens", "tokenizeX.ggml.tokens")), "tokenizer.ggml.tokens"},
-		{"no block count", edit(rename("qwen3.block_count", "qwenX.block_count")), "qwen3.block_count"},
-		{"a missing tensor", edit(rename("blk.0.attn_q.weight", "blk.9.attn_q.weight")), "blk.0.attn_q.weight is missing"},
+		{"no block count", edit(rename(arch+".block_count", unknown(arch+".block_count"))), arch + ".block_count"},
+		{"a missing tensor", edit(rename(missing, strings.Replace(missing, "blk.0.", "blk.9.", 1))), missing + " is missing"},
 	}
+}
+
+// TestMalformedGGUF launches the server on broken model files of each
+// architecture (qwen3 on the Qwen backend, deepseek4 on the ds4 backend):
+// each launch fails with one error line that names the file and what is
+// wrong, and no panic.
+func TestMalformedGGUF(t *testing.T) {
+	qwen3, _ := tinyModels(t)
+	src, err := os.ReadFile(qwen3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds4src, err := os.ReadFile(tinyDS4(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(b []byte, at int, v uint64, size int) []byte {
+		b = append([]byte(nil), b...)
+		if size == 4 {
+			binary.LittleEndian.PutUint32(b[at:], uint32(v))
+		} else {
+			binary.LittleEndian.PutUint64(b[at:], v)
+		}
+		return b
+	}
+	// The header is the same for every architecture: tried once.
+	qwenCases := append([]ggufCase{
+		{"empty", nil, "not a GGUF file"},
+		{"bad magic", append([]byte("GGUX"), src[4:]...), "not a GGUF file"},
+		{"cut in the header", src[:100], "impossible"},
+		{"version 99", put(src, 4, 99, 4), "unsupported GGUF version 99"},
+		{"2^62 tensors", put(src, 8, 1<<62, 8), "tensor count"},
+		{"2^62 metadata records", put(src, 16, 1<<62, 8), "metadata count"},
+		{"key length 2^60", put(src, 24, 1<<60, 8), "key length"},
+	}, brokenGGUFs(src, "qwen3", "blk.0.attn_q.weight")...)
+	// deepseek4 keys of its own: the value of a u32 key follows its name
+	// and its type.
+	usedAt := bytes.Index(ds4src, []byte("deepseek4.expert_used_count")) + len("deepseek4.expert_used_count") + 4
+	ds4Cases := append(brokenGGUFs(ds4src, "deepseek4", "blk.0.hc_attn_fn.weight"),
+		ggufCase{"no compress ratios", bytes.Replace(ds4src, []byte("deepseek4.attention.compress_ratios"), []byte("deepseek4.attention.compress_ratioX"), 1), "compress_ratios"},
+		ggufCase{"99 experts used of 8", put(ds4src, usedAt, 99, 4), "expert_used_count"},
+	)
+	tests := []struct {
+		arch   string
+		plugin string
+		cases  []ggufCase
+	}{
+		{"qwen3", "backend-qwen-dflash", qwenCases},
+		{"deepseek4", "backend-ds4", ds4Cases},
+	}
+	dir := t.TempDir()
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			is := is.New(t)
-			path := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "_")+".gguf")
-			is.NoErr(os.WriteFile(path, tt.data, 0o644))
-			code, _, stderr := runCLI(t, []string{"backend-qwen-dflash", "policy-primary-first"}, "--port", "0", "--model", path)
-			is.True(code != 0) // the launch fails
-			lines := errorLines(stderr)
-			if len(lines) != 1 {
-				t.Fatalf("want one error line, got %d:\n%s", len(lines), tail(stderr, 20))
-			}
-			is.True(strings.Contains(lines[0], path))    // names the file
-			is.True(strings.Contains(lines[0], tt.want)) // and what is wrong with it
-			is.True(!strings.Contains(stderr, "panic"))
-		})
+		for _, c := range tt.cases {
+			t.Run(tt.arch+"/"+c.name, func(t *testing.T) {
+				is := is.New(t)
+				path := filepath.Join(dir, tt.arch+"_"+strings.ReplaceAll(c.name, " ", "_")+".gguf")
+				is.NoErr(os.WriteFile(path, c.data, 0o644))
+				code, _, stderr := runCLI(t, []string{tt.plugin, "policy-primary-first"}, "--port", "0", "--model", path)
+				is.True(code != 0) // the launch fails
+				lines := errorLines(stderr)
+				if len(lines) != 1 {
+					t.Fatalf("want one error line, got %d:\n%s", len(lines), tail(stderr, 20))
+				}
+				if !contains(lines[0], path, c.want) { // names the file and what is wrong with it
+					t.Errorf("error line %q does not name the file and %q", lines[0], c.want)
+				}
+				is.True(!strings.Contains(stderr, "panic"))
+				t.Log(lines[0])
+			})
+		}
 	}
 }

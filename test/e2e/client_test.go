@@ -416,3 +416,126 @@ func decode[T any](t *testing.T, b []byte) T {
 	}
 	return v
 }
+
+// terminalEvents names the one event that ends a stream of each API.
+var terminalEvents = map[string][]string{
+	pathChat:        {"[DONE]"},
+	pathCompletions: {"[DONE]"},
+	pathMessages:    {"message_stop"},
+	pathResponses:   {"response.completed", "response.incomplete"},
+}
+
+// streamEnding is how a finished stream ended.
+type streamEnding struct {
+	// finish is the API's reason: finish_reason (OpenAI), stop_reason
+	// (Anthropic) or the response's status (Responses).
+	finish string
+	// tokens is the output tokens the stream reports (chat and completions
+	// report them only with stream_options.include_usage: 0 otherwise).
+	tokens int
+	// text is the generated text of a chat or completions stream.
+	text string
+}
+
+// streamEnd checks that a finished stream of path carries no error event
+// and exactly one terminal event, its last, and reads how it ended. Every
+// test of streams that must end normally (drain, soak) goes through it, so
+// they agree on what "ended normally" means for each API.
+func streamEnd(path string, evs []sseEvent) (streamEnding, error) {
+	var end streamEnding
+	terminals := 0
+	for i, e := range evs {
+		if e.name == "error" || strings.Contains(e.data, `"error":{`) || strings.Contains(e.data, `"type":"error"`) {
+			return end, fmt.Errorf("an error event: %.200s", e.data)
+		}
+		for _, term := range terminalEvents[path] {
+			if e.name == term || e.data == term {
+				terminals++
+				if i != len(evs)-1 {
+					return end, fmt.Errorf("terminal event %q is event %d of %d", term, i+1, len(evs))
+				}
+			}
+		}
+		if e.data == "[DONE]" {
+			continue
+		}
+		var ev struct {
+			Choices []struct {
+				Text  string `json:"text"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			// Anthropic's message_delta carries an object, Responses'
+			// text deltas a string.
+			Delta json.RawMessage `json:"delta"`
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+				OutputTokens     int `json:"output_tokens"`
+			} `json:"usage"`
+			Response struct {
+				Status string `json:"status"`
+				Usage  struct {
+					OutputTokens int `json:"output_tokens"`
+				} `json:"usage"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal([]byte(e.data), &ev); err != nil {
+			return end, fmt.Errorf("event %d is not JSON: %w: %.200s", i+1, err, e.data)
+		}
+		for _, c := range ev.Choices {
+			end.text += c.Text + c.Delta.Content
+			if c.FinishReason != nil {
+				end.finish = *c.FinishReason
+			}
+		}
+		switch {
+		case e.name == "message_delta":
+			var d struct {
+				StopReason string `json:"stop_reason"`
+			}
+			if err := json.Unmarshal(ev.Delta, &d); err != nil {
+				return end, fmt.Errorf("message_delta: %w: %.200s", err, e.data)
+			}
+			end.finish = d.StopReason
+		case e.name == "response.completed" || e.name == "response.incomplete":
+			end.finish, end.tokens = ev.Response.Status, ev.Response.Usage.OutputTokens
+		}
+		if ev.Usage != nil {
+			end.tokens = max(ev.Usage.CompletionTokens, ev.Usage.OutputTokens)
+		}
+	}
+	if terminals != 1 {
+		return end, fmt.Errorf("%d terminal events in %d", terminals, len(evs))
+	}
+	return end, nil
+}
+
+// apiBody is a request of path's API (chat, completions, messages or
+// responses) with one user turn; model "" leaves the field out. Streams ask
+// for usage, so streamEnd can count their tokens on every API.
+func apiBody(path, model, content string, maxTokens int, stream bool) map[string]any {
+	var b map[string]any
+	user := []any{map[string]any{"role": "user", "content": content}}
+	switch path {
+	case pathMessages:
+		b = map[string]any{"messages": user, "max_tokens": maxTokens}
+	case pathResponses:
+		b = map[string]any{"input": content, "max_output_tokens": maxTokens}
+	case pathCompletions:
+		b = map[string]any{"prompt": content, "max_tokens": maxTokens}
+	default:
+		b = map[string]any{"messages": user, "max_tokens": maxTokens}
+	}
+	if model != "" {
+		b["model"] = model
+	}
+	if stream {
+		b["stream"] = true
+		if path == pathChat || path == pathCompletions {
+			b["stream_options"] = map[string]any{"include_usage": true}
+		}
+	}
+	return b
+}

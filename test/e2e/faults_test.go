@@ -50,8 +50,12 @@ func (s *server) backendOf(t *testing.T, file string) proc {
 
 // longStream is a streaming request that generates until it is cancelled
 // (thousands of tokens of a tiny model take seconds).
-func longStream(model string) map[string]any {
-	b := chatReq(model, "Tell me a long story.", 6000, true)
+func longStream(model string) map[string]any { return storyStream(model, 6000) }
+
+// storyStream is a streaming request for exactly tokens tokens (the end of
+// sequence is ignored).
+func storyStream(model string, tokens int) map[string]any {
+	b := chatReq(model, "Tell me a long story.", tokens, true)
 	b["ignore_eos"] = true
 	return b
 }
@@ -84,18 +88,38 @@ func streamErrored(evs []sseEvent) bool {
 // TestRealBackendFaults breaks one of two real models and checks that only
 // its own clients notice: SIGKILL of its backend mid-stream (an in-stream
 // error, a restart, service again), SIGKILL of the policy (nobody notices),
-// then its GGUF truncated after start-up validation (the engine faults on the missing pages, reloads fail with a
-// message naming the file, and the model ends failed while the other one
-// serves throughout).
+// then its GGUF truncated after start-up validation (the engine faults on
+// the missing pages, reloads fail with a message naming the file, and the
+// model ends failed while the other one serves throughout). The victim is
+// a qwen3 model beside a qwen35 one, then the deepseek4 model (ds4
+// backend) beside a qwen3 one.
 func TestRealBackendFaults(t *testing.T) {
 	q3, q35 := tinyModels(t)
-	dir := t.TempDir()
-	q3 = copyFile(t, q3, filepath.Join(dir, "victim.gguf"))
-	q35 = copyFile(t, q35, filepath.Join(dir, "bystander.gguf"))
+	tests := []struct {
+		name              string
+		victim, bystander func(t *testing.T) string
+	}{
+		{"qwen3 victim", func(*testing.T) string { return q3 }, func(*testing.T) string { return q35 }},
+		{"deepseek4 victim", tinyDS4, func(*testing.T) string { return q3 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			// Copies: the last subtest truncates the victim's file.
+			victim := copyFile(t, tt.victim(t), filepath.Join(dir, "victim.gguf"))
+			bystander := copyFile(t, tt.bystander(t), filepath.Join(dir, "bystander.gguf"))
+			testBackendFaults(t, victim, bystander)
+		})
+	}
+}
+
+// testBackendFaults serves victim and bystander (model files the test may
+// damage) by name and breaks the victim.
+func testBackendFaults(t *testing.T, victim, bystander string) {
 	args := []string{"--routing-policy", "by-name",
-		"--model", q3, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
-		"--model", q35, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
-	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-by-name"}, args: args})
+		"--model", victim, "--model-name", "victim", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2",
+		"--model", bystander, "--model-name", "bystander", "--target-device", "cpu:0", "--max-ctx", "8192", "--max-concurrency", "2"}
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-by-name"}, args: args})
 
 	// firstToken waits until a stream has sent generated text.
 	firstToken := func(t *testing.T, c *call) {
@@ -105,7 +129,7 @@ func TestRealBackendFaults(t *testing.T) {
 			c.wait(t)
 			t.Fatalf("status %d: %s", c.status, c.bodyBytes())
 		}
-		waitFor(t, "the first token", func() bool { return len(c.events()) >= 2 })
+		decoding(t, c)
 	}
 
 	t.Run("SIGKILL of a backend mid-stream", func(t *testing.T) {
@@ -121,7 +145,7 @@ func TestRealBackendFaults(t *testing.T) {
 		is.Equal(hv.model(), "victim")
 		is.Equal(hb.model(), "bystander")
 		s.waitStatus(t, "both victim requests running", func(st status) bool { return st.model("victim").InFlight == 2 })
-		is.NoErr(syscall.Kill(s.backendOf(t, q3).pid, syscall.SIGKILL))
+		is.NoErr(syscall.Kill(s.backendOf(t, victim).pid, syscall.SIGKILL))
 
 		// The victim's client gets an in-stream error, then the stream ends.
 		hv.wait(t)
@@ -187,11 +211,11 @@ func TestRealBackendFaults(t *testing.T) {
 		defer release(hb)
 		firstToken(t, hb)
 		is.Equal(hb.model(), "bystander")
-		fi, err := os.Stat(q3)
+		fi, err := os.Stat(victim)
 		is.NoErr(err)
 		// The weights stay mapped from the file: cutting it removes pages
 		// the engine reads on the next forward pass.
-		is.NoErr(os.Truncate(q3, fi.Size()/2))
+		is.NoErr(os.Truncate(victim, fi.Size()/2))
 
 		c := s.start(t, pathChat, chatReq("victim", "hi", 4, true))
 		c.wait(t)
@@ -203,7 +227,13 @@ func TestRealBackendFaults(t *testing.T) {
 		st := s.waitStatus(t, "victim failed", func(st status) bool { return st.model("victim").State == "failed" })
 		is.Equal(st.model("bystander").State, "ready")
 		is.True(strings.Contains(s.stderr.String(), "truncated file")) // the operator is told why reloads fail
-		is.True(strings.Contains(s.stderr.String(), q3))               // and which file
+		is.True(strings.Contains(s.stderr.String(), victim))           // and which file
+		for _, l := range strings.Split(s.stderr.String(), "\n") {
+			if strings.Contains(l, "truncated file") {
+				t.Logf("the request after the cut: %d; the reload: %s", c.status, l)
+				break
+			}
+		}
 
 		c = s.post(t, pathChat, chatReq("victim", "hi", 4, false))
 		is.Equal(c.status, 503)
@@ -220,40 +250,52 @@ func TestRealBackendFaults(t *testing.T) {
 	})
 }
 
-// TestHungBackend stops one of two real models' backend processes (SIGSTOP: alive, answering nothing): a request
-// that would go to it is served by the other model once --admission-timeout expires, and the model serves again
-// when its process resumes.
+// TestHungBackend stops the primary's backend process (SIGSTOP: alive, answering nothing): a request that would go
+// to it is served by the other model once --admission-timeout expires, and the model serves again when its process
+// resumes. The hung primary is a qwen3 model, then the deepseek4 one (ds4 backend); the other is qwen35.
 func TestHungBackend(t *testing.T) {
-	is := is.New(t)
 	q3, q35 := tinyModels(t)
-	dir := t.TempDir()
-	q3 = copyFile(t, q3, filepath.Join(dir, "hung.gguf"))
-	q35 = copyFile(t, q35, filepath.Join(dir, "other.gguf"))
-	args := []string{"--load-balancing", "--admission-timeout", "300ms",
-		"--model", q3, "--model-name", "hung", "--target-device", "cpu:0", "--max-ctx", "2048", "--max-concurrency", "2",
-		"--model", q35, "--model-name", "other", "--target-device", "cpu:1", "--max-ctx", "2048", "--max-concurrency", "2"}
-	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "policy-primary-first"}, args: args})
-	hung := s.backendOf(t, q3)
-	is.NoErr(syscall.Kill(hung.pid, syscall.SIGSTOP))
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(hung.pid, syscall.SIGCONT)
-		}
+	tests := []struct {
+		name string
+		hung func(t *testing.T) string
+	}{
+		{"qwen3", func(*testing.T) string { return q3 }},
+		{"deepseek4", tinyDS4},
 	}
-	defer resume()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			dir := t.TempDir()
+			// Copies: backendOf tells the processes apart by the file they map.
+			hungFile := copyFile(t, tt.hung(t), filepath.Join(dir, "hung.gguf"))
+			other := copyFile(t, q35, filepath.Join(dir, "other.gguf"))
+			args := []string{"--load-balancing", "--admission-timeout", "300ms",
+				"--model", hungFile, "--model-name", "hung", "--target-device", "cpu:0", "--max-ctx", "2048", "--max-concurrency", "2",
+				"--model", other, "--model-name", "other", "--target-device", "cpu:1", "--max-ctx", "2048", "--max-concurrency", "2"}
+			s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-primary-first"}, args: args})
+			hung := s.backendOf(t, hungFile)
+			is.NoErr(syscall.Kill(hung.pid, syscall.SIGSTOP))
+			resumed := false
+			resume := func() {
+				if !resumed {
+					resumed = true
+					_ = syscall.Kill(hung.pid, syscall.SIGCONT)
+				}
+			}
+			defer resume()
 
-	c := s.post(t, pathChat, chatReq("", "hi", 4, false))
-	is.Equal(c.status, 200)                                                      // answered, not hung
-	is.Equal(c.model(), "other")                                                 // by the model that answers
-	is.True(strings.HasPrefix(c.header.Get("X-Dflash-Route"), "fallback:hung=")) // the route names the one passed over
+			c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+			is.Equal(c.status, 200)                                                      // answered, not hung
+			is.Equal(c.model(), "other")                                                 // by the model that answers
+			is.True(strings.HasPrefix(c.header.Get("X-Dflash-Route"), "fallback:hung=")) // the route names the one passed over
 
-	resume()
-	ok := waitFor(t, "the resumed model to serve again", func() bool {
-		c := s.post(t, pathChat, chatReq("", "hi", 4, false))
-		return c.status == 200 && c.model() == "hung"
-	})
-	is.True(ok)
-	s.waitIdle(t)
+			resume()
+			ok := waitFor(t, "the resumed model to serve again", func() bool {
+				c := s.post(t, pathChat, chatReq("", "hi", 4, false))
+				return c.status == 200 && c.model() == "hung"
+			})
+			is.True(ok)
+			s.waitIdle(t)
+		})
+	}
 }

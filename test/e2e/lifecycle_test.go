@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,75 +65,31 @@ func testDrain(t *testing.T, stop func(s *server)) {
 	}
 	is.Equal(s.wait(), 0) // exit status
 
-	t.Run("chat ends with finish_reason and [DONE]", func(t *testing.T) {
-		is := is.New(t)
-		evs := chat.events()
-		is.True(len(evs) >= 3)
-		is.Equal(evs[len(evs)-1].data, "[DONE]")
-		var text strings.Builder
-		var finish string
-		for _, e := range evs[:len(evs)-1] {
-			is.True(!strings.Contains(e.data, `"error"`))
-			var ch struct {
-				Choices []struct {
-					Delta struct {
-						Content string `json:"content"`
-					} `json:"delta"`
-					FinishReason *string `json:"finish_reason"`
-				} `json:"choices"`
+	// Each stream ends with its API's normal terminal event and the whole
+	// reply, not cut short by the drain.
+	tests := []struct {
+		name   string
+		c      *call
+		path   string
+		finish string
+		tokens int // 0: not reported in the stream
+	}{
+		{"chat ends with finish_reason and [DONE]", chat, pathChat, "stop", 0},
+		{"messages ends with message_stop", msgs, pathMessages, "end_turn", 40},
+		{"responses ends with response.completed", resp, pathResponses, "completed", 40},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			end, err := streamEnd(tt.path, tt.c.events())
+			is.NoErr(err)
+			is.Equal(end.finish, tt.finish)
+			is.Equal(end.tokens, tt.tokens)
+			if tt.path == pathChat {
+				is.Equal(end.text, words)
 			}
-			is.NoErr(json.Unmarshal([]byte(e.data), &ch))
-			for _, c := range ch.Choices {
-				text.WriteString(c.Delta.Content)
-				if c.FinishReason != nil {
-					finish = *c.FinishReason
-				}
-			}
-		}
-		is.Equal(finish, "stop")
-		is.Equal(text.String(), words) // the whole reply, not cut short
-	})
-
-	t.Run("messages ends with message_stop", func(t *testing.T) {
-		is := is.New(t)
-		evs := msgs.events()
-		is.True(len(evs) >= 2)
-		is.Equal(evs[len(evs)-1].name, "message_stop")
-		var delta struct {
-			Delta struct {
-				StopReason string `json:"stop_reason"`
-			} `json:"delta"`
-			Usage struct {
-				OutputTokens int `json:"output_tokens"`
-			} `json:"usage"`
-		}
-		is.Equal(evs[len(evs)-2].name, "message_delta")
-		is.NoErr(json.Unmarshal([]byte(evs[len(evs)-2].data), &delta))
-		is.Equal(delta.Delta.StopReason, "end_turn")
-		is.Equal(delta.Usage.OutputTokens, 40)
-		for _, e := range evs {
-			is.True(e.name != "error")
-		}
-	})
-
-	t.Run("responses ends with response.completed", func(t *testing.T) {
-		is := is.New(t)
-		evs := resp.events()
-		is.True(len(evs) >= 2)
-		last := evs[len(evs)-1]
-		is.Equal(last.name, "response.completed")
-		var done struct {
-			Response struct {
-				Status string `json:"status"`
-				Usage  struct {
-					OutputTokens int `json:"output_tokens"`
-				} `json:"usage"`
-			} `json:"response"`
-		}
-		is.NoErr(json.Unmarshal([]byte(last.data), &done))
-		is.Equal(done.Response.Status, "completed")
-		is.Equal(done.Response.Usage.OutputTokens, 40)
-	})
+		})
+	}
 
 	is.Equal(len(s.pluginProcs("")), 0) // no plugin process left
 }

@@ -15,16 +15,31 @@ import (
 	"github.com/matryer/is"
 )
 
+// seedDevices place the seed line's blocks: qwen on cpu:0 and ds4 on cpu:1
+// in make test; on the GPU machine as the issue places them with
+// DFLASH_E2E_QWEN_DEVICE=cuda:0 DFLASH_E2E_DS4_DEVICE=cpu:0.
+var seedDevices = struct{ qwen, ds4 string }{
+	qwen: envOr("DFLASH_E2E_QWEN_DEVICE", "cpu:0"),
+	ds4:  envOr("DFLASH_E2E_DS4_DEVICE", "cpu:1"),
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 // seedQwenBlock is the qwen block of the seed's example command line with
-// the model replaced by a tiny real one and hip:0 by cpu:0. Its listener
+// the model replaced by a tiny real one and hip:0 by seedDevices.qwen. Its listener
 // options stay in the block, as in the seed. draft adds the seed's
 // --draft (and --draft-device when draftDevice).
 func seedQwenBlock(model, draftModel string, draft, draftDevice bool) []string {
-	b := []string{"--model", model, "--model-name", "qwen", "--target-device", "cpu:0"}
+	b := []string{"--model", model, "--model-name", "qwen", "--target-device", seedDevices.qwen}
 	if draft {
 		b = append(b, "--draft", draftModel)
 		if draftDevice {
-			b = append(b, "--draft-device", "cpu:0")
+			b = append(b, "--draft-device", seedDevices.qwen)
 		}
 	}
 	return append(b,
@@ -34,11 +49,11 @@ func seedQwenBlock(model, draftModel string, draft, draftDevice bool) []string {
 		"--host", "127.0.0.1", "--port", "{port}", "--routing-queue-limit", "32")
 }
 
-// seedDS4Block is the seed's ds4 block on cpu:1, verbatim but for the
+// seedDS4Block is the seed's ds4 block on seedDevices.ds4, verbatim but for the
 // model path and the device. --ds4-fused-decode (captured CUDA graphs) is
 // refused on a cpu device, so it is only there when fused.
 func seedDS4Block(model string, fused bool) []string {
-	b := []string{"--model", model, "--model-name", "ds4", "--target-device", "cpu:1",
+	b := []string{"--model", model, "--model-name", "ds4", "--target-device", seedDevices.ds4,
 		"--max-ctx", "8192", "--max-concurrency", "1",
 		"--default-max-tokens", "2048", "--hard-limit-reply-budget", "1024",
 		"--prefix-cache-slots", "0", "--prefill-cache-slots", "0", "--disk-prefix-cache", "off"}
@@ -48,7 +63,7 @@ func seedDS4Block(model string, fused bool) []string {
 	return append(b, "--ds4-expert-top-k", "6", "--ds4-prefill", "exact")
 }
 
-var seedHead = []string{"--load-balancing", "--load-balancing-primary-gpu", "cpu:0"}
+var seedHead = []string{"--load-balancing", "--load-balancing-primary-gpu", seedDevices.qwen}
 
 // seedLine is the seed's whole example launch: head, qwen block (with
 // its draft when draft is not ""), ds4 block.
@@ -71,7 +86,7 @@ func noDS4Forward(stderr string) string {
 }
 
 // TestSeedCommandLine runs the seed's example launch with tiny real
-// models: qwen (qwen3) with its DFlash draft on cpu:0, ds4 (a deepseek4
+// models (on seedDevices): qwen (qwen3) with its DFlash draft on cpu:0, ds4 (a deepseek4
 // model from dflash-model mk, 6 of 8 routed experts) on the ds4 backend on
 // cpu:1. Only --ds4-fused-decode is left out where the line is served: a
 // cpu device refuses it, which a subtest checks.
@@ -99,12 +114,15 @@ func TestSeedCommandLine(t *testing.T) {
 	})
 
 	t.Run("ds4 fused decode on a cpu device names the block, the flag and the device", func(t *testing.T) {
+		if strings.HasPrefix(seedDevices.ds4, "cuda") {
+			t.Skip("ds4 is on " + seedDevices.ds4 + ", which takes --ds4-fused-decode")
+		}
 		is := is.New(t)
 		code, _, stderr := runCLI(t, realPlugins, withPort(t, seedLine(seedHead, qwen3, draft, ds4, true))...)
 		is.True(code != 0)
 		lines := errorLines(stderr)
 		is.Equal(len(lines), 1)
-		if len(lines) == 1 && !contains(lines[0], "--model #2 ("+ds4+")", "--ds4-fused-decode: captured decode graphs need a cuda device; this block's device is cpu:1") {
+		if len(lines) == 1 && !contains(lines[0], "--model #2 ("+ds4+")", "--ds4-fused-decode: captured decode graphs need a cuda device; this block's device is "+seedDevices.ds4) {
 			t.Errorf("error line %q does not name block 2, its flag and its device", lines[0])
 		}
 	})
@@ -125,15 +143,19 @@ func TestSeedCommandLine(t *testing.T) {
 		testRealServer(t, qwen3, ds4, draft)
 	})
 
-	t.Run("primary cpu:1 reverses the priority", func(t *testing.T) {
-		head := []string{"--load-balancing", "--load-balancing-primary-gpu", "cpu:1"} // the only change
+	t.Run("SIGTERM drains qwen and ds4 streams", func(t *testing.T) { testSeedDrain(t, qwen3, draft, ds4) })
+
+	t.Run("balancing disabled", func(t *testing.T) { testSeedBalancingDisabled(t, qwen3, draft, ds4) })
+
+	t.Run("primary "+seedDevices.ds4+" reverses the priority", func(t *testing.T) {
+		head := []string{"--load-balancing", "--load-balancing-primary-gpu", seedDevices.ds4} // the only change
 		s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
 		is := is.New(t)
 		st := s.status(t)
 		is.Equal(st.Priority, []string{"ds4", "qwen"})
 		is.True(st.model("ds4").Primary)
-		is.Equal(st.model("ds4").Device, "cpu:1") // placement unchanged
-		is.Equal(st.model("qwen").Device, "cpu:0")
+		is.Equal(st.model("ds4").Device, seedDevices.ds4) // placement unchanged
+		is.Equal(st.model("qwen").Device, seedDevices.qwen)
 		for _, api := range []string{pathChat, pathMessages, pathResponses} {
 			text, usage := generate(t, s, api, "ds4") // ds4 first now
 			is.True(text != "")
@@ -242,13 +264,13 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 			is.Equal(st.Priority, []string{"qwen", "ds4"})
 			is.True(st.model("qwen").Primary)
 			is.Equal(st.model("qwen").Arch, "qwen3")
-			is.Equal(st.model("qwen").Device, "cpu:0")
+			is.Equal(st.model("qwen").Device, seedDevices.qwen)
 			is.Equal(st.model("qwen").Backend, "qwen-dflash")
 			is.Equal(st.model("ds4").Arch, "deepseek4")
-			is.Equal(st.model("ds4").Device, "cpu:1")
+			is.Equal(st.model("ds4").Device, seedDevices.ds4)
 			is.Equal(st.model("ds4").Backend, "ds4")
 			is.True(!st.model("ds4").Primary)
-			is.Equal(st.model("qwen").DraftDevice, "cpu:0") // the seed's --draft-device
+			is.Equal(st.model("qwen").DraftDevice, seedDevices.qwen) // the seed's --draft-device
 			is.Equal(st.model("ds4").DraftDevice, "")
 			is.Equal(st.model("qwen").Capacity.KVPoolTokens, 16384)
 			is.Equal(st.model("qwen").Capacity.Slots, 4)
@@ -273,8 +295,8 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		// Four long generations fill qwen's slots; the next requests go to
 		// ds4 (the deepseek4 model on the ds4 backend), one at a time.
 		var holders []*call
-		for i := 0; i < 4; i++ {
-			holders = append(holders, s.hold(t, "", "qwen"))
+		for range seedQwenSlots {
+			holders = append(holders, s.holdWith(t, storyStream("", seedQwenHold), "qwen"))
 		}
 		defer release(holders...)
 		for _, api := range []string{pathChat, pathCompletions, pathMessages, pathResponses} {
@@ -286,6 +308,8 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		release(holders...)
 		s.waitIdle(t)
 	})
+
+	testSeedAdmission(t, s)
 
 	t.Run("official clients", func(t *testing.T) {
 		dir := filepath.Join(env.root, "test", "clients")
@@ -307,6 +331,9 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 		}
 		t.Logf("npm test: %s", summaryLines(string(out)))
 	})
+
+	// Last: it leaves ds4 with a restart behind it.
+	testSeedDS4Killed(t, s, ds4)
 }
 
 // generate sends a small non-streaming request on api and returns the
@@ -314,18 +341,7 @@ func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 // want is the model that must answer.
 func generate(t *testing.T, s *server, api, want string) (string, [2]int) {
 	t.Helper()
-	user := []any{map[string]any{"role": "user", "content": "Hello, who are you?"}}
-	var body map[string]any
-	switch api {
-	case pathChat:
-		body = map[string]any{"messages": user, "max_tokens": 8}
-	case pathMessages:
-		body = map[string]any{"messages": user, "max_tokens": 8}
-	case pathResponses:
-		body = map[string]any{"input": "Hello, who are you?", "max_output_tokens": 8}
-	case pathCompletions:
-		body = map[string]any{"prompt": "Hello, who are you?", "max_tokens": 8}
-	}
+	body := apiBody(api, "", "Hello, who are you?", 8, false)
 	c := s.post(t, api, body)
 	if c.status != 200 {
 		t.Fatalf("%s: status %d: %s", api, c.status, c.bodyBytes())

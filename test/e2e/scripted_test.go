@@ -60,7 +60,15 @@ func holdReq(model string) map[string]any {
 // ("" for any).
 func (s *server) hold(t *testing.T, model, want string) *call {
 	t.Helper()
-	c := s.start(t, pathChat, holdReq(model))
+	return s.holdWith(t, holdReq(model), want)
+}
+
+// holdWith is hold with a body of the caller's: a streaming request long
+// enough to keep its slot while the test looks (the real models' holders
+// generate thousands of tokens; every holder is cancelled by its test).
+func (s *server) holdWith(t *testing.T, body map[string]any, want string) *call {
+	t.Helper()
+	c := s.start(t, pathChat, body)
 	c.waitHead(t)
 	if c.status != 200 {
 		c.wait(t)

@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -113,4 +117,92 @@ func TestSecurityDefaults(t *testing.T) {
 		is.True(!strings.Contains(logs, key))    // and so do keys
 		is.True(!strings.Contains(logs, "another-key-of-another-length"))
 	})
+}
+
+// TestRealBackendsLogNoContent serves a qwen3 and a deepseek4 model (the
+// Qwen and ds4 backends, whose templates, tokenizers and parsers see the
+// prompt) at the most verbose level, trace: requests on every API, streamed
+// and not, token counts, and refusals (an error path is where content
+// leaks into a message) leave no trace of their content in any log.
+func TestRealBackendsLogNoContent(t *testing.T) {
+	const secret = "SECRET-PROMPT-9a3e1f"
+	qwen3, _ := tinyModels(t)
+	ds4 := tinyDS4(t)
+	args := []string{"--log-level", "trace", "--routing-policy", "by-name",
+		"--model", qwen3, "--model-name", "qwen3", "--max-ctx", "1024",
+		"--model", ds4, "--model-name", "ds4", "--max-ctx", "1024"}
+	s := startServer(t, serverOpts{plugins: []string{"backend-qwen-dflash", "backend-ds4", "policy-by-name"}, args: args})
+	for _, model := range []string{"qwen3", "ds4"} {
+		t.Run(model, func(t *testing.T) {
+			is := is.New(t)
+			// Streamed and not, alternately (each generation of the tiny
+			// deepseek4 model prefills token by token: kept few).
+			for i, path := range []string{pathChat, pathCompletions, pathMessages, pathResponses, pathChat} {
+				c := s.post(t, path, apiBody(path, model, secret, 2, i%2 == 1))
+				is.Equal(c.status, 200)
+			}
+			count := s.post(t, "/v1/messages/count_tokens", apiBody(pathMessages, model, secret, 1, false))
+			is.Equal(count.status, 200)
+			tok := s.post(t, "/tokenize", map[string]any{"model": model, "content": secret})
+			is.Equal(tok.status, 200)
+			long := apiBody(pathChat, model, secret, 5000, false) // beyond the context
+			refused := s.post(t, pathChat, long)
+			is.Equal(refused.status, 400)
+			// The client is told; the operator's log is not.
+			t.Logf("refusal: %s", errorMessage(refused.bodyBytes()))
+		})
+	}
+	s.waitIdle(t)
+	is := is.New(t)
+	logs := s.stdout.String() + s.stderr.String()
+	is.True(strings.Contains(logs, "[TRACE]") || strings.Contains(logs, "[DEBUG]")) // the verbose levels were on
+	is.True(!strings.Contains(logs, secret))                                        // no request content anywhere
+}
+
+// TestPinnedPluginChecksums pins the real ds4 backend with a
+// <binary>.sha256 sidecar, as an operator does: with its digest the
+// deepseek4 model loads and serves; with another digest the binary is
+// never run, and the launch fails saying which plugin and why.
+func TestPinnedPluginChecksums(t *testing.T) {
+	ds4 := tinyDS4(t)
+	bin, err := os.ReadFile(env.plugins["backend-ds4"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(bin)
+	wrong := sum
+	wrong[0] ^= 0xff
+	tests := []struct {
+		name   string
+		digest [32]byte
+		serves bool
+	}{
+		{"the binary's digest", sum, true},
+		{"another digest", wrong, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			is := is.New(t)
+			dir := pluginDir(t, "backend-ds4", "policy-primary-first")
+			// sha256sum's format: the digest, two spaces, the file name.
+			pin := hex.EncodeToString(tt.digest[:]) + "  dflash-backend-ds4\n"
+			is.NoErr(os.WriteFile(filepath.Join(dir, "dflash-backend-ds4.sha256"), []byte(pin), 0o644))
+			s := launchServer(t, dir, freePort(t), []string{"--model", ds4, "--model-name", "ds4"})
+			if tt.serves {
+				is.NoErr(s.waitReady())
+				text, _ := generate(t, s, pathChat, "ds4")
+				is.True(text != "")
+				return
+			}
+			is.True(s.wait() != 0) // the launch fails
+			lines := errorLines(s.stderr.String())
+			is.Equal(len(lines), 1)
+			// The one error line names the architecture left unserved,
+			// the plugin and why it was not run.
+			if len(lines) == 1 && !contains(lines[0], `"deepseek4"`, "dflash-backend-ds4", "checksum mismatch") {
+				t.Errorf("error line %q does not say the pinned ds4 backend was refused", lines[0])
+			}
+			is.Equal(len(s.pluginProcs("backend-")), 0)
+		})
+	}
 }
