@@ -106,22 +106,22 @@ func logSoftmax(x []float32) []float64 {
 	return out
 }
 
-// llamaNextIDs runs test/llamacpp/nextids.mjs: llama.cpp's top next tokens after each id sequence.
+// llamaNextIDs runs test/llamacpp/nexttoken.mjs: llama.cpp's top next tokens after each id sequence.
 func llamaNextIDs(t *testing.T, dir, model string, seqs [][]int32, top int) []oracleAnswer {
 	t.Helper()
 	in, _ := json.Marshal(map[string]any{"model": model, "seqs": seqs, "top": top})
-	cmd := exec.Command("node", "nextids.mjs")
+	cmd := exec.Command("node", "nexttoken.mjs")
 	cmd.Dir = dir
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("nextids.mjs: %v\n%s", err, tail(stderr.String(), 40))
+		t.Fatalf("nexttoken.mjs: %v\n%s", err, tail(stderr.String(), 40))
 	}
 	var answers []oracleAnswer
 	if err := json.Unmarshal(out, &answers); err != nil || len(answers) != len(seqs) {
-		t.Fatalf("nextids.mjs output %q: %v", out, err)
+		t.Fatalf("nexttoken.mjs output %q: %v", out, err)
 	}
 	return answers
 }
