@@ -203,15 +203,18 @@ def build_case(name, tool, out_dir):
         gguf_path = os.path.join(out_dir, name + ".gguf")
         convert(tool, hf_dir, gguf_path)
 
-    golden = {
-        "case": name,
-        "hf_model_type": hf_config.get("model_type"),
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "seed": seed,
-        "vocab": VOCAB,
-        "layers": layers,
-        "tied": tied,
+    write_golden(out_dir, name, hf_config, res, seed=seed, vocab=VOCAB, layers=layers, tied=tied)
+    n_params = sum(n for _, _, n in params)
+    print(f"{name}: {n_params} parameters, gguf {os.path.getsize(gguf_path)} bytes, tokens {res['decode']['tokens']}")
+
+
+def write_golden(out_dir, name, hf_config, res, **fields):
+    """OUT/<name>.json: the case's facts (fields: seed, vocab, layers, ...) and transformers' prompts, logits and greedy
+    tokens, in the layout parity_test.go reads."""
+    golden = {"case": name, "hf_model_type": hf_config.get("model_type"), "transformers": transformers.__version__,
+              "torch": torch.__version__}
+    golden.update(fields)
+    golden.update({
         "min_greedy_margin": res["min_margin"],
         "hf_self_err": res["hf_self_err"],
         "config": hf_config,
@@ -221,12 +224,10 @@ def build_case(name, tool, out_dir):
             "tokens": res["decode"]["tokens"],
             "logits": f32_b64(res["decode"]["logits"]),
         },
-    }
+    })
     with open(os.path.join(out_dir, name + ".json"), "w") as fh:
         json.dump(golden, fh, indent=1)
         fh.write("\n")
-    n_params = sum(n for _, _, n in params)
-    print(f"{name}: {n_params} parameters, gguf {os.path.getsize(gguf_path)} bytes, tokens {res['decode']['tokens']}")
 
 
 def main():

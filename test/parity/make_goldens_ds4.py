@@ -28,7 +28,7 @@ import tempfile
 import torch
 import transformers
 
-from make_goldens import f32_b64, prefill_and_decode
+from make_goldens import prefill_and_decode, write_golden
 
 VOCAB = 512
 PROMPT_LENS = (70, 45)  # > 4 * (index_topk + 2) so the indexer prunes; several HCA windows; the ring wraps
@@ -186,7 +186,7 @@ def build_case(name, tool, out_dir, keep_hf=False):
             hf_config = json.load(fh)
         if keep_hf:
             shutil.copytree(hf_dir, os.path.join(out_dir, name + "-hf"), dirs_exist_ok=True)
-        write_golden(name, out_dir, cfg, seed, hf_config, res)
+        write_golden(out_dir, name, hf_config, res, seed=seed, vocab=VOCAB, layers=cfg.num_hidden_layers)
         gguf_path = os.path.join(out_dir, name + ".gguf")
         cmd = [tool, "convert", hf_dir, gguf_path, "--type", "f16", "--no-tokenizer"]
         print("+", " ".join(cmd), flush=True)
@@ -195,30 +195,6 @@ def build_case(name, tool, out_dir, keep_hf=False):
             return
     n_params = sum(n for _, _, n in params)
     print(f"{name}: {n_params} parameters, gguf {os.path.getsize(gguf_path)} bytes, tokens {res['decode']['tokens']}")
-
-
-def write_golden(name, out_dir, cfg, seed, hf_config, res):
-    golden = {
-        "case": name,
-        "hf_model_type": hf_config.get("model_type"),
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "seed": seed,
-        "vocab": VOCAB,
-        "layers": cfg.num_hidden_layers,
-        "min_greedy_margin": res["min_margin"],
-        "hf_self_err": res["hf_self_err"],
-        "config": hf_config,
-        "prompts": [{"ids": p["ids"], "logits": f32_b64(p["logits"])} for p in res["prompts"]],
-        "decode": {
-            "prompt": 0,
-            "tokens": res["decode"]["tokens"],
-            "logits": f32_b64(res["decode"]["logits"]),
-        },
-    }
-    with open(os.path.join(out_dir, name + ".json"), "w") as fh:
-        json.dump(golden, fh, indent=1)
-        fh.write("\n")
 
 
 def main():
