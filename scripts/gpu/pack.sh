@@ -16,6 +16,9 @@ CGO_ENABLED=0 go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/dflash_server ./t
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-qwen-dflash" ./plugins/backend-qwen-dflash
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-ds4" ./plugins/backend-ds4
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-primary-first" ./plugins/policy-primary-first
+go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-by-name" ./plugins/policy-by-name
+go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-scripted" ./plugins/backend-scripted  # e2e's test double
+go test -c -ldflags '-s -w' -o "$stage/bin/e2e.test" ./test/e2e
 go test -c -ldflags '-s -w' -o "$stage/bin/engine.test" ./native/engine
 go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity
 go test -c -ldflags '-s -w' -o "$stage/bin/qwendflash.test" ./plugins/backend-qwen-dflash/qwendflash

@@ -70,6 +70,9 @@ func setup(tmp string) error {
 			env.plugins[strings.TrimPrefix(filepath.Base(f), "dflash-")] = f
 		}
 		env.libDir = filepath.Join(bin, "lib")
+		if env.plugins["backend-scripted"] != "" {
+			pkgs = nil // a machine without Go (the GPU machine, scripts/gpu/pack.sh) brings every binary prebuilt
+		}
 	} else {
 		pkgs = append(pkgs, "./cmd/dflash_server", "./cmd/dflash-model")
 		for _, p := range shippedPlugins {
@@ -86,8 +89,10 @@ func setup(tmp string) error {
 		env.libDir = ""
 	}
 	// One go build for every main package: the linker runs in parallel.
-	if err := goBuild(root, out, pkgs); err != nil {
-		return err
+	if len(pkgs) > 0 {
+		if err := goBuild(root, out, pkgs); err != nil {
+			return err
+		}
 	}
 	for _, p := range pkgs {
 		name := filepath.Base(p)
