@@ -365,6 +365,59 @@ TEST(attention_paged_all_cache_types) {
     }
 }
 
+// A token's attention output must not depend on which other tokens share its call: attention scores the tile for
+// groups of query rows at once (dot_keys16_rows), so one row alone and the same row among 16 tokens x 4 heads (and
+// among 7, which pads the last group) must give bitwise the same output. Head sizes: 128 and 48 (the wide kernels,
+// 64-float slices and a tail) and 40 (no 16-key kernel).
+TEST(attention_rows_alone_equal_batched_bitwise) {
+    Rng rng(29);
+    for (int hd : {128, 48, 40})
+        for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_Q8_0, DFL_TYPE_F32}) {
+            if (type == DFL_TYPE_Q8_0 && hd % 32 != 0) continue;
+            const int n_head = 8, n_kv = 2, bs = 16, group = n_head / n_kv;
+            const int64_t n_past = 101, n_new = 37, total = n_past + n_new;
+            const int64_t n_blocks = (total + bs - 1) / bs;
+            std::vector<int32_t> blocks((size_t)n_blocks);
+            for (int64_t b = 0; b < n_blocks; b++) blocks[(size_t)b] = (int32_t)((b * 5 + 3) % n_blocks);
+            PagedKV kv;
+            kv.type_k = kv.type_v = type;
+            kv.n_kv = n_kv;
+            kv.head_dim = hd;
+            kv.block_size = bs;
+            kv.k_row = row_bytes(type, hd);
+            kv.v_row = row_bytes(type, hd);
+            std::vector<uint8_t> kb((size_t)(n_blocks * bs * n_kv * kv.k_row)), vb(kb.size());
+            kv.k = kb.data();
+            kv.v = vb.data();
+            kv.blocks = blocks.data();
+            std::vector<float> row((size_t)hd);
+            for (int64_t p = 0; p < total; p++)
+                for (int g = 0; g < n_kv; g++) {
+                    for (auto &v : row) v = rng.sym(2);
+                    quantize_row(type, row.data(), kv.k_at(p, g), hd);
+                    for (auto &v : row) v = rng.sym(2);
+                    quantize_row(type, row.data(), kv.v_at(p, g), hd);
+                }
+            std::vector<float> q((size_t)(n_new * n_head * hd));
+            for (auto &v : q) v = rng.sym();
+            const float scale = 1.0f / std::sqrt((float)hd);
+            auto run = [&](int64_t chunk) {
+                std::vector<float> out(q.size(), NAN);
+                for (int g = 0; g < n_kv; g++)
+                    for (int64_t i0 = 0; i0 < n_new; i0 += chunk) {
+                        const int64_t i1 = std::min(n_new, i0 + chunk);
+                        std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
+                        attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale,
+                                  scr.data());
+                    }
+                return out;
+            };
+            const std::vector<float> alone = run(1), by16 = run(16), by7 = run(7);
+            CHECK(std::memcmp(alone.data(), by16.data(), alone.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(alone.data(), by7.data(), alone.size() * sizeof(float)) == 0);
+        }
+}
+
 // The masks of a DFlash draft block (non-causal, sliding causal, sliding both ways) against a naive reference that
 // applies the rule of device.h's AttnCall directly, not through attn_range.
 TEST(attention_masks) {

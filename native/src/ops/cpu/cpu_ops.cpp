@@ -177,7 +177,9 @@ void rope_neox_with(float *x, int rope_dim, const float *cs) {
 }
 
 size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
-    return (size_t)(3 * kAttnTile * head_dim + kAttnTile) + (size_t)n_tok * group * (head_dim + 2);
+    // K, V, K transposed, then per query row: the tile's scores (plus kQueryGroup rows of padding), acc, m, l
+    return (size_t)(3 * kAttnTile * head_dim) + (size_t)(n_tok * group + 8 /* kQueryGroup */) * kAttnTile +
+           (size_t)n_tok * group * (head_dim + 2);
 }
 
 DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
@@ -223,23 +225,39 @@ DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V
         for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
 }
 
-// s[c] = dot_f32(q, key c) for 16 keys, bitwise: KT holds the keys transposed (KT[i * ld + c] = element i of key c),
-// so each of dot_f32's 16 partial sums (element i goes to partial i % 16, in order of i) is one register with the 16
-// keys in its lanes, and the final reduction is hsum8(s0 + s1)'s fixed order done lane-wise. hd % 16 == 0. One score
-// then costs 1/16 of a register operation per multiply-add instead of a shuffle-heavy horizontal sum per key.
-DFL_WIDE_MULTIVERSION static void dot_keys16(const float *q, const float *KT, int64_t ld, int hd, float *s) {
-    v16f p[16];  // fully unrolled so that the 16 partial sums live in registers
-#pragma GCC unroll 16
-    for (int l = 0; l < 16; l++) p[l] = v16f{} + q[l] * load16f(KT + l * ld);  // 0 + x, as dot_f32 (-0 -> +0)
-    for (int i = 16; i < hd; i += 16) {
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; l++) p[l] += q[i + l] * load16f(KT + (int64_t)(i + l) * ld);
-    }
-    v16f t[8];
+// S[r * ld_s + c] = dot_f32(qs[r], key c) for 16 keys c and kQueryGroup query rows r, bitwise. KT holds the keys
+// transposed (KT[i * ld + c] = element i of key c), so each of dot_f32's 16 partial sums (element i goes to partial
+// i % 16, in order of i) is one register with the 16 keys in its lanes, and the final reduction is hsum8(s0 + s1)'s
+// fixed order done lane-wise: a score costs 1/16 of a register operation per multiply-add instead of a
+// shuffle-heavy horizontal sum per key. The loops build one partial sum of all kQueryGroup rows at a time, so each K
+// register load feeds kQueryGroup multiply-adds instead of one (scoring one row at a time loaded a K register and a
+// query element for every multiply-add: load bound). A row's own operations and their order do not depend on the
+// other rows. hd % 16 == 0.
+static constexpr int kQueryGroup = 8;
+
+DFL_WIDE_MULTIVERSION static void dot_keys16_rows(const float *const *qs, const float *KT, int64_t ld, int hd,
+                                                  float *S, int64_t ld_s) {
+    v16f p[16][kQueryGroup];
+    for (int l = 0; l < 16; l++) {
+        v16f a[kQueryGroup];
+        const v16f k0 = load16f(KT + l * ld);
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; l++) t[l] = p[l] + p[l + 8];
-    const v16f r = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
-    std::memcpy(s, &r, 64);
+        for (int r = 0; r < kQueryGroup; r++) a[r] = v16f{} + qs[r][l] * k0;  // 0 + x, as dot_f32 (-0 -> +0)
+        for (int i = 16; i < hd; i += 16) {
+            const v16f k = load16f(KT + (int64_t)(i + l) * ld);
+#pragma GCC unroll 8
+            for (int r = 0; r < kQueryGroup; r++) a[r] += qs[r][i + l] * k;
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kQueryGroup; r++) p[l][r] = a[r];
+    }
+    for (int r = 0; r < kQueryGroup; r++) {
+        v16f t[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) t[l] = p[l][r] + p[l + 8][r];
+        const v16f v = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+        std::memcpy(S + r * ld_s, &v, 64);
+    }
 }
 
 DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
@@ -254,14 +272,20 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     const int64_t nt = i1 - i0;
     float *Kt = scratch;
     float *Vt = Kt + (size_t)kAttnTile * hd;
-    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for dot_keys16
-    float *s = KT + (size_t)kAttnTile * hd;
-    float *acc = s + kAttnTile;
+    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for dot_keys16_rows
+    float *S = KT + (size_t)kAttnTile * hd;  // the tile's scores, kAttnTile per query row (i, hh)
+    float *acc = S + (size_t)(nt * group + kQueryGroup) * kAttnTile;
     float *m = acc + (size_t)nt * group * hd;
     float *l = m + (size_t)nt * group;
     std::fill(acc, acc + (size_t)nt * group * hd, 0.0f);
     std::fill(m, m + (size_t)nt * group, -std::numeric_limits<float>::infinity());
     std::fill(l, l + (size_t)nt * group, 0.0f);
+    // query row r = (i - i0) * group + hh, padded to whole groups of kQueryGroup with copies of the last row
+    const int64_t nrow = nt * group;
+    std::vector<const float *> qrows((size_t)(nrow + kQueryGroup));
+    for (int64_t r = 0; r < nrow; r++)
+        qrows[(size_t)r] = q + (i0 + r / group) * q_stride + (int64_t)(kvh * group + r % group) * hd;
+    for (int64_t r = nrow; r < nrow + kQueryGroup; r++) qrows[(size_t)r] = qrows[(size_t)nrow - 1];
 
     // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
     const int64_t n_new = mask.causal ? i1 : mask.n_new;
@@ -280,24 +304,41 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
         if (wide)
             for (int d = 0; d < hd; d++)
                 for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
+        // Scores first, for every query row that sees the tile and for the union [u0, u1) of their key ranges. A
+        // key's score is dot_f32(q, key) bitwise by any of the kernels, so scoring keys a row does not use changes
+        // nothing for that row; it lets kQueryGroup rows share each K register load.
+        int64_t u0 = pn, u1 = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t lo, hi;
+            attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
+            if (p0 >= hi || p0 + pn <= lo) continue;
+            u0 = std::min(u0, std::max<int64_t>(0, lo - p0));
+            u1 = std::max(u1, std::min(pn, hi - p0));
+        }
+        if (u0 >= u1) continue;
+        int64_t jw = u0;
+        if (wide)
+            for (; jw + 16 <= u1; jw += 16)
+                for (int64_t r = 0; r < nrow; r += kQueryGroup)
+                    dot_keys16_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
+        for (int64_t r = 0; r < nrow; r++) {
+            float *sr = S + r * kAttnTile;
+            const float *qr = qrows[(size_t)r];
+            int64_t j = jw;
+            for (; j + 4 <= u1; j += 4) dot4_f32(Kt + j * hd, qr, hd, sr + j);
+            for (; j < u1; j++) sr[j] = dot_f32(qr, Kt + j * hd, hd);
+        }
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
             attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
             if (p0 >= hi || p0 + pn <= lo) continue;
             const int64_t j0 = std::max<int64_t>(0, lo - p0);  // this row's part of the tile: [j0, j0 + cnt)
             const int64_t cnt = std::min(pn, hi - p0) - j0;
-            const float *Kr = Kt + j0 * hd, *Vr = Vt + j0 * hd;
+            const float *Vr = Vt + j0 * hd;
             for (int hh = 0; hh < group; hh++) {
-                const int h = kvh * group + hh;
-                const float *qh = q + i * q_stride + (int64_t)h * hd;
-                // dot_keys16 and dot4_f32 give each key exactly dot_f32's result
-                int64_t j = 0;
-                if (wide)
-                    for (; j + 16 <= cnt; j += 16) dot_keys16(qh, KT + j0 + j, kAttnTile, hd, s + j);
-                for (; j + 4 <= cnt; j += 4) dot4_f32(Kr + j * hd, qh, hd, s + j);
-                for (; j < cnt; j++) s[j] = dot_f32(qh, Kr + j * hd, hd);
+                float *s = S + ((i - i0) * group + hh) * kAttnTile + j0;
                 float mx = -std::numeric_limits<float>::infinity();
-                for (j = 0; j < cnt; j++) {
+                for (int64_t j = 0; j < cnt; j++) {
                     s[j] *= scale;
                     if (mask.vis && !attn_visible(mask.vis[i], p0 + j0 + j, n_past))
                         s[j] = -std::numeric_limits<float>::infinity();
