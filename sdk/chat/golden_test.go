@@ -14,6 +14,7 @@ import (
 	"github.com/matryer/is"
 
 	"github.com/dflash/dflash_server/sdk"
+	"github.com/dflash/dflash_server/sdk/sdktest"
 )
 
 // golden is one file written by test/parity/chat/make_goldens.py.
@@ -48,30 +49,12 @@ type goldenCase struct {
 	Error               string         `json:"error"`
 }
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
 // loadTemplateSource finds a golden's template where the build installed it:
 // npm packages under test/chat (test/Makefile), Go modules in the module
 // cache. It skips the test with the install command when it is missing.
 func loadTemplateSource(t testing.TB, src templateSource) string {
 	t.Helper()
-	root := repoRoot(t)
+	root := sdktest.Root(t)
 	var path string
 	switch src.Kind {
 	case "npm":

@@ -12,7 +12,6 @@ import (
 
 	"github.com/matryer/is"
 
-	"github.com/dflash/dflash_server/plugins/nativebackend/nativetest"
 	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/sdktest"
 )
@@ -162,8 +161,8 @@ func TestDemoPairSpeculative(t *testing.T) {
 
 func demoPairSpeculative(t *testing.T, dev string) {
 	is := is.New(t)
-	target := filepath.Join(nativetest.Root(t), "models", "demo", "demo-target-q8_0.gguf")
-	draft := filepath.Join(nativetest.Root(t), "models", "demo", "demo-draft-q8_0.gguf")
+	target := filepath.Join(sdktest.Root(t), "models", "demo", "demo-target-q8_0.gguf")
+	draft := filepath.Join(sdktest.Root(t), "models", "demo", "demo-draft-q8_0.gguf")
 	prompts := []string{
 		"package main\n\nimport (\n\t\"fmt\"\n",
 		"// Copyright 2009 The Go Authors. All rights reserved.\n// Use of this source code is governed by a BSD-style\n",

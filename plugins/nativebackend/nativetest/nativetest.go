@@ -4,27 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-)
 
-// Root is the repository root: the nearest directory above the test's
-// working directory that holds go.mod.
-func Root(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test's directory")
-		}
-		dir = parent
-	}
-}
+	"github.com/dflash/dflash_server/sdk/sdktest"
+)
 
 // LibDir finds libdflash_cpu.so: $DFLASH_LIB_DIR, else bin/lib. It fails
 // the test, saying how to build the library, when it is missing.
@@ -32,7 +14,7 @@ func LibDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("DFLASH_LIB_DIR")
 	if dir == "" {
-		dir = filepath.Join(Root(t), "bin", "lib")
+		dir = filepath.Join(sdktest.Root(t), "bin", "lib")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "libdflash_cpu.so")); err != nil {
 		t.Fatalf("libdflash_cpu.so not found in %s: build it first (make, or make -C native OUT=../bin/lib), or set DFLASH_LIB_DIR", dir)
@@ -50,7 +32,7 @@ func ModelTool(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("DFLASH_BIN_DIR")
 	if dir == "" {
-		dir = filepath.Join(Root(t), "bin")
+		dir = filepath.Join(sdktest.Root(t), "bin")
 	}
 	p := filepath.Join(dir, "dflash-model")
 	if _, err := os.Stat(p); err != nil {
