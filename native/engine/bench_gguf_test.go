@@ -26,7 +26,8 @@ import (
 // embedding, and of each expert stack the share of the experts B tokens routed at random choose) per second of the
 // step: against the device's memory bandwidth it is the bytes-read bound. $DFLASH_BENCH_PREFILL sets
 // deepseek4.engine.prefill (exact, the default, runs prompts token by token: keep DFLASH_BENCH_PROMPTS short, or use
-// sparse); verify blocks run without hidden-state capture there (deepseek4 has none).
+// sparse); verify blocks run without hidden-state capture there (deepseek4 has none). DFLASH_BENCH_FUSED=1 sets
+// deepseek4.engine.fused_decode (decode steps replayed as device graphs).
 func BenchmarkGGUF(b *testing.B) {
 	path := os.Getenv("DFLASH_BENCH_GGUF")
 	if path == "" {
@@ -61,6 +62,9 @@ func BenchmarkGGUF(b *testing.B) {
 	}
 	if mode := os.Getenv("DFLASH_BENCH_PREFILL"); mode != "" && spec.Arch == "deepseek4" {
 		spec.Meta["deepseek4.engine.prefill"] = mode
+	}
+	if os.Getenv("DFLASH_BENCH_FUSED") == "1" && spec.Arch == "deepseek4" {
+		spec.Meta["deepseek4.engine.fused_decode"] = true // the plugin's --ds4-fused-decode
 	}
 	spec.Options = Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads}
 	m, err := lib.LoadModel(spec)

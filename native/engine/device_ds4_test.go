@@ -2,6 +2,8 @@ package engine
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -27,9 +29,11 @@ func TestDeviceDeepseek4(t *testing.T) {
 		c.weight = wt
 		if wt == gguf.Q8_0 {
 			// The device's q8_0 products quantize the activations to int8 (the CPU reference does not), which moves
-			// indexer scores by ~1e-3: a pruned top-4 then flips on near ties and one row's logits move by 0.3–0.5
-			// (seen on the H200). Pruning is checked by the f32 variants; here top-k keeps every visible row.
+			// indexer and router scores by ~1e-3: a pruned top-4 or a routed top-2 then flips on near ties and one
+			// row's logits move by 0.3–0.5 (seen on the H200). Selection is checked by the f32 variants; here top-k
+			// keeps every visible row and every token uses every expert.
 			c.topK = 64
+			c.used = c.experts
 		}
 		for _, mode := range []string{"exact", "sparse"} {
 			vs = append(vs, variant{c, mode})
@@ -51,6 +55,12 @@ func TestDeviceDeepseek4(t *testing.T) {
 				bound = int8Bound
 			}
 			checkReplay(t, got, want, bound)
+			// --ds4-fused-decode: one-token steps (decode, and the exact mode's prefill) replayed from captured
+			// graphs compute what the same steps run op by op compute, bit for bit.
+			fused := spec
+			fused.Meta = maps.Clone(spec.Meta)
+			fused.Meta["deepseek4.engine.fused_decode"] = true
+			checkSameBits(t, replayDS4(t, dev, fused, v.c.vocab), got)
 		})
 	}
 }
@@ -69,4 +79,20 @@ func replayDS4(t *testing.T, lib *Lib, spec ModelSpec, vocab int) []replayRow {
 	}
 	p.decodeThree(x, a, b)
 	return p.out
+}
+
+// checkSameBits fails on the first element of each row that is not bit-identical to want's.
+func checkSameBits(t *testing.T, got, want []replayRow) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d rows, want %d", len(got), len(want))
+	}
+	for i := range want {
+		for j := range want[i].v {
+			if math.Float32bits(got[i].v[j]) != math.Float32bits(want[i].v[j]) {
+				t.Errorf("%s: element %d is %v, op by op %v", want[i].what, j, got[i].v[j], want[i].v[j])
+				break
+			}
+		}
+	}
 }

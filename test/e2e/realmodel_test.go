@@ -63,6 +63,11 @@ func seedDS4Block(model string, fused bool) []string {
 	return append(b, "--ds4-expert-top-k", "6", "--ds4-prefill", "exact")
 }
 
+// seedFused is whether the seed's --ds4-fused-decode is in the line: where ds4
+// is on a cuda device (captured decode graphs), as the seed has it; a cpu
+// device refuses the flag, which a subtest checks.
+var seedFused = strings.HasPrefix(seedDevices.ds4, "cuda")
+
 var seedHead = []string{"--load-balancing", "--load-balancing-primary-gpu", seedDevices.qwen}
 
 // seedLine is the seed's whole example launch: head, qwen block (with
@@ -88,8 +93,8 @@ func noDS4Forward(stderr string) string {
 // TestSeedCommandLine runs the seed's example launch with tiny real
 // models (on seedDevices): qwen (qwen3) with its DFlash draft on cpu:0, ds4 (a deepseek4
 // model from dflash-model mk, 6 of 8 routed experts) on the ds4 backend on
-// cpu:1. Only --ds4-fused-decode is left out where the line is served: a
-// cpu device refuses it, which a subtest checks.
+// cpu:1. --ds4-fused-decode is in the served line where ds4 is on cuda
+// (seedFused); a cpu device refuses it, which a subtest checks.
 func TestSeedCommandLine(t *testing.T) {
 	qwen3, qwen35 := tinyModels(t)
 	draft := tinyDraft(t, qwen3)
@@ -97,7 +102,7 @@ func TestSeedCommandLine(t *testing.T) {
 
 	t.Run("a bad draft names the block", func(t *testing.T) {
 		is := is.New(t)
-		code, _, stderr := runCLI(t, realPlugins, withPort(t, seedLine(seedHead, qwen3, qwen35, ds4, false))...)
+		code, _, stderr := runCLI(t, realPlugins, withPort(t, seedLine(seedHead, qwen3, qwen35, ds4, seedFused))...)
 		is.True(code != 0) // qwen35 is a model, not a draft
 		var named int
 		for _, l := range errorLines(stderr) {
@@ -129,7 +134,7 @@ func TestSeedCommandLine(t *testing.T) {
 
 	t.Run("a ds4 option on the qwen block names the block", func(t *testing.T) {
 		is := is.New(t)
-		args := slices.Concat(seedHead, seedQwenBlock(qwen3, draft, true, true), []string{"--ds4-prefill", "exact"}, seedDS4Block(ds4, false))
+		args := slices.Concat(seedHead, seedQwenBlock(qwen3, draft, true, true), []string{"--ds4-prefill", "exact"}, seedDS4Block(ds4, seedFused))
 		code, _, stderr := runCLI(t, realPlugins, withPort(t, args)...)
 		is.Equal(code, 2)
 		lines := errorLines(stderr)
@@ -149,7 +154,7 @@ func TestSeedCommandLine(t *testing.T) {
 
 	t.Run("primary "+seedDevices.ds4+" reverses the priority", func(t *testing.T) {
 		head := []string{"--load-balancing", "--load-balancing-primary-gpu", seedDevices.ds4} // the only change
-		s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
+		s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, seedFused), skip: noDS4Forward})
 		is := is.New(t)
 		st := s.status(t)
 		is.Equal(st.Priority, []string{"ds4", "qwen"})
@@ -233,7 +238,7 @@ func probeReadiness(url string) *readyProbe {
 
 func testRealServer(t *testing.T, qwen3, ds4, draft string) {
 	var probe *readyProbe
-	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(seedHead, qwen3, draft, ds4, false),
+	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(seedHead, qwen3, draft, ds4, seedFused),
 		watch: func(url string) { probe = probeReadiness(url) }, skip: noDS4Forward})
 
 	t.Run("health answers before ready", func(t *testing.T) {

@@ -167,7 +167,7 @@ func testSeedDrain(t *testing.T, qwen3, draft, ds4 string) {
 	// may take longer than the default 30 s, and a cut stream is not what
 	// this test looks for.
 	head := append(slices.Clone(seedHead), "--drain-timeout", "5m")
-	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
+	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, seedFused), skip: noDS4Forward})
 	// Long enough to outlast the few requests sent before the signal; a
 	// GPU decodes the tiny models far faster than the CPU.
 	qwenTokens, ds4Tokens := 300, 100
@@ -274,7 +274,7 @@ func testSeedBalancingDisabled(t *testing.T, qwen3, draft, ds4 string) {
 		t.Run("primary "+tt.primary, func(t *testing.T) {
 			is := is.New(t)
 			head := []string{"--load-balancing-primary-gpu", tt.primary} // the seed's head without --load-balancing
-			s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, false), skip: noDS4Forward})
+			s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, seedFused), skip: noDS4Forward})
 			st := s.status(t)
 			is.True(!st.LoadBalancing)
 			is.Equal(st.Priority, []string{tt.serves})

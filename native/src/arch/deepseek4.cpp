@@ -39,6 +39,14 @@ DeepSeek4Model::DeepSeek4Model(const dfl_model_params &p, std::unique_ptr<Device
     ensure_acts(16);
 }
 
+DeepSeek4Model::~DeepSeek4Model() { drop_graphs(); }
+
+void DeepSeek4Model::drop_graphs() {
+    for (auto &g : graphs_) dev_->graph_free(g.second);
+    graphs_.clear();
+    graph_seen_.clear();
+}
+
 void DeepSeek4Model::load_weights(const dfl_model_params &p) {
     w_.init(dev_.get(), p);
     const Ds4HParams &h = hp_;
@@ -75,6 +83,7 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         L.sinks = w_.vec(blk(il, "attn_sinks.weight"), h.n_head);
         // grouped output: group g owns rows [g * o_lora, (g + 1) * o_lora) of wo_a
         const Weight wo_a = up(w_.matrix(blk(il, "attn_output_a.weight"), HD / h.o_groups, (int64_t)h.o_groups * h.o_lora));
+        L.wo_a_all = wo_a;
         for (int g = 0; g < h.o_groups; g++) {
             Weight v = wo_a;
             v.n_out = h.o_lora;
@@ -170,12 +179,14 @@ void DeepSeek4Model::layout_state() {
 
 void DeepSeek4Model::ensure(DevBuf &b, size_t bytes, const char *what) {
     if (b.bytes() >= bytes) return;
+    drop_graphs();  // they may point at the old buffer
     b.reset();
     b = DevBuf(dev_.get(), bytes, what);
 }
 
 void DeepSeek4Model::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
+    drop_graphs();  // they point at the old activations
     const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);
     const Ds4HParams &h = hp_;
     Acts &a = acts_;
@@ -395,7 +406,8 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     rope(a.attn.f(), HD, (int)H, (int)hd, inv, true);
     // grouped low-rank output projection
     const int64_t gin = HD / h.o_groups;
-    for (int g = 0; g < h.o_groups; g++) {
+    if (T == 1) dev_->matmul_grouped(L.wo_a_all, h.o_groups, a.attn.f(), a.cat.f());
+    for (int g = 0; g < (T == 1 ? 0 : h.o_groups); g++) {
         const float *in = a.attn.f() + g * gin;
         if (T > 1) {
             dev_->copy_rows(a.grp_in.f(), gin, in, HD, T, gin);

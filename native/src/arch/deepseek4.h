@@ -9,8 +9,10 @@
 // (core/seqtable), so the pool's token capacity bounds them.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "arch/model.h"
@@ -41,6 +43,7 @@ struct Ds4HParams {
     float yarn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
     int yarn_orig_ctx = 0;
     Ds4Prefill prefill = Ds4Prefill::Exact;
+    bool fused_decode = false;  // one-token steps replayed as captured device graphs (where the device has them)
 
     bool csa(int il) const { return ratio[(size_t)il] == 4; }
     bool compressing(int il) const { return ratio[(size_t)il] > 0; }
@@ -63,6 +66,7 @@ struct Ds4Layer {
     Weight hc_attn_fn, hc_ffn_fn;
     const float *attn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr, *sinks = nullptr, *ffn_norm = nullptr;
     Weight wq_a, wq_b, wkv;
+    Weight wo_a_all;           // attn_output_a: one-token steps run all groups in one matmul_grouped
     std::vector<Weight> wo_a;  // per output group: rows [g * o_lora, (g + 1) * o_lora) of attn_output_a
     Weight wo_b;
     // compressor (ratio > 0)
@@ -84,6 +88,7 @@ struct Ds4Layer {
 class DeepSeek4Model final : public Model {
 public:
     DeepSeek4Model(const dfl_model_params &p, std::unique_ptr<Device> dev);
+    ~DeepSeek4Model() override;
 
     void info(dfl_model_info *out) const override;
     void kv_stats(dfl_kv_stats *out) const override;
@@ -136,6 +141,8 @@ private:
     float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats_; }
 
     void run_step(const std::vector<StepEntry> &es, bool multi, float *logits_host, const TopKOut *topk);
+    void run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R, const int32_t *out_rows);
+    void drop_graphs();
     void hc_site(const Weight &fn, const float *base, const float *scale, int64_t T);
     void hc_merge(int64_t T);
     void attention_layer(int il, const BatchMeta &m, bool dense, const std::vector<StepEntry> &es);
@@ -168,6 +175,13 @@ private:
     DevBuf logits_, topk_;
     std::vector<int32_t> host_meta_;
     std::vector<uint8_t> host_topk_;
+    // Captured one-token steps (fused_decode), by sequences, block-table width and logits rows. A key is captured on
+    // its second step (the first runs eagerly and settles the device's scratch); a key whose capture failed runs
+    // eagerly from then on.
+    using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
+    std::map<GraphKey, uintptr_t> graphs_;
+    std::map<GraphKey, int> graph_seen_;
+    uint64_t graph_epoch_ = 0;
 };
 
 }  // namespace dfl

@@ -14,14 +14,21 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
     const int32_t E = (int32_t)es.size();
     int64_t T = 0, R = 0;
     size_t max_blocks = 1;
+    // A one-token step of unrecorded entries is replayed from a captured graph (fused_decode). The graph freezes the
+    // host scalars of the step, so the block table width is rounded up; the kernels read each entry's true length
+    // from the metadata and take the width and max_ctx as upper bounds.
+    bool graph = h.fused_decode && dev_->has_graphs() && !dense;
     for (const StepEntry &se : es) {
         T += se.n;
         R += se.logits_all ? se.n : (se.logits_last ? 1 : 0);
         max_blocks = std::max(max_blocks, table_.get(se.seq).blocks.size());
+        graph = graph && se.n == 1 && !se.record;
     }
+    if (graph) max_blocks = (max_blocks + 63) / 64 * 64;
     ensure_acts(T);
     const size_t n_meta = (size_t)(3 * T + 4 * E + (int64_t)E * (int64_t)max_blocks + R);
     ensure(acts_.meta, n_meta * sizeof(int32_t), "batch metadata");
+    if (R > 0) ensure(logits_, (size_t)R * h.n_vocab * sizeof(float), "logits");
     host_meta_.assign(n_meta, 0);
     int32_t *tokens = host_meta_.data(), *pos = tokens + T, *ent = pos + T;
     int32_t *t0 = ent + T, *nn = t0 + E, *len0 = nn + E, *slot = len0 + E, *bt = slot + E;
@@ -64,46 +71,41 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
         m.max_n = std::max<int64_t>(m.max_n, nn[e]);
         m.max_ctx = std::max<int64_t>(m.max_ctx, (int64_t)len0[e] + nn[e]);
     }
+    if (graph) m.max_ctx = (int64_t)max_blocks * table_.block_size();
     const int32_t *d_out_rows = m.block_table + (int64_t)E * (int64_t)max_blocks;
 
-    Acts &a = acts_;
-    const int64_t D = h.n_embd, N = h.hc, ND = N * D;
-    // every HC stream starts as the token's embedding
-    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
-    for (int64_t i = 0; i < N; i++) dev_->copy_rows(a.X.f() + i * D, ND, a.x.f(), D, T, D);
-    for (int il = 0; il < h.n_layer; il++) {
-        const Ds4Layer &L = layers_[(size_t)il];
-        hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, T);
-        dev_->rmsnorm(a.x.f(), L.attn_norm, a.h.f(), T, D, h.eps);
-        attention_layer(il, m, dense, es);
-        hc_merge(T);
-        hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, T);
-        dev_->rmsnorm(a.x.f(), L.ffn_norm, a.h.f(), T, D, h.eps);
-        moe_layer(il, m);
-        hc_merge(T);
+    if (graph && dev_->scratch_epoch() != graph_epoch_) {
+        drop_graphs();  // the device moved its scratch since they were captured
+        graph_epoch_ = dev_->scratch_epoch();
     }
+    auto it = graphs_.end();
+    if (graph) {
+        const GraphKey key(E, (int64_t)max_blocks, R);
+        it = graphs_.find(key);
+        int &seen = graph_seen_[key];
+        if (it == graphs_.end() && seen >= 1) {
+            // a failed capture ran nothing: the step then runs eagerly below, and so do later steps of this key
+            uintptr_t g = 0;
+            try {
+                dev_->graph_begin();
+                run_layers(m, false, es, R, d_out_rows);
+                g = dev_->graph_end();
+            } catch (const Error &) {
+                dev_->graph_free(dev_->graph_end());
+            }
+            if (g && dev_->scratch_epoch() == graph_epoch_) it = graphs_.emplace(key, g).first;
+            else dev_->graph_free(g), seen = -1;  // never again
+        }
+        if (seen >= 0) seen++;
+    }
+    if (it != graphs_.end())
+        dev_->graph_launch(it->second);
+    else
+        run_layers(m, dense, es, R, d_out_rows);
     if (R == 0) {
         dev_->sync();
         return;
     }
-    // the HC head on the logits rows, final norm, output
-    dev_->gather_rows(a.X.f(), d_out_rows, R, ND, a.X2.f());
-    dev_->rmsnorm(a.X2.f(), nullptr, a.flat.f(), R, ND, h.eps);
-    dev_->matmul(out_hc_fn_, a.flat.f(), R, a.mix.f());
-    HcHeadCall hh;
-    hh.mix = a.mix.f();
-    hh.base = out_hc_base_;
-    hh.scale = out_hc_scale_;
-    hh.X = a.X2.f();
-    hh.T = R;
-    hh.D = D;
-    hh.N = (int)N;
-    hh.eps = h.hc_eps;
-    hh.y = a.x.f();
-    dev_->hc_head(hh);
-    dev_->rmsnorm(a.x.f(), output_norm_, a.x.f(), R, D, h.eps);
-    ensure(logits_, (size_t)R * h.n_vocab * sizeof(float), "logits");
-    dev_->matmul(output_, a.x.f(), R, logits_.f());
     if (topk) {
         const size_t k = (size_t)topk->k, bytes = (size_t)R * (2 * k + 1) * 4;
         ensure(topk_, bytes, "top-k candidates");
@@ -124,6 +126,48 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
         for (int64_t i = 0; i < R; i++)
             dev_->to_host(logits_host + dest[(size_t)i] * h.n_vocab, logits_.f() + i * h.n_vocab, (size_t)h.n_vocab * sizeof(float));
     }
+}
+
+// The layers and, for the R logits rows (out_rows: their tokens), the HC head, the final norm and the output
+// projection into logits_. Device work only: a one-token step's run is what a captured graph replays.
+void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R,
+                                const int32_t *d_out_rows) {
+    const Ds4HParams &h = hp_;
+    Acts &a = acts_;
+    const int64_t T = m.T;
+    const int64_t D = h.n_embd, N = h.hc, ND = N * D;
+    // every HC stream starts as the token's embedding
+    dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    for (int64_t i = 0; i < N; i++) dev_->copy_rows(a.X.f() + i * D, ND, a.x.f(), D, T, D);
+    for (int il = 0; il < h.n_layer; il++) {
+        const Ds4Layer &L = layers_[(size_t)il];
+        hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, T);
+        dev_->rmsnorm(a.x.f(), L.attn_norm, a.h.f(), T, D, h.eps);
+        attention_layer(il, m, dense, es);
+        hc_merge(T);
+        hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, T);
+        dev_->rmsnorm(a.x.f(), L.ffn_norm, a.h.f(), T, D, h.eps);
+        moe_layer(il, m);
+        hc_merge(T);
+    }
+    if (R == 0) return;
+    // the HC head on the logits rows, final norm, output
+    dev_->gather_rows(a.X.f(), d_out_rows, R, ND, a.X2.f());
+    dev_->rmsnorm(a.X2.f(), nullptr, a.flat.f(), R, ND, h.eps);
+    dev_->matmul(out_hc_fn_, a.flat.f(), R, a.mix.f());
+    HcHeadCall hh;
+    hh.mix = a.mix.f();
+    hh.base = out_hc_base_;
+    hh.scale = out_hc_scale_;
+    hh.X = a.X2.f();
+    hh.T = R;
+    hh.D = D;
+    hh.N = (int)N;
+    hh.eps = h.hc_eps;
+    hh.y = a.x.f();
+    dev_->hc_head(hh);
+    dev_->rmsnorm(a.x.f(), output_norm_, a.x.f(), R, D, h.eps);
+    dev_->matmul(output_, a.x.f(), R, logits_.f());
 }
 
 void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {

@@ -141,9 +141,10 @@ Ds4HParams ds4_hparams(const dfl_model_params &p) {
     else if (mode == "sparse") h.prefill = Ds4Prefill::Sparse;
     else fail(DFL_ERR_INVALID, "deepseek4.engine.prefill = \"" + mode + "\": allowed values are exact, dense, sparse");
 
-    // deepseek4.engine.fused_decode (the plugin's --ds4-fused-decode, cuda only) asks for captured decode graphs. It is
-    // accepted and has no effect yet: moe_experts brings the chosen expert ids to the host once per MoE layer, so a
-    // decode step cannot be captured; the plan runs every step op by op.
+    // deepseek4.engine.fused_decode (the plugin's --ds4-fused-decode, cuda only): one-token steps (decode, and exact
+    // prefill's token steps) are captured once per shape and replayed as one device graph, with no host round trip
+    // inside a step. A device without graphs runs them op by op, which computes the same.
+    h.fused_decode = m.i("engine.fused_decode", 0) != 0;
 
     // shapes the plan relies on
     if (h.rope_dim % 2 != 0 || h.rope_dim > h.head_dim || h.rope_dim > h.idx_dim)

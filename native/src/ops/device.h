@@ -446,6 +446,20 @@ public:
     // g = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: plain swiglu).
     virtual void swiglu_clamp(float *g, const float *u, int64_t count, float limit) { ds4_missing("swiglu_clamp"); }
     virtual void moe_experts(const MoeExpertsCall &) { ds4_missing("moe_experts"); }
+    // One token through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
+    // group g multiplies its rows by x[g * W.n_in, (g + 1) * W.n_in) into y[g * rows, (g + 1) * rows), rows =
+    // W.n_out / groups. The default runs matmul on each group's rows (without W's packed layout, which a row slice
+    // cannot address); a device may do all groups in one pass.
+    virtual void matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
+        const int64_t rows = W.n_out / groups;
+        for (int g = 0; g < groups; g++) {
+            Weight v = W;
+            v.n_out = rows;
+            v.data = W.data + (uint64_t)g * (uint64_t)rows * W.row_bytes;
+            v.packed = nullptr;
+            matmul(v, x + (int64_t)g * W.n_in, 1, y + (int64_t)g * rows);
+        }
+    }
 
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin
     // and graph_end instead of running them, and graph_end returns a handle that graph_launch replays (the same ops

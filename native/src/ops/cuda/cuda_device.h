@@ -65,6 +65,7 @@ public:
     void moe_route(const MoeRouteCall &c) override;
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;
     void moe_experts(const MoeExpertsCall &c) override;
+    void matmul_grouped(const Weight &W, int groups, const float *x, float *y) override;
 
     bool has_graphs() const override { return graphs_enabled_; }
     uint64_t scratch_epoch() const override { return scratch_epoch_; }
@@ -163,6 +164,23 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
+
+// A z batch of one-token products in one launch (blockIdx.y = z): member z multiplies rows [e * w_rows, e * w_rows +
+// rows) of the weight `stack`, e = ids[z] (or z when ids is null), by input X + (z / x_div) * x_stride into
+// Y + z * y_stride. Each member's arithmetic is that of matmul on its rows alone with T = 1. Used where a member's
+// matrix is known only on the device (MoE experts: no host round trip, so the step can be a graph) and where a
+// weight's row groups read different slices of the input (DeepSeek V4's grouped output projection).
+struct GemvZ {
+    const int32_t *ids = nullptr;
+    int64_t w_rows = 0;
+    int64_t x_stride = 0;
+    int x_div = 1;
+    int64_t y_stride = 0;
+};
+void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
+// The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).
+void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
+                       float *Y);
 void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
                  float *lse);
 

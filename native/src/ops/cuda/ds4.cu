@@ -14,56 +14,67 @@ constexpr int kDs4Threads = 128;
 
 // ---- hyper-connections ----------------------------------------------------------------------------------------------
 
-// Sinkhorn projection of one n x n matrix in place, the CPU's ds4_sinkhorn step for step (one thread; n is 4).
-__device__ void sinkhorn_serial(float *c, int n, int iters, float eps) {
-    for (int a = 0; a < n; a++) {
-        float *r = c + a * n;
-        float mx = r[0];
-        for (int b = 1; b < n; b++) mx = fmaxf(mx, r[b]);
+// Sinkhorn projection of one n x n matrix (n * n <= 32), the CPU's ds4_sinkhorn step for step: lane a * n + b of the
+// calling warp holds c[a][b] in v and gets the result. Every sum is taken in the CPU's order (each lane adds its row's
+// or column's values itself, from lane 0 of the row or column on), so the result is the serial one bit for bit.
+__device__ float sinkhorn_warp(float v, int n, int iters, float eps) {
+    const int lane = threadIdx.x & 31, a = lane / n, b = lane % n;
+    auto row_sum = [&](float x) {
         float sum = 0.0f;
-        for (int b = 0; b < n; b++) sum += (r[b] = expf(r[b] - mx));
-        for (int b = 0; b < n; b++) r[b] = r[b] / sum + eps;
-    }
+        for (int j = 0; j < n; j++) sum += __shfl_sync(0xffffffffu, x, (a * n + j) & 31);
+        return sum;
+    };
+    auto col_sum = [&](float x) {
+        float sum = 0.0f;
+        for (int i = 0; i < n; i++) sum += __shfl_sync(0xffffffffu, x, (i * n + b) & 31);
+        return sum;
+    };
+    float mx = __shfl_sync(0xffffffffu, v, (a * n) & 31);
+    for (int j = 1; j < n; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, (a * n + j) & 31));
+    const float e = expf(v - mx);
+    v = e / row_sum(e) + eps;
     // the first column normalisation always runs (iters <= 1 included), as on the CPU
     for (int it = 0; it < (iters > 1 ? iters : 1); it++) {
-        if (it > 0)
-            for (int a = 0; a < n; a++) {
-                float sum = 0.0f;
-                for (int b = 0; b < n; b++) sum += c[a * n + b];
-                for (int b = 0; b < n; b++) c[a * n + b] /= sum + eps;
-            }
-        for (int b = 0; b < n; b++) {
-            float sum = 0.0f;
-            for (int a = 0; a < n; a++) sum += c[a * n + b];
-            for (int a = 0; a < n; a++) c[a * n + b] /= sum + eps;
-        }
+        if (it > 0) v = v / (row_sum(v) + eps);
+        v = v / (col_sum(v) + eps);
     }
+    return v;
 }
 
-// The block weights one token's N streams X [N][D] into y [D], summing in stream order as the CPU reference does.
-__device__ void mix_streams_block(const float *weight, const float *X, int N, int64_t D, float *y) {
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+// The block weights one token's N streams X [N][D] into y [D] over channels [d0, d1), summing in stream order as the
+// CPU reference does.
+__device__ void mix_streams_block(const float *weight, const float *X, int N, int64_t D, int64_t d0, int64_t d1,
+                                  float *y) {
+    for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
         float s = 0.0f;
         for (int i = 0; i < N; i++) s += weight[i] * X[i * D + d];
         y[d] = s;
     }
 }
 
-// One block per token: thread 0 derives pre, post and comb (a few dozen scalars), then the block mixes the streams.
+constexpr int64_t kHcChunk = 1024;  // channels a block of hc_pre / hc_head mixes
+
+// Block (token, chunk of kHcChunk channels): warp 0 derives pre, post and comb (a few dozen scalars, Sinkhorn one
+// lane per entry), which every chunk of the token needs and chunk 0 stores, then the block mixes its channels.
 __global__ void hc_pre_kernel(HcPreCall c) {
-    __shared__ float pre[kDs4MaxHc], comb[kDs4MaxHc * kDs4MaxHc];
+    __shared__ float pre[kDs4MaxHc];
     const int64_t t = blockIdx.x;
     const int N = c.N, M = (2 + N) * N;
     const float *mix = c.mix + t * M;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < N; i++) pre[i] = sigmoid_f(mix[i] * c.scale[0] + c.base[i]) + c.eps;
-        for (int i = 0; i < N; i++) c.post[t * N + i] = 2.0f * sigmoid_f(mix[N + i] * c.scale[1] + c.base[N + i]);
-        for (int k = 0; k < N * N; k++) comb[k] = mix[2 * N + k] * c.scale[2] + c.base[2 * N + k];
-        sinkhorn_serial(comb, N, c.iters, c.eps);
-        for (int k = 0; k < N * N; k++) c.comb[t * N * N + k] = comb[k];
+    const bool store = blockIdx.y == 0;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        if (lane < N) {
+            pre[lane] = sigmoid_f(mix[lane] * c.scale[0] + c.base[lane]) + c.eps;
+            if (store) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * c.scale[1] + c.base[N + lane]);
+        }
+        const int k = lane < N * N ? lane : 0;
+        const float v = sinkhorn_warp(mix[2 * N + k] * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
+        if (store && lane < N * N) c.comb[t * N * N + lane] = v;
     }
     __syncthreads();
-    mix_streams_block(pre, c.X + t * N * c.D, N, c.D, c.x + t * c.D);
+    const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
+    mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
 }
 
 // One thread per output element (token, stream b, channel d).
@@ -86,7 +97,8 @@ __global__ void hc_head_kernel(HcHeadCall c) {
     const int N = c.N;
     if (threadIdx.x < N) a[threadIdx.x] = sigmoid_f(c.mix[t * N + threadIdx.x] * c.scale[0] + c.base[threadIdx.x]) + c.eps;
     __syncthreads();
-    mix_streams_block(a, c.X + t * N * c.D, N, c.D, c.y + t * c.D);
+    const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
+    mix_streams_block(a, c.X + t * N * c.D, N, c.D, d0, d1, c.y + t * c.D);
 }
 
 // ---- RoPE -----------------------------------------------------------------------------------------------------------
@@ -206,10 +218,11 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
 // ---- launchers ------------------------------------------------------------------------------------------------------
 
 void CudaDevice::hc_pre(const HcPreCall &c) {
-    if (c.N < 1 || c.N > kDs4MaxHc) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 16)");
+    // Sinkhorn runs one lane per entry of the N x N matrix
+    if (c.N < 1 || c.N * c.N > 32) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 5)");
     op("hc_pre", [&] {
-        if (c.T <= 0) return;
-        hc_pre_kernel<<<(unsigned)c.T, 256, 0, stream_>>>(c);
+        if (c.T <= 0 || c.D <= 0) return;
+        hc_pre_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
         check_launch("hc_pre");
     });
 }
@@ -226,8 +239,8 @@ void CudaDevice::hc_post(const HcPostCall &c) {
 void CudaDevice::hc_head(const HcHeadCall &c) {
     if (c.N < 1 || c.N > kDs4MaxHc) fail(DFL_ERR_UNSUPPORTED, "hc_head: " + std::to_string(c.N) + " streams (at most 16)");
     op("hc_head", [&] {
-        if (c.T <= 0) return;
-        hc_head_kernel<<<(unsigned)c.T, 256, 0, stream_>>>(c);
+        if (c.T <= 0 || c.D <= 0) return;
+        hc_head_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
         check_launch("hc_head");
     });
 }
@@ -259,6 +272,18 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
         ds4_attention_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kDs4Threads, (size_t)c.head_dim * sizeof(float),
                                stream_>>>(m, c);
         check_launch("ds4_attention");
+    });
+}
+
+void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
+    if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
+    const int64_t rows = W.n_out / groups;
+    op("matmul_grouped", [&] {
+        GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
+        z.w_rows = rows;
+        z.x_stride = W.n_in;
+        z.y_stride = rows;
+        launch_gemv_z(*this, W, rows, z, groups, x, y);
     });
 }
 

@@ -1,10 +1,14 @@
 // DeepSeek V4 MoE on the GPU (device.h: MoeRouteCall, swiglu_clamp, MoeExpertsCall).
 //
-// Routing runs on the device (one warp per token). The routed experts reuse the device's matmul on row slices of the
-// 3-D expert stacks: the chosen ids come to the host (one wait per MoE layer), the (token, choice) pairs are grouped by
-// expert in token order as on the CPU, their inputs gathered into one contiguous block, each used expert's gate / up /
-// down products run on its group, and a combine kernel adds the weighted outputs per token in choice order.
-// Decode steps therefore cannot be captured into a CUDA graph (the plan does not capture deepseek4 forwards).
+// Routing runs on the device (one warp per token). The routed experts take one of two paths:
+//  - few (token, choice) pairs (decode steps, small batches: P <= kMoeDirectMaxPairs): every pair's gate / up / down
+//    product is one member of a z-batched GEMV launch that picks its expert's rows from the chosen ids on the device
+//    (launch_gemv_z), then a combine kernel adds the weighted outputs per token in choice order. Nothing comes back to
+//    the host, so the step can be captured into a CUDA graph (deepseek4.engine.fused_decode).
+//  - many pairs (prefill): the chosen ids come to the host (one wait per MoE layer), the pairs are grouped by expert
+//    in token order as on the CPU, their inputs gathered into one contiguous block, each used expert's gate / up /
+//    down products run on its group with the device's matmul (so an expert's weights are read once per group), and
+//    the same combine kernel adds the outputs.
 #include <algorithm>
 #include <vector>
 
@@ -107,14 +111,18 @@ __global__ void moe_gather_kernel(const float *x, const int32_t *order, int k, i
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
 }
 
-// out[t][d] = sum_j weights[t][j] * yg[row of pair (t, j)][d], in j order from 0 as the CPU adds.
+// out[t][d] = sum_j weights[t][j] * yg[row of pair (t, j)][d], in j order from 0 as the CPU adds (row_of_pair null:
+// pair i's row is i).
 __global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, const float *weights, int k, int64_t T,
                                    int64_t D, float *out) {
     const int64_t n = T * D;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = e / D, d = e % D;
         float o = 0.0f;
-        for (int j = 0; j < k; j++) o += weights[t * k + j] * yg[(int64_t)row_of_pair[t * k + j] * D + d];
+        for (int j = 0; j < k; j++) {
+            const int64_t row = row_of_pair ? (int64_t)row_of_pair[t * k + j] : t * k + j;
+            o += weights[t * k + j] * yg[row * D + d];
+        }
         out[e] = o;
     }
 }
@@ -151,10 +159,48 @@ static Weight expert_slice(const Weight &stack, int e, int64_t n) {
     return w;
 }
 
+// Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
+// Past it, grouping by expert reads each shared expert once instead of once per pair.
+constexpr int64_t kMoeDirectMaxPairs = 64;
+
+// The direct path: P z-batched products per projection, experts picked on the device.
+static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
+    const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
+    float *g = (float *)dev.ds4_buffer((size_t)(P * (2 * F + D)) * sizeof(float)), *u = g + P * F, *yg = u + P * F;
+    GemvZ in;  // gate and up: pair i reads token i / K's input
+    in.ids = c.ids;
+    in.w_rows = F;
+    in.x_stride = D;
+    in.x_div = (int)K;
+    in.y_stride = F;
+    {
+        CudaDevice::OpTimer tm(dev, "moe_experts (gate, up)");
+        launch_gemv_z(dev, c.gate, F, in, (int)P, c.x, g);
+        launch_gemv_z(dev, c.up, F, in, (int)P, c.x, u);
+    }
+    dev.swiglu_clamp(g, u, P * F, c.limit);
+    GemvZ out;  // down: pair i reads its own row of g
+    out.ids = c.ids;
+    out.w_rows = D;
+    out.x_stride = F;
+    out.y_stride = D;
+    {
+        CudaDevice::OpTimer tm(dev, "moe_experts (down)");
+        launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
+    }
+    CudaDevice::OpTimer tm(dev, "moe_experts (combine)");
+    moe_combine_kernel<<<grid_for(T * D, 256), 256, 0, dev.stream()>>>(yg, nullptr, c.weights, (int)K, T, D, c.out);
+    check_launch("moe_experts (combine)");
+}
+
 void CudaDevice::moe_experts(const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
     if (P <= 0) return;
     use();
+    if (P <= kMoeDirectMaxPairs) {
+        moe_experts_direct(*this, c);
+        return;
+    }
     // the choices, grouped by expert in (token, choice) order
     std::vector<int32_t> ids((size_t)P);
     to_host(ids.data(), c.ids, (size_t)P * sizeof(int32_t));

@@ -41,10 +41,20 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     if (lane == 0) xs[t * nb + b] = d;
 }
 
+// z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
+// input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
-                                                                float *Y) {
+                                                                float *Y, GemvZ z) {
+    {
+        const int64_t k = blockIdx.y, nbz = n_in / 32;
+        qs += k * z.w_rows * n_in;
+        dw += k * z.w_rows * nbz;
+        xq += (k / z.x_div) * z.x_stride;
+        xs += (k / z.x_div) * (z.x_stride / 32);
+        Y += k * z.y_stride;
+    }
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
     if (row >= n_out) return;
@@ -186,7 +196,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1) {
-            gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
+            gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
@@ -194,6 +204,25 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         }
         check_launch("matmul (q8_0 dp4a)");
     }
+}
+
+void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
+                       float *Y) {
+    // the inputs are nx consecutive rows of n_in floats, quantized as a batch of nx tokens
+    const int64_t n_in = stack.n_in, nb = n_in / 32, nx = (nz - 1) / z.x_div + 1;
+    const size_t xq_bytes = ((size_t)(nx * n_in) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(nx * nb) * 4);
+    int8_t *xq = (int8_t *)scr;
+    float *xs = (float *)(scr + xq_bytes);
+    cudaStream_t s = dev.stream();
+    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, n_in, nx, xq, xs);
+    check_launch("matmul (quantize x)");
+    // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
+    const int8_t *qs = (const int8_t *)stack.packed;
+    const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
+    const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
+    gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, n_in, rows, xq, xs, Y, z);
+    check_launch("matmul (q8_0 dp4a, z batch)");
 }
 
 }  // namespace cuda

@@ -87,6 +87,17 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&w)[8]) {
 // Requirements checked by the dispatcher: X 16-byte aligned, n_in a multiple of 8 (and of the block size), and for
 // f32/f16/bf16/q4_K rows 16-byte aligned.
 
+// Moves W, X and Y to this block's member of a z batch (blockIdx.y; the plain launch has one member, z = 0, and an
+// empty GemvZ, which moves nothing).
+__device__ __forceinline__ void gemv_z_apply(const GemvZ &z, uint64_t row_bytes, const uint8_t *&W, const float *&X,
+                                             float *&Y) {
+    const int64_t k = blockIdx.y;
+    const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
+    W += (uint64_t)(e * z.w_rows) * row_bytes;
+    X += (k / z.x_div) * z.x_stride;
+    Y += k * z.y_stride;
+}
+
 // The output row of this warp and which slice of it the warp reads. Small matrices (few rows) would leave most SMs
 // idle with one warp per row, so there `wpr` warps (2 or 4) of one block share a row, each taking every wpr-th step.
 struct RowSlice {
@@ -137,7 +148,8 @@ __device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n
 
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                  int64_t n_out, const float *X, float *Y, int wpr) {
+                                                                  int64_t n_out, const float *X, float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const RowSlice rs = row_slice(wpr, n_out);
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
@@ -157,7 +169,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t
 template <int NT, bool BF16>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                     int64_t n_in, int64_t n_out, const float *X,
-                                                                    float *Y, int wpr) {
+                                                                    float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const RowSlice rs = row_slice(wpr, n_out);
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
@@ -189,7 +202,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
 // 2-byte aligned, hence the 16-bit loads.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+                                                                   int64_t n_out, const float *X, float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const RowSlice rs = row_slice(wpr, n_out);
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, part = lane & 3;
@@ -234,7 +248,8 @@ constexpr int kQ8WideLoads = (kQ8WideWords + 31) / 32;          // 5
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_wide_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                         int64_t n_in, int64_t n_out, const float *X,
-                                                                        float *Y, int wpr) {
+                                                                        float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     __shared__ __align__(16) uint8_t stage[kGemvWarps][kQ8WideWords * 16];
     const RowSlice rs = row_slice(wpr, n_out);
     const int lane = threadIdx.x & 31, part = lane & 3;
@@ -289,7 +304,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_wide_kernel(const u
 // one sub-block, 16 high nibbles of the next); a warp covers four super-blocks per step.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+                                                                   int64_t n_out, const float *X, float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const RowSlice rs = row_slice(wpr, n_out);
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
@@ -339,7 +355,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
 // each (one per 32-wide quarter) from two ql bytes and one qh byte. Blocks are 2-byte aligned: 16-bit loads.
 template <int NT>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const float *X, float *Y, int wpr) {
+                                                                   int64_t n_out, const float *X, float *Y, int wpr, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const RowSlice rs = row_slice(wpr, n_out);
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
@@ -396,7 +413,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
 
 // Fallback for shapes the vector kernels do not take (unaligned pointers, odd n_in): element by element.
 __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_out,
-                                    const float *X, int64_t T, float *Y) {
+                                    const float *X, int64_t T, float *Y, GemvZ z) {
+    gemv_z_apply(z, row_bytes, W, X, Y);
     const int64_t r = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
     if (r >= n_out) return;
     const int lane = threadIdx.x & 31;
@@ -410,33 +428,33 @@ __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t ro
 }
 
 template <int NT>
-static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y) {
+static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y, const GemvZ &z, int nz) {
     // few rows: share each row among 2 or 4 warps so the grid still covers the GPU
     const int wpr = W.n_out < 1024 ? 4 : W.n_out < 2048 ? 2 : 1;
     const int64_t rows_per_block = kGemvWarps / wpr;
-    const unsigned grid = (unsigned)((W.n_out + rows_per_block - 1) / rows_per_block);
+    const dim3 grid((unsigned)((W.n_out + rows_per_block - 1) / rows_per_block), (unsigned)nz);
     const dim3 block(kGemvWarps * 32);
     switch (W.type) {
     case DFL_TYPE_F32:
-        gemv_f32_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+        gemv_f32_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     case DFL_TYPE_F16:
-        gemv_16bit_kernel<NT, false><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+        gemv_16bit_kernel<NT, false><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     case DFL_TYPE_BF16:
-        gemv_16bit_kernel<NT, true><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+        gemv_16bit_kernel<NT, true><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     case DFL_TYPE_Q8_0:
         if (((uintptr_t)W.data & 15) == 0 && W.row_bytes % 16 == 0)
-            gemv_q8_0_wide_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+            gemv_q8_0_wide_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         else
-            gemv_q8_0_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+            gemv_q8_0_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     case DFL_TYPE_Q4_K:
-        gemv_q4_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+        gemv_q4_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     case DFL_TYPE_Q6_K:
-        gemv_q6_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
+        gemv_q6_K_kernel<NT><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr, z);
         break;
     default:
         fail(DFL_ERR_UNSUPPORTED, "matmul: unsupported weight type " + std::to_string(W.type));
@@ -462,24 +480,53 @@ static bool gemv_vector_ok(const Weight &W, const float *X) {
     }
 }
 
-static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y) {
+static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {},
+                        int nz = 1) {
     if (!gemv_vector_ok(W, X)) {
-        const unsigned grid = (unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps);
-        gemv_generic_kernel<<<grid, kGemvWarps * 32, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y);
+        const dim3 grid((unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps), (unsigned)nz);
+        gemv_generic_kernel<<<grid, kGemvWarps * 32, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y, z);
         check_launch("matmul (gemv)");
         return;
     }
     switch (T) {
-    case 1: launch_gemv_nt<1>(s, W, X, Y); break;
-    case 2: launch_gemv_nt<2>(s, W, X, Y); break;
-    case 3: launch_gemv_nt<3>(s, W, X, Y); break;
-    case 4: launch_gemv_nt<4>(s, W, X, Y); break;
-    case 5: launch_gemv_nt<5>(s, W, X, Y); break;
-    case 6: launch_gemv_nt<6>(s, W, X, Y); break;
-    case 7: launch_gemv_nt<7>(s, W, X, Y); break;
-    default: launch_gemv_nt<8>(s, W, X, Y); break;
+    case 1: launch_gemv_nt<1>(s, W, X, Y, z, nz); break;
+    case 2: launch_gemv_nt<2>(s, W, X, Y, z, nz); break;
+    case 3: launch_gemv_nt<3>(s, W, X, Y, z, nz); break;
+    case 4: launch_gemv_nt<4>(s, W, X, Y, z, nz); break;
+    case 5: launch_gemv_nt<5>(s, W, X, Y, z, nz); break;
+    case 6: launch_gemv_nt<6>(s, W, X, Y, z, nz); break;
+    case 7: launch_gemv_nt<7>(s, W, X, Y, z, nz); break;
+    default: launch_gemv_nt<8>(s, W, X, Y, z, nz); break;
     }
     check_launch("matmul (gemv)");
+}
+
+// Whether the vector kernels can read every matrix and input of a z batch: the first and the second of each are
+// aligned as the kernels need (the rest follow, being further steps of the same strides).
+static bool gemv_z_vector_ok(const Weight &W, const float *X, const GemvZ &z) {
+    Weight next = W;
+    next.data = W.data + (uint64_t)z.w_rows * W.row_bytes;
+    return gemv_vector_ok(W, X) && gemv_vector_ok(next, X + z.x_stride);
+}
+
+void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y) {
+    if (nz <= 0 || rows <= 0) return;
+    if (stack.packed && q8p_ok(stack) && z.x_stride == stack.n_in && !z.ids) {
+        launch_gemv_q8p_z(dev, stack, rows, z, nz, X, Y);
+        return;
+    }
+    Weight W = stack;  // member 0's rows; the kernels move to member z's
+    W.n_out = rows;
+    W.packed = nullptr;
+    if (gemv_z_vector_ok(W, X, z)) {
+        launch_gemv_nt<1>(dev.stream(), W, X, Y, z, nz);
+        check_launch("matmul (z batch)");
+        return;
+    }
+    const dim3 grid((unsigned)((rows + kGemvWarps - 1) / kGemvWarps), (unsigned)nz);
+    gemv_generic_kernel<<<grid, kGemvWarps * 32, 0, dev.stream()>>>(W.type, W.data, W.row_bytes, W.n_in, rows, X, 1, Y,
+                                                                   z);
+    check_launch("matmul (z batch)");
 }
 
 // ---- prefill path ----
