@@ -136,6 +136,19 @@ func tinyDraft(t *testing.T, target string) string {
 	return out
 }
 
+// tinyDraft2 makes a one-layer DFlash2 draft (dynamic convolutions and a
+// candidate selector) for target, as the seed's "Qwen + DFlash2 draft".
+func tinyDraft2(t *testing.T, target string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "draft2.gguf")
+	args := []string{"mk", "dflash", out, "--dflash2", "--target", target, "--layers", "1", "--heads", "4", "--kv-heads", "2",
+		"--ffn", "128", "--type", "q8_0", "--target-layers", "1", "--selector-top-k", "4", "--selector-rank", "16", "--seed", "5"}
+	if b, err := exec.Command(env.modelTool, args...).CombinedOutput(); err != nil {
+		t.Fatalf("dflash-model %v: %v\n%s", args, err, b)
+	}
+	return out
+}
+
 // tinyDS4 makes a random-weight deepseek4 model with dflash-model mk: the
 // ds4 backend tests' tokenizer folder (DeepSeek V4's special tokens and
 // chat template), 6 of 8 routed experts per token (the seed's

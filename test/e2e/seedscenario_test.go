@@ -160,14 +160,14 @@ func testSeedAdmission(t *testing.T, s *server) {
 // streams run to their token limit and end with their API's terminal
 // event, the waiter gets 503, the server exits 0 and no plugin process
 // (qwen's, ds4's, the policy's) is left.
-func testSeedDrain(t *testing.T, qwen3, draft, ds4 string) {
+func testSeedDrain(t *testing.T, qwen, draft, ds4 string) {
 	is := is.New(t)
 	gpuBefore := gpuMemoryUsed(t)
 	// A generous drain deadline: on a shared 2-core machine the streams
 	// may take longer than the default 30 s, and a cut stream is not what
 	// this test looks for.
 	head := append(slices.Clone(seedHead), "--drain-timeout", "5m")
-	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, seedFused), skip: noDS4Forward})
+	s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen, draft, ds4, seedFused)})
 	// Long enough to outlast the few requests sent before the signal; a
 	// GPU decodes the tiny models far faster than the CPU.
 	qwenTokens, ds4Tokens := 300, 100
@@ -259,7 +259,7 @@ func gpuMemoryUsed(t *testing.T) map[string]int {
 // only the block on the primary device loads and serves. A busy primary
 // makes a request wait, never fall back; on qwen, a request too long for
 // its context is refused rather than sent to ds4.
-func testSeedBalancingDisabled(t *testing.T, qwen3, draft, ds4 string) {
+func testSeedBalancingDisabled(t *testing.T, qwen, draft, ds4 string) {
 	tests := []struct {
 		primary       string
 		serves, other string
@@ -274,7 +274,7 @@ func testSeedBalancingDisabled(t *testing.T, qwen3, draft, ds4 string) {
 		t.Run("primary "+tt.primary, func(t *testing.T) {
 			is := is.New(t)
 			head := []string{"--load-balancing-primary-gpu", tt.primary} // the seed's head without --load-balancing
-			s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen3, draft, ds4, seedFused), skip: noDS4Forward})
+			s := startServer(t, serverOpts{plugins: realPlugins, args: seedLine(head, qwen, draft, ds4, seedFused)})
 			st := s.status(t)
 			is.True(!st.LoadBalancing)
 			is.Equal(st.Priority, []string{tt.serves})
