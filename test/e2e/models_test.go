@@ -124,18 +124,6 @@ func npmCI(dir string) (skip string, err error) {
 	return "", nil
 }
 
-// tinyDraft makes a random-weight DFlash draft (upstream dflash format) for the target file with dflash-model mk.
-func tinyDraft(t *testing.T, target string) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "draft.gguf")
-	args := []string{"mk", "dflash", out, "--target", target, "--layers", "1", "--heads", "4", "--kv-heads", "2",
-		"--ffn", "128", "--type", "q8_0", "--target-layers", "1", "--seed", "5"}
-	if b, err := exec.Command(env.modelTool, args...).CombinedOutput(); err != nil {
-		t.Fatalf("dflash-model %v: %v\n%s", args, err, b)
-	}
-	return out
-}
-
 // tinyDraft2 makes a one-layer DFlash2 draft (dynamic convolutions and a
 // candidate selector) for target, as the seed's "Qwen + DFlash2 draft".
 func tinyDraft2(t *testing.T, target string) string {
