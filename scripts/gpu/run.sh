@@ -55,6 +55,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
+  log "CUDA op tests with q4_K on int8 activations (DFL_CUDA_Q4K_I8=1)"
+  DFL_CUDA_Q4K_I8=1 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -181,6 +183,9 @@ ds4_check() {
   log "DeepSeek V4 op tests (CUDA vs CPU device)"
   make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/cuda-ds4.txt" | head -60 | tee -a "$OUT/summary.txt"
+  log "DeepSeek V4 op tests with q4_K on int8 activations (DFL_CUDA_Q4K_I8=1)"
+  DFL_CUDA_Q4K_I8=1 make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4-i8.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/cuda-ds4-i8.txt" | head -60 | tee -a "$OUT/summary.txt"
   log "deepseek4 device replay vs CPU (native/engine TestDeviceDeepseek4)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'DeviceDeepseek4' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-ds4.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
@@ -208,10 +213,11 @@ ds4_bench() {
   f=$(ds4_model) || return 1
   log "deepseek4 flash shape: $f ($(du -h "$f" | cut -f1))"
   local fused
-  for fused in 0 1; do
-    log "decode op by op (fused 0) and as replayed graphs (fused 1, --ds4-fused-decode): fused $fused"
-    (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
-      DFLASH_BENCH_FUSED=$fused DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' \
+  for fused in 0 1 i8; do
+    log "decode: $fused (0 op by op, 1 replayed graphs as --ds4-fused-decode, i8 graphs and q4_K on int8 activations)"
+    # i8: fused, with q4_K products on int8 activations (DFL_CUDA_Q4K_I8=1)
+    (cd native/engine && DFL_CUDA_Q4K_I8=$([ $fused = i8 ] && echo 1 || echo 0) DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
+      DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=$([ $fused = 0 ] && echo 0 || echo 1) DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' \
       -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
   log "per-op profile of batch-1 decode"

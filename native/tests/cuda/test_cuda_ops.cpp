@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -219,6 +220,10 @@ struct DualWeight {
 };
 
 double matmul_bound(uint32_t type, int64_t T) {
+    // DFL_CUDA_Q4K_I8=1: q4_K products of up to 8 tokens round the activations to int8 per block of 32 (as the
+    // repacked q8_0 path does: 1.5e-2 of the output's norm)
+    const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");
+    if (type == DFL_TYPE_Q4_K && T <= 8 && i8 && std::strcmp(i8, "1") == 0) return 1.5e-2;
     if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }

@@ -178,6 +178,10 @@ struct GemvZ {
     int64_t y_stride = 0;
 };
 void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
+// q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
+bool q4k_i8_on();
+bool q4k_i8_ok(const Weight &W, const GemvZ &z);
+void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz);
 // The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y);

@@ -3,6 +3,9 @@
 // well, so that a warp streams its row with 16-byte loads, several in flight per lane, and multiplies with dp4a
 // (four int8 products per instruction) instead of converting every weight to float. This is the path a batch-1
 // decode step spends its time in.
+#include <cstdlib>
+#include <cstring>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -43,6 +46,91 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
 
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
 // input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
+// x -> int8 per block of 32 as quantize_x_q8_kernel, plus each block's sum of the rounded values times its scale
+// (xsum), which the q4_K kernel needs for the sub-block minimums.
+__global__ void quantize_x_q8s_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs, float *xsum) {
+    const int64_t nb = n_in / 32;
+    const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nb * T) return;
+    const int64_t t = blk / nb, b = blk % nb;
+    const float v = x[t * n_in + b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * inv);
+    xq[t * n_in + b * 32 + lane] = (int8_t)q;
+    const int qsum = __reduce_add_sync(0xffffffffu, q);
+    if (lane == 0) {
+        xs[t * nb + b] = d;
+        xsum[t * nb + b] = d * (float)qsum;
+    }
+}
+
+// q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
+// 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
+// nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
+// once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens.
+template <int NT>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                   int64_t n_out, const int8_t *xq, const float *xs,
+                                                                   const float *xsum, float *Y, GemvZ z) {
+    const int64_t nb32 = n_in / 32;
+    {
+        const int64_t k = blockIdx.y;
+        const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
+        W += (uint64_t)(e * z.w_rows) * row_bytes;
+        const int64_t xi = k / z.x_div;  // the input's row of the quantized batch
+        xq += xi * n_in;
+        xs += xi * nb32;
+        xsum += xi * nb32;
+        Y += k * z.y_stride;
+    }
+    const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    const int64_t nb = n_in / QK_K;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const uint8_t *blk = row + b * kQ4_KBytes;
+        const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
+        const uint32_t dd = __ldg((const unsigned int *)blk);
+        const float d = half_bits_to_f32((uint16_t)(dd & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dd >> 16));
+        int sc1, m1, sc2, m2;
+        q4k_scale_min_dev(2 * c, blk + 4, sc1, m1);
+        q4k_scale_min_dev(2 * c + 1, blk + 4, sc2, m2);
+        const int qw[4] = {(int)qv.x, (int)qv.y, (int)qv.z, (int)qv.w};
+        const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
+        const int64_t e0 = b * QK_K + 64 * c + 16 * half;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const int4 xa = __ldg((const int4 *)(xq + t * n_in + e0));
+            const int4 xb = __ldg((const int4 *)(xq + t * n_in + e0 + 32));
+            int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
+            lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
+            lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
+            lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
+            int hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
+            hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
+            hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
+            hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
+            const float *xst = xs + t * nb32, *xmt = xsum + t * nb32;
+            float v = d * ((float)sc1 * __ldg(xst + s1) * (float)lo + (float)sc2 * __ldg(xst + s2) * (float)hi);
+            if (half == 0) v -= dmin * ((float)m1 * __ldg(xmt + s1) + (float)m2 * __ldg(xmt + s2));
+            acc[t] += v;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) Y[t * n_out + r] = v;
+    }
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
@@ -204,6 +292,49 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         }
         check_launch("matmul (q8_0 dp4a)");
     }
+}
+
+// Whether q4_K products of up to kQ4kI8MaxTokens tokens run on int8 activations (gemv_q4k_i8_kernel):
+// DFL_CUDA_Q4K_I8=1 (off by default until measured against the float GEMV on a GPU).
+bool q4k_i8_on() {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_Q4K_I8");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
+    if (W.type != DFL_TYPE_Q4_K || W.n_in % QK_K != 0 || W.row_bytes % 16 != 0 || ((uintptr_t)W.data & 15) != 0)
+        return false;
+    return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
+}
+
+void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
+    // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
+    const int64_t nb = W.n_in / 32, nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
+    if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
+    const size_t xq_bytes = ((size_t)(nx * W.n_in) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(nx * nb) * 8);
+    int8_t *xq = (int8_t *)scr;
+    float *xs = (float *)(scr + xq_bytes), *xsum = xs + nx * nb;
+    cudaStream_t s = dev.stream();
+    quantize_x_q8s_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, W.n_in, nx, xq, xs, xsum);
+    check_launch("matmul (quantize x)");
+    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
+    if (nz > 1) {
+        gemv_q4k_i8_kernel<1><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
+    } else {
+        switch (T) {
+#define DFL_Q4K_I8(N) \
+    case N: gemv_q4k_i8_kernel<N><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
+            DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
+            DFL_Q4K_I8(8)
+#undef DFL_Q4K_I8
+        default: fail(DFL_ERR_INTERNAL, "q4_K int8 GEMV: more than 8 tokens");
+        }
+    }
+    check_launch("matmul (q4_K int8)");
 }
 
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,

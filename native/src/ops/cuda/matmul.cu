@@ -518,6 +518,10 @@ void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const Gem
     Weight W = stack;  // member 0's rows; the kernels move to member z's
     W.n_out = rows;
     W.packed = nullptr;
+    if (q4k_i8_on() && q4k_i8_ok(W, z) && z.x_stride == W.n_in && gemv_vector_ok(W, X)) {
+        launch_gemv_q4k_i8(dev, W, X, 1, Y, z, nz);
+        return;
+    }
     if (gemv_z_vector_ok(W, X, z)) {
         launch_gemv_nt<1>(dev.stream(), W, X, Y, z, nz);
         check_launch("matmul (z batch)");
@@ -929,6 +933,10 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     // kernel on the packed weights, prefill cuBLAS.
     if (T <= q8p_max_tokens() && q8p_ok(W)) {  // q8_0 repacked at load: dp4a on int8 activations
         launch_gemv_q8p(dev, W, X, T, Y);
+        return;
+    }
+    if (T <= kGemvMaxTokens && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && aligned16(X)) {  // q4_K on int8 activations
+        launch_gemv_q4k_i8(dev, W, X, T, Y, GemvZ{}, 1);
         return;
     }
     if (T < kMmqMinTokens) {
