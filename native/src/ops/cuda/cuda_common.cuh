@@ -103,6 +103,25 @@ __host__ __device__ __forceinline__ void q4k_scale_min_dev(int j, const uint8_t 
     }
 }
 
+// What lane p (0..7) of the eight that share a q4_K super-block reads of it (the GEMV layout: 16 bytes of quants,
+// the 16 low nibbles of sub-block 2c and the 16 high nibbles of sub-block 2c + 1, c = p / 2), with the block's scales
+// and minimums of those two sub-blocks.
+struct Q4KLane {
+    uint4 q;
+    float d, dmin;
+    int sc1, m1, sc2, m2;
+};
+__device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
+    Q4KLane l;
+    l.q = __ldg((const uint4 *)(blk + 16 + 16 * p));
+    const uint32_t dd = __ldg((const unsigned int *)blk);
+    l.d = half_bits_to_f32((uint16_t)(dd & 0xFFFF));
+    l.dmin = half_bits_to_f32((uint16_t)(dd >> 16));
+    q4k_scale_min_dev(2 * (p >> 1), blk + 4, l.sc1, l.m1);
+    q4k_scale_min_dev(2 * (p >> 1) + 1, blk + 4, l.sc2, l.m2);
+    return l;
+}
+
 // Element i of a row of `type`. Slow per element but simple: used where the row is read once (embedding, the
 // dequantize-to-f16 prefill path, KV cache rows) and the memory traffic, not the arithmetic, sets the speed.
 __host__ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, int64_t i) {

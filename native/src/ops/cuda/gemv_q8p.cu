@@ -29,26 +29,9 @@ __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64
     for (int k = 0; k < 32; k++) q[k] = (int8_t)blk[2 + k];
 }
 
-// x (T rows of n_in floats) -> int8 per block of 32 with one float scale: amax / 127, rounded to nearest.
-__global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs) {
-    const int64_t nb = n_in / 32;
-    const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (blk >= nb * T) return;
-    const int64_t t = blk / nb, b = blk % nb;
-    const float v = x[t * n_in + b * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    xq[t * n_in + b * 32 + lane] = (int8_t)__float2int_rn(v * inv);
-    if (lane == 0) xs[t * nb + b] = d;
-}
-
-// z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
-// input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
-// x -> int8 per block of 32 as quantize_x_q8_kernel, plus each block's sum of the rounded values times its scale
-// (xsum), which the q4_K kernel needs for the sub-block minimums.
-__global__ void quantize_x_q8s_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs, float *xsum) {
+// x (T rows of n_in floats) -> int8 per block of 32 with one float scale: amax / 127, rounded to nearest; and, where
+// xsum is not null, each block's sum of the rounded values times its scale (the q4_K kernel's sub-block minimums).
+__global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs, float *xsum) {
     const int64_t nb = n_in / 32;
     const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
@@ -60,11 +43,11 @@ __global__ void quantize_x_q8s_kernel(const float *x, int64_t n_in, int64_t T, i
     const float inv = d > 0.0f ? 1.0f / d : 0.0f;
     const int q = __float2int_rn(v * inv);
     xq[t * n_in + b * 32 + lane] = (int8_t)q;
-    const int qsum = __reduce_add_sync(0xffffffffu, q);
-    if (lane == 0) {
-        xs[t * nb + b] = d;
-        xsum[t * nb + b] = d * (float)qsum;
+    if (xsum) {
+        const int qsum = __reduce_add_sync(0xffffffffu, q);
+        if (lane == 0) xsum[t * nb + b] = d * (float)qsum;
     }
+    if (lane == 0) xs[t * nb + b] = d;
 }
 
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
@@ -96,14 +79,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const uint8_t *blk = row + b * kQ4_KBytes;
-        const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
-        const uint32_t dd = __ldg((const unsigned int *)blk);
-        const float d = half_bits_to_f32((uint16_t)(dd & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dd >> 16));
-        int sc1, m1, sc2, m2;
-        q4k_scale_min_dev(2 * c, blk + 4, sc1, m1);
-        q4k_scale_min_dev(2 * c + 1, blk + 4, sc2, m2);
-        const int qw[4] = {(int)qv.x, (int)qv.y, (int)qv.z, (int)qv.w};
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
+        const float d = l.d, dmin = l.dmin;
+        const int sc1 = l.sc1, m1 = l.m1, sc2 = l.sc2, m2 = l.m2;
+        const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
         const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
         const int64_t e0 = b * QK_K + 64 * c + 16 * half;
 #pragma unroll
@@ -131,6 +110,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     }
 }
 
+// z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
+// input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
@@ -271,7 +252,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes);
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(T * nb * 32, 256), 256, 0, s>>>(X, W.n_in, T, xq, xs);
+    quantize_x_q8_kernel<<<grid_for(T * nb * 32, 256), 256, 0, s>>>(X, W.n_in, T, xq, xs, nullptr);
     check_launch("matmul (quantize x)");
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
@@ -319,7 +300,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes), *xsum = xs + nx * nb;
     cudaStream_t s = dev.stream();
-    quantize_x_q8s_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, W.n_in, nx, xq, xs, xsum);
+    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, W.n_in, nx, xq, xs, xsum);
     check_launch("matmul (quantize x)");
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     if (nz > 1) {
@@ -346,7 +327,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes);
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, n_in, nx, xq, xs);
+    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, n_in, nx, xq, xs, nullptr);
     check_launch("matmul (quantize x)");
     // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
     const int8_t *qs = (const int8_t *)stack.packed;

@@ -317,15 +317,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
     // unrolled so the next super-block's loads are in flight while this one is decoded
 #pragma unroll 2
     for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
-        const uint8_t *blk = row + b * kQ4_KBytes;
-        const uint4 qv = __ldg((const uint4 *)(blk + 16 + 16 * p));
-        const uint32_t dd = __ldg((const unsigned int *)blk);
-        const float d = half_bits_to_f32((uint16_t)(dd & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(dd >> 16));
-        int sc1, m1, sc2, m2;
-        q4k_scale_min_dev(2 * c, blk + 4, sc1, m1);
-        q4k_scale_min_dev(2 * c + 1, blk + 4, sc2, m2);
-        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1, d2 = d * (float)sc2, mm2 = dmin * (float)m2;
-        const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
+        const float d1 = l.d * (float)l.sc1, mm1 = l.dmin * (float)l.m1, d2 = l.d * (float)l.sc2, mm2 = l.dmin * (float)l.m2;
+        const uint32_t qw[4] = {l.q.x, l.q.y, l.q.z, l.q.w};
         float lo[16], hi[16];
 #pragma unroll
         for (int k = 0; k < 16; k++) {
