@@ -300,7 +300,9 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             dequant_row(kv.type_k, kv.k_at(p0 + j, kvh), Kt + j * hd, hd);
             dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
         }
-        const bool wide = hd % 16 == 0;
+        // The transposed tile pays off when kQueryGroup real rows share it; fewer rows (a decode step: group rows, 2 for
+        // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they score by dot4_f32.
+        const bool wide = hd % 16 == 0 && nrow >= kQueryGroup;
         if (wide)
             for (int d = 0; d < hd; d++)
                 for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
