@@ -81,16 +81,7 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         L.wkv = up(w_.matrix(blk(il, "attn_kv.weight"), D, h.head_dim));
         L.kv_norm = w_.vec(blk(il, "attn_kv_a_norm.weight"), h.head_dim);
         L.sinks = w_.vec(blk(il, "attn_sinks.weight"), h.n_head);
-        // grouped output: group g owns rows [g * o_lora, (g + 1) * o_lora) of wo_a
-        const Weight wo_a = up(w_.matrix(blk(il, "attn_output_a.weight"), HD / h.o_groups, (int64_t)h.o_groups * h.o_lora));
-        L.wo_a_all = wo_a;
-        for (int g = 0; g < h.o_groups; g++) {
-            Weight v = wo_a;
-            v.n_out = h.o_lora;
-            v.data = wo_a.data + (uint64_t)g * h.o_lora * wo_a.row_bytes;
-            v.packed = nullptr;
-            L.wo_a.push_back(v);
-        }
+        L.wo_a = up(w_.matrix(blk(il, "attn_output_a.weight"), HD / h.o_groups, (int64_t)h.o_groups * h.o_lora));
         L.wo_b = up(w_.matrix(blk(il, "attn_output_b.weight"), (int64_t)h.o_groups * h.o_lora, D));
         if (L.ratio) {
             const int cw = h.comp_width(il);
@@ -406,15 +397,16 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     rope(a.attn.f(), HD, (int)H, (int)hd, inv, true);
     // grouped low-rank output projection
     const int64_t gin = HD / h.o_groups;
-    if (T == 1) dev_->matmul_grouped(L.wo_a_all, h.o_groups, a.attn.f(), a.cat.f());
-    for (int g = 0; g < (T == 1 ? 0 : h.o_groups); g++) {
-        const float *in = a.attn.f() + g * gin;
-        if (T > 1) {
-            dev_->copy_rows(a.grp_in.f(), gin, in, HD, T, gin);
-            in = a.grp_in.f();
+    if (T == 1) {
+        dev_->matmul_grouped(L.wo_a, h.o_groups, a.attn.f(), a.cat.f());
+    } else {
+        // each group's input columns gathered, its product scattered into its columns of cat
+        for (int g = 0; g < h.o_groups; g++) {
+            dev_->copy_rows(a.grp_in.f(), gin, a.attn.f() + g * gin, HD, T, gin);
+            dev_->matmul(L.wo_a.rows((int64_t)g * h.o_lora, h.o_lora), a.grp_in.f(), T, a.grp_out.f());
+            dev_->copy_rows(a.cat.f() + (int64_t)g * h.o_lora, (int64_t)h.o_groups * h.o_lora, a.grp_out.f(), h.o_lora, T,
+                            h.o_lora);
         }
-        dev_->matmul(L.wo_a[(size_t)g], in, T, a.grp_out.f());
-        dev_->copy_rows(a.cat.f() + (int64_t)g * h.o_lora, (int64_t)h.o_groups * h.o_lora, a.grp_out.f(), h.o_lora, T, h.o_lora);
     }
     dev_->matmul(L.wo_b, a.cat.f(), T, a.F.f());
 }

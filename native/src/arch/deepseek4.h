@@ -66,8 +66,7 @@ struct Ds4Layer {
     Weight hc_attn_fn, hc_ffn_fn;
     const float *attn_norm = nullptr, *q_norm = nullptr, *kv_norm = nullptr, *sinks = nullptr, *ffn_norm = nullptr;
     Weight wq_a, wq_b, wkv;
-    Weight wo_a_all;           // attn_output_a: one-token steps run all groups in one matmul_grouped
-    std::vector<Weight> wo_a;  // per output group: rows [g * o_lora, (g + 1) * o_lora) of attn_output_a
+    Weight wo_a;  // attn_output_a: group g owns rows [g * o_lora, (g + 1) * o_lora)
     Weight wo_b;
     // compressor (ratio > 0)
     Weight c_kv, c_gate;

@@ -33,6 +33,15 @@ struct Weight {
 
     bool empty() const { return data == nullptr; }
     const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
+    // Rows [r0, r0 + n) as a matrix of their own (an expert of a 3-D stack, a group of a grouped projection), without
+    // the packed layout, which a row range cannot address.
+    Weight rows(int64_t r0, int64_t n) const {
+        Weight w = *this;
+        w.n_out = n;
+        w.data = row(r0);
+        w.packed = nullptr;
+        return w;
+    }
 };
 
 // The batch of one forward, as the ops see it. Arrays are device pointers; scalars are host values.
@@ -452,13 +461,7 @@ public:
     // cannot address); a device may do all groups in one pass.
     virtual void matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
         const int64_t rows = W.n_out / groups;
-        for (int g = 0; g < groups; g++) {
-            Weight v = W;
-            v.n_out = rows;
-            v.data = W.data + (uint64_t)g * (uint64_t)rows * W.row_bytes;
-            v.packed = nullptr;
-            matmul(v, x + (int64_t)g * W.n_in, 1, y + (int64_t)g * rows);
-        }
+        for (int g = 0; g < groups; g++) matmul(W.rows(g * rows, rows), x + (int64_t)g * W.n_in, 1, y + (int64_t)g * rows);
     }
 
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin

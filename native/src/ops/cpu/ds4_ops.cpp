@@ -303,15 +303,6 @@ void ds4_swiglu_clamp(float *g, const float *u, int64_t n, float limit) {
     }
 }
 
-// Rows [e * n, (e + 1) * n) of a 3-D expert stack as a 2-D weight.
-static Weight expert_view(const Weight &stack, int e, int64_t n) {
-    Weight w = stack;
-    w.n_out = n;
-    w.data = stack.data + (uint64_t)e * (uint64_t)n * stack.row_bytes;
-    w.packed = nullptr;
-    return w;
-}
-
 void ds4_moe_experts(ThreadPool &pool, Scratch &scratch, const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff;
     const int K = c.k;
@@ -334,10 +325,10 @@ void ds4_moe_experts(ThreadPool &pool, Scratch &scratch, const MoeExpertsCall &c
         ye.resize((size_t)(n * D));
         for (int64_t r = 0; r < n; r++)
             std::memcpy(xe.data() + r * D, c.x + (L[(size_t)r] / K) * D, sizeof(float) * (size_t)D);
-        matmul(pool, scratch, expert_view(c.gate, e, F), xe.data(), n, g.data());
-        matmul(pool, scratch, expert_view(c.up, e, F), xe.data(), n, u.data());
+        matmul(pool, scratch, c.gate.rows(e * F, F), xe.data(), n, g.data());
+        matmul(pool, scratch, c.up.rows(e * F, F), xe.data(), n, u.data());
         ds4_swiglu_clamp(g.data(), u.data(), n * F, c.limit);
-        matmul(pool, scratch, expert_view(c.down, e, D), g.data(), n, ye.data());
+        matmul(pool, scratch, c.down.rows(e * D, D), g.data(), n, ye.data());
         for (int64_t r = 0; r < n; r++)
             std::memcpy(y.data() + L[(size_t)r] * D, ye.data() + r * D, sizeof(float) * (size_t)D);
     }

@@ -149,16 +149,6 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
     op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit); });
 }
 
-// Rows [e * n, (e + 1) * n) of a 3-D expert stack as a 2-D weight (without the stack's packed copy, whose layout a
-// row slice cannot address).
-static Weight expert_slice(const Weight &stack, int e, int64_t n) {
-    Weight w = stack;
-    w.n_out = n;
-    w.data = stack.data + (uint64_t)e * (uint64_t)n * stack.row_bytes;
-    w.packed = nullptr;
-    return w;
-}
-
 // Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
 // Past it, grouping by expert reads each shared expert once instead of once per pair.
 constexpr int64_t kMoeDirectMaxPairs = 64;
@@ -234,14 +224,14 @@ void CudaDevice::moe_experts(const MoeExpertsCall &c) {
     for (int e = 0; e < c.n_expert; e++) {
         const int64_t n = count[(size_t)e + 1], r0 = first[(size_t)e];
         if (n == 0) continue;
-        matmul(expert_slice(c.gate, e, F), xg + r0 * D, n, g + r0 * F);
-        matmul(expert_slice(c.up, e, F), xg + r0 * D, n, u + r0 * F);
+        matmul(c.gate.rows(e * F, F), xg + r0 * D, n, g + r0 * F);
+        matmul(c.up.rows(e * F, F), xg + r0 * D, n, u + r0 * F);
     }
     swiglu_clamp(g, u, P * F, c.limit);
     for (int e = 0; e < c.n_expert; e++) {
         const int64_t n = count[(size_t)e + 1], r0 = first[(size_t)e];
         if (n == 0) continue;
-        matmul(expert_slice(c.down, e, D), g + r0 * F, n, yg + r0 * D);
+        matmul(c.down.rows(e * D, D), g + r0 * F, n, yg + r0 * D);
     }
     OpTimer tm(*this, "moe_experts (combine)");
     moe_combine_kernel<<<grid_for(T * D, 256), 256, 0, stream_>>>(yg, d_index + P, c.weights, (int)K, T, D, c.out);

@@ -509,9 +509,7 @@ void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const Gem
         launch_gemv_q8p_z(dev, stack, rows, z, nz, X, Y);
         return;
     }
-    Weight W = stack;  // member 0's rows; the kernels move to member z's
-    W.n_out = rows;
-    W.packed = nullptr;
+    const Weight W = stack.rows(0, rows);  // member 0's rows; the kernels move to member z's
     if (q4k_i8_on() && q4k_i8_ok(W, z) && z.x_stride == W.n_in && gemv_vector_ok(W, X)) {
         launch_gemv_q4k_i8(dev, W, X, 1, Y, z, nz);
         return;
