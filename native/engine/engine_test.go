@@ -474,17 +474,16 @@ func TestSample(t *testing.T) {
 	is.True(errors.Is(err, ErrInvalid))
 }
 
-// SpecFromGGUF + LoadGGUF: a model written to a GGUF file runs like the in-memory spec.
-func TestLoadGGUF(t *testing.T) {
+// writeSpecGGUF writes spec as a GGUF file: the architecture, extra keys, the spec's metadata, then its tensors.
+func writeSpecGGUF(t *testing.T, path, arch string, spec ModelSpec, extra map[string]any) {
+	t.Helper()
 	is := is.New(t)
-	lib := openCPU(t)
-	c := tinyQwen35()
-	spec := randomSpec(t, c)
-	path := filepath.Join(t.TempDir(), "m.gguf")
 	w, err := gguf.Create(path)
 	is.NoErr(err)
-	is.NoErr(w.AddKV(gguf.KeyArchitecture, c.arch))
-	is.NoErr(w.AddKV("tokenizer.ggml.tokens", []string{"a", "b"})) // ignored
+	is.NoErr(w.AddKV(gguf.KeyArchitecture, arch))
+	for k, v := range extra {
+		is.NoErr(w.AddKV(k, v))
+	}
 	for k, v := range spec.Meta {
 		is.NoErr(w.AddKV(k, v))
 	}
@@ -495,6 +494,16 @@ func TestLoadGGUF(t *testing.T) {
 		is.NoErr(w.WriteTensorData(tt.Name, tt.Data))
 	}
 	is.NoErr(w.Close())
+}
+
+// SpecFromGGUF + LoadGGUF: a model written to a GGUF file runs like the in-memory spec.
+func TestLoadGGUF(t *testing.T) {
+	is := is.New(t)
+	lib := openCPU(t)
+	c := tinyQwen35()
+	spec := randomSpec(t, c)
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	writeSpecGGUF(t, path, c.arch, spec, map[string]any{"tokenizer.ggml.tokens": []string{"a", "b"}}) // ignored
 
 	opt := Options{KVPoolTokens: 128, CacheK: CacheF32, CacheV: CacheF32, Threads: 2}
 	fm, err := lib.LoadGGUF(path, opt)
@@ -534,19 +543,7 @@ func TestGGUFQ4_0Generates(t *testing.T) {
 		}
 	}
 	path := filepath.Join(t.TempDir(), "q4_0.gguf")
-	w, err := gguf.Create(path)
-	is.NoErr(err)
-	is.NoErr(w.AddKV(gguf.KeyArchitecture, c.arch))
-	for k, v := range spec.Meta {
-		is.NoErr(w.AddKV(k, v))
-	}
-	for _, tt := range spec.Tensors {
-		is.NoErr(w.AddTensor(tt.Name, tt.Type, tt.Dims))
-	}
-	for _, tt := range spec.Tensors {
-		is.NoErr(w.WriteTensorData(tt.Name, tt.Data))
-	}
-	is.NoErr(w.Close())
+	writeSpecGGUF(t, path, c.arch, spec, nil)
 
 	opt := Options{KVPoolTokens: 128, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
 	generate := func(m *Model) ([]int32, [][]float32) {
