@@ -22,12 +22,14 @@
 #include "common.h"
 #include "ops/device.h"
 #include "cuda_test.h"
+#include "rand_rows.h"
 #include "test.h"
 
 namespace {
 
 using namespace dfl;
 using dfltest::Rng;
+using dfltest::type_row_bytes;
 
 Device *g_cpu = nullptr, *g_gpu = nullptr;
 int g_cases = 0;
@@ -481,55 +483,16 @@ void run_route(int E, int k, bool bias, bool norm, int k_table, int64_t T, Rng &
     compare("moe_route weights " + name, wts, 1e-6);
 }
 
-uint64_t row_bytes_of(uint32_t t, int64_t n) {
-    switch (t) {
-    case DFL_TYPE_Q8_0: return (uint64_t)(n / 32) * 34;
-    case DFL_TYPE_Q4_K: return (uint64_t)(n / 256) * 144;
-    default: return (uint64_t)n * 4;
-    }
-}
-
-void put_f16(uint8_t *p, float f) {
-    const uint16_t h = f32_to_f16(f);
-    std::memcpy(p, &h, 2);
-}
-
-// n_rows random rows of `type` with small block scales (as test_cuda_ops' rand_rows).
-std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r) {
-    const uint64_t rb = row_bytes_of(type, n);
-    std::vector<uint8_t> b((size_t)(rb * (uint64_t)n_rows));
-    for (auto &x : b) x = (uint8_t)r.next();
-    for (int64_t row = 0; row < n_rows; row++) {
-        uint8_t *p = b.data() + (uint64_t)row * rb;
-        if (type == DFL_TYPE_F32)
-            for (int64_t i = 0; i < n; i++) {
-                const float f = r.sym(0.1f);
-                std::memcpy(p + 4 * i, &f, 4);
-            }
-        else if (type == DFL_TYPE_Q8_0)
-            for (int64_t k = 0; k < n / 32; k++) {
-                put_f16(p + k * 34, 0.002f + 0.01f * (float)r.uniform());
-                for (int j = 0; j < 32; j++)
-                    if (p[k * 34 + 2 + j] == 0x80) p[k * 34 + 2 + j] = 0x81;
-            }
-        else
-            for (int64_t k = 0; k < n / 256; k++) {
-                put_f16(p + k * 144, 0.001f + 0.004f * (float)r.uniform());
-                put_f16(p + k * 144 + 2, 0.001f + 0.004f * (float)r.uniform());
-            }
-    }
-    return b;
-}
-
 // A 3-D expert stack with the same bytes on both devices.
 struct Stack {
     std::vector<uint8_t> host;
     Weight c, g;
-    Stack(uint32_t type, int n_expert, int64_t n_out, int64_t n_in, Rng &r) : host(rand_rows(type, n_expert * n_out, n_in, r)) {
+    Stack(uint32_t type, int n_expert, int64_t n_out, int64_t n_in, Rng &r)
+        : host(dfltest::rand_rows(type, n_expert * n_out, n_in, r, 0.1f)) {
         c.type = g.type = type;
         c.n_in = g.n_in = n_in;
         c.n_out = g.n_out = n_out * n_expert;
-        c.row_bytes = g.row_bytes = row_bytes_of(type, n_in);
+        c.row_bytes = g.row_bytes = type_row_bytes(type, n_in);
         c.data = g_cpu->upload_weight(host.data(), host.size(), true);
         g.data = g_gpu->upload_weight(host.data(), host.size(), true);
     }

@@ -32,12 +32,16 @@
 #include "ops/cuda/cuda_device.h"
 #include "ops/device.h"
 #include "cuda_test.h"
+#include "rand_rows.h"
 #include "test.h"
 
 namespace {
 
 using namespace dfl;
+using dfltest::put_u16;
+using dfltest::rand_rows;
 using dfltest::Rng;
+using dfltest::type_row_bytes;
 
 // GGUF block layouts (as quant.h).
 constexpr int QK8_0 = 32, QK_K = 256;
@@ -142,66 +146,6 @@ const char *tname(uint32_t t) {
     case DFL_TYPE_Q6_K: return "q6_K";
     default: return "?";
     }
-}
-
-uint64_t type_row_bytes(uint32_t t, int64_t n) {
-    switch (t) {
-    case DFL_TYPE_F32: return (uint64_t)n * 4;
-    case DFL_TYPE_F16:
-    case DFL_TYPE_BF16: return (uint64_t)n * 2;
-    case DFL_TYPE_Q8_0: return (uint64_t)(n / QK8_0) * kQ8_0Bytes;
-    case DFL_TYPE_Q4_K: return (uint64_t)(n / QK_K) * kQ4_KBytes;
-    case DFL_TYPE_Q6_K: return (uint64_t)(n / QK_K) * kQ6_KBytes;
-    default: return 0;
-    }
-}
-
-void put_u16(uint8_t *p, uint16_t v) { std::memcpy(p, &v, 2); }
-
-// n_rows rows of n random elements of `type` with sane block scales.
-std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, Rng &r) {
-    const uint64_t rb = type_row_bytes(type, n);
-    std::vector<uint8_t> b((size_t)(rb * n_rows));
-    for (auto &x : b) x = (uint8_t)r.next();
-    for (int64_t row = 0; row < n_rows; row++) {
-        uint8_t *p = b.data() + row * rb;
-        switch (type) {
-        case DFL_TYPE_F32:
-            for (int64_t i = 0; i < n; i++) {
-                const float f = r.sym();
-                std::memcpy(p + 4 * i, &f, 4);
-            }
-            break;
-        case DFL_TYPE_F16:
-            for (int64_t i = 0; i < n; i++) put_u16(p + 2 * i, f32_to_f16(r.sym()));
-            break;
-        case DFL_TYPE_BF16:
-            for (int64_t i = 0; i < n; i++) put_u16(p + 2 * i, f32_to_bf16(r.sym()));
-            break;
-        case DFL_TYPE_Q8_0:
-            for (int64_t k = 0; k < n / QK8_0; k++) {
-                uint8_t *blk = p + k * kQ8_0Bytes;
-                put_u16(blk, f32_to_f16(0.002f + 0.01f * (float)r.uniform()));
-                for (int j = 0; j < QK8_0; j++)
-                    if (blk[2 + j] == 0x80) blk[2 + j] = 0x81;  // -128 never comes out of quantize_row
-            }
-            break;
-        case DFL_TYPE_Q4_K:
-            for (int64_t k = 0; k < n / QK_K; k++) {
-                uint8_t *blk = p + k * kQ4_KBytes;
-                put_u16(blk, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
-                put_u16(blk + 2, f32_to_f16(0.001f + 0.004f * (float)r.uniform()));
-            }
-            break;
-        case DFL_TYPE_Q6_K:
-            for (int64_t k = 0; k < n / QK_K; k++) {
-                uint8_t *blk = p + k * kQ6_KBytes;
-                put_u16(blk + 208, f32_to_f16(0.0005f + 0.002f * (float)r.uniform()));
-            }
-            break;
-        }
-    }
-    return b;
 }
 
 // ---- matmul and embed ----
