@@ -21,6 +21,11 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
+#   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
+#                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
+#   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
+#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_Q8P_MMA=0
+#                                            DFL_CUDA_Q4K_I8=1"), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -56,8 +61,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with q4_K on int8 activations (DFL_CUDA_Q4K_I8=1)"
-  DFL_CUDA_Q4K_I8=1 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other int8 kernels (DFL_CUDA_Q4K_I8=1 DFL_CUDA_Q8P_MMA=0)"
+  DFL_CUDA_Q4K_I8=1 DFL_CUDA_Q8P_MMA=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -88,6 +93,12 @@ bench() {
     log "through the server: $m"
     server_bench "$f"
   done
+  peer_bench "${models[@]}"
+}
+
+# llama.cpp (from pack.sh --peer, built by peer_build) on the files our runs used.
+peer_bench() {
+  local models=("$@") m f
   [ -f .gpu/llama-src.tar.xz ] || return 0
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
   if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
@@ -101,8 +112,9 @@ bench() {
 }
 
 # The model files, made in the background while the library builds and is checked.
+premake_pids=()
 premake() {
-  for m in "$@"; do make_model "$m" >/dev/null 2>&1 & done
+  for m in "$@"; do make_model "$m" >/dev/null 2>&1 & premake_pids+=($!); done
 }
 
 # Through the server: dflash_server with the model on cuda:0, measured by test/loadgen (1 and 32 streams).
@@ -248,7 +260,46 @@ ds4_peer() {
     tee -a "$OUT/bench-llama-ds4.txt" | grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
 }
 
+VARIANTS=${VARIANTS:-- DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1}
+
+# The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
+# on q8_0, int8 activations for q4_K), then the bench group once per variant.
+kernels() {
+  local t=/tmp/native-build/cuda/test_cuda_ops v
+  make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
+  log "matmul op tests, defaults"
+  "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
+  log "matmul op tests, DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1"
+  DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-matmul-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
+  for v in $VARIANTS; do
+    log "kernel bench: $v"
+    [ "$v" = - ] && v=DFLASH_NOTHING=1
+    env "$v" "$t" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
+    grep -E "layer" "$OUT/kbench-${v%%=*}.txt" | tee -a "$OUT/summary.txt"
+  done
+}
+
+variants() {
+  local models=("$@") m f v
+  [ ${#models[@]} -gt 0 ] || models=(qwen3-8b:q8_0 qwen3-8b:q4_K)
+  for m in "${models[@]}"; do
+    f=$(make_model "$m") || continue
+    for v in $VARIANTS; do
+      log "ours: $m, $v"
+      [ "$v" = - ] && v=DFLASH_NOTHING=1
+      (cd native/engine && env "$v" DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-variants.txt" |
+        grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    done
+  done
+  peer_bench "${models[@]}"
+}
+
 case $mode in
+  kernels) build_cuda; kernels ;;
+  variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
+            peer_build; premake "$@"; build_cuda; kernels; wait "${premake_pids[@]}"; variants "$@" ;;
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
@@ -280,6 +331,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|variants [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -216,15 +216,17 @@ void test_matmul_embed() {
                         matmul_bound(type, T));
         }
     }
-    // q8_0 repacked by prepare_weight: the dp4a kernel on int8 activations (8 tokens per pass, up to 32). Activations
-    // rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs):
-    // 1.5e-2 of the output's norm.
-    for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}}) {
+    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV; 2..64 tokens the int8 tensor-core
+    // kernel (with DFL_CUDA_Q8P_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
+    // SM count (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens. Activations rounded to
+    // int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs): 1.5e-2 of the
+    // output's norm.
+    for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
-        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(17), int64_t(32)}) {
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(17), int64_t(32), int64_t(33), int64_t(64)}) {
             Dual X(rand_vec(r, (size_t)(T * s.n_in)));
             Dual Y((size_t)(T * s.n_out) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
@@ -992,17 +994,45 @@ void bench_attention() {
     cudaEventDestroy(e1);
 }
 
-// Decode GEMV and batched tensor-core matmul speed: median of 20 timed calls after warm-up, CUDA events on the device's stream.
+// Decode and batched-decode product speed on the qwen3-8b layer shapes (q|k|v, o, gate|up, down), the weights prepared
+// as the engine prepares them (q8_0 repacked): per call, 20 calls back to back between two events (as in a replayed
+// step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
 void bench_gemv() {
     auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
     if (!cd) return;
     Rng r(5);
-    const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
-    const int64_t shapes[][2] = {{4096, 4096}, {12288, 4096}, {4096, 12288}};  // {n_out, n_in}
+    const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
+    const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
+    constexpr int64_t kMaxT = 64;
+    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, kMaxT};
+    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
+    {
+        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
+        g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
+    }
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
+    // median per-call milliseconds of `calls` back to back
+    auto time = [&](const std::vector<Weight> &ws, int64_t T) {
+        for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+        std::vector<float> ms;
+        for (int rep = 0; rep < 5; rep++) {
+            cudaEventRecord(e0, cd->stream());
+            for (int i = 0; i < 20; i++)
+                for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+            cudaEventRecord(e1, cd->stream());
+            cudaEventSynchronize(e1);
+            float t = 0;
+            cudaEventElapsedTime(&t, e0, e1);
+            ms.push_back(t / 20);
+        }
+        std::sort(ms.begin(), ms.end());
+        return (double)ms[ms.size() / 2];
+    };
     for (uint32_t type : types) {
+        std::vector<Weight> layer;
+        size_t layer_bytes = 0;
         for (const auto &sh : shapes) {
             const int64_t n_out = sh[0], n_in = sh[1];
             const auto host = rand_rows(type, n_out, n_in, r);
@@ -1012,29 +1042,19 @@ void bench_gemv() {
             W.n_out = n_out;
             W.row_bytes = type_row_bytes(type, n_in);
             W.data = g_gpu->upload_weight(host.data(), host.size(), true);
-            // rows for the largest T timed below (a bench sized for fewer rows than it timed wrote past Y once)
-            constexpr int64_t kMaxT = 32;
-            DevBuf X(g_gpu, (size_t)n_in * 4 * kMaxT, "x"), Y(g_gpu, (size_t)n_out * 4 * kMaxT, "y");
-            g_gpu->zero(X.get(), X.bytes());
-            // T = 1: the GEMV; 4, 8, 16, 32: the tensor-core kernel (GB/s counts each weight byte once per call)
-            for (int64_t T : {int64_t(1), int64_t(4), int64_t(8), int64_t(16), kMaxT}) {
-                for (int i = 0; i < 3; i++) g_gpu->matmul(W, X.f(), T, Y.f());
-                std::vector<float> ms;
-                for (int i = 0; i < 20; i++) {
-                    cudaEventRecord(e0, cd->stream());
-                    g_gpu->matmul(W, X.f(), T, Y.f());
-                    cudaEventRecord(e1, cd->stream());
-                    cudaEventSynchronize(e1);
-                    float t = 0;
-                    cudaEventElapsedTime(&t, e0, e1);
-                    ms.push_back(t);
-                }
-                std::sort(ms.begin(), ms.end());
-                const double med = ms[ms.size() / 2];
-                std::printf("bench gemv %-5s %5lldx%-5lld T=%lld  %8.1f us  %7.1f GB/s (weight bytes %zu)\n", tname(type),
-                            (long long)n_out, (long long)n_in, (long long)T, med * 1e3, (double)host.size() / (med * 1e-3) / 1e9,
-                            host.size());
+            g_gpu->prepare_weight(W);
+            layer.push_back(W);
+            layer_bytes += host.size();
+            for (int64_t T : Ts) {
+                const double ms = time({W}, T);
+                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)n_out,
+                            (long long)n_in, (long long)T, ms * 1e3, (double)host.size() / (ms * 1e-3) / 1e9);
             }
+        }
+        for (int64_t T : Ts) {
+            const double ms = time(layer, T);
+            std::printf("bench gemv %-5s layer       T=%-2lld %8.1f us  %7.1f GB/s  %8.0f tok/s\n", tname(type), (long long)T,
+                        ms * 1e3, (double)layer_bytes / (ms * 1e-3) / 1e9, (double)T / (ms * 1e-3));
         }
     }
     cudaEventDestroy(e0);

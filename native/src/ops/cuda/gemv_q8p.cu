@@ -217,6 +217,156 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int
         }
 }
 
+// Batched decode, verify blocks and small prefill chunks (2..64 tokens) on int8 tensor cores: one
+// mma.sync.m16n8k32 is exactly one q8_0 block of 16 weight rows against 8 tokens, so its int32 result takes the block's
+// two scales (the weight row's and the token's) as it is added to the float sums. A warp owns 16 MT rows and every
+// token (8 per n-tile), and reads every kMmaWarps-th block of the row; the block's warps then add their sums through
+// shared memory. The weights are read once per call and each byte feeds all the tokens, where the dp4a kernels spend
+// one activation load per token per 16 weight bytes.
+// Fragments: lane (g = lane / 4, t4 = lane % 4) reads 8 consecutive bytes at 8 t4 of a block for rows g and g + 8 and
+// for token g. The mma's k order is permuted the same way for both operands (bytes 0..3 are its k 4 t4.., bytes 4..7
+// its k 16 + 4 t4..), which leaves every dot product as it is, and each lane loads 8 contiguous bytes.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaUnroll = 4;  // blocks of 32 per row whose loads are in flight before the first is used
+constexpr int64_t kQ8pMmaMaxTokens = 64;
+
+__device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    int64_t T, float *Y) {
+    __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // rows past n_out and tokens past T read the last valid one; their sums are never stored
+    int64_t wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
+    int64_t xtok[NT8], stok[NT8][2];
+#pragma unroll
+    for (int nt = 0; nt < NT8; nt++) {
+        xtok[nt] = min((int64_t)(8 * nt + g), T - 1) * n_in;
+        stok[nt][0] = min((int64_t)(8 * nt + 2 * t4), T - 1) * nb;
+        stok[nt][1] = min((int64_t)(8 * nt + 2 * t4 + 1), T - 1) * nb;
+    }
+    float acc[MT][NT8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    for (int64_t kb0 = warp; kb0 < nb; kb0 += kMmaWarps * kMmaUnroll) {
+        uint2 av[kMmaUnroll][MT][2];
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (kb < nb) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        av[u][mt][h] = __ldg((const uint2 *)(qs + wrow[mt][h] * n_in + kb * 32) + t4);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (kb >= nb) break;
+            float sw[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(__ldg(dw + wrow[mt][h] * nb + kb));
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const uint2 bv = __ldg((const uint2 *)(xq + xtok[nt] + kb * 32) + t4);
+                const float s0 = __ldg(xs + stok[nt][0] + kb), s1 = __ldg(xs + stok[nt][1] + kb);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y, av[u][mt][1].y, bv.x, bv.y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * s0);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * s1);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * s0);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * s1);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][(mt * NT8 + nt) * 4 + i][lane] = acc[mt][nt][i];
+    __syncthreads();
+    // the C fragment: entry i of lane l is row g + 8 (i / 2), token 2 t4 + i % 2 of its 16 x 8 tile
+    for (int o = threadIdx.x; o < MT * NT8 * 4 * 32; o += kMmaWarps * 32) {
+        const int f = o >> 5, l = o & 31, i = f & 3, nt = (f >> 2) % NT8, mt = (f >> 2) / NT8;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; w++) v += red[w][f][l];
+        const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
+        if (row < n_out && tok < T) Y[tok * n_out + row] = v;
+    }
+}
+
+// Whether 2..64-token products on repacked q8_0 run on int8 tensor cores (gemv_q8p_mma_kernel): on unless
+// DFL_CUDA_Q8P_MMA=0 (the dp4a kernels then, for comparisons in one run).
+static bool q8p_mma_on() {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_Q8P_MMA");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+int64_t q8p_mma_max_tokens() { return q8p_mma_on() ? kQ8pMmaMaxTokens : 0; }
+
+template <int MT>
+static void launch_q8p_mma_mt(cudaStream_t s, int nt8, const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                              int64_t n_out, const int8_t *xq, const float *xs, int64_t T, float *y) {
+    const dim3 grid((unsigned)((n_out + 16 * MT - 1) / (16 * MT))), block(kMmaWarps * 32);
+#define DFL_Q8P_MMA(N) \
+    case N: gemv_q8p_mma_kernel<MT, N><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, T, y); break;
+    switch (nt8) {
+        DFL_Q8P_MMA(1) DFL_Q8P_MMA(2) DFL_Q8P_MMA(3) DFL_Q8P_MMA(4)
+    }
+#undef DFL_Q8P_MMA
+}
+
+static void launch_q8p_mma(CudaDevice &dev, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
+                           const int8_t *xq, const float *xs, int64_t T, float *y) {
+    const int nt8 = (int)((T + 7) / 8);
+    cudaStream_t s = dev.stream();
+    if (nt8 > 4) {  // the shared sums of 32 rows x 64 tokens would not fit: 16 rows per warp
+        const dim3 grid((unsigned)((n_out + 15) / 16)), block(kMmaWarps * 32);
+        switch (nt8) {
+        case 5: gemv_q8p_mma_kernel<1, 5><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, T, y); break;
+        case 6: gemv_q8p_mma_kernel<1, 6><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, T, y); break;
+        case 7: gemv_q8p_mma_kernel<1, 7><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, T, y); break;
+        default: gemv_q8p_mma_kernel<1, 8><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, T, y); break;
+        }
+        return;
+    }
+    // 32 rows per warp halve the activation loads, where there are enough row pairs to give every SM a block
+    if (n_out / 32 >= dev.sm_count()) {
+        launch_q8p_mma_mt<2>(s, nt8, qs, dw, n_in, n_out, xq, xs, T, y);
+    } else {
+        launch_q8p_mma_mt<1>(s, nt8, qs, dw, n_in, n_out, xq, xs, T, y);
+    }
+}
+
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
                             const int8_t *xq, const float *xs, float *y) {
@@ -256,6 +406,11 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     check_launch("matmul (quantize x)");
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    if (T >= 2 && T <= q8p_mma_max_tokens()) {
+        launch_q8p_mma(dev, qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+        check_launch("matmul (q8_0 int8 mma)");
+        return;
+    }
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     // Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows).
     const bool wide = W.n_out >= 4224;
