@@ -24,7 +24,7 @@
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
-#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_Q8P_MMA=0
+#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_I8_MMA=0
 #                                            DFL_CUDA_Q4K_I8=1"), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,8 +61,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other int8 kernels (DFL_CUDA_Q4K_I8=1 DFL_CUDA_Q8P_MMA=0)"
-  DFL_CUDA_Q4K_I8=1 DFL_CUDA_Q8P_MMA=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other int8 kernels (DFL_CUDA_Q4K_I8=1 DFL_CUDA_I8_MMA=0)"
+  DFL_CUDA_Q4K_I8=1 DFL_CUDA_I8_MMA=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -260,7 +260,7 @@ ds4_peer() {
     tee -a "$OUT/bench-llama-ds4.txt" | grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
 }
 
-VARIANTS=${VARIANTS:-- DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1}
+VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1}
 
 # The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
 # on q8_0, int8 activations for q4_K), then the bench group once per variant.
@@ -269,8 +269,8 @@ kernels() {
   make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
   log "matmul op tests, defaults"
   "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1"
-  DFL_CUDA_Q8P_MMA=0 DFL_CUDA_Q4K_I8=1 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
+  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1"
+  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-matmul-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
   for v in $VARIANTS; do
     log "kernel bench: $v"

@@ -164,9 +164,11 @@ struct DualWeight {
 };
 
 double matmul_bound(uint32_t type, int64_t T) {
-    // DFL_CUDA_Q4K_I8=1: q4_K products of up to 8 tokens round the activations to int8 per block of 32 (as the
-    // repacked q8_0 path does: 1.5e-2 of the output's norm)
-    const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");
+    // q4_K products that round the activations to int8 per block of 32 (as the repacked q8_0 path does: 1.5e-2 of the
+    // output's norm): 2..64 tokens on int8 tensor cores (unless DFL_CUDA_I8_MMA=0), and with DFL_CUDA_Q4K_I8=1 up to 8
+    const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
+    const bool mma_on = !(mma && std::strcmp(mma, "0") == 0);
+    if (type == DFL_TYPE_Q4_K && T >= 2 && T <= 64 && mma_on) return 1.5e-2;
     if (type == DFL_TYPE_Q4_K && T <= 8 && i8 && std::strcmp(i8, "1") == 0) return 1.5e-2;
     if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
@@ -217,7 +219,7 @@ void test_matmul_embed() {
         }
     }
     // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV; 2..64 tokens the int8 tensor-core
-    // kernel (with DFL_CUDA_Q8P_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
+    // kernel (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
     // SM count (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens. Activations rounded to
     // int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs): 1.5e-2 of the
     // output's norm.

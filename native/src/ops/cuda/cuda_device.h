@@ -164,8 +164,10 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
-// Most tokens the int8 tensor-core kernel on repacked q8_0 takes (0 when DFL_CUDA_Q8P_MMA=0 turns it off).
-int64_t q8p_mma_max_tokens();
+// Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K) take (0 when DFL_CUDA_I8_MMA=0 turns them off).
+int64_t i8_mma_max_tokens();
+bool q4k_mma_ok(const Weight &W);
+void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 
 // A z batch of one-token products in one launch (blockIdx.y = z): member z multiplies rows [e * w_rows, e * w_rows +
 // rows) of the weight `stack`, e = ids[z] (or z when ids is null), by input X + (z / x_div) * x_stride into

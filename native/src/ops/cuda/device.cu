@@ -292,7 +292,7 @@ void *CudaDevice::alloc_weight(size_t bytes, const char *what) {
     return p;
 }
 
-// q8_0 matrices get a second copy for the dp4a decode kernel (gemv_q8p.cu); DFL_CUDA_REPACK=0 turns it off (the
+// q8_0 matrices get a second copy for the dp4a decode kernel (gemv_int8.cu); DFL_CUDA_REPACK=0 turns it off (the
 // copy costs the q8_0 weights' size again in device memory).
 void CudaDevice::prepare_weight(Weight &w) {
     // load_elem reads q4_0 (embedding rows), but no matmul kernel does: refuse the model at load, not mid-forward.

@@ -923,8 +923,12 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     // The path depends only on T and the weight type (and, for the tensor-core path, that the bytes are readable as
     // 16-bit words, true of every GGUF tensor): T == 1 is the GEMV, batched decode and verify blocks the tensor-core
     // kernel on the packed weights, prefill cuBLAS.
-    if ((T <= q8p_max_tokens() || T <= q8p_mma_max_tokens()) && q8p_ok(W)) {  // q8_0 repacked at load: int8 activations
+    if ((T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W)) {  // q8_0 repacked at load: int8 activations
         launch_gemv_q8p(dev, W, X, T, Y);
+        return;
+    }
+    if (T >= 2 && T <= i8_mma_max_tokens() && q4k_mma_ok(W)) {  // q4_K on int8 tensor cores
+        launch_gemv_q4k_mma(dev, W, X, T, Y);
         return;
     }
     if (T <= kGemvMaxTokens && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && aligned16(X)) {  // q4_K on int8 activations
