@@ -8,6 +8,9 @@
 #   (no files: makes /tmp/dflash-bench/qwen3-0.6b-{q8_0,q4_K}.gguf with bin/dflash-model)
 # Needs: make build (bin/lib, bin/dflash-model), npm ci in test/llamacpp and test/tokenizer.
 # Env: DFLASH_CPU_INT8=off measures our float path instead of the integer kernels.
+#      LLAMA_BENCH=path/to/llama-bench measures llama.cpp with its own CPU build instead of the npm package (the GPU
+#      machine has no node: scripts/gpu/run.sh cpu-peer builds one from the bundle); ENGINE_TEST=prebuilt
+#      native/engine test binary (no Go there), DFLASH_LIB_DIR the library directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
@@ -23,9 +26,12 @@ if [ ${#files[@]} -eq 0 ]; then
         files+=("$f")
     done
 fi
-export DFLASH_LIB_DIR=$PWD/bin/lib
-bench=$(mktemp -d)/engine.test
-go test -c -o "$bench" ./native/engine
+export DFLASH_LIB_DIR=${DFLASH_LIB_DIR:-$PWD/bin/lib}
+bench=${ENGINE_TEST:-}
+if [ -z "$bench" ]; then
+    bench=$(mktemp -d)/engine.test
+    go test -c -o "$bench" ./native/engine
+fi
 
 ours() {  # FILE -> "pp tg" tok/s
     local pp tg
@@ -39,6 +45,12 @@ ours() {  # FILE -> "pp tg" tok/s
 }
 
 llamacpp() {  # FILE -> "pp tg" tok/s
+    if [ -n "${LLAMA_BENCH:-}" ]; then
+        # llama-bench: pp512 and tg128 (its tg starts from an empty context), one repetition each
+        "$LLAMA_BENCH" -m "$1" -t "$threads" -p 512 -n 128 -r 1 -o json 2>/dev/null |
+            python3 -c 'import json,sys; r={("pp" if x["n_prompt"] else "tg"): x["avg_ts"] for x in json.load(sys.stdin)}; print(r["pp"], r["tg"])'
+        return
+    fi
     node test/llamacpp/bench.mjs "$1" "$threads" 512 128 1 |
         python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["pp_tok_s"], r["tg_tok_s"])'
 }

@@ -21,6 +21,9 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
+#   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
+#                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
+#                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
@@ -260,6 +263,20 @@ ds4_peer() {
     tee -a "$OUT/bench-llama-ds4.txt" | grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
 }
 
+# llama.cpp's CPU build (no CUDA) and the CPU comparison of issue 18 on this machine's cores.
+cpu_peer() {
+  [ -f .gpu/llama-src.tar.xz ] || { log "cpu-peer needs pack.sh --peer"; return 1; }
+  local d=/tmp/llama-cpu m files=()
+  log "llama.cpp CPU build"
+  rm -rf $d && mkdir -p $d && tar -C $d -xJf .gpu/llama-src.tar.xz &&
+    (cd $d && cmake -B build -G Ninja -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
+      cmake --build build -j 16 --target llama-bench) >"$OUT/llama-cpu-build.log" 2>&1 || { tail -20 "$OUT/llama-cpu-build.log"; return 1; }
+  for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K; do files+=("$(make_model "$m")") || return 1; done
+  log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu) and llama-bench, same files"
+  DFLASH_CPU_INT8=auto LLAMA_BENCH=$d/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
+    scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
+}
+
 VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1}
 
 # The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
@@ -298,6 +315,7 @@ variants() {
 
 case $mode in
   kernels) build_cuda; kernels ;;
+  cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernels; wait "${premake_pids[@]}"; variants "$@" ;;
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
@@ -331,6 +349,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|variants [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|variants|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
