@@ -39,13 +39,7 @@ DeepSeek4Model::DeepSeek4Model(const dfl_model_params &p, std::unique_ptr<Device
     ensure_acts(16);
 }
 
-DeepSeek4Model::~DeepSeek4Model() { drop_graphs(); }
-
-void DeepSeek4Model::drop_graphs() {
-    for (auto &g : graphs_) dev_->graph_free(g.second);
-    graphs_.clear();
-    graph_seen_.clear();
-}
+DeepSeek4Model::~DeepSeek4Model() { graphs_.drop(*dev_); }
 
 void DeepSeek4Model::load_weights(const dfl_model_params &p) {
     w_.init(dev_.get(), p);
@@ -170,14 +164,14 @@ void DeepSeek4Model::layout_state() {
 
 void DeepSeek4Model::ensure(DevBuf &b, size_t bytes, const char *what) {
     if (b.bytes() >= bytes) return;
-    drop_graphs();  // they may point at the old buffer
+    graphs_.drop(*dev_);  // they may point at the old buffer
     b.reset();
     b = DevBuf(dev_.get(), bytes, what);
 }
 
 void DeepSeek4Model::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
-    drop_graphs();  // they point at the old activations
+    graphs_.drop(*dev_);  // they point at the old activations
     const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);
     const Ds4HParams &h = hp_;
     Acts &a = acts_;

@@ -9,15 +9,14 @@
 // (core/seqtable), so the pool's token capacity bounds them.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "arch/model.h"
 #include "arch/weights.h"
 #include "core/seqtable.h"
+#include "core/step_graphs.h"
 #include "ops/device.h"
 
 namespace dfl {
@@ -141,7 +140,6 @@ private:
 
     void run_step(const std::vector<StepEntry> &es, bool multi, float *logits_host, const TopKOut *topk);
     void run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R, const int32_t *out_rows);
-    void drop_graphs();
     void hc_site(const Weight &fn, const float *base, const float *scale, int64_t T);
     void hc_merge(int64_t T);
     void attention_layer(int il, const BatchMeta &m, bool dense, const std::vector<StepEntry> &es);
@@ -174,13 +172,8 @@ private:
     DevBuf logits_, topk_;
     std::vector<int32_t> host_meta_;
     std::vector<uint8_t> host_topk_;
-    // Captured one-token steps (fused_decode), by sequences, block-table width and logits rows. A key is captured on
-    // its second step (the first runs eagerly and settles the device's scratch); a key whose capture failed runs
-    // eagerly from then on.
-    using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
-    std::map<GraphKey, uintptr_t> graphs_;
-    std::map<GraphKey, int> graph_seen_;
-    uint64_t graph_epoch_ = 0;
+    // Captured one-token steps (fused_decode). A shape whose capture failed runs op by op from then on.
+    StepGraphs graphs_{StepGraphs::OnFailure::GiveUp};
 };
 
 }  // namespace dfl

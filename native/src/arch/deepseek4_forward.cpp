@@ -74,34 +74,11 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
     if (graph) m.max_ctx = (int64_t)max_blocks * table_.block_size();
     const int32_t *d_out_rows = m.block_table + (int64_t)E * (int64_t)max_blocks;
 
-    if (graph && dev_->scratch_epoch() != graph_epoch_) {
-        drop_graphs();  // the device moved its scratch since they were captured
-        graph_epoch_ = dev_->scratch_epoch();
-    }
-    auto it = graphs_.end();
-    if (graph) {
-        const GraphKey key(E, (int64_t)max_blocks, R);
-        it = graphs_.find(key);
-        int &seen = graph_seen_[key];
-        if (it == graphs_.end() && seen >= 1) {
-            // a failed capture ran nothing: the step then runs eagerly below, and so do later steps of this key
-            uintptr_t g = 0;
-            try {
-                dev_->graph_begin();
-                run_layers(m, false, es, R, d_out_rows);
-                g = dev_->graph_end();
-            } catch (const Error &) {
-                dev_->graph_free(dev_->graph_end());
-            }
-            if (g && dev_->scratch_epoch() == graph_epoch_) it = graphs_.emplace(key, g).first;
-            else dev_->graph_free(g), seen = -1;  // never again
-        }
-        if (seen >= 0) seen++;
-    }
-    if (it != graphs_.end())
-        dev_->graph_launch(it->second);
+    auto layers = [&] { run_layers(m, dense, es, R, d_out_rows); };
+    if (graph)
+        graphs_.run(*dev_, {E, (int64_t)max_blocks, R}, layers);
     else
-        run_layers(m, dense, es, R, d_out_rows);
+        layers();
     if (R == 0) {
         dev_->sync();
         return;

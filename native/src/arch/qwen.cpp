@@ -460,15 +460,9 @@ void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
 
 // ---------------------------------------------------------------------------------------------------------------------
 
-void QwenModel::drop_graphs() {
-    for (auto &g : graphs_) dev_->graph_free(g.second);
-    graphs_.clear();
-    graph_seen_.clear();
-}
-
 void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
     if (b.bytes() >= bytes) return;
-    drop_graphs();  // they point at the old buffer
+    graphs_.drop(*dev_);  // they point at the old buffer
     b.reset();
     b = DevBuf(dev_.get(), bytes, what);
 }
@@ -476,7 +470,7 @@ void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
 void QwenModel::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
     const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);
-    drop_graphs();
+    graphs_.drop(*dev_);
     const HParams &h = hp_;
     const size_t f = sizeof(float);
     Acts &a = acts_;
@@ -821,33 +815,10 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     }
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 
-    if (graph_step && dev_->scratch_epoch() != graph_epoch_) {
-        drop_graphs();  // the device moved its scratch since they were captured
-        graph_epoch_ = dev_->scratch_epoch();
-    }
-    if (graph_step) {
-        const GraphKey key(E, max_blocks, rows);
-        auto it = graphs_.find(key);
-        if (it == graphs_.end() && graph_seen_[key]++ > 0) {
-            // a failed capture ran nothing: the step then runs eagerly below
-            uintptr_t g = 0;
-            try {
-                dev_->graph_begin();
-                run_layers(m, b, rows, d_out_rows);
-                g = dev_->graph_end();
-            } catch (const Error &) {
-                dev_->graph_free(dev_->graph_end());
-            }
-            if (g && dev_->scratch_epoch() == graph_epoch_) it = graphs_.emplace(key, g).first;
-            else dev_->graph_free(g);
-        }
-        if (it != graphs_.end())
-            dev_->graph_launch(it->second);
-        else
-            run_layers(m, b, rows, d_out_rows);
-    } else {
+    if (graph_step)
+        graphs_.run(*dev_, {E, max_blocks, rows}, [&] { run_layers(m, b, rows, d_out_rows); });
+    else
         run_layers(m, b, rows, d_out_rows);
-    }
     if (rows > 0 && topk) {
         // only the candidates cross to the host: ids, then values, then the log-sum-exps
         const size_t rk = (size_t)rows * (size_t)topk->k;

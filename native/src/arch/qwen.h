@@ -1,15 +1,14 @@
 // The Qwen3 and Qwen3.5 (hybrid Gated DeltaNet) layer plans, written once against the op table (ops/device.h).
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "arch/model.h"
 #include "arch/weights.h"
 #include "core/seqtable.h"
+#include "core/step_graphs.h"
 #include "ops/device.h"
 
 namespace dfl {
@@ -56,7 +55,7 @@ struct Layer {
 class QwenModel final : public Model {
 public:
     QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev);
-    ~QwenModel() override { drop_graphs(); }
+    ~QwenModel() override { graphs_.drop(*dev_); }
 
     void info(dfl_model_info *out) const override;
     void kv_stats(dfl_kv_stats *out) const override;
@@ -105,7 +104,6 @@ private:
     void ensure_record(int32_t s, uint32_t n);
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
-    void drop_graphs();
     void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
 
@@ -136,12 +134,8 @@ private:
     std::vector<int32_t> host_meta_;
     std::vector<float *> host_ptrs_;
 
-    // Decode steps replayed as device graphs, by shape: (sequences, KV blocks per sequence, bucketed). A shape runs
-    // eagerly the first time (sizing every buffer), is captured the second, replayed after.
-    using GraphKey = std::tuple<int64_t, int64_t, int64_t>;  // sequences, block-table width, logits rows
-    std::map<GraphKey, uintptr_t> graphs_;
-    std::map<GraphKey, int> graph_seen_;
-    uint64_t graph_epoch_ = 0;  // the device's scratch epoch the graphs were captured in
+    // Decode steps replayed as device graphs. A failed capture is tried again on the shape's next step.
+    StepGraphs graphs_{StepGraphs::OnFailure::Retry};
 };
 
 }  // namespace dfl
