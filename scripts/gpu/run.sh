@@ -21,6 +21,7 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
+#   scripts/gpu/run.sh kernels-all [MODEL...] kernels, check, ds4-check, then variants (one call's worth of a kernel change)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
@@ -318,6 +319,8 @@ case $mode in
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernels; wait "${premake_pids[@]}"; variants "$@" ;;
+  kernels-all) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change end to end: checks, then speed
+            peer_build; premake "$@"; build_cuda; kernels; check; ds4_check; wait "${premake_pids[@]}"; variants "$@" ;;
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
