@@ -1,17 +1,105 @@
-// The driver both CUDA op test programs share (test_cuda_ops.cpp, test_cuda_ds4.cpp): the GPU check and the loop over
-// their groups of cases.
+// What both CUDA op test programs share (test_cuda_ops.cpp, test_cuda_ds4.cpp): the two devices, buffers with the same
+// bytes on both, the comparison of their outputs, and the driver (the GPU check and the loop over groups of cases).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "ops/device.h"
 #include "test.h"
 
 namespace dfltest {
+
+inline dfl::Device *g_cpu = nullptr, *g_gpu = nullptr;
+inline int g_cases = 0;
+
+// One buffer with the same bytes on the CPU and the GPU device. Without initial bytes it is poisoned (every byte 0xFF,
+// a NaN in f32 and f16), so an output a device does not write fails its comparison.
+struct Dual {
+    dfl::DevBuf c, g;
+    size_t bytes;
+    explicit Dual(size_t n_bytes, const void *init = nullptr)
+        : c(g_cpu, n_bytes, "test"), g(g_gpu, n_bytes, "test"), bytes(n_bytes) {
+        if (init)
+            set(init);
+        else
+            poison();
+    }
+    template <class T>
+    explicit Dual(const std::vector<T> &v) : Dual(v.size() * sizeof(T), v.data()) {}
+    void set(const void *src) {
+        if (!bytes) return;
+        g_cpu->to_device(c.get(), src, bytes);
+        g_gpu->to_device(g.get(), src, bytes);
+    }
+    void poison() {
+        std::vector<uint8_t> p(bytes, 0xFF);
+        set(p.data());
+    }
+    template <class T = float>
+    T *cp() const { return c.get<T>(); }
+    template <class T = float>
+    T *gp() const { return g.get<T>(); }
+    template <class T = float>
+    T *p(bool gpu) const { return gpu ? gp<T>() : cp<T>(); }
+    // the buffer's bytes on one device, as T
+    template <class T = float>
+    std::vector<T> read(bool gpu) const {
+        std::vector<T> v(bytes / sizeof(T));
+        (gpu ? g_gpu : g_cpu)->to_host(v.data(), (gpu ? g : c).get(), bytes);
+        return v;
+    }
+};
+
+inline std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = r.sym(a);
+    return v;
+}
+
+// Relative L2 error of the GPU's floats against the CPU's; positions non-finite on both sides count as equal
+// (never-written poison on both), on one side fail, and an output neither device wrote fails.
+inline bool compare(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref, double tol) {
+    g_cases++;
+    double num = 0, den = 0;
+    size_t bad = 0, first = 0, finite = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const bool gn = !std::isfinite(got[i]), rn = !std::isfinite(ref[i]);
+        if (gn && rn) continue;
+        finite++;
+        if (gn != rn) {
+            if (!bad++) first = i;
+            continue;
+        }
+        const double d = (double)got[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    const bool ok = bad == 0 && err <= tol && (finite > 0 || ref.empty());
+    if (!finite && !ref.empty())
+        std::printf("FAIL %-66s neither device wrote any value\n", name.c_str());
+    else if (bad)
+        std::printf("FAIL %-66s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad, first,
+                    got[first], ref[first]);
+    else
+        std::printf("%s %-66s rel err %.3g (bound %.3g)\n", ok ? "ok  " : "FAIL", name.c_str(), err, tol);
+    if (!ok) g_failures++;
+    return ok;
+}
+
+inline bool compare(const std::string &name, const Dual &d, double tol) {
+    return compare(name, d.read<float>(true), d.read<float>(false), tol);
+}
 
 // Whether there is a CUDA device; without one, says the program skips (CI machines have no GPU: it then exits 0).
 inline bool cuda_present(const char *suite) {
@@ -42,6 +130,22 @@ void run_groups(const Group (&groups)[N], const char *only) {
             g_failures++;
         }
     }
+}
+
+// A test program's main: line-buffered output even into a pipe or file (a device fault ends the process from a
+// destructor, and the lines already printed must show how far it got), exit 0 without a GPU, the CPU and GPU devices,
+// every group or the one named by the first argument, and the count.
+template <size_t N>
+int run_cuda_tests(int argc, char **argv, const char *suite, const char *what, const Group (&groups)[N]) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (!cuda_present(suite)) return 0;
+    std::unique_ptr<dfl::Device> cpu = dfl::make_cpu_device(0), gpu = dfl::make_cuda_device(0);
+    g_cpu = cpu.get();
+    g_gpu = gpu.get();
+    std::printf("%s: comparing %s against %s\n", what, g_gpu->name().c_str(), g_cpu->name().c_str());
+    run_groups(groups, argc > 1 ? argv[1] : nullptr);
+    std::printf("%d cases, %d failed\n", g_cases, g_failures);
+    return g_failures == 0 ? 0 : 1;
 }
 
 }  // namespace dfltest

@@ -31,69 +31,12 @@ using namespace dfl;
 using dfltest::Rng;
 using dfltest::type_row_bytes;
 
-Device *g_cpu = nullptr, *g_gpu = nullptr;
-int g_cases = 0;
-
-// One buffer with the same bytes on both devices.
-struct Dual {
-    DevBuf c, g;
-    size_t bytes;
-    explicit Dual(size_t n, const void *init = nullptr) : c(g_cpu, n, "test"), g(g_gpu, n, "test"), bytes(n) {
-        if (init) {
-            set(init);
-        } else {
-            std::vector<uint8_t> p(bytes, 0xFF);
-            set(p.data());
-        }
-    }
-    template <class T>
-    explicit Dual(const std::vector<T> &v) : Dual(v.size() * sizeof(T), v.data()) {}
-    void set(const void *src) {
-        if (!bytes) return;
-        g_cpu->to_device(c.get(), src, bytes);
-        g_gpu->to_device(g.get(), src, bytes);
-    }
-    template <class T = float>
-    T *p(bool gpu) const { return gpu ? g.get<T>() : c.get<T>(); }
-    template <class T = float>
-    std::vector<T> read(bool gpu) const {
-        std::vector<T> v(bytes / sizeof(T));
-        (gpu ? g_gpu : g_cpu)->to_host(v.data(), (gpu ? g : c).get(), bytes);
-        return v;
-    }
-};
-
-std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
-    std::vector<float> v(n);
-    for (auto &x : v) x = r.sym(a);
-    return v;
-}
-
-// Relative L2 error of the GPU's floats against the CPU's; NaN on both sides is equal, on one side a failure.
-bool compare(const std::string &name, const Dual &d, double tol) {
-    g_cases++;
-    const std::vector<float> got = d.read<float>(true), ref = d.read<float>(false);
-    double num = 0, den = 0;
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < ref.size(); i++) {
-        const bool gn = !std::isfinite(got[i]), rn = !std::isfinite(ref[i]);
-        if (gn || rn) {
-            if (gn != rn && !bad++) first = i;
-            continue;
-        }
-        num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
-        den += (double)ref[i] * ref[i];
-    }
-    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    const bool ok = bad == 0 && err <= tol;
-    if (bad)
-        std::printf("FAIL %-66s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad, first,
-                    got[first], ref[first]);
-    else
-        std::printf("%s %-66s rel err %.3g (bound %.3g)\n", ok ? "ok  " : "FAIL", name.c_str(), err, tol);
-    if (!ok) dfltest::g_failures++;
-    return ok;
-}
+using dfltest::compare;
+using dfltest::Dual;
+using dfltest::g_cases;
+using dfltest::g_cpu;
+using dfltest::g_gpu;
+using dfltest::rand_vec;
 
 // Exact equality of int32 outputs.
 bool compare_ids(const std::string &name, const Dual &d) {
@@ -600,16 +543,8 @@ void test_moe() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (!dfltest::cuda_present("the CUDA ds4 op tests")) return 0;
-    std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
-    g_cpu = cpu.get();
-    g_gpu = gpu.get();
-    std::printf("deepseek4 ops: comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
     const dfltest::Group groups[] = {{"hc", test_hc},           {"rope", test_rope},           {"compress", test_compress},
                                      {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe},
                                      {"grouped", test_grouped}};
-    dfltest::run_groups(groups, argc > 1 ? argv[1] : nullptr);
-    std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
-    return dfltest::g_failures == 0 ? 0 : 1;
+    return dfltest::run_cuda_tests(argc, argv, "the CUDA ds4 op tests", "deepseek4 ops", groups);
 }

@@ -47,94 +47,12 @@ using dfltest::type_row_bytes;
 constexpr int QK8_0 = 32, QK_K = 256;
 constexpr size_t kQ8_0Bytes = 34, kQ4_KBytes = 144, kQ6_KBytes = 210;
 
-Device *g_cpu = nullptr;
-Device *g_gpu = nullptr;
-int g_cases = 0;
-
-// One buffer with the same bytes on the CPU and the GPU device.
-struct Dual {
-    DevBuf c, g;
-    size_t bytes;
-    explicit Dual(size_t n_bytes, const void *init = nullptr)
-        : c(g_cpu, n_bytes, "test"), g(g_gpu, n_bytes, "test"), bytes(n_bytes) {
-        if (init)
-            set(init);
-        else
-            poison();
-    }
-    template <class T>
-    explicit Dual(const std::vector<T> &v) : Dual(v.size() * sizeof(T), v.data()) {}
-    void set(const void *src) {
-        if (!bytes) return;
-        g_cpu->to_device(c.get(), src, bytes);
-        g_gpu->to_device(g.get(), src, bytes);
-    }
-    void poison() {
-        std::vector<uint8_t> p(bytes, 0xFF);
-        set(p.data());
-    }
-    template <class T = float>
-    T *cp() const { return c.get<T>(); }
-    template <class T = float>
-    T *gp() const { return g.get<T>(); }
-    std::vector<uint8_t> cpu_bytes() const {
-        std::vector<uint8_t> v(bytes);
-        g_cpu->to_host(v.data(), c.get(), bytes);
-        return v;
-    }
-    std::vector<uint8_t> gpu_bytes() const {
-        std::vector<uint8_t> v(bytes);
-        g_gpu->to_host(v.data(), g.get(), bytes);
-        return v;
-    }
-};
-
-std::vector<float> as_floats(const std::vector<uint8_t> &b) {
-    std::vector<float> f(b.size() / 4);
-    std::memcpy(f.data(), b.data(), f.size() * 4);
-    return f;
-}
-
-// Relative L2 error; positions NaN in both count as equal (never-written poison on both sides), NaN in one fails.
-bool compare(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref, double tol) {
-    g_cases++;
-    double num = 0, den = 0;
-    size_t bad_nan = 0, first_nan = 0, finite = 0;
-    for (size_t i = 0; i < ref.size(); i++) {
-        const bool gn = std::isnan(got[i]) || std::isinf(got[i]), rn = std::isnan(ref[i]) || std::isinf(ref[i]);
-        if (gn && rn) continue;
-        finite++;
-        if (gn != rn) {
-            if (!bad_nan) first_nan = i;
-            bad_nan++;
-            continue;
-        }
-        const double d = (double)got[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    const bool ok = bad_nan == 0 && err <= tol && (finite > 0 || ref.empty());
-    if (!finite && !ref.empty())
-        std::printf("FAIL %-60s neither device wrote any value\n", name.c_str());
-    else if (bad_nan)
-        std::printf("FAIL %-60s %zu non-finite mismatches (first at %zu: gpu %g cpu %g)\n", name.c_str(), bad_nan,
-                    first_nan, got[first_nan], ref[first_nan]);
-    else
-        std::printf("%s %-60s rel err %.3g (bound %.3g)\n", ok ? "ok  " : "FAIL", name.c_str(), err, tol);
-    if (!ok) dfltest::g_failures++;
-    return ok;
-}
-
-bool compare_f32(const std::string &name, const Dual &d, double tol) {
-    return compare(name, as_floats(d.gpu_bytes()), as_floats(d.cpu_bytes()), tol);
-}
-
-std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
-    std::vector<float> v(n);
-    for (auto &x : v) x = r.sym(a);
-    return v;
-}
+using dfltest::compare;
+using dfltest::Dual;
+using dfltest::g_cases;
+using dfltest::g_cpu;
+using dfltest::g_gpu;
+using dfltest::rand_vec;
 
 const char *tname(uint32_t t) {
     switch (t) {
@@ -194,7 +112,7 @@ void test_matmul_embed() {
                 Dual Y((size_t)(T * s.n_out) * 4);
                 g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
                 g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-                compare_f32(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
+                compare(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
                             std::to_string(s.n_in) + " T=" + std::to_string(T),
                         Y, matmul_bound(type, T));
             }
@@ -203,7 +121,7 @@ void test_matmul_embed() {
             Dual E(tok.size() * (size_t)s.n_in * 4);
             g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
             g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
-            compare_f32(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
+            compare(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
         }
     }
     // a large shape: 65 row tiles, the last of one row, and K split 4 ways (T = 1: q8_0 rows staged in two chunks)
@@ -214,7 +132,7 @@ void test_matmul_embed() {
             Dual Y((size_t)(T * 4097) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
             g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-            compare_f32(std::string("matmul ") + tname(type) + " 4097x4096 T=" + std::to_string(T), Y,
+            compare(std::string("matmul ") + tname(type) + " 4097x4096 T=" + std::to_string(T), Y,
                         matmul_bound(type, T));
         }
     }
@@ -233,7 +151,7 @@ void test_matmul_embed() {
             Dual Y((size_t)(T * s.n_out) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
             g_gpu->matmul(wp, X.gp(), T, Y.gp());
-            compare_f32(std::string("matmul q8_0 repacked ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
+            compare(std::string("matmul q8_0 repacked ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
                             " T=" + std::to_string(T),
                         Y, 1.5e-2);
         }
@@ -248,7 +166,7 @@ void test_matmul_embed() {
             Dual Y((size_t)(T * 70) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
             g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-            compare_f32(std::string("matmul ") + tname(type) + " 70x" + std::to_string(n_in) + " T=" + std::to_string(T),
+            compare(std::string("matmul ") + tname(type) + " 70x" + std::to_string(n_in) + " T=" + std::to_string(T),
                         Y, matmul_bound(type, T));
         }
     }
@@ -266,7 +184,7 @@ void test_matmul_embed() {
             Dual Y((size_t)(T * n_out) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
             g_gpu->matmul(wg, X.gp(), T, Y.gp());
-            compare_f32(std::string("matmul ") + tname(type) + " 37x512 at +2 bytes T=" + std::to_string(T), Y,
+            compare(std::string("matmul ") + tname(type) + " 37x512 at +2 bytes T=" + std::to_string(T), Y,
                         matmul_bound(type, T));
         }
     }
@@ -277,7 +195,7 @@ void test_matmul_embed() {
         Dual Y((size_t)(T * 19) * 4);
         g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
         g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-        compare_f32("matmul f32 19x37 (unaligned) T=" + std::to_string(T), Y, 1e-5);
+        compare("matmul f32 19x37 (unaligned) T=" + std::to_string(T), Y, 1e-5);
     }
 }
 
@@ -296,26 +214,26 @@ void test_norms_elementwise() {
                 Dual x(xv), y((size_t)(rows * n) * 4);
                 g_cpu->rmsnorm(x.cp(), with_w ? w.cp() : nullptr, y.cp(), rows, n, 1e-6f);
                 g_gpu->rmsnorm(x.gp(), with_w ? w.gp() : nullptr, y.gp(), rows, n, 1e-6f);
-                compare_f32(std::string("rmsnorm") + (with_w ? "" : " (no w)") + sz, y, 1e-5);
+                compare(std::string("rmsnorm") + (with_w ? "" : " (no w)") + sz, y, 1e-5);
             }
             {
                 Dual x(xv);  // in place
                 g_cpu->rmsnorm(x.cp(), w.cp(), x.cp(), rows, n, 1e-6f);
                 g_gpu->rmsnorm(x.gp(), w.gp(), x.gp(), rows, n, 1e-6f);
-                compare_f32("rmsnorm in place" + sz, x, 1e-5);
+                compare("rmsnorm in place" + sz, x, 1e-5);
             }
             {
                 Dual x(xv), y((size_t)(rows * n) * 4);
                 g_cpu->add_rmsnorm(x.cp(), d.cp(), w.cp(), y.cp(), rows, n, 1e-6f);
                 g_gpu->add_rmsnorm(x.gp(), d.gp(), w.gp(), y.gp(), rows, n, 1e-6f);
-                compare_f32("add_rmsnorm x" + sz, x, 1e-6);
-                compare_f32("add_rmsnorm y" + sz, y, 1e-5);
+                compare("add_rmsnorm x" + sz, x, 1e-6);
+                compare("add_rmsnorm y" + sz, y, 1e-5);
             }
             {
                 Dual x(xv), z(dv);
                 g_cpu->gated_rmsnorm(x.cp(), z.cp(), w.cp(), rows, n, 1e-6f);
                 g_gpu->gated_rmsnorm(x.gp(), z.gp(), w.gp(), rows, n, 1e-6f);
-                compare_f32("gated_rmsnorm" + sz, x, 1e-5);
+                compare("gated_rmsnorm" + sz, x, 1e-5);
             }
         }
     }
@@ -326,25 +244,25 @@ void test_norms_elementwise() {
             Dual a(av), b(bv);
             g_cpu->add(a.cp(), b.cp(), count);
             g_gpu->add(a.gp(), b.gp(), count);
-            compare_f32("add" + sz, a, 1e-6);
+            compare("add" + sz, a, 1e-6);
         }
         {
             Dual a(av), b(bv);
             g_cpu->swiglu(a.cp(), b.cp(), count);
             g_gpu->swiglu(a.gp(), b.gp(), count);
-            compare_f32("swiglu" + sz, a, 1e-5);
+            compare("swiglu" + sz, a, 1e-5);
         }
         {
             Dual a(av), b(bv);
             g_cpu->sigmoid_mul(a.cp(), b.cp(), count);
             g_gpu->sigmoid_mul(a.gp(), b.gp(), count);
-            compare_f32("sigmoid_mul" + sz, a, 1e-5);
+            compare("sigmoid_mul" + sz, a, 1e-5);
         }
         for (float cap : {0.0f, 3.0f}) {  // a draft's logit scale, with and without soft-capping
             Dual a(av);
             g_cpu->scale_softcap(a.cp(), count, 1.5f, cap);
             g_gpu->scale_softcap(a.gp(), count, 1.5f, cap);
-            compare_f32("scale_softcap cap=" + std::to_string((int)cap) + sz, a, 1e-5);
+            compare("scale_softcap cap=" + std::to_string((int)cap) + sz, a, 1e-5);
         }
     }
     {
@@ -353,14 +271,14 @@ void test_norms_elementwise() {
         Dual x(rand_vec(r, (size_t)(X * n))), ri(rows), out(rows.size() * n * 4);
         g_cpu->gather_rows(x.cp(), ri.cp<int32_t>(), (int64_t)rows.size(), n, out.cp());
         g_gpu->gather_rows(x.gp(), ri.gp<int32_t>(), (int64_t)rows.size(), n, out.gp());
-        compare_f32("gather_rows 7 of 50 x 77", out, 0);
+        compare("gather_rows 7 of 50 x 77", out, 0);
     }
     {
         const int64_t rows = 13, n = 30, ss = 41, ds = 35;
         Dual src(rand_vec(r, (size_t)(rows * ss))), dst((size_t)(rows * ds) * 4);
         g_cpu->copy_rows(dst.cp(), ds, src.cp(), ss, rows, n);
         g_gpu->copy_rows(dst.gp(), ds, src.gp(), ss, rows, n);
-        compare_f32("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
+        compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
     }
 }
 
@@ -564,17 +482,17 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         a.kv.block_size = b.block_size;
         (g ? g_gpu : g_cpu)->attn_prep(b.meta(g), a);
     }
-    if (!mc.kv_only) compare_f32(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
-    compare_f32(attn_name("attn_prep kf", s, tk, tv, b), kf, 1e-5);
-    if (s.gated) compare_f32(attn_name("attn_prep gate", s, tk, tv, b), gate, 0);
-    compare(attn_name("attn_prep K cache", s, tk, tv, b), dequant_cache(tk, kc.gpu_bytes(), rows, s.hd),
-            dequant_cache(tk, kc.cpu_bytes(), rows, s.hd), cache_bound(tk));
-    compare(attn_name("attn_prep V cache", s, tk, tv, b), dequant_cache(tv, vc.gpu_bytes(), rows, s.hd),
-            dequant_cache(tv, vc.cpu_bytes(), rows, s.hd), cache_bound(tv));
+    if (!mc.kv_only) compare(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
+    compare(attn_name("attn_prep kf", s, tk, tv, b), kf, 1e-5);
+    if (s.gated) compare(attn_name("attn_prep gate", s, tk, tv, b), gate, 0);
+    compare(attn_name("attn_prep K cache", s, tk, tv, b), dequant_cache(tk, kc.read<uint8_t>(true), rows, s.hd),
+            dequant_cache(tk, kc.read<uint8_t>(false), rows, s.hd), cache_bound(tk));
+    compare(attn_name("attn_prep V cache", s, tk, tv, b), dequant_cache(tv, vc.read<uint8_t>(true), rows, s.hd),
+            dequant_cache(tv, vc.read<uint8_t>(false), rows, s.hd), cache_bound(tv));
 
     // attention over identical caches (the CPU's, so a q8_0 rounding tie above does not count twice)
-    kc.set(kc.cpu_bytes().data());
-    vc.set(vc.cpu_bytes().data());
+    kc.set(kc.read<uint8_t>(false).data());
+    vc.set(vc.read<uint8_t>(false).data());
     Dual Qin(rand_vec(r, (size_t)(T * qd), 2.0f)), out((size_t)(T * qd) * 4);
     bool gemm_path = false;
     for (int dev = 0; dev < 2; dev++) {
@@ -604,7 +522,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     char what[64];
     std::snprintf(what, sizeof what, "%s%s window=%d", gemm_path ? "attention (tensor cores)" : "attention",
                   mc.causal ? "" : " non-causal", mc.window);
-    compare_f32(attn_name(what, s, tk, tv, b), out, gemm_path ? 2e-3 : 1e-5);
+    compare(attn_name(what, s, tk, tv, b), out, gemm_path ? 2e-3 : 1e-5);
 }
 
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after
@@ -747,13 +665,13 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         m.rec_window = g ? rwpg.gp<float *>() : rwpc.cp<float *>();
         (g ? g_gpu : g_cpu)->conv1d_silu(m, c);
     }
-    compare_f32("conv1d_silu out " + tag, cv, 1e-5);
-    compare_f32("conv1d_silu state " + tag, conv, 0);
+    compare("conv1d_silu out " + tag, cv, 1e-5);
+    compare("conv1d_silu state " + tag, conv, 0);
     for (size_t i = 0; i < recw.size(); i++)
-        if (recw[i]) compare_f32("conv1d_silu rec_window " + tag, *recw[i], 0);
+        if (recw[i]) compare("conv1d_silu rec_window " + tag, *recw[i], 0);
 
     // gates (on the CPU's conv output, so each op is judged alone)
-    cv.set(cv.cpu_bytes().data());
+    cv.set(cv.read<uint8_t>(false).data());
     Dual bb(rand_vec(r, (size_t)(T * s.n_v), 3.0f)), aa(rand_vec(r, (size_t)(T * s.n_v), 30.0f));
     Dual ssm_a(rand_vec(r, (size_t)s.n_v, 1.0f)), dt(rand_vec(r, (size_t)s.n_v, 1.0f));
     Dual beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
@@ -773,12 +691,12 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         q.g = g ? gl.gp() : gl.cp();
         (g ? g_gpu : g_cpu)->gdn_gates(T, q);
     }
-    compare_f32("gdn_gates cv " + tag, cv, 1e-5);
-    compare_f32("gdn_gates beta " + tag, beta, 1e-5);
-    compare_f32("gdn_gates g " + tag, gl, 1e-5);
+    compare("gdn_gates cv " + tag, cv, 1e-5);
+    compare("gdn_gates beta " + tag, beta, 1e-5);
+    compare("gdn_gates g " + tag, gl, 1e-5);
 
     // the delta rule, with decays kept in (0, 1] as the model's are
-    cv.set(cv.cpu_bytes().data());
+    cv.set(cv.read<uint8_t>(false).data());
     std::vector<float> gv((size_t)(T * s.n_v)), bv((size_t)(T * s.n_v));
     for (auto &v : gv) v = -0.3f * (float)r.uniform();
     for (auto &v : bv) v = (float)r.uniform();
@@ -820,10 +738,10 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         m.rec_state = g ? rspg.gp<float *>() : rspc.cp<float *>();
         (g ? g_gpu : g_cpu)->gdn(m, c);
     }
-    compare_f32("gdn out " + tag, out, 1e-4);
-    compare_f32("gdn state " + tag, state, 1e-4);
+    compare("gdn out " + tag, out, 1e-4);
+    compare("gdn state " + tag, state, 1e-4);
     for (size_t i = 0; i < recs.size(); i++)
-        if (recs[i]) compare_f32("gdn rec_state " + tag, *recs[i], 1e-4);
+        if (recs[i]) compare("gdn rec_state " + tag, *recs[i], 1e-4);
 }
 
 void test_gdn() {
@@ -872,7 +790,7 @@ void test_dflash2() {
                 c.group = cs.group;
                 (g ? g_gpu : g_cpu)->dyn_conv(b.meta(g), c);
             }
-            compare_f32("dyn_conv C=" + std::to_string(cs.C) + " K=" + std::to_string(cs.K) + " group=" +
+            compare("dyn_conv C=" + std::to_string(cs.C) + " K=" + std::to_string(cs.K) + " group=" +
                             std::to_string(cs.group) + " side " + std::to_string(side),
                         out, 1e-5);
         }
@@ -911,7 +829,7 @@ void test_dflash2() {
                 s.trans = g ? trans.gp() : trans.cp();
                 (g ? g_gpu : g_cpu)->selector_trans(s);
             }
-            compare_f32(std::string("selector_trans ") + tname(type) + " K=" + std::to_string(ss.K) + " rank=" +
+            compare(std::string("selector_trans ") + tname(type) + " K=" + std::to_string(ss.K) + " rank=" +
                             std::to_string(ss.rank),
                         trans, 1e-5);
         }
@@ -1066,18 +984,8 @@ void bench_gemv() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    // line-buffered even into a pipe or file: a device fault ends the process from a destructor (std::terminate), and
-    // the lines already printed must show how far it got
-    std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (!dfltest::cuda_present("the CUDA op tests")) return 0;
-    std::unique_ptr<Device> cpu = make_cpu_device(0), gpu = make_cuda_device(0);
-    g_cpu = cpu.get();
-    g_gpu = gpu.get();
-    std::printf("comparing %s against %s\n", g_gpu->name().c_str(), g_cpu->name().c_str());
     const dfltest::Group groups[] = {{"errors", test_errors},       {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
                                      {"attention", test_attention}, {"gdn", test_gdn},             {"dflash2", test_dflash2},
                                      {"bench", bench_gemv},         {"bench", bench_attention}};
-    dfltest::run_groups(groups, argc > 1 ? argv[1] : nullptr);
-    std::printf("%d cases, %d failed\n", g_cases, dfltest::g_failures);
-    return dfltest::g_failures == 0 ? 0 : 1;
+    return dfltest::run_cuda_tests(argc, argv, "the CUDA op tests", "ops", groups);
 }
