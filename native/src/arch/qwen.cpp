@@ -631,9 +631,9 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     Acts &a = acts_;
     const int64_t T = m.T, H = h.n_embd;
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    if (h.n_layer > 0) dev_->rmsnorm(a.x.f(), layers_[0].attn_norm, a.xn.f(), T, H, h.eps);
     for (int il = 0; il < h.n_layer; il++) {
         const Layer &L = layers_[(size_t)il];
-        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
         if (L.attn)
             attn_layer(L, m, T);
         else
@@ -642,7 +642,11 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         const std::vector<float *> gu = project(L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T);
         dev_->swiglu(gu[0], gu[1], T * h.n_ff);
         dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
-        dev_->add(a.x.f(), a.mix.f(), T * H);
+        // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)
+        if (il + 1 < h.n_layer)
+            dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
+        else
+            dev_->add(a.x.f(), a.mix.f(), T * H);
         for (uint32_t c = 0; c < b.n_capture; c++)
             if (b.capture_layers[c] == il)
                 dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
