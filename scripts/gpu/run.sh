@@ -29,7 +29,8 @@
 #                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
 #                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_I8_MMA=0
-#                                            DFL_CUDA_Q4K_I8=1"), and llama.cpp on the same files (with pack.sh --peer)
+#                                            DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=1"; prompts BENCH_PROMPTS, default 512, and a
+#                                            16-token verify), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -278,7 +279,7 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
-VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1}
+VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=1}
 
 # The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
 # on q8_0, int8 activations for q4_K), then the bench group once per variant.
@@ -307,6 +308,7 @@ variants() {
       log "ours: $m, $v"
       [ "$v" = - ] && v=DFLASH_NOTHING=1
       (cd native/engine && env "$v" DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+        DFLASH_BENCH_PROMPTS=${BENCH_PROMPTS:-512} DFLASH_BENCH_VERIFY=16 \
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done

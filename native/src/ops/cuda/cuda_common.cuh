@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "common.h"
 
@@ -33,6 +34,45 @@ inline void check(cudaError_t e, const char *op) {
 
 // After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
 inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
+
+// Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may start while the kernel before it on the
+// stream still runs. It must call pdl_wait() before it reads anything that kernel writes (the wait returns once that
+// kernel has finished and its writes are visible; at once where there is no such kernel), and may do independent work,
+// such as loading its weights, before. pdl_trigger() lets the next PDL kernel start before this one ends.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether PDL launches are used: on sm_90 and later unless DFL_CUDA_PDL=0 (defined in device.cu).
+bool pdl_on();
+
+// kernel<<<grid, block, 0, s>>>(args...) as a programmatic dependent launch where pdl_on(), a plain launch otherwise.
+template <typename... Params, typename... Args>
+inline void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args &&...args) {
+    if (!pdl_on()) {
+        kernel<<<grid, block, 0, s>>>(std::forward<Args>(args)...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 inline unsigned grid_for(int64_t n, int block) {
     const int64_t g = (n + block - 1) / block;

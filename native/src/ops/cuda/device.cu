@@ -24,6 +24,18 @@ static const char *blas_status_name(cublasStatus_t s) {
     }
 }
 
+bool pdl_on() {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_PDL");
+        if (e && std::strcmp(e, "0") == 0) return false;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+        return major >= 9;
+    }();
+    return on;
+}
+
 CudaDevice::CudaDevice(int index) : index_(index) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);

@@ -31,7 +31,10 @@ __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64
 
 // x (T rows of n_in floats) -> int8 per block of 32 with one float scale: amax / 127, rounded to nearest; and, where
 // xsum is not null, each block's sum of the rounded values times its scale (the q4_K kernel's sub-block minimums).
+// Launched by launch_pdl: the product that follows may start (and load its weights) while this runs.
 __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs, float *xsum) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t nb = n_in / 32;
     const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
@@ -133,11 +136,19 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
-        uint4 wv[kQ8pUnroll];
+    // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
+    // do not depend on it, so their latency overlaps the kernels before this one.
+    uint4 wv[kQ8pUnroll];
 #pragma unroll
-        for (int u = 0; u < kQ8pUnroll; u++)
-            if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+    for (int u = 0; u < kQ8pUnroll; u++)
+        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
+    pdl_wait();
+    for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
+        if (i0 != lane) {
+#pragma unroll
+            for (int u = 0; u < kQ8pUnroll; u++)
+                if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+        }
 #pragma unroll
         for (int u = 0; u < kQ8pUnroll; u++) {
             const int64_t i = i0 + 32 * u;
@@ -499,7 +510,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes);
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(T * nb * 32, 256), 256, 0, s>>>(X, W.n_in, T, xq, xs, nullptr);
+    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, nullptr);
     check_launch("matmul (quantize x)");
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
@@ -520,7 +531,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1) {
-            gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
@@ -555,7 +566,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes), *xsum = xs + nx * nb;
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, W.n_in, nx, xq, xs, xsum);
+    launch_pdl(quantize_x_q8_kernel, grid_for(nx * nb * 32, 256), 256, s, X, W.n_in, nx, xq, xs, xsum);
     check_launch("matmul (quantize x)");
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     if (nz > 1) {
@@ -584,7 +595,7 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes), *xsum = xs + T * nb;
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(T * nb * 32, 256), 256, 0, s>>>(X, W.n_in, T, xq, xs, xsum);
+    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, xsum);
     check_launch("matmul (quantize x)");
     dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
         gemv_q4k_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
@@ -602,13 +613,13 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     int8_t *xq = (int8_t *)scr;
     float *xs = (float *)(scr + xq_bytes);
     cudaStream_t s = dev.stream();
-    quantize_x_q8_kernel<<<grid_for(nx * nb * 32, 256), 256, 0, s>>>(X, n_in, nx, xq, xs, nullptr);
+    launch_pdl(quantize_x_q8_kernel, grid_for(nx * nb * 32, 256), 256, s, X, n_in, nx, xq, xs, nullptr);
     check_launch("matmul (quantize x)");
     // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
     const int8_t *qs = (const int8_t *)stack.packed;
     const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    gemv_q8p_kernel<1><<<grid, block, 0, s>>>(qs, dw, n_in, rows, xq, xs, Y, z);
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 

@@ -8,16 +8,19 @@ namespace cuda {
 constexpr int kEltThreads = 256;
 
 __global__ void add_kernel(float *x, const float *d, int64_t n) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] += d[i];
 }
 
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         g[i] = silu_f(g[i]) * u[i];
 }
 
 __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         a[i] *= sigmoid_f(g[i]);
 }

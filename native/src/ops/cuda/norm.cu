@@ -31,6 +31,7 @@ __device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float 
 // y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
 // before block_sum's barriers.
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
@@ -39,6 +40,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 }
 
 __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *dr = d + (int64_t)blockIdx.x * n;
@@ -55,6 +57,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, flo
 }
 
 __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *zr = z + (int64_t)blockIdx.x * n;
