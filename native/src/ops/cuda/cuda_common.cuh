@@ -151,14 +151,30 @@ struct Q4KLane {
     float d, dmin;
     int sc1, m1, sc2, m2;
 };
+// q4k_scale_min_dev on a super-block's first 16 bytes held in registers (d and dmin, then the 12 scale bytes: words
+// y, z, w), without indexing a local array.
+__device__ __forceinline__ void q4k_scale_min_hdr(const uint4 &hdr, int j, int &sc, int &m) {
+    const int k = 8 * (j & 3);
+    const int lo = (int)((hdr.y >> k) & 0xFF), mid = (int)((hdr.z >> k) & 0xFF);
+    if (j < 4) {
+        sc = lo & 63;
+        m = mid & 63;
+    } else {
+        const int hi = (int)((hdr.w >> k) & 0xFF);
+        sc = (hi & 0x0F) | ((lo >> 6) << 4);
+        m = (hi >> 4) | ((mid >> 6) << 4);
+    }
+}
+
+// blk 16-byte aligned: one load of the header, one of the lane's quants.
 __device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
     Q4KLane l;
     l.q = __ldg((const uint4 *)(blk + 16 + 16 * p));
-    const uint32_t dd = __ldg((const unsigned int *)blk);
-    l.d = half_bits_to_f32((uint16_t)(dd & 0xFFFF));
-    l.dmin = half_bits_to_f32((uint16_t)(dd >> 16));
-    q4k_scale_min_dev(2 * (p >> 1), blk + 4, l.sc1, l.m1);
-    q4k_scale_min_dev(2 * (p >> 1) + 1, blk + 4, l.sc2, l.m2);
+    const uint4 hdr = __ldg((const uint4 *)blk);
+    l.d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF));
+    l.dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
+    q4k_scale_min_hdr(hdr, 2 * (p >> 1), l.sc1, l.m1);
+    q4k_scale_min_hdr(hdr, 2 * (p >> 1) + 1, l.sc2, l.m2);
     return l;
 }
 

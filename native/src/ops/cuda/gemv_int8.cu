@@ -345,19 +345,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // reads, per row and super-block, the 16-byte header (d, dmin, the packed 6-bit scales) and 8 bytes of each 32-byte
 // quant chunk j at 8 t4: their low nibbles are its fragment of sub-block 2j, their high nibbles of sub-block 2j + 1,
 // in the same permuted k order as the q8_0 kernel. Warps split the super-blocks of the rows.
-__device__ __forceinline__ void q4k_scale_min_regs(const uint4 &hdr, int s, int &sc, int &m) {
-    // the 12 scale bytes are hdr bytes 4..15: bytes q[0..11]
-    const uint32_t w[3] = {hdr.y, hdr.z, hdr.w};
-    auto byte = [&](int i) { return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFF); };
-    if (s < 4) {
-        sc = byte(s) & 63;
-        m = byte(s + 4) & 63;
-    } else {
-        sc = (byte(s + 4) & 0x0F) | ((byte(s - 4) >> 6) << 4);
-        m = (byte(s + 4) >> 4) | ((byte(s) >> 6) << 4);
-    }
-}
-
 template <int MT, int NT8>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                     int64_t n_out, const int8_t *xq, const float *xs,
@@ -406,7 +393,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int sc, m;
-                    q4k_scale_min_regs(hdr[mt][h], s, sc, m);
+                    q4k_scale_min_hdr(hdr[mt][h], s, sc, m);
                     dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x & 0xFFFF)) * (float)sc;
                     dm[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x >> 16)) * (float)m;
                 }
