@@ -29,7 +29,7 @@
 #                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
 #                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_I8_MMA=0
-#                                            DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=1"; prompts BENCH_PROMPTS, default 512, and a
+#                                            DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=0"; prompts BENCH_PROMPTS, default 512, and a
 #                                            16-token verify), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,8 +66,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other int8 kernels (DFL_CUDA_Q4K_I8=1 DFL_CUDA_I8_MMA=0)"
-  DFL_CUDA_Q4K_I8=1 DFL_CUDA_I8_MMA=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -201,8 +201,8 @@ ds4_check() {
   log "DeepSeek V4 op tests (CUDA vs CPU device)"
   make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/cuda-ds4.txt" | head -60 | tee -a "$OUT/summary.txt"
-  log "DeepSeek V4 op tests with q4_K on int8 activations (DFL_CUDA_Q4K_I8=1)"
-  DFL_CUDA_Q4K_I8=1 make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4-i8.txt" 2>&1
+  log "DeepSeek V4 op tests with q4_K on float activations (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4-i8.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/cuda-ds4-i8.txt" | head -60 | tee -a "$OUT/summary.txt"
   log "deepseek4 device replay vs CPU (native/engine TestDeviceDeepseek4)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'DeviceDeepseek4' -test.v -test.count=1 2>&1) |
@@ -231,10 +231,10 @@ ds4_bench() {
   f=$(ds4_model) || return 1
   log "deepseek4 flash shape: $f ($(du -h "$f" | cut -f1))"
   local fused
-  for fused in 0 1 i8; do
-    log "decode: $fused (0 op by op, 1 replayed graphs as --ds4-fused-decode, i8 graphs and q4_K on int8 activations)"
-    # i8: fused, with q4_K products on int8 activations (DFL_CUDA_Q4K_I8=1)
-    (cd native/engine && DFL_CUDA_Q4K_I8=$([ $fused = i8 ] && echo 1 || echo 0) DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
+  for fused in 0 1 f32; do
+    log "decode: $fused (0 op by op, 1 replayed graphs as --ds4-fused-decode, f32 graphs and q4_K on float activations)"
+    # f32: fused, with the q4_K GEMV on float activations (DFL_CUDA_Q4K_I8=0)
+    (cd native/engine && DFL_CUDA_Q4K_I8=$([ $fused = f32 ] && echo 0 || echo 1) DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=$([ $fused = 0 ] && echo 0 || echo 1) DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' \
       -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
@@ -279,7 +279,7 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
-VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=1}
+VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=0}
 
 # The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
 # on q8_0, int8 activations for q4_K), then the bench group once per variant.
@@ -288,8 +288,8 @@ kernels() {
   make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
   log "matmul op tests, defaults"
   "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1"
-  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=1 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
+  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0"
+  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-matmul-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
   for v in $VARIANTS; do
     log "kernel bench: $v"

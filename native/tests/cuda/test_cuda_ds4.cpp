@@ -474,10 +474,10 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
     // Up to 64 (token, choice) pairs every pair is its own GEMV (experts picked on the device), as on the CPU; past
     // that, several rows of one expert take the tensor-core path (operands rounded to f16) for quantized weights.
     const int most = *std::max_element(per.begin(), per.end());
-    // q4_K on int8 activations: pairs with DFL_CUDA_Q4K_I8=1 (launch_gemv_q4k_i8), an expert's 2..64 rows on int8
+    // q4_K on int8 activations: pairs unless DFL_CUDA_Q4K_I8=0 (launch_gemv_q4k_i8), an expert's 2..64 rows on int8
     // tensor cores unless DFL_CUDA_I8_MMA=0
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
-    const bool pairs_i8 = T * k <= 64 && i8 && std::strcmp(i8, "1") == 0;
+    const bool pairs_i8 = T * k <= 64 && !(i8 && std::strcmp(i8, "0") == 0);
     const bool rows_i8 = T * k > 64 && most >= 2 && !(mma && std::strcmp(mma, "0") == 0);
     const double bound = type == DFL_TYPE_Q4_K && (pairs_i8 || rows_i8)            ? 1.5e-2
                          : type == DFL_TYPE_F32 || most <= 1 || T * k <= 64 ? 1e-5

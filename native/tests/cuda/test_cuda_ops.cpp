@@ -83,11 +83,12 @@ struct DualWeight {
 
 double matmul_bound(uint32_t type, int64_t T) {
     // q4_K products that round the activations to int8 per block of 32 (as the repacked q8_0 path does: 1.5e-2 of the
-    // output's norm): 2..64 tokens on int8 tensor cores (unless DFL_CUDA_I8_MMA=0), and with DFL_CUDA_Q4K_I8=1 up to 8
+    // output's norm): 2..64 tokens on int8 tensor cores (unless DFL_CUDA_I8_MMA=0), and up to 8 with the int8 GEMV
+    // (unless DFL_CUDA_Q4K_I8=0)
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
-    const bool mma_on = !(mma && std::strcmp(mma, "0") == 0);
+    const bool mma_on = !(mma && std::strcmp(mma, "0") == 0), i8_on = !(i8 && std::strcmp(i8, "0") == 0);
     if (type == DFL_TYPE_Q4_K && T >= 2 && T <= 64 && mma_on) return 1.5e-2;
-    if (type == DFL_TYPE_Q4_K && T <= 8 && i8 && std::strcmp(i8, "1") == 0) return 1.5e-2;
+    if (type == DFL_TYPE_Q4_K && T <= 8 && i8_on) return 1.5e-2;
     if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }

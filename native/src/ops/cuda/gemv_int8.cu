@@ -240,6 +240,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int
 constexpr int kMmaWarps = 8;
 constexpr int kMmaUnroll = 4;  // blocks of 32 per row whose loads are in flight before the first is used
 constexpr int64_t kI8MmaMaxTokens = 64;
+// Repacked q8_0 takes the dp4a kernels up to 8 tokens: H200, qwen3-8b layer shapes, dp4a 80 / 105 us a layer at 2 / 8
+// tokens against the mma kernel's 118 / 128; from 16 tokens the mma kernel wins (149 against 211 us, 231 against 466
+// at 32).
+constexpr int64_t kQ8pMmaMinTokens = 9;
 
 __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
@@ -501,7 +505,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     check_launch("matmul (quantize x)");
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
-    if (T >= 2 && T <= i8_mma_max_tokens()) {
+    if (T >= kQ8pMmaMinTokens && T <= i8_mma_max_tokens()) {
         dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
             gemv_q8p_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
                 <<<grid, kMmaWarps * 32, 0, s>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
@@ -528,12 +532,12 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     }
 }
 
-// Whether q4_K products of up to kQ4kI8MaxTokens tokens run on int8 activations (gemv_q4k_i8_kernel):
-// DFL_CUDA_Q4K_I8=1 (off by default until measured against the float GEMV on a GPU).
+// Whether one-token q4_K products (and the z-batched expert pairs) run on int8 activations (gemv_q4k_i8_kernel): on
+// unless DFL_CUDA_Q4K_I8=0 (the float GEMV). H200, qwen3-8b layer shapes: 54 us a layer against the float GEMV's 127.
 bool q4k_i8_on() {
     static const bool on = [] {
         const char *e = std::getenv("DFL_CUDA_Q4K_I8");
-        return e && std::strcmp(e, "1") == 0;
+        return !(e && std::strcmp(e, "0") == 0);
     }();
     return on;
 }
