@@ -479,7 +479,9 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
     const bool pairs_i8 = T * k <= 64 && !(i8 && std::strcmp(i8, "0") == 0);
     const bool rows_i8 = T * k > 64 && most >= 2 && !(mma && std::strcmp(mma, "0") == 0);
-    const double bound = type == DFL_TYPE_Q4_K && (pairs_i8 || rows_i8)            ? 1.5e-2
+    // two products in a chain (gate and up, then down on their rounded product): twice the one product's 1.5e-2, and
+    // a little more for the SwiGLU between them (seen: 3.7e-2 for one token of three pairs on the H200)
+    const double bound = type == DFL_TYPE_Q4_K && (pairs_i8 || rows_i8)            ? 5e-2
                          : type == DFL_TYPE_F32 || most <= 1 || T * k <= 64 ? 1e-5
                                                                              : 3e-3;
     const char *tn = type == DFL_TYPE_F32 ? "f32" : type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
@@ -489,10 +491,12 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
 }
 
 // The grouped output projection of one token: every group in one pass on the GPU against the CPU's group-by-group
-// products. A q8_0 weight the GPU has repacked multiplies int8-rounded activations (1.5e-2 of the output's norm, as
+// products. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0, multiply int8-rounded activations (1.5e-2 of the output's norm, as
 // test_cuda_ops bounds it); the rest are the plain GEMV's.
 void test_grouped() {
     Rng r(61);
+    const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");  // q4_K on int8 activations unless 0
+    const bool q4k_i8 = !(i8 && std::strcmp(i8, "0") == 0);
     struct S {
         uint32_t type;
         int groups;
@@ -514,7 +518,7 @@ void test_grouped() {
         const char *tn = sh.type == DFL_TYPE_F32 ? "f32" : sh.type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
         compare(std::string("matmul_grouped ") + tn + (sh.packed ? " repacked " : " ") + std::to_string(sh.groups) + "x" +
                     std::to_string(sh.rows) + "x" + std::to_string(sh.n_in),
-                y, sh.packed ? 1.5e-2 : 1e-5);
+                y, sh.packed || (sh.type == DFL_TYPE_Q4_K && q4k_i8) ? 1.5e-2 : 1e-5);
     }
 }
 
