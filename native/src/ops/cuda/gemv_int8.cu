@@ -1,8 +1,10 @@
-// Decode products on q8_0 weights repacked at load: the quants of a row contiguous (16-byte words, no 34-byte block
-// boundaries to straddle) and the block scales beside them, with the activations quantized to int8 per block of 32 as
-// well, so that a warp streams its row with 16-byte loads, several in flight per lane, and multiplies with dp4a
-// (four int8 products per instruction) instead of converting every weight to float. This is the path a batch-1
-// decode step spends its time in.
+// Products on int8 activations (quantized per block of 32 by quantize_x_q8_kernel, one launch per product):
+//  - q8_0 repacked at load: the quants of a row contiguous (16-byte words, no 34-byte block boundaries to straddle)
+//    and the block scales beside them, so that a warp streams its row with 16-byte loads, several in flight per lane,
+//    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
+//    token (the batch-1 decode step), and 2..8 tokens with four rows per warp;
+//  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches);
+//  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores (mma.sync m16n8k32, one mma per block of 32).
 #include <cstdlib>
 #include <cstring>
 

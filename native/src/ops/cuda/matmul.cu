@@ -1,7 +1,8 @@
 // Embedding lookup and Y = X W^T for every weight type.
+//  - Repacked q8_0 and q4_K up to 64 tokens: int8 activations (gemv_int8.cu: dp4a GEMVs, int8 tensor cores).
 //  - T == 1 (decode): one warp per output row streams the row once, decoding it in registers, f32 accumulation; the
 //    activations are tiny and stay in L1/L2. This memory-bound path is the single-sequence decode speed.
-//  - 2 <= T <= 64 (batched decode, DFlash verify blocks, small prefill chunks), f16/bf16/quantized weights: a
+//  - 2 <= T <= 64 (batched decode, DFlash verify blocks, small prefill chunks), other f16/bf16/quantized weights: a
 //    tensor-core kernel on the packed weights (mmq_kernel below) that reads every weight byte once per call and decodes
 //    it once for all tokens. f32 weights, and the odd-addressed tensors it refuses, keep the GEMV (T <= 8, or in chunks
 //    of 8 up to 32 tokens for quantized weights) and cuBLAS.
