@@ -255,6 +255,22 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
+// Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the
+// scale rows of the two tokens of its C entries (8 nt + 2 t4 and the next: s). Tokens past T read the last one (their
+// sums are never stored). 32-bit offsets (at most 64 tokens): registers are what limits these kernels.
+template <int NT8>
+struct MmaTokens {
+    int x[NT8], s[NT8][2];
+    __device__ __forceinline__ MmaTokens(int64_t T, int64_t n_in, int64_t nb, int g, int t4) {
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            x[nt] = (int)(min((int64_t)(8 * nt + g), T - 1) * n_in);
+            s[nt][0] = (int)(min((int64_t)(8 * nt + 2 * t4), T - 1) * nb);
+            s[nt][1] = (int)(min((int64_t)(8 * nt + 2 * t4 + 1), T - 1) * nb);
+        }
+    }
+};
+
 // The warps' sums of one block of an mma kernel added through shared memory and stored. The C fragment: entry i of lane
 // l is row l / 4 + 8 (i / 2), token 2 (l % 4) + i % 2 of its 16 x 8 tile.
 template <int MT, int NT8>
@@ -291,20 +307,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
-    int xtok[NT8], stok[NT8][2];
-#pragma unroll
-    for (int nt = 0; nt < NT8; nt++) {
-        xtok[nt] = (int)(min((int64_t)(8 * nt + g), T - 1) * n_in);
-        stok[nt][0] = (int)(min((int64_t)(8 * nt + 2 * t4), T - 1) * nb);
-        stok[nt][1] = (int)(min((int64_t)(8 * nt + 2 * t4 + 1), T - 1) * nb);
-    }
-    float acc[MT][NT8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    const int(&xtok)[NT8] = tok.x;
+    const int(&stok)[NT8][2] = tok.s;
+    float acc[MT][NT8][4] = {};
     for (int64_t kb0 = warp; kb0 < nb; kb0 += kMmaWarps * kMmaUnroll) {
         uint2 av[kMmaUnroll][MT][2];
 #pragma unroll
@@ -358,26 +364,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
-    // 32-bit token offsets (at most 64 tokens): registers are what limits these kernels
     const uint8_t *wrow[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
-    int xtok[NT8], stok[NT8][2];
-#pragma unroll
-    for (int nt = 0; nt < NT8; nt++) {
-        xtok[nt] = (int)(min((int64_t)(8 * nt + g), T - 1) * n_in);
-        stok[nt][0] = (int)(min((int64_t)(8 * nt + 2 * t4), T - 1) * nb);
-        stok[nt][1] = (int)(min((int64_t)(8 * nt + 2 * t4 + 1), T - 1) * nb);
-    }
-    float acc[MT][NT8][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    const int(&xtok)[NT8] = tok.x;
+    const int(&stok)[NT8][2] = tok.s;
+    float acc[MT][NT8][4] = {};
     for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
         uint4 hdr[MT][2];
         uint2 q[MT][2][4];
