@@ -167,6 +167,9 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K) take (0 when DFL_CUDA_I8_MMA=0 turns them off).
 int64_t i8_mma_max_tokens();
 bool q4k_mma_ok(const Weight &W);
+bool q6k_i8_on();
+bool q6k_i8_ok(const Weight &W);
+void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 
 // A z batch of one-token products in one launch (blockIdx.y = z): member z multiplies rows [e * w_rows, e * w_rows +

@@ -115,6 +115,68 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     }
 }
 
+// q6_K on int8 activations: the layout of gemv_q6_K_kernel (eight lanes per 210-byte super-block; lane p takes half
+// h = p / 4 and positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters). The 6-bit codes are
+// assembled four to a word (the low nibble from ql, the two high bits from qh, minus 32 byte by byte) and multiplied
+// with the activations' int8 words by dp4a; a quarter's eight positions share one 16-element scale and one block of
+// 32 activations. Blocks are 2-byte aligned: 16-bit loads.
+__device__ __forceinline__ void load8_u16(const uint8_t *p, uint32_t (&w)[2]) {
+    const unsigned short *h = (const unsigned short *)p;
+    w[0] = (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+    w[1] = (uint32_t)__ldg(h + 2) | ((uint32_t)__ldg(h + 3) << 16);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                   int64_t n_out, const int8_t *xq, const float *xs,
+                                                                   float *Y) {
+    const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    const int64_t nb = n_in / QK_K, nb32 = n_in / 32;
+    float acc[NT] = {};
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const uint8_t *blk = row + b * kQ6_KBytes;
+        uint32_t la[2], lb[2], hb[2];
+        load8_u16(blk + 64 * h + l0, la);
+        load8_u16(blk + 64 * h + 32 + l0, lb);
+        load8_u16(blk + 128 + 32 * h + l0, hb);
+        const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
+        const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
+        int q[4][2];
+#pragma unroll
+        for (int w = 0; w < 2; w++) {
+            q[0][w] = (int)__vsub4((la[w] & 0x0F0F0F0F) | ((hb[w] & 0x03030303) << 4), 0x20202020);
+            q[1][w] = (int)__vsub4((lb[w] & 0x0F0F0F0F) | (((hb[w] >> 2) & 0x03030303) << 4), 0x20202020);
+            q[2][w] = (int)__vsub4(((la[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 4) & 0x03030303) << 4), 0x20202020);
+            q[3][w] = (int)__vsub4(((lb[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 6) & 0x03030303) << 4), 0x20202020);
+        }
+        float dsc[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) dsc[k] = d * (float)__ldg(sc + 2 * k);
+        const int64_t e0 = b * QK_K + 128 * h + l0;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int64_t e = e0 + 32 * k;
+                const int2 xv = __ldg((const int2 *)(xq + t * n_in + e));
+                const int dot = __dp4a(q[k][1], xv.y, __dp4a(q[k][0], xv.x, 0));
+                s += dsc[k] * __ldg(xs + t * nb32 + e / 32) * (float)dot;
+            }
+            acc[t] += s;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) Y[t * n_out + r] = v;
+    }
+}
+
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
 // input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
 template <int NT>
@@ -570,6 +632,38 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
         }
     }
     check_launch("matmul (q4_K int8)");
+}
+
+// Whether q6_K products of up to 8 tokens run on int8 activations (gemv_q6k_i8_kernel): DFL_CUDA_Q6K_I8=1 (off by
+// default until measured against the float GEMV on a GPU).
+bool q6k_i8_on() {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_Q6K_I8");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+bool q6k_i8_ok(const Weight &W) { return W.type == DFL_TYPE_Q6_K && W.n_in % QK_K == 0 && ((uintptr_t)W.data & 1) == 0; }
+
+void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    const int64_t nb = W.n_in / 32;
+    const size_t xq_bytes = ((size_t)(T * W.n_in) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(T * nb) * 4);
+    int8_t *xq = (int8_t *)scr;
+    float *xs = (float *)(scr + xq_bytes);
+    cudaStream_t s = dev.stream();
+    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, nullptr);
+    check_launch("matmul (quantize x)");
+    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
+    switch (T) {
+#define DFL_Q6K_I8(N) \
+    case N: gemv_q6k_i8_kernel<N><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
+        DFL_Q6K_I8(1) DFL_Q6K_I8(2) DFL_Q6K_I8(3) DFL_Q6K_I8(4) DFL_Q6K_I8(5) DFL_Q6K_I8(6) DFL_Q6K_I8(7) DFL_Q6K_I8(8)
+#undef DFL_Q6K_I8
+    default: fail(DFL_ERR_INTERNAL, "q6_K int8 GEMV: more than 8 tokens");
+    }
+    check_launch("matmul (q6_K int8)");
 }
 
 bool q4k_mma_ok(const Weight &W) {

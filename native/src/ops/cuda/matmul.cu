@@ -936,6 +936,10 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
         launch_gemv_q4k_i8(dev, W, X, T, Y, GemvZ{}, 1);
         return;
     }
+    if (T <= kGemvMaxTokens && q6k_i8_on() && q6k_i8_ok(W)) {  // q6_K on int8 activations
+        launch_gemv_q6k_i8(dev, W, X, T, Y);
+        return;
+    }
     if (T < kMmqMinTokens) {
         launch_gemv(dev.stream(), W, X, T, Y);
         return;
