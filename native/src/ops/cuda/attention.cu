@@ -1,6 +1,7 @@
 // Full-attention layer ops: q/k norm + RoPE + KV cache write (attn_prep), and paged causal attention.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -12,6 +13,17 @@ constexpr int kPrepThreads = 128;
 constexpr int kAttnThreads = 128;
 constexpr int kAttnTilePos = 64;  // cache positions scored per step
 constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 512
+constexpr int kAttnWarpPos = 4;  // most cache positions a warp scores together (AttnArgs::warp_pos)
+
+// Positions a warp scores together: 1 (each waits its own memory latency), or 4 with DFL_CUDA_ATTN_WARP_POS=4 (off by
+// default until measured on a GPU: a batch-1 step's attention took 24 us a layer over a 16-48-token context).
+static int attn_warp_pos() {
+    static const int n = [] {
+        const char *e = std::getenv("DFL_CUDA_ATTN_WARP_POS");
+        return e && std::atoi(e) >= kAttnWarpPos ? kAttnWarpPos : 1;
+    }();
+    return n;
+}
 
 // One cache row of n elements from x, converted to the cache type as quantize_row does. Called by the whole block
 // (blockDim.x a multiple of 32). q8_0: one warp per 32-element block, d = amax / 127 stored as f16, q = round(x / d).
@@ -125,6 +137,7 @@ struct AttnArgs {
     const uint64_t *vis;  // tree visibility per token (BatchMeta::vis), or null
     bool causal;
     int window;
+    int warp_pos;  // cache positions a warp scores together (1..kAttnWarpPos)
 };
 
 // One block per (token, group of G query heads sharing one KV head, split). Each step scores a tile of cache
@@ -174,25 +187,47 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
         for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] = 0.0f;
     for (int64_t p0 = p_begin; p0 < p_end; p0 += kAttnTilePos) {
         const int cnt = (int)min((int64_t)kAttnTilePos, p_end - p0);
-        for (int j = warp; j < cnt; j += nw) {
-            const int64_t p = p0 + j;
-            const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
-            if (lane == 0) row_s[j] = row;
-            const uint8_t *kr = a.k + (row * a.n_kv + kvh) * a.k_row;
-            float dot[G];
+        // A warp scores wp = a.warp_pos consecutive positions at once, so that their K loads are in flight together:
+        // one position at a time, a decode step over a short context waits a full memory latency per position.
+        const int wp = a.warp_pos;
+        for (int j0 = warp * wp; j0 < cnt; j0 += nw * wp) {
+            const uint8_t *kr[kAttnWarpPos];
 #pragma unroll
-            for (int g = 0; g < G; g++) dot[g] = 0.0f;
-#pragma unroll 4
+            for (int q = 0; q < kAttnWarpPos; q++) {
+                // past the warp's wp positions or the tile's end: a repeat of a scored position, not stored
+                const int j = min(j0 + min(q, wp - 1), cnt - 1);
+                const int64_t p = p0 + j;
+                const uint64_t row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+                if (lane == 0 && q < wp && j0 + q < cnt) row_s[j] = row;
+                kr[q] = a.k + (row * a.n_kv + kvh) * a.k_row;
+            }
+            float dot[kAttnWarpPos][G];
+#pragma unroll
+            for (int q = 0; q < kAttnWarpPos; q++)
+#pragma unroll
+                for (int g = 0; g < G; g++) dot[q][g] = 0.0f;
+#pragma unroll 2
             for (int d = lane; d < hd; d += 32) {
-                const float kd = load_cache<CT>(a.type_k, kr, d);
+                float kd[kAttnWarpPos];
 #pragma unroll
-                for (int g = 0; g < G; g++) dot[g] += qs[g * hd + d] * kd;
+                for (int q = 0; q < kAttnWarpPos; q++) kd[q] = q < wp ? load_cache<CT>(a.type_k, kr[q], d) : 0.0f;
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    const float qv = qs[g * hd + d];
+#pragma unroll
+                    for (int q = 0; q < kAttnWarpPos; q++) dot[q][g] += qv * kd[q];
+                }
             }
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                const float v = warp_sum(dot[g]);
-                // a tree token does not see the entry's tokens off its ancestor path
-                if (lane == 0) sc[g][j] = attn_visible(vis, p, a.len0[e]) ? v * a.scale : -INFINITY;
+            for (int q = 0; q < kAttnWarpPos; q++) {
+                const int j = j0 + q;
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    const float v = warp_sum(dot[q][g]);
+                    // a tree token does not see the entry's tokens off its ancestor path
+                    if (lane == 0 && q < wp && j < cnt)
+                        sc[g][j] = attn_visible(vis, p0 + j, a.len0[e]) ? v * a.scale : -INFINITY;
+                }
             }
         }
         __syncthreads();
@@ -366,6 +401,7 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     a.vis = m.vis;
     a.causal = c.causal;
     a.window = c.window;
+    a.warp_pos = attn_warp_pos();
     // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
     // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
     const int64_t rows = m.T * c.n_head;
