@@ -539,6 +539,25 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 #undef DFL_Q8P_ROWS
 }
 
+// The activations of a product on int8 weights, in the device scratch: rows of int8 per block of 32, their scales and,
+// for q4_K (sums), each block's sum of the rounded values times its scale. The quantizer is a PDL launch (the
+// product after it may load its weights meanwhile).
+struct QuantX {
+    int8_t *xq;
+    float *xs, *xsum;
+};
+
+static QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
+    const int64_t nb = n_in / 32;
+    const size_t xq_bytes = ((size_t)(rows * n_in) + 255) & ~(size_t)255;
+    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(rows * nb) * (sums ? 8 : 4));
+    QuantX q{(int8_t *)scr, (float *)(scr + xq_bytes), nullptr};
+    if (sums) q.xsum = q.xs + rows * nb;
+    launch_pdl(quantize_x_q8_kernel, grid_for(rows * nb * 32, 256), 256, dev.stream(), X, n_in, rows, q.xq, q.xs, q.xsum);
+    check_launch("matmul (quantize x)");
+    return q;
+}
+
 bool q8p_ok(const Weight &W) { return W.packed != nullptr && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0; }
 
 void repack_q8_0(CudaDevice &dev, Weight &W) {
@@ -555,13 +574,10 @@ void repack_q8_0(CudaDevice &dev, Weight &W) {
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
-    const size_t xq_bytes = ((size_t)(T * W.n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(T * nb) * 4);
-    int8_t *xq = (int8_t *)scr;
-    float *xs = (float *)(scr + xq_bytes);
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
-    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, nullptr);
-    check_launch("matmul (quantize x)");
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
     if (T >= kQ8pMmaMinTokens && T <= i8_mma_max_tokens()) {
@@ -609,15 +625,13 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
 
 void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
-    const int64_t nb = W.n_in / 32, nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
+    const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
     if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
-    const size_t xq_bytes = ((size_t)(nx * W.n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(nx * nb) * 8);
-    int8_t *xq = (int8_t *)scr;
-    float *xs = (float *)(scr + xq_bytes), *xsum = xs + nx * nb;
+    const QuantX qx = quantize_x(dev, X, W.n_in, nx, true);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
+    const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
-    launch_pdl(quantize_x_q8_kernel, grid_for(nx * nb * 32, 256), 256, s, X, W.n_in, nx, xq, xs, xsum);
-    check_launch("matmul (quantize x)");
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     if (nz > 1) {
         gemv_q4k_i8_kernel<1><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
@@ -647,14 +661,10 @@ bool q6k_i8_on() {
 bool q6k_i8_ok(const Weight &W) { return W.type == DFL_TYPE_Q6_K && W.n_in % QK_K == 0 && ((uintptr_t)W.data & 1) == 0; }
 
 void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
-    const int64_t nb = W.n_in / 32;
-    const size_t xq_bytes = ((size_t)(T * W.n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(T * nb) * 4);
-    int8_t *xq = (int8_t *)scr;
-    float *xs = (float *)(scr + xq_bytes);
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
-    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, nullptr);
-    check_launch("matmul (quantize x)");
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     switch (T) {
 #define DFL_Q6K_I8(N) \
@@ -671,14 +681,11 @@ bool q4k_mma_ok(const Weight &W) {
 }
 
 void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
-    const int64_t nb = W.n_in / 32;
-    const size_t xq_bytes = ((size_t)(T * W.n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(T * nb) * 8);
-    int8_t *xq = (int8_t *)scr;
-    float *xs = (float *)(scr + xq_bytes), *xsum = xs + T * nb;
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, true);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
+    const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
-    launch_pdl(quantize_x_q8_kernel, grid_for(T * nb * 32, 256), 256, s, X, W.n_in, T, xq, xs, xsum);
-    check_launch("matmul (quantize x)");
     dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
         gemv_q4k_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
             <<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
@@ -689,14 +696,11 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y) {
     // the inputs are nx consecutive rows of n_in floats, quantized as a batch of nx tokens
-    const int64_t n_in = stack.n_in, nb = n_in / 32, nx = (nz - 1) / z.x_div + 1;
-    const size_t xq_bytes = ((size_t)(nx * n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(nx * nb) * 4);
-    int8_t *xq = (int8_t *)scr;
-    float *xs = (float *)(scr + xq_bytes);
+    const int64_t n_in = stack.n_in, nx = (nz - 1) / z.x_div + 1;
+    const QuantX qx = quantize_x(dev, X, n_in, nx, false);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
-    launch_pdl(quantize_x_q8_kernel, grid_for(nx * nb * 32, 256), 256, s, X, n_in, nx, xq, xs, nullptr);
-    check_launch("matmul (quantize x)");
     // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
     const int8_t *qs = (const int8_t *)stack.packed;
     const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
