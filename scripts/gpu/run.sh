@@ -50,7 +50,9 @@ lib=$stage/bin/lib
 peer_build() {
   # llama.cpp, the peer, built in the background while our library builds and the models are made
   [ -f .gpu/llama-src.tar.xz ] || return 0
-  rm -rf /tmp/llama /tmp/llama.done && mkdir -p /tmp/llama
+  # the peer steps later look for this marker, not for .gpu/: a device call without carry [".gpu"] (a poll of a
+  # background run) removes .gpu/ on the GPU machine, so it may be gone by the time they run
+  rm -rf /tmp/llama /tmp/llama.done && mkdir -p /tmp/llama && touch /tmp/llama.started
   setsid nohup bash -c 'tar -C /tmp/llama -xJf '"$PWD"'/.gpu/llama-src.tar.xz && cd /tmp/llama &&
     cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DCMAKE_BUILD_TYPE=Release && cmake --build build -j 10 --target llama-bench llama-batched-bench llama-speculative-simple; echo rc=$? > /tmp/llama.done' \
@@ -105,7 +107,7 @@ bench() {
 # llama.cpp (from pack.sh --peer, built by peer_build) on the files our runs used.
 peer_bench() {
   local models=("$@") m f
-  [ -f .gpu/llama-src.tar.xz ] || return 0
+  [ -f /tmp/llama.started ] || return 0
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
   if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
   for m in "${models[@]}"; do
@@ -182,6 +184,7 @@ demo_bench() {
 peer_dflash() {
   local prompt bs
   prompt=$(printf 'package main\n\nimport (\n\t"fmt"\n')
+  [ -f /tmp/llama.started ] || { log "demo-peer needs pack.sh --peer"; return 0; }
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
   if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
   bs=${PEER_DRAFT_MAX:-16}
@@ -254,7 +257,7 @@ e2e_tokenizer() {
 # llama.cpp on the same V4-Flash-shaped file (needs .gpu/llama-src.tar.xz from pack.sh --peer): prefill 512, decode 128
 # at batch 1, and aggregate decode of 8 sequences.
 ds4_peer() {
-  [ -f .gpu/llama-src.tar.xz ] || return 0
+  [ -f /tmp/llama.started ] || return 0
   local f
   f=$(ds4_model) || return 1
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
