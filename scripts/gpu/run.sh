@@ -28,9 +28,9 @@
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
-#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_I8_MMA=0
-#                                            DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4";
-#                                            prompts BENCH_PROMPTS, default 512, and a
+#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_Q6K_I8=1
+#                                            DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1"; prompts BENCH_PROMPTS,
+#                                            default 512, and a
 #                                            16-token verify), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,8 +69,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4)"
-  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -283,7 +283,9 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
-VARIANTS=${VARIANTS:-- DFL_CUDA_I8_MMA=0 DFL_CUDA_PDL=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4}
+# the opt-in kernels not yet measured against the defaults (DFL_CUDA_I8_MMA=0, DFL_CUDA_PDL=0 and DFL_CUDA_Q4K_I8=0 give
+# the older kernels, measured 2026-12-03)
+VARIANTS=${VARIANTS:-- DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1}
 
 # The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
 # on q8_0, int8 activations for q4_K), then the bench group once per variant.
@@ -298,6 +300,13 @@ kernels() {
   log "attention op tests, DFL_CUDA_ATTN_WARP_POS=4"
   DFL_CUDA_ATTN_WARP_POS=4 "$t" attention >"$OUT/ops-attention-alt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-attention-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
+  log "matmul op tests, DFL_CUDA_FUSE_QUANT=1 (norm or SwiGLU then product)"
+  DFL_CUDA_FUSE_QUANT=1 "$t" matmul >"$OUT/ops-matmul-fuse.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-matmul-fuse.txt" | head -20 | tee -a "$OUT/summary.txt"
+  log "device replay vs CPU with DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 (worst errors: the same as the defaults' in check)"
+  (cd native/engine && DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
+    "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
+    tee "$OUT/device-replay-alt.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
   for v in $VARIANTS; do
     log "kernel bench: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1

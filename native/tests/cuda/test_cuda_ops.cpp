@@ -160,6 +160,41 @@ void test_matmul_embed() {
                         Y, 1.5e-2);
         }
     }
+    // A norm, an add+norm or a SwiGLU followed at once by a product of its output. With DFL_CUDA_FUSE_QUANT=1 the
+    // product takes the int8 activations the op before it wrote (CudaDevice::stage_quant), the bytes its own
+    // quantizer would write; an op in between (here a zero of another buffer) makes it quantize for itself.
+    {
+        DualWeight W8(DFL_TYPE_Q8_0, 700, 4096, r), W4(DFL_TYPE_Q4_K, 300, 4096, r);
+        Weight w8 = W8.wg;
+        g_gpu->prepare_weight(w8);
+        Dual other(64);
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(17)}) {
+            for (int kind = 0; kind < 4; kind++) {
+                const bool q4 = kind == 2;
+                const DualWeight &W = q4 ? W4 : W8;
+                const Weight &wg = q4 ? W4.wg : w8;
+                Dual x(rand_vec(r, (size_t)(T * 4096))), d(rand_vec(r, (size_t)(T * 4096))), w(rand_vec(r, 4096));
+                Dual xn((size_t)(T * 4096) * 4), Y((size_t)(T * W.wc.n_out) * 4);
+                for (bool gpu : {false, true}) {
+                    Device *dev = gpu ? g_gpu : g_cpu;
+                    float *in = xn.p(gpu);
+                    switch (kind) {
+                    case 0: dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
+                    case 1: dev->add_rmsnorm(x.p(gpu), d.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
+                    case 2: dev->swiglu(x.p(gpu), d.p(gpu), T * 4096), in = x.p(gpu); break;
+                    default:
+                        dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f);
+                        dev->zero(other.p(gpu), 64);
+                    }
+                    dev->matmul(gpu ? wg : W.wc, in, T, Y.p(gpu));
+                }
+                static const char *names[] = {"rmsnorm", "add_rmsnorm", "swiglu", "rmsnorm, zero,"};
+                compare(std::string(names[kind]) + " then matmul " + (q4 ? "q4_K" : "q8_0 repacked") + " T=" +
+                            std::to_string(T),
+                        Y, 1.5e-2);
+            }
+        }
+    }
     // n_in not a multiple of the 256-wide K tile (q8_0 9 blocks, f16/bf16 264): the last tile is partial, and q8_0
     // rows of 306 bytes start at every even offset mod 16
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_F16, DFL_TYPE_BF16}) {

@@ -82,6 +82,19 @@ public:
     void *ds4_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
+
+    // Activations rounded to int8 per block of 32 for a product on int8 weights (gemv_int8.cu), in the scratch: the
+    // quants, their scales and each block's sum of rounded values times its scale.
+    struct QuantX {
+        int8_t *xq = nullptr;
+        float *xs = nullptr, *xsum = nullptr;
+    };
+    // With DFL_CUDA_FUSE_QUANT=1 a norm or SwiGLU whose output may feed a product quantizes it as it writes it
+    // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
+    // instead of launching the quantizer. Any other call in between, or another input, and the product quantizes.
+    bool fuse_quant() const;
+    QuantX stage_quant(const float *x, int64_t count);
+    bool take_staged(const float *x, int64_t count, QuantX *q);
     int sm_count() const { return sm_count_; }
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
@@ -97,7 +110,8 @@ public:
     };
 
 private:
-    void use() const;  // makes this device current for the calling thread
+    void use() const;  // makes this device current for the calling thread; counts device calls (calls_)
+    void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>
     void op(const char *name, F &&launch) {
@@ -135,18 +149,28 @@ private:
     size_t ds4_buf_bytes_ = 0;
     int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
+
+    mutable uint64_t calls_ = 0;  // device calls so far (use())
+    struct Staged {
+        const float *x = nullptr;
+        int64_t count = 0;
+        uint64_t call = 0;  // calls_ after the staging op
+        QuantX q;
+    } staged_;
+    bool staged_open_ = false;  // the current call is a product that may take staged_
 };
 
 // Kernel launchers, one per op, defined in the op-family files (matmul.cu, norm.cu, misc.cu, attention.cu, gdn.cu).
 void launch_embed(cudaStream_t s, const Weight &W, const int32_t *tokens, int64_t T, float *out);
 void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
-void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps);
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
+                    const CudaDevice::QuantX &q = {});
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
-                        float eps);
+                        float eps, const CudaDevice::QuantX &q = {});
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
                           float eps);
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
-void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count);
+void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q = {});
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
 void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);

@@ -80,6 +80,7 @@ CudaDevice::~CudaDevice() {
 static thread_local int t_current_device = -1;
 
 void CudaDevice::use() const {
+    ++calls_;
     if (t_current_device == index_) return;
     check(cudaSetDevice(index_), "cudaSetDevice");
     t_current_device = index_;
@@ -355,18 +356,70 @@ void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float 
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });
 }
 
+bool CudaDevice::fuse_quant() const {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_FUSE_QUANT");
+        return e && std::strcmp(e, "1") == 0;
+    }();
+    return on;
+}
+
+// Most elements a norm or SwiGLU quantizes for the next product: the int8 products take up to 64 tokens, and beyond
+// that (a prefill) the work would be wasted.
+constexpr int64_t kStageQuantMax = (int64_t)1 << 20;
+
+CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
+    staged_ = Staged{};
+    if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
+    // the layout of a product's own quantizer (gemv_int8.cu quantize_x, with sums)
+    const int64_t nb = count / 32;
+    const size_t xq_bytes = ((size_t)count + 255) & ~(size_t)255;
+    uint8_t *p = (uint8_t *)scratch(xq_bytes + (size_t)nb * 8);
+    QuantX q;
+    q.xq = (int8_t *)p;
+    q.xs = (float *)(p + xq_bytes);
+    q.xsum = q.xs + nb;
+    staged_.x = x;
+    staged_.count = count;
+    staged_.q = q;
+    return q;
+}
+
+void CudaDevice::staged_done() {
+    if (staged_.x) staged_.call = calls_;
+}
+
+bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
+    const bool ok = staged_open_ && staged_.x == x && staged_.count == count;
+    if (ok) *q = staged_.q;
+    staged_ = Staged{};
+    staged_open_ = false;
+    return ok;
+}
+
 void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
+    staged_open_ = staged_.x != nullptr && staged_.call == calls_;  // no device call since the op that staged
     use();
     OpTimer t(*this, "matmul", &W, T);
     launch_matmul(*this, W, X, T, Y);
+    staged_open_ = false;
+    staged_ = Staged{};
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    op("rmsnorm", [&] { launch_rmsnorm(stream_, x, w, y, rows, n, eps); });
+    op("rmsnorm", [&] {
+        const QuantX q = rows <= 64 ? stage_quant(y, rows * n) : QuantX{};
+        launch_rmsnorm(stream_, x, w, y, rows, n, eps, q);
+    });
+    staged_done();
 }
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
-    op("add_rmsnorm", [&] { launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps); });
+    op("add_rmsnorm", [&] {
+        const QuantX q = rows <= 64 ? stage_quant(y, rows * n) : QuantX{};
+        launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps, q);
+    });
+    staged_done();
 }
 
 void CudaDevice::add(float *x, const float *d, int64_t count) {
@@ -374,7 +427,8 @@ void CudaDevice::add(float *x, const float *d, int64_t count) {
 }
 
 void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
-    op("swiglu", [&] { launch_swiglu(stream_, g, u, count); });
+    op("swiglu", [&] { launch_swiglu(stream_, g, u, count, stage_quant(g, count)); });
+    staged_done();
 }
 
 void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {

@@ -41,18 +41,8 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     const int64_t blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (blk >= nb * T) return;
-    const int64_t t = blk / nb, b = blk % nb;
-    const float v = x[t * n_in + b * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const int q = __float2int_rn(v * inv);
-    xq[t * n_in + b * 32 + lane] = (int8_t)q;
-    if (xsum) {
-        const int qsum = __reduce_add_sync(0xffffffffu, q);
-        if (lane == 0) xsum[t * nb + b] = d * (float)qsum;
-    }
-    if (lane == 0) xs[t * nb + b] = d;
+    // rows of n_in (a multiple of 32) are contiguous: block blk is elements 32 blk.., scale and sum number blk
+    quant_q8_warp(x[blk * 32 + lane], xq + blk * 32 + lane, xs + blk, xsum ? xsum + blk : nullptr);
 }
 
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
@@ -542,16 +532,17 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 // The activations of a product on int8 weights, in the device scratch: rows of int8 per block of 32, their scales and,
 // for q4_K (sums), each block's sum of the rounded values times its scale. The quantizer is a PDL launch (the
 // product after it may load its weights meanwhile).
-struct QuantX {
-    int8_t *xq;
-    float *xs, *xsum;
-};
+using QuantX = CudaDevice::QuantX;
 
 static QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
+    QuantX staged;
+    if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
     const int64_t nb = n_in / 32;
     const size_t xq_bytes = ((size_t)(rows * n_in) + 255) & ~(size_t)255;
     uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(rows * nb) * (sums ? 8 : 4));
-    QuantX q{(int8_t *)scr, (float *)(scr + xq_bytes), nullptr};
+    QuantX q;
+    q.xq = (int8_t *)scr;
+    q.xs = (float *)(scr + xq_bytes);
     if (sums) q.xsum = q.xs + rows * nb;
     launch_pdl(quantize_x_q8_kernel, grid_for(rows * nb * 32, 256), 256, dev.stream(), X, n_in, rows, q.xq, q.xs, q.xsum);
     check_launch("matmul (quantize x)");

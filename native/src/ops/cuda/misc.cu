@@ -13,10 +13,15 @@ __global__ void add_kernel(float *x, const float *d, int64_t n) {
         x[i] += d[i];
 }
 
-__global__ void swiglu_kernel(float *g, const float *u, int64_t n) {
+// With q.xq set (CudaDevice::stage_quant, n a multiple of 32) the products are also quantized for the product that
+// follows: a warp's lanes hold consecutive elements, one block of 32.
+__global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        g[i] = silu_f(g[i]) * u[i];
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = silu_f(g[i]) * u[i];
+        g[i] = v;
+        if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+    }
 }
 
 __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
@@ -44,9 +49,9 @@ void launch_add(cudaStream_t s, float *x, const float *d, int64_t count) {
     check_launch("add");
 }
 
-void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count) {
+void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q) {
     if (count <= 0) return;
-    swiglu_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(g, u, count);
+    swiglu_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(g, u, count, q);
     check_launch("swiglu");
 }
 

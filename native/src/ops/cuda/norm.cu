@@ -30,16 +30,37 @@ __device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float 
 
 // y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
 // before block_sum's barriers.
-__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps) {
+// A normed row's values, and where q.xq is set its int8 quantization for the product that follows (CudaDevice::
+// stage_quant; n a multiple of 32, so a warp's 32 lanes always hold one block of 32 together).
+__device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, const CudaDevice::QuantX &q) {
+    yr[i] = v;
+    if (q.xq) {
+        quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+    }
+}
+
+// q offset to row blockIdx.x of n elements.
+__device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n) {
+    if (q.xq) {
+        q.xq += (int64_t)blockIdx.x * n;
+        q.xs += (int64_t)blockIdx.x * (n / 32);
+        q.xsum += (int64_t)blockIdx.x * (n / 32);
+    }
+    return q;
+}
+
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
     const float r = row_rms_scale(xr, n, eps, red);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? (xr[i] * r) * w[i] : xr[i] * r;
+    q = row_quant(q, n);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store_normed(yr, i, w ? (xr[i] * r) * w[i] : xr[i] * r, q);
 }
 
-__global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps) {
+__global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps,
+                                   CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
@@ -53,7 +74,8 @@ __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, flo
     }
     ss = block_sum(ss, red);
     const float r = rsqrtf(ss / (float)n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w ? (xr[i] * r) * w[i] : xr[i] * r;
+    q = row_quant(q, n);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) store_normed(yr, i, w ? (xr[i] * r) * w[i] : xr[i] * r, q);
 }
 
 __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {
@@ -74,16 +96,17 @@ static int norm_threads(int64_t n) {
     return t;
 }
 
-void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
+void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
+                    const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, y, n, eps);
+    rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, y, n, eps, q);
     check_launch("rmsnorm");
 }
 
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
-                        float eps) {
+                        float eps, const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    add_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, d, w, y, n, eps);
+    add_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, d, w, y, n, eps, q);
     check_launch("add_rmsnorm");
 }
 
