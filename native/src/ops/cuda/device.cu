@@ -369,7 +369,7 @@ bool CudaDevice::fuse_quant() const {
 constexpr int64_t kStageQuantMax = (int64_t)1 << 20;
 
 CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
-    staged_ = Staged{};
+    staged_ = Staged{};  // whatever an earlier op staged is stale now
     if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
     // the layout of a product's own quantizer (gemv_int8.cu quantize_x, with sums)
     const int64_t nb = count / 32;
@@ -408,7 +408,9 @@ void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("rmsnorm", [&] {
-        const QuantX q = rows <= 64 ? stage_quant(y, rows * n) : QuantX{};
+        // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears
+        // what an earlier op staged)
+        const QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
         launch_rmsnorm(stream_, x, w, y, rows, n, eps, q);
     });
     staged_done();
@@ -416,7 +418,9 @@ void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows,
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("add_rmsnorm", [&] {
-        const QuantX q = rows <= 64 ? stage_quant(y, rows * n) : QuantX{};
+        // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears
+        // what an earlier op staged)
+        const QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
         launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps, q);
     });
     staged_done();
