@@ -399,11 +399,16 @@ bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
 
 void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
     staged_open_ = staged_.x != nullptr && staged_.call == calls_;  // no device call since the op that staged
+    struct Close {  // whatever happens in the product, the staging is spent with it
+        CudaDevice &d;
+        ~Close() {
+            d.staged_open_ = false;
+            d.staged_ = Staged{};
+        }
+    } close{*this};
     use();
     OpTimer t(*this, "matmul", &W, T);
     launch_matmul(*this, W, X, T, Y);
-    staged_open_ = false;
-    staged_ = Staged{};
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
