@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -34,6 +36,13 @@ inline void check(cudaError_t e, const char *op) {
 
 // After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
 inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
+
+// A DFL_CUDA_* switch of the environment: one that is on by default is off only with NAME=0, one that is off by
+// default on only with NAME=1 (kernels kept for comparisons in one run, or not yet the default).
+inline bool env_switch(const char *name, bool on_by_default) {
+    const char *e = std::getenv(name);
+    return on_by_default ? !(e && std::strcmp(e, "0") == 0) : (e && std::strcmp(e, "1") == 0);
+}
 
 // Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may start while the kernel before it on the
 // stream still runs. It must call pdl_wait() before it reads anything that kernel writes (the wait returns once that

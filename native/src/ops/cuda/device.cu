@@ -26,8 +26,7 @@ static const char *blas_status_name(cublasStatus_t s) {
 
 bool pdl_on() {
     static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_PDL");
-        if (e && std::strcmp(e, "0") == 0) return false;
+        if (!env_switch("DFL_CUDA_PDL", true)) return false;
         int dev = 0, major = 0;
         if (cudaGetDevice(&dev) != cudaSuccess) return false;
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
@@ -56,8 +55,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     cublasSetStream(blas_, stream_);
     const char *prof = std::getenv("DFL_CUDA_PROFILE");
     profiling_ = prof && *prof && std::strcmp(prof, "0") != 0;
-    const char *graphs = std::getenv("DFL_CUDA_GRAPHS");
-    graphs_enabled_ = !(graphs && std::strcmp(graphs, "0") == 0);
+    graphs_enabled_ = env_switch("DFL_CUDA_GRAPHS", true);
 }
 
 CudaDevice::~CudaDevice() {
@@ -312,10 +310,7 @@ void CudaDevice::prepare_weight(Weight &w) {
     if (w.type == DFL_TYPE_Q4_0)
         fail(DFL_ERR_UNSUPPORTED, "q4_0 weights are not supported by the CUDA engine (the CPU engine runs them); "
                                   "convert the model to q8_0, q4_K or q6_K");
-    static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_REPACK");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_switch("DFL_CUDA_REPACK", true);
     if (!on) return;
     use();
     repack_q8_0(*this, w);
@@ -357,10 +352,7 @@ void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float 
 }
 
 bool CudaDevice::fuse_quant() const {
-    static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_FUSE_QUANT");
-        return e && std::strcmp(e, "1") == 0;
-    }();
+    static const bool on = env_switch("DFL_CUDA_FUSE_QUANT", false);
     return on;
 }
 

@@ -5,8 +5,6 @@
 //    token (the batch-1 decode step), and 2..8 tokens with four rows per warp;
 //  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches);
 //  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores (mma.sync m16n8k32, one mma per block of 32).
-#include <cstdlib>
-#include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -476,10 +474,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
 // Whether 2..64-token products on repacked q8_0 and on q4_K run on int8 tensor cores (gemv_q8p_mma_kernel,
 // gemv_q4k_mma_kernel): on unless DFL_CUDA_I8_MMA=0 (the dp4a and f16 kernels then, for comparisons in one run).
 static bool i8_mma_on() {
-    static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_I8_MMA");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_switch("DFL_CUDA_I8_MMA", true);
     return on;
 }
 
@@ -601,10 +596,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
 // Whether one-token q4_K products (and the z-batched expert pairs) run on int8 activations (gemv_q4k_i8_kernel): on
 // unless DFL_CUDA_Q4K_I8=0 (the float GEMV). H200, qwen3-8b layer shapes: 54 us a layer against the float GEMV's 127.
 bool q4k_i8_on() {
-    static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_Q4K_I8");
-        return !(e && std::strcmp(e, "0") == 0);
-    }();
+    static const bool on = env_switch("DFL_CUDA_Q4K_I8", true);
     return on;
 }
 
@@ -642,10 +634,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
 // Whether q6_K products of up to 8 tokens run on int8 activations (gemv_q6k_i8_kernel): DFL_CUDA_Q6K_I8=1 (off by
 // default until measured against the float GEMV on a GPU).
 bool q6k_i8_on() {
-    static const bool on = [] {
-        const char *e = std::getenv("DFL_CUDA_Q6K_I8");
-        return e && std::strcmp(e, "1") == 0;
-    }();
+    static const bool on = env_switch("DFL_CUDA_Q6K_I8", false);
     return on;
 }
 

@@ -1,6 +1,4 @@
 // The CUDA library's device entry points (the CPU library defines the same names in ops/cpu/lib_cpu.cpp).
-#include <cstdlib>
-#include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/device.h"
@@ -34,8 +32,7 @@ void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
 
 // prepare_weight keeps a repacked copy of q8_0 matrices (same size: 32 quants and a 2-byte scale per block).
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
-    const char *e = std::getenv("DFL_CUDA_REPACK");
-    if (e && std::strcmp(e, "0") == 0) return 0;
+    if (!cuda::env_switch("DFL_CUDA_REPACK", true)) return 0;
     return type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
