@@ -92,6 +92,8 @@ public:
     // With DFL_CUDA_FUSE_QUANT=1 a norm or SwiGLU whose output may feed a product quantizes it as it writes it
     // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
     // instead of launching the quantizer. Any other call in between, or another input, and the product quantizes.
+    // count int8 activations with their per-block scales (and sums) laid out in the scratch
+    QuantX quant_scratch(int64_t count, bool sums);
     bool fuse_quant() const;
     QuantX stage_quant(const float *x, int64_t count);
     bool take_staged(const float *x, int64_t count, QuantX *q);
@@ -111,6 +113,7 @@ public:
 
 private:
     void use() const;  // makes this device current for the calling thread; counts device calls (calls_)
+    QuantX stage_rows(const float *y, int64_t rows, int64_t n);  // stage_quant for a norm's rows of n
     void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>

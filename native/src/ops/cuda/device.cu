@@ -360,21 +360,31 @@ bool CudaDevice::fuse_quant() const {
 // that (a prefill) the work would be wasted.
 constexpr int64_t kStageQuantMax = (int64_t)1 << 20;
 
-CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
-    staged_ = Staged{};  // whatever an earlier op staged is stale now
-    if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
-    // the layout of a product's own quantizer (gemv_int8.cu quantize_x, with sums)
+CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
     const int64_t nb = count / 32;
     const size_t xq_bytes = ((size_t)count + 255) & ~(size_t)255;
-    uint8_t *p = (uint8_t *)scratch(xq_bytes + (size_t)nb * 8);
+    uint8_t *p = (uint8_t *)scratch(xq_bytes + (size_t)nb * (sums ? 8 : 4));
     QuantX q;
     q.xq = (int8_t *)p;
     q.xs = (float *)(p + xq_bytes);
-    q.xsum = q.xs + nb;
+    if (sums) q.xsum = q.xs + nb;
+    return q;
+}
+
+CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
+    staged_ = Staged{};  // whatever an earlier op staged is stale now
+    if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
+    const QuantX q = quant_scratch(count, true);  // with sums: any int8 product may take it
     staged_.x = x;
     staged_.count = count;
     staged_.q = q;
     return q;
+}
+
+CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n) {
+    // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
+    // an earlier op staged)
+    return stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
 }
 
 void CudaDevice::staged_done() {
@@ -405,9 +415,7 @@ void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("rmsnorm", [&] {
-        // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears
-        // what an earlier op staged)
-        const QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+        const QuantX q = stage_rows(y, rows, n);
         launch_rmsnorm(stream_, x, w, y, rows, n, eps, q);
     });
     staged_done();
@@ -415,9 +423,7 @@ void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows,
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("add_rmsnorm", [&] {
-        // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears
-        // what an earlier op staged)
-        const QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+        const QuantX q = stage_rows(y, rows, n);
         launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps, q);
     });
     staged_done();

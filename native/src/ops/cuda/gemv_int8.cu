@@ -532,14 +532,8 @@ using QuantX = CudaDevice::QuantX;
 static QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
     QuantX staged;
     if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
-    const int64_t nb = n_in / 32;
-    const size_t xq_bytes = ((size_t)(rows * n_in) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(xq_bytes + (size_t)(rows * nb) * (sums ? 8 : 4));
-    QuantX q;
-    q.xq = (int8_t *)scr;
-    q.xs = (float *)(scr + xq_bytes);
-    if (sums) q.xsum = q.xs + rows * nb;
-    launch_pdl(quantize_x_q8_kernel, grid_for(rows * nb * 32, 256), 256, dev.stream(), X, n_in, rows, q.xq, q.xs, q.xsum);
+    const QuantX q = dev.quant_scratch(rows * n_in, sums);
+    launch_pdl(quantize_x_q8_kernel, grid_for(rows * n_in, 256), 256, dev.stream(), X, n_in, rows, q.xq, q.xs, q.xsum);
     check_launch("matmul (quantize x)");
     return q;
 }

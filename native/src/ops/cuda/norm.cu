@@ -28,15 +28,11 @@ __device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float 
     return rsqrtf(ss / (float)n + eps);
 }
 
-// y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
-// before block_sum's barriers.
 // A normed row's values, and where q.xq is set its int8 quantization for the product that follows (CudaDevice::
 // stage_quant; n a multiple of 32, so a warp's 32 lanes always hold one block of 32 together).
 __device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, const CudaDevice::QuantX &q) {
     yr[i] = v;
-    if (q.xq) {
-        quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
-    }
+    if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
 }
 
 // q offset to row blockIdx.x of n elements.
@@ -49,6 +45,8 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
     return q;
 }
 
+// y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
+// before block_sum's barriers.
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     __shared__ float red[32];
