@@ -67,9 +67,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
         const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
@@ -185,9 +183,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
     // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
     // do not depend on it, so their latency overlaps the kernels before this one.
     uint4 wv[kQ8pUnroll];
@@ -244,11 +240,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int
         w[r] = (const uint4 *)(qs + row * n_in);
         d[r] = dw + row * nb;
     }
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    float acc[R][NT] = {};
     for (int64_t i = lane; i < nw; i += 32) {
         uint4 wv[R];
         float sw[R];

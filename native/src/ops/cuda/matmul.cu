@@ -155,9 +155,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
     const float *w = (const float *)(W + (uint64_t)r * row_bytes);
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
 #pragma unroll 4
     for (int64_t i = 4 * (lane + 32 * rs.part); i < (rs.valid ? n_in : 0); i += 128 * wpr) {
         const float4 wv = ldg4(w + i);
@@ -176,9 +174,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
     const int64_t r = rs.row;
     const int lane = threadIdx.x & 31;
     const uint4 *w = (const uint4 *)(W + (uint64_t)r * row_bytes);
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
 #pragma unroll 4
     for (int64_t j = lane + 32 * rs.part; j < (rs.valid ? n_in / 8 : 0); j += 32 * wpr) {
         float wf[8];
@@ -210,9 +206,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_kernel(const uint8_
     const int lane = threadIdx.x & 31, part = lane & 3;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK8_0;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
 #pragma unroll 4
     for (int64_t b = (lane >> 2) + 8 * rs.part; b < (rs.valid ? nb : 0); b += 8 * wpr) {
         const uint8_t *blk = row + b * kQ8_0Bytes;
@@ -258,9 +252,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q8_0_wide_kernel(const u
     const uint4 *roww = (const uint4 *)(W + (uint64_t)rs.row * row_bytes);
     const int64_t nb = n_in / QK8_0;
     const int64_t nwords = nb * kQ8_0Bytes / 16;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
     // the loop bounds are the same for every lane of the warp, so the __syncwarp calls are reached by all
     for (int64_t c0 = (int64_t)rs.part * kQ8WideBlocks; c0 < (rs.valid ? nb : 0); c0 += (int64_t)kQ8WideBlocks * wpr) {
         const int64_t w0 = c0 * kQ8_0Bytes / 16;
@@ -312,9 +304,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q4_K_kernel(const uint8_
     const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
     // unrolled so the next super-block's loads are in flight while this one is decoded
 #pragma unroll 2
     for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
@@ -357,9 +347,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
     const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    float acc[NT] = {};
 #pragma unroll 2
     for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
         const uint8_t *blk = row + b * kQ6_KBytes;
