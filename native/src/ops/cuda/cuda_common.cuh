@@ -205,6 +205,34 @@ __device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
     return l;
 }
 
+// What lane p (0..7) of the eight that share a q6_K super-block reads of it (the GEMV layout: half h = p / 4,
+// positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters): 8 bytes of ql for quarters 0 and 2
+// (low and high nibbles: la), 8 for quarters 1 and 3 (lb), 8 of qh with the two high bits of all four (hb), each as
+// two little-endian words, and the four quarters' scales times d. Blocks are 2-byte aligned: 16-bit loads.
+struct Q6KLane {
+    uint32_t la[2], lb[2], hb[2];
+    float ds[4];
+};
+
+__device__ __forceinline__ void load8_u16(const uint8_t *p, uint32_t (&w)[2]) {
+    const unsigned short *h = (const unsigned short *)p;
+    w[0] = (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+    w[1] = (uint32_t)__ldg(h + 2) | ((uint32_t)__ldg(h + 3) << 16);
+}
+
+__device__ __forceinline__ Q6KLane q6k_lane(const uint8_t *blk, int p) {
+    const int h = p >> 2, l0 = 8 * (p & 3);
+    Q6KLane l;
+    load8_u16(blk + 64 * h + l0, l.la);
+    load8_u16(blk + 64 * h + 32 + l0, l.lb);
+    load8_u16(blk + 128 + 32 * h + l0, l.hb);
+    const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
+    const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
+#pragma unroll
+    for (int k = 0; k < 4; k++) l.ds[k] = d * (float)__ldg(sc + 2 * k);
+    return l;
+}
+
 // Element i of a row of `type`. Slow per element but simple: used where the row is read once (embedding, the
 // dequantize-to-f16 prefill path, KV cache rows) and the memory traffic, not the arithmetic, sets the speed.
 __host__ __device__ __forceinline__ float load_elem(uint32_t type, const uint8_t *row, int64_t i) {

@@ -105,13 +105,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
 // h = p / 4 and positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters). The 6-bit codes are
 // assembled four to a word (the low nibble from ql, the two high bits from qh, minus 32 byte by byte) and multiplied
 // with the activations' int8 words by dp4a; a quarter's eight positions share one 16-element scale and one block of
-// 32 activations. Blocks are 2-byte aligned: 16-bit loads.
-__device__ __forceinline__ void load8_u16(const uint8_t *p, uint32_t (&w)[2]) {
-    const unsigned short *h = (const unsigned short *)p;
-    w[0] = (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
-    w[1] = (uint32_t)__ldg(h + 2) | ((uint32_t)__ldg(h + 3) << 16);
-}
-
+// 32 activations (q6k_lane).
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
@@ -124,13 +118,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
     float acc[NT] = {};
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const uint8_t *blk = row + b * kQ6_KBytes;
-        uint32_t la[2], lb[2], hb[2];
-        load8_u16(blk + 64 * h + l0, la);
-        load8_u16(blk + 64 * h + 32 + l0, lb);
-        load8_u16(blk + 128 + 32 * h + l0, hb);
-        const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
-        const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
+        const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
+        const uint32_t *la = l.la, *lb = l.lb, *hb = l.hb;
         int q[4][2];
 #pragma unroll
         for (int w = 0; w < 2; w++) {
@@ -139,9 +128,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
             q[2][w] = (int)__vsub4(((la[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 4) & 0x03030303) << 4), 0x20202020);
             q[3][w] = (int)__vsub4(((lb[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 6) & 0x03030303) << 4), 0x20202020);
         }
-        float dsc[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) dsc[k] = d * (float)__ldg(sc + 2 * k);
+        const float *dsc = l.ds;
         const int64_t e0 = b * QK_K + 128 * h + l0;
 #pragma unroll
         for (int t = 0; t < NT; t++) {

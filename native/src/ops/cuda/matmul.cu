@@ -350,23 +350,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
     float acc[NT] = {};
 #pragma unroll 2
     for (int64_t b = (lane >> 3) + 4 * rs.part; b < (rs.valid ? nb : 0); b += 4 * wpr) {
-        const uint8_t *blk = row + b * kQ6_KBytes;
-        const unsigned short *qa = (const unsigned short *)(blk + 64 * h + l0);
-        const unsigned short *qb = (const unsigned short *)(blk + 64 * h + 32 + l0);
-        const unsigned short *qh = (const unsigned short *)(blk + 128 + 32 * h + l0);
+        const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
         uint8_t la[8], lb[8], hb[8];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const unsigned short va = __ldg(qa + k), vb = __ldg(qb + k), vh = __ldg(qh + k);
-            la[2 * k] = va & 0xFF, la[2 * k + 1] = va >> 8;
-            lb[2 * k] = vb & 0xFF, lb[2 * k + 1] = vb >> 8;
-            hb[2 * k] = vh & 0xFF, hb[2 * k + 1] = vh >> 8;
+        for (int m = 0; m < 8; m++) {
+            const int w = m >> 2, sh = 8 * (m & 3);
+            la[m] = (l.la[w] >> sh) & 0xFF, lb[m] = (l.lb[w] >> sh) & 0xFF, hb[m] = (l.hb[w] >> sh) & 0xFF;
         }
-        const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
-        const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
-        float ds[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) ds[k] = d * (float)sc[2 * k];
+        const float *ds = l.ds;
         float q[4][8];
 #pragma unroll
         for (int m = 0; m < 8; m++) {
