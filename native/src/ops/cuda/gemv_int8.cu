@@ -43,6 +43,16 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     quant_q8_warp(x[blk * 32 + lane], xq + blk * 32 + lane, xs + blk, xsum ? xsum + blk : nullptr);
 }
 
+// A warp's sums of output row r for NT tokens: lane 0 stores each token's.
+template <int NT>
+__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if ((threadIdx.x & 31) == 0) Y[t * n_out + r] = v;
+    }
+}
+
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
 // 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
@@ -94,11 +104,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
             acc[t] += v;
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) Y[t * n_out + r] = v;
-    }
+    store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
 // q6_K on int8 activations: the layout of gemv_q6_K_kernel (eight lanes per 210-byte super-block; lane p takes half
@@ -143,11 +149,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
             acc[t] += s;
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) Y[t * n_out + r] = v;
-    }
+    store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
@@ -201,11 +203,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) Y[t * n_out + row] = v;
-    }
+    store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
