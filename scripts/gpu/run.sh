@@ -21,7 +21,8 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
-#   scripts/gpu/run.sh kernels-all [MODEL...] kernels, check, ds4-check, then variants (one call's worth of a kernel change)
+#   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
+#                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
@@ -104,12 +105,20 @@ bench() {
   peer_bench "${models[@]}"
 }
 
+# Whether llama.cpp is built (waiting for peer_build's background build): false without pack.sh --peer, or when the
+# build failed (said in the summary).
+peer_ready() {
+  [ -f /tmp/llama.started ] || return 1
+  while [ ! -f /tmp/llama.done ]; do sleep 5; done
+  grep -q rc=0 /tmp/llama.done && return 0
+  log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"
+  return 1
+}
+
 # llama.cpp (from pack.sh --peer, built by peer_build) on the files our runs used.
 peer_bench() {
   local models=("$@") m f
-  [ -f /tmp/llama.started ] || return 0
-  while [ ! -f /tmp/llama.done ]; do sleep 5; done
-  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
+  peer_ready || return 0
   for m in "${models[@]}"; do
     f=/tmp/models/${m//:/-}.gguf
     [ -f "$f" ] || continue
@@ -184,9 +193,7 @@ demo_bench() {
 peer_dflash() {
   local prompt bs
   prompt=$(printf 'package main\n\nimport (\n\t"fmt"\n')
-  [ -f /tmp/llama.started ] || { log "demo-peer needs pack.sh --peer"; return 0; }
-  while [ ! -f /tmp/llama.done ]; do sleep 5; done
-  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
+  peer_ready || { log "demo-peer needs pack.sh --peer and a llama.cpp build"; return 0; }
   bs=${PEER_DRAFT_MAX:-16}
   log "llama.cpp: demo target alone (llama-bench tg256)"
   /tmp/llama/build/bin/llama-bench -m models/demo/demo-target-q8_0.gguf -fa 1 -p 0 -n 256 -ngl 99 -r 3 -o md 2>&1 |
@@ -257,11 +264,9 @@ e2e_tokenizer() {
 # llama.cpp on the same V4-Flash-shaped file (needs .gpu/llama-src.tar.xz from pack.sh --peer): prefill 512, decode 128
 # at batch 1, and aggregate decode of 8 sequences.
 ds4_peer() {
-  [ -f /tmp/llama.started ] || return 0
   local f
+  peer_ready || return 0
   f=$(ds4_model) || return 1
-  while [ ! -f /tmp/llama.done ]; do sleep 5; done
-  if ! grep -q rc=0 /tmp/llama.done; then log "llama.cpp build failed: $(grep -A6 -m3 "CMake Error\|error:" /tmp/llama-build.log | head -30)"; return 0; fi
   log "llama.cpp: $f"
   /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512 -n 128 -ngl 99 -r 2 -o md 2>&1 | tee -a "$OUT/bench-llama-ds4.txt" |
     grep -E "^\||error|failed" | tee -a "$OUT/summary.txt"
@@ -287,11 +292,24 @@ cpu_peer() {
 # the older kernels, measured 2026-12-03)
 VARIANTS=${VARIANTS:-- DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1}
 
-# The product kernels alone: matmul op tests with the defaults and with the other int8 kernels (dp4a for 2..32 tokens
-# on q8_0, int8 activations for q4_K), then the bench group once per variant.
-kernels() {
-  local t=/tmp/native-build/cuda/test_cuda_ops v
+# The device replays (qwen, deepseek4) with the opt-in kernels on: their worst errors should equal the defaults' (check).
+flag_replay() {
+  log "device replay vs CPU with DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 (worst errors: the same as the defaults' in check)"
+  (cd native/engine && DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
+    "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
+    tee "$OUT/device-replay-alt.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+}
+
+kernel_test_bin=/tmp/native-build/cuda/test_cuda_ops
+build_kernel_tests() {
   make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
+}
+
+# The product kernels' op tests: the defaults, the other int8 kernels (dp4a for 2..32 tokens on q8_0, float activations
+# for q4_K, int8 for q6_K), the attention and fused-quantizer opt-ins, and the device replays with the opt-ins on.
+kernel_tests() {
+  local t=$kernel_test_bin
+  build_kernel_tests || return 1
   log "matmul op tests, defaults"
   "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
   log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=1"
@@ -303,21 +321,23 @@ kernels() {
   log "matmul op tests, DFL_CUDA_FUSE_QUANT=1 (norm or SwiGLU then product)"
   DFL_CUDA_FUSE_QUANT=1 "$t" matmul >"$OUT/ops-matmul-fuse.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-matmul-fuse.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "device replay vs CPU with DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 (worst errors: the same as the defaults' in check)"
-  (cd native/engine && DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
-    "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
-    tee "$OUT/device-replay-alt.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+  flag_replay
+}
+
+# The products' speed on the qwen3-8b layer shapes (the op tests' bench group), once per variant.
+kernel_bench() {
+  local v
+  build_kernel_tests || return 1
   for v in $VARIANTS; do
     log "kernel bench: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
-    env "$v" "$t" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
+    env "$v" "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
     grep -E "layer" "$OUT/kbench-${v%%=*}.txt" | tee -a "$OUT/summary.txt"
   done
 }
 
-variants() {
+variants() {  # MODEL... (the modes give the default pair)
   local models=("$@") m f v
-  [ ${#models[@]} -gt 0 ] || models=(qwen3-8b:q8_0 qwen3-8b:q4_K)
   for m in "${models[@]}"; do
     f=$(make_model "$m") || continue
     for v in $VARIANTS; do
@@ -333,12 +353,15 @@ variants() {
 }
 
 case $mode in
-  kernels) build_cuda; kernels ;;
+  kernels) build_cuda; kernel_tests; kernel_bench ;;
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
-            peer_build; premake "$@"; build_cuda; kernels; wait "${premake_pids[@]}"; variants "$@" ;;
+            peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
   kernels-all) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change end to end: checks, then speed
-            peer_build; premake "$@"; build_cuda; kernels; check; ds4_check; wait "${premake_pids[@]}"; variants "$@" ;;
+            # check runs both op test programs with the defaults and with the other kernels, and the device replays
+            # (deepseek4's included) and parity: kernel_tests and ds4_check would repeat it
+            peer_build; premake "$@"; build_cuda; check; flag_replay; kernel_bench; wait "${premake_pids[@]}"
+            variants "$@" ;;
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
