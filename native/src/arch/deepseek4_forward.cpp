@@ -84,21 +84,12 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
         return;
     }
     if (topk) {
-        const size_t k = (size_t)topk->k, bytes = (size_t)R * (2 * k + 1) * 4;
+        const size_t bytes = topk_bytes(R, topk->k);
         ensure(topk_, bytes, "top-k candidates");
-        int32_t *d_ids = topk_.get<int32_t>();
-        float *d_vals = (float *)(d_ids + (size_t)R * k), *d_lse = d_vals + (size_t)R * k;
-        dev_->topk(logits_.f(), R, h.n_vocab, topk->k, d_ids, d_vals, d_lse);
+        device_topk(*dev_, logits_.f(), R, h.n_vocab, topk->k, topk_.get());
         host_topk_.resize(bytes);
         dev_->to_host(host_topk_.data(), topk_.get(), bytes);
-        const int32_t *ids = (const int32_t *)host_topk_.data();
-        const float *vals = (const float *)(ids + (size_t)R * k), *lse = vals + (size_t)R * k;
-        for (int64_t i = 0; i < R; i++) {
-            const size_t d = (size_t)dest[(size_t)i];
-            std::memcpy(topk->ids + d * k, ids + (size_t)i * k, k * 4);
-            std::memcpy(topk->vals + d * k, vals + (size_t)i * k, k * 4);
-            topk->lse[d] = lse[i];
-        }
+        unpack_topk(host_topk_.data(), R, *topk, dest.data());
     } else {
         for (int64_t i = 0; i < R; i++)
             dev_->to_host(logits_host + dest[(size_t)i] * h.n_vocab, logits_.f() + i * h.n_vocab, (size_t)h.n_vocab * sizeof(float));

@@ -611,10 +611,10 @@ void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_o
 // The k best of each logits row and its log-sum-exp, computed on the device; only they cross to the host. With
 // topk.trans (DFlash2), also the selector's transition scores between the k candidates of consecutive rows.
 void DFlashModel::fetch_topk(int64_t rows, const TopKOut &topk, const StepLayout &l) {
-    const size_t rk = (size_t)rows * (size_t)topk.k, rkk = topk.trans ? rk * (size_t)topk.k : 0;
+    const size_t rkk = topk.trans ? (size_t)rows * (size_t)topk.k * (size_t)topk.k : 0;
     int32_t *d_ids = topk_.get<int32_t>();
-    float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk, *d_trans = d_lse + rows;
-    dev_->topk(logits_.f(), rows, n_vocab_, topk.k, d_ids, d_vals, d_lse);
+    float *d_trans = (float *)(topk_.get<uint8_t>() + topk_bytes(rows, topk.k));  // after the candidates
+    device_topk(*dev_, logits_.f(), rows, n_vocab_, topk.k, d_ids);
     if (topk.trans) {
         const int32_t *dm = meta_.get<int32_t>();
         SelectorCall s;
@@ -630,13 +630,11 @@ void DFlashModel::fetch_topk(int64_t rows, const TopKOut &topk, const StepLayout
         s.trans = d_trans;
         dev_->selector_trans(s);
     }
-    const size_t bytes = (2 * rk + (size_t)rows + rkk) * 4;
+    const size_t bytes = topk_bytes(rows, topk.k) + rkk * 4;  // the candidates, then the transition scores
     host_topk_.resize(bytes);
     dev_->to_host(host_topk_.data(), topk_.get(), bytes);
-    std::memcpy(topk.ids, host_topk_.data(), rk * 4);
-    std::memcpy(topk.vals, host_topk_.data() + rk * 4, rk * 4);
-    std::memcpy(topk.lse, host_topk_.data() + 2 * rk * 4, (size_t)rows * 4);
-    if (topk.trans) std::memcpy(topk.trans, host_topk_.data() + (2 * rk + (size_t)rows) * 4, rkk * 4);
+    unpack_topk(host_topk_.data(), rows, topk);
+    if (topk.trans) std::memcpy(topk.trans, host_topk_.data() + topk_bytes(rows, topk.k), rkk * 4);
 }
 
 void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const TopKOut &topk) {

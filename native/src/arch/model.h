@@ -2,9 +2,11 @@
 // against the op table of ops/device.h, so every device runs the same plan.
 #pragma once
 
+#include <cstring>
 #include <memory>
 
 #include "common.h"
+#include "ops/device.h"
 
 namespace dfl {
 
@@ -17,6 +19,36 @@ struct TopKOut {
     float *lse = nullptr;
     float *trans = nullptr;  // DFlash2 draft_forward2: [rows][k][k] selector transition scores (null: not wanted)
 };
+
+// Bytes of `rows` rows of k candidates as Device::topk leaves them in one buffer: ids [rows][k], values [rows][k],
+// log-sum-exps [rows].
+inline size_t topk_bytes(int64_t rows, int k) { return (size_t)rows * (2 * (size_t)k + 1) * 4; }
+
+// Device::topk of `rows` logits rows of n_vocab into buf (topk_bytes(rows, k) on the device) in that layout.
+inline void device_topk(Device &dev, const float *logits, int64_t rows, int64_t n_vocab, int k, void *buf) {
+    int32_t *ids = (int32_t *)buf;
+    float *vals = (float *)(ids + (size_t)rows * k), *lse = vals + (size_t)rows * k;
+    dev.topk(logits, rows, n_vocab, k, ids, vals, lse);
+}
+
+// Those candidates, copied to the host as `host`, into out: row i to out's row dest[i] (dest null: row i).
+inline void unpack_topk(const uint8_t *host, int64_t rows, const TopKOut &out, const int64_t *dest = nullptr) {
+    const size_t k = (size_t)out.k, rk = (size_t)rows * k;
+    const int32_t *ids = (const int32_t *)host;
+    const float *vals = (const float *)(ids + rk), *lse = vals + rk;
+    if (!dest) {
+        std::memcpy(out.ids, ids, rk * 4);
+        std::memcpy(out.vals, vals, rk * 4);
+        std::memcpy(out.lse, lse, (size_t)rows * 4);
+        return;
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        const size_t d = (size_t)dest[i];
+        std::memcpy(out.ids + d * k, ids + (size_t)i * k, k * 4);
+        std::memcpy(out.vals + d * k, vals + (size_t)i * k, k * 4);
+        out.lse[d] = lse[i];
+    }
+}
 
 // Fails (DFL_ERR_INVALID) unless a batch that wants `rows` logits rows has somewhere to put them: b.logits or topk,
 // and topk with a supported k and its buffers.

@@ -727,8 +727,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     ensure(meta_, n_meta * sizeof(int32_t), "batch metadata");
     ensure(ptrs_, (size_t)2 * E * sizeof(float *), "batch metadata");
     if (rows > 0) ensure(logits_, (size_t)rows * h.n_vocab * sizeof(float), "logits");
-    const size_t topk_bytes = topk ? (size_t)rows * (2 * (size_t)topk->k + 1) * 4 : 0;
-    if (topk_bytes > 0) ensure(topk_, topk_bytes, "top-k candidates");
+    const size_t topk_size = topk ? topk_bytes(rows, topk->k) : 0;
+    if (topk_size > 0) ensure(topk_, topk_size, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
     for (uint32_t i = 0; i < b.n_seqs; i++)
         if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
@@ -825,15 +825,10 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         run_layers(m, b, rows, d_out_rows);
     if (rows > 0 && topk) {
         // only the candidates cross to the host: ids, then values, then the log-sum-exps
-        const size_t rk = (size_t)rows * (size_t)topk->k;
-        int32_t *d_ids = topk_.get<int32_t>();
-        float *d_vals = (float *)(d_ids + rk), *d_lse = d_vals + rk;
-        dev_->topk(logits_.f(), rows, h.n_vocab, topk->k, d_ids, d_vals, d_lse);
-        host_topk_.resize(topk_bytes);
-        dev_->to_host(host_topk_.data(), topk_.get(), topk_bytes);
-        std::memcpy(topk->ids, host_topk_.data(), rk * 4);
-        std::memcpy(topk->vals, host_topk_.data() + rk * 4, rk * 4);
-        std::memcpy(topk->lse, host_topk_.data() + 2 * rk * 4, (size_t)rows * 4);
+        device_topk(*dev_, logits_.f(), rows, h.n_vocab, topk->k, topk_.get());
+        host_topk_.resize(topk_size);
+        dev_->to_host(host_topk_.data(), topk_.get(), topk_size);
+        unpack_topk(host_topk_.data(), rows, *topk);
     } else if (rows > 0) {
         dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
     }
