@@ -44,7 +44,7 @@ const deviceBound = 3e-2
 const bf16Bound = 0.25
 
 // int8Bound is the bound for q8_0 and q4_K weights, whose products on the GPU quantize the activations to int8 per
-// block of 32 as llama.cpp's do (q8_0 from one token, q4_K for 2..64; the op test bounds that product at 1.5e-2):
+// block of 32 as llama.cpp's do (the op test bounds that product at 1.5e-2):
 // through these random models' layers it moves logits rows by up to 0.15 of their range (seen 2026-12-02, H200).
 const int8Bound = 0.25
 
