@@ -39,7 +39,7 @@ func TestDeviceDeepseek4(t *testing.T) {
 			vs = append(vs, variant{c, mode})
 		}
 	}
-	// q4_K needs rows of 256: a wider model (every product's input a multiple of 256). Its products of 2..64 tokens
+	// q4_K needs rows of 256: a wider model (every product's input a multiple of 256). Its products
 	// quantize the activations to int8 as q8_0's do, so it keeps every row and expert too.
 	wide := tinyDS4()
 	wide.embd, wide.qLora, wide.headDim, wide.oLora, wide.ffn, wide.weight = 256, 256, 128, 128, 256, gguf.Q4_K
