@@ -1,0 +1,265 @@
+// Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
+// dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
+#include <type_traits>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+// Batched decode, verify blocks and small prefill chunks (2..64 tokens) on int8 tensor cores: one
+// mma.sync.m16n8k32 is exactly one q8_0 block of 16 weight rows against 8 tokens, so its int32 result takes the block's
+// two scales (the weight row's and the token's) as it is added to the float sums. A warp owns 16 MT rows and every
+// token (8 per n-tile), and reads every kMmaWarps-th block of the row; the block's warps then add their sums through
+// shared memory. The weights are read once per call and each byte feeds all the tokens, where the dp4a kernels spend
+// one activation load per token per 16 weight bytes.
+// Fragments: lane (g = lane / 4, t4 = lane % 4) reads 8 consecutive bytes at 8 t4 of a block for rows g and g + 8 and
+// for token g. The mma's k order is permuted the same way for both operands (bytes 0..3 are its k 4 t4.., bytes 4..7
+// its k 16 + 4 t4..), which leaves every dot product as it is, and each lane loads 8 contiguous bytes.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaUnroll = 4;  // blocks of 32 per row whose loads are in flight before the first is used
+constexpr int64_t kI8MmaMaxTokens = 64;
+
+__device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+// Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the
+// scale rows of the two tokens of its C entries (8 nt + 2 t4 and the next: s). Tokens past T read the last one (their
+// sums are never stored). 32-bit offsets (at most 64 tokens): registers are what limits these kernels.
+template <int NT8>
+struct MmaTokens {
+    int x[NT8], s[NT8][2];
+    __device__ __forceinline__ MmaTokens(int64_t T, int64_t n_in, int64_t nb, int g, int t4) {
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            x[nt] = (int)(min((int64_t)(8 * nt + g), T - 1) * n_in);
+            s[nt][0] = (int)(min((int64_t)(8 * nt + 2 * t4), T - 1) * nb);
+            s[nt][1] = (int)(min((int64_t)(8 * nt + 2 * t4 + 1), T - 1) * nb);
+        }
+    }
+};
+
+// The warps' sums of one block of an mma kernel added through shared memory and stored. The C fragment: entry i of lane
+// l is row l / 4 + 8 (i / 2), token 2 (l % 4) + i % 2 of its 16 x 8 tile.
+template <int MT, int NT8>
+__device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][MT * NT8 * 4][32], const float (&acc)[MT][NT8][4],
+                                          int64_t row0, int64_t n_out, int64_t T, float *Y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][(mt * NT8 + nt) * 4 + i][lane] = acc[mt][nt][i];
+    __syncthreads();
+    for (int o = threadIdx.x; o < MT * NT8 * 4 * 32; o += kMmaWarps * 32) {
+        const int f = o >> 5, l = o & 31, i = f & 3, nt = (f >> 2) % NT8, mt = (f >> 2) / NT8;
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMmaWarps; w++) v += red[w][f][l];
+        const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
+        if (row < n_out && tok < T) Y[tok * n_out + row] = v;
+    }
+}
+
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    int64_t T, float *Y) {
+    __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // rows past n_out and tokens past T read the last valid one; their sums are never stored
+    int64_t wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    const int(&xtok)[NT8] = tok.x;
+    const int(&stok)[NT8][2] = tok.s;
+    float acc[MT][NT8][4] = {};
+    for (int64_t kb0 = warp; kb0 < nb; kb0 += kMmaWarps * kMmaUnroll) {
+        uint2 av[kMmaUnroll][MT][2];
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (kb < nb) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        av[u][mt][h] = __ldg((const uint2 *)(qs + wrow[mt][h] * n_in + kb * 32) + t4);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (kb >= nb) break;
+            float sw[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(__ldg(dw + wrow[mt][h] * nb + kb));
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const uint2 bv = __ldg((const uint2 *)(xq + xtok[nt] + kb * 32) + t4);
+                const float s0 = __ldg(xs + stok[nt][0] + kb), s1 = __ldg(xs + stok[nt][1] + kb);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, av[u][mt][0].x, av[u][mt][1].x, av[u][mt][0].y, av[u][mt][1].y, bv.x, bv.y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * s0);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * s1);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * s0);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * s1);
+                }
+            }
+        }
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+// q4_K on int8 tensor cores, 2..64 tokens, on the file's own layout: each sub-block of 32 is one mma of 16 rows x 8
+// tokens, w.x = d sc xs (q . xq) - dmin m xsum per sub-block (xsum: the token's block sum, from the quantizer). A lane
+// reads, per row and super-block, the 16-byte header (d, dmin, the packed 6-bit scales) and 8 bytes of each 32-byte
+// quant chunk j at 8 t4: their low nibbles are its fragment of sub-block 2j, their high nibbles of sub-block 2j + 1,
+// in the same permuted k order as the q8_0 kernel. Warps split the super-blocks of the rows.
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    const float *xsum, int64_t T, float *Y) {
+    __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    const uint8_t *wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    const int(&xtok)[NT8] = tok.x;
+    const int(&stok)[NT8][2] = tok.s;
+    float acc[MT][NT8][4] = {};
+    for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
+        uint4 hdr[MT][2];
+        uint2 q[MT][2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *blk = wrow[mt][h] + sb * kQ4_KBytes;
+                hdr[mt][h] = __ldg((const uint4 *)blk);
+#pragma unroll
+                for (int j = 0; j < 4; j++) q[mt][h][j] = __ldg((const uint2 *)(blk + 16 + 32 * j) + t4);
+            }
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const int j = s >> 1, shift = 4 * (s & 1);
+            float dsc[MT][2], dm[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int sc, m;
+                    q4k_scale_min_hdr(hdr[mt][h], s, sc, m);
+                    dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x & 0xFFFF)) * (float)sc;
+                    dm[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x >> 16)) * (float)m;
+                }
+            const int64_t kb = sb * 8 + s;
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const uint2 bv = __ldg((const uint2 *)(xq + xtok[nt] + kb * 32) + t4);
+                const float s0 = __ldg(xs + stok[nt][0] + kb), s1 = __ldg(xs + stok[nt][1] + kb);
+                const float m0 = __ldg(xsum + stok[nt][0] + kb), m1 = __ldg(xsum + stok[nt][1] + kb);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, (q[mt][0][j].x >> shift) & 0x0F0F0F0F, (q[mt][1][j].x >> shift) & 0x0F0F0F0F,
+                                   (q[mt][0][j].y >> shift) & 0x0F0F0F0F, (q[mt][1][j].y >> shift) & 0x0F0F0F0F, bv.x,
+                                   bv.y);
+                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * s0) - dm[mt][0] * m0;
+                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * s1) - dm[mt][0] * m1;
+                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * s0) - dm[mt][1] * m0;
+                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * s1) - dm[mt][1] * m1;
+                }
+            }
+        }
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+// Whether 2..64-token products on repacked q8_0 and on q4_K run on int8 tensor cores (gemv_q8p_mma_kernel,
+// gemv_q4k_mma_kernel): on unless DFL_CUDA_I8_MMA=0 (the dp4a and f16 kernels then, for comparisons in one run).
+static bool i8_mma_on() {
+    static const bool on = env_switch("DFL_CUDA_I8_MMA", true);
+    return on;
+}
+
+int64_t i8_mma_max_tokens() { return i8_mma_on() ? kI8MmaMaxTokens : 0; }
+
+// Picks an mma kernel's tiling for T tokens and n_out rows and calls launch(grid, MT, NT8) with MT and NT8 as
+// std::integral_constant: 8-token tiles; 32 rows per warp (half the activation loads) where n_out / 32 gives every SM a
+// block and the shared sums (32 rows x 32 tokens at most) fit, else 16.
+template <typename Launch>
+static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&launch) {
+    using std::integral_constant;
+    const int nt8 = (int)((T + 7) / 8);
+    const bool two = nt8 <= 4 && n_out / 32 >= dev.sm_count();
+    const dim3 grid((unsigned)(two ? (n_out + 31) / 32 : (n_out + 15) / 16));
+    if (two) {
+        switch (nt8) {
+        case 1: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 1>{}); break;
+        case 2: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
+        case 3: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 3>{}); break;
+        default: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 4>{}); break;
+        }
+        return;
+    }
+    switch (nt8) {
+    case 1: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 1>{}); break;
+    case 2: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
+    case 3: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 3>{}); break;
+    case 4: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+    case 5: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 5>{}); break;
+    case 6: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 6>{}); break;
+    case 7: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 7>{}); break;
+    default: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 8>{}); break;
+    }
+}
+
+void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
+    const int8_t *qs = (const int8_t *)W.packed;
+    const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
+        gemv_q8p_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
+            <<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+    });
+    check_launch("matmul (q8_0 int8 mma)");
+}
+
+bool q4k_mma_ok(const Weight &W) {
+    return W.type == DFL_TYPE_Q4_K && W.n_in % QK_K == 0 && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0;
+}
+
+void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    const CudaDevice::QuantX qx = quantize_x(dev, X, W.n_in, T, true);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
+    const float *xsum = qx.xsum;
+    cudaStream_t s = dev.stream();
+    dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
+        gemv_q4k_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
+            <<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
+    });
+    check_launch("matmul (q4_K int8 mma)");
+}
+
+}  // namespace cuda
+}  // namespace dfl
