@@ -27,12 +27,12 @@
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
-#                                            and their speed on the qwen3-8b layer shapes, each variant of VARIANTS
+#                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
-#                                            (space-separated VAR=value, "-" = defaults; default "- DFL_CUDA_Q6K_I8=1
-#                                            DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1"; prompts BENCH_PROMPTS,
-#                                            default 512, and a
-#                                            16-token verify), and llama.cpp on the same files (with pack.sh --peer)
+#                                            (space-separated; each "-" = defaults or VAR=value,VAR=value; default the
+#                                            defaults and the mma kernels before 12-03; prompts BENCH_PROMPTS, default
+#                                            512, and a 16-token verify), a per-op profile of batch-1 decode (op by
+#                                            op), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-check}
@@ -70,8 +70,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1)"
-  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -288,16 +288,23 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
-# the opt-in kernels not yet measured against the defaults (DFL_CUDA_I8_MMA=0, DFL_CUDA_PDL=0 and DFL_CUDA_Q4K_I8=0 give
-# the older kernels, measured 2026-12-03)
-VARIANTS=${VARIANTS:-- DFL_CUDA_Q6K_I8=1 DFL_CUDA_ATTN_WARP_POS=4 DFL_CUDA_FUSE_QUANT=1}
+# Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
+# commas. DFL_CUDA_MMA_V1=1: the int8 tensor-core kernels before the 12-03 software pipelining; DFL_CUDA_Q8P_MMA_MIN=2:
+# q8_0 products of 2..8 tokens on them too (dp4a by default).
+VARIANTS=${VARIANTS:-- DFL_CUDA_MMA_V1=1}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_MMA_V1=1 DFL_CUDA_Q8P_MMA_MIN=2}  # settings that change the products
 
-# The device replays (qwen, deepseek4) with the opt-in kernels on: their worst errors should equal the defaults' (check).
+# The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
+# should agree.
 flag_replay() {
-  log "device replay vs CPU with DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 (worst errors: the same as the defaults' in check)"
-  (cd native/engine && DFL_CUDA_FUSE_QUANT=1 DFL_CUDA_ATTN_WARP_POS=4 DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
-    "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
-    tee "$OUT/device-replay-alt.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+  local v
+  for v in - "${FLAG_REPLAY:-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_MMA_V1=1}"; do
+    log "device replay vs CPU: $v"
+    [ "$v" = - ] && v=DFLASH_NOTHING=1
+    (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
+      "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
+      tee "$OUT/device-replay-${v%%=*}.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+  done
 }
 
 kernel_test_bin=/tmp/native-build/cuda/test_cuda_ops
@@ -305,21 +312,22 @@ build_kernel_tests() {
   make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
 }
 
-# The product kernels' op tests: the defaults, the other int8 kernels (dp4a for 2..32 tokens on q8_0, float activations
-# for q4_K, int8 for q6_K), the attention and fused-quantizer opt-ins, and the device replays with the opt-ins on.
+# The product kernels' op tests: the defaults, the older kernels (dp4a for 2..32 tokens on q8_0, float activations for
+# q4_K and q6_K, one cache position per warp in attention), q8_0 of 2..8 tokens on tensor cores without the fused
+# quantizer, and the device replays (flag_replay).
 kernel_tests() {
   local t=$kernel_test_bin
   build_kernel_tests || return 1
   log "matmul op tests, defaults"
   "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=1"
-  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=1 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
+  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=0"
+  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=0 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-matmul-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "attention op tests, DFL_CUDA_ATTN_WARP_POS=4"
-  DFL_CUDA_ATTN_WARP_POS=4 "$t" attention >"$OUT/ops-attention-alt.txt" 2>&1
+  log "attention op tests, DFL_CUDA_ATTN_WARP_POS=1"
+  DFL_CUDA_ATTN_WARP_POS=1 "$t" attention >"$OUT/ops-attention-alt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-attention-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_FUSE_QUANT=1 (norm or SwiGLU then product)"
-  DFL_CUDA_FUSE_QUANT=1 "$t" matmul >"$OUT/ops-matmul-fuse.txt" 2>&1
+  log "matmul op tests, DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_FUSE_QUANT=0"
+  DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_FUSE_QUANT=0 "$t" matmul >"$OUT/ops-matmul-fuse.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-matmul-fuse.txt" | head -20 | tee -a "$OUT/summary.txt"
   flag_replay
 }
@@ -328,10 +336,10 @@ kernel_tests() {
 kernel_bench() {
   local v
   build_kernel_tests || return 1
-  for v in $VARIANTS; do
+  for v in $KERNEL_VARIANTS; do
     log "kernel bench: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
-    env "$v" "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
+    env ${v//,/ } "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
     grep -E "layer" "$OUT/kbench-${v%%=*}.txt" | tee -a "$OUT/summary.txt"
   done
 }
@@ -343,11 +351,16 @@ variants() {  # MODEL... (the modes give the default pair)
     for v in $VARIANTS; do
       log "ours: $m, $v"
       [ "$v" = - ] && v=DFLASH_NOTHING=1
-      (cd native/engine && env "$v" DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
         DFLASH_BENCH_PROMPTS=${BENCH_PROMPTS:-512} DFLASH_BENCH_VERIFY=16 \
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
+    log "per-op profile of batch-1 decode, op by op (DFL_CUDA_GRAPHS=0): $m"
+    (cd native/engine && DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' \
+      -test.benchtime 16x 2>&1) >"$OUT/profile-${m//:/-}.txt"
+    grep -A24 "cuda profile" "$OUT/profile-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
   done
   peer_bench "${models[@]}"
 }

@@ -89,9 +89,9 @@ double matmul_bound(uint32_t type, int64_t T) {
     const bool mma_on = !(mma && std::strcmp(mma, "0") == 0), i8_on = !(i8 && std::strcmp(i8, "0") == 0);
     if (type == DFL_TYPE_Q4_K && T >= 2 && T <= 64 && mma_on) return 1.5e-2;
     if (type == DFL_TYPE_Q4_K && T <= 8 && i8_on) return 1.5e-2;
-    // DFL_CUDA_Q6K_I8=1: q6_K products of up to 8 tokens on int8 activations too
+    // q6_K products of up to 8 tokens on int8 activations too (unless DFL_CUDA_Q6K_I8=0)
     const char *q6 = std::getenv("DFL_CUDA_Q6K_I8");
-    if (type == DFL_TYPE_Q6_K && T <= 8 && q6 && std::strcmp(q6, "1") == 0) return 1.5e-2;
+    if (type == DFL_TYPE_Q6_K && T <= 8 && !(q6 && std::strcmp(q6, "0") == 0)) return 1.5e-2;
     if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }
@@ -160,7 +160,7 @@ void test_matmul_embed() {
                         Y, 1.5e-2);
         }
     }
-    // A norm, an add+norm or a SwiGLU followed at once by a product of its output. With DFL_CUDA_FUSE_QUANT=1 the
+    // A norm, an add+norm or a SwiGLU followed at once by a product of its output. Unless DFL_CUDA_FUSE_QUANT=0 the
     // product takes the int8 activations the op before it wrote (CudaDevice::stage_quant), the bytes its own
     // quantizer would write; an op in between (here a zero of another buffer) makes it quantize for itself.
     {

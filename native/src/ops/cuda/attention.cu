@@ -15,12 +15,12 @@ constexpr int kAttnTilePos = 64;  // cache positions scored per step
 constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 512
 constexpr int kAttnWarpPos = 4;  // most cache positions a warp scores together (AttnArgs::warp_pos)
 
-// Positions a warp scores together: 1 (each waits its own memory latency), or 4 with DFL_CUDA_ATTN_WARP_POS=4 (off by
-// default until measured on a GPU: a batch-1 step's attention took 24 us a layer over a 16-48-token context).
+// Positions a warp scores together: 4 (their loads in flight at once; H200, qwen3-8b, with the other two 12-03 opt-ins:
+// tg b1 205 -> 213 tok/s), or 1 with DFL_CUDA_ATTN_WARP_POS=1 (each waits its own memory latency).
 static int attn_warp_pos() {
     static const int n = [] {
         const char *e = std::getenv("DFL_CUDA_ATTN_WARP_POS");
-        return e && std::atoi(e) >= kAttnWarpPos ? kAttnWarpPos : 1;
+        return e && *e && std::atoi(e) < kAttnWarpPos ? 1 : kAttnWarpPos;
     }();
     return n;
 }

@@ -89,7 +89,7 @@ public:
         int8_t *xq = nullptr;
         float *xs = nullptr, *xsum = nullptr;
     };
-    // With DFL_CUDA_FUSE_QUANT=1 a norm or SwiGLU whose output may feed a product quantizes it as it writes it
+    // A norm or SwiGLU whose output may feed a product quantizes it as it writes it (unless DFL_CUDA_FUSE_QUANT=0)
     // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
     // instead of launching the quantizer. Any other call in between, or another input, and the product quantizes.
     // count int8 activations with their per-block scales (and sums) laid out in the scratch

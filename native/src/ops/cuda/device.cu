@@ -352,7 +352,7 @@ void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float 
 }
 
 bool CudaDevice::fuse_quant() const {
-    static const bool on = env_switch("DFL_CUDA_FUSE_QUANT", false);
+    static const bool on = env_switch("DFL_CUDA_FUSE_QUANT", true);
     return on;
 }
 

@@ -6,6 +6,9 @@
 //  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise (opt-in);
 //  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -18,7 +21,14 @@ constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // Repacked q8_0 takes the dp4a kernels up to 8 tokens: H200, qwen3-8b layer shapes, dp4a 80 / 105 us a layer at 2 / 8
 // tokens against the mma kernel's 118 / 128; from 16 tokens the mma kernel wins (149 against 211 us, 231 against 466
 // at 32).
-constexpr int64_t kQ8pMmaMinTokens = 9;
+// DFL_CUDA_Q8P_MMA_MIN overrides it (for comparisons in one run).
+static int64_t q8p_mma_min_tokens() {
+    static const int64_t n = [] {
+        const char *e = std::getenv("DFL_CUDA_Q8P_MMA_MIN");
+        return e && *e ? std::max<int64_t>(2, std::atoll(e)) : int64_t(9);
+    }();
+    return n;
+}
 
 // Repack: block b of row r (d, then 32 quants) -> qs[r][32b..32b+31], d[r][b].
 __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64_t n_in, int64_t n_out, int8_t *qs,
@@ -309,7 +319,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     cudaStream_t s = dev.stream();
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
-    if (T >= kQ8pMmaMinTokens && T <= i8_mma_max_tokens()) {
+    if (T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens()) {
         launch_q8p_mma(dev, W, xq, xs, T, Y);
         return;
     }
@@ -370,10 +380,11 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     check_launch("matmul (q4_K int8)");
 }
 
-// Whether q6_K products of up to 8 tokens run on int8 activations (gemv_q6k_i8_kernel): DFL_CUDA_Q6K_I8=1 (off by
-// default until measured against the float GEMV on a GPU).
+// Whether q6_K products of up to 8 tokens run on int8 activations (gemv_q6k_i8_kernel): on unless DFL_CUDA_Q6K_I8=0 (the
+// float GEMV and f16 mmq). H200, qwen3-8b layer shapes: 94 / 120 / 314 us a layer at 1 / 2 / 8 tokens against 110 / 469
+// / 469; the q4_K file's q6_K head 228 us a step against about 300.
 bool q6k_i8_on() {
-    static const bool on = env_switch("DFL_CUDA_Q6K_I8", false);
+    static const bool on = env_switch("DFL_CUDA_Q6K_I8", true);
     return on;
 }
 

@@ -1,5 +1,6 @@
 // Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
 // dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
+#include <algorithm>
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -45,34 +46,37 @@ struct MmaTokens {
     }
 };
 
-// The warps' sums of one block of an mma kernel added through shared memory and stored. The C fragment: entry i of lane
-// l is row l / 4 + 8 (i / 2), token 2 (l % 4) + i % 2 of its 16 x 8 tile.
+// The warps' sums of one block of an mma kernel added through shared memory and stored, one 16-row tile at a time (the
+// buffer then holds 8 tokens x 32 at most: 32 KB). The C fragment: entry i of lane l is row l / 4 + 8 (i / 2), token
+// 2 (l % 4) + i % 2 of its 16 x 8 tile.
 template <int MT, int NT8>
-__device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][MT * NT8 * 4][32], const float (&acc)[MT][NT8][4],
+__device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], const float (&acc)[MT][NT8][4],
                                           int64_t row0, int64_t n_out, int64_t T, float *Y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++) {
+        if (mt > 0) __syncthreads();  // the previous tile's sums are read
 #pragma unroll
         for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) red[warp][(mt * NT8 + nt) * 4 + i][lane] = acc[mt][nt][i];
-    __syncthreads();
-    for (int o = threadIdx.x; o < MT * NT8 * 4 * 32; o += kMmaWarps * 32) {
-        const int f = o >> 5, l = o & 31, i = f & 3, nt = (f >> 2) % NT8, mt = (f >> 2) / NT8;
-        float v = 0.0f;
+            for (int i = 0; i < 4; i++) red[warp][nt * 4 + i][lane] = acc[mt][nt][i];
+        __syncthreads();
+        for (int o = threadIdx.x; o < NT8 * 4 * 32; o += kMmaWarps * 32) {
+            const int f = o >> 5, l = o & 31, i = f & 3, nt = f >> 2;
+            float v = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kMmaWarps; w++) v += red[w][f][l];
-        const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
-        if (row < n_out && tok < T) Y[tok * n_out + row] = v;
+            for (int w = 0; w < kMmaWarps; w++) v += red[w][f][l];
+            const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
+            if (row < n_out && tok < T) Y[tok * n_out + row] = v;
+        }
     }
 }
 
 template <int MT, int NT8>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_v1_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                     int64_t n_out, const int8_t *xq, const float *xs,
                                                                     int64_t T, float *Y) {
-    __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
     // rows past n_out and tokens past T read the last valid one; their sums are never stored
@@ -132,10 +136,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // quant chunk j at 8 t4: their low nibbles are its fragment of sub-block 2j, their high nibbles of sub-block 2j + 1,
 // in the same permuted k order as the q8_0 kernel. Warps split the super-blocks of the rows.
 template <int MT, int NT8>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_v1_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                     int64_t n_out, const int8_t *xq, const float *xs,
                                                                     const float *xsum, int64_t T, float *Y) {
-    __shared__ float red[kMmaWarps][MT * NT8 * 4][32];
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
     const uint8_t *wrow[MT][2];
@@ -195,6 +199,187 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
+// --- v2: the next iteration's weights are loaded while this one's are multiplied ---------------------------------
+// v1 waited, per block of 32, for that block's weight scales (from memory) and activations (from L2) after its quants
+// had arrived: four or eight latencies in a row per iteration. Here each warp holds two iterations of weights in
+// registers (the quants and their raw scales, converted only when used), and the activations of the next block of 32
+// are loaded before this one's mma: a warp waits for one memory latency per iteration, overlapped with the previous
+// iteration's arithmetic.
+
+// The activations of one block of 32 for the lane's tokens: its B fragment per 8-token tile and the scales of its
+// C entries' two tokens (q4_K also their block sums).
+template <int NT8, bool SUM>
+struct MmaActs {
+    uint2 b[NT8];
+    float s[NT8][2];
+    float m[SUM ? NT8 : 1][2];
+    __device__ __forceinline__ void load(const MmaTokens<NT8> &tok, const int8_t *xq, const float *xs, const float *xsum,
+                                         int64_t kb, int t4) {
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            b[nt] = __ldg((const uint2 *)(xq + tok.x[nt] + kb * 32) + t4);
+            s[nt][0] = __ldg(xs + tok.s[nt][0] + kb);
+            s[nt][1] = __ldg(xs + tok.s[nt][1] + kb);
+            if constexpr (SUM) {
+                m[nt][0] = __ldg(xsum + tok.s[nt][0] + kb);
+                m[nt][1] = __ldg(xsum + tok.s[nt][1] + kb);
+            }
+        }
+    }
+};
+
+// One warp's repacked q8_0 for U blocks of 32 of its rows (kb = kb0 + u kMmaWarps): 8 bytes of quants a lane per row
+// half, and the rows' f16 scales as loaded.
+template <int MT, int U>
+struct Q8pStage {
+    uint2 q[U][MT][2];
+    uint16_t d[U][MT][2];
+    __device__ __forceinline__ void load(const int8_t *qs, const uint16_t *dw, const int64_t (&wrow)[MT][2], int64_t n_in,
+                                         int64_t nb, int64_t kb0, int t4) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = min(kb0 + u * kMmaWarps, nb - 1);  // past the end: a valid block, never used
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    q[u][mt][h] = __ldg((const uint2 *)(qs + wrow[mt][h] * n_in + kb * 32) + t4);
+                    d[u][mt][h] = __ldg(dw + wrow[mt][h] * nb + kb);
+                }
+        }
+    }
+};
+
+template <int MT, int NT8, int U>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    int64_t T, float *Y) {
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // rows past n_out and tokens past T read the last valid one; their sums are never stored
+    int64_t wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    float acc[MT][NT8][4] = {};
+    constexpr int kStep = kMmaWarps * U;  // blocks of 32 per row a block's warps take per iteration
+    Q8pStage<MT, U> cur, nxt;
+    cur.load(qs, dw, wrow, n_in, nb, warp, t4);
+    for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
+        if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
+        MmaActs<NT8, false> xa[2];
+        xa[0].load(tok, xq, xs, nullptr, kb0, t4);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (u + 1 < U) xa[(u + 1) & 1].load(tok, xq, xs, nullptr, min(kb + kMmaWarps, nb - 1), t4);
+            if (kb >= nb) continue;
+            const MmaActs<NT8, false> &x = xa[u & 1];
+            float sw[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[u][mt][h]);
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, cur.q[u][mt][0].x, cur.q[u][mt][1].x, cur.q[u][mt][0].y, cur.q[u][mt][1].y,
+                                   x.b[nt].x, x.b[nt].y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * x.s[nt][0]);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * x.s[nt][1]);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * x.s[nt][0]);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * x.s[nt][1]);
+                }
+        }
+        cur = nxt;
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+// One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
+// per row half.
+template <int MT>
+struct Q4kStage {
+    uint4 hdr[MT][2];
+    uint2 q[MT][2][4];
+    __device__ __forceinline__ void load(const uint8_t *const (&wrow)[MT][2], int64_t sb, int t4) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *blk = wrow[mt][h] + sb * kQ4_KBytes;
+                hdr[mt][h] = __ldg((const uint4 *)blk);
+#pragma unroll
+                for (int j = 0; j < 4; j++) q[mt][h][j] = __ldg((const uint2 *)(blk + 16 + 32 * j) + t4);
+            }
+    }
+};
+
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    const float *xsum, int64_t T, float *Y) {
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    const uint8_t *wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    float acc[MT][NT8][4] = {};
+    Q4kStage<MT> cur, nxt;
+    if (warp < nsb) cur.load(wrow, warp, t4);
+    for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
+        if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
+        // the next sub-block's activations are loaded ahead where the registers allow it (small tiles)
+        constexpr bool kAhead = MT * NT8 <= 4;
+        MmaActs<NT8, true> xa[kAhead ? 2 : 1];
+        if (kAhead) xa[0].load(tok, xq, xs, xsum, sb * 8, t4);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const int j = s >> 1, shift = 4 * (s & 1);
+            const int64_t kb = sb * 8 + s;
+            if (!kAhead)
+                xa[0].load(tok, xq, xs, xsum, kb, t4);
+            else if (s + 1 < 8)
+                xa[(s + 1) & 1].load(tok, xq, xs, xsum, kb + 1, t4);
+            const MmaActs<NT8, true> &x = xa[kAhead ? s & 1 : 0];
+            float dsc[MT][2], dm[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int sc, m;
+                    q4k_scale_min_hdr(cur.hdr[mt][h], s, sc, m);
+                    dsc[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x & 0xFFFF)) * (float)sc;
+                    dm[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x >> 16)) * (float)m;
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, (cur.q[mt][0][j].x >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].x >> shift) & 0x0F0F0F0F,
+                                   (cur.q[mt][0][j].y >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].y >> shift) & 0x0F0F0F0F,
+                                   x.b[nt].x, x.b[nt].y);
+                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * x.s[nt][0]) - dm[mt][0] * x.m[nt][0];
+                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * x.s[nt][1]) - dm[mt][0] * x.m[nt][1];
+                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * x.s[nt][0]) - dm[mt][1] * x.m[nt][0];
+                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * x.s[nt][1]) - dm[mt][1] * x.m[nt][1];
+                }
+        }
+        cur = nxt;
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
 // Whether 2..64-token products on repacked q8_0 and on q4_K run on int8 tensor cores (gemv_q8p_mma_kernel,
 // gemv_q4k_mma_kernel): on unless DFL_CUDA_I8_MMA=0 (the dp4a and f16 kernels then, for comparisons in one run).
 static bool i8_mma_on() {
@@ -204,42 +389,53 @@ static bool i8_mma_on() {
 
 int64_t i8_mma_max_tokens() { return i8_mma_on() ? kI8MmaMaxTokens : 0; }
 
-// Picks an mma kernel's tiling for T tokens and n_out rows and calls launch(grid, MT, NT8) with MT and NT8 as
-// std::integral_constant: 8-token tiles; 32 rows per warp (half the activation loads) where n_out / 32 gives every SM a
-// block and the shared sums (32 rows x 32 tokens at most) fit, else 16.
-template <typename Launch>
-static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&launch) {
-    using std::integral_constant;
-    const int nt8 = (int)((T + 7) / 8);
-    const bool two = nt8 <= 4 && n_out / 32 >= dev.sm_count();
-    const dim3 grid((unsigned)(two ? (n_out + 31) / 32 : (n_out + 15) / 16));
-    if (two) {
-        switch (nt8) {
-        case 1: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 1>{}); break;
-        case 2: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 2>{}); break;
-        case 3: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 3>{}); break;
-        default: launch(grid, integral_constant<int, 2>{}, integral_constant<int, 4>{}); break;
+// DFL_CUDA_MMA_V1=1: the first version of both kernels (loads and use of each block of 32 in turn), for a comparison
+// in one run.
+static bool mma_v1() {
+    static const bool on = env_switch("DFL_CUDA_MMA_V1", false);
+    return on;
+}
+
+// launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
+template <int MT, int N, typename Launch>
+static void launch_nt8(int nt8, dim3 grid, Launch &launch) {
+    if constexpr (N > 1) {
+        if (nt8 < N) {
+            launch_nt8<MT, N - 1>(nt8, grid, launch);
+            return;
         }
-        return;
     }
-    switch (nt8) {
-    case 1: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 1>{}); break;
-    case 2: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 2>{}); break;
-    case 3: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 3>{}); break;
-    case 4: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
-    case 5: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 5>{}); break;
-    case 6: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 6>{}); break;
-    case 7: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 7>{}); break;
-    default: launch(grid, integral_constant<int, 1>{}, integral_constant<int, 8>{}); break;
-    }
+    launch(grid, std::integral_constant<int, MT>{}, std::integral_constant<int, N>{});
+}
+
+// Picks an mma kernel's tiling for T tokens and n_out rows: 8-token tiles; 32 rows per warp (MT = 2: half the
+// activation loads a weight byte) for up to TwoMaxNT8 tiles, where the blocks of 32 rows (one per SM: the kernels use
+// most registers) nearly fill the GPU; else 16 rows.
+template <int TwoMaxNT8, typename Launch>
+static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&launch) {
+    const int nt8 = (int)((T + 7) / 8);
+    const int64_t fill = mma_v1() ? dev.sm_count() : dev.sm_count() * 3 / 4;
+    const int two_max = mma_v1() ? std::min(TwoMaxNT8, 4) : TwoMaxNT8;
+    if (nt8 <= two_max && n_out / 32 >= fill)
+        launch_nt8<2, TwoMaxNT8>(nt8, dim3((unsigned)((n_out + 31) / 32)), launch);
+    else
+        launch_nt8<1, 8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
 }
 
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
-    dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
-        gemv_q8p_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
-            <<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+    const bool v1 = mma_v1();
+    dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        if (v1) {
+            if constexpr (MT * NT8 <= 8)
+                gemv_q8p_mma_v1_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+            return;
+        }
+        // two iterations of weights in registers: fewer blocks of 32 per iteration where the tile is large
+        constexpr int U = MT * NT8 <= 8 ? 4 : 2;
+        gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
 }
@@ -254,9 +450,13 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
-    dispatch_mma(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
-        gemv_q4k_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
-            <<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
+    const bool v1 = mma_v1();
+    dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        if (v1)
+            gemv_q4k_mma_v1_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
+        else
+            gemv_q4k_mma_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
     });
     check_launch("matmul (q4_K int8 mma)");
 }
