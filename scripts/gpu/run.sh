@@ -289,16 +289,16 @@ cpu_peer() {
 }
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
-# commas. DFL_CUDA_MMA_V1=1: the int8 tensor-core kernels before the 12-03 software pipelining; DFL_CUDA_Q8P_MMA_MIN=2:
-# q8_0 products of 2..8 tokens on them too (dp4a by default).
-VARIANTS=${VARIANTS:-- DFL_CUDA_MMA_V1=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_MMA_V1=1 DFL_CUDA_Q8P_MMA_MIN=2}  # settings that change the products
+# commas. DFL_CUDA_MMA_V1=1: the int8 tensor-core kernels before the 12-03 software pipelining; DFL_CUDA_MMA_U=2: two
+# blocks of 32 per warp and iteration in every q8_0 mma tile; DFL_CUDA_ATTN_WARP=0: the block-per-tile decode attention.
+VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_WARP=0}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_MMA_V1=1 DFL_CUDA_MMA_U=2}  # settings that change the products
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - "${FLAG_REPLAY:-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_MMA_V1=1}"; do
+  for v in - "${FLAG_REPLAY:-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_MMA_V1=1}"; do
     log "device replay vs CPU: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
     (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
@@ -312,24 +312,26 @@ build_kernel_tests() {
   make -C native -f cuda.mk cuda-test-build BUILD=/tmp/native-build -j 16 >"$OUT/cuda-test-build.log" 2>&1 || { tail -30 "$OUT/cuda-test-build.log"; return 1; }
 }
 
-# The product kernels' op tests: the defaults, the older kernels (dp4a for 2..32 tokens on q8_0, float activations for
-# q4_K and q6_K, one cache position per warp in attention), q8_0 of 2..8 tokens on tensor cores without the fused
-# quantizer, and the device replays (flag_replay).
+# The product and attention kernels' op tests: the defaults, then the older kernels (dp4a for 2..32 tokens on q8_0,
+# float activations for q4_K and q6_K, the block-per-tile attention), q8_0 of 2..8 tokens on tensor cores with two
+# blocks of 32 a warp and no fused quantizer; the device replays (flag_replay) and the transformers parity on cuda:0.
 kernel_tests() {
-  local t=$kernel_test_bin
+  local t=$kernel_test_bin v
   build_kernel_tests || return 1
-  log "matmul op tests, defaults"
-  "$t" matmul >"$OUT/ops-matmul.txt" 2>&1; grep -E "^FAIL|cases" "$OUT/ops-matmul.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=0"
-  DFL_CUDA_I8_MMA=0 DFL_CUDA_Q4K_I8=0 DFL_CUDA_Q6K_I8=0 "$t" matmul >"$OUT/ops-matmul-alt.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-matmul-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "attention op tests, DFL_CUDA_ATTN_WARP_POS=1"
-  DFL_CUDA_ATTN_WARP_POS=1 "$t" attention >"$OUT/ops-attention-alt.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-attention-alt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "matmul op tests, DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_FUSE_QUANT=0"
-  DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_FUSE_QUANT=0 "$t" matmul >"$OUT/ops-matmul-fuse.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-matmul-fuse.txt" | head -20 | tee -a "$OUT/summary.txt"
+  for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
+           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" \
+           "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_MMA_U=2 matmul"; do
+    set -- $v
+    local flags=$1; shift
+    log "op tests $*: $flags"
+    [ "$flags" = - ] && flags=DFLASH_NOTHING=1
+    env ${flags//,/ } "$t" "$@" >"$OUT/ops-${flags%%=*}.txt" 2>&1
+    grep -E "^FAIL|cases" "$OUT/ops-${flags%%=*}.txt" | head -20 | tee -a "$OUT/summary.txt"
+  done
   flag_replay
+  log "transformers parity on cuda:0 (test/parity goldens)"
+  (cd test/parity && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/parity.test" -test.count=1 -test.v 2>&1) |
+    tee "$OUT/parity.txt" | grep -E "^(---|ok|FAIL|PASS)|error" | tee -a "$OUT/summary.txt" | head -20
 }
 
 # The products' speed on the qwen3-8b layer shapes (the op tests' bench group), once per variant.

@@ -308,6 +308,217 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     }
 }
 
+// --- decode attention, a warp per run of positions ------------------------------------------------------------------
+// attention_kernel scores a tile with the whole block, then takes its softmax and accumulates V between barriers: over
+// a short context (a decode step) a tile waits about a dozen memory latencies in a row (21 us a layer at batch 1 over a
+// 16-144-token context, H200). Here each warp keeps its own running softmax over its own runs of positions, loads the K
+// and V rows of a whole run at once (one latency per run), and the block's warps merge at the end as splits do. Lane l
+// holds dims [DPL l, DPL l + DPL) of every row: head_dim 32 DPL; cache types f32, f16 and bf16, K and V the same.
+
+// BYTES of a cache row as loaded (one vector load), converted when used.
+template <int BYTES>
+struct RawWords {
+    uint32_t w[BYTES / 4];
+    __device__ __forceinline__ void load(const uint8_t *p) {
+        if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+            for (int i = 0; i < BYTES / 16; i++) {
+                const uint4 v = __ldg((const uint4 *)p + i);
+                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+            }
+        } else if constexpr (BYTES == 8) {
+            const uint2 v = __ldg((const uint2 *)p);
+            w[0] = v.x, w[1] = v.y;
+        } else {
+            w[0] = __ldg((const unsigned int *)p);
+        }
+    }
+    template <int CT>
+    __device__ __forceinline__ float elem(int i) const {
+        if constexpr (CT == DFL_TYPE_F32) return __uint_as_float(w[i]);
+        const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
+        if constexpr (CT == DFL_TYPE_BF16) return bf16_bits_to_f32(h);
+        return half_bits_to_f32(h);
+    }
+};
+
+// Positions a warp loads at once: as many as keep its registers (K and V rows, C x G scores, G x DPL query and
+// output values) near 160.
+__host__ __device__ constexpr int attn_warp_chunk(int G, int DPL, int words) {
+    for (int c = 16; c > 2; c /= 2)
+        if (2 * c * words + c * G + 2 * G * DPL <= 160) return c;
+    return 2;
+}
+
+template <int G, int CT, int DPL>
+__global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a, int64_t split_len, float *part_o,
+                                                                      float *part_ml) {
+    constexpr int kWarps = kAttnThreads / 32, ES = CT == DFL_TYPE_F32 ? 4 : 2, HD = 32 * DPL;
+    using Row = RawWords<DPL * ES>;
+    constexpr int C = attn_warp_chunk(G, DPL, DPL * ES / 4);
+    __shared__ float m_w[kWarps][G], l_w[kWarps][G];
+    __shared__ float o_w[kWarps][G][HD];
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * G;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int e = a.ent[t];
+    int64_t lo, hi;  // the positions this token sees
+    attn_range((int64_t)a.len0[e] + (t - a.t0[e]), a.len0[e], a.n[e], a.causal, a.window, &lo, &hi);
+    const int64_t p_begin = max(lo, (int64_t)blockIdx.z * split_len);
+    const int64_t p_end = min(hi, (int64_t)blockIdx.z * split_len + split_len);
+    const int kvh = h0 / (a.n_head / a.n_kv);
+    const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
+    const int64_t qd = (int64_t)a.n_head * HD, len0 = a.len0[e];
+    const uint64_t vis = a.vis ? a.vis[t] : ~(uint64_t)0;
+    float q[G][DPL], acc[G][DPL], m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            q[g][i] = a.Q[t * qd + (int64_t)(h0 + g) * HD + lane * DPL + i];
+            acc[g][i] = 0.0f;
+        }
+    }
+    for (int64_t c0 = p_begin + (int64_t)warp * C; c0 < p_end; c0 += (int64_t)kWarps * C) {
+        const int cnt = (int)min((int64_t)C, p_end - c0);
+        uint64_t my_row = 0;  // lane j < cnt: the pool row of position c0 + j
+        if (lane < cnt) {
+            const int64_t p = c0 + lane;
+            my_row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+        }
+        Row kr[C], vr[C];
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            const uint64_t row = __shfl_sync(0xffffffffu, my_row, min(j, cnt - 1));  // past cnt: a repeat, masked
+            kr[j].load(a.k + (row * a.n_kv + kvh) * a.k_row + lane * DPL * ES);
+            vr[j].load(a.v + (row * a.n_kv + kvh) * a.v_row + lane * DPL * ES);
+        }
+        float sc[C][G];
+#pragma unroll
+        for (int j = 0; j < C; j++)
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) d += q[g][i] * kr[j].template elem<CT>(i);
+                sc[j][g] = d;
+            }
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            // a tree token does not see the entry's tokens off its ancestor path
+            const bool seen = j < cnt && attn_visible(vis, c0 + j, len0);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float v = warp_sum(sc[j][g]);
+                sc[j][g] = seen ? v * a.scale : -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mx = m[g];
+#pragma unroll
+            for (int j = 0; j < C; j++) mx = fmaxf(mx, sc[j][g]);
+            if (mx == -INFINITY) continue;  // nothing seen yet (the same in every lane)
+            const float corr = expf(m[g] - mx);  // 0 on the first run that sees something
+            l[g] *= corr;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[g][i] *= corr;
+#pragma unroll
+            for (int j = 0; j < C; j++) {
+                const float p = expf(sc[j][g] - mx);  // unseen: exp(-inf) = 0
+                l[g] += p;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[g][i] += p * vr[j].template elem<CT>(i);
+            }
+            m[g] = mx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (lane == 0) {
+            m_w[warp][g] = m[g];
+            l_w[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) o_w[warp][g][lane * DPL + i] = acc[g][i];
+    }
+    __syncthreads();
+    // the warps' softmaxes merged as the split combine does; a block that saw nothing leaves m = -inf, l = 0
+    for (int idx = threadIdx.x; idx < G * HD; idx += blockDim.x) {
+        const int g = idx / HD, d = idx % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) M = fmaxf(M, m_w[w][g]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            if (m_w[w][g] == -INFINITY) continue;
+            const float f = expf(m_w[w][g] - M);
+            L += f * l_w[w][g];
+            O += f * o_w[w][g][d];
+        }
+        if (gridDim.z == 1) {
+            a.out[t * qd + (int64_t)(h0 + g) * HD + d] = O / L;
+        } else {
+            const int64_t part = ((int64_t)t * a.n_head + h0 + g) * gridDim.z + blockIdx.z;
+            part_o[part * HD + d] = O;
+            if (d == 0) {
+                part_ml[2 * part] = M;
+                part_ml[2 * part + 1] = L;
+            }
+        }
+    }
+}
+
+// Whether decode attention runs attention_warp_kernel where it can (unless DFL_CUDA_ATTN_WARP=0).
+static bool attn_warp_on() {
+    static const bool on = env_switch("DFL_CUDA_ATTN_WARP", true);
+    return on;
+}
+
+template <int G, int DPL>
+static void launch_attention_warp_dpl(uint32_t type, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
+                                      float *part_o, float *part_ml) {
+    switch (type) {
+    case DFL_TYPE_F32: attention_warp_kernel<G, DFL_TYPE_F32, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_BF16: attention_warp_kernel<G, DFL_TYPE_BF16, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
+    default: attention_warp_kernel<G, DFL_TYPE_F16, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
+    }
+}
+
+template <int G>
+static void launch_attention_warp_g(dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len, float *part_o,
+                                    float *part_ml) {
+    switch (a.head_dim) {
+    case 64: launch_attention_warp_dpl<G, 2>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
+    case 128: launch_attention_warp_dpl<G, 4>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
+    default: launch_attention_warp_dpl<G, 8>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
+    }
+}
+
+// attention_warp_kernel for this call if it takes it (else false): K and V of one type among f32, f16 and bf16, rows
+// of whole 16-byte words, head_dim 64, 128 or 256.
+static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
+                                  float *part_o, float *part_ml) {
+    const bool type_ok = a.type_k == a.type_v &&
+                         (a.type_k == DFL_TYPE_F32 || a.type_k == DFL_TYPE_F16 || a.type_k == DFL_TYPE_BF16);
+    const bool hd_ok = a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256;
+    if (!attn_warp_on() || !type_ok || !hd_ok || a.k_row % 16 != 0 || a.v_row % 16 != 0 ||
+        ((uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
+        return false;
+    switch (G) {
+    case 8: launch_attention_warp_g<8>(grid, s, a, split_len, part_o, part_ml); break;
+    case 6: launch_attention_warp_g<6>(grid, s, a, split_len, part_o, part_ml); break;
+    case 4: launch_attention_warp_g<4>(grid, s, a, split_len, part_o, part_ml); break;
+    case 3: launch_attention_warp_g<3>(grid, s, a, split_len, part_o, part_ml); break;
+    case 2: launch_attention_warp_g<2>(grid, s, a, split_len, part_o, part_ml); break;
+    default: launch_attention_warp_g<1>(grid, s, a, split_len, part_o, part_ml); break;
+    }
+    return true;
+}
+
 // Block (token, head): merges the splits' partial softmaxes, rescaling each by exp(m_split - m_max).
 __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *part_o, const float *part_ml) {
     const int64_t t = blockIdx.x;
@@ -357,6 +568,7 @@ static void launch_attention_typed(uint32_t tk, uint32_t tv, dim3 grid, size_t s
 
 static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
                                     float *part_o, float *part_ml) {
+    if (launch_attention_warp(G, grid, s, a, split_len, part_o, part_ml)) return;
     switch (G) {
     case 8: launch_attention_typed<8>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
     case 6: launch_attention_typed<6>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;

@@ -1,6 +1,8 @@
 // Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
 // dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -396,6 +398,15 @@ static bool mma_v1() {
     return on;
 }
 
+// DFL_CUDA_MMA_U=2: two blocks of 32 per warp and iteration in every q8_0 tile (fewer registers, more warps an SM).
+static bool mma_u2() {
+    static const bool on = [] {
+        const char *e = std::getenv("DFL_CUDA_MMA_U");
+        return e && std::strcmp(e, "2") == 0;
+    }();
+    return on;
+}
+
 // launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
 template <int MT, int N, typename Launch>
 static void launch_nt8(int nt8, dim3 grid, Launch &launch) {
@@ -435,7 +446,10 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         }
         // two iterations of weights in registers: fewer blocks of 32 per iteration where the tile is large
         constexpr int U = MT * NT8 <= 8 ? 4 : 2;
-        gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+        if (U > 2 && mma_u2())
+            gemv_q8p_mma_kernel<MT, NT8, 2><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+        else
+            gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
 }
