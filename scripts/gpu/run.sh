@@ -26,6 +26,8 @@
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
+#   scripts/gpu/run.sh quick [MODEL...]      op tests and device replay with the defaults, BenchmarkGGUF of the qwen3-8b pair,
+#                                            speculative greedy == plain greedy on cuda:0 (a kernel change's last check)
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
@@ -289,16 +291,15 @@ cpu_peer() {
 }
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
-# commas. DFL_CUDA_MMA_V1=1: the int8 tensor-core kernels before the 12-03 software pipelining; DFL_CUDA_MMA_U=2: two
-# blocks of 32 per warp and iteration in every q8_0 mma tile; DFL_CUDA_ATTN_WARP=0: the block-per-tile decode attention.
+# commas. DFL_CUDA_ATTN_WARP=0: the block-per-tile decode attention.
 VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_WARP=0}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_MMA_V1=1 DFL_CUDA_MMA_U=2}  # settings that change the products
+KERNEL_VARIANTS=${KERNEL_VARIANTS:--}  # settings that change the products
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - "${FLAG_REPLAY:-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_MMA_V1=1}"; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1}; do
     log "device replay vs CPU: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
     (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
@@ -313,14 +314,13 @@ build_kernel_tests() {
 }
 
 # The product and attention kernels' op tests: the defaults, then the older kernels (dp4a for 2..32 tokens on q8_0,
-# float activations for q4_K and q6_K, the block-per-tile attention), q8_0 of 2..8 tokens on tensor cores with two
-# blocks of 32 a warp and no fused quantizer; the device replays (flag_replay) and the transformers parity on cuda:0.
+# float activations for q4_K and q6_K, the block-per-tile attention), q8_0 of 2..8 tokens on tensor cores without the
+# fused quantizer; the device replays (flag_replay) and the transformers parity on cuda:0.
 kernel_tests() {
   local t=$kernel_test_bin v
   build_kernel_tests || return 1
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
-           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" \
-           "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_MMA_U=2 matmul"; do
+           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -369,6 +369,16 @@ variants() {  # MODEL... (the modes give the default pair)
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
+  quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only
+         premake "$@"; build_cuda; build_kernel_tests || exit 1
+         log "op tests matmul attention: defaults"
+         "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
+         grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+         FLAG_REPLAY= flag_replay; wait "${premake_pids[@]}"; VARIANTS=- variants "$@"
+         log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
+         (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
+           timeout 150 "$stage/bin/qwendflash.test" -test.run 'Speculative' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
+           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40 ;;
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
