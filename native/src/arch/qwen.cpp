@@ -96,6 +96,8 @@ namespace {
 // Batches of up to this many tokens use the fused projections (decode, verify blocks); larger ones (prefill) run the
 // parts one by one and need no split copies.
 constexpr int64_t kFusedMaxTokens = 64;
+// Most tokens of one sequence in a step replayed from a device graph (a DFlash block is 16, a DDTree up to ~24).
+constexpr int64_t kGraphMaxTokens = 32;
 
 }  // namespace
 
@@ -702,10 +704,12 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         any_record |= ((sb.flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0;
     }
     auto records = [&](uint32_t i) { return ((b.seqs[i].flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0; };
-    // A decode step (one token per sequence) is replayed from a device graph where the device has them. The graph
-    // freezes the host scalars of the batch, so the block table width is rounded up (kernels treat it and max_ctx as
-    // upper bounds and read each sequence's true length from the metadata).
-    const bool graph_step = dev_->has_graphs() && max_n == 1 && b.n_capture == 0 && !any_record && !any_tree;
+    // A decode step (one token per sequence) or a verify step (a few tokens per sequence: DFlash blocks and trees,
+    // recorded, with hidden-state capture) is replayed from a device graph where the device has them. The graph
+    // freezes the host scalars of the batch, which go into its key (StepGraphs::Key); the block table width is rounded
+    // up (kernels treat it and max_ctx as upper bounds and read each sequence's true length from the metadata).
+    // Longer entries are prefill chunks: one-off shapes, and attention there may take the cuBLAS path.
+    const bool graph_step = dev_->has_graphs() && max_n <= kGraphMaxTokens && b.n_capture <= 7;
     if (graph_step) {
         const uint32_t bucket = 64;
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
@@ -819,8 +823,17 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     }
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 
-    if (graph_step)
-        graphs_.run(*dev_, {E, max_blocks, rows}, [&] { run_layers(m, b, rows, d_out_rows); });
+    if (graph_step) {
+        StepGraphs::Key key{E, max_blocks, rows};
+        if (max_n > 1) {
+            key.tokens = T;
+            key.max_tokens = max_n;
+        }
+        // which kernels run: trees (per-token masks), recording, and the hidden-state captures (layers, 8 bits each)
+        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2;
+        for (uint32_t c = 0; c < b.n_capture && c < 7; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
+        graphs_.run(*dev_, key, [&] { run_layers(m, b, rows, d_out_rows); });
+    }
     else
         run_layers(m, b, rows, d_out_rows);
     if (rows > 0 && topk) {

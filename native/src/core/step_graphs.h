@@ -19,8 +19,12 @@ public:
         int64_t entries = 0;      // sequences in the step
         int64_t table_width = 0;  // block-table width, rounded up by the plan so few widths occur
         int64_t rows = 0;         // logits rows
+        int64_t tokens = 0;       // tokens in the step and the most of one sequence: 0 for a decode step (one each)
+        int64_t max_tokens = 0;
+        uint64_t shape = 0;       // anything else the plan's ops branch on (its own encoding)
         bool operator<(const Key &o) const {
-            return std::tie(entries, table_width, rows) < std::tie(o.entries, o.table_width, o.rows);
+            return std::tie(entries, table_width, rows, tokens, max_tokens, shape) <
+                   std::tie(o.entries, o.table_width, o.rows, o.tokens, o.max_tokens, o.shape);
         }
     };
     // What a shape whose capture failed does on its later steps, until the next drop.
