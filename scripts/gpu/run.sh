@@ -358,6 +358,7 @@ variants() {  # MODEL... (the modes give the default pair)
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
+    [ -z "${NO_PROFILE:-}" ] || continue
     log "per-op profile of batch-1 decode, op by op (DFL_CUDA_GRAPHS=0): $m"
     (cd native/engine && DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
       DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' \
@@ -374,11 +375,12 @@ case $mode in
          log "op tests matmul attention: defaults"
          "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-         FLAG_REPLAY= flag_replay; wait "${premake_pids[@]}"; VARIANTS=- variants "$@"
+         FLAG_REPLAY= flag_replay
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
            timeout 150 "$stage/bin/qwendflash.test" -test.run 'Speculative' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
-           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40 ;;
+           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
+         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@" ;;
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
