@@ -81,8 +81,9 @@ $(CB)/libcu.a: $(CU_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(TEST): $(CB)/tests/test_cuda_ops.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
-	$(CXX) -pthread -o $@.tmp.$$$$ $(CB)/tests/test_cuda_ops.o -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
+TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/bench_cuda_ops.o
+$(TEST): $(TEST_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
+	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@
 
 $(TEST_DS4): $(CB)/tests/test_cuda_ds4.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
@@ -99,4 +100,4 @@ cuda-test-ds4: $(TEST_DS4)
 cuda-clean:
 	rm -rf $(CB) $(LIB)
 
--include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(CB)/tests/test_cuda_ops.d $(CB)/tests/test_cuda_ds4.d
+-include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(CB)/tests/test_cuda_ds4.d

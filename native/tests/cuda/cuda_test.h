@@ -22,6 +22,23 @@ namespace dfltest {
 inline dfl::Device *g_cpu = nullptr, *g_gpu = nullptr;
 inline int g_cases = 0;
 
+// The short name of a weight or cache type, for case names.
+inline const char *tname(uint32_t t) {
+    switch (t) {
+    case DFL_TYPE_F32: return "f32";
+    case DFL_TYPE_F16: return "f16";
+    case DFL_TYPE_BF16: return "bf16";
+    case DFL_TYPE_Q8_0: return "q8_0";
+    case DFL_TYPE_Q4_K: return "q4_K";
+    case DFL_TYPE_Q6_K: return "q6_K";
+    default: return "?";
+    }
+}
+
+// The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
+void bench_attention();
+void bench_gemv();
+
 // One buffer with the same bytes on the CPU and the GPU device. Without initial bytes it is poisoned (every byte 0xFF,
 // a NaN in f32 and f16), so an output a device does not write fails its comparison.
 struct Dual {

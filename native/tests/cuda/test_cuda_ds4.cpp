@@ -24,6 +24,7 @@
 #include "cuda_test.h"
 #include "rand_rows.h"
 #include "test.h"
+#include "test_batch.h"
 
 namespace {
 
@@ -37,6 +38,11 @@ using dfltest::g_cases;
 using dfltest::g_cpu;
 using dfltest::g_gpu;
 using dfltest::rand_vec;
+
+// The shared batch with two spare KV blocks and token ids below 97 (the random streams these cases were written with).
+struct Batch : dfltest::Batch {
+    Batch(std::vector<Ent> e, int bs, Rng &r) : dfltest::Batch(std::move(e), bs, r, 2, 97) {}
+};
 
 // Exact equality of int32 outputs.
 bool compare_ids(const std::string &name, const Dual &d) {
@@ -54,81 +60,6 @@ bool compare_ids(const std::string &name, const Dual &d) {
     return bad == 0;
 }
 
-// A batch of entries {n new tokens after len0 cached ones, in sequence slot `slot`} with KV blocks of block_size
-// tokens handed out shuffled, uploaded to both devices.
-struct Batch {
-    struct Ent {
-        int32_t n, len0, slot;
-    };
-    std::vector<Ent> ents;
-    int block_size;
-    int64_t T = 0, max_n = 0, max_ctx = 0;
-    int32_t max_blocks = 1, n_blocks = 0, n_slots = 0;
-    std::vector<int32_t> tokens, pos, ent, t0, n, len0, slot, bt;
-    std::unique_ptr<Dual> d_tokens, d_pos, d_ent, d_t0, d_n, d_len0, d_slot, d_bt;
-
-    Batch(std::vector<Ent> e, int bs, Rng &r) : ents(std::move(e)), block_size(bs) {
-        for (const Ent &x : ents) {
-            max_n = std::max<int64_t>(max_n, x.n);
-            max_ctx = std::max<int64_t>(max_ctx, (int64_t)x.len0 + x.n);
-            max_blocks = std::max<int32_t>(max_blocks, (int32_t)ceil_div((int64_t)x.len0 + x.n, bs));
-            n_blocks += (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
-            n_slots = std::max(n_slots, x.slot + 1);
-        }
-        n_blocks += 2;
-        std::vector<int32_t> ids((size_t)n_blocks);
-        for (int32_t i = 0; i < n_blocks; i++) ids[(size_t)i] = i;
-        for (int32_t i = n_blocks - 1; i > 0; i--) std::swap(ids[(size_t)i], ids[(size_t)(r.next() % (uint64_t)(i + 1))]);
-        bt.assign(ents.size() * (size_t)max_blocks, 0);
-        size_t next = 0;
-        for (size_t ei = 0; ei < ents.size(); ei++) {
-            const Ent &x = ents[ei];
-            const int32_t nb = (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
-            for (int32_t b = 0; b < nb; b++) bt[ei * (size_t)max_blocks + (size_t)b] = ids[next++];
-            t0.push_back((int32_t)T);
-            n.push_back(x.n);
-            len0.push_back(x.len0);
-            slot.push_back(x.slot);
-            for (int32_t i = 0; i < x.n; i++) {
-                tokens.push_back((int32_t)(r.next() % 97));
-                pos.push_back(x.len0 + i);
-                ent.push_back((int32_t)ei);
-            }
-            T += x.n;
-        }
-        d_tokens.reset(new Dual(tokens));
-        d_pos.reset(new Dual(pos));
-        d_ent.reset(new Dual(ent));
-        d_t0.reset(new Dual(t0));
-        d_n.reset(new Dual(n));
-        d_len0.reset(new Dual(len0));
-        d_slot.reset(new Dual(slot));
-        d_bt.reset(new Dual(bt));
-    }
-    BatchMeta meta(bool gpu) const {
-        BatchMeta m;
-        m.T = T;
-        m.n_ent = (int32_t)ents.size();
-        m.max_n = max_n;
-        m.max_ctx = max_ctx;
-        m.tokens = d_tokens->p<int32_t>(gpu);
-        m.pos = d_pos->p<int32_t>(gpu);
-        m.ent = d_ent->p<int32_t>(gpu);
-        m.t0 = d_t0->p<int32_t>(gpu);
-        m.n = d_n->p<int32_t>(gpu);
-        m.len0 = d_len0->p<int32_t>(gpu);
-        m.slot = d_slot->p<int32_t>(gpu);
-        m.block_table = d_bt->p<int32_t>(gpu);
-        m.max_blocks = max_blocks;
-        return m;
-    }
-    std::string str() const {
-        std::string s = "T=" + std::to_string(T) + " [";
-        for (size_t i = 0; i < ents.size() && i < 4; i++)
-            s += (i ? " " : "") + std::to_string(ents[i].len0) + "+" + std::to_string(ents[i].n);
-        return s + (ents.size() > 4 ? " ...]" : "]");
-    }
-};
 
 Device *dev(bool gpu) { return gpu ? g_gpu : g_cpu; }
 

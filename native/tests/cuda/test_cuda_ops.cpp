@@ -34,10 +34,12 @@
 #include "cuda_test.h"
 #include "rand_rows.h"
 #include "test.h"
+#include "test_batch.h"
 
 namespace {
 
 using namespace dfl;
+using dfltest::Batch;
 using dfltest::put_u16;
 using dfltest::rand_rows;
 using dfltest::Rng;
@@ -53,18 +55,7 @@ using dfltest::g_cases;
 using dfltest::g_cpu;
 using dfltest::g_gpu;
 using dfltest::rand_vec;
-
-const char *tname(uint32_t t) {
-    switch (t) {
-    case DFL_TYPE_F32: return "f32";
-    case DFL_TYPE_F16: return "f16";
-    case DFL_TYPE_BF16: return "bf16";
-    case DFL_TYPE_Q8_0: return "q8_0";
-    case DFL_TYPE_Q4_K: return "q4_K";
-    case DFL_TYPE_Q6_K: return "q6_K";
-    default: return "?";
-    }
-}
+using dfltest::tname;
 
 // ---- matmul and embed ----
 
@@ -320,104 +311,6 @@ void test_norms_elementwise() {
         compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
     }
 }
-
-// ---- batches ----
-
-// Host description of a batch of entries (each a sequence with len0 cached tokens and n new ones), uploaded to both
-// devices. KV blocks are handed out shuffled so block tables are not the identity.
-struct Batch {
-    struct Ent {
-        int32_t n, len0, slot;
-        bool record;
-    };
-    std::vector<Ent> ents;
-    int block_size;
-    int64_t T = 0, max_n = 0, max_ctx = 0;
-    int32_t max_blocks = 0, n_blocks = 0;
-    std::vector<int32_t> tokens, pos, ent, kv_slot, t0, n, len0, slot, block_table;
-    std::unique_ptr<Dual> d_tokens, d_pos, d_ent, d_kv_slot, d_t0, d_n, d_len0, d_slot, d_bt;
-
-    Batch(std::vector<Ent> e, int bs, Rng &r) : ents(std::move(e)), block_size(bs) {
-        for (const Ent &x : ents) {
-            max_n = std::max<int64_t>(max_n, x.n);
-            max_ctx = std::max<int64_t>(max_ctx, (int64_t)x.len0 + x.n);
-            max_blocks = std::max<int32_t>(max_blocks, (int32_t)ceil_div((int64_t)x.len0 + x.n, bs));
-            n_blocks += (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
-        }
-        n_blocks += 3;  // unused blocks too
-        std::vector<int32_t> ids((size_t)n_blocks);
-        for (int32_t i = 0; i < n_blocks; i++) ids[(size_t)i] = i;
-        for (int32_t i = n_blocks - 1; i > 0; i--) std::swap(ids[(size_t)i], ids[(size_t)(r.next() % (uint64_t)(i + 1))]);
-        block_table.assign((size_t)ents.size() * max_blocks, 0);
-        size_t next = 0;
-        for (size_t ei = 0; ei < ents.size(); ei++) {
-            const Ent &x = ents[ei];
-            const int32_t nb = (int32_t)ceil_div((int64_t)x.len0 + x.n, bs);
-            for (int32_t b = 0; b < nb; b++) block_table[ei * max_blocks + b] = ids[next++];
-            t0.push_back((int32_t)T);
-            n.push_back(x.n);
-            len0.push_back(x.len0);
-            slot.push_back(x.slot);
-            for (int32_t i = 0; i < x.n; i++) {
-                const int32_t p = x.len0 + i;
-                tokens.push_back((int32_t)(r.next() % 100));
-                pos.push_back(p);
-                ent.push_back((int32_t)ei);
-                kv_slot.push_back(block_table[ei * max_blocks + p / bs] * bs + p % bs);
-            }
-            T += x.n;
-        }
-        d_tokens.reset(new Dual(tokens));
-        d_pos.reset(new Dual(pos));
-        d_ent.reset(new Dual(ent));
-        d_kv_slot.reset(new Dual(kv_slot));
-        d_t0.reset(new Dual(t0));
-        d_n.reset(new Dual(n));
-        d_len0.reset(new Dual(len0));
-        d_slot.reset(new Dual(slot));
-        d_bt.reset(new Dual(block_table));
-    }
-    int64_t pool_rows() const { return (int64_t)n_blocks * block_size; }
-    // Token trees (forward_tree): par[e] the parents of entry e's tokens (empty: an ordinary entry).
-    std::unique_ptr<Dual> d_parent, d_vis;
-    void set_trees(const std::vector<std::vector<int32_t>> &par) {
-        std::vector<int32_t> parent;
-        std::vector<uint64_t> vis;
-        for (size_t ei = 0; ei < ents.size(); ei++) {
-            const bool tree = ei < par.size() && !par[ei].empty();
-            for (int32_t i = 0; i < ents[ei].n; i++) {
-                parent.push_back(tree ? par[ei][(size_t)i] : i - 1);
-                vis.push_back(tree ? (i > 0 ? vis[vis.size() - (size_t)i + (size_t)par[ei][(size_t)i]] : 0) | (uint64_t)1 << i
-                                   : ~(uint64_t)0);
-            }
-        }
-        d_parent.reset(new Dual(parent));
-        d_vis.reset(new Dual(vis));
-    }
-    BatchMeta meta(bool gpu) const {
-        BatchMeta m;
-        auto p = [&](const std::unique_ptr<Dual> &d) { return gpu ? d->gp<int32_t>() : d->cp<int32_t>(); };
-        m.T = T;
-        m.n_ent = (int32_t)ents.size();
-        m.max_n = max_n;
-        m.max_ctx = max_ctx;
-        m.tokens = p(d_tokens);
-        m.pos = p(d_pos);
-        m.ent = p(d_ent);
-        m.kv_slot = p(d_kv_slot);
-        m.t0 = p(d_t0);
-        m.n = p(d_n);
-        m.len0 = p(d_len0);
-        m.slot = p(d_slot);
-        m.block_table = p(d_bt);
-        m.max_blocks = max_blocks;
-        if (d_parent) {
-            m.parent = gpu ? d_parent->gp<int32_t>() : d_parent->cp<int32_t>();
-            m.vis = gpu ? d_vis->gp<uint64_t>() : d_vis->cp<uint64_t>();
-        }
-        return m;
-    }
-};
 
 // ---- attention ----
 
@@ -898,131 +791,11 @@ void test_errors() {
     if (!ok) dfltest::g_failures++;
 }
 
-// Prefill attention speed: one entry of 4096 tokens (qwen3-8b: 32 query heads, 8 KV heads of 128, f16 cache), median
-// of 5 timed calls. Causal work: 2 GEMM-like products of T * T / 2 * head_dim multiply-adds per head.
-void bench_attention() {
-    auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
-    if (!cd) return;
-    Rng r(6);
-    const int n_head = 32, n_kv = 8, hd = 128;
-    const int64_t T = 4096;
-    Batch b({{(int32_t)T, 0, 0, false}}, 16, r);
-    const int64_t rows = b.pool_rows() * n_kv;
-    const auto kh = rand_rows(DFL_TYPE_F16, rows, hd, r), vh = rand_rows(DFL_TYPE_F16, rows, hd, r);
-    DevBuf kc(g_gpu, kh.size(), "k"), vc(g_gpu, vh.size(), "v");
-    g_gpu->to_device(kc.get(), kh.data(), kh.size());
-    g_gpu->to_device(vc.get(), vh.data(), vh.size());
-    const auto qh = rand_vec(r, (size_t)(T * n_head * hd), 2.0f);
-    DevBuf Q(g_gpu, qh.size() * 4, "q"), O(g_gpu, qh.size() * 4, "o");
-    g_gpu->to_device(Q.get(), qh.data(), qh.size() * 4);
-    AttnCall a;
-    a.Q = Q.f();
-    a.out = O.f();
-    a.n_head = n_head;
-    a.scale = 1.0f / std::sqrt((float)hd);
-    a.kv.k = kc.get<uint8_t>();
-    a.kv.v = vc.get<uint8_t>();
-    a.kv.type_k = a.kv.type_v = DFL_TYPE_F16;
-    a.kv.k_row = a.kv.v_row = type_row_bytes(DFL_TYPE_F16, hd);
-    a.kv.n_kv = n_kv;
-    a.kv.head_dim = hd;
-    a.kv.block_size = 16;
-    const BatchMeta m = b.meta(true);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int i = 0; i < 2; i++) g_gpu->attention(m, a);
-    std::vector<float> ms;
-    for (int i = 0; i < 5; i++) {
-        cudaEventRecord(e0, cd->stream());
-        g_gpu->attention(m, a);
-        cudaEventRecord(e1, cd->stream());
-        cudaEventSynchronize(e1);
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        ms.push_back(t);
-    }
-    g_gpu->sync();
-    std::sort(ms.begin(), ms.end());
-    const double med = ms[ms.size() / 2];
-    const double flop = 2.0 * 2.0 * (double)T * (double)T / 2.0 * hd * n_head;
-    std::printf("bench attention %s prefill T=%lld h=%d kv=%d hd=%d f16 cache  %8.3f ms  %6.1f TFLOP/s\n",
-                cuda::attention_gemm_path(m, a) ? "tensor-core" : "cuda-core", (long long)T, n_head, n_kv, hd, med,
-                flop / (med * 1e-3) / 1e12);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-}
-
-// Decode and batched-decode product speed on the qwen3-8b layer shapes (q|k|v, o, gate|up, down), the weights prepared
-// as the engine prepares them (q8_0 repacked): per call, 20 calls back to back between two events (as in a replayed
-// step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
-void bench_gemv() {
-    auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
-    if (!cd) return;
-    Rng r(5);
-    const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
-    const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
-    constexpr int64_t kMaxT = 64;
-    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, kMaxT};
-    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
-    {
-        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
-        g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
-    }
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    // median per-call milliseconds of `calls` back to back
-    auto time = [&](const std::vector<Weight> &ws, int64_t T) {
-        for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
-        std::vector<float> ms;
-        for (int rep = 0; rep < 5; rep++) {
-            cudaEventRecord(e0, cd->stream());
-            for (int i = 0; i < 20; i++)
-                for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
-            cudaEventRecord(e1, cd->stream());
-            cudaEventSynchronize(e1);
-            float t = 0;
-            cudaEventElapsedTime(&t, e0, e1);
-            ms.push_back(t / 20);
-        }
-        std::sort(ms.begin(), ms.end());
-        return (double)ms[ms.size() / 2];
-    };
-    for (uint32_t type : types) {
-        std::vector<Weight> layer;
-        size_t layer_bytes = 0;
-        for (const auto &sh : shapes) {
-            const int64_t n_out = sh[0], n_in = sh[1];
-            const auto host = rand_rows(type, n_out, n_in, r);
-            Weight W;
-            W.type = type;
-            W.n_in = n_in;
-            W.n_out = n_out;
-            W.row_bytes = type_row_bytes(type, n_in);
-            W.data = g_gpu->upload_weight(host.data(), host.size(), true);
-            g_gpu->prepare_weight(W);
-            layer.push_back(W);
-            layer_bytes += host.size();
-            for (int64_t T : Ts) {
-                const double ms = time({W}, T);
-                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)n_out,
-                            (long long)n_in, (long long)T, ms * 1e3, (double)host.size() / (ms * 1e-3) / 1e9);
-            }
-        }
-        for (int64_t T : Ts) {
-            const double ms = time(layer, T);
-            std::printf("bench gemv %-5s layer       T=%-2lld %8.1f us  %7.1f GB/s  %8.0f tok/s\n", tname(type), (long long)T,
-                        ms * 1e3, (double)layer_bytes / (ms * 1e-3) / 1e9, (double)T / (ms * 1e-3));
-        }
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-}
-
 }  // namespace
 
 int main(int argc, char **argv) {
+    using dfltest::bench_attention;
+    using dfltest::bench_gemv;
     const dfltest::Group groups[] = {{"errors", test_errors},       {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
                                      {"attention", test_attention}, {"gdn", test_gdn},             {"dflash2", test_dflash2},
                                      {"bench", bench_gemv},         {"bench", bench_attention}};

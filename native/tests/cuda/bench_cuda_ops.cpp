@@ -1,0 +1,144 @@
+// The speed groups of test_cuda_ops ("bench"): prefill attention and the products on the qwen3-8b layer shapes, timed
+// on the GPU device alone.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "common.h"
+#include "cuda_test.h"
+#include "ops/cuda/cuda_device.h"
+#include "ops/device.h"
+#include "rand_rows.h"
+#include "test.h"
+#include "test_batch.h"
+
+namespace dfltest {
+
+using namespace dfl;
+
+// Prefill attention speed: one entry of 4096 tokens (qwen3-8b: 32 query heads, 8 KV heads of 128, f16 cache), median
+// of 5 timed calls. Causal work: 2 GEMM-like products of T * T / 2 * head_dim multiply-adds per head.
+void bench_attention() {
+    auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
+    if (!cd) return;
+    Rng r(6);
+    const int n_head = 32, n_kv = 8, hd = 128;
+    const int64_t T = 4096;
+    Batch b({{(int32_t)T, 0, 0, false}}, 16, r);
+    const int64_t rows = b.pool_rows() * n_kv;
+    const auto kh = rand_rows(DFL_TYPE_F16, rows, hd, r), vh = rand_rows(DFL_TYPE_F16, rows, hd, r);
+    DevBuf kc(g_gpu, kh.size(), "k"), vc(g_gpu, vh.size(), "v");
+    g_gpu->to_device(kc.get(), kh.data(), kh.size());
+    g_gpu->to_device(vc.get(), vh.data(), vh.size());
+    const auto qh = rand_vec(r, (size_t)(T * n_head * hd), 2.0f);
+    DevBuf Q(g_gpu, qh.size() * 4, "q"), O(g_gpu, qh.size() * 4, "o");
+    g_gpu->to_device(Q.get(), qh.data(), qh.size() * 4);
+    AttnCall a;
+    a.Q = Q.f();
+    a.out = O.f();
+    a.n_head = n_head;
+    a.scale = 1.0f / std::sqrt((float)hd);
+    a.kv.k = kc.get<uint8_t>();
+    a.kv.v = vc.get<uint8_t>();
+    a.kv.type_k = a.kv.type_v = DFL_TYPE_F16;
+    a.kv.k_row = a.kv.v_row = type_row_bytes(DFL_TYPE_F16, hd);
+    a.kv.n_kv = n_kv;
+    a.kv.head_dim = hd;
+    a.kv.block_size = 16;
+    const BatchMeta m = b.meta(true);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int i = 0; i < 2; i++) g_gpu->attention(m, a);
+    std::vector<float> ms;
+    for (int i = 0; i < 5; i++) {
+        cudaEventRecord(e0, cd->stream());
+        g_gpu->attention(m, a);
+        cudaEventRecord(e1, cd->stream());
+        cudaEventSynchronize(e1);
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+    }
+    g_gpu->sync();
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double flop = 2.0 * 2.0 * (double)T * (double)T / 2.0 * hd * n_head;
+    std::printf("bench attention %s prefill T=%lld h=%d kv=%d hd=%d f16 cache  %8.3f ms  %6.1f TFLOP/s\n",
+                cuda::attention_gemm_path(m, a) ? "tensor-core" : "cuda-core", (long long)T, n_head, n_kv, hd, med,
+                flop / (med * 1e-3) / 1e12);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+// Decode and batched-decode product speed on the qwen3-8b layer shapes (q|k|v, o, gate|up, down), the weights prepared
+// as the engine prepares them (q8_0 repacked): per call, 20 calls back to back between two events (as in a replayed
+// step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
+void bench_gemv() {
+    auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
+    if (!cd) return;
+    Rng r(5);
+    const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
+    const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
+    constexpr int64_t kMaxT = 64;
+    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, kMaxT};
+    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
+    {
+        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
+        g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
+    }
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    // median per-call milliseconds of `calls` back to back
+    auto time = [&](const std::vector<Weight> &ws, int64_t T) {
+        for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+        std::vector<float> ms;
+        for (int rep = 0; rep < 5; rep++) {
+            cudaEventRecord(e0, cd->stream());
+            for (int i = 0; i < 20; i++)
+                for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+            cudaEventRecord(e1, cd->stream());
+            cudaEventSynchronize(e1);
+            float t = 0;
+            cudaEventElapsedTime(&t, e0, e1);
+            ms.push_back(t / 20);
+        }
+        std::sort(ms.begin(), ms.end());
+        return (double)ms[ms.size() / 2];
+    };
+    for (uint32_t type : types) {
+        std::vector<Weight> layer;
+        size_t layer_bytes = 0;
+        for (const auto &sh : shapes) {
+            const int64_t n_out = sh[0], n_in = sh[1];
+            const auto host = rand_rows(type, n_out, n_in, r);
+            Weight W;
+            W.type = type;
+            W.n_in = n_in;
+            W.n_out = n_out;
+            W.row_bytes = type_row_bytes(type, n_in);
+            W.data = g_gpu->upload_weight(host.data(), host.size(), true);
+            g_gpu->prepare_weight(W);
+            layer.push_back(W);
+            layer_bytes += host.size();
+            for (int64_t T : Ts) {
+                const double ms = time({W}, T);
+                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)n_out,
+                            (long long)n_in, (long long)T, ms * 1e3, (double)host.size() / (ms * 1e-3) / 1e9);
+            }
+        }
+        for (int64_t T : Ts) {
+            const double ms = time(layer, T);
+            std::printf("bench gemv %-5s layer       T=%-2lld %8.1f us  %7.1f GB/s  %8.0f tok/s\n", tname(type), (long long)T,
+                        ms * 1e3, (double)layer_bytes / (ms * 1e-3) / 1e9, (double)T / (ms * 1e-3));
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+}  // namespace dfltest
