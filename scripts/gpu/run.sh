@@ -380,7 +380,10 @@ case $mode in
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
            timeout 150 "$stage/bin/qwendflash.test" -test.run 'Speculative' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
            grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
-         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@" ;;
+         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"
+         log "deepseek4 op tests"
+         timeout 120 /tmp/native-build/cuda/test_cuda_ds4 >"$OUT/ops-ds4.txt" 2>&1
+         grep -E "^FAIL|cases" "$OUT/ops-ds4.txt" | head -20 | tee -a "$OUT/summary.txt" ;;
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
