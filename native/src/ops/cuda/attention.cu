@@ -140,6 +140,28 @@ struct AttnArgs {
     int warp_pos;  // cache positions a warp scores together (1..kAttnWarpPos)
 };
 
+// What a block of the decode kernels (grid: token, group of G query heads, split) works on: its token t and entry e,
+// first query head h0 and KV head kvh, the cache positions [p_begin, p_end) its split covers of those the token sees,
+// the entry's block table and the token's tree visibility mask.
+struct AttnBlock {
+    int64_t t, p_begin, p_end;
+    int h0, e, kvh;
+    const int32_t *bt;
+    uint64_t vis;
+    __device__ AttnBlock(const AttnArgs &a, int G, int64_t split_len) {
+        t = blockIdx.x;
+        h0 = blockIdx.y * G;
+        e = a.ent[t];
+        int64_t lo, hi;
+        attn_range((int64_t)a.len0[e] + (t - a.t0[e]), a.len0[e], a.n[e], a.causal, a.window, &lo, &hi);
+        p_begin = max(lo, (int64_t)blockIdx.z * split_len);
+        p_end = min(hi, (int64_t)blockIdx.z * split_len + split_len);
+        kvh = h0 / (a.n_head / a.n_kv);
+        bt = a.block_table + (int64_t)e * a.max_blocks;
+        vis = a.vis ? a.vis[t] : ~(uint64_t)0;
+    }
+};
+
 // One block per (token, group of G query heads sharing one KV head, split). Each step scores a tile of cache
 // positions (one warp per position: every K element is loaded once and used for the G heads), folds the tile into
 // each head's running softmax (max m, sum l; one warp per head keeps them in shared memory), and accumulates V
@@ -160,19 +182,14 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     __shared__ float sc[G][kAttnTilePos];
     __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ uint64_t row_s[kAttnTilePos];  // pool row of each tile position, found once while scoring
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * G;
+    const AttnBlock B(a, G, split_len);
+    const int64_t t = B.t, p_begin = B.p_begin, p_end = B.p_end;
+    const int h0 = B.h0, e = B.e, kvh = B.kvh;
+    const int32_t *bt = B.bt;
+    const uint64_t vis = B.vis;
     const int hd = a.head_dim;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int e = a.ent[t];
-    int64_t lo, hi;  // the positions this token sees
-    attn_range((int64_t)a.len0[e] + (t - a.t0[e]), a.len0[e], a.n[e], a.causal, a.window, &lo, &hi);
-    const int64_t p_begin = max(lo, (int64_t)blockIdx.z * split_len);
-    const int64_t p_end = min(hi, (int64_t)blockIdx.z * split_len + split_len);
-    const int kvh = h0 / (a.n_head / a.n_kv);
-    const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
     const int64_t qd = (int64_t)a.n_head * hd;
-    const uint64_t vis = a.vis ? a.vis[t] : ~(uint64_t)0;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.Q[t * qd + (int64_t)h0 * hd + i];
     if (threadIdx.x < G) {
         m_s[threadIdx.x] = -INFINITY;
@@ -358,18 +375,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
     constexpr int C = attn_warp_chunk(G, DPL, DPL * ES / 4);
     __shared__ float m_w[kWarps][G], l_w[kWarps][G];
     __shared__ float o_w[kWarps][G][HD];
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * G;
+    const AttnBlock B(a, G, split_len);
+    const int64_t t = B.t, p_begin = B.p_begin, p_end = B.p_end;
+    const int h0 = B.h0, kvh = B.kvh;
+    const int32_t *bt = B.bt;
+    const uint64_t vis = B.vis;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int e = a.ent[t];
-    int64_t lo, hi;  // the positions this token sees
-    attn_range((int64_t)a.len0[e] + (t - a.t0[e]), a.len0[e], a.n[e], a.causal, a.window, &lo, &hi);
-    const int64_t p_begin = max(lo, (int64_t)blockIdx.z * split_len);
-    const int64_t p_end = min(hi, (int64_t)blockIdx.z * split_len + split_len);
-    const int kvh = h0 / (a.n_head / a.n_kv);
-    const int32_t *bt = a.block_table + (int64_t)e * a.max_blocks;
-    const int64_t qd = (int64_t)a.n_head * HD, len0 = a.len0[e];
-    const uint64_t vis = a.vis ? a.vis[t] : ~(uint64_t)0;
+    const int64_t qd = (int64_t)a.n_head * HD, len0 = a.len0[B.e];
     float q[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
