@@ -34,7 +34,6 @@ constexpr int64_t kGemmAttnMaxPadding = 16;          // padded query rows (n_ent
 constexpr int64_t kGemmAttnRowAlign = 16;            // query rows per chunk are a multiple of this
 constexpr int kGemmAttnThreads = 256;
 
-static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 // Shapes and scratch of one call, from the host's exact T and n_ent and the upper bounds max_n and max_ctx.
 struct GemmAttnPlan {

@@ -136,6 +136,9 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 
 __host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
 
+// Scratch sub-buffers start on 256-byte boundaries.
+inline size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
+
 // Host-callable too, so the host-side checks can run the same decoding.
 __host__ __device__ __forceinline__ float half_bits_to_f32(uint16_t h) {
     __half_raw r;

@@ -203,6 +203,11 @@ bool q6k_i8_on();
 bool q6k_i8_ok(const Weight &W);
 void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
+// The tensor-core kernel on packed f16, bf16 and quantized weights (mmq.cu), for kMmqMinTokens..kMmqMaxTokens tokens of
+// the weights it takes (mmq_ok).
+constexpr int64_t kMmqMinTokens = 2, kMmqMaxTokens = 64;
+bool mmq_ok(const Weight &W);
+void launch_mmq(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 
 // A z batch of one-token products in one launch (blockIdx.y = z): member z multiplies rows [e * w_rows, e * w_rows +
 // rows) of the weight `stack`, e = ids[z] (or z when ids is null), by input X + (z / x_div) * x_stride into
