@@ -370,17 +370,17 @@ variants() {  # MODEL... (the modes give the default pair)
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
-  quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only
+  quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; build_kernel_tests || exit 1
          log "op tests matmul attention: defaults"
          "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
          FLAG_REPLAY= flag_replay
-         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
            timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative' -test.v -test.count=1 2>&1) |
            tee "$OUT/spec-tests.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
+         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"
          log "deepseek4 op tests"
          timeout 120 /tmp/native-build/cuda/test_cuda_ds4 >"$OUT/ops-ds4.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-ds4.txt" | head -20 | tee -a "$OUT/summary.txt" ;;
