@@ -378,7 +378,7 @@ case $mode in
          FLAG_REPLAY= flag_replay
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
-           timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative' -test.v -test.count=1 2>&1) |
+           timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
            tee "$OUT/spec-tests.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
          wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"
          log "deepseek4 op tests"
