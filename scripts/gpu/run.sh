@@ -291,15 +291,15 @@ cpu_peer() {
 }
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
-# commas. DFL_CUDA_ATTN_WARP=0: the block-per-tile decode attention.
-VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_WARP=0}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:--}  # settings that change the products
+# commas. DFL_CUDA_PDL_CHAIN=1: norms, element-wise kernels and attention as programmatic dependent launches too.
+VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_MMA_MIN=2}  # settings that change the products
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1}; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_PDL_CHAIN=1}; do
     log "device replay vs CPU: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
     (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
@@ -320,7 +320,8 @@ kernel_tests() {
   local t=$kernel_test_bin v
   build_kernel_tests || return 1
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
-           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul"; do
+           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
+           "DFL_CUDA_PDL_CHAIN=1 matmul norms attention"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"

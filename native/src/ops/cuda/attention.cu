@@ -60,6 +60,8 @@ __device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int
 // does key head h - n_head in place in kf and writes that head's K and V rows into the cache at pool row kv_slot[t].
 // head_off (n_head when there is no qf, else 0) is added to blockIdx.y, so a K/V-only call launches only key heads.
 __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot, int head_off) {
+    pdl_trigger();  // small grids: what follows may launch at once and wait (launch_chain)
+    pdl_wait();
     extern __shared__ float xs[];  // [head_dim]
     __shared__ float red[32];
     const int hd = a.kv.head_dim, n_kv = a.kv.n_kv;
@@ -120,8 +122,8 @@ void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
     // without qf only the key heads run: blocks y = 0..n_kv-1 map to heads n_head.. (see head_off)
     const int n_q = a.qf ? a.n_head : 0;
     const dim3 grid((unsigned)m.T, (unsigned)(n_q + a.kv.n_kv));
-    attn_prep_kernel<<<grid, kPrepThreads, (size_t)a.kv.head_dim * sizeof(float), s>>>(a, m.pos, m.kv_slot,
-                                                                                        a.n_head - n_q);
+    launch_chain(attn_prep_kernel, grid, dim3(kPrepThreads), (size_t)a.kv.head_dim * sizeof(float), s, a, m.pos,
+                 m.kv_slot, (int)(a.n_head - n_q));
     check_launch("attn_prep");
 }
 
@@ -182,6 +184,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
     __shared__ float sc[G][kAttnTilePos];
     __shared__ float m_s[G], l_s[G], corr_s[G];
     __shared__ uint64_t row_s[kAttnTilePos];  // pool row of each tile position, found once while scoring
+    pdl_trigger();  // launch_chain: a small grid, the next kernel may launch at once and wait
+    pdl_wait();
     const AttnBlock B(a, G, split_len);
     const int64_t t = B.t, p_begin = B.p_begin, p_end = B.p_end;
     const int h0 = B.h0, e = B.e, kvh = B.kvh;
@@ -375,6 +379,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
     constexpr int C = attn_warp_chunk(G, DPL, DPL * ES / 4);
     __shared__ float m_w[kWarps][G], l_w[kWarps][G];
     __shared__ float o_w[kWarps][G][HD];
+    pdl_trigger();  // launch_chain: a small grid, the next kernel may launch at once and wait
+    pdl_wait();
     const AttnBlock B(a, G, split_len);
     const int64_t t = B.t, p_begin = B.p_begin, p_end = B.p_end;
     const int h0 = B.h0, kvh = B.kvh;
@@ -494,9 +500,9 @@ template <int G, int DPL>
 static void launch_attention_warp_dpl(uint32_t type, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
                                       float *part_o, float *part_ml) {
     switch (type) {
-    case DFL_TYPE_F32: attention_warp_kernel<G, DFL_TYPE_F32, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
-    case DFL_TYPE_BF16: attention_warp_kernel<G, DFL_TYPE_BF16, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
-    default: attention_warp_kernel<G, DFL_TYPE_F16, DPL><<<grid, kAttnThreads, 0, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_F32: launch_chain(attention_warp_kernel<G, DFL_TYPE_F32, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_BF16: launch_chain(attention_warp_kernel<G, DFL_TYPE_BF16, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
+    default: launch_chain(attention_warp_kernel<G, DFL_TYPE_F16, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
     }
 }
 
@@ -533,6 +539,8 @@ static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnAr
 
 // Block (token, head): merges the splits' partial softmaxes, rescaling each by exp(m_split - m_max).
 __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *part_o, const float *part_ml) {
+    pdl_trigger();
+    pdl_wait();  // (launch_chain)
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
     const int hd = a.head_dim;
@@ -570,11 +578,11 @@ static void launch_attention_typed(uint32_t tk, uint32_t tv, dim3 grid, size_t s
                                    int64_t split_len, float *part_o, float *part_ml) {
     const int ct = tk == tv ? (int)tk : -1;
     switch (ct) {
-    case DFL_TYPE_F32: attention_kernel<G, DFL_TYPE_F32><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case DFL_TYPE_F16: attention_kernel<G, DFL_TYPE_F16><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case DFL_TYPE_BF16: attention_kernel<G, DFL_TYPE_BF16><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    case DFL_TYPE_Q8_0: attention_kernel<G, DFL_TYPE_Q8_0><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
-    default: attention_kernel<G, -1><<<grid, kAttnThreads, shm, s>>>(a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_F32: launch_chain(attention_kernel<G, DFL_TYPE_F32>, grid, dim3(kAttnThreads), shm, s, a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_F16: launch_chain(attention_kernel<G, DFL_TYPE_F16>, grid, dim3(kAttnThreads), shm, s, a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_BF16: launch_chain(attention_kernel<G, DFL_TYPE_BF16>, grid, dim3(kAttnThreads), shm, s, a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_Q8_0: launch_chain(attention_kernel<G, DFL_TYPE_Q8_0>, grid, dim3(kAttnThreads), shm, s, a, split_len, part_o, part_ml); break;
+    default: launch_chain(attention_kernel<G, -1>, grid, dim3(kAttnThreads), shm, s, a, split_len, part_o, part_ml); break;
     }
 }
 
@@ -654,8 +662,8 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
                             part_o, part_ml);
     check_launch("attention (split)");
-    attention_combine_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kAttnThreads, 0, s>>>(a, (int)n_split, part_o,
-                                                                                             part_ml);
+    launch_chain(attention_combine_kernel, dim3((unsigned)m.T, (unsigned)c.n_head), dim3(kAttnThreads), 0, s, a,
+                 (int)n_split, (const float *)part_o, (const float *)part_ml);
     check_launch("attention");
 }
 

@@ -63,17 +63,24 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether PDL launches are used: on sm_90 and later unless DFL_CUDA_PDL=0 (defined in device.cu).
 bool pdl_on();
 
-// kernel<<<grid, block, 0, s>>>(args...) as a programmatic dependent launch where pdl_on(), a plain launch otherwise.
+// Whether the norms, element-wise kernels and attention are programmatic dependent launches too (launch_chain):
+// DFL_CUDA_PDL_CHAIN=1 (off by default until measured on a GPU; defined in device.cu). Each then starts while the
+// kernel before it ends (its launch hidden) and waits at its top.
+bool pdl_chain_on();
+
+// kernel<<<grid, block, shm, s>>>(args...) as a programmatic dependent launch where pdl (and pdl_on()), a plain launch
+// otherwise.
 template <typename... Params, typename... Args>
-inline void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args &&...args) {
-    if (!pdl_on()) {
-        kernel<<<grid, block, 0, s>>>(std::forward<Args>(args)...);
+inline void launch_maybe_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
+                             Args &&...args) {
+    if (!pdl || !pdl_on()) {
+        kernel<<<grid, block, shm, s>>>(std::forward<Args>(args)...);
         return;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = shm;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -81,6 +88,19 @@ inline void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStr
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// A product's kernels (the quantizer, the one-token GEMVs): PDL wherever pdl_on().
+template <typename... Params, typename... Args>
+inline void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args &&...args) {
+    launch_maybe_pdl(true, kernel, grid, block, 0, s, std::forward<Args>(args)...);
+}
+
+// The kernels between products (norms, element-wise, attention), which call pdl_wait() first: PDL with
+// DFL_CUDA_PDL_CHAIN=1.
+template <typename... Params, typename... Args>
+inline void launch_chain(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s, Args &&...args) {
+    launch_maybe_pdl(pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
 }
 
 inline unsigned grid_for(int64_t n, int block) {

@@ -35,6 +35,11 @@ bool pdl_on() {
     return on;
 }
 
+bool pdl_chain_on() {
+    static const bool on = env_switch("DFL_CUDA_PDL_CHAIN", false);
+    return on;
+}
+
 CudaDevice::CudaDevice(int index) : index_(index) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);

@@ -57,9 +57,11 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     quant_q8_warp(x[blk * 32 + lane], xq + blk * 32 + lane, xs + blk, xsum ? xsum + blk : nullptr);
 }
 
-// A warp's sums of output row r for NT tokens: lane 0 stores each token's.
+// A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
+// after this one may launch (it waits for the end of this one before it reads or writes).
 template <int NT>
 __device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
+    pdl_trigger();
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float v = warp_sum(acc[t]);

@@ -9,6 +9,7 @@ constexpr int kEltThreads = 256;
 
 __global__ void add_kernel(float *x, const float *d, int64_t n) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] += d[i];
 }
@@ -17,6 +18,7 @@ __global__ void add_kernel(float *x, const float *d, int64_t n) {
 // follows: a warp's lanes hold consecutive elements, one block of 32.
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         g[i] = v;
@@ -26,6 +28,7 @@ __global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::Q
 
 __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         a[i] *= sigmoid_f(g[i]);
 }
@@ -45,19 +48,19 @@ __global__ void gather_rows_kernel(const float *x, const int32_t *rows, int64_t 
 
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count) {
     if (count <= 0) return;
-    add_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(x, d, count);
+    launch_chain(add_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, x, d, count);
     check_launch("add");
 }
 
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q) {
     if (count <= 0) return;
-    swiglu_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(g, u, count, q);
+    launch_chain(swiglu_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, g, u, count, q);
     check_launch("swiglu");
 }
 
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count) {
     if (count <= 0) return;
-    sigmoid_mul_kernel<<<grid_for(count, kEltThreads), kEltThreads, 0, s>>>(a, g, count);
+    launch_chain(sigmoid_mul_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, a, g, count);
     check_launch("sigmoid_mul");
 }
 

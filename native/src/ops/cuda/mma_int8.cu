@@ -55,6 +55,7 @@ struct MmaTokens {
 template <int MT, int NT8>
 __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], const float (&acc)[MT][NT8][4],
                                           int64_t row0, int64_t n_out, int64_t T, float *Y) {
+    pdl_trigger();  // the main loop is done: a PDL kernel after this one may launch (and wait for its end)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {

@@ -49,6 +49,7 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
 // before block_sum's barriers.
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n, float eps, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     __shared__ float red[32];
     const float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
@@ -60,6 +61,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps,
                                    CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *dr = d + (int64_t)blockIdx.x * n;
@@ -78,6 +80,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, flo
 
 __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     const float *zr = z + (int64_t)blockIdx.x * n;
@@ -97,21 +100,21 @@ static int norm_threads(int64_t n) {
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
                     const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, y, n, eps, q);
+    launch_chain(rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, w, y, n, eps, q);
     check_launch("rmsnorm");
 }
 
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
                         float eps, const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    add_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, d, w, y, n, eps, q);
+    launch_chain(add_rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, d, w, y, n, eps, q);
     check_launch("add_rmsnorm");
 }
 
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
                           float eps) {
     if (rows <= 0 || n <= 0) return;
-    gated_rmsnorm_kernel<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, z, w, n, eps);
+    launch_chain(gated_rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, z, w, n, eps);
     check_launch("gated_rmsnorm");
 }
 
