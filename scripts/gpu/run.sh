@@ -376,7 +376,7 @@ case $mode in
          log "op tests matmul attention: defaults"
          "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-         FLAG_REPLAY= flag_replay
+         FLAG_REPLAY=DFL_CUDA_PDL_CHAIN=1 flag_replay
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
            timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
