@@ -291,20 +291,22 @@ cpu_peer() {
 }
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
-# commas. DFL_CUDA_PDL_CHAIN=1: norms, element-wise kernels and attention as programmatic dependent launches too.
-VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_MMA_MIN=2}  # settings that change the products
+# commas. DFL_CUDA_PDL_CHAIN=1: norms, element-wise kernels and attention as programmatic dependent launches too;
+# DFL_CUDA_MMA_SMEM=1: the q8_0 mma kernel with its activations staged in shared memory (DFL_CUDA_Q8P_MMA_MIN=2: from
+# two tokens instead of nine).
+VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1 DFL_CUDA_MMA_SMEM=1 DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_MMA_SMEM=1 DFL_CUDA_MMA_SMEM=1,DFL_CUDA_Q8P_MMA_MIN=2}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_PDL_CHAIN=1}; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1}; do
     log "device replay vs CPU: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
     (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
-      tee "$OUT/device-replay-${v%%=*}.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+      tee "$OUT/device-replay-$(echo "$v" | tr -c 'A-Za-z0-9_\n' '-').txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
   done
 }
 
@@ -321,13 +323,15 @@ kernel_tests() {
   build_kernel_tests || return 1
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
-           "DFL_CUDA_PDL_CHAIN=1 matmul norms attention"; do
+           "DFL_CUDA_PDL_CHAIN=1 matmul norms attention" "DFL_CUDA_MMA_SMEM=1 matmul" \
+           "DFL_CUDA_MMA_SMEM=1,DFL_CUDA_Q8P_MMA_MIN=2 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
     [ "$flags" = - ] && flags=DFLASH_NOTHING=1
-    env ${flags//,/ } "$t" "$@" >"$OUT/ops-${flags%%=*}.txt" 2>&1
-    grep -E "^FAIL|cases" "$OUT/ops-${flags%%=*}.txt" | head -20 | tee -a "$OUT/summary.txt"
+    local f="$OUT/ops-$(echo "$flags" | tr -c 'A-Za-z0-9_\n' '-').txt"
+    env ${flags//,/ } "$t" "$@" >"$f" 2>&1
+    grep -E "^FAIL|cases" "$f" | head -20 | tee -a "$OUT/summary.txt"
   done
   flag_replay
   log "transformers parity on cuda:0 (test/parity goldens)"
@@ -342,8 +346,9 @@ kernel_bench() {
   for v in $KERNEL_VARIANTS; do
     log "kernel bench: $v"
     [ "$v" = - ] && v=DFLASH_NOTHING=1
-    env ${v//,/ } "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$OUT/kbench-${v%%=*}.txt"
-    grep -E "layer" "$OUT/kbench-${v%%=*}.txt" | tee -a "$OUT/summary.txt"
+    local f="$OUT/kbench-$(echo "$v" | tr -c 'A-Za-z0-9_\n' '-').txt"
+    env ${v//,/ } "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$f"
+    grep -E "layer" "$f" | tee -a "$OUT/summary.txt"
   done
 }
 
@@ -376,7 +381,7 @@ case $mode in
          log "op tests matmul attention: defaults"
          "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-         FLAG_REPLAY=DFL_CUDA_PDL_CHAIN=1 flag_replay
+         FLAG_REPLAY=DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1 flag_replay
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
            timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |

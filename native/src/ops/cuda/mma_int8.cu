@@ -1,5 +1,7 @@
 // Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
 // dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
+#include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -171,6 +173,126 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
+// --- q8_0 with the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1) -------------------------------------
+// gemv_q8p_mma_kernel reads each block of 32's activations from L2 (an L2 latency the pipeline must cover, and 3 loads
+// per 8 tokens per mma). Here a block first copies all of its tokens' int8 activations and scales into shared memory
+// (T8 = 8 NT8 rows; while the copy runs, the warps' first weights are already in flight), then streams the weights as
+// before with every activation fragment one shared-memory load: one 8-byte load per 8 tokens and one float2 of the two
+// scales. Rows are n_in + kMmaSmemPad bytes apart, which puts the four tokens a half-warp reads on different banks;
+// the scales are stored [block][token], so a lane's two tokens are adjacent.
+constexpr int kMmaSmemPad = 32;
+
+static size_t mma_smem_bytes(int nt8, int64_t n_in) {
+    const size_t t8 = (size_t)(8 * nt8), stage = t8 * (size_t)(n_in + kMmaSmemPad) + t8 * (size_t)(n_in / 32) * 4;
+    const size_t red = (size_t)kMmaWarps * (size_t)(nt8 * 4) * 32 * 4;  // mma_store's sums reuse the buffer
+    return std::max(stage, red);
+}
+
+template <int MT, int NT8, int U>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_smem_kernel(const int8_t *qs, const uint16_t *dw,
+                                                                         int64_t n_in, int64_t n_out, const int8_t *xq,
+                                                                         const float *xs, int64_t T, float *Y) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int T8 = 8 * NT8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT, ld = n_in + kMmaSmemPad;
+    int8_t *sx = (int8_t *)smem;
+    float *sxs = (float *)(smem + T8 * ld);
+    int64_t wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
+    Q8pStage<MT, U> cur, nxt;
+    cur.load(qs, dw, wrow, n_in, nb, warp, t4);
+    // tokens past T repeat the last one (their sums are never stored)
+    const int words = (int)(n_in / 16), n_words = T8 * words, n_scales = T8 * (int)nb;
+    for (int i = threadIdx.x; i < n_words; i += blockDim.x) {
+        const int t = i / words, w = i - t * words;
+        *(uint4 *)(sx + t * ld + 16 * w) = __ldg((const uint4 *)(xq + min((int64_t)t, T - 1) * n_in) + w);
+    }
+    for (int i = threadIdx.x; i < n_scales; i += blockDim.x) {
+        const int t = i / (int)nb, b = i - t * (int)nb;
+        sxs[b * T8 + t] = __ldg(xs + min((int64_t)t, T - 1) * nb + b);
+    }
+    __syncthreads();
+    float acc[MT][NT8][4] = {};
+    constexpr int kStep = kMmaWarps * U;
+    for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
+        if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (kb >= nb) continue;
+            float sw[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[u][mt][h]);
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
+                const float2 xsc = *(const float2 *)(sxs + kb * T8 + 8 * nt + 2 * t4);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, cur.q[u][mt][0].x, cur.q[u][mt][1].x, cur.q[u][mt][0].y, cur.q[u][mt][1].y, bv.x,
+                                   bv.y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * xsc.x);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * xsc.y);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * xsc.x);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * xsc.y);
+                }
+            }
+        }
+        cur = nxt;
+    }
+    __syncthreads();  // the staged activations are read: the buffer takes the warps' sums
+    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(smem), acc, row0, n_out, T, Y);
+}
+
+// Whether q8_0 mma products stage their activations in shared memory (gemv_q8p_mma_smem_kernel) where they fit:
+// DFL_CUDA_MMA_SMEM=1 (off until measured on a GPU).
+static bool mma_smem_on() {
+    static const bool on = env_switch("DFL_CUDA_MMA_SMEM", false);
+    return on;
+}
+
+// The most dynamic shared memory a block of the current device may have (the opt-in limit), once per device.
+static size_t smem_optin() {
+    static std::atomic<int> cached[64];
+    int dev = 0;
+    check(cudaGetDevice(&dev), "matmul (device)");
+    if (dev < 0 || dev >= 64) return 48 * 1024;
+    int v = cached[dev].load(std::memory_order_acquire);
+    if (v == 0) {
+        check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "matmul (shared memory)");
+        cached[dev].store(v, std::memory_order_release);
+    }
+    return (size_t)v;
+}
+
+// Launches the staged kernel where it is on and its buffer fits (false: the caller launches the register kernel). The
+// opt-in above 48 KB is per kernel and device: set to the device's limit once.
+template <int MT, int NT8, int U>
+static bool launch_q8p_mma_smem(dim3 grid, cudaStream_t s, const int8_t *qs, const uint16_t *dw, const Weight &W,
+                                const int8_t *xq, const float *xs, int64_t T, float *Y) {
+    if (!mma_smem_on()) return false;
+    const size_t bytes = mma_smem_bytes(NT8, W.n_in), limit = smem_optin();
+    if (bytes > limit || W.n_in % 32 != 0) return false;
+    static std::atomic<bool> set[64];
+    int dev = 0;
+    check(cudaGetDevice(&dev), "matmul (device)");
+    if (dev < 0 || dev >= 64 || !set[dev].load(std::memory_order_acquire)) {
+        check(cudaFuncSetAttribute(gemv_q8p_mma_smem_kernel<MT, NT8, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)limit),
+              "matmul (q8_0 mma shared memory)");
+        if (dev >= 0 && dev < 64) set[dev].store(true, std::memory_order_release);
+    }
+    gemv_q8p_mma_smem_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, bytes, s>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+    return true;
+}
+
 // One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
 // per row half.
 template <int MT>
@@ -292,6 +414,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
         // the largest (registers).
         constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
+        if (launch_q8p_mma_smem<MT, NT8, U>(grid, dev.stream(), qs, dw, W, xq, xs, T, Y)) return;
         gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
