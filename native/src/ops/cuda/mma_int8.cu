@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
-// --- q8_0 with the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1) -------------------------------------
+// --- the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1) -------------------------------------------------
 // gemv_q8p_mma_kernel reads each block of 32's activations from L2 (an L2 latency the pipeline must cover, and 3 loads
 // per 8 tokens per mma). Here a block first copies all of its tokens' int8 activations and scales into shared memory
 // (T8 = 8 NT8 rows; while the copy runs, the warps' first weights are already in flight), then streams the weights as
@@ -182,10 +182,35 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // the scales are stored [block][token], so a lane's two tokens are adjacent.
 constexpr int kMmaSmemPad = 32;
 
-static size_t mma_smem_bytes(int nt8, int64_t n_in) {
-    const size_t t8 = (size_t)(8 * nt8), stage = t8 * (size_t)(n_in + kMmaSmemPad) + t8 * (size_t)(n_in / 32) * 4;
+// sums: each scale is followed by its block's sum (q4_K).
+static size_t mma_smem_bytes(int nt8, int64_t n_in, bool sums) {
+    const size_t t8 = (size_t)(8 * nt8), per_scale = sums ? 8 : 4;
+    const size_t stage = t8 * (size_t)(n_in + kMmaSmemPad) + t8 * (size_t)(n_in / 32) * per_scale;
     const size_t red = (size_t)kMmaWarps * (size_t)(nt8 * 4) * 32 * 4;  // mma_store's sums reuse the buffer
     return std::max(stage, red);
+}
+
+// Copies the block's T8 token rows of int8 activations (tokens past T: the last one again) and their scales (with SUM
+// each followed by its block sum) into shared memory: rows ld bytes apart from sx, scales [block][token] from sxs.
+template <int T8, bool SUM>
+__device__ __forceinline__ void stage_mma_acts(int8_t *sx, float *sxs, const int8_t *xq, const float *xs,
+                                               const float *xsum, int64_t n_in, int64_t ld, int64_t T) {
+    const int nb = (int)(n_in / 32), words = (int)(n_in / 16);
+    for (int i = threadIdx.x; i < T8 * words; i += blockDim.x) {
+        const int t = i / words, w = i - t * words;
+        *(uint4 *)(sx + t * ld + 16 * w) = __ldg((const uint4 *)(xq + min((int64_t)t, T - 1) * n_in) + w);
+    }
+    for (int i = threadIdx.x; i < T8 * nb; i += blockDim.x) {
+        const int t = i / nb, b = i - t * nb;
+        const int64_t src = min((int64_t)t, T - 1) * nb + b;
+        if constexpr (SUM) {
+            sxs[2 * (b * T8 + t)] = __ldg(xs + src);
+            sxs[2 * (b * T8 + t) + 1] = __ldg(xsum + src);
+        } else {
+            sxs[b * T8 + t] = __ldg(xs + src);
+        }
+    }
+    __syncthreads();
 }
 
 template <int MT, int NT8, int U>
@@ -205,17 +230,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_smem_kernel(const
         for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
     Q8pStage<MT, U> cur, nxt;
     cur.load(qs, dw, wrow, n_in, nb, warp, t4);
-    // tokens past T repeat the last one (their sums are never stored)
-    const int words = (int)(n_in / 16), n_words = T8 * words, n_scales = T8 * (int)nb;
-    for (int i = threadIdx.x; i < n_words; i += blockDim.x) {
-        const int t = i / words, w = i - t * words;
-        *(uint4 *)(sx + t * ld + 16 * w) = __ldg((const uint4 *)(xq + min((int64_t)t, T - 1) * n_in) + w);
-    }
-    for (int i = threadIdx.x; i < n_scales; i += blockDim.x) {
-        const int t = i / (int)nb, b = i - t * (int)nb;
-        sxs[b * T8 + t] = __ldg(xs + min((int64_t)t, T - 1) * nb + b);
-    }
-    __syncthreads();
+    stage_mma_acts<T8, false>(sx, sxs, xq, xs, nullptr, n_in, ld, T);
     float acc[MT][NT8][4] = {};
     constexpr int kStep = kMmaWarps * U;
     for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
@@ -251,8 +266,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_smem_kernel(const
     mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(smem), acc, row0, n_out, T, Y);
 }
 
-// Whether q8_0 mma products stage their activations in shared memory (gemv_q8p_mma_smem_kernel) where they fit:
-// DFL_CUDA_MMA_SMEM=1 (off until measured on a GPU).
+// Whether the int8 mma products stage their activations in shared memory (gemv_q8p_mma_smem_kernel,
+// gemv_q4k_mma_smem_kernel) where they fit: DFL_CUDA_MMA_SMEM=1 (off until measured on a GPU).
 static bool mma_smem_on() {
     static const bool on = env_switch("DFL_CUDA_MMA_SMEM", false);
     return on;
@@ -272,24 +287,22 @@ static size_t smem_optin() {
     return (size_t)v;
 }
 
-// Launches the staged kernel where it is on and its buffer fits (false: the caller launches the register kernel). The
-// opt-in above 48 KB is per kernel and device: set to the device's limit once.
-template <int MT, int NT8, int U>
-static bool launch_q8p_mma_smem(dim3 grid, cudaStream_t s, const int8_t *qs, const uint16_t *dw, const Weight &W,
-                                const int8_t *xq, const float *xs, int64_t T, float *Y) {
+// Kernel<<<grid, 256, bytes, s>>>(args...) where the staged kernels are on and bytes fit the device (false: the caller
+// launches the register kernel). The opt-in above 48 KB is per kernel and device: set to the device's limit once.
+template <auto Kernel, typename... Args>
+static bool launch_mma_smem(dim3 grid, cudaStream_t s, size_t bytes, Args... args) {
     if (!mma_smem_on()) return false;
-    const size_t bytes = mma_smem_bytes(NT8, W.n_in), limit = smem_optin();
-    if (bytes > limit || W.n_in % 32 != 0) return false;
+    const size_t limit = smem_optin();
+    if (bytes > limit) return false;
     static std::atomic<bool> set[64];
     int dev = 0;
     check(cudaGetDevice(&dev), "matmul (device)");
     if (dev < 0 || dev >= 64 || !set[dev].load(std::memory_order_acquire)) {
-        check(cudaFuncSetAttribute(gemv_q8p_mma_smem_kernel<MT, NT8, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)limit),
-              "matmul (q8_0 mma shared memory)");
+        check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit),
+              "matmul (int8 mma shared memory)");
         if (dev >= 0 && dev < 64) set[dev].store(true, std::memory_order_release);
     }
-    gemv_q8p_mma_smem_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, bytes, s>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+    Kernel<<<grid, kMmaWarps * 32, bytes, s>>>(args...);
     return true;
 }
 
@@ -381,6 +394,67 @@ static bool i8_mma_on() {
 
 int64_t i8_mma_max_tokens() { return i8_mma_on() ? kI8MmaMaxTokens : 0; }
 
+// q4_K with the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1), as gemv_q8p_mma_smem_kernel: per 8 tokens
+// and sub-block, one 8-byte load of the fragment and one 16-byte load of the lane's two tokens' scales and sums.
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_smem_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                         int64_t n_in, int64_t n_out, const int8_t *xq,
+                                                                         const float *xs, const float *xsum, int64_t T,
+                                                                         float *Y) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int T8 = 8 * NT8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nsb = n_in / QK_K, row0 = (int64_t)blockIdx.x * 16 * MT, ld = n_in + kMmaSmemPad;
+    int8_t *sx = (int8_t *)smem;
+    float *sxs = (float *)(smem + T8 * ld);
+    const uint8_t *wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
+    Q4kStage<MT> cur, nxt;
+    if (warp < nsb) cur.load(wrow, warp, t4);
+    stage_mma_acts<T8, true>(sx, sxs, xq, xs, xsum, n_in, ld, T);
+    float acc[MT][NT8][4] = {};
+    for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
+        if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const int j = s >> 1, shift = 4 * (s & 1);
+            const int64_t kb = sb * 8 + s;
+            float dsc[MT][2], dm[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int sc, m;
+                    q4k_scale_min_hdr(cur.hdr[mt][h], s, sc, m);
+                    dsc[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x & 0xFFFF)) * (float)sc;
+                    dm[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x >> 16)) * (float)m;
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
+                const float4 sm = *(const float4 *)(sxs + 2 * (kb * T8 + 8 * nt + 2 * t4));  // s0, m0, s1, m1
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, (cur.q[mt][0][j].x >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].x >> shift) & 0x0F0F0F0F,
+                                   (cur.q[mt][0][j].y >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].y >> shift) & 0x0F0F0F0F,
+                                   bv.x, bv.y);
+                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * sm.x) - dm[mt][0] * sm.y;
+                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * sm.z) - dm[mt][0] * sm.w;
+                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * sm.x) - dm[mt][1] * sm.y;
+                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * sm.z) - dm[mt][1] * sm.w;
+                }
+            }
+        }
+        cur = nxt;
+    }
+    __syncthreads();  // the staged activations are read: the buffer takes the warps' sums
+    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(smem), acc, row0, n_out, T, Y);
+}
+
 // launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
 template <int MT, int N, typename Launch>
 static void launch_nt8(int nt8, dim3 grid, Launch &launch) {
@@ -414,7 +488,9 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
         // the largest (registers).
         constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
-        if (launch_q8p_mma_smem<MT, NT8, U>(grid, dev.stream(), qs, dw, W, xq, xs, T, Y)) return;
+        if (launch_mma_smem<gemv_q8p_mma_smem_kernel<MT, NT8, U>>(grid, dev.stream(), mma_smem_bytes(NT8, W.n_in, false),
+                                                                    qs, dw, W.n_in, W.n_out, xq, xs, T, Y))
+            return;
         gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
@@ -431,8 +507,11 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
     dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
-        gemv_q4k_mma_kernel<decltype(mt)::value, decltype(nt8)::value>
-            <<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        if (launch_mma_smem<gemv_q4k_mma_smem_kernel<MT, NT8>>(grid, s, mma_smem_bytes(NT8, W.n_in, true), W.data,
+                                                             W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y))
+            return;
+        gemv_q4k_mma_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
     });
     check_launch("matmul (q4_K int8 mma)");
 }
