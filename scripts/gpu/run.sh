@@ -381,6 +381,9 @@ case $mode in
          log "op tests matmul attention: defaults"
          "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+         log "op tests matmul: DFL_CUDA_MMA_SMEM=1 DFL_CUDA_Q8P_MMA_MIN=2"
+         DFL_CUDA_MMA_SMEM=1 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-smem.txt" 2>&1
+         grep -E "^FAIL|cases" "$OUT/ops-smem.txt" | head -20 | tee -a "$OUT/summary.txt"
          FLAG_REPLAY=DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1 flag_replay
          log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
          (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
