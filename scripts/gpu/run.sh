@@ -361,7 +361,7 @@ variants() {  # MODEL... (the modes give the default pair)
       [ "$v" = - ] && v=DFLASH_NOTHING=1
       (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
         DFLASH_BENCH_PROMPTS=${BENCH_PROMPTS:-512} DFLASH_BENCH_VERIFY=16 \
-        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 8x 2>&1) | tee -a "$OUT/bench-variants.txt" |
+        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
     [ -z "${NO_PROFILE:-}" ] || continue
