@@ -106,6 +106,24 @@ template <int MT, int U>
 struct Q8pStage {
     uint2 q[U][MT][2];
     uint16_t d[U][MT][2];
+    // block u's row scales, converted
+    __device__ __forceinline__ void scales(int u, float (&sw)[MT][2]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(d[u][mt][h]);
+    }
+    // acc (row tile mt, 8 tokens) += block u against the tokens' fragment b: s0 the scale of the lane's first C token,
+    // s1 of its second
+    __device__ __forceinline__ void mma(float (&acc)[4], int u, int mt, uint2 b, const float (&sw)[MT][2], float s0,
+                                       float s1) const {
+        int c[4];
+        mma_s8_16x8x32(c, q[u][mt][0].x, q[u][mt][1].x, q[u][mt][0].y, q[u][mt][1].y, b.x, b.y);
+        acc[0] += (float)c[0] * (sw[mt][0] * s0);
+        acc[1] += (float)c[1] * (sw[mt][0] * s1);
+        acc[2] += (float)c[2] * (sw[mt][1] * s0);
+        acc[3] += (float)c[3] * (sw[mt][1] * s1);
+    }
     __device__ __forceinline__ void load(const int8_t *qs, const uint16_t *dw, const int64_t (&wrow)[MT][2], int64_t n_in,
                                          int64_t nb, int64_t kb0, int t4) {
 #pragma unroll
@@ -151,22 +169,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
             if (kb >= nb) continue;
             const MmaActs<NT8, false> &x = xa[u & 1];
             float sw[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[u][mt][h]);
+            cur.scales(u, sw);
 #pragma unroll
             for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int c[4];
-                    mma_s8_16x8x32(c, cur.q[u][mt][0].x, cur.q[u][mt][1].x, cur.q[u][mt][0].y, cur.q[u][mt][1].y,
-                                   x.b[nt].x, x.b[nt].y);
-                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * x.s[nt][0]);
-                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * x.s[nt][1]);
-                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * x.s[nt][0]);
-                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * x.s[nt][1]);
-                }
+                for (int mt = 0; mt < MT; mt++) cur.mma(acc[mt][nt], u, mt, x.b[nt], sw, x.s[nt][0], x.s[nt][1]);
         }
         cur = nxt;
     }
@@ -240,24 +247,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_smem_kernel(const
             const int64_t kb = kb0 + u * kMmaWarps;
             if (kb >= nb) continue;
             float sw[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[u][mt][h]);
+            cur.scales(u, sw);
 #pragma unroll
             for (int nt = 0; nt < NT8; nt++) {
                 const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
                 const float2 xsc = *(const float2 *)(sxs + kb * T8 + 8 * nt + 2 * t4);
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int c[4];
-                    mma_s8_16x8x32(c, cur.q[u][mt][0].x, cur.q[u][mt][1].x, cur.q[u][mt][0].y, cur.q[u][mt][1].y, bv.x,
-                                   bv.y);
-                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * xsc.x);
-                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * xsc.y);
-                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * xsc.x);
-                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * xsc.y);
-                }
+                for (int mt = 0; mt < MT; mt++) cur.mma(acc[mt][nt], u, mt, bv, sw, xsc.x, xsc.y);
             }
         }
         cur = nxt;
@@ -312,6 +308,31 @@ template <int MT>
 struct Q4kStage {
     uint4 hdr[MT][2];
     uint2 q[MT][2][4];
+    // sub-block s's scale (d sc) and minimum (dmin m) for each row half
+    __device__ __forceinline__ void sub_scales(int s, float (&dsc)[MT][2], float (&dm)[MT][2]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int sc, m;
+                q4k_scale_min_hdr(hdr[mt][h], s, sc, m);
+                dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x & 0xFFFF)) * (float)sc;
+                dm[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x >> 16)) * (float)m;
+            }
+    }
+    // acc (row tile mt, 8 tokens) += sub-block s against the tokens' fragment b: s0, m0 the scale and block sum of the
+    // lane's first C token, s1, m1 of its second
+    __device__ __forceinline__ void mma_sub(float (&acc)[4], int mt, int s, uint2 b, const float (&dsc)[MT][2],
+                                            const float (&dm)[MT][2], float s0, float m0, float s1, float m1) const {
+        const int j = s >> 1, shift = 4 * (s & 1);
+        int c[4];
+        mma_s8_16x8x32(c, (q[mt][0][j].x >> shift) & 0x0F0F0F0F, (q[mt][1][j].x >> shift) & 0x0F0F0F0F,
+                       (q[mt][0][j].y >> shift) & 0x0F0F0F0F, (q[mt][1][j].y >> shift) & 0x0F0F0F0F, b.x, b.y);
+        acc[0] += (float)c[0] * (dsc[mt][0] * s0) - dm[mt][0] * m0;
+        acc[1] += (float)c[1] * (dsc[mt][0] * s1) - dm[mt][0] * m1;
+        acc[2] += (float)c[2] * (dsc[mt][1] * s0) - dm[mt][1] * m0;
+        acc[3] += (float)c[3] * (dsc[mt][1] * s1) - dm[mt][1] * m1;
+    }
     __device__ __forceinline__ void load(const uint8_t *const (&wrow)[MT][2], int64_t sb, int t4) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
@@ -349,7 +370,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
         if (kAhead) xa[0].load(tok, xq, xs, xsum, sb * 8, t4);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            const int j = s >> 1, shift = 4 * (s & 1);
             const int64_t kb = sb * 8 + s;
             if (!kAhead)
                 xa[0].load(tok, xq, xs, xsum, kb, t4);
@@ -357,28 +377,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
                 xa[(s + 1) & 1].load(tok, xq, xs, xsum, kb + 1, t4);
             const MmaActs<NT8, true> &x = xa[kAhead ? s & 1 : 0];
             float dsc[MT][2], dm[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int sc, m;
-                    q4k_scale_min_hdr(cur.hdr[mt][h], s, sc, m);
-                    dsc[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x & 0xFFFF)) * (float)sc;
-                    dm[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x >> 16)) * (float)m;
-                }
+            cur.sub_scales(s, dsc, dm);
 #pragma unroll
             for (int nt = 0; nt < NT8; nt++)
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int c[4];
-                    mma_s8_16x8x32(c, (cur.q[mt][0][j].x >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].x >> shift) & 0x0F0F0F0F,
-                                   (cur.q[mt][0][j].y >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].y >> shift) & 0x0F0F0F0F,
-                                   x.b[nt].x, x.b[nt].y);
-                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * x.s[nt][0]) - dm[mt][0] * x.m[nt][0];
-                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * x.s[nt][1]) - dm[mt][0] * x.m[nt][1];
-                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * x.s[nt][0]) - dm[mt][1] * x.m[nt][0];
-                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * x.s[nt][1]) - dm[mt][1] * x.m[nt][1];
-                }
+                for (int mt = 0; mt < MT; mt++)
+                    cur.mma_sub(acc[mt][nt], mt, s, x.b[nt], dsc, dm, x.s[nt][0], x.m[nt][0], x.s[nt][1], x.m[nt][1]);
         }
         cur = nxt;
     }
@@ -420,33 +424,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_smem_kernel(const
         if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            const int j = s >> 1, shift = 4 * (s & 1);
             const int64_t kb = sb * 8 + s;
             float dsc[MT][2], dm[MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int sc, m;
-                    q4k_scale_min_hdr(cur.hdr[mt][h], s, sc, m);
-                    dsc[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x & 0xFFFF)) * (float)sc;
-                    dm[mt][h] = half_bits_to_f32((uint16_t)(cur.hdr[mt][h].x >> 16)) * (float)m;
-                }
+            cur.sub_scales(s, dsc, dm);
 #pragma unroll
             for (int nt = 0; nt < NT8; nt++) {
                 const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
                 const float4 sm = *(const float4 *)(sxs + 2 * (kb * T8 + 8 * nt + 2 * t4));  // s0, m0, s1, m1
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    int c[4];
-                    mma_s8_16x8x32(c, (cur.q[mt][0][j].x >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].x >> shift) & 0x0F0F0F0F,
-                                   (cur.q[mt][0][j].y >> shift) & 0x0F0F0F0F, (cur.q[mt][1][j].y >> shift) & 0x0F0F0F0F,
-                                   bv.x, bv.y);
-                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * sm.x) - dm[mt][0] * sm.y;
-                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * sm.z) - dm[mt][0] * sm.w;
-                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * sm.x) - dm[mt][1] * sm.y;
-                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * sm.z) - dm[mt][1] * sm.w;
-                }
+                for (int mt = 0; mt < MT; mt++) cur.mma_sub(acc[mt][nt], mt, s, bv, dsc, dm, sm.x, sm.y, sm.z, sm.w);
             }
         }
         cur = nxt;
