@@ -294,7 +294,7 @@ cpu_peer() {
 # commas. DFL_CUDA_PDL_CHAIN=1: norms, element-wise kernels and attention as programmatic dependent launches too;
 # DFL_CUDA_MMA_SMEM=1: the q8_0 mma kernel with its activations staged in shared memory (DFL_CUDA_Q8P_MMA_MIN=2: from
 # two tokens instead of nine).
-VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1 DFL_CUDA_MMA_SMEM=1 DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1}
+VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1 DFL_CUDA_MMA_SMEM=1}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_MMA_SMEM=1 DFL_CUDA_MMA_SMEM=1,DFL_CUDA_Q8P_MMA_MIN=2}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
