@@ -3,6 +3,7 @@
 // class for real (native/engine TestDevice*), but only on a GPU.
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "core/step_graphs.h"
 #include "test.h"
@@ -129,6 +130,27 @@ TEST(step_graphs_capture_on_second_sight_per_key) {
         CHECK(s.step(k1) == Ran::Replayed && s.dev.last_launched == g1);
         CHECK(s.dev.begins == 2 && s.dev.live.size() == 2);
     }
+}
+
+// Verify steps: keys that differ only in the step's tokens, its longest entry or the shape word (trees, recording,
+// captured layers) are different graphs; a decode key (tokens 0) is not a verify key.
+TEST(step_graphs_verify_keys_are_distinct) {
+    StepGraphs::Key decode{2, 64, 2};
+    StepGraphs::Key v16 = decode, v8 = decode, tree = decode;
+    v16.tokens = 32, v16.max_tokens = 16;
+    v8.tokens = 16, v8.max_tokens = 8;
+    tree.tokens = 32, tree.max_tokens = 16, tree.shape = 1;
+    Steps s(StepGraphs::OnFailure::Retry);
+    for (const auto *k : {&decode, &v16, &v8, &tree}) CHECK(s.step(*k) == Ran::Eager);
+    std::vector<uintptr_t> g;
+    for (const auto *k : {&decode, &v16, &v8, &tree}) {
+        CHECK(s.step(*k) == Ran::Captured);
+        g.push_back(s.dev.last_launched);
+    }
+    for (size_t i = 0; i < g.size(); i++)
+        for (size_t j = i + 1; j < g.size(); j++) CHECK(g[i] != g[j]);
+    CHECK(s.step(v16) == Ran::Replayed && s.dev.last_launched == g[1]);
+    CHECK(s.step(tree) == Ran::Replayed && s.dev.last_launched == g[3]);
 }
 
 TEST(step_graphs_failed_capture_retries_or_gives_up) {
