@@ -1,4 +1,4 @@
-// Full-attention layer ops: q/k norm + RoPE + KV cache write (attn_prep), and paged causal attention.
+// Paged causal attention of the full-attention layers (attn_prep.cu writes its Q and the KV cache rows).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -9,7 +9,6 @@
 namespace dfl {
 namespace cuda {
 
-constexpr int kPrepThreads = 128;
 constexpr int kAttnThreads = 128;
 constexpr int kAttnTilePos = 64;  // cache positions scored per step
 constexpr int kAttnMaxDimsPerThread = 4;  // head_dim <= 512
@@ -23,108 +22,6 @@ static int attn_warp_pos() {
         return e && *e && std::atoi(e) < kAttnWarpPos ? 1 : kAttnWarpPos;
     }();
     return n;
-}
-
-// One cache row of n elements from x, converted to the cache type as quantize_row does. Called by the whole block
-// (blockDim.x a multiple of 32). q8_0: one warp per 32-element block, d = amax / 127 stored as f16, q = round(x / d).
-__device__ void store_cache_row(uint32_t type, const float *x, uint8_t *dst, int n) {
-    switch (type) {
-    case DFL_TYPE_F32:
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ((float *)dst)[i] = x[i];
-        break;
-    case DFL_TYPE_F16:
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_half_bits(x[i]);
-        break;
-    case DFL_TYPE_BF16:
-        for (int i = threadIdx.x; i < n; i += blockDim.x) ((uint16_t *)dst)[i] = f32_to_bf16_bits(x[i]);
-        break;
-    case DFL_TYPE_Q8_0: {
-        const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-        for (int b = threadIdx.x >> 5; b < n / QK8_0; b += nw) {
-            const float v = x[b * QK8_0 + lane];
-            const float amax = warp_max(fabsf(v));
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            uint8_t *blk = dst + (size_t)b * kQ8_0Bytes;
-            if (lane == 0) *(uint16_t *)blk = f32_to_half_bits(d);
-            blk[2 + lane] = (uint8_t)(int8_t)roundf(v * id);
-        }
-        break;
-    }
-    default:
-        break;
-    }
-}
-
-// Block (t, h): h < n_head normalises and rotates query head h of token t into Q (and copies its gate); h >= n_head
-// does key head h - n_head in place in kf and writes that head's K and V rows into the cache at pool row kv_slot[t].
-// head_off (n_head when there is no qf, else 0) is added to blockIdx.y, so a K/V-only call launches only key heads.
-__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot, int head_off) {
-    pdl_trigger();  // small grids: what follows may launch at once and wait (launch_chain)
-    pdl_wait();
-    extern __shared__ float xs[];  // [head_dim]
-    __shared__ float red[32];
-    const int hd = a.kv.head_dim, n_kv = a.kv.n_kv;
-    const int64_t t = blockIdx.x;
-    const int hh = blockIdx.y + head_off;
-    const bool is_q = hh < a.n_head;
-    const int64_t q_out = (int64_t)a.n_head * hd * (a.gated ? 2 : 1), kvd = (int64_t)n_kv * hd;
-    const float *src;
-    const float *norm;
-    if (is_q) {
-        src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
-        norm = a.q_norm;
-    } else {
-        src = a.kf + t * kvd + (int64_t)(hh - a.n_head) * hd;
-        norm = a.k_norm;
-    }
-    float ss = 0.0f;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float v = src[d];
-        xs[d] = v;
-        ss += v * v;
-    }
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / (float)hd + a.eps);
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = norm ? (xs[d] * r) * norm[d] : xs[d] * r;
-    __syncthreads();
-    const int half = a.rope_dim / 2;
-    const float p = (float)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float ang = p * a.inv_freq[i];
-        // double cos/sin of the f32 angle as the CPU does: positions reach 1e5+ rad, where the fast intrinsics drift
-        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
-        const float x0 = xs[i], x1 = xs[i + half];
-        xs[i] = x0 * c - x1 * s;
-        xs[i + half] = x1 * c + x0 * s;
-    }
-    __syncthreads();
-    if (is_q) {
-        const int64_t qd = (int64_t)a.n_head * hd;
-        float *dst = a.Q + t * qd + (int64_t)hh * hd;
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = xs[d];
-        if (a.gated) {
-            float *gd = a.gate + t * qd + (int64_t)hh * hd;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) gd[d] = src[hd + d];
-        }
-        return;
-    }
-    const int g = hh - a.n_head;
-    float *kdst = a.kf + t * kvd + (int64_t)g * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) kdst[d] = xs[d];
-    const uint64_t prow = (uint64_t)kv_slot[t] * n_kv + g;
-    store_cache_row(a.kv.type_k, xs, a.kv.k + prow * a.kv.k_row, hd);
-    store_cache_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
-}
-
-void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
-    if (m.T <= 0) return;
-    // without qf only the key heads run: blocks y = 0..n_kv-1 map to heads n_head.. (see head_off)
-    const int n_q = a.qf ? a.n_head : 0;
-    const dim3 grid((unsigned)m.T, (unsigned)(n_q + a.kv.n_kv));
-    launch_chain(attn_prep_kernel, grid, dim3(kPrepThreads), (size_t)a.kv.head_dim * sizeof(float), s, a, m.pos,
-                 m.kv_slot, (int)(a.n_head - n_q));
-    check_launch("attn_prep");
 }
 
 struct AttnArgs {
