@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +37,18 @@ inline void check(cudaError_t e, const char *op) {
 
 // After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
 inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
+
+// Lets Kernel take up to bytes of dynamic shared memory on device `device`: the opt-in above 48 KB is per kernel and
+// device, so it is set once per device (a launch after costs an atomic load).
+template <auto Kernel>
+void allow_dynamic_smem(int device, size_t bytes, const char *op) {
+    constexpr int kDevices = 64;
+    static std::atomic<bool> set[kDevices];
+    const bool cached = device >= 0 && device < kDevices;
+    if (cached && set[device].load(std::memory_order_acquire)) return;
+    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
+    if (cached) set[device].store(true, std::memory_order_release);
+}
 
 // A DFL_CUDA_* switch of the environment: one that is on by default is off only with NAME=0, one that is off by
 // default on only with NAME=1 (kernels kept for comparisons in one run, or not yet the default).

@@ -98,6 +98,9 @@ public:
     QuantX stage_quant(const float *x, int64_t count);
     bool take_staged(const float *x, int64_t count, QuantX *q);
     int sm_count() const { return sm_count_; }
+    int index() const { return index_; }
+    // the most dynamic shared memory a block may have once a kernel opts in (allow_dynamic_smem)
+    size_t smem_optin() const { return smem_optin_; }
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -151,6 +154,7 @@ private:
     void *ds4_buf_ = nullptr;
     size_t ds4_buf_bytes_ = 0;
     int sm_count_ = 1;
+    size_t smem_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 
     mutable uint64_t calls_ = 0;  // device calls so far (use())

@@ -1,7 +1,6 @@
 // Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
 // dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -269,36 +268,13 @@ static bool mma_smem_on() {
     return on;
 }
 
-// The most dynamic shared memory a block of the current device may have (the opt-in limit), once per device.
-static size_t smem_optin() {
-    static std::atomic<int> cached[64];
-    int dev = 0;
-    check(cudaGetDevice(&dev), "matmul (device)");
-    if (dev < 0 || dev >= 64) return 48 * 1024;
-    int v = cached[dev].load(std::memory_order_acquire);
-    if (v == 0) {
-        check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "matmul (shared memory)");
-        cached[dev].store(v, std::memory_order_release);
-    }
-    return (size_t)v;
-}
-
-// Kernel<<<grid, 256, bytes, s>>>(args...) where the staged kernels are on and bytes fit the device (false: the caller
-// launches the register kernel). The opt-in above 48 KB is per kernel and device: set to the device's limit once.
+// Kernel<<<grid, 256, bytes>>>(args...) on dev's stream where the staged kernels are on and bytes fit the device (false:
+// the caller launches the register kernel).
 template <auto Kernel, typename... Args>
-static bool launch_mma_smem(dim3 grid, cudaStream_t s, size_t bytes, Args... args) {
-    if (!mma_smem_on()) return false;
-    const size_t limit = smem_optin();
-    if (bytes > limit) return false;
-    static std::atomic<bool> set[64];
-    int dev = 0;
-    check(cudaGetDevice(&dev), "matmul (device)");
-    if (dev < 0 || dev >= 64 || !set[dev].load(std::memory_order_acquire)) {
-        check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)limit),
-              "matmul (int8 mma shared memory)");
-        if (dev >= 0 && dev < 64) set[dev].store(true, std::memory_order_release);
-    }
-    Kernel<<<grid, kMmaWarps * 32, bytes, s>>>(args...);
+static bool launch_mma_smem(CudaDevice &dev, dim3 grid, size_t bytes, Args... args) {
+    if (!mma_smem_on() || bytes > dev.smem_optin()) return false;
+    allow_dynamic_smem<Kernel>(dev.index(), dev.smem_optin(), "matmul (int8 mma shared memory)");
+    Kernel<<<grid, kMmaWarps * 32, bytes, dev.stream()>>>(args...);
     return true;
 }
 
@@ -474,8 +450,8 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
         // the largest (registers).
         constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
-        if (launch_mma_smem<gemv_q8p_mma_smem_kernel<MT, NT8, U>>(grid, dev.stream(), mma_smem_bytes(NT8, W.n_in, false),
-                                                                    qs, dw, W.n_in, W.n_out, xq, xs, T, Y))
+        if (launch_mma_smem<gemv_q8p_mma_smem_kernel<MT, NT8, U>>(dev, grid, mma_smem_bytes(NT8, W.n_in, false), qs, dw,
+                                                                    W.n_in, W.n_out, xq, xs, T, Y))
             return;
         gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
     });
@@ -494,7 +470,7 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     cudaStream_t s = dev.stream();
     dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
-        if (launch_mma_smem<gemv_q4k_mma_smem_kernel<MT, NT8>>(grid, s, mma_smem_bytes(NT8, W.n_in, true), W.data,
+        if (launch_mma_smem<gemv_q4k_mma_smem_kernel<MT, NT8>>(dev, grid, mma_smem_bytes(NT8, W.n_in, true), W.data,
                                                              W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y))
             return;
         gemv_q4k_mma_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);

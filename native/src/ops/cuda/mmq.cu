@@ -3,7 +3,6 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -28,7 +27,6 @@ constexpr int kMmqK = 256;                    // K elements per tile
 constexpr int kMmqLd = kMmqK + 8;             // 16-bit tile row stride: 528 bytes shifts banks by 4 per row
 constexpr int kMmqCLd = kMmqRows + 4;         // f32 output staging, [token][row]
 constexpr int kMmqMinTilesPerSplit = 4;       // a split must stream enough K to amortise its partial-sum write
-constexpr int kMaxDevices = 64;               // device ordinals with a cached kernel attribute
 
 // Bytes of `klen` elements (a multiple of the block size) of a row of `type`.
 __host__ __device__ __forceinline__ int mmq_tile_bytes(uint32_t type, int klen) {
@@ -267,22 +265,12 @@ bool mmq_ok(const Weight &W) {
 }
 
 template <typename E, int NF>
-static void launch_mmq_nf(cudaStream_t s, const Weight &W, const uint16_t *Xh, int64_t k_pad, int64_t T, dim3 grid,
+static void launch_mmq_nf(CudaDevice &dev, const Weight &W, const uint16_t *Xh, int64_t k_pad, int64_t T, dim3 grid,
                           int tiles_per_split, float *out) {
-    const size_t smem = mmq_smem_bytes(W.type);
-    // The opt-in above 48 KB is per device and kernel: set once per device to the largest size any type needs (f16),
-    // so the per-launch cost is an atomic load.
-    static std::atomic<bool> smem_set[kMaxDevices];
-    int dev = 0;
-    check(cudaGetDevice(&dev), "matmul (mmq device)");
-    if (dev < 0 || dev >= kMaxDevices || !smem_set[dev].load(std::memory_order_acquire)) {
-        check(cudaFuncSetAttribute(mmq_kernel<E, NF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)mmq_smem_bytes(DFL_TYPE_F16)),
-              "matmul (mmq smem)");
-        if (dev >= 0 && dev < kMaxDevices) smem_set[dev].store(true, std::memory_order_release);
-    }
-    mmq_kernel<E, NF><<<grid, kMmqWarps * 32, smem, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, Xh, k_pad, T,
-                                                         tiles_per_split, mmq_raw_ld(W.type), out);
+    // the largest size any type needs (f16), so that one opt-in serves every weight type
+    allow_dynamic_smem<mmq_kernel<E, NF>>(dev.index(), mmq_smem_bytes(DFL_TYPE_F16), "matmul (mmq smem)");
+    mmq_kernel<E, NF><<<grid, kMmqWarps * 32, mmq_smem_bytes(W.type), dev.stream()>>>(
+        W.type, W.data, W.row_bytes, W.n_in, W.n_out, Xh, k_pad, T, tiles_per_split, mmq_raw_ld(W.type), out);
 }
 
 void launch_mmq(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
@@ -309,17 +297,17 @@ void launch_mmq(CudaDevice &dev, const Weight &W, const float *X, int64_t T, flo
     const dim3 grid((unsigned)row_tiles, (unsigned)splits);
     if (bf16) {
         switch (nf) {
-        case 1: launch_mmq_nf<__nv_bfloat16, 1>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        case 2: launch_mmq_nf<__nv_bfloat16, 2>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        case 3: launch_mmq_nf<__nv_bfloat16, 3>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        default: launch_mmq_nf<__nv_bfloat16, 4>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 1: launch_mmq_nf<__nv_bfloat16, 1>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 2: launch_mmq_nf<__nv_bfloat16, 2>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 3: launch_mmq_nf<__nv_bfloat16, 3>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        default: launch_mmq_nf<__nv_bfloat16, 4>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
         }
     } else {
         switch (nf) {
-        case 1: launch_mmq_nf<__half, 1>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        case 2: launch_mmq_nf<__half, 2>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        case 3: launch_mmq_nf<__half, 3>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
-        default: launch_mmq_nf<__half, 4>(s, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 1: launch_mmq_nf<__half, 1>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 2: launch_mmq_nf<__half, 2>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        case 3: launch_mmq_nf<__half, 3>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
+        default: launch_mmq_nf<__half, 4>(dev, W, Xh, k_pad, T, grid, tiles_per_split, part); break;
         }
     }
     check_launch("matmul (mmq)");
