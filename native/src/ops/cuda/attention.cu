@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -233,6 +234,20 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
 // and V rows of a whole run at once (one latency per run), and the block's warps merge at the end as splits do. Lane l
 // holds dims [DPL l, DPL l + DPL) of every row: head_dim 32 DPL; cache types f32, f16 and bf16, K and V the same.
 
+// f(std::integral_constant<int, G>) for G, one of the query heads per block the kernels are instantiated for
+// (heads_per_block's values: 8, 6, 4, 3, 2, else 1).
+template <typename F>
+static void with_heads_per_block(int G, F &&f) {
+    switch (G) {
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    default: f(std::integral_constant<int, 1>{}); break;
+    }
+}
+
 // BYTES of a cache row as loaded (one vector load), converted when used.
 template <int BYTES>
 struct RawWords {
@@ -423,14 +438,9 @@ static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnAr
     if (!attn_warp_on() || !type_ok || !hd_ok || a.k_row % 16 != 0 || a.v_row % 16 != 0 ||
         ((uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
         return false;
-    switch (G) {
-    case 8: launch_attention_warp_g<8>(grid, s, a, split_len, part_o, part_ml); break;
-    case 6: launch_attention_warp_g<6>(grid, s, a, split_len, part_o, part_ml); break;
-    case 4: launch_attention_warp_g<4>(grid, s, a, split_len, part_o, part_ml); break;
-    case 3: launch_attention_warp_g<3>(grid, s, a, split_len, part_o, part_ml); break;
-    case 2: launch_attention_warp_g<2>(grid, s, a, split_len, part_o, part_ml); break;
-    default: launch_attention_warp_g<1>(grid, s, a, split_len, part_o, part_ml); break;
-    }
+    with_heads_per_block(G, [&](auto g) {
+        launch_attention_warp_g<decltype(g)::value>(grid, s, a, split_len, part_o, part_ml);
+    });
     return true;
 }
 
@@ -486,14 +496,9 @@ static void launch_attention_typed(uint32_t tk, uint32_t tv, dim3 grid, size_t s
 static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
                                     float *part_o, float *part_ml) {
     if (launch_attention_warp(G, grid, s, a, split_len, part_o, part_ml)) return;
-    switch (G) {
-    case 8: launch_attention_typed<8>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    case 6: launch_attention_typed<6>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    case 4: launch_attention_typed<4>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    case 3: launch_attention_typed<3>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    case 2: launch_attention_typed<2>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    default: launch_attention_typed<1>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml); break;
-    }
+    with_heads_per_block(G, [&](auto g) {
+        launch_attention_typed<decltype(g)::value>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml);
+    });
 }
 
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
