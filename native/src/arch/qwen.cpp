@@ -96,8 +96,10 @@ namespace {
 // Batches of up to this many tokens use the fused projections (decode, verify blocks); larger ones (prefill) run the
 // parts one by one and need no split copies.
 constexpr int64_t kFusedMaxTokens = 64;
-// Most tokens of one sequence in a step replayed from a device graph (a DFlash block is 16, a DDTree up to ~24).
+// Most tokens of one sequence in a step replayed from a device graph (a DFlash block is 16, a DDTree up to ~24), and
+// most hidden-state capture layers (their ids go into the graph key, 8 bits each after 8 bits of flags).
 constexpr int64_t kGraphMaxTokens = 32;
+constexpr uint32_t kGraphMaxCaptures = 7;
 
 }  // namespace
 
@@ -709,7 +711,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     // freezes the host scalars of the batch, which go into its key (StepGraphs::Key); the block table width is rounded
     // up (kernels treat it and max_ctx as upper bounds and read each sequence's true length from the metadata).
     // Longer entries are prefill chunks: one-off shapes, and attention there may take the cuBLAS path.
-    const bool graph_step = dev_->has_graphs() && max_n <= kGraphMaxTokens && b.n_capture <= 7;
+    const bool graph_step = dev_->has_graphs() && max_n <= kGraphMaxTokens && b.n_capture <= kGraphMaxCaptures;
     if (graph_step) {
         const uint32_t bucket = 64;
         max_blocks = (max_blocks + bucket - 1) / bucket * bucket;
@@ -831,11 +833,11 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         }
         // which kernels run: trees (per-token masks), recording, and the hidden-state captures (layers, 8 bits each)
         key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2;
-        for (uint32_t c = 0; c < b.n_capture && c < 7; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
+        for (uint32_t c = 0; c < b.n_capture; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
         graphs_.run(*dev_, key, [&] { run_layers(m, b, rows, d_out_rows); });
-    }
-    else
+    } else {
         run_layers(m, b, rows, d_out_rows);
+    }
     if (rows > 0 && topk) {
         // only the candidates cross to the host: ids, then values, then the log-sum-exps
         device_topk(*dev_, logits_.f(), rows, h.n_vocab, topk->k, topk_.get());
