@@ -32,7 +32,7 @@
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
 #                                            (space-separated; each "-" = defaults or VAR=value,VAR=value; default the
-#                                            defaults and the mma kernels before 12-03; prompts BENCH_PROMPTS, default
+#                                            defaults and each opt-in of VARIANTS below; prompts BENCH_PROMPTS, default
 #                                            512, and a 16-token verify), a per-op profile of batch-1 decode (op by
 #                                            op), and llama.cpp on the same files (with pack.sh --peer)
 set -uo pipefail
@@ -42,6 +42,10 @@ shift || true
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+# A variant ("-": the defaults, else VAR=value settings joined by commas) as env assignments, and a tag of those for the
+# names of its result files.
+variant_env() { if [ "$1" = - ]; then echo DFLASH_NOTHING=1; else echo "${1//,/ }"; fi; }
+variant_tag() { variant_env "$1" | tr -c 'A-Za-z0-9_\n' '-'; }
 export NCCL_NVLS_ENABLE=0
 export DFLASH_CPU_INT8=off  # the CPU reference of the device tests is the float path
 
@@ -161,8 +165,7 @@ spec_bench() {
   # variants compared in one run: SPEC_VARIANTS, space-separated VAR=value settings ("-" = defaults)
   for v in ${SPEC_VARIANTS:--}; do
     log "verify blocks and draft steps: $m, $v"
-    [ "$v" = - ] && v=DFLASH_NOTHING=1
-    (cd native/engine && env "$v" DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
+    (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8,32 DFLASH_BENCH_VERIFY=8,16,23 \
       "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
@@ -292,8 +295,8 @@ cpu_peer() {
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
 # commas. DFL_CUDA_PDL_CHAIN=1: norms, element-wise kernels and attention as programmatic dependent launches too;
-# DFL_CUDA_MMA_SMEM=1: the q8_0 mma kernel with its activations staged in shared memory (DFL_CUDA_Q8P_MMA_MIN=2: from
-# two tokens instead of nine).
+# DFL_CUDA_MMA_SMEM=1: the int8 mma kernels with their activations staged in shared memory (DFL_CUDA_Q8P_MMA_MIN=2:
+# q8_0 on them from two tokens instead of nine).
 VARIANTS=${VARIANTS:-- DFL_CUDA_PDL_CHAIN=1 DFL_CUDA_MMA_SMEM=1}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_MMA_SMEM=1 DFL_CUDA_MMA_SMEM=1,DFL_CUDA_Q8P_MMA_MIN=2}
 
@@ -303,10 +306,9 @@ flag_replay() {
   local v
   for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_PDL_CHAIN=1,DFL_CUDA_MMA_SMEM=1}; do
     log "device replay vs CPU: $v"
-    [ "$v" = - ] && v=DFLASH_NOTHING=1
-    (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
+    (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
-      tee "$OUT/device-replay-$(echo "$v" | tr -c 'A-Za-z0-9_\n' '-').txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+      tee "$OUT/device-replay-$(variant_tag "$v").txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
   done
 }
 
@@ -328,9 +330,8 @@ kernel_tests() {
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
-    [ "$flags" = - ] && flags=DFLASH_NOTHING=1
-    local f="$OUT/ops-$(echo "$flags" | tr -c 'A-Za-z0-9_\n' '-').txt"
-    env ${flags//,/ } "$t" "$@" >"$f" 2>&1
+    local f="$OUT/ops-$(variant_tag "$flags").txt"
+    env $(variant_env "$flags") "$t" "$@" >"$f" 2>&1
     grep -E "^FAIL|cases" "$f" | head -20 | tee -a "$OUT/summary.txt"
   done
   flag_replay
@@ -345,9 +346,8 @@ kernel_bench() {
   build_kernel_tests || return 1
   for v in $KERNEL_VARIANTS; do
     log "kernel bench: $v"
-    [ "$v" = - ] && v=DFLASH_NOTHING=1
-    local f="$OUT/kbench-$(echo "$v" | tr -c 'A-Za-z0-9_\n' '-').txt"
-    env ${v//,/ } "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$f"
+    local f="$OUT/kbench-$(variant_tag "$v").txt"
+    env $(variant_env "$v") "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$f"
     grep -E "layer" "$f" | tee -a "$OUT/summary.txt"
   done
 }
@@ -358,8 +358,7 @@ variants() {  # MODEL... (the modes give the default pair)
     f=$(make_model "$m") || continue
     for v in $VARIANTS; do
       log "ours: $m, $v"
-      [ "$v" = - ] && v=DFLASH_NOTHING=1
-      (cd native/engine && env ${v//,/ } DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
         DFLASH_BENCH_PROMPTS=${BENCH_PROMPTS:-512} DFLASH_BENCH_VERIFY=16 \
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
