@@ -1,7 +1,6 @@
 // Paged causal attention of the full-attention layers (attn_prep.cu writes its Q and the KV cache rows).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -18,10 +17,7 @@ constexpr int kAttnWarpPos = 4;  // most cache positions a warp scores together 
 // Positions a warp scores together: 4 (their loads in flight at once; H200, qwen3-8b, with the other two 12-03 opt-ins:
 // tg b1 205 -> 213 tok/s), or 1 with DFL_CUDA_ATTN_WARP_POS=1 (each waits its own memory latency).
 static int attn_warp_pos() {
-    static const int n = [] {
-        const char *e = std::getenv("DFL_CUDA_ATTN_WARP_POS");
-        return e && *e && std::atoi(e) < kAttnWarpPos ? 1 : kAttnWarpPos;
-    }();
+    static const int n = env_int("DFL_CUDA_ATTN_WARP_POS", kAttnWarpPos) < kAttnWarpPos ? 1 : kAttnWarpPos;
     return n;
 }
 

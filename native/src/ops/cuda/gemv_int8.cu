@@ -7,7 +7,6 @@
 //  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -23,10 +22,7 @@ constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // at 32).
 // DFL_CUDA_Q8P_MMA_MIN overrides it (for comparisons in one run).
 static int64_t q8p_mma_min_tokens() {
-    static const int64_t n = [] {
-        const char *e = std::getenv("DFL_CUDA_Q8P_MMA_MIN");
-        return e && *e ? std::max<int64_t>(2, std::atoll(e)) : int64_t(9);
-    }();
+    static const int64_t n = std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_MMA_MIN", 9));
     return n;
 }
 

@@ -10,7 +10,6 @@
 //    dequantized to f16 in chunks of rows in the device scratch; X is converted to the weight's 16-bit type; f32
 //    accumulation and output. f32 weights go through SGEMM (no TF32), exact to f32 rounding.
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -28,10 +27,7 @@ constexpr int kGemvWarps = 4;  // output rows per block
 // tensor-core kernel does: 32 by default (measured on the H200: two dp4a passes beat one mmq pass at 32 tokens),
 // DFL_CUDA_Q8P_MAX_TOKENS overrides it (for comparisons in one run).
 static int64_t q8p_max_tokens() {
-    static const int64_t n = [] {
-        const char *e = std::getenv("DFL_CUDA_Q8P_MAX_TOKENS");
-        return e && *e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(32);
-    }();
+    static const int64_t n = std::max<int64_t>(0, env_int("DFL_CUDA_Q8P_MAX_TOKENS", 32));
     return n;
 }
 

@@ -3,7 +3,6 @@
 #include <mma.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"

@@ -1,7 +1,6 @@
 // Row normalisations: one block per row, f32 block reduction of the sum of squares (the CPU sums in double; the
 // difference is a few f32 ulps of the scale).
 #include <algorithm>
-#include <cstdlib>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -13,11 +12,7 @@ namespace cuda {
 // row's block is the whole of the work on its SM and its latency is the op's (256 threads left a 5120-wide row
 // at 20 serial loads a thread). DFL_CUDA_NORM_THREADS caps it (for comparisons in one run).
 static int norm_max_threads() {
-    static const int n = [] {
-        const char *e = std::getenv("DFL_CUDA_NORM_THREADS");
-        const int v = e && *e ? std::atoi(e) : 1024;
-        return std::min(1024, std::max(32, v));
-    }();
+    static const int n = (int)std::min<int64_t>(1024, std::max<int64_t>(32, env_int("DFL_CUDA_NORM_THREADS", 1024)));
     return n;
 }
 
