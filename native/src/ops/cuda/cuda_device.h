@@ -99,8 +99,6 @@ public:
     bool take_staged(const float *x, int64_t count, QuantX *q);
     int sm_count() const { return sm_count_; }
     int index() const { return index_; }
-    // the most dynamic shared memory a block may have once a kernel opts in (allow_dynamic_smem)
-    size_t smem_optin() const { return smem_optin_; }
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -154,7 +152,6 @@ private:
     void *ds4_buf_ = nullptr;
     size_t ds4_buf_bytes_ = 0;
     int sm_count_ = 1;
-    size_t smem_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 
     mutable uint64_t calls_ = 0;  // device calls so far (use())
@@ -203,6 +200,8 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
 int64_t i8_mma_max_tokens();
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y);
 bool q4k_mma_ok(const Weight &W);
+// Fewest tokens of a q4_K product on the tensor-core kernel; fewer (from 2) take the dp4a kernel (gemv_q4k_i8_kernel).
+int64_t q4k_mma_min_tokens();
 bool q6k_i8_on();
 bool q6k_i8_ok(const Weight &W);
 void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);

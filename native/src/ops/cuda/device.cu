@@ -36,7 +36,7 @@ bool pdl_on() {
 }
 
 bool pdl_chain_on() {
-    static const bool on = env_switch("DFL_CUDA_PDL_CHAIN", false);
+    static const bool on = env_switch("DFL_CUDA_PDL_CHAIN", true);
     return on;
 }
 
@@ -51,7 +51,6 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     check(cudaGetDeviceProperties(&prop, index), "cuda device properties");
     name_ = "cuda:" + std::to_string(index) + " (" + prop.name + ")";
     sm_count_ = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
-    if (prop.sharedMemPerBlockOptin > smem_optin_) smem_optin_ = prop.sharedMemPerBlockOptin;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cuda stream create");
     const cublasStatus_t bs = cublasCreate(&blas_);
     if (bs != CUBLAS_STATUS_SUCCESS) {

@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     const int64_t nb32 = n_in / 32;
     {
         const int64_t k = blockIdx.y;
+        if (z.ids) pdl_wait();  // the expert ids are the kernel before's output
         const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
         W += (uint64_t)(e * z.w_rows) * row_bytes;
         const int64_t xi = k / z.x_div;  // the input's row of the quantized batch
@@ -89,10 +90,22 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
+    // kStages super-blocks in flight a lane, each slot refilled as soon as it is used; the first before the wait for the
+    // activations (launch_pdl), as gemv_q8p_kernel
+    constexpr int kStages = 2;
+    Q4KRaw st[kStages];
+#pragma unroll
+    for (int u = 0; u < kStages; u++)
+        if ((lane >> 3) + 4 * u < nb) st[u] = q4k_raw(row + ((lane >> 3) + 4 * u) * kQ4_KBytes, p);
+    pdl_wait();
     float acc[NT] = {};
-#pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
+    for (int64_t b0 = lane >> 3; b0 < nb; b0 += 4 * kStages)
+#pragma unroll
+    for (int u = 0; u < kStages; u++) {
+        const int64_t b = b0 + 4 * u;
+        if (b >= nb) break;
+        const Q4KLane l = q4k_decode(st[u], p);
+        if (b + 4 * kStages < nb) st[u] = q4k_raw(row + (b + 4 * kStages) * kQ4_KBytes, p);
         const float d = l.d, dmin = l.dmin;
         const int sc1 = l.sc1, m1 = l.m1, sc2 = l.sc2, m2 = l.m2;
         const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
@@ -133,10 +146,20 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K, nb32 = n_in / 32;
+    constexpr int kStages = 2;  // as gemv_q4k_i8_kernel
+    Q6KRaw st[kStages];
+#pragma unroll
+    for (int u = 0; u < kStages; u++)
+        if ((lane >> 3) + 4 * u < nb) st[u] = q6k_raw(row + ((lane >> 3) + 4 * u) * kQ6_KBytes, p);
+    pdl_wait();
     float acc[NT] = {};
-#pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
+    for (int64_t b0 = lane >> 3; b0 < nb; b0 += 4 * kStages)
+#pragma unroll
+    for (int u = 0; u < kStages; u++) {
+        const int64_t b = b0 + 4 * u;
+        if (b >= nb) break;
+        const Q6KLane l = q6k_decode(st[u]);
+        if (b + 4 * kStages < nb) st[u] = q6k_raw(row + (b + 4 * kStages) * kQ6_KBytes, p);
         const uint32_t *la = l.la, *lb = l.lb, *hb = l.hb;
         int q[4][2];
 #pragma unroll
@@ -184,33 +207,42 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
-    float acc[NT] = {};
-    // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
-    // do not depend on it, so their latency overlaps the kernels before this one.
+    // A lane keeps its next kQ8pUnroll words of the row and their blocks' scales in flight, refilling each slot as soon
+    // as its word is used (loading a group, then using it, left nothing in flight while it waited; and the scales,
+    // loaded where used, waited a memory latency of their own). The first words are loaded before the wait for the
+    // activations' producer (launch_pdl): the weights do not depend on it, so their latency overlaps the kernels before.
     uint4 wv[kQ8pUnroll];
+    uint16_t dv[kQ8pUnroll];
 #pragma unroll
-    for (int u = 0; u < kQ8pUnroll; u++)
-        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
-    pdl_wait();
-    for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
-        if (i0 != lane) {
-#pragma unroll
-            for (int u = 0; u < kQ8pUnroll; u++)
-                if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+    for (int u = 0; u < kQ8pUnroll; u++) {
+        const int64_t i = lane + 32 * u;
+        if (i < nw) {
+            wv[u] = __ldg(w + i);
+            dv[u] = __ldg(d + (i >> 1));
         }
+    }
+    pdl_wait();
+    float acc[NT] = {};
+    for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
 #pragma unroll
         for (int u = 0; u < kQ8pUnroll; u++) {
             const int64_t i = i0 + 32 * u;
             if (i >= nw) break;
+            const uint4 wq = wv[u];
+            const float sw = half_bits_to_f32(dv[u]);
+            const int64_t next = i + 32 * kQ8pUnroll;
+            if (next < nw) {
+                wv[u] = __ldg(w + next);
+                dv[u] = __ldg(d + (next >> 1));
+            }
             const int64_t b = i >> 1;  // two words per block of 32
-            const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
-                int s = __dp4a((int)wv[u].x, xv.x, 0);
-                s = __dp4a((int)wv[u].y, xv.y, s);
-                s = __dp4a((int)wv[u].z, xv.z, s);
-                s = __dp4a((int)wv[u].w, xv.w, s);
+                int s = __dp4a((int)wq.x, xv.x, 0);
+                s = __dp4a((int)wq.y, xv.y, s);
+                s = __dp4a((int)wq.z, xv.z, s);
+                s = __dp4a((int)wq.w, xv.w, s);
                 acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
             }
         }
@@ -222,9 +254,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 // a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
 // With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on.
 template <int NT, int R>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw,
+__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4) gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw,
                                                                      int64_t n_in, int64_t n_out, const int8_t *xq,
                                                                      const float *xs, float *Y) {
+    constexpr int U = 4 / R;  // words per row a lane keeps in flight (as gemv_q8p_kernel): R U = 4
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
     if (row0 >= n_out) return;
@@ -237,29 +270,53 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_rows_kernel(const int
         w[r] = (const uint4 *)(qs + row * n_in);
         d[r] = dw + row * nb;
     }
-    float acc[R][NT] = {};
-    for (int64_t i = lane; i < nw; i += 32) {
-        uint4 wv[R];
-        float sw[R];
+    uint4 wv[U][R];
+    uint16_t dv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            wv[r] = __ldg(w[r] + i);
-            sw[r] = half_bits_to_f32(__ldg(d[r] + (i >> 1)));
+            const int64_t i = lane + 32 * u;
+            if (i < nw) {
+                wv[u][r] = __ldg(w[r] + i);
+                dv[u][r] = __ldg(d[r] + (i >> 1));
+            }
         }
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    float acc[R][NT] = {};
+    for (int64_t i0 = lane; i0 < nw; i0 += 32 * U) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
-            const float sx = __ldg(xs + t * nb + (i >> 1));
+        for (int u = 0; u < U; u++) {
+            const int64_t i = i0 + 32 * u;
+            if (i >= nw) break;
+            uint4 wq[R];
+            float sw[R];
+            const int64_t next = i + 32 * U;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int s = __dp4a((int)wv[r].x, xv.x, 0);
-                s = __dp4a((int)wv[r].y, xv.y, s);
-                s = __dp4a((int)wv[r].z, xv.z, s);
-                s = __dp4a((int)wv[r].w, xv.w, s);
-                acc[r][t] += (float)s * (sw[r] * sx);
+                wq[r] = wv[u][r];
+                sw[r] = half_bits_to_f32(dv[u][r]);
+                if (next < nw) {
+                    wv[u][r] = __ldg(w[r] + next);
+                    dv[u][r] = __ldg(d[r] + (next >> 1));
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
+                const float sx = __ldg(xs + t * nb + (i >> 1));
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int s = __dp4a((int)wq[r].x, xv.x, 0);
+                    s = __dp4a((int)wq[r].y, xv.y, s);
+                    s = __dp4a((int)wq[r].z, xv.z, s);
+                    s = __dp4a((int)wq[r].w, xv.w, s);
+                    acc[r][t] += (float)s * (sw[r] * sx);
+                }
             }
         }
     }
+    pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -274,7 +331,7 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
                             const int8_t *xq, const float *xs, float *y) {
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
 #define DFL_Q8P_ROWS(N) \
-    case N: gemv_q8p_rows_kernel<N, R><<<grid, block, 0, s>>>(qs, dw, n_in, n_out, xq, xs, y); break;
+    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
     switch (nt) {
         DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
@@ -364,11 +421,11 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     if (nz > 1) {
-        gemv_q4k_i8_kernel<1><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
+        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         switch (T) {
 #define DFL_Q4K_I8(N) \
-    case N: gemv_q4k_i8_kernel<N><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
+    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
             DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
             DFL_Q4K_I8(8)
 #undef DFL_Q4K_I8
@@ -396,7 +453,7 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     switch (T) {
 #define DFL_Q6K_I8(N) \
-    case N: gemv_q6k_i8_kernel<N><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
+    case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
         DFL_Q6K_I8(1) DFL_Q6K_I8(2) DFL_Q6K_I8(3) DFL_Q6K_I8(4) DFL_Q6K_I8(5) DFL_Q6K_I8(6) DFL_Q6K_I8(7) DFL_Q6K_I8(8)
 #undef DFL_Q6K_I8
     default: fail(DFL_ERR_INTERNAL, "q6_K int8 GEMV: more than 8 tokens");

@@ -578,7 +578,7 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
         launch_gemv_q8p(dev, W, X, T, Y);
         return;
     }
-    if (T >= 2 && T <= i8_mma_max_tokens() && q4k_mma_ok(W)) {  // q4_K on int8 tensor cores
+    if (T >= q4k_mma_min_tokens() && T <= i8_mma_max_tokens() && q4k_mma_ok(W)) {  // q4_K on int8 tensor cores
         launch_gemv_q4k_mma(dev, W, X, T, Y);
         return;
     }

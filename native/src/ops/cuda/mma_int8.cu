@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     constexpr int kStep = kMmaWarps * U;  // blocks of 32 per row a block's warps take per iteration
     Q8pStage<MT, U> cur, nxt;
     cur.load(qs, dw, wrow, n_in, nb, warp, t4);
+    pdl_wait();  // (launch_pdl) the first weights are in flight; the activations are the kernel before's
     for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
         if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
         MmaActs<NT8, false> xa[2];
@@ -177,105 +178,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
         cur = nxt;
     }
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
-}
-
-// --- the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1) -------------------------------------------------
-// gemv_q8p_mma_kernel reads each block of 32's activations from L2 (an L2 latency the pipeline must cover, and 3 loads
-// per 8 tokens per mma). Here a block first copies all of its tokens' int8 activations and scales into shared memory
-// (T8 = 8 NT8 rows; while the copy runs, the warps' first weights are already in flight), then streams the weights as
-// before with every activation fragment one shared-memory load: one 8-byte load per 8 tokens and one float2 of the two
-// scales. Rows are n_in + kMmaSmemPad bytes apart, which puts the four tokens a half-warp reads on different banks;
-// the scales are stored [block][token], so a lane's two tokens are adjacent.
-constexpr int kMmaSmemPad = 32;
-
-// sums: each scale is followed by its block's sum (q4_K).
-static size_t mma_smem_bytes(int nt8, int64_t n_in, bool sums) {
-    const size_t t8 = (size_t)(8 * nt8), per_scale = sums ? 8 : 4;
-    const size_t stage = t8 * (size_t)(n_in + kMmaSmemPad) + t8 * (size_t)(n_in / 32) * per_scale;
-    const size_t red = (size_t)kMmaWarps * (size_t)(nt8 * 4) * 32 * 4;  // mma_store's sums reuse the buffer
-    return std::max(stage, red);
-}
-
-// Copies the block's T8 token rows of int8 activations (tokens past T: the last one again) and their scales (with SUM
-// each followed by its block sum) into shared memory: rows ld bytes apart from sx, scales [block][token] from sxs.
-template <int T8, bool SUM>
-__device__ __forceinline__ void stage_mma_acts(int8_t *sx, float *sxs, const int8_t *xq, const float *xs,
-                                               const float *xsum, int64_t n_in, int64_t ld, int64_t T) {
-    const int nb = (int)(n_in / 32), words = (int)(n_in / 16);
-    for (int i = threadIdx.x; i < T8 * words; i += blockDim.x) {
-        const int t = i / words, w = i - t * words;
-        *(uint4 *)(sx + t * ld + 16 * w) = __ldg((const uint4 *)(xq + min((int64_t)t, T - 1) * n_in) + w);
-    }
-    for (int i = threadIdx.x; i < T8 * nb; i += blockDim.x) {
-        const int t = i / nb, b = i - t * nb;
-        const int64_t src = min((int64_t)t, T - 1) * nb + b;
-        if constexpr (SUM) {
-            sxs[2 * (b * T8 + t)] = __ldg(xs + src);
-            sxs[2 * (b * T8 + t) + 1] = __ldg(xsum + src);
-        } else {
-            sxs[b * T8 + t] = __ldg(xs + src);
-        }
-    }
-    __syncthreads();
-}
-
-template <int MT, int NT8, int U>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_smem_kernel(const int8_t *qs, const uint16_t *dw,
-                                                                         int64_t n_in, int64_t n_out, const int8_t *xq,
-                                                                         const float *xs, int64_t T, float *Y) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    constexpr int T8 = 8 * NT8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT, ld = n_in + kMmaSmemPad;
-    int8_t *sx = (int8_t *)smem;
-    float *sxs = (float *)(smem + T8 * ld);
-    int64_t wrow[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
-    Q8pStage<MT, U> cur, nxt;
-    cur.load(qs, dw, wrow, n_in, nb, warp, t4);
-    stage_mma_acts<T8, false>(sx, sxs, xq, xs, nullptr, n_in, ld, T);
-    float acc[MT][NT8][4] = {};
-    constexpr int kStep = kMmaWarps * U;
-    for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
-        if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t kb = kb0 + u * kMmaWarps;
-            if (kb >= nb) continue;
-            float sw[MT][2];
-            cur.scales(u, sw);
-#pragma unroll
-            for (int nt = 0; nt < NT8; nt++) {
-                const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
-                const float2 xsc = *(const float2 *)(sxs + kb * T8 + 8 * nt + 2 * t4);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) cur.mma(acc[mt][nt], u, mt, bv, sw, xsc.x, xsc.y);
-            }
-        }
-        cur = nxt;
-    }
-    __syncthreads();  // the staged activations are read: the buffer takes the warps' sums
-    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(smem), acc, row0, n_out, T, Y);
-}
-
-// Whether the int8 mma products stage their activations in shared memory (gemv_q8p_mma_smem_kernel,
-// gemv_q4k_mma_smem_kernel) where they fit: DFL_CUDA_MMA_SMEM=1 (off until measured on a GPU).
-static bool mma_smem_on() {
-    static const bool on = env_switch("DFL_CUDA_MMA_SMEM", false);
-    return on;
-}
-
-// Kernel<<<grid, 256, bytes>>>(args...) on dev's stream where the staged kernels are on and bytes fit the device (false:
-// the caller launches the register kernel).
-template <auto Kernel, typename... Args>
-static bool launch_mma_smem(CudaDevice &dev, dim3 grid, size_t bytes, Args... args) {
-    if (!mma_smem_on() || bytes > dev.smem_optin()) return false;
-    allow_dynamic_smem<Kernel>(dev.index(), dev.smem_optin(), "matmul (int8 mma shared memory)");
-    Kernel<<<grid, kMmaWarps * 32, bytes, dev.stream()>>>(args...);
-    return true;
 }
 
 // One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
@@ -338,6 +240,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     float acc[MT][NT8][4] = {};
     Q4kStage<MT> cur, nxt;
     if (warp < nsb) cur.load(wrow, warp, t4);
+    pdl_wait();  // (launch_pdl) as gemv_q8p_mma_kernel
     for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
         if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
         // the next sub-block's activations are loaded ahead where the registers allow it (small tiles)
@@ -374,47 +277,11 @@ static bool i8_mma_on() {
 
 int64_t i8_mma_max_tokens() { return i8_mma_on() ? kI8MmaMaxTokens : 0; }
 
-// q4_K with the activations staged in shared memory (DFL_CUDA_MMA_SMEM=1), as gemv_q8p_mma_smem_kernel: per 8 tokens
-// and sub-block, one 8-byte load of the fragment and one 16-byte load of the lane's two tokens' scales and sums.
-template <int MT, int NT8>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_smem_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                         int64_t n_in, int64_t n_out, const int8_t *xq,
-                                                                         const float *xs, const float *xsum, int64_t T,
-                                                                         float *Y) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    constexpr int T8 = 8 * NT8;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t nsb = n_in / QK_K, row0 = (int64_t)blockIdx.x * 16 * MT, ld = n_in + kMmaSmemPad;
-    int8_t *sx = (int8_t *)smem;
-    float *sxs = (float *)(smem + T8 * ld);
-    const uint8_t *wrow[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
-    Q4kStage<MT> cur, nxt;
-    if (warp < nsb) cur.load(wrow, warp, t4);
-    stage_mma_acts<T8, true>(sx, sxs, xq, xs, xsum, n_in, ld, T);
-    float acc[MT][NT8][4] = {};
-    for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
-        if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int64_t kb = sb * 8 + s;
-            float dsc[MT][2], dm[MT][2];
-            cur.sub_scales(s, dsc, dm);
-#pragma unroll
-            for (int nt = 0; nt < NT8; nt++) {
-                const uint2 bv = *(const uint2 *)(sx + (8 * nt + g) * ld + kb * 32 + 8 * t4);
-                const float4 sm = *(const float4 *)(sxs + 2 * (kb * T8 + 8 * nt + 2 * t4));  // s0, m0, s1, m1
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) cur.mma_sub(acc[mt][nt], mt, s, bv, dsc, dm, sm.x, sm.y, sm.z, sm.w);
-            }
-        }
-        cur = nxt;
-    }
-    __syncthreads();  // the staged activations are read: the buffer takes the warps' sums
-    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(smem), acc, row0, n_out, T, Y);
+// 2 (every batch on the tensor cores) unless DFL_CUDA_Q4K_MMA_MIN says otherwise (3..9: the dp4a kernel below it, for
+// comparisons in one run).
+int64_t q4k_mma_min_tokens() {
+    static const int64_t n = std::min<int64_t>(9, std::max<int64_t>(2, env_int("DFL_CUDA_Q4K_MMA_MIN", 2)));
+    return n;
 }
 
 // launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
@@ -450,10 +317,8 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
         // the largest (registers).
         constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
-        if (launch_mma_smem<gemv_q8p_mma_smem_kernel<MT, NT8, U>>(dev, grid, mma_smem_bytes(NT8, W.n_in, false), qs, dw,
-                                                                    W.n_in, W.n_out, xq, xs, T, Y))
-            return;
-        gemv_q8p_mma_kernel<MT, NT8, U><<<grid, kMmaWarps * 32, 0, dev.stream()>>>(qs, dw, W.n_in, W.n_out, xq, xs, T, Y);
+        launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in, W.n_out, xq,
+                   xs, T, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
 }
@@ -470,10 +335,8 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     cudaStream_t s = dev.stream();
     dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
-        if (launch_mma_smem<gemv_q4k_mma_smem_kernel<MT, NT8>>(dev, grid, mma_smem_bytes(NT8, W.n_in, true), W.data,
-                                                             W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y))
-            return;
-        gemv_q4k_mma_kernel<MT, NT8><<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, T, Y);
+        launch_pdl(gemv_q4k_mma_kernel<MT, NT8>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in, W.n_out, xq,
+                   xs, xsum, T, Y);
     });
     check_launch("matmul (q4_K int8 mma)");
 }
