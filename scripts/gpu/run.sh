@@ -28,6 +28,9 @@
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
 #   scripts/gpu/run.sh quick [MODEL...]      op tests and device replay with the defaults, BenchmarkGGUF of the qwen3-8b pair,
 #                                            speculative greedy == plain greedy on cuda:0 (a kernel change's last check)
+#   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
+#                                            (ncu; NCU_CASES type:tokens ..., see test_cuda_ops profile) and VARIANTS
+#   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
 #   scripts/gpu/run.sh variants [MODEL...]   kernels, then BenchmarkGGUF of each model once per setting of VARIANTS
@@ -372,25 +375,51 @@ variants() {  # MODEL... (the modes give the default pair)
   peer_bench "${models[@]}"
 }
 
+# The op tests of the products and attention (defaults, then the dp4a kernels where the tensor cores would run), the
+# device replays and the speculative tests on cuda:0: quick's and probe's checks.
+quick_checks() {
+  build_kernel_tests || return 1
+  log "op tests matmul attention: defaults"
+  "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+  log "op tests matmul: DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2"
+  DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-dp4a.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-dp4a.txt" | head -20 | tee -a "$OUT/summary.txt"
+  FLAG_REPLAY=DFL_CUDA_PDL=0 flag_replay
+  log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
+  (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
+    timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
+    tee "$OUT/spec-tests.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
+}
+
+ds4_ops() {
+  log "deepseek4 op tests"
+  timeout 120 /tmp/native-build/cuda/test_cuda_ds4 >"$OUT/ops-ds4.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-ds4.txt" | head -20 | tee -a "$OUT/summary.txt"
+}
+
+# Nsight Compute on each product kernel of the layer's cases (test_cuda_ops profile, NCU_CASES as DFL_PROFILE_CASES):
+# throughput against the memory's, occupancy, and where the warps wait. The clocks are left alone (METHOD.md).
+ncu_profile() {
+  build_kernel_tests || return 1
+  command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
+  log "ncu: ${NCU_CASES:-the default cases}"
+  DFL_PROFILE_CASES=${NCU_CASES:-} timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k 'regex:gemv|mma' \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis "$kernel_test_bin" profile >"$OUT/ncu.txt" 2>&1
+  grep -E "^  [a-z_:]*(gemv|mma)|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|==ERROR|profile gemv" \
+    "$OUT/ncu.txt" | cut -c1-160 | tee -a "$OUT/summary.txt" | head -200
+}
+
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
-         premake "$@"; build_cuda; build_kernel_tests || exit 1
-         log "op tests matmul attention: defaults"
-         "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
-         grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-         log "op tests matmul: DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2"
-         DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-dp4a.txt" 2>&1
-         grep -E "^FAIL|cases" "$OUT/ops-dp4a.txt" | head -20 | tee -a "$OUT/summary.txt"
-         FLAG_REPLAY=DFL_CUDA_PDL_CHAIN=0,DFL_CUDA_Q4K_MMA_MIN=9 flag_replay
-         log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
-         (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
-           timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
-           tee "$OUT/spec-tests.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
-         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"
-         log "deepseek4 op tests"
-         timeout 120 /tmp/native-build/cuda/test_cuda_ds4 >"$OUT/ops-ds4.txt" 2>&1
-         grep -E "^FAIL|cases" "$OUT/ops-ds4.txt" | head -20 | tee -a "$OUT/summary.txt" ;;
+         premake "$@"; build_cuda; quick_checks || exit 1
+         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"; ds4_ops ;;
+  probe) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change's checks, then where its time goes
+         premake "$@"; build_cuda; quick_checks || exit 1
+         kernel_bench; ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
+  ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
@@ -430,6 +459,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|variants|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|ncu|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

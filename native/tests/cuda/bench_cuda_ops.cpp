@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -77,12 +80,32 @@ void bench_attention() {
 // Decode and batched-decode product speed on the qwen3-8b layer shapes (q|k|v, o, gate|up, down), the weights prepared
 // as the engine prepares them (q8_0 repacked): per call, 20 calls back to back between two events (as in a replayed
 // step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
+// The qwen3-8b layer's products in `type` (qkv, o, gate+up, down), random rows uploaded and prepared as a model's
+// are; bytes their size in the file's format.
+static const int64_t kLayerShapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
+
+static std::vector<Weight> layer_weights(uint32_t type, Rng &r, std::vector<size_t> &bytes) {
+    std::vector<Weight> layer;
+    for (const auto &sh : kLayerShapes) {
+        const auto host = rand_rows(type, sh[0], sh[1], r);
+        Weight W;
+        W.type = type;
+        W.n_in = sh[1];
+        W.n_out = sh[0];
+        W.row_bytes = type_row_bytes(type, W.n_in);
+        W.data = g_gpu->upload_weight(host.data(), host.size(), true);
+        g_gpu->prepare_weight(W);
+        layer.push_back(W);
+        bytes.push_back(host.size());
+    }
+    return layer;
+}
+
 void bench_gemv() {
     auto *cd = dynamic_cast<cuda::CudaDevice *>(g_gpu);
     if (!cd) return;
     Rng r(5);
     const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
-    const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
     constexpr int64_t kMaxT = 64;
     const int64_t Ts[] = {1, 2, 4, 8, 16, 32, kMaxT};
     DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
@@ -111,24 +134,16 @@ void bench_gemv() {
         return (double)ms[ms.size() / 2];
     };
     for (uint32_t type : types) {
-        std::vector<Weight> layer;
+        std::vector<size_t> bytes;
+        const std::vector<Weight> layer = layer_weights(type, r, bytes);
         size_t layer_bytes = 0;
-        for (const auto &sh : shapes) {
-            const int64_t n_out = sh[0], n_in = sh[1];
-            const auto host = rand_rows(type, n_out, n_in, r);
-            Weight W;
-            W.type = type;
-            W.n_in = n_in;
-            W.n_out = n_out;
-            W.row_bytes = type_row_bytes(type, n_in);
-            W.data = g_gpu->upload_weight(host.data(), host.size(), true);
-            g_gpu->prepare_weight(W);
-            layer.push_back(W);
-            layer_bytes += host.size();
+        for (size_t i = 0; i < layer.size(); i++) {
+            const Weight &W = layer[i];
+            layer_bytes += bytes[i];
             for (int64_t T : Ts) {
                 const double ms = time({W}, T);
-                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)n_out,
-                            (long long)n_in, (long long)T, ms * 1e3, (double)host.size() / (ms * 1e-3) / 1e9);
+                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)W.n_out,
+                            (long long)W.n_in, (long long)T, ms * 1e3, (double)bytes[i] / (ms * 1e-3) / 1e9);
             }
         }
         for (int64_t T : Ts) {
@@ -139,6 +154,40 @@ void bench_gemv() {
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+}
+
+// The layer's products once per case, nothing timed: for a profiler (ncu) to catch each kernel once. DFL_PROFILE_CASES
+// lists type:tokens cases, e.g. "q8_0:1 q4_K:32" (the default: one token and 8 and 32 of q8_0 and q4_K).
+void profile_gemv() {
+    const char *env = std::getenv("DFL_PROFILE_CASES");
+    const std::string cases = env && *env ? env : "q8_0:1 q8_0:8 q8_0:32 q4_K:1 q4_K:8 q4_K:32";
+    Rng r(5);
+    constexpr int64_t kMaxT = 64;
+    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
+    {
+        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
+        g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
+    }
+    std::istringstream in(cases);
+    for (std::string c; in >> c;) {
+        const size_t colon = c.find(':');
+        const std::string type_name = c.substr(0, colon);
+        const int64_t T = colon == std::string::npos ? 1 : std::atoll(c.c_str() + colon + 1);
+        constexpr uint32_t kNone = ~0u;
+        uint32_t type = kNone;
+        for (uint32_t t : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16})
+            if (type_name == tname(t)) type = t;
+        if (type == kNone || T < 1 || T > kMaxT) {
+            std::printf("FAIL profile case %s: want type:tokens, type q8_0|q4_K|q6_K|f16, 1..%lld tokens\n", c.c_str(),
+                        (long long)kMaxT);
+            g_failures++;
+            continue;
+        }
+        std::vector<size_t> bytes;
+        for (const Weight &W : layer_weights(type, r, bytes)) g_gpu->matmul(W, X.f(), T, Y.f());
+        g_gpu->sync();
+        std::printf("profile gemv %s T=%lld: the layer's four products\n", tname(type), (long long)T);
+    }
 }
 
 }  // namespace dfltest

@@ -38,6 +38,7 @@ inline const char *tname(uint32_t t) {
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
 void bench_attention();
 void bench_gemv();
+void profile_gemv();
 
 // One buffer with the same bytes on the CPU and the GPU device. Without initial bytes it is poisoned (every byte 0xFF,
 // a NaN in f32 and f16), so an output a device does not write fails its comparison.

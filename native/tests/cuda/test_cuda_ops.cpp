@@ -796,8 +796,10 @@ void test_errors() {
 int main(int argc, char **argv) {
     using dfltest::bench_attention;
     using dfltest::bench_gemv;
+    using dfltest::profile_gemv;
     const dfltest::Group groups[] = {{"errors", test_errors},       {"matmul", test_matmul_embed}, {"norms", test_norms_elementwise},
                                      {"attention", test_attention}, {"gdn", test_gdn},             {"dflash2", test_dflash2},
-                                     {"bench", bench_gemv},         {"bench", bench_attention}};
+                                     {"bench", bench_gemv},         {"bench", bench_attention},
+                                     {"profile", profile_gemv}};
     return dfltest::run_cuda_tests(argc, argv, "the CUDA op tests", "ops", groups);
 }

@@ -252,12 +252,13 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
 // a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
-// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on.
+// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
+// U = 4 / R words of each row in flight as gemv_q8p_kernel does (more spill, or cost a block an SM, at 8 tokens).
 template <int NT, int R>
-__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4) gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw,
-                                                                     int64_t n_in, int64_t n_out, const int8_t *xq,
-                                                                     const float *xs, float *Y) {
-    constexpr int U = 4 / R;  // words per row a lane keeps in flight (as gemv_q8p_kernel): R U = 4
+__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4)
+    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
+                         const float *xs, float *Y) {
+    constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
     if (row0 >= n_out) return;
