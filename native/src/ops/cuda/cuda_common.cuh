@@ -235,25 +235,17 @@ __device__ __forceinline__ void q4k_scale_min_hdr(const uint4 &hdr, int j, int &
     }
 }
 
-// q4k_lane's two loads as they arrive (blk 16-byte aligned: one of the header, one of the lane's quants). A software
-// pipeline carries these across its iterations and decodes them where used: decoding them in the iteration that loads
-// them would wait there for the memory.
-struct Q4KRaw {
-    uint4 q, hdr;
-};
-__device__ __forceinline__ Q4KRaw q4k_raw(const uint8_t *blk, int p) {
-    return {__ldg((const uint4 *)(blk + 16 + 16 * p)), __ldg((const uint4 *)blk)};
-}
-__device__ __forceinline__ Q4KLane q4k_decode(const Q4KRaw &raw, int p) {
+// blk 16-byte aligned: one load of the header, one of the lane's quants.
+__device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
     Q4KLane l;
-    l.q = raw.q;
-    l.d = half_bits_to_f32((uint16_t)(raw.hdr.x & 0xFFFF));
-    l.dmin = half_bits_to_f32((uint16_t)(raw.hdr.x >> 16));
-    q4k_scale_min_hdr(raw.hdr, 2 * (p >> 1), l.sc1, l.m1);
-    q4k_scale_min_hdr(raw.hdr, 2 * (p >> 1) + 1, l.sc2, l.m2);
+    l.q = __ldg((const uint4 *)(blk + 16 + 16 * p));
+    const uint4 hdr = __ldg((const uint4 *)blk);
+    l.d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF));
+    l.dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
+    q4k_scale_min_hdr(hdr, 2 * (p >> 1), l.sc1, l.m1);
+    q4k_scale_min_hdr(hdr, 2 * (p >> 1) + 1, l.sc2, l.m2);
     return l;
 }
-__device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) { return q4k_decode(q4k_raw(blk, p), p); }
 
 // What lane p (0..7) of the eight that share a q6_K super-block reads of it (the GEMV layout: half h = p / 4,
 // positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters): 8 bytes of ql for quarters 0 and 2
@@ -264,42 +256,24 @@ struct Q6KLane {
     float ds[4];
 };
 
-// q6k_lane's loads as they arrive (blocks are 2-byte aligned: 16-bit loads): four halves each of la, lb and hb, d and
-// the four quarters' scales; carried raw across a pipeline's iterations as Q4KRaw.
-struct Q6KRaw {
-    unsigned short h[12], d;
-    int8_t sc[4];
-};
-__device__ __forceinline__ Q6KRaw q6k_raw(const uint8_t *blk, int p) {
+__device__ __forceinline__ void load8_u16(const uint8_t *p, uint32_t (&w)[2]) {
+    const unsigned short *h = (const unsigned short *)p;
+    w[0] = (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+    w[1] = (uint32_t)__ldg(h + 2) | ((uint32_t)__ldg(h + 3) << 16);
+}
+
+__device__ __forceinline__ Q6KLane q6k_lane(const uint8_t *blk, int p) {
     const int h = p >> 2, l0 = 8 * (p & 3);
-    const unsigned short *src[3] = {(const unsigned short *)(blk + 64 * h + l0),
-                                    (const unsigned short *)(blk + 64 * h + 32 + l0),
-                                    (const unsigned short *)(blk + 128 + 32 * h + l0)};
-    Q6KRaw r;
-#pragma unroll
-    for (int a = 0; a < 3; a++)
-#pragma unroll
-        for (int k = 0; k < 4; k++) r.h[4 * a + k] = __ldg(src[a] + k);
-    r.d = __ldg((const unsigned short *)(blk + 208));
+    Q6KLane l;
+    load8_u16(blk + 64 * h + l0, l.la);
+    load8_u16(blk + 64 * h + 32 + l0, l.lb);
+    load8_u16(blk + 128 + 32 * h + l0, l.hb);
+    const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
     const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
 #pragma unroll
-    for (int k = 0; k < 4; k++) r.sc[k] = __ldg(sc + 2 * k);
-    return r;
-}
-__device__ __forceinline__ Q6KLane q6k_decode(const Q6KRaw &r) {
-    Q6KLane l;
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        l.la[w] = (uint32_t)r.h[2 * w] | ((uint32_t)r.h[2 * w + 1] << 16);
-        l.lb[w] = (uint32_t)r.h[4 + 2 * w] | ((uint32_t)r.h[4 + 2 * w + 1] << 16);
-        l.hb[w] = (uint32_t)r.h[8 + 2 * w] | ((uint32_t)r.h[8 + 2 * w + 1] << 16);
-    }
-    const float d = half_bits_to_f32(r.d);
-#pragma unroll
-    for (int k = 0; k < 4; k++) l.ds[k] = d * (float)r.sc[k];
+    for (int k = 0; k < 4; k++) l.ds[k] = d * (float)__ldg(sc + 2 * k);
     return l;
 }
-__device__ __forceinline__ Q6KLane q6k_lane(const uint8_t *blk, int p) { return q6k_decode(q6k_raw(blk, p)); }
 
 // Element i of a row of `type`. Slow per element but simple: used where the row is read once (embedding, the
 // dequantize-to-f16 prefill path, KV cache rows) and the memory traffic, not the arithmetic, sets the speed.

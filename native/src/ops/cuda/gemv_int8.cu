@@ -90,22 +90,11 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    // kStages super-blocks in flight a lane, each slot refilled as soon as it is used; the first before the wait for the
-    // activations (launch_pdl), as gemv_q8p_kernel
-    constexpr int kStages = 2;
-    Q4KRaw st[kStages];
-#pragma unroll
-    for (int u = 0; u < kStages; u++)
-        if ((lane >> 3) + 4 * u < nb) st[u] = q4k_raw(row + ((lane >> 3) + 4 * u) * kQ4_KBytes, p);
-    pdl_wait();
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
     float acc[NT] = {};
-    for (int64_t b0 = lane >> 3; b0 < nb; b0 += 4 * kStages)
-#pragma unroll
-    for (int u = 0; u < kStages; u++) {
-        const int64_t b = b0 + 4 * u;
-        if (b >= nb) break;
-        const Q4KLane l = q4k_decode(st[u], p);
-        if (b + 4 * kStages < nb) st[u] = q4k_raw(row + (b + 4 * kStages) * kQ4_KBytes, p);
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
         const float d = l.d, dmin = l.dmin;
         const int sc1 = l.sc1, m1 = l.m1, sc2 = l.sc2, m2 = l.m2;
         const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
@@ -146,20 +135,11 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K, nb32 = n_in / 32;
-    constexpr int kStages = 2;  // as gemv_q4k_i8_kernel
-    Q6KRaw st[kStages];
-#pragma unroll
-    for (int u = 0; u < kStages; u++)
-        if ((lane >> 3) + 4 * u < nb) st[u] = q6k_raw(row + ((lane >> 3) + 4 * u) * kQ6_KBytes, p);
-    pdl_wait();
+    pdl_wait();  // (launch_pdl) as gemv_q4k_i8_kernel
     float acc[NT] = {};
-    for (int64_t b0 = lane >> 3; b0 < nb; b0 += 4 * kStages)
-#pragma unroll
-    for (int u = 0; u < kStages; u++) {
-        const int64_t b = b0 + 4 * u;
-        if (b >= nb) break;
-        const Q6KLane l = q6k_decode(st[u]);
-        if (b + 4 * kStages < nb) st[u] = q6k_raw(row + (b + 4 * kStages) * kQ6_KBytes, p);
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
         const uint32_t *la = l.la, *lb = l.lb, *hb = l.hb;
         int q[4][2];
 #pragma unroll
@@ -207,42 +187,33 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
-    // A lane keeps its next kQ8pUnroll words of the row and their blocks' scales in flight, refilling each slot as soon
-    // as its word is used (loading a group, then using it, left nothing in flight while it waited; and the scales,
-    // loaded where used, waited a memory latency of their own). The first words are loaded before the wait for the
-    // activations' producer (launch_pdl): the weights do not depend on it, so their latency overlaps the kernels before.
-    uint4 wv[kQ8pUnroll];
-    uint16_t dv[kQ8pUnroll];
-#pragma unroll
-    for (int u = 0; u < kQ8pUnroll; u++) {
-        const int64_t i = lane + 32 * u;
-        if (i < nw) {
-            wv[u] = __ldg(w + i);
-            dv[u] = __ldg(d + (i >> 1));
-        }
-    }
-    pdl_wait();
     float acc[NT] = {};
+    // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
+    // do not depend on it, so their latency overlaps the kernels before this one.
+    uint4 wv[kQ8pUnroll];
+#pragma unroll
+    for (int u = 0; u < kQ8pUnroll; u++)
+        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
+    pdl_wait();
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
+        if (i0 != lane) {
+#pragma unroll
+            for (int u = 0; u < kQ8pUnroll; u++)
+                if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+        }
 #pragma unroll
         for (int u = 0; u < kQ8pUnroll; u++) {
             const int64_t i = i0 + 32 * u;
             if (i >= nw) break;
-            const uint4 wq = wv[u];
-            const float sw = half_bits_to_f32(dv[u]);
-            const int64_t next = i + 32 * kQ8pUnroll;
-            if (next < nw) {
-                wv[u] = __ldg(w + next);
-                dv[u] = __ldg(d + (next >> 1));
-            }
             const int64_t b = i >> 1;  // two words per block of 32
+            const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
-                int s = __dp4a((int)wq.x, xv.x, 0);
-                s = __dp4a((int)wq.y, xv.y, s);
-                s = __dp4a((int)wq.z, xv.z, s);
-                s = __dp4a((int)wq.w, xv.w, s);
+                int s = __dp4a((int)wv[u].x, xv.x, 0);
+                s = __dp4a((int)wv[u].y, xv.y, s);
+                s = __dp4a((int)wv[u].z, xv.z, s);
+                s = __dp4a((int)wv[u].w, xv.w, s);
                 acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
             }
         }
