@@ -80,6 +80,9 @@ public:
     // A second buffer of at least `bytes` for an op that calls other ops (matmul uses scratch): moe_experts' grouped
     // rows. Grown like scratch, and likewise moves scratch_epoch when it does.
     void *ds4_buffer(size_t bytes);
+    // A third, for an int8 tensor-core product's activations in fragment order (mma_int8.cu), which it writes from
+    // the quantized ones in the scratch.
+    void *mma_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -146,11 +149,15 @@ private:
     std::string name_;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
-    void *scratch_ = nullptr;
-    size_t scratch_bytes_ = 0;
+    // A device buffer that only grows; growing waits for the stream, frees the old one and moves scratch_epoch (the
+    // captured graphs hold its address).
+    struct GrowBuf {
+        void *p = nullptr;
+        size_t bytes = 0;
+    };
+    void *grow(GrowBuf &b, size_t bytes, const char *what);
+    GrowBuf scratch_, ds4_buf_, mma_buf_;
     uint64_t scratch_epoch_ = 0;
-    void *ds4_buf_ = nullptr;
-    size_t ds4_buf_bytes_ = 0;
     int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 

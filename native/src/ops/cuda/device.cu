@@ -73,8 +73,8 @@ CudaDevice::~CudaDevice() {
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (staging_) cudaFreeHost(staging_);
     for (void *p : weights_) cudaFree(p);
-    if (scratch_) cudaFree(scratch_);
-    if (ds4_buf_) cudaFree(ds4_buf_);
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_})
+        if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
 }
@@ -321,36 +321,24 @@ void CudaDevice::prepare_weight(Weight &w) {
     repack_q8_0(*this, w);
 }
 
-void *CudaDevice::scratch(size_t bytes) {
-    if (bytes <= scratch_bytes_) return scratch_;
-    if (scratch_) {
-        check(cudaStreamSynchronize(stream_), "scratch");
-        check(cudaFree(scratch_), "scratch");
-        scratch_ = nullptr;
-        scratch_bytes_ = 0;
+void *CudaDevice::grow(GrowBuf &b, size_t bytes, const char *what) {
+    if (bytes <= b.bytes) return b.p;
+    if (b.p) {
+        check(cudaStreamSynchronize(stream_), what);
+        check(cudaFree(b.p), what);
+        b = GrowBuf{};
     }
     // round up so a slowly growing batch does not reallocate every forward
     const size_t want = (bytes + (8u << 20) - 1) & ~(size_t)((8u << 20) - 1);
-    scratch_ = alloc(want, "matmul scratch");
-    scratch_bytes_ = want;
+    b.p = alloc(want, what);
+    b.bytes = want;
     scratch_epoch_++;
-    return scratch_;
+    return b.p;
 }
 
-void *CudaDevice::ds4_buffer(size_t bytes) {
-    if (bytes <= ds4_buf_bytes_) return ds4_buf_;
-    if (ds4_buf_) {
-        check(cudaStreamSynchronize(stream_), "ds4 buffer");
-        check(cudaFree(ds4_buf_), "ds4 buffer");
-        ds4_buf_ = nullptr;
-        ds4_buf_bytes_ = 0;
-    }
-    const size_t want = (bytes + (8u << 20) - 1) & ~(size_t)((8u << 20) - 1);
-    ds4_buf_ = alloc(want, "deepseek4 expert rows");
-    ds4_buf_bytes_ = want;
-    scratch_epoch_++;
-    return ds4_buf_;
-}
+void *CudaDevice::scratch(size_t bytes) { return grow(scratch_, bytes, "matmul scratch"); }
+void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deepseek4 expert rows"); }
+void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });

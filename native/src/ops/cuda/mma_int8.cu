@@ -78,26 +78,92 @@ __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], 
 }
 
 // The activations of one block of 32 for the lane's tokens: its B fragment per 8-token tile and the scales of its
-// C entries' two tokens (q4_K also their block sums).
+// C entries' two tokens (q4_K also their block sums). XT: from mma_acts_kernel's fragment-ordered copy (xq, xs there,
+// T8 tokens a block), else from the quantizer's rows.
 template <int NT8, bool SUM>
 struct MmaActs {
     uint2 b[NT8];
     float s[NT8][2];
     float m[SUM ? NT8 : 1][2];
+    template <bool XT>
     __device__ __forceinline__ void load(const MmaTokens<NT8> &tok, const int8_t *xq, const float *xs, const float *xsum,
-                                         int64_t kb, int t4) {
+                                         int64_t kb, int g, int t4, int T8) {
 #pragma unroll
         for (int nt = 0; nt < NT8; nt++) {
-            b[nt] = __ldg((const uint2 *)(xq + tok.x[nt] + kb * 32) + t4);
-            s[nt][0] = __ldg(xs + tok.s[nt][0] + kb);
-            s[nt][1] = __ldg(xs + tok.s[nt][1] + kb);
-            if constexpr (SUM) {
-                m[nt][0] = __ldg(xsum + tok.s[nt][0] + kb);
-                m[nt][1] = __ldg(xsum + tok.s[nt][1] + kb);
+            if constexpr (XT) {
+                const int64_t r = kb * T8 + 8 * nt;  // the tile's first token in block kb's rows
+                b[nt] = __ldg((const uint2 *)(xq + (r + g) * 32) + t4);
+                if constexpr (SUM) {
+                    const float4 v = __ldg((const float4 *)(xs + 2 * (r + 2 * t4)));
+                    s[nt][0] = v.x;
+                    m[nt][0] = v.y;
+                    s[nt][1] = v.z;
+                    m[nt][1] = v.w;
+                } else {
+                    const float2 v = __ldg((const float2 *)(xs + r + 2 * t4));
+                    s[nt][0] = v.x;
+                    s[nt][1] = v.y;
+                }
+            } else {
+                b[nt] = __ldg((const uint2 *)(xq + tok.x[nt] + kb * 32) + t4);
+                s[nt][0] = __ldg(xs + tok.s[nt][0] + kb);
+                s[nt][1] = __ldg(xs + tok.s[nt][1] + kb);
+                if constexpr (SUM) {
+                    m[nt][0] = __ldg(xsum + tok.s[nt][0] + kb);
+                    m[nt][1] = __ldg(xsum + tok.s[nt][1] + kb);
+                }
             }
         }
     }
 };
+
+// The activations of an mma product in the order its fragments are read, from the quantizer's rows (DFL_CUDA_MMA_XT):
+// quants [block][token][32] and scales [block][token] (q4_K: each followed by its block sum), T8 tokens a block (those
+// from T repeat token T - 1). A warp's B fragment of 8 tokens is then 256 contiguous bytes instead of 32 bytes of 8
+// rows, and a lane's two tokens' scales one load instead of two (q4_K: four). ncu on the H200 (q4_K, 32 tokens): the
+// L1 80 % busy with DRAM at 10 %, most of it the activation loads.
+__global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, int T8,
+                                int8_t *fq, float *fs) {
+    pdl_trigger();  // the product may start loading its weights
+    pdl_wait();
+    const int64_t nb = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // i: block kb, token t
+    if (i >= nb * T8) return;
+    const int64_t kb = i / T8, t = min(i % T8, T - 1), src = t * nb + kb;
+    const int4 *q = (const int4 *)(xq + t * n_in + kb * 32);
+    int4 *dst = (int4 *)(fq + i * 32);
+    dst[0] = __ldg(q);
+    dst[1] = __ldg(q + 1);
+    if (xsum) {
+        fs[2 * i] = __ldg(xs + src);
+        fs[2 * i + 1] = __ldg(xsum + src);
+    } else {
+        fs[i] = __ldg(xs + src);
+    }
+}
+
+static bool mma_xt_on() {
+    static const bool on = env_switch("DFL_CUDA_MMA_XT", false);
+    return on;
+}
+
+// What an mma kernel reads its activations from: the quantizer's rows, or (T8 > 0) mma_acts_kernel's copy.
+struct MmaX {
+    const int8_t *xq;
+    const float *xs, *xsum;
+    int T8 = 0;
+};
+
+static MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T) {
+    if (!mma_xt_on()) return MmaX{xq, xs, xsum, 0};
+    const int T8 = (int)((T + 7) / 8 * 8);
+    const int64_t nb = n_in / 32;
+    const size_t q_bytes = round256((size_t)(nb * T8 * 32)), s_bytes = (size_t)(nb * T8) * (xsum ? 8 : 4);
+    uint8_t *p = (uint8_t *)dev.mma_buffer(q_bytes + s_bytes);
+    launch_pdl(mma_acts_kernel, grid_for(nb * T8, 256), 256, dev.stream(), xq, xs, xsum, n_in, T, T8, (int8_t *)p,
+               (float *)(p + q_bytes));
+    check_launch("matmul (int8 mma activations)");
+    return MmaX{(const int8_t *)p, (const float *)(p + q_bytes), nullptr, T8};
+}
 
 // One warp's repacked q8_0 for U blocks of 32 of its rows (kb = kb0 + u kMmaWarps): 8 bytes of quants a lane per row
 // half, and the rows' f16 scales as loaded.
@@ -139,10 +205,10 @@ struct Q8pStage {
     }
 };
 
-template <int MT, int NT8, int U>
+template <int MT, int NT8, int U, bool XT>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                     int64_t n_out, const int8_t *xq, const float *xs,
-                                                                    int64_t T, float *Y) {
+                                                                    int64_t T, int T8, float *Y) {
     __shared__ float red[kMmaWarps][NT8 * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
@@ -161,11 +227,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
         if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
         MmaActs<NT8, false> xa[2];
-        xa[0].load(tok, xq, xs, nullptr, kb0, t4);
+        xa[0].template load<XT>(tok, xq, xs, nullptr, kb0, g, t4, T8);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t kb = kb0 + u * kMmaWarps;
-            if (u + 1 < U) xa[(u + 1) & 1].load(tok, xq, xs, nullptr, min(kb + kMmaWarps, nb - 1), t4);
+            if (u + 1 < U) xa[(u + 1) & 1].template load<XT>(tok, xq, xs, nullptr, min(kb + kMmaWarps, nb - 1), g, t4, T8);
             if (kb >= nb) continue;
             const MmaActs<NT8, false> &x = xa[u & 1];
             float sw[MT][2];
@@ -224,10 +290,10 @@ struct Q4kStage {
     }
 };
 
-template <int MT, int NT8>
+template <int MT, int NT8, bool XT>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                     int64_t n_out, const int8_t *xq, const float *xs,
-                                                                    const float *xsum, int64_t T, float *Y) {
+                                                                    const float *xsum, int64_t T, int T8, float *Y) {
     __shared__ float red[kMmaWarps][NT8 * 4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
@@ -246,14 +312,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
         // the next sub-block's activations are loaded ahead where the registers allow it (small tiles)
         constexpr bool kAhead = MT * NT8 <= 4;
         MmaActs<NT8, true> xa[kAhead ? 2 : 1];
-        if (kAhead) xa[0].load(tok, xq, xs, xsum, sb * 8, t4);
+        if (kAhead) xa[0].template load<XT>(tok, xq, xs, xsum, sb * 8, g, t4, T8);
 #pragma unroll
         for (int s = 0; s < 8; s++) {
             const int64_t kb = sb * 8 + s;
             if (!kAhead)
-                xa[0].load(tok, xq, xs, xsum, kb, t4);
+                xa[0].template load<XT>(tok, xq, xs, xsum, kb, g, t4, T8);
             else if (s + 1 < 8)
-                xa[(s + 1) & 1].load(tok, xq, xs, xsum, kb + 1, t4);
+                xa[(s + 1) & 1].template load<XT>(tok, xq, xs, xsum, kb + 1, g, t4, T8);
             const MmaActs<NT8, true> &x = xa[kAhead ? s & 1 : 0];
             float dsc[MT][2], dm[MT][2];
             cur.sub_scales(s, dsc, dm);
@@ -311,14 +377,19 @@ static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&lau
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
         // Blocks of 32 per warp and iteration: 4 where a 2-iteration pipeline of them still leaves registers for the
         // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
         // the largest (registers).
         constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
-        launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in, W.n_out, xq,
-                   xs, T, Y);
+        if (x.T8)
+            launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U, true>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in,
+                       W.n_out, x.xq, x.xs, T, x.T8, Y);
+        else
+            launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U, false>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in,
+                       W.n_out, x.xq, x.xs, T, 0, Y);
     });
     check_launch("matmul (q8_0 int8 mma)");
 }
@@ -333,10 +404,15 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
+    const MmaX x = mma_acts(dev, xq, xs, xsum, W.n_in, T);
     dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
-        launch_pdl(gemv_q4k_mma_kernel<MT, NT8>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in, W.n_out, xq,
-                   xs, xsum, T, Y);
+        if (x.T8)
+            launch_pdl(gemv_q4k_mma_kernel<MT, NT8, true>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in,
+                       W.n_out, x.xq, x.xs, nullptr, T, x.T8, Y);
+        else
+            launch_pdl(gemv_q4k_mma_kernel<MT, NT8, false>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in,
+                       W.n_out, x.xq, x.xs, x.xsum, T, 0, Y);
     });
     check_launch("matmul (q4_K int8 mma)");
 }
