@@ -117,11 +117,13 @@ struct MmaActs {
     }
 };
 
-// The activations of an mma product in the order its fragments are read, from the quantizer's rows (DFL_CUDA_MMA_XT):
-// quants [block][token][32] and scales [block][token] (q4_K: each followed by its block sum), T8 tokens a block (those
-// from T repeat token T - 1). A warp's B fragment of 8 tokens is then 256 contiguous bytes instead of 32 bytes of 8
-// rows, and a lane's two tokens' scales one load instead of two (q4_K: four). ncu on the H200 (q4_K, 32 tokens): the
-// L1 80 % busy with DRAM at 10 %, most of it the activation loads.
+// The activations of an mma product in the order its fragments are read, from the quantizer's rows: quants
+// [block][token][32] and scales [block][token] (q4_K: each followed by its block sum), T8 tokens a block (those from T
+// repeat token T - 1). A warp's B fragment of 8 tokens is then 256 contiguous bytes instead of 32 bytes of 8 rows, and
+// a lane's two tokens' scales one load instead of two (q4_K: four). ncu on the H200 (q4_K, 32 tokens) had shown the L1
+// 80 % busy with DRAM at 10 %, most of it these loads. With the copy (one more launch), qwen3-8b layer: q8_0 at 16 /
+// 32 / 64 tokens 144 -> 130 / 201 -> 166 / 294 -> 245 us, q4_K at 16 / 32 109 -> 104 / 236 -> 221 (at 64 502 -> 543:
+// q4_K keeps its rows there); tg b32 q8_0 3,528 -> 4,203 tok/s, q4_K 2,836 -> 2,970.
 __global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, int T8,
                                 int8_t *fq, float *fs) {
     pdl_trigger();  // the product may start loading its weights
@@ -141,8 +143,9 @@ __global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *
     }
 }
 
+// On unless DFL_CUDA_MMA_XT=0 (the rows, for comparisons in one run).
 static bool mma_xt_on() {
-    static const bool on = env_switch("DFL_CUDA_MMA_XT", false);
+    static const bool on = env_switch("DFL_CUDA_MMA_XT", true);
     return on;
 }
 
@@ -404,7 +407,7 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
-    const MmaX x = mma_acts(dev, xq, xs, xsum, W.n_in, T);
+    const MmaX x = T <= 32 ? mma_acts(dev, xq, xs, xsum, W.n_in, T) : MmaX{xq, xs, xsum, 0};
     dispatch_mma<3>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {  // (32 rows x 32 tokens spill)
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
         if (x.T8)
