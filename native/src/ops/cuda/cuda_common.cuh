@@ -79,6 +79,18 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Asynchronous 16-byte copies from global to shared memory (sm_80): the bytes in flight hold no registers. A thread
+// waits for its own groups (cp_async_wait<N>: all but the N newest); other threads' copies need a barrier after.
+__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Whether PDL launches are used: on sm_90 and later unless DFL_CUDA_PDL=0 (defined in device.cu).
 bool pdl_on();
 

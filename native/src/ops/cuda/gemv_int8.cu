@@ -221,6 +221,78 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
+// One token, the row staged in shared memory by cp.async (DFL_CUDA_Q8P_ASYNC=1, off until measured on a GPU): the
+// bytes in flight then hold no registers, so that every row of a 4096-row matrix can be in flight at once. ncu on the
+// H200 had the register GEMV above latency-bound (17-21 cycles a warp per instruction, 44-56 % occupancy, DRAM 31 %
+// busy on the 4096 x 4096 product): its warps hold 4 words a lane and wait about once per 2 KB. Each warp stages its
+// row's quants and scales in chunks of kAsyncChunk bytes (the whole row up to 4096; two chunks in flight beyond),
+// then multiplies from shared memory. Rows of n_in % 256 == 0 (the scales' 16-byte pieces).
+constexpr int64_t kAsyncChunk = 2048, kAsyncWhole = 4096;
+
+// Shared memory per warp: stages of chunk bytes of quants and chunk / 16 of scales.
+__host__ __device__ inline int64_t q8p_async_chunk(int64_t n_in) { return n_in <= kAsyncWhole ? n_in : kAsyncChunk; }
+__host__ __device__ inline int q8p_async_stages(int64_t n_in) { return n_in <= kAsyncWhole ? 1 : 2; }
+static size_t q8p_async_smem(int64_t n_in) {
+    const int64_t ck = q8p_async_chunk(n_in);
+    return (size_t)(kQ8pWarps * q8p_async_stages(n_in)) * (size_t)(ck + ck / 16);
+}
+
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                      int64_t n_out, const int8_t *xq, const float *xs,
+                                                                      float *Y) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + warp;
+    if (row >= n_out) return;  // (only warp-level barriers below)
+    const int64_t ck = q8p_async_chunk(n_in), stage = ck + ck / 16, nc = (n_in + ck - 1) / ck;
+    const int stages = q8p_async_stages(n_in);
+    uint8_t *buf = smem + (int64_t)warp * stages * stage;
+    const uint8_t *wq = (const uint8_t *)(qs + row * n_in), *wd = (const uint8_t *)(dw + row * (n_in / 32));
+    // chunk c (the last one may be shorter, a multiple of 256 bytes) into slot: its quants, then its scales
+    auto issue = [&](int64_t c, int slot) {
+        uint8_t *dst = buf + slot * stage;
+        const int64_t len = min(ck, n_in - c * ck);
+        for (int64_t i = 16 * lane; i < len; i += 512) cp_async16(dst + i, wq + c * ck + i);
+        for (int64_t i = 16 * lane; i < len / 16; i += 512) cp_async16(dst + ck + i, wd + c * (ck / 16) + i);
+        cp_async_commit();
+    };
+    issue(0, 0);
+    if (stages > 1 && nc > 1) issue(1, 1);
+    pdl_wait();  // (launch_pdl) the weights are in flight; the activations are the kernel before's
+    float acc = 0.0f;
+    for (int64_t c = 0; c < nc; c++) {
+        if (stages > 1 && c + 1 < nc)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
+        __syncwarp();  // every lane's copies of this chunk have landed
+        const uint8_t *src = buf + (c % stages) * stage;
+        const int8_t *xc = xq + c * ck;
+        const float *sc = xs + c * (ck / 32);
+        const int64_t len = min(ck, n_in - c * ck);
+#pragma unroll 4
+        for (int64_t i = 16 * lane; i < len; i += 512) {
+            const uint4 w = *(const uint4 *)(src + i);
+            const int4 xv = __ldg((const int4 *)(xc + i));
+            int d = __dp4a((int)w.x, xv.x, 0);
+            d = __dp4a((int)w.y, xv.y, d);
+            d = __dp4a((int)w.z, xv.z, d);
+            d = __dp4a((int)w.w, xv.w, d);
+            const float sw = half_bits_to_f32(*(const uint16_t *)(src + ck + (i / 32) * 2));
+            acc += (float)d * sw * __ldg(sc + i / 32);
+        }
+        __syncwarp();  // the slot is read: it may take chunk c + stages
+        if (stages > 1 && c + stages < nc) issue(c + stages, (int)(c % stages));
+    }
+    const float accs[1] = {acc};
+    store_warp_rows<1>(accs, Y, n_out, row);
+}
+
+static bool q8p_async_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_ASYNC", false);
+    return on;
+}
+
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
 // a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
 // With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
@@ -358,7 +430,10 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        if (nt == 1) {
+        if (nt == 1 && q8p_async_on() && W.n_in % 256 == 0) {
+            launch_maybe_pdl(true, gemv_q8p_async_kernel, grid, block, q8p_async_smem(W.n_in), s, qs, dw, W.n_in,
+                             W.n_out, xq0, xs0, y0);
+        } else if (nt == 1) {
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);

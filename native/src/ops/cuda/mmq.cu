@@ -46,16 +46,6 @@ static size_t mmq_smem_bytes(uint32_t type) {
     return (size_t)2 * kMmqRows * mmq_raw_ld(type) + (size_t)kMmqRows * kMmqLd * 2;
 }
 
-__device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Starts copying bytes [p, p + len) of the weight into `dst`, which receives the 16-byte words from p's aligned-down
 // address on, so the tile starts at dst + (p & 15). Words wholly inside the tensor [lo, hi) are asynchronous 16-byte
 // copies; a word crossing the tensor's ends (only when its start or size is not 16-byte aligned) is copied byte by
