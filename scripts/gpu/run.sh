@@ -301,16 +301,16 @@ cpu_peer() {
 # commas. DFL_CUDA_PDL=0: no programmatic dependent launches (each kernel starts when the one before has ended);
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
-# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_ASYNC=1: the one-token q8_0 GEMV stages its rows in
-# shared memory by cp.async; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel.
-VARIANTS=${VARIANTS:-- DFL_CUDA_Q8P_ASYNC=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_ASYNC=1 DFL_CUDA_Q8P_MMA_MIN=17}
+# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_GEMV_ASYNC=1: the one-token q8_0 and q4_K GEMVs stage their
+# rows in shared memory by cp.async; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel.
+VARIANTS=${VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1 DFL_CUDA_Q8P_MMA_MIN=17}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_ASYNC=1}; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_GEMV_ASYNC=1}; do
     log "device replay vs CPU: $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
@@ -332,7 +332,7 @@ kernel_tests() {
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
-           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" "DFL_CUDA_Q8P_ASYNC=1 matmul"; do
+           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" "DFL_CUDA_GEMV_ASYNC=1 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -392,10 +392,10 @@ quick_checks() {
   log "op tests matmul: DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_MMA_MIN=2"
   DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-xt.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-xt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_Q8P_ASYNC=1"
-  DFL_CUDA_Q8P_ASYNC=1 "$kernel_test_bin" matmul >"$OUT/ops-async.txt" 2>&1
+  log "op tests matmul: DFL_CUDA_GEMV_ASYNC=1"
+  DFL_CUDA_GEMV_ASYNC=1 "$kernel_test_bin" matmul >"$OUT/ops-async.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-async.txt" | head -20 | tee -a "$OUT/summary.txt"
-  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_ASYNC=1" flag_replay
+  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_MMA_XT=0 DFL_CUDA_GEMV_ASYNC=1" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |

@@ -247,16 +247,20 @@ __device__ __forceinline__ void q4k_scale_min_hdr(const uint4 &hdr, int j, int &
     }
 }
 
-// blk 16-byte aligned: one load of the header, one of the lane's quants.
-__device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
+// Lane p's share of a super-block from its quants word and the block's 16-byte header.
+__device__ __forceinline__ Q4KLane q4k_decode(const uint4 &q, const uint4 &hdr, int p) {
     Q4KLane l;
-    l.q = __ldg((const uint4 *)(blk + 16 + 16 * p));
-    const uint4 hdr = __ldg((const uint4 *)blk);
+    l.q = q;
     l.d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF));
     l.dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
     q4k_scale_min_hdr(hdr, 2 * (p >> 1), l.sc1, l.m1);
     q4k_scale_min_hdr(hdr, 2 * (p >> 1) + 1, l.sc2, l.m2);
     return l;
+}
+
+// blk 16-byte aligned in global memory: one load of the header, one of the lane's quants.
+__device__ __forceinline__ Q4KLane q4k_lane(const uint8_t *blk, int p) {
+    return q4k_decode(__ldg((const uint4 *)(blk + 16 + 16 * p)), __ldg((const uint4 *)blk), p);
 }
 
 // What lane p (0..7) of the eight that share a q6_K super-block reads of it (the GEMV layout: half h = p / 4,

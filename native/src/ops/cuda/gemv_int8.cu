@@ -65,6 +65,30 @@ __device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y
     }
 }
 
+// Lane p's part of super-block b of a q4_K row against one token's int8 activations (x: its quants, scales and block
+// sums): w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term once per sub-block (by the lane of
+// the first half).
+__device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p, const int8_t *xq, const float *xs,
+                                              const float *xsum) {
+    const int c = p >> 1, half = p & 1;
+    const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
+    const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
+    const int64_t e0 = b * QK_K + 64 * c + 16 * half;
+    const int4 xa = __ldg((const int4 *)(xq + e0));
+    const int4 xb = __ldg((const int4 *)(xq + e0 + 32));
+    int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
+    lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
+    lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
+    lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
+    int hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
+    hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
+    hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
+    hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
+    float v = l.d * ((float)l.sc1 * __ldg(xs + s1) * (float)lo + (float)l.sc2 * __ldg(xs + s2) * (float)hi);
+    if (half == 0) v -= l.dmin * ((float)l.m1 * __ldg(xsum + s1) + (float)l.m2 * __ldg(xsum + s2));
+    return v;
+}
+
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
 // 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
@@ -85,7 +109,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
         xsum += xi * nb32;
         Y += k * z.y_stride;
     }
-    const int lane = threadIdx.x & 31, p = lane & 7, c = p >> 1, half = p & 1;
+    const int lane = threadIdx.x & 31, p = lane & 7;
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
@@ -95,28 +119,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
         const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
-        const float d = l.d, dmin = l.dmin;
-        const int sc1 = l.sc1, m1 = l.m1, sc2 = l.sc2, m2 = l.m2;
-        const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
-        const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
-        const int64_t e0 = b * QK_K + 64 * c + 16 * half;
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const int4 xa = __ldg((const int4 *)(xq + t * n_in + e0));
-            const int4 xb = __ldg((const int4 *)(xq + t * n_in + e0 + 32));
-            int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
-            lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
-            lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
-            lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
-            int hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
-            hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
-            hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
-            hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
-            const float *xst = xs + t * nb32, *xmt = xsum + t * nb32;
-            float v = d * ((float)sc1 * __ldg(xst + s1) * (float)lo + (float)sc2 * __ldg(xst + s2) * (float)hi);
-            if (half == 0) v -= dmin * ((float)m1 * __ldg(xmt + s1) + (float)m2 * __ldg(xmt + s2));
-            acc[t] += v;
-        }
+        for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
     store_warp_rows<NT>(acc, Y, n_out, r);
 }
@@ -221,22 +225,49 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
-// One token, the row staged in shared memory by cp.async (DFL_CUDA_Q8P_ASYNC=1, off until measured on a GPU): the
-// bytes in flight then hold no registers, so that every row of a 4096-row matrix can be in flight at once. ncu on the
-// H200 had the register GEMV above latency-bound (17-21 cycles a warp per instruction, 44-56 % occupancy, DRAM 31 %
-// busy on the 4096 x 4096 product): its warps hold 4 words a lane and wait about once per 2 KB. Each warp stages its
-// row's quants and scales in chunks of kAsyncChunk bytes (the whole row up to 4096; two chunks in flight beyond),
-// then multiplies from shared memory. Rows of n_in % 256 == 0 (the scales' 16-byte pieces).
-constexpr int64_t kAsyncChunk = 2048, kAsyncWhole = 4096;
+// One token, each warp's row staged in shared memory by cp.async (DFL_CUDA_GEMV_ASYNC=1, off until measured on a
+// GPU): the bytes in flight then hold no registers, so that every row of a 4096-row matrix can be in flight at once.
+// ncu on the H200 had the register GEMVs latency-bound (q8_0: 17-21 cycles a warp per instruction, 44-56 % occupancy,
+// DRAM 31 % busy on the 4096 x 4096 product): their warps hold a few words a lane and wait about once per 2 KB. A
+// warp stages its row in chunks (the whole row where it is short, else two chunks in flight) and multiplies from
+// shared memory, in the register kernels' order (the same sums).
+constexpr int64_t kAsyncWhole = 4608;  // bytes of a row staged at once (a 4096-wide q8_0 row with its scales)
 
-// Shared memory per warp: stages of chunk bytes of quants and chunk / 16 of scales.
-__host__ __device__ inline int64_t q8p_async_chunk(int64_t n_in) { return n_in <= kAsyncWhole ? n_in : kAsyncChunk; }
-__host__ __device__ inline int q8p_async_stages(int64_t n_in) { return n_in <= kAsyncWhole ? 1 : 2; }
-static size_t q8p_async_smem(int64_t n_in) {
-    const int64_t ck = q8p_async_chunk(n_in);
-    return (size_t)(kQ8pWarps * q8p_async_stages(n_in)) * (size_t)(ck + ck / 16);
+// One warp's chunks of a row of row_bytes: the whole row where it fits kAsyncWhole with its side bytes (chunk /
+// side_div more per chunk when side_div > 0: q8_0's scales), else small_chunk bytes each (the last may be shorter),
+// one slot of `stage` bytes per chunk in flight, `stages` slots.
+struct AsyncRow {
+    int64_t chunk, stage, nc;
+    int stages;
+    __host__ __device__ AsyncRow(int64_t row_bytes, int64_t small_chunk, int side_div) {
+        const int64_t whole = row_bytes + (side_div ? row_bytes / side_div : 0);
+        chunk = whole <= kAsyncWhole ? row_bytes : small_chunk;
+        stage = chunk + (side_div ? chunk / side_div : 0);
+        nc = (row_bytes + chunk - 1) / chunk;
+        stages = nc > 1 ? 2 : 1;
+    }
+    size_t smem() const { return (size_t)(kQ8pWarps * stages) * (size_t)stage; }
+};
+
+// q8_0 rows in chunks of 2048 quants with their 128 bytes of scales; q4_K rows in chunks of 16 super-blocks.
+__host__ __device__ inline AsyncRow q8p_async_row(int64_t n_in) { return AsyncRow(n_in, 2048, 16); }
+__host__ __device__ inline AsyncRow q4k_async_row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kQ4_KBytes, 0); }
+
+// len bytes (a multiple of 16) from global src to shared dst, spread over the warp's lanes; committed by the caller.
+__device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int64_t len, int lane) {
+    for (int64_t i = 16 * lane; i < len; i += 512) cp_async16(dst + i, src + i);
 }
 
+// Waits for chunk c of a row (the one after it may stay in flight) and for every lane's copies of it.
+__device__ __forceinline__ void warp_stage_wait(const AsyncRow &ar, int64_t c) {
+    if (ar.stages > 1 && c + 1 < ar.nc)
+        cp_async_wait<1>();
+    else
+        cp_async_wait<0>();
+    __syncwarp();
+}
+
+// q8_0 (repacked), rows of n_in % 256 == 0 (the scales in 16-byte pieces).
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                       int64_t n_out, const int8_t *xq, const float *xs,
                                                                       float *Y) {
@@ -244,29 +275,23 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const in
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + warp;
     if (row >= n_out) return;  // (only warp-level barriers below)
-    const int64_t ck = q8p_async_chunk(n_in), stage = ck + ck / 16, nc = (n_in + ck - 1) / ck;
-    const int stages = q8p_async_stages(n_in);
-    uint8_t *buf = smem + (int64_t)warp * stages * stage;
+    const AsyncRow ar = q8p_async_row(n_in);
+    const int64_t ck = ar.chunk;
+    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
     const uint8_t *wq = (const uint8_t *)(qs + row * n_in), *wd = (const uint8_t *)(dw + row * (n_in / 32));
-    // chunk c (the last one may be shorter, a multiple of 256 bytes) into slot: its quants, then its scales
-    auto issue = [&](int64_t c, int slot) {
-        uint8_t *dst = buf + slot * stage;
+    auto issue = [&](int64_t c, int slot) {  // chunk c's quants, then its scales
         const int64_t len = min(ck, n_in - c * ck);
-        for (int64_t i = 16 * lane; i < len; i += 512) cp_async16(dst + i, wq + c * ck + i);
-        for (int64_t i = 16 * lane; i < len / 16; i += 512) cp_async16(dst + ck + i, wd + c * (ck / 16) + i);
+        warp_stage(buf + slot * ar.stage, wq + c * ck, len, lane);
+        warp_stage(buf + slot * ar.stage + ck, wd + c * (ck / 16), len / 16, lane);
         cp_async_commit();
     };
     issue(0, 0);
-    if (stages > 1 && nc > 1) issue(1, 1);
+    if (ar.stages > 1) issue(1, 1);
     pdl_wait();  // (launch_pdl) the weights are in flight; the activations are the kernel before's
     float acc = 0.0f;
-    for (int64_t c = 0; c < nc; c++) {
-        if (stages > 1 && c + 1 < nc)
-            cp_async_wait<1>();
-        else
-            cp_async_wait<0>();
-        __syncwarp();  // every lane's copies of this chunk have landed
-        const uint8_t *src = buf + (c % stages) * stage;
+    for (int64_t c = 0; c < ar.nc; c++) {
+        warp_stage_wait(ar, c);
+        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
         const int8_t *xc = xq + c * ck;
         const float *sc = xs + c * (ck / 32);
         const int64_t len = min(ck, n_in - c * ck);
@@ -281,15 +306,53 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const in
             const float sw = half_bits_to_f32(*(const uint16_t *)(src + ck + (i / 32) * 2));
             acc += (float)d * sw * __ldg(sc + i / 32);
         }
-        __syncwarp();  // the slot is read: it may take chunk c + stages
-        if (stages > 1 && c + stages < nc) issue(c + stages, (int)(c % stages));
+        __syncwarp();  // the slot is read: it may take chunk c + 2
+        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
     }
     const float accs[1] = {acc};
     store_warp_rows<1>(accs, Y, n_out, row);
 }
 
-static bool q8p_async_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_ASYNC", false);
+// q4_K on the file's layout, lanes as gemv_q4k_i8_kernel's.
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_async_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                      int64_t n_out, const int8_t *xq, const float *xs,
+                                                                      const float *xsum, float *Y) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7;
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
+    if (r >= n_out) return;
+    const AsyncRow ar = q4k_async_row((int64_t)row_bytes);
+    const int64_t cb = ar.chunk / kQ4_KBytes, nb = n_in / QK_K;  // super-blocks a chunk, a row
+    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    auto issue = [&](int64_t c, int slot) {
+        warp_stage(buf + slot * ar.stage, row + c * ar.chunk, min(ar.chunk, (int64_t)row_bytes - c * ar.chunk), lane);
+        cp_async_commit();
+    };
+    issue(0, 0);
+    if (ar.stages > 1) issue(1, 1);
+    pdl_wait();
+    float acc = 0.0f;
+    for (int64_t c = 0; c < ar.nc; c++) {
+        warp_stage_wait(ar, c);
+        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
+        const int64_t n = min(cb, nb - c * cb);
+#pragma unroll 2
+        for (int64_t bl = lane >> 3; bl < n; bl += 4) {
+            const uint8_t *blk = src + bl * kQ4_KBytes;
+            const Q4KLane l = q4k_decode(*(const uint4 *)(blk + 16 + 16 * p), *(const uint4 *)blk, p);
+            acc += q4k_lane_dot(l, c * cb + bl, p, xq, xs, xsum);
+        }
+        __syncwarp();
+        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
+    }
+    const float accs[1] = {acc};
+    store_warp_rows<1>(accs, Y, n_out, r);
+}
+
+// Whether one-token q8_0 and q4_K products stage their rows (gemv_q8p_async_kernel, gemv_q4k_async_kernel).
+static bool gemv_async_on() {
+    static const bool on = env_switch("DFL_CUDA_GEMV_ASYNC", false);
     return on;
 }
 
@@ -430,8 +493,8 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        if (nt == 1 && q8p_async_on() && W.n_in % 256 == 0) {
-            launch_maybe_pdl(true, gemv_q8p_async_kernel, grid, block, q8p_async_smem(W.n_in), s, qs, dw, W.n_in,
+        if (nt == 1 && gemv_async_on() && W.n_in % 256 == 0) {
+            launch_maybe_pdl(true, gemv_q8p_async_kernel, grid, block, q8p_async_row(W.n_in).smem(), s, qs, dw, W.n_in,
                              W.n_out, xq0, xs0, y0);
         } else if (nt == 1) {
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
@@ -470,6 +533,12 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
+        if (T == 1 && gemv_async_on()) {
+            launch_maybe_pdl(true, gemv_q4k_async_kernel, grid, block, q4k_async_row((int64_t)W.row_bytes).smem(), s,
+                             W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y);
+            check_launch("matmul (q4_K int8, staged)");
+            return;
+        }
         switch (T) {
 #define DFL_Q4K_I8(N) \
     case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
