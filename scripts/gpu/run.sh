@@ -301,7 +301,7 @@ cpu_peer() {
 # commas. DFL_CUDA_PDL=0: no programmatic dependent launches (each kernel starts when the one before has ended);
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
-# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_GEMV_ASYNC=1: the one-token q8_0 and q4_K GEMVs stage their
+# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_GEMV_ASYNC=1: the one-token q8_0, q4_K and q6_K GEMVs stage their
 # rows in shared memory by cp.async; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel.
 VARIANTS=${VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1 DFL_CUDA_Q8P_MMA_MIN=17}

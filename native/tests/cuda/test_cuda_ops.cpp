@@ -131,20 +131,22 @@ void test_matmul_embed() {
                         matmul_bound(type, T));
         }
     }
-    // q4_K rows longer than the one-token GEMV stages at once with DFL_CUDA_GEMV_ASYNC=1 (chunks of 16 super-blocks,
-    // the last of 17408 inputs a partial one)
-    for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
-        DualWeight W(DFL_TYPE_Q4_K, s.n_out, s.n_in, r);
-        for (int64_t T : {int64_t(1), int64_t(2)}) {
-            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-            Dual Y((size_t)(T * s.n_out) * 4);
-            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-            g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-            compare(std::string("matmul q4_K ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
-                        " T=" + std::to_string(T),
-                    Y, matmul_bound(DFL_TYPE_Q4_K, T));
+    // q4_K and q6_K rows longer than the one-token GEMV stages at once with DFL_CUDA_GEMV_ASYNC=1 (chunks of 16
+    // super-blocks; of 17408 inputs the last chunk a partial one for q4_K, and q6_K rows not a multiple of 16 bytes:
+    // the register GEMV)
+    for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
+        for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
+            DualWeight W(type, s.n_out, s.n_in, r);
+            for (int64_t T : {int64_t(1), int64_t(2)}) {
+                Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+                Dual Y((size_t)(T * s.n_out) * 4);
+                g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+                g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+                compare(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
+                            std::to_string(s.n_in) + " T=" + std::to_string(T),
+                        Y, matmul_bound(type, T));
+            }
         }
-    }
     // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV; 2..64 tokens the int8 tensor-core
     // kernel (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
     // SM count (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens. Activations rounded to

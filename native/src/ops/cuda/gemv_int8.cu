@@ -125,6 +125,39 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
+// Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
+// qh, minus 32 byte by byte), quarter k in q[k].
+struct Q6KCodes {
+    int q[4][2];
+};
+__device__ __forceinline__ Q6KCodes q6k_codes(const Q6KLane &l) {
+    Q6KCodes c;
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+        const uint32_t la = l.la[w], lb = l.lb[w], hb = l.hb[w];
+        c.q[0][w] = (int)__vsub4((la & 0x0F0F0F0F) | ((hb & 0x03030303) << 4), 0x20202020);
+        c.q[1][w] = (int)__vsub4((lb & 0x0F0F0F0F) | (((hb >> 2) & 0x03030303) << 4), 0x20202020);
+        c.q[2][w] = (int)__vsub4(((la >> 4) & 0x0F0F0F0F) | (((hb >> 4) & 0x03030303) << 4), 0x20202020);
+        c.q[3][w] = (int)__vsub4(((lb >> 4) & 0x0F0F0F0F) | (((hb >> 6) & 0x03030303) << 4), 0x20202020);
+    }
+    return c;
+}
+
+// The codes against one token's int8 activations from element e0 (quarter k at e0 + 32 k: its eight positions share
+// one 16-element scale ds[k] and one block of 32 activations).
+__device__ __forceinline__ float q6k_codes_dot(const Q6KCodes &c, const float (&ds)[4], int64_t e0, const int8_t *xq,
+                                               const float *xs) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t e = e0 + 32 * k;
+        const int2 xv = __ldg((const int2 *)(xq + e));
+        const int dot = __dp4a(c.q[k][1], xv.y, __dp4a(c.q[k][0], xv.x, 0));
+        s += ds[k] * __ldg(xs + e / 32) * (float)dot;
+    }
+    return s;
+}
+
 // q6_K on int8 activations: the layout of gemv_q6_K_kernel (eight lanes per 210-byte super-block; lane p takes half
 // h = p / 4 and positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters). The 6-bit codes are
 // assembled four to a word (the low nibble from ql, the two high bits from qh, minus 32 byte by byte) and multiplied
@@ -144,29 +177,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
         const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
-        const uint32_t *la = l.la, *lb = l.lb, *hb = l.hb;
-        int q[4][2];
-#pragma unroll
-        for (int w = 0; w < 2; w++) {
-            q[0][w] = (int)__vsub4((la[w] & 0x0F0F0F0F) | ((hb[w] & 0x03030303) << 4), 0x20202020);
-            q[1][w] = (int)__vsub4((lb[w] & 0x0F0F0F0F) | (((hb[w] >> 2) & 0x03030303) << 4), 0x20202020);
-            q[2][w] = (int)__vsub4(((la[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 4) & 0x03030303) << 4), 0x20202020);
-            q[3][w] = (int)__vsub4(((lb[w] >> 4) & 0x0F0F0F0F) | (((hb[w] >> 6) & 0x03030303) << 4), 0x20202020);
-        }
-        const float *dsc = l.ds;
+        const Q6KCodes q = q6k_codes(l);
         const int64_t e0 = b * QK_K + 128 * h + l0;
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int64_t e = e0 + 32 * k;
-                const int2 xv = __ldg((const int2 *)(xq + t * n_in + e));
-                const int dot = __dp4a(q[k][1], xv.y, __dp4a(q[k][0], xv.x, 0));
-                s += dsc[k] * __ldg(xs + t * nb32 + e / 32) * (float)dot;
-            }
-            acc[t] += s;
-        }
+        for (int t = 0; t < NT; t++) acc[t] += q6k_codes_dot(q, l.ds, e0, xq + t * n_in, xs + t * nb32);
     }
     store_warp_rows<NT>(acc, Y, n_out, r);
 }
@@ -252,6 +266,7 @@ struct AsyncRow {
 // q8_0 rows in chunks of 2048 quants with their 128 bytes of scales; q4_K rows in chunks of 16 super-blocks.
 __host__ __device__ inline AsyncRow q8p_async_row(int64_t n_in) { return AsyncRow(n_in, 2048, 16); }
 __host__ __device__ inline AsyncRow q4k_async_row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kQ4_KBytes, 0); }
+__host__ __device__ inline AsyncRow q6k_async_row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kQ6_KBytes, 0); }
 
 // len bytes (a multiple of 16) from global src to shared dst, spread over the warp's lanes; committed by the caller.
 __device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int64_t len, int lane) {
@@ -350,7 +365,44 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_async_kernel(const ui
     store_warp_rows<1>(accs, Y, n_out, r);
 }
 
-// Whether one-token q8_0 and q4_K products stage their rows (gemv_q8p_async_kernel, gemv_q4k_async_kernel).
+// q6_K on the file's layout, lanes as gemv_q6k_i8_kernel's; rows of a multiple of 16 bytes (n_in % 2048 == 0).
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_async_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                      int64_t n_out, const int8_t *xq, const float *xs,
+                                                                      float *Y) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
+    if (r >= n_out) return;
+    const AsyncRow ar = q6k_async_row((int64_t)row_bytes);
+    const int64_t cb = ar.chunk / kQ6_KBytes, nb = n_in / QK_K;
+    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
+    auto issue = [&](int64_t c, int slot) {
+        warp_stage(buf + slot * ar.stage, row + c * ar.chunk, min(ar.chunk, (int64_t)row_bytes - c * ar.chunk), lane);
+        cp_async_commit();
+    };
+    issue(0, 0);
+    if (ar.stages > 1) issue(1, 1);
+    pdl_wait();
+    float acc = 0.0f;
+    for (int64_t c = 0; c < ar.nc; c++) {
+        warp_stage_wait(ar, c);
+        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
+        const int64_t n = min(cb, nb - c * cb);
+#pragma unroll 2
+        for (int64_t bl = lane >> 3; bl < n; bl += 4) {
+            const Q6KLane l = q6k_lane<true>(src + bl * kQ6_KBytes, p);
+            acc += q6k_codes_dot(q6k_codes(l), l.ds, (c * cb + bl) * QK_K + 128 * h + l0, xq, xs);
+        }
+        __syncwarp();
+        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
+    }
+    const float accs[1] = {acc};
+    store_warp_rows<1>(accs, Y, n_out, r);
+}
+
+// Whether one-token q8_0, q4_K and q6_K products stage their rows (gemv_q8p_async_kernel, gemv_q4k_async_kernel,
+// gemv_q6k_async_kernel).
 static bool gemv_async_on() {
     static const bool on = env_switch("DFL_CUDA_GEMV_ASYNC", false);
     return on;
@@ -567,6 +619,12 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
+    if (T == 1 && gemv_async_on() && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0) {
+        launch_maybe_pdl(true, gemv_q6k_async_kernel, grid, block, q6k_async_row((int64_t)W.row_bytes).smem(), s, W.data,
+                         W.row_bytes, W.n_in, W.n_out, xq, xs, Y);
+        check_launch("matmul (q6_K int8, staged)");
+        return;
+    }
     switch (T) {
 #define DFL_Q6K_I8(N) \
     case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
