@@ -87,6 +87,17 @@ double matmul_bound(uint32_t type, int64_t T) {
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }
 
+// One product of W (n_out x n_in, as in the file) on T random rows, the GPU against the CPU.
+void check_matmul(const DualWeight &W, uint32_t type, int64_t n_out, int64_t n_in, int64_t T, Rng &r) {
+    Dual X(rand_vec(r, (size_t)(T * n_in)));
+    Dual Y((size_t)(T * n_out) * 4);
+    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+    g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+    compare(std::string("matmul ") + tname(type) + " " + std::to_string(n_out) + "x" + std::to_string(n_in) +
+                " T=" + std::to_string(T),
+            Y, matmul_bound(type, T));
+}
+
 void test_matmul_embed() {
     const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
     // 2..64: the tensor-core kernel with 1..4 token fragments of 16 (5, 17, 33: partial fragments); 65, 130: cuBLAS
@@ -102,15 +113,7 @@ void test_matmul_embed() {
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : Ts) {
-                Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-                Dual Y((size_t)(T * s.n_out) * 4);
-                g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-                g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-                compare(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
-                            std::to_string(s.n_in) + " T=" + std::to_string(T),
-                        Y, matmul_bound(type, T));
-            }
+            for (int64_t T : Ts) check_matmul(W, type, s.n_out, s.n_in, T, r);
             std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3, 5, 0};
             Dual tk(tok);
             Dual E(tok.size() * (size_t)s.n_in * 4);
@@ -122,14 +125,7 @@ void test_matmul_embed() {
     // a large shape: 65 row tiles, the last of one row, and K split 4 ways (T = 1: q8_0 rows staged in two chunks)
     for (uint32_t type : types) {
         DualWeight W(type, 4097, 4096, r);
-        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) {
-            Dual X(rand_vec(r, (size_t)(T * 4096)));
-            Dual Y((size_t)(T * 4097) * 4);
-            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-            g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-            compare(std::string("matmul ") + tname(type) + " 4097x4096 T=" + std::to_string(T), Y,
-                        matmul_bound(type, T));
-        }
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) check_matmul(W, type, 4097, 4096, T, r);
     }
     // q4_K and q6_K rows longer than the one-token GEMV stages at once with DFL_CUDA_GEMV_ASYNC=1 (chunks of 16
     // super-blocks; of 17408 inputs the last chunk a partial one for q4_K, and q6_K rows not a multiple of 16 bytes:
@@ -137,15 +133,7 @@ void test_matmul_embed() {
     for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
         for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : {int64_t(1), int64_t(2)}) {
-                Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-                Dual Y((size_t)(T * s.n_out) * 4);
-                g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-                g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-                compare(std::string("matmul ") + tname(type) + " " + std::to_string(s.n_out) + "x" +
-                            std::to_string(s.n_in) + " T=" + std::to_string(T),
-                        Y, matmul_bound(type, T));
-            }
+            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
         }
     // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV; 2..64 tokens the int8 tensor-core
     // kernel (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the

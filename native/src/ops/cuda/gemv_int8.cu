@@ -263,10 +263,8 @@ struct AsyncRow {
     size_t smem() const { return (size_t)(kQ8pWarps * stages) * (size_t)stage; }
 };
 
-// q8_0 rows in chunks of 2048 quants with their 128 bytes of scales; q4_K rows in chunks of 16 super-blocks.
+// q8_0 rows in chunks of 2048 quants with their 128 bytes of scales.
 __host__ __device__ inline AsyncRow q8p_async_row(int64_t n_in) { return AsyncRow(n_in, 2048, 16); }
-__host__ __device__ inline AsyncRow q4k_async_row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kQ4_KBytes, 0); }
-__host__ __device__ inline AsyncRow q6k_async_row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kQ6_KBytes, 0); }
 
 // len bytes (a multiple of 16) from global src to shared dst, spread over the warp's lanes; committed by the caller.
 __device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int64_t len, int lane) {
@@ -328,16 +326,18 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const in
     store_warp_rows<1>(accs, Y, n_out, row);
 }
 
-// q4_K on the file's layout, lanes as gemv_q4k_i8_kernel's.
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_async_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                      int64_t n_out, const int8_t *xq, const float *xs,
-                                                                      const float *xsum, float *Y) {
+// The staged one-token GEMV of a super-block format (q4_K, q6_K): eight lanes a super-block, four super-blocks a warp
+// step, in the register kernels' order; Fmt::dot is lane p's part of super-block b against the token (Q4KAsync,
+// Q6KAsync).
+template <typename Fmt>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_sblock_async_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                         int64_t n_in, int64_t n_out, float *Y, Fmt f) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7;
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
     if (r >= n_out) return;
-    const AsyncRow ar = q4k_async_row((int64_t)row_bytes);
-    const int64_t cb = ar.chunk / kQ4_KBytes, nb = n_in / QK_K;  // super-blocks a chunk, a row
+    const AsyncRow ar = Fmt::row((int64_t)row_bytes);
+    const int64_t cb = ar.chunk / Fmt::kBytes, nb = n_in / QK_K;  // super-blocks a chunk, a row
     uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     auto issue = [&](int64_t c, int slot) {
@@ -353,11 +353,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_async_kernel(const ui
         const uint8_t *src = buf + (c % ar.stages) * ar.stage;
         const int64_t n = min(cb, nb - c * cb);
 #pragma unroll 2
-        for (int64_t bl = lane >> 3; bl < n; bl += 4) {
-            const uint8_t *blk = src + bl * kQ4_KBytes;
-            const Q4KLane l = q4k_decode(*(const uint4 *)(blk + 16 + 16 * p), *(const uint4 *)blk, p);
-            acc += q4k_lane_dot(l, c * cb + bl, p, xq, xs, xsum);
-        }
+        for (int64_t bl = lane >> 3; bl < n; bl += 4) acc += f.dot(src + bl * Fmt::kBytes, c * cb + bl, p);
         __syncwarp();
         if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
     }
@@ -365,44 +361,28 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_async_kernel(const ui
     store_warp_rows<1>(accs, Y, n_out, r);
 }
 
-// q6_K on the file's layout, lanes as gemv_q6k_i8_kernel's; rows of a multiple of 16 bytes (n_in % 2048 == 0).
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_async_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                      int64_t n_out, const int8_t *xq, const float *xs,
-                                                                      float *Y) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
-    if (r >= n_out) return;
-    const AsyncRow ar = q6k_async_row((int64_t)row_bytes);
-    const int64_t cb = ar.chunk / kQ6_KBytes, nb = n_in / QK_K;
-    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
-    auto issue = [&](int64_t c, int slot) {
-        warp_stage(buf + slot * ar.stage, row + c * ar.chunk, min(ar.chunk, (int64_t)row_bytes - c * ar.chunk), lane);
-        cp_async_commit();
-    };
-    issue(0, 0);
-    if (ar.stages > 1) issue(1, 1);
-    pdl_wait();
-    float acc = 0.0f;
-    for (int64_t c = 0; c < ar.nc; c++) {
-        warp_stage_wait(ar, c);
-        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
-        const int64_t n = min(cb, nb - c * cb);
-#pragma unroll 2
-        for (int64_t bl = lane >> 3; bl < n; bl += 4) {
-            const Q6KLane l = q6k_lane<true>(src + bl * kQ6_KBytes, p);
-            acc += q6k_codes_dot(q6k_codes(l), l.ds, (c * cb + bl) * QK_K + 128 * h + l0, xq, xs);
-        }
-        __syncwarp();
-        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
+// The token's activations and the lane arithmetic of each format; chunks of 16 super-blocks.
+struct Q4KAsync {
+    static constexpr int kBytes = kQ4_KBytes;
+    const int8_t *xq;
+    const float *xs, *xsum;
+    __host__ __device__ static AsyncRow row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kBytes, 0); }
+    __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
+        return q4k_lane_dot(q4k_decode(*(const uint4 *)(blk + 16 + 16 * p), *(const uint4 *)blk, p), b, p, xq, xs, xsum);
     }
-    const float accs[1] = {acc};
-    store_warp_rows<1>(accs, Y, n_out, r);
-}
+};
+struct Q6KAsync {  // rows of a multiple of 16 bytes (n_in % 2048 == 0)
+    static constexpr int kBytes = kQ6_KBytes;
+    const int8_t *xq;
+    const float *xs;
+    __host__ __device__ static AsyncRow row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kBytes, 0); }
+    __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
+        const Q6KLane l = q6k_lane<true>(blk, p);
+        return q6k_codes_dot(q6k_codes(l), l.ds, b * QK_K + 128 * (p >> 2) + 8 * (p & 3), xq, xs);
+    }
+};
 
-// Whether one-token q8_0, q4_K and q6_K products stage their rows (gemv_q8p_async_kernel, gemv_q4k_async_kernel,
-// gemv_q6k_async_kernel).
+// Whether one-token q8_0, q4_K and q6_K products stage their rows (gemv_q8p_async_kernel, gemv_sblock_async_kernel).
 static bool gemv_async_on() {
     static const bool on = env_switch("DFL_CUDA_GEMV_ASYNC", false);
     return on;
@@ -586,8 +566,9 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         if (T == 1 && gemv_async_on()) {
-            launch_maybe_pdl(true, gemv_q4k_async_kernel, grid, block, q4k_async_row((int64_t)W.row_bytes).smem(), s,
-                             W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y);
+            launch_maybe_pdl(true, gemv_sblock_async_kernel<Q4KAsync>, grid, block,
+                             Q4KAsync::row((int64_t)W.row_bytes).smem(), s, W.data, W.row_bytes, W.n_in, W.n_out, Y,
+                             Q4KAsync{xq, xs, xsum});
             check_launch("matmul (q4_K int8, staged)");
             return;
         }
@@ -620,8 +601,9 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     if (T == 1 && gemv_async_on() && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0) {
-        launch_maybe_pdl(true, gemv_q6k_async_kernel, grid, block, q6k_async_row((int64_t)W.row_bytes).smem(), s, W.data,
-                         W.row_bytes, W.n_in, W.n_out, xq, xs, Y);
+        launch_maybe_pdl(true, gemv_sblock_async_kernel<Q6KAsync>, grid, block,
+                         Q6KAsync::row((int64_t)W.row_bytes).smem(), s, W.data, W.row_bytes, W.n_in, W.n_out, Y,
+                         Q6KAsync{xq, xs});
         check_launch("matmul (q6_K int8, staged)");
         return;
     }
