@@ -355,7 +355,7 @@ constexpr int64_t kStageQuantMax = (int64_t)1 << 20;
 
 CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
     const int64_t nb = count / 32;
-    const size_t xq_bytes = ((size_t)count + 255) & ~(size_t)255;
+    const size_t xq_bytes = round256((size_t)count);
     uint8_t *p = (uint8_t *)scratch(xq_bytes + (size_t)nb * (sums ? 8 : 4));
     QuantX q;
     q.xq = (int8_t *)p;

@@ -3,7 +3,8 @@
 //    and the block scales beside them, so that a warp streams its row with 16-byte loads, several in flight per lane,
 //    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
 //    token (the batch-1 decode step), and 2..8 tokens with four rows per warp;
-//  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise (opt-in);
+//  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens;
+//  - one token of q8_0, q4_K, q6_K with the row staged in shared memory first (DFL_CUDA_GEMV_ASYNC=1, opt-in);
 //  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
 
 #include <algorithm>
@@ -17,9 +18,9 @@ namespace cuda {
 constexpr int kQ8pWarps = 4;     // rows per block
 constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
 constexpr int kQ8pMaxTokens = 16; // tokens per pass
-// Repacked q8_0 takes the dp4a kernels up to 8 tokens: H200, qwen3-8b layer shapes, dp4a 80 / 105 us a layer at 2 / 8
-// tokens against the mma kernel's 118 / 128; from 16 tokens the mma kernel wins (149 against 211 us, 231 against 466
-// at 32).
+// Repacked q8_0 takes the dp4a kernels up to 8 tokens: H200, qwen3-8b layer shapes, dp4a 70 / 93 us a layer at 2 / 8
+// tokens (12-03, 16:44) against the mma kernel's 118 / 128 (12-03 morning); from 16 tokens the mma kernel won then (149
+// against 211 us, 231 against 466 at 32).
 // DFL_CUDA_Q8P_MMA_MIN overrides it (for comparisons in one run).
 static int64_t q8p_mma_min_tokens() {
     static const int64_t n = std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_MMA_MIN", 9));
@@ -51,6 +52,14 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     if (blk >= nb * T) return;
     // rows of n_in (a multiple of 32) are contiguous: block blk is elements 32 blk.., scale and sum number blk
     quant_q8_warp(x[blk * 32 + lane], xq + blk * 32 + lane, xs + blk, xsum ? xsum + blk : nullptr);
+}
+
+// The int32 dot product of 16 int8 weights and 16 int8 activations (four dp4a).
+__device__ __forceinline__ int dot16_i8(const uint4 &w, const int4 &x) {
+    int s = __dp4a((int)w.x, x.x, 0);
+    s = __dp4a((int)w.y, x.y, s);
+    s = __dp4a((int)w.z, x.z, s);
+    return __dp4a((int)w.w, x.w, s);
 }
 
 // A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
@@ -227,11 +236,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
             const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
-                int s = __dp4a((int)wv[u].x, xv.x, 0);
-                s = __dp4a((int)wv[u].y, xv.y, s);
-                s = __dp4a((int)wv[u].z, xv.z, s);
-                s = __dp4a((int)wv[u].w, xv.w, s);
+                const int s = dot16_i8(wv[u], __ldg((const int4 *)(xq + t * n_in) + i));
                 acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
             }
         }
@@ -271,13 +276,24 @@ __device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int
     for (int64_t i = 16 * lane; i < len; i += 512) cp_async16(dst + i, src + i);
 }
 
-// Waits for chunk c of a row (the one after it may stay in flight) and for every lane's copies of it.
-__device__ __forceinline__ void warp_stage_wait(const AsyncRow &ar, int64_t c) {
-    if (ar.stages > 1 && c + 1 < ar.nc)
-        cp_async_wait<1>();
-    else
-        cp_async_wait<0>();
-    __syncwarp();
+// A warp's pipeline over the chunks of its row in buf: issue(c, slot) stages chunk c in a slot (the first two before
+// the wait for the activations, launch_pdl), body(c, src) multiplies chunk c once every lane's copies of it have
+// landed, and its slot then takes chunk c + 2.
+template <typename Issue, typename Body>
+__device__ __forceinline__ void staged_chunks(const AsyncRow &ar, const uint8_t *buf, Issue &&issue, Body &&body) {
+    issue(0, 0);
+    if (ar.stages > 1) issue(1, 1);
+    pdl_wait();
+    for (int64_t c = 0; c < ar.nc; c++) {
+        if (ar.stages > 1 && c + 1 < ar.nc)
+            cp_async_wait<1>();  // chunk c + 1 may stay in flight
+        else
+            cp_async_wait<0>();
+        __syncwarp();
+        body(c, buf + (c % ar.stages) * ar.stage);
+        __syncwarp();  // the slot is read
+        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
+    }
 }
 
 // q8_0 (repacked), rows of n_in % 256 == 0 (the scales in 16-byte pieces).
@@ -298,32 +314,26 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const in
         warp_stage(buf + slot * ar.stage + ck, wd + c * (ck / 16), len / 16, lane);
         cp_async_commit();
     };
-    issue(0, 0);
-    if (ar.stages > 1) issue(1, 1);
-    pdl_wait();  // (launch_pdl) the weights are in flight; the activations are the kernel before's
     float acc = 0.0f;
-    for (int64_t c = 0; c < ar.nc; c++) {
-        warp_stage_wait(ar, c);
-        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
+    staged_chunks(ar, buf, issue, [&](int64_t c, const uint8_t *src) {
         const int8_t *xc = xq + c * ck;
         const float *sc = xs + c * (ck / 32);
         const int64_t len = min(ck, n_in - c * ck);
 #pragma unroll 4
         for (int64_t i = 16 * lane; i < len; i += 512) {
-            const uint4 w = *(const uint4 *)(src + i);
-            const int4 xv = __ldg((const int4 *)(xc + i));
-            int d = __dp4a((int)w.x, xv.x, 0);
-            d = __dp4a((int)w.y, xv.y, d);
-            d = __dp4a((int)w.z, xv.z, d);
-            d = __dp4a((int)w.w, xv.w, d);
+            const int d = dot16_i8(*(const uint4 *)(src + i), __ldg((const int4 *)(xc + i)));
             const float sw = half_bits_to_f32(*(const uint16_t *)(src + ck + (i / 32) * 2));
             acc += (float)d * sw * __ldg(sc + i / 32);
         }
-        __syncwarp();  // the slot is read: it may take chunk c + 2
-        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
-    }
+    });
     const float accs[1] = {acc};
     store_warp_rows<1>(accs, Y, n_out, row);
+}
+
+// Super-block formats' rows in chunks of 16 super-blocks.
+template <typename Fmt>
+__host__ __device__ inline AsyncRow sblock_async_row(int64_t row_bytes) {
+    return AsyncRow(row_bytes, 16 * Fmt::kBytes, 0);
 }
 
 // The staged one-token GEMV of a super-block format (q4_K, q6_K): eight lanes a super-block, four super-blocks a warp
@@ -336,7 +346,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_sblock_async_kernel(const
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7;
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
     if (r >= n_out) return;
-    const AsyncRow ar = Fmt::row((int64_t)row_bytes);
+    const AsyncRow ar = sblock_async_row<Fmt>((int64_t)row_bytes);
     const int64_t cb = ar.chunk / Fmt::kBytes, nb = n_in / QK_K;  // super-blocks a chunk, a row
     uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
@@ -344,29 +354,21 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_sblock_async_kernel(const
         warp_stage(buf + slot * ar.stage, row + c * ar.chunk, min(ar.chunk, (int64_t)row_bytes - c * ar.chunk), lane);
         cp_async_commit();
     };
-    issue(0, 0);
-    if (ar.stages > 1) issue(1, 1);
-    pdl_wait();
     float acc = 0.0f;
-    for (int64_t c = 0; c < ar.nc; c++) {
-        warp_stage_wait(ar, c);
-        const uint8_t *src = buf + (c % ar.stages) * ar.stage;
+    staged_chunks(ar, buf, issue, [&](int64_t c, const uint8_t *src) {
         const int64_t n = min(cb, nb - c * cb);
 #pragma unroll 2
         for (int64_t bl = lane >> 3; bl < n; bl += 4) acc += f.dot(src + bl * Fmt::kBytes, c * cb + bl, p);
-        __syncwarp();
-        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
-    }
+    });
     const float accs[1] = {acc};
     store_warp_rows<1>(accs, Y, n_out, r);
 }
 
-// The token's activations and the lane arithmetic of each format; chunks of 16 super-blocks.
+// The token's activations and the lane arithmetic of each format.
 struct Q4KAsync {
     static constexpr int kBytes = kQ4_KBytes;
     const int8_t *xq;
     const float *xs, *xsum;
-    __host__ __device__ static AsyncRow row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kBytes, 0); }
     __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
         return q4k_lane_dot(q4k_decode(*(const uint4 *)(blk + 16 + 16 * p), *(const uint4 *)blk, p), b, p, xq, xs, xsum);
     }
@@ -375,7 +377,6 @@ struct Q6KAsync {  // rows of a multiple of 16 bytes (n_in % 2048 == 0)
     static constexpr int kBytes = kQ6_KBytes;
     const int8_t *xq;
     const float *xs;
-    __host__ __device__ static AsyncRow row(int64_t row_bytes) { return AsyncRow(row_bytes, 16 * kBytes, 0); }
     __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
         const Q6KLane l = q6k_lane<true>(blk, p);
         return q6k_codes_dot(q6k_codes(l), l.ds, b * QK_K + 128 * (p >> 2) + 8 * (p & 3), xq, xs);
@@ -388,10 +389,20 @@ static bool gemv_async_on() {
     return on;
 }
 
+// W's one-token product of the token f reads, staged.
+template <typename Fmt>
+static void launch_sblock_async(CudaDevice &dev, const Weight &W, float *Y, const Fmt &f) {
+    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
+    launch_maybe_pdl(true, gemv_sblock_async_kernel<Fmt>, grid, block, sblock_async_row<Fmt>((int64_t)W.row_bytes).smem(),
+                     dev.stream(), W.data, W.row_bytes, W.n_in, W.n_out, Y, f);
+    check_launch("matmul (one token, staged)");
+}
+
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
 // a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
 // With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
-// U = 4 / R words of each row in flight as gemv_q8p_kernel does (more spill, or cost a block an SM, at 8 tokens).
+// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
+// spill, or cost a block an SM, at 8 tokens).
 template <int NT, int R>
 __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
@@ -445,13 +456,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4)
                 const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
                 const float sx = __ldg(xs + t * nb + (i >> 1));
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    int s = __dp4a((int)wq[r].x, xv.x, 0);
-                    s = __dp4a((int)wq[r].y, xv.y, s);
-                    s = __dp4a((int)wq[r].z, xv.z, s);
-                    s = __dp4a((int)wq[r].w, xv.w, s);
-                    acc[r][t] += (float)s * (sw[r] * sx);
-                }
+                for (int r = 0; r < R; r++) acc[r][t] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
             }
         }
     }
@@ -566,10 +571,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         if (T == 1 && gemv_async_on()) {
-            launch_maybe_pdl(true, gemv_sblock_async_kernel<Q4KAsync>, grid, block,
-                             Q4KAsync::row((int64_t)W.row_bytes).smem(), s, W.data, W.row_bytes, W.n_in, W.n_out, Y,
-                             Q4KAsync{xq, xs, xsum});
-            check_launch("matmul (q4_K int8, staged)");
+            launch_sblock_async(dev, W, Y, Q4KAsync{xq, xs, xsum});
             return;
         }
         switch (T) {
@@ -601,10 +603,7 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     if (T == 1 && gemv_async_on() && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0) {
-        launch_maybe_pdl(true, gemv_sblock_async_kernel<Q6KAsync>, grid, block,
-                         Q6KAsync::row((int64_t)W.row_bytes).smem(), s, W.data, W.row_bytes, W.n_in, W.n_out, Y,
-                         Q6KAsync{xq, xs});
-        check_launch("matmul (q6_K int8, staged)");
+        launch_sblock_async(dev, W, Y, Q6KAsync{xq, xs});
         return;
     }
     switch (T) {
