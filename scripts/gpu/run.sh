@@ -23,6 +23,7 @@
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
+#   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
@@ -284,17 +285,40 @@ ds4_peer() {
 }
 
 # llama.cpp's CPU build (no CUDA) and the CPU comparison of issue 18 on this machine's cores.
-cpu_peer() {
+cpu_peer_build() {  # llama.cpp's CPU build into /tmp/llama-cpu (/tmp/llama-cpu.done holds its rc)
   [ -f .gpu/llama-src.tar.xz ] || { log "cpu-peer needs pack.sh --peer"; return 1; }
-  local d=/tmp/llama-cpu m files=()
-  log "llama.cpp CPU build"
-  rm -rf $d && mkdir -p $d && tar -C $d -xJf .gpu/llama-src.tar.xz &&
+  local d=/tmp/llama-cpu
+  rm -rf $d /tmp/llama-cpu.done && mkdir -p $d && tar -C $d -xJf .gpu/llama-src.tar.xz &&
     (cd $d && cmake -B build -G Ninja -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
-      cmake --build build -j 16 --target llama-bench) >"$OUT/llama-cpu-build.log" 2>&1 || { tail -20 "$OUT/llama-cpu-build.log"; return 1; }
+      cmake --build build -j 16 --target llama-bench) >"$OUT/llama-cpu-build.log" 2>&1
+  echo "rc=$?" >/tmp/llama-cpu.done
+}
+
+cpu_peer() {
+  local m files=()
+  [ -f /tmp/llama-cpu.done ] || { log "llama.cpp CPU build"; cpu_peer_build; }
+  grep -q rc=0 /tmp/llama-cpu.done || { log "llama.cpp CPU build failed"; tail -20 "$OUT/llama-cpu-build.log"; return 1; }
   for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K; do files+=("$(make_model "$m")") || return 1; done
   log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu) and llama-bench, same files"
-  DFLASH_CPU_INT8=auto LLAMA_BENCH=$d/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
-    scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" 3 "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
+  DFLASH_CPU_INT8=auto LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
+    scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
+}
+
+# Where batch-1 decode's GPU time goes, kernel by kernel: Nsight Compute times each kernel of a window of decode steps
+# alone (no CUDA graphs, so no PDL overlap; caches flushed between kernels, as the weights are in a real step), summed
+# by kernel name, with one step's kernels in launch order (scripts/gpu/ncu-steps.py).
+step_ncu() {
+  local m f
+  command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
+  for m in "$@"; do
+    f=$(make_model "$m") || continue
+    log "ncu, batch-1 decode kernels: $m"
+    (cd native/engine && DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
+      --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 64x) >"$OUT/step-ncu-${m//:/-}.csv" 2>&1
+    python3 scripts/gpu/ncu-steps.py "$OUT/step-ncu-${m//:/-}.csv" | tee -a "$OUT/summary.txt"
+  done
 }
 
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
@@ -431,6 +455,8 @@ case $mode in
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
+  step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
+            premake "$@"; cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"; wait; cpu_peer ;;
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
   kernels-all) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change end to end: checks, then speed
@@ -469,6 +495,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|ncu|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
