@@ -71,5 +71,5 @@ for f in "${files[@]}"; do
     mop=$(printf '%s\n' "${o_pp[@]}" | median) mot=$(printf '%s\n' "${o_tg[@]}" | median)
     mlp=$(printf '%s\n' "${l_pp[@]}" | median) mlt=$(printf '%s\n' "${l_tg[@]}" | median)
     printf '%-28s %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f\n' "$(basename "$f")" "$mop" "$mlp" "$mot" "$mlt" \
-        "$(echo "$mop / $mlp" | bc -l)" "$(echo "$mot / $mlt" | bc -l)"
+        "$(awk -v a="$mop" -v b="$mlp" 'BEGIN {print a / b}')" "$(awk -v a="$mot" -v b="$mlt" 'BEGIN {print a / b}')"  # no bc on the GPU machine
 done

@@ -304,6 +304,24 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
+# Our CPU engine's decode at CPU_THREADS (16) threads with this tree's library and with the one in .gpu/lib-old (a
+# change of the CPU engine measured against the one before it, in one run, alternating): 0.6B and 4B q8_0, 128 tokens.
+cpu_pool() {
+  local m f lib_dir run
+  for m in qwen3-0.6b:q8_0 qwen3-4b:q8_0; do
+    f=$(make_model "$m") || return 1
+    for run in 1 2; do
+      for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
+        log "CPU decode, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
+        (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib_dir DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu \
+          DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
+          "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x 2>&1) | grep -E "tok/s|FAIL|rror" |
+          tee -a "$OUT/summary.txt"
+      done
+    done
+  done
+}
+
 # Where batch-1 decode's GPU time goes, kernel by kernel: Nsight Compute times each kernel of a window of decode steps
 # alone (no CUDA graphs, so no PDL overlap; caches flushed between kernels, as the weights are in a real step), summed
 # by kernel name, with one step's kernels in launch order (scripts/gpu/ncu-steps.py).
@@ -325,16 +343,17 @@ step_ncu() {
 # commas. DFL_CUDA_PDL=0: no programmatic dependent launches (each kernel starts when the one before has ended);
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
-# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_GEMV_ASYNC=1: the one-token q8_0, q4_K and q6_K GEMVs stage their
-# rows in shared memory by cp.async; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel.
-VARIANTS=${VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_GEMV_ASYNC=1 DFL_CUDA_Q8P_MMA_MIN=17}
+# the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
+# DFL_CUDA_Q8P_D_EARLY=0: the one-token q8_0 GEMV loads its first scales after the wait, not before; DFL_CUDA_ATTN_QUANT=0:
+# decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms read their rows twice.
+VARIANTS=${VARIANTS:-- DFL_CUDA_Q8P_D_EARLY=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0,DFL_CUDA_Q8P_D_EARLY=0}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q8P_D_EARLY=0}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
 flag_replay() {
   local v
-  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_GEMV_ASYNC=1}; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0,DFL_CUDA_Q8P_D_EARLY=0}; do
     log "device replay vs CPU: $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
@@ -356,7 +375,8 @@ kernel_tests() {
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
-           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" "DFL_CUDA_GEMV_ASYNC=1 matmul"; do
+           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
+           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0,DFL_CUDA_Q8P_D_EARLY=0 matmul norms attention"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -407,19 +427,13 @@ variants() {  # MODEL... (the modes give the default pair)
 # device replays and the speculative tests on cuda:0: quick's and probe's checks.
 quick_checks() {
   build_kernel_tests || return 1
-  log "op tests matmul attention: defaults"
-  "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
+  log "op tests matmul norms attention: defaults"
+  "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2"
-  DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-dp4a.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-dp4a.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_MMA_MIN=2"
-  DFL_CUDA_MMA_XT=0 DFL_CUDA_Q8P_MMA_MIN=2 "$kernel_test_bin" matmul >"$OUT/ops-xt.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-xt.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_GEMV_ASYNC=1"
-  DFL_CUDA_GEMV_ASYNC=1 "$kernel_test_bin" matmul >"$OUT/ops-async.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-async.txt" | head -20 | tee -a "$OUT/summary.txt"
-  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_MMA_XT=0 DFL_CUDA_GEMV_ASYNC=1" flag_replay
+  log "op tests matmul norms attention: DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q8P_D_EARLY=0"
+  DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q8P_D_EARLY=0 "$kernel_test_bin" matmul norms attention >"$OUT/ops-old.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-old.txt" | head -20 | tee -a "$OUT/summary.txt"
+  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0,DFL_CUDA_Q8P_D_EARLY=0" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
@@ -449,7 +463,8 @@ case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
-         wait "${premake_pids[@]}"; VARIANTS=- NO_PROFILE=1 variants "$@"; ds4_ops ;;
+         wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@"; ds4_ops
+         [ ! -d .gpu/lib-old ] || cpu_pool ;;
   probe) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change's checks, then where its time goes
          peer_build; premake "$@"; build_cuda; quick_checks || exit 1
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;

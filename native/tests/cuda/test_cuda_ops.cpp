@@ -122,14 +122,13 @@ void test_matmul_embed() {
             compare(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
         }
     }
-    // a large shape: 65 row tiles, the last of one row, and K split 4 ways (T = 1: q8_0 rows staged in two chunks)
+    // a large shape: 65 row tiles, the last of one row, and K split 4 ways
     for (uint32_t type : types) {
         DualWeight W(type, 4097, 4096, r);
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) check_matmul(W, type, 4097, 4096, T, r);
     }
-    // q4_K and q6_K rows longer than the one-token GEMV stages at once with DFL_CUDA_GEMV_ASYNC=1 (chunks of 16
-    // super-blocks; of 17408 inputs the last chunk a partial one for q4_K, and q6_K rows not a multiple of 16 bytes:
-    // the register GEMV)
+    // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
+    // of 16 bytes)
     for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
         for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
             DualWeight W(type, s.n_out, s.n_in, r);
@@ -139,8 +138,8 @@ void test_matmul_embed() {
     // kernel (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
     // SM count (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens. Activations rounded to
     // int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs): 1.5e-2 of the
-    // output's norm. 12288 and 17408 inputs: rows longer than the one-token GEMV stages at once with
-    // DFL_CUDA_GEMV_ASYNC=1 (chunks of 2048 bytes, the last of 17408 a partial one).
+    // output's norm. 12288 and 17408 inputs: the long rows of the
+    // down projections.
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
@@ -432,6 +431,17 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     kc.set(kc.read<uint8_t>(false).data());
     vc.set(vc.read<uint8_t>(false).data());
     Dual Qin(rand_vec(r, (size_t)(T * qd), 2.0f)), out((size_t)(T * qd) * 4);
+    // A q8_0 product of the output at once after: decode-sized attention writes the output's int8 quantization
+    // (CudaDevice::stage_rows, AttnArgs::q) and the product takes it instead of quantizing.
+    const bool then_product = T <= 64 && qd % 32 == 0;
+    std::unique_ptr<DualWeight> Wo;
+    Weight wo;
+    if (then_product) {
+        Wo.reset(new DualWeight(DFL_TYPE_Q8_0, 48, qd, r));
+        wo = Wo->wg;
+        g_gpu->prepare_weight(wo);
+    }
+    Dual Yo((size_t)(T * 48) * 4);
     bool gemm_path = false;
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
@@ -453,6 +463,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         a.kv.block_size = b.block_size;
         if (g) gemm_path = cuda::attention_gemm_path(b.meta(g), a);
         (g ? g_gpu : g_cpu)->attention(b.meta(g), a);
+        if (then_product) (g ? g_gpu : g_cpu)->matmul(g ? wo : Wo->wc, a.out, T, g ? Yo.gp() : Yo.cp());
     }
     // The tensor-core path rounds Q, K, V and the softmax weights P to f16 (2^-12 relative rms each): a score moves by
     // about 3e-4 absolute, and an output, a weighted mean of V rows, by a few 1e-4 of its norm per rounded operand;
@@ -461,6 +472,8 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     std::snprintf(what, sizeof what, "%s%s window=%d", gemm_path ? "attention (tensor cores)" : "attention",
                   mc.causal ? "" : " non-causal", mc.window);
     compare(attn_name(what, s, tk, tv, b), out, gemm_path ? 2e-3 : 1e-5);
+    // int8 activations against the CPU's float product, as the norm-then-product cases
+    if (then_product) compare(attn_name("attention then matmul q8_0", s, tk, tv, b), Yo, 1.5e-2);
 }
 
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after

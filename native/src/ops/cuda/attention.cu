@@ -34,7 +34,15 @@ struct AttnArgs {
     bool causal;
     int window;
     int warp_pos;  // cache positions a warp scores together (1..kAttnWarpPos)
+    CudaDevice::QuantX q;  // where set, the output's int8 quantization for the product after (CudaDevice::stage_rows)
 };
+
+// Element i of the output (the token's rows of n_head x head_dim, i a multiple of 32 at lane 0: whole warps of
+// consecutive elements), and its quantization where a.q is set.
+__device__ __forceinline__ void store_attn_out(const AttnArgs &a, int64_t i, float v) {
+    a.out[i] = v;
+    if (a.q.xq) quant_q8_warp(v, a.q.xq + i, a.q.xs + i / 32, a.q.xsum ? a.q.xsum + i / 32 : nullptr);
+}
 
 // What a block of the decode kernels (grid: token, group of G query heads, split) works on: its token t and entry e,
 // first query head h0 and KV head kvh, the cache positions [p_begin, p_end) its split covers of those the token sees,
@@ -386,7 +394,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             O += f * o_w[w][g][d];
         }
         if (gridDim.z == 1) {
-            a.out[t * qd + (int64_t)(h0 + g) * HD + d] = O / L;
+            store_attn_out(a, t * qd + (int64_t)(h0 + g) * HD + d, O / L);  // G * HD a multiple of 32: whole warps
         } else {
             const int64_t part = ((int64_t)t * a.n_head + h0 + g) * gridDim.z + blockIdx.z;
             part_o[part * HD + d] = O;
@@ -396,6 +404,13 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             }
         }
     }
+}
+
+// Whether decode attention quantizes its output for the o projection (AttnArgs::q): on unless DFL_CUDA_ATTN_QUANT=0
+// (for comparisons in one run; DFL_CUDA_FUSE_QUANT=0 turns off every such fusion).
+static bool attn_quant_on() {
+    static const bool on = env_switch("DFL_CUDA_ATTN_QUANT", true);
+    return on;
 }
 
 // Whether decode attention runs attention_warp_kernel where it can (unless DFL_CUDA_ATTN_WARP=0).
@@ -426,14 +441,17 @@ static void launch_attention_warp_g(dim3 grid, cudaStream_t s, const AttnArgs &a
 
 // attention_warp_kernel for this call if it takes it (else false): K and V of one type among f32, f16 and bf16, rows
 // of whole 16-byte words, head_dim 64, 128 or 256.
-static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
-                                  float *part_o, float *part_ml) {
+static bool attention_warp_takes(const AttnArgs &a) {
     const bool type_ok = a.type_k == a.type_v &&
                          (a.type_k == DFL_TYPE_F32 || a.type_k == DFL_TYPE_F16 || a.type_k == DFL_TYPE_BF16);
     const bool hd_ok = a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256;
-    if (!attn_warp_on() || !type_ok || !hd_ok || a.k_row % 16 != 0 || a.v_row % 16 != 0 ||
-        ((uintptr_t)a.k | (uintptr_t)a.v) % 16 != 0)
-        return false;
+    return attn_warp_on() && type_ok && hd_ok && a.k_row % 16 == 0 && a.v_row % 16 == 0 &&
+           ((uintptr_t)a.k | (uintptr_t)a.v) % 16 == 0;
+}
+
+static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
+                                  float *part_o, float *part_ml) {
+    if (!attention_warp_takes(a)) return false;
     with_heads_per_block(G, [&](auto g) {
         launch_attention_warp_g<decltype(g)::value>(grid, s, a, split_len, part_o, part_ml);
     });
@@ -456,14 +474,14 @@ __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *p
         if (mz != -INFINITY) L += expf(mz - M) * part_ml[2 * (base + z) + 1];
     }
     const float inv = 1.0f / L;
-    float *o = a.out + t * (int64_t)a.n_head * hd + (int64_t)h * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    const int64_t o = t * (int64_t)a.n_head * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {  // a.q set: hd % 32 == 0, whole warps
         float s = 0.0f;
         for (int z = 0; z < n_split; z++) {
             const float mz = part_ml[2 * (base + z)];
             if (mz != -INFINITY) s += expf(mz - M) * part_o[(base + z) * hd + d];
         }
-        o[d] = s * inv;
+        store_attn_out(a, o + d, s * inv);
     }
 }
 
@@ -547,16 +565,23 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     }
     const int G = heads_per_block(c.n_head / c.kv.n_kv);
     const size_t shm = (size_t)G * c.kv.head_dim * sizeof(float);
+    // The output's quantization for the o projection, written by the kernel that writes the output (the warp kernel,
+    // or the combine after splits): one quantizer launch fewer a layer. The split partials follow it in the scratch.
+    const int64_t n_out = (int64_t)c.n_head * c.kv.head_dim;
+    const bool quant = attn_quant_on() && c.kv.head_dim % 32 == 0 && (n_split > 1 || attention_warp_takes(a));
+    const size_t n_part = n_split > 1 ? (size_t)rows * (size_t)n_split : 0;
+    const size_t q_bytes = quant ? CudaDevice::quant_scratch_bytes(m.T * n_out, true) : 0;
+    const size_t o_bytes = round256(n_part * c.kv.head_dim * sizeof(float));
+    uint8_t *scr = n_part || q_bytes ? (uint8_t *)dev.scratch(q_bytes + o_bytes + n_part * 2 * sizeof(float)) : nullptr;
+    // (the scratch is now large enough: the staging takes its start without growing it)
+    a.q = quant ? dev.stage_rows(c.out, m.T, n_out) : dev.stage_quant(nullptr, 0);
     if (n_split <= 1) {
         launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
                                 nullptr, nullptr);
         check_launch("attention");
         return;
     }
-    const size_t n_part = (size_t)rows * (size_t)n_split;
-    const size_t o_bytes = (n_part * c.kv.head_dim * sizeof(float) + 255) & ~(size_t)255;
-    uint8_t *scr = (uint8_t *)dev.scratch(o_bytes + n_part * 2 * sizeof(float));
-    float *part_o = (float *)scr, *part_ml = (float *)(scr + o_bytes);
+    float *part_o = (float *)(scr + q_bytes), *part_ml = (float *)(scr + q_bytes + o_bytes);
     launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
                             part_o, part_ml);
     check_launch("attention (split)");

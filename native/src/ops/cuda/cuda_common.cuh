@@ -272,34 +272,22 @@ struct Q6KLane {
     float ds[4];
 };
 
-// A read of global memory through the read-only cache, or (SMEM) a plain one (of shared memory).
-template <bool SMEM, typename T>
-__device__ __forceinline__ T ld_ro(const T *p) {
-    if constexpr (SMEM)
-        return *p;
-    else
-        return __ldg(p);
-}
-
-template <bool SMEM>
 __device__ __forceinline__ void load8_u16(const uint8_t *p, uint32_t (&w)[2]) {
     const unsigned short *h = (const unsigned short *)p;
-    w[0] = (uint32_t)ld_ro<SMEM>(h) | ((uint32_t)ld_ro<SMEM>(h + 1) << 16);
-    w[1] = (uint32_t)ld_ro<SMEM>(h + 2) | ((uint32_t)ld_ro<SMEM>(h + 3) << 16);
+    w[0] = (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
+    w[1] = (uint32_t)__ldg(h + 2) | ((uint32_t)__ldg(h + 3) << 16);
 }
 
-// blk in global memory, or with SMEM in shared memory (the staged GEMV).
-template <bool SMEM = false>
 __device__ __forceinline__ Q6KLane q6k_lane(const uint8_t *blk, int p) {
     const int h = p >> 2, l0 = 8 * (p & 3);
     Q6KLane l;
-    load8_u16<SMEM>(blk + 64 * h + l0, l.la);
-    load8_u16<SMEM>(blk + 64 * h + 32 + l0, l.lb);
-    load8_u16<SMEM>(blk + 128 + 32 * h + l0, l.hb);
-    const float d = half_bits_to_f32(ld_ro<SMEM>((const unsigned short *)(blk + 208)));
+    load8_u16(blk + 64 * h + l0, l.la);
+    load8_u16(blk + 64 * h + 32 + l0, l.lb);
+    load8_u16(blk + 128 + 32 * h + l0, l.hb);
+    const float d = half_bits_to_f32(__ldg((const unsigned short *)(blk + 208)));
     const int8_t *sc = (const int8_t *)(blk + 192 + 8 * h + l0 / 16);
 #pragma unroll
-    for (int k = 0; k < 4; k++) l.ds[k] = d * (float)ld_ro<SMEM>(sc + 2 * k);
+    for (int k = 0; k < 4; k++) l.ds[k] = d * (float)__ldg(sc + 2 * k);
     return l;
 }
 

@@ -97,8 +97,10 @@ public:
     // instead of launching the quantizer. Any other call in between, or another input, and the product quantizes.
     // count int8 activations with their per-block scales (and sums) laid out in the scratch
     QuantX quant_scratch(int64_t count, bool sums);
+    static size_t quant_scratch_bytes(int64_t count, bool sums);  // what quant_scratch takes of the scratch
     bool fuse_quant() const;
     QuantX stage_quant(const float *x, int64_t count);
+    QuantX stage_rows(const float *y, int64_t rows, int64_t n);  // stage_quant for an op's output rows of n
     bool take_staged(const float *x, int64_t count, QuantX *q);
     int sm_count() const { return sm_count_; }
     int index() const { return index_; }
@@ -117,7 +119,6 @@ public:
 
 private:
     void use() const;  // makes this device current for the calling thread; counts device calls (calls_)
-    QuantX stage_rows(const float *y, int64_t rows, int64_t n);  // stage_quant for a norm's rows of n
     void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>

@@ -353,10 +353,14 @@ bool CudaDevice::fuse_quant() const {
 // that (a prefill) the work would be wasted.
 constexpr int64_t kStageQuantMax = (int64_t)1 << 20;
 
+size_t CudaDevice::quant_scratch_bytes(int64_t count, bool sums) {
+    return round256(round256((size_t)count) + (size_t)(count / 32) * (sums ? 8 : 4));
+}
+
 CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
     const int64_t nb = count / 32;
     const size_t xq_bytes = round256((size_t)count);
-    uint8_t *p = (uint8_t *)scratch(xq_bytes + (size_t)nb * (sums ? 8 : 4));
+    uint8_t *p = (uint8_t *)scratch(quant_scratch_bytes(count, sums));
     QuantX q;
     q.xq = (int8_t *)p;
     q.xs = (float *)(p + xq_bytes);
@@ -471,6 +475,7 @@ void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
 
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     op("attention", [&] { launch_attention(*this, m, a); });
+    staged_done();  // launch_attention may have staged its output's quantization
 }
 
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {

@@ -4,7 +4,6 @@
 //    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
 //    token (the batch-1 decode step), and 2..8 tokens with four rows per warp;
 //  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens;
-//  - one token of q8_0, q4_K, q6_K with the row staged in shared memory first (DFL_CUDA_GEMV_ASYNC=1, opt-in);
 //  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
 
 #include <algorithm>
@@ -25,6 +24,13 @@ constexpr int kQ8pMaxTokens = 16; // tokens per pass
 static int64_t q8p_mma_min_tokens() {
     static const int64_t n = std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_MMA_MIN", 9));
     return n;
+}
+
+// Whether the one-token q8_0 GEMV loads its first scales before the wait for its activations (gemv_q8p_kernel): on
+// unless DFL_CUDA_Q8P_D_EARLY=0 (for comparisons in one run).
+static bool q8p_d_early() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_D_EARLY", true);
+    return on;
 }
 
 // Repack: block b of row r (d, then 32 quants) -> qs[r][32b..32b+31], d[r][b].
@@ -199,7 +205,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
-                                                                float *Y, GemvZ z) {
+                                                                float *Y, GemvZ z, bool d_early) {
     {
         const int64_t k = blockIdx.y, nbz = n_in / 32;
         qs += k * z.w_rows * n_in;
@@ -215,25 +221,34 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
     float acc[NT] = {};
-    // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
-    // do not depend on it, so their latency overlaps the kernels before this one.
+    // The first words of the row (and, unless DFL_CUDA_Q8P_D_EARLY=0, their scales) are loaded before the wait for the
+    // activations' quantizer (launch_pdl): the weights do not depend on it, so their latency overlaps the kernels
+    // before this one. Scales loaded after the wait cost a 4096-wide row (two steps of the loop) one more memory
+    // round trip.
     uint4 wv[kQ8pUnroll];
+    uint16_t dv[kQ8pUnroll];
 #pragma unroll
     for (int u = 0; u < kQ8pUnroll; u++)
-        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
+        if (lane + 32 * u < nw) {
+            wv[u] = __ldg(w + lane + 32 * u);
+            if (d_early) dv[u] = __ldg(d + ((lane + 32 * u) >> 1));
+        }
     pdl_wait();
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
-        if (i0 != lane) {
+        if (i0 != lane || !d_early) {
 #pragma unroll
             for (int u = 0; u < kQ8pUnroll; u++)
-                if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
+                if (i0 + 32 * u < nw) {
+                    if (i0 != lane) wv[u] = __ldg(w + i0 + 32 * u);
+                    dv[u] = __ldg(d + ((i0 + 32 * u) >> 1));  // two words per block of 32
+                }
         }
 #pragma unroll
         for (int u = 0; u < kQ8pUnroll; u++) {
             const int64_t i = i0 + 32 * u;
             if (i >= nw) break;
-            const int64_t b = i >> 1;  // two words per block of 32
-            const float sw = half_bits_to_f32(__ldg(d + b));
+            const int64_t b = i >> 1;
+            const float sw = half_bits_to_f32(dv[u]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int s = dot16_i8(wv[u], __ldg((const int4 *)(xq + t * n_in) + i));
@@ -242,160 +257,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
         }
     }
     store_warp_rows<NT>(acc, Y, n_out, row);
-}
-
-// One token, each warp's row staged in shared memory by cp.async (DFL_CUDA_GEMV_ASYNC=1, off until measured on a
-// GPU): the bytes in flight then hold no registers, so that every row of a 4096-row matrix can be in flight at once.
-// ncu on the H200 had the register GEMVs latency-bound (q8_0: 17-21 cycles a warp per instruction, 44-56 % occupancy,
-// DRAM 31 % busy on the 4096 x 4096 product): their warps hold a few words a lane and wait about once per 2 KB. A
-// warp stages its row in chunks (the whole row where it is short, else two chunks in flight) and multiplies from
-// shared memory, in the register kernels' order (the same sums).
-constexpr int64_t kAsyncWhole = 4608;  // bytes of a row staged at once (a 4096-wide q8_0 row with its scales)
-
-// One warp's chunks of a row of row_bytes: the whole row where it fits kAsyncWhole with its side bytes (chunk /
-// side_div more per chunk when side_div > 0: q8_0's scales), else small_chunk bytes each (the last may be shorter),
-// one slot of `stage` bytes per chunk in flight, `stages` slots.
-struct AsyncRow {
-    int64_t chunk, stage, nc;
-    int stages;
-    __host__ __device__ AsyncRow(int64_t row_bytes, int64_t small_chunk, int side_div) {
-        const int64_t whole = row_bytes + (side_div ? row_bytes / side_div : 0);
-        chunk = whole <= kAsyncWhole ? row_bytes : small_chunk;
-        stage = chunk + (side_div ? chunk / side_div : 0);
-        nc = (row_bytes + chunk - 1) / chunk;
-        stages = nc > 1 ? 2 : 1;
-    }
-    size_t smem() const { return (size_t)(kQ8pWarps * stages) * (size_t)stage; }
-};
-
-// q8_0 rows in chunks of 2048 quants with their 128 bytes of scales.
-__host__ __device__ inline AsyncRow q8p_async_row(int64_t n_in) { return AsyncRow(n_in, 2048, 16); }
-
-// len bytes (a multiple of 16) from global src to shared dst, spread over the warp's lanes; committed by the caller.
-__device__ __forceinline__ void warp_stage(uint8_t *dst, const uint8_t *src, int64_t len, int lane) {
-    for (int64_t i = 16 * lane; i < len; i += 512) cp_async16(dst + i, src + i);
-}
-
-// A warp's pipeline over the chunks of its row in buf: issue(c, slot) stages chunk c in a slot (the first two before
-// the wait for the activations, launch_pdl), body(c, src) multiplies chunk c once every lane's copies of it have
-// landed, and its slot then takes chunk c + 2.
-template <typename Issue, typename Body>
-__device__ __forceinline__ void staged_chunks(const AsyncRow &ar, const uint8_t *buf, Issue &&issue, Body &&body) {
-    issue(0, 0);
-    if (ar.stages > 1) issue(1, 1);
-    pdl_wait();
-    for (int64_t c = 0; c < ar.nc; c++) {
-        if (ar.stages > 1 && c + 1 < ar.nc)
-            cp_async_wait<1>();  // chunk c + 1 may stay in flight
-        else
-            cp_async_wait<0>();
-        __syncwarp();
-        body(c, buf + (c % ar.stages) * ar.stage);
-        __syncwarp();  // the slot is read
-        if (ar.stages > 1 && c + 2 < ar.nc) issue(c + 2, (int)(c % 2));
-    }
-}
-
-// q8_0 (repacked), rows of n_in % 256 == 0 (the scales in 16-byte pieces).
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_async_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
-                                                                      int64_t n_out, const int8_t *xq, const float *xs,
-                                                                      float *Y) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + warp;
-    if (row >= n_out) return;  // (only warp-level barriers below)
-    const AsyncRow ar = q8p_async_row(n_in);
-    const int64_t ck = ar.chunk;
-    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
-    const uint8_t *wq = (const uint8_t *)(qs + row * n_in), *wd = (const uint8_t *)(dw + row * (n_in / 32));
-    auto issue = [&](int64_t c, int slot) {  // chunk c's quants, then its scales
-        const int64_t len = min(ck, n_in - c * ck);
-        warp_stage(buf + slot * ar.stage, wq + c * ck, len, lane);
-        warp_stage(buf + slot * ar.stage + ck, wd + c * (ck / 16), len / 16, lane);
-        cp_async_commit();
-    };
-    float acc = 0.0f;
-    staged_chunks(ar, buf, issue, [&](int64_t c, const uint8_t *src) {
-        const int8_t *xc = xq + c * ck;
-        const float *sc = xs + c * (ck / 32);
-        const int64_t len = min(ck, n_in - c * ck);
-#pragma unroll 4
-        for (int64_t i = 16 * lane; i < len; i += 512) {
-            const int d = dot16_i8(*(const uint4 *)(src + i), __ldg((const int4 *)(xc + i)));
-            const float sw = half_bits_to_f32(*(const uint16_t *)(src + ck + (i / 32) * 2));
-            acc += (float)d * sw * __ldg(sc + i / 32);
-        }
-    });
-    const float accs[1] = {acc};
-    store_warp_rows<1>(accs, Y, n_out, row);
-}
-
-// Super-block formats' rows in chunks of 16 super-blocks.
-template <typename Fmt>
-__host__ __device__ inline AsyncRow sblock_async_row(int64_t row_bytes) {
-    return AsyncRow(row_bytes, 16 * Fmt::kBytes, 0);
-}
-
-// The staged one-token GEMV of a super-block format (q4_K, q6_K): eight lanes a super-block, four super-blocks a warp
-// step, in the register kernels' order; Fmt::dot is lane p's part of super-block b against the token (Q4KAsync,
-// Q6KAsync).
-template <typename Fmt>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_sblock_async_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                         int64_t n_in, int64_t n_out, float *Y, Fmt f) {
-    extern __shared__ __align__(16) uint8_t smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = lane & 7;
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
-    if (r >= n_out) return;
-    const AsyncRow ar = sblock_async_row<Fmt>((int64_t)row_bytes);
-    const int64_t cb = ar.chunk / Fmt::kBytes, nb = n_in / QK_K;  // super-blocks a chunk, a row
-    uint8_t *buf = smem + (int64_t)warp * ar.stages * ar.stage;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
-    auto issue = [&](int64_t c, int slot) {
-        warp_stage(buf + slot * ar.stage, row + c * ar.chunk, min(ar.chunk, (int64_t)row_bytes - c * ar.chunk), lane);
-        cp_async_commit();
-    };
-    float acc = 0.0f;
-    staged_chunks(ar, buf, issue, [&](int64_t c, const uint8_t *src) {
-        const int64_t n = min(cb, nb - c * cb);
-#pragma unroll 2
-        for (int64_t bl = lane >> 3; bl < n; bl += 4) acc += f.dot(src + bl * Fmt::kBytes, c * cb + bl, p);
-    });
-    const float accs[1] = {acc};
-    store_warp_rows<1>(accs, Y, n_out, r);
-}
-
-// The token's activations and the lane arithmetic of each format.
-struct Q4KAsync {
-    static constexpr int kBytes = kQ4_KBytes;
-    const int8_t *xq;
-    const float *xs, *xsum;
-    __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
-        return q4k_lane_dot(q4k_decode(*(const uint4 *)(blk + 16 + 16 * p), *(const uint4 *)blk, p), b, p, xq, xs, xsum);
-    }
-};
-struct Q6KAsync {  // rows of a multiple of 16 bytes (n_in % 2048 == 0)
-    static constexpr int kBytes = kQ6_KBytes;
-    const int8_t *xq;
-    const float *xs;
-    __device__ float dot(const uint8_t *blk, int64_t b, int p) const {
-        const Q6KLane l = q6k_lane<true>(blk, p);
-        return q6k_codes_dot(q6k_codes(l), l.ds, b * QK_K + 128 * (p >> 2) + 8 * (p & 3), xq, xs);
-    }
-};
-
-// Whether one-token q8_0, q4_K and q6_K products stage their rows (gemv_q8p_async_kernel, gemv_sblock_async_kernel).
-static bool gemv_async_on() {
-    static const bool on = env_switch("DFL_CUDA_GEMV_ASYNC", false);
-    return on;
-}
-
-// W's one-token product of the token f reads, staged.
-template <typename Fmt>
-static void launch_sblock_async(CudaDevice &dev, const Weight &W, float *Y, const Fmt &f) {
-    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    launch_maybe_pdl(true, gemv_sblock_async_kernel<Fmt>, grid, block, sblock_async_row<Fmt>((int64_t)W.row_bytes).smem(),
-                     dev.stream(), W.data, W.row_bytes, W.n_in, W.n_out, Y, f);
-    check_launch("matmul (one token, staged)");
 }
 
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
@@ -530,11 +391,8 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        if (nt == 1 && gemv_async_on() && W.n_in % 256 == 0) {
-            launch_maybe_pdl(true, gemv_q8p_async_kernel, grid, block, q8p_async_row(W.n_in).smem(), s, qs, dw, W.n_in,
-                             W.n_out, xq0, xs0, y0);
-        } else if (nt == 1) {
-            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
+        if (nt == 1) {
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, q8p_d_early());
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
@@ -570,10 +428,6 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
-        if (T == 1 && gemv_async_on()) {
-            launch_sblock_async(dev, W, Y, Q4KAsync{xq, xs, xsum});
-            return;
-        }
         switch (T) {
 #define DFL_Q4K_I8(N) \
     case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
@@ -602,10 +456,6 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    if (T == 1 && gemv_async_on() && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0) {
-        launch_sblock_async(dev, W, Y, Q6KAsync{xq, xs});
-        return;
-    }
     switch (T) {
 #define DFL_Q6K_I8(N) \
     case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
@@ -628,7 +478,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const int8_t *qs = (const int8_t *)stack.packed;
     const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z, q8p_d_early());
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 
