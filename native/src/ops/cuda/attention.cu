@@ -296,7 +296,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
     __shared__ float m_w[kWarps][G], l_w[kWarps][G];
     __shared__ float o_w[kWarps][G][HD];
     pdl_trigger();  // launch_chain: a small grid, the next kernel may launch at once and wait
-    pdl_wait();
+    // The batch's metadata (entries, lengths, block tables, tree masks) is copied in before the step's first kernel and
+    // no kernel writes it, so it is read before the wait, with the pool rows of the warp's first positions: its chain
+    // of dependent loads overlaps the kernel before (attn_prep), leaving Q, K and V after the wait.
     const AttnBlock B(a, G, split_len);
     const int64_t t = B.t, p_begin = B.p_begin, p_end = B.p_end;
     const int h0 = B.h0, kvh = B.kvh;
@@ -304,6 +306,15 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
     const uint64_t vis = B.vis;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t qd = (int64_t)a.n_head * HD, len0 = a.len0[B.e];
+    // lane j < cnt of the warp's positions c0..: the pool row of position c0 + j
+    auto pool_row = [&](int64_t c0, int cnt) -> uint64_t {
+        if (lane >= cnt) return 0;
+        const int64_t p = c0 + lane;
+        return (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
+    };
+    const int64_t c_first = p_begin + (int64_t)warp * C;
+    uint64_t my_row = c_first < p_end ? pool_row(c_first, (int)min((int64_t)C, p_end - c_first)) : 0;
+    pdl_wait();
     float q[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -315,13 +326,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             acc[g][i] = 0.0f;
         }
     }
-    for (int64_t c0 = p_begin + (int64_t)warp * C; c0 < p_end; c0 += (int64_t)kWarps * C) {
+    for (int64_t c0 = c_first; c0 < p_end; c0 += (int64_t)kWarps * C) {
         const int cnt = (int)min((int64_t)C, p_end - c0);
-        uint64_t my_row = 0;  // lane j < cnt: the pool row of position c0 + j
-        if (lane < cnt) {
-            const int64_t p = c0 + lane;
-            my_row = (uint64_t)bt[p / a.block_size] * a.block_size + p % a.block_size;
-        }
+        if (c0 != c_first) my_row = pool_row(c0, cnt);
         Row kr[C], vr[C];
 #pragma unroll
         for (int j = 0; j < C; j++) {
