@@ -1,5 +1,8 @@
 #include "ops/cpu/threadpool.h"
 
+#include <algorithm>
+#include <chrono>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define DFL_PAUSE() _mm_pause()
@@ -7,11 +10,34 @@
 #define DFL_PAUSE() ((void)0)
 #endif
 
+// Decode runs hundreds of parallel regions of 1..20 us per token, so a region must cost well under a microsecond:
+//  - parallel_for counts finished tasks, not workers: a worker that is asleep, preempted or late simply takes no
+//    task, and the caller (which runs tasks too) never waits for it.
+//  - Workers spin for a fixed time after their last task, then sleep; the caller pays the notify syscall only when
+//    some worker sleeps. The spin is timed with a clock because PAUSE costs 10..140 cycles depending on the CPU.
+//
+// Why a late worker cannot run a task of an ended job, nor the new job's fn under the old job's index:
+// work_ packs (epoch, next index) and a task is claimed only by a CAS on the whole word. The caller publishes job
+// E+1 in three steps: work_ = (E+1, kClosed); then n_tasks_ and fn_ (release); then work_ = (E+1, 0) (release).
+// A worker loads work_ (acquire), then fn_ and n_tasks_ (acquire), then CASes work_ from the value it loaded.
+//  - If it loaded (E, i), it read job E's fn/n or a later job's (the acquire load synchronizes with E's publish).
+//    Had it read a later job's, that write came after work_ left epoch E, so the CAS, which must see work_ at
+//    least that new, fails. A successful CAS therefore pairs index i with job E's own fn and n.
+//  - kClosed exceeds every n, so nothing is claimed while fields are being rewritten.
+//  - The caller returns only after done_ (plus its own count) reaches n, and a worker adds its count only after
+//    its tasks have returned, so fn is alive whenever a claimed task runs. A worker holding an unreported count
+//    keeps the job open, so all its claims belong to one job; with nothing claimed it may read anything, since
+//    it will only act on a successful CAS.
+// The 32-bit epoch could only alias if one worker stalled between its load and its CAS for 2^32 jobs.
 namespace dfl {
 
-// Workers spin briefly before sleeping: a decode step runs dozens of short parallel regions back to back, and a
-// condition-variable wake-up costs tens of microseconds each.
-static constexpr int kSpin = 4000;
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr auto kSpinTime = std::chrono::microseconds(300);
+constexpr auto kYieldAfter = std::chrono::microseconds(20);
+constexpr uint32_t kClosed = 0xffffffffu;
+constexpr int64_t kMaxJob = int64_t(1) << 31;  // tasks per job: the index must fit below kClosed
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
     for (int i = 1; i < n_threads_; i++) threads_.emplace_back([this, i] { worker(i); });
@@ -19,47 +45,69 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads
 
 ThreadPool::~ThreadPool() {
     {
-        std::lock_guard<std::mutex> lk(mu_);
-        stop_ = true;
-        gen_.fetch_add(1, std::memory_order_release);
+        std::lock_guard<std::mutex> lk(mu_);  // under the lock: a worker between its check and its wait still wakes
+        stop_.store(true);
     }
-    cv_start_.notify_all();
+    cv_.notify_all();
     for (auto &t : threads_) t.join();
 }
 
-void ThreadPool::run_tasks(int thread) {
+bool ThreadPool::has_work() const {
+    return (uint32_t)work_.load(std::memory_order_seq_cst) < n_tasks_.load(std::memory_order_acquire);
+}
+
+int64_t ThreadPool::run_tasks(int thread) {
+    int64_t ran = 0;
+    uint64_t w = work_.load(std::memory_order_acquire);
     for (;;) {
-        const int64_t t = next_.fetch_add(1, std::memory_order_relaxed);
-        if (t >= n_tasks_) return;
-        try {
-            (*fn_)(t, thread);
-        } catch (...) {
-            std::lock_guard<std::mutex> lk(mu_);
-            if (!error_) error_ = std::current_exception();
-            next_.store(n_tasks_, std::memory_order_relaxed);
+        const Fn *fn = fn_.load(std::memory_order_acquire);
+        if ((uint32_t)w >= n_tasks_.load(std::memory_order_acquire)) return ran;
+        if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+        ran++;
+        if (!failed_.load(std::memory_order_relaxed)) {
+            try {
+                (*fn)((int64_t)(uint32_t)w, thread);
+            } catch (...) {
+                std::lock_guard<std::mutex> lk(mu_);
+                if (!error_) error_ = std::current_exception();
+                failed_.store(true, std::memory_order_relaxed);  // the remaining tasks are claimed but skipped
+            }
         }
+        w++;  // a guess; a failed CAS reloads it
     }
 }
 
 void ThreadPool::worker(int id) {
-    uint64_t seen = 0;
-    for (;;) {
-        int k = 0;
-        while (gen_.load(std::memory_order_acquire) == seen && k < kSpin) {
-            DFL_PAUSE();
-            k++;
+    auto last = Clock::now();
+    uint64_t seen = 0;  // the last epoch this worker saw
+    for (uint32_t k = 1;; k++) {
+        if (has_work()) {
+            const int64_t ran = run_tasks(id);
+            if (ran) done_.fetch_add(ran, std::memory_order_release);
+            continue;
         }
-        if (gen_.load(std::memory_order_acquire) == seen) {
-            std::unique_lock<std::mutex> lk(mu_);
-            cv_start_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+        DFL_PAUSE();
+        if (k % 64) continue;
+        if (stop_.load(std::memory_order_relaxed)) return;
+        // The spin lasts from the last job, whether or not this worker got a task of it: the regions are coming.
+        const uint64_t epoch = work_.load(std::memory_order_relaxed) >> 32;
+        const auto now = Clock::now();
+        if (epoch != seen) seen = epoch, last = now;
+        if (now - last < kSpinTime) {
+            // A spinner sharing a core with the caller or with a preempted task holder delays the job it waits for
+            // (a woken worker is often placed on the caller's core): hand the core over now and then.
+            if (now - last > kYieldAfter) std::this_thread::yield();
+            continue;
         }
-        seen = gen_.load(std::memory_order_acquire);
-        if (stop_) return;
-        run_tasks(id);
-        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-            std::lock_guard<std::mutex> lk(mu_);
-            cv_done_.notify_one();
-        }
+        std::unique_lock<std::mutex> lk(mu_);
+        // seq_cst pairs with parallel_for: either it sees this sleeper and notifies, or this sees its new epoch. Any
+        // new job wakes the worker back into the spin, even one that ended before it woke: waiting again for one with
+        // a task left would make every later region pay the notify for a worker that never catches one.
+        sleepers_.fetch_add(1, std::memory_order_seq_cst);
+        cv_.wait(lk, [&] { return stop_.load() || (work_.load(std::memory_order_seq_cst) >> 32) != seen; });
+        sleepers_.fetch_sub(1, std::memory_order_relaxed);
+        if (stop_.load()) return;
+        last = Clock::now();
     }
 }
 
@@ -69,32 +117,34 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
         for (int64_t t = 0; t < n_tasks; t++) fn(t, 0);
         return;
     }
-    fn_ = &fn;
-    n_tasks_ = n_tasks;
-    next_.store(0, std::memory_order_relaxed);
-    error_ = nullptr;
-    pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+    if (n_tasks > kMaxJob) {
+        for (int64_t b = 0; b < n_tasks; b += kMaxJob)
+            parallel_for(std::min(kMaxJob, n_tasks - b), [&](int64_t t, int th) { fn(b + t, th); });
+        return;
+    }
+    const uint64_t epoch = (work_.load(std::memory_order_relaxed) >> 32) + 1;
+    work_.store(epoch << 32 | kClosed, std::memory_order_relaxed);
+    n_tasks_.store((uint32_t)n_tasks, std::memory_order_release);
+    fn_.store(&fn, std::memory_order_release);
+    failed_.store(false, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    work_.store(epoch << 32, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+        { std::lock_guard<std::mutex> lk(mu_); }  // a sleeper that counted itself is now waiting: notify reaches it
+        cv_.notify_all();
+    }
+    const int64_t others = n_tasks - run_tasks(0);
+    for (uint32_t k = 1; done_.load(std::memory_order_acquire) != others; k++) {
+        DFL_PAUSE();
+        if (k > 256) std::this_thread::yield();  // a worker holding a task may be preempted: give it the core
+    }
+    if (!failed_.load(std::memory_order_relaxed)) return;  // a worker's store is visible: it precedes its done_ add
+    std::exception_ptr e;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        gen_.fetch_add(1, std::memory_order_release);
+        std::swap(e, error_);
     }
-    cv_start_.notify_all();
-    run_tasks(0);
-    int k = 0;
-    while (pending_.load(std::memory_order_acquire) != 0 && k < kSpin) {
-        DFL_PAUSE();
-        k++;
-    }
-    if (pending_.load(std::memory_order_acquire) != 0) {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_done_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
-    }
-    fn_ = nullptr;
-    if (error_) {
-        std::exception_ptr e = error_;
-        error_ = nullptr;
-        std::rethrow_exception(e);
-    }
+    std::rethrow_exception(e);
 }
 
 }  // namespace dfl

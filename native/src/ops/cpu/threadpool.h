@@ -23,24 +23,32 @@ public:
 
     // Runs fn(task, thread) for task in [0, n_tasks) across the pool and returns when all are done. `thread` is in
     // [0, size()) and identifies per-thread scratch. The first exception thrown by a task is rethrown here.
+    // One parallel_for at a time per pool (a task must not call parallel_for on its own pool).
     void parallel_for(int64_t n_tasks, const std::function<void(int64_t task, int thread)> &fn);
 
 private:
+    using Fn = std::function<void(int64_t, int)>;
     void worker(int id);
-    void run_tasks(int thread);
+    bool has_work() const;
+    int64_t run_tasks(int thread);
 
     int n_threads_;
     std::vector<std::thread> threads_;
-    std::mutex mu_;
-    std::condition_variable cv_start_, cv_done_;
-    std::atomic<uint64_t> gen_{0};
-    std::atomic<int> pending_{0};
-    bool stop_ = false;
 
-    const std::function<void(int64_t, int)> *fn_ = nullptr;
-    int64_t n_tasks_ = 0;
-    std::atomic<int64_t> next_{0};
-    std::exception_ptr error_;
+    // The current job. work_ = epoch << 32 | next task index; a task is claimed by CAS on the whole word, so a claim
+    // made with a stale view of the job fails (see threadpool.cpp). Read by every spinning worker; written per claim.
+    alignas(64) std::atomic<uint64_t> work_{0};
+    std::atomic<uint32_t> n_tasks_{0};
+    std::atomic<const Fn *> fn_{nullptr};
+    std::atomic<bool> failed_{false};
+
+    alignas(64) std::atomic<int64_t> done_{0};  // tasks of the current job finished by the workers
+
+    alignas(64) std::mutex mu_;
+    std::condition_variable cv_;
+    std::atomic<int> sleepers_{0};
+    std::atomic<bool> stop_{false};
+    std::exception_ptr error_;  // guarded by mu_
 };
 
 }  // namespace dfl
