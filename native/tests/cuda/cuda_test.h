@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -138,9 +139,11 @@ struct Group {
 
 // Runs every group, or those named `only`; a group that throws fails and the next still runs.
 template <size_t N>
-void run_groups(const Group (&groups)[N], const char *only) {
+void run_groups(const Group (&groups)[N], int n_names, char **names) {
     for (const Group &g : groups) {
-        if (only && std::strcmp(only, g.name) != 0) continue;
+        // every group, or those named (several groups may share a name: "bench")
+        if (n_names > 0 && std::none_of(names, names + n_names, [&](const char *n) { return std::strcmp(n, g.name) == 0; }))
+            continue;
         try {
             g.fn();
         } catch (const std::exception &e) {
@@ -152,7 +155,7 @@ void run_groups(const Group (&groups)[N], const char *only) {
 
 // A test program's main: line-buffered output even into a pipe or file (a device fault ends the process from a
 // destructor, and the lines already printed must show how far it got), exit 0 without a GPU, the CPU and GPU devices,
-// every group or the one named by the first argument, and the count.
+// every group or those named by the arguments, and the count.
 template <size_t N>
 int run_cuda_tests(int argc, char **argv, const char *suite, const char *what, const Group (&groups)[N]) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -161,7 +164,12 @@ int run_cuda_tests(int argc, char **argv, const char *suite, const char *what, c
     g_cpu = cpu.get();
     g_gpu = gpu.get();
     std::printf("%s: comparing %s against %s\n", what, g_gpu->name().c_str(), g_cpu->name().c_str());
-    run_groups(groups, argc > 1 ? argv[1] : nullptr);
+    for (int i = 1; i < argc; i++)  // a name that is no group's is a typo, not an empty pass
+        if (std::none_of(groups, groups + N, [&](const Group &g) { return std::strcmp(argv[i], g.name) == 0; })) {
+            std::printf("FAIL unknown group %s\n", argv[i]);
+            return 2;
+        }
+    run_groups(groups, argc - 1, argv + 1);
     std::printf("%d cases, %d failed\n", g_cases, g_failures);
     return g_failures == 0 ? 0 : 1;
 }

@@ -26,13 +26,6 @@ static int64_t q8p_mma_min_tokens() {
     return n;
 }
 
-// Whether the one-token q8_0 GEMV loads its first scales before the wait for its activations (gemv_q8p_kernel): on
-// unless DFL_CUDA_Q8P_D_EARLY=0 (for comparisons in one run).
-static bool q8p_d_early() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_D_EARLY", true);
-    return on;
-}
-
 // Repack: block b of row r (d, then 32 quants) -> qs[r][32b..32b+31], d[r][b].
 __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64_t n_in, int64_t n_out, int8_t *qs,
                                    uint16_t *d) {
@@ -205,7 +198,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
-                                                                float *Y, GemvZ z, bool d_early) {
+                                                                float *Y, GemvZ z) {
     {
         const int64_t k = blockIdx.y, nbz = n_in / 32;
         qs += k * z.w_rows * n_in;
@@ -221,34 +214,26 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
     float acc[NT] = {};
-    // The first words of the row (and, unless DFL_CUDA_Q8P_D_EARLY=0, their scales) are loaded before the wait for the
-    // activations' quantizer (launch_pdl): the weights do not depend on it, so their latency overlaps the kernels
-    // before this one. Scales loaded after the wait cost a 4096-wide row (two steps of the loop) one more memory
-    // round trip.
+    // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
+    // do not depend on it, so their latency overlaps the kernels before this one. (Their scales too, as a runtime
+    // choice beside this loop, lost on the H200: tg b1 q8_0 280 -> 252 tok/s, 12-03 18:45; cuda-notes.)
     uint4 wv[kQ8pUnroll];
-    uint16_t dv[kQ8pUnroll];
 #pragma unroll
     for (int u = 0; u < kQ8pUnroll; u++)
-        if (lane + 32 * u < nw) {
-            wv[u] = __ldg(w + lane + 32 * u);
-            if (d_early) dv[u] = __ldg(d + ((lane + 32 * u) >> 1));
-        }
+        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
     pdl_wait();
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
-        if (i0 != lane || !d_early) {
+        if (i0 != lane) {
 #pragma unroll
             for (int u = 0; u < kQ8pUnroll; u++)
-                if (i0 + 32 * u < nw) {
-                    if (i0 != lane) wv[u] = __ldg(w + i0 + 32 * u);
-                    dv[u] = __ldg(d + ((i0 + 32 * u) >> 1));  // two words per block of 32
-                }
+                if (i0 + 32 * u < nw) wv[u] = __ldg(w + i0 + 32 * u);
         }
 #pragma unroll
         for (int u = 0; u < kQ8pUnroll; u++) {
             const int64_t i = i0 + 32 * u;
             if (i >= nw) break;
-            const int64_t b = i >> 1;
-            const float sw = half_bits_to_f32(dv[u]);
+            const int64_t b = i >> 1;  // two words per block of 32
+            const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int s = dot16_i8(wv[u], __ldg((const int4 *)(xq + t * n_in) + i));
@@ -392,7 +377,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1) {
-            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, q8p_d_early());
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
@@ -478,7 +463,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const int8_t *qs = (const int8_t *)stack.packed;
     const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z, q8p_d_early());
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 
