@@ -122,10 +122,12 @@ void test_matmul_embed() {
             compare(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
         }
     }
-    // a large shape: 65 row tiles, the last of one row, and K split 4 ways
+    // a large shape: 65 row tiles, the last of one row, and K split 4 ways; enough rows for the tensor-core kernels'
+    // 32-row tiles (q4_K at 32 tokens with DFL_CUDA_Q4K_MT2_32=1)
     for (uint32_t type : types) {
         DualWeight W(type, 4097, 4096, r);
-        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(64)}) check_matmul(W, type, 4097, 4096, T, r);
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(32), int64_t(64)})
+            check_matmul(W, type, 4097, 4096, T, r);
     }
     // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
     // of 16 bytes)
