@@ -345,9 +345,10 @@ step_ncu() {
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
 # the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
 # DFL_CUDA_ATTN_QUANT=0: decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms
-# read their rows twice; DFL_CUDA_Q4K_MT2_32=1: q4_K of 25..32 tokens on 32-row tensor-core tiles.
-VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q4K_MT2_32=1}
+# read their rows twice; DFL_CUDA_Q4K_MT2_32=1: q4_K of 25..32 tokens on 32-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=1:
+# one token of q8_0 matrices of 4224+ rows on the rows kernel (four rows a warp).
+VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
@@ -376,7 +377,7 @@ kernel_tests() {
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
-           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=1 matmul"; do
+           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -433,10 +434,10 @@ quick_checks() {
   log "op tests matmul norms attention: DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0"
   DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0 "$kernel_test_bin" matmul norms attention >"$OUT/ops-old.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-old.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_Q4K_MT2_32=1"
-  DFL_CUDA_Q4K_MT2_32=1 "$kernel_test_bin" matmul >"$OUT/ops-mt2.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-mt2.txt" | head -20 | tee -a "$OUT/summary.txt"
-  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1" flag_replay
+  log "op tests matmul: DFL_CUDA_Q4K_MT2_32=1 DFL_CUDA_Q8P_ROWS1=1"
+  DFL_CUDA_Q4K_MT2_32=1 DFL_CUDA_Q8P_ROWS1=1 "$kernel_test_bin" matmul >"$OUT/ops-optins.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-optins.txt" | head -20 | tee -a "$OUT/summary.txt"
+  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |

@@ -248,9 +248,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 // a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
 // With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
 // U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
-// spill, or cost a block an SM, at 8 tokens).
+// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
+// registers (five blocks) where two tokens take 80; at six it takes 74, no spills.
 template <int NT, int R>
-__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : 4)
+__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
                          const float *xs, float *Y) {
     constexpr int U = 4 / R;
@@ -323,7 +324,7 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 #define DFL_Q8P_ROWS(N) \
     case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
     switch (nt) {
-        DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
+        DFL_Q8P_ROWS(1) DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
         DFL_Q8P_ROWS(14) DFL_Q8P_ROWS(15) DFL_Q8P_ROWS(16)
     }
@@ -356,6 +357,15 @@ void repack_q8_0(CudaDevice &dev, Weight &W) {
     W.packed = p;
 }
 
+// Whether one token of a wide q8_0 matrix (n_out >= 4224: q|k|v, gate|up) takes the rows kernel with four rows a warp
+// (DFL_CUDA_Q8P_ROWS1=1, opt-in, not yet run on a GPU). The H200's kernel bench (12-03 18:06) had that kernel faster at
+// two tokens than gemv_q8p_kernel at one on those shapes: 6144 x 4096 7.8 against 9.7 us, 24576 x 4096 29.0 against
+// 32.6 (its rows at 3.4-3.7 TB/s); on 4096-row matrices it is not (R = 2: 8.0 against 8.5, 21.4 against 19.8).
+static bool q8p_rows1_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_ROWS1", false);
+    return on;
+}
+
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
@@ -376,7 +386,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        if (nt == 1) {
+        if (nt == 1 && !(wide && q8p_rows1_on())) {
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
