@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -116,20 +117,39 @@ void bench_gemv() {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    // median per-call milliseconds of `calls` back to back
+    // Median per-call milliseconds of 20 calls back to back, replayed from a CUDA graph as a decode step is (no host
+    // launch cost: a small product's two launches took about as long as its kernels; the PDL overlap between products
+    // is kept), or launched one by one where the capture fails or DFL_BENCH_GRAPHS=0.
+    const char *bg = std::getenv("DFL_BENCH_GRAPHS");
+    const bool graphs = !(bg && std::strcmp(bg, "0") == 0);
+    std::printf("bench gemv: %s\n", graphs ? "timed as graph replays" : "timed as launches");
     auto time = [&](const std::vector<Weight> &ws, int64_t T) {
-        for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+        auto calls = [&] {
+            for (int i = 0; i < 20; i++)
+                for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+        };
+        for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());  // (grows the scratch before any capture)
+        uintptr_t g = 0;
+        if (graphs) {
+            g_gpu->graph_begin();
+            calls();
+            g = g_gpu->graph_end();
+            if (!g) std::printf("bench gemv: capture failed, timing launches (%s T=%lld)\n", tname(ws[0].type), (long long)T);
+        }
         std::vector<float> ms;
         for (int rep = 0; rep < 5; rep++) {
             cudaEventRecord(e0, cd->stream());
-            for (int i = 0; i < 20; i++)
-                for (const Weight &w : ws) g_gpu->matmul(w, X.f(), T, Y.f());
+            if (g)
+                g_gpu->graph_launch(g);
+            else
+                calls();
             cudaEventRecord(e1, cd->stream());
             cudaEventSynchronize(e1);
             float t = 0;
             cudaEventElapsedTime(&t, e0, e1);
             ms.push_back(t / 20);
         }
+        g_gpu->graph_free(g);
         std::sort(ms.begin(), ms.end());
         return (double)ms[ms.size() / 2];
     };
