@@ -118,7 +118,7 @@ void bench_gemv() {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     // Median per-call milliseconds of 20 calls back to back, replayed from a CUDA graph as a decode step is (no host
-    // launch cost: a small product's two launches took about as long as its kernels; the PDL overlap between products
+    // launch cost, which may bound a small product's two launches of ~8 us in all; the PDL overlap between products
     // is kept), or launched one by one where the capture fails or DFL_BENCH_GRAPHS=0.
     const char *bg = std::getenv("DFL_BENCH_GRAPHS");
     const bool graphs = !(bg && std::strcmp(bg, "0") == 0);
