@@ -322,7 +322,7 @@ cpu_pool() {
   done
 }
 
-# Where batch-1 decode's GPU time goes, kernel by kernel: Nsight Compute times each kernel of a window of decode steps
+# Where batch-1 decode's (or, STEP_BENCH=pp STEP_PROMPTS=512, a prefill's) GPU time goes, kernel by kernel: Nsight Compute times each kernel of a window of decode steps
 # alone (no CUDA graphs, so no PDL overlap; caches flushed between kernels, as the weights are in a real step), summed
 # by kernel name, with one step's kernels in launch order (scripts/gpu/ncu-steps.py).
 step_ncu() {
@@ -330,12 +330,14 @@ step_ncu() {
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
   for m in "$@"; do
     f=$(make_model "$m") || continue
-    log "ncu, batch-1 decode kernels: $m"
+    # STEP_PROMPTS=512 STEP_BENCH=pp: the forwards of a 512-token prefill instead (NCU_SKIP / NCU_COUNT to taste)
+    log "ncu, ${STEP_BENCH:-tg} kernels (prompts ${STEP_PROMPTS:-0}): $m"
+    local csv="$OUT/step-ncu-${STEP_BENCH:-tg}-${m//:/-}.csv"
     (cd native/engine && DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
+      DFLASH_BENCH_PROMPTS=${STEP_PROMPTS:-0} DFLASH_BENCH_BATCHES=1 timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
       --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
-      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 64x) >"$OUT/step-ncu-${m//:/-}.csv" 2>&1
-    python3 scripts/gpu/ncu-steps.py "$OUT/step-ncu-${m//:/-}.csv" | tee -a "$OUT/summary.txt"
+      "$stage/bin/engine.test" -test.run '^$' -test.bench "GGUF/${STEP_BENCH:-tg}" -test.benchtime 64x) >"$csv" 2>&1
+    python3 scripts/gpu/ncu-steps.py "$csv" | tee -a "$OUT/summary.txt"
   done
 }
 
