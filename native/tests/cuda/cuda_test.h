@@ -137,7 +137,7 @@ struct Group {
     void (*fn)();
 };
 
-// Runs every group, or those named `only`; a group that throws fails and the next still runs.
+// Runs every group, or those among the n_names names; a group that throws fails and the next still runs.
 template <size_t N>
 void run_groups(const Group (&groups)[N], int n_names, char **names) {
     for (const Group &g : groups) {

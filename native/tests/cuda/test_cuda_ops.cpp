@@ -140,8 +140,7 @@ void test_matmul_embed() {
     // kernel (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the
     // SM count (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens. Activations rounded to
     // int8 per block of 32 (relative 1/254 of the block's largest value per element, random signs): 1.5e-2 of the
-    // output's norm. 12288 and 17408 inputs: the long rows of the
-    // down projections.
+    // output's norm. 12288 and 17408 inputs: the long rows of the down projections.
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);

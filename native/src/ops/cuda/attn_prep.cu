@@ -115,9 +115,12 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
 
 void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
     if (m.T <= 0) return;
-    if (a.kv.head_dim > kPrepPerThread * kPrepThreads || a.rope_dim > a.kv.head_dim)
+    if (a.kv.head_dim > kPrepPerThread * kPrepThreads)
         fail(DFL_ERR_UNSUPPORTED, "attn_prep: head_dim " + std::to_string(a.kv.head_dim) + " above " +
                                       std::to_string(kPrepPerThread * kPrepThreads));
+    if (a.rope_dim > a.kv.head_dim)
+        fail(DFL_ERR_INVALID, "attn_prep: rope_dim " + std::to_string(a.rope_dim) + " above head_dim " +
+                                  std::to_string(a.kv.head_dim));
     // without qf only the key heads run: blocks y = 0..n_kv-1 map to heads n_head.. (see head_off)
     const int n_q = a.qf ? a.n_head : 0;
     const dim3 grid((unsigned)m.T, (unsigned)(n_q + a.kv.n_kv));
