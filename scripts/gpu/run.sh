@@ -347,10 +347,13 @@ step_ncu() {
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
 # the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
 # DFL_CUDA_ATTN_QUANT=0: decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms
-# read their rows twice; DFL_CUDA_Q4K_MT2_32=1: q4_K of 25..32 tokens on 32-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=1:
-# one token of q8_0 matrices of 4224+ rows on the rows kernel (four rows a warp).
-VARIANTS=${VARIANTS:-- DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1}
+# read their rows twice; DFL_CUDA_Q4K_MT2_32=0: q4_K of 25..32 tokens on 16-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=0:
+# one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=1: the tensor-core q8_0 products staged
+# through shared memory (with DFL_CUDA_Q8P_MMA_MIN=N from N tokens); DFL_CUDA_Q6K_MMA=1: q6_K of 2..64 tokens on int8
+# tensor cores; DFL_CUDA_Q4K_EARLY=1: the one-token q4_K GEMV loads its first super-block before the PDL wait.
+OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=1,DFL_CUDA_Q6K_MMA=1,DFL_CUDA_Q4K_EARLY=1}
+VARIANTS=${VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=2}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
@@ -379,7 +382,8 @@ kernel_tests() {
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
-           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1 matmul"; do
+           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
+           "$OPTINS matmul" "$OPTINS,DFL_CUDA_Q8P_MMA_MIN=2 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -433,13 +437,13 @@ quick_checks() {
   log "op tests matmul norms attention: defaults"
   "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul norms attention: DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0"
-  DFL_CUDA_ATTN_QUANT=0 DFL_CUDA_NORM_REGS=0 "$kernel_test_bin" matmul norms attention >"$OUT/ops-old.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-old.txt" | head -20 | tee -a "$OUT/summary.txt"
-  log "op tests matmul: DFL_CUDA_Q4K_MT2_32=1 DFL_CUDA_Q8P_ROWS1=1"
-  DFL_CUDA_Q4K_MT2_32=1 DFL_CUDA_Q8P_ROWS1=1 "$kernel_test_bin" matmul >"$OUT/ops-optins.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-optins.txt" | head -20 | tee -a "$OUT/summary.txt"
-  FLAG_REPLAY="DFL_CUDA_PDL=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 DFL_CUDA_Q4K_MT2_32=1,DFL_CUDA_Q8P_ROWS1=1" flag_replay
+  local v
+  for v in "$OPTINS" "$OPTINS,DFL_CUDA_Q8P_MMA_MIN=2"; do
+    log "op tests matmul: $v"
+    env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
+    grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
+  done
+  FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |

@@ -249,6 +249,121 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
+// The same products staged through shared memory (DFL_CUDA_Q8P_PIPE=1, opt-in): a block's threads copy groups of 8
+// blocks of 32 (256 inputs) of its 16 MT rows, their scales and the fragment-ordered activations by cp.async, kPipeStages
+// groups ahead, and each warp multiplies one block of 32 of a group from shared memory. The register kernel above keeps
+// 16 KB of weights in flight an SM (8 warps x 2 iterations of 32 rows x 32 bytes) where the H200's bandwidth wants
+// ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us, qwen3-8b, 12-03 21:10).
+// Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A fragment loads (rows g,
+// bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
+constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp
+constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
+constexpr int kPipeStages = 4;
+
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8) {
+    return 16 * MT * kPipeRowBytes + 16 * MT * 16 + kPipeGroup * 32 * T8 + kPipeGroup * 4 * T8;
+}
+
+template <int MT, int NT8>
+struct PipeStage {
+    uint8_t *w;    // [16 MT rows][kPipeRowBytes]
+    uint16_t *d;   // [16 MT rows][kPipeGroup] row scales
+    int8_t *xq;    // [kPipeGroup][8 NT8 tokens][32]
+    float *xs;     // [kPipeGroup][8 NT8 tokens]
+    __device__ __forceinline__ PipeStage(uint8_t *base) {
+        w = base;
+        d = (uint16_t *)(base + 16 * MT * kPipeRowBytes);
+        xq = (int8_t *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16);
+        xs = (float *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16 + kPipeGroup * 32 * 8 * NT8);
+    }
+    // group j's weights and row scales (rows past n_out repeat the last one: never stored)
+    __device__ __forceinline__ void load_w(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
+                                           int64_t row0, int64_t j) const {
+        for (int c = threadIdx.x; c < 16 * MT * 16; c += kMmaWarps * 32) {
+            const int r = c >> 4, col = c & 15;
+            const int64_t row = min(row0 + r, n_out - 1);
+            cp_async16(w + r * kPipeRowBytes + col * 16, qs + row * n_in + j * kPipeGroup * 32 + col * 16);
+        }
+        if (threadIdx.x < 16 * MT) {
+            const int64_t row = min(row0 + threadIdx.x, n_out - 1);
+            cp_async16(d + threadIdx.x * kPipeGroup, dw + row * nb + j * kPipeGroup);
+        }
+    }
+    // group j's activations: contiguous in the fragment-ordered copy
+    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j) const {
+        constexpr int kQ = kPipeGroup * 8 * NT8 * 32 / 16, kS = kPipeGroup * 8 * NT8 * 4 / 16;
+        const int8_t *q = fq + j * kPipeGroup * 8 * NT8 * 32;
+        const float *sc = fs + j * kPipeGroup * 8 * NT8;
+        for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
+            if (c < kQ)
+                cp_async16(xq + c * 16, q + c * 16);
+            else
+                cp_async16(xs + (c - kQ) * 4, sc + (c - kQ) * 4);
+        }
+    }
+};
+
+template <int MT, int NT8>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                     int64_t n_out, const int8_t *fq, const float *fs,
+                                                                     int64_t T, float *Y) {
+    extern __shared__ __align__(16) uint8_t pipe_smem[];
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, ng = nb / kPipeGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // the weights of the first stages are read before the wait, the activations (the kernel before's) after
+#pragma unroll
+    for (int st = 0; st < kPipeStages - 1; st++)
+        if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, st);
+    pdl_wait();
+#pragma unroll
+    for (int st = 0; st < kPipeStages - 1; st++) {
+        if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_x(fq, fs, st);
+        cp_async_commit();
+    }
+    float acc[MT][NT8][4] = {};
+    for (int64_t j = 0; j < ng; j++) {
+        cp_async_wait<kPipeStages - 2>();
+        __syncthreads();  // group j is in; every warp is done with group j - 1, whose stage is refilled now
+        const int64_t jn = j + kPipeStages - 1;
+        if (jn < ng) {
+            const PipeStage<MT, NT8> nxt(pipe_smem + (int)(jn % kPipeStages) * kStage);
+            nxt.load_w(qs, dw, n_in, nb, n_out, row0, jn);
+            nxt.load_x(fq, fs, jn);
+        }
+        cp_async_commit();
+        const PipeStage<MT, NT8> cur(pipe_smem + (int)(j % kPipeStages) * kStage);
+        float sw[MT][2];
+        uint2 a[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = 16 * mt + 8 * h + g;
+                sw[mt][h] = half_bits_to_f32(cur.d[r * kPipeGroup + warp]);
+                a[mt][h] = *(const uint2 *)(cur.w + r * kPipeRowBytes + warp * 32 + t4 * 8);
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            const int tk = warp * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
+            const uint2 b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+            const float2 sx = *(const float2 *)(cur.xs + tk + 2 * t4);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int c[4];
+                mma_s8_16x8x32(c, a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b.x, b.y);
+                acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
+                acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
+                acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
+                acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the warps' sums are added in their memory
+    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem), acc, row0, n_out, T, Y);
+}
+
 // One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
 // per row half.
 template <int MT>
@@ -377,10 +492,39 @@ static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&lau
         launch_nt8<1, 8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
 }
 
+// Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: off unless DFL_CUDA_Q8P_PIPE=1
+// (opt-in, not yet run on a GPU).
+static bool q8p_pipe_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", false);
+    return on;
+}
+
+// 32-row tiles (MT = 2) up to 32 tokens where they nearly fill the GPU, as dispatch_mma; else 16 rows up to 64 tokens.
+static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
+                            int64_t T, float *Y) {
+    auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        const size_t smem = (size_t)kPipeStages * pipe_stage_bytes(MT, 8 * NT8);
+        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
+        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw,
+                         W.n_in, W.n_out, x.xq, x.xs, T, Y);
+    };
+    const int nt8 = (int)((T + 7) / 8);
+    if (nt8 <= 4 && W.n_out / 32 >= dev.sm_count() * 3 / 4)
+        launch_nt8<2, 4>(nt8, dim3((unsigned)((W.n_out + 31) / 32)), launch);
+    else
+        launch_nt8<1, 8>(nt8, dim3((unsigned)((W.n_out + 15) / 16)), launch);
+    check_launch("matmul (q8_0 staged int8 mma)");
+}
+
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
+    if (q8p_pipe_on() && x.T8 && W.n_in % (kPipeGroup * 32) == 0) {
+        launch_q8p_pipe(dev, W, qs, dw, x, T, Y);
+        return;
+    }
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
         // Blocks of 32 per warp and iteration: 4 where a 2-iteration pipeline of them still leaves registers for the
@@ -398,7 +542,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
 }
 
 static bool q4k_mt2_32() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_MT2_32", false);
+    static const bool on = env_switch("DFL_CUDA_Q4K_MT2_32", true);
     return on;
 }
 
@@ -422,10 +566,9 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
             launch_pdl(gemv_q4k_mma_kernel<MT, NT8, false>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in,
                        W.n_out, x.xq, x.xs, x.xsum, T, 0, Y);
     };
-    // 32-row tiles up to 24 tokens; with DFL_CUDA_Q4K_MT2_32=1 (opt-in, not yet run on a GPU) up to 32 on the
-    // fragment-ordered copy, where 32 rows x 32 tokens now fit the registers (250, no spills with nvcc 11.8; on the
-    // rows they spilled): each activation load then serves 32 rows instead of 16, and at 32 tokens the activations a
-    // 16-row block reads are ~3.5x its weight bytes (q4_K at 32 tokens: 221 us a qwen3-8b layer, b32 0.95x llama.cpp).
+    // 32-row tiles up to 32 tokens on the fragment-ordered copy (24 with DFL_CUDA_Q4K_MT2_32=0, or on the rows, where
+    // 32 x 32 spilled): each activation load serves 32 rows instead of 16. H200, 12-03 21:10, one call: qwen3-8b layer
+    // at 32 tokens 215.8 -> 136.9 us, tg b32 q4_K 2,988 -> 4,107 tok/s (llama.cpp 3,082).
     if (q4k_mt2_32() && x.T8)
         dispatch_mma<4>(dev, W.n_out, T, launch);
     else
