@@ -32,6 +32,8 @@
 #   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
 #                                            (ncu, unless NO_NCU=1; NCU_CASES type:tokens ..., see test_cuda_ops profile)
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
+#   scripts/gpu/run.sh slim [MODEL...]       a short call: the opt-ins' (OPTINS) product op tests, then BenchmarkGGUF of
+#                                            each model with the defaults and with OPTINS
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -350,8 +352,9 @@ step_ncu() {
 # read their rows twice; DFL_CUDA_Q4K_MT2_32=0: q4_K of 25..32 tokens on 16-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=0:
 # one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=1: the tensor-core q8_0 products staged
 # through shared memory (with DFL_CUDA_Q8P_MMA_MIN=N from N tokens); DFL_CUDA_Q6K_MMA=1: q6_K of 2..64 tokens on int8
-# tensor cores; DFL_CUDA_Q4K_EARLY=1: the one-token q4_K GEMV loads its first super-block before the PDL wait.
-OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=1,DFL_CUDA_Q6K_MMA=1,DFL_CUDA_Q4K_EARLY=1}
+# tensor cores; DFL_CUDA_Q4K_EARLY=1: the one-token q4_K GEMV loads its first super-block before the PDL wait;
+# DFL_CUDA_DEQUANT_FAST=1: prefill dequantizes q8_0 (repacked) and q4_K with 16-byte loads and stores.
+OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=1,DFL_CUDA_Q6K_MMA=1,DFL_CUDA_Q4K_EARLY=1,DFL_CUDA_DEQUANT_FAST=1}
 VARIANTS=${VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=2}
 
@@ -478,10 +481,17 @@ case $mode in
   probe) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change's checks, then where its time goes
          peer_build; premake "$@"; build_cuda; quick_checks || exit 1
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
+  slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: OPTINS' product op tests, then BenchmarkGGUF
+        premake "$@"; build_cuda; build_kernel_tests || exit 1  # of each model with the defaults and OPTINS (SLIM_VARIANTS)
+        log "op tests matmul: $OPTINS"
+        env $(variant_env "$OPTINS") "$kernel_test_bin" matmul >"$OUT/ops-optins.txt" 2>&1
+        grep -E "^FAIL|cases" "$OUT/ops-optins.txt" | head -20 | tee -a "$OUT/summary.txt"
+        wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5} NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
-            premake "$@"; cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"; wait; cpu_peer ;;
+            premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
+            wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
   kernels-all) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change end to end: checks, then speed

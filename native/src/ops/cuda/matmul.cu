@@ -519,6 +519,86 @@ __global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_
     for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = __float2half_rn(load_elem(type, row, i));
 }
 
+// The same for q8_0 repacked at load (prepare_weight) and q4_K, with 16-byte loads and stores (DFL_CUDA_DEQUANT_FAST=1,
+// opt-in, not yet run on a GPU): the per-element kernel above reads a byte at a time through load_elem's type switch,
+// and prefill dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward).
+// q8_0: a thread per 16-byte word of quants, times its block's scale.
+__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t r0, int64_t rows,
+                                       __half *out) {
+    const int64_t nw = n_in / 16, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nw) return;
+    const int64_t r = i / nw, w = i % nw;
+    const int4 q = __ldg((const int4 *)(qs + (r0 + r) * n_in) + w);
+    const float d = half_bits_to_f32(__ldg(dw + (r0 + r) * (n_in / 32) + w / 2));
+    const int words[4] = {q.x, q.y, q.z, q.w};
+    uint4 h[2];
+    uint32_t *hw = (uint32_t *)h;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int v = words[k / 2] >> (16 * (k % 2));
+        const __half2 p = __floats2half2_rn(d * (float)(int8_t)(v & 0xFF), d * (float)(int8_t)((v >> 8) & 0xFF));
+        hw[k] = *(const uint32_t *)&p;
+    }
+    uint4 *o = (uint4 *)(out + r * n_in) + 2 * w;
+    o[0] = h[0];
+    o[1] = h[1];
+}
+
+// q4_K: a thread per 32-byte quant chunk j of a super-block, whose low nibbles are sub-block 2j and high ones 2j + 1.
+__global__ void dequant_q4k_f16_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t r0, int64_t rows,
+                                       __half *out) {
+    const int64_t nsb = n_in / QK_K, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nsb * 4) return;
+    const int64_t r = i / (nsb * 4), sb = (i / 4) % nsb;
+    const int j = (int)(i % 4);
+    const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)sb * kQ4_KBytes;
+    const uint4 hdr = __ldg((const uint4 *)blk);
+    int sc1, m1, sc2, m2;
+    q4k_scale_min_hdr(hdr, 2 * j, sc1, m1);
+    q4k_scale_min_hdr(hdr, 2 * j + 1, sc2, m2);
+    const float d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
+    const float d1 = d * (float)sc1, n1 = dmin * (float)m1, d2 = d * (float)sc2, n2 = dmin * (float)m2;
+    const uint4 qa = __ldg((const uint4 *)(blk + 16 + 32 * j)), qb = __ldg((const uint4 *)(blk + 32 + 32 * j));
+    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    uint4 lo[4], hi[4];
+    uint32_t *lw = (uint32_t *)lo, *hw = (uint32_t *)hi;
+#pragma unroll
+    for (int k = 0; k < 16; k++) {  // bytes 2k, 2k + 1
+        const uint32_t v = q[k / 2] >> (16 * (k % 2));
+        const __half2 a = __floats2half2_rn(d1 * (float)(v & 0xF) - n1, d1 * (float)((v >> 8) & 0xF) - n1);
+        const __half2 b = __floats2half2_rn(d2 * (float)((v >> 4) & 0xF) - n2, d2 * (float)((v >> 12) & 0xF) - n2);
+        lw[k] = *(const uint32_t *)&a;
+        hw[k] = *(const uint32_t *)&b;
+    }
+    uint4 *o = (uint4 *)(out + r * n_in + sb * QK_K + 64 * j);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        o[k] = lo[k];
+        o[4 + k] = hi[k];
+    }
+}
+
+static bool dequant_fast_on() {
+    static const bool on = env_switch("DFL_CUDA_DEQUANT_FAST", false);
+    return on;
+}
+
+// Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
+static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
+    if (dequant_fast_on() && W.packed && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0) {
+        const int8_t *qs = (const int8_t *)W.packed;
+        const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+        dequant_q8p_f16_kernel<<<grid_for(rows * W.n_in / 16, 256), 256, 0, s>>>(qs, dw, W.n_in, r0, rows, out);
+    } else if (dequant_fast_on() && W.type == DFL_TYPE_Q4_K && W.n_in % QK_K == 0 && W.row_bytes % 16 == 0 &&
+               ((uintptr_t)W.data & 15) == 0) {
+        dequant_q4k_f16_kernel<<<grid_for(rows * (W.n_in / QK_K) * 4, 256), 256, 0, s>>>(W.data, W.row_bytes, W.n_in,
+                                                                                       r0, rows, out);
+    } else {
+        dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, r0, out);
+    }
+    check_launch("matmul (dequantize)");
+}
+
 static void check_blas(cublasStatus_t st, const char *op) {
     if (st != CUBLAS_STATUS_SUCCESS) fail(DFL_ERR_INTERNAL, std::string(op) + ": cuBLAS status " + std::to_string((int)st));
 }
@@ -557,8 +637,7 @@ static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_
     }
     for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
         const int64_t rows = std::min<int64_t>(chunk, n_out - r0);
-        dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, n_in, r0, Wh);
-        check_launch("matmul (dequantize)");
+        dequant_rows_f16(s, W, r0, rows, Wh);
         check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, nt, n_in, &one, Wh, CUDA_R_16F, n_in, Xh,
                                 CUDA_R_16F, n_in, &zero, Y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT),
@@ -593,6 +672,10 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     }
     if (T <= kGemvMaxTokens && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && aligned16(X)) {  // q4_K on int8 activations
         launch_gemv_q4k_i8(dev, W, X, T, Y, GemvZ{}, 1);
+        return;
+    }
+    if (T >= 2 && T <= i8_mma_max_tokens() && q6k_mma_on() && q6k_mma_ok(W)) {  // q6_K on int8 tensor cores
+        launch_gemv_q6k_mma(dev, W, X, T, Y);
         return;
     }
     if (T <= kGemvMaxTokens && q6k_i8_on() && q6k_i8_ok(W)) {  // q6_K on int8 activations
