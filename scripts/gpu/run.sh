@@ -32,7 +32,7 @@
 #   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
 #                                            (ncu, unless NO_NCU=1; NCU_CASES type:tokens ..., see test_cuda_ops profile)
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
-#   scripts/gpu/run.sh slim [MODEL...]       a short call: the opt-ins' (OPTINS) product op tests, then BenchmarkGGUF of
+#   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS, then BenchmarkGGUF of
 #                                            each model with the defaults and with OPTINS
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
@@ -350,13 +350,14 @@ step_ncu() {
 # the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
 # DFL_CUDA_ATTN_QUANT=0: decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms
 # read their rows twice; DFL_CUDA_Q4K_MT2_32=0: q4_K of 25..32 tokens on 16-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=0:
-# one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=1: the tensor-core q8_0 products staged
-# through shared memory (with DFL_CUDA_Q8P_MMA_MIN=N from N tokens); DFL_CUDA_Q6K_MMA=1: q6_K of 2..64 tokens on int8
-# tensor cores; DFL_CUDA_Q4K_EARLY=1: the one-token q4_K GEMV loads its first super-block before the PDL wait;
-# DFL_CUDA_DEQUANT_FAST=1: prefill dequantizes q8_0 (repacked) and q4_K with 16-byte loads and stores.
-OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=1,DFL_CUDA_Q6K_MMA=1,DFL_CUDA_Q4K_EARLY=1,DFL_CUDA_DEQUANT_FAST=1}
-VARIANTS=${VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=2}
+# one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=0: the tensor-core q8_0 products on the
+# register kernel instead of the one staged through shared memory; DFL_CUDA_Q6K_MMA=0: q6_K of 2..64 tokens on the dp4a
+# and f16 kernels instead of int8 tensor cores; DFL_CUDA_DEQUANT_FAST=0: prefill dequantizes element by element.
+# OPTINS: the settings a kernel change is compared with (op tests, replays, the benchmark): an opt-in while it is new,
+# the older kernels once it is the default (now those of the 12-03 22:20 call).
+OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
+VARIANTS=${VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=5}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
@@ -386,7 +387,7 @@ kernel_tests() {
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
-           "$OPTINS matmul" "$OPTINS,DFL_CUDA_Q8P_MMA_MIN=2 matmul"; do
+           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -441,12 +442,12 @@ quick_checks() {
   "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
   local v
-  for v in "$OPTINS" "$OPTINS,DFL_CUDA_Q8P_MMA_MIN=2"; do
+  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2; do
     log "op tests matmul: $v"
     env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
     grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
   done
-  FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5" flag_replay
+  FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS DFL_CUDA_Q8P_MMA_MIN=5" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
@@ -486,7 +487,7 @@ case $mode in
         log "op tests matmul: $OPTINS"
         env $(variant_env "$OPTINS") "$kernel_test_bin" matmul >"$OUT/ops-optins.txt" 2>&1
         grep -E "^FAIL|cases" "$OUT/ops-optins.txt" | head -20 | tee -a "$OUT/summary.txt"
-        wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS,DFL_CUDA_Q8P_MMA_MIN=5} NO_PROFILE=1 variants "$@" ;;
+        wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS} NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile

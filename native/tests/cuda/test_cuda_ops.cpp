@@ -83,9 +83,9 @@ double matmul_bound(uint32_t type, int64_t T) {
     // q6_K products of up to 8 tokens on int8 activations too (unless DFL_CUDA_Q6K_I8=0)
     const char *q6 = std::getenv("DFL_CUDA_Q6K_I8");
     if (type == DFL_TYPE_Q6_K && T <= 8 && !(q6 && std::strcmp(q6, "0") == 0)) return 1.5e-2;
-    // and 2..64 on int8 tensor cores with DFL_CUDA_Q6K_MMA=1
+    // and 2..64 on int8 tensor cores (unless DFL_CUDA_Q6K_MMA=0)
     const char *q6m = std::getenv("DFL_CUDA_Q6K_MMA");
-    if (type == DFL_TYPE_Q6_K && T >= 2 && T <= 64 && mma_on && q6m && std::strcmp(q6m, "1") == 0) return 1.5e-2;
+    if (type == DFL_TYPE_Q6_K && T >= 2 && T <= 64 && mma_on && !(q6m && std::strcmp(q6m, "0") == 0)) return 1.5e-2;
     if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }

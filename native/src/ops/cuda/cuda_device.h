@@ -214,7 +214,7 @@ bool q6k_i8_on();
 bool q6k_i8_ok(const Weight &W);
 void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
-// q6_K products of 2..64 tokens on int8 tensor cores (mma_q6k.cu): opt-in (DFL_CUDA_Q6K_MMA=1), for rows of an even
+// q6_K products of 2..64 tokens on int8 tensor cores (mma_q6k.cu; DFL_CUDA_Q6K_MMA=0 off), for rows of an even
 // number of super-blocks in a tensor that starts on a 4-byte boundary (q6k_mma_ok).
 bool q6k_mma_on();
 bool q6k_mma_ok(const Weight &W);

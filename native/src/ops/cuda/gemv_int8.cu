@@ -100,10 +100,10 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
 // 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
-// once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. EARLY: the lane's
-// first super-block is loaded before the wait for the activations (as gemv_q8p_kernel does), so that its latency
-// overlaps the kernel before (DFL_CUDA_Q4K_EARLY=1, one token, opt-in, not yet run on a GPU).
-template <int NT, bool EARLY = false>
+// once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
+// first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
+// tok/s, 12-03 22:20.)
+template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
                                                                    const float *xsum, float *Y, GemvZ z) {
@@ -123,14 +123,12 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
-    const int64_t nb = n_in / QK_K, b0 = lane >> 3;
-    Q4KLane first;
-    if (EARLY && b0 < nb) first = q4k_lane(row + b0 * kQ4_KBytes, p);
+    const int64_t nb = n_in / QK_K;
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
     float acc[NT] = {};
 #pragma unroll 2
-    for (int64_t b = b0; b < nb; b += 4) {
-        const Q4KLane l = EARLY && b == b0 ? first : q4k_lane(row + b * kQ4_KBytes, p);
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
@@ -414,11 +412,6 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
 }
 
-static bool q4k_early_on() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_EARLY", false);
-    return on;
-}
-
 void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
     const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
@@ -431,8 +424,6 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
-    } else if (T == 1 && q4k_early_on()) {
-        launch_pdl(gemv_q4k_i8_kernel<1, true>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         switch (T) {
 #define DFL_Q4K_I8(N) \

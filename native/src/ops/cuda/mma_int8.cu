@@ -249,13 +249,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
-// The same products staged through shared memory (DFL_CUDA_Q8P_PIPE=1, opt-in): a block's threads copy groups of 8
-// blocks of 32 (256 inputs) of its 16 MT rows, their scales and the fragment-ordered activations by cp.async, kPipeStages
-// groups ahead, and each warp multiplies one block of 32 of a group from shared memory. The register kernel above keeps
-// 16 KB of weights in flight an SM (8 warps x 2 iterations of 32 rows x 32 bytes) where the H200's bandwidth wants
-// ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us, qwen3-8b, 12-03 21:10).
-// Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A fragment loads (rows g,
-// bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
+// The same products staged through shared memory (DFL_CUDA_Q8P_PIPE=0: the register kernel above): a block's threads
+// copy groups of 8 blocks of 32 (256 inputs) of its 16 MT rows, their scales and the fragment-ordered activations by
+// cp.async, kPipeStages groups ahead, and each warp multiplies one block of 32 of a group from shared memory. The
+// register kernel above keeps 16 KB of weights in flight an SM (8 warps x 2 iterations of 32 rows x 32 bytes) where the
+// H200's bandwidth wants ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us,
+// qwen3-8b, 12-03 21:10). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
+// fragment loads (rows g, bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp
 constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
 constexpr int kPipeStages = 4;
@@ -492,10 +492,11 @@ static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&lau
         launch_nt8<1, 8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
 }
 
-// Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: off unless DFL_CUDA_Q8P_PIPE=1
-// (opt-in, not yet run on a GPU).
+// Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
+// H200, 12-03 22:20, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
+// 1,739: within noise, so 2..8 tokens stay on the dp4a kernel).
 static bool q8p_pipe_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", false);
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", true);
     return on;
 }
 
