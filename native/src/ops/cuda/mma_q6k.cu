@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_common.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -27,7 +28,7 @@ namespace cuda {
 // 8 tokens: issue-bound (0.66 warps issued per scheduler cycle with 16 warps an SM, DRAM 40 %). Tried without gain: a
 // persistent grid streaming the tiles through one pipeline (240 us), and unsigned codes with the offset of 32 taken
 // by an extra mma (two operations fewer a code word; 240 us).
-constexpr int kQ6Warps = 8;
+constexpr int kQ6Warps = kMmaWarps;
 constexpr int kQ6Group = kQ6Warps;                  // super-blocks of each row a stage holds, one per warp
 constexpr int kQ6StageRow = kQ6Group * kQ6_KBytes;  // 1680 bytes: 420 words, 4 banks apart from row to row, so a
                                                     // warp's 8 rows x 4 lanes of words fall in 32 distinct banks
@@ -131,6 +132,18 @@ __device__ __forceinline__ uint32_t q6_word(const uint8_t *p) {
     }
 }
 
+// The lane's words at p of each of its staged rows (rows g and g + 8 of each 16-row tile): bytes 4 t4 of both 16-byte
+// halves of a block of 32.
+template <int MT, bool ODD>
+__device__ __forceinline__ void q6_row_words(const uint8_t *p, int t4, uint32_t (&w)[MT][2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int lh = 0; lh < 2; lh++) w[mt][i][lh] = q6_word<ODD>(p + (16 * mt + 8 * i) * kQ6StageRow + 16 * lh + 4 * t4);
+}
+
 // Four codes of quarter k of a q6_K half as int8 q - 32: the low (k < 2) or high nibbles of ql, with bits 2k, 2k + 1
 // of qh's bytes as bits 4, 5 (whether k < 2 is known where the caller's loops are unrolled; the shifts may be
 // variable). q - 32 = q + 224 (mod 256) byte by byte without carries: q + 96 stays below 256, and adding the other 128
@@ -167,24 +180,11 @@ __device__ __forceinline__ void q6k_sb_mma(const uint8_t *p, int t4, const int8_
     for (int h = 0; h < 2; h++) {
         const uint8_t *ph = p + 32 * h;  // the half's qh bytes at ph + 128 + ..., its ql bytes at ph + 32 h + ...
         uint32_t qh[MT][2][2];           // [tile][row g, g + 8][half of the block of 32]
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int lh = 0; lh < 2; lh++)
-                    qh[mt][i][lh] = q6_word<ODD>(ph + (16 * mt + 8 * i) * kQ6StageRow + 128 + 16 * lh + 4 * t4);
+        q6_row_words<MT, ODD>(ph + 128, t4, qh);
 #pragma unroll 1
         for (int c = 0; c < 2; c++) {
             uint32_t ql[MT][2][2];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int lh = 0; lh < 2; lh++)
-                        ql[mt][i][lh] =
-                            q6_word<ODD>(ph + 32 * h + (16 * mt + 8 * i) * kQ6StageRow + 32 * c + 16 * lh + 4 * t4);
+            q6_row_words<MT, ODD>(ph + 32 * h + 32 * c, t4, ql);
 #pragma unroll
             for (int kk = 0; kk < 2; kk++) {
                 const int n = 2 * c + kk;  // the block's turn in this half
@@ -240,32 +240,6 @@ __device__ __forceinline__ void q6k_sb_mma(const uint8_t *p, int t4, const int8_
     }
 }
 
-// The warps' sums added through shared memory (red: [warp][C entry][lane]) and stored, one 16-row tile at a time:
-// the behaviour of mma_store in mma_int8.cu. C entry i of lane l is row l / 4 + 8 (i / 2), token 2 (l % 4) + i % 2.
-template <int MT, int NT8>
-__device__ __forceinline__ void q6k_store(float (*red)[NT8 * 4][32], const float (&acc)[MT][NT8][4], int64_t row0,
-                                          int64_t n_out, int64_t T, float *Y) {
-    pdl_trigger();  // the main loop is done: a PDL kernel after this one may launch (and wait for its end)
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        if (mt > 0) __syncthreads();  // the previous tile's sums are read
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) red[warp][nt * 4 + i][lane] = acc[mt][nt][i];
-        __syncthreads();
-        for (int o = threadIdx.x; o < NT8 * 4 * 32; o += kQ6Warps * 32) {
-            const int f = o >> 5, l = o & 31, i = f & 3, nt = f >> 2;
-            float v = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kQ6Warps; w++) v += red[w][f][l];
-            const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
-            if (row < n_out && tok < T) Y[tok * n_out + row] = v;
-        }
-    }
-}
-
 // Stage j holds super-blocks 8 j .. 8 j + 7 of the rows; warp w takes the one in slot (w + j) % 8, so that each warp
 // alternates between even slots (4-byte aligned) and odd ones (two loads a word). cb: bytes a copy (16, 8 or 4: what
 // the row length and the tensor's start allow).
@@ -313,7 +287,7 @@ __global__ void __launch_bounds__(kQ6Warps * 32, 2)
         cp_async_commit();
     }
     cp_async_wait<0>();  // (only empty groups left) the stages are free: the warps' sums are added in their memory
-    q6k_store<MT, NT8>(reinterpret_cast<float(*)[NT8 * 4][32]>(q6_smem), acc, row0, n_out, T, Y);
+    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(q6_smem), acc, row0, n_out, T, Y);
 }
 
 // Bytes a cp.async of the rows may take: the largest of 16, 8, 4 that divides the row length and the tensor's start
