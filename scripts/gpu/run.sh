@@ -354,7 +354,7 @@ step_ncu() {
 # register kernel instead of the one staged through shared memory; DFL_CUDA_Q6K_MMA=0: q6_K of 2..64 tokens on the dp4a
 # and f16 kernels instead of int8 tensor cores; DFL_CUDA_DEQUANT_FAST=0: prefill dequantizes element by element.
 # OPTINS: the settings a kernel change is compared with (op tests, replays, the benchmark): an opt-in while it is new,
-# the older kernels once it is the default (now those of the 12-03 22:20 call).
+# the older kernels once it is the default (now those of the 12-03 22:12 call).
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 VARIANTS=${VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=5}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2}

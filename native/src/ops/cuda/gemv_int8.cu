@@ -102,7 +102,7 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
 // once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
 // first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
-// tok/s, 12-03 22:20.)
+// tok/s, 12-03 22:12.)
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
@@ -360,7 +360,7 @@ void repack_q8_0(CudaDevice &dev, Weight &W) {
 }
 
 // Whether one token of a wide q8_0 matrix (n_out >= 4224: q|k|v, gate|up) takes the rows kernel with four rows a warp:
-// on unless DFL_CUDA_Q8P_ROWS1=0. H200, 12-03 21:10, one call: 6144 x 4096 9.1 -> 6.6 us, 24576 x 4096 31.5 -> 29.7
+// on unless DFL_CUDA_Q8P_ROWS1=0. H200, 12-03 21:06, one call: 6144 x 4096 9.1 -> 6.6 us, 24576 x 4096 31.5 -> 29.7
 // (graph replays), tg b1 qwen3-8b q8_0 279.9 -> 289.2 tok/s. On 4096-row matrices it is not faster (R = 2 at 18:06: 8.0
 // against 8.5, 21.4 against 19.8 us), so they keep gemv_q8p_kernel.
 static bool q8p_rows1_on() {

@@ -521,7 +521,7 @@ __global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_
 
 // The same for q8_0 repacked at load (prepare_weight) and q4_K, with 16-byte loads and stores (DFL_CUDA_DEQUANT_FAST=0:
 // the kernel above): the per-element kernel reads a byte at a time through load_elem's type switch, and prefill
-// dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward). H200, 12-03 22:20, one
+// dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward). H200, 12-03 22:12, one
 // call: pp512 qwen3-8b q8_0 11,502 -> 12,664 tok/s, q4_K 9,720 -> 10,415.
 // q8_0: a thread per 16-byte word of quants, times its block's scale.
 __global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t r0, int64_t rows,

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // cp.async, kPipeStages groups ahead, and each warp multiplies one block of 32 of a group from shared memory. The
 // register kernel above keeps 16 KB of weights in flight an SM (8 warps x 2 iterations of 32 rows x 32 bytes) where the
 // H200's bandwidth wants ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us,
-// qwen3-8b, 12-03 21:10). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
+// qwen3-8b, 12-03 21:06). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
 // fragment loads (rows g, bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp
 constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
@@ -466,7 +466,7 @@ static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&lau
 }
 
 // Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
-// H200, 12-03 22:20, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
+// H200, 12-03 22:12, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
 // 1,739: within noise, so 2..8 tokens stay on the dp4a kernel).
 static bool q8p_pipe_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", true);
@@ -541,7 +541,7 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
                        W.n_out, x.xq, x.xs, x.xsum, T, 0, Y);
     };
     // 32-row tiles up to 32 tokens on the fragment-ordered copy (24 with DFL_CUDA_Q4K_MT2_32=0, or on the rows, where
-    // 32 x 32 spilled): each activation load serves 32 rows instead of 16. H200, 12-03 21:10, one call: qwen3-8b layer
+    // 32 x 32 spilled): each activation load serves 32 rows instead of 16. H200, 12-03 21:06, one call: qwen3-8b layer
     // at 32 tokens 215.8 -> 136.9 us, tg b32 q4_K 2,988 -> 4,107 tok/s (llama.cpp 3,082).
     if (q4k_mt2_32() && x.T8)
         dispatch_mma<4>(dev, W.n_out, T, launch);

@@ -1,5 +1,5 @@
 // q6_K products of 2..64 tokens on int8 tensor cores, on the file's own layout (DFL_CUDA_Q6K_MMA=0: the dp4a and f16
-// kernels). H200, 12-03 22:20, one call: qwen3-8b q4_K (its q6_K head) tg b8 1,566 -> 1,784 tok/s, b32 4,081 -> 4,846.
+// kernels). H200, 12-03 22:12, one call: qwen3-8b q4_K (its q6_K head) tg b8 1,566 -> 1,784 tok/s, b32 4,081 -> 4,846.
 #include <algorithm>
 #include <type_traits>
 
