@@ -139,19 +139,21 @@ void test_matmul_embed() {
             DualWeight W(type, s.n_out, s.n_in, r);
             for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
         }
-    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV; 2..64 tokens the int8 tensor-core kernel
-    // (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out / 32 reaches the SM count
-    // (4500 rows: a partial last pair of tiles); 33 and 64: 5 and 8 tiles of 8 tokens; 130: cuBLAS on the repacked rows
-    // dequantized. Activations rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element,
-    // random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the long rows of the down projections.
+    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV, 2..8 the dp4a rows kernel; 9..64
+    // tokens int8 tensor cores (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out
+    // / 32 reaches the SM count (4500 rows: a partial last pair of tiles): 9, 16, 17, 32 the staged kernel's 1..4 tiles
+    // of 8 tokens (inputs a multiple of 256; 288 inputs the register kernel), 33 and 64 the register kernel's 5 and 8
+    // tiles; 130: cuBLAS on the repacked rows dequantized. Activations rounded to int8 per block of 32 (relative 1/254
+    // of the block's largest value per element, random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the
+    // long rows of the down projections.
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
-        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(17), int64_t(32), int64_t(33), int64_t(64),
-                          int64_t(130)}) {
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(32),
+                          int64_t(33), int64_t(64), int64_t(130)}) {
             Dual X(rand_vec(r, (size_t)(T * s.n_in)));
             Dual Y((size_t)(T * s.n_out) * 4);
             g_cpu->matmul(W.wc, X.cp(), T, Y.cp());

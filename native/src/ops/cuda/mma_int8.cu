@@ -473,7 +473,8 @@ static bool q8p_pipe_on() {
     return on;
 }
 
-// 32-row tiles (MT = 2) up to 32 tokens where they nearly fill the GPU, as dispatch_mma; else 16 rows up to 64 tokens.
+// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens: the only size
+// measured (tg b32); 33..64 keep the register kernel, whose 32-row tiles reach 64 tokens.
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
                             int64_t T, float *Y) {
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
@@ -487,7 +488,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     if (nt8 <= 4 && W.n_out / 32 >= dev.sm_count() * 3 / 4)
         launch_nt8<2, 4>(nt8, dim3((unsigned)((W.n_out + 31) / 32)), launch);
     else
-        launch_nt8<1, 8>(nt8, dim3((unsigned)((W.n_out + 15) / 16)), launch);
+        launch_nt8<1, 4>(nt8, dim3((unsigned)((W.n_out + 15) / 16)), launch);
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
@@ -495,7 +496,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
     const int8_t *qs = (const int8_t *)W.packed;
     const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
-    if (q8p_pipe_on() && x.T8 && W.n_in % (kPipeGroup * 32) == 0) {
+    if (q8p_pipe_on() && x.T8 && T <= 32 && W.n_in % (kPipeGroup * 32) == 0) {
         launch_q8p_pipe(dev, W, qs, dw, x, T, Y);
         return;
     }
