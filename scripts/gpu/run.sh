@@ -32,8 +32,8 @@
 #   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
 #                                            (ncu, unless NO_NCU=1; NCU_CASES type:tokens ..., see test_cuda_ops profile)
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
-#   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS, then BenchmarkGGUF of
-#                                            each model with the defaults and with OPTINS
+#   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS and TRY, then
+#                                            BenchmarkGGUF of each model with the defaults, OPTINS and TRY
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -353,10 +353,12 @@ step_ncu() {
 # one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=0: the tensor-core q8_0 products on the
 # register kernel instead of the one staged through shared memory; DFL_CUDA_Q6K_MMA=0: q6_K of 2..64 tokens on the dp4a
 # and f16 kernels instead of int8 tensor cores; DFL_CUDA_DEQUANT_FAST=0: prefill dequantizes element by element.
-# OPTINS: the settings a kernel change is compared with (op tests, replays, the benchmark): an opt-in while it is new,
-# the older kernels once it is the default (now those of the 12-03 22:12 call).
+# DFL_CUDA_DEQUANT_OVERLAP=1: prefill dequantizes the next chunk of rows on a second stream while cuBLAS multiplies.
+# OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
+# the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
-VARIANTS=${VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=5}
+TRY=${TRY:-DFL_CUDA_DEQUANT_OVERLAP=1}
+VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
@@ -387,7 +389,7 @@ kernel_tests() {
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
-           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul"; do
+           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" "$TRY matmul"; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -442,12 +444,12 @@ quick_checks() {
   "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
   local v
-  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2; do
+  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2 "$TRY"; do
     log "op tests matmul: $v"
     env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
     grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
   done
-  FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS DFL_CUDA_Q8P_MMA_MIN=5" flag_replay
+  FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $TRY" flag_replay
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
@@ -482,12 +484,14 @@ case $mode in
   probe) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change's checks, then where its time goes
          peer_build; premake "$@"; build_cuda; quick_checks || exit 1
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
-  slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: OPTINS' product op tests, then BenchmarkGGUF
-        premake "$@"; build_cuda; build_kernel_tests || exit 1  # of each model with the defaults and OPTINS (SLIM_VARIANTS)
-        log "op tests matmul: $OPTINS"
-        env $(variant_env "$OPTINS") "$kernel_test_bin" matmul >"$OUT/ops-optins.txt" 2>&1
-        grep -E "^FAIL|cases" "$OUT/ops-optins.txt" | head -20 | tee -a "$OUT/summary.txt"
-        wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS} NO_PROFILE=1 variants "$@" ;;
+  slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: the product op tests with OPTINS and TRY,
+        premake "$@"; build_cuda; build_kernel_tests || exit 1  # then BenchmarkGGUF of each (SLIM_VARIANTS)
+        for v in "$OPTINS" "$TRY"; do
+          log "op tests matmul: $v"
+          env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
+          grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
+        done
+        wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS $TRY} NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile

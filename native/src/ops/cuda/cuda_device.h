@@ -85,6 +85,14 @@ public:
     void *mma_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
+    // A second stream and its events, made at first use, for work that overlaps the ops of stream(): prefill's weight
+    // dequantization (matmul.cu). The stream's work is always joined back into stream() by an event before the op
+    // ends, so the rest of the device still sees one ordered stream.
+    struct SideStream {
+        cudaStream_t s = nullptr;
+        cudaEvent_t start = nullptr, ready[2] = {}, freed[2] = {};
+    };
+    const SideStream &side_stream();
 
     // Activations rounded to int8 per block of 32 for a product on int8 weights (gemv_int8.cu), in the scratch: the
     // quants, their scales and each block's sum of rounded values times its scale.
@@ -150,6 +158,7 @@ private:
     std::string name_;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
+    SideStream side_;
     // A device buffer that only grows; growing waits for the stream, frees the old one and moves scratch_epoch (the
     // captured graphs hold its address).
     struct GrowBuf {

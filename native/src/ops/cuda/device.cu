@@ -76,7 +76,23 @@ CudaDevice::~CudaDevice() {
     for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
+    if (side_.s) {
+        cudaStreamSynchronize(side_.s);
+        for (cudaEvent_t e : {side_.start, side_.ready[0], side_.ready[1], side_.freed[0], side_.freed[1]})
+            if (e) cudaEventDestroy(e);
+        cudaStreamDestroy(side_.s);
+    }
     if (stream_) cudaStreamDestroy(stream_);
+}
+
+const CudaDevice::SideStream &CudaDevice::side_stream() {
+    if (side_.s) return side_;
+    SideStream n;
+    check(cudaStreamCreateWithFlags(&n.s, cudaStreamNonBlocking), "cuda side stream create");
+    for (cudaEvent_t *e : {&n.start, &n.ready[0], &n.ready[1], &n.freed[0], &n.freed[1]})
+        check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cuda side stream event");
+    side_ = n;
+    return side_;
 }
 
 // The device current on this thread, as last set through use(): cudaSetDevice per op is measurable in decode.

@@ -607,6 +607,54 @@ static void check_blas(cublasStatus_t st, const char *op) {
 
 constexpr size_t kDequantChunkBytes = 64u << 20;  // f16 scratch for dequantized weight rows
 
+// Y rows [0, rows) (ldy apart per token) = the f16 weight rows Wh (n_in each) times the T f16 activation rows Xh.
+static void gemm_f16_rows(cublasHandle_t h, const __half *Wh, const void *Xh, int n_in, int64_t rows, int nt, float *Y,
+                          int ldy) {
+    const float one = 1.0f, zero = 0.0f;
+    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, nt, n_in, &one, Wh, CUDA_R_16F, n_in, Xh, CUDA_R_16F,
+                            n_in, &zero, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "matmul (gemm)");
+}
+
+// Whether prefill dequantizes the next chunk of rows on the device's side stream while cuBLAS multiplies this one
+// (DFL_CUDA_DEQUANT_OVERLAP=1, opt-in, not yet run on a GPU): the GEMMs are bound by the tensor cores, the
+// dequantization by memory, so they can share the GPU; done one after the other, every weight's f16 copy is written
+// and read before its product starts (qwen3-8b q8_0: 25 GB of traffic a 512-token forward).
+static bool dequant_overlap_on() {
+    static const bool on = env_switch("DFL_CUDA_DEQUANT_OVERLAP", false);
+    return on;
+}
+
+// Rows of W a dequantized chunk takes: at most kDequantChunkBytes of f16; with the overlap, also at most a quarter of
+// the rows, so that only the first chunk's dequantization is not hidden.
+static int64_t dequant_chunk_rows(const Weight &W, bool overlap) {
+    const int64_t cap = std::max<int64_t>(1, (int64_t)(kDequantChunkBytes / ((size_t)W.n_in * 2)));
+    return std::min<int64_t>(overlap ? std::max<int64_t>(1, (W.n_out + 3) / 4) : W.n_out, cap);
+}
+
+// launch_gemm's quantized path with two f16 chunk buffers (buf, chunk rows each): the side stream dequantizes chunk
+// i + 1 into one while stream() multiplies chunk i from the other. Events order each buffer's reuse (its product done)
+// and each product (its rows ready); the side stream starts after everything before on stream() (the scratch it
+// writes may still be read) and ends before the last product, so the op as a whole is ordered on stream() like any
+// other.
+static void launch_gemm_overlapped(CudaDevice &dev, const Weight &W, const void *Xh, __half *const (&buf)[2],
+                                   int64_t chunk, int64_t T, float *Y) {
+    cudaStream_t s = dev.stream();
+    const CudaDevice::SideStream &side = dev.side_stream();
+    check(cudaEventRecord(side.start, s), "matmul (overlapped gemm): event");
+    check(cudaStreamWaitEvent(side.s, side.start, 0), "matmul (overlapped gemm): wait");
+    for (int64_t i = 0, r0 = 0; r0 < W.n_out; i++, r0 += chunk) {
+        const int b = (int)(i & 1);
+        const int64_t rows = std::min<int64_t>(chunk, W.n_out - r0);
+        if (i >= 2) check(cudaStreamWaitEvent(side.s, side.freed[b], 0), "matmul (overlapped gemm): wait");
+        dequant_rows_f16(side.s, W, r0, rows, buf[b]);
+        check(cudaEventRecord(side.ready[b], side.s), "matmul (overlapped gemm): event");
+        check(cudaStreamWaitEvent(s, side.ready[b], 0), "matmul (overlapped gemm): wait");
+        gemm_f16_rows(dev.blas(), buf[b], Xh, (int)W.n_in, rows, (int)T, Y + r0, (int)W.n_out);
+        check(cudaEventRecord(side.freed[b], s), "matmul (overlapped gemm): event");
+    }
+}
+
 // Column-major view for cuBLAS: Y^T [n_out x T] = W [n_in x n_out]^T * X^T [n_in x T].
 static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     cudaStream_t s = dev.stream();
@@ -623,10 +671,12 @@ static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_
     const cudaDataType dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const bool direct = W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16;
     const size_t x_bytes = round256((size_t)T * n_in * 2);
-    int64_t chunk = direct ? 0 : std::max<int64_t>(1, std::min<int64_t>(n_out, (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2))));
-    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (size_t)chunk * n_in * 2);
+    const bool overlap = !direct && dequant_overlap_on();
+    const int64_t chunk = direct ? 0 : dequant_chunk_rows(W, overlap);
+    const size_t buf_bytes = round256((size_t)chunk * n_in * 2);
+    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (overlap ? 2 : 1) * buf_bytes);
     void *Xh = scr;
-    __half *Wh = (__half *)(scr + x_bytes);
+    __half *const Wh[2] = {(__half *)(scr + x_bytes), (__half *)(scr + x_bytes + buf_bytes)};
     const int64_t nx = T * (int64_t)n_in;
     f32_to_16bit_kernel<<<grid_for(nx, 256), 256, 0, s>>>(X, nx, Xh, bf16);
     check_launch("matmul (convert X)");
@@ -636,13 +686,14 @@ static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_
                    "matmul (gemm)");
         return;
     }
+    if (overlap) {
+        launch_gemm_overlapped(dev, W, Xh, Wh, chunk, T, Y);
+        return;
+    }
     for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
         const int64_t rows = std::min<int64_t>(chunk, n_out - r0);
-        dequant_rows_f16(s, W, r0, rows, Wh);
-        check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, nt, n_in, &one, Wh, CUDA_R_16F, n_in, Xh,
-                                CUDA_R_16F, n_in, &zero, Y + r0, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT),
-                   "matmul (gemm)");
+        dequant_rows_f16(s, W, r0, rows, Wh[0]);
+        gemm_f16_rows(h, Wh[0], Xh, n_in, rows, nt, Y + r0, n_out);
     }
 }
 
