@@ -374,8 +374,8 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
-    const int8_t *qs = (const int8_t *)W.packed;
-    const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    const int8_t *qs = q8p_quants(W);
+    const uint16_t *dw = q8p_scales(W);
     if (T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens()) {
         launch_q8p_mma(dev, W, xq, xs, T, Y);
         return;
@@ -472,8 +472,8 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
     // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
-    const int8_t *qs = (const int8_t *)stack.packed;
-    const uint16_t *dw = (const uint16_t *)(stack.packed + (size_t)(stack.n_out * n_in));
+    const int8_t *qs = q8p_quants(stack);
+    const uint16_t *dw = q8p_scales(stack);
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");

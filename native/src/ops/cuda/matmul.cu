@@ -586,12 +586,10 @@ static bool dequant_fast_on() {
 
 // Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
 static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
-    if (dequant_fast_on() && W.packed && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0) {
-        const int8_t *qs = (const int8_t *)W.packed;
-        const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
-        dequant_q8p_f16_kernel<<<grid_for(rows * W.n_in / 16, 256), 256, 0, s>>>(qs, dw, W.n_in, r0, rows, out);
-    } else if (dequant_fast_on() && W.type == DFL_TYPE_Q4_K && W.n_in % QK_K == 0 && W.row_bytes % 16 == 0 &&
-               ((uintptr_t)W.data & 15) == 0) {
+    if (dequant_fast_on() && q8p_ok(W)) {
+        dequant_q8p_f16_kernel<<<grid_for(rows * W.n_in / 16, 256), 256, 0, s>>>(q8p_quants(W), q8p_scales(W), W.n_in,
+                                                                                r0, rows, out);
+    } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
         dequant_q4k_f16_kernel<<<grid_for(rows * (W.n_in / QK_K) * 4, 256), 256, 0, s>>>(W.data, W.row_bytes, W.n_in,
                                                                                        r0, rows, out);
     } else {

@@ -1,6 +1,8 @@
-// What the int8 tensor-core product kernels (mma_int8.cu, mma_q6k.cu) share: the block's warp count and the store of
-// its warps' sums.
+// What the int8 tensor-core product kernels (mma_int8.cu, mma_q6k.cu) share: the block's warp count, the store of its
+// warps' sums, and the choice of tiles.
 #pragma once
+
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 
@@ -35,6 +37,30 @@ __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], 
             if (row < n_out && tok < T) Y[tok * n_out + row] = v;
         }
     }
+}
+
+// launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
+template <int MT, int N, typename Launch>
+void launch_nt8(int nt8, dim3 grid, Launch &launch) {
+    if constexpr (N > 1) {
+        if (nt8 < N) {
+            launch_nt8<MT, N - 1>(nt8, grid, launch);
+            return;
+        }
+    }
+    launch(grid, std::integral_constant<int, MT>{}, std::integral_constant<int, N>{});
+}
+
+// An mma kernel's tiling for T tokens and n_out rows: 8-token tiles; 32 rows per warp (MT = 2: half the activation
+// loads a weight byte) for up to TwoMaxNT8 tiles where n_out / 32 reaches two_min_blocks; else 16 rows, up to
+// OneMaxNT8 tiles.
+template <int TwoMaxNT8, int OneMaxNT8, typename Launch>
+void dispatch_mma_tiles(int64_t n_out, int64_t T, int64_t two_min_blocks, Launch &launch) {
+    const int nt8 = (int)((T + 7) / 8);
+    if (nt8 <= TwoMaxNT8 && n_out / 32 >= two_min_blocks)
+        launch_nt8<2, TwoMaxNT8>(nt8, dim3((unsigned)((n_out + 31) / 32)), launch);
+    else
+        launch_nt8<1, OneMaxNT8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
 }
 
 }  // namespace cuda

@@ -441,28 +441,11 @@ int64_t q4k_mma_min_tokens() {
     return n;
 }
 
-// launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
-template <int MT, int N, typename Launch>
-static void launch_nt8(int nt8, dim3 grid, Launch &launch) {
-    if constexpr (N > 1) {
-        if (nt8 < N) {
-            launch_nt8<MT, N - 1>(nt8, grid, launch);
-            return;
-        }
-    }
-    launch(grid, std::integral_constant<int, MT>{}, std::integral_constant<int, N>{});
-}
-
-// Picks an mma kernel's tiling for T tokens and n_out rows: 8-token tiles; 32 rows per warp (MT = 2: half the
-// activation loads a weight byte) for up to TwoMaxNT8 tiles, where the blocks of 32 rows (one per SM: the kernels use
-// most registers) nearly fill the GPU; else 16 rows.
+// Picks an mma kernel's tiling for T tokens and n_out rows (dispatch_mma_tiles): 32-row tiles up to TwoMaxNT8 where
+// they nearly fill the GPU (the blocks of 32 rows, one per SM: the kernels use most registers).
 template <int TwoMaxNT8, typename Launch>
 static void dispatch_mma(CudaDevice &dev, int64_t n_out, int64_t T, Launch &&launch) {
-    const int nt8 = (int)((T + 7) / 8);
-    if (nt8 <= TwoMaxNT8 && n_out / 32 >= dev.sm_count() * 3 / 4)
-        launch_nt8<2, TwoMaxNT8>(nt8, dim3((unsigned)((n_out + 31) / 32)), launch);
-    else
-        launch_nt8<1, 8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
+    dispatch_mma_tiles<TwoMaxNT8, 8>(n_out, T, dev.sm_count() * 3 / 4, launch);
 }
 
 // Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
@@ -484,17 +467,13 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw,
                          W.n_in, W.n_out, x.xq, x.xs, T, Y);
     };
-    const int nt8 = (int)((T + 7) / 8);
-    if (nt8 <= 4 && W.n_out / 32 >= dev.sm_count() * 3 / 4)
-        launch_nt8<2, 4>(nt8, dim3((unsigned)((W.n_out + 31) / 32)), launch);
-    else
-        launch_nt8<1, 4>(nt8, dim3((unsigned)((W.n_out + 15) / 16)), launch);
+    dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
-    const int8_t *qs = (const int8_t *)W.packed;
-    const uint16_t *dw = (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
+    const int8_t *qs = q8p_quants(W);
+    const uint16_t *dw = q8p_scales(W);
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
     if (q8p_pipe_on() && x.T8 && T <= 32 && W.n_in % (kPipeGroup * 32) == 0) {
         launch_q8p_pipe(dev, W, qs, dw, x, T, Y);

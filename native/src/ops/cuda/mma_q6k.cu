@@ -307,18 +307,6 @@ bool q6k_mma_ok(const Weight &W) {
            W.row_bytes == (uint64_t)(W.n_in / QK_K) * kQ6_KBytes && q6k_copy_bytes(W) != 0;
 }
 
-// launch(grid, MT, NT8) with the smallest NT8 in 1..N that covers nt8, as std::integral_constant.
-template <int MT, int N, typename Launch>
-static void q6_launch_nt8(int nt8, dim3 grid, Launch &launch) {
-    if constexpr (N > 1) {
-        if (nt8 < N) {
-            q6_launch_nt8<MT, N - 1>(nt8, grid, launch);
-            return;
-        }
-    }
-    launch(grid, std::integral_constant<int, MT>{}, std::integral_constant<int, N>{});
-}
-
 // T tokens of quantized rows (xq, xs) into Y (rows of n_out): the activations in fragment order, then the product.
 // 32-row tiles (each activation load serves 32 rows) up to 32 tokens where their blocks nearly fill the GPU at two an
 // SM (from 6336 rows on 132 SMs: the 4096-row products take 16-row tiles, 256 blocks, where 32-row ones would leave
@@ -343,11 +331,7 @@ static void q6k_mma_pass(CudaDevice &dev, const Weight &W, const int8_t *xq, con
         launch_maybe_pdl(true, gemv_q6k_mma_kernel<MT, NT8>, grid, dim3(kQ6Warps * 32), smem, s, W.data, W.row_bytes,
                          W.n_in, W.n_out, (const int8_t *)fq, (const float *)fs, T, T8, cb, Y);
     };
-    const int nt8 = (int)((T + 7) / 8);
-    if (nt8 <= 4 && W.n_out / 32 >= dev.sm_count() * 3 / 2)
-        q6_launch_nt8<2, 4>(nt8, dim3((unsigned)((W.n_out + 31) / 32)), launch);
-    else
-        q6_launch_nt8<1, kQ6MaxNT8>(nt8, dim3((unsigned)((W.n_out + 15) / 16)), launch);
+    dispatch_mma_tiles<4, kQ6MaxNT8>(W.n_out, T, dev.sm_count() * 3 / 2, launch);
     check_launch("matmul (q6_K int8 mma)");
 }
 
