@@ -34,6 +34,8 @@
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
 #   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS and TRY, then
 #                                            BenchmarkGGUF of each model with the defaults, OPTINS and TRY
+#   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul op tests and device replays with the defaults,
+#                                            then BenchmarkGGUF/pp (512 and 4096 tokens) of each model with VARIANTS
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -353,11 +355,10 @@ step_ncu() {
 # one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=0: the tensor-core q8_0 products on the
 # register kernel instead of the one staged through shared memory; DFL_CUDA_Q6K_MMA=0: q6_K of 2..64 tokens on the dp4a
 # and f16 kernels instead of int8 tensor cores; DFL_CUDA_DEQUANT_FAST=0: prefill dequantizes element by element.
-# DFL_CUDA_DEQUANT_OVERLAP=1: prefill dequantizes the next chunk of rows on a second stream while cuBLAS multiplies.
 # OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
-TRY=${TRY:-DFL_CUDA_DEQUANT_OVERLAP=1}
+TRY=${TRY:-}  # none now: DFL_CUDA_DEQUANT_OVERLAP lost (12-03 23:06) and was deleted
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2}
 
@@ -389,7 +390,7 @@ kernel_tests() {
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
-           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" "$TRY matmul"; do
+           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" ${TRY:+"$TRY matmul"}; do
     set -- $v
     local flags=$1; shift
     log "op tests $*: $flags"
@@ -423,7 +424,7 @@ variants() {  # MODEL... (the modes give the default pair)
       log "ours: $m, $v"
       (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
         DFLASH_BENCH_PROMPTS=${BENCH_PROMPTS:-512} DFLASH_BENCH_VERIFY=16 \
-        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-variants.txt" |
+        "$stage/bin/engine.test" -test.run '^$' -test.bench "${BENCH_FILTER:-GGUF}" -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-variants.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
     [ -z "${NO_PROFILE:-}" ] || continue
@@ -444,7 +445,7 @@ quick_checks() {
   "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
   local v
-  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2 "$TRY"; do
+  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2 ${TRY:+"$TRY"}; do
     log "op tests matmul: $v"
     env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
     grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
@@ -486,12 +487,19 @@ case $mode in
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
   slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: the product op tests with OPTINS and TRY,
         premake "$@"; build_cuda; build_kernel_tests || exit 1  # then BenchmarkGGUF of each (SLIM_VARIANTS)
-        for v in "$OPTINS" "$TRY"; do
+        for v in "$OPTINS" ${TRY:+"$TRY"}; do
           log "op tests matmul: $v"
           env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
           grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
         done
         wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS $TRY} NO_PROFILE=1 variants "$@" ;;
+  prefill) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a prefill change: the matmul op tests and the device
+           premake "$@"; build_cuda; build_kernel_tests || exit 1    # replays with the defaults, then pp512 and pp4096
+           log "op tests matmul: defaults"                          # of each model with VARIANTS
+           "$kernel_test_bin" matmul >"$OUT/ops-defaults.txt" 2>&1
+           grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+           FLAG_REPLAY= flag_replay; wait "${premake_pids[@]}"
+           BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile

@@ -93,8 +93,8 @@ HParams qwen_hparams(const dfl_model_params &p) {
 
 namespace {
 
-// Batches of up to this many tokens use the fused projections (decode, verify blocks); larger ones (prefill) run the
-// parts one by one and need no split copies.
+// Batches of up to this many tokens multiply the fused projections into one buffer and copy the parts out (decode,
+// verify blocks); larger ones (prefill) have each part's rows written to its own output (Device::matmul_parts).
 constexpr int64_t kFusedMaxTokens = 64;
 // Most tokens of one sequence in a step replayed from a device graph (a DFlash block is 16, a DDTree up to ~24), and
 // most hidden-state capture layers (their ids go into the graph key, 8 bits each after 8 bits of flags).
@@ -212,11 +212,16 @@ Weight QwenModel::fuse(const std::vector<Weight *> &parts) {
 std::vector<float *> QwenModel::project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
                                         const float *x, int64_t T) {
     std::vector<float *> where;
-    if (fused.empty() || T > kFusedMaxTokens) {
+    if (fused.empty()) {
         for (const auto &o : outs) {
             dev_->matmul(*o.first, x, T, o.second);
             where.push_back(o.second);
         }
+        return where;
+    }
+    if (T > kFusedMaxTokens) {  // one product whose parts write their own outputs: the split copies need no room
+        dev_->matmul_parts(fused, outs, x, T);
+        for (const auto &o : outs) where.push_back(o.second);
         return where;
     }
     float *y = acts_.fused.f();

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common.h"
 
@@ -410,6 +412,14 @@ public:
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;
     // Y[t][o] = sum_i W[o][i] X[t][i], t < T.
     virtual void matmul(const Weight &W, const float *X, int64_t T, float *Y) = 0;
+    // W's rows are parts laid side by side (q|k|v, gate|up: see copies_weights), each part's rows (parts[i].first,
+    // in order) multiplied into its own output (parts[i].second). The default multiplies each part alone; a device may
+    // read X and W once for all of them.
+    virtual void matmul_parts(const Weight &W, const std::vector<std::pair<const Weight *, float *>> &parts,
+                              const float *X, int64_t T) {
+        (void)W;
+        for (const auto &p : parts) matmul(*p.first, X, T, p.second);
+    }
     // y = x * rsqrt(mean(x^2) + eps) * w per row (w may be null); y may alias x.
     virtual void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
     // x += d; y = rmsnorm(x) * w, per row.

@@ -163,6 +163,49 @@ void test_matmul_embed() {
                         Y, 1.5e-2);
         }
     }
+    // Matrices of parts laid side by side (q|k|v, gate|up), each part's rows into its own output (matmul_parts): T =
+    // 17 the parts one by one, 65 and 130 one cuBLAS product; 10000 x 4096 rows dequantize in two chunks, the first
+    // ending inside the second part. q8_0 with and without its repacked copy.
+    struct PartsCase {
+        uint32_t type;
+        bool repack;
+    };
+    for (const PartsCase &pcase : {PartsCase{DFL_TYPE_F32, false}, PartsCase{DFL_TYPE_F16, false},
+                                   PartsCase{DFL_TYPE_Q8_0, false}, PartsCase{DFL_TYPE_Q8_0, true},
+                                   PartsCase{DFL_TYPE_Q4_K, false}, PartsCase{DFL_TYPE_Q6_K, false}}) {
+        const uint32_t type = pcase.type;
+        const bool repack = pcase.repack, big = repack;
+        const int64_t n_in = big ? 4096 : 512;
+        const std::vector<int64_t> rows = big ? std::vector<int64_t>{5000, 5000} : std::vector<int64_t>{300, 64, 70};
+        int64_t n_out = 0;
+        for (int64_t n : rows) n_out += n;
+        DualWeight W(type, n_out, n_in, r);
+        Weight wg = W.wg;
+        if (repack) g_gpu->prepare_weight(wg);
+        for (int64_t T : {int64_t(17), int64_t(65), int64_t(130)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            std::vector<Weight> pc, pg;
+            std::vector<std::unique_ptr<Dual>> Y;
+            int64_t r0 = 0;
+            for (int64_t n : rows) {
+                pc.push_back(W.wc.rows(r0, n));
+                pg.push_back(wg.rows(r0, n));
+                Y.push_back(std::make_unique<Dual>((size_t)(T * n) * 4));
+                r0 += n;
+            }
+            std::vector<std::pair<const Weight *, float *>> parts;
+            for (size_t i = 0; i < rows.size(); i++) {
+                g_cpu->matmul(pc[i], X.cp(), T, Y[i]->cp());
+                parts.emplace_back(&pg[i], Y[i]->gp());
+            }
+            g_gpu->matmul_parts(wg, parts, X.gp(), T);
+            for (size_t i = 0; i < rows.size(); i++)
+                compare(std::string("matmul_parts ") + tname(type) + (repack ? " repacked " : " ") +
+                            std::to_string(n_out) + "x" + std::to_string(n_in) + " part " + std::to_string(i) +
+                            " T=" + std::to_string(T),
+                        *Y[i], matmul_bound(type, T));
+        }
+    }
     // A norm, an add+norm or a SwiGLU followed at once by a product of its output. Unless DFL_CUDA_FUSE_QUANT=0 the
     // product takes the int8 activations the op before it wrote (CudaDevice::stage_quant), the bytes its own
     // quantizer would write; an op in between (here a zero of another buffer) makes it quantize for itself.

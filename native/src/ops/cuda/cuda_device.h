@@ -33,6 +33,8 @@ public:
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override;
     void matmul(const Weight &W, const float *X, int64_t T, float *Y) override;
+    void matmul_parts(const Weight &W, const std::vector<std::pair<const Weight *, float *>> &parts, const float *X,
+                      int64_t T) override;
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
     void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
     void add(float *x, const float *d, int64_t count) override;
@@ -85,14 +87,6 @@ public:
     void *mma_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
-    // A second stream and its events, made at first use, for work that overlaps the ops of stream(): prefill's weight
-    // dequantization (matmul.cu). The stream's work is always joined back into stream() by an event before the op
-    // ends, so the rest of the device still sees one ordered stream.
-    struct SideStream {
-        cudaStream_t s = nullptr;
-        cudaEvent_t start = nullptr, ready[2] = {}, freed[2] = {};
-    };
-    const SideStream &side_stream();
 
     // Activations rounded to int8 per block of 32 for a product on int8 weights (gemv_int8.cu), in the scratch: the
     // quants, their scales and each block's sum of rounded values times its scale.
@@ -126,6 +120,9 @@ public:
     };
 
 private:
+    // A product op: the staging spent with it, the op timed.
+    template <class Launch>
+    void product(const Weight &W, int64_t T, Launch launch);
     void use() const;  // makes this device current for the calling thread; counts device calls (calls_)
     void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
@@ -158,7 +155,6 @@ private:
     std::string name_;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t blas_ = nullptr;
-    SideStream side_;
     // A device buffer that only grows; growing waits for the stream, frees the old one and moves scratch_epoch (the
     // captured graphs hold its address).
     struct GrowBuf {
@@ -184,6 +180,16 @@ private:
 // Kernel launchers, one per op, defined in the op-family files (matmul.cu, norm.cu, misc.cu, attention.cu, gdn.cu).
 void launch_embed(cudaStream_t s, const Weight &W, const int32_t *tokens, int64_t T, float *out);
 void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
+// Where rows of a product go: rows [r0, r0 + rows) of W into y, T rows ldy apart.
+struct GemmOut {
+    int64_t r0, rows;
+    float *y;
+    int64_t ldy;
+};
+// A matrix of parts laid side by side (q|k|v, gate|up) in one cuBLAS product, each part's rows into its own output:
+// for T tokens where gemm_takes_parts(T), the path launch_matmul takes for each part alone.
+bool gemm_takes_parts(int64_t T);
+void launch_matmul_parts(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs);
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
                     const CudaDevice::QuantX &q = {});
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,

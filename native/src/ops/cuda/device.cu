@@ -76,23 +76,7 @@ CudaDevice::~CudaDevice() {
     for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
-    if (side_.s) {
-        cudaStreamSynchronize(side_.s);
-        for (cudaEvent_t e : {side_.start, side_.ready[0], side_.ready[1], side_.freed[0], side_.freed[1]})
-            if (e) cudaEventDestroy(e);
-        cudaStreamDestroy(side_.s);
-    }
     if (stream_) cudaStreamDestroy(stream_);
-}
-
-const CudaDevice::SideStream &CudaDevice::side_stream() {
-    if (side_.s) return side_;
-    SideStream n;
-    check(cudaStreamCreateWithFlags(&n.s, cudaStreamNonBlocking), "cuda side stream create");
-    for (cudaEvent_t *e : {&n.start, &n.ready[0], &n.ready[1], &n.freed[0], &n.freed[1]})
-        check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cuda side stream event");
-    side_ = n;
-    return side_;
 }
 
 // The device current on this thread, as last set through use(): cudaSetDevice per op is measurable in decode.
@@ -412,7 +396,8 @@ bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
     return ok;
 }
 
-void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
+template <class Launch>
+void CudaDevice::product(const Weight &W, int64_t T, Launch launch) {
     staged_open_ = staged_.x != nullptr && staged_.call == calls_;  // no device call since the op that staged
     struct Close {  // whatever happens in the product, the staging is spent with it
         CudaDevice &d;
@@ -423,7 +408,29 @@ void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
     } close{*this};
     use();
     OpTimer t(*this, "matmul", &W, T);
-    launch_matmul(*this, W, X, T, Y);
+    launch();
+}
+
+void CudaDevice::matmul(const Weight &W, const float *X, int64_t T, float *Y) {
+    product(W, T, [&] { launch_matmul(*this, W, X, T, Y); });
+}
+
+void CudaDevice::matmul_parts(const Weight &W, const std::vector<std::pair<const Weight *, float *>> &parts,
+                              const float *X, int64_t T) {
+    // DFL_CUDA_GEMM_PARTS=0: each part multiplied alone, as before matmul_parts (for comparisons in one run)
+    static const bool on = env_switch("DFL_CUDA_GEMM_PARTS", true);
+    if (!on || !gemm_takes_parts(T)) {
+        Device::matmul_parts(W, parts, X, T);
+        return;
+    }
+    std::vector<GemmOut> outs;
+    int64_t r0 = 0;
+    for (const auto &p : parts) {
+        outs.push_back(GemmOut{r0, p.first->n_out, p.second, p.first->n_out});
+        r0 += p.first->n_out;
+    }
+    if (r0 != W.n_out) fail(DFL_ERR_INTERNAL, "matmul_parts: the parts' rows do not add up to the matrix's");
+    product(W, T, [&] { launch_matmul_parts(*this, W, X, T, outs); });
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {

@@ -523,43 +523,58 @@ __global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_
 // the kernel above): the per-element kernel reads a byte at a time through load_elem's type switch, and prefill
 // dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward). H200, 12-03 22:12, one
 // call: pp512 qwen3-8b q8_0 11,502 -> 12,664 tok/s, q4_K 9,720 -> 10,415.
-// q8_0: a thread per 16-byte word of quants, times its block's scale.
-__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t r0, int64_t rows,
-                                       __half *out) {
-    const int64_t nw = n_in / 16, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * nw) return;
-    const int64_t r = i / nw, w = i % nw;
-    const int4 q = __ldg((const int4 *)(qs + (r0 + r) * n_in) + w);
-    const float d = half_bits_to_f32(__ldg(dw + (r0 + r) * (n_in / 32) + w / 2));
-    const int words[4] = {q.x, q.y, q.z, q.w};
-    uint4 h[2];
-    uint32_t *hw = (uint32_t *)h;
+// Both read the chunk's rows as one run of blocks: the repacked q8_0 quants and scales, and q4_K rows of whole
+// super-blocks, are contiguous from row to row, so a thread finds its block without dividing by the row length.
+// q8_0: a thread per block of 32 quants (two 16-byte words) times its scale; kDequantPer blocks a thread, all loaded
+// before any is converted.
+constexpr int kDequantPer = 2;
+
+__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_blocks, __half *out) {
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
+    int4 q[kDequantPer][2];
+    float d[kDequantPer];
 #pragma unroll
-    for (int k = 0; k < 8; k++) {
-        const int v = words[k / 2] >> (16 * (k % 2));
-        const __half2 p = __floats2half2_rn(d * (float)(int8_t)(v & 0xFF), d * (float)(int8_t)((v >> 8) & 0xFF));
-        hw[k] = *(const uint32_t *)&p;
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t b = first + (int64_t)k * blockDim.x;
+        if (b >= n_blocks) continue;
+        q[k][0] = __ldg((const int4 *)(qs + 32 * b));
+        q[k][1] = __ldg((const int4 *)(qs + 32 * b) + 1);
+        d[k] = half_bits_to_f32(__ldg(dw + b));
     }
-    uint4 *o = (uint4 *)(out + r * n_in) + 2 * w;
-    o[0] = h[0];
-    o[1] = h[1];
+#pragma unroll
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t b = first + (int64_t)k * blockDim.x;
+        if (b >= n_blocks) continue;
+        const int words[8] = {q[k][0].x, q[k][0].y, q[k][0].z, q[k][0].w, q[k][1].x, q[k][1].y, q[k][1].z, q[k][1].w};
+        uint4 h[4];
+        uint32_t *hw = (uint32_t *)h;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int v = words[j / 2] >> (16 * (j % 2));
+            const __half2 p =
+                __floats2half2_rn(d[k] * (float)(int8_t)(v & 0xFF), d[k] * (float)(int8_t)((v >> 8) & 0xFF));
+            hw[j] = *(const uint32_t *)&p;
+        }
+        uint4 *o = (uint4 *)(out + 32 * b);
+#pragma unroll
+        for (int j = 0; j < 4; j++) o[j] = h[j];
+    }
 }
 
 // q4_K: a thread per 32-byte quant chunk j of a super-block, whose low nibbles are sub-block 2j and high ones 2j + 1.
-__global__ void dequant_q4k_f16_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t r0, int64_t rows,
-                                       __half *out) {
-    const int64_t nsb = n_in / QK_K, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * nsb * 4) return;
-    const int64_t r = i / (nsb * 4), sb = (i / 4) % nsb;
+__global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_sblocks, __half *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_sblocks * 4) return;
+    const int64_t sb = i / 4;
     const int j = (int)(i % 4);
-    const uint8_t *blk = W + (uint64_t)(r0 + r) * row_bytes + (uint64_t)sb * kQ4_KBytes;
+    const uint8_t *blk = W + (uint64_t)sb * kQ4_KBytes;
     const uint4 hdr = __ldg((const uint4 *)blk);
+    const uint4 qa = __ldg((const uint4 *)(blk + 16 + 32 * j)), qb = __ldg((const uint4 *)(blk + 32 + 32 * j));
     int sc1, m1, sc2, m2;
     q4k_scale_min_hdr(hdr, 2 * j, sc1, m1);
     q4k_scale_min_hdr(hdr, 2 * j + 1, sc2, m2);
     const float d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
     const float d1 = d * (float)sc1, n1 = dmin * (float)m1, d2 = d * (float)sc2, n2 = dmin * (float)m2;
-    const uint4 qa = __ldg((const uint4 *)(blk + 16 + 32 * j)), qb = __ldg((const uint4 *)(blk + 32 + 32 * j));
     const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
     uint4 lo[4], hi[4];
     uint32_t *lw = (uint32_t *)lo, *hw = (uint32_t *)hi;
@@ -571,7 +586,7 @@ __global__ void dequant_q4k_f16_kernel(const uint8_t *W, uint64_t row_bytes, int
         lw[k] = *(const uint32_t *)&a;
         hw[k] = *(const uint32_t *)&b;
     }
-    uint4 *o = (uint4 *)(out + r * n_in + sb * QK_K + 64 * j);
+    uint4 *o = (uint4 *)(out + sb * QK_K + 64 * j);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         o[k] = lo[k];
@@ -587,11 +602,12 @@ static bool dequant_fast_on() {
 // Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
 static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
     if (dequant_fast_on() && q8p_ok(W)) {
-        dequant_q8p_f16_kernel<<<grid_for(rows * W.n_in / 16, 256), 256, 0, s>>>(q8p_quants(W), q8p_scales(W), W.n_in,
-                                                                                r0, rows, out);
+        const int64_t nb = W.n_in / 32, n = rows * nb;
+        dequant_q8p_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(
+            q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * nb, n, out);
     } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
-        dequant_q4k_f16_kernel<<<grid_for(rows * (W.n_in / QK_K) * 4, 256), 256, 0, s>>>(W.data, W.row_bytes, W.n_in,
-                                                                                       r0, rows, out);
+        const int64_t n = rows * (W.n_in / QK_K);
+        dequant_q4k_f16_kernel<<<grid_for(n * 4, 256), 256, 0, s>>>(W.row(r0), n, out);
     } else {
         dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, r0, out);
     }
@@ -605,94 +621,75 @@ static void check_blas(cublasStatus_t st, const char *op) {
 
 constexpr size_t kDequantChunkBytes = 64u << 20;  // f16 scratch for dequantized weight rows
 
-// Y rows [0, rows) (ldy apart per token) = the f16 weight rows Wh (n_in each) times the T f16 activation rows Xh.
-static void gemm_f16_rows(cublasHandle_t h, const __half *Wh, const void *Xh, int n_in, int64_t rows, int nt, float *Y,
-                          int ldy) {
+// Y rows [0, rows) (ldy apart per token) = the 16-bit weight rows Wh (n_in each, ldw apart) times the T activation rows
+// Xh of the same type.
+static void gemm_16bit_rows(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDataType dt, const void *Xh, int64_t n_in,
+                            int64_t rows, int64_t T, float *Y, int64_t ldy) {
     const float one = 1.0f, zero = 0.0f;
-    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, nt, n_in, &one, Wh, CUDA_R_16F, n_in, Xh, CUDA_R_16F,
-                            n_in, &zero, Y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)n_in, &one, Wh, dt, (int)ldw, Xh, dt,
+                            (int)n_in, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "matmul (gemm)");
 }
 
-// Whether prefill dequantizes the next chunk of rows on the device's side stream while cuBLAS multiplies this one
-// (DFL_CUDA_DEQUANT_OVERLAP=1, opt-in, not yet run on a GPU): the GEMMs are bound by the tensor cores, the
-// dequantization by memory, so they can share the GPU; done one after the other, every weight's f16 copy is written
-// and read before its product starts (qwen3-8b q8_0: 25 GB of traffic a 512-token forward).
-static bool dequant_overlap_on() {
-    static const bool on = env_switch("DFL_CUDA_DEQUANT_OVERLAP", false);
-    return on;
-}
-
-// Rows of W a dequantized chunk takes: at most kDequantChunkBytes of f16; with the overlap, also at most a quarter of
-// the rows, so that only the first chunk's dequantization is not hidden.
-static int64_t dequant_chunk_rows(const Weight &W, bool overlap) {
-    const int64_t cap = std::max<int64_t>(1, (int64_t)(kDequantChunkBytes / ((size_t)W.n_in * 2)));
-    return std::min<int64_t>(overlap ? std::max<int64_t>(1, (W.n_out + 3) / 4) : W.n_out, cap);
-}
-
-// launch_gemm's quantized path with two f16 chunk buffers (buf, chunk rows each): the side stream dequantizes chunk
-// i + 1 into one while stream() multiplies chunk i from the other. Events order each buffer's reuse (its product done)
-// and each product (its rows ready); the side stream starts after everything before on stream() (the scratch it
-// writes may still be read) and ends before the last product, so the op as a whole is ordered on stream() like any
-// other.
-static void launch_gemm_overlapped(CudaDevice &dev, const Weight &W, const void *Xh, __half *const (&buf)[2],
-                                   int64_t chunk, int64_t T, float *Y) {
-    cudaStream_t s = dev.stream();
-    const CudaDevice::SideStream &side = dev.side_stream();
-    check(cudaEventRecord(side.start, s), "matmul (overlapped gemm): event");
-    check(cudaStreamWaitEvent(side.s, side.start, 0), "matmul (overlapped gemm): wait");
-    for (int64_t i = 0, r0 = 0; r0 < W.n_out; i++, r0 += chunk) {
-        const int b = (int)(i & 1);
-        const int64_t rows = std::min<int64_t>(chunk, W.n_out - r0);
-        if (i >= 2) check(cudaStreamWaitEvent(side.s, side.freed[b], 0), "matmul (overlapped gemm): wait");
-        dequant_rows_f16(side.s, W, r0, rows, buf[b]);
-        check(cudaEventRecord(side.ready[b], side.s), "matmul (overlapped gemm): event");
-        check(cudaStreamWaitEvent(s, side.ready[b], 0), "matmul (overlapped gemm): wait");
-        gemm_f16_rows(dev.blas(), buf[b], Xh, (int)W.n_in, rows, (int)T, Y + r0, (int)W.n_out);
-        check(cudaEventRecord(side.freed[b], s), "matmul (overlapped gemm): event");
+// The products of the 16-bit rows [base, base + rows) of W (at Wh, ldw elements apart) with Xh, each row into the
+// output that holds it.
+static void gemm_into_outs(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDataType dt, int64_t base, int64_t rows,
+                           const void *Xh, int64_t n_in, int64_t T, const std::vector<GemmOut> &outs) {
+    for (const GemmOut &o : outs) {
+        const int64_t lo = std::max(base, o.r0), hi = std::min(base + rows, o.r0 + o.rows);
+        if (lo >= hi) continue;
+        const void *w = (const uint8_t *)Wh + (size_t)(lo - base) * (size_t)ldw * 2;
+        gemm_16bit_rows(h, w, ldw, dt, Xh, n_in, hi - lo, T, o.y + (lo - o.r0), o.ldy);
     }
 }
 
-// Column-major view for cuBLAS: Y^T [n_out x T] = W [n_in x n_out]^T * X^T [n_in x T].
-static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+// Column-major view for cuBLAS: Y^T [n_out x T] = W [n_in x n_out]^T * X^T [n_in x T], W's rows into the outputs
+// that hold them. X is converted to 16 bits once for all of them; quantized rows are dequantized chunk by chunk, each
+// chunk once whatever outputs it spans (q|k|v and gate|up of a prefill: one product each).
+static void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs) {
     cudaStream_t s = dev.stream();
     cublasHandle_t h = dev.blas();
-    const int n_in = (int)W.n_in, n_out = (int)W.n_out, nt = (int)T;
-    const float one = 1.0f, zero = 0.0f;
+    const int64_t n_in = W.n_in, n_out = W.n_out;
     if (W.type == DFL_TYPE_F32) {
-        check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, nt, n_in, &one, (const float *)W.data,
-                               (int)(W.row_bytes / 4), X, n_in, &zero, Y, n_out),
-                   "matmul (sgemm)");
+        const float one = 1.0f, zero = 0.0f;
+        for (const GemmOut &o : outs)
+            check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)o.rows, (int)T, (int)n_in, &one,
+                                   (const float *)W.row(o.r0), (int)(W.row_bytes / 4), X, (int)n_in, &zero, o.y,
+                                   (int)o.ldy),
+                       "matmul (sgemm)");
         return;
     }
     const bool bf16 = W.type == DFL_TYPE_BF16;
     const cudaDataType dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const bool direct = W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16;
-    const size_t x_bytes = round256((size_t)T * n_in * 2);
-    const bool overlap = !direct && dequant_overlap_on();
-    const int64_t chunk = direct ? 0 : dequant_chunk_rows(W, overlap);
-    const size_t buf_bytes = round256((size_t)chunk * n_in * 2);
-    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (overlap ? 2 : 1) * buf_bytes);
+    const size_t x_bytes = round256((size_t)(T * n_in) * 2);
+    const int64_t chunk =
+        direct ? 0 : std::max<int64_t>(1, std::min<int64_t>(n_out, (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2))));
+    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (size_t)(chunk * n_in) * 2);
     void *Xh = scr;
-    __half *const Wh[2] = {(__half *)(scr + x_bytes), (__half *)(scr + x_bytes + buf_bytes)};
-    const int64_t nx = T * (int64_t)n_in;
+    __half *Wh = (__half *)(scr + x_bytes);
+    const int64_t nx = T * n_in;
     f32_to_16bit_kernel<<<grid_for(nx, 256), 256, 0, s>>>(X, nx, Xh, bf16);
     check_launch("matmul (convert X)");
     if (direct) {
-        check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, nt, n_in, &one, W.data, dt, (int)(W.row_bytes / 2),
-                                Xh, dt, n_in, &zero, Y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                   "matmul (gemm)");
-        return;
-    }
-    if (overlap) {
-        launch_gemm_overlapped(dev, W, Xh, Wh, chunk, T, Y);
+        gemm_into_outs(h, W.data, (int64_t)(W.row_bytes / 2), dt, 0, n_out, Xh, n_in, T, outs);
         return;
     }
     for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
         const int64_t rows = std::min<int64_t>(chunk, n_out - r0);
-        dequant_rows_f16(s, W, r0, rows, Wh[0]);
-        gemm_f16_rows(h, Wh[0], Xh, n_in, rows, nt, Y + r0, n_out);
+        dequant_rows_f16(s, W, r0, rows, Wh);
+        gemm_into_outs(h, Wh, n_in, CUDA_R_16F, r0, rows, Xh, n_in, T, outs);
     }
+}
+
+// Whether launch_matmul would take cuBLAS for T tokens of every part of a matrix laid side by side (a part has no
+// packed layout of its own, so no int8 kernel takes it beyond 64 tokens).
+bool gemm_takes_parts(int64_t T) {
+    return T > std::max({kMmqMaxTokens, kGemvChunkedMaxTokens, i8_mma_max_tokens()});
+}
+
+void launch_matmul_parts(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs) {
+    launch_gemm(dev, W, X, T, outs);
 }
 
 void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
@@ -752,7 +749,7 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
             launch_gemv(dev.stream(), W, X + t0 * W.n_in, std::min(kGemvMaxTokens, T - t0), Y + t0 * W.n_out);
         return;
     }
-    launch_gemm(dev, W, X, T, Y);
+    launch_gemm(dev, W, X, T, {GemmOut{0, W.n_out, Y, W.n_out}});
 }
 
 }  // namespace cuda
