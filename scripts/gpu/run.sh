@@ -34,8 +34,9 @@
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
 #   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS and TRY, then
 #                                            BenchmarkGGUF of each model with the defaults, OPTINS and TRY
-#   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul op tests and device replays with the defaults,
-#                                            then BenchmarkGGUF/pp (512 and 4096 tokens) of each model with VARIANTS
+#   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
+#                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
+#                                            tokens) of each model with VARIANTS
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -451,6 +452,10 @@ quick_checks() {
     grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
   done
   FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $TRY" flag_replay
+  spec_greedy
+}
+
+spec_greedy() {
   log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
   (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
     timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
@@ -493,12 +498,12 @@ case $mode in
           grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
         done
         wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS $TRY} NO_PROFILE=1 variants "$@" ;;
-  prefill) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a prefill change: the matmul op tests and the device
-           premake "$@"; build_cuda; build_kernel_tests || exit 1    # replays with the defaults, then pp512 and pp4096
-           log "op tests matmul: defaults"                          # of each model with VARIANTS
-           "$kernel_test_bin" matmul >"$OUT/ops-defaults.txt" 2>&1
+  prefill) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a prefill change: op tests, device replays and
+           premake "$@"; build_cuda; build_kernel_tests || exit 1    # speculative greedy with the defaults, then pp512 and pp4096
+           log "op tests matmul attention: defaults"                # of each model with VARIANTS
+           "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
            grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
-           FLAG_REPLAY= flag_replay; wait "${premake_pids[@]}"
+           FLAG_REPLAY= flag_replay; spec_greedy; wait "${premake_pids[@]}"
            BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;

@@ -573,6 +573,9 @@ void test_attention_gemm_path(Rng &r) {
     // of query rows, the second with the causal column limit of a single entry
     Batch chunked({{1300, 20, 0, false}}, 16, r);
     run_attention_case({32, 8, 64, 64, false}, DFL_TYPE_F16, DFL_TYPE_F16, chunked, r);
+    // 700 columns: the softmax's warp kernel at its widest (up to 1024 columns a row in registers)
+    Batch wide({{700, 0, 0, false}}, 16, r);
+    run_attention_case({32, 8, 64, 64, false}, DFL_TYPE_F16, DFL_TYPE_F16, wide, r);
 }
 
 void test_attention() {

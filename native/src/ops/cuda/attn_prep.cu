@@ -48,7 +48,21 @@ constexpr int kPrepPerThread = 4;  // head_dim <= 4 x kPrepThreads
 // The norm weights and RoPE frequencies are constant: each thread loads its own before the wait for the product
 // before (launch_chain), where reading them after the reduction cost the one-block-per-head kernel a memory round
 // trip (ncu: 4.9 us a call alone, 36 a qwen3-8b decode step).
-__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot, int head_off) {
+// Batches of at least this many tokens (prefill) take their RoPE cosines and sines from a table made once per call
+// (rope_table_kernel): every head of a token rotates by the same angles, and the double-precision cos and sin cost
+// qwen3-8b 35 us a layer of a 512-token prefill when each of the 40 heads' blocks computed them (ncu, 12-03 23:06).
+constexpr int64_t kRopeTableMinTokens = 64;
+
+// cs[t * half + i] = (cos, sin) of pos[t] * inv_freq[i], in double as attn_prep_kernel computes them.
+__global__ void rope_table_kernel(const int32_t *pos, const float *inv_freq, int half, int64_t T, float2 *cs) {
+    const int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= T * half) return;
+    const float ang = (float)pos[k / half] * inv_freq[k % half];
+    cs[k] = make_float2((float)cos((double)ang), (float)sin((double)ang));
+}
+
+__global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *kv_slot, int head_off,
+                                 const float2 *cs) {
     pdl_trigger();  // small grids: what follows may launch at once and wait (launch_chain)
     extern __shared__ float xs[];  // [head_dim]
     __shared__ float red[32];
@@ -87,9 +101,15 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
     for (int k = 0; k < kPrepPerThread; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         if (i >= half) break;
-        const float ang = p * fr[k];
-        // double cos/sin of the f32 angle as the CPU does: positions reach 1e5+ rad, where the fast intrinsics drift
-        const float c = (float)cos((double)ang), s = (float)sin((double)ang);
+        float c, s;
+        if (cs) {
+            const float2 v = cs[t * half + i];
+            c = v.x, s = v.y;
+        } else {
+            const float ang = p * fr[k];
+            // double cos/sin of the f32 angle as the CPU does: positions reach 1e5+ rad, where the fast intrinsics drift
+            c = (float)cos((double)ang), s = (float)sin((double)ang);
+        }
         const float x0 = xs[i], x1 = xs[i + half];
         xs[i] = x0 * c - x1 * s;
         xs[i + half] = x1 * c + x0 * s;
@@ -113,7 +133,8 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
     store_cache_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
 }
 
-void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
+void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a) {
+    cudaStream_t s = dev.stream();
     if (m.T <= 0) return;
     if (a.kv.head_dim > kPrepPerThread * kPrepThreads)
         fail(DFL_ERR_UNSUPPORTED, "attn_prep: head_dim " + std::to_string(a.kv.head_dim) + " above " +
@@ -124,8 +145,15 @@ void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a) {
     // without qf only the key heads run: blocks y = 0..n_kv-1 map to heads n_head.. (see head_off)
     const int n_q = a.qf ? a.n_head : 0;
     const dim3 grid((unsigned)m.T, (unsigned)(n_q + a.kv.n_kv));
+    float2 *cs = nullptr;
+    const int half = a.rope_dim / 2;
+    if (m.T >= kRopeTableMinTokens && half > 0) {
+        cs = (float2 *)dev.scratch((size_t)(m.T * half) * sizeof(float2));
+        rope_table_kernel<<<grid_for(m.T * half, 256), 256, 0, s>>>(m.pos, a.inv_freq, half, m.T, cs);
+        check_launch("attn_prep (rope table)");
+    }
     launch_chain(attn_prep_kernel, grid, dim3(kPrepThreads), (size_t)a.kv.head_dim * sizeof(float), s, a, m.pos,
-                 m.kv_slot, (int)(a.n_head - n_q));
+                 m.kv_slot, (int)(a.n_head - n_q), (const float2 *)cs);
     check_launch("attn_prep");
 }
 

@@ -203,7 +203,7 @@ void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, 
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
-void launch_attn_prep(cudaStream_t s, const BatchMeta &m, const AttnPrep &a);
+void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
 // launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.

@@ -493,7 +493,7 @@ void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int
 }
 
 void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
-    op("attn_prep", [&] { launch_attn_prep(stream_, m, a); });
+    op("attn_prep", [&] { launch_attn_prep(*this, m, a); });
 }
 
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {

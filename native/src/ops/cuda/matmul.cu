@@ -525,39 +525,38 @@ __global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_
 // call: pp512 qwen3-8b q8_0 11,502 -> 12,664 tok/s, q4_K 9,720 -> 10,415.
 // Both read the chunk's rows as one run of blocks: the repacked q8_0 quants and scales, and q4_K rows of whole
 // super-blocks, are contiguous from row to row, so a thread finds its block without dividing by the row length.
-// q8_0: a thread per block of 32 quants (two 16-byte words) times its scale; kDequantPer blocks a thread, all loaded
-// before any is converted.
+// q8_0: a thread per 16-byte word of quants (a warp's loads one contiguous run) times its block's scale; kDequantPer
+// words a thread, all loaded before any is converted.
 constexpr int kDequantPer = 2;
 
-__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_blocks, __half *out) {
+__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_words, __half *out) {
     const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
-    int4 q[kDequantPer][2];
+    int4 q[kDequantPer];
     float d[kDequantPer];
 #pragma unroll
     for (int k = 0; k < kDequantPer; k++) {
-        const int64_t b = first + (int64_t)k * blockDim.x;
-        if (b >= n_blocks) continue;
-        q[k][0] = __ldg((const int4 *)(qs + 32 * b));
-        q[k][1] = __ldg((const int4 *)(qs + 32 * b) + 1);
-        d[k] = half_bits_to_f32(__ldg(dw + b));
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        q[k] = __ldg((const int4 *)qs + w);
+        d[k] = half_bits_to_f32(__ldg(dw + w / 2));
     }
 #pragma unroll
     for (int k = 0; k < kDequantPer; k++) {
-        const int64_t b = first + (int64_t)k * blockDim.x;
-        if (b >= n_blocks) continue;
-        const int words[8] = {q[k][0].x, q[k][0].y, q[k][0].z, q[k][0].w, q[k][1].x, q[k][1].y, q[k][1].z, q[k][1].w};
-        uint4 h[4];
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const int words[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+        uint4 h[2];
         uint32_t *hw = (uint32_t *)h;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
+        for (int j = 0; j < 8; j++) {
             const int v = words[j / 2] >> (16 * (j % 2));
             const __half2 p =
                 __floats2half2_rn(d[k] * (float)(int8_t)(v & 0xFF), d[k] * (float)(int8_t)((v >> 8) & 0xFF));
             hw[j] = *(const uint32_t *)&p;
         }
-        uint4 *o = (uint4 *)(out + 32 * b);
-#pragma unroll
-        for (int j = 0; j < 4; j++) o[j] = h[j];
+        uint4 *o = (uint4 *)(out + 16 * w);
+        o[0] = h[0];
+        o[1] = h[1];
     }
 }
 
@@ -602,9 +601,9 @@ static bool dequant_fast_on() {
 // Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
 static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
     if (dequant_fast_on() && q8p_ok(W)) {
-        const int64_t nb = W.n_in / 32, n = rows * nb;
+        const int64_t n = rows * W.n_in / 16;
         dequant_q8p_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(
-            q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * nb, n, out);
+            q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * (W.n_in / 32), n, out);
     } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
         const int64_t n = rows * (W.n_in / QK_K);
         dequant_q4k_f16_kernel<<<grid_for(n * 4, 256), 256, 0, s>>>(W.row(r0), n, out);
