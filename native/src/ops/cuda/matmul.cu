@@ -560,36 +560,42 @@ __global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int
     }
 }
 
-// q4_K: a thread per 32-byte quant chunk j of a super-block, whose low nibbles are sub-block 2j and high ones 2j + 1.
-__global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_sblocks, __half *out) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_sblocks * 4) return;
-    const int64_t sb = i / 4;
-    const int j = (int)(i % 4);
-    const uint8_t *blk = W + (uint64_t)sb * kQ4_KBytes;
-    const uint4 hdr = __ldg((const uint4 *)blk);
-    const uint4 qa = __ldg((const uint4 *)(blk + 16 + 32 * j)), qb = __ldg((const uint4 *)(blk + 32 + 32 * j));
-    int sc1, m1, sc2, m2;
-    q4k_scale_min_hdr(hdr, 2 * j, sc1, m1);
-    q4k_scale_min_hdr(hdr, 2 * j + 1, sc2, m2);
-    const float d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
-    const float d1 = d * (float)sc1, n1 = dmin * (float)m1, d2 = d * (float)sc2, n2 = dmin * (float)m2;
-    const uint32_t q[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    uint4 lo[4], hi[4];
-    uint32_t *lw = (uint32_t *)lo, *hw = (uint32_t *)hi;
+// q4_K: a thread per 8 elements of a sub-block (one 16-byte output word, so a warp's stores are one contiguous run and
+// a warp covers one super-block), from the low or high nibbles of 8 quant bytes; kDequantPer words a thread. A thread
+// per 32-byte quant chunk, writing 128 contiguous bytes, left pp512 of qwen3-8b q4_K at 12,988 tok/s against q8_0's
+// 16,022 (12-03 23:41), though it reads less.
+__global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_words, __half *out) {
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
+    uint4 hdr[kDequantPer];
+    uint2 q[kDequantPer];
 #pragma unroll
-    for (int k = 0; k < 16; k++) {  // bytes 2k, 2k + 1
-        const uint32_t v = q[k / 2] >> (16 * (k % 2));
-        const __half2 a = __floats2half2_rn(d1 * (float)(v & 0xF) - n1, d1 * (float)((v >> 8) & 0xF) - n1);
-        const __half2 b = __floats2half2_rn(d2 * (float)((v >> 4) & 0xF) - n2, d2 * (float)((v >> 12) & 0xF) - n2);
-        lw[k] = *(const uint32_t *)&a;
-        hw[k] = *(const uint32_t *)&b;
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const uint8_t *blk = W + (uint64_t)(w / 32) * kQ4_KBytes;
+        const int wi = (int)(w % 32), sub = wi / 4;
+        hdr[k] = __ldg((const uint4 *)blk);
+        q[k] = __ldg((const uint2 *)(blk + 16 + 32 * (sub / 2) + 8 * (wi % 4)));
     }
-    uint4 *o = (uint4 *)(out + sb * QK_K + 64 * j);
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        o[k] = lo[k];
-        o[4 + k] = hi[k];
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const int sub = (int)(w % 32) / 4, shift = 4 * (sub % 2);
+        int sc, m;
+        q4k_scale_min_hdr(hdr[k], sub, sc, m);
+        const float d = half_bits_to_f32((uint16_t)(hdr[k].x & 0xFFFF)) * (float)sc,
+                    mn = half_bits_to_f32((uint16_t)(hdr[k].x >> 16)) * (float)m;
+        const uint32_t b[2] = {q[k].x >> shift, q[k].y >> shift};
+        uint4 h;
+        uint32_t *hw = (uint32_t *)&h;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {  // elements 2j, 2j + 1: bytes 2j, 2j + 1
+            const uint32_t v = b[j / 2] >> (16 * (j % 2));
+            const __half2 p = __floats2half2_rn(d * (float)(v & 0xF) - mn, d * (float)((v >> 8) & 0xF) - mn);
+            hw[j] = *(const uint32_t *)&p;
+        }
+        *((uint4 *)out + w) = h;
     }
 }
 
@@ -605,8 +611,8 @@ static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_
         dequant_q8p_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(
             q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * (W.n_in / 32), n, out);
     } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
-        const int64_t n = rows * (W.n_in / QK_K);
-        dequant_q4k_f16_kernel<<<grid_for(n * 4, 256), 256, 0, s>>>(W.row(r0), n, out);
+        const int64_t n = rows * W.n_in / 8;
+        dequant_q4k_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(W.row(r0), n, out);
     } else {
         dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, r0, out);
     }
