@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/device.h"
+#include "rand_rows.h"
 #include "test.h"
 
 namespace dfltest {
@@ -35,6 +36,9 @@ inline const char *tname(uint32_t t) {
     default: return "?";
     }
 }
+
+// The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
+void test_matmul_embed();
 
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
 void bench_attention();
@@ -76,6 +80,20 @@ struct Dual {
         std::vector<T> v(bytes / sizeof(T));
         (gpu ? g_gpu : g_cpu)->to_host(v.data(), (gpu ? g : c).get(), bytes);
         return v;
+    }
+};
+
+// A random weight of `type` (rand_rows.h) uploaded to both devices: wc on the CPU, wg on the GPU.
+struct DualWeight {
+    std::vector<uint8_t> host;
+    dfl::Weight wc, wg;
+    DualWeight(uint32_t type, int64_t n_out, int64_t n_in, Rng &r) : host(rand_rows(type, n_out, n_in, r)) {
+        wc.type = wg.type = type;
+        wc.n_in = wg.n_in = n_in;
+        wc.n_out = wg.n_out = n_out;
+        wc.row_bytes = wg.row_bytes = type_row_bytes(type, n_in);
+        wc.data = g_cpu->upload_weight(host.data(), host.size(), true);
+        wg.data = g_gpu->upload_weight(host.data(), host.size(), true);
     }
 };
 

@@ -88,11 +88,6 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &c) {
     return p.total() <= kGemmAttnMaxScratch;
 }
 
-static void check_blas(cublasStatus_t st, const char *op) {
-    if (st != CUBLAS_STATUS_SUCCESS)
-        fail(DFL_ERR_INTERNAL, std::string(op) + ": cuBLAS status " + std::to_string((int)st));
-}
-
 // Block (position p, entry e): K and V rows of every KV head at position p of the entry, dequantized to f16.
 __global__ void gather_kv_f16_kernel(KVLayer kv, const int32_t *len0, const int32_t *ns, const int32_t *block_table,
                                      int max_blocks, int64_t cols, __half *k16, __half *v16) {

@@ -186,10 +186,14 @@ struct GemmOut {
     float *y;
     int64_t ldy;
 };
-// A matrix of parts laid side by side (q|k|v, gate|up) in one cuBLAS product, each part's rows into its own output:
-// for T tokens where gemm_takes_parts(T), the path launch_matmul takes for each part alone.
+// Whether launch_matmul takes cuBLAS (launch_gemm) for T tokens of a matrix without a packed layout: then a matrix of
+// parts laid side by side (q|k|v, gate|up) can be one cuBLAS product, each part's rows into its own output.
 bool gemm_takes_parts(int64_t T);
-void launch_matmul_parts(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs);
+// The cuBLAS product of T tokens (gemm.cu), W's rows into the outputs that hold them (one GemmOut covering all rows for
+// a plain product, one per part for matmul_parts).
+void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs);
+// A cuBLAS call's status as the op's error (gemm.cu).
+void check_blas(cublasStatus_t st, const char *op);
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
                     const CudaDevice::QuantX &q = {});
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,

@@ -430,7 +430,7 @@ void CudaDevice::matmul_parts(const Weight &W, const std::vector<std::pair<const
         r0 += p.first->n_out;
     }
     if (r0 != W.n_out) fail(DFL_ERR_INTERNAL, "matmul_parts: the parts' rows do not add up to the matrix's");
-    product(W, T, [&] { launch_matmul_parts(*this, W, X, T, outs); });
+    product(W, T, [&] { launch_gemm(*this, W, X, T, outs); });
 }
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {

@@ -1,0 +1,203 @@
+// Products of more than 64 tokens (prefill) on tensor cores through cuBLAS, for launch_matmul and matmul_parts.
+// f16/bf16 weights are used as they are; quantized weights are dequantized to f16 in chunks of rows in the device
+// scratch (repacked q8_0 and q4_K by 16-byte words, others element by element); X is converted to the weight's
+// 16-bit type once per product; f32 accumulation and output. f32 weights go through SGEMM (no TF32), exact to f32
+// rounding.
+#include <algorithm>
+#include <string>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfl {
+namespace cuda {
+
+
+__global__ void f32_to_16bit_kernel(const float *x, int64_t n, void *out, bool bf16) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        if (bf16)
+            ((uint16_t *)out)[i] = f32_to_bf16_bits(x[i]);
+        else
+            ((__half *)out)[i] = __float2half_rn(x[i]);
+    }
+}
+
+// Rows [r0, r0 + gridDim.x) of W dequantized to f16, one block per row.
+__global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t r0,
+                                        __half *out) {
+    const int64_t r = blockIdx.x;
+    const uint8_t *row = W + (uint64_t)(r0 + r) * row_bytes;
+    __half *o = out + r * n_in;
+    for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = __float2half_rn(load_elem(type, row, i));
+}
+
+// The same for q8_0 repacked at load (prepare_weight) and q4_K, with 16-byte loads and stores (DFL_CUDA_DEQUANT_FAST=0:
+// the kernel above): the per-element kernel reads a byte at a time through load_elem's type switch, and prefill
+// dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward). H200, 12-03 22:12, one
+// call: pp512 qwen3-8b q8_0 11,502 -> 12,664 tok/s, q4_K 9,720 -> 10,415.
+// Both read the chunk's rows as one run of blocks: the repacked q8_0 quants and scales, and q4_K rows of whole
+// super-blocks, are contiguous from row to row, so a thread finds its block without dividing by the row length.
+// q8_0: a thread per 16-byte word of quants (a warp's loads one contiguous run) times its block's scale; kDequantPer
+// words a thread, all loaded before any is converted.
+constexpr int kDequantPer = 2;
+
+__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_words, __half *out) {
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
+    int4 q[kDequantPer];
+    float d[kDequantPer];
+#pragma unroll
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        q[k] = __ldg((const int4 *)qs + w);
+        d[k] = half_bits_to_f32(__ldg(dw + w / 2));
+    }
+#pragma unroll
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const int words[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+        uint4 h[2];
+        uint32_t *hw = (uint32_t *)h;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int v = words[j / 2] >> (16 * (j % 2));
+            const __half2 p =
+                __floats2half2_rn(d[k] * (float)(int8_t)(v & 0xFF), d[k] * (float)(int8_t)((v >> 8) & 0xFF));
+            hw[j] = *(const uint32_t *)&p;
+        }
+        uint4 *o = (uint4 *)(out + 16 * w);
+        o[0] = h[0];
+        o[1] = h[1];
+    }
+}
+
+// q4_K: a thread per 8 elements of a sub-block (one 16-byte output word, so a warp's stores are one contiguous run and
+// a warp covers one super-block), from the low or high nibbles of 8 quant bytes; kDequantPer words a thread. A thread
+// per 32-byte quant chunk, writing 128 contiguous bytes, left pp512 of qwen3-8b q4_K at 12,988 tok/s against q8_0's
+// 16,022 (12-03 23:41), though it reads less.
+__global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_words, __half *out) {
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
+    uint4 hdr[kDequantPer];
+    uint2 q[kDequantPer];
+#pragma unroll
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const uint8_t *blk = W + (uint64_t)(w / 32) * kQ4_KBytes;
+        const int wi = (int)(w % 32), sub = wi / 4;
+        hdr[k] = __ldg((const uint4 *)blk);
+        q[k] = __ldg((const uint2 *)(blk + 16 + 32 * (sub / 2) + 8 * (wi % 4)));
+    }
+#pragma unroll
+    for (int k = 0; k < kDequantPer; k++) {
+        const int64_t w = first + (int64_t)k * blockDim.x;
+        if (w >= n_words) continue;
+        const int sub = (int)(w % 32) / 4, shift = 4 * (sub % 2);
+        int sc, m;
+        q4k_scale_min_hdr(hdr[k], sub, sc, m);
+        const float d = half_bits_to_f32((uint16_t)(hdr[k].x & 0xFFFF)) * (float)sc,
+                    mn = half_bits_to_f32((uint16_t)(hdr[k].x >> 16)) * (float)m;
+        const uint32_t b[2] = {q[k].x >> shift, q[k].y >> shift};
+        uint4 h;
+        uint32_t *hw = (uint32_t *)&h;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {  // elements 2j, 2j + 1: bytes 2j, 2j + 1
+            const uint32_t v = b[j / 2] >> (16 * (j % 2));
+            const __half2 p = __floats2half2_rn(d * (float)(v & 0xF) - mn, d * (float)((v >> 8) & 0xF) - mn);
+            hw[j] = *(const uint32_t *)&p;
+        }
+        *((uint4 *)out + w) = h;
+    }
+}
+
+static bool dequant_fast_on() {
+    static const bool on = env_switch("DFL_CUDA_DEQUANT_FAST", true);
+    return on;
+}
+
+// Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
+static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
+    if (dequant_fast_on() && q8p_ok(W)) {
+        const int64_t n = rows * W.n_in / 16;
+        dequant_q8p_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(
+            q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * (W.n_in / 32), n, out);
+    } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
+        const int64_t n = rows * W.n_in / 8;
+        dequant_q4k_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(W.row(r0), n, out);
+    } else {
+        dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, r0, out);
+    }
+    check_launch("matmul (dequantize)");
+}
+
+void check_blas(cublasStatus_t st, const char *op) {
+    if (st != CUBLAS_STATUS_SUCCESS) fail(DFL_ERR_INTERNAL, std::string(op) + ": cuBLAS status " + std::to_string((int)st));
+}
+
+
+constexpr size_t kDequantChunkBytes = 64u << 20;  // f16 scratch for dequantized weight rows
+
+// Y rows [0, rows) (ldy apart per token) = the 16-bit weight rows Wh (n_in each, ldw apart) times the T activation rows
+// Xh of the same type.
+static void gemm_16bit_rows(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDataType dt, const void *Xh, int64_t n_in,
+                            int64_t rows, int64_t T, float *Y, int64_t ldy) {
+    const float one = 1.0f, zero = 0.0f;
+    check_blas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)T, (int)n_in, &one, Wh, dt, (int)ldw, Xh, dt,
+                            (int)n_in, &zero, Y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "matmul (gemm)");
+}
+
+// The products of the 16-bit rows [base, base + rows) of W (at Wh, ldw elements apart) with Xh, each row into the
+// output that holds it.
+static void gemm_into_outs(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDataType dt, int64_t base, int64_t rows,
+                           const void *Xh, int64_t n_in, int64_t T, const std::vector<GemmOut> &outs) {
+    for (const GemmOut &o : outs) {
+        const int64_t lo = std::max(base, o.r0), hi = std::min(base + rows, o.r0 + o.rows);
+        if (lo >= hi) continue;
+        const void *w = (const uint8_t *)Wh + (size_t)(lo - base) * (size_t)ldw * 2;
+        gemm_16bit_rows(h, w, ldw, dt, Xh, n_in, hi - lo, T, o.y + (lo - o.r0), o.ldy);
+    }
+}
+
+// Column-major view for cuBLAS: Y^T [n_out x T] = W [n_in x n_out]^T * X^T [n_in x T], W's rows into the outputs
+// that hold them. X is converted to 16 bits once for all of them; quantized rows are dequantized chunk by chunk, each
+// chunk once whatever outputs it spans (q|k|v and gate|up of a prefill: one product each).
+void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs) {
+    cudaStream_t s = dev.stream();
+    cublasHandle_t h = dev.blas();
+    const int64_t n_in = W.n_in, n_out = W.n_out;
+    if (W.type == DFL_TYPE_F32) {
+        const float one = 1.0f, zero = 0.0f;
+        for (const GemmOut &o : outs)
+            check_blas(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)o.rows, (int)T, (int)n_in, &one,
+                                   (const float *)W.row(o.r0), (int)(W.row_bytes / 4), X, (int)n_in, &zero, o.y,
+                                   (int)o.ldy),
+                       "matmul (sgemm)");
+        return;
+    }
+    const bool bf16 = W.type == DFL_TYPE_BF16;
+    const cudaDataType dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    const bool direct = W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16;
+    const size_t x_bytes = round256((size_t)(T * n_in) * 2);
+    const int64_t chunk =
+        direct ? 0 : std::max<int64_t>(1, std::min<int64_t>(n_out, (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2))));
+    uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (size_t)(chunk * n_in) * 2);
+    void *Xh = scr;
+    __half *Wh = (__half *)(scr + x_bytes);
+    const int64_t nx = T * n_in;
+    f32_to_16bit_kernel<<<grid_for(nx, 256), 256, 0, s>>>(X, nx, Xh, bf16);
+    check_launch("matmul (convert X)");
+    if (direct) {
+        gemm_into_outs(h, W.data, (int64_t)(W.row_bytes / 2), dt, 0, n_out, Xh, n_in, T, outs);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < n_out; r0 += chunk) {
+        const int64_t rows = std::min<int64_t>(chunk, n_out - r0);
+        dequant_rows_f16(s, W, r0, rows, Wh);
+        gemm_into_outs(h, Wh, n_in, CUDA_R_16F, r0, rows, Xh, n_in, T, outs);
+    }
+}
+
+}  // namespace cuda
+}  // namespace dfl

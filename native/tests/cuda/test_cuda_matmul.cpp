@@ -1,0 +1,238 @@
+// The CUDA device against the CPU device on products and embedding lookups: every weight type, the token counts of
+// each kernel's paths (the GEMV, the int8 and f16 tensor-core kernels, cuBLAS), the repacked q8_0 copy, matrices of
+// parts (matmul_parts), and the products that take the op before's int8 activations. Bounds as test_cuda_ops.cpp's
+// header says.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "cuda_test.h"
+#include "ops/device.h"
+#include "rand_rows.h"
+#include "test.h"
+
+namespace dfltest {
+
+using namespace dfl;
+
+namespace {
+
+double matmul_bound(uint32_t type, int64_t T) {
+    // q4_K products that round the activations to int8 per block of 32 (as the repacked q8_0 path does: 1.5e-2 of the
+    // output's norm): 2..64 tokens on int8 tensor cores (unless DFL_CUDA_I8_MMA=0), and up to 8 with the int8 GEMV
+    // (unless DFL_CUDA_Q4K_I8=0)
+    const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
+    const bool mma_on = !(mma && std::strcmp(mma, "0") == 0), i8_on = !(i8 && std::strcmp(i8, "0") == 0);
+    if (type == DFL_TYPE_Q4_K && T >= 2 && T <= 64 && mma_on) return 1.5e-2;
+    if (type == DFL_TYPE_Q4_K && T <= 8 && i8_on) return 1.5e-2;
+    // q6_K products of up to 8 tokens on int8 activations too (unless DFL_CUDA_Q6K_I8=0)
+    const char *q6 = std::getenv("DFL_CUDA_Q6K_I8");
+    if (type == DFL_TYPE_Q6_K && T <= 8 && !(q6 && std::strcmp(q6, "0") == 0)) return 1.5e-2;
+    // and 2..64 on int8 tensor cores (unless DFL_CUDA_Q6K_MMA=0)
+    const char *q6m = std::getenv("DFL_CUDA_Q6K_MMA");
+    if (type == DFL_TYPE_Q6_K && T >= 2 && T <= 64 && mma_on && !(q6m && std::strcmp(q6m, "0") == 0)) return 1.5e-2;
+    if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
+    return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
+}
+
+// One product of W (n_out x n_in, as in the file) on T random rows, the GPU against the CPU.
+void check_matmul(const DualWeight &W, uint32_t type, int64_t n_out, int64_t n_in, int64_t T, Rng &r) {
+    Dual X(rand_vec(r, (size_t)(T * n_in)));
+    Dual Y((size_t)(T * n_out) * 4);
+    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+    g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+    compare(std::string("matmul ") + tname(type) + " " + std::to_string(n_out) + "x" + std::to_string(n_in) +
+                " T=" + std::to_string(T),
+            Y, matmul_bound(type, T));
+}
+
+}  // namespace
+
+void test_matmul_embed() {
+    const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
+    // 2..64: the tensor-core kernel with 1..4 token fragments of 16 (5, 17, 33: partial fragments); 65, 130: cuBLAS
+    const int64_t Ts[] = {1, 2, 3, 5, 8, 16, 17, 33, 64, 65, 130};
+    struct Shape {
+        int64_t n_in, n_out;
+    };
+    // n_out below 1024, 2048 and above: 4, 2 and 1 warps per output row in the GEMV; n_out not a multiple of the
+    // tensor-core kernel's 64-row tile; n_in 2048 / 4096 with few row tiles: K split over 2 / 4 blocks (and at T = 1
+    // the q8_0 GEMV's two 64-block chunks of a row go to two of its four warps)
+    const Shape shapes[] = {{256, 33}, {512, 7}, {1024, 300}, {256, 1500}, {512, 2100}, {2048, 300}, {4096, 700}};
+    Rng r(1);
+    for (uint32_t type : types) {
+        for (const Shape &s : shapes) {
+            DualWeight W(type, s.n_out, s.n_in, r);
+            for (int64_t T : Ts) check_matmul(W, type, s.n_out, s.n_in, T, r);
+            std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3, 5, 0};
+            Dual tk(tok);
+            Dual E(tok.size() * (size_t)s.n_in * 4);
+            g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
+            g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
+            compare(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
+        }
+    }
+    // a large shape: 65 row tiles, the last of one row, and K split 4 ways; enough rows for the tensor-core kernels'
+    // 32-row tiles (q4_K at 32 tokens with DFL_CUDA_Q4K_MT2_32=1)
+    for (uint32_t type : types) {
+        DualWeight W(type, 4097, 4096, r);
+        for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(32), int64_t(64)})
+            check_matmul(W, type, 4097, 4096, T, r);
+    }
+    // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
+    // of 16 bytes)
+    for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
+        for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
+            DualWeight W(type, s.n_out, s.n_in, r);
+            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
+        }
+    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV, 2..8 the dp4a rows kernel; 9..64
+    // tokens int8 tensor cores (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out
+    // / 32 reaches the SM count (4500 rows: a partial last pair of tiles): 9, 16, 17, 32 the staged kernel's 1..4 tiles
+    // of 8 tokens (inputs a multiple of 256; 288 inputs the register kernel), 33 and 64 the register kernel's 5 and 8
+    // tiles; 130: cuBLAS on the repacked rows dequantized. Activations rounded to int8 per block of 32 (relative 1/254
+    // of the block's largest value per element, random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the
+    // long rows of the down projections.
+    for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
+                           Shape{12288, 300}, Shape{17408, 70}}) {
+        DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
+        Weight wp = W.wg;
+        g_gpu->prepare_weight(wp);
+        CHECK(wp.packed != nullptr);
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(32),
+                          int64_t(33), int64_t(64), int64_t(130)}) {
+            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+            Dual Y((size_t)(T * s.n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wp, X.gp(), T, Y.gp());
+            compare(std::string("matmul q8_0 repacked ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
+                            " T=" + std::to_string(T),
+                        Y, 1.5e-2);
+        }
+    }
+    // Matrices of parts laid side by side (q|k|v, gate|up), each part's rows into its own output (matmul_parts): T =
+    // 17 the parts one by one, 65 and 130 one cuBLAS product; 10000 x 4096 rows dequantize in two chunks, the first
+    // ending inside the second part. q8_0 with and without its repacked copy.
+    struct PartsCase {
+        uint32_t type;
+        bool repack;
+    };
+    for (const PartsCase &pcase : {PartsCase{DFL_TYPE_F32, false}, PartsCase{DFL_TYPE_F16, false},
+                                   PartsCase{DFL_TYPE_Q8_0, false}, PartsCase{DFL_TYPE_Q8_0, true},
+                                   PartsCase{DFL_TYPE_Q4_K, false}, PartsCase{DFL_TYPE_Q6_K, false}}) {
+        const uint32_t type = pcase.type;
+        const bool repack = pcase.repack, big = repack;
+        const int64_t n_in = big ? 4096 : 512;
+        const std::vector<int64_t> rows = big ? std::vector<int64_t>{5000, 5000} : std::vector<int64_t>{300, 64, 70};
+        int64_t n_out = 0;
+        for (int64_t n : rows) n_out += n;
+        DualWeight W(type, n_out, n_in, r);
+        Weight wg = W.wg;
+        if (repack) g_gpu->prepare_weight(wg);
+        for (int64_t T : {int64_t(17), int64_t(65), int64_t(130)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            std::vector<Weight> pc, pg;
+            std::vector<std::unique_ptr<Dual>> Y;
+            int64_t r0 = 0;
+            for (int64_t n : rows) {
+                pc.push_back(W.wc.rows(r0, n));
+                pg.push_back(wg.rows(r0, n));
+                Y.push_back(std::make_unique<Dual>((size_t)(T * n) * 4));
+                r0 += n;
+            }
+            std::vector<std::pair<const Weight *, float *>> parts;
+            for (size_t i = 0; i < rows.size(); i++) {
+                g_cpu->matmul(pc[i], X.cp(), T, Y[i]->cp());
+                parts.emplace_back(&pg[i], Y[i]->gp());
+            }
+            g_gpu->matmul_parts(wg, parts, X.gp(), T);
+            for (size_t i = 0; i < rows.size(); i++)
+                compare(std::string("matmul_parts ") + tname(type) + (repack ? " repacked " : " ") +
+                            std::to_string(n_out) + "x" + std::to_string(n_in) + " part " + std::to_string(i) +
+                            " T=" + std::to_string(T),
+                        *Y[i], matmul_bound(type, T));
+        }
+    }
+    // A norm, an add+norm or a SwiGLU followed at once by a product of its output. Unless DFL_CUDA_FUSE_QUANT=0 the
+    // product takes the int8 activations the op before it wrote (CudaDevice::stage_quant), the bytes its own
+    // quantizer would write; an op in between (here a zero of another buffer) makes it quantize for itself.
+    {
+        DualWeight W8(DFL_TYPE_Q8_0, 700, 4096, r), W4(DFL_TYPE_Q4_K, 300, 4096, r);
+        Weight w8 = W8.wg;
+        g_gpu->prepare_weight(w8);
+        Dual other(64);
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(17)}) {
+            for (int kind = 0; kind < 4; kind++) {
+                const bool q4 = kind == 2;
+                const DualWeight &W = q4 ? W4 : W8;
+                const Weight &wg = q4 ? W4.wg : w8;
+                Dual x(rand_vec(r, (size_t)(T * 4096))), d(rand_vec(r, (size_t)(T * 4096))), w(rand_vec(r, 4096));
+                Dual xn((size_t)(T * 4096) * 4), Y((size_t)(T * W.wc.n_out) * 4);
+                for (bool gpu : {false, true}) {
+                    Device *dev = gpu ? g_gpu : g_cpu;
+                    float *in = xn.p(gpu);
+                    switch (kind) {
+                    case 0: dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
+                    case 1: dev->add_rmsnorm(x.p(gpu), d.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
+                    case 2: dev->swiglu(x.p(gpu), d.p(gpu), T * 4096), in = x.p(gpu); break;
+                    default:
+                        dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f);
+                        dev->zero(other.p(gpu), 64);
+                    }
+                    dev->matmul(gpu ? wg : W.wc, in, T, Y.p(gpu));
+                }
+                static const char *names[] = {"rmsnorm", "add_rmsnorm", "swiglu", "rmsnorm, zero,"};
+                compare(std::string(names[kind]) + " then matmul " + (q4 ? "q4_K" : "q8_0 repacked") + " T=" +
+                            std::to_string(T),
+                        Y, 1.5e-2);
+            }
+        }
+    }
+    // n_in not a multiple of the 256-wide K tile (q8_0 9 blocks, f16/bf16 264): the last tile is partial, and q8_0
+    // rows of 306 bytes start at every even offset mod 16
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_F16, DFL_TYPE_BF16}) {
+        const int64_t n_in = type == DFL_TYPE_Q8_0 ? 288 : 264;
+        DualWeight W(type, 70, n_in, r);
+        for (int64_t T : {int64_t(2), int64_t(16), int64_t(40)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            Dual Y((size_t)(T * 70) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+            compare(std::string("matmul ") + tname(type) + " 70x" + std::to_string(n_in) + " T=" + std::to_string(T),
+                        Y, matmul_bound(type, T));
+        }
+    }
+    // a tensor that starts 2 bytes past a 16-byte boundary (and so ends off one): the tensor-core kernel's first and
+    // last words of the tensor are read byte by byte, never outside it
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q6_K, DFL_TYPE_F16}) {
+        const int64_t n_in = 512, n_out = 37;
+        DualWeight W(type, n_out, n_in, r);
+        std::vector<uint8_t> shifted(W.host.size() + 2, 0);
+        std::memcpy(shifted.data() + 2, W.host.data(), W.host.size());
+        Weight wg = W.wg;
+        wg.data = g_gpu->upload_weight(shifted.data(), shifted.size(), true) + 2;
+        for (int64_t T : {int64_t(1), int64_t(5), int64_t(17)}) {
+            Dual X(rand_vec(r, (size_t)(T * n_in)));
+            Dual Y((size_t)(T * n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wg, X.gp(), T, Y.gp());
+            compare(std::string("matmul ") + tname(type) + " 37x512 at +2 bytes T=" + std::to_string(T), Y,
+                        matmul_bound(type, T));
+        }
+    }
+    // shapes the vector kernels refuse (n_in not a multiple of 8): the generic gemv, and SGEMM
+    for (int64_t T : {int64_t(1), int64_t(3), int64_t(17)}) {
+        DualWeight W(DFL_TYPE_F32, 19, 37, r);
+        Dual X(rand_vec(r, (size_t)(T * 37)));
+        Dual Y((size_t)(T * 19) * 4);
+        g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+        g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
+        compare("matmul f32 19x37 (unaligned) T=" + std::to_string(T), Y, 1e-5);
+    }
+}
+
+}  // namespace dfltest
