@@ -31,74 +31,76 @@ __global__ void dequant_rows_f16_kernel(uint32_t type, const uint8_t *W, uint64_
     for (int64_t i = threadIdx.x; i < n_in; i += blockDim.x) o[i] = __float2half_rn(load_elem(type, row, i));
 }
 
-// The same for q8_0 repacked at load (prepare_weight) and q4_K, with 16-byte loads and stores (DFL_CUDA_DEQUANT_FAST=0:
-// the kernel above): the per-element kernel reads a byte at a time through load_elem's type switch, and prefill
-// dequantizes every weight each forward (qwen3-8b q8_0: 8.7 GB read, 16.4 GB written a forward). H200, 12-03 22:12, one
-// call: pp512 qwen3-8b q8_0 11,502 -> 12,664 tok/s, q4_K 9,720 -> 10,415.
-// Both read the chunk's rows as one run of blocks: the repacked q8_0 quants and scales, and q4_K rows of whole
-// super-blocks, are contiguous from row to row, so a thread finds its block without dividing by the row length.
-// q8_0: a thread per 16-byte word of quants (a warp's loads one contiguous run) times its block's scale; kDequantPer
-// words a thread, all loaded before any is converted.
+// The same for q8_0 repacked at load (prepare_weight) and q4_K by 16-byte words (DFL_CUDA_DEQUANT_FAST=0: the kernel
+// above, which reads a byte at a time through load_elem's type switch; prefill dequantizes every weight each forward,
+// qwen3-8b q8_0: 8.7 GB read, 16.4 GB written). A chunk's rows are read as one run of blocks: the repacked q8_0 quants
+// and scales, and q4_K rows of whole super-blocks, are contiguous from row to row, so a thread finds its block
+// without dividing by the row length. Each thread takes kDequantPer words, all loaded before any is converted.
+// H200 (pp512 qwen3-8b, tok/s): per element -> words 11,502 -> 12,664 (q8_0), 9,720 -> 10,415 (q4_K) at 12-03 22:12;
+// q4_K a thread per output word instead of per 32-byte chunk (128 contiguous bytes a thread) 12,988 -> 17,060 at 23:47.
 constexpr int kDequantPer = 2;
 
-__global__ void dequant_q8p_f16_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_words, __half *out) {
+template <class Dq>
+__global__ void dequant_words_kernel(Dq dq, int64_t n_words, __half *out) {
     const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
-    int4 q[kDequantPer];
-    float d[kDequantPer];
+    typename Dq::Raw raw[kDequantPer];
 #pragma unroll
     for (int k = 0; k < kDequantPer; k++) {
         const int64_t w = first + (int64_t)k * blockDim.x;
-        if (w >= n_words) continue;
-        q[k] = __ldg((const int4 *)qs + w);
-        d[k] = half_bits_to_f32(__ldg(dw + w / 2));
+        if (w < n_words) raw[k] = dq.load(w);
     }
 #pragma unroll
     for (int k = 0; k < kDequantPer; k++) {
         const int64_t w = first + (int64_t)k * blockDim.x;
-        if (w >= n_words) continue;
-        const int words[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
+        if (w < n_words) dq.store(raw[k], w, out);
+    }
+}
+
+// q8_0: a word is 16 quants (a warp's loads one contiguous run) and its block's scale; 32 bytes of f16 out.
+struct DequantQ8p {
+    const int8_t *qs;
+    const uint16_t *dw;
+    struct Raw {
+        int4 q;
+        float d;
+    };
+    __device__ Raw load(int64_t w) const { return Raw{__ldg((const int4 *)qs + w), half_bits_to_f32(__ldg(dw + w / 2))}; }
+    __device__ void store(const Raw &r, int64_t w, __half *out) const {
+        const int words[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
         uint4 h[2];
         uint32_t *hw = (uint32_t *)h;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int v = words[j / 2] >> (16 * (j % 2));
-            const __half2 p =
-                __floats2half2_rn(d[k] * (float)(int8_t)(v & 0xFF), d[k] * (float)(int8_t)((v >> 8) & 0xFF));
+            const __half2 p = __floats2half2_rn(r.d * (float)(int8_t)(v & 0xFF), r.d * (float)(int8_t)((v >> 8) & 0xFF));
             hw[j] = *(const uint32_t *)&p;
         }
         uint4 *o = (uint4 *)(out + 16 * w);
         o[0] = h[0];
         o[1] = h[1];
     }
-}
+};
 
-// q4_K: a thread per 8 elements of a sub-block (one 16-byte output word, so a warp's stores are one contiguous run and
-// a warp covers one super-block), from the low or high nibbles of 8 quant bytes; kDequantPer words a thread. A thread
-// per 32-byte quant chunk, writing 128 contiguous bytes, left pp512 of qwen3-8b q4_K at 12,988 tok/s against q8_0's
-// 16,022 (12-03 23:41), though it reads less.
-__global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_words, __half *out) {
-    const int64_t first = (int64_t)blockIdx.x * blockDim.x * kDequantPer + threadIdx.x;
-    uint4 hdr[kDequantPer];
-    uint2 q[kDequantPer];
-#pragma unroll
-    for (int k = 0; k < kDequantPer; k++) {
-        const int64_t w = first + (int64_t)k * blockDim.x;
-        if (w >= n_words) continue;
+// q4_K: a word is 8 elements of a sub-block (one 16-byte output word, so a warp's stores are one contiguous run and a
+// warp covers one super-block), from the low or high nibbles of 8 quant bytes, with the super-block's header.
+struct DequantQ4K {
+    const uint8_t *W;
+    struct Raw {
+        uint4 hdr;
+        uint2 q;
+    };
+    __device__ Raw load(int64_t w) const {
         const uint8_t *blk = W + (uint64_t)(w / 32) * kQ4_KBytes;
         const int wi = (int)(w % 32), sub = wi / 4;
-        hdr[k] = __ldg((const uint4 *)blk);
-        q[k] = __ldg((const uint2 *)(blk + 16 + 32 * (sub / 2) + 8 * (wi % 4)));
+        return Raw{__ldg((const uint4 *)blk), __ldg((const uint2 *)(blk + 16 + 32 * (sub / 2) + 8 * (wi % 4)))};
     }
-#pragma unroll
-    for (int k = 0; k < kDequantPer; k++) {
-        const int64_t w = first + (int64_t)k * blockDim.x;
-        if (w >= n_words) continue;
+    __device__ void store(const Raw &r, int64_t w, __half *out) const {
         const int sub = (int)(w % 32) / 4, shift = 4 * (sub % 2);
         int sc, m;
-        q4k_scale_min_hdr(hdr[k], sub, sc, m);
-        const float d = half_bits_to_f32((uint16_t)(hdr[k].x & 0xFFFF)) * (float)sc,
-                    mn = half_bits_to_f32((uint16_t)(hdr[k].x >> 16)) * (float)m;
-        const uint32_t b[2] = {q[k].x >> shift, q[k].y >> shift};
+        q4k_scale_min_hdr(r.hdr, sub, sc, m);
+        const float d = half_bits_to_f32((uint16_t)(r.hdr.x & 0xFFFF)) * (float)sc,
+                    mn = half_bits_to_f32((uint16_t)(r.hdr.x >> 16)) * (float)m;
+        const uint32_t b[2] = {r.q.x >> shift, r.q.y >> shift};
         uint4 h;
         uint32_t *hw = (uint32_t *)&h;
 #pragma unroll
@@ -109,6 +111,11 @@ __global__ void dequant_q4k_f16_kernel(const uint8_t *W, int64_t n_words, __half
         }
         *((uint4 *)out + w) = h;
     }
+};
+
+template <class Dq>
+static void launch_dequant_words(cudaStream_t s, const Dq &dq, int64_t n_words, __half *out) {
+    dequant_words_kernel<<<grid_for((n_words + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(dq, n_words, out);
 }
 
 static bool dequant_fast_on() {
@@ -119,12 +126,10 @@ static bool dequant_fast_on() {
 // Rows [r0, r0 + rows) of W as f16 into out (rows x n_in).
 static void dequant_rows_f16(cudaStream_t s, const Weight &W, int64_t r0, int64_t rows, __half *out) {
     if (dequant_fast_on() && q8p_ok(W)) {
-        const int64_t n = rows * W.n_in / 16;
-        dequant_q8p_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(
-            q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * (W.n_in / 32), n, out);
+        launch_dequant_words(s, DequantQ8p{q8p_quants(W) + r0 * W.n_in, q8p_scales(W) + r0 * (W.n_in / 32)},
+                             rows * W.n_in / 16, out);
     } else if (dequant_fast_on() && q4k_mma_ok(W)) {  // whole 16-byte-aligned super-blocks, as the mma kernel reads
-        const int64_t n = rows * W.n_in / 8;
-        dequant_q4k_f16_kernel<<<grid_for((n + kDequantPer - 1) / kDequantPer, 256), 256, 0, s>>>(W.row(r0), n, out);
+        launch_dequant_words(s, DequantQ4K{W.row(r0)}, rows * W.n_in / 8, out);
     } else {
         dequant_rows_f16_kernel<<<(unsigned)rows, 256, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, r0, out);
     }
