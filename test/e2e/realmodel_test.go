@@ -148,6 +148,9 @@ func TestSeedCommandLine(t *testing.T) {
 		is.Equal(st.model("ds4").Device, seedDevices.ds4) // placement unchanged
 		is.Equal(st.model("qwen").Device, seedDevices.qwen)
 		for _, api := range []string{pathChat, pathMessages, pathResponses} {
+			// ds4 has one slot: the request before may not have given it back yet when its reply has arrived, and
+			// the request would then rightly fall back to qwen
+			s.waitIdle(t)
 			text, usage := generate(t, s, api, "ds4") // ds4 first now
 			is.True(text != "")
 			is.True(usage[0] > 0 && usage[1] > 0)

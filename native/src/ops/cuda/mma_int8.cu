@@ -232,6 +232,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp
 constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
 constexpr int kPipeStages = 4;
+// Stages where the grid leaves one block an SM (DFL_CUDA_Q8P_DEEP=1, opt-in, not yet run on a GPU): the 4096-row
+// matrices of qwen3-8b are 128 blocks of 32 rows, whose 3 stages ahead hold ~28 KB of weights an SM (the down
+// projection at 8 tokens ran at 1.7 TB/s on this kernel, 12-03 23:06 kernel bench); 8 stages hold ~64 KB.
+constexpr int kPipeDeepStages = 8;
 
 __host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8) {
     return 16 * MT * kPipeRowBytes + 16 * MT * 16 + kPipeGroup * 32 * T8 + kPipeGroup * 4 * T8;
@@ -276,7 +280,7 @@ struct PipeStage {
     }
 };
 
-template <int MT, int NT8>
+template <int MT, int NT8, int S>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y) {
@@ -286,26 +290,26 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     const int64_t nb = n_in / 32, ng = nb / kPipeGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
-    for (int st = 0; st < kPipeStages - 1; st++)
+    for (int st = 0; st < S - 1; st++)
         if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, st);
     pdl_wait();
 #pragma unroll
-    for (int st = 0; st < kPipeStages - 1; st++) {
+    for (int st = 0; st < S - 1; st++) {
         if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_x(fq, fs, st);
         cp_async_commit();
     }
     float acc[MT][NT8][4] = {};
     for (int64_t j = 0; j < ng; j++) {
-        cp_async_wait<kPipeStages - 2>();
+        cp_async_wait<S - 2>();
         __syncthreads();  // group j is in; every warp is done with group j - 1, whose stage is refilled now
-        const int64_t jn = j + kPipeStages - 1;
+        const int64_t jn = j + S - 1;
         if (jn < ng) {
-            const PipeStage<MT, NT8> nxt(pipe_smem + (int)(jn % kPipeStages) * kStage);
+            const PipeStage<MT, NT8> nxt(pipe_smem + (int)(jn % S) * kStage);
             nxt.load_w(qs, dw, n_in, nb, n_out, row0, jn);
             nxt.load_x(fq, fs, jn);
         }
         cp_async_commit();
-        const PipeStage<MT, NT8> cur(pipe_smem + (int)(j % kPipeStages) * kStage);
+        const PipeStage<MT, NT8> cur(pipe_smem + (int)(j % S) * kStage);
         float sw[MT][2];
         uint2 a[MT][2];
 #pragma unroll
@@ -456,16 +460,27 @@ static bool q8p_pipe_on() {
     return on;
 }
 
+static bool q8p_deep_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_DEEP", false);
+    return on;
+}
+
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens: the only size
 // measured (tg b32); 33..64 keep the register kernel, whose 32-row tiles reach 64 tokens.
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
                             int64_t T, float *Y) {
-    auto launch = [&](dim3 grid, auto mt, auto nt8) {
-        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
-        const size_t smem = (size_t)kPipeStages * pipe_stage_bytes(MT, 8 * NT8);
-        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
-        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw,
+    auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
+        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8);
+        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
+        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw,
                          W.n_in, W.n_out, x.xq, x.xs, T, Y);
+    };
+    auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        if (q8p_deep_on() && grid.x < 2u * (unsigned)dev.sm_count())
+            launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeDeepStages>{});
+        else
+            launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
     dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
     check_launch("matmul (q8_0 staged int8 mma)");
