@@ -37,6 +37,8 @@
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
 #                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
 #                                            tokens) of each model with VARIANTS
+#   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
+#                                            SKIP_VARIANTS): the op's cost inside a replayed graph, by difference
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -507,6 +509,11 @@ case $mode in
            grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
            FLAG_REPLAY= flag_replay; spec_greedy; wait "${premake_pids[@]}"
            BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
+  skip-ops) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # what each op costs inside a replayed decode step:
+            premake "$@"; build_cuda; wait "${premake_pids[@]}"     # tg with and without it (DFL_CUDA_SKIP_OPS; garbage out)
+            VARIANTS=${SKIP_VARIANTS:-- DFL_CUDA_SKIP_OPS=add_rmsnorm DFL_CUDA_SKIP_OPS=attention DFL_CUDA_SKIP_OPS=attn_prep \
+              DFL_CUDA_SKIP_OPS=swiglu DFL_CUDA_SKIP_OPS=rmsnorm DFL_CUDA_SKIP_OPS=topk DFL_CUDA_SKIP_OPS=matmul} \
+              BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile

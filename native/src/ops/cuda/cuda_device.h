@@ -13,6 +13,9 @@
 namespace dfl {
 namespace cuda {
 
+// Whether DFL_CUDA_SKIP_OPS names this op (device.cu): a profiling aid, the op then launches nothing.
+bool skip_op(const char *name);
+
 class CudaDevice final : public Device {
 public:
     explicit CudaDevice(int index);
@@ -128,6 +131,7 @@ private:
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>
     void op(const char *name, F &&launch) {
+        if (skip_op(name)) return;
         use();
         OpTimer t(*this, name);
         launch();
