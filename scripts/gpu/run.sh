@@ -361,9 +361,8 @@ step_ncu() {
 # OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
-# DFL_CUDA_L2_AHEAD=16: the one-token products ask the L2 for their first weight bytes before their PDL wait, 16 MB
-# in all a product (opt-in); DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid.
-TRY=${TRY:-DFL_CUDA_L2_AHEAD=16}
+# DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid.
+TRY=${TRY:-}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0}
 

@@ -79,30 +79,6 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Asks the L2 for the n bytes at p (sm_90 bulk prefetch: no registers held, nothing to wait for). p 16-byte aligned,
-// n a multiple of 16. The one-token products issue it for their first weight bytes before their PDL wait, so that the
-// weights stream in while the kernels before them (norms, attention), which read little, leave the memory idle.
-// (nvcc 11 has no bulk prefetch: there, and below sm_90, one prefetch a 128-byte line.)
-__device__ __forceinline__ void prefetch_l2(const void *p, uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12
-    if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-#elif defined(__CUDA_ARCH__)
-    for (uint32_t o = 0; o < n; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
-#endif
-}
-
-// Lane l's share of a warp's prefetch of the first `ahead` bytes of each of its R rows (rows row_bytes apart from
-// `first`, the first n_valid of them real; ahead a multiple of 16): 32 / R lanes a row, each a slice of the bytes.
-template <int R>
-__device__ __forceinline__ void prefetch_rows_l2(const void *first, uint64_t row_bytes, uint32_t ahead, int64_t n_valid,
-                                                 int lane) {
-    constexpr int kLanes = 32 / R;
-    const uint32_t slice = (ahead / kLanes + 15) & ~15u;
-    const uint32_t off = (uint32_t)(lane % kLanes) * slice;
-    if (off < ahead && lane / kLanes < n_valid)
-        prefetch_l2((const uint8_t *)first + (uint64_t)(lane / kLanes) * row_bytes + off, min(slice, ahead - off));
-}
-
 // Asynchronous 16-byte copies from global to shared memory (sm_80): the bytes in flight hold no registers. A thread
 // waits for its own groups (cp_async_wait<N>: all but the N newest); other threads' copies need a barrier after.
 __device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {

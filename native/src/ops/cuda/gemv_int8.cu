@@ -73,20 +73,6 @@ __device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y
     }
 }
 
-// Bytes of each weight row a one-token product asks the L2 for before its PDL wait (prefetch_rows_l2): an equal share
-// of DFL_CUDA_L2_AHEAD megabytes (opt-in, default 0 until measured) over the matrix's rows, at most the row, a multiple of 16; 0 where the
-// rows do not start on 16-byte boundaries or the share would be under 256 bytes (the output head: too big to matter).
-// The weights then stream in while the norm or attention kernels before the product leave the memory idle.
-static uint32_t l2_ahead(uint64_t row_bytes, int64_t rows) {
-    static const int64_t budget = std::max<int64_t>(0, env_int("DFL_CUDA_L2_AHEAD", 0)) << 20;
-    if (row_bytes % 16 != 0 || rows <= 0) return 0;
-    const uint64_t share = std::min<uint64_t>(row_bytes, (uint64_t)budget / (uint64_t)rows) & ~(uint64_t)15;
-    return share < 256 ? 0 : (uint32_t)share;
-}
-
-// The repacked q8_0 scales (2 bytes a block of 32 quants) that go with `ahead` bytes of quants, a multiple of 16.
-__device__ __forceinline__ uint32_t l2_ahead_scales(uint32_t ahead) { return ((ahead >> 4) + 15) & ~15u; }
-
 // Lane p's part of super-block b of a q4_K row against one token's int8 activations (x: its quants, scales and block
 // sums): w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term once per sub-block (by the lane of
 // the first half).
@@ -120,7 +106,7 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   const float *xsum, float *Y, GemvZ z, uint32_t ahead) {
+                                                                   const float *xsum, float *Y, GemvZ z) {
     const int64_t nb32 = n_in / 32;
     {
         const int64_t k = blockIdx.y;
@@ -138,7 +124,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    if (ahead) prefetch_rows_l2<1>(row, 0, ahead, 1, lane);  // l2_ahead
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
     float acc[NT] = {};
 #pragma unroll 2
@@ -191,13 +176,12 @@ __device__ __forceinline__ float q6k_codes_dot(const Q6KCodes &c, const float (&
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   float *Y, uint32_t ahead) {
+                                                                   float *Y) {
     const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
     if (r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K, nb32 = n_in / 32;
-    if (ahead) prefetch_rows_l2<1>(row, 0, ahead, 1, lane);  // l2_ahead
     pdl_wait();  // (launch_pdl) as gemv_q4k_i8_kernel
     float acc[NT] = {};
 #pragma unroll 2
@@ -216,7 +200,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
-                                                                float *Y, GemvZ z, uint32_t ahead) {
+                                                                float *Y, GemvZ z) {
     {
         const int64_t k = blockIdx.y, nbz = n_in / 32;
         qs += k * z.w_rows * n_in;
@@ -231,10 +215,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
-    if (ahead) {  // l2_ahead: the row's first bytes and their scales
-        prefetch_rows_l2<1>(w, 0, ahead, 1, lane);
-        prefetch_rows_l2<1>(d, 0, l2_ahead_scales(ahead), 1, lane);
-    }
     float acc[NT] = {};
     // The first words of the row are loaded before the wait for the activations' quantizer (launch_pdl): the weights
     // do not depend on it, so their latency overlaps the kernels before this one. (Their scales too, as a runtime
@@ -275,7 +255,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 template <int NT, int R>
 __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y, uint32_t ahead) {
+                         const float *xs, float *Y) {
     constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
@@ -288,10 +268,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
         const int64_t row = min(row0 + r, n_out - 1);  // a short last group repeats its last row, never stored
         w[r] = (const uint4 *)(qs + row * n_in);
         d[r] = dw + row * nb;
-    }
-    if (ahead) {  // l2_ahead: the rows' first bytes and their scales
-        prefetch_rows_l2<R>(qs + row0 * n_in, (uint64_t)n_in, ahead, n_out - row0, lane);
-        prefetch_rows_l2<R>(dw + row0 * nb, (uint64_t)nb * 2, l2_ahead_scales(ahead), n_out - row0, lane);
     }
     uint4 wv[U][R];
     uint16_t dv[U][R];
@@ -345,10 +321,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                            const int8_t *xq, const float *xs, float *y, uint32_t ahead) {
+                            const int8_t *xq, const float *xs, float *y) {
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
 #define DFL_Q8P_ROWS(N) \
-    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, ahead); break;
+    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
     switch (nt) {
         DFL_Q8P_ROWS(1) DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
@@ -407,18 +383,17 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
     // Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows).
     const bool wide = W.n_out >= 4224;
-    const uint32_t ahead = W.n_in % 256 == 0 ? l2_ahead((uint64_t)W.n_in, W.n_out) : 0;  // (scale rows 16-byte aligned)
     for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
         const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1 && !(wide && q8p_rows1_on())) {
-            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, ahead);
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
-            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, ahead);
+            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
-            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, ahead);
+            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         }
         check_launch("matmul (q8_0 dp4a)");
     }
@@ -447,13 +422,12 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    if (nz > 1) {  // (the members' rows are known after the wait: no l2_ahead)
-        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, 0u);
+    if (nz > 1) {
+        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
-        const uint32_t ahead = l2_ahead(W.row_bytes, W.n_out);
         switch (T) {
 #define DFL_Q4K_I8(N) \
-    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, ahead); break;
+    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
             DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
             DFL_Q4K_I8(8)
 #undef DFL_Q4K_I8
@@ -479,10 +453,9 @@ void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    const uint32_t ahead = ((uintptr_t)W.data & 15) == 0 ? l2_ahead(W.row_bytes, W.n_out) : 0;
     switch (T) {
 #define DFL_Q6K_I8(N) \
-    case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y, ahead); break;
+    case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
         DFL_Q6K_I8(1) DFL_Q6K_I8(2) DFL_Q6K_I8(3) DFL_Q6K_I8(4) DFL_Q6K_I8(5) DFL_Q6K_I8(6) DFL_Q6K_I8(7) DFL_Q6K_I8(8)
 #undef DFL_Q6K_I8
     default: fail(DFL_ERR_INTERNAL, "q6_K int8 GEMV: more than 8 tokens");
@@ -502,7 +475,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const int8_t *qs = q8p_quants(stack);
     const uint16_t *dw = q8p_scales(stack);
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z, 0u);
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 
