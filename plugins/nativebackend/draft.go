@@ -90,6 +90,22 @@ func loadDraft(o DraftOptions, target *gguf.File, libDir, device string, seqs, m
 	return &draft{file: f, model: m, info: info, device: o.Device}, nil
 }
 
+// verifyRows is the most tokens a sequence verifies in one step with this draft (0 without one): the block
+// (--draft-block-size, else the draft's), or the tree's root and budget.
+func (d *draft) verifyRows(o DraftOptions) int {
+	if d == nil {
+		return 0
+	}
+	rows := d.info.BlockSize
+	if o.Block > 0 {
+		rows = o.Block
+	}
+	if o.TreeBudget > 0 {
+		rows = max(rows, o.TreeBudget+1)
+	}
+	return rows
+}
+
 // close frees the draft's weights and mapping.
 func (d *draft) close() error {
 	var errs *multierror.Error

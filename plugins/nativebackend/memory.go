@@ -11,15 +11,16 @@ import (
 const memoryHeadroom = 0.05
 
 // fitPool sizes the KV pool, in tokens, of a model on a device with free bytes: every sequence's full context
-// (want, slots × max-ctx) when it fits next to the weights, the recurrent state of seqs slots and the activations;
-// less when it does not, but never less than one full context (minimum). The error names the bytes asked and free.
-func fitPool(est native.Estimate, free uint64, seqs, want, minimum int) (int, error) {
-	fixed := est.WeightBytes + est.ScratchBytes + uint64(seqs)*est.StateBytesPerSeq
+// (want, slots × max-ctx) when it fits next to the weights, the recurrent state of seqs slots, the verify records and
+// the activations; less when it does not, but never less than one full context (minimum). The error names the bytes
+// asked and free.
+func fitPool(est native.Estimate, free uint64, seqs int, records uint64, want, minimum int) (int, error) {
+	fixed := est.WeightBytes + est.ScratchBytes + uint64(seqs)*est.StateBytesPerSeq + records
 	usable := uint64(float64(free) * (1 - memoryHeadroom))
 	need := fixed + uint64(minimum)*est.KVBytesPerToken
 	if usable < need {
-		return 0, fmt.Errorf("does not fit: it needs %d bytes (weights %d, activations %d, recurrent state %d, KV for %d tokens %d) and %d bytes are free",
-			need, est.WeightBytes, est.ScratchBytes, uint64(seqs)*est.StateBytesPerSeq, minimum, uint64(minimum)*est.KVBytesPerToken, free)
+		return 0, fmt.Errorf("does not fit: it needs %d bytes (weights %d, activations %d, recurrent state %d, verify records %d, KV for %d tokens %d) and %d bytes are free",
+			need, est.WeightBytes, est.ScratchBytes, uint64(seqs)*est.StateBytesPerSeq, records, minimum, uint64(minimum)*est.KVBytesPerToken, free)
 	}
 	if est.KVBytesPerToken == 0 {
 		return want, nil
@@ -27,9 +28,20 @@ func fitPool(est native.Estimate, free uint64, seqs, want, minimum int) (int, er
 	return int(min(uint64(want), (usable-fixed)/est.KVBytesPerToken)), nil
 }
 
+// recordBytes is what the engine allocates, when speculative decoding first verifies, for each of slots sequences
+// that verifies rows tokens at a time: the recurrent state after every row (it keeps at least 16 rows' room, and one
+// more for the state before them; the convolution windows are smaller than as many conv states). A model without
+// recurrent layers records nothing.
+func recordBytes(est native.Estimate, slots, rows int) uint64 {
+	if rows <= 0 {
+		return 0
+	}
+	return uint64(slots) * uint64(max(rows, 16)+1) * est.StateBytesPerSeq
+}
+
 // devicePool is the KV pool of a model on a GPU when the operator gave no --kv-pool-tokens: what fitPool allows
-// with the device's free memory now.
-func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, want, minimum int) (int, error) {
+// with the device's free memory now, for seqs sequence slots of which slots verify up to rows tokens a step.
+func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, slots, rows, want, minimum int) (int, error) {
 	est, err := lib.Estimate(ms)
 	if err != nil {
 		return 0, err
@@ -38,7 +50,7 @@ func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, want, minimum int) (
 	if err != nil {
 		return 0, err
 	}
-	n, err := fitPool(est, free, seqs, want, minimum)
+	n, err := fitPool(est, free, seqs, recordBytes(est, slots, rows), want, minimum)
 	if err != nil {
 		return 0, fmt.Errorf("%s:%d: %w", lib.Kind(), lib.Device(), err)
 	}
