@@ -39,6 +39,8 @@
 #                                            tokens) of each model with VARIANTS
 #   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
 #                                            SKIP_VARIANTS): the op's cost inside a replayed graph, by difference
+#   scripts/gpu/run.sh ops [GROUP...]        op test groups of test_cuda_ops (default matmul norms attention) with the
+#                                            defaults and each setting of OPS_VARIANTS
 #   scripts/gpu/run.sh ncu                   only the Nsight Compute part
 #   scripts/gpu/run.sh kernels               the product kernels: their op tests (default and the other int8 variants)
 #                                            and their speed on the qwen3-8b layer shapes, each of KERNEL_VARIANTS
@@ -392,7 +394,7 @@ kernel_tests() {
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
-           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
+           "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" "DFL_CUDA_ATTN_LAST_COMBINES=0 attention" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
            "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" ${TRY:+"$TRY matmul"}; do
     set -- $v
@@ -513,6 +515,13 @@ case $mode in
             VARIANTS=${SKIP_VARIANTS:-- DFL_CUDA_SKIP_OPS=add_rmsnorm DFL_CUDA_SKIP_OPS=attention DFL_CUDA_SKIP_OPS=attn_prep \
               DFL_CUDA_SKIP_OPS=swiglu DFL_CUDA_SKIP_OPS=rmsnorm DFL_CUDA_SKIP_OPS=topk DFL_CUDA_SKIP_OPS=matmul} \
               BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
+  ops) [ $# -gt 0 ] || set -- matmul norms attention  # op test groups of test_cuda_ops with the defaults, and with
+       build_cuda; build_kernel_tests || exit 1            # each OPS_VARIANTS setting (a change's first check)
+       for v in - ${OPS_VARIANTS:-}; do
+         log "op tests $*: $v"
+         env $(variant_env "$v") "$kernel_test_bin" "$@" >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
+         grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
+       done ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
@@ -556,6 +565,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout 300 python3 test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
