@@ -35,7 +35,6 @@ struct AttnArgs {
     int window;
     int warp_pos;  // cache positions a warp scores together (1..kAttnWarpPos)
     CudaDevice::QuantX q;  // where set, the output's int8 quantization for the product after (CudaDevice::stage_rows)
-    int *arrivals;  // split launches: a zeroed counter per (token, head group), and the last split combines (or null)
 };
 
 // Element i of the output (the token's rows of n_head x head_dim, i a multiple of 32 at lane 0: whole warps of
@@ -43,48 +42,6 @@ struct AttnArgs {
 __device__ __forceinline__ void store_attn_out(const AttnArgs &a, int64_t i, float v) {
     a.out[i] = v;
     if (a.q.xq) quant_q8_warp(v, a.q.xq + i, a.q.xs + i / 32, a.q.xsum ? a.q.xsum + i / 32 : nullptr);
-}
-
-// The splits' partial softmaxes of query head h of token t merged, each rescaled by exp(m_split - m_max), by the
-// block's threads. The partials are other blocks' writes: read through the L2 (ld.cg), never a stale L1 line.
-__device__ void combine_head(const AttnArgs &a, int n_split, const float *part_o, const float *part_ml, int64_t t,
-                             int h) {
-    const int hd = a.head_dim;
-    const int64_t base = ((int64_t)t * a.n_head + h) * n_split;
-    float M = -INFINITY;
-    for (int z = 0; z < n_split; z++) M = fmaxf(M, __ldcg(part_ml + 2 * (base + z)));
-    float L = 0.0f;
-    for (int z = 0; z < n_split; z++) {
-        const float mz = __ldcg(part_ml + 2 * (base + z));
-        if (mz != -INFINITY) L += expf(mz - M) * __ldcg(part_ml + 2 * (base + z) + 1);
-    }
-    const float inv = 1.0f / L;
-    const int64_t o = t * (int64_t)a.n_head * hd + (int64_t)h * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {  // a.q set: hd % 32 == 0, whole warps
-        float sum = 0.0f;
-        for (int z = 0; z < n_split; z++) {
-            const float mz = __ldcg(part_ml + 2 * (base + z));
-            if (mz != -INFINITY) sum += expf(mz - M) * __ldcg(part_o + (base + z) * hd + d);
-        }
-        store_attn_out(a, o + d, sum * inv);
-    }
-}
-
-// Whether this block, having written its split's partials, is the last of its (token, head group) to do so: then it
-// combines them (a.arrivals; every thread of the block calls it). The last one sets the counter back to zero for the
-// next launch.
-__device__ bool last_split(const AttnArgs &a) {
-    __shared__ bool last;
-    __threadfence();  // this block's partials are visible before its arrival is
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *c = a.arrivals + (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
-        last = atomicAdd(c, 1) == (int)gridDim.z - 1;
-        if (last) *c = 0;
-    }
-    __syncthreads();
-    if (last) __threadfence();  // the other splits' partials are read after their arrivals
-    return last;
 }
 
 // What a block of the decode kernels (grid: token, group of G query heads, split) works on: its token t and entry e,
@@ -272,8 +229,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
             part_ml[2 * part + 1] = l_s[g];
         }
     }
-    if (a.arrivals && last_split(a))
-        for (int g = 0; g < G; g++) combine_head(a, (int)gridDim.z, part_o, part_ml, t, h0 + g);
 }
 
 // --- decode attention, a warp per run of positions ------------------------------------------------------------------
@@ -456,8 +411,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             }
         }
     }
-    if (gridDim.z > 1 && a.arrivals && last_split(a))
-        for (int g = 0; g < G; g++) combine_head(a, (int)gridDim.z, part_o, part_ml, t, h0 + g);
 }
 
 // Whether decode attention quantizes its output for the o projection (AttnArgs::q): on unless DFL_CUDA_ATTN_QUANT=0
@@ -468,14 +421,6 @@ static bool attn_quant_on() {
 }
 
 // Whether decode attention runs attention_warp_kernel where it can (unless DFL_CUDA_ATTN_WARP=0).
-// Whether a split launch's last block to finish for its (token, head group) merges the splits (last_split): on unless
-// DFL_CUDA_ATTN_LAST_COMBINES=0 (a combine kernel after the splits, one more launch a layer). A decode step's graph
-// splits by its context bound (64 KV blocks), not the true context, so a short context pays the combine too.
-static bool attn_last_combines() {
-    static const bool on = env_switch("DFL_CUDA_ATTN_LAST_COMBINES", true);
-    return on;
-}
-
 static bool attn_warp_on() {
     static const bool on = env_switch("DFL_CUDA_ATTN_WARP", true);
     return on;
@@ -520,11 +465,31 @@ static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnAr
     return true;
 }
 
-// Block (token, head): merges the splits' partial softmaxes (DFL_CUDA_ATTN_LAST_COMBINES=0: a kernel of its own).
+// Block (token, head): merges the splits' partial softmaxes, rescaling each by exp(m_split - m_max).
 __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *part_o, const float *part_ml) {
     pdl_trigger();
     pdl_wait();  // (launch_chain)
-    combine_head(a, n_split, part_o, part_ml, blockIdx.x, blockIdx.y);
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int hd = a.head_dim;
+    const int64_t base = ((int64_t)t * a.n_head + h) * n_split;
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; z++) M = fmaxf(M, part_ml[2 * (base + z)]);
+    float L = 0.0f;
+    for (int z = 0; z < n_split; z++) {
+        const float mz = part_ml[2 * (base + z)];
+        if (mz != -INFINITY) L += expf(mz - M) * part_ml[2 * (base + z) + 1];
+    }
+    const float inv = 1.0f / L;
+    const int64_t o = t * (int64_t)a.n_head * hd + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {  // a.q set: hd % 32 == 0, whole warps
+        float s = 0.0f;
+        for (int z = 0; z < n_split; z++) {
+            const float mz = part_ml[2 * (base + z)];
+            if (mz != -INFINITY) s += expf(mz - M) * part_o[(base + z) * hd + d];
+        }
+        store_attn_out(a, o + d, s * inv);
+    }
 }
 
 constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
@@ -592,7 +557,6 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     a.causal = c.causal;
     a.window = c.window;
     a.warp_pos = attn_warp_pos();
-    a.arrivals = nullptr;
     // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
     // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
     const int64_t rows = m.T * c.n_head;
@@ -625,11 +589,9 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
         return;
     }
     float *part_o = (float *)(scr + q_bytes), *part_ml = (float *)(scr + q_bytes + o_bytes);
-    if (attn_last_combines()) a.arrivals = dev.counters((size_t)m.T * (size_t)(c.n_head / G));
     launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
                             part_o, part_ml);
     check_launch("attention (split)");
-    if (a.arrivals) return;
     launch_chain(attention_combine_kernel, dim3((unsigned)m.T, (unsigned)c.n_head), dim3(kAttnThreads), 0, s, a,
                  (int)n_split, (const float *)part_o, (const float *)part_ml);
     check_launch("attention");

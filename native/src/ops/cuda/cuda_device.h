@@ -88,9 +88,6 @@ public:
     // A third, for an int8 tensor-core product's activations in fragment order (mma_int8.cu), which it writes from
     // the quantized ones in the scratch.
     void *mma_buffer(size_t bytes);
-    // n counters that start at zero and that the kernels using them leave at zero (split decode attention's arrivals,
-    // attention.cu). Grown like scratch, zeroed when grown.
-    int *counters(size_t n);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -169,7 +166,7 @@ private:
         size_t bytes = 0;
     };
     void *grow(GrowBuf &b, size_t bytes, const char *what);
-    GrowBuf scratch_, ds4_buf_, mma_buf_, counters_;
+    GrowBuf scratch_, ds4_buf_, mma_buf_;
     uint64_t scratch_epoch_ = 0;
     int sm_count_ = 1;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
