@@ -363,10 +363,11 @@ step_ncu() {
 # OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
-# DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid.
-TRY=${TRY:-}
+# DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=1: q8_0 of
+# 33..64 tokens (and verify batches of 65..128 rows, in two passes) on the staged kernel too (not yet run on a GPU).
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=1}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.

@@ -466,8 +466,18 @@ static bool q8p_deep_on() {
     return on;
 }
 
-// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens: the only size
-// measured (tg b32); 33..64 keep the register kernel, whose 32-row tiles reach 64 tokens.
+// Whether q8_0 products of 33..64 tokens (prefill chunks, verify batches of 65..128 rows in two passes) take the staged
+// kernel too (DFL_CUDA_Q8P_PIPE64=1, opt-in, not yet run on a GPU): the register kernel there ran a qwen3-8b layer at
+// 64 tokens in 237 us (0.86 TB/s, 12-04 02:2x kernel bench), the staged one at 32 tokens in 138 us; a 27B verify of 8
+// sequences of 16 rows took 108 ms against 14.4 for a decode step of the 8, most of it in those two passes.
+static bool q8p_pipe64_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE64", false);
+    return on;
+}
+
+// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens (up to 64 with
+// DFL_CUDA_Q8P_PIPE64=1; the register kernel takes 33..64 otherwise). Tiles of more than 32 tokens keep 4 stages: 8
+// of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
                             int64_t T, float *Y) {
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
@@ -478,12 +488,18 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
                          W.n_in, W.n_out, x.xq, x.xs, T, Y);
     };
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
-        if (q8p_deep_on() && grid.x < 2u * (unsigned)dev.sm_count())
-            launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeDeepStages>{});
-        else
-            launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
+        if constexpr (decltype(nt8)::value <= 4) {
+            if (q8p_deep_on() && grid.x < 2u * (unsigned)dev.sm_count()) {
+                launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeDeepStages>{});
+                return;
+            }
+        }
+        launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
+    if (T > 32)
+        dispatch_mma_tiles<8, 8>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
+    else
+        dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
@@ -491,7 +507,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
-    if (q8p_pipe_on() && x.T8 && T <= 32 && W.n_in % (kPipeGroup * 32) == 0) {
+    if (q8p_pipe_on() && x.T8 && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0) {
         launch_q8p_pipe(dev, W, qs, dw, x, T, Y);
         return;
     }
