@@ -367,7 +367,9 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # 33..64 tokens (and verify batches of 65..128 rows, in two passes) on the staged kernel too (not yet run on a GPU).
 TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=1}
+# DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
+# SM) instead of 32-row ones (128 blocks, one an SM).
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=1 DFL_CUDA_Q8P_PIPE_MT2_MIN=200}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.

@@ -475,6 +475,14 @@ static bool q8p_pipe64_on() {
     return on;
 }
 
+// Fewest 32-row blocks for which the staged kernel takes 32-row tiles: three quarters of the SMs, as dispatch_mma, unless
+// DFL_CUDA_Q8P_PIPE_MT2_MIN says otherwise (e.g. 200: the 4096-row matrices of qwen3-8b on 256 blocks of 16 rows, two an
+// SM, instead of 128 of 32 rows, one an SM at 8 warps; for comparisons in one run).
+static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
+    static const int64_t n = env_int("DFL_CUDA_Q8P_PIPE_MT2_MIN", 0);
+    return n > 0 ? n : dev.sm_count() * 3 / 4;
+}
+
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens (up to 64 with
 // DFL_CUDA_Q8P_PIPE64=1; the register kernel takes 33..64 otherwise). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
@@ -496,10 +504,11 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
+    const int64_t two_min = pipe_mt2_min_blocks(dev);
     if (T > 32)
-        dispatch_mma_tiles<8, 8>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
+        dispatch_mma_tiles<8, 8>(W.n_out, T, two_min, launch);
     else
-        dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
+        dispatch_mma_tiles<4, 4>(W.n_out, T, two_min, launch);
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
