@@ -1,0 +1,141 @@
+// Rolling a Qwen sequence back after a speculative forward: truncation to a recorded length, the snapshot and its
+// rollback, and accepting a root-to-node path of a token tree. Attention layers only move K/V rows (or just the
+// length); Gated DeltaNet layers take the recurrent state recorded after the last kept token (ensure_record's buffers,
+// written by the forward of a DFL_SEQ_RECORD entry or a tree) and rebuild the conv window from the recorded inputs.
+#include <string>
+#include <vector>
+
+#include "arch/qwen.h"
+
+namespace dfl {
+
+void QwenModel::ensure_record(int32_t s, uint32_t n) {
+    SeqState &ss = seq_state_[(size_t)s];
+    if (n <= ss.rec_cap) return;
+    const uint32_t cap = std::max<uint32_t>(n, 16);
+    const HParams &h = hp_;
+    ss.rec_state.reset();
+    ss.rec_window.reset();
+    ss.rec_state = DevBuf(dev_.get(), (size_t)(cap + 1) * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
+    ss.rec_window =
+        DevBuf(dev_.get(), (size_t)n_rec_ * (size_t)(h.conv_k - 1 + cap) * h.conv_channels() * sizeof(float), "record windows");
+    ss.rec_cap = cap;
+}
+
+void QwenModel::seq_truncate(int32_t s, uint32_t n) {
+    Seq &q = table_.get(s);
+    if (n > q.len) fail(DFL_ERR_INVALID, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                             " tokens: it holds only " + std::to_string(q.len));
+    if (n == q.len) return;
+    if (q.tree && n >= q.rec_base) {
+        // within the tree: only a chain prefix of the flat order is a sequence
+        const uint32_t k = n - q.rec_base;
+        std::vector<int32_t> path(k);
+        for (uint32_t i = 0; i < k; i++) {
+            if (q.tree_parents[i] != (int32_t)i - 1)
+                fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                        " tokens: its last forward was a tree whose first " + std::to_string(k) +
+                                        " tokens are not a chain (use seq_accept_path)");
+            path[i] = (int32_t)i;
+        }
+        seq_accept_path(s, path.data(), k);
+        return;
+    }
+    if (n_rec_ > 0) {
+        if (!q.rec || n < q.rec_base || n > q.rec_base + q.rec_n)
+            fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
+                                    " tokens: its recurrent state was not recorded there (forward with DFL_SEQ_RECORD)");
+        const uint32_t k = n - q.rec_base;  // tokens of the recorded forward that stay
+        const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels();
+        const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
+        const SeqState &ss = seq_state_[(size_t)s];
+        float *slot = slot_ptr(s);
+        // recorded states of token k are contiguous over the layers; so are the slot's states
+        dev_->copy(slot, ss.rec_state.f() + (size_t)k * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        for (int r = 0; r < n_rec_; r++)
+            dev_->copy(slot + n_rec_ * sf + r * cf, ss.rec_window.f() + ((size_t)r * wrows + k) * (size_t)C,
+                       sizeof(float) * (size_t)cf);
+    }
+    q.tree = false;
+    table_.set_length(q, n);
+}
+
+void QwenModel::seq_snapshot(int32_t s) {
+    Seq &q = table_.get(s);
+    SeqState &ss = seq_state_[(size_t)s];
+    const size_t bytes = (size_t)slot_floats() * sizeof(float);
+    if (bytes > 0) {
+        if (ss.snap.bytes() < bytes) ss.snap = DevBuf(dev_.get(), bytes, "sequence snapshot");
+        dev_->copy(ss.snap.get(), slot_ptr(s), bytes);
+    }
+    q.snap = true;
+    q.snap_len = q.len;
+}
+
+void QwenModel::seq_rollback(int32_t s) {
+    Seq &q = table_.get(s);
+    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
+    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    const size_t bytes = (size_t)slot_floats() * sizeof(float);
+    if (bytes > 0) dev_->copy(slot_ptr(s), seq_state_[(size_t)s].snap.get(), bytes);
+    q.rec = false;
+    q.tree = false;
+    table_.set_length(q, q.snap_len);
+}
+
+void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
+    Seq &q = table_.get(s);
+    const std::string who = "sequence " + std::to_string(s);
+    if (!q.tree) fail(DFL_ERR_STATE, who + ": its last forward was not a tree forward (or its tree was resolved already)");
+    if (n > q.rec_n)
+        fail(DFL_ERR_STATE, who + ": a path of " + std::to_string(n) + " nodes is longer than the tree (" +
+                                std::to_string(q.rec_n) + " tokens)");
+    for (uint32_t d = 0; d < n; d++) {
+        const int32_t want = d == 0 ? -1 : path[d - 1];
+        if (path[d] < 0 || (uint32_t)path[d] >= q.rec_n)
+            fail(DFL_ERR_STATE, who + ": path[" + std::to_string(d) + "] = " + std::to_string(path[d]) +
+                                    " is not a node of the tree (" + std::to_string(q.rec_n) + " tokens)");
+        if (d == 0 && path[0] != 0) fail(DFL_ERR_STATE, who + ": path[0] = " + std::to_string(path[0]) + " is not the root (0)");
+        if (q.tree_parents[(size_t)path[d]] != want)
+            fail(DFL_ERR_STATE, who + ": path[" + std::to_string(d) + "] = " + std::to_string(path[d]) +
+                                    " is not a child of path[" + std::to_string(d - 1) + "] = " + std::to_string(want) +
+                                    " (its parent is " + std::to_string(q.tree_parents[(size_t)path[d]]) + ")");
+    }
+    const uint32_t base = q.rec_base, bs = table_.block_size();
+    // K/V: node path[d] (row base + path[d], path[d] >= d) moves to row base + d; rows below d are written only
+    // by earlier moves, so no source is overwritten before it is read
+    if (n_attn_ > 0) {
+        auto row = [&](uint32_t p) { return (uint64_t)q.blocks[p / bs] * bs + p % bs; };
+        const uint64_t kb = k_row_ * (uint64_t)hp_.n_kv, vb = v_row_ * (uint64_t)hp_.n_kv;
+        for (uint32_t d = 1; d < n; d++) {
+            if ((uint32_t)path[d] == d) continue;
+            const uint64_t src = row(base + (uint32_t)path[d]), dst = row(base + d);
+            for (int l = 0; l < n_attn_; l++) {
+                dev_->copy(k_cache_[(size_t)l].get<uint8_t>() + dst * kb, k_cache_[(size_t)l].get<uint8_t>() + src * kb, kb);
+                dev_->copy(v_cache_[(size_t)l].get<uint8_t>() + dst * vb, v_cache_[(size_t)l].get<uint8_t>() + src * vb, vb);
+            }
+        }
+    }
+    if (n_rec_ > 0) {
+        const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels(), K1 = hp_.conv_k - 1;
+        const int64_t wrows = K1 + q.rec_n;
+        const SeqState &ss = seq_state_[(size_t)s];
+        float *slot = slot_ptr(s);
+        const size_t last = n == 0 ? 0 : (size_t)path[n - 1] + 1;  // recorded state slot
+        dev_->copy(slot, ss.rec_state.f() + last * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        // the conv state: the last K-1 inputs along old state rows 0..K-2, then the path's window rows
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < K1; r++) rows.push_back(r);
+        for (uint32_t d = 0; d < n; d++) rows.push_back(K1 + path[d]);
+        const size_t off = rows.size() - (size_t)K1;
+        for (int r = 0; r < n_rec_; r++)
+            for (int64_t i = 0; i < K1; i++)
+                dev_->copy(slot + n_rec_ * sf + r * cf + i * C, ss.rec_window.f() + ((size_t)r * wrows + rows[off + i]) * C,
+                           sizeof(float) * (size_t)C);
+    }
+    q.tree = false;
+    q.rec = false;
+    table_.set_length(q, base + n);
+}
+
+}  // namespace dfl
