@@ -364,12 +364,14 @@ step_ncu() {
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=1: q8_0 of
-# 33..64 tokens (and verify batches of 65..128 rows, in two passes) on the staged kernel too (not yet run on a GPU).
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1}
+# 33..64 tokens (and verify batches of 65..128 rows, in two passes) on the staged kernel too; DFL_CUDA_Q8P_PIPE_ROWS=1:
+# the staged kernel reads the quantizer's rows, no fragment-ordered copy kernel before it (both not yet run on a GPU).
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1,DFL_CUDA_Q8P_PIPE_ROWS=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_MMA_MIN=2 DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=1 DFL_CUDA_Q8P_PIPE_MT2_MIN=200}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=1 DFL_CUDA_Q8P_PIPE_ROWS=1 \
+  DFL_CUDA_Q8P_PIPE64=1,DFL_CUDA_Q8P_PIPE_ROWS=1 DFL_CUDA_Q8P_PIPE_MT2_MIN=200}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.

@@ -238,21 +238,31 @@ constexpr int kPipeStages = 4;
 // layer at 32 tokens 149.0 -> 137.7 us, tg b32 4554 -> 4845 tok/s (with DFL_CUDA_Q8P_MMA_MIN=5).
 constexpr int kPipeDeepStages = 8;
 
-__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8) {
-    return 16 * MT * kPipeRowBytes + 16 * MT * 16 + kPipeGroup * 32 * T8 + kPipeGroup * 4 * T8;
+// A stage's activations come from the fragment-ordered copy (RX false: mma_acts_kernel's [kPipeGroup][T8][32] quants
+// and [kPipeGroup][T8] scales), or straight from the quantizer's rows (RX true, DFL_CUDA_Q8P_PIPE_ROWS=1: no copy
+// kernel before the product): [T8][kPipeXRowBytes] quants, the group's 256 inputs of a token and 32 bytes of padding so
+// that a half-warp's 8-byte fragment loads (tokens g, bytes 32 warp + 8 t4) fall in distinct banks, and [T8]
+// [kPipeXsStride] scales (8 used; 16-byte rows for cp.async, and the four tokens 2 t4 a warp reads on distinct banks).
+constexpr int kPipeXRowBytes = kPipeGroup * 32 + 32;
+constexpr int kPipeXsStride = 12;
+
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX) {
+    return 16 * MT * kPipeRowBytes + 16 * MT * 16 +
+           (RX ? T8 * kPipeXRowBytes + T8 * kPipeXsStride * 4 : kPipeGroup * 32 * T8 + kPipeGroup * 4 * T8);
 }
 
-template <int MT, int NT8>
+template <int MT, int NT8, bool RX>
 struct PipeStage {
     uint8_t *w;    // [16 MT rows][kPipeRowBytes]
     uint16_t *d;   // [16 MT rows][kPipeGroup] row scales
-    int8_t *xq;    // [kPipeGroup][8 NT8 tokens][32]
-    float *xs;     // [kPipeGroup][8 NT8 tokens]
+    int8_t *xq;    // [kPipeGroup][8 NT8 tokens][32], or RX [8 NT8 tokens][kPipeXRowBytes]
+    float *xs;     // [kPipeGroup][8 NT8 tokens], or RX [8 NT8 tokens][kPipeXsStride]
     __device__ __forceinline__ PipeStage(uint8_t *base) {
+        constexpr int kXq = RX ? 8 * NT8 * kPipeXRowBytes : kPipeGroup * 32 * 8 * NT8;
         w = base;
         d = (uint16_t *)(base + 16 * MT * kPipeRowBytes);
         xq = (int8_t *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16);
-        xs = (float *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16 + kPipeGroup * 32 * 8 * NT8);
+        xs = (float *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16 + kXq);
     }
     // group j's weights and row scales (rows past n_out repeat the last one: never stored)
     __device__ __forceinline__ void load_w(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
@@ -267,8 +277,25 @@ struct PipeStage {
             cp_async16(d + threadIdx.x * kPipeGroup, dw + row * nb + j * kPipeGroup);
         }
     }
-    // group j's activations: contiguous in the fragment-ordered copy
-    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j) const {
+    // group j's activations: contiguous in the fragment-ordered copy; RX: 256 bytes and 8 scales of each token's row
+    // (tokens from T repeat token T - 1: their sums are never stored)
+    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j, int64_t T, int64_t n_in) const {
+        if constexpr (RX) {
+            constexpr int kQ = 8 * NT8 * 16, kS = 8 * NT8 * 2;
+            const int64_t nb = n_in / 32;
+            for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
+                if (c < kQ) {
+                    const int tok = c >> 4, col = c & 15;
+                    const int64_t src = min((int64_t)tok, T - 1);
+                    cp_async16(xq + tok * kPipeXRowBytes + col * 16, fq + src * n_in + j * kPipeGroup * 32 + col * 16);
+                } else {
+                    const int tok = (c - kQ) >> 1, half = (c - kQ) & 1;
+                    const int64_t src = min((int64_t)tok, T - 1);
+                    cp_async16(xs + tok * kPipeXsStride + half * 4, fs + src * nb + j * kPipeGroup + half * 4);
+                }
+            }
+            return;
+        }
         constexpr int kQ = kPipeGroup * 8 * NT8 * 32 / 16, kS = kPipeGroup * 8 * NT8 * 4 / 16;
         const int8_t *q = fq + j * kPipeGroup * 8 * NT8 * 32;
         const float *sc = fs + j * kPipeGroup * 8 * NT8;
@@ -281,22 +308,23 @@ struct PipeStage {
     }
 };
 
-template <int MT, int NT8, int S>
+template <int MT, int NT8, int S, bool RX>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y) {
+    using Stage = PipeStage<MT, NT8, RX>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8);
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nb = n_in / 32, ng = nb / kPipeGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
     for (int st = 0; st < S - 1; st++)
-        if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, st);
+        if (st < ng) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, st);
     pdl_wait();
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
-        if (st < ng) PipeStage<MT, NT8>(pipe_smem + st * kStage).load_x(fq, fs, st);
+        if (st < ng) Stage(pipe_smem + st * kStage).load_x(fq, fs, st, T, n_in);
         cp_async_commit();
     }
     float acc[MT][NT8][4] = {};
@@ -305,12 +333,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         __syncthreads();  // group j is in; every warp is done with group j - 1, whose stage is refilled now
         const int64_t jn = j + S - 1;
         if (jn < ng) {
-            const PipeStage<MT, NT8> nxt(pipe_smem + (int)(jn % S) * kStage);
+            const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
             nxt.load_w(qs, dw, n_in, nb, n_out, row0, jn);
-            nxt.load_x(fq, fs, jn);
+            nxt.load_x(fq, fs, jn, T, n_in);
         }
         cp_async_commit();
-        const PipeStage<MT, NT8> cur(pipe_smem + (int)(j % S) * kStage);
+        const Stage cur(pipe_smem + (int)(j % S) * kStage);
         float sw[MT][2];
         uint2 a[MT][2];
 #pragma unroll
@@ -323,9 +351,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
             }
 #pragma unroll
         for (int nt = 0; nt < NT8; nt++) {
-            const int tk = warp * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
-            const uint2 b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
-            const float2 sx = *(const float2 *)(cur.xs + tk + 2 * t4);
+            uint2 b;
+            float2 sx;
+            if constexpr (RX) {  // token rows: the warp's block of 32 at byte 32 warp, its scale in column warp
+                b = *(const uint2 *)(cur.xq + (8 * nt + g) * kPipeXRowBytes + warp * 32 + t4 * 8);
+                sx = make_float2(cur.xs[(8 * nt + 2 * t4) * kPipeXsStride + warp],
+                                 cur.xs[(8 * nt + 2 * t4 + 1) * kPipeXsStride + warp]);
+            } else {
+                const int tk = warp * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
+                b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+                sx = *(const float2 *)(cur.xs + tk + 2 * t4);
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 int c[4];
@@ -461,6 +497,14 @@ static bool q8p_pipe_on() {
     return on;
 }
 
+// Whether the staged kernel reads the quantizer's rows itself (RX) instead of a fragment-ordered copy made by a kernel
+// of its own before it (DFL_CUDA_Q8P_PIPE_ROWS=1, opt-in, not yet run on a GPU): one launch fewer a product of 8..32
+// tokens (batched decode, verify blocks), the rows padded in shared memory as the weights are.
+static bool q8p_pipe_rows_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_ROWS", false);
+    return on;
+}
+
 static bool q8p_deep_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_DEEP", true);
     return on;
@@ -486,14 +530,22 @@ static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens (up to 64 with
 // DFL_CUDA_Q8P_PIPE64=1; the register kernel takes 33..64 otherwise). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
+// rx: x is the quantizer's rows (RX), else the fragment-ordered copy.
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y) {
-    auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
+                            int64_t T, float *Y, bool rx) {
+    auto launch_rx = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
-        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8);
-        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
-        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw,
-                         W.n_in, W.n_out, x.xq, x.xs, T, Y);
+        constexpr bool RX = decltype(rows)::value;
+        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX);
+        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
+        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs,
+                         dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
+    };
+    auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
+        if (rx)
+            launch_rx(grid, mt, nt8, stages, std::true_type{});
+        else
+            launch_rx(grid, mt, nt8, stages, std::false_type{});
     };
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         if constexpr (decltype(nt8)::value <= 4) {
@@ -515,9 +567,14 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
+    const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
+    if (pipe && q8p_pipe_rows_on()) {  // no fragment-ordered copy: the kernel stages the quantizer's rows
+        launch_q8p_pipe(dev, W, qs, dw, MmaX{xq, xs, nullptr, 0}, T, Y, true);
+        return;
+    }
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
-    if (q8p_pipe_on() && x.T8 && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0) {
-        launch_q8p_pipe(dev, W, qs, dw, x, T, Y);
+    if (pipe && x.T8) {
+        launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false);
         return;
     }
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
