@@ -90,11 +90,11 @@ void test_matmul_embed() {
             DualWeight W(type, s.n_out, s.n_in, r);
             for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
         }
-    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV, 2..8 the dp4a rows kernel; 9..64
+    // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV, 2..7 the dp4a rows kernel; 8..64
     // tokens int8 tensor cores (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out
-    // / 32 reaches the SM count (4500 rows: a partial last pair of tiles): 9, 16, 17, 32 the staged kernel's 1..4 tiles
-    // of 8 tokens (inputs a multiple of 256; 288 inputs the register kernel), 33 and 64 the register kernel's 5 and 8
-    // tiles; 130: cuBLAS on the repacked rows dequantized. Activations rounded to int8 per block of 32 (relative 1/254
+    // / 32 reaches the SM count (4500 rows: a partial last pair of tiles): 8, 9, 16, 17, 32 the staged kernel's 1..4
+    // tiles of 8 tokens (inputs a multiple of 256; 288 inputs the register kernel), 33 and 64 the register kernel's 5
+    // and 8 tiles (the staged kernel's with DFL_CUDA_Q8P_PIPE64=1); 130: cuBLAS on the repacked rows dequantized. Activations rounded to int8 per block of 32 (relative 1/254
     // of the block's largest value per element, random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the
     // long rows of the down projections.
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},

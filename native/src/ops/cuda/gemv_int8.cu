@@ -2,9 +2,9 @@
 //  - q8_0 repacked at load: the quants of a row contiguous (16-byte words, no 34-byte block boundaries to straddle)
 //    and the block scales beside them, so that a warp streams its row with 16-byte loads, several in flight per lane,
 //    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
-//    token (the batch-1 decode step), and 2..8 tokens with four rows per warp;
+//    token (the batch-1 decode step), and 2..7 tokens with four rows per warp;
 //  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens;
-//  - 9..64 tokens of q8_0, 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
+//  - 8..64 tokens of q8_0 (DFL_CUDA_Q8P_MMA_MIN), 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
 
 #include <algorithm>
 

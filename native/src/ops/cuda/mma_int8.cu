@@ -1,4 +1,4 @@
-// Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 9 tokens; fewer go to the
+// Products of 2..64 tokens on int8 tensor cores (mma.sync m16n8k32): repacked q8_0 (from 8 tokens; fewer go to the
 // dp4a kernels of gemv_int8.cu, which also quantizes the activations) and q4_K on the file's own layout.
 #include <algorithm>
 #include <type_traits>
