@@ -33,6 +33,15 @@ def build(shape):
     return model
 
 
+def static_cache(config, batch, length):
+    # transformers 5 sizes the cache's batch and device at its first update; 4.x wanted them up front
+    try:
+        return transformers.StaticCache(config=config, max_cache_len=length)
+    except TypeError:
+        return transformers.StaticCache(config=config, max_batch_size=batch, max_cache_len=length, device="cuda",
+                                        dtype=torch.bfloat16)
+
+
 def timed(fn, reps):
     fn()
     torch.cuda.synchronize()
@@ -61,7 +70,7 @@ def main():
         print(f"{args.shape} bf16 pp{n}: {n / dt:.0f} tok/s")
 
     for b in (1, 8, 32):
-        cache = transformers.StaticCache(config=model.config, max_cache_len=16 + args.steps + 8)
+        cache = static_cache(model.config, b, 16 + args.steps + 8)
         step = model.forward
         if not args.no_compile:
             step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
