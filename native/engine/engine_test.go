@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -333,6 +334,44 @@ func TestSnapshotRollbackAndRecordedTruncate(t *testing.T) {
 				is.True(relErr(got.Row(0, i), want.Row(0, 2+i)) < 1e-4)
 			}
 		})
+	}
+}
+
+// After a recorded verify of 6 tokens, truncating to any number of them (0..6) leaves the sequence where decoding the
+// kept tokens one at a time would have: the next token's logits are the same bits (the CPU's products do not depend
+// on the batch, and the recurrent state of the kept tokens is the one-at-a-time arithmetic, replayed from light
+// records or copied from recorded states).
+func TestRecordedTruncateEveryLength(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		for keep := 0; keep <= 6; keep++ {
+			t.Run(fmt.Sprintf("%s/keep%d", c.arch, keep), func(t *testing.T) {
+				is := is.New(t)
+				m := loadRandom(t, lib, c, Options{KVPoolTokens: 256, MaxSeqs: 2, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
+				rng := rand.New(rand.NewPCG(9, uint64(keep)))
+				prompt, draft, next := randomTokens(rng, 12, c.vocab), randomTokens(rng, 6, c.vocab), randomTokens(rng, 1, c.vocab)
+
+				ref, _ := m.NewSeq()
+				_, err := m.Forward(one(ref, prompt, LogitsNone))
+				is.NoErr(err)
+				for _, tok := range draft[:keep] {
+					_, err = m.Forward(one(ref, []int32{tok}, LogitsNone))
+					is.NoErr(err)
+				}
+				want, err := m.Forward(one(ref, next, LogitsAll))
+				is.NoErr(err)
+
+				s, _ := m.NewSeq()
+				_, err = m.Forward(one(s, prompt, LogitsNone))
+				is.NoErr(err)
+				_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: draft, Logits: LogitsAll, Record: true}}})
+				is.NoErr(err)
+				is.NoErr(m.Truncate(s, len(prompt)+keep))
+				got, err := m.Forward(one(s, next, LogitsAll))
+				is.NoErr(err)
+				is.Equal(relErr(got.Row(0, 0), want.Row(0, 0)), 0.0) // bit for bit
+			})
+		}
 	}
 }
 

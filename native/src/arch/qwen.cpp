@@ -484,6 +484,16 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.beta = a.beta.f();
     gg.g = a.g.f();
     dev_->gdn_gates(T, gg);
+    if (light_rec_) {  // the recording entries' inputs, for a rollback to replay
+        GdnInputs gi;
+        gi.cv = a.cv.f();
+        gi.g = a.g.f();
+        gi.beta = a.beta.f();
+        gi.C = C;
+        gi.n_v = h.n_v;
+        gi.rec_layer = L.rec_index;
+        dev_->record_gdn_inputs(m, gi);
+    }
 
     GdnCall gc;
     gc.cv = a.cv.f();
@@ -499,6 +509,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.slot_stride = slot_floats();
     gc.rec_layer = L.rec_index;
     gc.n_rec = n_rec_;
+    gc.rec_each = !light_rec_;
     dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1], L.ssm_norm, T * h.n_v, h.dv, h.eps);
@@ -607,13 +618,15 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     const int32_t E = (int32_t)b.n_seqs;
     const size_t n_meta = (size_t)(4 * T + 4 * E + (int64_t)E * max_blocks + rows);
     ensure(meta_, n_meta * sizeof(int32_t), "batch metadata");
-    ensure(ptrs_, (size_t)2 * E * sizeof(float *), "batch metadata");
+    ensure(ptrs_, (size_t)3 * E * sizeof(float *), "batch metadata");
     if (rows > 0) ensure(logits_, (size_t)rows * h.n_vocab * sizeof(float), "logits");
     const size_t topk_size = topk ? topk_bytes(rows, topk->k) : 0;
     if (topk_size > 0) ensure(topk_, topk_size, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
+    // A chain forward keeps light records where the device can replay them; a tree needs every token's state.
+    const bool light = any_record && !any_tree && dev_->light_records();
     for (uint32_t i = 0; i < b.n_seqs; i++)
-        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens);
+        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, light);
     if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)), "tree metadata");
 
     for (uint32_t i = 0; i < b.n_seqs; i++) {
@@ -626,7 +639,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     int32_t *tokens = host_meta_.data(), *pos = tokens + T, *ent = pos + T, *kv_slot = ent + T;
     int32_t *t0 = kv_slot + T, *nn = t0 + E, *len0 = nn + E, *slot = len0 + E, *bt = slot + E;
     int32_t *out_rows = bt + (int64_t)E * max_blocks;
-    host_ptrs_.assign((size_t)2 * E, nullptr);
+    host_ptrs_.assign((size_t)3 * E, nullptr);
     if (any_tree) host_tree_.assign((size_t)T + ((size_t)T + 1) / 2, 0);
     uint64_t *vis = host_tree_.data();
     int32_t *tpar = any_tree ? (int32_t *)(vis + T) : nullptr;
@@ -671,6 +684,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             const SeqState &ss = seq_state_[(size_t)sb.seq];
             host_ptrs_[(size_t)e] = ss.rec_state.f();
             host_ptrs_[(size_t)(E + e)] = ss.rec_window.f();
+            if (light) host_ptrs_[(size_t)(2 * E + e)] = ss.rec_in.f();
         }
     }
     dev_->to_device(meta_.get(), host_meta_.data(), n_meta * sizeof(int32_t));
@@ -695,6 +709,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     m.max_blocks = (int32_t)max_blocks;
     m.rec_state = ptrs_.get<float *>();
     m.rec_window = ptrs_.get<float *>() + E;
+    if (light) m.rec_in = ptrs_.get<float *>() + 2 * E;
+    light_rec_ = light;
     if (any_tree) {
         m.vis = tree_.get<uint64_t>();
         m.parent = (const int32_t *)(m.vis + T);
@@ -708,7 +724,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             key.max_tokens = max_n;
         }
         // which kernels run: trees (per-token masks), recording, and the hidden-state captures (layers, 8 bits each)
-        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2;
+        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2 | (light ? 1u << 5 : 0u);
         for (uint32_t c = 0; c < b.n_capture; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
         graphs_.run(*dev_, key, [&] { run_layers(m, b, rows, d_out_rows); });
     } else {
@@ -731,6 +747,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         q.rec_n = b.seqs[i].n_tokens;
         q.len += b.seqs[i].n_tokens;
         q.rec = records(i);
+        q.rec_light = q.rec && light;
         q.tree = tree_of(i) != nullptr;
         if (q.tree) q.tree_parents.assign(tree_of(i), tree_of(i) + b.seqs[i].n_tokens);
     }

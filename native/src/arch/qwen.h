@@ -81,12 +81,16 @@ private:
         DevBuf qkv, z, bb, aa, cv, beta, g, core;   // Gated DeltaNet
         DevBuf fused;                               // output of a fused projection, before it is split
     };
-    // Per-sequence device buffers for snapshot and recording, allocated when first needed.
+    // Per-sequence device buffers for snapshot and recording, allocated when first needed. A tree forward records
+    // the state after every token (rec_state of rec_slots slots: the state before, then one a token); a chain forward,
+    // where the device keeps light records, only the state before (one slot) and its tokens' Gated DeltaNet inputs
+    // (rec_in), from which a rollback replays the tokens it keeps.
     struct SeqState {
         DevBuf snap;        // slot_floats
-        DevBuf rec_state;   // (rec_cap + 1) * n_rec * state_floats
+        DevBuf rec_state;   // rec_slots * n_rec * state_floats
         DevBuf rec_window;  // n_rec * (K - 1 + rec_cap) * C
-        uint32_t rec_cap = 0;
+        DevBuf rec_in;      // rec_in_rows * n_rec * (C + 2 n_v) (BatchMeta::rec_in)
+        uint32_t rec_cap = 0, rec_slots = 0, rec_in_rows = 0;
     };
 
     void load_weights(const dfl_model_params &p);
@@ -101,7 +105,11 @@ private:
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
     void ensure_acts(int64_t T);
     void ensure(DevBuf &b, size_t bytes, const char *what);
-    void ensure_record(int32_t s, uint32_t n);
+    void ensure_record(int32_t s, uint32_t n, bool light);
+    // Sequence s's recurrent state after the first k tokens of its last light-recorded forward: the state before it,
+    // then those tokens' recorded inputs through the Gated DeltaNet op again.
+    void replay_records(int32_t s, uint32_t k);
+    int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
     void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
@@ -128,6 +136,8 @@ private:
 
     Acts acts_;
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
+    DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot
+    bool light_rec_ = false;      // the forward running keeps light records
     DevBuf tree_;                 // BatchMeta vis [T] (u64) then parent [T] of a batch with trees
     std::vector<uint64_t> host_tree_;
     std::vector<uint8_t> host_topk_;

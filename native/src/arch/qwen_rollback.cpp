@@ -1,7 +1,9 @@
 // Rolling a Qwen sequence back after a speculative forward: truncation to a recorded length, the snapshot and its
 // rollback, and accepting a root-to-node path of a token tree. Attention layers only move K/V rows (or just the
 // length); Gated DeltaNet layers take the recurrent state recorded after the last kept token (ensure_record's buffers,
-// written by the forward of a DFL_SEQ_RECORD entry or a tree) and rebuild the conv window from the recorded inputs.
+// written by the forward of a DFL_SEQ_RECORD entry or a tree), or with light records replay the kept tokens' recorded
+// inputs from the state before the forward, and rebuild the conv window from the recorded inputs.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -9,17 +11,67 @@
 
 namespace dfl {
 
-void QwenModel::ensure_record(int32_t s, uint32_t n) {
+void QwenModel::ensure_record(int32_t s, uint32_t n, bool light) {
     SeqState &ss = seq_state_[(size_t)s];
-    if (n <= ss.rec_cap) return;
-    const uint32_t cap = std::max<uint32_t>(n, 16);
     const HParams &h = hp_;
-    ss.rec_state.reset();
-    ss.rec_window.reset();
-    ss.rec_state = DevBuf(dev_.get(), (size_t)(cap + 1) * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
-    ss.rec_window =
-        DevBuf(dev_.get(), (size_t)n_rec_ * (size_t)(h.conv_k - 1 + cap) * h.conv_channels() * sizeof(float), "record windows");
-    ss.rec_cap = cap;
+    const uint32_t cap = std::max<uint32_t>(n, 16);
+    if (ss.rec_slots < (light ? 1u : n + 1)) {
+        const uint32_t slots = light ? 1 : cap + 1;
+        ss.rec_state.reset();
+        ss.rec_state = DevBuf(dev_.get(), (size_t)slots * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
+        ss.rec_slots = slots;
+    }
+    if (n > ss.rec_cap) {
+        ss.rec_window.reset();
+        ss.rec_window =
+            DevBuf(dev_.get(), (size_t)n_rec_ * (size_t)(h.conv_k - 1 + cap) * h.conv_channels() * sizeof(float), "record windows");
+        ss.rec_cap = cap;
+    }
+    if (light && n > ss.rec_in_rows) {
+        ss.rec_in.reset();
+        ss.rec_in = DevBuf(dev_.get(), (size_t)cap * n_rec_ * (size_t)rec_in_row_floats() * sizeof(float), "record inputs");
+        ss.rec_in_rows = cap;
+    }
+}
+
+void QwenModel::replay_records(int32_t s, uint32_t k) {
+    const HParams &h = hp_;
+    const SeqState &ss = seq_state_[(size_t)s];
+    const int64_t sf = h.state_floats(), C = h.conv_channels(), n = table_.get(s).rec_n, rw = rec_in_row_floats();
+    // the state before the forward (its layers contiguous, as the slot's states are)
+    dev_->copy(slot_ptr(s), ss.rec_state.f(), sizeof(float) * (size_t)(n_rec_ * sf));
+    if (k == 0) return;
+    const int32_t host[3] = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch
+    ensure(replay_meta_, sizeof host, "replay metadata");
+    dev_->to_device(replay_meta_.get(), host, sizeof host);
+    ensure_acts(k);
+    BatchMeta m;
+    m.T = k;
+    m.n_ent = 1;
+    m.max_n = k;
+    m.t0 = replay_meta_.get<int32_t>();
+    m.n = m.t0 + 1;
+    m.slot = m.t0 + 2;
+    for (const Layer &L : layers_) {
+        if (L.attn) continue;
+        const float *in = ss.rec_in.f() + (int64_t)L.rec_index * n * rw;  // rows [n][C], g [n][n_v], beta [n][n_v]
+        GdnCall gc;
+        gc.cv = in;
+        gc.C = (int)C;
+        gc.n_k = h.n_k;
+        gc.n_v = h.n_v;
+        gc.dk = h.dk;
+        gc.dv = h.dv;
+        gc.g = in + n * C;
+        gc.beta = in + n * (C + h.n_v);
+        gc.out = acts_.core.f();
+        gc.state = states_.f() + L.rec_index * sf;
+        gc.slot_stride = slot_floats();
+        gc.rec_layer = L.rec_index;
+        gc.n_rec = n_rec_;
+        gc.exact = true;
+        dev_->gdn(m, gc);
+    }
 }
 
 void QwenModel::seq_truncate(int32_t s, uint32_t n) {
@@ -50,8 +102,12 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
         const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
         const SeqState &ss = seq_state_[(size_t)s];
         float *slot = slot_ptr(s);
-        // recorded states of token k are contiguous over the layers; so are the slot's states
-        dev_->copy(slot, ss.rec_state.f() + (size_t)k * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        if (!q.rec_light) {
+            // recorded states of token k are contiguous over the layers; so are the slot's states
+            dev_->copy(slot, ss.rec_state.f() + (size_t)k * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        } else if (k < q.rec_n) {
+            replay_records(s, k);  // (keeping every token: the slot already holds the state after them)
+        }
         for (int r = 0; r < n_rec_; r++)
             dev_->copy(slot + n_rec_ * sf + r * cf, ss.rec_window.f() + ((size_t)r * wrows + k) * (size_t)C,
                        sizeof(float) * (size_t)cf);

@@ -67,6 +67,10 @@ struct BatchMeta {
     // recording (speculative rollback), per entry; null pointer = the entry does not record
     float *const *rec_state = nullptr;  // [n + 1][n_rec][n_v * dk * dv]: state before the forward, then after each token
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
+    // light records (GdnCall::rec_each false): per entry, the Gated DeltaNet inputs of its tokens, per recurrent layer r
+    // a block of n (C + 2 n_v) floats at r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta
+    // [n][n_v]; null where the entry does not record (record_gdn_inputs writes them)
+    float *const *rec_in = nullptr;
     // Token trees (forward_tree); both null when the batch has none. Per token [T]:
     //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
     //    entry's token i has i - 1. The recurrent ops continue token i from the recorded state after its parent
@@ -165,7 +169,10 @@ struct GdnGates {
 };
 
 // The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
-// j % n_k (GGUF order). Recording entries store the state before and after each token in rec_state.
+// j % n_k (GGUF order). Recording entries store the state before and after each token in rec_state (rec_each), or
+// only the state before (light records: a rollback replays the kept tokens' recorded inputs from it). Recording and
+// exact calls take the state token by token, the same arithmetic for every token count, so that a replay of k
+// recorded tokens gives the state the recording forward had after them, bit for bit.
 struct GdnCall {
     const float *cv = nullptr;  // [T][C] after GdnGates
     int C = 0, n_k = 0, n_v = 0, dk = 0, dv = 0;
@@ -174,6 +181,15 @@ struct GdnCall {
     float *state = nullptr;                     // recurrent state of this layer for slot 0
     int64_t slot_stride = 0;
     int rec_layer = 0, n_rec = 0;
+    bool rec_each = true;  // false: recording entries keep only the state before (a tree forward needs every state)
+    bool exact = false;    // token by token even without recording (a replay of light records)
+};
+
+// A recording forward's Gated DeltaNet inputs copied to its light records (BatchMeta::rec_in) for layer rec_layer.
+struct GdnInputs {
+    const float *cv = nullptr;                  // [T][C] after GdnGates
+    const float *g = nullptr, *beta = nullptr;  // [T][n_v]
+    int C = 0, n_v = 0, rec_layer = 0;
 };
 
 // DFlash2's grouped dynamic causal convolution (spec §5.1 (a)) over each entry's tokens, which are the positions of
@@ -441,6 +457,11 @@ public:
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
+    // Whether this device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact).
+    virtual bool light_records() const { return false; }
+    virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
+        fail(DFL_ERR_UNSUPPORTED, name() + ": light records (record_gdn_inputs) are not implemented");
+    }
     // x = rmsnorm(x) * w * silu(z) per row of n.
     virtual void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) = 0;
     // The k (1..64) largest values of each row of n logits, larger first and lower id on ties (NaN counts as -inf;

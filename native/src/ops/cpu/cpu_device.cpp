@@ -252,7 +252,7 @@ public:
                 bj[i] = c.beta[(t0 + i) * nv + j];
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
-            float *rec = m.rec_state[e];
+            float *rec = m.rec_state ? m.rec_state[e] : nullptr;
             const int32_t *par = m.parent ? m.parent + t0 : nullptr;
             bool chain = true;
             for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
@@ -266,6 +266,10 @@ public:
                     gdn_recurrent(S, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
                                   base + (size_t)(i + 1) * per);
                 }
+            } else if (rec && !c.rec_each) {
+                // light records: slot 0 holds the state before the forward (the inputs are record_gdn_inputs')
+                std::memcpy(rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * dk * dv, S, sizeof(float) * (size_t)dk * dv);
+                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
             } else if (rec) {
                 // slot 0 holds the state before the forward, slot i+1 the state after token i
                 const size_t per = (size_t)c.n_rec * (size_t)sf;
@@ -275,13 +279,28 @@ public:
                 gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, st.data());
                 for (int64_t i = 0; i < n; i++)
                     std::memcpy(base + (size_t)(i + 1) * per, st.data() + i * dk * dv, sizeof(float) * (size_t)dk * dv);
-            } else if (n > 1) {
+            } else if (n > 1 && !c.exact) {
                 gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
             } else {
                 gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
             }
             for (int64_t i = 0; i < n; i++)
                 std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);
+        });
+    }
+
+    bool light_records() const override { return true; }
+
+    void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override {
+        const int64_t C = r.C, nv = r.n_v;
+        pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
+            float *dst = m.rec_in[e];
+            if (!dst) return;
+            const int64_t n = m.n[e], t0 = m.t0[e];
+            float *base = dst + (int64_t)r.rec_layer * n * (C + 2 * nv);
+            std::memcpy(base, r.cv + t0 * C, sizeof(float) * (size_t)(n * C));
+            std::memcpy(base + n * C, r.g + t0 * nv, sizeof(float) * (size_t)(n * nv));
+            std::memcpy(base + n * (C + nv), r.beta + t0 * nv, sizeof(float) * (size_t)(n * nv));
         });
     }
 

@@ -52,6 +52,8 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
+    bool light_records() const override;
+    void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
 
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override;
@@ -220,6 +222,7 @@ void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
+void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);
 // A repacked q8_0 weight (repack_q8_0): its n_out rows of n_in quants, then all of its f16 block scales.

@@ -1,4 +1,5 @@
 // Gated DeltaNet layer ops: causal depthwise conv + SiLU, q/k L2 norm and gates, and the gated delta rule.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
         o += __shfl_xor_sync(0xffffffffu, o, 1);
         if (active) {
             if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-            if (rec) {
+            if (rec && g.rec_each) {
                 float *dst = rec + (it + 1) * per;
 #pragma unroll
                 for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             u += k[i] * x;
         }
         const float delta = beta * (v - u);
-        float *dst = rec ? rec + (it + 1) * per : nullptr;
+        float *dst = rec && g.rec_each ? rec + (it + 1) * per : nullptr;
         for (int i = 0; i < dk; i++) {
             const float x = S[(int64_t)i * dv + b] + k[i] * delta;
             S[(int64_t)i * dv + b] = x;
@@ -250,6 +251,34 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         }
         g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
     }
+}
+
+// A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
+// (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
+__global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
+                                         float *const *rec_in) {
+    const int64_t t = blockIdx.x;
+    const int e = ent[t];
+    float *dst = rec_in[e];
+    if (!dst) return;
+    const int64_t n = ns[e], i = t - t0s[e], C = r.C, nv = r.n_v;
+    float *base = dst + (int64_t)r.rec_layer * n * (C + 2 * nv);
+    for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < C + 2 * nv; c += (int64_t)gridDim.y * blockDim.x) {
+        if (c < C)
+            base[i * C + c] = r.cv[t * C + c];
+        else if (c < C + nv)
+            base[n * C + i * nv + (c - C)] = r.g[t * nv + (c - C)];
+        else
+            base[n * (C + nv) + i * nv + (c - C - nv)] = r.beta[t * nv + (c - C - nv)];
+    }
+}
+
+void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r) {
+    if (m.T <= 0) return;
+    const int64_t cols = (int64_t)r.C + 2 * r.n_v;
+    const dim3 grid((unsigned)m.T, (unsigned)std::min<int64_t>((cols + 255) / 256, 64));
+    record_gdn_inputs_kernel<<<grid, 256, 0, s>>>(r, m.ent, m.t0, m.n, m.rec_in);
+    check_launch("record_gdn_inputs");
 }
 
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
