@@ -366,7 +366,9 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=1: q8_0 of
 # 33..64 tokens (and verify batches of 65..128 rows, in two passes) on the staged kernel too; DFL_CUDA_Q8P_PIPE_ROWS=1:
 # the staged kernel reads the quantizer's rows, no fragment-ordered copy kernel before it (both not yet run on a GPU).
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1,DFL_CUDA_Q8P_PIPE_ROWS=1}
+# DFL_CUDA_LIGHT_RECORDS=1: chain verifies keep light records (the state before and the rows' inputs; a truncation
+# replays the kept rows) instead of every state after every row.
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE64=1,DFL_CUDA_Q8P_PIPE_ROWS=1,DFL_CUDA_LIGHT_RECORDS=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
@@ -466,10 +468,14 @@ quick_checks() {
 }
 
 spec_greedy() {
-  log "speculative greedy == plain greedy on cuda:0 (qwen-dflash)"
-  (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
-    timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' -test.v -test.count=1 2>&1) |
-    tee "$OUT/spec-tests.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -40
+  local v
+  for v in - ${TRY:+"$TRY"}; do
+    log "speculative greedy == plain greedy on cuda:0 (qwen-dflash): $v"
+    (cd plugins/backend-qwen-dflash/qwendflash && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin \
+      DFLASH_TEST_DEVICE=cuda:0 timeout ${SPEC_TIMEOUT:-150} "$stage/bin/qwendflash.test" -test.run 'Speculative/cuda' \
+      -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests-$(variant_tag "$v").txt" | grep -E "^\s*(---|ok|FAIL|PASS)|rror" |
+      tee -a "$OUT/summary.txt" | head -40
+  done
 }
 
 ds4_ops() {
