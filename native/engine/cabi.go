@@ -399,6 +399,10 @@ func (a *capi) estimate(spec *ModelSpec) (Estimate, error) {
 		KVBytesPerToken:  uint64(e.kv_bytes_per_token),
 		StateBytesPerSeq: uint64(e.state_bytes_per_seq),
 		ScratchBytes:     uint64(e.scratch_bytes),
+		// (zero where the library's struct is shorter: w_model_estimate passes a zeroed one)
+		RecordBytesFixed:      uint64(e.record_bytes_fixed),
+		RecordBytesPerRow:     uint64(e.record_bytes_per_row),
+		TreeRecordBytesPerRow: uint64(e.tree_record_bytes_per_row),
 	}, nil
 }
 

@@ -679,6 +679,13 @@ func TestEstimateAgreesWithLoadedModel(t *testing.T) {
 			is.Equal(e.StateBytesPerSeq, info.StateBytesPerSeq)
 			is.True(e.WeightBytes >= info.WeightBytes) // every tensor of the trunk, as stored
 			is.True(e.ScratchBytes > 0)
+			if info.RecurrentLayers == 0 { // nothing to record
+				is.Equal(e.RecordBytesFixed+e.RecordBytesPerRow+e.TreeRecordBytesPerRow, uint64(0))
+			} else { // a tree row keeps a whole state; a chain row on the CPU only its inputs (light records)
+				is.True(e.RecordBytesFixed > 0)
+				is.True(e.TreeRecordBytesPerRow <= info.StateBytesPerSeq)
+				is.True(e.RecordBytesPerRow > 0 && e.RecordBytesPerRow < e.TreeRecordBytesPerRow)
+			}
 		})
 	}
 	_, err = lib.Estimate(ModelSpec{Arch: "llama"})

@@ -310,6 +310,10 @@ type Estimate struct {
 	KVBytesPerToken  uint64 // K+V of one token over all attention layers, in the options' cache types
 	StateBytesPerSeq uint64 // recurrent + conv state of one sequence slot
 	ScratchBytes     uint64 // activations of a 512-token forward
+	// What a sequence's speculative records take (qwen35 targets; 0 elsewhere, and from libraries that predate them):
+	// RecordBytesFixed, then per row of its widest verify (at least 16 rows) RecordBytesPerRow for a chain or
+	// TreeRecordBytesPerRow for a tree.
+	RecordBytesFixed, RecordBytesPerRow, TreeRecordBytesPerRow uint64
 }
 
 // Estimate reports what spec would take on the library's device, without loading it.

@@ -137,6 +137,13 @@ typedef struct {
     uint64_t kv_bytes_per_token;   /* K+V of one token over all attention layers, in the params' cache types */
     uint64_t state_bytes_per_seq;  /* recurrent + conv state of one sequence slot */
     uint64_t scratch_bytes;        /* activations of a forward of 512 tokens (they grow with larger batches) */
+    /* Appended: what a sequence's records take once it verifies with DFL_SEQ_RECORD (speculative rollback), for
+     * qwen35 targets (0 elsewhere): record_bytes_fixed, then per row of its widest verify (at least 16 rows)
+     * record_bytes_per_row for a chain (light records where the device keeps them) or tree_record_bytes_per_row for
+     * a tree (the state after every token). */
+    uint64_t record_bytes_fixed;
+    uint64_t record_bytes_per_row;
+    uint64_t tree_record_bytes_per_row;
 } dfl_model_estimate;
 
 typedef struct {

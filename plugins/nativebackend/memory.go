@@ -29,19 +29,27 @@ func fitPool(est native.Estimate, free uint64, seqs int, records uint64, want, m
 }
 
 // recordBytes is what the engine allocates, when speculative decoding first verifies, for each of slots sequences
-// that verifies rows tokens at a time: the recurrent state after every row (it keeps at least 16 rows' room, and one
-// more for the state before them; the convolution windows are smaller than as many conv states). A model without
-// recurrent layers records nothing.
-func recordBytes(est native.Estimate, slots, rows int) uint64 {
+// that verifies rows tokens at a time (a tree when tree): the library's figures (it keeps at least 16 rows' room),
+// or, from a library that predates them, the recurrent state after every row and the one before them (the
+// convolution windows are smaller than as many conv states). A model without recurrent layers records nothing.
+func recordBytes(est native.Estimate, slots, rows int, tree bool) uint64 {
 	if rows <= 0 {
 		return 0
 	}
-	return uint64(slots) * uint64(max(rows, 16)+1) * est.StateBytesPerSeq
+	per := est.RecordBytesPerRow
+	if tree {
+		per = est.TreeRecordBytesPerRow
+	}
+	if per == 0 {
+		return uint64(slots) * uint64(max(rows, 16)+1) * est.StateBytesPerSeq
+	}
+	return uint64(slots) * (est.RecordBytesFixed + uint64(max(rows, 16))*per)
 }
 
 // devicePool is the KV pool of a model on a GPU when the operator gave no --kv-pool-tokens: what fitPool allows
-// with the device's free memory now, for seqs sequence slots of which slots verify up to rows tokens a step.
-func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, slots, rows, want, minimum int) (int, error) {
+// with the device's free memory now, for seqs sequence slots of which slots verify up to rows tokens a step (trees
+// when tree).
+func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, slots, rows int, tree bool, want, minimum int) (int, error) {
 	est, err := lib.Estimate(ms)
 	if err != nil {
 		return 0, err
@@ -50,7 +58,7 @@ func devicePool(lib *native.Lib, ms native.ModelSpec, seqs, slots, rows, want, m
 	if err != nil {
 		return 0, err
 	}
-	n, err := fitPool(est, free, seqs, recordBytes(est, slots, rows), want, minimum)
+	n, err := fitPool(est, free, seqs, recordBytes(est, slots, rows, tree), want, minimum)
 	if err != nil {
 		return 0, fmt.Errorf("%s:%d: %w", lib.Kind(), lib.Device(), err)
 	}

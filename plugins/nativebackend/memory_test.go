@@ -46,21 +46,27 @@ func TestFitPool(t *testing.T) {
 }
 
 func TestRecordBytes(t *testing.T) {
-	est := native.Estimate{StateBytesPerSeq: 1000}
+	old := native.Estimate{StateBytesPerSeq: 1000} // a library that predates the record figures
+	est := native.Estimate{StateBytesPerSeq: 1000, RecordBytesFixed: 300, RecordBytesPerRow: 20, TreeRecordBytesPerRow: 900}
 	tests := []struct {
 		name        string
+		est         native.Estimate
 		slots, rows int
+		tree        bool
 		want        uint64
 	}{
-		{"no draft", 8, 0, 0},
-		{"a DFlash2 block of 8 keeps room for 16", 8, 8, 8 * 17 * 1000},
-		{"a tree of budget 22", 2, 23, 2 * 24 * 1000},
+		{"no draft", est, 8, 0, false, 0},
+		{"a DFlash2 block of 8 keeps room for 16", est, 8, 8, false, 8 * (300 + 16*20)},
+		{"a chain of 23", est, 2, 23, false, 2 * (300 + 23*20)},
+		{"a tree of budget 22", est, 2, 23, true, 2 * (300 + 23*900)},
+		{"old library: a state a row and one before", old, 8, 8, false, 8 * 17 * 1000},
+		{"old library, tree", old, 2, 23, true, 2 * 24 * 1000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
-			is.Equal(recordBytes(est, tc.slots, tc.rows), tc.want)
+			is.Equal(recordBytes(tc.est, tc.slots, tc.rows, tc.tree), tc.want)
 		})
 	}
-	is.New(t).Equal(recordBytes(native.Estimate{KVBytesPerToken: 1}, 8, 16), uint64(0)) // no recurrent layers
+	is.New(t).Equal(recordBytes(native.Estimate{KVBytesPerToken: 1}, 8, 16, false), uint64(0)) // no recurrent layers
 }

@@ -528,6 +528,8 @@ int32_t device_count();
 void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes);
 // Bytes prepare_weight adds for a matrix of this type and size (its device layout copy), for model_estimate.
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes);
+// Whether this library's device keeps light records (Device::light_records), for model_estimate.
+bool device_light_records();
 
 // Frees a device allocation when it goes out of scope.
 class DevBuf {

@@ -19,4 +19,6 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return type == DFL_TYPE_Q6_K ? bytes / 105 * 106 + 64 : bytes;
 }
 
+bool device_light_records() { return true; }
+
 }  // namespace dfl

@@ -531,7 +531,7 @@ void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
 // row a sequence on the 27B qwen3.5 shape). The kernels do the same arithmetic with or without recording, so a
 // replay is bitwise the forward's state.
 bool CudaDevice::light_records() const {
-    static const bool on = env_switch("DFL_CUDA_LIGHT_RECORDS", false);
+    static const bool on = device_light_records();
     return on;
 }
 

@@ -36,4 +36,7 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
+// On DFL_CUDA_LIGHT_RECORDS=1 (opt-in, not yet run on a GPU): CudaDevice::light_records.
+bool device_light_records() { return cuda::env_switch("DFL_CUDA_LIGHT_RECORDS", false); }
+
 }  // namespace dfl
