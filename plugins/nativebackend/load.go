@@ -162,7 +162,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	}
 	if cfg.KVPoolTokens <= 0 && lib.Kind() != "cpu" {
 		// On a GPU the pool is what the device's free memory holds next to the weights, up to every slot's context.
-		// A draft's verify steps record the recurrent state of every row they verify (allocated at the first one)
+		// A draft's verify steps keep records of the rows they verify for rollback (allocated at the first one)
 		if ms.Options.KVPoolTokens, err = devicePool(lib, ms, slots+opts.PrefixSlots, slots, d.verifyRows(opts.Draft),
 			opts.Draft.TreeBudget > 0, pool, maxCtx); err != nil {
 			return nil, fmt.Errorf("load %s: %w", cfg.Path, err)

@@ -401,6 +401,10 @@ struct MoeExpertsCall {
     float *out = nullptr;            // [T][n_embd]
 };
 
+// Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
+// Device::light_records says, and what model_estimate counts.
+bool device_light_records();
+
 class Device {
 public:
     virtual ~Device() = default;
@@ -457,8 +461,7 @@ public:
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
-    // Whether this device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact).
-    virtual bool light_records() const { return false; }
+    bool light_records() const { return device_light_records(); }
     virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
         fail(DFL_ERR_UNSUPPORTED, name() + ": light records (record_gdn_inputs) are not implemented");
     }
@@ -528,8 +531,6 @@ int32_t device_count();
 void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes);
 // Bytes prepare_weight adds for a matrix of this type and size (its device layout copy), for model_estimate.
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes);
-// Whether this library's device keeps light records (Device::light_records), for model_estimate.
-bool device_light_records();
 
 // Frees a device allocation when it goes out of scope.
 class DevBuf {

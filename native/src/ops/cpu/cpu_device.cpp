@@ -256,40 +256,31 @@ public:
             const int32_t *par = m.parent ? m.parent + t0 : nullptr;
             bool chain = true;
             for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
+            // a recording entry's slot 0 holds the state before the forward, slot i+1 (trees, and chains with rec_each)
+            // the state after token i; light records keep slot 0 alone (their inputs are record_gdn_inputs')
+            const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
+            float *base = rec ? rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs : nullptr;
+            if (base) std::memcpy(base, S, sizeof(float) * hs);
             if (!chain) {
                 // a tree (always recorded): token i continues from the state after its parent
-                const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
-                float *base = rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs;
-                std::memcpy(base, S, sizeof(float) * hs);
                 for (int64_t i = 0; i < n; i++) {
                     if (par[i] != i - 1) std::memcpy(S, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
                     gdn_recurrent(S, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
                                   base + (size_t)(i + 1) * per);
                 }
-            } else if (rec && !c.rec_each) {
-                // light records: slot 0 holds the state before the forward (the inputs are record_gdn_inputs')
-                std::memcpy(rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * dk * dv, S, sizeof(float) * (size_t)dk * dv);
-                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
-            } else if (rec) {
-                // slot 0 holds the state before the forward, slot i+1 the state after token i
-                const size_t per = (size_t)c.n_rec * (size_t)sf;
-                float *base = rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * dk * dv;
-                std::memcpy(base, S, sizeof(float) * (size_t)dk * dv);
-                std::vector<float> st((size_t)(n * dk * dv));
+            } else if (base && c.rec_each) {
+                std::vector<float> st((size_t)n * hs);
                 gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, st.data());
-                for (int64_t i = 0; i < n; i++)
-                    std::memcpy(base + (size_t)(i + 1) * per, st.data() + i * dk * dv, sizeof(float) * (size_t)dk * dv);
-            } else if (n > 1 && !c.exact) {
+                for (int64_t i = 0; i < n; i++) std::memcpy(base + (size_t)(i + 1) * per, st.data() + i * hs, sizeof(float) * hs);
+            } else if (!base && !c.exact && n > 1) {
                 gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
-            } else {
+            } else {  // one token, light records, or a replay of them: token by token
                 gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
             }
             for (int64_t i = 0; i < n; i++)
                 std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);
         });
     }
-
-    bool light_records() const override { return true; }
 
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override {
         const int64_t C = r.C, nv = r.n_v;

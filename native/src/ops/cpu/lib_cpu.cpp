@@ -19,6 +19,7 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return type == DFL_TYPE_Q6_K ? bytes / 105 * 106 + 64 : bytes;
 }
 
+// The CPU's gdn takes the state token by token whenever it records or replays (GdnCall::exact).
 bool device_light_records() { return true; }
 
 }  // namespace dfl

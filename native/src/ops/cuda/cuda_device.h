@@ -52,7 +52,6 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
-    bool light_records() const override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
 

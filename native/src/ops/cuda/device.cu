@@ -526,15 +526,6 @@ void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
     op("gdn", [&] { launch_gdn(stream_, m, g); });
 }
 
-// Light records (a verify keeps the state before it and its rows' inputs, and a rollback replays the kept rows) on
-// DFL_CUDA_LIGHT_RECORDS=1 (opt-in, not yet run on a GPU): every state after every verified row otherwise (151 MB a
-// row a sequence on the 27B qwen3.5 shape). The kernels do the same arithmetic with or without recording, so a
-// replay is bitwise the forward's state.
-bool CudaDevice::light_records() const {
-    static const bool on = device_light_records();
-    return on;
-}
-
 void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
     op("record_gdn_inputs", [&] { launch_record_gdn_inputs(stream_, m, r); });
 }

@@ -36,7 +36,13 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
-// On DFL_CUDA_LIGHT_RECORDS=1 (opt-in, not yet run on a GPU): CudaDevice::light_records.
-bool device_light_records() { return cuda::env_switch("DFL_CUDA_LIGHT_RECORDS", false); }
+// Light records (a verify keeps the state before it and its rows' inputs, and a rollback replays the kept rows) on
+// DFL_CUDA_LIGHT_RECORDS=1 (opt-in, not yet run on a GPU): every state after every verified row otherwise (151 MB a
+// row a sequence on the 27B qwen3.5 shape). The kernels do the same arithmetic with or without recording, so a
+// replay is bitwise the forward's state.
+bool device_light_records() {
+    static const bool on = cuda::env_switch("DFL_CUDA_LIGHT_RECORDS", false);
+    return on;
+}
 
 }  // namespace dfl

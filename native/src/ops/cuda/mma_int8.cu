@@ -240,10 +240,10 @@ constexpr int kPipeDeepStages = 8;
 
 // A stage's activations come from the fragment-ordered copy (RX false: mma_acts_kernel's [kPipeGroup][T8][32] quants
 // and [kPipeGroup][T8] scales), or straight from the quantizer's rows (RX true, DFL_CUDA_Q8P_PIPE_ROWS=1: no copy
-// kernel before the product): [T8][kPipeXRowBytes] quants, the group's 256 inputs of a token and 32 bytes of padding so
-// that a half-warp's 8-byte fragment loads (tokens g, bytes 32 warp + 8 t4) fall in distinct banks, and [T8]
+// kernel before the product): [T8][kPipeXRowBytes] quants, the group's 256 inputs of a token padded as a weight row is
+// (a half-warp's 8-byte fragment loads, tokens g at bytes 32 warp + 8 t4, fall in distinct banks), and [T8]
 // [kPipeXsStride] scales (8 used; 16-byte rows for cp.async, and the four tokens 2 t4 a warp reads on distinct banks).
-constexpr int kPipeXRowBytes = kPipeGroup * 32 + 32;
+constexpr int kPipeXRowBytes = kPipeRowBytes;
 constexpr int kPipeXsStride = 12;
 
 __host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX) {
@@ -556,11 +556,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    const int64_t two_min = pipe_mt2_min_blocks(dev);
-    if (T > 32)
-        dispatch_mma_tiles<8, 8>(W.n_out, T, two_min, launch);
-    else
-        dispatch_mma_tiles<4, 4>(W.n_out, T, two_min, launch);
+    dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
