@@ -141,22 +141,26 @@ func BenchmarkGGUF(b *testing.B) {
 		})
 		for _, q := range verify {
 			b.Run(fmt.Sprintf("vf-b%d-q%d", nb, q), func(b *testing.B) {
-				skipUnlessRecordsFit(b, lib, m, nb, q)
+				skipUnlessRecordsFit(b, lib, spec, nb, q)
 				benchVerify(b, m, rng, nb, q)
 			})
 		}
 	}
 }
 
-// skipUnlessRecordsFit skips a verify benchmark whose sequences' record states (the recurrent state after every
-// verified row, allocated per sequence at its first verify: 2.6 GB for a 27B qwen35 sequence of 16 rows) cannot fit
-// the device's free memory, with the figures, where the forward would fail with out of memory.
-func skipUnlessRecordsFit(b *testing.B, lib *Lib, m *Model, nb, q int) {
+// skipUnlessRecordsFit skips a verify benchmark whose sequences' records (Estimate.RecordBytes, allocated per sequence
+// at its first verify: 2.6 GB for a 27B qwen35 sequence of 16 rows where every row's state is kept) cannot fit the
+// device's free memory, with the figures, where the forward would fail with out of memory.
+func skipUnlessRecordsFit(b *testing.B, lib *Lib, spec ModelSpec, nb, q int) {
+	est, err := lib.Estimate(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
 	free, _, err := lib.Memory()
 	if err != nil {
 		b.Fatal(err)
 	}
-	if need := uint64(nb) * uint64(max(q, 16)+1) * m.Info().StateBytesPerSeq; need > free {
+	if need := uint64(nb) * est.RecordBytes(q, false); need > free {
 		b.Skipf("%d sequences verifying %d rows need up to %d bytes of record states; %d bytes are free", nb, q, need, free)
 	}
 }

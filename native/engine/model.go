@@ -316,6 +316,24 @@ type Estimate struct {
 	RecordBytesFixed, RecordBytesPerRow, TreeRecordBytesPerRow uint64
 }
 
+// RecordBytes is what one sequence's records take once it verifies rows tokens at a time (a tree when tree): the
+// library's figures (it keeps at least 16 rows' room), or, from a library that predates them, the recurrent state
+// after every row and the one before them (the convolution windows are smaller than as many conv states). 0 without
+// recurrent layers.
+func (e Estimate) RecordBytes(rows int, tree bool) uint64 {
+	if rows <= 0 {
+		return 0
+	}
+	per := e.RecordBytesPerRow
+	if tree {
+		per = e.TreeRecordBytesPerRow
+	}
+	if per == 0 {
+		return uint64(max(rows, 16)+1) * e.StateBytesPerSeq
+	}
+	return e.RecordBytesFixed + uint64(max(rows, 16))*per
+}
+
 // Estimate reports what spec would take on the library's device, without loading it.
 func (l *Lib) Estimate(spec ModelSpec) (Estimate, error) {
 	e, err := l.api.estimate(&spec)

@@ -28,22 +28,10 @@ func fitPool(est native.Estimate, free uint64, seqs int, records uint64, want, m
 	return int(min(uint64(want), (usable-fixed)/est.KVBytesPerToken)), nil
 }
 
-// recordBytes is what the engine allocates, when speculative decoding first verifies, for each of slots sequences
-// that verifies rows tokens at a time (a tree when tree): the library's figures (it keeps at least 16 rows' room),
-// or, from a library that predates them, the recurrent state after every row and the one before them (the
-// convolution windows are smaller than as many conv states). A model without recurrent layers records nothing.
+// recordBytes is what the engine allocates, when speculative decoding first verifies, for slots sequences that verify
+// rows tokens at a time (a tree when tree).
 func recordBytes(est native.Estimate, slots, rows int, tree bool) uint64 {
-	if rows <= 0 {
-		return 0
-	}
-	per := est.RecordBytesPerRow
-	if tree {
-		per = est.TreeRecordBytesPerRow
-	}
-	if per == 0 {
-		return uint64(slots) * uint64(max(rows, 16)+1) * est.StateBytesPerSeq
-	}
-	return uint64(slots) * (est.RecordBytesFixed + uint64(max(rows, 16))*per)
+	return uint64(slots) * est.RecordBytes(rows, tree)
 }
 
 // devicePool is the KV pool of a model on a GPU when the operator gave no --kv-pool-tokens: what fitPool allows
