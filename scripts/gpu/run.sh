@@ -564,6 +564,15 @@ case $mode in
           grep -E "^\s*(---|ok|FAIL|PASS)|acceptance|spec_test" | tee -a "$OUT/summary.txt" | head -40
         wait; ${SPEC_SKIP_BENCH:+true} spec_bench; ${SPEC_SKIP_BENCH:+true} demo_bench ;;
   prep) build_cuda; spec_models ;;
+  spec-profile) premake qwen3.5-27b:q8_0; build_cuda; wait; f=$(make_model qwen3.5-27b:q8_0)  # where a wide verify's time goes
+        for b in ${PROFILE_BATCHES:-8 32}; do
+          log "per-op profile without graphs: verify ${PROFILE_VERIFY:-16} at batch $b, ${PROFILE_ENV:-defaults}"
+          (cd native/engine && env ${PROFILE_ENV:-} DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
+            DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=$b DFLASH_BENCH_VERIFY=${PROFILE_VERIFY:-16} \
+            "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 4x 2>&1) | tee "$OUT/profile-vf-b$b.txt" |
+            grep -E "ms/step|cuda profile|%|FAIL|rror" | head -40 | tee -a "$OUT/summary.txt"
+        done ;;
+  spec-bench) premake qwen3.5-27b:q8_0; build_cuda; wait; spec_bench ;;  # spec's figures without its checks
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;
@@ -576,6 +585,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
