@@ -180,10 +180,12 @@ spec_bench() {
   for v in ${SPEC_VARIANTS:--}; do
     log "verify blocks and draft steps: $m, $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
-      DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8,32 DFLASH_BENCH_VERIFY=8,16,23 \
-      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
+      DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=${SPEC_PROMPTS:-0} DFLASH_BENCH_BATCHES=${SPEC_BATCHES:-1,8,32} \
+      DFLASH_BENCH_VERIFY=${SPEC_VERIFY:-8,16,23} \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench "${SPEC_BENCH:-GGUF}" -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
+  [ "${SPEC_PROFILE:-1}" = 1 ] || return 0
   log "per-op profile of a 16-token verify at batch 1"
   (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
     DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=16 \

@@ -143,6 +143,17 @@ void check_blas(cublasStatus_t st, const char *op) {
 
 constexpr size_t kDequantChunkBytes = 64u << 20;  // f16 scratch for dequantized weight rows
 
+// Rows of a weight dequantized per chunk: as many as kDequantChunkBytes holds, a multiple of DFL_CUDA_GEMM_ALIGN rows
+// (default 64). An odd row count (64 MB of n_in 5120 is 6,553.6 rows) leaves every chunk after the first, its output
+// columns and its f16 rows off cuBLAS's aligned tensor-core kernels: on the H200 the 27B qwen35 shape's 512-row
+// verify ran its products at ~90 TFLOPS where qwen3-8b's prefill (n_in 4096: 8,192 rows) ran at ~260.
+static int64_t dequant_chunk_rows(int64_t n_in, int64_t n_out) {
+    static const int64_t align = std::max<int64_t>(1, env_int("DFL_CUDA_GEMM_ALIGN", 64));
+    const int64_t fit = (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2));
+    const int64_t rows = std::max<int64_t>(align, fit / align * align);
+    return std::max<int64_t>(1, std::min<int64_t>(n_out, rows));
+}
+
 // Y rows [0, rows) (ldy apart per token) = the 16-bit weight rows Wh (n_in each, ldw apart) times the T activation rows
 // Xh of the same type.
 static void gemm_16bit_rows(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDataType dt, const void *Xh, int64_t n_in,
@@ -185,8 +196,7 @@ void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, co
     const cudaDataType dt = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     const bool direct = W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16;
     const size_t x_bytes = round256((size_t)(T * n_in) * 2);
-    const int64_t chunk =
-        direct ? 0 : std::max<int64_t>(1, std::min<int64_t>(n_out, (int64_t)(kDequantChunkBytes / ((size_t)n_in * 2))));
+    const int64_t chunk = direct ? 0 : dequant_chunk_rows(n_in, n_out);
     uint8_t *scr = (uint8_t *)dev.scratch(x_bytes + (size_t)(chunk * n_in) * 2);
     void *Xh = scr;
     __half *Wh = (__half *)(scr + x_bytes);
