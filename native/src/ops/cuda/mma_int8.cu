@@ -498,8 +498,9 @@ static bool q8p_pipe_on() {
 }
 
 // Whether the staged kernel reads the quantizer's rows itself (RX) instead of a fragment-ordered copy made by a kernel
-// of its own before it (DFL_CUDA_Q8P_PIPE_ROWS=1, opt-in, not yet run on a GPU): one launch fewer a product of 8..32
-// tokens (batched decode, verify blocks), the rows padded in shared memory as the weights are.
+// of its own before it (DFL_CUDA_Q8P_PIPE_ROWS=1, opt-in): one launch fewer a product of 8..32 tokens (batched decode,
+// verify blocks), the rows padded in shared memory as the weights are. Mixed on the H200 (12-04 05:1x, qwen3-8b layer):
+// 8 tokens 85.4 -> 90.5 us, 16 tokens 109.3 -> 104.3, 32 tokens 137.9 -> 136.4; tg b8 1,786 -> 1,659 tok/s.
 static bool q8p_pipe_rows_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_ROWS", false);
     return on;
@@ -511,11 +512,11 @@ static bool q8p_deep_on() {
 }
 
 // Whether q8_0 products of 33..64 tokens (prefill chunks, verify batches of 65..128 rows in two passes) take the staged
-// kernel too (DFL_CUDA_Q8P_PIPE64=1, opt-in, not yet run on a GPU): the register kernel there ran a qwen3-8b layer at
-// 64 tokens in 237 us (0.86 TB/s, 12-04 02:2x kernel bench), the staged one at 32 tokens in 138 us; a 27B verify of 8
-// sequences of 16 rows took 108 ms against 14.4 for a decode step of the 8, most of it in those two passes.
+// kernel too (on unless DFL_CUDA_Q8P_PIPE64=0, the register kernel there): H200, 12-04 05:1x, one call: qwen3-8b layer
+// at 64 tokens 238.5 -> 229.0 us; 27B qwen35 q8_0 verify of 8 sequences of 8 rows 43.9 -> 36.5 ms, of 16 rows
+// 105.7 -> 100.8 ms (light records in both); decode unchanged.
 static bool q8p_pipe64_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE64", false);
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE64", true);
     return on;
 }
 
@@ -527,8 +528,8 @@ static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
     return n > 0 ? n : dev.sm_count() * 3 / 4;
 }
 
-// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 32 tokens (up to 64 with
-// DFL_CUDA_Q8P_PIPE64=1; the register kernel takes 33..64 otherwise). Tiles of more than 32 tokens keep 4 stages: 8
+// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
+// DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
 // rx: x is the quantizer's rows (RX), else the fragment-ordered copy.
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
