@@ -369,13 +369,15 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
 # instead of the state before and the rows' inputs (defaults since 12-04 05:4x). TRY: DFL_CUDA_Q8P_PIPE_ROWS=1: the
 # staged kernel reads the quantizer's rows, no fragment-ordered copy kernel before it (mixed: 16 tokens won, 8 lost);
-# DFL_CUDA_Q8P_TWO_PASS=0: q8_0 of 65..128 tokens through cuBLAS instead of two passes of the staged kernel.
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE_ROWS=1,DFL_CUDA_Q8P_TWO_PASS=0}
+# DFL_CUDA_Q8P_TWO_PASS=0: q8_0 of 65..128 tokens through cuBLAS instead of two passes of the staged kernel;
+# DFL_CUDA_Q8P_GEMM=1: q8_0 of more than 64 tokens on the int8 tensor-core GEMM (gemm_int8.cu, not yet run on a GPU;
+# DFL_CUDA_Q8P_GEMM_BN=128: its tiles of 128 tokens instead of 64).
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE_ROWS=1,DFL_CUDA_Q8P_GEMM=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_DEEP=0 DFL_CUDA_Q8P_PIPE64=0 DFL_CUDA_Q8P_PIPE_ROWS=1 \
-  DFL_CUDA_Q8P_PIPE_MT2_MIN=200}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_ROWS=1 DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q8P_GEMM=1 \
+  DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 DFL_CUDA_GEMM_ALIGN=1}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.

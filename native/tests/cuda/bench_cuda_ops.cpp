@@ -107,8 +107,8 @@ void bench_gemv() {
     if (!cd) return;
     Rng r(5);
     const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
-    constexpr int64_t kMaxT = 64;
-    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, kMaxT};
+    constexpr int64_t kMaxT = 512;  // 128: a batch of 8 verify blocks; 512: a prefill chunk
+    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, 64, 128, kMaxT};
     DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
     {
         const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
@@ -162,13 +162,13 @@ void bench_gemv() {
             layer_bytes += bytes[i];
             for (int64_t T : Ts) {
                 const double ms = time({W}, T);
-                std::printf("bench gemv %-5s %5lldx%-5lld T=%-2lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)W.n_out,
+                std::printf("bench gemv %-5s %5lldx%-5lld T=%-3lld %8.1f us  %7.1f GB/s\n", tname(type), (long long)W.n_out,
                             (long long)W.n_in, (long long)T, ms * 1e3, (double)bytes[i] / (ms * 1e-3) / 1e9);
             }
         }
         for (int64_t T : Ts) {
             const double ms = time(layer, T);
-            std::printf("bench gemv %-5s layer       T=%-2lld %8.1f us  %7.1f GB/s  %8.0f tok/s\n", tname(type), (long long)T,
+            std::printf("bench gemv %-5s layer       T=%-3lld %8.1f us  %7.1f GB/s  %8.0f tok/s\n", tname(type), (long long)T,
                         ms * 1e3, (double)layer_bytes / (ms * 1e-3) / 1e9, (double)T / (ms * 1e-3));
         }
     }

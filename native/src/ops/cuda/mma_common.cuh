@@ -12,6 +12,16 @@ namespace cuda {
 // Warps a block: they split K and add their sums at the end.
 constexpr int kMmaWarps = 8;
 
+// C (16 x 8, int32) = A (16 x 32 int8: fragments a0..a3) x B (32 x 8 int8: b0, b1), one q8_0 block of 16 weight rows
+// against 8 tokens.
+__device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
 // The warps' sums of one block of an mma kernel added through shared memory and stored, one 16-row tile at a time (the
 // buffer then holds 8 tokens x 32 at most: 32 KB). The C fragment: entry i of lane l is row l / 4 + 8 (i / 2), token
 // 2 (l % 4) + i % 2 of its 16 x 8 tile.

@@ -26,14 +26,6 @@ namespace cuda {
 // / 64 tokens 232 / 372 us against 200 / 292 now.)
 constexpr int64_t kI8MmaMaxTokens = 64;
 
-__device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-
 // Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the
 // scale rows of the two tokens of its C entries (8 nt + 2 t4 and the next: s). Tokens past T read the last one (their
 // sums are never stored). 32-bit offsets (at most 64 tokens): registers are what limits these kernels.
