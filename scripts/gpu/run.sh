@@ -372,11 +372,12 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_TWO_PASS=0: q8_0 of 65..128 tokens through cuBLAS instead of two passes of the staged kernel;
 # DFL_CUDA_Q8P_GEMM=1: q8_0 of more than 64 tokens on the int8 tensor-core GEMM (gemm_int8.cu, not yet run on a GPU;
 # DFL_CUDA_Q8P_GEMM_BN=128: its tiles of 128 tokens instead of 64).
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE_ROWS=1,DFL_CUDA_Q8P_GEMM=1}
+# DFL_CUDA_Q8P_PIPE_U2=1: the staged kernel two blocks of 32 a warp a stage (half the stages; not with PIPE_ROWS).
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE_U2=1,DFL_CUDA_Q8P_GEMM=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_ROWS=1 DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q8P_GEMM=1 \
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q8P_GEMM=1 \
   DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 DFL_CUDA_GEMM_ALIGN=1}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors

@@ -221,8 +221,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // H200's bandwidth wants ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us,
 // qwen3-8b, 12-03 21:06). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
 // fragment loads (rows g, bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
-constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp
+constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp (U of them with U > 1, below)
 constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
+// A stage of U blocks of 32 a warp (kPipeGroup U a stage) holds its rows in U * 256 + 32 bytes: 8 words past a multiple
+// of 32 whatever U, so the fragment loads stay on distinct banks.
+__host__ __device__ constexpr int pipe_row_bytes(int U) { return kPipeGroup * 32 * U + 32; }
 constexpr int kPipeStages = 4;
 // Stages where the grid leaves one block an SM (on unless DFL_CUDA_Q8P_DEEP=0): the 4096-row matrices of qwen3-8b are
 // 128 blocks of 32 rows, whose 3 stages ahead hold ~28 KB of weights an SM (the down projection at 8 tokens ran at
@@ -238,35 +241,39 @@ constexpr int kPipeDeepStages = 8;
 constexpr int kPipeXRowBytes = kPipeRowBytes;
 constexpr int kPipeXsStride = 12;
 
-__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX) {
-    return 16 * MT * kPipeRowBytes + 16 * MT * 16 +
-           (RX ? T8 * kPipeXRowBytes + T8 * kPipeXsStride * 4 : kPipeGroup * 32 * T8 + kPipeGroup * 4 * T8);
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX, int U = 1) {
+    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U +
+           (RX ? T8 * kPipeXRowBytes + T8 * kPipeXsStride * 4 : kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8);
 }
 
-template <int MT, int NT8, bool RX>
+// U: blocks of 32 a warp multiplies a stage (the rows kernel's RX takes 1)
+template <int MT, int NT8, bool RX, int U = 1>
 struct PipeStage {
-    uint8_t *w;    // [16 MT rows][kPipeRowBytes]
-    uint16_t *d;   // [16 MT rows][kPipeGroup] row scales
-    int8_t *xq;    // [kPipeGroup][8 NT8 tokens][32], or RX [8 NT8 tokens][kPipeXRowBytes]
-    float *xs;     // [kPipeGroup][8 NT8 tokens], or RX [8 NT8 tokens][kPipeXsStride]
+    static_assert(U == 1 || !RX, "the quantizer's rows are staged one block of 32 a warp");
+    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U);
+    uint8_t *w;    // [16 MT rows][kRow]
+    uint16_t *d;   // [16 MT rows][kGroup] row scales
+    int8_t *xq;    // [kGroup][8 NT8 tokens][32], or RX [8 NT8 tokens][kPipeXRowBytes]
+    float *xs;     // [kGroup][8 NT8 tokens], or RX [8 NT8 tokens][kPipeXsStride]
     __device__ __forceinline__ PipeStage(uint8_t *base) {
-        constexpr int kXq = RX ? 8 * NT8 * kPipeXRowBytes : kPipeGroup * 32 * 8 * NT8;
+        constexpr int kXq = RX ? 8 * NT8 * kPipeXRowBytes : kGroup * 32 * 8 * NT8;
         w = base;
-        d = (uint16_t *)(base + 16 * MT * kPipeRowBytes);
-        xq = (int8_t *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16);
-        xs = (float *)(base + 16 * MT * kPipeRowBytes + 16 * MT * 16 + kXq);
+        d = (uint16_t *)(base + 16 * MT * kRow);
+        xq = (int8_t *)(base + 16 * MT * kRow + 16 * MT * 2 * kGroup);
+        xs = (float *)(base + 16 * MT * kRow + 16 * MT * 2 * kGroup + kXq);
     }
     // group j's weights and row scales (rows past n_out repeat the last one: never stored)
     __device__ __forceinline__ void load_w(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
                                            int64_t row0, int64_t j) const {
-        for (int c = threadIdx.x; c < 16 * MT * 16; c += kMmaWarps * 32) {
-            const int r = c >> 4, col = c & 15;
+        for (int c = threadIdx.x; c < 16 * MT * 16 * U; c += kMmaWarps * 32) {
+            const int r = c / (16 * U), col = c % (16 * U);
             const int64_t row = min(row0 + r, n_out - 1);
-            cp_async16(w + r * kPipeRowBytes + col * 16, qs + row * n_in + j * kPipeGroup * 32 + col * 16);
+            cp_async16(w + r * kRow + col * 16, qs + row * n_in + j * kGroup * 32 + col * 16);
         }
-        if (threadIdx.x < 16 * MT) {
-            const int64_t row = min(row0 + threadIdx.x, n_out - 1);
-            cp_async16(d + threadIdx.x * kPipeGroup, dw + row * nb + j * kPipeGroup);
+        if (threadIdx.x < 16 * MT * U) {  // U 16-byte words of scales a row (at most 64 of the 256 threads)
+            const int r = threadIdx.x / U, part = threadIdx.x % U;
+            const int64_t row = min(row0 + r, n_out - 1);
+            cp_async16(d + r * kGroup + part * 8, dw + row * nb + j * kGroup + part * 8);
         }
     }
     // group j's activations: contiguous in the fragment-ordered copy; RX: 256 bytes and 8 scales of each token's row
@@ -288,9 +295,9 @@ struct PipeStage {
             }
             return;
         }
-        constexpr int kQ = kPipeGroup * 8 * NT8 * 32 / 16, kS = kPipeGroup * 8 * NT8 * 4 / 16;
-        const int8_t *q = fq + j * kPipeGroup * 8 * NT8 * 32;
-        const float *sc = fs + j * kPipeGroup * 8 * NT8;
+        constexpr int kQ = kGroup * 8 * NT8 * 32 / 16, kS = kGroup * 8 * NT8 * 4 / 16;
+        const int8_t *q = fq + j * kGroup * 8 * NT8 * 32;
+        const float *sc = fs + j * kGroup * 8 * NT8;
         for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
             if (c < kQ)
                 cp_async16(xq + c * 16, q + c * 16);
@@ -300,15 +307,15 @@ struct PipeStage {
     }
 };
 
-template <int MT, int NT8, int S, bool RX>
+template <int MT, int NT8, int S, bool RX, int U = 1>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y) {
-    using Stage = PipeStage<MT, NT8, RX>;
+    using Stage = PipeStage<MT, NT8, RX, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX);
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t nb = n_in / 32, ng = nb / kPipeGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
+    const int64_t nb = n_in / 32, ng = nb / Stage::kGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
     for (int st = 0; st < S - 1; st++)
@@ -331,37 +338,41 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         }
         cp_async_commit();
         const Stage cur(pipe_smem + (int)(j % S) * kStage);
-        float sw[MT][2];
-        uint2 a[MT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+        for (int u = 0; u < U; u++) {
+            const int kb = warp + kMmaWarps * u;  // the warp's block of 32 in the stage
+            float sw[MT][2];
+            uint2 a[MT][2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = 16 * mt + 8 * h + g;
-                sw[mt][h] = half_bits_to_f32(cur.d[r * kPipeGroup + warp]);
-                a[mt][h] = *(const uint2 *)(cur.w + r * kPipeRowBytes + warp * 32 + t4 * 8);
-            }
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT8; nt++) {
-            uint2 b;
-            float2 sx;
-            if constexpr (RX) {  // token rows: the warp's block of 32 at byte 32 warp, its scale in column warp
-                b = *(const uint2 *)(cur.xq + (8 * nt + g) * kPipeXRowBytes + warp * 32 + t4 * 8);
-                sx = make_float2(cur.xs[(8 * nt + 2 * t4) * kPipeXsStride + warp],
-                                 cur.xs[(8 * nt + 2 * t4 + 1) * kPipeXsStride + warp]);
-            } else {
-                const int tk = warp * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
-                b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
-                sx = *(const float2 *)(cur.xs + tk + 2 * t4);
-            }
+                for (int h = 0; h < 2; h++) {
+                    const int r = 16 * mt + 8 * h + g;
+                    sw[mt][h] = half_bits_to_f32(cur.d[r * Stage::kGroup + kb]);
+                    a[mt][h] = *(const uint2 *)(cur.w + r * Stage::kRow + kb * 32 + t4 * 8);
+                }
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int c[4];
-                mma_s8_16x8x32(c, a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b.x, b.y);
-                acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
-                acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
-                acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
-                acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
+            for (int nt = 0; nt < NT8; nt++) {
+                uint2 b;
+                float2 sx;
+                if constexpr (RX) {  // token rows: the warp's block of 32 at byte 32 warp, its scale in column warp
+                    b = *(const uint2 *)(cur.xq + (8 * nt + g) * kPipeXRowBytes + warp * 32 + t4 * 8);
+                    sx = make_float2(cur.xs[(8 * nt + 2 * t4) * kPipeXsStride + warp],
+                                     cur.xs[(8 * nt + 2 * t4 + 1) * kPipeXsStride + warp]);
+                } else {
+                    const int tk = kb * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
+                    b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+                    sx = *(const float2 *)(cur.xs + tk + 2 * t4);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b.x, b.y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
+                }
             }
         }
     }
@@ -520,19 +531,35 @@ static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
     return n > 0 ? n : dev.sm_count() * 3 / 4;
 }
 
+// Whether the staged kernel multiplies two blocks of 32 a warp a stage (512 inputs a stage, 4 stages up to 16 tokens, 3
+// up to 32; DFL_CUDA_Q8P_PIPE_U2=1, opt-in, not yet run on a GPU) instead of one (256 inputs, 8 stages where the grid
+// leaves one block an SM). The 12-04 05:1x kernel bench timed the kernel at 8 tokens in ~0.6 us a stage whatever the
+// stages in flight (DFL_CUDA_Q8P_DEEP=0 / 1: 4096 x 12288 30.3 / 30.0 us, 48 stages) and the tile (16-row tiles, two
+// blocks an SM: 30.4), and ~0.7 us on gate|up (16 stages a block, 3 waves: 32.3): a cost a stage, not bytes in
+// flight. Prediction: half the stages, 4096 x 12288 at 8 tokens 30 -> ~20 us, and a qwen3-8b layer at 8 tokens 85 ->
+// ~70 us (tg b8 ~+15 %).
+static bool q8p_pipe_u2_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", false);
+    return on;
+}
+
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
 // DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
 // rx: x is the quantizer's rows (RX), else the fragment-ordered copy.
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
                             int64_t T, float *Y, bool rx) {
-    auto launch_rx = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows) {
+    auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows, auto u) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
         constexpr bool RX = decltype(rows)::value;
-        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX);
-        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
-        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX>, grid, dim3(kMmaWarps * 32), smem, dev.stream(), qs,
-                         dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
+        constexpr int U = decltype(u)::value;
+        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX, U);
+        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
+        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>, grid, dim3(kMmaWarps * 32), smem, dev.stream(),
+                         qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
+    };
+    auto launch_rx = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows) {
+        launch_u(grid, mt, nt8, stages, rows, std::integral_constant<int, 1>{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         if (rx)
@@ -540,7 +567,17 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         else
             launch_rx(grid, mt, nt8, stages, std::false_type{});
     };
+    const bool u2 = !rx && q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int NT8 = decltype(nt8)::value;
+        if constexpr (NT8 <= 4) {
+            if (u2) {
+                constexpr int S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory (108 KB each at 32 rows)
+                launch_u(grid, mt, nt8, std::integral_constant<int, S>{}, std::false_type{},
+                         std::integral_constant<int, 2>{});
+                return;
+            }
+        }
         if constexpr (decltype(nt8)::value <= 4) {
             if (q8p_deep_on() && grid.x < 2u * (unsigned)dev.sm_count()) {
                 launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeDeepStages>{});
