@@ -377,8 +377,10 @@ TRY=${TRY:-DFL_CUDA_Q8P_PIPE_U2=1,DFL_CUDA_Q8P_GEMM=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
+# DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a GEMV instead of the tensor-core kernel (which took a flat
+# ~86 us a qwen3-8b layer from 2 to 8 tokens at 12-04 05:1x, where one token's dp4a GEMV takes 45).
 KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q8P_GEMM=1 \
-  DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 DFL_CUDA_GEMM_ALIGN=1}
+  DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 DFL_CUDA_GEMM_ALIGN=1 DFL_CUDA_Q4K_MMA_MIN=9}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
