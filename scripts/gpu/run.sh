@@ -506,6 +506,13 @@ ncu_profile() {
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
+  try) build_cuda; build_kernel_tests || exit 1  # the opt-ins' product op tests (TRY), then the kernel bench of each
+       for v in - ${TRY:+"$TRY"}; do                # KERNEL_VARIANTS: a short call for kernels not yet run
+         log "op tests matmul: $v"
+         env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
+         grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
+       done
+       kernel_bench ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
          wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@"; ds4_ops
@@ -592,6 +599,6 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
