@@ -523,7 +523,8 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
         launch_gemv_q8p(dev, W, X, T, Y);
         return;
     }
-    if (T <= 2 * i8_mma_max_tokens() && q8p_two_pass_on() && !q8p_gemm_on() && q8p_ok(W)) {
+    const bool int8_gemm = q8p_gemm_on() && q8p_gemm_ok(W, 1);  // (launch_gemm takes it, below)
+    if (T <= 2 * i8_mma_max_tokens() && q8p_two_pass_on() && !int8_gemm && q8p_ok(W)) {
         // a batch of verify blocks (8 sequences of 16): two passes of the tensor-core kernel read the weights twice,
         // where cuBLAS would first write and read an f16 copy of them (H200, qwen3-8b q8_0, 128 tokens: 31.6 ms a
         // forward through cuBLAS, the kernel at 64 tokens 0.30 ms a layer; measured while cuBLAS took misaligned
