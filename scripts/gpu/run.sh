@@ -100,7 +100,8 @@ check() {
     tee "$OUT/parity.txt" | grep -E "^(---|ok|FAIL|PASS)|error" | head -40
 }
 
-make_model() {  # preset:type -> path
+make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/demo/demo-target-q8_0.gguf, as it is)
+  if [[ $1 == *.gguf ]]; then [ -f "$1" ] && echo "$1"; return; fi
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
   mkdir -p /tmp/models
   local arch=qwen3
@@ -141,6 +142,7 @@ peer_bench() {
   peer_ready || return 0
   for m in "${models[@]}"; do
     f=/tmp/models/${m//:/-}.gguf
+    [[ $m != *.gguf ]] || f=$m
     [ -f "$f" ] || continue
     log "llama.cpp: $m"
     /tmp/llama/build/bin/llama-bench -m "$f" -fa 1 -p 512,4096 -n 128 -ngl 99 -r 2 -o md 2>&1 | tee -a "$OUT/bench-llama.txt" | grep -E "^\|" | tee -a "$OUT/summary.txt"
@@ -451,8 +453,8 @@ variants() {  # MODEL... (the modes give the default pair)
     log "per-op profile of batch-1 decode, op by op (DFL_CUDA_GRAPHS=0): $m"
     (cd native/engine && DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
       DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' \
-      -test.benchtime 16x 2>&1) >"$OUT/profile-${m//:/-}.txt"
-    grep -A24 "cuda profile" "$OUT/profile-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
+      -test.benchtime 16x 2>&1) >"$OUT/profile-${m//[:\/]/-}.txt"
+    grep -A24 "cuda profile" "$OUT/profile-${m//[:\/]/-}.txt" | tee -a "$OUT/summary.txt"
   done
   peer_bench "${models[@]}"
 }
