@@ -375,7 +375,8 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_GEMM=1: q8_0 of more than 64 tokens on the int8 tensor-core GEMM (gemm_int8.cu, not yet run on a GPU;
 # DFL_CUDA_Q8P_GEMM_BN=128: its tiles of 128 tokens instead of 64).
 # DFL_CUDA_Q8P_PIPE_U2=1: the staged kernel two blocks of 32 a warp a stage (half the stages; not with PIPE_ROWS).
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE_U2=1,DFL_CUDA_Q8P_GEMM=1}
+# DFL_CUDA_ATTN_FLASH=1: prefill attention fused (flash-attention scheme on WMMA) instead of two GEMMs and S, P in memory.
+TRY=${TRY:-DFL_CUDA_Q8P_PIPE_U2=1,DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_ATTN_FLASH=1}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
@@ -467,11 +468,16 @@ quick_checks() {
   "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
   local v
-  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2 ${TRY:+"$TRY"}; do
+  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2; do
     log "op tests matmul: $v"
     env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
     grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
   done
+  if [ -n "${TRY:-}" ]; then
+    log "op tests matmul attention: $TRY"
+    env $(variant_env "$TRY") "$kernel_test_bin" matmul attention >"$OUT/ops-$(variant_tag "$TRY").txt" 2>&1
+    grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$TRY").txt" | head -20 | tee -a "$OUT/summary.txt"
+  fi
   FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $TRY" flag_replay
   spec_greedy
 }
@@ -508,13 +514,15 @@ ncu_profile() {
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
-  try) build_cuda; build_kernel_tests || exit 1  # the opt-ins' product op tests (TRY), then the kernel bench of each
-       for v in - ${TRY:+"$TRY"}; do                # KERNEL_VARIANTS: a short call for kernels not yet run
-         log "op tests matmul: $v"
-         env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
+  try) premake qwen3-8b:q8_0; build_cuda; build_kernel_tests || exit 1  # the opt-ins' op tests (TRY), the kernel
+       for v in - ${TRY:+"$TRY"}; do                                       # bench of each KERNEL_VARIANTS, and prefill
+         log "op tests matmul attention: $v"                               # with each TRY_VARIANTS: a short call for
+         env $(variant_env "$v") "$kernel_test_bin" matmul attention >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
          grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
-       done
-       kernel_bench ;;
+       done                                                                # kernels not yet run
+       kernel_bench; wait "${premake_pids[@]}"
+       VARIANTS=${TRY_VARIANTS:-- DFL_CUDA_ATTN_FLASH=1 DFL_CUDA_Q8P_GEMM=1} BENCH_FILTER=GGUF/pp NO_PROFILE=1 \
+         variants qwen3-8b:q8_0 ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
          wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@"; ds4_ops
