@@ -261,14 +261,18 @@ bool attn_flash_on() {
     return on;
 }
 
+// Rows in shared memory are padded: S, P and O (read and written a column at a time by lane pairs) by 4 floats or 8
+// halves, so that a warp's 16 rows fall on different banks (at BK or HD floats a row they all share one: 16-way
+// conflicts); Q, K and V (read by WMMA 16 bytes a row) by 8 halves, so that 8 rows of a load phase do too.
 template <int HD>
 struct FlashShape {
     static constexpr int BK = HD <= 128 ? 64 : 32;  // positions a tile
-    static constexpr size_t kK = (size_t)BK * HD * 2, kV = kK;
-    static constexpr size_t kQ = (size_t)kFlashWarps * 16 * HD * 2;
-    static constexpr size_t kS = (size_t)kFlashWarps * 16 * BK * 4;
-    static constexpr size_t kP = (size_t)kFlashWarps * 16 * BK * 2;
-    static constexpr size_t kO = (size_t)kFlashWarps * 16 * HD * 4;
+    static constexpr int SLD = BK + 4, PLD = BK + 8, OLD = HD + 4, KLD = HD + 8;  // row strides (WMMA: multiples of 4 / 8)
+    static constexpr size_t kK = (size_t)BK * KLD * 2, kV = kK;
+    static constexpr size_t kQ = (size_t)kFlashWarps * 16 * KLD * 2;
+    static constexpr size_t kS = (size_t)kFlashWarps * 16 * SLD * 4;
+    static constexpr size_t kP = (size_t)kFlashWarps * 16 * PLD * 2;
+    static constexpr size_t kO = (size_t)kFlashWarps * 16 * OLD * 4;
     static constexpr size_t kBytes = kK + kV + kQ + kS + kP + kO;
 };
 
@@ -282,21 +286,22 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
                            const int32_t *ns) {
     namespace wmma = nvcuda::wmma;
     using Sh = FlashShape<HD>;
-    constexpr int BK = Sh::BK;
+    constexpr int BK = Sh::BK, SLD = Sh::SLD, PLD = Sh::PLD, OLD = Sh::OLD, KLD = Sh::KLD;
     extern __shared__ __align__(128) uint8_t flash_smem[];  // (WMMA wants 32-byte aligned tiles)
     __half *Ks = (__half *)flash_smem, *Vs = (__half *)(flash_smem + Sh::kK);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __half *Qw = (__half *)(flash_smem + Sh::kK + Sh::kV) + warp * 16 * HD;
-    float *Sw = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ) + warp * 16 * BK;
-    __half *Pw = (__half *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS) + warp * 16 * BK;
-    float *Ow = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS + Sh::kP) + warp * 16 * HD;
+    __half *Qw = (__half *)(flash_smem + Sh::kK + Sh::kV) + warp * 16 * KLD;
+    float *Sw = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ) + warp * 16 * SLD;
+    __half *Pw = (__half *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS) + warp * 16 * PLD;
+    float *Ow = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS + Sh::kP) + warp * 16 * OLD;
     const int h = blockIdx.y, e = blockIdx.z, kvh = h / (n_head / n_kv);
     const int64_t n = ns[e], ctx0 = len0[e], i0 = (int64_t)blockIdx.x * kFlashRows;
     if (i0 >= n) return;  // (the whole block: no barrier is skipped by part of it)
     // the warp's query rows and the O accumulator rows in shared memory
     const __half *qsrc = q16 + (((int64_t)e * n_head + h) * rows + i0 + warp * 16) * HD;
-    for (int k = lane; k < 16 * HD / 8; k += 32) ((uint4 *)Qw)[k] = ((const uint4 *)qsrc)[k];
-    for (int k = lane; k < 16 * HD; k += 32) Ow[k] = 0.0f;
+    for (int k = lane; k < 16 * HD / 8; k += 32)
+        *(uint4 *)(Qw + (k / (HD / 8)) * KLD + (k % (HD / 8)) * 8) = ((const uint4 *)qsrc)[k];
+    for (int k = lane; k < 16 * OLD; k += 32) Ow[k] = 0.0f;
     // a lane's softmax row and its half of the row's columns: row r = lane / 2, columns (lane & 1) + 2 c
     const int r = lane >> 1, half = lane & 1;
     const int64_t qi = i0 + warp * 16 + r;
@@ -308,10 +313,10 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
         __syncthreads();  // every warp is done with the previous tile
         const int64_t valid = min((int64_t)BK, cols - j0);
         for (int k = threadIdx.x; k < BK * HD / 8; k += kFlashWarps * 32) {
-            const int pos = k / (HD / 8);
+            const int pos = k / (HD / 8), off = pos * KLD + (k % (HD / 8)) * 8;
             const uint4 z = make_uint4(0, 0, 0, 0);
-            ((uint4 *)Ks)[k] = pos < valid ? ((const uint4 *)(kbase + j0 * HD))[k] : z;
-            ((uint4 *)Vs)[k] = pos < valid ? ((const uint4 *)(vbase + j0 * HD))[k] : z;
+            *(uint4 *)(Ks + off) = pos < valid ? ((const uint4 *)(kbase + j0 * HD))[k] : z;
+            *(uint4 *)(Vs + off) = pos < valid ? ((const uint4 *)(vbase + j0 * HD))[k] : z;
         }
         __syncthreads();
         // S = Q K^T for the warp's 16 rows and the tile's BK positions
@@ -322,44 +327,44 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
             for (int kk = 0; kk < HD / 16; kk++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;  // K^T: K's rows are its columns
-                wmma::load_matrix_sync(a, Qw + kk * 16, HD);
-                wmma::load_matrix_sync(b, Ks + nt * 16 * HD + kk * 16, HD);
+                wmma::load_matrix_sync(a, Qw + kk * 16, KLD);
+                wmma::load_matrix_sync(b, Ks + nt * 16 * KLD + kk * 16, KLD);
                 wmma::mma_sync(sacc, a, b, sacc);
             }
-            wmma::store_matrix_sync(Sw + nt * 16, sacc, BK, wmma::mem_row_major);
+            wmma::store_matrix_sync(Sw + nt * 16, sacc, SLD, wmma::mem_row_major);
         }
         __syncwarp();
         // the running softmax of row r over this tile: its max, the rescale of what came before, P in f16
         float mx = -INFINITY;
         for (int c = half; c < BK; c += 2)
-            if (j0 + c < lim) mx = fmaxf(mx, Sw[r * BK + c] * scale);
+            if (j0 + c < lim) mx = fmaxf(mx, Sw[r * SLD + c] * scale);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         const float m_new = fmaxf(m_run, mx);
         const float alpha = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);  // (exp(-inf) = 0 on the first tile)
         float sum = 0.0f;
         for (int c = half; c < BK; c += 2) {
-            const float p = j0 + c < lim ? expf(Sw[r * BK + c] * scale - m_new) : 0.0f;
-            Pw[r * BK + c] = __float2half_rn(p);
+            const float p = j0 + c < lim ? expf(Sw[r * SLD + c] * scale - m_new) : 0.0f;
+            Pw[r * PLD + c] = __float2half_rn(p);
             sum += p;
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         l_run = l_run * alpha + sum;
         m_run = m_new;
-        for (int d = half; d < HD; d += 2) Ow[r * HD + d] *= alpha;
+        for (int d = half; d < HD; d += 2) Ow[r * OLD + d] *= alpha;
         __syncwarp();
         // O += P V
         for (int nt = 0; nt < HD / 16; nt++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
-            wmma::load_matrix_sync(oacc, Ow + nt * 16, HD, wmma::mem_row_major);
+            wmma::load_matrix_sync(oacc, Ow + nt * 16, OLD, wmma::mem_row_major);
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                wmma::load_matrix_sync(a, Pw + kk * 16, BK);
-                wmma::load_matrix_sync(b, Vs + kk * 16 * HD + nt * 16, HD);
+                wmma::load_matrix_sync(a, Pw + kk * 16, PLD);
+                wmma::load_matrix_sync(b, Vs + kk * 16 * KLD + nt * 16, KLD);
                 wmma::mma_sync(oacc, a, b, oacc);
             }
-            wmma::store_matrix_sync(Ow + nt * 16, oacc, HD, wmma::mem_row_major);
+            wmma::store_matrix_sync(Ow + nt * 16, oacc, OLD, wmma::mem_row_major);
         }
         __syncwarp();
     }
@@ -367,7 +372,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32)
     if (qi < n) {
         const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
         float *dst = out + ((int64_t)t0[e] + qi) * n_head * HD + (int64_t)h * HD;
-        for (int d = half; d < HD; d += 2) dst[d] = Ow[r * HD + d] * inv;
+        for (int d = half; d < HD; d += 2) dst[d] = Ow[r * OLD + d] * inv;
     }
 }
 
