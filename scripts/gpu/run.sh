@@ -522,7 +522,7 @@ case $mode in
        done                                                                # kernels not yet run
        KERNEL_VARIANTS=${TRY_KERNEL_VARIANTS:-- DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_GEMM=1 DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 \
          DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0} kernel_bench; wait "${premake_pids[@]}"
-       VARIANTS=${TRY_VARIANTS:-- DFL_CUDA_ATTN_FLASH=1 DFL_CUDA_Q8P_GEMM=1} BENCH_FILTER=GGUF/pp NO_PROFILE=1 \
+       VARIANTS=${TRY_VARIANTS:-- DFL_CUDA_ATTN_FLASH=1 DFL_CUDA_Q8P_GEMM=1} BENCH_FILTER=GGUF/pp BENCH_PROMPTS=512,4096 NO_PROFILE=1 \
          variants qwen3-8b:q8_0 ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
