@@ -180,18 +180,15 @@ void DeepSeek4Model::seq_truncate(int32_t s, uint32_t n) {
 }
 
 void DeepSeek4Model::seq_snapshot(int32_t s) {
-    Seq &q = table_.get(s);
+    table_.get(s);  // (s checked before its state is copied)
     SeqRec &rc = rec_[(size_t)s];
     ensure(rc.snap, slot_bytes(), "sequence snapshot");
     dev_->copy(rc.snap.get(), slot_ptr(s), slot_bytes());
-    q.snap = true;
-    q.snap_len = q.len;
+    table_.mark_snapshot(s);
 }
 
 void DeepSeek4Model::seq_rollback(int32_t s) {
-    Seq &q = table_.get(s);
-    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
-    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    Seq &q = table_.snapshot_of(s);
     // compressed rows are append-only: those of windows before the snapshot's length are untouched
     dev_->copy(slot_ptr(s), rec_[(size_t)s].snap.get(), slot_bytes());
     q.rec = false;

@@ -268,16 +268,10 @@ void DFlashModel::seq_truncate(int32_t s, uint32_t n) {
     table_.set_length(q, n);
 }
 
-void DFlashModel::seq_snapshot(int32_t s) {
-    Seq &q = table_.get(s);
-    q.snap = true;
-    q.snap_len = q.len;
-}
+void DFlashModel::seq_snapshot(int32_t s) { table_.mark_snapshot(s); }
 
 void DFlashModel::seq_rollback(int32_t s) {
-    Seq &q = table_.get(s);
-    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
-    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    Seq &q = table_.snapshot_of(s);
     table_.set_length(q, q.snap_len);
 }
 

@@ -117,21 +117,18 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
 }
 
 void QwenModel::seq_snapshot(int32_t s) {
-    Seq &q = table_.get(s);
+    table_.get(s);  // (s checked before its state is copied)
     SeqState &ss = seq_state_[(size_t)s];
     const size_t bytes = (size_t)slot_floats() * sizeof(float);
     if (bytes > 0) {
         if (ss.snap.bytes() < bytes) ss.snap = DevBuf(dev_.get(), bytes, "sequence snapshot");
         dev_->copy(ss.snap.get(), slot_ptr(s), bytes);
     }
-    q.snap = true;
-    q.snap_len = q.len;
+    table_.mark_snapshot(s);
 }
 
 void QwenModel::seq_rollback(int32_t s) {
-    Seq &q = table_.get(s);
-    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
-    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    Seq &q = table_.snapshot_of(s);
     const size_t bytes = (size_t)slot_floats() * sizeof(float);
     if (bytes > 0) dev_->copy(slot_ptr(s), seq_state_[(size_t)s].snap.get(), bytes);
     q.rec = false;

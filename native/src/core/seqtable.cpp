@@ -37,6 +37,20 @@ Seq &SeqTable::get(int32_t s) {
 }
 const Seq &SeqTable::get(int32_t s) const { return const_cast<SeqTable *>(this)->get(s); }
 
+Seq &SeqTable::mark_snapshot(int32_t s) {
+    Seq &q = get(s);
+    q.snap = true;
+    q.snap_len = q.len;
+    return q;
+}
+
+Seq &SeqTable::snapshot_of(int32_t s) {
+    Seq &q = get(s);
+    if (!q.snap) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " has no snapshot to roll back to");
+    if (q.len < q.snap_len) fail(DFL_ERR_STATE, "sequence " + std::to_string(s) + " is shorter than its snapshot");
+    return q;
+}
+
 uint32_t SeqTable::free_seqs() const {
     uint32_t n = 0;
     for (const Seq &q : seqs_) n += !q.used;

@@ -55,6 +55,10 @@ public:
     void reserve(int32_t s, uint32_t tokens);
     // Cut the length and drop marks that no longer hold; the caller restores device state first.
     void set_length(Seq &q, uint32_t n);
+    // Mark sequence s's current length as its snapshot (the caller copies its device state) and return it.
+    Seq &mark_snapshot(int32_t s);
+    // Sequence s, checked to have a snapshot it can roll back to (DFL_ERR_STATE otherwise).
+    Seq &snapshot_of(int32_t s);
 
 private:
     bool paged_ = false;
