@@ -558,14 +558,12 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>, grid, dim3(kMmaWarps * 32), smem, dev.stream(),
                          qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
     };
-    auto launch_rx = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows) {
-        launch_u(grid, mt, nt8, stages, rows, std::integral_constant<int, 1>{});
-    };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
+        const std::integral_constant<int, 1> one;
         if (rx)
-            launch_rx(grid, mt, nt8, stages, std::true_type{});
+            launch_u(grid, mt, nt8, stages, std::true_type{}, one);
         else
-            launch_rx(grid, mt, nt8, stages, std::false_type{});
+            launch_u(grid, mt, nt8, stages, std::false_type{}, one);
     };
     const bool u2 = !rx && q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
