@@ -60,6 +60,15 @@ log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # names of its result files.
 variant_env() { if [ "$1" = - ]; then echo DFLASH_NOTHING=1; else echo "${1//,/ }"; fi; }
 variant_tag() { variant_env "$1" | tr -c 'A-Za-z0-9_\n' '-'; }
+# op_tests VARIANT GROUP...: test_cuda_ops's groups with the variant's settings ("-" = defaults), into
+# $OUT/ops-<tag>.txt, its failures and case counts into the summary
+op_tests() {
+  local v=$1 tag; shift
+  if [ "$v" = - ]; then tag=defaults; else tag=$(variant_tag "$v"); fi
+  log "op tests $*: ${v/#-/defaults}"
+  env $(variant_env "$v") "$kernel_test_bin" "$@" >"$OUT/ops-$tag.txt" 2>&1
+  grep -E "^FAIL|cases" "$OUT/ops-$tag.txt" | head -20 | tee -a "$OUT/summary.txt"
+}
 export NCCL_NVLS_ENABLE=0
 export DFLASH_CPU_INT8=off  # the CPU reference of the device tests is the float path
 
@@ -406,7 +415,7 @@ build_kernel_tests() {
 # float activations for q4_K and q6_K, the block-per-tile attention), q8_0 of 2..8 tokens on tensor cores without the
 # fused quantizer; the device replays (flag_replay) and the transformers parity on cuda:0.
 kernel_tests() {
-  local t=$kernel_test_bin v
+  local v
   build_kernel_tests || return 1
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
@@ -414,12 +423,7 @@ kernel_tests() {
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
            "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" ${TRY:+"$TRY matmul"}; do
-    set -- $v
-    local flags=$1; shift
-    log "op tests $*: $flags"
-    local f="$OUT/ops-$(variant_tag "$flags").txt"
-    env $(variant_env "$flags") "$t" "$@" >"$f" 2>&1
-    grep -E "^FAIL|cases" "$f" | head -20 | tee -a "$OUT/summary.txt"
+    op_tests $v
   done
   flag_replay
   log "transformers parity on cuda:0 (test/parity goldens)"
@@ -464,20 +468,10 @@ variants() {  # MODEL... (the modes give the default pair)
 # device replays and the speculative tests on cuda:0: quick's and probe's checks.
 quick_checks() {
   build_kernel_tests || return 1
-  log "op tests matmul norms attention: defaults"
-  "$kernel_test_bin" matmul norms attention >"$OUT/ops-defaults.txt" 2>&1
-  grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+  op_tests - matmul norms attention
   local v
-  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2; do
-    log "op tests matmul: $v"
-    env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
-    grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
-  done
-  if [ -n "${TRY:-}" ]; then
-    log "op tests matmul attention: $TRY"
-    env $(variant_env "$TRY") "$kernel_test_bin" matmul attention >"$OUT/ops-$(variant_tag "$TRY").txt" 2>&1
-    grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$TRY").txt" | head -20 | tee -a "$OUT/summary.txt"
-  fi
+  for v in "$OPTINS" DFL_CUDA_Q8P_MMA_MIN=2; do op_tests "$v" matmul; done
+  [ -z "${TRY:-}" ] || op_tests "$TRY" matmul attention
   FLAG_REPLAY="DFL_CUDA_PDL=0 $OPTINS $TRY" flag_replay
   spec_greedy
 }
@@ -514,12 +508,10 @@ ncu_profile() {
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
-  try) premake qwen3-8b:q8_0; build_cuda; build_kernel_tests || exit 1  # the opt-ins' op tests (TRY), the kernel
-       for v in - ${TRY:+"$TRY"}; do                                       # bench of each KERNEL_VARIANTS, and prefill
-         log "op tests matmul attention: $v"                               # with each TRY_VARIANTS: a short call for
-         env $(variant_env "$v") "$kernel_test_bin" matmul attention >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
-         grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
-       done                                                                # kernels not yet run
+  # try: a short call for kernels not yet run: the opt-ins' op tests (TRY), the kernel bench of each
+  # TRY_KERNEL_VARIANTS, and prefill with each TRY_VARIANTS
+  try) premake qwen3-8b:q8_0; build_cuda; build_kernel_tests || exit 1
+       for v in - ${TRY:+"$TRY"}; do op_tests "$v" matmul attention; done
        KERNEL_VARIANTS=${TRY_KERNEL_VARIANTS:-- DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_GEMM=1 DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 \
          DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0} kernel_bench; wait "${premake_pids[@]}"
        VARIANTS=${TRY_VARIANTS:-- DFL_CUDA_ATTN_FLASH=1 DFL_CUDA_Q8P_GEMM=1} BENCH_FILTER=GGUF/pp BENCH_PROMPTS=512,4096 NO_PROFILE=1 \
@@ -533,17 +525,11 @@ case $mode in
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
   slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: the product op tests with OPTINS and TRY,
         premake "$@"; build_cuda; build_kernel_tests || exit 1  # then BenchmarkGGUF of each (SLIM_VARIANTS)
-        for v in "$OPTINS" ${TRY:+"$TRY"}; do
-          log "op tests matmul: $v"
-          env $(variant_env "$v") "$kernel_test_bin" matmul >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
-          grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
-        done
+        for v in "$OPTINS" ${TRY:+"$TRY"}; do op_tests "$v" matmul; done
         wait "${premake_pids[@]}"; VARIANTS=${SLIM_VARIANTS:-- $OPTINS $TRY} NO_PROFILE=1 variants "$@" ;;
   prefill) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a prefill change: op tests, device replays and
            premake "$@"; build_cuda; build_kernel_tests || exit 1    # speculative greedy with the defaults, then pp512 and pp4096
-           log "op tests matmul attention: defaults"                # of each model with VARIANTS
-           "$kernel_test_bin" matmul attention >"$OUT/ops-defaults.txt" 2>&1
-           grep -E "^FAIL|cases" "$OUT/ops-defaults.txt" | head -20 | tee -a "$OUT/summary.txt"
+           op_tests - matmul attention                               # of each model with VARIANTS
            FLAG_REPLAY= flag_replay; spec_greedy; wait "${premake_pids[@]}"
            BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
   skip-ops) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # what each op costs inside a replayed decode step:
@@ -553,11 +539,7 @@ case $mode in
               BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
   ops) [ $# -gt 0 ] || set -- matmul norms attention  # op test groups of test_cuda_ops with the defaults, and with
        build_cuda; build_kernel_tests || exit 1            # each OPS_VARIANTS setting (a change's first check)
-       for v in - ${OPS_VARIANTS:-}; do
-         log "op tests $*: $v"
-         env $(variant_env "$v") "$kernel_test_bin" "$@" >"$OUT/ops-$(variant_tag "$v").txt" 2>&1
-         grep -E "^FAIL|cases" "$OUT/ops-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"
-       done ;;
+       for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
