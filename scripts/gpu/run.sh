@@ -56,6 +56,14 @@ shift || true
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+# Only 8 files come back from a device call: everything but the summary leaves as one archive, results.tgz.
+# A call cut off by its time limit packs them itself: OUT=... scripts/gpu/run.sh pack.
+pack_results() {
+  local files
+  files=$(cd "$OUT" && ls | grep -vx -e summary.txt -e 'results.*tgz') || return 0
+  (cd "$OUT" && tar czf "results-$(date +%s).tgz" --remove-files $files) 2>/dev/null
+}
+trap pack_results EXIT
 # A variant ("-": the defaults, else VAR=value settings joined by commas) as env assignments, and a tag of those for the
 # names of its result files.
 variant_env() { if [ "$1" = - ]; then echo DFLASH_NOTHING=1; else echo "${1//,/ }"; fi; }
@@ -80,6 +88,8 @@ lib=$stage/bin/lib
 peer_build() {
   # llama.cpp, the peer, built in the background while our library builds and the models are made
   [ -f .gpu/llama-src.tar.xz ] || return 0
+  # a warm machine keeps an earlier call's build
+  grep -qs rc=0 /tmp/llama.done && [ -x /tmp/llama/build/bin/llama-speculative-simple ] && return 0
   # the peer steps later look for this marker, not for .gpu/: a device call without carry [".gpu"] (a poll of a
   # background run) removes .gpu/ on the GPU machine, so it may be gone by the time they run
   rm -rf /tmp/llama /tmp/llama.done && mkdir -p /tmp/llama && touch /tmp/llama.started
@@ -109,8 +119,8 @@ check() {
     tee "$OUT/parity.txt" | grep -E "^(---|ok|FAIL|PASS)|error" | head -40
 }
 
-make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/demo/demo-target-q8_0.gguf, as it is)
-  if [[ $1 == *.gguf ]]; then [ -f "$1" ] && echo "$1"; return; fi
+make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/demo/demo-target-q8_0.gguf, made absolute
+  if [[ $1 == *.gguf ]]; then [ -f "$1" ] && realpath "$1"; return; fi  # for the benchmarks, which run in their package)
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
   mkdir -p /tmp/models
   local arch=qwen3
@@ -378,21 +388,17 @@ step_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
-# instead of the state before and the rows' inputs (defaults since 12-04 05:4x). TRY: DFL_CUDA_Q8P_PIPE_ROWS=1: the
-# staged kernel reads the quantizer's rows, no fragment-ordered copy kernel before it (mixed: 16 tokens won, 8 lost);
-# DFL_CUDA_Q8P_TWO_PASS=0: q8_0 of 65..128 tokens through cuBLAS instead of two passes of the staged kernel;
-# DFL_CUDA_Q8P_GEMM=1: q8_0 of more than 64 tokens on the int8 tensor-core GEMM (gemm_int8.cu, not yet run on a GPU;
-# DFL_CUDA_Q8P_GEMM_BN=128: its tiles of 128 tokens instead of 64).
-# DFL_CUDA_Q8P_PIPE_U2=1: the staged kernel two blocks of 32 a warp a stage (half the stages; not with PIPE_ROWS).
-# DFL_CUDA_ATTN_FLASH=1: prefill attention fused (flash-attention scheme on WMMA) instead of two GEMMs and S, P in memory.
-TRY=${TRY:-DFL_CUDA_Q8P_PIPE_U2=1,DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_ATTN_FLASH=1}
+# instead of the state before and the rows' inputs (defaults since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
+# kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x). TRY (empty: none
+# waiting): DFL_CUDA_Q8P_PIPE_ROWS=1: the staged kernel reads the quantizer's rows, no fragment-ordered copy kernel
+# before it (mixed: 16 tokens won, 8 lost; not with PIPE_U2).
+TRY=${TRY:-}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a GEMV instead of the tensor-core kernel (which took a flat
 # ~86 us a qwen3-8b layer from 2 to 8 tokens at 12-04 05:1x, where one token's dp4a GEMV takes 45).
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q8P_GEMM=1 \
-  DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 DFL_CUDA_GEMM_ALIGN=1 DFL_CUDA_Q4K_MMA_MIN=9}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_U2=0 DFL_CUDA_GEMM_ALIGN=1 DFL_CUDA_Q4K_MMA_MIN=9}
 
 # The device replays (qwen, deepseek4) with the defaults and with the older kernels (FLAG_REPLAY): the worst errors
 # should agree.
@@ -512,9 +518,8 @@ case $mode in
   # TRY_KERNEL_VARIANTS, and prefill with each TRY_VARIANTS
   try) premake qwen3-8b:q8_0; build_cuda; build_kernel_tests || exit 1
        for v in - ${TRY:+"$TRY"}; do op_tests "$v" matmul attention; done
-       KERNEL_VARIANTS=${TRY_KERNEL_VARIANTS:-- DFL_CUDA_Q8P_PIPE_U2=1 DFL_CUDA_Q8P_GEMM=1 DFL_CUDA_Q8P_GEMM=1,DFL_CUDA_Q8P_GEMM_BN=128 \
-         DFL_CUDA_Q8P_TWO_PASS=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0} kernel_bench; wait "${premake_pids[@]}"
-       VARIANTS=${TRY_VARIANTS:-- DFL_CUDA_ATTN_FLASH=1 DFL_CUDA_Q8P_GEMM=1} BENCH_FILTER=GGUF/pp BENCH_PROMPTS=512,4096 NO_PROFILE=1 \
+       KERNEL_VARIANTS=${TRY_KERNEL_VARIANTS:-- ${TRY:-}} kernel_bench; wait "${premake_pids[@]}"
+       VARIANTS=${TRY_VARIANTS:-- ${TRY:-}} BENCH_FILTER=GGUF/pp BENCH_PROMPTS=512,4096 NO_PROFILE=1 \
          variants qwen3-8b:q8_0 ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
@@ -590,6 +595,7 @@ case $mode in
           "$stage/bin/e2e.test" -test.run 'TestSeedCommandLine' -test.v -test.count=1 -test.timeout 9m 2>&1) | tee "$OUT/seed.txt" |
           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -60 ;;
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
+  pack) exit 0 ;;
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;

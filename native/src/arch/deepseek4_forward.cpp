@@ -24,7 +24,7 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
         max_blocks = std::max(max_blocks, table_.get(se.seq).blocks.size());
         graph = graph && se.n == 1 && !se.record;
     }
-    if (graph) max_blocks = (max_blocks + 63) / 64 * 64;
+    if (graph) max_blocks = StepGraphs::table_width(max_blocks);
     ensure_acts(T);
     const size_t n_meta = (size_t)(3 * T + 4 * E + (int64_t)E * (int64_t)max_blocks + R);
     ensure(acts_.meta, n_meta * sizeof(int32_t), "batch metadata");

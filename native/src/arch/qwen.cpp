@@ -101,18 +101,6 @@ constexpr int64_t kFusedMaxTokens = 64;
 constexpr int64_t kGraphMaxTokens = 32;
 constexpr uint32_t kGraphMaxCaptures = 7;
 
-// The block-table width a replayed step is captured for (the kernels take it and max_ctx as upper bounds): a power of
-// two from 8 blocks up to 64, then multiples of 64, so that few widths occur. Short contexts keep a short bound: the
-// decode attention splits its positions by max_ctx, and a flat 64-block bucket (1,024 positions at 16 a block) had
-// every step of a short context split four ways and pay a combine kernel a layer (12-04 skip-ops on the H200: attention
-// and its combine 0.31 ms of a 3.45 ms qwen3-8b step at 16..144 positions).
-uint32_t graph_table_width(uint32_t blocks) {
-    if (blocks > 64) return (blocks + 63) / 64 * 64;
-    uint32_t w = 8;
-    while (w < blocks) w *= 2;
-    return w;
-}
-
 }  // namespace
 
 // The architectures this engine has a layer plan for.
@@ -622,7 +610,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     // Longer entries are prefill chunks: one-off shapes, and attention there may take the cuBLAS path.
     const bool graph_step = dev_->has_graphs() && max_n <= kGraphMaxTokens && b.n_capture <= kGraphMaxCaptures;
     if (graph_step) {
-        max_blocks = graph_table_width(max_blocks);
+        max_blocks = (uint32_t)StepGraphs::table_width(max_blocks);
         max_ctx = (int64_t)max_blocks * table_.block_size();
     }
     check_batch_outputs(b, rows, topk);

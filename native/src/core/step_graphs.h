@@ -33,6 +33,18 @@ public:
         GiveUp,  // runs op by op: its capture is not expected to succeed (an op that waits for the host)
     };
 
+    // The block-table width a replayed step is captured for (the kernels take it and max_ctx as upper bounds): a power of
+    // two from 8 blocks up to 64, then multiples of 64, so that few widths occur. Short contexts keep a short bound: the
+    // decode attention splits its positions by max_ctx, and a flat 64-block bucket (1,024 positions at 16 a block) had
+    // every step of a short context split four ways and pay a combine kernel a layer (12-04 skip-ops on the H200:
+    // attention and its combine 0.31 ms of a 3.45 ms qwen3-8b step at 16..144 positions).
+    static size_t table_width(size_t blocks) {
+        if (blocks > 64) return (blocks + 63) / 64 * 64;
+        size_t w = 8;
+        while (w < blocks) w *= 2;
+        return w;
+    }
+
     explicit StepGraphs(OnFailure on_failure) : on_failure_(on_failure) {}
     StepGraphs(const StepGraphs &) = delete;
     StepGraphs &operator=(const StepGraphs &) = delete;

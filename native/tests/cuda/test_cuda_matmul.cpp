@@ -21,11 +21,6 @@ using namespace dfl;
 
 namespace {
 
-bool env_set(const char *name, const char *value) {
-    const char *v = std::getenv(name);
-    return v && std::strcmp(v, value) == 0;
-}
-
 double matmul_bound(uint32_t type, int64_t T) {
     // q4_K products that round the activations to int8 per block of 32 (as the repacked q8_0 path does: 1.5e-2 of the
     // output's norm): 2..64 tokens on int8 tensor cores (unless DFL_CUDA_I8_MMA=0), and up to 8 with the int8 GEMV
@@ -99,11 +94,9 @@ void test_matmul_embed() {
     // tokens int8 tensor cores (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out
     // / 32 reaches the SM count (4500 rows: a partial last pair of tiles): 8, 9, 16, 17, 32 the staged kernel's 1..4
     // tiles of 8 tokens (inputs a multiple of 256; 288 inputs the register kernel), 33 and 64 the register kernel's 5
-    // and 8 tiles (the staged kernel's with DFL_CUDA_Q8P_PIPE64=1); 130: two passes of 65 (DFL_CUDA_Q8P_TWO_PASS=0:
-// cuBLAS on the repacked rows dequantized); 200: cuBLAS, or with DFL_CUDA_Q8P_GEMM=1 the int8 GEMM (inputs a multiple
-// of 128; a partial last tile of tokens and of rows). Activations rounded to int8 per block of 32 (relative 1/254
-    // of the block's largest value per element, random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the
-    // long rows of the down projections.
+    // and 8 tiles (the staged kernel's with DFL_CUDA_Q8P_PIPE64=1); 130 and 200: cuBLAS on the repacked rows
+    // dequantized. Activations rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element,
+    // random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the long rows of the down projections.
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
@@ -157,9 +150,7 @@ void test_matmul_embed() {
                 parts.emplace_back(&pg[i], Y[i]->gp());
             }
             g_gpu->matmul_parts(wg, parts, X.gp(), T);
-            // the int8 GEMM (DFL_CUDA_Q8P_GEMM=1) rounds the activations to int8 as the repacked kernels of up to 64
-            // tokens do
-            const double bound = repack && T > 64 && env_set("DFL_CUDA_Q8P_GEMM", "1") ? 1.5e-2 : matmul_bound(type, T);
+            const double bound = matmul_bound(type, T);
             for (size_t i = 0; i < rows.size(); i++)
                 compare(std::string("matmul_parts ") + tname(type) + (repack ? " repacked " : " ") +
                             std::to_string(n_out) + "x" + std::to_string(n_in) + " part " + std::to_string(i) +

@@ -19,7 +19,6 @@
 // bucketed); rows past an entry's n and columns past its causal limit are masked on the device.
 #include <algorithm>
 #include <cmath>
-#include <mma.h>
 #include <string>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -246,182 +245,12 @@ __global__ void scatter_o_kernel(const float *O, float *out, int n_head, int hd,
     for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = src[d];
 }
 
-// The fused path (DFL_CUDA_ATTN_FLASH=1, opt-in, not yet run on a GPU): one kernel per call reads Q, K and V in f16 and
-// keeps each row's softmax running over tiles of BK positions (the flash-attention scheme), so S and P never reach
-// memory. The two-GEMM path writes and reads S (f32) and P (f16) for every score, the causal half included: at 4,096
-// positions that is ~6.4 GB a qwen3-8b layer, ~2.2 ms of its 2.24 (H200, 12-02), which is a third of a 4,096-token
-// prefill. Block: 64 query rows of one (entry, head), 4 warps of 16 rows; tensor cores through WMMA (m16n16k16, f16
-// in, f32 out), so S, P and O pass through the warp's shared memory between the products (the accumulator fragments'
-// layout is opaque), which also lets a lane rescale O's rows.
-constexpr int kFlashWarps = 4;
-constexpr int kFlashRows = 16 * kFlashWarps;  // query rows a block
-
-bool attn_flash_on() {
-    static const bool on = env_switch("DFL_CUDA_ATTN_FLASH", false);
-    return on;
-}
-
-// Rows in shared memory are padded: S, P and O (read and written a column at a time by lane pairs) by 4 floats or 8
-// halves, so that a warp's 16 rows fall on different banks (at BK or HD floats a row they all share one: 16-way
-// conflicts); Q, K and V (read by WMMA 16 bytes a row) by 8 halves, so that 8 rows of a load phase do too.
-template <int HD>
-struct FlashShape {
-    static constexpr int BK = HD <= 128 ? 64 : 32;  // positions a tile
-    static constexpr int SLD = BK + 4, PLD = BK + 8, OLD = HD + 4, KLD = HD + 8;  // row strides (WMMA: multiples of 4 / 8)
-    static constexpr size_t kK = (size_t)BK * KLD * 2, kV = kK;
-    static constexpr size_t kQ = (size_t)kFlashWarps * 16 * KLD * 2;
-    static constexpr size_t kS = (size_t)kFlashWarps * 16 * SLD * 4;
-    static constexpr size_t kP = (size_t)kFlashWarps * 16 * PLD * 2;
-    static constexpr size_t kO = (size_t)kFlashWarps * 16 * OLD * 4;
-    static constexpr size_t kBytes = kK + kV + kQ + kS + kP + kO;
-};
-
-// Block (query tile, head h, entry e). q16: [n_ent][n_head][rows][HD] (zero past an entry's tokens); k16, v16:
-// [n_ent][n_kv][cols][HD] (zero past its context). Query row i of entry e sees positions [0, len0 + i]; its output goes
-// to out at token t0 + i.
-template <int HD>
-__global__ void __launch_bounds__(kFlashWarps * 32)
-    attention_flash_kernel(const __half *q16, const __half *k16, const __half *v16, float *out, int n_head, int n_kv,
-                           int64_t rows, int64_t cols, float scale, const int32_t *t0, const int32_t *len0,
-                           const int32_t *ns) {
-    namespace wmma = nvcuda::wmma;
-    using Sh = FlashShape<HD>;
-    constexpr int BK = Sh::BK, SLD = Sh::SLD, PLD = Sh::PLD, OLD = Sh::OLD, KLD = Sh::KLD;
-    extern __shared__ __align__(128) uint8_t flash_smem[];  // (WMMA wants 32-byte aligned tiles)
-    __half *Ks = (__half *)flash_smem, *Vs = (__half *)(flash_smem + Sh::kK);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __half *Qw = (__half *)(flash_smem + Sh::kK + Sh::kV) + warp * 16 * KLD;
-    float *Sw = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ) + warp * 16 * SLD;
-    __half *Pw = (__half *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS) + warp * 16 * PLD;
-    float *Ow = (float *)(flash_smem + Sh::kK + Sh::kV + Sh::kQ + Sh::kS + Sh::kP) + warp * 16 * OLD;
-    const int h = blockIdx.y, e = blockIdx.z, kvh = h / (n_head / n_kv);
-    const int64_t n = ns[e], ctx0 = len0[e], i0 = (int64_t)blockIdx.x * kFlashRows;
-    if (i0 >= n) return;  // (the whole block: no barrier is skipped by part of it)
-    // the warp's query rows and the O accumulator rows in shared memory
-    const __half *qsrc = q16 + (((int64_t)e * n_head + h) * rows + i0 + warp * 16) * HD;
-    for (int k = lane; k < 16 * HD / 8; k += 32)
-        *(uint4 *)(Qw + (k / (HD / 8)) * KLD + (k % (HD / 8)) * 8) = ((const uint4 *)qsrc)[k];
-    for (int k = lane; k < 16 * OLD; k += 32) Ow[k] = 0.0f;
-    // a lane's softmax row and its half of the row's columns: row r = lane / 2, columns (lane & 1) + 2 c
-    const int r = lane >> 1, half = lane & 1;
-    const int64_t qi = i0 + warp * 16 + r;
-    const int64_t lim = qi < n ? ctx0 + qi + 1 : 0;  // columns this row sees
-    float m_run = -INFINITY, l_run = 0.0f;
-    const __half *kbase = k16 + ((int64_t)e * n_kv + kvh) * cols * HD, *vbase = v16 + ((int64_t)e * n_kv + kvh) * cols * HD;
-    const int64_t j_end = min(cols, ctx0 + min(n, i0 + kFlashRows));  // the block's last row sees up to here
-    for (int64_t j0 = 0; j0 < j_end; j0 += BK) {
-        __syncthreads();  // every warp is done with the previous tile
-        const int64_t valid = min((int64_t)BK, cols - j0);
-        for (int k = threadIdx.x; k < BK * HD / 8; k += kFlashWarps * 32) {
-            const int pos = k / (HD / 8), off = pos * KLD + (k % (HD / 8)) * 8;
-            const uint4 z = make_uint4(0, 0, 0, 0);
-            *(uint4 *)(Ks + off) = pos < valid ? ((const uint4 *)(kbase + j0 * HD))[k] : z;
-            *(uint4 *)(Vs + off) = pos < valid ? ((const uint4 *)(vbase + j0 * HD))[k] : z;
-        }
-        __syncthreads();
-        // S = Q K^T for the warp's 16 rows and the tile's BK positions
-        for (int nt = 0; nt < BK / 16; nt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> sacc;
-            wmma::fill_fragment(sacc, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;  // K^T: K's rows are its columns
-                wmma::load_matrix_sync(a, Qw + kk * 16, KLD);
-                wmma::load_matrix_sync(b, Ks + nt * 16 * KLD + kk * 16, KLD);
-                wmma::mma_sync(sacc, a, b, sacc);
-            }
-            wmma::store_matrix_sync(Sw + nt * 16, sacc, SLD, wmma::mem_row_major);
-        }
-        __syncwarp();
-        // the running softmax of row r over this tile: its max, the rescale of what came before, P in f16
-        float mx = -INFINITY;
-        for (int c = half; c < BK; c += 2)
-            if (j0 + c < lim) mx = fmaxf(mx, Sw[r * SLD + c] * scale);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        const float m_new = fmaxf(m_run, mx);
-        const float alpha = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);  // (exp(-inf) = 0 on the first tile)
-        float sum = 0.0f;
-        for (int c = half; c < BK; c += 2) {
-            const float p = j0 + c < lim ? expf(Sw[r * SLD + c] * scale - m_new) : 0.0f;
-            Pw[r * PLD + c] = __float2half_rn(p);
-            sum += p;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        l_run = l_run * alpha + sum;
-        m_run = m_new;
-        for (int d = half; d < HD; d += 2) Ow[r * OLD + d] *= alpha;
-        __syncwarp();
-        // O += P V
-        for (int nt = 0; nt < HD / 16; nt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc;
-            wmma::load_matrix_sync(oacc, Ow + nt * 16, OLD, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                wmma::load_matrix_sync(a, Pw + kk * 16, PLD);
-                wmma::load_matrix_sync(b, Vs + kk * 16 * KLD + nt * 16, KLD);
-                wmma::mma_sync(oacc, a, b, oacc);
-            }
-            wmma::store_matrix_sync(Ow + nt * 16, oacc, OLD, wmma::mem_row_major);
-        }
-        __syncwarp();
-    }
-    // out = O / l for the rows the entry has
-    if (qi < n) {
-        const float inv = l_run > 0.0f ? 1.0f / l_run : 0.0f;
-        float *dst = out + ((int64_t)t0[e] + qi) * n_head * HD + (int64_t)h * HD;
-        for (int d = half; d < HD; d += 2) dst[d] = Ow[r * OLD + d] * inv;
-    }
-}
-
-template <int HD>
-static void launch_flash_hd(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, const __half *q16, const __half *k16,
-                            const __half *v16, int64_t rows, int64_t cols, int64_t n_max) {
-    const size_t smem = FlashShape<HD>::kBytes;
-    allow_dynamic_smem<attention_flash_kernel<HD>>(dev.index(), smem, "attention (flash smem)");
-    const dim3 grid((unsigned)((n_max + kFlashRows - 1) / kFlashRows), (unsigned)c.n_head, (unsigned)m.n_ent);
-    attention_flash_kernel<HD><<<grid, kFlashWarps * 32, smem, dev.stream()>>>(
-        q16, k16, v16, c.out, c.n_head, c.kv.n_kv, rows, cols, c.scale, m.t0, m.len0, m.n);
-    check_launch("attention (flash)");
-}
-
-static bool flash_head_dim(int hd) { return hd == 64 || hd == 128 || hd == 256; }
-
-// The fused path: K and V gathered to f16 as for the GEMMs, every query row at once (rows padded to whole tiles), one
-// kernel to the output.
-static void launch_attention_flash(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, const GemmAttnPlan &plan) {
-    cudaStream_t s = dev.stream();
-    const int n_ent = m.n_ent, n_head = c.n_head, hd = c.kv.head_dim;
-    const int64_t cols = plan.cols, n_max = plan.n_max;
-    const int64_t rows = (n_max + kFlashRows - 1) / kFlashRows * kFlashRows;
-    const size_t q_bytes = round256((size_t)n_ent * n_head * (size_t)rows * hd * sizeof(__half));
-    uint8_t *base = (uint8_t *)dev.scratch(2 * plan.kv_bytes + q_bytes);
-    __half *k16 = (__half *)base, *v16 = (__half *)(base + plan.kv_bytes), *q16 = (__half *)(base + 2 * plan.kv_bytes);
-    gather_kv_f16_kernel<<<dim3((unsigned)cols, (unsigned)n_ent), kGemmAttnThreads, 0, s>>>(
-        c.kv, m.len0, m.n, m.block_table, m.max_blocks, cols, k16, v16);
-    check_launch("attention (gather K/V)");
-    gather_q_f16_kernel<<<dim3((unsigned)rows, (unsigned)n_head, (unsigned)n_ent), 128, 0, s>>>(c.Q, n_head, hd, m.t0, m.n,
-                                                                                                 0, rows, q16);
-    check_launch("attention (gather Q)");
-    switch (hd) {
-    case 64: launch_flash_hd<64>(dev, m, c, q16, k16, v16, rows, cols, n_max); break;
-    case 128: launch_flash_hd<128>(dev, m, c, q16, k16, v16, rows, cols, n_max); break;
-    default: launch_flash_hd<256>(dev, m, c, q16, k16, v16, rows, cols, n_max); break;
-    }
-}
-
 void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     cudaStream_t s = dev.stream();
     cublasHandle_t blas = dev.blas();
     const int n_ent = m.n_ent, n_head = c.n_head, n_kv = c.kv.n_kv, hd = c.kv.head_dim;
     const int group = n_head / n_kv;
     const GemmAttnPlan plan = plan_attention_gemm(m, c);
-    if (attn_flash_on() && flash_head_dim(hd)) {
-        launch_attention_flash(dev, m, c, plan);
-        return;
-    }
     const int64_t cols = plan.cols, rows = plan.rows, n_max = plan.n_max;
     uint8_t *base = (uint8_t *)dev.scratch(plan.total());
     __half *k16 = (__half *)base;

@@ -197,11 +197,6 @@ bool gemm_takes_parts(int64_t T);
 // The cuBLAS product of T tokens (gemm.cu), W's rows into the outputs that hold them (one GemmOut covering all rows for
 // a plain product, one per part for matmul_parts).
 void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs);
-// Products of more than 64 tokens on the repacked q8_0 rows with int8 tensor cores instead of cuBLAS (gemm_int8.cu):
-// whether DFL_CUDA_Q8P_GEMM=1 asks for it, whether W and that many outputs can take it, and the launcher.
-bool q8p_gemm_on();
-bool q8p_gemm_ok(const Weight &W, size_t n_outs);
-void launch_q8p_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs);
 // A cuBLAS call's status as the op's error (gemm.cu).
 void check_blas(cublasStatus_t st, const char *op);
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,

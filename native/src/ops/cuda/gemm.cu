@@ -180,10 +180,6 @@ static void gemm_into_outs(cublasHandle_t h, const void *Wh, int64_t ldw, cudaDa
 // that hold them. X is converted to 16 bits once for all of them; quantized rows are dequantized chunk by chunk, each
 // chunk once whatever outputs it spans (q|k|v and gate|up of a prefill: one product each).
 void launch_gemm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, const std::vector<GemmOut> &outs) {
-    if (q8p_gemm_on() && q8p_gemm_ok(W, outs.size())) {  // int8 tensor cores on the repacked rows, no f16 copy
-        launch_q8p_gemm(dev, W, X, T, outs);
-        return;
-    }
     cudaStream_t s = dev.stream();
     cublasHandle_t h = dev.blas();
     const int64_t n_in = W.n_in, n_out = W.n_out;

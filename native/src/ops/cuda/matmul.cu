@@ -503,14 +503,6 @@ bool gemm_takes_parts(int64_t T) {
     return T > std::max({kMmqMaxTokens, kGemvChunkedMaxTokens, i8_mma_max_tokens()});
 }
 
-// Whether q8_0 products of 65..128 tokens take two passes of the tensor-core kernel (on unless DFL_CUDA_Q8P_TWO_PASS=0:
-// cuBLAS on dequantized chunks). On the 27B qwen35 shape (H200, 12-04 05:3x) the aligned cuBLAS path ran a 512-row
-// verify in 119.5 ms while two passes ran a 128-row one in ~101 ms: which wins at 128 rows is the next measurement.
-static bool q8p_two_pass_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_TWO_PASS", true);
-    return on;
-}
-
 void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     if (T <= 0 || W.n_out <= 0) return;
     if (W.type != DFL_TYPE_F32 && W.type != DFL_TYPE_F16 && W.type != DFL_TYPE_BF16 && W.type != DFL_TYPE_Q8_0 &&
@@ -521,17 +513,6 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     // kernel on the packed weights, prefill cuBLAS.
     if ((T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W)) {  // q8_0 repacked at load: int8 activations
         launch_gemv_q8p(dev, W, X, T, Y);
-        return;
-    }
-    const bool int8_gemm = q8p_gemm_on() && q8p_gemm_ok(W, 1);  // (launch_gemm takes it, below)
-    if (T <= 2 * i8_mma_max_tokens() && q8p_two_pass_on() && !int8_gemm && q8p_ok(W)) {
-        // a batch of verify blocks (8 sequences of 16): two passes of the tensor-core kernel read the weights twice,
-        // where cuBLAS would first write and read an f16 copy of them (H200, qwen3-8b q8_0, 128 tokens: 31.6 ms a
-        // forward through cuBLAS, the kernel at 64 tokens 0.30 ms a layer; measured while cuBLAS took misaligned
-        // chunks, see gemm.cu's dequant_chunk_rows)
-        const int64_t half = (T / 2 + 7) / 8 * 8;
-        launch_gemv_q8p(dev, W, X, half, Y);
-        launch_gemv_q8p(dev, W, X + half * W.n_in, T - half, Y + half * W.n_out);
         return;
     }
     if (T >= q4k_mma_min_tokens() && T <= i8_mma_max_tokens() && q4k_mma_ok(W)) {  // q4_K on int8 tensor cores

@@ -514,7 +514,7 @@ static bool q8p_deep_on() {
     return on;
 }
 
-// Whether q8_0 products of 33..64 tokens (prefill chunks, verify batches of 65..128 rows in two passes) take the staged
+// Whether q8_0 products of 33..64 tokens (prefill chunks, verify batches of 33..64 rows) take the staged
 // kernel too (on unless DFL_CUDA_Q8P_PIPE64=0, the register kernel there): H200, 12-04 05:1x, one call: qwen3-8b layer
 // at 64 tokens 238.5 -> 229.0 us; 27B qwen35 q8_0 verify of 8 sequences of 8 rows 43.9 -> 36.5 ms, of 16 rows
 // 105.7 -> 100.8 ms (light records in both); decode unchanged.
@@ -532,14 +532,14 @@ static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
 }
 
 // Whether the staged kernel multiplies two blocks of 32 a warp a stage (512 inputs a stage, 4 stages up to 16 tokens, 3
-// up to 32; DFL_CUDA_Q8P_PIPE_U2=1, opt-in, not yet run on a GPU) instead of one (256 inputs, 8 stages where the grid
+// up to 32; the default since 12-04 12:2x, DFL_CUDA_Q8P_PIPE_U2=0 for one) instead of one (256 inputs, 8 stages where the grid
 // leaves one block an SM). The 12-04 05:1x kernel bench timed the kernel at 8 tokens in ~0.6 us a stage whatever the
 // stages in flight (DFL_CUDA_Q8P_DEEP=0 / 1: 4096 x 12288 30.3 / 30.0 us, 48 stages) and the tile (16-row tiles, two
 // blocks an SM: 30.4), and ~0.7 us on gate|up (16 stages a block, 3 waves: 32.3): a cost a stage, not bytes in
 // flight. Prediction: half the stages, 4096 x 12288 at 8 tokens 30 -> ~20 us, and a qwen3-8b layer at 8 tokens 85 ->
-// ~70 us (tg b8 ~+15 %).
+// ~70 us (tg b8 ~+15 %). Measured: tg b8 +4 % (qwen3-8b 1,836 -> 1,912), 27B b8 +4.5 %, 27B b32 +17 % (1,277 -> 1,492).
 static bool q8p_pipe_u2_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", false);
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", true);
     return on;
 }
 
