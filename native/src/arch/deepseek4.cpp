@@ -13,9 +13,7 @@ namespace dfl {
 DeepSeek4Model::DeepSeek4Model(const dfl_model_params &p, std::unique_ptr<Device> dev) : dev_(std::move(dev)) {
     hp_ = ds4_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
-    const uint32_t block_size = p.kv_block_size ? p.kv_block_size : 16;
-    if (block_size > 4096) fail(DFL_ERR_INVALID, "kv_block_size " + std::to_string(block_size) + " is too large");
+    const uint32_t block_size = kv_block_size_of(p);
     load_weights(p);
     // Every sequence token holds KV blocks (they bound the compressed rows a sequence may append).
     const uint32_t n_blocks = (uint32_t)ceil_div(p.kv_pool_tokens, block_size);

@@ -119,11 +119,8 @@ DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
     : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
     hp_ = dflash_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    if (!cache_type_ok(type_k_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type k ") + type_name(type_k_) + " is not supported");
-    if (!cache_type_ok(type_v_)) fail(DFL_ERR_UNSUPPORTED, std::string("cache type v ") + type_name(type_v_) + " is not supported");
-    if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
-    const uint32_t block_size = p.kv_block_size ? p.kv_block_size : 16;
-    if (block_size > 4096) fail(DFL_ERR_INVALID, "kv_block_size " + std::to_string(block_size) + " is too large");
+    check_cache_types(type_k_, type_v_);
+    const uint32_t block_size = kv_block_size_of(p);
     if (hp_.head_dim % type_block(type_k_) != 0 || hp_.head_dim % type_block(type_v_) != 0)
         fail(DFL_ERR_INVALID, "head_dim " + std::to_string(hp_.head_dim) + " is not a multiple of the cache type's block");
     load_weights(p);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include "quant.h"
 
@@ -17,6 +18,19 @@ int threads_of(const dfl_model_params &p) {
     if (p.n_threads > 0) return (int)std::min<uint32_t>(p.n_threads, 256);
     const unsigned hc = std::thread::hardware_concurrency();
     return hc == 0 ? 1 : (int)hc;
+}
+
+uint32_t kv_block_size_of(const dfl_model_params &p) {
+    if (p.max_seqs == 0) fail(DFL_ERR_INVALID, "max_seqs must be at least 1");
+    const uint32_t block_size = p.kv_block_size ? p.kv_block_size : 16;
+    if (block_size > 4096) fail(DFL_ERR_INVALID, "kv_block_size " + std::to_string(block_size) + " is too large");
+    return block_size;
+}
+
+void check_cache_types(uint32_t type_k, uint32_t type_v) {
+    for (const auto &[which, type] : {std::pair<const char *, uint32_t>{"k", type_k}, {"v", type_v}})
+        if (!cache_type_ok(type))
+            fail(DFL_ERR_UNSUPPORTED, std::string("cache type ") + which + " " + type_name(type) + " is not supported");
 }
 
 void WeightStore::init(Device *dev, const dfl_model_params &p) {

@@ -18,6 +18,10 @@ std::string dims_str(const dfl_tensor &t);
 inline std::string blk(int il, const char *name) { return "blk." + std::to_string(il) + "." + name; }
 // The CPU worker threads a model's params ask for (0: every core), at most 256.
 int threads_of(const dfl_model_params &p);
+// The KV block size a model's params ask for (0: 16), after checking it and max_seqs (DFL_ERR_INVALID).
+uint32_t kv_block_size_of(const dfl_model_params &p);
+// DFL_ERR_UNSUPPORTED unless both are KV cache element types.
+void check_cache_types(uint32_t type_k, uint32_t type_v);
 
 class WeightStore {
 public:
