@@ -27,6 +27,8 @@
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
+#   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
+#   OUT=... scripts/gpu/run.sh pack          packs $OUT's results into one archive (after a call cut off by timeout)
 #   scripts/gpu/run.sh quick [MODEL...]      op tests and device replay with the defaults, BenchmarkGGUF of the qwen3-8b pair,
 #                                            speculative greedy == plain greedy on cuda:0 (a kernel change's last check)
 #   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
@@ -354,6 +356,28 @@ cpu_pool() {
   done
 }
 
+# How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
+# flags (AMX among them), then BenchmarkGGUF decode and prefill (the integer kernels: DFLASH_CPU_INT8=auto, since this
+# script exports off for the device tests' reference) of Qwen3-0.6B q8_0 at 1..16 threads and Qwen3-4B q8_0
+# at 8 and 16.
+cpu_scaling() {
+  log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
+    tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
+  local m f th
+  for m in qwen3-0.6b:q8_0 qwen3-4b:q8_0; do
+    f=$(make_model "$m") || return 1
+    for th in ${CPU_SCALING_THREADS:-1 2 4 8 16}; do
+      [[ $m == qwen3-4b* && $th -lt 8 ]] && continue
+      log "CPU $m, $th threads"
+      for run in "tg 32x" "pp 2x"; do
+        (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$th \
+          DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 "$stage/bin/engine.test" -test.run '^$' \
+          -test.bench "GGUF/${run% *}" -test.benchtime "${run#* }" 2>&1) | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+      done
+    done
+  done
+}
+
 # Where batch-1 decode's (or, STEP_BENCH=pp STEP_PROMPTS=512, a prefill's) GPU time goes, kernel by kernel: Nsight Compute times each kernel of a window of decode steps
 # alone (no CUDA graphs, so no PDL overlap; caches flushed between kernels, as the weights are in a real step), summed
 # by kernel name, with one step's kernels in launch order (scripts/gpu/ncu-steps.py).
@@ -547,6 +571,7 @@ case $mode in
        for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
+  cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
@@ -598,6 +623,6 @@ case $mode in
   pack) exit 0 ;;
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
