@@ -363,6 +363,8 @@ cpu_pool() {
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
+  log "thread pool: microseconds a parallel region (native/bench/poolbench.cpp)"
+  make -s -C native poolbench BUILD=/tmp/native-build >/dev/null 2>&1 && /tmp/native-build/poolbench 2 4 8 16 | tee -a "$OUT/summary.txt"
   local m f th
   for m in qwen3-0.6b:q8_0 qwen3-4b:q8_0; do
     f=$(make_model "$m") || return 1

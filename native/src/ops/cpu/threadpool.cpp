@@ -17,25 +17,28 @@
 //    some worker sleeps. The spin is timed with a clock because PAUSE costs 10..140 cycles depending on the CPU.
 //
 // Why a late worker cannot run a task of an ended job, nor the new job's fn under the old job's index:
-// work_ packs (epoch, next index) and a task is claimed only by a CAS on the whole word. The caller publishes job
-// E+1 in three steps: work_ = (E+1, kClosed); then n_tasks_ and fn_ (release); then work_ = (E+1, 0) (release).
-// A worker loads work_ (acquire), then fn_ and n_tasks_ (acquire), then CASes work_ from the value it loaded.
-//  - If it loaded (E, i), it read job E's fn/n or a later job's (the acquire load synchronizes with E's publish).
-//    Had it read a later job's, that write came after work_ left epoch E, so the CAS, which must see work_ at
-//    least that new, fails. A successful CAS therefore pairs index i with job E's own fn and n.
-//  - kClosed exceeds every n, so nothing is claimed while fields are being rewritten.
+// work_ packs (epoch, next index), and a task is claimed by one fetch_add on the whole word (a CAS loop, as before,
+// fails and retries under contention: at 16 threads a region's claims cost more than its work). The caller
+// publishes job E+1 in three steps: work_ = (E+1, kClosed); then n_tasks_ and fn_ (release); then work_ = (E+1, 0).
+// A claimer adds 1 (acq_rel), then loads n_tasks_ and fn_ (acquire):
+//  - The value it got, (E, i) with i below kClosed, is the caller's (E, 0) or an increment of it: its release
+//    sequence, so job E's n and fn (or a later job's) are visible.
+//  - If i < n and the claimer already holds an unreported task of this job, the job cannot end, so n and fn are
+//    E's. Otherwise it loads work_ again: a later job's n_tasks_ store comes after that job's (E+1, kClosed) store,
+//    so having read a later n it sees a later epoch there, and drops the claim. Same epoch: n and fn are E's, and
+//    i < n is a claim of job E's task i that no one else holds.
+//  - kClosed (2^31) is at least every n, and the few increments past it while the fields are rewritten cannot reach
+//    the epoch bits; the caller's (E+1, 0) store replaces them.
 //  - The caller returns only after done_ (plus its own count) reaches n, and a worker adds its count only after
-//    its tasks have returned, so fn is alive whenever a claimed task runs. A worker holding an unreported count
-//    keeps the job open, so all its claims belong to one job; with nothing claimed it may read anything, since
-//    it will only act on a successful CAS.
-// The 32-bit epoch could only alias if one worker stalled between its load and its CAS for 2^32 jobs.
+//    its tasks have returned, so fn is alive whenever a claimed task runs.
+// The 32-bit epoch could only alias if one worker stalled between its fetch_add and its check for 2^32 jobs.
 namespace dfl {
 
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kSpinTime = std::chrono::microseconds(300);
 constexpr auto kYieldAfter = std::chrono::microseconds(20);
-constexpr uint32_t kClosed = 0xffffffffu;
+constexpr uint32_t kClosed = 0x80000000u;  // >= every job's n (kMaxJob), far from wrapping into the epoch
 constexpr int64_t kMaxJob = int64_t(1) << 31;  // tasks per job: the index must fit below kClosed
 }  // namespace
 
@@ -58,22 +61,22 @@ bool ThreadPool::has_work() const {
 
 int64_t ThreadPool::run_tasks(int thread) {
     int64_t ran = 0;
-    uint64_t w = work_.load(std::memory_order_acquire);
     for (;;) {
+        const uint64_t w = work_.fetch_add(1, std::memory_order_acq_rel);
+        const uint32_t i = (uint32_t)w;
+        const uint32_t n = n_tasks_.load(std::memory_order_acquire);
         const Fn *fn = fn_.load(std::memory_order_acquire);
-        if ((uint32_t)w >= n_tasks_.load(std::memory_order_acquire)) return ran;
-        if (!work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+        if (i >= n) return ran;
+        if (ran == 0 && work_.load(std::memory_order_acquire) >> 32 != w >> 32) return ran;  // n and fn of a later job
         ran++;
-        if (!failed_.load(std::memory_order_relaxed)) {
-            try {
-                (*fn)((int64_t)(uint32_t)w, thread);
-            } catch (...) {
-                std::lock_guard<std::mutex> lk(mu_);
-                if (!error_) error_ = std::current_exception();
-                failed_.store(true, std::memory_order_relaxed);  // the remaining tasks are claimed but skipped
-            }
+        if (failed_.load(std::memory_order_relaxed)) continue;  // the remaining tasks are claimed but skipped
+        try {
+            (*fn)((int64_t)i, thread);
+        } catch (...) {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (!error_) error_ = std::current_exception();
+            failed_.store(true, std::memory_order_relaxed);
         }
-        w++;  // a guess; a failed CAS reloads it
     }
 }
 

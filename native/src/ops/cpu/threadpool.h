@@ -35,8 +35,9 @@ private:
     int n_threads_;
     std::vector<std::thread> threads_;
 
-    // The current job. work_ = epoch << 32 | next task index; a task is claimed by CAS on the whole word, so a claim
-    // made with a stale view of the job fails (see threadpool.cpp). Read by every spinning worker; written per claim.
+    // The current job. work_ = epoch << 32 | next task index; a task is claimed by fetch_add on the whole word, and a
+    // claim made with a stale view of the job is dropped (see threadpool.cpp). Read by every spinning worker; written
+    // per claim.
     alignas(64) std::atomic<uint64_t> work_{0};
     std::atomic<uint32_t> n_tasks_{0};
     std::atomic<const Fn *> fn_{nullptr};
