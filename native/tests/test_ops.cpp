@@ -113,7 +113,7 @@ TEST(matmul_int8_kernels_within_quantization_error) {
     Rng rng(77);
     ThreadPool pool(3);
     Scratch scratch(3);
-    for (const char *set : {"generic", "avx2", "avxvnni", "avx512vnni"}) {
+    for (const char *set : {"generic", "avx2", "avxvnni", "avx512vnni", "avx512amx-emu", "avx512amx"}) {
         set_int8_kernels(set);
         if (std::strcmp(int8_kernels(), set) != 0) continue;  // not supported on this CPU
         for (uint32_t type : {DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {

@@ -357,12 +357,16 @@ cpu_pool() {
 }
 
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
-# flags (AMX among them), then BenchmarkGGUF decode and prefill (the integer kernels: DFLASH_CPU_INT8=auto, since this
+# flags (AMX among them), the integer kernels' op tests (the AMX set's real tiles there), the thread pool's cost a
+# region, then BenchmarkGGUF decode and prefill (prefill also with DFLASH_CPU_INT8=avx512amx) (the integer kernels: DFLASH_CPU_INT8=auto, since this
 # script exports off for the device tests' reference) of Qwen3-0.6B q8_0 at 1..16 threads and Qwen3-4B q8_0
 # at 8 and 16.
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
+  log "CPU integer kernels on this CPU, the AMX set among them (unit_tests matmul_int8: bitwise the AVX-512 tiles)"
+  make -s -C native BUILD=/tmp/native-build /tmp/native-build/unit_tests >/dev/null 2>&1 &&
+    /tmp/native-build/unit_tests matmul_int8 2>&1 | tail -4 | tee -a "$OUT/summary.txt"
   log "thread pool: microseconds a parallel region (native/bench/poolbench.cpp)"
   make -s -C native poolbench BUILD=/tmp/native-build >/dev/null 2>&1 && /tmp/native-build/poolbench 2 4 8 16 | tee -a "$OUT/summary.txt"
   local m f th
@@ -371,10 +375,12 @@ cpu_scaling() {
     for th in ${CPU_SCALING_THREADS:-1 2 4 8 16}; do
       [[ $m == qwen3-4b* && $th -lt 8 ]] && continue
       log "CPU $m, $th threads"
-      for run in "tg 32x" "pp 2x"; do
-        (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$th \
+      for run in "tg 32x auto" "pp 2x auto" "pp 2x avx512amx"; do
+        set -- $run
+        log "  $1, DFLASH_CPU_INT8=$3"
+        (cd native/engine && DFLASH_CPU_INT8=$3 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$th \
           DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 "$stage/bin/engine.test" -test.run '^$' \
-          -test.bench "GGUF/${run% *}" -test.benchtime "${run#* }" 2>&1) | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+          -test.bench "GGUF/$1" -test.benchtime "$2" 2>&1) | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
       done
     done
   done

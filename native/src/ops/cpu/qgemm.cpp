@@ -13,7 +13,10 @@
 #include "quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define DFL_QGEMM_X86 1
 #endif
 
@@ -172,6 +175,73 @@ constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
 #include "ops/cpu/qgemm_kernels.inc"
 #include "ops/cpu/qgemm_rows16.inc"
 #undef QK_DPBUSD
+
+// The AMX tiles' four operations in scalar code, with the instructions' semantics (tiles of this thread), so the
+// AMX kernel's layout and arithmetic run in the tests on any AVX-512 VNNI machine.
+namespace amx_emu {
+struct Tiles {
+    struct State {
+        int32_t c[16][16];
+        int8_t a[16][32];
+        uint8_t b[8][64];
+    };
+    static State &st() {
+        thread_local State s;
+        return s;
+    }
+    static bool prepare() { return true; }
+    static void zero_c() { std::memset(st().c, 0, sizeof st().c); }
+    static void load_a(const int8_t *p, int64_t stride) {
+        for (int m = 0; m < 16; m++) std::memcpy(st().a[m], p + m * stride, 32);
+    }
+    static void load_b(const uint8_t *p) { std::memcpy(st().b, p, sizeof st().b); }
+    static void dot() {  // TDPBSUD: C[m][n] += sum over k, i of signed A[m][4k + i] * unsigned B[k][4n + i]
+        State &s = st();
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 16; n++)
+                for (int k = 0; k < 8; k++)
+                    for (int i = 0; i < 4; i++) s.c[m][n] += (int32_t)s.a[m][4 * k + i] * (int32_t)s.b[k][4 * n + i];
+    }
+    static void store_c(int32_t *p) { std::memcpy(p, st().c, sizeof st().c); }
+};
+#include "ops/cpu/qgemm_amx.inc"
+}  // namespace amx_emu
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,amx-tile,amx-int8")
+namespace amx {
+// Linux hands out the AMX tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA), once a
+// process; the tile configuration is a thread's own.
+static bool amx_permitted() {
+    static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return ok;
+}
+struct Tiles {
+    // tmm0: C, 16 tokens x 16 int32; tmm1: A, 16 tokens x 32 codes; tmm2: B, 8 groups of 4 codes x 16 rows
+    static bool prepare() {
+        thread_local bool configured = false;
+        if (configured) return true;
+        if (!amx_permitted()) return false;
+        alignas(64) uint8_t cfg[64] = {};
+        cfg[0] = 1;  // palette 1; then colsb (uint16) at byte 16 + 2i and rows at byte 48 + i of tile i
+        const int colsb[3] = {64, 32, 64}, rows[3] = {16, 16, 8};
+        for (int i = 0; i < 3; i++) {
+            cfg[16 + 2 * i] = (uint8_t)colsb[i];
+            cfg[48 + i] = (uint8_t)rows[i];
+        }
+        _tile_loadconfig(cfg);
+        configured = true;
+        return true;
+    }
+    static void zero_c() { _tile_zero(0); }
+    static void load_a(const int8_t *p, int64_t stride) { _tile_loadd(1, p, stride); }
+    static void load_b(const uint8_t *p) { _tile_loadd(2, p, 64); }
+    static void dot() { _tile_dpbsud(0, 1, 2); }
+    static void store_c(int32_t *p) { _tile_stored(0, p, 64); }
+};
+#include "ops/cpu/qgemm_amx.inc"
+}  // namespace amx
+#pragma GCC pop_options
 }  // namespace qk_avx512vnni
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
@@ -188,6 +258,7 @@ struct KernelSet {
     bool pair_layout;  // reads QuantizedActs::bias and bias16
     uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
     void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
+    bool automatic = true;  // "auto" may pick it (false: only by name)
 };
 
 static bool always() { return true; }
@@ -201,15 +272,26 @@ static bool has_avx512vnni() {
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
            __builtin_cpu_supports("avx512vnni");
 }
+static bool has_amx() {
+    unsigned a, b, c, d;
+    const bool tiles = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1);  // AMX-TILE, -INT8
+    return tiles && has_avx512vnni() && qk_avx512vnni::amx::amx_permitted();
+}
 #endif
 
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
+    // AMX for q8_0 prompts: by name only (DFLASH_CPU_INT8=avx512amx) until measured on an AMX machine
+    {"avx512amx", qk_avx512vnni::amx::gemm_block_amx, has_amx, true, qk_avx512vnni::packed_bytes,
+     qk_avx512vnni::pack_groups, false},
     {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
      qk_avx512vnni::pack_groups},
     {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false, nullptr, nullptr},
     {"avx2", qk_avx2::gemm_block, has_avx2, false, nullptr, nullptr},
+    // the AMX kernel with its tile operations in scalar code: for the tests, by name only
+    {"avx512amx-emu", qk_avx512vnni::amx_emu::gemm_block_amx, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
+     qk_avx512vnni::pack_groups, false},
 #endif
     {"generic", generic_gemm_block, always, false, nullptr, nullptr},
     {"off", nullptr, always, false, nullptr, nullptr},
@@ -220,7 +302,7 @@ static const KernelSet *choose(const char *name) {
     bool reached = any;
     for (const KernelSet &k : kSets) {
         if (!reached && std::strcmp(k.name, name) == 0) reached = true;
-        if (reached && k.supported()) return &k;
+        if (reached && (k.automatic || !any) && k.supported()) return &k;
     }
     return &kSets[0] + (sizeof kSets / sizeof kSets[0]) - 2;  // unknown name: generic
 }
