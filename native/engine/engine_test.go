@@ -465,7 +465,7 @@ func TestQuantizedWeightsAndCaches(t *testing.T) {
 			switch wt {
 			case gguf.Q4_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K:
 				// On the CPU these multiply int8-quantized activations (blocks of 32, error <= 1/254 of each
-				// block's largest value; see native/tests/test_ops.cpp), so through the layers of this random
+				// block's largest value; see native/tests/test_matmul.cpp), so through the layers of this random
 				// model the logits differ by a few percent of their range, like those of the q8_0 KV cache below.
 				e := relErr(got, want)
 				t.Logf("relErr %.2g", e)
