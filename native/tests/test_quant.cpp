@@ -2,6 +2,7 @@
 // KV quantization.
 #include <cstring>
 
+#include "blockconv.h"
 #include "quant.h"
 #include "ref.h"
 #include "test.h"
@@ -128,6 +129,25 @@ TEST(q4_0_dequant_hand_made_block) {
         CHECK(y[16 + j] == (float)(7 - j) * 0.5f);
     }
     CHECK(y[0] == -4.0f && y[15] == 3.5f && y[16] == 3.5f && y[31] == -4.0f);
+}
+
+// The CUDA engine multiplies q4_0 weights as q8_0 blocks (blockconv.h, run there at load): every element keeps its
+// value exactly, for every code and random scales.
+TEST(q4_0_blocks_as_q8_0_keep_every_value) {
+    Rng rng(11);
+    for (int rep = 0; rep < 64; rep++) {
+        uint8_t q4[18], q8[34];
+        for (auto &b : q4) b = (uint8_t)rng.next();
+        const uint16_t d = f32_to_f16((float)(rng.sym(2)));
+        std::memcpy(q4, &d, 2);
+        if (rep == 0)
+            for (int j = 0; j < 16; j++) q4[2 + j] = (uint8_t)(j | (15 - j) << 4);  // every code, both nibbles
+        q4_0_block_to_q8_0(q4, q8);
+        float y4[32], y8[32];
+        dequant_row(DFL_TYPE_Q4_0, q4, y4, 32);
+        dequant_row(DFL_TYPE_Q8_0, q8, y8, 32);
+        for (int e = 0; e < 32; e++) CHECK(y4[e] == y8[e]);
+    }
 }
 
 TEST(dequant_random_blocks_match_reference) {

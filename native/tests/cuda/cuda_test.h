@@ -31,6 +31,7 @@ inline const char *tname(uint32_t t) {
     case DFL_TYPE_F16: return "f16";
     case DFL_TYPE_BF16: return "bf16";
     case DFL_TYPE_Q8_0: return "q8_0";
+    case DFL_TYPE_Q4_0: return "q4_0";
     case DFL_TYPE_Q4_K: return "q4_K";
     case DFL_TYPE_Q6_K: return "q6_K";
     default: return "?";

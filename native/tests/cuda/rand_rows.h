@@ -13,8 +13,8 @@
 namespace dfltest {
 
 // Bytes of one block of each quantized type (the packed GGUF layouts of quant.h).
-constexpr int kQ8_0Bytes = (int)sizeof(dfl::BlockQ8_0), kQ4_KBytes = (int)sizeof(dfl::BlockQ4_K),
-              kQ6_KBytes = (int)sizeof(dfl::BlockQ6_K);
+constexpr int kQ8_0Bytes = (int)sizeof(dfl::BlockQ8_0), kQ4_0Bytes = (int)sizeof(dfl::BlockQ4_0),
+              kQ4_KBytes = (int)sizeof(dfl::BlockQ4_K), kQ6_KBytes = (int)sizeof(dfl::BlockQ6_K);
 
 inline uint64_t type_row_bytes(uint32_t t, int64_t n) {
     using namespace dfl;
@@ -23,6 +23,7 @@ inline uint64_t type_row_bytes(uint32_t t, int64_t n) {
     case DFL_TYPE_F16:
     case DFL_TYPE_BF16: return (uint64_t)n * 2;
     case DFL_TYPE_Q8_0: return (uint64_t)(n / QK8_0) * kQ8_0Bytes;
+    case DFL_TYPE_Q4_0: return (uint64_t)(n / QK8_0) * kQ4_0Bytes;
     case DFL_TYPE_Q4_K: return (uint64_t)(n / QK_K) * kQ4_KBytes;
     case DFL_TYPE_Q6_K: return (uint64_t)(n / QK_K) * kQ6_KBytes;
     default: return 0;
@@ -59,6 +60,9 @@ inline std::vector<uint8_t> rand_rows(uint32_t type, int64_t n_rows, int64_t n, 
                 for (int j = 0; j < QK8_0; j++)
                     if (blk[2 + j] == 0x80) blk[2 + j] = 0x81;  // -128 never comes out of quantize_row
             }
+            break;
+        case DFL_TYPE_Q4_0:
+            for (int64_t k = 0; k < n / QK8_0; k++) put_u16(p + k * kQ4_0Bytes, f32_to_f16(0.002f + 0.01f * (float)r.uniform()));
             break;
         case DFL_TYPE_Q4_K:
             for (int64_t k = 0; k < n / QK_K; k++) {

@@ -114,6 +114,29 @@ void test_matmul_embed() {
                         Y, 1.5e-2);
         }
     }
+    // q4_0: prepare_weight turns it into the q8_0 blocks of the same values (and repacks those), so every q8_0 path
+    // multiplies it, at the repacked q8_0 bound; the embedding reads the q4_0 rows themselves.
+    for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}}) {
+        DualWeight W(DFL_TYPE_Q4_0, s.n_out, s.n_in, r);
+        Weight wp = W.wg;
+        g_gpu->prepare_weight(wp);
+        CHECK(wp.type == DFL_TYPE_Q8_0 && wp.packed != nullptr);
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(64), int64_t(130)}) {
+            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+            Dual Y((size_t)(T * s.n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wp, X.gp(), T, Y.gp());
+            compare(std::string("matmul q4_0 as q8_0 ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
+                        " T=" + std::to_string(T),
+                    Y, 1.5e-2);
+        }
+        std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3};
+        Dual tk(tok);
+        Dual E(tok.size() * (size_t)s.n_in * 4);
+        g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
+        g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
+        compare(std::string("embed q4_0 n=") + std::to_string(s.n_in), E, 1e-6);
+    }
     // Matrices of parts laid side by side (q|k|v, gate|up), each part's rows into its own output (matmul_parts): T =
     // 17 the parts one by one, 65 and 130 one cuBLAS product; 10000 x 4096 rows dequantize in two chunks, the first
     // ending inside the second part. q8_0 with and without its repacked copy.

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "blockconv.h"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -320,13 +321,30 @@ void *CudaDevice::alloc_weight(size_t bytes, const char *what) {
     return p;
 }
 
-// q8_0 matrices get a second copy for the dp4a decode kernel (gemv_int8.cu); DFL_CUDA_REPACK=0 turns it off (the
-// copy costs the q8_0 weights' size again in device memory).
+__global__ void q4_0_to_q8_0_kernel(const uint8_t *src, uint8_t *dst, int64_t n_blocks) {
+    for (int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; b < n_blocks; b += (int64_t)gridDim.x * blockDim.x)
+        q4_0_block_to_q8_0(src + b * kQ4_0Bytes, dst + b * kQ8_0Bytes);
+}
+
+// The matrix's q4_0 blocks as q8_0 blocks of the same values, in a device copy of its own (the q4_0 upload stays: a
+// tied embedding may read it). No kernel multiplies q4_0: as q8_0 every product path takes it, at q8_0's bytes.
+static void q4_0_as_q8_0(CudaDevice &dev, Weight &w) {
+    const int64_t nb = w.n_in / QK8_0, n_blocks = w.n_out * nb;
+    uint8_t *q8 = (uint8_t *)dev.alloc_weight((size_t)n_blocks * kQ8_0Bytes, "q4_0 weights as q8_0");
+    q4_0_to_q8_0_kernel<<<grid_for(n_blocks, 256), 256, 0, dev.stream()>>>(w.data, q8, n_blocks);
+    check_launch("q4_0 weights as q8_0");
+    w.data = q8;
+    w.type = DFL_TYPE_Q8_0;
+    w.row_bytes = (uint64_t)nb * kQ8_0Bytes;
+}
+
+// q4_0 matrices become q8_0 (q4_0_as_q8_0); q8_0 matrices get a second copy for the dp4a decode kernel (gemv_int8.cu);
+// DFL_CUDA_REPACK=0 turns it off (the copy costs the q8_0 weights' size again in device memory).
 void CudaDevice::prepare_weight(Weight &w) {
-    // load_elem reads q4_0 (embedding rows), but no matmul kernel does: refuse the model at load, not mid-forward.
-    if (w.type == DFL_TYPE_Q4_0)
-        fail(DFL_ERR_UNSUPPORTED, "q4_0 weights are not supported by the CUDA engine (the CPU engine runs them); "
-                                  "convert the model to q8_0, q4_K or q6_K");
+    if (w.type == DFL_TYPE_Q4_0) {
+        use();
+        q4_0_as_q8_0(*this, w);
+    }
     static const bool on = env_switch("DFL_CUDA_REPACK", true);
     if (!on) return;
     use();

@@ -32,8 +32,9 @@ void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
 
 // prepare_weight keeps a repacked copy of q8_0 matrices (same size: 32 quants and a 2-byte scale per block).
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
-    if (!cuda::env_switch("DFL_CUDA_REPACK", true)) return 0;
-    return type == DFL_TYPE_Q8_0 ? bytes : 0;
+    const bool repack = cuda::env_switch("DFL_CUDA_REPACK", true);
+    if (type == DFL_TYPE_Q4_0) return bytes / 18 * 34 * (repack ? 2 : 1);  // the q8_0 copy, and its repacked one
+    return repack && type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
 // Light records (a verify keeps the state before it and its rows' inputs, and a rollback replays the kept rows), on
