@@ -113,14 +113,16 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
             L.exp_bias = w_.find(blk(il, "exp_probs_b.bias")) ? w_.vec(blk(il, "exp_probs_b.bias"), h.n_expert) : nullptr;
         }
         // expert stacks are multiplied by row slices (moe_experts), which a device's own layout of the whole stack
-        // (prepare_weight) cannot serve: upload only, so that copy is not made
-        auto stack = [&](Weight w) {
+        // (prepare_weight) cannot serve: checked for the device's kernels and uploaded only, so that copy is not made
+        auto stack = [&](const char *name, int64_t n_in, int64_t n_out) {
+            Weight w = w_.stack(blk(il, name), n_in, n_out, h.n_expert);
+            dev_->check_stack(w, blk(il, name));
             w_.upload(w);
             return w;
         };
-        L.exp_gate = stack(w_.stack(blk(il, "ffn_gate_exps.weight"), D, h.n_ff, h.n_expert));
-        L.exp_up = stack(w_.stack(blk(il, "ffn_up_exps.weight"), D, h.n_ff, h.n_expert));
-        L.exp_down = stack(w_.stack(blk(il, "ffn_down_exps.weight"), h.n_ff, D, h.n_expert));
+        L.exp_gate = stack("ffn_gate_exps.weight", D, h.n_ff);
+        L.exp_up = stack("ffn_up_exps.weight", D, h.n_ff);
+        L.exp_down = stack("ffn_down_exps.weight", h.n_ff, D);
         if (h.n_shared > 0) {
             const int64_t sf = (int64_t)h.n_ff * h.n_shared;
             L.sh_gate = up(w_.matrix(blk(il, "ffn_gate_shexp.weight"), D, sf));

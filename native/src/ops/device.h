@@ -427,6 +427,9 @@ public:
     // Gives a device the chance to add its own layout of an uploaded matrix (Weight::packed), kept until the device
     // is destroyed. The CPU keeps none.
     virtual void prepare_weight(Weight &) {}
+    // A stack of matrices multiplied by row slices (MoE experts), which gets no layout of its own: DFL_ERR_UNSUPPORTED
+    // at load where the device cannot multiply its type (CUDA: q4_0, whose matrices prepare_weight converts).
+    virtual void check_stack(const Weight &, const std::string &name) const {}
 
     // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;

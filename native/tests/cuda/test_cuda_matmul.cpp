@@ -50,6 +50,17 @@ void check_matmul(const DualWeight &W, uint32_t type, int64_t n_out, int64_t n_i
             Y, matmul_bound(type, T));
 }
 
+// One product of wp, the GPU's prepared copy of W (prepare_weight: int8 activations), against the CPU's W.
+void check_prepared(const DualWeight &W, const Weight &wp, const char *label, int64_t T, Rng &r) {
+    Dual X(rand_vec(r, (size_t)(T * W.wc.n_in)));
+    Dual Y((size_t)(T * W.wc.n_out) * 4);
+    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+    g_gpu->matmul(wp, X.gp(), T, Y.gp());
+    compare(std::string("matmul ") + label + " " + std::to_string(W.wc.n_out) + "x" + std::to_string(W.wc.n_in) +
+                " T=" + std::to_string(T),
+            Y, 1.5e-2);
+}
+
 }  // namespace
 
 void test_matmul_embed() {
@@ -104,15 +115,8 @@ void test_matmul_embed() {
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
         for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(32),
-                          int64_t(33), int64_t(64), int64_t(130), int64_t(200)}) {
-            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-            Dual Y((size_t)(T * s.n_out) * 4);
-            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-            g_gpu->matmul(wp, X.gp(), T, Y.gp());
-            compare(std::string("matmul q8_0 repacked ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
-                            " T=" + std::to_string(T),
-                        Y, 1.5e-2);
-        }
+                          int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
+            check_prepared(W, wp, "q8_0 repacked", T, r);
     }
     // q4_0: prepare_weight turns it into the q8_0 blocks of the same values (and repacks those), so every q8_0 path
     // multiplies it, at the repacked q8_0 bound; the embedding reads the q4_0 rows themselves.
@@ -121,15 +125,8 @@ void test_matmul_embed() {
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);
         CHECK(wp.type == DFL_TYPE_Q8_0 && wp.packed != nullptr);
-        for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(64), int64_t(130)}) {
-            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-            Dual Y((size_t)(T * s.n_out) * 4);
-            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-            g_gpu->matmul(wp, X.gp(), T, Y.gp());
-            compare(std::string("matmul q4_0 as q8_0 ") + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
-                        " T=" + std::to_string(T),
-                    Y, 1.5e-2);
-        }
+        for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(64), int64_t(130)})
+            check_prepared(W, wp, "q4_0 as q8_0", T, r);
         std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3};
         Dual tk(tok);
         Dual E(tok.size() * (size_t)s.n_in * 4);

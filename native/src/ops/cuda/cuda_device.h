@@ -32,6 +32,7 @@ public:
     uint64_t free_bytes() override;
     const uint8_t *upload_weight(const void *host, size_t bytes, bool must_copy) override;
     void prepare_weight(Weight &w) override;
+    void check_stack(const Weight &w, const std::string &name) const override;
     void *alloc_weight(size_t bytes, const char *what);  // freed with the device
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override;

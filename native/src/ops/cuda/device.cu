@@ -338,6 +338,12 @@ static void q4_0_as_q8_0(CudaDevice &dev, Weight &w) {
     w.row_bytes = (uint64_t)nb * kQ8_0Bytes;
 }
 
+void CudaDevice::check_stack(const Weight &w, const std::string &name) const {
+    if (w.type == DFL_TYPE_Q4_0)
+        fail(DFL_ERR_UNSUPPORTED, "tensor " + name + ": q4_0 expert stacks are not supported by the CUDA engine (the "
+                                  "CPU engine runs them); convert the experts to q8_0, q4_K or q6_K");
+}
+
 // q4_0 matrices become q8_0 (q4_0_as_q8_0); q8_0 matrices get a second copy for the dp4a decode kernel (gemv_int8.cu);
 // DFL_CUDA_REPACK=0 turns it off (the copy costs the q8_0 weights' size again in device memory).
 void CudaDevice::prepare_weight(Weight &w) {
