@@ -16,6 +16,7 @@ import (
 type candidateFake struct {
 	*enginetest.FakeModel
 	candidateForwards int
+	maxK              int // the most candidates a forward asked for
 }
 
 func (c *candidateFake) ForwardCandidates(ctx context.Context, batch []engine.SeqInput, k int) (engine.Candidates, error) {
@@ -24,6 +25,7 @@ func (c *candidateFake) ForwardCandidates(ctx context.Context, batch []engine.Se
 		return engine.Candidates{}, err
 	}
 	c.candidateForwards++
+	c.maxK = max(c.maxK, k)
 	v := c.VocabSize()
 	rows := len(logits) / v
 	out := engine.Candidates{K: k, IDs: make([]int32, rows*k), Logits: make([]float32, rows*k), LSE: make([]float32, rows)}
@@ -51,14 +53,18 @@ func TestCandidateSteps(t *testing.T) {
 		name           string
 		edit           func(*engine.Request)
 		wantCandidates bool
+		wantK          int // candidates asked per row: the pick or the top-k, and the one end-of-generation id
 	}{
-		{"greedy", func(*engine.Request) {}, true},
-		{"ignore eos suppresses it among the candidates", func(r *engine.Request) { r.IgnoreEOS = true }, true},
-		{"top-k sampling", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 5 }, true},
-		{"sampling over the whole vocabulary", func(r *engine.Request) { r.Sampling.Temperature = 0.8 }, false},
-		{"top-k larger than the candidates", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 64 }, false},
-		{"logprobs", func(r *engine.Request) { r.Logprobs, r.TopLogprobs = true, 2 }, false},
-		{"penalties", func(r *engine.Request) { r.Sampling.PresencePenalty, r.Sampling.PenaltyLastN = 0.5, -1 }, false},
+		{"greedy", func(*engine.Request) {}, true, 2},
+		{"ignore eos suppresses it among the candidates", func(r *engine.Request) { r.IgnoreEOS = true }, true, 2},
+		{"top-k sampling", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 5 }, true, 6},
+		{"top-k sampling, eos suppressed", func(r *engine.Request) {
+			r.Sampling.Temperature, r.Sampling.TopK, r.IgnoreEOS = 0.8, 5, true
+		}, true, 6},
+		{"sampling over the whole vocabulary", func(r *engine.Request) { r.Sampling.Temperature = 0.8 }, false, 0},
+		{"top-k larger than the candidates", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 64 }, false, 0},
+		{"logprobs", func(r *engine.Request) { r.Logprobs, r.TopLogprobs = true, 2 }, false, 0},
+		{"penalties", func(r *engine.Request) { r.Sampling.PresencePenalty, r.Sampling.PenaltyLastN = 0.5, -1 }, false, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,6 +87,7 @@ func TestCandidateSteps(t *testing.T) {
 			got := generate(fake).result()
 			is.Equal(got.text, want.text)                           // the candidates decide as the whole row does
 			is.Equal(fake.candidateForwards > 0, tc.wantCandidates) // and are used only where they suffice
+			is.Equal(fake.maxK, tc.wantK)                           // no more of them than the rows need
 		})
 	}
 }

@@ -563,15 +563,15 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	)
 	cm, useCands := e.m.(CandidateModel)
 	useCands = useCands && e.allFromCandidates(batch, members)
+	k := 0
+	if useCands {
+		k = e.candidatesFor(members)
+	}
 	switch {
 	case e.speculating():
-		k := 0
-		if useCands {
-			k = candidateK
-		}
 		logits, cands, feats, err = e.ver.ForwardCapture(e.ctx, batch, e.capture, k)
 	case useCands:
-		cands, err = cm.ForwardCandidates(e.ctx, batch, candidateK)
+		cands, err = cm.ForwardCandidates(e.ctx, batch, k)
 	default:
 		logits, err = e.m.Forward(e.ctx, batch)
 	}
