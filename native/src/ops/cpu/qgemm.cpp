@@ -42,14 +42,18 @@ DFL_MULTIVERSION void quantize_act_row(const float *x, int64_t n, int8_t *q, flo
     }
 }
 
-void expand_act_row(const int8_t *q, int64_t n, int32_t *bias, int32_t *bias16) {
+// Two plain 16-element sums a block, so that the compiler vectorizes them (one loop indexing sum[i / 16] stayed
+// scalar: 6 % of a 2-thread pp512 profile, more than the quantizer itself).
+DFL_MULTIVERSION void expand_act_row(const int8_t *q, int64_t n, int32_t *bias, int32_t *bias16) {
     const int64_t nb = n / kActBlock;
     for (int64_t b = 0; b < nb; b++) {
-        int32_t sum[2] = {0, 0};
-        for (int i = 0; i < kActBlock; i++) sum[i / 16] += q[b * kActBlock + i];
-        bias[b] = -128 * (sum[0] + sum[1]);
-        bias16[2 * b] = -32 * sum[0];
-        bias16[2 * b + 1] = -32 * sum[1];
+        const int8_t *qb = q + b * kActBlock;
+        int32_t lo = 0, hi = 0;
+        for (int i = 0; i < 16; i++) lo += qb[i];
+        for (int i = 16; i < 32; i++) hi += qb[i];
+        bias[b] = -128 * (lo + hi);
+        bias16[2 * b] = -32 * lo;
+        bias16[2 * b + 1] = -32 * hi;
     }
 }
 
