@@ -359,8 +359,8 @@ cpu_pool() {
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
 # flags (AMX among them), the integer kernels' op tests (the AMX set's real tiles there), the thread pool's cost a
 # region, then BenchmarkGGUF decode and prefill (prefill also with DFLASH_CPU_INT8=avx512amx) (the integer kernels: DFLASH_CPU_INT8=auto, since this
-# script exports off for the device tests' reference) of Qwen3-0.6B q8_0 at 1..16 threads and Qwen3-4B q8_0
-# at 8 and 16.
+# script exports off for the device tests' reference) of Qwen3-0.6B q8_0 at 1..16 threads, Qwen3-0.6B q4_K and
+# Qwen3-4B q8_0 at 8 and 16.
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
@@ -370,10 +370,10 @@ cpu_scaling() {
   log "thread pool: microseconds a parallel region (native/bench/poolbench.cpp)"
   make -s -C native poolbench BUILD=/tmp/native-build >/dev/null 2>&1 && /tmp/native-build/poolbench 2 4 8 16 | tee -a "$OUT/summary.txt"
   local m f th
-  for m in qwen3-0.6b:q8_0 qwen3-4b:q8_0; do
+  for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0; do
     f=$(make_model "$m") || return 1
     for th in ${CPU_SCALING_THREADS:-1 2 4 8 16}; do
-      [[ $m == qwen3-4b* && $th -lt 8 ]] && continue
+      [[ $m != qwen3-0.6b:q8_0 && $th -lt 8 ]] && continue  # the other files at 8 and 16 threads only
       log "CPU $m, $th threads"
       for run in "tg 32x auto" "pp 2x auto" "pp 2x avx512amx"; do
         set -- $run
