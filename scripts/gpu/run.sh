@@ -358,9 +358,9 @@ cpu_pool() {
 
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
 # flags (AMX among them), the integer kernels' op tests (the AMX set's real tiles there), the thread pool's cost a
-# region, then BenchmarkGGUF decode and prefill (prefill also with DFLASH_CPU_INT8=avx512amx) (the integer kernels: DFLASH_CPU_INT8=auto, since this
-# script exports off for the device tests' reference) of Qwen3-0.6B q8_0 at 1..16 threads, Qwen3-0.6B q4_K and
-# Qwen3-4B q8_0 at 8 and 16.
+# region, then BenchmarkGGUF decode and prefill of Qwen3-0.6B q8_0 at 1..16 threads, Qwen3-0.6B q4_K and Qwen3-4B q8_0
+# at 8 and 16, with the integer kernels (DFLASH_CPU_INT8=auto: this script exports off for the device tests'
+# reference), prefill also with DFLASH_CPU_INT8=avx512amx.
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
