@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/dflash/dflash_server/sdk"
 )
@@ -58,4 +61,94 @@ func (c capacity) decide(prompt, maxTokens int) (sdk.Admission, int) {
 	}
 	adm.Outcome = sdk.OutcomeAdmitted
 	return adm, promise
+}
+
+// validate says what is wrong with a request, or "".
+func validate(req *Request) string {
+	switch {
+	case req == nil:
+		return "no request"
+	case len(req.Prompt) == 0:
+		return "the prompt is empty"
+	case req.MaxTokens <= 0:
+		return fmt.Sprintf("max tokens %d must be positive", req.MaxTokens)
+	case req.Detokenizer == nil:
+		return "request has no detokenizer"
+	case req.TopLogprobs < 0 || req.TopLogprobs > maxTopLogprobs:
+		return fmt.Sprintf("top_logprobs %d is outside [0, %d]", req.TopLogprobs, maxTopLogprobs)
+	case req.Format > FormatJSONSchema:
+		return fmt.Sprintf("unknown response format %d", req.Format)
+	case req.Format == FormatJSONSchema && req.Schema == nil:
+		return "response format json_schema without a schema"
+	}
+	return ""
+}
+
+// capacityLocked snapshots the ledger; e.mu must be held.
+func (e *Engine) capacityLocked() capacity {
+	c := capacity{
+		slots: e.slots, usedSlots: len(e.seqs), blockSize: e.bs, totalBlocks: e.totalBlocks,
+		freeBlocks: e.freeBlocks, maxCtx: e.cfg.MaxCtx, headroom: e.cfg.DecodeHeadroom,
+	}
+	for _, s := range e.seqs {
+		c.runningNeed += max(0, blocksFor(min(s.pos+e.cfg.DecodeHeadroom, s.limit), e.bs)-s.held)
+	}
+	return c
+}
+
+func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *sequence) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closing {
+		return sdk.Admission{Outcome: sdk.OutcomeBusy, PromptTokens: len(req.Prompt), Reason: "engine is shutting down"}, nil
+	}
+	c := e.capacityLocked()
+	var reuse *cacheEntry
+	cached := 0
+	if e.rew != nil {
+		reuse, cached = e.bestEntryLocked(req.Prompt)
+		c.reclaimable = e.reclaimableLocked(reuse)
+		if reuse != nil {
+			c.have = reuse.held
+		}
+	}
+	adm, promise := c.decide(len(req.Prompt), req.MaxTokens)
+	if adm.Outcome != sdk.OutcomeAdmitted {
+		return adm, nil
+	}
+	extra := promise
+	if reuse != nil {
+		e.cache = slices.DeleteFunc(e.cache, func(x *cacheEntry) bool { return x == reuse })
+		promise = max(promise, reuse.held)
+		extra = promise - reuse.held
+	}
+	e.evictLocked(extra)
+	parser := req.Parser
+	if parser == nil {
+		parser = textParser{}
+	}
+	s := &sequence{
+		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
+		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
+		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: newConstraint(req),
+		tAdmit: time.Now(),
+	}
+	e.freeBlocks -= extra
+	e.seqs = append(e.seqs, s)
+	e.stats.PromptTokens += int64(len(req.Prompt))
+	return adm, s
+}
+
+// unadmit returns an admitted sequence that never reached the loop.
+func (e *Engine) unadmit(s *sequence) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := s.reuse; c != nil {
+		s.reuse = nil
+		s.held -= c.held
+		e.cache = append(e.cache, c)
+	}
+	e.freeBlocks += s.held
+	s.held = 0
+	e.seqs = slices.DeleteFunc(e.seqs, func(x *sequence) bool { return x == s })
 }

@@ -1,11 +1,5 @@
 package engine
 
-import (
-	"fmt"
-	"math"
-	"slices"
-)
-
 // Steps whose rows need only their best logits ask a CandidateModel for candidates instead of whole rows.
 
 // candidateK is the most candidates a step asks a CandidateModel for per row.
@@ -57,24 +51,4 @@ func (e *Engine) candidatesFor(members []*sequence) int {
 		}
 	}
 	return min(candidateK, k+len(e.eog))
-}
-
-// pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
-// the whole row into), so the choice and the draw are the ones the whole row would give.
-func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
-	suppress := suppressEOG(s)
-	inf := float32(math.Inf(-1))
-	for j, id := range c.ids {
-		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
-			c.logits[j] = inf
-		}
-	}
-	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
-	if err != nil {
-		return 0, fmt.Errorf("sample: %w", err)
-	}
-	if j < 0 || int(j) >= len(c.ids) || c.ids[j] < 0 {
-		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
-	}
-	return c.ids[j], nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -255,95 +254,6 @@ func (e *Engine) Run(ctx context.Context, req *Request, emit sdk.Emitter) error 
 	e.mu.Unlock()
 	e.wake()
 	return e.send(ctx, s, emit)
-}
-
-func validate(req *Request) string {
-	switch {
-	case req == nil:
-		return "no request"
-	case len(req.Prompt) == 0:
-		return "the prompt is empty"
-	case req.MaxTokens <= 0:
-		return fmt.Sprintf("max tokens %d must be positive", req.MaxTokens)
-	case req.Detokenizer == nil:
-		return "request has no detokenizer"
-	case req.TopLogprobs < 0 || req.TopLogprobs > maxTopLogprobs:
-		return fmt.Sprintf("top_logprobs %d is outside [0, %d]", req.TopLogprobs, maxTopLogprobs)
-	case req.Format > FormatJSONSchema:
-		return fmt.Sprintf("unknown response format %d", req.Format)
-	case req.Format == FormatJSONSchema && req.Schema == nil:
-		return "response format json_schema without a schema"
-	}
-	return ""
-}
-
-// capacityLocked snapshots the ledger; e.mu must be held.
-func (e *Engine) capacityLocked() capacity {
-	c := capacity{
-		slots: e.slots, usedSlots: len(e.seqs), blockSize: e.bs, totalBlocks: e.totalBlocks,
-		freeBlocks: e.freeBlocks, maxCtx: e.cfg.MaxCtx, headroom: e.cfg.DecodeHeadroom,
-	}
-	for _, s := range e.seqs {
-		c.runningNeed += max(0, blocksFor(min(s.pos+e.cfg.DecodeHeadroom, s.limit), e.bs)-s.held)
-	}
-	return c
-}
-
-func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *sequence) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closing {
-		return sdk.Admission{Outcome: sdk.OutcomeBusy, PromptTokens: len(req.Prompt), Reason: "engine is shutting down"}, nil
-	}
-	c := e.capacityLocked()
-	var reuse *cacheEntry
-	cached := 0
-	if e.rew != nil {
-		reuse, cached = e.bestEntryLocked(req.Prompt)
-		c.reclaimable = e.reclaimableLocked(reuse)
-		if reuse != nil {
-			c.have = reuse.held
-		}
-	}
-	adm, promise := c.decide(len(req.Prompt), req.MaxTokens)
-	if adm.Outcome != sdk.OutcomeAdmitted {
-		return adm, nil
-	}
-	extra := promise
-	if reuse != nil {
-		e.cache = slices.DeleteFunc(e.cache, func(x *cacheEntry) bool { return x == reuse })
-		promise = max(promise, reuse.held)
-		extra = promise - reuse.held
-	}
-	e.evictLocked(extra)
-	parser := req.Parser
-	if parser == nil {
-		parser = textParser{}
-	}
-	s := &sequence{
-		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
-		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
-		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: newConstraint(req),
-		tAdmit: time.Now(),
-	}
-	e.freeBlocks -= extra
-	e.seqs = append(e.seqs, s)
-	e.stats.PromptTokens += int64(len(req.Prompt))
-	return adm, s
-}
-
-// unadmit returns an admitted sequence that never reached the loop.
-func (e *Engine) unadmit(s *sequence) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if c := s.reuse; c != nil {
-		s.reuse = nil
-		s.held -= c.held
-		e.cache = append(e.cache, c)
-	}
-	e.freeBlocks += s.held
-	s.held = 0
-	e.seqs = slices.DeleteFunc(e.seqs, func(x *sequence) bool { return x == s })
 }
 
 // send is the request's sender: it hands the outbox's events to emit until
@@ -671,38 +581,6 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 	}
 	s.feed = append(s.feed[:0], tok)
 	s.out.put(ev)
-}
-
-// choose samples the next token from a row given whole (row) or as its candidates (c != nil).
-func (e *Engine) choose(s *sequence, row []float32, c *candidateRow) (int32, error) {
-	if c != nil {
-		return e.pickCandidate(s, c)
-	}
-	return e.pick(s, row)
-}
-
-// suppressEOG reports whether end-of-generation may not be sampled yet.
-func suppressEOG(s *sequence) bool { return s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens }
-
-// pick samples the next token from the whole row, with end-of-generation
-// suppressed while the request wants it.
-func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
-	if suppressEOG(s) {
-		for _, id := range e.eog {
-			if int(id) < len(row) {
-				row[id] = float32(math.Inf(-1))
-			}
-		}
-	}
-	if e.constrained(s) {
-		tok, err = e.sampleJSON(s, row)
-	} else {
-		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("sample: %w", err)
-	}
-	return tok, nil
 }
 
 // retire takes a sequence out of the batch, frees its slot and KV, and

@@ -1,0 +1,61 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// How a sequence's next token is chosen: from its whole logits row, or from the row's best candidates.
+
+// choose samples the next token from a row given whole (row) or as its candidates (c != nil).
+func (e *Engine) choose(s *sequence, row []float32, c *candidateRow) (int32, error) {
+	if c != nil {
+		return e.pickCandidate(s, c)
+	}
+	return e.pick(s, row)
+}
+
+// suppressEOG reports whether end-of-generation may not be sampled yet.
+func suppressEOG(s *sequence) bool { return s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens }
+
+// pick samples the next token from the whole row, with end-of-generation
+// suppressed while the request wants it.
+func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
+	if suppressEOG(s) {
+		for _, id := range e.eog {
+			if int(id) < len(row) {
+				row[id] = float32(math.Inf(-1))
+			}
+		}
+	}
+	if e.constrained(s) {
+		tok, err = e.sampleJSON(s, row)
+	} else {
+		tok, err = e.m.Sample(row, &s.req.Sampling, s.generated, &s.rng)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sample: %w", err)
+	}
+	return tok, nil
+}
+
+// pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
+// the whole row into), so the choice and the draw are the ones the whole row would give.
+func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
+	suppress := suppressEOG(s)
+	inf := float32(math.Inf(-1))
+	for j, id := range c.ids {
+		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
+			c.logits[j] = inf
+		}
+	}
+	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
+	if err != nil {
+		return 0, fmt.Errorf("sample: %w", err)
+	}
+	if j < 0 || int(j) >= len(c.ids) || c.ids[j] < 0 {
+		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
+	}
+	return c.ids[j], nil
+}
