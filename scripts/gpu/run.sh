@@ -26,7 +26,7 @@
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
-#                                            threads (default 16), scripts/bench-cpu-llamacpp.sh
+#                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
 #   OUT=... scripts/gpu/run.sh pack          packs $OUT's results into one archive (after a call cut off by timeout)
 #   scripts/gpu/run.sh quick [MODEL...]      op tests and device replay with the defaults, BenchmarkGGUF of the qwen3-8b pair,
@@ -333,8 +333,8 @@ cpu_peer() {
   [ -f /tmp/llama-cpu.done ] || { log "llama.cpp CPU build"; cpu_peer_build; }
   grep -q rc=0 /tmp/llama-cpu.done || { log "llama.cpp CPU build failed"; tail -20 "$OUT/llama-cpu-build.log"; return 1; }
   for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K; do files+=("$(make_model "$m")") || return 1; done
-  log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu) and llama-bench, same files"
-  DFLASH_CPU_INT8=auto LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
+  log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu, DFLASH_CPU_INT8=${CPU_INT8:-auto}) and llama-bench, same files"
+  DFLASH_CPU_INT8=${CPU_INT8:-auto} LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
