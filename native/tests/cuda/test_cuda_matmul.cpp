@@ -61,6 +61,15 @@ void check_prepared(const DualWeight &W, const Weight &wp, const char *label, in
             Y, 1.5e-2);
 }
 
+// Embedding rows of W's file layout (W.wg as uploaded, before any prepare_weight), the GPU against the CPU.
+void check_embed(const DualWeight &W, const std::vector<int32_t> &tok) {
+    Dual tk(tok);
+    Dual E(tok.size() * (size_t)W.wc.n_in * 4);
+    g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
+    g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
+    compare(std::string("embed ") + tname(W.wc.type) + " n=" + std::to_string(W.wc.n_in), E, 1e-6);
+}
+
 }  // namespace
 
 void test_matmul_embed() {
@@ -79,12 +88,7 @@ void test_matmul_embed() {
         for (const Shape &s : shapes) {
             DualWeight W(type, s.n_out, s.n_in, r);
             for (int64_t T : Ts) check_matmul(W, type, s.n_out, s.n_in, T, r);
-            std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3, 5, 0};
-            Dual tk(tok);
-            Dual E(tok.size() * (size_t)s.n_in * 4);
-            g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
-            g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
-            compare(std::string("embed ") + tname(type) + " n=" + std::to_string(s.n_in), E, 1e-6);
+            check_embed(W, {0, (int32_t)(s.n_out - 1), 3, 5, 0});
         }
     }
     // a large shape: 65 row tiles, the last of one row, and K split 4 ways; enough rows for the tensor-core kernels'
@@ -127,12 +131,7 @@ void test_matmul_embed() {
         CHECK(wp.type == DFL_TYPE_Q8_0 && wp.packed != nullptr);
         for (int64_t T : {int64_t(1), int64_t(3), int64_t(16), int64_t(64), int64_t(130)})
             check_prepared(W, wp, "q4_0 as q8_0", T, r);
-        std::vector<int32_t> tok = {0, (int32_t)(s.n_out - 1), 3};
-        Dual tk(tok);
-        Dual E(tok.size() * (size_t)s.n_in * 4);
-        g_cpu->embed(W.wc, tk.cp<int32_t>(), (int64_t)tok.size(), E.cp());
-        g_gpu->embed(W.wg, tk.gp<int32_t>(), (int64_t)tok.size(), E.gp());
-        compare(std::string("embed q4_0 n=") + std::to_string(s.n_in), E, 1e-6);
+        check_embed(W, {0, (int32_t)(s.n_out - 1), 3});
     }
     // Matrices of parts laid side by side (q|k|v, gate|up), each part's rows into its own output (matmul_parts): T =
     // 17 the parts one by one, 65 and 130 one cuBLAS product; 10000 x 4096 rows dequantize in two chunks, the first

@@ -33,7 +33,8 @@ void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
 // prepare_weight keeps a repacked copy of q8_0 matrices (same size: 32 quants and a 2-byte scale per block).
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     const bool repack = cuda::env_switch("DFL_CUDA_REPACK", true);
-    if (type == DFL_TYPE_Q4_0) return bytes / 18 * 34 * (repack ? 2 : 1);  // the q8_0 copy, and its repacked one
+    if (type == DFL_TYPE_Q4_0)  // the q8_0 copy (prepare_weight), and its repacked one
+        return bytes / cuda::kQ4_0Bytes * cuda::kQ8_0Bytes * (repack ? 2 : 1);
     return repack && type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
