@@ -92,8 +92,7 @@ DFlashHParams dflash_hparams(const dfl_model_params &p) {
 
 void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
     const DFlashHParams h = dflash_hparams(p);
-    if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
-        fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");
+    check_cache_types(p.cache_type_k, p.cache_type_v);
     dfl_model_estimate e;
     std::memset(&e, 0, sizeof e);
     e.struct_size = sizeof e;

@@ -126,8 +126,7 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     if (is_dflash(p)) return estimate_dflash(p, out);
     if (is_deepseek4(p)) return estimate_deepseek4(p, out);
     const HParams h = qwen_hparams(p);
-    if (!cache_type_ok(p.cache_type_k) || !cache_type_ok(p.cache_type_v))
-        fail(DFL_ERR_UNSUPPORTED, "the cache type is not supported");
+    check_cache_types(p.cache_type_k, p.cache_type_v);
     dfl_model_estimate e;
     std::memset(&e, 0, sizeof e);
     e.struct_size = sizeof e;
