@@ -2,7 +2,6 @@
 // compress RoPE frequencies, and model_estimate.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 
 #include "arch/deepseek4.h"
@@ -190,16 +189,10 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
     dfl_model_estimate e;
     std::memset(&e, 0, sizeof e);
     e.struct_size = sizeof e;
-    for (uint32_t i = 0; i < p.n_tensors; i++) {
-        const dfl_tensor &t = p.tensors[i];
-        if (!t.name) continue;
-        int layer = -1;
-        if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= h.n_layer) continue;  // MTP blocks are not loaded
-        e.weight_bytes += t.size;
-        // the device's own copy of a matrix (prepare_weight); expert stacks (3-D) and the hash tables get none
-        const bool stack = t.n_dims >= 3, table = std::strstr(t.name, "tid2eid") != nullptr;
-        if (t.n_dims >= 2 && t.dims[1] > 1 && !stack && !table) e.weight_bytes += device_weight_copy_bytes(t.type, t.size);
-    }
+    // expert stacks (3-D) and the hash tables get no copy of the device's own
+    e.weight_bytes = estimate_weight_bytes(p, h.n_layer, [](const dfl_tensor &t) {
+        return t.n_dims < 3 && std::strstr(t.name, "tid2eid") == nullptr;
+    });
     const uint32_t bs = p.kv_block_size ? p.kv_block_size : 16;
     uint64_t per_block = 0;  // compressed-row bytes one KV block holds over all layers
     uint64_t slot = 0;

@@ -1,6 +1,5 @@
 // The qwen3 / qwen35 plan's loading: hyperparameters from the metadata, which plan a model's architecture gets, the
 // device bytes it will need (estimate_model), and its weights bound, fused and prepared for the device.
-#include <cstdio>
 #include <cstring>
 
 #include "arch/deepseek4.h"
@@ -116,14 +115,7 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     int n_attn = 0;
     for (int il = 0; il < h.n_layer; il++) n_attn += h.is_attn(il);
     const int n_rec = h.n_layer - n_attn;
-    for (uint32_t i = 0; i < p.n_tensors; i++) {
-        const dfl_tensor &t = p.tensors[i];
-        if (!t.name) continue;
-        int layer = -1;
-        if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= h.n_layer) continue;  // MTP blocks are not loaded
-        e.weight_bytes += t.size;
-        if (t.n_dims >= 2 && t.dims[1] > 1) e.weight_bytes += device_weight_copy_bytes(t.type, t.size);
-    }
+    e.weight_bytes = estimate_weight_bytes(p, h.n_layer, [](const dfl_tensor &) { return true; });
     e.kv_bytes_per_token = (uint64_t)n_attn * (uint64_t)h.n_kv *
                            (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
     e.state_bytes_per_seq = (uint64_t)n_rec * (uint64_t)(h.state_floats() + h.conv_floats()) * sizeof(float);

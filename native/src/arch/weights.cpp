@@ -1,6 +1,7 @@
 #include "arch/weights.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 #include <utility>
 
@@ -31,6 +32,20 @@ void check_cache_types(uint32_t type_k, uint32_t type_v) {
     for (const auto &[which, type] : {std::pair<const char *, uint32_t>{"k", type_k}, {"v", type_v}})
         if (!cache_type_ok(type))
             fail(DFL_ERR_UNSUPPORTED, std::string("cache type ") + which + " " + type_name(type) + " is not supported");
+}
+
+uint64_t estimate_weight_bytes(const dfl_model_params &p, int n_layer,
+                               const std::function<bool(const dfl_tensor &)> &copied) {
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < p.n_tensors; i++) {
+        const dfl_tensor &t = p.tensors[i];
+        if (!t.name) continue;
+        int layer = -1;
+        if (std::sscanf(t.name, "blk.%d.", &layer) == 1 && layer >= n_layer) continue;
+        bytes += t.size;
+        if (t.n_dims >= 2 && t.dims[1] > 1 && copied(t)) bytes += device_weight_copy_bytes(t.type, t.size);
+    }
+    return bytes;
 }
 
 void WeightStore::init(Device *dev, const dfl_model_params &p) {

@@ -3,6 +3,7 @@
 // borrowed head, shares one copy), and the device bytes they take. Every architecture binds its weights through it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ int threads_of(const dfl_model_params &p);
 uint32_t kv_block_size_of(const dfl_model_params &p);
 // DFL_ERR_UNSUPPORTED unless both are KV cache element types.
 void check_cache_types(uint32_t type_k, uint32_t type_v);
+// model_estimate's weight bytes: every tensor but those of blocks past n_layer (MTP blocks are not loaded), plus the
+// device's own copy (prepare_weight) of each 2-D matrix that `copied` accepts.
+uint64_t estimate_weight_bytes(const dfl_model_params &p, int n_layer,
+                               const std::function<bool(const dfl_tensor &)> &copied);
 
 class WeightStore {
 public:
