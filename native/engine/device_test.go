@@ -66,7 +66,14 @@ func TestDeviceMatchesCPU(t *testing.T) {
 		q35 := tinyQwen35()
 		q35.embd, q35.ff, q35.headDim, q35.vocab, q35.dk, q35.dv, q35.ropeDim = 256, 512, 64, 512, 32, 64, 16
 		q3.weight, q35.weight = wt, wt
-		vs = append(vs, variant{q3, CacheF16, CacheF16}, variant{q35, CacheF32, CacheF32})
+		vs = append(vs, variant{q3, CacheF16, CacheF16})
+		// Not qwen35 with q4_0: on that random model the activations' int8 rounding alone moves two rows by 0.55 and
+		// 0.31 of their range (the CPU's own int8 path against its float path shows the same rows, 2026-12-04), so no
+		// bound would tell a bug from the rounding. The device multiplies q4_0 as the q8_0 blocks of the same values,
+		// which the qwen35 q8_0 model covers.
+		if wt != gguf.Q4_0 {
+			vs = append(vs, variant{q35, CacheF32, CacheF32})
+		}
 	}
 	vs = append(vs, variant{vs[6].c, CacheQ8_0, CacheQ8_0}, variant{vs[1].c, CacheBF16, CacheQ8_0})
 	for _, v := range vs {

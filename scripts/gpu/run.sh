@@ -28,6 +28,7 @@
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
+#   scripts/gpu/run.sh peer                  starts llama.cpp's CUDA build in the background and returns
 #   OUT=... scripts/gpu/run.sh pack          packs $OUT's results into one archive (after a call cut off by timeout)
 #   scripts/gpu/run.sh quick [MODEL...]      op tests and device replay with the defaults, BenchmarkGGUF of the qwen3-8b pair,
 #                                            speculative greedy == plain greedy on cuda:0 (a kernel change's last check)
@@ -629,6 +630,7 @@ case $mode in
           grep -E "^\s*(---|ok|FAIL|PASS)|rror" | tee -a "$OUT/summary.txt" | head -60 ;;
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   pack) exit 0 ;;
+  peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
   *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
