@@ -361,7 +361,7 @@ cpu_pool() {
 # flags (AMX among them), the integer kernels' op tests (the AMX set's real tiles there), the thread pool's cost a
 # region, then BenchmarkGGUF decode and prefill of Qwen3-0.6B q8_0 at 1..16 threads, Qwen3-0.6B q4_K and Qwen3-4B q8_0
 # at 8 and 16, with the integer kernels (DFLASH_CPU_INT8=auto: this script exports off for the device tests'
-# reference), prefill also with DFLASH_CPU_INT8=avx512amx.
+# reference), prefill also with DFLASH_CPU_INT8=avx512vnni (auto is AMX where the CPU has it).
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
@@ -376,7 +376,7 @@ cpu_scaling() {
     for th in ${CPU_SCALING_THREADS:-1 2 4 8 16}; do
       [[ $m != qwen3-0.6b:q8_0 && $th -lt 8 ]] && continue  # the other files at 8 and 16 threads only
       log "CPU $m, $th threads"
-      for run in "tg 32x auto" "pp 2x auto" "pp 2x avx512amx"; do
+      for run in "tg 32x auto" "pp 2x auto" "pp 2x avx512vnni"; do
         set -- $run
         log "  $1, DFLASH_CPU_INT8=$3"
         (cd native/engine && DFLASH_CPU_INT8=$3 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$th \

@@ -286,9 +286,10 @@ static bool has_amx() {
 // Best first.
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
-    // AMX for q8_0 prompts: by name only (DFLASH_CPU_INT8=avx512amx) until measured on an AMX machine
+    // AMX for q8_0 and q4_K prompts: on the GPU host's Xeon (2026-12-04) pp512 of Qwen3-0.6B at 16 threads 647 -> 838
+    // tok/s (q8_0) and 1132 -> 1327 (q4_K) against avx512vnni, equal at 8 threads, never slower
     {"avx512amx", qk_avx512vnni::amx::gemm_block_amx, has_amx, true, qk_avx512vnni::packed_bytes,
-     qk_avx512vnni::pack_groups, false},
+     qk_avx512vnni::pack_groups},
     {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
      qk_avx512vnni::pack_groups},
     {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false, nullptr, nullptr},

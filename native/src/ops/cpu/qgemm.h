@@ -57,7 +57,7 @@ bool int8_packs_type(uint32_t type);
 int64_t int8_pack_group_count(const Weight &W);
 void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst);
 
-// Which integer kernels run: "avx512amx" (by name only), "avx512vnni", "avxvnni", "avx2", "generic", "avx512amx-emu"
+// Which integer kernels run: "avx512amx", "avx512vnni", "avxvnni", "avx2", "generic", "avx512amx-emu"
 // (tests), or "off" (the float path).
 const char *int8_kernels();
 // Tests and benchmarks: "off" sends quantized weights back to the float path; "generic", "avx2", "avxvnni",
