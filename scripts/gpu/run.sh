@@ -27,6 +27,7 @@
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
+#   scripts/gpu/run.sh cpu-ab                decode of this tree's CPU library against .gpu/lib-old/libdflash_cpu.so, alternating
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
 #   scripts/gpu/run.sh peer                  starts llama.cpp's CUDA build in the background and returns
 #   OUT=... scripts/gpu/run.sh pack          packs $OUT's results into one archive (after a call cut off by timeout)
@@ -581,6 +582,7 @@ case $mode in
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
+  cpu-ab) cpu_pool ;;  # this tree's CPU library against .gpu/lib-old's (decode, alternating)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
