@@ -89,11 +89,15 @@ struct MmaActs {
 // 80 % busy with DRAM at 10 %, most of it these loads. With the copy (one more launch), qwen3-8b layer: q8_0 at 16 /
 // 32 / 64 tokens 144 -> 130 / 201 -> 166 / 294 -> 245 us, q4_K at 16 / 32 109 -> 104 / 236 -> 221 (at 64 502 -> 543:
 // q4_K keeps its rows there); tg b32 q8_0 3,528 -> 4,203 tok/s, q4_K 2,836 -> 2,970.
+// zero (n_zero floats, a multiple of 4, 16-byte aligned): the output of a split-K product after it, which adds its
+// halves there (after the wait: the kernels before may still read it).
 __global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, int T8,
-                                int8_t *fq, float *fs) {
+                                int8_t *fq, float *fs, float *zero, int64_t n_zero) {
     pdl_trigger();  // the product may start loading its weights
     pdl_wait();
     const int64_t nb = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // i: block kb, token t
+    for (int64_t z = i; z < n_zero / 4; z += (int64_t)gridDim.x * blockDim.x)
+        ((float4 *)zero)[z] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i >= nb * T8) return;
     const int64_t kb = i / T8, t = min(i % T8, T - 1), src = t * nb + kb;
     const int4 *q = (const int4 *)(xq + t * n_in + kb * 32);
@@ -121,14 +125,16 @@ struct MmaX {
     int T8 = 0;
 };
 
-static MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T) {
+// zero (n_zero floats): see mma_acts_kernel.
+static MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T,
+                     float *zero = nullptr, int64_t n_zero = 0) {
     if (!mma_xt_on()) return MmaX{xq, xs, xsum, 0};
     const int T8 = (int)((T + 7) / 8 * 8);
     const int64_t nb = n_in / 32;
     const size_t q_bytes = round256((size_t)(nb * T8 * 32)), s_bytes = (size_t)(nb * T8) * (xsum ? 8 : 4);
     uint8_t *p = (uint8_t *)dev.mma_buffer(q_bytes + s_bytes);
     launch_pdl(mma_acts_kernel, grid_for(nb * T8, 256), 256, dev.stream(), xq, xs, xsum, n_in, T, T8, (int8_t *)p,
-               (float *)(p + q_bytes));
+               (float *)(p + q_bytes), zero, n_zero);
     check_launch("matmul (int8 mma activations)");
     return MmaX{(const int8_t *)p, (const float *)(p + q_bytes), nullptr, T8};
 }
@@ -315,15 +321,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     extern __shared__ __align__(16) uint8_t pipe_smem[];
     constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const int64_t nb = n_in / 32, ng = nb / Stage::kGroup, row0 = (int64_t)blockIdx.x * 16 * MT;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // split K (gridDim.y parts): this block's groups [g0, g0 + ng) of the row's
+    const int64_t all = nb / Stage::kGroup, g0 = all * blockIdx.y / gridDim.y, ng = all * (blockIdx.y + 1) / gridDim.y - g0;
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
     for (int st = 0; st < S - 1; st++)
-        if (st < ng) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, st);
+        if (st < ng) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, g0 + st);
     pdl_wait();
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
-        if (st < ng) Stage(pipe_smem + st * kStage).load_x(fq, fs, st, T, n_in);
+        if (st < ng) Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st, T, n_in);
         cp_async_commit();
     }
     float acc[MT][NT8][4] = {};
@@ -333,8 +341,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         const int64_t jn = j + S - 1;
         if (jn < ng) {
             const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
-            nxt.load_w(qs, dw, n_in, nb, n_out, row0, jn);
-            nxt.load_x(fq, fs, jn, T, n_in);
+            nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
+            nxt.load_x(fq, fs, g0 + jn, T, n_in);
         }
         cp_async_commit();
         const Stage cur(pipe_smem + (int)(j % S) * kStage);
@@ -378,7 +386,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     }
     cp_async_wait<0>();
     __syncthreads();  // the stages are free: the warps' sums are added in their memory
-    mma_store<MT, NT8>(*reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem), acc, row0, n_out, T, Y);
+    auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem);
+    if (gridDim.y > 1)
+        mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y);
+    else
+        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
 // One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
@@ -543,13 +555,37 @@ static bool q8p_pipe_u2_on() {
     return on;
 }
 
+// Whether a staged product whose grid leaves an SM without a second block (the 4096-row matrices of qwen3-8b: 128
+// blocks of 32 rows on 132 SMs) splits its inputs in two halves, each block a half, both added onto the output that
+// mma_acts_kernel zeroed (DFL_CUDA_Q8P_SPLITK=0: one block a row tile). Two sums onto 0 are the same float in either
+// order, so results stay deterministic. Why: ncu (H200, 12-04 15:0x, 8 tokens) had these products at 1.86 TB/s (o,
+// 4096 x 4096, 9.6 us) and 2.6 TB/s (down, 4096 x 12288, 21.3 us), 12 % occupancy, one block an SM with 3 stages of
+// ~17 KB in flight, where gate|up (768 blocks) reads at 3.4 TB/s; two blocks an SM double the bytes in flight.
+static bool q8p_splitk_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_SPLITK", true);
+    return on;
+}
+
+// The row tiles of the staged kernel's grid (as dispatch_mma_tiles<8, 8> picks them).
+static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out) {
+    return n_out / 32 >= pipe_mt2_min_blocks(dev) ? (n_out + 31) / 32 : (n_out + 15) / 16;
+}
+
+// Input halves of a staged product (see q8p_splitk_on): 2 where it applies, else 1.
+static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
+    const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
+    const bool fits = T <= 32 && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
+    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out) <= dev.sm_count() ? 2 : 1;
+}
+
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
 // DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
-// rx: x is the quantizer's rows (RX), else the fragment-ordered copy.
+// rx: x is the quantizer's rows (RX), else the fragment-ordered copy. splits: input parts (grid.y; Y zeroed when 2).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y, bool rx) {
+                            int64_t T, float *Y, bool rx, int splits = 1) {
     auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows, auto u) {
+        grid.y = (unsigned)splits;
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
         constexpr bool RX = decltype(rows)::value;
         constexpr int U = decltype(u)::value;
@@ -596,9 +632,10 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         launch_q8p_pipe(dev, W, qs, dw, MmaX{xq, xs, nullptr, 0}, T, Y, true);
         return;
     }
-    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T);
+    const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, splits > 1 ? Y : nullptr, splits > 1 ? W.n_out * T : 0);
     if (pipe && x.T8) {
-        launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false);
+        launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false, splits);
         return;
     }
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
