@@ -548,6 +548,7 @@ ncu_profile() {
 
 case $mode in
   kernels) build_cuda; kernel_tests; kernel_bench ;;
+  kbench) build_cuda; kernel_bench ;;  # the kernel bench alone, each of KERNEL_VARIANTS
   # try: a short call for kernels not yet run: the opt-ins' op tests (TRY), the kernel bench of each
   # TRY_KERNEL_VARIANTS, and prefill with each TRY_VARIANTS
   try) premake qwen3-8b:q8_0; build_cuda; build_kernel_tests || exit 1
