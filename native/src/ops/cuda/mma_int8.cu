@@ -571,11 +571,24 @@ static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out) {
     return n_out / 32 >= pipe_mt2_min_blocks(dev) ? (n_out + 31) / 32 : (n_out + 15) / 16;
 }
 
+// Where split-K applies, for measuring its reach in one run (not yet measured beyond the defaults): products of up to
+// DFL_CUDA_Q8P_SPLITK_TOKENS tokens (default 32; up to 64, the staged kernel's limit) whose grids have at most
+// DFL_CUDA_Q8P_SPLITK_BLOCKS row tiles (default the SM count; 320 would take the 27B's 5120-row products, 160 tiles
+// where two blocks an SM fit, into 1.2 waves).
+static int64_t q8p_splitk_tokens() {
+    static const int64_t n = std::min<int64_t>(64, env_int("DFL_CUDA_Q8P_SPLITK_TOKENS", 32));
+    return n;
+}
+static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
+    static const int64_t n = env_int("DFL_CUDA_Q8P_SPLITK_BLOCKS", 0);
+    return n > 0 ? n : dev.sm_count();
+}
+
 // Input halves of a staged product (see q8p_splitk_on): 2 where it applies, else 1.
 static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
     const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
-    const bool fits = T <= 32 && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
-    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out) <= dev.sm_count() ? 2 : 1;
+    const bool fits = T <= q8p_splitk_tokens() && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
+    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out) <= q8p_splitk_blocks(dev) ? 2 : 1;
 }
 
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
