@@ -1,0 +1,133 @@
+// How fast the CPU's integer kernels multiply one token (decode) and 8 tokens, per weight type, on the packed layout
+// the engine uses: a matrix small enough to stay in L2 (the kernels' own rate) and one of 150-290 MB (the rate from
+// memory), GB/s of weights read. Issue 18: whether a type's decode is bound by its tile or by the memory.
+//   make -C native gemvbench && native/build/gemvbench [THREADS...]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/qgemm.h"
+#include "quant.h"
+
+using namespace dfl;
+
+namespace {
+
+// Random blocks with small f16 scales (the codes' bytes random), as the op tests make them.
+std::vector<uint8_t> random_weight(uint32_t type, int64_t n_in, int64_t n_out, std::mt19937_64 &rng) {
+    std::vector<uint8_t> raw(row_bytes(type, n_in) * (uint64_t)n_out);
+    for (auto &b : raw) b = (uint8_t)rng();
+    const int bb = type_block_bytes(type);
+    const uint16_t d = f32_to_f16(0.01f);
+    for (size_t off = 0; off < raw.size(); off += (size_t)bb) {
+        if (type == DFL_TYPE_Q6_K) {
+            std::memcpy(raw.data() + off + 208, &d, 2);
+        } else {
+            std::memcpy(raw.data() + off, &d, 2);
+            if (type == DFL_TYPE_Q4_K) std::memcpy(raw.data() + off + 2, &d, 2);
+        }
+    }
+    return raw;
+}
+
+double seconds_per_call(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
+    using Clock = std::chrono::steady_clock;
+    for (int i = 0; i < 3; i++) matmul(pool, scratch, W, X, T, Y);
+    int reps = 1;
+    for (;;) {
+        const auto t0 = Clock::now();
+        for (int i = 0; i < reps; i++) matmul(pool, scratch, W, X, T, Y);
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (s > 0.2) return s / reps;
+        reps *= 2;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::vector<int> threads;
+    for (int i = 1; i < argc; i++) threads.push_back(std::atoi(argv[i]));
+    if (threads.empty()) threads = {1, 2};
+    std::printf("kernels %s\n%8s %6s %14s %6s %10s %10s\n", int8_kernels(), "type", "threads", "matrix", "tokens",
+                "us/call", "GB/s");
+    std::mt19937_64 rng(7);
+    struct Shape {
+        int64_t n_in, n_out;
+    };
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q4_0, DFL_TYPE_Q6_K})
+        for (const Shape s : {Shape{1024, 256}, Shape{4096, 65536}}) {
+            const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
+            Weight W;
+            W.type = type;
+            W.n_in = s.n_in;
+            W.n_out = s.n_out;
+            W.row_bytes = row_bytes(type, s.n_in);
+            W.data = raw.data();
+            std::vector<uint8_t> packed(int8_packed_bytes(W));  // the layout the engine packs at load
+            if (!packed.empty()) {
+                int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
+                W.packed = packed.data();
+            }
+            std::vector<float> X((size_t)(8 * s.n_in)), Y((size_t)(8 * s.n_out));
+            for (auto &x : X) x = (float)((int64_t)(rng() % 2001) - 1000) / 1000.0f;
+            for (int th : threads) {
+                ThreadPool pool(th);
+                Scratch scratch(th);
+                for (int64_t T : {int64_t(1), int64_t(8)}) {
+                    const double s_call = seconds_per_call(pool, scratch, W, X.data(), T, Y.data());
+                    std::printf("%8s %6d %7lldx%-6lld %6lld %10.2f %10.2f\n", type_name(type), th, (long long)s.n_out,
+                                (long long)s.n_in, (long long)T, s_call * 1e6, (double)raw.size() / s_call / 1e9);
+                }
+            }
+        }
+    // One decode step's products of a Qwen3-0.6B shape (28 layers of q|k|v, o, gate|up, down, then the head), each
+    // matrix its own allocation as in a loaded model: what a step's products cost without the rest of the step.
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K}) {
+        std::vector<Shape> shapes;
+        for (int l = 0; l < 28; l++)
+            for (const Shape s : {Shape{1024, 4096}, Shape{2048, 1024}, Shape{1024, 6144}, Shape{3072, 1024}})
+                shapes.push_back(s);
+        shapes.push_back(Shape{1024, 151936});
+        std::vector<std::vector<uint8_t>> raws, packs;
+        std::vector<Weight> ws;
+        uint64_t bytes = 0;
+        for (const Shape &s : shapes) {
+            raws.push_back(random_weight(type, s.n_in, s.n_out, rng));
+            Weight W;
+            W.type = type;
+            W.n_in = s.n_in;
+            W.n_out = s.n_out;
+            W.row_bytes = row_bytes(type, s.n_in);
+            W.data = raws.back().data();
+            packs.emplace_back(int8_packed_bytes(W));
+            if (!packs.back().empty()) {
+                int8_pack_groups(W, 0, int8_pack_group_count(W), packs.back().data());
+                W.packed = packs.back().data();
+            }
+            ws.push_back(W);
+            bytes += raws.back().size();
+        }
+        std::vector<float> X(4096), Y(151936);
+        for (auto &x : X) x = (float)((int64_t)(rng() % 2001) - 1000) / 1000.0f;
+        for (int th : threads) {
+            ThreadPool pool(th);
+            Scratch scratch(th);
+            auto step = [&] {
+                for (const Weight &W : ws) matmul(pool, scratch, W, X.data(), 1, Y.data());
+            };
+            step();
+            const auto t0 = std::chrono::steady_clock::now();
+            constexpr int kSteps = 20;
+            for (int i = 0; i < kSteps; i++) step();
+            const double s_step = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+            std::printf("%8s %6d %14s %6d %10.2f %10.2f   (Qwen3-0.6B step's products, %.0f MB)\n", type_name(type), th,
+                        "0.6B step", 1, s_step * 1e6, (double)bytes / s_step / 1e9, bytes / 1e6);
+        }
+    }
+    return 0;
+}
