@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/ds4_ops.h"
 #include "ops/cpu/qgemm.h"
@@ -61,8 +63,7 @@ public:
     void prepare_weight(Weight &W) override {
         const uint64_t bytes = int8_packed_bytes(W);
         if (bytes == 0 || W.packed != nullptr) return;
-        packs_.emplace_back((uint8_t *)std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-        uint8_t *dst = packs_.back().get();
+        uint8_t *dst = pack_buffer(bytes);
         if (dst == nullptr) fail(DFL_ERR_NO_MEMORY, "cannot pack a weight of " + std::to_string(bytes) + " bytes");
         const int64_t groups = int8_pack_group_count(W), per_task = 64;
         pool_.parallel_for(ceil_div(groups, per_task), [&](int64_t task, int) {
@@ -381,7 +382,33 @@ private:
     struct FreeAligned {
         void operator()(uint8_t *p) const { std::free(p); }
     };
-    std::vector<std::unique_ptr<uint8_t, FreeAligned>> packs_;
+    std::vector<std::unique_ptr<uint8_t, FreeAligned>> packs_;  // chunks of packed weights
+    uint8_t *pack_next_ = nullptr;
+    uint64_t pack_left_ = 0;
+
+    // Room for a packed weight, 64-byte aligned. Decode streams every packed weight once a token, so they share
+    // chunks of at least 128 MB, 2 MB-aligned and marked for transparent huge pages: a TLB miss every 2 MB instead of
+    // every 4 KB where the kernel's THP setting is "madvise" (common; "never" leaves 4 KB pages). Chunks, not one
+    // buffer a matrix, so that each matrix does not round up to a whole huge page (a chunk's untouched tail takes no
+    // memory). 2-core VM, Qwen3-0.6B q8_0 decode at 2 threads, alternating runs, medians: 39.3 -> 46.9 and 33.5 ->
+    // 41.3 tok/s with a buffer a matrix; q4_K, bound by its tile, unchanged.
+    uint8_t *pack_buffer(uint64_t bytes) {
+        constexpr uint64_t kHuge = 2ull << 20, kChunk = 128ull << 20;
+        bytes = (bytes + 63) / 64 * 64;
+        if (bytes > pack_left_) {
+            const uint64_t size = std::max(kChunk, (bytes + kHuge - 1) / kHuge * kHuge);
+            auto *p = (uint8_t *)std::aligned_alloc(kHuge, size);
+            if (p == nullptr) return nullptr;
+            madvise(p, size, MADV_HUGEPAGE);  // advice: refused or ignored, the pages stay 4 KB
+            packs_.emplace_back(p);
+            pack_next_ = p;
+            pack_left_ = size;
+        }
+        uint8_t *p = pack_next_;
+        pack_next_ += bytes;
+        pack_left_ -= bytes;
+        return p;
+    }
 };
 
 int threads_or_hw(int n) {
