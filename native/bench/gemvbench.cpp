@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/qgemm.h"
 #include "quant.h"
@@ -33,6 +35,22 @@ std::vector<uint8_t> random_weight(uint32_t type, int64_t n_in, int64_t n_out, s
     }
     return raw;
 }
+
+// The packed layout in 2 MB pages where the kernel allows them (the engine packs into huge-page chunks of 128 MB,
+// CpuDevice::pack_buffer; a buffer a matrix here).
+struct Packed {
+    uint8_t *p = nullptr;
+    explicit Packed(uint64_t bytes) {
+        if (bytes == 0) return;
+        const uint64_t size = (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+        p = (uint8_t *)std::aligned_alloc(2u << 20, size);
+        madvise(p, size, MADV_HUGEPAGE);
+    }
+    Packed(Packed &&o) noexcept : p(o.p) { o.p = nullptr; }
+    ~Packed() { std::free(p); }
+    uint8_t *data() const { return p; }
+    bool empty() const { return p == nullptr; }
+};
 
 double seconds_per_call(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
     using Clock = std::chrono::steady_clock;
@@ -68,7 +86,7 @@ int main(int argc, char **argv) {
             W.n_out = s.n_out;
             W.row_bytes = row_bytes(type, s.n_in);
             W.data = raw.data();
-            std::vector<uint8_t> packed(int8_packed_bytes(W));  // the layout the engine packs at load
+            Packed packed(int8_packed_bytes(W));  // the layout the engine packs at load
             if (!packed.empty()) {
                 int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
                 W.packed = packed.data();
@@ -93,7 +111,8 @@ int main(int argc, char **argv) {
             for (const Shape s : {Shape{1024, 4096}, Shape{2048, 1024}, Shape{1024, 6144}, Shape{3072, 1024}})
                 shapes.push_back(s);
         shapes.push_back(Shape{1024, 151936});
-        std::vector<std::vector<uint8_t>> raws, packs;
+        std::vector<std::vector<uint8_t>> raws;
+        std::vector<Packed> packs;
         std::vector<Weight> ws;
         uint64_t bytes = 0;
         for (const Shape &s : shapes) {
