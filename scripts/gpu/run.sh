@@ -335,6 +335,7 @@ cpu_peer() {
   [ -f /tmp/llama-cpu.done ] || { log "llama.cpp CPU build"; cpu_peer_build; }
   grep -q rc=0 /tmp/llama-cpu.done || { log "llama.cpp CPU build failed"; tail -20 "$OUT/llama-cpu-build.log"; return 1; }
   for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K; do files+=("$(make_model "$m")") || return 1; done
+  log "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu, DFLASH_CPU_INT8=${CPU_INT8:-auto}) and llama-bench, same files"
   DFLASH_CPU_INT8=${CPU_INT8:-auto} LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
@@ -366,6 +367,8 @@ cpu_pool() {
 cpu_scaling() {
   log "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), $(nproc) cores; flags: $(grep -m1 '^flags' /proc/cpuinfo |
     tr ' ' '\n' | grep -E '^(amx|avx512_vnni|avx512vnni|avx_vnni|avx512_bf16|avx512f$)' | sort | tr '\n' ' ')"
+  # the packed weights ask for 2 MB pages (MADV_HUGEPAGE): "never" here would leave them 4 KB
+  log "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   log "CPU integer kernels on this CPU, the AMX set among them (unit_tests matmul_int8: bitwise the AVX-512 tiles)"
   make -s -C native BUILD=/tmp/native-build /tmp/native-build/unit_tests >/dev/null 2>&1 &&
     /tmp/native-build/unit_tests matmul_int8 2>&1 | tail -4 | tee -a "$OUT/summary.txt"
