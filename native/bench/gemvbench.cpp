@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include <sys/mman.h>
@@ -14,27 +13,13 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/qgemm.h"
 #include "quant.h"
+#include "../tests/weights.h"
 
 using namespace dfl;
+using dfltest::make_weight;
+using dfltest::random_weight;
 
 namespace {
-
-// Random blocks with small f16 scales (the codes' bytes random), as the op tests make them.
-std::vector<uint8_t> random_weight(uint32_t type, int64_t n_in, int64_t n_out, std::mt19937_64 &rng) {
-    std::vector<uint8_t> raw(row_bytes(type, n_in) * (uint64_t)n_out);
-    for (auto &b : raw) b = (uint8_t)rng();
-    const int bb = type_block_bytes(type);
-    const uint16_t d = f32_to_f16(0.01f);
-    for (size_t off = 0; off < raw.size(); off += (size_t)bb) {
-        if (type == DFL_TYPE_Q6_K) {
-            std::memcpy(raw.data() + off + 208, &d, 2);
-        } else {
-            std::memcpy(raw.data() + off, &d, 2);
-            if (type == DFL_TYPE_Q4_K) std::memcpy(raw.data() + off + 2, &d, 2);
-        }
-    }
-    return raw;
-}
 
 // The packed layout in 2 MB pages where the kernel allows them (the engine packs into huge-page chunks of 128 MB,
 // CpuDevice::pack_buffer; a buffer a matrix here).
@@ -73,26 +58,21 @@ int main(int argc, char **argv) {
     if (threads.empty()) threads = {1, 2};
     std::printf("kernels %s\n%8s %6s %14s %6s %10s %10s\n", int8_kernels(), "type", "threads", "matrix", "tokens",
                 "us/call", "GB/s");
-    std::mt19937_64 rng(7);
+    dfltest::Rng rng(7);
     struct Shape {
         int64_t n_in, n_out;
     };
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q4_0, DFL_TYPE_Q6_K})
         for (const Shape s : {Shape{1024, 256}, Shape{4096, 65536}}) {
             const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
-            Weight W;
-            W.type = type;
-            W.n_in = s.n_in;
-            W.n_out = s.n_out;
-            W.row_bytes = row_bytes(type, s.n_in);
-            W.data = raw.data();
+            Weight W = make_weight(type, s.n_in, s.n_out, raw);
             Packed packed(int8_packed_bytes(W));  // the layout the engine packs at load
             if (!packed.empty()) {
                 int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
                 W.packed = packed.data();
             }
             std::vector<float> X((size_t)(8 * s.n_in)), Y((size_t)(8 * s.n_out));
-            for (auto &x : X) x = (float)((int64_t)(rng() % 2001) - 1000) / 1000.0f;
+            for (auto &x : X) x = rng.sym();
             for (int th : threads) {
                 ThreadPool pool(th);
                 Scratch scratch(th);
@@ -117,12 +97,7 @@ int main(int argc, char **argv) {
         uint64_t bytes = 0;
         for (const Shape &s : shapes) {
             raws.push_back(random_weight(type, s.n_in, s.n_out, rng));
-            Weight W;
-            W.type = type;
-            W.n_in = s.n_in;
-            W.n_out = s.n_out;
-            W.row_bytes = row_bytes(type, s.n_in);
-            W.data = raws.back().data();
+            Weight W = make_weight(type, s.n_in, s.n_out, raws.back());
             packs.emplace_back(int8_packed_bytes(W));
             if (!packs.back().empty()) {
                 int8_pack_groups(W, 0, int8_pack_group_count(W), packs.back().data());
@@ -132,7 +107,7 @@ int main(int argc, char **argv) {
             bytes += raws.back().size();
         }
         std::vector<float> X(4096), Y(151936);
-        for (auto &x : X) x = (float)((int64_t)(rng() % 2001) - 1000) / 1000.0f;
+        for (auto &x : X) x = rng.sym();
         for (int th : threads) {
             ThreadPool pool(th);
             Scratch scratch(th);
