@@ -70,13 +70,21 @@ void launch_nt8(int nt8, dim3 grid, Launch &launch) {
 // An mma kernel's tiling for T tokens and n_out rows: 8-token tiles; 32 rows per warp (MT = 2: half the activation
 // loads a weight byte) for up to TwoMaxNT8 tiles where n_out / 32 reaches two_min_blocks; else 16 rows, up to
 // OneMaxNT8 tiles.
+// mma_tile_rows: the rows a block takes (32 or 16); the grid is ceil(n_out / that).
+template <int TwoMaxNT8>
+inline int64_t mma_tile_rows(int64_t n_out, int64_t T, int64_t two_min_blocks) {
+    return (T + 7) / 8 <= TwoMaxNT8 && n_out / 32 >= two_min_blocks ? 32 : 16;
+}
+
 template <int TwoMaxNT8, int OneMaxNT8, typename Launch>
 void dispatch_mma_tiles(int64_t n_out, int64_t T, int64_t two_min_blocks, Launch &launch) {
     const int nt8 = (int)((T + 7) / 8);
-    if (nt8 <= TwoMaxNT8 && n_out / 32 >= two_min_blocks)
-        launch_nt8<2, TwoMaxNT8>(nt8, dim3((unsigned)((n_out + 31) / 32)), launch);
+    const int64_t rows = mma_tile_rows<TwoMaxNT8>(n_out, T, two_min_blocks);
+    const dim3 grid((unsigned)((n_out + rows - 1) / rows));
+    if (rows == 32)
+        launch_nt8<2, TwoMaxNT8>(nt8, grid, launch);
     else
-        launch_nt8<1, OneMaxNT8>(nt8, dim3((unsigned)((n_out + 15) / 16)), launch);
+        launch_nt8<1, OneMaxNT8>(nt8, grid, launch);
 }
 
 }  // namespace cuda

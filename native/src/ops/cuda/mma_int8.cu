@@ -566,9 +566,10 @@ static bool q8p_splitk_on() {
     return on;
 }
 
-// The row tiles of the staged kernel's grid (as dispatch_mma_tiles<8, 8> picks them).
-static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out) {
-    return n_out / 32 >= pipe_mt2_min_blocks(dev) ? (n_out + 31) / 32 : (n_out + 15) / 16;
+// The row tiles of the staged kernel's grid (launch_q8p_pipe's dispatch_mma_tiles<8, 8>).
+static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out, int64_t T) {
+    const int64_t rows = mma_tile_rows<8>(n_out, T, pipe_mt2_min_blocks(dev));
+    return (n_out + rows - 1) / rows;
 }
 
 // Where split-K applies, for measuring its reach in one run (not yet measured beyond the defaults): products of up to
@@ -588,7 +589,7 @@ static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
 static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
     const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
     const bool fits = T <= q8p_splitk_tokens() && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
-    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out) <= q8p_splitk_blocks(dev) ? 2 : 1;
+    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out, T) <= q8p_splitk_blocks(dev) ? 2 : 1;
 }
 
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
