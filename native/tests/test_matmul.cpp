@@ -156,6 +156,38 @@ TEST(matmul_int8_packed_weight_is_bitwise_the_unpacked) {
     }
 }
 
+// matmul_each (q, k and v in one parallel region, the input quantized once) gives each part bitwise what its own
+// matmul gives, on the integer tiles and where a part's type sends all of them back to one product each.
+TEST(matmul_each_is_bitwise_each_matmul) {
+    Rng rng(83);
+    ThreadPool pool(3);
+    Scratch scratch(3);
+    set_int8_kernels("auto");
+    const int64_t n_in = 512;
+    for (uint32_t odd : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_F16}) {
+        const std::vector<std::pair<uint32_t, int64_t>> shapes = {{DFL_TYPE_Q8_0, 96}, {odd, 48}, {DFL_TYPE_Q8_0, 40}};
+        std::vector<std::vector<uint8_t>> raws;
+        std::vector<Weight> ws;
+        for (const auto &sh : shapes) raws.push_back(random_weight(sh.first, n_in, sh.second, rng));
+        for (size_t i = 0; i < shapes.size(); i++) ws.push_back(make_weight(shapes[i].first, n_in, shapes[i].second, raws[i]));
+        for (int64_t T : {1, 7, 70}) {
+            std::vector<float> X((size_t)(T * n_in));
+            for (auto &x : X) x = rng.sym();
+            std::vector<std::vector<float>> each, joint;
+            MatmulParts parts;
+            for (const Weight &W : ws) {
+                each.emplace_back((size_t)(T * W.n_out));
+                joint.emplace_back((size_t)(T * W.n_out), -1.0f);
+                matmul(pool, scratch, W, X.data(), T, each.back().data());
+            }
+            for (size_t i = 0; i < ws.size(); i++) parts.push_back({&ws[i], joint[i].data()});
+            matmul_each(pool, scratch, parts, X.data(), T);
+            for (size_t i = 0; i < ws.size(); i++)
+                for (size_t j = 0; j < each[i].size(); j++) CHECK(each[i][j] == joint[i][j]);
+        }
+    }
+}
+
 // The quantization error bound is not vacuous: on random data the integer result is much closer than the bound
 // (errors of independent roundings mostly cancel), yet not equal to the float path (the integer path did run).
 TEST(matmul_int8_typical_error) {

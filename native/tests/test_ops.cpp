@@ -581,3 +581,42 @@ TEST(swiglu_gated_norm_and_gates) {
         CHECK_CLOSE(softplus((float)v), v > 20 ? v : std::log1p(std::exp(v)), 1e-6 * std::max(1.0, std::fabs(v)));
     }
 }
+
+// topk_rows against sorting the whole row: ties across spans (lowest id first), NaN and -inf skipped, fewer finite
+// values than k padded, the log-sum-exp in long double; and the same bits from a pool of 1 and of 3 threads.
+TEST(topk_rows_against_a_full_sort) {
+    Rng rng(31);
+    ThreadPool one(1), three(3);
+    const int64_t rows = 3;
+    for (int64_t n : {int64_t(10), int64_t(40000), int64_t(151936)}) {
+        for (int k : {1, 5, 64, 100}) {
+            std::vector<float> x((size_t)(rows * n));
+            for (auto &v : x) v = (float)(int)(rng.sym(50));  // integers: many ties
+            x[7] = std::nanf("");
+            x[3] = -INFINITY;
+            for (int64_t i = 0; i < n; i++) x[(size_t)(2 * n + i)] = i % 3 == 0 ? 1.5f : -INFINITY;  // few finite
+            std::vector<int32_t> ids1((size_t)(rows * k)), ids3(ids1.size());
+            std::vector<float> vals1((size_t)(rows * k)), vals3(vals1.size()), lse1((size_t)rows), lse3((size_t)rows);
+            topk_rows(one, x.data(), rows, n, k, ids1.data(), vals1.data(), lse1.data());
+            topk_rows(three, x.data(), rows, n, k, ids3.data(), vals3.data(), lse3.data());
+            for (int64_t r = 0; r < rows; r++) {
+                const float *row = x.data() + r * n;
+                std::vector<int32_t> order;
+                long double mx = -INFINITY, sum = 0;
+                for (int64_t i = 0; i < n; i++)
+                    if (row[i] == row[i] && row[i] != -INFINITY) order.push_back((int32_t)i), mx = std::max(mx, (long double)row[i]);
+                for (int32_t i : order) sum += std::exp((long double)row[i] - mx);
+                std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+                for (int j = 0; j < k; j++) {
+                    const size_t at = (size_t)(r * k + j);
+                    const int32_t want = j < (int)order.size() ? order[(size_t)j] : -1;
+                    CHECK(ids1[at] == want);
+                    CHECK(vals1[at] == (want < 0 ? -INFINITY : row[want]));
+                    CHECK(ids3[at] == ids1[at] && vals3[at] == vals1[at]);
+                }
+                CHECK_CLOSE(lse1[(size_t)r], (double)(mx + std::log(sum)), 1e-6 * std::fabs((double)mx) + 1e-6);
+                CHECK(lse3[(size_t)r] == lse1[(size_t)r]);
+            }
+        }
+    }
+}

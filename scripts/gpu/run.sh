@@ -342,21 +342,31 @@ cpu_peer() {
 }
 
 # Our CPU engine's decode at CPU_THREADS (16) threads with this tree's library and with the one in .gpu/lib-old (a
-# change of the CPU engine measured against the one before it, in one run, alternating): 0.6B and 4B q8_0, 128 tokens.
+# change of the CPU engine measured against the one before it, in one run, alternating): CPU_AB_MODELS (0.6B and 4B
+# q8_0), 128 tokens; then where this tree's decode step goes, op by op (DFLASH_CPU_PROFILE=1), and the pool's cost a
+# region (poolbench).
 cpu_pool() {
   local m f lib_dir run
-  for m in qwen3-0.6b:q8_0 qwen3-4b:q8_0; do
+  for m in ${CPU_AB_MODELS:-qwen3-0.6b:q8_0 qwen3-4b:q8_0}; do
     f=$(make_model "$m") || return 1
     for run in 1 2; do
       for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
         log "CPU decode, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
-        (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib_dir DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu \
-          DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
-          "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x 2>&1) | grep -E "tok/s|FAIL|rror" |
-          tee -a "$OUT/summary.txt"
+        cpu_decode "$lib_dir" "$f" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
       done
     done
+    log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m, this tree (DFLASH_CPU_PROFILE=1)"
+    DFLASH_CPU_PROFILE=1 cpu_decode "$lib" "$f" >"$OUT/cpu-profile-${m//:/-}.txt" 2>&1
+    grep -E "tok/s|cpu profile" -A14 "$OUT/cpu-profile-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
   done
+  log "thread pool: microseconds a parallel region (native/bench/poolbench.cpp)"
+  make -s -C native poolbench BUILD=/tmp/native-build >/dev/null 2>&1 && /tmp/native-build/poolbench 2 4 8 16 | tee -a "$OUT/summary.txt"
+}
+
+cpu_decode() {  # LIB_DIR FILE: BenchmarkGGUF decode on the CPU, 128 tokens after a 16-token prompt
+  (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
+    DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
+    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x 2>&1)
 }
 
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
@@ -559,6 +569,14 @@ case $mode in
        KERNEL_VARIANTS=${TRY_KERNEL_VARIANTS:-- ${TRY:-}} kernel_bench; wait "${premake_pids[@]}"
        VARIANTS=${TRY_VARIANTS:-- ${TRY:-}} BENCH_FILTER=GGUF/pp BENCH_PROMPTS=512,4096 NO_PROFILE=1 \
          variants qwen3-8b:q8_0 ;;
+  # decode-try: a decode-side knob (TRY) against the defaults in one call: the product op tests with it, the kernel
+  # bench, qwen3-8b q8_0 aggregate decode (BENCH_BATCHES, default 8,32,64), then the 27B's verify blocks (spec_bench)
+  decode-try) premake qwen3-8b:q8_0 qwen3.5-27b:q8_0; build_cuda; build_kernel_tests || exit 1
+       for v in - ${TRY:+"$TRY"}; do op_tests "$v" matmul; done
+       KERNEL_VARIANTS="- ${TRY:-}" kernel_bench; wait "${premake_pids[@]}"
+       VARIANTS="- ${TRY:-}" DFLASH_BENCH_BATCHES=${BENCH_BATCHES:-8,32,64} BENCH_FILTER=GGUF/tg NO_PROFILE=1 \
+         variants qwen3-8b:q8_0
+       SPEC_VARIANTS="- ${TRY:-}" SPEC_PROFILE=0 spec_bench ;;
   quick) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a last check of a kernel change: defaults only, checks first
          premake "$@"; build_cuda; quick_checks || exit 1
          wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@"; ds4_ops

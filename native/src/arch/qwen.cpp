@@ -57,10 +57,8 @@ std::vector<float *> QwenModel::project(const Weight &fused, const std::vector<s
                                         const float *x, int64_t T) {
     std::vector<float *> where;
     if (fused.empty()) {
-        for (const auto &o : outs) {
-            dev_->matmul(*o.first, x, T, o.second);
-            where.push_back(o.second);
-        }
+        dev_->matmul_each(outs, x, T);
+        for (const auto &o : outs) where.push_back(o.second);
         return where;
     }
     if (T > kFusedMaxTokens) {  // one product whose parts write their own outputs: the split copies need no room

@@ -443,6 +443,12 @@ public:
         (void)W;
         for (const auto &p : parts) matmul(*p.first, X, T, p.second);
     }
+    // Several weights of the same n_in, each multiplied with X into its own output (q, k and v; gate and up) where no
+    // fused weight joins them (a device that does not copy its weights). The default multiplies each alone; the CPU
+    // runs them as one parallel region with X quantized once.
+    virtual void matmul_each(const std::vector<std::pair<const Weight *, float *>> &parts, const float *X, int64_t T) {
+        for (const auto &p : parts) matmul(*p.first, X, T, p.second);
+    }
     // y = x * rsqrt(mean(x^2) + eps) * w per row (w may be null); y may alias x.
     virtual void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
     // x += d; y = rmsnorm(x) * w, per row.

@@ -1,10 +1,13 @@
 // The CPU device: the op table on host memory, run by a thread pool. The reference every other device is tested
 // against; the layer plans drive it exactly as they drive the GPU.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <new>
 #include <thread>
@@ -20,14 +23,91 @@ namespace dfl {
 
 namespace {
 
+// Wall time of each op, summed by op (and product shape) and printed to stderr when the device is freed, with
+// DFLASH_CPU_PROFILE=1: where a step's time goes at a thread count perf cannot be run at (the GPU host's 16 cores).
+class OpClock {
+public:
+    OpClock() {
+        const char *e = std::getenv("DFLASH_CPU_PROFILE");
+        on_ = e && *e && std::strcmp(e, "0") != 0;
+    }
+    ~OpClock() {
+        if (!on_ || ops_.empty()) return;
+        std::vector<std::pair<std::string, Entry>> rows(ops_.begin(), ops_.end());
+        double total = 0;
+        for (const auto &r : rows) total += r.second.seconds;
+        std::sort(rows.begin(), rows.end(), [](const auto &a, const auto &b) { return a.second.seconds > b.second.seconds; });
+        std::fprintf(stderr, "cpu profile (DFLASH_CPU_PROFILE): %.1f ms in ops\n%-28s %9s %11s %9s %6s\n", total * 1e3, "op",
+                     "calls", "total ms", "us/call", "share");
+        for (const auto &r : rows)
+            std::fprintf(stderr, "%-28s %9lld %11.2f %9.2f %5.1f%%\n", r.first.c_str(), (long long)r.second.calls,
+                         r.second.seconds * 1e3, r.second.seconds * 1e6 / (double)r.second.calls,
+                         100 * r.second.seconds / total);
+    }
+    bool on() const { return on_; }
+    void add(const char *op, int64_t rows, int64_t cols, double seconds) {
+        std::string key = op;
+        if (rows > 0) key += " " + std::to_string(rows) + "x" + std::to_string(cols);
+        Entry &e = ops_[key];
+        e.calls++;
+        e.seconds += seconds;
+    }
+
+private:
+    struct Entry {
+        int64_t calls = 0;
+        double seconds = 0;
+    };
+    bool on_ = false;
+    std::map<std::string, Entry> ops_;
+};
+
+// One op's time on an OpClock (nothing when profiling is off).
+class OpScope {
+public:
+    OpScope(OpClock &clock, const char *op, int64_t rows = 0, int64_t cols = 0)
+        : clock_(clock), op_(op), rows_(rows), cols_(cols) {
+        if (clock_.on()) t0_ = std::chrono::steady_clock::now();
+    }
+    ~OpScope() {
+        if (clock_.on())
+            clock_.add(op_, rows_, cols_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    }
+    OpScope(const OpScope &) = delete;
+    OpScope &operator=(const OpScope &) = delete;
+
+private:
+    OpClock &clock_;
+    const char *op_;
+    int64_t rows_, cols_;
+    std::chrono::steady_clock::time_point t0_;
+};
+
 class CpuDevice final : public Device {
 public:
     explicit CpuDevice(int n_threads) : pool_(n_threads), scratch_(n_threads) {}
 
     std::string name() const override { return "cpu"; }
 
+    // Buffers of 2 MB and more (the KV pool, the recurrent states, activations) are touched here, at load, in
+    // transparent huge pages where the kernel's THP setting is "madvise". The KV pool is written a row at a time as
+    // sequences grow: untouched, each fresh page cost a fault inside a decode step (perf stat: 28 a Qwen3-0.6B step,
+    // one a layer; attn_prep took 34 us a call on the 2-core VM, where its work is ~2 us, and 65 us with huge pages
+    // faulted in one at a time). Zeroed here, the memory is committed up front, as llama.cpp commits its KV cache.
     void *alloc(size_t bytes, const char *what) override {
-        void *p = std::malloc(bytes ? bytes : 1);
+        constexpr size_t kHuge = 2u << 20;
+        void *p = nullptr;
+        if (bytes >= kHuge) {
+            const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
+            p = std::aligned_alloc(kHuge, size);
+            if (p) {
+                madvise(p, size, MADV_HUGEPAGE);  // advice: refused or ignored, the pages stay 4 KB
+                const int64_t pages = (int64_t)(size / kHuge);
+                pool_.parallel_for(pages, [&](int64_t i, int) { std::memset((uint8_t *)p + i * kHuge, 0, kHuge); });
+            }
+        } else {
+            p = std::malloc(bytes ? bytes : 1);
+        }
         if (!p) {
             uint64_t free = 0, total = 0;
             host_memory(&free, &total);
@@ -73,15 +153,25 @@ public:
     }
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
+        const OpScope timed(clock_, "embed");
         pool_.parallel_for(T, [&](int64_t t, int) { get_row(W, tokens[t], out + t * W.n_in); });
     }
     void matmul(const Weight &W, const float *X, int64_t T, float *Y) override {
+        const OpScope timed(clock_, "matmul", W.n_out, W.n_in);
         dfl::matmul(pool_, scratch_, W, X, T, Y);
     }
+    void matmul_each(const MatmulParts &parts, const float *X, int64_t T) override {
+        int64_t rows = 0;
+        for (const auto &p : parts) rows += p.first->n_out;
+        const OpScope timed(clock_, "matmul_each", rows, parts.empty() ? 0 : parts[0].first->n_in);
+        dfl::matmul_each(pool_, scratch_, parts, X, T);
+    }
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
+        const OpScope timed(clock_, "rmsnorm");
         pool_.parallel_for(rows, [&](int64_t r, int) { dfl::rmsnorm(x + r * n, w, y + r * n, n, eps); });
     }
     void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
+        const OpScope timed(clock_, "add_rmsnorm");
         pool_.parallel_for(rows, [&](int64_t r, int) {
             float *xr = x + r * n;
             const float *dr = d + r * n;
@@ -90,17 +180,20 @@ public:
         });
     }
     void add(float *x, const float *d, int64_t count) override {
+        const OpScope timed(clock_, "add");
         for_chunks(count, [&](int64_t i0, int64_t i1) {
             for (int64_t i = i0; i < i1; i++) x[i] += d[i];
         });
     }
     void swiglu(float *g, const float *u, int64_t count) override {
-        for_chunks(count, [&](int64_t i0, int64_t i1) { dfl::swiglu(g + i0, u + i0, i1 - i0); });
+        const OpScope timed(clock_, "swiglu");
+        for_chunks(count, [&](int64_t i0, int64_t i1) { dfl::swiglu(g + i0, u + i0, i1 - i0); }, kExpChunk);
     }
     void sigmoid_mul(float *a, const float *g, int64_t count) override {
+        const OpScope timed(clock_, "sigmoid_mul");
         for_chunks(count, [&](int64_t i0, int64_t i1) {
             for (int64_t i = i0; i < i1; i++) a[i] *= sigmoid(g[i]);
-        });
+        }, kExpChunk);
     }
     void scale_softcap(float *x, int64_t count, float scale, float cap) override {
         for_chunks(count, [&](int64_t i0, int64_t i1) {
@@ -111,15 +204,18 @@ public:
         });
     }
     void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override {
+        const OpScope timed(clock_, "gather_rows");
         for (int64_t r = 0; r < R; r++) std::memcpy(out + r * n, x + (int64_t)rows[r] * n, sizeof(float) * (size_t)n);
     }
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override {
+        const OpScope timed(clock_, "copy_rows");
         for (int64_t r = 0; r < rows; r++)
             std::memcpy(dst + r * dst_stride, src + r * src_stride, sizeof(float) * (size_t)n);
     }
 
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override {
+        const OpScope timed(clock_, "attn_prep");
         const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
         const int64_t q_out = (int64_t)nh * hd * (a.gated ? 2 : 1), qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
         pool_.parallel_for(m.T, [&](int64_t t, int th) {
@@ -144,6 +240,7 @@ public:
     }
 
     void attention(const BatchMeta &m, const AttnCall &a) override {
+        const OpScope timed(clock_, "attention");
         // tasks = (entry, kv head, chunk of tokens)
         constexpr int64_t kChunk = 16;
         struct Task {
@@ -182,6 +279,7 @@ public:
     }
 
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
+        const OpScope timed(clock_, "conv1d_silu");
         const int C = c.C, K = c.K;
         pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
             const int64_t n = m.n[e], t0 = m.t0[e];
@@ -215,6 +313,7 @@ public:
     }
 
     void gdn_gates(int64_t T, const GdnGates &g) override {
+        const OpScope timed(clock_, "gdn_gates");
         const float qscale = 1.0f / std::sqrt((float)g.dk);
         pool_.parallel_for(T, [&](int64_t t, int) {
             float *row = g.cv + t * g.C;
@@ -233,6 +332,7 @@ public:
     }
 
     void gdn(const BatchMeta &m, const GdnCall &c) override {
+        const OpScope timed(clock_, "gdn");
         const int dk = c.dk, dv = c.dv, nk = c.n_k, nv = c.n_v, C = c.C;
         const int64_t vd = (int64_t)nv * dv, sf = (int64_t)nv * dk * dv;
         pool_.parallel_for((int64_t)m.n_ent * nv, [&](int64_t task, int th) {
@@ -297,11 +397,13 @@ public:
     }
 
     void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override {
+        const OpScope timed(clock_, "gated_rmsnorm");
         pool_.parallel_for(rows, [&](int64_t r, int) { dfl::gated_rmsnorm(x + r * n, z + r * n, w, n, eps); });
     }
 
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override {
-        pool_.parallel_for(rows, [&](int64_t r, int) { topk_row(logits + r * n, n, k, ids + r * k, vals + r * k, lse + r); });
+        const OpScope timed(clock_, "topk");
+        topk_rows(pool_, logits, rows, n, k, ids, vals, lse);
     }
 
     void dyn_conv(const BatchMeta &m, const DynConvCall &c) override {
@@ -369,13 +471,17 @@ public:
     void moe_experts(const MoeExpertsCall &c) override { ds4_moe_experts(pool_, scratch_, c); }
 
 private:
-    // Elementwise work split into a few large chunks per thread.
+    // Elementwise work split into a few large chunks per thread, of at least min_chunk elements. An exp per element
+    // (swiglu, sigmoid_mul) takes the smaller chunks: a decode step's 3072-element swiglu was one task of 18 us at 16
+    // threads (Qwen3-0.6B; 6.5 % of the step).
     template <class F>
-    void for_chunks(int64_t count, F &&f) {
-        const int64_t chunk = std::max<int64_t>(4096, ceil_div(count, (int64_t)pool_.size() * 4));
+    void for_chunks(int64_t count, F &&f, int64_t min_chunk = 4096) {
+        const int64_t chunk = std::max<int64_t>(min_chunk, ceil_div(count, (int64_t)pool_.size() * 4));
         pool_.parallel_for(ceil_div(count, chunk), [&](int64_t c, int) { f(c * chunk, std::min(count, (c + 1) * chunk)); });
     }
 
+    OpClock clock_;  // first: its summary prints after the pool has stopped
+    static constexpr int64_t kExpChunk = 512;  // for_chunks' smallest chunk for work with an exp per element
     ThreadPool pool_;
     Scratch scratch_;
     std::vector<std::unique_ptr<uint8_t[]>> copies_;

@@ -13,9 +13,9 @@
 
 namespace dfl {
 
-// The k largest values of one row (larger first, lower id on ties, NaN as -inf, padded with id -1 / -inf) and the
-// row's log-sum-exp (device.h: Device::topk).
-void topk_row(const float *x, int64_t n, int k, int32_t *ids, float *vals, float *lse);
+// The k largest values of each of `rows` rows (larger first, lower id on ties, NaN as -inf, padded with id -1 /
+// -inf) and each row's log-sum-exp (device.h: Device::topk). A row's result does not depend on the pool's size.
+void topk_rows(ThreadPool &pool, const float *x, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse);
 
 // Free (available) and total bytes of system memory.
 void host_memory(uint64_t *free_bytes, uint64_t *total_bytes);
@@ -38,6 +38,10 @@ struct Scratch {
 // Y[t][o] = sum_i W[o][i] * X[t][i] for t < T. X rows have W.n_in elements, Y rows W.n_out. Quantized weights run on
 // the integer kernels of qgemm.h (activations rounded to int8 per block of 32); the rest on float kernels.
 void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y);
+// parts[i].second = X (T rows) times parts[i].first, for weights of the same n_in: one parallel region and one
+// quantization of X where all take the integer tiles, else one matmul each.
+using MatmulParts = std::vector<std::pair<const Weight *, float *>>;
+void matmul_each(ThreadPool &pool, Scratch &scratch, const MatmulParts &parts, const float *X, int64_t T);
 
 // out[0..n_in) = row `r` of W as f32 (embedding lookup).
 void get_row(const Weight &W, int64_t r, float *out);
