@@ -334,7 +334,8 @@ cpu_peer() {
   local m files=()
   [ -f /tmp/llama-cpu.done ] || { log "llama.cpp CPU build"; cpu_peer_build; }
   grep -q rc=0 /tmp/llama-cpu.done || { log "llama.cpp CPU build failed"; tail -20 "$OUT/llama-cpu-build.log"; return 1; }
-  for m in qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K; do files+=("$(make_model "$m")") || return 1; done
+  for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K}; do files+=("$(make_model "$m")") || return 1; done
+  sync  # the files' writeback would run beside the measurements (17:5x: attention 6x slower in the first model's runs)
   log "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu, DFLASH_CPU_INT8=${CPU_INT8:-auto}) and llama-bench, same files"
   DFLASH_CPU_INT8=${CPU_INT8:-auto} LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
@@ -349,6 +350,7 @@ cpu_pool() {
   local m f lib_dir run
   for m in ${CPU_AB_MODELS:-qwen3-0.6b:q8_0 qwen3-4b:q8_0}; do
     f=$(make_model "$m") || return 1
+    sync  # see cpu_peer
     for run in 1 2; do
       for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
         log "CPU decode, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
