@@ -62,8 +62,12 @@ int main(int argc, char **argv) {
     struct Shape {
         int64_t n_in, n_out;
     };
+    // GEMVBENCH_TYPE=q4_K: that type only (a tile change measured without the rest)
+    const char *only = std::getenv("GEMVBENCH_TYPE");
+    const auto wanted = [&](uint32_t type) { return only == nullptr || std::strcmp(only, type_name(type)) == 0; };
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q4_0, DFL_TYPE_Q6_K})
         for (const Shape s : {Shape{1024, 256}, Shape{4096, 65536}}) {
+            if (!wanted(type)) continue;
             const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
             Weight W = make_weight(type, s.n_in, s.n_out, raw);
             Packed packed(int8_packed_bytes(W));  // the layout the engine packs at load
@@ -86,6 +90,7 @@ int main(int argc, char **argv) {
     // One decode step's products of a Qwen3-0.6B shape (28 layers of q|k|v, o, gate|up, down, then the head), each
     // matrix its own allocation as in a loaded model: what a step's products cost without the rest of the step.
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K}) {
+        if (!wanted(type)) continue;
         std::vector<Shape> shapes;
         for (int l = 0; l < 28; l++)
             for (const Shape s : {Shape{1024, 4096}, Shape{2048, 1024}, Shape{1024, 6144}, Shape{3072, 1024}})

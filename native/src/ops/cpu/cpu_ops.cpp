@@ -1,6 +1,7 @@
 #include "ops/cpu/cpu_ops.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 
 #include "ops/cpu/qgemm.h"
@@ -67,9 +68,14 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const MatmulParts &p
     const int64_t threads = pool.size();
     const int64_t tb = T <= 8 ? T : kInt8TokBlock;
     const int64_t n_tb = ceil_div(T, tb);
-    // Enough row tasks that every thread gets ~4 tasks in all (load balance), each a multiple of 16 rows (the AVX-512
-    // tiles' row group; packed groups start at multiples of 16), at most 64 rows so a task's weights stay in L2.
-    const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * 4, n_tb));
+    // Enough row tasks that every thread gets ~4 tasks in all (load balance; DFLASH_CPU_TASKS=N: N, for measuring
+    // what the claims cost at 16 threads), each a multiple of 16 rows (the AVX-512 tiles' row group; packed groups
+    // start at multiples of 16), at most 64 rows so a task's weights stay in L2.
+    static const int64_t per_thread = [] {
+        const char *e = std::getenv("DFLASH_CPU_TASKS");
+        return e && std::atoi(e) > 0 ? (int64_t)std::atoi(e) : int64_t(4);
+    }();
+    const int64_t want_row_tasks = std::max<int64_t>(1, ceil_div(threads * per_thread, n_tb));
     const int64_t rb = std::min<int64_t>(64, std::max<int64_t>(16, ceil_div(ceil_div(rows, want_row_tasks), 16) * 16));
     std::vector<int64_t> first_task(parts.size() + 1, 0);  // part i's tasks are [first_task[i], first_task[i + 1])
     for (size_t i = 0; i < parts.size(); i++) first_task[i + 1] = first_task[i] + ceil_div(parts[i].first->n_out, rb) * n_tb;
