@@ -241,17 +241,28 @@ public:
 
     void attention(const BatchMeta &m, const AttnCall &a) override {
         const OpScope timed(clock_, "attention");
-        // tasks = (entry, kv head, chunk of tokens)
-        constexpr int64_t kChunk = 16;
+        // tasks = (entry, kv head, chunk of tokens). Each task converts and transposes every key tile its rows see, so
+        // a prompt's chunks are as long as keep ~4 tasks a thread (up to 64 tokens; 16 converted each tile 32 times
+        // in a 512-token prompt), the ones that see the most positions first, so no long one starts last.
+        const int nkv = a.kv.n_kv, hd = a.kv.head_dim, nh = a.n_head, group = nh / nkv;
+        const auto count_tasks = [&](int64_t chunk) {
+            int64_t n = 0;
+            for (int32_t e = 0; e < m.n_ent; e++) n += nkv * ceil_div(m.n[e], chunk);
+            return n;
+        };
+        int64_t chunk = 64;
+        while (chunk > 16 && count_tasks(chunk) < 4 * (int64_t)pool_.size()) chunk /= 2;
         struct Task {
             int32_t e, g;
             int64_t i0, i1;
         };
         std::vector<Task> tasks;
-        const int nkv = a.kv.n_kv, hd = a.kv.head_dim, nh = a.n_head, group = nh / nkv;
         for (int32_t e = 0; e < m.n_ent; e++)
             for (int g = 0; g < nkv; g++)
-                for (int64_t i0 = 0; i0 < m.n[e]; i0 += kChunk) tasks.push_back({e, g, i0, std::min<int64_t>(m.n[e], i0 + kChunk)});
+                for (int64_t i0 = 0; i0 < m.n[e]; i0 += chunk) tasks.push_back({e, g, i0, std::min<int64_t>(m.n[e], i0 + chunk)});
+        std::stable_sort(tasks.begin(), tasks.end(), [&](const Task &x, const Task &y) {
+            return m.len0[x.e] + x.i1 > m.len0[y.e] + y.i1;
+        });
         const int64_t qd = (int64_t)nh * hd;
         pool_.parallel_for((int64_t)tasks.size(), [&](int64_t ti, int th) {
             const Task &tk = tasks[(size_t)ti];
