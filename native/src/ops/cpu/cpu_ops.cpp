@@ -256,59 +256,6 @@ DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V
         for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
 }
 
-typedef int32_t v16i __attribute__((vector_size(64)));
-
-// exp(x) of 16 floats x <= 0 (softmax numerators, score - max), the same operations on every target: n = round(x
-// log2 e) by the 1.5 * 2^23 trick, r = x - n ln 2 with ln 2 in two parts, exp(r) by Cephes' degree-6 polynomial, then
-// 2^n through the exponent bits; 0 below -87.3 (where 2^n would leave the normal range) and for -inf. Within 2 ulp of
-// expf over [-87.3, 0].
-static inline v16f exp16_nonpos(v16f x) {
-    const v16f floor_x = v16f{} - 87.3f;
-    const v16f xc = x < floor_x ? floor_x : x;  // -inf and tiny values: a finite n below, zeroed at the end
-    const v16f magic = v16f{} + 12582912.0f;
-    const v16f n = (xc * 1.44269504088896341f + magic) - magic;
-    v16f r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v16f p = v16f{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const v16f y = p * (r * r) + r + 1.0f;
-    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16f scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    return x < floor_x ? v16f{} : y * scale;
-}
-
-// s[j] = exp(s[j] - mx) for j < cnt (s[j] - mx <= 0 or -inf), returning their sum: 16 lanes of partial sums in
-// order of j, then a fixed tree. A row's numerators and sum depend only on its own scores, so a row gives the same bits
-// alone or in any batch. One expf call and one dependent add an element had been ~60 % of attention's own time in a
-// 512-token prompt.
-DFL_WIDE_MULTIVERSION static float exp_sub_sum(float *s, int64_t cnt, float mx) {
-    v16f acc{};
-    int64_t j = 0;
-    for (; j + 16 <= cnt; j += 16) {
-        const v16f e = exp16_nonpos(load16f(s + j) - mx);
-        std::memcpy(s + j, &e, sizeof e);
-        acc += e;
-    }
-    if (j < cnt) {
-        float t[16];
-        for (int i = 0; i < 16; i++) t[i] = j + i < cnt ? s[j + i] : -std::numeric_limits<float>::infinity();
-        const v16f e = exp16_nonpos(load16f(t) - mx);
-        std::memcpy(t, &e, sizeof e);
-        for (int64_t i = 0; j + i < cnt; i++) s[j + i] = t[i];
-        acc += e;
-    }
-    float l[16];
-    std::memcpy(l, &acc, sizeof l);
-    for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) l[i] += l[i + w];
-    return l[0];
-}
-
 // S[r * ld_s + c] = dot_f32(qs[r], key c) for 16 keys c and kQueryGroup query rows r, bitwise. KT holds the keys
 // transposed (KT[i * ld + c] = element i of key c), so each of dot_f32's 16 partial sums (element i goes to partial
 // i % 16, in order of i) is one register with the 16 keys in its lanes, and the final reduction is hsum8(s0 + s1)'s
@@ -434,7 +381,11 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 const float mnew = std::max(m[idx], mx);
                 if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
                 const float corr = std::exp(m[idx] - mnew);  // 0 for the first tile (m = -inf)
-                const float sum = exp_sub_sum(s, cnt, mnew);
+                float sum = 0;
+                for (int64_t j = 0; j < cnt; j++) {
+                    s[j] = std::exp(s[j] - mnew);
+                    sum += s[j];
+                }
                 float *a = acc + idx * hd;
                 l[idx] = l[idx] * corr + sum;
                 scale_vec(corr, a, hd);
