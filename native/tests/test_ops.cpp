@@ -189,6 +189,81 @@ TEST(attention_rows_alone_equal_batched_bitwise) {
         }
 }
 
+// A tree verify's row sees its ancestors with its masked siblings between them; the same token decoded after its
+// path sees the same keys side by side. Both must give the same bits (greedy speculative == plain greedy): the row's
+// sums may not depend on where the masked entries sit. (A softmax summed in 16 lanes by position lost this.)
+TEST(attention_tree_row_equals_its_path_decoded) {
+    Rng rng(37);
+    const int hd = 64, n_head = 4, n_kv = 2, bs = 16;
+    const int64_t n_past = 45;
+    // tree block: 12 nodes after the context; the row of node 11 sees nodes 0, 3, 4, 8 and itself (its path)
+    const std::vector<int64_t> path = {0, 3, 4, 8, 11};
+    const int64_t n_tree = 12;
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32}) {
+        std::vector<std::vector<float>> ctx_k, ctx_v, node_k, node_v;  // per position, per kv head
+        auto random_rows = [&](int64_t n, std::vector<std::vector<float>> &dst) {
+            for (int64_t i = 0; i < n * n_kv; i++) {
+                dst.emplace_back((size_t)hd);
+                for (auto &v : dst.back()) v = rng.sym(2);
+            }
+        };
+        random_rows(n_past, ctx_k), random_rows(n_past, ctx_v), random_rows(n_tree, node_k), random_rows(n_tree, node_v);
+        // a cache holding the context then the given nodes at consecutive positions
+        auto make_cache = [&](const std::vector<int64_t> &nodes, std::vector<uint8_t> &kb, std::vector<uint8_t> &vb,
+                              std::vector<int32_t> &blocks) {
+            const int64_t total = n_past + (int64_t)nodes.size(), n_blocks = (total + bs - 1) / bs;
+            blocks.resize((size_t)n_blocks);
+            for (int64_t b = 0; b < n_blocks; b++) blocks[(size_t)b] = (int32_t)((b * 3 + 1) % n_blocks);
+            PagedKV kv;
+            kv.type_k = kv.type_v = type;
+            kv.n_kv = n_kv;
+            kv.head_dim = hd;
+            kv.block_size = bs;
+            kv.k_row = kv.v_row = row_bytes(type, hd);
+            kb.assign((size_t)(n_blocks * bs * n_kv * kv.k_row), 0);
+            vb.assign(kb.size(), 0);
+            kv.k = kb.data();
+            kv.v = vb.data();
+            kv.blocks = blocks.data();
+            for (int64_t p = 0; p < total; p++)
+                for (int g = 0; g < n_kv; g++) {
+                    const size_t at = (size_t)((p < n_past ? p : nodes[(size_t)(p - n_past)]) * n_kv + g);
+                    const auto &ks = p < n_past ? ctx_k : node_k, &vs = p < n_past ? ctx_v : node_v;
+                    quantize_row(type, ks[at].data(), kv.k_at(p, g), hd);
+                    quantize_row(type, vs[at].data(), kv.v_at(p, g), hd);
+                }
+            return kv;
+        };
+        std::vector<int64_t> all((size_t)n_tree);
+        for (int64_t i = 0; i < n_tree; i++) all[(size_t)i] = i;
+        std::vector<uint8_t> kt, vt, kp, vp;
+        std::vector<int32_t> bt, bp;
+        const PagedKV tree = make_cache(all, kt, vt, bt), line = make_cache(path, kp, vp, bp);
+        std::vector<float> q((size_t)(n_tree * n_head * hd));
+        for (auto &v : q) v = rng.sym();
+        std::vector<uint64_t> vis((size_t)n_tree, 0);
+        for (int64_t a : path) vis[(size_t)path.back()] |= 1ull << a;
+        for (int64_t i = 0; i < n_tree; i++) vis[(size_t)i] |= 1ull << i;
+        const float scale = 1.0f / std::sqrt((float)hd);
+        const int64_t row = path.back(), depth = (int64_t)path.size() - 1;
+        for (int g = 0; g < n_kv; g++) {
+            std::vector<float> out_tree(q.size(), NAN), out_line((size_t)(n_head * hd), NAN);
+            AttnMask tm;
+            tm.n_new = n_tree;
+            tm.vis = vis.data();
+            std::vector<float> scr(attention_scratch(hd, n_head / n_kv, n_tree));
+            attention(tree, g, n_head, q.data(), n_head * hd, out_tree.data(), n_head * hd, n_past, 0, n_tree, scale,
+                      scr.data(), tm);
+            AttnMask lm;
+            lm.n_new = 1;
+            attention(line, g, n_head, q.data() + row * n_head * hd, n_head * hd, out_line.data(), n_head * hd,
+                      n_past + depth, 0, 1, scale, scr.data(), lm);
+            const int64_t h0 = (int64_t)g * (n_head / n_kv) * hd, n = (int64_t)(n_head / n_kv) * hd;
+            CHECK(std::memcmp(out_tree.data() + row * n_head * hd + h0, out_line.data() + h0, sizeof(float) * n) == 0);
+        }
+    }
+}
+
 // The masks of a DFlash draft block (non-causal, sliding causal, sliding both ways) against a naive reference that
 // applies the rule of device.h's AttnCall directly, not through attn_range.
 TEST(attention_masks) {

@@ -256,6 +256,55 @@ DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V
         for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
 }
 
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+// exp(x) of 16 floats x <= 0 (softmax numerators, score - max), the same operations on every target: n = round(x
+// log2 e) by the 1.5 * 2^23 trick, r = x - n ln 2 with ln 2 in two parts, exp(r) by Cephes' degree-6 polynomial, then
+// 2^n through the exponent bits; 0 below -87.3 (where 2^n would leave the normal range) and for -inf. Within 2 ulp of
+// expf over [-87.3, 0].
+static inline v16f exp16_nonpos(v16f x) {
+    const v16f floor_x = v16f{} - 87.3f;
+    const v16f xc = x < floor_x ? floor_x : x;  // -inf and tiny values: a finite n below, zeroed at the end
+    const v16f magic = v16f{} + 12582912.0f;
+    const v16f n = (xc * 1.44269504088896341f + magic) - magic;
+    v16f r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16f p = v16f{} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const v16f y = p * (r * r) + r + 1.0f;
+    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16f scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return x < floor_x ? v16f{} : y * scale;
+}
+
+// s[j] = exp(s[j] - mx) for j < cnt (s[j] - mx <= 0 or -inf), 16 at a time, returning their sum taken in order of
+// j, one at a time, as before: a tree verify's row sees its ancestors with its masked siblings' zeros between them,
+// and the same token decoded sees them side by side, so only a sum in order, where adding an exact 0 changes
+// nothing, gives both the same bits (16 lanes of partial sums did not: TestDemoPairSpeculative's tree of 22 lost
+// greedy equality). The exp calls had been most of the loop: one expf call an element.
+DFL_WIDE_MULTIVERSION static float exp_sub_sum(float *s, int64_t cnt, float mx) {
+    int64_t j = 0;
+    for (; j + 16 <= cnt; j += 16) {
+        const v16f e = exp16_nonpos(load16f(s + j) - mx);
+        std::memcpy(s + j, &e, sizeof e);
+    }
+    if (j < cnt) {
+        float t[16];
+        for (int i = 0; i < 16; i++) t[i] = j + i < cnt ? s[j + i] : -std::numeric_limits<float>::infinity();
+        const v16f e = exp16_nonpos(load16f(t) - mx);
+        std::memcpy(t, &e, sizeof e);
+        for (int64_t i = 0; j + i < cnt; i++) s[j + i] = t[i];
+    }
+    float sum = 0;
+    for (int64_t k = 0; k < cnt; k++) sum += s[k];
+    return sum;
+}
+
 // S[r * ld_s + c] = dot_f32(qs[r], key c) for 16 keys c and kQueryGroup query rows r, bitwise. KT holds the keys
 // transposed (KT[i * ld + c] = element i of key c), so each of dot_f32's 16 partial sums (element i goes to partial
 // i % 16, in order of i) is one register with the 16 keys in its lanes, and the final reduction is hsum8(s0 + s1)'s
@@ -381,11 +430,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 const float mnew = std::max(m[idx], mx);
                 if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
                 const float corr = std::exp(m[idx] - mnew);  // 0 for the first tile (m = -inf)
-                float sum = 0;
-                for (int64_t j = 0; j < cnt; j++) {
-                    s[j] = std::exp(s[j] - mnew);
-                    sum += s[j];
-                }
+                const float sum = exp_sub_sum(s, cnt, mnew);
                 float *a = acc + idx * hd;
                 l[idx] = l[idx] * corr + sum;
                 scale_vec(corr, a, hd);
