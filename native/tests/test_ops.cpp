@@ -11,6 +11,31 @@
 using namespace dfl;
 using namespace dfltest;
 
+// A zeroed paged cache of `positions` positions of one type, in blocks of bs whose table is scrambled (table entry b
+// is pool block (b * mul + add) % n_blocks), for the attention tests. Not copyable: kv points into the vectors.
+struct TestCache {
+    std::vector<uint8_t> k, v;
+    std::vector<int32_t> blocks;
+    PagedKV kv;
+    TestCache(uint32_t type, int n_kv, int hd, int bs, int64_t positions, int64_t mul, int64_t add) {
+        const int64_t n_blocks = (positions + bs - 1) / bs;
+        blocks.resize((size_t)n_blocks);
+        for (int64_t b = 0; b < n_blocks; b++) blocks[(size_t)b] = (int32_t)((b * mul + add) % n_blocks);
+        kv.type_k = kv.type_v = type;
+        kv.n_kv = n_kv;
+        kv.head_dim = hd;
+        kv.block_size = bs;
+        kv.k_row = kv.v_row = row_bytes(type, hd);
+        k.assign((size_t)(n_blocks * bs * n_kv * kv.k_row), 0);
+        v.assign(k.size(), 0);
+        kv.k = k.data();
+        kv.v = v.data();
+        kv.blocks = blocks.data();
+    }
+    TestCache(const TestCache &) = delete;
+    TestCache &operator=(const TestCache &) = delete;
+};
+
 TEST(rmsnorm_and_l2norm) {
     Rng rng(8);
     for (int n : {16, 128, 1000}) {
@@ -147,20 +172,8 @@ TEST(attention_rows_alone_equal_batched_bitwise) {
             if (type == DFL_TYPE_Q8_0 && hd % 32 != 0) continue;
             const int n_head = 8, n_kv = 2, bs = 16, group = n_head / n_kv;
             const int64_t n_past = 101, n_new = 37, total = n_past + n_new;
-            const int64_t n_blocks = (total + bs - 1) / bs;
-            std::vector<int32_t> blocks((size_t)n_blocks);
-            for (int64_t b = 0; b < n_blocks; b++) blocks[(size_t)b] = (int32_t)((b * 5 + 3) % n_blocks);
-            PagedKV kv;
-            kv.type_k = kv.type_v = type;
-            kv.n_kv = n_kv;
-            kv.head_dim = hd;
-            kv.block_size = bs;
-            kv.k_row = row_bytes(type, hd);
-            kv.v_row = row_bytes(type, hd);
-            std::vector<uint8_t> kb((size_t)(n_blocks * bs * n_kv * kv.k_row)), vb(kb.size());
-            kv.k = kb.data();
-            kv.v = vb.data();
-            kv.blocks = blocks.data();
+            TestCache cache(type, n_kv, hd, bs, total, 5, 3);
+            const PagedKV &kv = cache.kv;
             std::vector<float> row((size_t)hd);
             for (int64_t p = 0; p < total; p++)
                 for (int g = 0; g < n_kv; g++) {
@@ -208,37 +221,23 @@ TEST(attention_tree_row_equals_its_path_decoded) {
             }
         };
         random_rows(n_past, ctx_k), random_rows(n_past, ctx_v), random_rows(n_tree, node_k), random_rows(n_tree, node_v);
-        // a cache holding the context then the given nodes at consecutive positions
-        auto make_cache = [&](const std::vector<int64_t> &nodes, std::vector<uint8_t> &kb, std::vector<uint8_t> &vb,
-                              std::vector<int32_t> &blocks) {
-            const int64_t total = n_past + (int64_t)nodes.size(), n_blocks = (total + bs - 1) / bs;
-            blocks.resize((size_t)n_blocks);
-            for (int64_t b = 0; b < n_blocks; b++) blocks[(size_t)b] = (int32_t)((b * 3 + 1) % n_blocks);
-            PagedKV kv;
-            kv.type_k = kv.type_v = type;
-            kv.n_kv = n_kv;
-            kv.head_dim = hd;
-            kv.block_size = bs;
-            kv.k_row = kv.v_row = row_bytes(type, hd);
-            kb.assign((size_t)(n_blocks * bs * n_kv * kv.k_row), 0);
-            vb.assign(kb.size(), 0);
-            kv.k = kb.data();
-            kv.v = vb.data();
-            kv.blocks = blocks.data();
-            for (int64_t p = 0; p < total; p++)
+        // the context, then the given nodes at consecutive positions, written into a cache
+        auto fill = [&](const std::vector<int64_t> &nodes, const PagedKV &kv) {
+            for (int64_t p = 0; p < n_past + (int64_t)nodes.size(); p++)
                 for (int g = 0; g < n_kv; g++) {
                     const size_t at = (size_t)((p < n_past ? p : nodes[(size_t)(p - n_past)]) * n_kv + g);
                     const auto &ks = p < n_past ? ctx_k : node_k, &vs = p < n_past ? ctx_v : node_v;
                     quantize_row(type, ks[at].data(), kv.k_at(p, g), hd);
                     quantize_row(type, vs[at].data(), kv.v_at(p, g), hd);
                 }
-            return kv;
         };
         std::vector<int64_t> all((size_t)n_tree);
         for (int64_t i = 0; i < n_tree; i++) all[(size_t)i] = i;
-        std::vector<uint8_t> kt, vt, kp, vp;
-        std::vector<int32_t> bt, bp;
-        const PagedKV tree = make_cache(all, kt, vt, bt), line = make_cache(path, kp, vp, bp);
+        TestCache tree_cache(type, n_kv, hd, bs, n_past + n_tree, 3, 1);
+        TestCache line_cache(type, n_kv, hd, bs, n_past + (int64_t)path.size(), 3, 1);
+        const PagedKV &tree = tree_cache.kv, &line = line_cache.kv;
+        fill(all, tree);
+        fill(path, line);
         std::vector<float> q((size_t)(n_tree * n_head * hd));
         for (auto &v : q) v = rng.sym();
         std::vector<uint64_t> vis((size_t)n_tree, 0);
