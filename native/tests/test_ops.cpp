@@ -12,7 +12,8 @@ using namespace dfl;
 using namespace dfltest;
 
 // A zeroed paged cache of `positions` positions of one type, in blocks of bs whose table is scrambled (table entry b
-// is pool block (b * mul + add) % n_blocks), for the attention tests. Not copyable: kv points into the vectors.
+// is pool block (b * mul + add) % n_blocks: a permutation where mul and n_blocks share no factor), for the attention
+// tests. Not copyable: kv points into the vectors.
 struct TestCache {
     std::vector<uint8_t> k, v;
     std::vector<int32_t> blocks;
@@ -283,18 +284,8 @@ TEST(attention_masks) {
     const int n_head = 4, n_kv = 2, hd = 32, bs = 16, group = n_head / n_kv;
     for (const Case &c : cases) {
         const int64_t total = c.n_past + c.n_new;
-        const int n_blocks = (int)ceil_div(total, bs);
-        std::vector<int32_t> blocks((size_t)n_blocks);
-        for (int b = 0; b < n_blocks; b++) blocks[(size_t)b] = (b * 5 + 3) % n_blocks;  // a permutation
-        PagedKV kv;
-        kv.n_kv = n_kv;
-        kv.head_dim = hd;
-        kv.block_size = bs;
-        kv.k_row = kv.v_row = row_bytes(DFL_TYPE_F32, hd);
-        std::vector<uint8_t> kb((size_t)n_blocks * bs * n_kv * kv.k_row), vb(kb.size());
-        kv.k = kb.data();
-        kv.v = vb.data();
-        kv.blocks = blocks.data();
+        TestCache cache(DFL_TYPE_F32, n_kv, hd, bs, total, 5, 3);
+        const PagedKV &kv = cache.kv;
         for (int64_t p = 0; p < total; p++)
             for (int g = 0; g < n_kv; g++)
                 for (int d = 0; d < hd; d++) {
@@ -362,18 +353,8 @@ TEST(attention_tree_mask) {
             par[(size_t)i] = i == 0 ? -1 : (rng.next() % 3 == 0 ? (int32_t)i - 1 : (int32_t)(rng.next() % (uint64_t)i));
             vis[(size_t)i] = (i > 0 ? vis[(size_t)par[(size_t)i]] : 0) | (uint64_t)1 << i;
         }
-        const int n_blocks = (int)ceil_div(total, bs);
-        std::vector<int32_t> blocks((size_t)n_blocks);
-        for (int b = 0; b < n_blocks; b++) blocks[(size_t)b] = (b * 3 + 1) % n_blocks;
-        PagedKV kv;
-        kv.n_kv = n_kv;
-        kv.head_dim = hd;
-        kv.block_size = bs;
-        kv.k_row = kv.v_row = row_bytes(DFL_TYPE_F32, hd);
-        std::vector<uint8_t> kb((size_t)n_blocks * bs * n_kv * kv.k_row), vb(kb.size());
-        kv.k = kb.data();
-        kv.v = vb.data();
-        kv.blocks = blocks.data();
+        TestCache cache(DFL_TYPE_F32, n_kv, hd, bs, total, 3, 1);
+        const PagedKV &kv = cache.kv;
         for (int64_t p = 0; p < total; p++)
             for (int g = 0; g < n_kv; g++)
                 for (int d = 0; d < hd; d++) {
