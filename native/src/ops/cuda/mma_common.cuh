@@ -69,8 +69,8 @@ void launch_nt8(int nt8, dim3 grid, Launch &launch) {
 
 // An mma kernel's tiling for T tokens and n_out rows: 8-token tiles; 32 rows per warp (MT = 2: half the activation
 // loads a weight byte) for up to TwoMaxNT8 tiles where n_out / 32 reaches two_min_blocks; else 16 rows, up to
-// OneMaxNT8 tiles.
-// mma_tile_rows: the rows a block takes (32 or 16); the grid is ceil(n_out / that).
+// OneMaxNT8 tiles. mma_tile_rows gives the rows a block takes (32 or 16; the grid is ceil(n_out / that)),
+// dispatch_mma_tiles launches by it.
 template <int TwoMaxNT8>
 inline int64_t mma_tile_rows(int64_t n_out, int64_t T, int64_t two_min_blocks) {
     return (T + 7) / 8 <= TwoMaxNT8 && n_out / 32 >= two_min_blocks ? 32 : 16;
