@@ -168,10 +168,6 @@ void l2norm(float *x, int64_t n, float eps) {
     for (int64_t i = 0; i < n; i++) x[i] *= r;
 }
 
-void swiglu(float *g, const float *u, int64_t n) {
-    for (int64_t i = 0; i < n; i++) g[i] = silu(g[i]) * u[i];
-}
-
 void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
     rmsnorm(x, w, x, n, eps);
     for (int64_t i = 0; i < n; i++) x[i] *= silu(z[i]);
@@ -227,33 +223,49 @@ DFL_MULTIVERSION static void axpy(float a, const float *x, float *y, int n) {
 
 typedef float v16f __attribute__((vector_size(64)));
 
-static inline v16f load16f(const float *p) {
+// The helpers below take and return 64-byte vectors: they must inline into each clone of their caller, since a
+// call between an AVX-512 clone and an out-of-line copy built for the baseline passes the vectors differently (an
+// out-of-line exp16_nonpos read its argument from memory while the v4 clone left it in zmm0).
+#define DFL_VEC_INLINE static inline __attribute__((always_inline))
+
+DFL_VEC_INLINE v16f load16f(const float *p) {
     v16f v;
     std::memcpy(&v, p, sizeof v);
     return v;
 }
 
-// a[d] += sum_j s[j] * V[j][d], j in order: per element the same operations as cnt axpy calls, but each 64-float
-// slice of a stays in registers across the rows instead of being reloaded and stored for every row.
+// fma(a, b, c) lane by lane, rounded once: vfmadd on the x86-64-v3 and v4 clones, the C library's fmaf on the
+// default one, so every target gives the same bits. Attention's products and sums are fused (half the vector
+// operations of a multiply then an add, which the build's -ffp-contract=off otherwise asks for everywhere).
+DFL_VEC_INLINE v16f fma16(v16f a, v16f b, v16f c) {
+    v16f r;
+    for (int k = 0; k < 16; k++) r[k] = __builtin_fmaf(a[k], b[k], c[k]);
+    return r;
+}
+
+// a[d] = fma(s[j], V[j][d], a[d]) for j in order: each 128-float slice of a (a head of 128: all of it) stays in
+// registers across the rows, eight independent chains, so two FMA ports stay busy through the FMA's latency.
+template <int kVecs>
+DFL_VEC_INLINE void accumulate_slice(const float *s, const float *V, int64_t cnt, int hd, float *a) {
+    v16f acc[kVecs];
+#pragma GCC unroll 8
+    for (int k = 0; k < kVecs; k++) acc[k] = load16f(a + 16 * k);
+    for (int64_t j = 0; j < cnt; j++) {
+        const float *v = V + j * hd;
+        const v16f w = v16f{} + s[j];
+#pragma GCC unroll 8
+        for (int k = 0; k < kVecs; k++) acc[k] = fma16(w, load16f(v + 16 * k), acc[k]);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < kVecs; k++) std::memcpy(a + 16 * k, &acc[k], 64);
+}
+
 DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
     int d = 0;
-    for (; d + 64 <= hd; d += 64) {
-        v16f a0 = load16f(a + d), a1 = load16f(a + d + 16), a2 = load16f(a + d + 32), a3 = load16f(a + d + 48);
-        for (int64_t j = 0; j < cnt; j++) {
-            const float *v = V + j * hd + d;
-            const float w = s[j];
-            a0 += w * load16f(v);
-            a1 += w * load16f(v + 16);
-            a2 += w * load16f(v + 32);
-            a3 += w * load16f(v + 48);
-        }
-        std::memcpy(a + d, &a0, 64);
-        std::memcpy(a + d + 16, &a1, 64);
-        std::memcpy(a + d + 32, &a2, 64);
-        std::memcpy(a + d + 48, &a3, 64);
-    }
+    for (; d + 128 <= hd; d += 128) accumulate_slice<8>(s, V + d, cnt, hd, a + d);
+    for (; d + 64 <= hd; d += 64) accumulate_slice<4>(s, V + d, cnt, hd, a + d);
     for (; d < hd; d++)
-        for (int64_t j = 0; j < cnt; j++) a[d] += s[j] * V[j * hd + d];
+        for (int64_t j = 0; j < cnt; j++) a[d] = __builtin_fmaf(s[j], V[j * hd + d], a[d]);
 }
 
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -262,7 +274,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 // log2 e) by the 1.5 * 2^23 trick, r = x - n ln 2 with ln 2 in two parts, exp(r) by Cephes' degree-6 polynomial, then
 // 2^n through the exponent bits; 0 below -87.3 (where 2^n would leave the normal range) and for -inf. Within 2 ulp of
 // expf over [-87.3, 0].
-static inline v16f exp16_nonpos(v16f x) {
+DFL_VEC_INLINE v16f exp16_nonpos(v16f x) {
     const v16f floor_x = v16f{} - 87.3f;
     const v16f xc = x < floor_x ? floor_x : x;  // -inf and tiny values: a finite n below, zeroed at the end
     const v16f magic = v16f{} + 12582912.0f;
@@ -282,51 +294,134 @@ static inline v16f exp16_nonpos(v16f x) {
     return x < floor_x ? v16f{} : y * scale;
 }
 
-// s[j] = exp(s[j] - mx) for j < cnt (s[j] - mx <= 0 or -inf), 16 at a time, returning their sum taken in order of
-// j, one at a time, as before: a tree verify's row sees its ancestors with its masked siblings' zeros between them,
-// and the same token decoded sees them side by side, so only a sum in order, where adding an exact 0 changes
-// nothing, gives both the same bits (16 lanes of partial sums did not: TestDemoPairSpeculative's tree of 22 lost
-// greedy equality). The exp calls had been most of the loop: one expf call an element.
-DFL_WIDE_MULTIVERSION static float exp_sub_sum(float *s, int64_t cnt, float mx) {
-    int64_t j = 0;
-    for (; j + 16 <= cnt; j += 16) {
+// silu(g) * u for 16 lanes: e = exp(-|g|) keeps the exp's argument <= 0, so silu(g) = g / (1 + e) for g >= 0 and
+// g e / (1 + e) below; within a few ulp of the scalar silu. One expf call an element had made swiglu ~6 % of a prefill.
+DFL_VEC_INLINE v16f swiglu16(v16f g, v16f u) {
+    const v16f e = exp16_nonpos(g < 0 ? g : -g);
+    return (g < 0 ? g * e : g) / (e + 1.0f) * u;
+}
+
+DFL_WIDE_MULTIVERSION static void swiglu_wide(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const v16f y = swiglu16(load16f(g + i), load16f(u + i));
+        std::memcpy(g + i, &y, sizeof y);
+    }
+    if (i < n) {
+        float tg[16] = {}, tu[16] = {};
+        std::memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
+        std::memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
+        const v16f y = swiglu16(load16f(tg), load16f(tu));
+        std::memcpy(g + i, &y, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+void swiglu(float *g, const float *u, int64_t n) { swiglu_wide(g, u, n); }
+
+// One query row's scores of a tile, s[j] for j in [b0, b1) (b0, b1 multiples of 16 within the tile, covering the
+// row's own range [j0, j1)): scaled inside [j0, j1), -inf outside; returns their max.
+DFL_WIDE_MULTIVERSION static float scale_scores(float *s, int64_t b0, int64_t b1, int64_t j0, int64_t j1, float scale) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    v16f mx = v16f{} + ninf, lane;
+    for (int k = 0; k < 16; k++) lane[k] = (float)k;
+    for (int64_t j = b0; j < b1; j += 16) {
+        const v16f pos = lane + (float)j;
+        const v16f v = load16f(s + j) * scale;
+        const v16f y = pos >= (float)j0 && pos < (float)j1 ? v : v16f{} + ninf;
+        std::memcpy(s + j, &y, sizeof y);
+        mx = y > mx ? y : mx;
+    }
+    float m = ninf;
+    for (int k = 0; k < 16; k++) m = mx[k] > m ? mx[k] : m;
+    return m;
+}
+
+// s[j] = exp(s[j] - mx) for j in [b0, b1) (multiples of 16; s[j] - mx <= 0 or -inf, whose exp is +0).
+DFL_WIDE_MULTIVERSION static void exp_sub(float *s, int64_t b0, int64_t b1, float mx) {
+    for (int64_t j = b0; j < b1; j += 16) {
         const v16f e = exp16_nonpos(load16f(s + j) - mx);
         std::memcpy(s + j, &e, sizeof e);
     }
-    if (j < cnt) {
-        float t[16];
-        for (int i = 0; i < 16; i++) t[i] = j + i < cnt ? s[j + i] : -std::numeric_limits<float>::infinity();
-        const v16f e = exp16_nonpos(load16f(t) - mx);
-        std::memcpy(t, &e, sizeof e);
-        for (int64_t i = 0; j + i < cnt; i++) s[j + i] = t[i];
-    }
-    float sum = 0;
-    for (int64_t k = 0; k < cnt; k++) sum += s[k];
-    return sum;
 }
 
-// S[r * ld_s + c] = dot_f32(qs[r], key c) for 16 keys c and kQueryGroup query rows r, bitwise. KT holds the keys
-// transposed (KT[i * ld + c] = element i of key c), so each of dot_f32's 16 partial sums (element i goes to partial
-// i % 16, in order of i) is one register with the 16 keys in its lanes, and the final reduction is hsum8(s0 + s1)'s
-// fixed order done lane-wise: a score costs 1/16 of a register operation per multiply-add instead of a
-// shuffle-heavy horizontal sum per key. The loops build one partial sum of all kQueryGroup rows at a time, so each K
-// register load feeds kQueryGroup multiply-adds instead of one (scoring one row at a time loaded a K register and a
-// query element for every multiply-add: load bound). A row's own operations and their order do not depend on the
-// other rows. hd % 16 == 0.
+// sums[r] = s[r][b0] + s[r][b0 + 1] + ... + s[r][b1 - 1], each in order of j, one term at a time: a tree verify's row
+// sees its ancestors with its masked siblings' exact zeros between them, and the same token decoded sees them side by
+// side, so only a sum in order, where adding an exact +0 changes nothing, gives both the same bits (16 lanes of
+// partial sums did not: TestDemoPairSpeculative's tree of 22 lost greedy equality). Several rows at once, so their
+// dependent adds overlap; the zeros outside a row's own range change nothing either.
+static void row_sums(float *const *s, int nr, int64_t b0, int64_t b1, float *sums) {
+    constexpr int kRows = 8;
+    for (int r0 = 0; r0 < nr; r0 += kRows) {
+        const int n = std::min(kRows, nr - r0);
+        float acc[kRows] = {};
+        for (int64_t j = b0; j < b1; j++)
+#pragma GCC unroll 8
+            for (int r = 0; r < kRows; r++)
+                if (r < n) acc[r] += s[r0 + r][j];
+        for (int r = 0; r < n; r++) sums[r0 + r] = acc[r];
+    }
+}
+
+// Attention's scores, q . key: 16 partial sums (element i goes to partial i % 16, fused multiply-adds in order of i
+// from +0), then the fixed reduction t_l = p_l + p_{l+8}, ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), then any
+// elements past the last 16 fused in order. Two kernels give these same bits: score_keys_rows (a prompt's rows, 8
+// query rows x 16 keys a call over the tile transposed, so each K register feeds 8 rows) and score_keys (a few rows,
+// a decode step's, one key at a time), so a key's score does not depend on which kernel or which other rows scored it.
 static constexpr int kQueryGroup = 8;
 
-DFL_WIDE_MULTIVERSION static void dot_keys16_rows(const float *const *qs, const float *KT, int64_t ld, int hd,
+DFL_VEC_INLINE float reduce_partials(v16f p) {
+    const float t0 = p[0] + p[8], t1 = p[1] + p[9], t2 = p[2] + p[10], t3 = p[3] + p[11];
+    const float t4 = p[4] + p[12], t5 = p[5] + p[13], t6 = p[6] + p[14], t7 = p[7] + p[15];
+    return ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7));
+}
+
+// out[c] = score(q, key c) for n keys of K (rows of hd).
+DFL_WIDE_MULTIVERSION static void score_keys(const float *K, const float *q, int hd, int64_t n, float *out) {
+    const int hd16 = hd / 16 * 16;
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const float *k0 = K + c * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        v16f a0{}, a1{}, a2{}, a3{};
+        for (int i = 0; i < hd16; i += 16) {
+            const v16f x = load16f(q + i);
+            a0 = fma16(x, load16f(k0 + i), a0);
+            a1 = fma16(x, load16f(k1 + i), a1);
+            a2 = fma16(x, load16f(k2 + i), a2);
+            a3 = fma16(x, load16f(k3 + i), a3);
+        }
+        float r0 = reduce_partials(a0), r1 = reduce_partials(a1), r2 = reduce_partials(a2), r3 = reduce_partials(a3);
+        for (int i = hd16; i < hd; i++) {
+            r0 = __builtin_fmaf(q[i], k0[i], r0);
+            r1 = __builtin_fmaf(q[i], k1[i], r1);
+            r2 = __builtin_fmaf(q[i], k2[i], r2);
+            r3 = __builtin_fmaf(q[i], k3[i], r3);
+        }
+        out[c] = r0, out[c + 1] = r1, out[c + 2] = r2, out[c + 3] = r3;
+    }
+    for (; c < n; c++) {
+        const float *k = K + c * hd;
+        v16f a{};
+        for (int i = 0; i < hd16; i += 16) a = fma16(load16f(q + i), load16f(k + i), a);
+        float r = reduce_partials(a);
+        for (int i = hd16; i < hd; i++) r = __builtin_fmaf(q[i], k[i], r);
+        out[c] = r;
+    }
+}
+
+// S[r * ld_s + c] = score(qs[r], key c) for 16 keys c and kQueryGroup rows r. KT holds the keys transposed (KT[i * ld
+// + c] = element i of key c), so partial l of all 16 keys is one register, and the reduction runs lane-wise: a score
+// costs 1/16 of a register operation per element instead of a horizontal sum per key. hd % 16 == 0.
+DFL_WIDE_MULTIVERSION static void score_keys_rows(const float *const *qs, const float *KT, int64_t ld, int hd,
                                                   float *S, int64_t ld_s) {
     v16f p[16][kQueryGroup];
     for (int l = 0; l < 16; l++) {
         v16f a[kQueryGroup];
-        const v16f k0 = load16f(KT + l * ld);
 #pragma GCC unroll 8
-        for (int r = 0; r < kQueryGroup; r++) a[r] = v16f{} + qs[r][l] * k0;  // 0 + x, as dot_f32 (-0 -> +0)
-        for (int i = 16; i < hd; i += 16) {
+        for (int r = 0; r < kQueryGroup; r++) a[r] = v16f{};
+        for (int i = 0; i < hd; i += 16) {
             const v16f k = load16f(KT + (int64_t)(i + l) * ld);
 #pragma GCC unroll 8
-            for (int r = 0; r < kQueryGroup; r++) a[r] += qs[r][i + l] * k;
+            for (int r = 0; r < kQueryGroup; r++) a[r] = fma16(v16f{} + qs[r][i + l], k, a[r]);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < kQueryGroup; r++) p[l][r] = a[r];
@@ -352,7 +447,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     const int64_t nt = i1 - i0;
     float *Kt = scratch;
     float *Vt = Kt + (size_t)kAttnTile * hd;
-    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for dot_keys16_rows
+    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for score_keys_rows
     float *S = KT + (size_t)kAttnTile * hd;  // the tile's scores, kAttnTile per query row (i, hh)
     float *acc = S + (size_t)(nt * group + kQueryGroup) * kAttnTile;
     float *m = acc + (size_t)nt * group * hd;
@@ -366,6 +461,15 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     for (int64_t r = 0; r < nrow; r++)
         qrows[(size_t)r] = q + (i0 + r / group) * q_stride + (int64_t)(kvh * group + r % group) * hd;
     for (int64_t r = nrow; r < nrow + kQueryGroup; r++) qrows[(size_t)r] = qrows[(size_t)nrow - 1];
+    struct LiveRow {  // a row that sees some of the tile: its scores, its index, its range, its rescale
+        float *s;
+        size_t idx;
+        int64_t j0, j1;
+        float corr;
+    };
+    std::vector<LiveRow> live((size_t)nrow);
+    std::vector<float *> live_s((size_t)nrow);
+    std::vector<float> sums((size_t)nrow);
 
     // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
     const int64_t n_new = mask.causal ? i1 : mask.n_new;
@@ -381,13 +485,13 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
         }
         // The transposed tile pays off when kQueryGroup real rows share it; fewer rows (a decode step: group rows, 2 for
-        // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they score by dot4_f32.
+        // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they use score_keys.
         const bool wide = hd % 16 == 0 && nrow >= kQueryGroup;
         if (wide)
             for (int d = 0; d < hd; d++)
                 for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
         // Scores first, for every query row that sees the tile and for the union [u0, u1) of their key ranges. A
-        // key's score is dot_f32(q, key) bitwise by any of the kernels, so scoring keys a row does not use changes
+        // key's score is the same bits by either kernel, so scoring keys a row does not use changes
         // nothing for that row; it lets kQueryGroup rows share each K register load.
         int64_t u0 = pn, u1 = 0;
         for (int64_t i = i0; i < i1; i++) {
@@ -402,41 +506,45 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
         if (wide)
             for (; jw + 16 <= u1; jw += 16)
                 for (int64_t r = 0; r < nrow; r += kQueryGroup)
-                    dot_keys16_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
-        for (int64_t r = 0; r < nrow; r++) {
-            float *sr = S + r * kAttnTile;
-            const float *qr = qrows[(size_t)r];
-            int64_t j = jw;
-            for (; j + 4 <= u1; j += 4) dot4_f32(Kt + j * hd, qr, hd, sr + j);
-            for (; j < u1; j++) sr[j] = dot_f32(qr, Kt + j * hd, hd);
-        }
+                    score_keys_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
+        if (jw < u1)
+            for (int64_t r = 0; r < nrow; r++) score_keys(Kt + jw * hd, qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
+        // Softmax numerators of every row that sees the tile, over the 16-aligned span [b0, b1) of the union (zeros
+        // outside a row's own range), then their sums several rows at once, then each row's rescale and V sums.
+        const int64_t b0 = u0 / 16 * 16, b1 = std::min<int64_t>(kAttnTile, (u1 + 15) / 16 * 16);
+        int nlive = 0;
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
             attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
             if (p0 >= hi || p0 + pn <= lo) continue;
-            const int64_t j0 = std::max<int64_t>(0, lo - p0);  // this row's part of the tile: [j0, j0 + cnt)
-            const int64_t cnt = std::min(pn, hi - p0) - j0;
-            const float *Vr = Vt + j0 * hd;
+            const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);  // this row's part of the tile
             for (int hh = 0; hh < group; hh++) {
-                float *s = S + ((i - i0) * group + hh) * kAttnTile + j0;
-                float mx = -std::numeric_limits<float>::infinity();
-                for (int64_t j = 0; j < cnt; j++) {
-                    s[j] *= scale;
-                    if (mask.vis && !attn_visible(mask.vis[i], p0 + j0 + j, n_past))
-                        s[j] = -std::numeric_limits<float>::infinity();
-                    mx = std::max(mx, s[j]);
-                }
                 const size_t idx = (size_t)(i - i0) * group + hh;
+                float *s = S + (int64_t)idx * kAttnTile;
+                float mx = scale_scores(s, b0, b1, j0, j1, scale);
+                if (mask.vis) {
+                    mx = -std::numeric_limits<float>::infinity();
+                    for (int64_t j = j0; j < j1; j++) {
+                        if (!attn_visible(mask.vis[i], p0 + j, n_past)) s[j] = -std::numeric_limits<float>::infinity();
+                        mx = std::max(mx, s[j]);
+                    }
+                }
                 const float mnew = std::max(m[idx], mx);
                 if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
-                const float corr = std::exp(m[idx] - mnew);  // 0 for the first tile (m = -inf)
-                const float sum = exp_sub_sum(s, cnt, mnew);
-                float *a = acc + idx * hd;
-                l[idx] = l[idx] * corr + sum;
-                scale_vec(corr, a, hd);
-                accumulate_rows(s, Vr, cnt, hd, a);
+                exp_sub(s, b0, b1, mnew);
+                live[nlive] = {s, idx, j0, j1, std::exp(m[idx] - mnew)};  // corr: 0 for the first tile (m = -inf)
+                live_s[nlive] = s;
                 m[idx] = mnew;
+                nlive++;
             }
+        }
+        row_sums(live_s.data(), nlive, b0, b1, sums.data());
+        for (int k = 0; k < nlive; k++) {
+            const LiveRow &lr = live[k];
+            float *a = acc + lr.idx * hd;
+            l[lr.idx] = l[lr.idx] * lr.corr + sums[k];
+            scale_vec(lr.corr, a, hd);
+            accumulate_rows(lr.s + lr.j0, Vt + lr.j0 * hd, lr.j1 - lr.j0, hd, a);
         }
     }
     for (int64_t i = i0; i < i1; i++) {
