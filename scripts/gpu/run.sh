@@ -28,6 +28,7 @@
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
 #   scripts/gpu/run.sh cpu-ab                decode of this tree's CPU library against .gpu/lib-old/libdflash_cpu.so, alternating
+#   scripts/gpu/run.sh cpu-prof              16-thread CPU prefill and decode op by op, decode by DFLASH_CPU_TASKS, then cpu-peer
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
 #   scripts/gpu/run.sh peer                  starts llama.cpp's CUDA build in the background and returns
 #   OUT=... scripts/gpu/run.sh pack          packs $OUT's results into one archive (after a call cut off by timeout)
@@ -365,6 +366,28 @@ cpu_pool() {
   make -s -C native poolbench BUILD=/tmp/native-build >/dev/null 2>&1 && /tmp/native-build/poolbench 2 4 8 16 | tee -a "$OUT/summary.txt"
 }
 
+# Where a 16-thread CPU prefill (512 tokens) and decode step go, op by op (DFLASH_CPU_PROFILE=1), for CPU_AB_MODELS;
+# decode also with DFLASH_CPU_TASKS of CPU_TASKS (row tasks a thread in a product; default 4), then cpu-peer.
+cpu_prof() {
+  local m f t
+  for m in ${CPU_AB_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K}; do
+    f=$(make_model "$m") || return 1
+    sync  # see cpu_peer
+    log "CPU prefill 512 op by op, ${CPU_THREADS:-16} threads, $m (DFLASH_CPU_PROFILE=1)"
+    (cd native/engine && DFLASH_CPU_PROFILE=1 DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu \
+      DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 "$stage/bin/engine.test" \
+      -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 2x 2>&1) >"$OUT/cpu-profile-pp-${m//:/-}.txt"
+    grep -E "tok/s|cpu profile" -A18 "$OUT/cpu-profile-pp-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
+    log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m (DFLASH_CPU_PROFILE=1)"
+    DFLASH_CPU_PROFILE=1 cpu_decode "$lib" "$f" >"$OUT/cpu-profile-tg-${m//:/-}.txt" 2>&1
+    grep -E "tok/s|cpu profile" -A18 "$OUT/cpu-profile-tg-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
+    for t in ${CPU_TASKS:-4 1 2 8 4}; do
+      log "CPU decode, $m, DFLASH_CPU_TASKS=$t"
+      DFLASH_CPU_TASKS=$t cpu_decode "$lib" "$f" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    done
+  done
+}
+
 cpu_decode() {  # LIB_DIR FILE: BenchmarkGGUF decode on the CPU, 128 tokens after a 16-token prompt
   (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
     DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
@@ -607,6 +630,7 @@ case $mode in
   cpu-peer) cpu_peer ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
   cpu-ab) cpu_pool ;;  # this tree's CPU library against .gpu/lib-old's (decode, alternating)
+  cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
