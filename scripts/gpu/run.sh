@@ -27,7 +27,8 @@
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
-#   scripts/gpu/run.sh cpu-ab                decode of this tree's CPU library against .gpu/lib-old/libdflash_cpu.so, alternating
+#   scripts/gpu/run.sh cpu-ab                decode (CPU_AB_BENCH="tg pp": and prefill) of this tree's CPU library against
+#                                            .gpu/lib-old/libdflash_cpu.so, alternating; CPU_TRY settings; CPU_AB_PEER=1: then cpu-peer
 #   scripts/gpu/run.sh cpu-prof              16-thread CPU prefill and decode op by op, decode by DFLASH_CPU_TASKS, then cpu-peer
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
 #   scripts/gpu/run.sh peer                  starts llama.cpp's CUDA build in the background and returns
@@ -343,20 +344,26 @@ cpu_peer() {
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
-# Our CPU engine's decode at CPU_THREADS (16) threads with this tree's library and with the one in .gpu/lib-old (a
-# change of the CPU engine measured against the one before it, in one run, alternating): CPU_AB_MODELS (0.6B and 4B
-# q8_0), 128 tokens; then where this tree's decode step goes, op by op (DFLASH_CPU_PROFILE=1), and the pool's cost a
-# region (poolbench).
+# Our CPU engine at CPU_THREADS (16) threads with this tree's library and with the one in .gpu/lib-old (a change of the
+# CPU engine measured against the one before it, in one run, alternating): CPU_AB_MODELS (0.6B and 4B q8_0), decode
+# of 128 tokens (CPU_AB_BENCH="tg pp": and prefill of 512); decode with each setting of CPU_TRY (VAR=value,...); then
+# where this tree's decode step goes, op by op (DFLASH_CPU_PROFILE=1), and the pool's cost a region (poolbench).
 cpu_pool() {
-  local m f lib_dir run
+  local m f lib_dir run b v
   for m in ${CPU_AB_MODELS:-qwen3-0.6b:q8_0 qwen3-4b:q8_0}; do
     f=$(make_model "$m") || return 1
     sync  # see cpu_peer
-    for run in 1 2; do
-      for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
-        log "CPU decode, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
-        cpu_decode "$lib_dir" "$f" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    for b in ${CPU_AB_BENCH:-tg}; do
+      for run in 1 2; do
+        for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
+          log "CPU $b, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
+          if [ "$b" = tg ]; then cpu_decode "$lib_dir" "$f"; else cpu_prefill "$lib_dir" "$f"; fi | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+        done
       done
+    done
+    for v in ${CPU_TRY:-}; do
+      log "CPU decode, $m, this tree with $v"
+      (export ${v//,/ }; cpu_decode "$lib" "$f") | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
     log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m, this tree (DFLASH_CPU_PROFILE=1)"
     DFLASH_CPU_PROFILE=1 cpu_decode "$lib" "$f" >"$OUT/cpu-profile-${m//:/-}.txt" 2>&1
@@ -392,6 +399,12 @@ cpu_decode() {  # LIB_DIR FILE: BenchmarkGGUF decode on the CPU, 128 tokens afte
   (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
     DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
     "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x 2>&1)
+}
+
+cpu_prefill() {  # LIB_DIR FILE: BenchmarkGGUF prefill of 512 tokens on the CPU, twice
+  (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
+    DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 \
+    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 2x 2>&1)
 }
 
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
@@ -629,7 +642,7 @@ case $mode in
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
-  cpu-ab) cpu_pool ;;  # this tree's CPU library against .gpu/lib-old's (decode, alternating)
+  cpu-ab) cpu_pool; [ -z "${CPU_AB_PEER:-}" ] || cpu_peer ;;  # this tree's CPU library against .gpu/lib-old's, alternating
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
