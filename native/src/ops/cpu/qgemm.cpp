@@ -172,14 +172,6 @@ constexpr int kShapeQ8_0[2] = {2, 4}, kShapeK[2] = {2, 4};
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// DFLASH_CPU_Q8_PREFETCH=N (a knob for measuring): the one-token q8_0 tile asks for the bytes N past each packed pair
-// of blocks, as the q4_K and q6_K tiles do at 4608 (lost on the 2-core VM's EPYC at 2 threads; the 16-core Xeon
-// unmeasured). 0, the default: none.
-static const int64_t g_q8_prefetch_ahead = [] {
-    const char *e = std::getenv("DFLASH_CPU_Q8_PREFETCH");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
-}();
-
 namespace qk_avx512vnni {
 #define QK_DPBUSD 512
 // 32 vector registers: 4 x 4 accumulators plus operands (2 x 8 and 4 x 6 measured no faster for q8_0).
