@@ -2,6 +2,7 @@
 // the engine uses: a matrix small enough to stay in L2 (the kernels' own rate) and one of 150-290 MB (the rate from
 // memory), GB/s of weights read. Issue 18: whether a type's decode is bound by its tile or by the memory.
 //   make -C native gemvbench && native/build/gemvbench [THREADS...]
+//   GEMVBENCH_GEMM=1 native/build/gemvbench [THREADS...]: 512-token products instead (the prefill kernels)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +66,34 @@ int main(int argc, char **argv) {
     // GEMVBENCH_TYPE=q4_K: that type only (a tile change measured without the rest)
     const char *only = std::getenv("GEMVBENCH_TYPE");
     const auto wanted = [&](uint32_t type) { return only == nullptr || std::strcmp(only, type_name(type)) == 0; };
+    // GEMVBENCH_GEMM=1: prompt products (512 tokens) of Qwen3-0.6B's gate|up and Qwen3-4B's gate shapes, GMAC/s: the
+    // prefill kernels' rate on one thread and on all, to tell a slow tile from a slow split (DFLASH_CPU_INT8 picks the set).
+    if (std::getenv("GEMVBENCH_GEMM")) {
+        for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K})
+            for (const Shape s : {Shape{1024, 6144}, Shape{2560, 9728}}) {
+                if (!wanted(type)) continue;
+                const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
+                Weight W = make_weight(type, s.n_in, s.n_out, raw);
+                Packed packed(int8_packed_bytes(W));
+                if (!packed.empty()) {
+                    int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
+                    W.packed = packed.data();
+                }
+                const int64_t T = 512;
+                std::vector<float> X((size_t)(T * s.n_in)), Y((size_t)(T * s.n_out));
+                for (auto &x : X) x = rng.sym();
+                for (int th : threads) {
+                    ThreadPool pool(th);
+                    Scratch scratch(th);
+                    const double s_call = seconds_per_call(pool, scratch, W, X.data(), T, Y.data());
+                    std::printf("%8s %6d %7lldx%-6lld %6lld %10.2f %10.2f GMAC/s  (%.1f a thread)\n", type_name(type), th,
+                                (long long)s.n_out, (long long)s.n_in, (long long)T, s_call * 1e6,
+                                (double)s.n_in * s.n_out * T / s_call / 1e9,
+                                (double)s.n_in * s.n_out * T / s_call / 1e9 / th);
+                }
+            }
+        return 0;
+    }
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q4_0, DFL_TYPE_Q6_K})
         for (const Shape s : {Shape{1024, 256}, Shape{4096, 65536}}) {
             if (!wanted(type)) continue;

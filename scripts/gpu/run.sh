@@ -29,6 +29,7 @@
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
 #   scripts/gpu/run.sh cpu-ab                decode (CPU_AB_BENCH="tg pp": and prefill) of this tree's CPU library against
 #                                            .gpu/lib-old/libdflash_cpu.so, alternating; CPU_TRY settings; CPU_AB_PEER=1: then cpu-peer
+#   scripts/gpu/run.sh cpu-gemm              gemvbench's 512-token products (q8_0, q4_K) at 1, 8, 16 threads, AMX and AVX-512 VNNI
 #   scripts/gpu/run.sh cpu-prof              16-thread CPU prefill and decode op by op, decode by DFLASH_CPU_TASKS, then cpu-peer
 #   scripts/gpu/run.sh cpu-scaling           the CPU's flags (AMX?) and our CPU engine alone at 1..16 threads (pack.sh only)
 #   scripts/gpu/run.sh peer                  starts llama.cpp's CUDA build in the background and returns
@@ -643,6 +644,11 @@ case $mode in
   cpu-peer) cpu_peer ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
   cpu-ab) cpu_pool; [ -z "${CPU_AB_PEER:-}" ] || cpu_peer ;;  # this tree's CPU library against .gpu/lib-old's, alternating
+  cpu-gemm) make -s -C native gemvbench BUILD=/tmp/native-build >/dev/null 2>&1 || { log "gemvbench build failed"; exit 1; }
+            for set in auto avx512vnni; do  # the prefill products' rate, 1 thread against all (run.sh exports off)
+              log "gemvbench, 512-token products, DFLASH_CPU_INT8=$set"
+              DFLASH_CPU_INT8=$set GEMVBENCH_GEMM=1 /tmp/native-build/gemvbench ${CPU_GEMM_THREADS:-1 8 16} | tee -a "$OUT/summary.txt"
+            done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
