@@ -184,29 +184,41 @@ constexpr int kShapeQ8_0[2] = {4, 4}, kShapeK[2] = {4, 4};
 // AMX kernel's layout and arithmetic run in the tests on any AVX-512 VNNI machine.
 namespace amx_emu {
 struct Tiles {
-    struct State {
-        int32_t c[16][16];
-        int8_t a[16][32];
-        uint8_t b[8][64];
+    struct State {  // two slots: the kernels multiply one block while they finish the one before
+        int32_t c[2][16][16];
+        int8_t a[2][16][32];
+        uint8_t b[2][8][64];
     };
     static State &st() {
         thread_local State s;
         return s;
     }
     static bool prepare() { return true; }
-    static void zero_c() { std::memset(st().c, 0, sizeof st().c); }
-    static void load_a(const int8_t *p, int64_t stride) {
-        for (int m = 0; m < 16; m++) std::memcpy(st().a[m], p + m * stride, 32);
+    template <int S>
+    static void zero_c() {
+        std::memset(st().c[S], 0, sizeof st().c[S]);
     }
-    static void load_b(const uint8_t *p) { std::memcpy(st().b, p, sizeof st().b); }
+    template <int S>
+    static void load_a(const int8_t *p, int64_t stride) {
+        for (int m = 0; m < 16; m++) std::memcpy(st().a[S][m], p + m * stride, 32);
+    }
+    template <int S>
+    static void load_b(const uint8_t *p) {
+        std::memcpy(st().b[S], p, sizeof st().b[S]);
+    }
+    template <int S>
     static void dot() {  // TDPBSUD: C[m][n] += sum over k, i of signed A[m][4k + i] * unsigned B[k][4n + i]
         State &s = st();
         for (int m = 0; m < 16; m++)
             for (int n = 0; n < 16; n++)
                 for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++) s.c[m][n] += (int32_t)s.a[m][4 * k + i] * (int32_t)s.b[k][4 * n + i];
+                    for (int i = 0; i < 4; i++)
+                        s.c[S][m][n] += (int32_t)s.a[S][m][4 * k + i] * (int32_t)s.b[S][k][4 * n + i];
     }
-    static void store_c(int32_t *p) { std::memcpy(p, st().c, sizeof st().c); }
+    template <int S>
+    static void store_c(int32_t *p) {
+        std::memcpy(p, st().c[S], sizeof st().c[S]);
+    }
 };
 #include "ops/cpu/qgemm_amx.inc"
 }  // namespace amx_emu
@@ -221,15 +233,16 @@ static bool amx_permitted() {
     return ok;
 }
 struct Tiles {
-    // tmm0: C, 16 tokens x 16 int32; tmm1: A, 16 tokens x 32 codes; tmm2: B, 8 groups of 4 codes x 16 rows
+    // slot S: tmm(S) C, 16 tokens x 16 int32; tmm(2 + S) A, 16 tokens x 32 codes; tmm(4 + S) B, 8 groups of 4 codes x
+    // 16 rows. Two slots, so a block's tile product runs while the vector units finish the block before.
     static bool prepare() {
         thread_local bool configured = false;
         if (configured) return true;
         if (!amx_permitted()) return false;
         alignas(64) uint8_t cfg[64] = {};
         cfg[0] = 1;  // palette 1; then colsb (uint16) at byte 16 + 2i and rows at byte 48 + i of tile i
-        const int colsb[3] = {64, 32, 64}, rows[3] = {16, 16, 8};
-        for (int i = 0; i < 3; i++) {
+        const int colsb[6] = {64, 64, 32, 32, 64, 64}, rows[6] = {16, 16, 16, 16, 8, 8};
+        for (int i = 0; i < 6; i++) {
             cfg[16 + 2 * i] = (uint8_t)colsb[i];
             cfg[48 + i] = (uint8_t)rows[i];
         }
@@ -237,11 +250,27 @@ struct Tiles {
         configured = true;
         return true;
     }
-    static void zero_c() { _tile_zero(0); }
-    static void load_a(const int8_t *p, int64_t stride) { _tile_loadd(1, p, stride); }
-    static void load_b(const uint8_t *p) { _tile_loadd(2, p, 64); }
-    static void dot() { _tile_dpbsud(0, 1, 2); }
-    static void store_c(int32_t *p) { _tile_stored(0, p, 64); }
+    // the intrinsics take the tile number as text (an immediate in the instruction): one branch a slot
+    template <int S>
+    static void zero_c() {
+        if constexpr (S == 0) _tile_zero(0); else _tile_zero(1);
+    }
+    template <int S>
+    static void load_a(const int8_t *p, int64_t stride) {
+        if constexpr (S == 0) _tile_loadd(2, p, stride); else _tile_loadd(3, p, stride);
+    }
+    template <int S>
+    static void load_b(const uint8_t *p) {
+        if constexpr (S == 0) _tile_loadd(4, p, 64); else _tile_loadd(5, p, 64);
+    }
+    template <int S>
+    static void dot() {
+        if constexpr (S == 0) _tile_dpbsud(0, 2, 4); else _tile_dpbsud(1, 3, 5);
+    }
+    template <int S>
+    static void store_c(int32_t *p) {
+        if constexpr (S == 0) _tile_stored(0, p, 64); else _tile_stored(1, p, 64);
+    }
 };
 #include "ops/cpu/qgemm_amx.inc"
 }  // namespace amx
