@@ -318,22 +318,38 @@ DFL_WIDE_MULTIVERSION static void swiglu_wide(float *g, const float *u, int64_t 
 
 void swiglu(float *g, const float *u, int64_t n) { swiglu_wide(g, u, n); }
 
+// The largest of 16 lanes by halves (max is exact, so any order gives the same value; a lane at a time was a
+// dependent chain of 16 compares). No lane may be NaN (one could win, depending on where it sits).
+DFL_VEC_INLINE float max_lane(v16f m) {
+    v16f h = __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    m = h > m ? h : m;
+    h = __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    m = h > m ? h : m;
+    h = __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    m = h > m ? h : m;
+    h = __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    m = h > m ? h : m;
+    return m[0];
+}
+
 // One query row's scores of a tile, s[j] for j in [b0, b1) (b0, b1 multiples of 16 within the tile, covering the
 // row's own range [j0, j1)): scaled inside [j0, j1), -inf outside; returns their max.
 DFL_WIDE_MULTIVERSION static float scale_scores(float *s, int64_t b0, int64_t b1, int64_t j0, int64_t j1, float scale) {
     const float ninf = -std::numeric_limits<float>::infinity();
-    v16f mx = v16f{} + ninf, lane;
-    for (int k = 0; k < 16; k++) lane[k] = (float)k;
     for (int64_t j = b0; j < b1; j += 16) {
-        const v16f pos = lane + (float)j;
         const v16f v = load16f(s + j) * scale;
-        const v16f y = pos >= (float)j0 && pos < (float)j1 ? v : v16f{} + ninf;
-        std::memcpy(s + j, &y, sizeof y);
+        std::memcpy(s + j, &v, sizeof v);
+    }
+    // the few positions outside the row's range one at a time: GCC 12 turned a lane-position range test into 32
+    // scalar compares a vector
+    for (int64_t j = b0; j < j0; j++) s[j] = ninf;
+    for (int64_t j = j1; j < b1; j++) s[j] = ninf;
+    v16f mx = v16f{} + ninf;
+    for (int64_t j = b0; j < b1; j += 16) {
+        const v16f y = load16f(s + j);
         mx = y > mx ? y : mx;
     }
-    float m = ninf;
-    for (int k = 0; k < 16; k++) m = mx[k] > m ? mx[k] : m;
-    return m;
+    return max_lane(mx);
 }
 
 // s[j] = exp(s[j] - mx) for j in [b0, b1) (multiples of 16; s[j] - mx <= 0 or -inf, whose exp is +0).
@@ -719,8 +735,7 @@ DFL_WIDE_MULTIVERSION static void span_max_sum(const float *x, int64_t n, float 
         const v16f v = load_clean(i);
         m = v > m ? v : m;
     }
-    float mx = ninf;
-    for (int l = 0; l < 16; l++) mx = m[l] > mx ? m[l] : mx;
+    const float mx = max_lane(m);
     *mx_out = mx;
     *sum_out = 0;
     if (mx == ninf) return;
@@ -744,13 +759,12 @@ DFL_WIDE_MULTIVERSION static void span_max_sum(const float *x, int64_t n, float 
 
 // The first index in [i, n) at or after i whose value beats thr (NaN never does), or n: 16 at a time.
 DFL_WIDE_MULTIVERSION static int64_t next_above(const float *x, int64_t i, int64_t n, float thr) {
+    const v16f none = v16f{} - std::numeric_limits<float>::infinity();
     for (; i + 16 <= n; i += 16) {
-        const v16i hit = load16f(x + i) > thr;
-        bool any = false;
-        for (int l = 0; l < 16; l++) any |= hit[l] != 0;
-        if (any)
+        const v16f v = load16f(x + i);
+        if (max_lane(v == v ? v : none) > thr)
             for (int l = 0; l < 16; l++)
-                if (hit[l]) return i + l;
+                if (x[i + l] > thr) return i + l;
     }
     for (; i < n; i++)
         if (x[i] > thr) return i;
