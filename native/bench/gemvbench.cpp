@@ -67,7 +67,8 @@ int main(int argc, char **argv) {
     const char *only = std::getenv("GEMVBENCH_TYPE");
     const auto wanted = [&](uint32_t type) { return only == nullptr || std::strcmp(only, type_name(type)) == 0; };
     // GEMVBENCH_GEMM=1: prompt products (512 tokens) of Qwen3-0.6B's gate|up and Qwen3-4B's gate shapes, GMAC/s: the
-    // prefill kernels' rate on one thread and on all, to tell a slow tile from a slow split (DFLASH_CPU_INT8 picks the set).
+    // prefill kernels' rate on one thread and on all, to tell a slow tile from a slow split (DFLASH_CPU_INT8 picks
+    // the set).
     if (std::getenv("GEMVBENCH_GEMM")) {
         for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K})
             for (const Shape s : {Shape{1024, 6144}, Shape{2560, 9728}}) {
@@ -86,10 +87,9 @@ int main(int argc, char **argv) {
                     ThreadPool pool(th);
                     Scratch scratch(th);
                     const double s_call = seconds_per_call(pool, scratch, W, X.data(), T, Y.data());
-                    std::printf("%8s %6d %7lldx%-6lld %6lld %10.2f %10.2f GMAC/s  (%.1f a thread)\n", type_name(type), th,
-                                (long long)s.n_out, (long long)s.n_in, (long long)T, s_call * 1e6,
-                                (double)s.n_in * s.n_out * T / s_call / 1e9,
-                                (double)s.n_in * s.n_out * T / s_call / 1e9 / th);
+                    const double gmac = (double)s.n_in * s.n_out * T / s_call / 1e9;
+                    std::printf("%8s %6d %7lldx%-6lld %6lld %10.2f %10.2f GMAC/s  (%.1f a thread)\n", type_name(type),
+                                th, (long long)s.n_out, (long long)s.n_in, (long long)T, s_call * 1e6, gmac, gmac / th);
                 }
             }
         return 0;

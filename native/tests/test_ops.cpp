@@ -627,7 +627,8 @@ TEST(swiglu_gated_norm_and_gates) {
     std::vector<float> s = g;
     swiglu(s.data(), u.data(), n);
     for (int i = 0; i < n; i++)
-        CHECK_CLOSE(s[(size_t)i], dsilu(g[(size_t)i]) * u[(size_t)i], 1e-6 * std::max(12.0, 2.0 * std::fabs(g[(size_t)i])));
+        CHECK_CLOSE(s[(size_t)i], dsilu(g[(size_t)i]) * u[(size_t)i],
+                    1e-6 * std::max(12.0, 2.0 * std::fabs(g[(size_t)i])));
     double ss = 0;
     for (float v : x) ss += (double)v * v;
     const double r = 1 / std::sqrt(ss / n + 1e-6);

@@ -527,8 +527,8 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             for (int d = 0; d < hd; d++)
                 for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
         // Scores first, for every query row that sees the tile and for the union [u0, u1) of their key ranges. A
-        // key's score is the same bits by either kernel, so scoring keys a row does not use changes
-        // nothing for that row; it lets kQueryGroup rows share each K register load.
+        // key's score is the same bits by either kernel, so scoring keys a row does not use changes nothing for that
+        // row; it lets kQueryGroup rows share each K register load.
         int64_t u0 = pn, u1 = 0;
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
@@ -544,7 +544,8 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 for (int64_t r = 0; r < nrow; r += kQueryGroup)
                     score_keys_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
         if (jw < u1)
-            for (int64_t r = 0; r < nrow; r++) score_keys(Kt + jw * hd, qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
+            for (int64_t r = 0; r < nrow; r++)
+                score_keys(Kt + jw * hd, qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
         // Softmax numerators of every row that sees the tile, over the 16-aligned span [b0, b1) of the union (zeros
         // outside a row's own range), then their sums several rows at once, then each row's rescale and V sums.
         const int64_t b0 = u0 / 16 * 16, b1 = std::min<int64_t>(kAttnTile, (u1 + 15) / 16 * 16);
@@ -553,7 +554,8 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             int64_t lo, hi;
             attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
             if (p0 >= hi || p0 + pn <= lo) continue;
-            const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);  // this row's part of the tile
+            // this row's part of the tile: [j0, j1)
+            const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);
             for (int hh = 0; hh < group; hh++) {
                 const size_t idx = (size_t)(i - i0) * group + hh;
                 float *s = S + (int64_t)idx * kAttnTile;
