@@ -28,8 +28,10 @@ TEST(matmul_all_weight_types) {
     Rng rng(21);
     ThreadPool pool(3);
     Scratch scratch(3);
-    const int64_t n_in = 512, n_out = 13;
-    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+    const int64_t n_out = 13;
+    for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q4_0, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
+      for (int64_t n_in : {512, 520}) {  // 520: a tail past the last 16 elements (the float types only)
+        if (n_in % type_block(type) != 0) continue;
         const auto raw = random_weight(type, n_in, n_out, rng);
         const Weight W = make_weight(type, n_in, n_out, raw);
         for (int64_t T : {1, 3, 37}) {
@@ -51,7 +53,7 @@ TEST(matmul_all_weight_types) {
                 for (int64_t o = 0; o < n_out; o++) CHECK(y1[(size_t)o] == Y[(size_t)(t * n_out + o)]);
             }
         }
-    }
+      }
     set_int8_kernels("auto");
 }
 
