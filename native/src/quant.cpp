@@ -327,33 +327,39 @@ DFL_MULTIVERSION void dot4_f32(const float *w, const float *x, int64_t n, float 
 }
 
 
-// 4 rows x 3 tokens: out[t * 4 + r] = dot_f32(w + r * n, x + t * x_stride, n) bitwise (each pair's own two 8-lane sums,
-// in order of i, then hsum8 and the tail as dot_f32 does), but each loaded weight register serves three tokens and
-// each activation register four rows: dot4_f32 loaded 10 registers for 16 multiply-adds and ran at about a third of
-// the machine's float rate in a prompt's products. 24 accumulators: only with 32 vector registers (AVX-512VL: see
-// dot_blocked_f32_ok); elsewhere it would spill.
-__attribute__((target_clones("arch=x86-64-v4", "default"))) void dot4x3_f32(const float *w, int64_t n, const float *x,
+// 4 rows x 6 tokens: out[t * 4 + r] = dot_f32(w + r * n, x + t * x_stride, n) bitwise, with each loaded weight
+// register serving six tokens and each activation register four rows: dot4_f32 loaded 10 registers for 16
+// multiply-adds and ran at about a third of the machine's float rate in a prompt's products. A 16-lane register holds
+// a pair's two 8-lane sums side by side (lanes 0-7: dot_f32's s0, elements i..i+7; lanes 8-15: s1, i+8..i+15), so
+// one 16-lane multiply and add is exactly dot_f32's two, and s0 + s1 is the low half plus the high half. 24
+// accumulators: only with 32 vector registers (AVX-512: see dot_blocked_f32_ok); elsewhere it would spill.
+typedef float v16sf __attribute__((vector_size(64)));
+
+__attribute__((target_clones("arch=x86-64-v4", "default"))) void dot4x6_f32(const float *w, int64_t n, const float *x,
                                                                              int64_t x_stride, float *out) {
-    constexpr int R = 4, C = 3;
-    const v8sf z = {0, 0, 0, 0, 0, 0, 0, 0};
-    v8sf s0[C][R], s1[C][R];
-#pragma GCC unroll 12
-    for (int k = 0; k < R * C; k++) s0[k / R][k % R] = z, s1[k / R][k % R] = z;
+    constexpr int R = 4, C = 6;
+    v16sf s[C][R];
+#pragma GCC unroll 24
+    for (int k = 0; k < R * C; k++) s[k / R][k % R] = v16sf{};
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        v16sf wr[R];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            const v8sf w0 = load8(w + r * n + i), w1 = load8(w + r * n + i + 8);
-#pragma GCC unroll 3
-            for (int c = 0; c < C; c++) {
-                s0[c][r] += w0 * load8(x + c * x_stride + i);
-                s1[c][r] += w1 * load8(x + c * x_stride + i + 8);
-            }
+        for (int r = 0; r < R; r++) std::memcpy(&wr[r], w + r * n + i, 64);
+#pragma GCC unroll 6
+        for (int c = 0; c < C; c++) {
+            v16sf xc;
+            std::memcpy(&xc, x + c * x_stride + i, 64);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) s[c][r] += wr[r] * xc;
         }
     }
     for (int c = 0; c < C; c++)
         for (int r = 0; r < R; r++) {
-            float v = hsum8(s0[c][r] + s1[c][r]);
+            const v16sf a = s[c][r];
+            const v8sf lo = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7);
+            const v8sf hi = __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+            float v = hsum8(lo + hi);
             for (int64_t j = i; j < n; j++) v += w[r * n + j] * x[c * x_stride + j];
             out[c * R + r] = v;
         }

@@ -72,9 +72,9 @@ void quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 float dot_f32(const float *a, const float *b, int64_t n);
 // out[r] = dot(w + r*n, x) for r in 0..3
 void dot4_f32(const float *w, const float *x, int64_t n, float *out);
-// out[t * 4 + r] = dot(w + r*n, x + t*x_stride) for r in 0..3, t in 0..2, bitwise dot_f32's; fast only where
+// out[t * 4 + r] = dot(w + r*n, x + t*x_stride) for r in 0..3, t in 0..5, bitwise dot_f32's; fast only where
 // dot_blocked_f32_ok() (32 vector registers).
-void dot4x3_f32(const float *w, int64_t n, const float *x, int64_t x_stride, float *out);
+void dot4x6_f32(const float *w, int64_t n, const float *x, int64_t x_stride, float *out);
 bool dot_blocked_f32_ok();
 // dot(row of `type`, x) over n elements, dequantizing on the fly; bitwise equal to dot_f32(dequant_row(row), x).
 float dot_row(uint32_t type, const void *row, const float *x, int64_t n);

@@ -13,7 +13,7 @@ void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row
 // Rows of W are split into tasks of rb rows. Few tokens: each dot dequantizes on the fly (the weights stream once).
 // More tokens: a task dequantizes its rows once and reuses them for every token, in token blocks of kTokBlock so the
 // activations stay in cache. Both paths give bitwise the same result (see dot_row).
-static constexpr int64_t kTokBlock = 30;  // a multiple of dot4x3_f32's 3 tokens
+static constexpr int64_t kTokBlock = 30;  // a multiple of dot4x6_f32's 6 tokens
 static constexpr int64_t kFusedMaxTokens = 3;
 
 // Integer path: the tokens of a task when there are many (matmul_int8). The activations are quantized once, and a row
@@ -127,7 +127,7 @@ void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X,
             for (int64_t r = r0; r < r1; r++) dequant_row(W.type, W.row(r), buf + (r - r0) * n_in, n_in);
             rows = buf;
         }
-        float tmp[12];
+        float tmp[24];
         const bool blocked = dot_blocked_f32_ok();
         for (int64_t t0 = 0; t0 < T; t0 += kTokBlock) {
             const int64_t t1 = std::min(T, t0 + kTokBlock);
@@ -135,9 +135,9 @@ void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X,
             for (; r + 4 <= r1; r += 4) {
                 const float *w4 = rows + (r - r0) * n_in;
                 int64_t t = t0;
-                for (; blocked && t + 3 <= t1; t += 3) {
-                    dot4x3_f32(w4, n_in, X + t * n_in, n_in, tmp);
-                    for (int c = 0; c < 3; c++)
+                for (; blocked && t + 6 <= t1; t += 6) {
+                    dot4x6_f32(w4, n_in, X + t * n_in, n_in, tmp);
+                    for (int c = 0; c < 6; c++)
                         for (int k = 0; k < 4; k++) Y[(t + c) * n_out + r + k] = tmp[c * 4 + k];
                 }
                 for (; t < t1; t++) {
