@@ -367,12 +367,21 @@ DFL_WIDE_MULTIVERSION static void exp_sub(float *s, int64_t b0, int64_t b1, floa
     }
 }
 
-// sums[r] = s[r][b0] + s[r][b0 + 1] + ... + s[r][b1 - 1], each in order of j, one term at a time: a tree verify's row
-// sees its ancestors with its masked siblings' exact zeros between them, and the same token decoded sees them side by
-// side, so only a sum in order, where adding an exact +0 changes nothing, gives both the same bits (16 lanes of
-// partial sums did not: TestDemoPairSpeculative's tree of 22 lost greedy equality). Several rows at once, so their
+// A query row that sees some of an attention tile: its scores (softmax numerators once exp_sub ran), its index, its
+// part of the tile [j0, j1), its rescale of what it summed before, and the sum of its numerators.
+struct LiveRow {
+    float *s;
+    size_t idx;
+    int64_t j0, j1;
+    float corr, sum;
+};
+
+// rows[r].sum = s[b0] + s[b0 + 1] + ... + s[b1 - 1] of each row, in order of j, one term at a time: a tree verify's
+// row sees its ancestors with its masked siblings' exact zeros between them, and the same token decoded sees them
+// side by side, so only a sum in order, where adding an exact +0 changes nothing, gives both the same bits (16 lanes
+// of partial sums did not: TestDemoPairSpeculative's tree of 22 lost greedy equality). Several rows at once, so their
 // dependent adds overlap; the zeros outside a row's own range change nothing either.
-static void row_sums(float *const *s, int nr, int64_t b0, int64_t b1, float *sums) {
+static void row_sums(LiveRow *rows, int nr, int64_t b0, int64_t b1) {
     constexpr int kRows = 8;
     for (int r0 = 0; r0 < nr; r0 += kRows) {
         const int n = std::min(kRows, nr - r0);
@@ -380,8 +389,8 @@ static void row_sums(float *const *s, int nr, int64_t b0, int64_t b1, float *sum
         for (int64_t j = b0; j < b1; j++)
 #pragma GCC unroll 8
             for (int r = 0; r < kRows; r++)
-                if (r < n) acc[r] += s[r0 + r][j];
-        for (int r = 0; r < n; r++) sums[r0 + r] = acc[r];
+                if (r < n) acc[r] += rows[r0 + r].s[j];
+        for (int r = 0; r < n; r++) rows[r0 + r].sum = acc[r];
     }
 }
 
@@ -462,17 +471,9 @@ DFL_MULTIVERSION static void scale_vec(float a, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] *= a;
 }
 
-// The empty asm keeps the loops: GCC deleted them as loops without side effects once inlined into attention.
 static void prefetch_kv_row(const PagedKV &kv, int64_t pos, int kvh) {
-    const char *k = (const char *)kv.k_at(pos, kvh), *v = (const char *)kv.v_at(pos, kvh);
-    for (uint64_t l = 0; l < kv.k_row; l += 64) {
-        __builtin_prefetch(k + l);
-        asm volatile("");
-    }
-    for (uint64_t l = 0; l < kv.v_row; l += 64) {
-        __builtin_prefetch(v + l);
-        asm volatile("");
-    }
+    prefetch_bytes(kv.k_at(pos, kvh), kv.k_row);
+    prefetch_bytes(kv.v_at(pos, kvh), kv.v_row);
 }
 
 void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
@@ -497,15 +498,7 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     for (int64_t r = 0; r < nrow; r++)
         qrows[(size_t)r] = q + (i0 + r / group) * q_stride + (int64_t)(kvh * group + r % group) * hd;
     for (int64_t r = nrow; r < nrow + kQueryGroup; r++) qrows[(size_t)r] = qrows[(size_t)nrow - 1];
-    struct LiveRow {  // a row that sees some of the tile: its scores, its index, its range, its rescale
-        float *s;
-        size_t idx;
-        int64_t j0, j1;
-        float corr;
-    };
     std::vector<LiveRow> live((size_t)nrow);
-    std::vector<float *> live_s((size_t)nrow);
-    std::vector<float> sums((size_t)nrow);
 
     // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
     const int64_t n_new = mask.causal ? i1 : mask.n_new;
@@ -577,17 +570,16 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
                 const float mnew = std::max(m[idx], mx);
                 if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
                 exp_sub(s, b0, b1, mnew);
-                live[nlive] = {s, idx, j0, j1, std::exp(m[idx] - mnew)};  // corr: 0 for the first tile (m = -inf)
-                live_s[nlive] = s;
+                live[nlive] = {s, idx, j0, j1, std::exp(m[idx] - mnew), 0};  // corr: 0 for the first tile (m = -inf)
                 m[idx] = mnew;
                 nlive++;
             }
         }
-        row_sums(live_s.data(), nlive, b0, b1, sums.data());
+        row_sums(live.data(), nlive, b0, b1);
         for (int k = 0; k < nlive; k++) {
             const LiveRow &lr = live[k];
             float *a = acc + lr.idx * hd;
-            l[lr.idx] = l[lr.idx] * lr.corr + sums[k];
+            l[lr.idx] = l[lr.idx] * lr.corr + lr.sum;
             scale_vec(lr.corr, a, hd);
             accumulate_rows(lr.s + lr.j0, Vt + lr.j0 * hd, lr.j1 - lr.j0, hd, a);
         }
@@ -728,20 +720,20 @@ struct TopkSpan {
 // 2 threads, 5 % of a Qwen3-0.6B decode step at 16.
 DFL_WIDE_MULTIVERSION static void span_max_sum(const float *x, int64_t n, float *mx_out, double *sum_out) {
     const float ninf = -std::numeric_limits<float>::infinity();
-    const auto load_clean = [&](int64_t i) {  // NaN and lanes past n: -inf
-        float t[16];
-        for (int l = 0; l < 16; l++) t[l] = i + l < n ? x[i + l] : ninf;
-        v16f v = load16f(t);
+    const auto block = [&](int64_t i) {  // 16 values from i, NaN and lanes past n as -inf
+        v16f v;
+        if (i + 16 <= n) {
+            v = load16f(x + i);
+        } else {
+            float t[16];
+            for (int l = 0; l < 16; l++) t[l] = i + l < n ? x[i + l] : ninf;
+            v = load16f(t);
+        }
         return v == v ? v : v16f{} + ninf;
     };
     v16f m = v16f{} + ninf;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const v16f v = load16f(x + i);
-        m = v > m ? v : m;  // a NaN compares false: skipped
-    }
-    if (i < n) {
-        const v16f v = load_clean(i);
+    for (int64_t i = 0; i < n; i += 16) {
+        const v16f v = block(i);
         m = v > m ? v : m;
     }
     const float mx = max_lane(m);
@@ -750,15 +742,8 @@ DFL_WIDE_MULTIVERSION static void span_max_sum(const float *x, int64_t n, float 
     if (mx == ninf) return;
     typedef double v8d __attribute__((vector_size(64)));
     v8d lo{}, hi{};
-    for (i = 0; i + 16 <= n; i += 16) {
-        v16f v = load16f(x + i);
-        v = v == v ? v : v16f{} + ninf;
-        const v16f e = exp16_nonpos(v - mx);
-        lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7), v8d);
-        hi += __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15), v8d);
-    }
-    if (i < n) {
-        const v16f e = exp16_nonpos(load_clean(i) - mx);
+    for (int64_t i = 0; i < n; i += 16) {
+        const v16f e = exp16_nonpos(block(i) - mx);
         lo += __builtin_convertvector(__builtin_shufflevector(e, e, 0, 1, 2, 3, 4, 5, 6, 7), v8d);
         hi += __builtin_convertvector(__builtin_shufflevector(e, e, 8, 9, 10, 11, 12, 13, 14, 15), v8d);
     }

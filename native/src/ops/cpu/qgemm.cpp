@@ -8,6 +8,7 @@
 #include <new>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "quant.h"
