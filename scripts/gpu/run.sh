@@ -358,16 +358,16 @@ cpu_pool() {
       for run in 1 2; do
         for lib_dir in "$lib" "$PWD/.gpu/lib-old"; do
           log "CPU $b, ${CPU_THREADS:-16} threads, $m, run $run: $( [ "$lib_dir" = "$lib" ] && echo this tree || echo lib-old)"
-          if [ "$b" = tg ]; then cpu_decode "$lib_dir" "$f"; else cpu_prefill "$lib_dir" "$f"; fi | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+          cpu_bench "$lib_dir" "$f" "$b" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
         done
       done
     done
     for v in ${CPU_TRY:-}; do
       log "CPU decode, $m, this tree with $v"
-      (export ${v//,/ }; cpu_decode "$lib" "$f") | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+      (export ${v//,/ }; cpu_bench "$lib" "$f" tg) | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
     log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m, this tree (DFLASH_CPU_PROFILE=1)"
-    DFLASH_CPU_PROFILE=1 cpu_decode "$lib" "$f" >"$OUT/cpu-profile-${m//:/-}.txt" 2>&1
+    DFLASH_CPU_PROFILE=1 cpu_bench "$lib" "$f" tg >"$OUT/cpu-profile-${m//:/-}.txt" 2>&1
     grep -E "tok/s|cpu profile" -A14 "$OUT/cpu-profile-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
   done
   log "thread pool: microseconds a parallel region (native/bench/poolbench.cpp)"
@@ -382,30 +382,24 @@ cpu_prof() {
     f=$(make_model "$m") || return 1
     sync  # see cpu_peer
     log "CPU prefill 512 op by op, ${CPU_THREADS:-16} threads, $m (DFLASH_CPU_PROFILE=1)"
-    (cd native/engine && DFLASH_CPU_PROFILE=1 DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cpu \
-      DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 "$stage/bin/engine.test" \
-      -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 2x 2>&1) >"$OUT/cpu-profile-pp-${m//:/-}.txt"
+    DFLASH_CPU_PROFILE=1 cpu_bench "$lib" "$f" pp >"$OUT/cpu-profile-pp-${m//:/-}.txt"
     grep -E "tok/s|cpu profile" -A18 "$OUT/cpu-profile-pp-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
     log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m (DFLASH_CPU_PROFILE=1)"
-    DFLASH_CPU_PROFILE=1 cpu_decode "$lib" "$f" >"$OUT/cpu-profile-tg-${m//:/-}.txt" 2>&1
+    DFLASH_CPU_PROFILE=1 cpu_bench "$lib" "$f" tg >"$OUT/cpu-profile-tg-${m//:/-}.txt" 2>&1
     grep -E "tok/s|cpu profile" -A18 "$OUT/cpu-profile-tg-${m//:/-}.txt" | tee -a "$OUT/summary.txt"
     for t in ${CPU_TASKS:-4 1 2 8 4}; do
       log "CPU decode, $m, DFLASH_CPU_TASKS=$t"
-      DFLASH_CPU_TASKS=$t cpu_decode "$lib" "$f" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+      DFLASH_CPU_TASKS=$t cpu_bench "$lib" "$f" tg | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
   done
 }
 
-cpu_decode() {  # LIB_DIR FILE: BenchmarkGGUF decode on the CPU, 128 tokens after a 16-token prompt
+cpu_bench() {  # LIB_DIR FILE tg|pp: BenchmarkGGUF on the CPU, decode of 128 tokens (16-token prompt) or prefill of 512
+  local prompts=16 times=128x
+  [ "$3" = pp ] && prompts=512 times=2x
   (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
-    DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=16 \
-    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x 2>&1)
-}
-
-cpu_prefill() {  # LIB_DIR FILE: BenchmarkGGUF prefill of 512 tokens on the CPU, twice
-  (cd native/engine && DFLASH_CPU_INT8=auto DFLASH_LIB_DIR=$1 DFLASH_BENCH_GGUF=$2 DFLASH_BENCH_DEVICE=cpu \
-    DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=512 \
-    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 2x 2>&1)
+    DFLASH_BENCH_THREADS=${CPU_THREADS:-16} DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_PROMPTS=$prompts \
+    "$stage/bin/engine.test" -test.run '^$' -test.bench "GGUF/$3" -test.benchtime $times 2>&1)
 }
 
 # How the CPU engine scales with threads on the GPU host (issue 18's 16-thread column): the CPU's model and vector
