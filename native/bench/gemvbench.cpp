@@ -38,6 +38,16 @@ struct Packed {
     bool empty() const { return p == nullptr; }
 };
 
+// W's packed layout, as the engine packs it at load, into a buffer of its own (empty where the kernels keep none).
+Packed pack(Weight &W) {
+    Packed packed(int8_packed_bytes(W));
+    if (!packed.empty()) {
+        int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
+        W.packed = packed.data();
+    }
+    return packed;
+}
+
 double seconds_per_call(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X, int64_t T, float *Y) {
     using Clock = std::chrono::steady_clock;
     for (int i = 0; i < 3; i++) matmul(pool, scratch, W, X, T, Y);
@@ -75,11 +85,7 @@ int main(int argc, char **argv) {
                 if (!wanted(type)) continue;
                 const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
                 Weight W = make_weight(type, s.n_in, s.n_out, raw);
-                Packed packed(int8_packed_bytes(W));
-                if (!packed.empty()) {
-                    int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
-                    W.packed = packed.data();
-                }
+                const Packed packed = pack(W);
                 const int64_t T = 512;
                 std::vector<float> X((size_t)(T * s.n_in)), Y((size_t)(T * s.n_out));
                 for (auto &x : X) x = rng.sym();
@@ -99,11 +105,7 @@ int main(int argc, char **argv) {
             if (!wanted(type)) continue;
             const std::vector<uint8_t> raw = random_weight(type, s.n_in, s.n_out, rng);
             Weight W = make_weight(type, s.n_in, s.n_out, raw);
-            Packed packed(int8_packed_bytes(W));  // the layout the engine packs at load
-            if (!packed.empty()) {
-                int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
-                W.packed = packed.data();
-            }
+            const Packed packed = pack(W);
             std::vector<float> X((size_t)(8 * s.n_in)), Y((size_t)(8 * s.n_out));
             for (auto &x : X) x = rng.sym();
             for (int th : threads) {
@@ -132,11 +134,7 @@ int main(int argc, char **argv) {
         for (const Shape &s : shapes) {
             raws.push_back(random_weight(type, s.n_in, s.n_out, rng));
             Weight W = make_weight(type, s.n_in, s.n_out, raws.back());
-            packs.emplace_back(int8_packed_bytes(W));
-            if (!packs.back().empty()) {
-                int8_pack_groups(W, 0, int8_pack_group_count(W), packs.back().data());
-                W.packed = packs.back().data();
-            }
+            packs.push_back(pack(W));
             ws.push_back(W);
             bytes += raws.back().size();
         }

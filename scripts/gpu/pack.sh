@@ -3,8 +3,8 @@
 # carries: the Go test binaries, dflash-model, the CPU engine library (the reference the GPU is compared with), the
 # Qwen tokenizer, and optionally llama.cpp's source (the peer, trimmed from the bundle) from the npm package node-llama-cpp.
 #   scripts/gpu/pack.sh [--peer]      then run scripts/gpu/run.sh on the GPU machine with carry [".gpu"]
-#   scripts/gpu/pack.sh --cpu [--peer]  only what the CPU modes (cpu-prof, cpu-peer, cpu-ab, cpu-scaling) run: a carry
-#                                       of ~20 MB instead of ~45 with the peer
+#   scripts/gpu/pack.sh --cpu [--peer]  only what the CPU modes (cpu-prof, cpu-peer, cpu-ab, cpu-gemm, cpu-scaling)
+#                                       run: a carry of ~4 MB (~10 MB with the peer) instead of ~45
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 peer= cpu=
