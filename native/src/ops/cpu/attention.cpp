@@ -1,0 +1,298 @@
+// CPU attention over the paged KV cache (cpu_ops.h: attention): tiles of kAttnTile positions, online softmax, the
+// same bits for a row whichever other rows share its call.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vec16.h"
+#include "quant.h"
+
+namespace dfl {
+
+// a[d] = fma(s[j], V[j][d], a[d]) for j in order: each 128-float slice of a (a head of 128: all of it) stays in
+// registers across the rows, eight independent chains, so two FMA ports stay busy through the FMA's latency.
+template <int kVecs>
+DFL_VEC_INLINE void accumulate_slice(const float *s, const float *V, int64_t cnt, int hd, float *a) {
+    v16f acc[kVecs];
+#pragma GCC unroll 8
+    for (int k = 0; k < kVecs; k++) acc[k] = load16f(a + 16 * k);
+    for (int64_t j = 0; j < cnt; j++) {
+        const float *v = V + j * hd;
+        const v16f w = v16f{} + s[j];
+#pragma GCC unroll 8
+        for (int k = 0; k < kVecs; k++) acc[k] = fma16(w, load16f(v + 16 * k), acc[k]);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < kVecs; k++) std::memcpy(a + 16 * k, &acc[k], 64);
+}
+
+DFL_WIDE_MULTIVERSION static void accumulate_rows(const float *s, const float *V, int64_t cnt, int hd, float *a) {
+    int d = 0;
+    for (; d + 128 <= hd; d += 128) accumulate_slice<8>(s, V + d, cnt, hd, a + d);
+    for (; d + 64 <= hd; d += 64) accumulate_slice<4>(s, V + d, cnt, hd, a + d);
+    for (; d < hd; d++)
+        for (int64_t j = 0; j < cnt; j++) a[d] = __builtin_fmaf(s[j], V[j * hd + d], a[d]);
+}
+
+// One query row's scores of a tile, s[j] for j in [b0, b1) (b0, b1 multiples of 16 within the tile, covering the
+// row's own range [j0, j1)): scaled inside [j0, j1), -inf outside; returns their max.
+DFL_WIDE_MULTIVERSION static float scale_scores(float *s, int64_t b0, int64_t b1, int64_t j0, int64_t j1, float scale) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t j = b0; j < b1; j += 16) {
+        const v16f v = load16f(s + j) * scale;
+        std::memcpy(s + j, &v, sizeof v);
+    }
+    // the few positions outside the row's range one at a time: GCC 12 turned a lane-position range test into 32
+    // scalar compares a vector
+    for (int64_t j = b0; j < j0; j++) s[j] = ninf;
+    for (int64_t j = j1; j < b1; j++) s[j] = ninf;
+    v16f mx = v16f{} + ninf;
+    for (int64_t j = b0; j < b1; j += 16) {
+        const v16f y = load16f(s + j);
+        mx = y > mx ? y : mx;
+    }
+    return max_lane(mx);
+}
+
+// s[j] = exp(s[j] - mx) for j in [b0, b1) (multiples of 16; s[j] - mx <= 0 or -inf, whose exp is +0).
+DFL_WIDE_MULTIVERSION static void exp_sub(float *s, int64_t b0, int64_t b1, float mx) {
+    for (int64_t j = b0; j < b1; j += 16) {
+        const v16f e = exp16_nonpos(load16f(s + j) - mx);
+        std::memcpy(s + j, &e, sizeof e);
+    }
+}
+
+// A query row that sees some of an attention tile: its scores (softmax numerators once exp_sub ran), its index, its
+// part of the tile [j0, j1), its rescale of what it summed before, and the sum of its numerators.
+struct LiveRow {
+    float *s;
+    size_t idx;
+    int64_t j0, j1;
+    float corr, sum;
+};
+
+// rows[r].sum = s[b0] + s[b0 + 1] + ... + s[b1 - 1] of each row, in order of j, one term at a time: a tree verify's
+// row sees its ancestors with its masked siblings' exact zeros between them, and the same token decoded sees them
+// side by side, so only a sum in order, where adding an exact +0 changes nothing, gives both the same bits (16 lanes
+// of partial sums did not: TestDemoPairSpeculative's tree of 22 lost greedy equality). Several rows at once, so their
+// dependent adds overlap; the zeros outside a row's own range change nothing either.
+static void row_sums(LiveRow *rows, int nr, int64_t b0, int64_t b1) {
+    constexpr int kRows = 8;
+    for (int r0 = 0; r0 < nr; r0 += kRows) {
+        const int n = std::min(kRows, nr - r0);
+        float acc[kRows] = {};
+        for (int64_t j = b0; j < b1; j++)
+#pragma GCC unroll 8
+            for (int r = 0; r < kRows; r++)
+                if (r < n) acc[r] += rows[r0 + r].s[j];
+        for (int r = 0; r < n; r++) rows[r0 + r].sum = acc[r];
+    }
+}
+
+// Attention's scores, q . key: 16 partial sums (element i goes to partial i % 16, fused multiply-adds in order of i
+// from +0), then the fixed reduction t_l = p_l + p_{l+8}, ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7)), then any
+// elements past the last 16 fused in order. Two kernels give these same bits: score_keys_rows (a prompt's rows, 8
+// query rows x 16 keys a call over the tile transposed, so each K register feeds 8 rows) and score_keys (a few rows,
+// a decode step's, one key at a time), so a key's score does not depend on which kernel or which other rows scored it.
+static constexpr int kQueryGroup = 8;
+
+DFL_VEC_INLINE float reduce_partials(v16f p) {
+    const float t0 = p[0] + p[8], t1 = p[1] + p[9], t2 = p[2] + p[10], t3 = p[3] + p[11];
+    const float t4 = p[4] + p[12], t5 = p[5] + p[13], t6 = p[6] + p[14], t7 = p[7] + p[15];
+    return ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7));
+}
+
+// out[c] = score(q, key c) for n keys of K (rows of hd).
+DFL_WIDE_MULTIVERSION static void score_keys(const float *K, const float *q, int hd, int64_t n, float *out) {
+    const int hd16 = hd / 16 * 16;
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        const float *k0 = K + c * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        v16f a0{}, a1{}, a2{}, a3{};
+        for (int i = 0; i < hd16; i += 16) {
+            const v16f x = load16f(q + i);
+            a0 = fma16(x, load16f(k0 + i), a0);
+            a1 = fma16(x, load16f(k1 + i), a1);
+            a2 = fma16(x, load16f(k2 + i), a2);
+            a3 = fma16(x, load16f(k3 + i), a3);
+        }
+        float r0 = reduce_partials(a0), r1 = reduce_partials(a1), r2 = reduce_partials(a2), r3 = reduce_partials(a3);
+        for (int i = hd16; i < hd; i++) {
+            r0 = __builtin_fmaf(q[i], k0[i], r0);
+            r1 = __builtin_fmaf(q[i], k1[i], r1);
+            r2 = __builtin_fmaf(q[i], k2[i], r2);
+            r3 = __builtin_fmaf(q[i], k3[i], r3);
+        }
+        out[c] = r0, out[c + 1] = r1, out[c + 2] = r2, out[c + 3] = r3;
+    }
+    for (; c < n; c++) {
+        const float *k = K + c * hd;
+        v16f a{};
+        for (int i = 0; i < hd16; i += 16) a = fma16(load16f(q + i), load16f(k + i), a);
+        float r = reduce_partials(a);
+        for (int i = hd16; i < hd; i++) r = __builtin_fmaf(q[i], k[i], r);
+        out[c] = r;
+    }
+}
+
+// S[r * ld_s + c] = score(qs[r], key c) for 16 keys c and kQueryGroup rows r. KT holds the keys transposed (KT[i * ld
+// + c] = element i of key c), so partial l of all 16 keys is one register, and the reduction runs lane-wise: a score
+// costs 1/16 of a register operation per element instead of a horizontal sum per key. hd % 16 == 0.
+DFL_WIDE_MULTIVERSION static void score_keys_rows(const float *const *qs, const float *KT, int64_t ld, int hd,
+                                                  float *S, int64_t ld_s) {
+    v16f p[16][kQueryGroup];
+    for (int l = 0; l < 16; l++) {
+        v16f a[kQueryGroup];
+#pragma GCC unroll 8
+        for (int r = 0; r < kQueryGroup; r++) a[r] = v16f{};
+        for (int i = 0; i < hd; i += 16) {
+            const v16f k = load16f(KT + (int64_t)(i + l) * ld);
+#pragma GCC unroll 8
+            for (int r = 0; r < kQueryGroup; r++) a[r] = fma16(v16f{} + qs[r][i + l], k, a[r]);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < kQueryGroup; r++) p[l][r] = a[r];
+    }
+    for (int r = 0; r < kQueryGroup; r++) {
+        v16f t[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) t[l] = p[l][r] + p[l + 8][r];
+        const v16f v = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+        std::memcpy(S + r * ld_s, &v, 64);
+    }
+}
+
+size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
+    // K, V, K transposed, then per query row: the tile's scores (plus kQueryGroup rows of padding), acc, m, l
+    return (size_t)(3 * kAttnTile * head_dim) + (size_t)(n_tok * group + kQueryGroup) * kAttnTile +
+           (size_t)n_tok * group * (head_dim + 2);
+}
+
+static void prefetch_kv_row(const PagedKV &kv, int64_t pos, int kvh) {
+    prefetch_bytes(kv.k_at(pos, kvh), kv.k_row);
+    prefetch_bytes(kv.v_at(pos, kvh), kv.v_row);
+}
+
+void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
+               int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch,
+               const AttnMask &mask) {
+    const int hd = kv.head_dim;
+    const int group = n_head / kv.n_kv;
+    const int64_t nt = i1 - i0;
+    float *Kt = scratch;
+    float *Vt = Kt + (size_t)kAttnTile * hd;
+    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for score_keys_rows
+    float *S = KT + (size_t)kAttnTile * hd;  // the tile's scores, kAttnTile per query row (i, hh)
+    float *acc = S + (size_t)(nt * group + kQueryGroup) * kAttnTile;
+    float *m = acc + (size_t)nt * group * hd;
+    float *l = m + (size_t)nt * group;
+    std::fill(acc, acc + (size_t)nt * group * hd, 0.0f);
+    std::fill(m, m + (size_t)nt * group, -std::numeric_limits<float>::infinity());
+    std::fill(l, l + (size_t)nt * group, 0.0f);
+    // query row r = (i - i0) * group + hh, padded to whole groups of kQueryGroup with copies of the last row
+    const int64_t nrow = nt * group;
+    std::vector<const float *> qrows((size_t)(nrow + kQueryGroup));
+    for (int64_t r = 0; r < nrow; r++)
+        qrows[(size_t)r] = q + (i0 + r / group) * q_stride + (int64_t)(kvh * group + r % group) * hd;
+    for (int64_t r = nrow; r < nrow + kQueryGroup; r++) qrows[(size_t)r] = qrows[(size_t)nrow - 1];
+    std::vector<LiveRow> live((size_t)nrow);
+
+    // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
+    const int64_t n_new = mask.causal ? i1 : mask.n_new;
+    int64_t p_start, p_end, unused;
+    attn_range(n_past + i0, n_past, n_new, mask.causal, mask.window, &p_start, &unused);
+    attn_range(n_past + i1 - 1, n_past, n_new, mask.causal, mask.window, &unused, &p_end);
+    // tiles stay aligned to kAttnTile from position 0, so a causal call splits its sums exactly as before
+    for (int64_t p0 = p_start / kAttnTile * kAttnTile; p0 < p_end; p0 += kAttnTile) {
+        const int64_t pa = std::max(p0, p_start);  // first position of the tile anyone sees
+        const int64_t pn = std::min<int64_t>(kAttnTile, p_end - p0);
+        // The cache rows are scattered (paged, a head's row among its position's heads) and, in a decode step, not
+        // in any cache since the step before: each conversion waited for its row (the conversions were 6 % of a
+        // 1-thread Qwen3-0.6B decode step, attention's largest part), so the rows kAttnAhead positions on are asked
+        // for while these convert.
+        constexpr int64_t kAttnAhead = 8;
+        for (int64_t j = pa - p0; j < std::min(pn, pa - p0 + kAttnAhead); j++) prefetch_kv_row(kv, p0 + j, kvh);
+        for (int64_t j = pa - p0; j < pn; j++) {
+            if (j + kAttnAhead < pn) prefetch_kv_row(kv, p0 + j + kAttnAhead, kvh);
+            dequant_row(kv.type_k, kv.k_at(p0 + j, kvh), Kt + j * hd, hd);
+            dequant_row(kv.type_v, kv.v_at(p0 + j, kvh), Vt + j * hd, hd);
+        }
+        // The transposed tile pays off when kQueryGroup real rows share it; fewer rows (a decode step: group rows, 2 for
+        // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they use score_keys.
+        const bool wide = hd % 16 == 0 && nrow >= kQueryGroup;
+        if (wide)
+            for (int d = 0; d < hd; d++)
+                for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
+        // Scores first, for every query row that sees the tile and for the union [u0, u1) of their key ranges. A
+        // key's score is the same bits by either kernel, so scoring keys a row does not use changes nothing for that
+        // row; it lets kQueryGroup rows share each K register load.
+        int64_t u0 = pn, u1 = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t lo, hi;
+            attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
+            if (p0 >= hi || p0 + pn <= lo) continue;
+            u0 = std::min(u0, std::max<int64_t>(0, lo - p0));
+            u1 = std::max(u1, std::min(pn, hi - p0));
+        }
+        if (u0 >= u1) continue;
+        int64_t jw = u0;
+        if (wide)
+            for (; jw + 16 <= u1; jw += 16)
+                for (int64_t r = 0; r < nrow; r += kQueryGroup)
+                    score_keys_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
+        if (jw < u1)
+            for (int64_t r = 0; r < nrow; r++)
+                score_keys(Kt + jw * hd, qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
+        // Softmax numerators of every row that sees the tile, over the 16-aligned span [b0, b1) of the union (zeros
+        // outside a row's own range), then their sums several rows at once, then each row's rescale and V sums.
+        const int64_t b0 = u0 / 16 * 16, b1 = std::min<int64_t>(kAttnTile, (u1 + 15) / 16 * 16);
+        int nlive = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t lo, hi;
+            attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
+            if (p0 >= hi || p0 + pn <= lo) continue;
+            // this row's part of the tile: [j0, j1)
+            const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);
+            for (int hh = 0; hh < group; hh++) {
+                const size_t idx = (size_t)(i - i0) * group + hh;
+                float *s = S + (int64_t)idx * kAttnTile;
+                float mx = scale_scores(s, b0, b1, j0, j1, scale);
+                if (mask.vis) {
+                    mx = -std::numeric_limits<float>::infinity();
+                    for (int64_t j = j0; j < j1; j++) {
+                        if (!attn_visible(mask.vis[i], p0 + j, n_past)) s[j] = -std::numeric_limits<float>::infinity();
+                        mx = std::max(mx, s[j]);
+                    }
+                }
+                const float mnew = std::max(m[idx], mx);
+                if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
+                exp_sub(s, b0, b1, mnew);
+                live[nlive] = {s, idx, j0, j1, std::exp(m[idx] - mnew), 0};  // corr: 0 for the first tile (m = -inf)
+                m[idx] = mnew;
+                nlive++;
+            }
+        }
+        row_sums(live.data(), nlive, b0, b1);
+        for (int k = 0; k < nlive; k++) {
+            const LiveRow &lr = live[k];
+            float *a = acc + lr.idx * hd;
+            l[lr.idx] = l[lr.idx] * lr.corr + lr.sum;
+            scale_vec(lr.corr, a, hd);
+            accumulate_rows(lr.s + lr.j0, Vt + lr.j0 * hd, lr.j1 - lr.j0, hd, a);
+        }
+    }
+    for (int64_t i = i0; i < i1; i++) {
+        for (int hh = 0; hh < group; hh++) {
+            const int h = kvh * group + hh;
+            const size_t idx = (size_t)(i - i0) * group + hh;
+            const float inv = 1.0f / l[idx];
+            float *o = out + i * out_stride + (int64_t)h * hd;
+            const float *a = acc + idx * hd;
+            for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+        }
+    }
+}
+
+}  // namespace dfl
