@@ -144,6 +144,15 @@ static inline dfl_status w_seq_export(const dfl_api *a, const dfl_model *m, int3
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static inline int has_sample_dist_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, sample_dist) + sizeof(a->sample_dist);
+}
+static inline dfl_status w_sample_dist(const dfl_api *a, const float *logits, uint32_t n_vocab, const dfl_sampling *p,
+                                const int32_t *hist, uint32_t n_hist, int32_t *ids, double *probs, uint32_t *n, char **err) {
+	dfl_status rc = a->sample_dist(logits, n_vocab, p, hist, n_hist, ids, probs, n);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 static inline dfl_status w_seq_import(const dfl_api *a, dfl_model *m, int32_t s, const void *buf, uint64_t size, char **err) {
 	dfl_status rc = a->seq_import(m, s, buf, size);
 	if (rc) *err = dup_error(a);

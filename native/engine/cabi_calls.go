@@ -295,6 +295,27 @@ func (a *capi) runSample(logits []float32, p SamplingParams, history []int32, rn
 	return int32(tok), err
 }
 
+func (a *capi) runSampleDist(logits []float32, p SamplingParams, history []int32, ids []int32, probs []float64) (int, error) {
+	switch {
+	case len(logits) == 0:
+		return 0, fmt.Errorf("sample distribution: empty logits")
+	case len(ids) < len(logits) || len(probs) < len(logits):
+		return 0, fmt.Errorf("sample distribution: room for %d / %d entries, %d logits", len(ids), len(probs), len(logits))
+	case C.has_sample_dist_api(a.t) == 0:
+		return 0, errors.New("sample distribution: the engine library predates sample_dist: rebuild it")
+	}
+	cp := p.c()
+	var hist *C.int32_t
+	if len(history) > 0 {
+		hist = (*C.int32_t)(unsafe.Pointer(&history[0]))
+	}
+	var n C.uint32_t
+	var msg *C.char
+	err := status(C.w_sample_dist(a.t, (*C.float)(unsafe.Pointer(&logits[0])), C.uint32_t(len(logits)), &cp, hist,
+		C.uint32_t(len(history)), (*C.int32_t)(unsafe.Pointer(&ids[0])), (*C.double)(unsafe.Pointer(&probs[0])), &n, &msg), msg)
+	return int(n), err
+}
+
 func (p SamplingParams) c() C.dfl_sampling {
 	cp := C.dfl_sampling{
 		temperature:       C.float(p.Temperature),

@@ -513,6 +513,83 @@ func TestSample(t *testing.T) {
 	is.True(errors.Is(err, ErrInvalid))
 }
 
+// TestSampleDist: SampleDist is what Sample draws from. Its probabilities are the processed softmax (checked by hand
+// for a plain temperature), and over many draws Sample's tokens follow them (chi-square) with each processor on.
+func TestSampleDist(t *testing.T) {
+	lib := openCPU(t)
+	m := loadRandom(t, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	logits := []float32{0.1, 2, -1, 1.9, 0.7, float32(math.Inf(-1)), 1.2, -0.3}
+	ids, probs := make([]int32, len(logits)), make([]float64, len(logits))
+
+	t.Run("temperature alone", func(t *testing.T) {
+		is := is.New(t)
+		n, err := m.SampleDist(logits, SamplingParams{Temperature: 0.5}, nil, ids, probs)
+		is.NoErr(err)
+		is.Equal(n, 7) // every finite logit
+		sum := 0.0
+		for _, l := range logits {
+			sum += math.Exp(float64(l) / 0.5)
+		}
+		for i := range n {
+			want := math.Exp(float64(logits[ids[i]])/0.5) / sum
+			is.True(math.Abs(probs[i]-want) < 1e-6)
+		}
+		is.Equal(ids[0], int32(1)) // most likely first
+	})
+	t.Run("greedy is the argmax", func(t *testing.T) {
+		is := is.New(t)
+		n, err := m.SampleDist(logits, SamplingParams{}, nil, ids, probs)
+		is.NoErr(err)
+		is.Equal(n, 1)
+		is.Equal(ids[0], int32(1))
+		is.Equal(probs[0], 1.0)
+	})
+	for _, tc := range []struct {
+		name    string
+		p       SamplingParams
+		history []int32
+	}{
+		{"top-k", SamplingParams{Temperature: 1, TopK: 3}, nil},
+		{"top-p", SamplingParams{Temperature: 1.3, TopP: 0.8}, nil},
+		{"min-p", SamplingParams{Temperature: 0.8, MinP: 0.2}, nil},
+		{"penalties", SamplingParams{Temperature: 1, RepeatPenalty: 1.5, PresencePenalty: 0.3, FrequencyPenalty: 0.2}, []int32{1, 1, 3, 6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			n, err := m.SampleDist(logits, tc.p, tc.history, ids, probs)
+			is.NoErr(err)
+			sum := 0.0
+			for i := range n {
+				sum += probs[i]
+				if i > 0 {
+					is.True(probs[i] <= probs[i-1]) // most likely first
+				}
+			}
+			is.True(math.Abs(sum-1) < 1e-9)
+			const draws = 20000
+			counts := map[int32]int{}
+			rng := uint64(7)
+			for range draws {
+				tok, err := m.Sample(logits, tc.p, tc.history, &rng)
+				is.NoErr(err)
+				counts[tok]++
+			}
+			chi2, seen := 0.0, 0
+			for i := range n {
+				want := probs[i] * draws
+				got := float64(counts[ids[i]])
+				chi2 += (got - want) * (got - want) / want
+				seen += counts[ids[i]]
+			}
+			is.Equal(seen, draws) // Sample never returned a token outside the distribution
+			// at most 6 degrees of freedom: chi-square's 99.9th percentile is 22.5
+			if chi2 > 22.5 {
+				t.Fatalf("chi-square %.1f over %d tokens: Sample does not draw from SampleDist", chi2, n)
+			}
+		})
+	}
+}
+
 // writeSpecGGUF writes spec as a GGUF file: the architecture, extra keys, the spec's metadata, then its tensors.
 func writeSpecGGUF(t *testing.T, path, arch string, spec ModelSpec, extra map[string]any) {
 	t.Helper()

@@ -210,6 +210,14 @@ dfl_status sample(const float *logits, uint32_t n_vocab, const dfl_sampling *p, 
     });
 }
 
+dfl_status sample_dist(const float *logits, uint32_t n_vocab, const dfl_sampling *p, const int32_t *history,
+                       uint32_t n_history, int32_t *ids, double *probs, uint32_t *n) {
+    return guard("sample distribution", [&] {
+        if (!logits || !p || !ids || !probs || !n || (n_history > 0 && !history)) dfl::fail(DFL_ERR_INVALID, "null argument");
+        *n = dfl::sample_distribution(logits, n_vocab, *p, history, n_history, ids, probs);
+    });
+}
+
 dfl_status device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
     return guard("device memory", [&] {
         if (!free_bytes || !total_bytes) dfl::fail(DFL_ERR_INVALID, "null argument");
@@ -233,7 +241,7 @@ const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
     device_memory, model_estimate, forward_topk, draft_forward, draft_forward2, forward_tree, seq_accept_path,
-    seq_export, seq_import,
+    seq_export, seq_import, sample_dist,
 };
 
 }  // namespace
