@@ -59,6 +59,11 @@ type Config struct {
 	// best first, the top-1 chain first) instead of the chain; 0 verifies the chain. The Model must be a
 	// TreeVerifier; at most 63.
 	TreeBudget int
+	// SampleAndMatch verifies a sampled request's draft by sample-and-match (the draft proposes its best candidates,
+	// kept while the target samples them) even where the Model is a Distributor, whose default draws the proposals
+	// from the draft's distribution and keeps each by the speculative-sampling rule (draftsample.go). Both are
+	// lossless; this is for comparing them.
+	SampleAndMatch bool
 }
 
 // Limits is the capacity the engine enforces.
@@ -94,7 +99,12 @@ type Engine struct {
 	capture  []int
 	pace     pacer
 	tree     TreeVerifier // nil: chains
-	store    StateStore   // nil: no state store
+	dist     Distributor  // nil: sampled requests verify by sample-and-match
+	// scratch of targetDist and acceptDraft
+	pIDs     []int32
+	pProbs   []float64
+	residual []float64
+	store    StateStore // nil: no state store
 	states   StateModel
 
 	ctx    context.Context // cancelled by Close; passed to Forward
@@ -183,6 +193,7 @@ func New(cfg Config) (*Engine, error) {
 		if cfg.TreeBudget > 0 {
 			e.tree = ver.(TreeVerifier)
 		}
+		e.dist, _ = m.(Distributor)
 	}
 	if cfg.Special != nil {
 		e.special = make([]bool, nv)

@@ -137,6 +137,20 @@ type Candidates struct {
 	IDs    []int32
 	Logits []float32
 	LSE    []float32
+	// Probs, from a Drafter, holds for the rows of entries with DraftInput.Sample each candidate's probability
+	// under the distribution the row's first candidate was drawn from (0 for padding and for other entries' rows);
+	// nil when no entry sampled.
+	Probs []float32
+}
+
+// Distributor is a Model that can say what Sample draws from. With it the engine samples a sampled request's draft
+// proposals and accepts them by the speculative-sampling rule (spec.go); without it the draft proposes its best
+// candidates and the target's samples must match them.
+type Distributor interface {
+	// SampleDist writes the distribution Sample draws from for the same arguments into ids and probs (room for
+	// len(logits) entries each): the indices of logits it can return, most likely first, and their probabilities,
+	// summing to 1. It returns how many.
+	SampleDist(logits []float32, s *Sampling, history []int32, ids []int32, probs []float64) (int, error)
 }
 
 // CandidateModel is a Model that can return each logits row as its k best candidates instead of the whole row (a
@@ -176,6 +190,16 @@ type DraftInput struct {
 	Features []float32
 	// Block is the root token (the newest, not yet in the target's KV) followed by mask tokens.
 	Block []int32
+	// Sample, when set, asks for proposals drawn from the draft's distribution instead of its best candidates: each
+	// block row's first candidate is the draw and Candidates.Probs the probabilities it was drawn with.
+	Sample *DraftSample
+}
+
+// DraftSample is how a draft draws a sequence's proposals: each from softmax(score / Temperature) over its row's
+// candidates (DrawCandidate), with the sequence's own generator.
+type DraftSample struct {
+	Temperature float32
+	Rng         *uint64
 }
 
 // Drafter is a block draft model (DFlash): conditioned on the target's hidden states, one forward proposes the

@@ -19,16 +19,33 @@ func (e *Engine) choose(s *sequence, row []float32, c *candidateRow) (int32, err
 // suppressEOG reports whether end-of-generation may not be sampled yet.
 func suppressEOG(s *sequence) bool { return s.req.IgnoreEOS || len(s.generated) < s.req.MinTokens }
 
+// suppressRow makes a whole row's end-of-generation tokens impossible while s may not end yet.
+func (e *Engine) suppressRow(s *sequence, row []float32) {
+	if !suppressEOG(s) {
+		return
+	}
+	for _, id := range e.eog {
+		if int(id) < len(row) {
+			row[id] = float32(math.Inf(-1))
+		}
+	}
+}
+
+// suppressCandidates is suppressRow for a candidate row; padding candidates (id -1) are impossible too.
+func (e *Engine) suppressCandidates(s *sequence, c *candidateRow) {
+	suppress := suppressEOG(s)
+	inf := float32(math.Inf(-1))
+	for j, id := range c.ids {
+		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
+			c.logits[j] = inf
+		}
+	}
+}
+
 // pick samples the next token from the whole row, with end-of-generation
 // suppressed while the request wants it.
 func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
-	if suppressEOG(s) {
-		for _, id := range e.eog {
-			if int(id) < len(row) {
-				row[id] = float32(math.Inf(-1))
-			}
-		}
-	}
+	e.suppressRow(s, row)
 	if e.constrained(s) {
 		tok, err = e.sampleJSON(s, row)
 	} else {
@@ -43,13 +60,7 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
 // pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
 // the whole row into), so the choice and the draw are the ones the whole row would give.
 func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
-	suppress := suppressEOG(s)
-	inf := float32(math.Inf(-1))
-	for j, id := range c.ids {
-		if id < 0 || (suppress && slices.Contains(e.eog, id)) {
-			c.logits[j] = inf
-		}
-	}
+	e.suppressCandidates(s, c)
 	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
 	if err != nil {
 		return 0, fmt.Errorf("sample: %w", err)

@@ -137,12 +137,8 @@ func (textParser) InReasoning() bool    { return false }
 
 // seedRNG spreads a seed into a non-zero generator state (splitmix64).
 func seedRNG(seed uint64) uint64 {
-	z := seed + 0x9e3779b97f4a7c15
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	z ^= z >> 31
-	if z == 0 {
-		z = 1
+	if z := rngNext(&seed); z != 0 {
+		return z
 	}
-	return z
+	return 1
 }

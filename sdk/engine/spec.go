@@ -10,12 +10,14 @@ import (
 )
 
 // Speculative decoding (draft and verify). A decoding sequence with a draft sequence feeds the target a block
-// [root, proposals...] instead of its one root token; the target's row for each block position is sampled exactly as
-// plain decoding would sample it (same history, same sampler), and the block is accepted up to the first proposal
-// that differs from what the target sampled. That sample becomes the next root (the bonus). This is the standard
-// speculative-sampling rule for a draft that proposes its argmax (a one-hot draft distribution): a proposal x is
-// kept with probability p(x), and otherwise the token comes from p with x taken out, renormalised — so greedy output
-// equals target-only greedy output and sampled output follows the target's distribution.
+// [root, proposals...] instead of its one root token; the target's row for each block position decides that
+// position's token with the same history and sampler as plain decoding, and the block is accepted up to the first
+// proposal that is not kept; the token decided there becomes the next root (the bonus). Greedy requests and those
+// the engine has no draft distribution for keep a proposal when the target's sample equals it (sample-and-match: the
+// speculative-sampling rule for a draft that proposes its argmax, a one-hot draft distribution); a sampled request
+// on a Distributor model draws its proposals from the draft's distribution and keeps them by the general rule
+// (draftsample.go). Either way greedy output equals target-only greedy output and sampled output follows the
+// target's distribution.
 //
 // Invariants, per sequence with a draft (s.spec != nil), between steps:
 //   - the target's KV holds s.nPast tokens; its features for positions [dlen, nPast) wait in pending;
@@ -33,6 +35,19 @@ type specSeq struct {
 	// its forward until its path is kept (the target then holds tree rows that no length can describe).
 	parents []int32
 	inTree  bool
+	// qIDs and qProbs are the draft's distributions of the proposals of the block in s.feed when they were drawn
+	// from it (DraftInput.Sample), qK candidates a proposal; empty otherwise.
+	qIDs   []int32
+	qProbs []float32
+	qK     int
+}
+
+// draftRow is the draft's distribution of the block's proposal at block position i+1, if it was drawn from one.
+func (sp *specSeq) draftRow(i int) (draftRow, bool) {
+	if sp.qK == 0 || (i+1)*sp.qK > len(sp.qIDs) {
+		return draftRow{}, false
+	}
+	return draftRow{ids: sp.qIDs[i*sp.qK : (i+1)*sp.qK], probs: sp.qProbs[i*sp.qK : (i+1)*sp.qK]}, true
 }
 
 // specCounts are one request's speculative counts, for its timings.
@@ -118,6 +133,9 @@ func (e *Engine) propose() {
 			continue // no room for the block: this sequence decodes plainly this step
 		}
 		inp := DraftInput{Seq: sp.id, Features: sp.pending}
+		if block > 0 && e.sampledDraft(s) {
+			inp.Sample = &DraftSample{Temperature: s.req.Sampling.Temperature, Rng: &s.rng}
+		}
 		if block > 0 {
 			inp.Block = make([]int32, block)
 			inp.Block[0] = s.feed[0]
@@ -132,8 +150,10 @@ func (e *Engine) propose() {
 		return
 	}
 	k := 1
-	if e.tree != nil {
-		k = treeK
+	for _, x := range in {
+		if e.tree != nil || x.Sample != nil {
+			k = treeK // a tree's candidates, or those a proposal is drawn from
+		}
 	}
 	c, err := e.draft.Draft(e.ctx, in, k)
 	if err != nil {
@@ -158,12 +178,22 @@ func (e *Engine) propose() {
 			continue
 		}
 		q := e.verifyLen(s)
+		sp.qIDs, sp.qProbs, sp.qK = sp.qIDs[:0], sp.qProbs[:0], 0
+		sampled := in[i].Sample != nil && c.Probs != nil
+		if sampled {
+			sp.qK = c.K
+		}
 		for j := 0; j < n && len(s.feed) < q; j++ {
-			id := c.IDs[(row+j)*c.K]
+			at := (row + j) * c.K
+			id := c.IDs[at]
 			if id < 0 {
 				break
 			}
 			s.feed = append(s.feed, id)
+			if sampled {
+				sp.qIDs = append(sp.qIDs, c.IDs[at:at+c.K]...)
+				sp.qProbs = append(sp.qProbs, c.Probs[at:at+c.K]...)
+			}
 		}
 		row += n
 	}
@@ -178,7 +208,16 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 	var ev sdk.Event
 	for i := range block {
 		r, c := rows(i)
-		tok, err := e.choose(s, r, c)
+		var (
+			tok      int32
+			accepted bool
+			err      error
+		)
+		if i+1 < len(block) {
+			tok, accepted, err = e.chooseDraft(s, i, block[i+1], r, c)
+		} else {
+			tok, err = e.choose(s, r, c)
+		}
 		if err != nil {
 			e.retire(s, err)
 			return i
@@ -186,7 +225,6 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 		// Block position i is now part of the sequence: its KV and features are kept.
 		s.nPast = nBefore + i + 1
 		sp.pending = append(sp.pending, feats[i*e.featSize:(i+1)*e.featSize]...)
-		accepted := i+1 < len(block) && tok == block[i+1]
 		if accepted {
 			e.countAccepted(s)
 		}
@@ -372,8 +410,9 @@ func (p *pacer) observe(drafted bool, tokens int64, d time.Duration) {
 // unblock turns a decoding sequence's draft block back into its root alone (the pool has no room for the block).
 func (e *Engine) unblock(s *sequence, in SeqInput) SeqInput {
 	s.feed = s.feed[:1]
-	if s.spec != nil {
-		s.spec.parents = s.spec.parents[:0]
+	if sp := s.spec; sp != nil {
+		sp.parents = sp.parents[:0]
+		sp.qIDs, sp.qProbs, sp.qK = sp.qIDs[:0], sp.qProbs[:0], 0
 	}
 	in.Tokens, in.Logits, in.Record, in.Parents = s.feed, LogitsLast, false, nil
 	return in

@@ -171,26 +171,27 @@ func TestSpeculativeConfigErrors(t *testing.T) {
 
 // TestSpeculativeSamplingFollowsTheTarget checks that sampled speculative decoding is lossless: over many seeds, the
 // first three generated tokens follow the target's own joint distribution (a chi-square test against the exact
-// probabilities), although the draft always proposes the target's most likely token and is right about half the
-// time.
+// probabilities), whether the draft proposes the target's most likely token (sample-and-match: right about half the
+// time) or draws its proposals from a distribution of its own (the speculative-sampling rule: the target's own, one
+// near it, one far from it, which leaves most proposals to the residual draw).
 func TestSpeculativeSamplingFollowsTheTarget(t *testing.T) {
-	is := is.New(t)
 	alphabet := []int32{'a', 'b', 'c', 'd'}
-	// dist gives the four letters history-dependent logits (everything else impossible).
-	dist := func(history []int32) []float32 {
+	// letters gives the four letters history-dependent logits (everything else impossible), salted.
+	letters := func(history []int32, salt uint64, scale float32) []float32 {
 		row := make([]float32, enginetest.VocabSize)
 		for i := range row {
 			row[i] = float32(math.Inf(-1))
 		}
-		h := uint64(1469598103934665603)
+		h := uint64(1469598103934665603) ^ salt
 		for _, t := range history {
 			h = (h ^ uint64(t)) * 1099511628211
 		}
 		for i, a := range alphabet {
-			row[a] = float32((h>>(8*i))&0xff) / 96 // logits in [0, 2.7)
+			row[a] = float32((h>>(8*i))&0xff) / 96 * scale // logits in [0, 2.7 * scale)
 		}
 		return row
 	}
+	dist := func(history []int32) []float32 { return letters(history, 0, 1) }
 	argmax := func(history []int32) int32 {
 		row := dist(history)
 		best := alphabet[0]
@@ -214,47 +215,66 @@ func TestSpeculativeSamplingFollowsTheTarget(t *testing.T) {
 		return p
 	}
 	const runs, n = 6000, 3
+	cases := []struct {
+		name  string
+		draft func([]int32) []float32 // the draft's own distribution; nil: it proposes the target's argmax
+		// minAccepted and maxAccepted bound the proposals accepted over all runs (each verifies one: the first
+		// token comes from the prompt, the block holds the root and one proposal, then the bonus)
+		minAccepted, maxAccepted int
+	}{
+		{"sample and match", nil, 2400, 3500},
+		{"drafts drawn from the target's distribution", dist, runs, runs},
+		{"drafts drawn near it", func(h []int32) []float32 { return letters(h, 0, 0.7) }, 5000, runs - 1},
+		{"drafts drawn far from it", func(h []int32) []float32 { return letters(h, 99, 2) }, 800, 2400},
+	}
 	prompt := enginetest.Encode("sample")
-	m := enginetest.NewFakeModel(4, 64, 1)
-	m.Dist = dist
-	d := enginetest.NewOracleDrafter(argmax, 4, 1)
-	e := specEngine(t, m, d, engine.Config{StepTokens: 16})
-	counts := map[string]int{}
-	accepted := 0
-	for seed := range runs {
-		req := &engine.Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Detokenizer: &enginetest.Detokenizer{},
-			Sampling: engine.Sampling{Temperature: 1, Seed: uint64(seed)}}
-		c, err := run(e, req)
-		is.NoErr(err)
-		r := c.result()
-		is.Equal(len(r.tokens), n)
-		counts[string(r.tokens)]++
-		accepted += r.finish.Timings.DraftAccepted
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			m := enginetest.NewFakeModel(4, 64, 1)
+			m.Dist = dist
+			d := enginetest.NewOracleDrafter(argmax, 4, 1)
+			d.Dist = tc.draft
+			e := specEngine(t, m, d, engine.Config{StepTokens: 16})
+			counts := map[string]int{}
+			accepted := 0
+			for seed := range runs {
+				req := &engine.Request{Prompt: prompt, MaxTokens: n, IgnoreEOS: true, Detokenizer: &enginetest.Detokenizer{},
+					Sampling: engine.Sampling{Temperature: 1, Seed: uint64(seed)}}
+				c, err := run(e, req)
+				is.NoErr(err)
+				r := c.result()
+				is.Equal(len(r.tokens), n)
+				counts[string(r.tokens)]++
+				accepted += r.finish.Timings.DraftAccepted
+			}
+			is.Equal(d.Errs, nil)
+			t.Logf("%d proposals accepted", accepted)
+			is.True(accepted >= tc.minAccepted && accepted <= tc.maxAccepted)
+			// Exact joint probabilities of every 3-letter continuation.
+			chi2, cells := 0.0, 0
+			var walk func(hist []int32, p float64)
+			walk = func(hist []int32, p float64) {
+				if len(hist) == len(prompt)+n {
+					want := p * runs
+					got := float64(counts[string(hist[len(prompt):])])
+					chi2 += (got - want) * (got - want) / want
+					cells++
+					return
+				}
+				for a, q := range probs(hist) {
+					walk(append(slices.Clone(hist), a), p*q)
+				}
+			}
+			walk(slices.Clone(prompt), 1)
+			is.Equal(cells, 64)
+			// 63 degrees of freedom: the 99.9th percentile of chi-square is about 103.4.
+			if chi2 > 103.4 {
+				t.Fatalf("chi-square %.1f over 64 cells: speculative samples do not follow the target's distribution", chi2)
+			}
+			t.Logf("chi-square %.1f (63 dof)", chi2)
+		})
 	}
-	is.Equal(d.Errs, nil)
-	is.True(accepted > runs/4) // the draft was accepted often: the test exercises the acceptance rule
-	// Exact joint probabilities of every 3-letter continuation.
-	chi2, cells := 0.0, 0
-	var walk func(hist []int32, p float64)
-	walk = func(hist []int32, p float64) {
-		if len(hist) == len(prompt)+n {
-			want := p * runs
-			got := float64(counts[string(hist[len(prompt):])])
-			chi2 += (got - want) * (got - want) / want
-			cells++
-			return
-		}
-		for a, q := range probs(hist) {
-			walk(append(slices.Clone(hist), a), p*q)
-		}
-	}
-	walk(slices.Clone(prompt), 1)
-	is.Equal(cells, 64)
-	// 63 degrees of freedom: the 99.9th percentile of chi-square is about 103.4.
-	if chi2 > 103.4 {
-		t.Fatalf("chi-square %.1f over 64 cells: speculative samples do not follow the target's distribution", chi2)
-	}
-	t.Logf("chi-square %.1f (63 dof), %d proposals accepted", chi2, accepted)
 }
 
 // TestSpeculativePacing: by default the engine drafts only while drafting pays. The fake target's forwards take

@@ -1,9 +1,11 @@
 package enginetest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/dflash/dflash_server/sdk/engine"
@@ -20,6 +22,10 @@ type OracleDrafter struct {
 	Block int
 	// Wrong reports whether the proposal for absolute position pos is to be wrong (nil: never).
 	Wrong func(pos int) bool
+	// Dist, when set, is the draft's own distribution (logits over the vocabulary given the history) for inputs that
+	// ask for sampled proposals (DraftInput.Sample): each proposal is drawn from softmax of its k best logits by
+	// engine.DrawCandidate and conditions the next (Next and Wrong are not used for them).
+	Dist func(history []int32) []float32
 
 	mu     sync.Mutex
 	slots  int
@@ -131,6 +137,10 @@ func (d *OracleDrafter) Draft(_ context.Context, in []engine.DraftInput, k int) 
 			if x.Block[j] != d.MaskToken() {
 				return c, d.fail(fmt.Errorf("draft sequence %d: block position %d is %d, not the mask", x.Seq, j, x.Block[j]))
 			}
+			if x.Sample != nil && d.Dist != nil {
+				hist = append(hist, d.drawProposal(&c, hist, k, x.Sample))
+				continue
+			}
 			p := d.Next(hist)
 			hist = append(hist, p)
 			cands := []int32{p}
@@ -146,9 +156,43 @@ func (d *OracleDrafter) Draft(_ context.Context, in []engine.DraftInput, k int) 
 				c.Logits = append(c.Logits, v)
 			}
 			c.LSE = append(c.LSE, 1)
+			if c.Probs != nil {
+				c.Probs = append(c.Probs, make([]float32, k)...)
+			}
 		}
 	}
 	return c, nil
+}
+
+// drawProposal appends one sampled row to c: the k best tokens of Dist(hist), the one drawn first, and their
+// probabilities. It returns the drawn token.
+func (d *OracleDrafter) drawProposal(c *engine.Candidates, hist []int32, k int, smp *engine.DraftSample) int32 {
+	row := d.Dist(hist)
+	ids := make([]int32, len(row))
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	slices.SortStableFunc(ids, func(a, b int32) int { return cmp.Compare(row[b], row[a]) })
+	ids = ids[:k]
+	scores := make([]float64, k)
+	for i, id := range ids {
+		scores[i] = float64(row[id])
+	}
+	probs := make([]float32, k)
+	j := engine.DrawCandidate(scores, smp.Temperature, smp.Rng, probs)
+	ids[0], ids[j] = ids[j], ids[0]
+	probs[0], probs[j] = probs[j], probs[0]
+	scores[0], scores[j] = scores[j], scores[0]
+	if c.Probs == nil {
+		c.Probs = make([]float32, len(c.IDs)) // rows of earlier inputs: not sampled
+	}
+	for i, id := range ids {
+		c.IDs = append(c.IDs, id)
+		c.Logits = append(c.Logits, float32(scores[i]))
+	}
+	c.Probs = append(c.Probs, probs...)
+	c.LSE = append(c.LSE, 1)
+	return ids[0]
 }
 
 // wrongToken is a token other than p.

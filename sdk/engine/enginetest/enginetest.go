@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"sync"
 
 	"github.com/dflash/dflash_server/sdk/engine"
@@ -364,6 +365,32 @@ func (m *FakeModel) Sample(logits []float32, p *engine.Sampling, _ []int32, rng 
 		}
 	}
 	return int32(best), nil
+}
+
+// SampleDist is the distribution Sample draws from: softmax(logits / temperature) over the finite logits with Dist
+// set and a positive temperature, else the greedy pick alone.
+func (m *FakeModel) SampleDist(logits []float32, p *engine.Sampling, history []int32, ids []int32, probs []float64) (int, error) {
+	if m.Dist == nil || p.Temperature <= 0 {
+		tok, err := m.Sample(logits, p, history, nil)
+		ids[0], probs[0] = tok, 1
+		return 1, err
+	}
+	mx := math.Inf(-1)
+	for _, v := range logits {
+		mx = math.Max(mx, float64(v))
+	}
+	n, sum := 0, 0.0
+	for i, v := range logits {
+		if w := math.Exp((float64(v) - mx) / float64(p.Temperature)); w > 0 {
+			ids[n], probs[n] = int32(i), w
+			sum += w
+			n++
+		}
+	}
+	for i := range n {
+		probs[i] /= sum
+	}
+	return n, nil
 }
 
 // Export is the sequence's history, four bytes a token.
