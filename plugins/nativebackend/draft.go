@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/hashicorp/go-multierror"
@@ -26,6 +27,8 @@ type DraftOptions struct {
 	Always bool
 	// TreeBudget verifies a tree of up to this many draft tokens instead of the chain (0: chain).
 	TreeBudget int
+	// SampledDrafts draws sampled requests' proposals from the draft's distribution (engine.Config.SampledDrafts).
+	SampledDrafts bool
 }
 
 // draft is a loaded draft model: the native model, its file and what the engine needs to know of it.
@@ -155,29 +158,38 @@ func (a *drafter) Draft(_ context.Context, in []engine.DraftInput, k int) (engin
 		if err != nil {
 			return engine.Candidates{}, kvErr(err)
 		}
-		return walkSelector(r, len(in), k), nil
+		return walkCandidates(r, in, k), nil
 	}
 	r, err := a.d.model.DraftForward(a.entries, k)
 	if err != nil {
 		return engine.Candidates{}, kvErr(err)
 	}
-	return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil
+	if !slices.ContainsFunc(in, func(x engine.DraftInput) bool { return x.Sample != nil }) {
+		return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil // best first already
+	}
+	return walkCandidates(r, in, k), nil
 }
 
-// walkSelector is DFlash2's greedy path through each entry's candidate lattice (spec §5.1 (b), as llama.cpp's
-// common/speculative.cpp): left to right from the root, row p scores its candidates j by
-// score_j = logit_j + trans[prev][j] (prev: the index picked at row p-1; the root row's scores do not depend on it),
-// picks the argmax (the lower index, i.e. the larger logit, on ties) and continues from it. Each row of the result
-// holds the pick first, then the row's other candidates by falling score (under the pick's predecessor), k per row
-// (padded with id -1 when k exceeds the selector's top-k); Logits are the candidates' draft logits.
-func walkSelector(r *native.Result, entries, k int) engine.Candidates {
+// walkCandidates picks each block row's proposal among its candidates, left to right, and puts it first. A DFlash2
+// draft's selector (spec §5.1 (b), as llama.cpp's common/speculative.cpp) scores candidate j of a row by
+// score_j = logit_j + trans[prev][j] (prev: the index picked in the row before; the root row's scores do not depend
+// on it); a DFlash v1 draft's rows are independent, score_j = logit_j. A greedy entry picks the best score (the lower
+// index, i.e. the larger logit, on ties); an entry with DraftInput.Sample draws from softmax(score / temperature)
+// (engine.DrawCandidate) and the result's Probs hold that distribution. Each row of the result holds the pick
+// first, then the row's other candidates by falling score, k per row (padded with id -1 when k exceeds the
+// forward's); Logits are the candidates' draft logits.
+func walkCandidates(r *native.Result, in []engine.DraftInput, k int) engine.Candidates {
 	K := r.K
 	rows := len(r.LSE)
 	out := engine.Candidates{K: k, IDs: make([]int32, rows*k), Logits: make([]float32, rows*k), LSE: r.LSE}
+	if slices.ContainsFunc(in, func(x engine.DraftInput) bool { return x.Sample != nil }) {
+		out.Probs = make([]float32, rows*k)
+	}
 	score := make([]float64, K)
 	order := make([]int, K)
+	probs := make([]float32, K)
 	row := 0
-	for e := 0; e < entries; e++ {
+	for e, x := range in {
 		prev := 0
 		for i := 0; ; i++ {
 			ids, logits, _, ok := r.Candidates(e, i)
@@ -189,16 +201,29 @@ func walkSelector(r *native.Result, entries, k int) engine.Candidates {
 				order[j] = j
 				score[j] = math.Inf(-1)
 				if ids[j] >= 0 {
-					score[j] = float64(logits[j]) + float64(trans[prev*K+j])
+					score[j] = float64(logits[j])
+					if trans != nil {
+						score[j] += float64(trans[prev*K+j])
+					}
 				}
 			}
 			sort.SliceStable(order, func(a, b int) bool { return score[order[a]] > score[order[b]] })
+			if x.Sample != nil {
+				if j := engine.DrawCandidate(score, x.Sample.Temperature, x.Sample.Rng, probs); j >= 0 {
+					at := slices.Index(order, j)
+					copy(order[1:at+1], order[:at])
+					order[0] = j
+				}
+			}
 			prev = order[0]
 			for j := range k {
 				at := row*k + j
 				out.IDs[at], out.Logits[at] = -1, float32(math.Inf(-1))
 				if j < K && ids[order[j]] >= 0 {
 					out.IDs[at], out.Logits[at] = ids[order[j]], logits[order[j]]
+					if x.Sample != nil {
+						out.Probs[at] = probs[order[j]]
+					}
 				}
 			}
 			row++

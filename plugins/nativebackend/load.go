@@ -209,6 +209,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	draftDevice := ""
 	if d != nil {
 		ecfg.Drafter, ecfg.DraftBlock, ecfg.DraftAlways = &drafter{d: d}, opts.Draft.Block, opts.Draft.Always
+		ecfg.SampledDrafts = opts.Draft.SampledDrafts
 		ecfg.TreeBudget = opts.Draft.TreeBudget
 		features.Speculative, draftDevice = true, d.device
 	}

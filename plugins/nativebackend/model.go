@@ -91,11 +91,20 @@ func (n *nativeModel) ForwardCapture(_ context.Context, batch []engine.SeqInput,
 }
 
 func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int32, rng *uint64) (int32, error) {
-	return n.m.Sample(logits, native.SamplingParams{
+	return n.m.Sample(logits, samplingParams(s), history, rng)
+}
+
+// SampleDist is the distribution Sample draws from (engine.Distributor: sampled drafts).
+func (n *nativeModel) SampleDist(logits []float32, s *engine.Sampling, history []int32, ids []int32, probs []float64) (int, error) {
+	return n.m.SampleDist(logits, samplingParams(s), history, ids, probs)
+}
+
+func samplingParams(s *engine.Sampling) native.SamplingParams {
+	return native.SamplingParams{
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP,
 		RepeatPenalty: s.RepeatPenalty, PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty,
 		PenaltyLastN: s.PenaltyLastN,
-	}, history, rng)
+	}
 }
 
 func (n *nativeModel) Recurrent() bool { return n.info.RecurrentLayers > 0 }

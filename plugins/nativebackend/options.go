@@ -169,6 +169,19 @@ func (o *Options) OnOff(name string, def bool) bool {
 	}
 }
 
+// Enum is option name's value when it is one of values, def when it is not given.
+func (o *Options) Enum(name string, values []string, def string) string {
+	v, ok := o.m[name]
+	switch {
+	case !ok || v == "":
+		return def
+	case slices.Contains(values, v):
+		return v
+	}
+	o.Bad(name, "%q is not one of %s", v, strings.Join(values, ", "))
+	return def
+}
+
 // diskCache reads DiskCacheSpecs (absent options leave the cache off).
 func (o *Options) diskCache() DiskCacheOptions {
 	d := DiskCacheOptions{MaxGB: 8, On: o.OnOff("disk-prefix-cache", false)}

@@ -12,7 +12,7 @@ import (
 // otherwise the row's token is drawn from the residual max(p - q, 0), normalised. Whatever q is, the token follows p
 // (Leviathan et al. 2023, Chen et al. 2023), and the closer q is to p the more proposals are kept. A one-hot q (the
 // draft's best candidate) keeps x with probability p(x): the sample-and-match rule, which the engine uses where it has
-// no q (greedy requests, a Model without SampleDist, a JSON constraint, trees).
+// no q (greedy requests, a Model without SampleDist, a JSON constraint, trees) and by default (Config.SampledDrafts).
 
 // draftRow is the draft's distribution for one proposal: candidate tokens and their probabilities, the proposal first.
 type draftRow struct {
@@ -128,7 +128,7 @@ func acceptDraft(pIDs []int32, pProbs []float64, q draftRow, rng *uint64, residu
 
 // sampledDraft reports whether s's next block is drawn from the draft's distribution (DraftInput.Sample).
 func (e *Engine) sampledDraft(s *sequence) bool {
-	return e.dist != nil && !e.cfg.SampleAndMatch && e.tree == nil && s.req.Sampling.Temperature > 0 && !e.constrained(s)
+	return e.dist != nil && e.cfg.SampledDrafts && e.tree == nil && s.req.Sampling.Temperature > 0 && !e.constrained(s)
 }
 
 // chooseDraft picks block row i's token for s by acceptDraft when the block's proposal there was drawn from the

@@ -59,11 +59,11 @@ type Config struct {
 	// best first, the top-1 chain first) instead of the chain; 0 verifies the chain. The Model must be a
 	// TreeVerifier; at most 63.
 	TreeBudget int
-	// SampleAndMatch verifies a sampled request's draft by sample-and-match (the draft proposes its best candidates,
-	// kept while the target samples them) even where the Model is a Distributor, whose default draws the proposals
-	// from the draft's distribution and keeps each by the speculative-sampling rule (draftsample.go). Both are
-	// lossless; this is for comparing them.
-	SampleAndMatch bool
+	// SampledDrafts draws a sampled request's proposals from the draft's distribution and keeps each by the
+	// speculative-sampling rule (draftsample.go) where the Model is a Distributor. Otherwise the draft proposes its
+	// best candidates, kept while the target samples them (sample-and-match), which kept as many or more on the
+	// demo pair (docs/PERFORMANCE.md). Both are lossless.
+	SampledDrafts bool
 }
 
 // Limits is the capacity the engine enforces.

@@ -235,7 +235,7 @@ func TestSpeculativeSamplingFollowsTheTarget(t *testing.T) {
 			m.Dist = dist
 			d := enginetest.NewOracleDrafter(argmax, 4, 1)
 			d.Dist = tc.draft
-			e := specEngine(t, m, d, engine.Config{StepTokens: 16})
+			e := specEngine(t, m, d, engine.Config{StepTokens: 16, SampledDrafts: true})
 			counts := map[string]int{}
 			accepted := 0
 			for seed := range runs {

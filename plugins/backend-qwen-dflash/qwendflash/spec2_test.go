@@ -11,7 +11,7 @@ import (
 
 // TestSpeculativeDFlash2MatchesPlainOnCPU: a DFlash2 draft (block 8, non-causal sliding layers, dynamic convolutions
 // and the candidate selector's greedy walk) proposes blocks that the target verifies: greedy output is token for
-// token the target's own, and the draft really ran.
+// token the target's own, and the draft really ran; sampled requests draw their proposals along the selector.
 func TestSpeculativeDFlash2MatchesPlainOnCPU(t *testing.T) {
 	q3, q35 := tinyModels(t)
 	prompts := []string{"The cat sat on", "a much longer prompt that needs several prefill chunks of eight tokens each", "x", "hello there, model"}
@@ -38,6 +38,13 @@ func TestSpeculativeDFlash2MatchesPlainOnCPU(t *testing.T) {
 			for i := range prompts {
 				is.Equal(fmt.Sprint(spec[i]), fmt.Sprint(plain[i]))       // speculative greedy == target greedy
 				is.True(fins[i] != nil && fins[i].Timings.DraftSteps > 0) // blocks were drafted and verified
+			}
+			// sampled requests with proposals drawn along the selector's lattice (--spec-sampling draft)
+			cfg.Options["spec-sampling"] = "draft"
+			sampled, fins := generate(t, cfg, prompts, sdk.Sampling{Temperature: f64(1), Seed: i64(3)}, 24)
+			for i := range prompts {
+				is.Equal(len(sampled[i]), 24)
+				is.True(fins[i] != nil && fins[i].Timings.DraftSteps > 0)
 			}
 		})
 	}

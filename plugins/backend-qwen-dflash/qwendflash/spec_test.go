@@ -207,6 +207,46 @@ func demoPairSpeculative(t *testing.T, dev string) {
 	}
 }
 
+// TestDemoPairSampledDrafts: sampled requests on the trained demo pair (CPU), verified both ways. With
+// --spec-sampling draft the draft draws its proposals from its own distribution and each is kept with probability
+// min(1, p/q); with match (the default) it proposes its best candidates, kept while the target samples them. Both
+// keep proposals of a trained draft (the acceptance paths ran with the native SampleDist and the drafter's draws);
+// that both follow the target's distribution is the engine's chi-square test.
+func TestDemoPairSampledDrafts(t *testing.T) {
+	target := filepath.Join(sdktest.Root(t), "models", "demo", "demo-target-q8_0.gguf")
+	draft := filepath.Join(sdktest.Root(t), "models", "demo", "demo-draft-q8_0.gguf")
+	prompts := []string{
+		"package main\n\nimport (\n\t\"fmt\"\n",
+		"func (b *Buffer) WriteString(s string) (n int, err error) {\n",
+		"\tfor i := 0; i < len(s); i++ {\n",
+		"// Copyright 2009 The Go Authors. All rights reserved.\n",
+	}
+	cfg := blockConfig(t, target)
+	cfg.MaxCtx, cfg.KVPoolTokens = 512, 2048
+	for _, mode := range []string{"draft", "match"} {
+		t.Run(mode, func(t *testing.T) {
+			is := is.New(t)
+			cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off", "spec-sampling": mode}
+			accepted, steps := 0, 0
+			for seed := range 3 {
+				_, fins := runAll(t, cfg, prompts, func(p string) *sdk.ChatRequest {
+					return &sdk.ChatRequest{Prompt: &sdk.RawPrompt{Text: p}, MaxTokens: 96, IgnoreEOS: true,
+						Sampling: sdk.Sampling{Temperature: f64(0.8), TopP: f64(0.95), Seed: i64(int64(seed))}}
+				})
+				for _, f := range fins {
+					is.True(f != nil)
+					accepted += f.Timings.DraftAccepted
+					steps += f.Timings.DraftSteps
+				}
+			}
+			is.True(steps > 0)
+			al := float64(accepted+steps) / float64(steps)
+			t.Logf("--spec-sampling %s: acceptance length %.2f over %d verify steps", mode, al, steps)
+			is.True(al > 1.5) // a trained draft's proposals are kept
+		})
+	}
+}
+
 // agree is the length of the common prefix of a and b.
 func agree(a, b []int32) int {
 	n := 0
