@@ -22,6 +22,9 @@
 // proposes a block per decoding sequence from the target's captured hidden
 // states, and sdk/engine verifies it in the batched target forward
 // (greedy output identical to target-only decoding, sampled output from the
-// target's distribution). Tree verification (--spec-tree-budget) is not in
-// this build yet.
+// target's distribution). --spec-tree-budget verifies a tree of the draft's
+// likeliest continuations (DDTree) instead of its chain; --spec-sampling draft
+// draws a sampled request's proposals from the draft's distribution and keeps
+// them by the speculative-sampling rule (default: match, the draft's best
+// candidates kept while the target samples them).
 package qwendflash
