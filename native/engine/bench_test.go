@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -170,5 +171,40 @@ func BenchmarkMemoryBandwidth(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		copy(dst, src)
+	}
+}
+
+// BenchmarkSample times Sample on a 151,936-logit row (Qwen's vocabulary) for each processor: greedy, a plain
+// temperature (the whole vocabulary is a candidate), top-p, top-k. Rows: "flat" (logits N(0, 3²): the draw lands deep
+// in the ranking, near the worst case) and "zipf" (a few tokens take most of the mass, as a trained model's do).
+func BenchmarkSample(b *testing.B) {
+	lib := openCPU(b)
+	m := loadRandom(b, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	r := rand.New(rand.NewPCG(1, 2))
+	const vocab = 151936
+	rows := map[string][]float32{"flat": make([]float32, vocab), "zipf": make([]float32, vocab)}
+	for i, rank := range r.Perm(vocab) {
+		rows["flat"][i] = float32(r.NormFloat64() * 3)
+		rows["zipf"][i] = float32(12 - 2.5*math.Log1p(float64(rank)))
+	}
+	for _, row := range []string{"flat", "zipf"} {
+		for _, tc := range []struct {
+			name string
+			p    SamplingParams
+		}{
+			{"greedy", SamplingParams{}},
+			{"temp1", SamplingParams{Temperature: 1}},
+			{"temp0.7-topp0.9", SamplingParams{Temperature: 0.7, TopP: 0.9}},
+			{"temp0.7-topk40", SamplingParams{Temperature: 0.7, TopK: 40}},
+		} {
+			b.Run(row+"/"+tc.name, func(b *testing.B) {
+				var rng uint64 = 1
+				for range b.N {
+					if _, err := m.Sample(rows[row], tc.p, nil, &rng); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -513,7 +513,7 @@ func TestSample(t *testing.T) {
 	is.True(errors.Is(err, ErrInvalid))
 }
 
-// TestSampleDist: SampleDist is what Sample draws from. Its probabilities are the processed softmax (checked by hand
+// TestSampleDist: SampleDist is what Sample draws from (its tokens in no particular order). Its probabilities are the processed softmax (checked by hand
 // for a plain temperature), and over many draws Sample's tokens follow them (chi-square) with each processor on.
 func TestSampleDist(t *testing.T) {
 	lib := openCPU(t)
@@ -534,7 +534,6 @@ func TestSampleDist(t *testing.T) {
 			want := math.Exp(float64(logits[ids[i]])/0.5) / sum
 			is.True(math.Abs(probs[i]-want) < 1e-6)
 		}
-		is.Equal(ids[0], int32(1)) // most likely first
 	})
 	t.Run("greedy is the argmax", func(t *testing.T) {
 		is := is.New(t)
@@ -561,9 +560,6 @@ func TestSampleDist(t *testing.T) {
 			sum := 0.0
 			for i := range n {
 				sum += probs[i]
-				if i > 0 {
-					is.True(probs[i] <= probs[i-1]) // most likely first
-				}
 			}
 			is.True(math.Abs(sum-1) < 1e-9)
 			const draws = 20000

@@ -653,8 +653,8 @@ func (m *Model) Sample(logits []float32, p SamplingParams, history []int32, rng 
 }
 
 // SampleDist writes the distribution Sample draws from for the same arguments into ids and probs (each with room for
-// len(logits) entries): the tokens it can return, most likely first, and their probabilities, summing to 1. It
-// returns how many there are.
+// len(logits) entries): the tokens it can return, in no particular order, and their probabilities, summing to 1.
+// It returns how many there are.
 func (m *Model) SampleDist(logits []float32, p SamplingParams, history []int32, ids []int32, probs []float64) (int, error) {
 	return m.lib.api.runSampleDist(logits, p, history, ids, probs)
 }

@@ -307,7 +307,7 @@ typedef struct dfl_api {
      * forward afterwards (seq_truncate of a recurrent model needs a new DFL_SEQ_RECORD forward). */
     dfl_status (*seq_import)(dfl_model *m, int32_t seq, const void *buf, uint64_t size);
     /* The distribution sample() draws from for these arguments (the same penalties, temperature, top-k, top-p and
-     * min-p): the tokens it can return, most likely first, in ids_out and their probabilities (summing to 1) in
+     * min-p): the tokens it can return, in no particular order, in ids_out and their probabilities (summing to 1) in
      * probs_out, both with room for n_vocab entries, and how many in *n_out. A temperature <= 0 gives the argmax alone
      * with probability 1. Speculative sampling needs it: a draft's proposal is accepted or replaced by comparing the
      * draft's probability of it with the target's. Pure, like sample(). */

@@ -16,9 +16,6 @@ uint64_t rng_next(uint64_t *state) {
     return z ^ (z >> 31);
 }
 
-static bool before(const std::vector<float> &l, int32_t a, int32_t b) {
-    return l[(size_t)a] > l[(size_t)b] || (l[(size_t)a] == l[(size_t)b] && a < b);
-}
 
 namespace {
 
@@ -71,64 +68,81 @@ int32_t argmax_token(const float *logits, uint32_t n_vocab, const Overrides &ove
     return best;
 }
 
-// What a positive temperature samples from: idx[0..n) best first with weights pr (of total mass; pr past n are
-// dropped by top-p / min-p).
-struct Weights {
-    std::vector<int32_t> idx;
-    std::vector<double> pr;
-    size_t n = 0;
-    double mass = 0;
+// The tokens a positive temperature samples from, ranked best first (ties by the lower id, so the order is
+// deterministic), with their softmax probabilities over the candidates (the top k, or every token). The order is
+// sorted only as far as it is read: sampling nearly always reads a short head of it, and a sort of a 150k-token
+// vocabulary cost ~30 ms a token.
+class Ranked {
+    struct Entry {
+        float l;  // logit / temperature
+        int32_t id;
+    };
+    // better-ranked first: the larger logit, the lower id on ties
+    static bool better(const Entry &a, const Entry &b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
+
+public:
+    Ranked(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over) : e_(n_vocab) {
+        for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{logits[i] / p.temperature, (int32_t)i};
+        for (const auto &kv : over) e_[(size_t)kv.first].l = kv.second / p.temperature;
+        if (p.top_k > 0 && (uint32_t)p.top_k < n_vocab) {
+            sorted_ = (size_t)p.top_k;
+            std::partial_sort(e_.begin(), e_.begin() + p.top_k, e_.end(), better);
+            e_.resize(sorted_);
+        }
+        mx_ = -INFINITY;
+        for (const Entry &x : e_) mx_ = std::max(mx_, (double)x.l);
+        for (const Entry &x : e_) z_ += std::exp((double)x.l - mx_);
+    }
+
+    size_t size() const { return e_.size(); }
+    int32_t id(size_t rank) {
+        sort_to(rank, 2 * sorted_);
+        return e_[rank].id;
+    }
+    double prob(size_t rank) {
+        sort_to(rank, 2 * sorted_);
+        return weight(e_[rank]);
+    }
+    // The candidates in no particular order (as they stand: ranks not yet read are unsorted).
+    int32_t unranked_id(size_t i) const { return e_[i].id; }
+    double unranked_prob(size_t i) const { return weight(e_[i]); }
+
+private:
+    double weight(const Entry &x) const { return std::exp((double)x.l - mx_) / z_; }
+    // Makes ranks [0, rank] sorted, at least to ranks [0, grow) (the head grows geometrically), by a heap selection
+    // over the rest: the tokens past the sorted head are never better than it.
+    void sort_to(size_t rank, size_t grow) {
+        if (rank < sorted_) return;
+        const size_t to = std::min(e_.size(), std::max({rank + 1, grow, (size_t)64}));
+        std::partial_sort(e_.begin() + (ptrdiff_t)sorted_, e_.begin() + (ptrdiff_t)to, e_.end(), better);
+        sorted_ = to;
+    }
+
+    std::vector<Entry> e_;
+    size_t sorted_ = 0;
+    double mx_ = 0, z_ = 0;
 };
 
-Weights weights(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over) {
-    std::vector<float> l(logits, logits + n_vocab);
-    for (const auto &kv : over) l[(size_t)kv.first] = kv.second;
-    for (auto &x : l) x /= p.temperature;
-
-    // candidates, best first (ties by lower id, so the order is deterministic)
-    Weights w;
-    w.idx.resize(n_vocab);
-    std::iota(w.idx.begin(), w.idx.end(), 0);
-    const auto cmp = [&](int32_t a, int32_t b) { return before(l, a, b); };
-    size_t n = n_vocab;
-    if (p.top_k > 0 && (uint32_t)p.top_k < n_vocab) {
-        n = (size_t)p.top_k;
-        std::partial_sort(w.idx.begin(), w.idx.begin() + (ptrdiff_t)n, w.idx.end(), cmp);
-    } else {
-        std::sort(w.idx.begin(), w.idx.end(), cmp);
-    }
-    w.idx.resize(n);
-
-    w.pr.resize(n);
-    const double mx = l[(size_t)w.idx[0]];
-    double sum = 0;
-    for (size_t i = 0; i < n; i++) {
-        w.pr[i] = std::exp((double)l[(size_t)w.idx[i]] - mx);
-        sum += w.pr[i];
-    }
-    for (auto &x : w.pr) x /= sum;
-
+// How many ranks top-p and min-p keep.
+size_t kept(Ranked &r, const dfl_sampling &p) {
+    size_t n = r.size();
     if (p.top_p < 1.0f) {
         double cum = 0;
-        size_t keep = n;
         for (size_t i = 0; i < n; i++) {
-            cum += w.pr[i];
+            cum += r.prob(i);
             if (cum >= (double)p.top_p) {
-                keep = i + 1;
+                n = i + 1;
                 break;
             }
         }
-        n = std::max<size_t>(1, keep);
     }
     if (p.min_p > 0.0f) {
-        const double floor = (double)p.min_p * w.pr[0];
+        const double floor = (double)p.min_p * r.prob(0);
         size_t keep = 1;
-        while (keep < n && w.pr[keep] >= floor) keep++;
+        while (keep < n && r.prob(keep) >= floor) keep++;
         n = keep;
     }
-    w.n = n;
-    for (size_t i = 0; i < n; i++) w.mass += w.pr[i];
-    return w;
+    return n;
 }
 
 }  // namespace
@@ -139,14 +153,22 @@ int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &
     const Overrides over = penalties(logits, n_vocab, p, history, n_history);
     if (!(p.temperature > 0.0f)) return argmax_token(logits, n_vocab, over);
 
-    const Weights w = weights(logits, n_vocab, p, over);
-    const double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * w.mass;
-    double cum = 0;
-    for (size_t i = 0; i < w.n; i++) {
-        cum += w.pr[i];
-        if (u < cum) return w.idx[i];
+    Ranked r(logits, n_vocab, p, over);
+    const size_t n = kept(r, p);
+    // the kept ranks' mass: all of it (1) unless top-p or min-p cut the order, whose head is then sorted already
+    double mass = 1;
+    if (n < r.size()) {
+        mass = 0;
+        for (size_t i = 0; i < n; i++) mass += r.prob(i);
     }
-    return w.idx[w.n - 1];
+    double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * mass;
+    for (size_t i = 0; i < n; i++) {
+        u -= r.prob(i);
+        if (u < 0) return r.id(i);
+    }
+    // rounding left u past the end: the last kept rank, or without a cut the best one (the last of every token may
+    // be one of probability 0)
+    return r.id(n < r.size() ? n - 1 : 0);
 }
 
 uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
@@ -158,14 +180,27 @@ uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sa
         probs[0] = 1;
         return 1;
     }
-    const Weights w = weights(logits, n_vocab, p, over);
-    size_t n = w.n;
-    while (n > 1 && w.pr[n - 1] == 0) n--;  // tokens of -inf logits (best first: they come last), never drawn
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = w.idx[i];
-        probs[i] = w.pr[i] / w.mass;
+    Ranked r(logits, n_vocab, p, over);
+    const size_t n = kept(r, p);
+    if (n < r.size()) {  // a sorted head
+        double mass = 0;
+        for (size_t i = 0; i < n; i++) mass += r.prob(i);
+        for (size_t i = 0; i < n; i++) {
+            ids[i] = r.id(i);
+            probs[i] = r.prob(i) / mass;
+        }
+        return (uint32_t)n;
     }
-    return (uint32_t)n;
+    // every candidate, unsorted: reading them in rank order would sort them all
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double pr = r.unranked_prob(i);
+        if (pr > 0) {
+            ids[m] = r.unranked_id(i);
+            probs[m++] = pr;
+        }
+    }
+    return m;
 }
 
 }  // namespace dfl

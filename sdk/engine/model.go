@@ -148,8 +148,8 @@ type Candidates struct {
 // candidates and the target's samples must match them.
 type Distributor interface {
 	// SampleDist writes the distribution Sample draws from for the same arguments into ids and probs (room for
-	// len(logits) entries each): the indices of logits it can return, most likely first, and their probabilities,
-	// summing to 1. It returns how many.
+	// len(logits) entries each): the indices of logits it can return (in no particular order) and their
+	// probabilities, summing to 1. It returns how many.
 	SampleDist(logits []float32, s *Sampling, history []int32, ids []int32, probs []float64) (int, error)
 }
 
