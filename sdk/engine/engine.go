@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dflash/dflash_server/sdk"
@@ -507,7 +509,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		}
 		return 0
 	}
-	row, tok0 := 0, 0
+	tok0 := 0
 	var generated int64
 	rowAt := func(row int) ([]float32, *candidateRow) {
 		if useCands {
@@ -515,6 +517,10 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k]}
 		}
 		return logits[row*e.nv : (row+1)*e.nv], nil
+	}
+	first := e.firstRows(batch)
+	if !useCands {
+		e.presample(batch, members, first, rowAt)
 	}
 	for i, in := range batch {
 		s := members[i]
@@ -524,15 +530,13 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 			tok0 += len(in.Tokens)
 		}
 		if in.Logits == LogitsAll && s.spec != nil {
-			first := row
-			rows := func(j int) ([]float32, *candidateRow) { return rowAt(first + j) }
+			rows := func(j int) ([]float32, *candidateRow) { return rowAt(first[i] + j) }
 			var n int
 			if in.Parents != nil {
 				n = e.verifyTree(s, s.nPast, in.Tokens, in.Parents, rows, f)
 			} else {
 				n = e.verify(s, s.nPast, in.Tokens, rows, f)
 			}
-			row += len(in.Tokens)
 			generated += int64(n)
 			continue
 		}
@@ -543,14 +547,10 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		if at := e.snapshotAt(s); s.nPast == at {
 			e.atSnapshot(s)
 		}
-		switch in.Logits {
-		case LogitsNone:
+		if in.Logits == LogitsNone {
 			continue
-		case LogitsAll:
-			row += len(in.Tokens) - 1
 		}
-		r, c := rowAt(row)
-		row++
+		r, c := rowAt(lastRow(in, first[i]))
 		if s.state == statePrefill {
 			s.state = stateDecode
 			s.tFirst = time.Now()
@@ -567,6 +567,76 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	return generated
 }
 
+// firstRows is each batch entry's first logits row.
+func (e *Engine) firstRows(batch []SeqInput) []int {
+	first := make([]int, len(batch))
+	row := 0
+	for i, in := range batch {
+		first[i] = row
+		switch in.Logits {
+		case LogitsLast:
+			row++
+		case LogitsAll:
+			row += len(in.Tokens)
+		}
+	}
+	return first
+}
+
+// lastRow is the logits row of an entry's last token, its first row being first.
+func lastRow(in SeqInput, first int) int {
+	if in.Logits == LogitsAll {
+		return first + len(in.Tokens) - 1
+	}
+	return first
+}
+
+// drawn is a token presample drew for a sequence's next advance.
+type drawn struct {
+	tok int32
+	err error
+	ok  bool
+}
+
+// presample draws at once, on several goroutines, the next tokens of this step's sequences whose draw reads a whole
+// logits row (a positive temperature, no JSON constraint, no forced token; verify blocks excepted): the host sampler
+// reads the whole vocabulary for each (~1 ms for 150k logits), which the step would otherwise pay once per sequence,
+// one after another. Each sequence draws with its own generator and history, as advance would, so the tokens are
+// the same; advance takes them from s.drawn.
+func (e *Engine) presample(batch []SeqInput, members []*sequence, first []int, rowAt func(int) ([]float32, *candidateRow)) {
+	type job struct {
+		s   *sequence
+		row []float32
+	}
+	var jobs []job
+	for i, in := range batch {
+		s := members[i]
+		if in.Logits == LogitsNone || (in.Logits == LogitsAll && s.spec != nil) || len(s.forced) > 0 ||
+			s.req.Sampling.Temperature <= 0 || e.constrained(s) {
+			continue
+		}
+		r, _ := rowAt(lastRow(in, first[i]))
+		jobs = append(jobs, job{s, r})
+	}
+	if len(jobs) < 2 {
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(len(jobs), runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := next.Add(1) - 1; j < int64(len(jobs)); j = next.Add(1) - 1 {
+				s := jobs[j].s
+				tok, err := e.pick(s, jobs[j].row)
+				s.drawn = drawn{tok: tok, err: err, ok: true}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // advance picks the sequence's next token from its logits row and handles
 // the output it makes.
 func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
@@ -579,6 +649,9 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 	case len(s.forced) > 0: // a forced token (closing the reasoning) needs no sample
 		tok, forced = s.forced[0], true
 		s.forced = s.forced[1:]
+	case s.drawn.ok: // presample drew it
+		tok, err = s.drawn.tok, s.drawn.err
+		s.drawn = drawn{}
 	default:
 		tok, err = e.choose(s, row, c)
 	}

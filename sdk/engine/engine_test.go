@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -298,39 +299,74 @@ func TestSchedulerMixesPrefillChunksWithDecode(t *testing.T) {
 	is.Equal(len(b.c.result().tokens), 3)
 }
 
+// TestBatchedDecodeMatchesAlone: a request's tokens do not depend on what it shares forwards with, greedy or sampled
+// (sampled rows are drawn on several goroutines at once: each with its own generator, history and row).
 func TestBatchedDecodeMatchesAlone(t *testing.T) {
-	is := is.New(t)
 	prompts := []string{"the cat", "a much longer prompt that takes several chunks", "x", "hello there"}
-	alone := make([][]int32, len(prompts))
-	for i, p := range prompts {
-		m := enginetest.NewFakeModel(4, 64, 1)
-		e := newEngine(t, m, engine.Config{StepTokens: 8})
-		c, err := run(e, request(p, 24))
-		is.NoErr(err)
-		alone[i] = c.result().tokens
-		is.Equal(len(alone[i]), 24)
-	}
-	m := enginetest.NewFakeModel(4, 128, 4)
-	e := newEngine(t, m, engine.Config{StepTokens: 8})
-	g := holdForwards(m)
-	runs := make([]*async, len(prompts))
-	for i, p := range prompts {
-		runs[i] = start(context.Background(), e, request(p, 24))
-		waitAdmitted(t, runs[i])
-	}
-	g.open()
-	for i, a := range runs {
-		a.wait(t)
-		is.NoErr(a.err)
-		is.Equal(a.c.result().tokens, alone[i]) // same tokens batched as alone
-	}
-	batched := 0
-	for _, s := range m.Steps() {
-		if len(s) > 1 {
-			batched++
+	// letters gives eight letters history-dependent logits (everything else impossible)
+	letters := func(history []int32) []float32 {
+		row := make([]float32, enginetest.VocabSize)
+		for i := range row {
+			row[i] = float32(math.Inf(-1))
 		}
+		h := uint64(1469598103934665603)
+		for _, t := range history {
+			h = (h ^ uint64(t)) * 1099511628211
+		}
+		for i := range 8 {
+			row['a'+i] = float32((h>>(8*i))&0xff) / 64
+		}
+		return row
 	}
-	is.True(batched > 0) // the sequences really shared forwards
+	for _, tc := range []struct {
+		name string
+		temp float32
+		dist func([]int32) []float32
+	}{
+		{"greedy", 0, nil},
+		{"sampled", 1, letters},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			req := func(i int) *engine.Request {
+				r := request(prompts[i], 24)
+				r.Sampling = engine.Sampling{Temperature: tc.temp, Seed: uint64(i + 1)}
+				return r
+			}
+			alone := make([][]int32, len(prompts))
+			for i := range prompts {
+				m := enginetest.NewFakeModel(4, 64, 1)
+				m.Dist = tc.dist
+				e := newEngine(t, m, engine.Config{StepTokens: 8})
+				c, err := run(e, req(i))
+				is.NoErr(err)
+				alone[i] = c.result().tokens
+				is.Equal(len(alone[i]), 24)
+			}
+			m := enginetest.NewFakeModel(4, 128, 4)
+			m.Dist = tc.dist
+			e := newEngine(t, m, engine.Config{StepTokens: 8})
+			g := holdForwards(m)
+			runs := make([]*async, len(prompts))
+			for i := range prompts {
+				runs[i] = start(context.Background(), e, req(i))
+				waitAdmitted(t, runs[i])
+			}
+			g.open()
+			for i, a := range runs {
+				a.wait(t)
+				is.NoErr(a.err)
+				is.Equal(a.c.result().tokens, alone[i]) // same tokens batched as alone
+			}
+			batched := 0
+			for _, s := range m.Steps() {
+				if len(s) > 1 {
+					batched++
+				}
+			}
+			is.True(batched > 0) // the sequences really shared forwards
+		})
+	}
 }
 
 func TestStopConditions(t *testing.T) {

@@ -63,8 +63,9 @@ type Sampling struct {
 }
 
 // Model is what the engine needs from a loaded model. The engine calls it
-// from one goroutine only, so implementations need no locking; Sample must
-// not depend on any model state (it may be called between forwards).
+// from one goroutine only, so implementations need no locking, except
+// Sample: it must not depend on any model state (it may be called between
+// forwards) and may run on several goroutines at once for different rows.
 type Model interface {
 	// VocabSize is the number of logits per row.
 	VocabSize() int

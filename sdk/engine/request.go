@@ -116,6 +116,7 @@ type sequence struct {
 	json       constraint // the visible text so far, for the JSON formats
 	parser     Parser
 	rng        uint64
+	drawn      drawn    // the next token, drawn ahead by presample
 	snapLen    int      // length of the snapshot taken at the prompt's end
 	spec       *specSeq // the draft side, when the sequence speculates
 	counts     specCounts
