@@ -68,82 +68,108 @@ int32_t argmax_token(const float *logits, uint32_t n_vocab, const Overrides &ove
     return best;
 }
 
-// The tokens a positive temperature samples from, ranked best first (ties by the lower id, so the order is
-// deterministic), with their softmax probabilities over the candidates (the top k, or every token). The order is
-// sorted only as far as it is read: sampling nearly always reads a short head of it, and a sort of a 150k-token
-// vocabulary cost ~30 ms a token.
-class Ranked {
+// The tokens a positive temperature samples from (the top k, or every token) with their softmax weights, cut by
+// top-p and min-p without sorting them: a sort of a 150k-token vocabulary cost ~25 ms a token. Their order is of no
+// meaning but fixed by the input, so that a seed draws the same token every time; drawing in it draws from the same
+// distribution as drawing in rank order (the larger logit first, the lower id on ties), by which the cuts are made.
+class Candidates {
     struct Entry {
-        float l;  // logit / temperature
+        double w;  // exp(l - max l)
+        float l;   // logit / temperature
         int32_t id;
     };
-    // better-ranked first: the larger logit, the lower id on ties
     static bool better(const Entry &a, const Entry &b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
 
 public:
-    Ranked(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over) : e_(n_vocab) {
-        for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{logits[i] / p.temperature, (int32_t)i};
+    Candidates(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over) : e_(n_vocab) {
+        for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{0, logits[i] / p.temperature, (int32_t)i};
         for (const auto &kv : over) e_[(size_t)kv.first].l = kv.second / p.temperature;
-        if (p.top_k > 0 && (uint32_t)p.top_k < n_vocab) {
-            sorted_ = (size_t)p.top_k;
-            std::partial_sort(e_.begin(), e_.begin() + p.top_k, e_.end(), better);
-            e_.resize(sorted_);
+        // a ranked head (heap selection): the top k, else the best 64, which nearly always hold what top-p keeps
+        const bool top_k = p.top_k > 0 && (uint32_t)p.top_k < n_vocab;
+        const size_t head = std::min<size_t>(n_vocab, top_k ? (size_t)p.top_k : 64);
+        std::partial_sort(e_.begin(), e_.begin() + (ptrdiff_t)head, e_.end(), better);
+        if (top_k) e_.resize(head);
+        const float mx = e_[0].l;
+        for (Entry &x : e_) {
+            x.w = std::exp((double)x.l - mx);
+            z_ += x.w;
         }
-        mx_ = -INFINITY;
-        for (const Entry &x : e_) mx_ = std::max(mx_, (double)x.l);
-        for (const Entry &x : e_) z_ += std::exp((double)x.l - mx_);
+        if (p.top_p < 1.0f) cut_top_p((double)p.top_p * z_, head);
+        if (p.min_p > 0.0f) {
+            // min_p times the best token's weight, which is 1
+            const auto keeps = [floor = (double)p.min_p](const Entry &x) { return x.w >= floor; };
+            e_.erase(std::partition(e_.begin(), e_.end(), keeps), e_.end());
+        }
+        if (e_.size() < n_vocab) {
+            mass_ = 0;
+            for (const Entry &x : e_) mass_ += x.w;
+        } else {
+            mass_ = z_;
+        }
     }
 
     size_t size() const { return e_.size(); }
-    int32_t id(size_t rank) {
-        sort_to(rank, 2 * sorted_);
-        return e_[rank].id;
-    }
-    double prob(size_t rank) {
-        sort_to(rank, 2 * sorted_);
-        return weight(e_[rank]);
-    }
-    // The candidates in no particular order (as they stand: ranks not yet read are unsorted).
-    int32_t unranked_id(size_t i) const { return e_[i].id; }
-    double unranked_prob(size_t i) const { return weight(e_[i]); }
+    int32_t id(size_t i) const { return e_[i].id; }
+    // weight of candidate i; the kept candidates' weights sum to mass()
+    double weight(size_t i) const { return e_[i].w; }
+    double mass() const { return mass_; }
 
 private:
-    double weight(const Entry &x) const { return std::exp((double)x.l - mx_) / z_; }
-    // Makes ranks [0, rank] sorted, at least to ranks [0, grow) (the head grows geometrically), by a heap selection
-    // over the rest: the tokens past the sorted head are never better than it.
-    void sort_to(size_t rank, size_t grow) {
-        if (rank < sorted_) return;
-        const size_t to = std::min(e_.size(), std::max({rank + 1, grow, (size_t)64}));
-        std::partial_sort(e_.begin() + (ptrdiff_t)sorted_, e_.begin() + (ptrdiff_t)to, e_.end(), better);
-        sorted_ = to;
+    // Keeps the smallest set of best-ranked candidates whose weight reaches need: within the ranked head [0, head)
+    // if it holds that much, else past it by partitioning around pivots (quickselect on the accumulated weight; the
+    // last few sorted).
+    void cut_top_p(double need, size_t head) {
+        double cum = 0;  // weight of [0, lo)
+        for (size_t i = 0; i < head; i++) {
+            cum += e_[i].w;
+            if (cum >= need) {
+                e_.resize(i + 1);
+                return;
+            }
+        }
+        size_t lo = head, hi = e_.size();  // [0, lo) kept, the cut lies in (lo, hi]
+        while (hi - lo > 64) {
+            const Entry pivot = median3(e_[lo], e_[lo + (hi - lo) / 2], e_[hi - 1]);
+            const auto mid = std::partition(e_.begin() + (ptrdiff_t)lo, e_.begin() + (ptrdiff_t)hi,
+                                            [&](const Entry &x) { return better(x, pivot); });
+            const size_t m = (size_t)(mid - e_.begin());
+            double left = 0;
+            for (size_t i = lo; i < m; i++) left += e_[i].w;
+            if (cum + left >= need) {  // the cut is among the better ones
+                hi = m;
+                continue;
+            }
+            // all of them are kept, and the pivot too (the best of the rest: every round makes progress)
+            cum += left;
+            std::iter_swap(e_.begin() + (ptrdiff_t)m, std::find_if(mid, e_.begin() + (ptrdiff_t)hi, [&](const Entry &x) {
+                               return x.id == pivot.id;
+                           }));
+            cum += e_[m].w;
+            lo = m + 1;
+            if (cum >= need) {
+                e_.resize(lo);
+                return;
+            }
+        }
+        std::sort(e_.begin() + (ptrdiff_t)lo, e_.begin() + (ptrdiff_t)hi, better);
+        for (size_t i = lo; i < hi; i++) {
+            cum += e_[i].w;
+            if (cum >= need) {
+                e_.resize(i + 1);
+                return;
+            }
+        }
+        e_.resize(hi);  // rounding: the whole range
+    }
+
+    static Entry median3(const Entry &a, const Entry &b, const Entry &c) {
+        if (better(a, b)) return better(b, c) ? b : (better(a, c) ? c : a);
+        return better(a, c) ? a : (better(b, c) ? c : b);
     }
 
     std::vector<Entry> e_;
-    size_t sorted_ = 0;
-    double mx_ = 0, z_ = 0;
+    double z_ = 0, mass_ = 0;
 };
-
-// How many ranks top-p and min-p keep.
-size_t kept(Ranked &r, const dfl_sampling &p) {
-    size_t n = r.size();
-    if (p.top_p < 1.0f) {
-        double cum = 0;
-        for (size_t i = 0; i < n; i++) {
-            cum += r.prob(i);
-            if (cum >= (double)p.top_p) {
-                n = i + 1;
-                break;
-            }
-        }
-    }
-    if (p.min_p > 0.0f) {
-        const double floor = (double)p.min_p * r.prob(0);
-        size_t keep = 1;
-        while (keep < n && r.prob(keep) >= floor) keep++;
-        n = keep;
-    }
-    return n;
-}
 
 }  // namespace
 
@@ -153,22 +179,17 @@ int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &
     const Overrides over = penalties(logits, n_vocab, p, history, n_history);
     if (!(p.temperature > 0.0f)) return argmax_token(logits, n_vocab, over);
 
-    Ranked r(logits, n_vocab, p, over);
-    const size_t n = kept(r, p);
-    // the kept ranks' mass: all of it (1) unless top-p or min-p cut the order, whose head is then sorted already
-    double mass = 1;
-    if (n < r.size()) {
-        mass = 0;
-        for (size_t i = 0; i < n; i++) mass += r.prob(i);
+    Candidates c(logits, n_vocab, p, over);
+    double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * c.mass();
+    for (size_t i = 0; i < c.size(); i++) {
+        u -= c.weight(i);
+        if (u < 0) return c.id(i);
     }
-    double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * mass;
-    for (size_t i = 0; i < n; i++) {
-        u -= r.prob(i);
-        if (u < 0) return r.id(i);
-    }
-    // rounding left u past the end: the last kept rank, or without a cut the best one (the last of every token may
-    // be one of probability 0)
-    return r.id(n < r.size() ? n - 1 : 0);
+    // rounding left u past the end: the heaviest candidate (the last may have weight 0)
+    size_t best = 0;
+    for (size_t i = 1; i < c.size(); i++)
+        if (c.weight(i) > c.weight(best)) best = i;
+    return c.id(best);
 }
 
 uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
@@ -180,27 +201,15 @@ uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sa
         probs[0] = 1;
         return 1;
     }
-    Ranked r(logits, n_vocab, p, over);
-    const size_t n = kept(r, p);
-    if (n < r.size()) {  // a sorted head
-        double mass = 0;
-        for (size_t i = 0; i < n; i++) mass += r.prob(i);
-        for (size_t i = 0; i < n; i++) {
-            ids[i] = r.id(i);
-            probs[i] = r.prob(i) / mass;
-        }
-        return (uint32_t)n;
-    }
-    // every candidate, unsorted: reading them in rank order would sort them all
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double pr = r.unranked_prob(i);
-        if (pr > 0) {
-            ids[m] = r.unranked_id(i);
-            probs[m++] = pr;
+    Candidates c(logits, n_vocab, p, over);
+    uint32_t n = 0;
+    for (size_t i = 0; i < c.size(); i++) {
+        if (const double pr = c.weight(i) / c.mass(); pr > 0) {
+            ids[n] = c.id(i);
+            probs[n++] = pr;
         }
     }
-    return m;
+    return n;
 }
 
 }  // namespace dfl

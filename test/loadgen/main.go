@@ -17,6 +17,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -28,14 +29,22 @@ func main() {
 	tokens := flag.Int("tokens", 128, "tokens generated per request")
 	prompt := flag.String("prompt", "Write a long story about a lighthouse keeper.", "user message")
 	completion := flag.Bool("completion", false, "send -prompt as raw text to /v1/completions instead of a chat message")
+	sampling := flag.String("sampling", "", `request fields merged over the greedy default, as a JSON object (e.g. '{"temperature": 1, "top_k": 0}')`)
 	flag.Parse()
+	var extra map[string]any
+	if *sampling != "" {
+		if err := json.Unmarshal([]byte(*sampling), &extra); err != nil {
+			fmt.Fprintf(os.Stderr, "loadgen: -sampling: %v\n", err)
+			os.Exit(2)
+		}
+	}
 	for _, f := range strings.Split(*streams, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n <= 0 {
 			fmt.Fprintf(os.Stderr, "loadgen: bad -streams entry %q\n", f)
 			os.Exit(2)
 		}
-		r, err := measure(context.Background(), *url, n, *tokens, *prompt, *completion)
+		r, err := measure(context.Background(), *url, n, *tokens, *prompt, *completion, extra)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "loadgen:", err)
 			os.Exit(1)
@@ -58,11 +67,12 @@ type result struct {
 	accepted, draftSteps int
 }
 
-func measure(ctx context.Context, url string, n, tokens int, prompt string, completion bool) (result, error) {
+func measure(ctx context.Context, url string, n, tokens int, prompt string, completion bool, extra map[string]any) (result, error) {
 	req := map[string]any{
 		"model": "auto", "stream": true, "max_tokens": tokens, "ignore_eos": true, "temperature": 0,
 		"stream_options": map[string]bool{"include_usage": true},
 	}
+	maps.Copy(req, extra)
 	path := "/v1/chat/completions"
 	if completion {
 		req["prompt"], path = prompt, "/v1/completions"
