@@ -12,7 +12,7 @@ import (
 // otherwise the row's token is drawn from the residual max(p - q, 0), normalised. Whatever q is, the token follows p
 // (Leviathan et al. 2023, Chen et al. 2023), and the closer q is to p the more proposals are kept. A one-hot q (the
 // draft's best candidate) keeps x with probability p(x): the sample-and-match rule, which the engine uses where it has
-// no q (greedy requests, a Model without SampleDist, a JSON constraint, trees) and by default (Config.SampledDrafts).
+// no q (greedy requests, a Model without SampleDist, a JSON constraint, trees) and unless Config.SampledDrafts.
 
 // draftRow is the draft's distribution for one proposal: candidate tokens and their probabilities, the proposal first.
 type draftRow struct {

@@ -24,7 +24,7 @@
 // (greedy output identical to target-only decoding, sampled output from the
 // target's distribution). --spec-tree-budget verifies a tree of the draft's
 // likeliest continuations (DDTree) instead of its chain; --spec-sampling draft
-// draws a sampled request's proposals from the draft's distribution and keeps
-// them by the speculative-sampling rule (default: match, the draft's best
-// candidates kept while the target samples them).
+// (the default) draws a sampled request's proposals from the draft's
+// distribution and keeps them by the speculative-sampling rule; match
+// proposes the draft's best candidates, kept while the target samples them.
 package qwendflash

@@ -22,7 +22,7 @@ var optionSpecs = slices.Concat(nativebackend.EngineOptionSpecs(), []sdk.OptionS
 	sdk.OptionSpec{Name: "draft-device", Kind: sdk.OptionString, Help: "Device of the draft model (default: the target's device)."},
 	sdk.OptionSpec{Name: "draft-block-size", Kind: sdk.OptionInt, Default: "0", Help: "Most block tokens (the root and the proposals) verified per step (0 = the draft's block size; never above it)."},
 	sdk.OptionSpec{Name: "spec-tree-budget", Kind: sdk.OptionInt, Default: "0", Help: "DDTree verify budget in tree nodes (0 = verify the draft's chain)."},
-	sdk.OptionSpec{Name: "spec-sampling", Kind: sdk.OptionEnum, Enum: []string{"draft", "match"}, Default: "match", Help: "Sampled requests (temperature > 0): match: the draft's best candidates, kept while the target samples them; draft: proposals drawn from the draft's distribution, each kept with probability min(1, p/q) of the target's and the draft's. Both follow the target's distribution exactly; greedy requests and trees always match."},
+	sdk.OptionSpec{Name: "spec-sampling", Kind: sdk.OptionEnum, Enum: []string{"draft", "match"}, Default: "draft", Help: "Sampled requests (temperature > 0): draft: proposals drawn from the draft's distribution, each kept with probability min(1, p/q) of the target's and the draft's; match: the draft's best candidates, kept while the target samples them. Both follow the target's distribution exactly; greedy requests and trees always match."},
 	sdk.OptionSpec{Name: "draft-pacing", Kind: sdk.OptionEnum, Enum: []string{"on", "off"}, Default: "on", Help: "on: measure whether drafting pays (tokens per second with and without) and decode plainly in bursts while it does not; off: draft on every step."},
 	sdk.OptionSpec{Name: "target-split", Kind: sdk.OptionString, Help: "Split the target's layers across devices (not supported yet).", SharedProcessPolicy: true},
 })
@@ -50,7 +50,7 @@ func parseOptions(m map[string]string) (options, error) {
 	if path := r.Get("draft"); path != "" {
 		o.engine.Draft = nativebackend.DraftOptions{Path: path, Device: r.Get("draft-device"), Block: draftBlock, TreeBudget: treeBudget}
 		o.engine.Draft.Always = !r.OnOff("draft-pacing", true)
-		o.engine.Draft.SampledDrafts = r.Enum("spec-sampling", []string{"draft", "match"}, "match") == "draft"
+		o.engine.Draft.SampledDrafts = r.Enum("spec-sampling", []string{"draft", "match"}, "draft") == "draft"
 		if dev := r.Get("draft-device"); dev != "" {
 			if _, _, err := native.ParseDevice(dev); err != nil {
 				r.Bad("draft-device", "%v", err)

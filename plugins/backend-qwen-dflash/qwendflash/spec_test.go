@@ -159,16 +159,21 @@ func TestDemoPairSpeculative(t *testing.T) {
 	}
 }
 
+// demoPair is the trained demo pair's files (models/demo) and four Go source prompts like those it learnt from.
+func demoPair(t *testing.T) (target, draft string, prompts []string) {
+	root := sdktest.Root(t)
+	return filepath.Join(root, "models", "demo", "demo-target-q8_0.gguf"), filepath.Join(root, "models", "demo", "demo-draft-q8_0.gguf"),
+		[]string{
+			"package main\n\nimport (\n\t\"fmt\"\n",
+			"// Copyright 2009 The Go Authors. All rights reserved.\n// Use of this source code is governed by a BSD-style\n",
+			"func (b *Buffer) WriteString(s string) (n int, err error) {\n",
+			"\tfor i := 0; i < len(s); i++ {\n",
+		}
+}
+
 func demoPairSpeculative(t *testing.T, dev string) {
 	is := is.New(t)
-	target := filepath.Join(sdktest.Root(t), "models", "demo", "demo-target-q8_0.gguf")
-	draft := filepath.Join(sdktest.Root(t), "models", "demo", "demo-draft-q8_0.gguf")
-	prompts := []string{
-		"package main\n\nimport (\n\t\"fmt\"\n",
-		"// Copyright 2009 The Go Authors. All rights reserved.\n// Use of this source code is governed by a BSD-style\n",
-		"func (b *Buffer) WriteString(s string) (n int, err error) {\n",
-		"\tfor i := 0; i < len(s); i++ {\n",
-	}
+	target, draft, prompts := demoPair(t)
 	raw := func(cfg sdk.ModelConfig) ([][]int32, []*sdk.Finish) {
 		t.Helper()
 		return runAll(t, cfg, prompts, func(p string) *sdk.ChatRequest {
@@ -208,19 +213,12 @@ func demoPairSpeculative(t *testing.T, dev string) {
 }
 
 // TestDemoPairSampledDrafts: sampled requests on the trained demo pair (CPU), verified both ways. With
-// --spec-sampling draft the draft draws its proposals from its own distribution and each is kept with probability
-// min(1, p/q); with match (the default) it proposes its best candidates, kept while the target samples them. Both
+// --spec-sampling draft (the default) the draft draws its proposals from its own distribution and each is kept with
+// probability min(1, p/q); with match it proposes its best candidates, kept while the target samples them. Both
 // keep proposals of a trained draft (the acceptance paths ran with the native SampleDist and the drafter's draws);
 // that both follow the target's distribution is the engine's chi-square test.
 func TestDemoPairSampledDrafts(t *testing.T) {
-	target := filepath.Join(sdktest.Root(t), "models", "demo", "demo-target-q8_0.gguf")
-	draft := filepath.Join(sdktest.Root(t), "models", "demo", "demo-draft-q8_0.gguf")
-	prompts := []string{
-		"package main\n\nimport (\n\t\"fmt\"\n",
-		"func (b *Buffer) WriteString(s string) (n int, err error) {\n",
-		"\tfor i := 0; i < len(s); i++ {\n",
-		"// Copyright 2009 The Go Authors. All rights reserved.\n",
-	}
+	target, draft, prompts := demoPair(t)
 	cfg := blockConfig(t, target)
 	cfg.MaxCtx, cfg.KVPoolTokens = 512, 2048
 	for _, mode := range []string{"draft", "match"} {
