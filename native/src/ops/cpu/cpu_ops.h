@@ -79,8 +79,11 @@ struct PagedKV {
     const int32_t *blocks = nullptr;
 
     int64_t slot(int64_t pos) const { return (int64_t)blocks[pos / block_size] * block_size + pos % block_size; }
-    uint8_t *k_at(int64_t pos, int h) const { return k + (uint64_t)(slot(pos) * n_kv + h) * k_row; }
-    uint8_t *v_at(int64_t pos, int h) const { return v + (uint64_t)(slot(pos) * n_kv + h) * v_row; }
+    uint8_t *k_at(int64_t pos, int h) const { return k_in(slot(pos), h); }
+    uint8_t *v_at(int64_t pos, int h) const { return v_in(slot(pos), h); }
+    // the rows of cache slot s (slot(pos)), for callers walking positions in order without a division each
+    uint8_t *k_in(int64_t s, int h) const { return k + (uint64_t)(s * n_kv + h) * k_row; }
+    uint8_t *v_in(int64_t s, int h) const { return v + (uint64_t)(s * n_kv + h) * v_row; }
 };
 
 constexpr int kAttnTile = 64;
