@@ -9,6 +9,7 @@ const candidateK = 64
 type candidateRow struct {
 	ids    []int32
 	logits []float32
+	lse    float32 // the whole row's log-sum-exp
 }
 
 // allFromCandidates reports whether every row the batch asks for can be decided from its candidates alone.
@@ -23,11 +24,15 @@ func (e *Engine) allFromCandidates(batch []SeqInput, members []*sequence) bool {
 
 // fromCandidates reports whether s's next token depends only on its row's best candidateK logits: greedy, or
 // sampling restricted to the top k (k small enough that end-of-generation ids suppressed among the candidates leave
-// k others), with no penalties (they can lift a token from outside), no logprobs (their top lists and the chosen
-// token's value want the row) and no JSON constraint (it may reject every candidate).
+// k others), with no penalties (they can lift a token from outside) and no JSON constraint (it may reject every
+// candidate). Logprobs come from the candidates and the row's log-sum-exp too, unless end-of-generation is suppressed
+// (the whole row's log-sum-exp then leaves those tokens out) or a token is forced (it may not be a candidate).
 func (e *Engine) fromCandidates(s *sequence) bool {
 	r := s.req
-	if r.Logprobs || r.Format != FormatText {
+	if r.Format != FormatText {
+		return false
+	}
+	if r.Logprobs && (suppressEOG(s) || len(s.forced) > 0 || r.TopLogprobs > candidateK) {
 		return false
 	}
 	p := &r.Sampling
@@ -48,6 +53,9 @@ func (e *Engine) candidatesFor(members []*sequence) int {
 	for _, s := range members {
 		if p := &s.req.Sampling; p.Temperature > 0 {
 			k = max(k, p.TopK)
+		}
+		if s.req.Logprobs {
+			k = max(k, s.req.TopLogprobs)
 		}
 	}
 	return min(candidateK, k+len(e.eog))

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/engine"
 	"github.com/dflash/dflash_server/sdk/engine/enginetest"
 	"github.com/matryer/is"
@@ -63,7 +64,8 @@ func TestCandidateSteps(t *testing.T) {
 		}, true, 6},
 		{"sampling over the whole vocabulary", func(r *engine.Request) { r.Sampling.Temperature = 0.8 }, false, 0},
 		{"top-k larger than the candidates", func(r *engine.Request) { r.Sampling.Temperature, r.Sampling.TopK = 0.8, 64 }, false, 0},
-		{"logprobs", func(r *engine.Request) { r.Logprobs, r.TopLogprobs = true, 2 }, false, 0},
+		{"logprobs", func(r *engine.Request) { r.Logprobs, r.TopLogprobs = true, 2 }, true, 3},
+		{"logprobs, eos suppressed", func(r *engine.Request) { r.Logprobs, r.TopLogprobs, r.IgnoreEOS = true, 2, true }, false, 0},
 		{"penalties", func(r *engine.Request) { r.Sampling.PresencePenalty, r.Sampling.PenaltyLastN = 0.5, -1 }, false, 0},
 	}
 	for _, tc := range tests {
@@ -84,10 +86,32 @@ func TestCandidateSteps(t *testing.T) {
 			want := generate(plain).result()
 			fake := &candidateFake{FakeModel: enginetest.NewFakeModel(4, 64, 1)}
 			fake.Next = enginetest.Reply(1, enginetest.Encode("ok"))
-			got := generate(fake).result()
-			is.Equal(got.text, want.text)                           // the candidates decide as the whole row does
+			gotC := generate(fake)
+			got := gotC.result()
+			is.Equal(got.text, want.text) // the candidates decide as the whole row does
+			// and give the same log-probabilities (to rounding: the row's log-sum-exp is summed another way)
+			wantLP, gotLP := logprobsOf(generate(plain)), logprobsOf(gotC)
+			is.Equal(len(gotLP), len(wantLP))
+			for i := range wantLP {
+				is.Equal(gotLP[i].Token, wantLP[i].Token)
+				is.True(math.Abs(gotLP[i].Logprob-wantLP[i].Logprob) < 1e-5)
+				is.Equal(len(gotLP[i].Top), len(wantLP[i].Top))
+				for j := range wantLP[i].Top {
+					is.Equal(gotLP[i].Top[j].Token, wantLP[i].Top[j].Token)
+					is.True(math.Abs(gotLP[i].Top[j].Logprob-wantLP[i].Top[j].Logprob) < 1e-5)
+				}
+			}
 			is.Equal(fake.candidateForwards > 0, tc.wantCandidates) // and are used only where they suffice
 			is.Equal(fake.maxK, tc.wantK)                           // no more of them than the rows need
 		})
 	}
+}
+
+// logprobsOf is every token's log-probability entry of a finished stream, in order.
+func logprobsOf(c *collector) []sdk.TokenLogprob {
+	var out []sdk.TokenLogprob
+	for _, ev := range c.events {
+		out = append(out, ev.Logprobs...)
+	}
+	return out
 }

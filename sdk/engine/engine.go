@@ -514,7 +514,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	rowAt := func(row int) ([]float32, *candidateRow) {
 		if useCands {
 			k := cands.K
-			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k]}
+			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k], lse: cands.LSE[row]}
 		}
 		return logits[row*e.nv : (row+1)*e.nv], nil
 	}
@@ -660,7 +660,7 @@ func (e *Engine) advance(s *sequence, row []float32, c *candidateRow) {
 		return
 	}
 	var ev sdk.Event
-	if e.commit(s, &ev, tok, forced, row) {
+	if e.commit(s, &ev, tok, forced, row, c) {
 		return
 	}
 	s.feed = append(s.feed[:0], tok)

@@ -50,3 +50,25 @@ func tokenLogprob(row []float32, tok int32, top int, vocab Vocab) sdk.TokenLogpr
 	}
 	return lp
 }
+
+// candidateLogprob is tokenLogprob from a row's best candidates and its log-sum-exp (the candidates cover the chosen
+// token and the top alternatives: fromCandidates).
+func candidateLogprob(c *candidateRow, tok int32, top int, vocab Vocab) sdk.TokenLogprob {
+	b := vocab.TokenBytes(tok)
+	lp := sdk.TokenLogprob{Token: string(b), Bytes: b, Logprob: math.Inf(-1)}
+	for j, id := range c.ids {
+		if id == tok {
+			lp.Logprob = float64(c.logits[j]) - float64(c.lse)
+			break
+		}
+	}
+	top = min(top, maxTopLogprobs)
+	for j, id := range c.ids {
+		if len(lp.Top) == top || id < 0 {
+			break
+		}
+		b := vocab.TokenBytes(id)
+		lp.Top = append(lp.Top, sdk.TopLogprob{Token: string(b), Bytes: b, Logprob: float64(c.logits[j]) - float64(c.lse)})
+	}
+	return lp
+}

@@ -12,15 +12,19 @@ import (
 // budget, and the event that carries it.
 
 // commit appends one generated token to the sequence and its output to ev
-// (row, when not nil, is the distribution it came from, for logprobs). It
-// returns true when the token ended the sequence: ev then went out with
+// (row or c, when not nil, is the distribution it came from, for logprobs).
+// It returns true when the token ended the sequence: ev then went out with
 // the Finish and the sequence is retired. Speculative decoding commits
 // several accepted tokens into one event this way, stopping at the first
 // that ends the sequence.
-func (e *Engine) commit(s *sequence, ev *sdk.Event, tok int32, forced bool, row []float32) bool {
+func (e *Engine) commit(s *sequence, ev *sdk.Event, tok int32, forced bool, row []float32, c *candidateRow) bool {
 	ev.TokenIDs = append(ev.TokenIDs, tok)
-	if s.req.Logprobs && row != nil {
+	switch {
+	case !s.req.Logprobs:
+	case row != nil:
 		ev.Logprobs = append(ev.Logprobs, tokenLogprob(row, tok, s.req.TopLogprobs, e.vocab))
+	case c != nil:
+		ev.Logprobs = append(ev.Logprobs, candidateLogprob(c, tok, s.req.TopLogprobs, e.vocab))
 	}
 	s.generated = append(s.generated, tok)
 	if !forced && e.vocab.EOG(tok) {

@@ -228,7 +228,7 @@ func (e *Engine) verify(s *sequence, nBefore int, block []int32, rows func(int) 
 		if accepted {
 			e.countAccepted(s)
 		}
-		if e.commit(s, &ev, tok, false, r) {
+		if e.commit(s, &ev, tok, false, r, c) {
 			return i + 1
 		}
 		if !accepted || len(s.forced) > 0 {

@@ -122,7 +122,7 @@ func (e *Engine) verifyTree(s *sequence, nBefore int, tokens, parents []int32, r
 		if next >= 0 {
 			e.countAccepted(s)
 		}
-		if e.commit(s, &ev, tok, false, r) {
+		if e.commit(s, &ev, tok, false, r, c) {
 			return len(path)
 		}
 		if next < 0 || len(s.forced) > 0 {
