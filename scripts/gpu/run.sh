@@ -340,8 +340,9 @@ cpu_peer() {
   for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K}; do files+=("$(make_model "$m")") || return 1; done
   sync  # the files' writeback would run beside the measurements (17:5x: attention 6x slower in the first model's runs)
   log "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
-  log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, cpu, DFLASH_CPU_INT8=${CPU_INT8:-auto}) and llama-bench, same files"
+  log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, and through the server) and llama-bench, same files, DFLASH_CPU_INT8=${CPU_INT8:-auto}"
   DFLASH_CPU_INT8=${CPU_INT8:-auto} LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
+    DFLASH_BIN_DIR=$stage/bin \
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
