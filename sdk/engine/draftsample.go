@@ -132,8 +132,9 @@ func (e *Engine) sampledDraft(s *sequence) bool {
 }
 
 // chooseDraft picks block row i's token for s by acceptDraft when the block's proposal there was drawn from the
-// draft's distribution, else as plain decoding does (then the row keeps the proposal only when it sampled it). row
-// and c are the row as choose takes it.
+// draft's distribution and the model says what its sampler draws from there, else as plain decoding does (then the
+// row keeps the proposal only when it sampled it: sample-and-match, lossless for any proposal). row and c are the
+// row as choose takes it.
 func (e *Engine) chooseDraft(s *sequence, i int, proposal int32, row []float32, c *candidateRow) (int32, bool, error) {
 	q, ok := s.spec.draftRow(i)
 	if !ok || q.ids[0] != proposal || s.req.Sampling.Temperature <= 0 || e.constrained(s) {
@@ -141,8 +142,9 @@ func (e *Engine) chooseDraft(s *sequence, i int, proposal int32, row []float32, 
 		return tok, err == nil && tok == proposal, err
 	}
 	ids, probs, err := e.targetDist(s, row, c)
-	if err != nil {
-		return 0, false, err
+	if err != nil { // (a library without sample_dist, say): the row decides as plain decoding does, lossless too
+		tok, err := e.choose(s, row, c)
+		return tok, err == nil && tok == proposal, err
 	}
 	if cap(e.residual) < len(ids) {
 		e.residual = make([]float64, len(ids))

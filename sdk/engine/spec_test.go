@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"testing"
@@ -275,6 +276,41 @@ func TestSpeculativeSamplingFollowsTheTarget(t *testing.T) {
 			t.Logf("chi-square %.1f (63 dof)", chi2)
 		})
 	}
+}
+
+// failingDist is the fake model with a SampleDist that fails (a library without sample_dist).
+type failingDist struct{ *enginetest.FakeModel }
+
+func (failingDist) SampleDist([]float32, *engine.Sampling, []int32, []int32, []float64) (int, error) {
+	return 0, errors.New("the engine library predates sample_dist")
+}
+
+// TestSampledDraftsWithoutSampleDist: when the model cannot say what its sampler draws from, drawn proposals are
+// verified by sample-and-match (lossless for any proposal) instead of failing the request.
+func TestSampledDraftsWithoutSampleDist(t *testing.T) {
+	is := is.New(t)
+	m := enginetest.NewFakeModel(4, 64, 1)
+	m.Dist = func(h []int32) []float32 { // two letters, history-independent: the draft's draws are often right
+		row := make([]float32, enginetest.VocabSize)
+		for i := range row {
+			row[i] = float32(math.Inf(-1))
+		}
+		row['a'], row['b'] = 1, 0.5
+		return row
+	}
+	d := enginetest.NewOracleDrafter(enginetest.Letters, 4, 1)
+	d.Dist = m.Dist
+	e, err := engine.New(engine.Config{Model: failingDist{m}, Vocab: enginetest.ByteVocab{}, MaxCtx: 256,
+		Drafter: d, DraftAlways: true, SampledDrafts: true})
+	is.NoErr(err)
+	defer e.Close(context.Background())
+	req := request("q", 32)
+	req.IgnoreEOS, req.Sampling = true, engine.Sampling{Temperature: 1, Seed: 5}
+	c, err := run(e, req)
+	is.NoErr(err)
+	r := c.result()
+	is.Equal(len(r.tokens), 32)
+	is.True(r.finish.Timings.DraftAccepted > 0)
 }
 
 // TestSpeculativePacing: by default the engine drafts only while drafting pays. The fake target's forwards take
