@@ -586,6 +586,84 @@ func TestSampleDist(t *testing.T) {
 	}
 }
 
+// TestSampleDistWideRows: on a row of thousands of tokens, top-p and min-p keep exactly the tokens the rank order
+// gives (the sampler cuts past its ranked head by partitioning, without sorting), with their probabilities.
+func TestSampleDistWideRows(t *testing.T) {
+	lib := openCPU(t)
+	m := loadRandom(t, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	const n = 20000
+	r := rand.New(rand.NewPCG(3, 4))
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(math.Round(r.NormFloat64()*4)) / 4 // ties on purpose: the lower id ranks first
+	}
+	ids, probs := make([]int32, n), make([]float64, n)
+	for _, tc := range []struct {
+		name string
+		p    SamplingParams
+	}{
+		{"top-p, a nucleus of thousands", SamplingParams{Temperature: 1.5, TopP: 0.7}},
+		{"top-p, a short nucleus", SamplingParams{Temperature: 0.3, TopP: 0.5}},
+		{"min-p", SamplingParams{Temperature: 1, MinP: 0.05}},
+		{"top-p then min-p", SamplingParams{Temperature: 2, TopP: 0.9, MinP: 0.3}},
+		{"top-k then top-p", SamplingParams{Temperature: 1, TopK: 500, TopP: 0.8}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			// the reference: rank every token, keep the top k, the smallest prefix reaching top-p, then min-p
+			rank := make([]int32, n)
+			for i := range rank {
+				rank[i] = int32(i)
+			}
+			sort.SliceStable(rank, func(a, b int) bool { return logits[rank[a]] > logits[rank[b]] })
+			if tc.p.TopK > 0 {
+				rank = rank[:tc.p.TopK]
+			}
+			w := make([]float64, len(rank))
+			z := 0.0
+			for i, id := range rank {
+				w[i] = math.Exp(float64(logits[id]-logits[rank[0]]) / float64(tc.p.Temperature))
+				z += w[i]
+			}
+			keep := len(rank)
+			if tc.p.TopP > 0 && tc.p.TopP < 1 {
+				cum := 0.0
+				for i := range rank {
+					cum += w[i] / z
+					if cum >= float64(tc.p.TopP) {
+						keep = i + 1
+						break
+					}
+				}
+			}
+			if tc.p.MinP > 0 {
+				k := 1
+				for k < keep && w[k] >= float64(tc.p.MinP) {
+					k++
+				}
+				keep = k
+			}
+			mass := 0.0
+			want := map[int32]float64{}
+			for i := range keep {
+				mass += w[i]
+			}
+			for i := range keep {
+				want[rank[i]] = w[i] / mass
+			}
+			got, err := m.SampleDist(logits, tc.p, nil, ids, probs)
+			is.NoErr(err)
+			is.Equal(got, len(want))
+			for i := range got {
+				p, ok := want[ids[i]]
+				is.True(ok) // a kept token
+				is.True(math.Abs(probs[i]-p) <= 1e-5*p+1e-12)
+			}
+			t.Logf("%d tokens kept", got)
+		})
+	}
+}
+
 // writeSpecGGUF writes spec as a GGUF file: the architecture, extra keys, the spec's metadata, then its tensors.
 func writeSpecGGUF(t *testing.T, path, arch string, spec ModelSpec, extra map[string]any) {
 	t.Helper()
