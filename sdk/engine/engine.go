@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dflash/dflash_server/sdk"
@@ -518,7 +516,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		}
 		return logits[row*e.nv : (row+1)*e.nv], nil
 	}
-	first := e.firstRows(batch)
+	first := firstRows(batch)
 	if !useCands {
 		e.presample(batch, members, first, rowAt)
 	}
@@ -568,7 +566,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 }
 
 // firstRows is each batch entry's first logits row.
-func (e *Engine) firstRows(batch []SeqInput) []int {
+func firstRows(batch []SeqInput) []int {
 	first := make([]int, len(batch))
 	row := 0
 	for i, in := range batch {
@@ -589,52 +587,6 @@ func lastRow(in SeqInput, first int) int {
 		return first + len(in.Tokens) - 1
 	}
 	return first
-}
-
-// drawn is a token presample drew for a sequence's next advance.
-type drawn struct {
-	tok int32
-	err error
-	ok  bool
-}
-
-// presample draws at once, on several goroutines, the next tokens of this step's sequences whose draw reads a whole
-// logits row (a positive temperature, no JSON constraint, no forced token; verify blocks excepted): the host sampler
-// reads the whole vocabulary for each (~1 ms for 150k logits), which the step would otherwise pay once per sequence,
-// one after another. Each sequence draws with its own generator and history, as advance would, so the tokens are
-// the same; advance takes them from s.drawn.
-func (e *Engine) presample(batch []SeqInput, members []*sequence, first []int, rowAt func(int) ([]float32, *candidateRow)) {
-	type job struct {
-		s   *sequence
-		row []float32
-	}
-	var jobs []job
-	for i, in := range batch {
-		s := members[i]
-		if in.Logits == LogitsNone || (in.Logits == LogitsAll && s.spec != nil) || len(s.forced) > 0 ||
-			s.req.Sampling.Temperature <= 0 || e.constrained(s) {
-			continue
-		}
-		r, _ := rowAt(lastRow(in, first[i]))
-		jobs = append(jobs, job{s, r})
-	}
-	if len(jobs) < 2 {
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(len(jobs), runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := next.Add(1) - 1; j < int64(len(jobs)); j = next.Add(1) - 1 {
-				s := jobs[j].s
-				tok, err := e.pick(s, jobs[j].row)
-				s.drawn = drawn{tok: tok, err: err, ok: true}
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // advance picks the sequence's next token from its logits row and handles

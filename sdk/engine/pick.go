@@ -3,7 +3,10 @@ package engine
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // How a sequence's next token is chosen: from its whole logits row, or from the row's best candidates.
@@ -69,4 +72,50 @@ func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
 		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
 	}
 	return c.ids[j], nil
+}
+
+// drawn is a token presample drew for a sequence's next advance.
+type drawn struct {
+	tok int32
+	err error
+	ok  bool
+}
+
+// presample draws at once, on several goroutines, the next tokens of this step's sequences whose draw reads a whole
+// logits row (a positive temperature, no JSON constraint, no forced token; verify blocks excepted): the host sampler
+// reads the whole vocabulary for each (~1 ms for 150k logits), which the step would otherwise pay once per sequence,
+// one after another. Each sequence draws with its own generator and history, as advance would, so the tokens are
+// the same; advance takes them from s.drawn.
+func (e *Engine) presample(batch []SeqInput, members []*sequence, first []int, rowAt func(int) ([]float32, *candidateRow)) {
+	type job struct {
+		s   *sequence
+		row []float32
+	}
+	var jobs []job
+	for i, in := range batch {
+		s := members[i]
+		if in.Logits == LogitsNone || (in.Logits == LogitsAll && s.spec != nil) || len(s.forced) > 0 ||
+			s.req.Sampling.Temperature <= 0 || e.constrained(s) {
+			continue
+		}
+		r, _ := rowAt(lastRow(in, first[i]))
+		jobs = append(jobs, job{s, r})
+	}
+	if len(jobs) < 2 {
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(len(jobs), runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := next.Add(1) - 1; j < int64(len(jobs)); j = next.Add(1) - 1 {
+				s := jobs[j].s
+				tok, err := e.pick(s, jobs[j].row)
+				s.drawn = drawn{tok: tok, err: err, ok: true}
+			}
+		}()
+	}
+	wg.Wait()
 }
