@@ -59,6 +59,15 @@ func TestSampleDist(t *testing.T) {
 			is.True(math.Abs(probs[i]-want) < 1e-6)
 		}
 	})
+	t.Run("bad arguments", func(t *testing.T) {
+		is := is.New(t)
+		_, err := m.SampleDist(logits, SamplingParams{Temperature: 1}, nil, ids[:3], probs)
+		is.True(err != nil) // room for fewer entries than logits
+		_, err = m.SampleDist(nil, SamplingParams{Temperature: 1}, nil, ids, probs)
+		is.True(err != nil) // no logits
+		_, err = m.SampleDist(logits, SamplingParams{Temperature: 1, RepeatPenalty: 1.1}, []int32{99}, ids, probs)
+		is.True(errors.Is(err, ErrInvalid)) // a history token outside the vocabulary, named by the library
+	})
 	t.Run("greedy is the argmax", func(t *testing.T) {
 		is := is.New(t)
 		n, err := m.SampleDist(logits, SamplingParams{}, nil, ids, probs)
