@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <unordered_map>
 #include <vector>
 
@@ -16,7 +15,6 @@ uint64_t rng_next(uint64_t *state) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
-
 
 namespace {
 
@@ -99,40 +97,30 @@ class Candidates {
     static bool better(const Entry &a, const Entry &b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
 
 public:
-    Candidates(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over)
-        : l_(logits, logits + n_vocab), e_(n_vocab) {
-        for (const auto &kv : over) l_[(size_t)kv.first] = kv.second;
-        for (float &x : l_) x /= p.temperature;
-        for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{0, l_[i], (int32_t)i};
+    Candidates(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const Overrides &over) : e_(n_vocab) {
+        std::vector<float> l(logits, logits + n_vocab);  // logits / temperature by token, then their weights
+        for (const auto &kv : over) l[(size_t)kv.first] = kv.second;
+        for (float &x : l) x /= p.temperature;
+        for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{0, l[i], (int32_t)i};
         // a ranked head (heap selection): the top k, else the best 64, which nearly always hold what top-p keeps
         const bool top_k = p.top_k > 0 && (uint32_t)p.top_k < n_vocab;
         const size_t head = std::min<size_t>(n_vocab, top_k ? (size_t)p.top_k : 64);
         std::partial_sort(e_.begin(), e_.begin() + (ptrdiff_t)head, e_.end(), better);
-        if (top_k) e_.resize(head);
         if (top_k) {
+            e_.resize(head);
             for (Entry &x : e_) x.w = std::exp((double)x.l - e_[0].l);
         } else {
-            exp_shifted(l_.data(), e_[0].l, l_.data(), n_vocab);  // every weight at once, 16 at a time
-            for (Entry &x : e_) x.w = l_[(size_t)x.id];
+            exp_shifted(l.data(), e_[0].l, l.data(), n_vocab);  // every weight at once, 16 at a time
+            for (Entry &x : e_) x.w = l[(size_t)x.id];
         }
-        double z[4] = {0, 0, 0, 0};  // four chains, not one add after another, in a fixed order
-        size_t i = 0;
-        for (; i + 4 <= e_.size(); i += 4)
-            for (int k = 0; k < 4; k++) z[k] += e_[i + k].w;
-        for (; i < e_.size(); i++) z[0] += e_[i].w;
-        z_ = (z[0] + z[1]) + (z[2] + z[3]);
-        if (p.top_p < 1.0f) cut_top_p((double)p.top_p * z_, head);
+        const double z = weight_of(e_.size());
+        if (p.top_p < 1.0f) cut_top_p((double)p.top_p * z, head);
         if (p.min_p > 0.0f) {
             // min_p times the best token's weight, which is 1
             const auto keeps = [floor = (double)p.min_p](const Entry &x) { return x.w >= floor; };
             e_.erase(std::partition(e_.begin(), e_.end(), keeps), e_.end());
         }
-        if (e_.size() < n_vocab) {
-            mass_ = 0;
-            for (const Entry &x : e_) mass_ += x.w;
-        } else {
-            mass_ = z_;
-        }
+        mass_ = e_.size() < n_vocab ? weight_of(e_.size()) : z;
     }
 
     size_t size() const { return e_.size(); }
@@ -142,6 +130,16 @@ public:
     double mass() const { return mass_; }
 
 private:
+    // The weight of the first n candidates, summed in four chains (not one add after another) in a fixed order.
+    double weight_of(size_t n) const {
+        double z[4] = {0, 0, 0, 0};
+        size_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) z[k] += e_[i + k].w;
+        for (; i < n; i++) z[0] += e_[i].w;
+        return (z[0] + z[1]) + (z[2] + z[3]);
+    }
+
     // Keeps the smallest set of best-ranked candidates whose weight reaches need: within the ranked head [0, head)
     // if it holds that much, else past it by partitioning around pivots (quickselect on the accumulated weight; the
     // last few sorted).
@@ -194,9 +192,8 @@ private:
         return better(a, c) ? a : (better(b, c) ? c : b);
     }
 
-    std::vector<float> l_;  // logits / temperature by token, then their weights
     std::vector<Entry> e_;
-    double z_ = 0, mass_ = 0;
+    double mass_ = 0;
 };
 
 }  // namespace
