@@ -284,10 +284,7 @@ func (a *capi) runSample(logits []float32, p SamplingParams, history []int32, rn
 		return 0, fmt.Errorf("sample: empty logits")
 	}
 	cp := p.c()
-	var hist *C.int32_t
-	if len(history) > 0 {
-		hist = (*C.int32_t)(unsafe.Pointer(&history[0]))
-	}
+	hist := historyPtr(history)
 	var tok C.int32_t
 	var msg *C.char
 	err := status(C.w_sample(a.t, (*C.float)(unsafe.Pointer(&logits[0])), C.uint32_t(len(logits)), &cp, hist,
@@ -305,15 +302,20 @@ func (a *capi) runSampleDist(logits []float32, p SamplingParams, history []int32
 		return 0, errors.New("sample distribution: the engine library predates sample_dist: rebuild it")
 	}
 	cp := p.c()
-	var hist *C.int32_t
-	if len(history) > 0 {
-		hist = (*C.int32_t)(unsafe.Pointer(&history[0]))
-	}
+	hist := historyPtr(history)
 	var n C.uint32_t
 	var msg *C.char
 	err := status(C.w_sample_dist(a.t, (*C.float)(unsafe.Pointer(&logits[0])), C.uint32_t(len(logits)), &cp, hist,
 		C.uint32_t(len(history)), (*C.int32_t)(unsafe.Pointer(&ids[0])), (*C.double)(unsafe.Pointer(&probs[0])), &n, &msg), msg)
 	return int(n), err
+}
+
+// historyPtr is the C view of a sampler's history (nil when empty).
+func historyPtr(history []int32) *C.int32_t {
+	if len(history) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&history[0]))
 }
 
 func (p SamplingParams) c() C.dfl_sampling {

@@ -164,10 +164,15 @@ func (a *drafter) Draft(_ context.Context, in []engine.DraftInput, k int) (engin
 	if err != nil {
 		return engine.Candidates{}, kvErr(err)
 	}
-	if !slices.ContainsFunc(in, func(x engine.DraftInput) bool { return x.Sample != nil }) {
+	if !anySampled(in) {
 		return engine.Candidates{K: r.K, IDs: r.IDs, Logits: r.Logits, LSE: r.LSE}, nil // best first already
 	}
 	return walkCandidates(r, in, k), nil
+}
+
+// anySampled reports whether an input asks for drawn proposals (DraftInput.Sample).
+func anySampled(in []engine.DraftInput) bool {
+	return slices.ContainsFunc(in, func(x engine.DraftInput) bool { return x.Sample != nil })
 }
 
 // walkCandidates picks each block row's proposal among its candidates, left to right, and puts it first. A DFlash2
@@ -182,7 +187,7 @@ func walkCandidates(r *native.Result, in []engine.DraftInput, k int) engine.Cand
 	K := r.K
 	rows := len(r.LSE)
 	out := engine.Candidates{K: k, IDs: make([]int32, rows*k), Logits: make([]float32, rows*k), LSE: r.LSE}
-	if slices.ContainsFunc(in, func(x engine.DraftInput) bool { return x.Sample != nil }) {
+	if anySampled(in) {
 		out.Probs = make([]float32, rows*k)
 	}
 	score := make([]float64, K)

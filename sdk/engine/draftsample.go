@@ -61,41 +61,30 @@ func DrawCandidate(scores []float64, temperature float32, rng *uint64, probs []f
 		w[i] = math.Exp((v - mx) / float64(temperature))
 		sum += w[i]
 	}
-	pick, last := -1, 0
-	u := rngFloat(rng) * sum
 	for i, v := range w {
 		probs[i] = float32(v / sum)
-		if v > 0 {
-			last = i
-			if pick < 0 && u < v {
-				pick = i
-			}
-			u -= v
-		}
 	}
-	if pick < 0 { // rounding left u at the end
-		pick = last
-	}
-	return pick
+	return drawIndex(w, rng)
 }
 
-// drawFrom draws one of ids by the weights w (any positive total).
-func drawFrom(ids []int32, w []float64, rng *uint64) int32 {
+// drawIndex draws an index of w by its weight (any positive total); the last of positive weight when rounding
+// leaves the draw past the end.
+func drawIndex(w []float64, rng *uint64) int {
 	total := 0.0
 	for _, v := range w {
 		total += v
 	}
 	u := rngFloat(rng) * total
-	last := ids[0]
+	last := 0
 	for i, v := range w {
 		if v <= 0 {
 			continue
 		}
 		if u < v {
-			return ids[i]
+			return i
 		}
 		u -= v
-		last = ids[i]
+		last = i
 	}
 	return last
 }
@@ -123,7 +112,7 @@ func acceptDraft(pIDs []int32, pProbs []float64, q draftRow, rng *uint64, residu
 	if !(mass > 0) { // p <= q everywhere: only rounding can get here
 		copy(residual, pProbs)
 	}
-	return drawFrom(pIDs, residual, rng), false
+	return pIDs[drawIndex(residual, rng)], false
 }
 
 // sampledDraft reports whether s's next block is drawn from the draft's distribution (DraftInput.Sample).

@@ -20,8 +20,7 @@ func tokenLogprob(row []float32, tok int32, top int, vocab Vocab) sdk.TokenLogpr
 		sum += math.Exp(float64(v - mx))
 	}
 	lse := float64(mx) + math.Log(sum)
-	b := vocab.TokenBytes(tok)
-	lp := sdk.TokenLogprob{Token: string(b), Bytes: b, Logprob: float64(row[tok]) - lse}
+	lp := tokenEntry(vocab, tok, float64(row[tok])-lse)
 	top = min(top, maxTopLogprobs, len(row))
 	if top <= 0 {
 		return lp
@@ -45,17 +44,26 @@ func tokenLogprob(row []float32, tok int32, top int, vocab Vocab) sdk.TokenLogpr
 		ids[j] = int32(i)
 	}
 	for _, id := range ids {
-		b := vocab.TokenBytes(id)
-		lp.Top = append(lp.Top, sdk.TopLogprob{Token: string(b), Bytes: b, Logprob: float64(row[id]) - lse})
+		lp.Top = append(lp.Top, topEntry(vocab, id, float64(row[id])-lse))
 	}
 	return lp
+}
+
+// topEntry is token id's text and log-probability; tokenEntry the same for a generated token.
+func topEntry(vocab Vocab, id int32, logprob float64) sdk.TopLogprob {
+	b := vocab.TokenBytes(id)
+	return sdk.TopLogprob{Token: string(b), Bytes: b, Logprob: logprob}
+}
+
+func tokenEntry(vocab Vocab, id int32, logprob float64) sdk.TokenLogprob {
+	t := topEntry(vocab, id, logprob)
+	return sdk.TokenLogprob{Token: t.Token, Bytes: t.Bytes, Logprob: t.Logprob}
 }
 
 // candidateLogprob is tokenLogprob from a row's best candidates and its log-sum-exp (the candidates cover the chosen
 // token and the top alternatives: fromCandidates).
 func candidateLogprob(c *candidateRow, tok int32, top int, vocab Vocab) sdk.TokenLogprob {
-	b := vocab.TokenBytes(tok)
-	lp := sdk.TokenLogprob{Token: string(b), Bytes: b, Logprob: math.Inf(-1)}
+	lp := tokenEntry(vocab, tok, math.Inf(-1))
 	for j, id := range c.ids {
 		if id == tok {
 			lp.Logprob = float64(c.logits[j]) - float64(c.lse)
@@ -67,8 +75,7 @@ func candidateLogprob(c *candidateRow, tok int32, top int, vocab Vocab) sdk.Toke
 		if len(lp.Top) == top || id < 0 {
 			break
 		}
-		b := vocab.TokenBytes(id)
-		lp.Top = append(lp.Top, sdk.TopLogprob{Token: string(b), Bytes: b, Logprob: float64(c.logits[j]) - float64(c.lse)})
+		lp.Top = append(lp.Top, topEntry(vocab, id, float64(c.logits[j])-float64(c.lse)))
 	}
 	return lp
 }

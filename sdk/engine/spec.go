@@ -42,6 +42,11 @@ type specSeq struct {
 	qK     int
 }
 
+// dropDraftRows forgets the draft's distributions of the last block (its proposals were not drawn, or it is gone).
+func (sp *specSeq) dropDraftRows() {
+	sp.qIDs, sp.qProbs, sp.qK = sp.qIDs[:0], sp.qProbs[:0], 0
+}
+
 // draftRow is the draft's distribution of the block's proposal at block position i+1, if it was drawn from one.
 func (sp *specSeq) draftRow(i int) (draftRow, bool) {
 	if sp.qK == 0 || (i+1)*sp.qK > len(sp.qIDs) {
@@ -178,7 +183,7 @@ func (e *Engine) propose() {
 			continue
 		}
 		q := e.verifyLen(s)
-		sp.qIDs, sp.qProbs, sp.qK = sp.qIDs[:0], sp.qProbs[:0], 0
+		sp.dropDraftRows()
 		sampled := in[i].Sample != nil && c.Probs != nil
 		if sampled {
 			sp.qK = c.K
@@ -412,7 +417,7 @@ func (e *Engine) unblock(s *sequence, in SeqInput) SeqInput {
 	s.feed = s.feed[:1]
 	if sp := s.spec; sp != nil {
 		sp.parents = sp.parents[:0]
-		sp.qIDs, sp.qProbs, sp.qK = sp.qIDs[:0], sp.qProbs[:0], 0
+		sp.dropDraftRows()
 	}
 	in.Tokens, in.Logits, in.Record, in.Parents = s.feed, LogitsLast, false, nil
 	return in
