@@ -203,8 +203,8 @@ func wrongToken(p int32) int32 {
 	return 'x'
 }
 
-// drawSoftmax draws an index from softmax(logits / temp) with a xorshift64* step of rng.
-func drawSoftmax(logits []float32, temp float32, rng *uint64) int32 {
+// softmaxWeights is exp((logit - max) / temp) of each logit, and their sum.
+func softmaxWeights(logits []float32, temp float32) ([]float64, float64) {
 	mx := math.Inf(-1)
 	for _, v := range logits {
 		mx = math.Max(mx, float64(v))
@@ -215,6 +215,12 @@ func drawSoftmax(logits []float32, temp float32, rng *uint64) int32 {
 		w[i] = math.Exp((float64(v) - mx) / float64(temp))
 		sum += w[i]
 	}
+	return w, sum
+}
+
+// drawSoftmax draws an index from softmax(logits / temp) with a xorshift64* step of rng.
+func drawSoftmax(logits []float32, temp float32, rng *uint64) int32 {
+	w, sum := softmaxWeights(logits, temp)
 	x := *rng
 	x ^= x >> 12
 	x ^= x << 25

@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"sync"
 
 	"github.com/dflash/dflash_server/sdk/engine"
@@ -375,20 +374,13 @@ func (m *FakeModel) SampleDist(logits []float32, p *engine.Sampling, history []i
 		ids[0], probs[0] = tok, 1
 		return 1, err
 	}
-	mx := math.Inf(-1)
-	for _, v := range logits {
-		mx = math.Max(mx, float64(v))
-	}
-	n, sum := 0, 0.0
-	for i, v := range logits {
-		if w := math.Exp((float64(v) - mx) / float64(p.Temperature)); w > 0 {
-			ids[n], probs[n] = int32(i), w
-			sum += w
+	w, sum := softmaxWeights(logits, p.Temperature)
+	n := 0
+	for i, v := range w {
+		if v > 0 {
+			ids[n], probs[n] = int32(i), v/sum
 			n++
 		}
-	}
-	for i := range n {
-		probs[i] /= sum
 	}
 	return n, nil
 }
