@@ -256,6 +256,8 @@ func TestPresetShapes(t *testing.T) {
 		{"qwen3-0.6b", 2 + 28*11, 0.596},
 		{"qwen3-8b", 3 + 36*11, 8.19},
 		{"qwen3-32b", 3 + 64*11, 32.76},
+		{"qwen3.5-0.8b", 2 + 18*14 + 6*11, 0.752}, // the text model (the release counts its vision encoder too)
+		{"qwen3.5-4b", 2 + 24*14 + 8*11, 4.21},
 		{"qwen3.5-27b", 3 + 48*14 + 16*11, 26.9},
 		{"qwen3.5-27b-dflash", 58, 1.73},
 		{"deepseek-v4-flash", 6 + 43*24 + 41*4 + 21*6, 284},
