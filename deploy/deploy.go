@@ -18,7 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -33,15 +33,14 @@ type Object struct {
 	// Kind and APIVersion as written.
 	Kind, APIVersion string
 	// Value is a pointer to the typed API object (*appsv1.Deployment,
-	// *corev1.Service, ...) or, for InferencePool, *unstructured.Unstructured.
+	// *corev1.Service, *inferencev1.InferencePool, ...).
 	Value any
 }
 
-// InferencePoolAPIVersion is the inference extension's GA API group. Its Go
-// module (sigs.k8s.io/gateway-api-inference-extension) is not served by the
-// module proxy this project builds from, so the pool is decoded generically
-// and its fields are checked by path (see CheckInferencePool).
-const InferencePoolAPIVersion = "inference.networking.k8s.io/v1"
+// InferencePoolAPIVersion is the inference extension's GA API group and
+// version, whose Go types (sigs.k8s.io/gateway-api-inference-extension/api/v1)
+// decode the pool.
+var InferencePoolAPIVersion = inferencev1.GroupVersion.String()
 
 // typed names the Go type each supported apiVersion/kind decodes into.
 // Unknown kinds are an error: a manifest the test cannot check is a
@@ -61,7 +60,7 @@ func typed(apiVersion, kind string) (any, error) {
 	case "gateway.networking.k8s.io/v1 HTTPRoute":
 		return &gatewayv1.HTTPRoute{}, nil
 	case InferencePoolAPIVersion + " InferencePool":
-		return &unstructured.Unstructured{}, nil
+		return &inferencev1.InferencePool{}, nil
 	}
 	return nil, fmt.Errorf("no API type for %s %s", apiVersion, kind)
 }
@@ -126,16 +125,10 @@ func decode(doc []byte) (Object, error) {
 	if err != nil {
 		return Object{}, err
 	}
-	if u, ok := v.(*unstructured.Unstructured); ok {
-		if err := u.UnmarshalJSON(js); err != nil {
-			return Object{}, fmt.Errorf("decode %s: %w", tm.Kind, err)
-		}
-	} else {
-		dec := json.NewDecoder(bytes.NewReader(js))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(v); err != nil {
-			return Object{}, fmt.Errorf("decode %s: %w", tm.Kind, err)
-		}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Object{}, fmt.Errorf("decode %s: %w", tm.Kind, err)
 	}
 	return Object{Kind: tm.Kind, APIVersion: tm.APIVersion, Value: v}, nil
 }

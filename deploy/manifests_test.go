@@ -9,8 +9,8 @@ import (
 	"github.com/matryer/is"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	inferencev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
@@ -25,7 +25,7 @@ const serverApp = "dflash-server"
 type set struct {
 	deployments  []*appsv1.Deployment
 	services     map[string]*corev1.Service
-	pools        []*unstructured.Unstructured
+	pools        []*inferencev1.InferencePool
 	routes       []*gatewayv1.HTTPRoute
 	epp          *appsv1.Deployment
 	serverDeploy []*appsv1.Deployment
@@ -52,7 +52,7 @@ func load(t *testing.T) set {
 			}
 		case *corev1.Service:
 			s.services[v.Name] = v
-		case *unstructured.Unstructured:
+		case *inferencev1.InferencePool:
 			s.pools = append(s.pools, v)
 		case *gatewayv1.HTTPRoute:
 			s.routes = append(s.routes, v)
@@ -74,6 +74,8 @@ func TestDecodeRejectsUnknownFields(t *testing.T) {
 		{"misspelt field", "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {selectr: {a: b}}\n", "unknown field"},
 		{"misspelt nested field", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: {terminationGracePeriod: 3}}}\n", "unknown field"},
 		{"route field", "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x}\nspec: {rules: [{backendRef: []}]}\n", "unknown field"},
+		{"pool field", "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec: {targetPort: [{number: 8000}]}\n", "unknown field"},
+		{"pool picker field", "apiVersion: inference.networking.k8s.io/v1\nkind: InferencePool\nmetadata: {name: x}\nspec: {endpointPickerRef: {name: e, failMode: FailClose}}\n", "unknown field"},
 		{"duplicate key", "apiVersion: v1\nkind: Service\nkind: Service\n", "already set"},
 		{"unknown kind", "apiVersion: v1\nkind: Sevrice\n", "no API type"},
 		{"valid", "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {selector: {a: b}}\n", ""},
@@ -162,17 +164,16 @@ func TestServerDeployments(t *testing.T) {
 func TestCrossReferences(t *testing.T) {
 	s := load(t)
 	pool := s.pools[0]
-	poolSel, _, err := unstructured.NestedStringMap(pool.Object, "spec", "selector", "matchLabels")
-	if err != nil || len(poolSel) == 0 {
-		t.Fatalf("InferencePool spec.selector.matchLabels: %v", err)
+	poolSel := map[string]string{}
+	for k, v := range pool.Spec.Selector.MatchLabels {
+		poolSel[string(k)] = string(v)
 	}
-	ports, _, err := unstructured.NestedSlice(pool.Object, "spec", "targetPorts")
-	if err != nil || len(ports) != 1 {
-		t.Fatalf("InferencePool spec.targetPorts: want one, got %v (%v)", ports, err)
+	if len(poolSel) == 0 || len(pool.Spec.TargetPorts) != 1 || pool.Spec.EndpointPickerRef == nil || pool.Spec.EndpointPickerRef.Port == nil {
+		t.Fatalf("InferencePool spec: want matchLabels, one target port and an endpoint picker with a port, got %+v", pool.Spec)
 	}
-	poolPort, _, _ := unstructured.NestedInt64(ports[0].(map[string]any), "number")
-	pickerName, _, _ := unstructured.NestedString(pool.Object, "spec", "endpointPickerRef", "name")
-	pickerPort, _, _ := unstructured.NestedInt64(pool.Object, "spec", "endpointPickerRef", "port", "number")
+	poolPort := int64(pool.Spec.TargetPorts[0].Number)
+	pickerName := string(pool.Spec.EndpointPickerRef.Name)
+	pickerPort := int64(pool.Spec.EndpointPickerRef.Port.Number)
 
 	tests := []struct {
 		name  string
@@ -188,7 +189,7 @@ func TestCrossReferences(t *testing.T) {
 			}
 		}},
 		{"pool selects the replicas on the server port", func(is *is.I) {
-			is.Equal(pool.GetAPIVersion(), InferencePoolAPIVersion)
+			is.Equal(pool.APIVersion, InferencePoolAPIVersion)
 			for _, d := range s.serverDeploy {
 				is.True(labels.SelectorFromSet(poolSel).Matches(labels.Set(d.Spec.Template.Labels)))
 				is.Equal(poolPort, int64(containerPort(d.Spec.Template.Spec.Containers[0], "http")))
@@ -207,7 +208,7 @@ func TestCrossReferences(t *testing.T) {
 			is.True(found) // endpointPickerRef.port is a port of the epp Service
 			args := s.epp.Spec.Template.Spec.Containers[0].Args
 			name, _ := Flag(args, "pool-name")
-			is.Equal(name, pool.GetName())
+			is.Equal(name, pool.Name)
 			grpc, _ := Flag(args, "grpc-port")
 			is.Equal(grpc, fmt.Sprint(pickerPort))
 		}},
@@ -218,7 +219,7 @@ func TestCrossReferences(t *testing.T) {
 					refs++
 					is.True(b.Group != nil && string(*b.Group) == "inference.networking.k8s.io")
 					is.True(b.Kind != nil && string(*b.Kind) == "InferencePool")
-					is.Equal(string(b.Name), pool.GetName())
+					is.Equal(string(b.Name), pool.Name)
 				}
 			}
 			is.True(refs > 0)
