@@ -234,7 +234,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).
 CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums);
-// Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_int8.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
+// Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y);

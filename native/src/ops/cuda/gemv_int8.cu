@@ -4,7 +4,7 @@
 //    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
 //    token (the batch-1 decode step), and 2..7 tokens with four rows per warp;
 //  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens;
-//  - 8..64 tokens of q8_0 (DFL_CUDA_Q8P_MMA_MIN), 2..64 of q4_K on int8 tensor cores: mma_int8.cu.
+//  - 8..64 tokens of q8_0 (DFL_CUDA_Q8P_MMA_MIN), 2..64 of q4_K on int8 tensor cores: mma_q8p.cu, mma_q4k.cu.
 
 #include <algorithm>
 

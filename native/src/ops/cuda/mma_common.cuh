@@ -1,5 +1,5 @@
-// What the int8 tensor-core product kernels (mma_int8.cu, mma_q6k.cu) share: the block's warp count, the store of its
-// warps' sums, and the choice of tiles.
+// What the int8 tensor-core product kernels (mma_q8p.cu, mma_q4k.cu, mma_q6k.cu) share: the block's warp count, the
+// store of its warps' sums, and the choice of tiles.
 #pragma once
 
 #include <type_traits>

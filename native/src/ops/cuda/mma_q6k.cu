@@ -10,7 +10,7 @@
 namespace dfl {
 namespace cuda {
 
-// The scheme of gemv_q4k_mma_kernel (mma_int8.cu): a block of 8 warps owns 16 MT weight rows and every token (8 per
+// The scheme of gemv_q4k_mma_kernel (mma_q4k.cu): a block of 8 warps owns 16 MT weight rows and every token (8 per
 // n-tile), its warps split the super-blocks of the rows, and their sums are added through shared memory. What differs:
 //  - q6_K has one int8 scale per 16 elements, so each block of 32 takes two mma.m16n8k16 (one per scale), whose int32
 //    results are joined by their integer scales before the float product with the activations' scale of the 32;

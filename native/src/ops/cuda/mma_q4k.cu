@@ -1,0 +1,133 @@
+// Products of 2..64 tokens on q4_K on int8 tensor cores (mma.sync m16n8k32), on the file's own layout.
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
+
+namespace dfl {
+namespace cuda {
+
+// One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
+// per row half.
+template <int MT>
+struct Q4kStage {
+    uint4 hdr[MT][2];
+    uint2 q[MT][2][4];
+    // sub-block s's scale (d sc) and minimum (dmin m) for each row half
+    __device__ __forceinline__ void sub_scales(int s, float (&dsc)[MT][2], float (&dm)[MT][2]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int sc, m;
+                q4k_scale_min_hdr(hdr[mt][h], s, sc, m);
+                dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x & 0xFFFF)) * (float)sc;
+                dm[mt][h] = half_bits_to_f32((uint16_t)(hdr[mt][h].x >> 16)) * (float)m;
+            }
+    }
+    // acc (row tile mt, 8 tokens) += sub-block s against the tokens' fragment b: s0, m0 the scale and block sum of the
+    // lane's first C token, s1, m1 of its second
+    __device__ __forceinline__ void mma_sub(float (&acc)[4], int mt, int s, uint2 b, const float (&dsc)[MT][2],
+                                            const float (&dm)[MT][2], float s0, float m0, float s1, float m1) const {
+        const int j = s >> 1, shift = 4 * (s & 1);
+        int c[4];
+        mma_s8_16x8x32(c, (q[mt][0][j].x >> shift) & 0x0F0F0F0F, (q[mt][1][j].x >> shift) & 0x0F0F0F0F,
+                       (q[mt][0][j].y >> shift) & 0x0F0F0F0F, (q[mt][1][j].y >> shift) & 0x0F0F0F0F, b.x, b.y);
+        acc[0] += (float)c[0] * (dsc[mt][0] * s0) - dm[mt][0] * m0;
+        acc[1] += (float)c[1] * (dsc[mt][0] * s1) - dm[mt][0] * m1;
+        acc[2] += (float)c[2] * (dsc[mt][1] * s0) - dm[mt][1] * m0;
+        acc[3] += (float)c[3] * (dsc[mt][1] * s1) - dm[mt][1] * m1;
+    }
+    __device__ __forceinline__ void load(const uint8_t *const (&wrow)[MT][2], int64_t sb, int t4) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *blk = wrow[mt][h] + sb * kQ4_KBytes;
+                hdr[mt][h] = __ldg((const uint4 *)blk);
+#pragma unroll
+                for (int j = 0; j < 4; j++) q[mt][h][j] = __ldg((const uint2 *)(blk + 16 + 32 * j) + t4);
+            }
+    }
+};
+
+template <int MT, int NT8, bool XT>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    const float *xsum, int64_t T, int T8, float *Y) {
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nsb = n_in / QK_K, nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    const uint8_t *wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = W + (uint64_t)min(row0 + 16 * mt + 8 * h + g, n_out - 1) * row_bytes;
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    float acc[MT][NT8][4] = {};
+    Q4kStage<MT> cur, nxt;
+    if (warp < nsb) cur.load(wrow, warp, t4);
+    pdl_wait();  // (launch_pdl) as gemv_q8p_mma_kernel
+    for (int64_t sb = warp; sb < nsb; sb += kMmaWarps) {
+        if (sb + kMmaWarps < nsb) nxt.load(wrow, sb + kMmaWarps, t4);
+        // the next sub-block's activations are loaded ahead where the registers allow it (small tiles)
+        constexpr bool kAhead = MT * NT8 <= 4;
+        MmaActs<NT8, true> xa[kAhead ? 2 : 1];
+        if (kAhead) xa[0].template load<XT>(tok, xq, xs, xsum, sb * 8, g, t4, T8);
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            const int64_t kb = sb * 8 + s;
+            if (!kAhead)
+                xa[0].template load<XT>(tok, xq, xs, xsum, kb, g, t4, T8);
+            else if (s + 1 < 8)
+                xa[(s + 1) & 1].template load<XT>(tok, xq, xs, xsum, kb + 1, g, t4, T8);
+            const MmaActs<NT8, true> &x = xa[kAhead ? s & 1 : 0];
+            float dsc[MT][2], dm[MT][2];
+            cur.sub_scales(s, dsc, dm);
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+                    cur.mma_sub(acc[mt][nt], mt, s, x.b[nt], dsc, dm, x.s[nt][0], x.m[nt][0], x.s[nt][1], x.m[nt][1]);
+        }
+        cur = nxt;
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+static bool q4k_mt2_32() {
+    static const bool on = env_switch("DFL_CUDA_Q4K_MT2_32", true);
+    return on;
+}
+
+bool q4k_mma_ok(const Weight &W) {
+    return W.type == DFL_TYPE_Q4_K && W.n_in % QK_K == 0 && W.row_bytes % 16 == 0 && ((uintptr_t)W.data & 15) == 0;
+}
+
+void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
+    const CudaDevice::QuantX qx = quantize_x(dev, X, W.n_in, T, true);
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
+    const float *xsum = qx.xsum;
+    cudaStream_t s = dev.stream();
+    const MmaX x = T <= 32 ? mma_acts(dev, xq, xs, xsum, W.n_in, T) : MmaX{xq, xs, xsum, 0};
+    auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        if (x.T8)
+            launch_pdl(gemv_q4k_mma_kernel<MT, NT8, true>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in,
+                       W.n_out, x.xq, x.xs, nullptr, T, x.T8, Y);
+        else
+            launch_pdl(gemv_q4k_mma_kernel<MT, NT8, false>, grid, dim3(kMmaWarps * 32), s, W.data, W.row_bytes, W.n_in,
+                       W.n_out, x.xq, x.xs, x.xsum, T, 0, Y);
+    };
+    // 32-row tiles up to 32 tokens on the fragment-ordered copy (24 with DFL_CUDA_Q4K_MT2_32=0, or on the rows, where
+    // 32 x 32 spilled): each activation load serves 32 rows instead of 16. H200, 12-03 21:06, one call: qwen3-8b layer
+    // at 32 tokens 215.8 -> 136.9 us, tg b32 q4_K 2,988 -> 4,107 tok/s (llama.cpp 3,082).
+    if (q4k_mt2_32() && x.T8)
+        dispatch_mma<4>(dev, W.n_out, T, launch);
+    else
+        dispatch_mma<3>(dev, W.n_out, T, launch);
+    check_launch("matmul (q4_K int8 mma)");
+}
+
+}  // namespace cuda
+}  // namespace dfl

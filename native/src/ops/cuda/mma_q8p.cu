@@ -1,0 +1,433 @@
+// Products of 8..64 tokens on repacked q8_0 on int8 tensor cores (mma.sync m16n8k32): the register kernel and the
+// kernel staged through shared memory, with their switches (fewer tokens go to the dp4a kernels of gemv_int8.cu).
+#include <algorithm>
+#include <type_traits>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
+
+namespace dfl {
+namespace cuda {
+
+// One warp's repacked q8_0 for U blocks of 32 of its rows (kb = kb0 + u kMmaWarps): 8 bytes of quants a lane per row
+// half, and the rows' f16 scales as loaded.
+template <int MT, int U>
+struct Q8pStage {
+    uint2 q[U][MT][2];
+    uint16_t d[U][MT][2];
+    // block u's row scales, converted
+    __device__ __forceinline__ void scales(int u, float (&sw)[MT][2]) const {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(d[u][mt][h]);
+    }
+    // acc (row tile mt, 8 tokens) += block u against the tokens' fragment b: s0 the scale of the lane's first C token,
+    // s1 of its second
+    __device__ __forceinline__ void mma(float (&acc)[4], int u, int mt, uint2 b, const float (&sw)[MT][2], float s0,
+                                       float s1) const {
+        int c[4];
+        mma_s8_16x8x32(c, q[u][mt][0].x, q[u][mt][1].x, q[u][mt][0].y, q[u][mt][1].y, b.x, b.y);
+        acc[0] += (float)c[0] * (sw[mt][0] * s0);
+        acc[1] += (float)c[1] * (sw[mt][0] * s1);
+        acc[2] += (float)c[2] * (sw[mt][1] * s0);
+        acc[3] += (float)c[3] * (sw[mt][1] * s1);
+    }
+    __device__ __forceinline__ void load(const int8_t *qs, const uint16_t *dw, const int64_t (&wrow)[MT][2], int64_t n_in,
+                                         int64_t nb, int64_t kb0, int t4) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = min(kb0 + u * kMmaWarps, nb - 1);  // past the end: a valid block, never used
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    q[u][mt][h] = __ldg((const uint2 *)(qs + wrow[mt][h] * n_in + kb * 32) + t4);
+                    d[u][mt][h] = __ldg(dw + wrow[mt][h] * nb + kb);
+                }
+        }
+    }
+};
+
+template <int MT, int NT8, int U, bool XT>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                    int64_t n_out, const int8_t *xq, const float *xs,
+                                                                    int64_t T, int T8, float *Y) {
+    __shared__ float red[kMmaWarps][NT8 * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // rows past n_out and tokens past T read the last valid one; their sums are never stored
+    int64_t wrow[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wrow[mt][h] = min(row0 + 16 * mt + 8 * h + g, n_out - 1);
+    const MmaTokens<NT8> tok(T, n_in, nb, g, t4);
+    float acc[MT][NT8][4] = {};
+    constexpr int kStep = kMmaWarps * U;  // blocks of 32 per row a block's warps take per iteration
+    Q8pStage<MT, U> cur, nxt;
+    cur.load(qs, dw, wrow, n_in, nb, warp, t4);
+    pdl_wait();  // (launch_pdl) the first weights are in flight; the activations are the kernel before's
+    for (int64_t kb0 = warp; kb0 < nb; kb0 += kStep) {
+        if (kb0 + kStep < nb) nxt.load(qs, dw, wrow, n_in, nb, kb0 + kStep, t4);
+        MmaActs<NT8, false> xa[2];
+        xa[0].template load<XT>(tok, xq, xs, nullptr, kb0, g, t4, T8);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t kb = kb0 + u * kMmaWarps;
+            if (u + 1 < U) xa[(u + 1) & 1].template load<XT>(tok, xq, xs, nullptr, min(kb + kMmaWarps, nb - 1), g, t4, T8);
+            if (kb >= nb) continue;
+            const MmaActs<NT8, false> &x = xa[u & 1];
+            float sw[MT][2];
+            cur.scales(u, sw);
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) cur.mma(acc[mt][nt], u, mt, x.b[nt], sw, x.s[nt][0], x.s[nt][1]);
+        }
+        cur = nxt;
+    }
+    mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+// The same products staged through shared memory (DFL_CUDA_Q8P_PIPE=0: the register kernel above): a block's threads
+// copy groups of 8 blocks of 32 (256 inputs) of its 16 MT rows, their scales and the fragment-ordered activations by
+// cp.async, kPipeStages groups ahead, and each warp multiplies one block of 32 of a group from shared memory. The
+// register kernel above keeps 16 KB of weights in flight an SM (8 warps x 2 iterations of 32 rows x 32 bytes) where the
+// H200's bandwidth wants ~40 KB (4.8 TB/s x ~1 us over 132 SMs); its layer at 32 tokens ran at 1.3 TB/s (160 us,
+// qwen3-8b, 12-03 21:06). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
+// fragment loads (rows g, bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
+constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp (U of them with U > 1, below)
+constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
+// A stage of U blocks of 32 a warp (kPipeGroup U a stage) holds its rows in U * 256 + 32 bytes: 8 words past a multiple
+// of 32 whatever U, so the fragment loads stay on distinct banks.
+__host__ __device__ constexpr int pipe_row_bytes(int U) { return kPipeGroup * 32 * U + 32; }
+constexpr int kPipeStages = 4;
+// Stages where the grid leaves one block an SM (on unless DFL_CUDA_Q8P_DEEP=0): the 4096-row matrices of qwen3-8b are
+// 128 blocks of 32 rows, whose 3 stages ahead hold ~28 KB of weights an SM (the down projection at 8 tokens ran at
+// 1.7 TB/s on this kernel, 12-03 23:06 kernel bench); 8 stages hold ~64 KB. H200, 12-04 02:2x, one call: qwen3-8b q8_0
+// layer at 32 tokens 149.0 -> 137.7 us, tg b32 4554 -> 4845 tok/s (with DFL_CUDA_Q8P_MMA_MIN=5).
+constexpr int kPipeDeepStages = 8;
+
+// A stage's activations come from the fragment-ordered copy (RX false: mma_acts_kernel's [kPipeGroup][T8][32] quants
+// and [kPipeGroup][T8] scales), or straight from the quantizer's rows (RX true, DFL_CUDA_Q8P_PIPE_ROWS=1: no copy
+// kernel before the product): [T8][kPipeXRowBytes] quants, the group's 256 inputs of a token padded as a weight row is
+// (a half-warp's 8-byte fragment loads, tokens g at bytes 32 warp + 8 t4, fall in distinct banks), and [T8]
+// [kPipeXsStride] scales (8 used; 16-byte rows for cp.async, and the four tokens 2 t4 a warp reads on distinct banks).
+constexpr int kPipeXRowBytes = kPipeRowBytes;
+constexpr int kPipeXsStride = 12;
+
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX, int U = 1) {
+    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U +
+           (RX ? T8 * kPipeXRowBytes + T8 * kPipeXsStride * 4 : kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8);
+}
+
+// U: blocks of 32 a warp multiplies a stage (the rows kernel's RX takes 1)
+template <int MT, int NT8, bool RX, int U = 1>
+struct PipeStage {
+    static_assert(U == 1 || !RX, "the quantizer's rows are staged one block of 32 a warp");
+    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U);
+    uint8_t *w;    // [16 MT rows][kRow]
+    uint16_t *d;   // [16 MT rows][kGroup] row scales
+    int8_t *xq;    // [kGroup][8 NT8 tokens][32], or RX [8 NT8 tokens][kPipeXRowBytes]
+    float *xs;     // [kGroup][8 NT8 tokens], or RX [8 NT8 tokens][kPipeXsStride]
+    __device__ __forceinline__ PipeStage(uint8_t *base) {
+        constexpr int kXq = RX ? 8 * NT8 * kPipeXRowBytes : kGroup * 32 * 8 * NT8;
+        w = base;
+        d = (uint16_t *)(base + 16 * MT * kRow);
+        xq = (int8_t *)(base + 16 * MT * kRow + 16 * MT * 2 * kGroup);
+        xs = (float *)(base + 16 * MT * kRow + 16 * MT * 2 * kGroup + kXq);
+    }
+    // group j's weights and row scales (rows past n_out repeat the last one: never stored)
+    __device__ __forceinline__ void load_w(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
+                                           int64_t row0, int64_t j) const {
+        for (int c = threadIdx.x; c < 16 * MT * 16 * U; c += kMmaWarps * 32) {
+            const int r = c / (16 * U), col = c % (16 * U);
+            const int64_t row = min(row0 + r, n_out - 1);
+            cp_async16(w + r * kRow + col * 16, qs + row * n_in + j * kGroup * 32 + col * 16);
+        }
+        if (threadIdx.x < 16 * MT * U) {  // U 16-byte words of scales a row (at most 64 of the 256 threads)
+            const int r = threadIdx.x / U, part = threadIdx.x % U;
+            const int64_t row = min(row0 + r, n_out - 1);
+            cp_async16(d + r * kGroup + part * 8, dw + row * nb + j * kGroup + part * 8);
+        }
+    }
+    // group j's activations: contiguous in the fragment-ordered copy; RX: 256 bytes and 8 scales of each token's row
+    // (tokens from T repeat token T - 1: their sums are never stored)
+    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j, int64_t T, int64_t n_in) const {
+        if constexpr (RX) {
+            constexpr int kQ = 8 * NT8 * 16, kS = 8 * NT8 * 2;
+            const int64_t nb = n_in / 32;
+            for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
+                if (c < kQ) {
+                    const int tok = c >> 4, col = c & 15;
+                    const int64_t src = min((int64_t)tok, T - 1);
+                    cp_async16(xq + tok * kPipeXRowBytes + col * 16, fq + src * n_in + j * kPipeGroup * 32 + col * 16);
+                } else {
+                    const int tok = (c - kQ) >> 1, half = (c - kQ) & 1;
+                    const int64_t src = min((int64_t)tok, T - 1);
+                    cp_async16(xs + tok * kPipeXsStride + half * 4, fs + src * nb + j * kPipeGroup + half * 4);
+                }
+            }
+            return;
+        }
+        constexpr int kQ = kGroup * 8 * NT8 * 32 / 16, kS = kGroup * 8 * NT8 * 4 / 16;
+        const int8_t *q = fq + j * kGroup * 8 * NT8 * 32;
+        const float *sc = fs + j * kGroup * 8 * NT8;
+        for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
+            if (c < kQ)
+                cp_async16(xq + c * 16, q + c * 16);
+            else
+                cp_async16(xs + (c - kQ) * 4, sc + (c - kQ) * 4);
+        }
+    }
+};
+
+template <int MT, int NT8, int S, bool RX, int U = 1>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+                                                                     int64_t n_out, const int8_t *fq, const float *fs,
+                                                                     int64_t T, float *Y) {
+    using Stage = PipeStage<MT, NT8, RX, U>;
+    extern __shared__ __align__(16) uint8_t pipe_smem[];
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
+    // split K (gridDim.y parts): this block's groups [g0, g0 + ng) of the row's
+    const int64_t all = nb / Stage::kGroup, g0 = all * blockIdx.y / gridDim.y, ng = all * (blockIdx.y + 1) / gridDim.y - g0;
+    // the weights of the first stages are read before the wait, the activations (the kernel before's) after
+#pragma unroll
+    for (int st = 0; st < S - 1; st++)
+        if (st < ng) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, g0 + st);
+    pdl_wait();
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (st < ng) Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st, T, n_in);
+        cp_async_commit();
+    }
+    float acc[MT][NT8][4] = {};
+    for (int64_t j = 0; j < ng; j++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // group j is in; every warp is done with group j - 1, whose stage is refilled now
+        const int64_t jn = j + S - 1;
+        if (jn < ng) {
+            const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
+            nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
+            nxt.load_x(fq, fs, g0 + jn, T, n_in);
+        }
+        cp_async_commit();
+        const Stage cur(pipe_smem + (int)(j % S) * kStage);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int kb = warp + kMmaWarps * u;  // the warp's block of 32 in the stage
+            float sw[MT][2];
+            uint2 a[MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int r = 16 * mt + 8 * h + g;
+                    sw[mt][h] = half_bits_to_f32(cur.d[r * Stage::kGroup + kb]);
+                    a[mt][h] = *(const uint2 *)(cur.w + r * Stage::kRow + kb * 32 + t4 * 8);
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                uint2 b;
+                float2 sx;
+                if constexpr (RX) {  // token rows: the warp's block of 32 at byte 32 warp, its scale in column warp
+                    b = *(const uint2 *)(cur.xq + (8 * nt + g) * kPipeXRowBytes + warp * 32 + t4 * 8);
+                    sx = make_float2(cur.xs[(8 * nt + 2 * t4) * kPipeXsStride + warp],
+                                     cur.xs[(8 * nt + 2 * t4 + 1) * kPipeXsStride + warp]);
+                } else {
+                    const int tk = kb * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
+                    b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+                    sx = *(const float2 *)(cur.xs + tk + 2 * t4);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, a[mt][0].x, a[mt][1].x, a[mt][0].y, a[mt][1].y, b.x, b.y);
+                    acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
+                    acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
+                    acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
+                    acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the warps' sums are added in their memory
+    auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem);
+    if (gridDim.y > 1)
+        mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y);
+    else
+        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+}
+
+// Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
+// H200, 12-03 22:12, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
+// 1,739: within noise, so 2..8 tokens stay on the dp4a kernel).
+static bool q8p_pipe_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", true);
+    return on;
+}
+
+// Whether the staged kernel reads the quantizer's rows itself (RX) instead of a fragment-ordered copy made by a kernel
+// of its own before it (DFL_CUDA_Q8P_PIPE_ROWS=1, opt-in): one launch fewer a product of 8..32 tokens (batched decode,
+// verify blocks), the rows padded in shared memory as the weights are. Mixed on the H200 (12-04 05:1x, qwen3-8b layer):
+// 8 tokens 85.4 -> 90.5 us, 16 tokens 109.3 -> 104.3, 32 tokens 137.9 -> 136.4; tg b8 1,786 -> 1,659 tok/s.
+static bool q8p_pipe_rows_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_ROWS", false);
+    return on;
+}
+
+static bool q8p_deep_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_DEEP", true);
+    return on;
+}
+
+// Whether q8_0 products of 33..64 tokens (prefill chunks, verify batches of 33..64 rows) take the staged
+// kernel too (on unless DFL_CUDA_Q8P_PIPE64=0, the register kernel there): H200, 12-04 05:1x, one call: qwen3-8b layer
+// at 64 tokens 238.5 -> 229.0 us; 27B qwen35 q8_0 verify of 8 sequences of 8 rows 43.9 -> 36.5 ms, of 16 rows
+// 105.7 -> 100.8 ms (light records in both); decode unchanged.
+static bool q8p_pipe64_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE64", true);
+    return on;
+}
+
+// Fewest 32-row blocks for which the staged kernel takes 32-row tiles: three quarters of the SMs, as dispatch_mma, unless
+// DFL_CUDA_Q8P_PIPE_MT2_MIN says otherwise (e.g. 200: the 4096-row matrices of qwen3-8b on 256 blocks of 16 rows, two an
+// SM, instead of 128 of 32 rows, one an SM at 8 warps; for comparisons in one run).
+static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
+    static const int64_t n = env_int("DFL_CUDA_Q8P_PIPE_MT2_MIN", 0);
+    return n > 0 ? n : dev.sm_count() * 3 / 4;
+}
+
+// Whether the staged kernel multiplies two blocks of 32 a warp a stage (512 inputs a stage, 4 stages up to 16 tokens, 3
+// up to 32; the default since 12-04 12:2x, DFL_CUDA_Q8P_PIPE_U2=0 for one) instead of one (256 inputs, 8 stages where the grid
+// leaves one block an SM). The 12-04 05:1x kernel bench timed the kernel at 8 tokens in ~0.6 us a stage whatever the
+// stages in flight (DFL_CUDA_Q8P_DEEP=0 / 1: 4096 x 12288 30.3 / 30.0 us, 48 stages) and the tile (16-row tiles, two
+// blocks an SM: 30.4), and ~0.7 us on gate|up (16 stages a block, 3 waves: 32.3): a cost a stage, not bytes in
+// flight. Prediction: half the stages, 4096 x 12288 at 8 tokens 30 -> ~20 us, and a qwen3-8b layer at 8 tokens 85 ->
+// ~70 us (tg b8 ~+15 %). Measured: tg b8 +4 % (qwen3-8b 1,836 -> 1,912), 27B b8 +4.5 %, 27B b32 +17 % (1,277 -> 1,492).
+static bool q8p_pipe_u2_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", true);
+    return on;
+}
+
+// Whether a staged product whose grid leaves an SM without a second block (the 4096-row matrices of qwen3-8b: 128
+// blocks of 32 rows on 132 SMs) splits its inputs in two halves, each block a half, both added onto the output that
+// mma_acts_kernel zeroed (DFL_CUDA_Q8P_SPLITK=0: one block a row tile). Two sums onto 0 are the same float in either
+// order, so results stay deterministic. Why: ncu (H200, 12-04 15:0x, 8 tokens) had these products at 1.86 TB/s (o,
+// 4096 x 4096, 9.6 us) and 2.6 TB/s (down, 4096 x 12288, 21.3 us), 12 % occupancy, one block an SM with 3 stages of
+// ~17 KB in flight, where gate|up (768 blocks) reads at 3.4 TB/s; two blocks an SM double the bytes in flight.
+static bool q8p_splitk_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_SPLITK", true);
+    return on;
+}
+
+// The row tiles of the staged kernel's grid (launch_q8p_pipe's dispatch_mma_tiles<8, 8>).
+static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out, int64_t T) {
+    const int64_t rows = mma_tile_rows<8>(n_out, T, pipe_mt2_min_blocks(dev));
+    return (n_out + rows - 1) / rows;
+}
+
+// Where split-K applies: products of up to DFL_CUDA_Q8P_SPLITK_TOKENS tokens (default 64, the staged kernel's limit)
+// whose grids have at most DFL_CUDA_Q8P_SPLITK_BLOCKS row tiles (default 5/4 of the SM count: the split grid then
+// fits 1.25 waves of two blocks an SM). Measured (H200, 12-04 17:3x, one call): 64 tokens split, qwen3-8b's layer
+// 236.8 -> 188.5 us and tg b64 5,895 -> 7,018 tok/s; the 27B's 160-tile grids (5120-row o and down) split, tg b32
+// 1,465 -> 1,542; qwen3-8b's 192-tile q|k|v split (a bound of 320) lost ~3 % at 8 tokens (73.3 -> 75.6 us).
+static int64_t q8p_splitk_tokens() {
+    static const int64_t n = std::min<int64_t>(64, env_int("DFL_CUDA_Q8P_SPLITK_TOKENS", 64));
+    return n;
+}
+static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
+    static const int64_t n = env_int("DFL_CUDA_Q8P_SPLITK_BLOCKS", 0);
+    return n > 0 ? n : dev.sm_count() * 5 / 4;
+}
+
+// Input halves of a staged product (see q8p_splitk_on): 2 where it applies, else 1.
+static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
+    const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
+    const bool fits = T <= q8p_splitk_tokens() && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
+    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out, T) <= q8p_splitk_blocks(dev) ? 2 : 1;
+}
+
+// 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
+// DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
+// of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
+// rx: x is the quantizer's rows (RX), else the fragment-ordered copy. splits: input parts (grid.y; Y zeroed when 2).
+static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
+                            int64_t T, float *Y, bool rx, int splits = 1) {
+    auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows, auto u) {
+        grid.y = (unsigned)splits;
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
+        constexpr bool RX = decltype(rows)::value;
+        constexpr int U = decltype(u)::value;
+        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX, U);
+        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
+        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>, grid, dim3(kMmaWarps * 32), smem, dev.stream(),
+                         qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
+    };
+    auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
+        const std::integral_constant<int, 1> one;
+        if (rx)
+            launch_u(grid, mt, nt8, stages, std::true_type{}, one);
+        else
+            launch_u(grid, mt, nt8, stages, std::false_type{}, one);
+    };
+    const bool u2 = !rx && q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
+    auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int NT8 = decltype(nt8)::value;
+        if constexpr (NT8 <= 4) {
+            if (u2) {
+                constexpr int S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory (108 KB each at 32 rows)
+                launch_u(grid, mt, nt8, std::integral_constant<int, S>{}, std::false_type{},
+                         std::integral_constant<int, 2>{});
+                return;
+            }
+        }
+        if constexpr (decltype(nt8)::value <= 4) {
+            if (q8p_deep_on() && grid.x < 2u * (unsigned)dev.sm_count()) {
+                launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeDeepStages>{});
+                return;
+            }
+        }
+        launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
+    };
+    dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
+    check_launch("matmul (q8_0 staged int8 mma)");
+}
+
+void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
+    const int8_t *qs = q8p_quants(W);
+    const uint16_t *dw = q8p_scales(W);
+    const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
+    if (pipe && q8p_pipe_rows_on()) {  // no fragment-ordered copy: the kernel stages the quantizer's rows
+        launch_q8p_pipe(dev, W, qs, dw, MmaX{xq, xs, nullptr, 0}, T, Y, true);
+        return;
+    }
+    const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, splits > 1 ? Y : nullptr, splits > 1 ? W.n_out * T : 0);
+    if (pipe && x.T8) {
+        launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false, splits);
+        return;
+    }
+    dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        // Blocks of 32 per warp and iteration: 4 where a 2-iteration pipeline of them still leaves registers for the
+        // tile; 2 for small tiles (two blocks an SM instead of one: H200, 16 tokens 166 -> 135 us a qwen3-8b layer) and
+        // the largest (registers).
+        constexpr int U = MT * NT8 > 4 && MT * NT8 <= 8 ? 4 : 2;
+        if (x.T8)
+            launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U, true>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in,
+                       W.n_out, x.xq, x.xs, T, x.T8, Y);
+        else
+            launch_pdl(gemv_q8p_mma_kernel<MT, NT8, U, false>, grid, dim3(kMmaWarps * 32), dev.stream(), qs, dw, W.n_in,
+                       W.n_out, x.xq, x.xs, T, 0, Y);
+    });
+    check_launch("matmul (q8_0 int8 mma)");
+}
+
+}  // namespace cuda
+}  // namespace dfl
