@@ -153,6 +153,20 @@ static inline dfl_status w_sample_dist(const dfl_api *a, const float *logits, ui
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static inline int has_candidate_sampling_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, logits_row) + sizeof(a->logits_row);
+}
+static inline dfl_status w_sample_candidates(const dfl_api *a, const int32_t *ids, const float *logits, uint32_t k, float lse,
+                                      uint32_t n_vocab, const dfl_sampling *p, uint64_t *rng, int32_t *out, char **err) {
+	dfl_status rc = a->sample_candidates(ids, logits, k, lse, n_vocab, p, rng, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
+static inline dfl_status w_logits_row(const dfl_api *a, dfl_model *m, uint32_t row, float *out, char **err) {
+	dfl_status rc = a->logits_row(m, row, out);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 static inline dfl_status w_seq_import(const dfl_api *a, dfl_model *m, int32_t s, const void *buf, uint64_t size, char **err) {
 	dfl_status rc = a->seq_import(m, s, buf, size);
 	if (rc) *err = dup_error(a);

@@ -310,6 +310,29 @@ func (a *capi) runSampleDist(logits []float32, p SamplingParams, history []int32
 	return int(n), err
 }
 
+func (a *capi) runSampleCandidates(ids []int32, logits []float32, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
+	switch {
+	case len(ids) == 0 || len(ids) != len(logits):
+		return 0, fmt.Errorf("sample candidates: %d ids, %d logits", len(ids), len(logits))
+	case C.has_candidate_sampling_api(a.t) == 0:
+		return -1, nil // a library before sample_candidates: the whole row, as before
+	}
+	cp := p.c()
+	var tok C.int32_t
+	var msg *C.char
+	err := status(C.w_sample_candidates(a.t, (*C.int32_t)(unsafe.Pointer(&ids[0])), (*C.float)(unsafe.Pointer(&logits[0])),
+		C.uint32_t(len(ids)), C.float(lse), C.uint32_t(nVocab), &cp, (*C.uint64_t)(unsafe.Pointer(rng)), &tok, &msg), msg)
+	return int32(tok), err
+}
+
+func (a *capi) logitsRow(m *cmodel, row int, dst []float32) error {
+	if C.has_candidate_sampling_api(a.t) == 0 {
+		return errors.New("logits row: the engine library predates logits_row: rebuild it")
+	}
+	var msg *C.char
+	return status(C.w_logits_row(a.t, m, C.uint32_t(row), (*C.float)(unsafe.Pointer(&dst[0])), &msg), msg)
+}
+
 // historyPtr is the C view of a sampler's history (nil when empty).
 func historyPtr(history []int32) *C.int32_t {
 	if len(history) == 0 {

@@ -652,6 +652,27 @@ func (m *Model) Sample(logits []float32, p SamplingParams, history []int32, rng 
 	return m.lib.api.runSample(logits, p, history, rng)
 }
 
+// SampleCandidates is Sample without history on a row given as a TopK forward's candidates (ids and logits, as
+// Result.IDs and Result.Logits hold them per row, with suppressed tokens set to -Inf) and the row's log-sum-exp: the
+// token Sample would draw from the whole row with the same rng, or -1 (rng unchanged) where the candidates do not
+// decide it (a temperature above 1, top-k or min-p set, or the draw may land outside them); the caller then samples the
+// row from LogitsRow. nVocab is the row's length.
+func (m *Model) SampleCandidates(ids []int32, logits []float32, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
+	if rng == nil {
+		return 0, errors.New("sample candidates: rng state is nil")
+	}
+	return m.lib.api.runSampleCandidates(ids, logits, lse, nVocab, p, rng)
+}
+
+// LogitsRow copies row `row` of the last forward's logits (a TopK forward's too) into dst (Info().Vocab floats),
+// until the next forward; ErrState when that forward left no such row.
+func (m *Model) LogitsRow(row int, dst []float32) error {
+	if row < 0 || len(dst) < m.info.Vocab {
+		return fmt.Errorf("logits row %d: room for %d of %d logits", row, len(dst), m.info.Vocab)
+	}
+	return m.locked(func() error { return m.lib.api.logitsRow(m.m, row, dst) })
+}
+
 // SampleDist writes the distribution Sample draws from for the same arguments into ids and probs (each with room for
 // len(logits) entries): the tokens it can return, in no particular order, and their probabilities, summing to 1.
 // It returns how many there are.

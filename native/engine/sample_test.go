@@ -196,3 +196,103 @@ func TestSampleDistWideRows(t *testing.T) {
 		})
 	}
 }
+
+// TestSampleCandidates: where SampleCandidates decides a draw from a row's 64 best candidates and its log-sum-exp, it
+// is the token Sample draws from the whole row with the same generator state, which advances the same way; where it
+// does not (-1), the state is untouched. On rows whose best tokens hold most of the mass it decides most draws.
+func TestSampleCandidates(t *testing.T) {
+	lib := openCPU(t)
+	m := loadRandom(t, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	const k = 64
+	inf := float32(math.Inf(-1))
+	row := func(n int, seed uint64, spikes int, spread float64) []float32 {
+		r := rand.New(rand.NewPCG(seed, 7))
+		l := make([]float32, n)
+		for i := range l {
+			l[i] = float32(r.NormFloat64() * spread)
+		}
+		for range spikes {
+			l[r.IntN(n)] += float32(10 + 2*r.NormFloat64())
+		}
+		return l
+	}
+	// the candidates as forward_topk gives them: the best k (larger first, lower id on ties) and the log-sum-exp
+	candidates := func(l []float32) ([]int32, []float32, float32) {
+		rank := make([]int32, len(l))
+		for i := range rank {
+			rank[i] = int32(i)
+		}
+		sort.SliceStable(rank, func(a, b int) bool { return l[rank[a]] > l[rank[b]] })
+		ids, vals := make([]int32, k), make([]float32, k)
+		for i := range k {
+			ids[i], vals[i] = -1, float32(math.Inf(-1)) // forward_topk pads a row shorter than k
+			if i < len(l) {
+				ids[i], vals[i] = rank[i], l[rank[i]]
+			}
+		}
+		mx, sum := float64(vals[0]), 0.0
+		for _, x := range l {
+			sum += math.Exp(float64(x) - mx)
+		}
+		return ids, vals, float32(mx + math.Log(sum))
+	}
+	for _, tc := range []struct {
+		name        string
+		l           []float32
+		p           SamplingParams
+		suppress    bool    // the best candidate's token set to -inf in the row and the candidates (end of generation)
+		minDecided  float64 // fraction of draws decided from the candidates
+		draws       int
+		wantRefused bool
+	}{
+		{"peaked, temperature 1", row(20000, 1, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, false, 0.6, 3000, false},
+		{"peaked, top-p 0.9", row(20000, 2, 40, 1.5), SamplingParams{Temperature: 1, TopP: 0.9}, false, 0.6, 3000, false},
+		{"peaked, temperature 0.6", row(20000, 3, 40, 1.5), SamplingParams{Temperature: 0.6, TopP: 1}, false, 0.9, 3000, false},
+		{"peaked, temperature 0.7, top-p 0.8", row(20000, 4, 40, 1.5), SamplingParams{Temperature: 0.7, TopP: 0.8}, false, 0.9, 3000, false},
+		// (the suppressed token's weight stays in the log-sum-exp, so the bound on the rest is loose)
+		{"end of generation suppressed", row(20000, 5, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, true, 0.2, 3000, false},
+		{"a 151,936-token row", row(151936, 6, 60, 1.5), SamplingParams{Temperature: 1, TopP: 1}, false, 0.3, 300, false},
+		{"flat (mostly undecided)", row(20000, 7, 0, 1), SamplingParams{Temperature: 1, TopP: 1}, false, 0, 500, false},
+		{"ties", func() []float32 {
+			l := row(5000, 8, 40, 1.5)
+			for i := range l {
+				l[i] = float32(math.Round(float64(l[i])*2) / 2)
+			}
+			return l
+		}(), SamplingParams{Temperature: 0.9, TopP: 0.9}, false, 0.3, 2000, false},
+		{"a row smaller than k", row(40, 9, 3, 1), SamplingParams{Temperature: 1, TopP: 1}, false, 0.99, 500, false},
+		{"temperature above 1", row(2000, 10, 40, 1.5), SamplingParams{Temperature: 1.5, TopP: 1}, false, 0, 20, true},
+		{"top-k", row(2000, 11, 40, 1.5), SamplingParams{Temperature: 1, TopK: 20}, false, 0, 20, true},
+		{"min-p", row(2000, 12, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1, MinP: 0.05}, false, 0, 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			is := is.New(t)
+			ids, vals, lse := candidates(tc.l)
+			if tc.suppress {
+				tc.l[ids[0]], vals[0] = inf, inf
+			}
+			rng, decided := uint64(99), 0
+			for range tc.draws {
+				rc, rs := rng, rng
+				got, err := m.SampleCandidates(ids, vals, lse, len(tc.l), tc.p, &rc)
+				is.NoErr(err)
+				want, err := m.Sample(tc.l, tc.p, nil, &rs)
+				is.NoErr(err)
+				if got >= 0 {
+					decided++
+					is.Equal(got, want) // the whole row's draw
+					is.Equal(rc, rs)    // and its generator step
+				} else {
+					is.Equal(rc, rng) // untouched
+				}
+				rng = rs
+			}
+			frac := float64(decided) / float64(tc.draws)
+			t.Logf("%d of %d draws decided from the candidates", decided, tc.draws)
+			is.True(frac >= tc.minDecided)
+			if tc.wantRefused {
+				is.Equal(decided, 0)
+			}
+		})
+	}
+}

@@ -218,6 +218,21 @@ dfl_status sample_dist(const float *logits, uint32_t n_vocab, const dfl_sampling
     });
 }
 
+dfl_status sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
+                             const dfl_sampling *p, uint64_t *rng, int32_t *out) {
+    return guard("sample candidates", [&] {
+        if (!ids || !logits || !p || !rng || !out) dfl::fail(DFL_ERR_INVALID, "null argument");
+        *out = dfl::sample_candidates(ids, logits, k, lse, n_vocab, *p, rng);
+    });
+}
+
+dfl_status logits_row(dfl_model *m, uint32_t row, float *out) {
+    return guard("logits row", [&] {
+        if (!out) dfl::fail(DFL_ERR_INVALID, "out is null");
+        need(m)->impl->logits_row(row, out);
+    });
+}
+
 dfl_status device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
     return guard("device memory", [&] {
         if (!free_bytes || !total_bytes) dfl::fail(DFL_ERR_INVALID, "null argument");
@@ -241,7 +256,7 @@ const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
     device_memory, model_estimate, forward_topk, draft_forward, draft_forward2, forward_tree, seq_accept_path,
-    seq_export, seq_import, sample_dist,
+    seq_export, seq_import, sample_dist, sample_candidates, logits_row,
 };
 
 }  // namespace

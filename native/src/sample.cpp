@@ -84,6 +84,45 @@ DFL_WIDE_MULTIVERSION void exp_shifted(const float *l, float mx, float *w, size_
     }
 }
 
+// The sum of w(0..n-1) in four chains (not one add after another) in a fixed order: the mass a draw scales by.
+template <typename W>
+double chain_sum(size_t n, W w) {
+    double z[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int k = 0; k < 4; k++) z[k] += w(i + k);
+    for (; i < n; i++) z[0] += w(i);
+    return (z[0] + z[1]) + (z[2] + z[3]);
+}
+
+// A generator output as a draw in [0, 1) (53 bits).
+double unit_draw(uint64_t r) { return (double)(r >> 11) * (1.0 / 9007199254740992.0); }
+
+// The first index at which x minus the weights w(0..i), taken in order, falls below zero; n when it never does.
+template <typename W>
+size_t first_below(size_t n, W w, double x) {
+    for (size_t i = 0; i < n; i++) {
+        x -= w(i);
+        if (x < 0) return i;
+    }
+    return n;
+}
+
+// The index a draw x in [0, the weights' mass) picks: first_below, or where rounding left x past the end, the
+// heaviest (the last may have weight 0).
+template <typename W>
+size_t draw_index(size_t n, W w, double x) {
+    const size_t i = first_below(n, w, x);
+    if (i < n) return i;
+    size_t best = 0;
+    for (size_t j = 1; j < n; j++)
+        if (w(j) > w(best)) best = j;
+    return best;
+}
+
+// Tokens a draw without top-k ranks first (the head), the rest in an order fixed by the input.
+constexpr size_t kRankedHead = 64;
+
 // The tokens a positive temperature samples from (the top k, or every token) with their softmax weights, cut by
 // top-p and min-p without sorting them: a sort of a 150k-token vocabulary cost ~25 ms a token. Their order is of no
 // meaning but fixed by the input, so that a seed draws the same token every time; drawing in it draws from the same
@@ -104,7 +143,7 @@ public:
         for (uint32_t i = 0; i < n_vocab; i++) e_[i] = Entry{0, l[i], (int32_t)i};
         // a ranked head (heap selection): the top k, else the best 64, which nearly always hold what top-p keeps
         const bool top_k = p.top_k > 0 && (uint32_t)p.top_k < n_vocab;
-        const size_t head = std::min<size_t>(n_vocab, top_k ? (size_t)p.top_k : 64);
+        const size_t head = std::min<size_t>(n_vocab, top_k ? (size_t)p.top_k : kRankedHead);
         std::partial_sort(e_.begin(), e_.begin() + (ptrdiff_t)head, e_.end(), better);
         if (top_k) {
             e_.resize(head);
@@ -130,14 +169,8 @@ public:
     double mass() const { return mass_; }
 
 private:
-    // The weight of the first n candidates, summed in four chains (not one add after another) in a fixed order.
     double weight_of(size_t n) const {
-        double z[4] = {0, 0, 0, 0};
-        size_t i = 0;
-        for (; i + 4 <= n; i += 4)
-            for (int k = 0; k < 4; k++) z[k] += e_[i + k].w;
-        for (; i < n; i++) z[0] += e_[i].w;
-        return (z[0] + z[1]) + (z[2] + z[3]);
+        return chain_sum(n, [this](size_t i) { return e_[i].w; });
     }
 
     // Keeps the smallest set of best-ranked candidates whose weight reaches need: within the ranked head [0, head)
@@ -205,16 +238,7 @@ int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &
     if (!(p.temperature > 0.0f)) return argmax_token(logits, n_vocab, over);
 
     Candidates c(logits, n_vocab, p, over);
-    double u = (double)(rng_next(rng_state) >> 11) * (1.0 / 9007199254740992.0) * c.mass();
-    for (size_t i = 0; i < c.size(); i++) {
-        u -= c.weight(i);
-        if (u < 0) return c.id(i);
-    }
-    // rounding left u past the end: the heaviest candidate (the last may have weight 0)
-    size_t best = 0;
-    for (size_t i = 1; i < c.size(); i++)
-        if (c.weight(i) > c.weight(best)) best = i;
-    return c.id(best);
+    return c.id(draw_index(c.size(), [&c](size_t i) { return c.weight(i); }, unit_draw(rng_next(rng_state)) * c.mass()));
 }
 
 uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
@@ -235,6 +259,89 @@ uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sa
         }
     }
     return n;
+}
+
+// The draw from candidates. Why it is sample_token's draw: with no top-k, sample_token ranks the best kRankedHead
+// tokens (logit / temperature, larger first, lower id on ties) and walks them first, each weighted exp16(l - max)
+// exactly as here, and scales its draw by the mass z of every kept weight. The candidates are forward_topk's best k
+// by raw logit; those strictly above the last finite candidate's level after the division (the trusted prefix) are
+// the head's first tokens in the same order, because no other token reaches that level. z is not known, but it lies
+// between the candidates' weights and those plus a bound on the rest: the row's log-sum-exp at temperature 1 less the
+// candidates' terms, each remaining term at most the last candidate's (raw_b) term, so at a temperature T <= 1 the
+// rest weighs at most exp((raw_b - raw_max)(1/T - 1)) times that (slack added for rounding). A draw or a top-p cut
+// that lands on the same trusted token at both ends of that range is the one sample_token makes (both walks are
+// monotone in their start); anything else is -1.
+int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
+                          const dfl_sampling &p, uint64_t *rng_state) {
+    const bool top_k = p.top_k > 0 && (uint32_t)p.top_k < n_vocab;
+    if (!(p.temperature > 0.0f) || p.temperature > 1.0f || top_k || p.min_p > 0.0f || k == 0 || !std::isfinite(lse))
+        return -1;
+    // the finite candidates in rank order; a pad (id -1) means the row had fewer finite logits: nothing lies outside
+    std::vector<float> raw, l;
+    std::vector<int32_t> id;
+    bool padded = false;
+    for (uint32_t i = 0; i < k; i++) {
+        if (ids[i] < 0) {
+            padded = true;
+            continue;
+        }
+        if (std::isnan(logits[i])) return -1;
+        if (std::isinf(logits[i])) continue;  // suppressed (end of generation), weight 0 either way
+        raw.push_back(logits[i]);
+        l.push_back(logits[i] / p.temperature);
+        id.push_back(ids[i]);
+    }
+    const size_t n = l.size();
+    if (n == 0) return -1;
+    for (size_t i = 1; i < n; i++)
+        if (!(l[i - 1] > l[i] || (l[i - 1] == l[i] && id[i - 1] < id[i]))) return -1;  // not sample_token's rank order
+    const bool whole = padded || n == n_vocab;
+    size_t trusted = n;
+    if (!whole)
+        while (trusted > 0 && l[trusted - 1] == l[n - 1]) trusted--;
+    trusted = std::min(trusted, kRankedHead);  // past the head sample_token's order is not the rank
+    if (trusted == 0) return -1;
+
+    std::vector<float> wf(n);
+    exp_shifted(l.data(), l[0], wf.data(), n);
+    const auto w = [&wf](size_t i) { return (double)wf[i]; };
+    double known = 0;
+    for (size_t i = 0; i < n; i++) known += w(i);
+    double rest = 0;  // bound on the weight of the tokens that are not candidates
+    if (!whole) {
+        const double raw_max = raw[0], raw_b = raw[n - 1];
+        const double e = std::exp((double)lse - raw_max);
+        double c1 = 0;
+        for (size_t i = 0; i < n; i++) c1 += std::exp((double)raw[i] - raw_max);
+        const double r1 = std::max(0.0, e - c1) + 1e-4 * e;
+        const double slack = 1 + 1e-5 + 5e-7 * (std::fabs(l[0]) + std::fabs(l[n - 1]) + 1);
+        rest = r1 * std::exp((raw_b - raw_max) * (1.0 / (double)p.temperature - 1.0)) * slack;
+    }
+    const double z_lo = known * (1 - 1e-9), z_hi = (known + rest) * (1 + 1e-9);  // sample_token's z lies between
+
+    uint64_t next = *rng_state;
+    const double v = unit_draw(rng_next(&next));
+    size_t pick;
+    if (p.top_p < 1.0f) {
+        // the cut: the first rank whose running weight reaches top_p z, the same at both ends
+        const auto cut = [&](double need) {
+            double cum = 0;
+            for (size_t i = 0; i < trusted; i++) {
+                cum += w(i);
+                if (cum >= need) return i;
+            }
+            return trusted;
+        };
+        const size_t c = cut((double)p.top_p * z_lo);
+        if (c >= trusted || cut((double)p.top_p * z_hi) != c) return -1;
+        const size_t kept = c + 1;
+        pick = draw_index(kept, w, v * chain_sum(kept, w));
+    } else {
+        pick = first_below(trusted, w, v * z_lo);
+        if (pick >= trusted || first_below(trusted, w, v * z_hi) != pick) return -1;
+    }
+    *rng_state = next;
+    return id[pick];
 }
 
 }  // namespace dfl

@@ -14,6 +14,12 @@ int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &
 // probs, both with room for n_vocab; returns how many. A temperature <= 0 gives the argmax alone.
 uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
                              uint32_t n_history, int32_t *ids, double *probs);
+// sample_token's draw (no history) from a row given as its k best candidates (ids, logits: forward_topk's order, id -1
+// padding, -inf for suppressed tokens) and the whole row's log-sum-exp, where they decide it: a temperature in (0, 1],
+// no top-k and no min-p. Returns -1 (rng_state untouched) where the token may lie outside the candidates or rounding
+// leaves it open; the caller then samples the whole row with the same state.
+int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
+                          const dfl_sampling &p, uint64_t *rng_state);
 uint64_t rng_next(uint64_t *state);
 
 }  // namespace dfl

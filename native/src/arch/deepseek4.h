@@ -98,6 +98,7 @@ public:
     void seq_snapshot(int32_t s) override;
     void seq_rollback(int32_t s) override;
     void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override;
+    void logits_row(uint32_t row, float *out) override;
     uint64_t seq_export(int32_t s, void *buf, uint64_t size) const override;
     void seq_import(int32_t s, const void *buf, uint64_t size) override;
 
@@ -170,6 +171,7 @@ private:
     std::vector<SeqRec> rec_;
     Acts acts_;
     DevBuf logits_, topk_;
+    std::vector<int64_t> logits_dest_;  // the caller's row of each row of logits_ the last forward left (logits_row)
     std::vector<int32_t> host_meta_;
     std::vector<uint8_t> host_topk_;
     // Captured one-token steps (fused_decode). A shape whose capture failed runs op by op from then on.

@@ -74,6 +74,7 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
     if (graph) m.max_ctx = (int64_t)max_blocks * table_.block_size();
     const int32_t *d_out_rows = m.block_table + (int64_t)E * (int64_t)max_blocks;
 
+    logits_dest_ = dest;
     auto layers = [&] { run_layers(m, dense, es, R, d_out_rows); };
     if (graph)
         graphs_.run(*dev_, {E, (int64_t)max_blocks, R}, layers);
@@ -138,8 +139,16 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
     dev_->matmul(output_, a.x.f(), R, logits_.f());
 }
 
+void DeepSeek4Model::logits_row(uint32_t row, float *out) {
+    const auto at = std::find(logits_dest_.begin(), logits_dest_.end(), (int64_t)row);
+    if (at == logits_dest_.end())
+        fail(DFL_ERR_STATE, "logits row " + std::to_string(row) + ": the last forward kept no such row");
+    copy_logits_row(*dev_, logits_, (int64_t)logits_dest_.size(), hp_.n_vocab, (uint32_t)(at - logits_dest_.begin()), out);
+}
+
 void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
     const Ds4HParams &h = hp_;
+    logits_dest_.clear();  // (set when a forward of one step has left its rows)
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
     if (b.n_capture > 0) fail(DFL_ERR_UNSUPPORTED, "deepseek4: hidden-state capture is not supported");
@@ -205,6 +214,7 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
             }
             run_step(step, false, b.logits, topk);
         }
+        logits_dest_.clear();  // each step overwrote the rows of the one before
     } else {
         run_step(all, max_n > 1 && h.prefill == Ds4Prefill::Dense, b.logits, topk);
     }

@@ -58,6 +58,15 @@ inline void check_batch_outputs(const dfl_batch &b, int64_t rows, const TopKOut 
         fail(DFL_ERR_INVALID, "batch: top-k needs k in [1, 64] and three output buffers");
 }
 
+// Row `row` of the logits a forward left on the device (n_rows rows of n_vocab floats; 0 when it kept none) into the
+// host's out (dflash.h logits_row).
+inline void copy_logits_row(Device &dev, const DevBuf &logits, int64_t n_rows, int64_t n_vocab, uint32_t row, float *out) {
+    if ((int64_t)row >= n_rows)
+        fail(DFL_ERR_STATE, "logits row " + std::to_string(row) + ": the last forward kept " + std::to_string(n_rows) +
+                                " logits rows");
+    dev.to_host(out, logits.f() + (int64_t)row * n_vocab, (size_t)n_vocab * sizeof(float));
+}
+
 class Model {
 public:
     virtual ~Model() = default;
@@ -88,6 +97,10 @@ public:
     // Loads a seq_export blob into an empty sequence (dflash.h seq_import).
     virtual void seq_import(int32_t s, const void *buf, uint64_t size) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture cannot import a sequence's state (seq_import)");
+    }
+    // A whole logits row of the last forward (dflash.h logits_row).
+    virtual void logits_row(uint32_t row, float *out) {
+        fail(DFL_ERR_UNSUPPORTED, "this architecture keeps no logits rows (logits_row)");
     }
     // A DFlash draft step (dflash.h draft_forward); only the dflash architecture has one.
     virtual void draft_forward(uint32_t n_entries, const dfl_draft_entry *entries, const TopKOut &topk) {

@@ -327,6 +327,7 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
 
 void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) {
     const HParams &h = hp_;
+    logits_rows_ = 0;  // (set when this forward has left its rows)
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
     auto tree_of = [&](uint32_t i) -> const int32_t * { return parents ? parents[i] : nullptr; };
@@ -504,6 +505,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     } else {
         run_layers(m, b, rows, d_out_rows);
     }
+    logits_rows_ = rows;
     if (rows > 0 && topk) {
         // only the candidates cross to the host: ids, then values, then the log-sum-exps
         device_topk(*dev_, logits_.f(), rows, h.n_vocab, topk->k, topk_.get());

@@ -68,6 +68,7 @@ public:
     void seq_rollback(int32_t s) override;
     void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override { forward_tree(b, topk, nullptr); }
     void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) override;
+    void logits_row(uint32_t row, float *out) override { copy_logits_row(*dev_, logits_, logits_rows_, hp_.n_vocab, row, out); }
     void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) override;
     uint64_t seq_export(int32_t s, void *buf, uint64_t size) const override;
     void seq_import(int32_t s, const void *buf, uint64_t size) override;
@@ -136,6 +137,7 @@ private:
 
     Acts acts_;
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
+    int64_t logits_rows_ = 0;     // rows of logits_ the last forward left there (logits_row)
     DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot
     bool light_rec_ = false;      // the forward running keeps light records
     DevBuf tree_;                 // BatchMeta vis [T] (u64) then parent [T] of a batch with trees
