@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -206,5 +207,57 @@ func BenchmarkSample(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkSampleCandidates: a draw without top-k from a 151,936-token row's 64 best candidates and log-sum-exp
+// (what a step moves per sequence with them), against BenchmarkSample's whole-row draw of the same row; "decided" is
+// the fraction of draws the candidates decide (the rest sample the whole row too).
+func BenchmarkSampleCandidates(b *testing.B) {
+	lib := openCPU(b)
+	m := loadRandom(b, lib, tinyQwen3(), Options{KVPoolTokens: 16, Threads: 1})
+	r := rand.New(rand.NewPCG(1, 2))
+	const vocab, k = 151936, 64
+	row := make([]float32, vocab)
+	for i, rank := range r.Perm(vocab) {
+		row[i] = float32(12 - 2.5*math.Log1p(float64(rank))) // zipf, as BenchmarkSample's
+	}
+	rank := make([]int32, vocab)
+	for i := range rank {
+		rank[i] = int32(i)
+	}
+	sort.Slice(rank, func(a, c int) bool { return row[rank[a]] > row[rank[c]] })
+	ids, vals := rank[:k], make([]float32, k)
+	sum := 0.0
+	for i, id := range ids {
+		vals[i] = row[id]
+	}
+	for _, x := range row {
+		sum += math.Exp(float64(x - vals[0]))
+	}
+	lse := float32(float64(vals[0]) + math.Log(sum))
+	for _, tc := range []struct {
+		name string
+		p    SamplingParams
+	}{
+		{"temp1-topp1", SamplingParams{Temperature: 1, TopP: 1}},
+		{"temp0.7-topp0.9", SamplingParams{Temperature: 0.7, TopP: 0.9}},
+	} {
+		b.Run("zipf/"+tc.name, func(b *testing.B) {
+			var rng uint64 = 1
+			decided := 0
+			for range b.N {
+				tok, err := m.SampleCandidates(ids, vals, lse, vocab, tc.p, &rng)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if tok >= 0 {
+					decided++
+				} else {
+					rng++ // (a caller would draw from the whole row here)
+				}
+			}
+			b.ReportMetric(float64(decided)/float64(b.N), "decided")
+		})
 	}
 }

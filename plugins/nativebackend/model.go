@@ -17,12 +17,13 @@ type nativeModel struct {
 }
 
 var (
-	_ engine.Model          = (*nativeModel)(nil)
-	_ engine.Rewinder       = (*nativeModel)(nil)
-	_ engine.CandidateModel = (*nativeModel)(nil)
-	_ engine.Verifier       = (*nativeModel)(nil)
-	_ engine.TreeVerifier   = (*nativeModel)(nil)
-	_ engine.StateModel     = (*nativeModel)(nil)
+	_ engine.Model            = (*nativeModel)(nil)
+	_ engine.Rewinder         = (*nativeModel)(nil)
+	_ engine.CandidateModel   = (*nativeModel)(nil)
+	_ engine.CandidateSampler = (*nativeModel)(nil)
+	_ engine.Verifier         = (*nativeModel)(nil)
+	_ engine.TreeVerifier     = (*nativeModel)(nil)
+	_ engine.StateModel       = (*nativeModel)(nil)
 )
 
 // NewModel adapts a loaded native model to engine.Model (and
@@ -93,6 +94,15 @@ func (n *nativeModel) ForwardCapture(_ context.Context, batch []engine.SeqInput,
 func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int32, rng *uint64) (int32, error) {
 	return n.m.Sample(logits, samplingParams(s), history, rng)
 }
+
+// SampleCandidates draws a token without top-k from a row's candidates where they decide it (engine.CandidateSampler).
+func (n *nativeModel) SampleCandidates(ids []int32, logits []float32, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
+	tok, err := n.m.SampleCandidates(ids, logits, lse, n.info.Vocab, samplingParams(s), rng)
+	return tok, err == nil && tok >= 0, err
+}
+
+// LogitsRow is a whole row of the last forward, for the draws the candidates leave open.
+func (n *nativeModel) LogitsRow(row int, dst []float32) error { return n.m.LogitsRow(row, dst) }
 
 // SampleDist is the distribution Sample draws from (engine.Distributor: sampled drafts).
 func (n *nativeModel) SampleDist(logits []float32, s *engine.Sampling, history []int32, ids []int32, probs []float64) (int, error) {

@@ -10,6 +10,7 @@ type candidateRow struct {
 	ids    []int32
 	logits []float32
 	lse    float32 // the whole row's log-sum-exp
+	row    int     // the row's index in its forward (CandidateSampler.LogitsRow)
 }
 
 // allFromCandidates reports whether every row the batch asks for can be decided from its candidates alone.
@@ -41,7 +42,53 @@ func (e *Engine) fromCandidates(s *sequence) bool {
 	if penalised {
 		return false
 	}
-	return p.Temperature <= 0 || (p.TopK > 0 && p.TopK <= candidateK-len(e.eog))
+	return p.Temperature <= 0 || (p.TopK > 0 && p.TopK <= candidateK-len(e.eog)) || e.drawsFromCandidates(s)
+}
+
+// drawsFromCandidates reports whether s's next token is drawn by the CandidateSampler (a temperature in (0, 1], no
+// top-k, no min-p; penalties were ruled out before), its row fetched whole where the candidates leave the draw open.
+// Only decoding sequences without a draft and without logprobs: the token may then lie outside the candidates, and
+// a model may keep no row of a prompt's forward (DeepSeek V4's token-by-token prefill).
+func (e *Engine) drawsFromCandidates(s *sequence) bool {
+	p := &s.req.Sampling
+	return e.sampler != nil && e.draws.on() && s.state == stateDecode && s.spec == nil && !s.req.Logprobs &&
+		p.Temperature > 0 && p.Temperature <= 1 && p.TopK <= 0 && p.MinP <= 0
+}
+
+// drawPacer keeps drawing from candidates only while they decide most draws. An open draw costs the candidates' pass
+// and a row copy on top of the whole-row draw, which then also runs alone instead of beside the step's other draws
+// (presample); rows as flat as a random-weight model's leave most draws open, a trained model's few. Which path draws
+// never changes a token.
+type drawPacer struct {
+	open float64 // moving average of the fraction of draws left open
+	off  int     // steps left that draw from whole rows
+}
+
+const (
+	drawWeight  = 1.0 / 32 // weight of the newest draw in the average
+	drawMaxOpen = 0.5      // past this fraction of open draws, whole rows for a while
+	drawOffFor  = 512      // steps
+)
+
+func (p *drawPacer) on() bool { return p.off == 0 }
+
+// step counts a step, which ends a pause after drawOffFor of them.
+func (p *drawPacer) step() {
+	if p.off > 0 {
+		p.off--
+	}
+}
+
+// observe records one draw from candidates.
+func (p *drawPacer) observe(decided bool) {
+	x := 1.0
+	if decided {
+		x = 0
+	}
+	p.open += drawWeight * (x - p.open)
+	if p.open > drawMaxOpen {
+		p.off, p.open = drawOffFor, 0
+	}
 }
 
 // candidatesFor is how many candidates per row decide every row of the step (all fromCandidates): the greedy pick or
@@ -53,6 +100,9 @@ func (e *Engine) candidatesFor(members []*sequence) int {
 	for _, s := range members {
 		if p := &s.req.Sampling; p.Temperature > 0 {
 			k = max(k, p.TopK)
+			if p.TopK <= 0 { // drawsFromCandidates: the sampler's whole ranked head
+				k = candidateK
+			}
 		}
 		if s.req.Logprobs {
 			k = max(k, s.req.TopLogprobs)

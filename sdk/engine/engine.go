@@ -106,6 +106,11 @@ type Engine struct {
 	residual []float64
 	store    StateStore // nil: no state store
 	states   StateModel
+	// sampler draws sampled requests without top-k from candidates (nil: they read whole rows); row is its scratch
+	// for the draws it leaves open.
+	sampler CandidateSampler
+	row     []float32
+	draws   drawPacer
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc
@@ -184,6 +189,7 @@ func New(cfg Config) (*Engine, error) {
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
 		store: cfg.Store, states: states,
 	}
+	e.sampler, _ = m.(CandidateSampler)
 	if ver != nil {
 		e.ver, e.draft, e.featSize, e.capture = ver, cfg.Drafter, cfg.Drafter.FeatureSize(), cfg.Drafter.CaptureLayers()
 		e.drafts = cfg.DraftBlock
@@ -482,6 +488,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 		feats  []float32
 		err    error
 	)
+	e.draws.step()
 	cm, useCands := e.m.(CandidateModel)
 	useCands = useCands && e.allFromCandidates(batch, members)
 	k := 0
@@ -512,7 +519,7 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	rowAt := func(row int) ([]float32, *candidateRow) {
 		if useCands {
 			k := cands.K
-			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k], lse: cands.LSE[row]}
+			return nil, &candidateRow{ids: cands.IDs[row*k : (row+1)*k], logits: cands.Logits[row*k : (row+1)*k], lse: cands.LSE[row], row: row}
 		}
 		return logits[row*e.nv : (row+1)*e.nv], nil
 	}

@@ -162,6 +162,20 @@ type CandidateModel interface {
 	ForwardCandidates(ctx context.Context, batch []SeqInput, k int) (Candidates, error)
 }
 
+// CandidateSampler is a CandidateModel whose sampler draws a token without top-k from a row's candidates and
+// log-sum-exp wherever they decide it, as Sample would from the whole row, and that hands back a whole row of its last
+// forward where they do not. Sampled requests without top-k (a temperature in (0, 1], no min-p, no penalties) then
+// take candidate steps too, and a whole row crosses to the host only for the few draws the candidates leave open.
+type CandidateSampler interface {
+	CandidateModel
+	// SampleCandidates is Sample without history on a row given as its candidates (suppressed ones at -Inf) and its
+	// log-sum-exp: the token and true, or false with rng unchanged where the candidates do not decide it.
+	SampleCandidates(ids []int32, logits []float32, lse float32, s *Sampling, rng *uint64) (int32, bool, error)
+	// LogitsRow copies row `row` of the last forward's logits (a candidate forward's too) into dst (VocabSize
+	// floats), until the next forward.
+	LogitsRow(row int, dst []float32) error
+}
+
 // Verifier is the part of a target Model that speculative decoding needs: forwards that hand back the hidden states
 // a Drafter reads, and cutting a verified sequence back to its accepted tokens.
 type Verifier interface {

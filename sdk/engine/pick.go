@@ -64,6 +64,9 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
 // the whole row into), so the choice and the draw are the ones the whole row would give.
 func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
 	e.suppressCandidates(s, c)
+	if s.req.Sampling.Temperature > 0 && s.req.Sampling.TopK <= 0 && e.sampler != nil { // drawsFromCandidates
+		return e.drawCandidate(s, c)
+	}
 	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
 	if err != nil {
 		return 0, fmt.Errorf("sample: %w", err)
@@ -72,6 +75,26 @@ func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
 		return 0, fmt.Errorf("sample: candidate %d of %d has no token", j, len(c.ids))
 	}
 	return c.ids[j], nil
+}
+
+// drawCandidate draws a token without top-k from the candidates where they decide it, else from the whole row, which
+// the model still holds: the same token either way.
+func (e *Engine) drawCandidate(s *sequence, c *candidateRow) (int32, error) {
+	tok, ok, err := e.sampler.SampleCandidates(c.ids, c.logits, c.lse, &s.req.Sampling, &s.rng)
+	if err != nil {
+		return 0, fmt.Errorf("sample: %w", err)
+	}
+	e.draws.observe(ok)
+	if ok {
+		return tok, nil
+	}
+	if len(e.row) < e.nv {
+		e.row = make([]float32, e.nv)
+	}
+	if err := e.sampler.LogitsRow(c.row, e.row); err != nil {
+		return 0, fmt.Errorf("sample: the whole logits row: %w", err)
+	}
+	return e.pick(s, e.row[:e.nv])
 }
 
 // drawn is a token presample drew for a sequence's next advance.

@@ -51,30 +51,45 @@ func TestGenerate(t *testing.T) {
 }
 
 // TestBatchedEqualsAlone: requests decoded together in one batch give
-// each the tokens it gives alone.
+// each the tokens it gives alone, greedy and sampled with the model's
+// preset (temperature 1, no top-k: drawn from the step's candidates where
+// they decide it, else from the whole row the model keeps).
 func TestBatchedEqualsAlone(t *testing.T) {
 	_, c, _ := load(t, blockConfig(t, tinyModel(t), nil))
 	prompts := []string{"The weather today", "Write a haiku about the sea, please, in English", "1 2 3", "Who are you and what can you do for me?"}
-	alone := make([][]int32, len(prompts))
-	for i, p := range prompts {
-		alone[i] = run(t, c, chatReq(p, 10)).Tokens
+	sampled := func(text string, n int, seed int64) *sdk.ChatRequest {
+		r := chatReq(text, n)
+		r.Sampling = sdk.Sampling{Seed: i64(seed)}
+		return r
 	}
-	together := make([][]int32, len(prompts))
-	var wg sync.WaitGroup
-	for i, p := range prompts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			together[i] = run(t, c, chatReq(p, 10)).Tokens
-		}()
-	}
-	wg.Wait()
-	for i := range prompts {
-		t.Run(fmt.Sprint(i), func(t *testing.T) {
-			is := is.New(t)
-			is.Equal(len(alone[i]), 10)
-			is.Equal(fmt.Sprint(together[i]), fmt.Sprint(alone[i])) // batched equals alone
-		})
+	for _, mode := range []string{"greedy", "sampled"} {
+		req := func(i int) *sdk.ChatRequest {
+			if mode == "sampled" {
+				return sampled(prompts[i], 10, int64(i+1))
+			}
+			return chatReq(prompts[i], 10)
+		}
+		alone := make([][]int32, len(prompts))
+		for i := range prompts {
+			alone[i] = run(t, c, req(i)).Tokens
+		}
+		together := make([][]int32, len(prompts))
+		var wg sync.WaitGroup
+		for i := range prompts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				together[i] = run(t, c, req(i)).Tokens
+			}()
+		}
+		wg.Wait()
+		for i := range prompts {
+			t.Run(fmt.Sprint(mode, i), func(t *testing.T) {
+				is := is.New(t)
+				is.Equal(len(alone[i]), 10)
+				is.Equal(fmt.Sprint(together[i]), fmt.Sprint(alone[i])) // batched equals alone
+			})
+		}
 	}
 }
 

@@ -96,3 +96,101 @@ func TestBatchedDecodeMatchesAloneOnCPU(t *testing.T) {
 		})
 	}
 }
+
+// rowsOnly hides a model's CandidateSampler: sampled requests without top-k then read whole rows.
+type rowsOnly struct {
+	engine.Model
+	cm engine.CandidateModel
+}
+
+func (r rowsOnly) ForwardCandidates(ctx context.Context, b []engine.SeqInput, k int) (engine.Candidates, error) {
+	return r.cm.ForwardCandidates(ctx, b, k)
+}
+
+// countingSampler is a model whose CandidateSampler counts the draws it decides from candidates and those it leaves
+// to the whole row.
+type countingSampler struct {
+	engine.Model
+	cs            engine.CandidateSampler
+	decided, open int
+}
+
+func (c *countingSampler) ForwardCandidates(ctx context.Context, b []engine.SeqInput, k int) (engine.Candidates, error) {
+	return c.cs.ForwardCandidates(ctx, b, k)
+}
+
+func (c *countingSampler) SampleCandidates(ids []int32, logits []float32, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
+	tok, ok, err := c.cs.SampleCandidates(ids, logits, lse, s, rng)
+	if ok {
+		c.decided++
+	} else {
+		c.open++
+	}
+	return tok, ok, err
+}
+
+func (c *countingSampler) LogitsRow(row int, dst []float32) error { return c.cs.LogitsRow(row, dst) }
+
+// TestSampledFromCandidates: requests sampled without top-k (temperature 1 and top-p 1, DeepSeek V4's preset, and a
+// temperature below 1 with top-p) produce, seed for seed, the tokens the whole rows give, alone and four at a time,
+// while their draws come from the candidates wherever those decide them (the trained demo target, whose rows are
+// peaked like a real model's) and from the whole row the model still holds otherwise.
+func TestSampledFromCandidates(t *testing.T) {
+	target, _, prompts := demoPair(t)
+	lib, err := native.Open(libDirForTests(t), "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := gguf.Open(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tok, err := tokenizer.FromMetadata(f.Meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := lib.LoadGGUF(target, native.Options{KVPoolTokens: 4096, MaxSeqs: 4, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for _, sampling := range []engine.Sampling{{Temperature: 1, TopP: 1}, {Temperature: 0.7, TopP: 0.9}} {
+		t.Run(fmt.Sprintf("temperature %v top-p %v", sampling.Temperature, sampling.TopP), func(t *testing.T) {
+			is := is.New(t)
+			generate := func(model engine.Model) [][]int32 {
+				e, err := engine.New(engine.Config{Model: model, Vocab: tok, MaxCtx: 512, StepTokens: 64})
+				is.NoErr(err)
+				defer e.Close(context.Background())
+				out := make([][]int32, len(prompts))
+				var wg sync.WaitGroup
+				for i, p := range prompts {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						s := sampling
+						s.Seed = uint64(100 + i)
+						em := newStream()
+						req := &engine.Request{Prompt: tok.Encode(p, false, true), MaxTokens: 48, IgnoreEOS: true,
+							Sampling: s, Detokenizer: tokenizer.NewStreamDecoder(tok)}
+						is.NoErr(e.Run(context.Background(), req, em))
+						out[i] = em.summary().tokens
+					}()
+				}
+				wg.Wait()
+				return out
+			}
+			nm := nativebackend.NewModel(m)
+			rows := generate(rowsOnly{Model: nm, cm: nm.(engine.CandidateModel)})
+			counted := &countingSampler{Model: nm, cs: nm.(engine.CandidateSampler)}
+			cands := generate(counted)
+			for i := range prompts {
+				is.Equal(len(rows[i]), 48)
+				is.Equal(fmt.Sprint(cands[i]), fmt.Sprint(rows[i])) // the same tokens, seed for seed
+			}
+			t.Logf("%d draws decided from candidates, %d from the whole row", counted.decided, counted.open)
+			is.True(counted.decided > counted.open) // mostly candidates
+			is.True(counted.open > 0)               // and the whole-row path taken too
+		})
+	}
+}
