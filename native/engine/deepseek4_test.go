@@ -470,3 +470,40 @@ func TestDeepseek4Switches(t *testing.T) {
 		is.True(math.Abs(float64(vals[0]-full[i][best])) <= 1e-5)
 	}
 }
+
+// TestDeepseek4LogitsRow: after a TopK forward of two sequences (prefill: token by token or batched; then a decode
+// step), LogitsRow gives each caller row the logits a forward of whole rows gives, and nothing past them; the next
+// forward drops them.
+func TestDeepseek4LogitsRow(t *testing.T) {
+	lib := openCPU(t)
+	spec := ds4Spec(t, tinyDS4())
+	rng := rand.New(rand.NewPCG(8, 8))
+	a, b := randomTokens(rng, 21, 96), randomTokens(rng, 9, 96)
+	for _, mode := range []string{"exact", "sparse"} {
+		t.Run(mode, func(t *testing.T) {
+			is := is.New(t)
+			m := loadDS4(t, lib, spec, map[string]any{"deepseek4.engine.prefill": mode}, ds4Opts())
+			want := [][][]float32{prefillRows(t, m, a, 0), prefillRows(t, m, b, 0)}
+			sa, _ := m.NewSeq()
+			sb, _ := m.NewSeq()
+			row := make([]float32, m.Info().Vocab)
+			check := func(wantRows [][]float32) {
+				for i, w := range wantRows {
+					is.NoErr(m.LogitsRow(i, row))
+					is.True(maxDiff([][]float32{row}, [][]float32{w}) == 0) // the row the candidates came from
+				}
+				is.True(errors.Is(m.LogitsRow(len(wantRows), row), ErrState)) // no such row
+			}
+			_, err := m.Forward(Batch{TopK: 8, Entries: []Entry{{Seq: sa, Tokens: a[:20], Logits: LogitsLast}, {Seq: sb, Tokens: b[:8], Logits: LogitsAll}}})
+			is.NoErr(err)
+			check(append([][]float32{want[0][19]}, want[1][:8]...))
+			_, err = m.Forward(Batch{TopK: 8, Entries: []Entry{{Seq: sb, Tokens: b[8:9], Logits: LogitsLast}, {Seq: sa, Tokens: a[20:21], Logits: LogitsLast}}})
+			is.NoErr(err)
+			check([][]float32{want[1][8], want[0][20]})
+			sc, _ := m.NewSeq()
+			_, err = m.Forward(Batch{Entries: []Entry{{Seq: sc, Tokens: a[:3]}}}) // no logits rows
+			is.NoErr(err)
+			is.True(errors.Is(m.LogitsRow(0, row), ErrState)) // the next forward dropped them
+		})
+	}
+}

@@ -47,11 +47,11 @@ func (e *Engine) fromCandidates(s *sequence) bool {
 
 // drawsFromCandidates reports whether s's next token is drawn by the CandidateSampler (a temperature in (0, 1], no
 // top-k, no min-p; penalties were ruled out before), its row fetched whole where the candidates leave the draw open.
-// Only decoding sequences without a draft and without logprobs: the token may then lie outside the candidates, and
-// a model may keep no row of a prompt's forward (DeepSeek V4's token-by-token prefill).
+// Only sequences without a draft (verify rows take their own path) and without logprobs (the token may lie outside
+// the candidates).
 func (e *Engine) drawsFromCandidates(s *sequence) bool {
 	p := &s.req.Sampling
-	return e.sampler != nil && e.draws.on() && s.state == stateDecode && s.spec == nil && !s.req.Logprobs &&
+	return e.sampler != nil && e.draws.on() && s.spec == nil && !s.req.Logprobs &&
 		p.Temperature > 0 && p.Temperature <= 1 && p.TopK <= 0 && p.MinP <= 0
 }
 

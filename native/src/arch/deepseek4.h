@@ -172,6 +172,11 @@ private:
     Acts acts_;
     DevBuf logits_, topk_;
     std::vector<int64_t> logits_dest_;  // the caller's row of each row of logits_ the last forward left (logits_row)
+    // A token-by-token prefill's logits rows by caller row, as each step leaves them (logits_row; steps overwrite
+    // logits_): kept_n_ rows after such a forward, 0 otherwise.
+    DevBuf kept_;
+    int64_t kept_n_ = 0;
+    bool keeping_ = false;
     std::vector<int32_t> host_meta_;
     std::vector<uint8_t> host_topk_;
     // Captured one-token steps (fused_decode). A shape whose capture failed runs op by op from then on.

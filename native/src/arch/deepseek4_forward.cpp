@@ -80,6 +80,9 @@ void DeepSeek4Model::run_step(const std::vector<StepEntry> &es, bool dense, floa
         graphs_.run(*dev_, {E, (int64_t)max_blocks, R}, layers);
     else
         layers();
+    if (keeping_)
+        for (int64_t i = 0; i < R; i++)
+            dev_->copy(kept_.f() + dest[(size_t)i] * h.n_vocab, logits_.f() + i * h.n_vocab, (size_t)h.n_vocab * sizeof(float));
     if (R == 0) {
         dev_->sync();
         return;
@@ -140,6 +143,7 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
 }
 
 void DeepSeek4Model::logits_row(uint32_t row, float *out) {
+    if (kept_n_ > 0) return copy_logits_row(*dev_, kept_, kept_n_, hp_.n_vocab, row, out);
     const auto at = std::find(logits_dest_.begin(), logits_dest_.end(), (int64_t)row);
     if (at == logits_dest_.end())
         fail(DFL_ERR_STATE, "logits row " + std::to_string(row) + ": the last forward kept no such row");
@@ -148,7 +152,9 @@ void DeepSeek4Model::logits_row(uint32_t row, float *out) {
 
 void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
     const Ds4HParams &h = hp_;
-    logits_dest_.clear();  // (set when a forward of one step has left its rows)
+    logits_dest_.clear();  // (set when a forward has left its rows)
+    kept_n_ = 0;
+    keeping_ = false;  // (a token-by-token prefill that failed may have left it set)
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
     if (b.n_capture > 0) fail(DFL_ERR_UNSUPPORTED, "deepseek4: hidden-state capture is not supported");
@@ -199,7 +205,10 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
         all.push_back(se);
     }
     if (max_n > 1 && h.prefill == Ds4Prefill::Exact) {
-        // token by token: step i runs token i of every entry that has one, exactly as decoding would
+        // token by token: step i runs token i of every entry that has one, exactly as decoding would; each step's
+        // logits rows are kept by caller row, since the next step overwrites logits_
+        if (rows > 0) ensure(kept_, (size_t)rows * h.n_vocab * sizeof(float), "logits rows");
+        keeping_ = rows > 0;
         for (uint32_t i = 0; i < max_n; i++) {
             std::vector<StepEntry> step;
             for (const StepEntry &se : all) {
@@ -214,7 +223,9 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
             }
             run_step(step, false, b.logits, topk);
         }
-        logits_dest_.clear();  // each step overwrote the rows of the one before
+        keeping_ = false;
+        logits_dest_.clear();
+        kept_n_ = rows;
     } else {
         run_step(all, max_n > 1 && h.prefill == Ds4Prefill::Dense, b.logits, topk);
     }

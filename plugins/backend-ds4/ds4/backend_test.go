@@ -53,9 +53,17 @@ func TestGenerate(t *testing.T) {
 // TestBatchedEqualsAlone: requests decoded together in one batch give
 // each the tokens it gives alone, greedy and sampled with the model's
 // preset (temperature 1, no top-k: drawn from the step's candidates where
-// they decide it, else from the whole row the model keeps).
+// they decide it, else from the whole row the model keeps), with the
+// default prefill and the token-by-token one (whose steps each overwrite
+// the logits the one before left).
 func TestBatchedEqualsAlone(t *testing.T) {
-	_, c, _ := load(t, blockConfig(t, tinyModel(t), nil))
+	for _, opts := range []map[string]string{nil, {"ds4-prefill": "exact"}} {
+		t.Run(fmt.Sprint("prefill ", opts["ds4-prefill"]), func(t *testing.T) { batchedEqualsAlone(t, opts) })
+	}
+}
+
+func batchedEqualsAlone(t *testing.T, opts map[string]string) {
+	_, c, _ := load(t, blockConfig(t, tinyModel(t), opts))
 	prompts := []string{"The weather today", "Write a haiku about the sea, please, in English", "1 2 3", "Who are you and what can you do for me?"}
 	sampled := func(text string, n int, seed int64) *sdk.ChatRequest {
 		r := chatReq(text, n)
