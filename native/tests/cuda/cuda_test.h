@@ -139,6 +139,22 @@ inline bool compare(const std::string &name, const Dual &d, double tol) {
     return compare(name, d.read<float>(true), d.read<float>(false), tol);
 }
 
+// The GPU's int32 outputs against the CPU's, exactly (ids, picks).
+inline bool compare_ids(const std::string &name, const Dual &d) {
+    g_cases++;
+    const std::vector<int32_t> got = d.read<int32_t>(true), ref = d.read<int32_t>(false);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < ref.size(); i++)
+        if (got[i] != ref[i] && !bad++) first = i;
+    if (bad)
+        std::printf("FAIL %-66s %zu of %zu ids differ (first at %zu: gpu %d cpu %d)\n", name.c_str(), bad, ref.size(),
+                    first, got[first], ref[first]);
+    else
+        std::printf("ok   %-66s %zu ids identical\n", name.c_str(), ref.size());
+    if (bad) g_failures++;
+    return bad == 0;
+}
+
 // Whether there is a CUDA device; without one, says the program skips (CI machines have no GPU: it then exits 0).
 inline bool cuda_present(const char *suite) {
     int n_gpus = 0;

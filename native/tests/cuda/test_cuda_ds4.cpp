@@ -33,6 +33,7 @@ using dfltest::Rng;
 using dfltest::type_row_bytes;
 
 using dfltest::compare;
+using dfltest::compare_ids;
 using dfltest::Dual;
 using dfltest::g_cases;
 using dfltest::g_cpu;
@@ -45,22 +46,6 @@ struct Batch : dfltest::Batch {
 };
 
 // Exact equality of int32 outputs.
-bool compare_ids(const std::string &name, const Dual &d) {
-    g_cases++;
-    const std::vector<int32_t> got = d.read<int32_t>(true), ref = d.read<int32_t>(false);
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < ref.size(); i++)
-        if (got[i] != ref[i] && !bad++) first = i;
-    if (bad)
-        std::printf("FAIL %-66s %zu of %zu ids differ (first at %zu: gpu %d cpu %d)\n", name.c_str(), bad, ref.size(),
-                    first, got[first], ref[first]);
-    else
-        std::printf("ok   %-66s %zu ids identical\n", name.c_str(), ref.size());
-    if (bad) dfltest::g_failures++;
-    return bad == 0;
-}
-
-
 Device *dev(bool gpu) { return gpu ? g_gpu : g_cpu; }
 
 std::vector<float> inv_freq(int rope_dim, float base) {

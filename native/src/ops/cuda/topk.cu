@@ -51,6 +51,39 @@ __device__ Cand block_best(Cand c, Cand *red) {
 
 __device__ __forceinline__ float clean(float x) { return x != x ? -INFINITY : x; }
 
+// A chunk's max and sum of exp(x - max) into *out, for the row's log-sum-exp; mx is the thread's max of its values.
+// fred: 32 floats of shared memory. All threads call it.
+__device__ void chunk_max_sumexp(const float *vals, int len, float mx, float *fred, float2 *out) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    mx = warp_max(mx);
+    if (lane == 0) fred[warp] = mx;
+    __syncthreads();
+    float m = -INFINITY;
+    for (int w = 0; w < nw; w++) m = fmaxf(m, fred[w]);
+    float s = 0.0f;
+    if (m != -INFINITY)
+        for (int i = threadIdx.x; i < len; i += blockDim.x) s += vals[i] == -INFINITY ? 0.0f : expf(vals[i] - m);
+    s = warp_sum(s);
+    __syncthreads();
+    if (lane == 0) fred[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < nw; w++) t += fred[w];
+        *out = make_float2(m, t);
+    }
+}
+
+// The row's log-sum-exp from its chunks' (max, sum of exp) pairs.
+__device__ float row_lse(const float2 *ms, int n_chunks) {
+    float m = -INFINITY;
+    for (int c = 0; c < n_chunks; c++) m = fmaxf(m, ms[c].x);
+    float s = 0.0f;
+    for (int c = 0; c < n_chunks; c++)
+        if (ms[c].x != -INFINITY) s += ms[c].y * expf(ms[c].x - m);
+    return m == -INFINITY ? -INFINITY : m + logf(s);
+}
+
 // Stage 1: block (chunk, row). Writes k candidates of the chunk (padded with id -1, -inf) and its (max, sumexp).
 __global__ void topk_chunks_kernel(const float *logits, int64_t n, int k, int n_chunks, Cand *cand, float2 *ms) {
     __shared__ float vals[kTopkChunk];
@@ -66,27 +99,7 @@ __global__ void topk_chunks_kernel(const float *logits, int64_t n, int k, int n_
         vals[i] = v;
         mx = fmaxf(mx, v);
     }
-    // the chunk's max and sum of exp(x - max), for the row's log-sum-exp
-    {
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-        mx = warp_max(mx);
-        if (lane == 0) fred[warp] = mx;
-        __syncthreads();
-        float m = -INFINITY;
-        for (int w = 0; w < nw; w++) m = fmaxf(m, fred[w]);
-        float s = 0.0f;
-        if (m != -INFINITY)
-            for (int i = threadIdx.x; i < len; i += blockDim.x) s += vals[i] == -INFINITY ? 0.0f : expf(vals[i] - m);
-        s = warp_sum(s);
-        __syncthreads();
-        if (lane == 0) fred[warp] = s;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float t = 0.0f;
-            for (int w = 0; w < nw; w++) t += fred[w];
-            ms[row * n_chunks + blockIdx.x] = make_float2(m, t);
-        }
-    }
+    chunk_max_sumexp(vals, len, mx, fred, ms + row * n_chunks + blockIdx.x);
     Cand *out = cand + (row * n_chunks + blockIdx.x) * k;
     for (int j = 0; j < k; j++) {
         Cand c{-INFINITY, -1};
@@ -116,16 +129,7 @@ __global__ void topk_merge_kernel(const Cand *cand, const float2 *ms, int n_chun
     const int64_t row = blockIdx.x;
     const int n = n_chunks * k;
     for (int i = threadIdx.x; i < n; i += blockDim.x) pool[i] = cand[row * n + i];
-    if (threadIdx.x == 0) {
-        float m = -INFINITY;
-        for (int c = 0; c < n_chunks; c++) m = fmaxf(m, ms[row * n_chunks + c].x);
-        float s = 0.0f;
-        for (int c = 0; c < n_chunks; c++) {
-            const float2 p = ms[row * n_chunks + c];
-            if (p.x != -INFINITY) s += p.y * expf(p.x - m);
-        }
-        lse[row] = m == -INFINITY ? -INFINITY : m + logf(s);
-    }
+    if (threadIdx.x == 0) lse[row] = row_lse(ms + row * n_chunks, n_chunks);
     __syncthreads();
     for (int j = 0; j < k; j++) {
         Cand c{-INFINITY, -1};
@@ -150,6 +154,187 @@ __global__ void topk_merge_kernel(const Cand *cand, const float2 *ms, int n_chun
     }
 }
 
+
+// ---- Selection by threshold (DFL_CUDA_TOPK_SELECT=1, opt-in until measured) ----
+// The kernels above spend one block-wide arg-max pass (two barriers) a candidate: 64 passes for k = 64 in each stage,
+// ~0.1 ms a step. These find the k-th largest value by radix select on an order-preserving key (4 rounds of 8-bit
+// histograms), gather the items above it and the first of those equal to it (lower id first) by two block scans, and
+// rank the k by counting: a fixed number of passes whatever k. Same candidates, same order, same log-sum-exp.
+
+// The key of a value whose unsigned order is the values' order (-0 as +0, which compare equal).
+__device__ __forceinline__ uint32_t order_key(float v) {
+    const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ bool eligible(const Cand &c) { return c.id >= 0 && c.v != -INFINITY; }
+
+// Exclusive prefix sum of x over the block's threads in thread order; *total: the sum over all (every thread).
+// ws: 32 ints of shared memory. All threads call it.
+__device__ int block_scan(int x, int *ws, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int incl = x;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    __syncthreads();  // ws is reused by consecutive calls
+    if (lane == 31) ws[warp] = incl;
+    __syncthreads();
+    int before = 0, sum = 0;
+    for (int w = 0; w < nw; w++) {
+        before += w < warp ? ws[w] : 0;
+        sum += ws[w];
+    }
+    *total = sum;
+    return before + incl - x;
+}
+
+struct SelectScratch {
+    int hist[256];
+    int ws[32];
+    int digit, remaining;
+    Cand sel[kTopkMaxK];
+};
+
+// The digit (8 bits at shift) of the remaining-th largest key among the eligible items whose key has the given prefix
+// (mask: the bits already fixed); s.remaining becomes its rank among the items of that digit. All threads call it.
+__device__ void select_digit(const Cand *items, int b, int e, uint32_t prefix, uint32_t mask, int shift, int remaining,
+                             SelectScratch &s) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
+    __syncthreads();
+    for (int i = b; i < e; i++) {
+        if (!eligible(items[i])) continue;
+        const uint32_t key = order_key(items[i].v);
+        if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // lane l sums digits 255 - 8 l .. 248 - 8 l (largest first); the lane whose range holds the rank walks it
+        const int lane = threadIdx.x;
+        int sum = 0;
+        for (int j = 0; j < 8; j++) sum += s.hist[255 - 8 * lane - j];
+        int incl = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        int cum = incl - sum;
+        if (cum < remaining && remaining <= incl)
+            for (int j = 0; j < 8; j++) {
+                const int d = 255 - 8 * lane - j, h = s.hist[d];
+                if (cum + h >= remaining) {
+                    s.digit = d;
+                    s.remaining = remaining - cum;
+                    break;
+                }
+                cum += h;
+            }
+    }
+    __syncthreads();
+}
+
+// out[0..k): the k best eligible items (larger value first, lower id on ties), padded with {-inf, -1}. Items of equal
+// value must lie in id order. Each thread takes a contiguous run of items. All threads call it.
+__device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectScratch &s) {
+    const int per = (n + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int b = min(n, (int)threadIdx.x * per), e = min(n, b + per);
+    int mine = 0, total = 0;
+    for (int i = b; i < e; i++) mine += eligible(items[i]) ? 1 : 0;
+    block_scan(mine, s.ws, &total);
+    const bool all = total <= k;
+    uint32_t thr = 0, prefix = 0, mask = 0;
+    int need_eq = 0;
+    if (!all) {
+        int remaining = k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            select_digit(items, b, e, prefix, mask, shift, remaining, s);
+            prefix |= (uint32_t)s.digit << shift;
+            mask |= 255u << shift;
+            remaining = s.remaining;
+        }
+        thr = prefix;  // the k-th largest key: every larger item and `remaining` of the equal ones (lowest ids)
+        need_eq = remaining;
+    }
+    int gt = 0, eq = 0;
+    for (int i = b; i < e; i++) {
+        if (!eligible(items[i])) continue;
+        const uint32_t key = order_key(items[i].v);
+        gt += all || key > thr;
+        eq += !all && key == thr;
+    }
+    int eq_total = 0, taken = 0;
+    const int eq_before = block_scan(eq, s.ws, &eq_total);
+    int eq_take = max(0, min(eq, need_eq - eq_before));
+    int pos = block_scan(gt + eq_take, s.ws, &taken);
+    for (int i = b; i < e; i++) {
+        if (!eligible(items[i])) continue;
+        const uint32_t key = order_key(items[i].v);
+        if (all || key > thr) {
+            s.sel[pos++] = items[i];
+        } else if (key == thr && eq_take > 0) {
+            s.sel[pos++] = items[i];
+            eq_take--;
+        }
+    }
+    __syncthreads();
+    // rank by counting: ids are distinct, so the ranks are a permutation
+    for (int i = threadIdx.x; i < taken; i += blockDim.x) {
+        const Cand c = s.sel[i];
+        int r = 0;
+        for (int j = 0; j < taken; j++) r += better(s.sel[j], c) ? 1 : 0;
+        out[r] = c;
+    }
+    for (int i = taken + (int)threadIdx.x; i < k; i += blockDim.x) out[i] = Cand{-INFINITY, -1};
+    __syncthreads();
+}
+
+// Stage 1 by selection: block (chunk, row), as topk_chunks_kernel.
+__global__ void topk_select_chunks_kernel(const float *logits, int64_t n, int k, int n_chunks, Cand *cand, float2 *ms) {
+    __shared__ float vals[kTopkChunk];
+    __shared__ Cand items[kTopkChunk];
+    __shared__ float fred[32];
+    __shared__ SelectScratch s;
+    const int64_t row = blockIdx.y;
+    const int64_t c0 = (int64_t)blockIdx.x * kTopkChunk;
+    const int len = (int)min((int64_t)kTopkChunk, n - c0);
+    const float *x = logits + row * n + c0;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < len; i += blockDim.x) {
+        const float v = clean(x[i]);
+        vals[i] = v;
+        items[i] = Cand{v, (int32_t)(c0 + i)};
+        mx = fmaxf(mx, v);
+    }
+    chunk_max_sumexp(vals, len, mx, fred, ms + row * n_chunks + blockIdx.x);
+    select_topk(items, len, k, cand + (row * n_chunks + blockIdx.x) * k, s);
+}
+
+// Stage 2 by selection: block per row, as topk_merge_kernel.
+__global__ void topk_select_merge_kernel(const Cand *cand, const float2 *ms, int n_chunks, int k, int32_t *ids,
+                                         float *vals, float *lse) {
+    // the chunks' candidates [n_chunks][k] (chunk order: equal values lie in id order), then the k best
+    extern __shared__ Cand pool[];
+    __shared__ SelectScratch s;
+    const int64_t row = blockIdx.x;
+    const int n = n_chunks * k;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) pool[i] = cand[row * n + i];
+    if (threadIdx.x == 0) lse[row] = row_lse(ms + row * n_chunks, n_chunks);
+    __syncthreads();
+    Cand *best = pool + n;
+    select_topk(pool, n, k, best, s);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        ids[row * k + i] = best[i].id;
+        vals[row * k + i] = best[i].v;
+    }
+}
+
+// On with DFL_CUDA_TOPK_SELECT=1 (the selection kernels); off: one arg-max pass a candidate.
+static bool topk_select_on() {
+    static const bool on = env_switch("DFL_CUDA_TOPK_SELECT", false);
+    return on;
+}
+
 void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
                  float *lse) {
     if (rows <= 0) return;
@@ -161,19 +346,24 @@ void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, 
     Cand *cand = (Cand *)scr;
     float2 *ms = (float2 *)(scr + ((cand_bytes + 255) & ~(size_t)255));
     cudaStream_t s = dev.stream();
-    topk_chunks_kernel<<<dim3((unsigned)n_chunks, (unsigned)rows), kTopkThreads1, 0, s>>>(logits, n, k, n_chunks, cand, ms);
+    const bool select = topk_select_on();
+    if (select)
+        topk_select_chunks_kernel<<<dim3((unsigned)n_chunks, (unsigned)rows), kTopkThreads1, 0, s>>>(logits, n, k, n_chunks,
+                                                                                                   cand, ms);
+    else
+        topk_chunks_kernel<<<dim3((unsigned)n_chunks, (unsigned)rows), kTopkThreads1, 0, s>>>(logits, n, k, n_chunks, cand, ms);
     check_launch("topk (chunks)");
-    const size_t shm = (size_t)n_chunks * k * sizeof(Cand);
+    // the merge's pool (and, selecting, the k best after it) in dynamic shared memory
+    const size_t shm = (size_t)(n_chunks + (select ? 1 : 0)) * k * sizeof(Cand);
+    if (shm > 200 * 1024) fail(DFL_ERR_UNSUPPORTED, "topk: vocabulary too large for k " + std::to_string(k));
     if (shm > 48 * 1024) {
-        static thread_local bool raised = false;
-        if (!raised) {
-            check(cudaFuncSetAttribute(topk_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024),
-                  "topk: shared memory");
-            raised = true;
-        }
-        if (shm > 200 * 1024) fail(DFL_ERR_UNSUPPORTED, "topk: vocabulary too large for k " + std::to_string(k));
+        allow_dynamic_smem<topk_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
+        allow_dynamic_smem<topk_select_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
     }
-    topk_merge_kernel<<<(unsigned)rows, kTopkThreads2, shm, s>>>(cand, ms, n_chunks, k, ids, vals, lse);
+    if (select)
+        topk_select_merge_kernel<<<(unsigned)rows, kTopkThreads2, shm, s>>>(cand, ms, n_chunks, k, ids, vals, lse);
+    else
+        topk_merge_kernel<<<(unsigned)rows, kTopkThreads2, shm, s>>>(cand, ms, n_chunks, k, ids, vals, lse);
     check_launch("topk (merge)");
 }
 
