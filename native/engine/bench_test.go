@@ -247,7 +247,7 @@ func BenchmarkSampleCandidates(b *testing.B) {
 			var rng uint64 = 1
 			decided := 0
 			for range b.N {
-				tok, err := m.SampleCandidates(ids, vals, lse, vocab, tc.p, &rng)
+				tok, err := m.SampleCandidates(ids, vals, nil, lse, vocab, tc.p, &rng)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -156,9 +156,10 @@ static inline dfl_status w_sample_dist(const dfl_api *a, const float *logits, ui
 static inline int has_candidate_sampling_api(const dfl_api *a) {
 	return a->struct_size >= offsetof(dfl_api, logits_row) + sizeof(a->logits_row);
 }
-static inline dfl_status w_sample_candidates(const dfl_api *a, const int32_t *ids, const float *logits, uint32_t k, float lse,
-                                      uint32_t n_vocab, const dfl_sampling *p, uint64_t *rng, int32_t *out, char **err) {
-	dfl_status rc = a->sample_candidates(ids, logits, k, lse, n_vocab, p, rng, out);
+static inline dfl_status w_sample_candidates(const dfl_api *a, const int32_t *ids, const float *logits, const uint8_t *suppressed,
+                                      uint32_t k, float lse, uint32_t n_vocab, const dfl_sampling *p, uint64_t *rng,
+                                      int32_t *out, char **err) {
+	dfl_status rc = a->sample_candidates(ids, logits, suppressed, k, lse, n_vocab, p, rng, out);
 	if (rc) *err = dup_error(a);
 	return rc;
 }

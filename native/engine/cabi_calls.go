@@ -310,18 +310,22 @@ func (a *capi) runSampleDist(logits []float32, p SamplingParams, history []int32
 	return int(n), err
 }
 
-func (a *capi) runSampleCandidates(ids []int32, logits []float32, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
+func (a *capi) runSampleCandidates(ids []int32, logits []float32, suppressed []bool, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
 	switch {
-	case len(ids) == 0 || len(ids) != len(logits):
-		return 0, fmt.Errorf("sample candidates: %d ids, %d logits", len(ids), len(logits))
+	case len(ids) == 0 || len(ids) != len(logits) || (suppressed != nil && len(suppressed) != len(ids)):
+		return 0, fmt.Errorf("sample candidates: %d ids, %d logits, %d suppression flags", len(ids), len(logits), len(suppressed))
 	case C.has_candidate_sampling_api(a.t) == 0:
 		return -1, nil // a library before sample_candidates: the whole row, as before
 	}
 	cp := p.c()
+	var sup *C.uint8_t
+	if suppressed != nil {
+		sup = (*C.uint8_t)(unsafe.Pointer(&suppressed[0])) // (a Go bool is one byte, 0 or 1)
+	}
 	var tok C.int32_t
 	var msg *C.char
 	err := status(C.w_sample_candidates(a.t, (*C.int32_t)(unsafe.Pointer(&ids[0])), (*C.float)(unsafe.Pointer(&logits[0])),
-		C.uint32_t(len(ids)), C.float(lse), C.uint32_t(nVocab), &cp, (*C.uint64_t)(unsafe.Pointer(rng)), &tok, &msg), msg)
+		sup, C.uint32_t(len(ids)), C.float(lse), C.uint32_t(nVocab), &cp, (*C.uint64_t)(unsafe.Pointer(rng)), &tok, &msg), msg)
 	return int32(tok), err
 }
 

@@ -653,15 +653,16 @@ func (m *Model) Sample(logits []float32, p SamplingParams, history []int32, rng 
 }
 
 // SampleCandidates is Sample without history on a row given as a TopK forward's candidates (ids and logits, as
-// Result.IDs and Result.Logits hold them per row, with suppressed tokens set to -Inf) and the row's log-sum-exp: the
-// token Sample would draw from the whole row with the same rng, or -1 (rng unchanged) where the candidates do not
-// decide it (a temperature above 1, top-k or min-p set, or the draw may land outside them); the caller then samples the
-// row from LogitsRow. nVocab is the row's length.
-func (m *Model) SampleCandidates(ids []int32, logits []float32, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
+// Result.IDs and Result.Logits hold them per row) and the row's log-sum-exp: the token Sample would draw from the
+// whole row with the same rng, or -1 (rng unchanged) where the candidates do not decide it (a temperature above 1,
+// top-k or min-p set, or the draw may land outside them); the caller then samples the row from LogitsRow. suppressed
+// (nil or one flag a candidate) marks candidates that are -Inf in the row Sample would see (end of generation not yet
+// allowed). nVocab is the row's length.
+func (m *Model) SampleCandidates(ids []int32, logits []float32, suppressed []bool, lse float32, nVocab int, p SamplingParams, rng *uint64) (int32, error) {
 	if rng == nil {
 		return 0, errors.New("sample candidates: rng state is nil")
 	}
-	return m.lib.api.runSampleCandidates(ids, logits, lse, nVocab, p, rng)
+	return m.lib.api.runSampleCandidates(ids, logits, suppressed, lse, nVocab, p, rng)
 }
 
 // LogitsRow copies row `row` of the last forward's logits (a TopK forward's too) into dst (Info().Vocab floats),

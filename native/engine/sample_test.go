@@ -240,41 +240,47 @@ func TestSampleCandidates(t *testing.T) {
 		name        string
 		l           []float32
 		p           SamplingParams
-		suppress    bool    // the best candidate's token set to -inf in the row and the candidates (end of generation)
+		suppress    int     // the best candidate's token -inf in the row (end of generation): 1 flagged, 2 -inf in the candidates too
 		minDecided  float64 // fraction of draws decided from the candidates
 		draws       int
 		wantRefused bool
 	}{
-		{"peaked, temperature 1", row(20000, 1, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, false, 0.6, 3000, false},
-		{"peaked, top-p 0.9", row(20000, 2, 40, 1.5), SamplingParams{Temperature: 1, TopP: 0.9}, false, 0.6, 3000, false},
-		{"peaked, temperature 0.6", row(20000, 3, 40, 1.5), SamplingParams{Temperature: 0.6, TopP: 1}, false, 0.9, 3000, false},
-		{"peaked, temperature 0.7, top-p 0.8", row(20000, 4, 40, 1.5), SamplingParams{Temperature: 0.7, TopP: 0.8}, false, 0.9, 3000, false},
-		// (the suppressed token's weight stays in the log-sum-exp, so the bound on the rest is loose)
-		{"end of generation suppressed", row(20000, 5, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, true, 0.2, 3000, false},
-		{"a 151,936-token row", row(151936, 6, 60, 1.5), SamplingParams{Temperature: 1, TopP: 1}, false, 0.3, 300, false},
-		{"flat (mostly undecided)", row(20000, 7, 0, 1), SamplingParams{Temperature: 1, TopP: 1}, false, 0, 500, false},
+		{"peaked, temperature 1", row(20000, 1, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, 0, 0.6, 3000, false},
+		{"peaked, top-p 0.9", row(20000, 2, 40, 1.5), SamplingParams{Temperature: 1, TopP: 0.9}, 0, 0.6, 3000, false},
+		{"peaked, temperature 0.6", row(20000, 3, 40, 1.5), SamplingParams{Temperature: 0.6, TopP: 1}, 0, 0.9, 3000, false},
+		{"peaked, temperature 0.7, top-p 0.8", row(20000, 4, 40, 1.5), SamplingParams{Temperature: 0.7, TopP: 0.8}, 0, 0.9, 3000, false},
+		{"end of generation suppressed, flagged", row(20000, 5, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, 1, 0.6, 3000, false},
+		// (as -inf among the candidates the token's weight stays in the log-sum-exp: the bound on the rest is loose)
+		{"end of generation suppressed, -inf", row(20000, 5, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1}, 2, 0.2, 3000, false},
+		{"a 151,936-token row", row(151936, 6, 60, 1.5), SamplingParams{Temperature: 1, TopP: 1}, 0, 0.3, 300, false},
+		{"flat (mostly undecided)", row(20000, 7, 0, 1), SamplingParams{Temperature: 1, TopP: 1}, 0, 0, 500, false},
 		{"ties", func() []float32 {
 			l := row(5000, 8, 40, 1.5)
 			for i := range l {
 				l[i] = float32(math.Round(float64(l[i])*2) / 2)
 			}
 			return l
-		}(), SamplingParams{Temperature: 0.9, TopP: 0.9}, false, 0.3, 2000, false},
-		{"a row smaller than k", row(40, 9, 3, 1), SamplingParams{Temperature: 1, TopP: 1}, false, 0.99, 500, false},
-		{"temperature above 1", row(2000, 10, 40, 1.5), SamplingParams{Temperature: 1.5, TopP: 1}, false, 0, 20, true},
-		{"top-k", row(2000, 11, 40, 1.5), SamplingParams{Temperature: 1, TopK: 20}, false, 0, 20, true},
-		{"min-p", row(2000, 12, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1, MinP: 0.05}, false, 0, 20, true},
+		}(), SamplingParams{Temperature: 0.9, TopP: 0.9}, 0, 0.3, 2000, false},
+		{"a row smaller than k", row(40, 9, 3, 1), SamplingParams{Temperature: 1, TopP: 1}, 0, 0.99, 500, false},
+		{"temperature above 1", row(2000, 10, 40, 1.5), SamplingParams{Temperature: 1.5, TopP: 1}, 0, 0, 20, true},
+		{"top-k", row(2000, 11, 40, 1.5), SamplingParams{Temperature: 1, TopK: 20}, 0, 0, 20, true},
+		{"min-p", row(2000, 12, 40, 1.5), SamplingParams{Temperature: 1, TopP: 1, MinP: 0.05}, 0, 0, 20, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
 			ids, vals, lse := candidates(tc.l)
-			if tc.suppress {
+			var suppressed []bool
+			switch tc.suppress {
+			case 1:
+				suppressed = make([]bool, k)
+				suppressed[0], tc.l[ids[0]] = true, inf
+			case 2:
 				tc.l[ids[0]], vals[0] = inf, inf
 			}
 			rng, decided := uint64(99), 0
 			for range tc.draws {
 				rc, rs := rng, rng
-				got, err := m.SampleCandidates(ids, vals, lse, len(tc.l), tc.p, &rc)
+				got, err := m.SampleCandidates(ids, vals, suppressed, lse, len(tc.l), tc.p, &rc)
 				is.NoErr(err)
 				want, err := m.Sample(tc.l, tc.p, nil, &rs)
 				is.NoErr(err)

@@ -313,14 +313,16 @@ typedef struct dfl_api {
      * draft's probability of it with the target's. Pure, like sample(). */
     dfl_status (*sample_dist)(const float *logits, uint32_t n_vocab, const dfl_sampling *params, const int32_t *history,
                               uint32_t n_history, int32_t *ids_out, double *probs_out, uint32_t *n_out);
-    /* sample() without history on a row given as forward_topk's k candidates (ids, logits; suppressed tokens may be
-     * set to -inf) and its log-sum-exp, where they decide it: a temperature in (0, 1], no top-k, no min-p. Then
+    /* sample() without history on a row given as forward_topk's k candidates (ids, logits; suppressed[i] nonzero:
+     * candidate i is -inf in the row sample() would see, e.g. end of generation not yet allowed; suppressed may be
+     * NULL) and its log-sum-exp, where they decide it: a temperature in (0, 1], no top-k, no min-p. Then
      * *token_out is the token sample() draws from the whole row with this rng_state, and the state advances as it
      * would; otherwise (the token may lie outside the candidates, or rounding leaves it open) *token_out is -1 and
      * rng_state is untouched, and the caller samples the whole row (logits_row). Sampling without top-k then moves
      * k candidates a token instead of the vocabulary in nearly every step. Pure, like sample(). */
-    dfl_status (*sample_candidates)(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
-                                    const dfl_sampling *params, uint64_t *rng_state, int32_t *token_out);
+    dfl_status (*sample_candidates)(const int32_t *ids, const float *logits, const uint8_t *suppressed, uint32_t k,
+                                    float lse, uint32_t n_vocab, const dfl_sampling *params, uint64_t *rng_state,
+                                    int32_t *token_out);
     /* Row `row` of the last forward_topk's (or forward's) logits, the whole row (n_vocab floats) into out, until the
      * next forward of any kind. DFL_ERR_STATE when that forward kept no such row. */
     dfl_status (*logits_row)(dfl_model *m, uint32_t row, float *out);

@@ -218,11 +218,11 @@ dfl_status sample_dist(const float *logits, uint32_t n_vocab, const dfl_sampling
     });
 }
 
-dfl_status sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
-                             const dfl_sampling *p, uint64_t *rng, int32_t *out) {
+dfl_status sample_candidates(const int32_t *ids, const float *logits, const uint8_t *suppressed, uint32_t k, float lse,
+                             uint32_t n_vocab, const dfl_sampling *p, uint64_t *rng, int32_t *out) {
     return guard("sample candidates", [&] {
         if (!ids || !logits || !p || !rng || !out) dfl::fail(DFL_ERR_INVALID, "null argument");
-        *out = dfl::sample_candidates(ids, logits, k, lse, n_vocab, *p, rng);
+        *out = dfl::sample_candidates(ids, logits, suppressed, k, lse, n_vocab, *p, rng);
     });
 }
 

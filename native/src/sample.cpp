@@ -271,13 +271,14 @@ uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sa
 // rest weighs at most exp((raw_b - raw_max)(1/T - 1)) times that (slack added for rounding). A draw or a top-p cut
 // that lands on the same trusted token at both ends of that range is the one sample_token makes (both walks are
 // monotone in their start); anything else is -1.
-int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
-                          const dfl_sampling &p, uint64_t *rng_state) {
+int32_t sample_candidates(const int32_t *ids, const float *logits, const uint8_t *suppressed, uint32_t k, float lse,
+                          uint32_t n_vocab, const dfl_sampling &p, uint64_t *rng_state) {
     const bool top_k = p.top_k > 0 && (uint32_t)p.top_k < n_vocab;
     if (!(p.temperature > 0.0f) || p.temperature > 1.0f || top_k || p.min_p > 0.0f || k == 0 || !std::isfinite(lse))
         return -1;
-    // the finite candidates in rank order; a pad (id -1) means the row had fewer finite logits: nothing lies outside
-    std::vector<float> raw, l;
+    // the finite candidates in rank order; a pad (id -1) means the row had fewer finite logits: nothing lies outside.
+    // Suppressed ones weigh 0 in the draw, as in sample_token's row, but their terms leave the log-sum-exp's rest.
+    std::vector<float> raw, l, gone;
     std::vector<int32_t> id;
     bool padded = false;
     for (uint32_t i = 0; i < k; i++) {
@@ -286,7 +287,11 @@ int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, f
             continue;
         }
         if (std::isnan(logits[i])) return -1;
-        if (std::isinf(logits[i])) continue;  // suppressed (end of generation), weight 0 either way
+        if (std::isinf(logits[i])) continue;  // weight 0 either way
+        if (suppressed && suppressed[i]) {
+            gone.push_back(logits[i]);
+            continue;
+        }
         raw.push_back(logits[i]);
         l.push_back(logits[i] / p.temperature);
         id.push_back(ids[i]);
@@ -313,6 +318,7 @@ int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, f
         const double e = std::exp((double)lse - raw_max);
         double c1 = 0;
         for (size_t i = 0; i < n; i++) c1 += std::exp((double)raw[i] - raw_max);
+        for (const float g : gone) c1 += std::exp((double)g - raw_max);
         const double r1 = std::max(0.0, e - c1) + 1e-4 * e;
         const double slack = 1 + 1e-5 + 5e-7 * (std::fabs(l[0]) + std::fabs(l[n - 1]) + 1);
         rest = r1 * std::exp((raw_b - raw_max) * (1.0 / (double)p.temperature - 1.0)) * slack;

@@ -15,11 +15,12 @@ int32_t sample_token(const float *logits, uint32_t n_vocab, const dfl_sampling &
 uint32_t sample_distribution(const float *logits, uint32_t n_vocab, const dfl_sampling &p, const int32_t *history,
                              uint32_t n_history, int32_t *ids, double *probs);
 // sample_token's draw (no history) from a row given as its k best candidates (ids, logits: forward_topk's order, id -1
-// padding, -inf for suppressed tokens) and the whole row's log-sum-exp, where they decide it: a temperature in (0, 1],
-// no top-k and no min-p. Returns -1 (rng_state untouched) where the token may lie outside the candidates or rounding
-// leaves it open; the caller then samples the whole row with the same state.
-int32_t sample_candidates(const int32_t *ids, const float *logits, uint32_t k, float lse, uint32_t n_vocab,
-                          const dfl_sampling &p, uint64_t *rng_state);
+// padding; suppressed[i] nonzero: candidate i is -inf in sample_token's row, suppressed may be null) and the whole
+// row's log-sum-exp, where they decide it: a temperature in (0, 1], no top-k and no min-p. Returns -1 (rng_state
+// untouched) where the token may lie outside the candidates or rounding leaves it open; the caller then samples the
+// whole row with the same state.
+int32_t sample_candidates(const int32_t *ids, const float *logits, const uint8_t *suppressed, uint32_t k, float lse,
+                          uint32_t n_vocab, const dfl_sampling &p, uint64_t *rng_state);
 uint64_t rng_next(uint64_t *state);
 
 }  // namespace dfl

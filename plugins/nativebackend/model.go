@@ -96,8 +96,8 @@ func (n *nativeModel) Sample(logits []float32, s *engine.Sampling, history []int
 }
 
 // SampleCandidates draws a token without top-k from a row's candidates where they decide it (engine.CandidateSampler).
-func (n *nativeModel) SampleCandidates(ids []int32, logits []float32, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
-	tok, err := n.m.SampleCandidates(ids, logits, lse, n.info.Vocab, samplingParams(s), rng)
+func (n *nativeModel) SampleCandidates(ids []int32, logits []float32, suppressed []bool, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
+	tok, err := n.m.SampleCandidates(ids, logits, suppressed, lse, n.info.Vocab, samplingParams(s), rng)
 	return tok, err == nil && tok >= 0, err
 }
 

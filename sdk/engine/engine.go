@@ -108,9 +108,10 @@ type Engine struct {
 	states   StateModel
 	// sampler draws sampled requests without top-k from candidates (nil: they read whole rows); row is its scratch
 	// for the draws it leaves open.
-	sampler CandidateSampler
-	row     []float32
-	draws   drawPacer
+	sampler    CandidateSampler
+	row        []float32
+	suppressed []bool
+	draws      drawPacer
 
 	ctx    context.Context // cancelled by Close; passed to Forward
 	cancel context.CancelFunc

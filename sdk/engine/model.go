@@ -168,9 +168,10 @@ type CandidateModel interface {
 // take candidate steps too, and a whole row crosses to the host only for the few draws the candidates leave open.
 type CandidateSampler interface {
 	CandidateModel
-	// SampleCandidates is Sample without history on a row given as its candidates (suppressed ones at -Inf) and its
-	// log-sum-exp: the token and true, or false with rng unchanged where the candidates do not decide it.
-	SampleCandidates(ids []int32, logits []float32, lse float32, s *Sampling, rng *uint64) (int32, bool, error)
+	// SampleCandidates is Sample without history on a row given as its candidates and its log-sum-exp, suppressed
+	// (nil or a flag a candidate) marking those that are -Inf in the row Sample would see: the token and true, or
+	// false with rng unchanged where the candidates do not decide it.
+	SampleCandidates(ids []int32, logits []float32, suppressed []bool, lse float32, s *Sampling, rng *uint64) (int32, bool, error)
 	// LogitsRow copies row `row` of the last forward's logits (a candidate forward's too) into dst (VocabSize
 	// floats), until the next forward.
 	LogitsRow(row int, dst []float32) error

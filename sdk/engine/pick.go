@@ -63,10 +63,10 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
 // pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
 // the whole row into), so the choice and the draw are the ones the whole row would give.
 func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
-	e.suppressCandidates(s, c)
 	if s.req.Sampling.Temperature > 0 && s.req.Sampling.TopK <= 0 && e.sampler != nil { // drawsFromCandidates
 		return e.drawCandidate(s, c)
 	}
+	e.suppressCandidates(s, c)
 	j, err := e.m.Sample(c.logits, &s.req.Sampling, nil, &s.rng)
 	if err != nil {
 		return 0, fmt.Errorf("sample: %w", err)
@@ -79,8 +79,18 @@ func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
 
 // drawCandidate draws a token without top-k from the candidates where they decide it, else from the whole row, which
 // the model still holds: the same token either way.
+// Suppressed end-of-generation candidates are flagged, not set to -Inf, so that their share of the log-sum-exp is
+// known (at the end of an answer with ignore_eos it is most of it).
 func (e *Engine) drawCandidate(s *sequence, c *candidateRow) (int32, error) {
-	tok, ok, err := e.sampler.SampleCandidates(c.ids, c.logits, c.lse, &s.req.Sampling, &s.rng)
+	var suppressed []bool
+	if suppressEOG(s) {
+		suppressed = e.suppressed[:0]
+		for _, id := range c.ids {
+			suppressed = append(suppressed, slices.Contains(e.eog, id))
+		}
+		e.suppressed = suppressed
+	}
+	tok, ok, err := e.sampler.SampleCandidates(c.ids, c.logits, suppressed, c.lse, &s.req.Sampling, &s.rng)
 	if err != nil {
 		return 0, fmt.Errorf("sample: %w", err)
 	}

@@ -119,8 +119,8 @@ func (c *countingSampler) ForwardCandidates(ctx context.Context, b []engine.SeqI
 	return c.cs.ForwardCandidates(ctx, b, k)
 }
 
-func (c *countingSampler) SampleCandidates(ids []int32, logits []float32, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
-	tok, ok, err := c.cs.SampleCandidates(ids, logits, lse, s, rng)
+func (c *countingSampler) SampleCandidates(ids []int32, logits []float32, suppressed []bool, lse float32, s *engine.Sampling, rng *uint64) (int32, bool, error) {
+	tok, ok, err := c.cs.SampleCandidates(ids, logits, suppressed, lse, s, rng)
 	if ok {
 		c.decided++
 	} else {
