@@ -194,6 +194,9 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	ecfg := engine.Config{
 		Model: NewModel(nm), Vocab: tok, MaxConcurrency: slots, MaxCtx: maxCtx,
 		StepTokens: opts.StepTokens, DecodeHeadroom: opts.DecodeHeadroom, PrefixCacheSlots: opts.PrefixSlots,
+		// DFLASH_WHOLE_ROW_DRAWS=1: sampled requests without top-k read whole rows, as before candidate draws (the
+		// same tokens; for comparisons in one run, scripts/gpu/run.sh demo)
+		WholeRowDraws: os.Getenv("DFLASH_WHOLE_ROW_DRAWS") == "1",
 		Special: func(id int32) bool {
 			switch tok.TokenType(id) {
 			case tokenizer.TypeNormal, tokenizer.TypeUndefined, tokenizer.TypeByte:

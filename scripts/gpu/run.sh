@@ -223,18 +223,22 @@ spec_bench() {
 
 # The trained demo pair (models/demo) through the server on cuda:0, with and without its draft: test/loadgen, raw Go
 # source prompt, greedy, 1 and 8 streams. DEMO_SAMPLING (loadgen's -sampling, e.g. '{"temperature": 1, "top_k": 0}')
-# runs sampled requests instead, the draft both ways (--spec-sampling draft and match).
+# runs sampled requests instead, the draft both ways (--spec-sampling draft and match), the target alone both ways
+# too: draws from whole rows (DFLASH_WHOLE_ROW_DRAWS=1) and from candidates (the default).
 demo_bench() {
   local port=18081 prompt draft mode
   prompt=$(printf 'package main\n\nimport (\n\t"fmt"\n')
   for draft in "" models/demo/demo-draft-q8_0.gguf; do
-    for mode in $( [ -n "$draft" ] && [ -n "${DEMO_SAMPLING:-}" ] && echo draft match || echo - ); do
-      DFLASH_LIB_DIR=$lib "$stage/bin/dflash_server" --plugin-dir "$stage/bin/plugins" --port $port --model models/demo/demo-target-q8_0.gguf \
+    local modes=-
+    [ -n "${DEMO_SAMPLING:-}" ] && modes=$( [ -n "$draft" ] && echo draft match || echo rows candidates )
+    for mode in $modes; do
+      DFLASH_WHOLE_ROW_DRAWS=$( [ "$mode" = rows ] && echo 1 || echo 0 ) DFLASH_LIB_DIR=$lib "$stage/bin/dflash_server" \
+        --plugin-dir "$stage/bin/plugins" --port $port --model models/demo/demo-target-q8_0.gguf \
         --model-name demo --target-device cuda:0 --max-ctx 2048 --max-concurrency 8 ${draft:+--draft $draft} \
-        $( [ "$mode" = - ] || echo "--spec-sampling $mode" ) >"$OUT/server-demo.log" 2>&1 &
+        $( [ -n "$draft" ] && [ "$mode" != - ] && echo "--spec-sampling $mode" ) >"$OUT/server-demo.log" 2>&1 &
       local pid=$!
       for _ in $(seq 1 60); do curl -sf localhost:$port/ready >/dev/null && break; sleep 1; done
-      log "demo pair on cuda:0, draft: ${draft:-none}${DEMO_SAMPLING:+, sampling $DEMO_SAMPLING, --spec-sampling $mode}"
+      log "demo pair on cuda:0, draft: ${draft:-none}${DEMO_SAMPLING:+, sampling $DEMO_SAMPLING, mode $mode}"
       "$stage/bin/loadgen" -url http://127.0.0.1:$port -streams 1,8,1,8 -tokens 256 -completion -prompt "$prompt" \
         ${DEMO_SAMPLING:+-sampling "$DEMO_SAMPLING"} 2>&1 | tee -a "$OUT/summary.txt"
       kill -TERM $pid; wait $pid

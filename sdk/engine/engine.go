@@ -64,6 +64,9 @@ type Config struct {
 	// many proposals as sample-and-match at low temperatures and 13-16 % more at 1 and above (docs/PERFORMANCE.md).
 	// Otherwise the draft proposes its best candidates, kept while the target samples them. Both are lossless.
 	SampledDrafts bool
+	// WholeRowDraws samples requests without top-k from whole rows even where the Model is a CandidateSampler (the
+	// same tokens; for comparisons of the two in one run).
+	WholeRowDraws bool
 }
 
 // Limits is the capacity the engine enforces.
@@ -190,7 +193,9 @@ func New(cfg Config) (*Engine, error) {
 		totalBlocks: blocks, freeBlocks: blocks, slots: cfg.MaxConcurrency,
 		store: cfg.Store, states: states,
 	}
-	e.sampler, _ = m.(CandidateSampler)
+	if !cfg.WholeRowDraws {
+		e.sampler, _ = m.(CandidateSampler)
+	}
 	if ver != nil {
 		e.ver, e.draft, e.featSize, e.capture = ver, cfg.Drafter, cfg.Drafter.FeatureSize(), cfg.Drafter.CaptureLayers()
 		e.drafts = cfg.DraftBlock
