@@ -727,6 +727,25 @@ func checkTopK(t *testing.T, m *Model, vocab int, bound float64) {
 				}
 			}
 		}
+		// the whole rows stay with the model until the next forward (LogitsRow), in the rows' flat order
+		got := make([]float32, vocab)
+		flat := 0
+		for e := 0; e < 3; e++ {
+			for i := 0; i < 5+e; i++ {
+				if err := m.LogitsRow(flat, got); err != nil {
+					t.Fatalf("k=%d: logits row %d: %v", k, flat, err)
+				}
+				for j, v := range full.Row(e, i) {
+					if math.Abs(float64(got[j]-v)) > bound*math.Max(1, math.Abs(float64(v))) {
+						t.Fatalf("k=%d: logits row %d (entry %d row %d) token %d: %g, want %g", k, flat, e, i, j, got[j], v)
+					}
+				}
+				flat++
+			}
+		}
+		if err := m.LogitsRow(flat, got); !errors.Is(err, ErrState) {
+			t.Fatalf("k=%d: logits row %d past the forward's %d: %v, want ErrState", k, flat, flat, err)
+		}
 	}
 }
 
