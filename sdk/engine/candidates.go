@@ -11,6 +11,10 @@ type candidateRow struct {
 	logits []float32
 	lse    float32 // the whole row's log-sum-exp
 	row    int     // the row's index in its forward (CandidateSampler.LogitsRow)
+	// a token drawn from the whole row (drawCandidate) and its logit, for its logprob: it may not be a candidate
+	drawn      int32
+	drawnLogit float32
+	drawnSet   bool
 }
 
 // allFromCandidates reports whether every row the batch asks for can be decided from its candidates alone.
@@ -46,12 +50,11 @@ func (e *Engine) fromCandidates(s *sequence) bool {
 }
 
 // drawsFromCandidates reports whether s's next token is drawn by the CandidateSampler (a temperature in (0, 1], no
-// top-k, no min-p; penalties were ruled out before), its row fetched whole where the candidates leave the draw open.
-// Only sequences without a draft (verify rows take their own path) and without logprobs (the token may lie outside
-// the candidates).
+// top-k, no min-p; penalties and logprobs that candidates cannot give were ruled out before), its row fetched whole
+// where the candidates leave the draw open. Only sequences without a draft: verify rows take their own path.
 func (e *Engine) drawsFromCandidates(s *sequence) bool {
 	p := &s.req.Sampling
-	return e.sampler != nil && e.draws.on() && s.spec == nil && !s.req.Logprobs &&
+	return e.sampler != nil && e.draws.on() && s.spec == nil &&
 		p.Temperature > 0 && p.Temperature <= 1 && p.TopK <= 0 && p.MinP <= 0
 }
 

@@ -60,10 +60,13 @@ func tokenEntry(vocab Vocab, id int32, logprob float64) sdk.TokenLogprob {
 	return sdk.TokenLogprob{Token: t.Token, Bytes: t.Bytes, Logprob: t.Logprob}
 }
 
-// candidateLogprob is tokenLogprob from a row's best candidates and its log-sum-exp (the candidates cover the chosen
-// token and the top alternatives: fromCandidates).
+// candidateLogprob is tokenLogprob from a row's best candidates and its log-sum-exp (the candidates cover the top
+// alternatives, fromCandidates, and the chosen token, or drawCandidate recorded its logit).
 func candidateLogprob(c *candidateRow, tok int32, top int, vocab Vocab) sdk.TokenLogprob {
 	lp := tokenEntry(vocab, tok, math.Inf(-1))
+	if c.drawnSet && c.drawn == tok { // drawn from the whole row: it may lie outside the candidates
+		lp.Logprob = float64(c.drawnLogit) - float64(c.lse)
+	}
 	for j, id := range c.ids {
 		if id == tok {
 			lp.Logprob = float64(c.logits[j]) - float64(c.lse)

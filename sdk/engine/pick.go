@@ -104,7 +104,12 @@ func (e *Engine) drawCandidate(s *sequence, c *candidateRow) (int32, error) {
 	if err := e.sampler.LogitsRow(c.row, e.row); err != nil {
 		return 0, fmt.Errorf("sample: the whole logits row: %w", err)
 	}
-	return e.pick(s, e.row[:e.nv])
+	row := e.row[:e.nv]
+	tok, err = e.pick(s, row)
+	if err == nil && tok >= 0 && int(tok) < len(row) {
+		c.drawn, c.drawnLogit, c.drawnSet = tok, row[tok], true // (its logprob; end of generation is not suppressed with logprobs)
+	}
+	return tok, err
 }
 
 // drawn is a token presample drew for a sequence's next advance.

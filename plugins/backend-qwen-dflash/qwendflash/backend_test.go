@@ -50,6 +50,7 @@ func (s *stream) Emit(ev sdk.Event) error {
 type summary struct {
 	reasoning, text string
 	tokens          []int32
+	logprobs        []sdk.TokenLogprob
 	finish          *sdk.Finish
 }
 
@@ -61,6 +62,7 @@ func (s *stream) summary() summary {
 		r.reasoning += ev.Reasoning
 		r.text += ev.Text
 		r.tokens = append(r.tokens, ev.TokenIDs...)
+		r.logprobs = append(r.logprobs, ev.Logprobs...)
 		if ev.Finish != nil {
 			r.finish = ev.Finish
 		}

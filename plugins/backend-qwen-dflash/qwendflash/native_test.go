@@ -3,6 +3,7 @@ package qwendflash
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	native "github.com/dflash/dflash_server/native/engine"
 	"github.com/dflash/dflash_server/plugins/nativebackend"
+	"github.com/dflash/dflash_server/sdk"
 	"github.com/dflash/dflash_server/sdk/engine"
 	"github.com/dflash/dflash_server/sdk/gguf"
 	"github.com/dflash/dflash_server/sdk/tokenizer"
@@ -132,9 +134,10 @@ func (c *countingSampler) SampleCandidates(ids []int32, logits []float32, suppre
 func (c *countingSampler) LogitsRow(row int, dst []float32) error { return c.cs.LogitsRow(row, dst) }
 
 // TestSampledFromCandidates: requests sampled without top-k (temperature 1 and top-p 1, DeepSeek V4's preset, and a
-// temperature below 1 with top-p) produce, seed for seed, the tokens the whole rows give, alone and four at a time,
-// while their draws come from the candidates wherever those decide them (the trained demo target, whose rows are
-// peaked like a real model's) and from the whole row the model still holds otherwise.
+// temperature below 1 with top-p) produce, seed for seed, the tokens the whole rows give, four at a time, while their
+// draws come from the candidates wherever those decide them (the trained demo target, whose rows are peaked like a
+// real model's) and from the whole row the model still holds otherwise; with logprobs, the same log-probabilities
+// (the row's log-sum-exp from the device rather than the host) and top alternatives.
 func TestSampledFromCandidates(t *testing.T) {
 	target, _, prompts := demoPair(t)
 	lib, err := native.Open(libDirForTests(t), "cpu")
@@ -155,10 +158,18 @@ func TestSampledFromCandidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	for _, sampling := range []engine.Sampling{{Temperature: 1, TopP: 1}, {Temperature: 0.7, TopP: 0.9}} {
-		t.Run(fmt.Sprintf("temperature %v top-p %v", sampling.Temperature, sampling.TopP), func(t *testing.T) {
+	for _, tc := range []struct {
+		sampling engine.Sampling
+		logprobs bool
+	}{{engine.Sampling{Temperature: 1, TopP: 1}, false}, {engine.Sampling{Temperature: 0.7, TopP: 0.9}, false},
+		{engine.Sampling{Temperature: 1, TopP: 1}, true}} {
+		sampling := tc.sampling
+		t.Run(fmt.Sprintf("temperature %v top-p %v logprobs %v", sampling.Temperature, sampling.TopP, tc.logprobs), func(t *testing.T) {
 			is := is.New(t)
+			var lps [2][][]sdk.TokenLogprob // per run, per prompt
+			run := 0
 			generate := func(model engine.Model) [][]int32 {
+				lps[run] = make([][]sdk.TokenLogprob, len(prompts))
 				e, err := engine.New(engine.Config{Model: model, Vocab: tok, MaxCtx: 512, StepTokens: 64})
 				is.NoErr(err)
 				defer e.Close(context.Background())
@@ -166,18 +177,21 @@ func TestSampledFromCandidates(t *testing.T) {
 				var wg sync.WaitGroup
 				for i, p := range prompts {
 					wg.Add(1)
+					r := run
 					go func() {
 						defer wg.Done()
 						s := sampling
 						s.Seed = uint64(100 + i)
 						em := newStream()
-						req := &engine.Request{Prompt: tok.Encode(p, false, true), MaxTokens: 48, IgnoreEOS: true,
-							Sampling: s, Detokenizer: tokenizer.NewStreamDecoder(tok)}
+						req := &engine.Request{Prompt: tok.Encode(p, false, true), MaxTokens: 48, IgnoreEOS: !tc.logprobs,
+							Sampling: s, Detokenizer: tokenizer.NewStreamDecoder(tok), Logprobs: tc.logprobs, TopLogprobs: 3}
 						is.NoErr(e.Run(context.Background(), req, em))
 						out[i] = em.summary().tokens
+						lps[r][i] = em.summary().logprobs
 					}()
 				}
 				wg.Wait()
+				run++
 				return out
 			}
 			nm := nativebackend.NewModel(m)
@@ -185,8 +199,25 @@ func TestSampledFromCandidates(t *testing.T) {
 			counted := &countingSampler{Model: nm, cs: nm.(engine.CandidateSampler)}
 			cands := generate(counted)
 			for i := range prompts {
-				is.Equal(len(rows[i]), 48)
+				if !tc.logprobs {
+					is.Equal(len(rows[i]), 48)
+				}
 				is.Equal(fmt.Sprint(cands[i]), fmt.Sprint(rows[i])) // the same tokens, seed for seed
+			}
+			for i := range prompts {
+				if !tc.logprobs {
+					continue
+				}
+				rl, cl := lps[0][i], lps[1][i]
+				is.Equal(len(cl), len(rl))
+				for j := range rl {
+					is.Equal(cl[j].Token, rl[j].Token)
+					is.True(math.Abs(cl[j].Logprob-rl[j].Logprob) < 1e-4) // the device's log-sum-exp against the host's
+					is.Equal(len(cl[j].Top), len(rl[j].Top))
+					for a := range rl[j].Top {
+						is.Equal(cl[j].Top[a].Token, rl[j].Top[a].Token)
+					}
+				}
 			}
 			t.Logf("%d draws decided from candidates, %d from the whole row", counted.decided, counted.open)
 			is.True(counted.decided > counted.open) // mostly candidates
