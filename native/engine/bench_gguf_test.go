@@ -16,7 +16,8 @@ import (
 // the same file and GPU: $DFLASH_BENCH_GGUF (the file), $DFLASH_BENCH_DEVICE (default cpu), $DFLASH_BENCH_BATCHES
 // (decode batch sizes, default "1,8,32"), $DFLASH_BENCH_PROMPTS (prefill lengths, default "512,4096"). Sub-benchmarks:
 // pp<N> (one prompt of N tokens per forward) and tg-b<B> (B sequences decoding one token each per forward, after a
-// 16-token prompt; the next token is the device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
+// prompt of $DFLASH_BENCH_CONTEXT tokens, default 16, cut back there every ~1,000 steps; the next token is the
+// device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
 // count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
 // state recorded, five layers captured for the draft, then cut back to one accepted token) — its ms/step against
@@ -43,6 +44,7 @@ func BenchmarkGGUF(b *testing.B) {
 	}
 	batches, prompts := envInts("DFLASH_BENCH_BATCHES", "1,8,32"), envInts("DFLASH_BENCH_PROMPTS", "512,4096")
 	verify := envInts("DFLASH_BENCH_VERIFY", "")
+	ctx := envInts("DFLASH_BENCH_CONTEXT", "16")[0] // decode's context (long ones weigh attention)
 	maxB, maxP := 1, 16
 	for _, x := range batches {
 		maxB = max(maxB, x)
@@ -66,7 +68,7 @@ func BenchmarkGGUF(b *testing.B) {
 	if os.Getenv("DFLASH_BENCH_FUSED") == "1" && spec.Arch == "deepseek4" {
 		spec.Meta["deepseek4.engine.fused_decode"] = true // the plugin's --ds4-fused-decode
 	}
-	spec.Options = Options{KVPoolTokens: maxP + maxB*1024, MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads}
+	spec.Options = Options{KVPoolTokens: maxP + maxB*(ctx+1024), MaxSeqs: maxB + 1, CacheK: CacheF16, CacheV: CacheF16, Threads: threads}
 	m, err := lib.LoadModel(spec)
 	if err != nil {
 		b.Fatal(err)
@@ -99,7 +101,7 @@ func BenchmarkGGUF(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer m.FreeSeq(s)
-				if _, err := m.Forward(one(s, randomTokens(rng, 16, vocab), LogitsNone)); err != nil {
+				if _, err := m.Forward(one(s, randomTokens(rng, ctx, vocab), LogitsNone)); err != nil {
 					b.Fatal(err)
 				}
 				batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: []int32{1}, Logits: LogitsLast})
@@ -108,9 +110,9 @@ func BenchmarkGGUF(b *testing.B) {
 			// batched bench computes the logits and samples nothing)
 			batch.TopK = 1
 			step := func() {
-				if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= 1000 {
+				if n, _ := m.SeqLen(batch.Entries[0].Seq); n >= ctx+984 {
 					for _, e := range batch.Entries {
-						_ = m.Truncate(e.Seq, 16)
+						_ = m.Truncate(e.Seq, ctx)
 					}
 				}
 				r, err := m.Forward(batch)
