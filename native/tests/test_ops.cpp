@@ -135,9 +135,23 @@ TEST(attention_paged_all_cache_types) {
         for (int g = 0; g < n_kv; g++)
             for (int64_t i0 = 0; i0 < n_new; i0 += 7) {  // token chunks like the model's tasks
                 const int64_t i1 = std::min(n_new, i0 + 7);
-                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
-                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale, scr.data());
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0, 1));
+                attention(kv, g, g + 1, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale, scr.data());
             }
+        // a call over several KV heads gives each head's bits alone (decode tasks take a run of heads, converted
+        // position by position)
+        for (const int per : {2, n_kv}) {
+            if (n_kv % per) continue;
+            std::vector<float> out_run(q.size(), NAN);
+            for (int g = 0; g < n_kv; g += per)
+                for (int64_t i0 = 0; i0 < n_new; i0 += 7) {
+                    const int64_t i1 = std::min(n_new, i0 + 7);
+                    std::vector<float> scr(attention_scratch(hd, group, i1 - i0, per));
+                    attention(kv, g, g + per, n_head, q.data(), n_head * hd, out_run.data(), n_head * hd, n_past, i0, i1,
+                              scale, scr.data());
+                }
+            CHECK(std::memcmp(out_run.data(), out.data(), sizeof(float) * out.size()) == 0);
+        }
         for (int64_t i = 0; i < n_new; i++)
             for (int h = 0; h < n_head; h++) {
                 const int g = h / group;
@@ -191,8 +205,8 @@ TEST(attention_rows_alone_equal_batched_bitwise) {
                 for (int g = 0; g < n_kv; g++)
                     for (int64_t i0 = 0; i0 < n_new; i0 += chunk) {
                         const int64_t i1 = std::min(n_new, i0 + chunk);
-                        std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
-                        attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale,
+                        std::vector<float> scr(attention_scratch(hd, group, i1 - i0, 1));
+                        attention(kv, g, g + 1, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1, scale,
                                   scr.data());
                     }
                 return out;
@@ -251,12 +265,12 @@ TEST(attention_tree_row_equals_its_path_decoded) {
             AttnMask tm;
             tm.n_new = n_tree;
             tm.vis = vis.data();
-            std::vector<float> scr(attention_scratch(hd, n_head / n_kv, n_tree));
-            attention(tree, g, n_head, q.data(), n_head * hd, out_tree.data(), n_head * hd, n_past, 0, n_tree, scale,
+            std::vector<float> scr(attention_scratch(hd, n_head / n_kv, n_tree, 1));
+            attention(tree, g, g + 1, n_head, q.data(), n_head * hd, out_tree.data(), n_head * hd, n_past, 0, n_tree, scale,
                       scr.data(), tm);
             AttnMask lm;
             lm.n_new = 1;
-            attention(line, g, n_head, q.data() + row * n_head * hd, n_head * hd, out_line.data(), n_head * hd,
+            attention(line, g, g + 1, n_head, q.data() + row * n_head * hd, n_head * hd, out_line.data(), n_head * hd,
                       n_past + depth, 0, 1, scale, scr.data(), lm);
             const int64_t h0 = (int64_t)g * (n_head / n_kv) * hd, n = (int64_t)(n_head / n_kv) * hd;
             CHECK(std::memcmp(out_tree.data() + row * n_head * hd + h0, out_line.data() + h0, sizeof(float) * n) == 0);
@@ -301,8 +315,8 @@ TEST(attention_masks) {
         for (int g = 0; g < n_kv; g++)
             for (int64_t i0 = 0; i0 < c.n_new; i0 += 7) {
                 const int64_t i1 = std::min(c.n_new, i0 + 7);
-                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
-                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, c.n_past, i0, i1,
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0, 1));
+                attention(kv, g, g + 1, n_head, q.data(), n_head * hd, out.data(), n_head * hd, c.n_past, i0, i1,
                           1.0f / std::sqrt((float)hd), scr.data(), mask);
             }
         int bad = 0;
@@ -369,8 +383,8 @@ TEST(attention_tree_mask) {
         for (int g = 0; g < n_kv; g++)
             for (int64_t i0 = 0; i0 < n_new; i0 += 5) {
                 const int64_t i1 = std::min(n_new, i0 + 5);
-                std::vector<float> scr(attention_scratch(hd, group, i1 - i0));
-                attention(kv, g, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1,
+                std::vector<float> scr(attention_scratch(hd, group, i1 - i0, 1));
+                attention(kv, g, g + 1, n_head, q.data(), n_head * hd, out.data(), n_head * hd, n_past, i0, i1,
                           1.0f / std::sqrt((float)hd), scr.data(), mask);
             }
         int bad = 0;

@@ -184,10 +184,11 @@ DFL_WIDE_MULTIVERSION static void score_keys_rows(const float *const *qs, const 
     }
 }
 
-size_t attention_scratch(int head_dim, int group, int64_t n_tok) {
-    // K, V, K transposed, then per query row: the tile's scores (plus kQueryGroup rows of padding), acc, m, l
-    return (size_t)(3 * kAttnTile * head_dim) + (size_t)(n_tok * group + kQueryGroup) * kAttnTile +
-           (size_t)n_tok * group * (head_dim + 2);
+size_t attention_scratch(int head_dim, int group, int64_t n_tok, int heads) {
+    // per KV head: K and V tiles, acc, m, l of its query rows; shared: K transposed and the scores of one head's rows
+    // (plus kQueryGroup rows of padding)
+    return (size_t)heads * (2 * kAttnTile * head_dim + (size_t)n_tok * group * (head_dim + 2)) +
+           (size_t)(kAttnTile * head_dim) + (size_t)(n_tok * group + kQueryGroup) * kAttnTile;
 }
 
 static void prefetch_kv_row(const PagedKV &kv, int64_t slot, int kvh) {
@@ -205,28 +206,42 @@ static void tile_slots(const PagedKV &kv, int64_t p0, int64_t n, int64_t *slots)
     }
 }
 
-void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
+// One KV head's part of a tile: its rows' scores against the converted K tile, their softmax numerators and sums,
+// and the V sums into acc (online softmax: m and l are its rows' running max and sum).
+struct HeadTile {
+    const float *Kt, *Vt;
+    float *acc, *m, *l;
+    const float *const *qrows;
+};
+
+void attention(const PagedKV &kv, int g0, int g1, int n_head, const float *q, int64_t q_stride, float *out,
                int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch,
                const AttnMask &mask) {
     const int hd = kv.head_dim;
     const int group = n_head / kv.n_kv;
+    const int nheads = g1 - g0;
     const int64_t nt = i1 - i0;
-    float *Kt = scratch;
-    float *Vt = Kt + (size_t)kAttnTile * hd;
-    float *KT = Vt + (size_t)kAttnTile * hd;  // the K tile transposed, for score_keys_rows
-    float *S = KT + (size_t)kAttnTile * hd;  // the tile's scores, kAttnTile per query row (i, hh)
-    float *acc = S + (size_t)(nt * group + kQueryGroup) * kAttnTile;
-    float *m = acc + (size_t)nt * group * hd;
-    float *l = m + (size_t)nt * group;
-    std::fill(acc, acc + (size_t)nt * group * hd, 0.0f);
-    std::fill(m, m + (size_t)nt * group, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + (size_t)nt * group, 0.0f);
-    // query row r = (i - i0) * group + hh, padded to whole groups of kQueryGroup with copies of the last row
     const int64_t nrow = nt * group;
-    std::vector<const float *> qrows((size_t)(nrow + kQueryGroup));
-    for (int64_t r = 0; r < nrow; r++)
-        qrows[(size_t)r] = q + (i0 + r / group) * q_stride + (int64_t)(kvh * group + r % group) * hd;
-    for (int64_t r = nrow; r < nrow + kQueryGroup; r++) qrows[(size_t)r] = qrows[(size_t)nrow - 1];
+    // per head h (of g0 + h): K and V tiles, then acc, m, l; then the shared K transposed and scores
+    float *Kt0 = scratch;
+    float *Vt0 = Kt0 + (size_t)nheads * kAttnTile * hd;
+    float *acc0 = Vt0 + (size_t)nheads * kAttnTile * hd;
+    float *m0 = acc0 + (size_t)nheads * nrow * hd;
+    float *l0 = m0 + (size_t)nheads * nrow;
+    float *KT = l0 + (size_t)nheads * nrow;  // the K tile transposed, for score_keys_rows
+    float *S = KT + (size_t)kAttnTile * hd;  // the tile's scores, kAttnTile per query row (i, hh)
+    std::fill(acc0, acc0 + (size_t)nheads * nrow * hd, 0.0f);
+    std::fill(m0, m0 + (size_t)nheads * nrow, -std::numeric_limits<float>::infinity());
+    std::fill(l0, l0 + (size_t)nheads * nrow, 0.0f);
+    // head h's query row r = (i - i0) * group + hh, padded to whole groups of kQueryGroup with copies of the last row
+    const int64_t qn = nrow + kQueryGroup;
+    std::vector<const float *> qrows((size_t)(nheads * qn));
+    for (int h = 0; h < nheads; h++) {
+        const float **qr = qrows.data() + (size_t)h * qn;
+        for (int64_t r = 0; r < nrow; r++)
+            qr[r] = q + (i0 + r / group) * q_stride + (int64_t)((g0 + h) * group + r % group) * hd;
+        for (int64_t r = nrow; r < qn; r++) qr[r] = qr[nrow - 1];
+    }
     std::vector<LiveRow> live((size_t)nrow);
 
     // the positions any row of [i0, i1) sees: lo and hi grow with i under every mask
@@ -234,32 +249,16 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
     int64_t p_start, p_end, unused;
     attn_range(n_past + i0, n_past, n_new, mask.causal, mask.window, &p_start, &unused);
     attn_range(n_past + i1 - 1, n_past, n_new, mask.causal, mask.window, &unused, &p_end);
+    // The transposed tile pays off when kQueryGroup real rows share it; fewer rows (a decode step: group rows, 2 for
+    // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they use score_keys.
+    const bool wide = hd % 16 == 0 && nrow >= kQueryGroup;
     // tiles stay aligned to kAttnTile from position 0, so a causal call splits its sums exactly as before
     for (int64_t p0 = p_start / kAttnTile * kAttnTile; p0 < p_end; p0 += kAttnTile) {
         const int64_t pa = std::max(p0, p_start);  // first position of the tile anyone sees
         const int64_t pn = std::min<int64_t>(kAttnTile, p_end - p0);
-        // The cache rows are scattered (paged, a head's row among its position's heads) and, in a decode step, not
-        // in any cache since the step before: each conversion waited for its row (the conversions were 6 % of a
-        // 1-thread Qwen3-0.6B decode step, attention's largest part), so the rows kAttnAhead positions on are asked
-        // for while these convert.
-        constexpr int64_t kAttnAhead = 8;
-        int64_t slots[kAttnTile];
-        tile_slots(kv, pa, pn - (pa - p0), slots + (pa - p0));
-        for (int64_t j = pa - p0; j < std::min(pn, pa - p0 + kAttnAhead); j++) prefetch_kv_row(kv, slots[j], kvh);
-        for (int64_t j = pa - p0; j < pn; j++) {
-            if (j + kAttnAhead < pn) prefetch_kv_row(kv, slots[j + kAttnAhead], kvh);
-            dequant_row(kv.type_k, kv.k_in(slots[j], kvh), Kt + j * hd, hd);
-            dequant_row(kv.type_v, kv.v_in(slots[j], kvh), Vt + j * hd, hd);
-        }
-        // The transposed tile pays off when kQueryGroup real rows share it; fewer rows (a decode step: group rows, 2 for
-        // Qwen3-0.6B) would transpose hd x 16 floats per key group and score 8 rows for 2, so they use score_keys.
-        const bool wide = hd % 16 == 0 && nrow >= kQueryGroup;
-        if (wide)
-            for (int d = 0; d < hd; d++)
-                for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = Kt[j * hd + d];
-        // Scores first, for every query row that sees the tile and for the union [u0, u1) of their key ranges. A
-        // key's score is the same bits by either kernel, so scoring keys a row does not use changes nothing for that
-        // row; it lets kQueryGroup rows share each K register load.
+        // The union [u0, u1) of the tile's key ranges of the rows that see it (the same for every head). A key's
+        // score is the same bits by either kernel, so scoring keys a row does not use changes nothing for that row;
+        // it lets kQueryGroup rows share each K register load.
         int64_t u0 = pn, u1 = 0;
         for (int64_t i = i0; i < i1; i++) {
             int64_t lo, hi;
@@ -269,62 +268,94 @@ void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q
             u1 = std::max(u1, std::min(pn, hi - p0));
         }
         if (u0 >= u1) continue;
-        int64_t jw = u0;
-        if (wide)
-            for (; jw + 16 <= u1; jw += 16)
-                for (int64_t r = 0; r < nrow; r += kQueryGroup)
-                    score_keys_rows(qrows.data() + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
-        if (jw < u1)
-            for (int64_t r = 0; r < nrow; r++)
-                score_keys(Kt + jw * hd, qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
-        // Softmax numerators of every row that sees the tile, over the 16-aligned span [b0, b1) of the union (zeros
-        // outside a row's own range), then their sums several rows at once, then each row's rescale and V sums.
-        const int64_t b0 = u0 / 16 * 16, b1 = std::min<int64_t>(kAttnTile, (u1 + 15) / 16 * 16);
-        int nlive = 0;
-        for (int64_t i = i0; i < i1; i++) {
-            int64_t lo, hi;
-            attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
-            if (p0 >= hi || p0 + pn <= lo) continue;
-            // this row's part of the tile: [j0, j1)
-            const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);
-            for (int hh = 0; hh < group; hh++) {
-                const size_t idx = (size_t)(i - i0) * group + hh;
-                float *s = S + (int64_t)idx * kAttnTile;
-                float mx = scale_scores(s, b0, b1, j0, j1, scale);
-                if (mask.vis) {
-                    mx = -std::numeric_limits<float>::infinity();
-                    for (int64_t j = j0; j < j1; j++) {
-                        if (!attn_visible(mask.vis[i], p0 + j, n_past)) s[j] = -std::numeric_limits<float>::infinity();
-                        mx = std::max(mx, s[j]);
-                    }
-                }
-                const float mnew = std::max(m[idx], mx);
-                if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
-                exp_sub(s, b0, b1, mnew);
-                live[nlive] = {s, idx, j0, j1, std::exp(m[idx] - mnew), 0};  // corr: 0 for the first tile (m = -inf)
-                m[idx] = mnew;
-                nlive++;
+        // The cache rows are scattered (paged), and in a decode step not in any cache since the step before: each
+        // conversion waited for its row (6 % of a 1-thread Qwen3-0.6B decode step, attention's largest part), so the
+        // rows kAttnAhead positions on are asked for while these convert. A position's heads are side by side in the
+        // cache, so the task's heads are converted position by position: one run of bytes a position instead of a
+        // row a head two kilobytes apart (Qwen3-0.6B: 8 KV heads of 256 bytes), which the hardware prefetchers follow.
+        constexpr int64_t kAttnAhead = 8;
+        int64_t slots[kAttnTile];
+        tile_slots(kv, pa, pn - (pa - p0), slots + (pa - p0));
+        for (int64_t j = pa - p0; j < std::min(pn, pa - p0 + kAttnAhead); j++)
+            for (int h = g0; h < g1; h++) prefetch_kv_row(kv, slots[j], h);
+        for (int64_t j = pa - p0; j < pn; j++) {
+            if (j + kAttnAhead < pn)
+                for (int h = g0; h < g1; h++) prefetch_kv_row(kv, slots[j + kAttnAhead], h);
+            for (int h = 0; h < nheads; h++) {
+                dequant_row(kv.type_k, kv.k_in(slots[j], g0 + h), Kt0 + ((size_t)h * kAttnTile + j) * hd, hd);
+                dequant_row(kv.type_v, kv.v_in(slots[j], g0 + h), Vt0 + ((size_t)h * kAttnTile + j) * hd, hd);
             }
         }
-        row_sums(live.data(), nlive, b0, b1);
-        for (int k = 0; k < nlive; k++) {
-            const LiveRow &lr = live[k];
-            float *a = acc + lr.idx * hd;
-            l[lr.idx] = l[lr.idx] * lr.corr + lr.sum;
-            scale_vec(lr.corr, a, hd);
-            accumulate_rows(lr.s + lr.j0, Vt + lr.j0 * hd, lr.j1 - lr.j0, hd, a);
+        for (int h = 0; h < nheads; h++) {
+            HeadTile ht;
+            ht.Kt = Kt0 + (size_t)h * kAttnTile * hd;
+            ht.Vt = Vt0 + (size_t)h * kAttnTile * hd;
+            ht.acc = acc0 + (size_t)h * nrow * hd;
+            ht.m = m0 + (size_t)h * nrow;
+            ht.l = l0 + (size_t)h * nrow;
+            ht.qrows = qrows.data() + (size_t)h * qn;
+            if (wide)
+                for (int d = 0; d < hd; d++)
+                    for (int64_t j = pa - p0; j < pn; j++) KT[(int64_t)d * kAttnTile + j] = ht.Kt[j * hd + d];
+            // scores first, for every query row that sees the tile and the union of their key ranges
+            int64_t jw = u0;
+            if (wide)
+                for (; jw + 16 <= u1; jw += 16)
+                    for (int64_t r = 0; r < nrow; r += kQueryGroup)
+                        score_keys_rows(ht.qrows + r, KT + jw, kAttnTile, hd, S + r * kAttnTile + jw, kAttnTile);
+            if (jw < u1)
+                for (int64_t r = 0; r < nrow; r++)
+                    score_keys(ht.Kt + jw * hd, ht.qrows[(size_t)r], hd, u1 - jw, S + r * kAttnTile + jw);
+            // Softmax numerators of every row that sees the tile, over the 16-aligned span [b0, b1) of the union (zeros
+            // outside a row's own range), then their sums several rows at once, then each row's rescale and V sums.
+            const int64_t b0 = u0 / 16 * 16, b1 = std::min<int64_t>(kAttnTile, (u1 + 15) / 16 * 16);
+            int nlive = 0;
+            for (int64_t i = i0; i < i1; i++) {
+                int64_t lo, hi;
+                attn_range(n_past + i, n_past, n_new, mask.causal, mask.window, &lo, &hi);
+                if (p0 >= hi || p0 + pn <= lo) continue;
+                // this row's part of the tile: [j0, j1)
+                const int64_t j0 = std::max<int64_t>(0, lo - p0), j1 = std::min(pn, hi - p0);
+                for (int hh = 0; hh < group; hh++) {
+                    const size_t idx = (size_t)(i - i0) * group + hh;
+                    float *sr = S + (int64_t)idx * kAttnTile;
+                    float mx = scale_scores(sr, b0, b1, j0, j1, scale);
+                    if (mask.vis) {
+                        mx = -std::numeric_limits<float>::infinity();
+                        for (int64_t j = j0; j < j1; j++) {
+                            if (!attn_visible(mask.vis[i], p0 + j, n_past)) sr[j] = -std::numeric_limits<float>::infinity();
+                            mx = std::max(mx, sr[j]);
+                        }
+                    }
+                    const float mnew = std::max(ht.m[idx], mx);
+                    if (mnew == -std::numeric_limits<float>::infinity()) continue;  // nothing visible yet
+                    exp_sub(sr, b0, b1, mnew);
+                    live[nlive] = {sr, idx, j0, j1, std::exp(ht.m[idx] - mnew), 0};  // corr: 0 for the first tile (m = -inf)
+                    ht.m[idx] = mnew;
+                    nlive++;
+                }
+            }
+            row_sums(live.data(), nlive, b0, b1);
+            for (int k = 0; k < nlive; k++) {
+                const LiveRow &lr = live[k];
+                float *a = ht.acc + lr.idx * hd;
+                ht.l[lr.idx] = ht.l[lr.idx] * lr.corr + lr.sum;
+                scale_vec(lr.corr, a, hd);
+                accumulate_rows(lr.s + lr.j0, ht.Vt + lr.j0 * hd, lr.j1 - lr.j0, hd, a);
+            }
         }
     }
-    for (int64_t i = i0; i < i1; i++) {
-        for (int hh = 0; hh < group; hh++) {
-            const int h = kvh * group + hh;
-            const size_t idx = (size_t)(i - i0) * group + hh;
-            const float inv = 1.0f / l[idx];
-            float *o = out + i * out_stride + (int64_t)h * hd;
-            const float *a = acc + idx * hd;
-            for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+    for (int h = 0; h < nheads; h++)
+        for (int64_t i = i0; i < i1; i++) {
+            for (int hh = 0; hh < group; hh++) {
+                const int qh = (g0 + h) * group + hh;
+                const size_t idx = (size_t)(i - i0) * group + hh;
+                const float inv = 1.0f / l0[(size_t)h * nrow + idx];
+                float *o = out + i * out_stride + (int64_t)qh * hd;
+                const float *a = acc0 + ((size_t)h * nrow + idx) * hd;
+                for (int d = 0; d < hd; d++) o[d] = a[d] * inv;
+            }
         }
-    }
 }
 
 }  // namespace dfl

@@ -97,14 +97,14 @@ struct AttnMask {
     const uint64_t *vis = nullptr;  // per new token: tree visibility of the entry's own positions (attn_visible), or null
 };
 
-// Attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV head `kvh`.
-// Token i sits at cache position n_past + i and sees the positions attn_range gives for `mask`. q and out are
-// [n_new][n_head][head_dim] with row strides q_stride / out_stride floats per token. Scratch must hold
-// attention_scratch() floats.
-void attention(const PagedKV &kv, int kvh, int n_head, const float *q, int64_t q_stride, float *out,
+// Attention of new tokens i in [i0, i1) of one sequence against its cache, for the query heads of KV heads [g0, g1)
+// (each head's arithmetic as if it ran alone). Token i sits at cache position n_past + i and sees the positions
+// attn_range gives for `mask`. q and out are [n_new][n_head][head_dim] with row strides q_stride / out_stride floats
+// per token. Scratch must hold attention_scratch(..., g1 - g0) floats.
+void attention(const PagedKV &kv, int g0, int g1, int n_head, const float *q, int64_t q_stride, float *out,
                int64_t out_stride, int64_t n_past, int64_t i0, int64_t i1, float scale, float *scratch,
                const AttnMask &mask = AttnMask());
-size_t attention_scratch(int head_dim, int group, int64_t n_tok);
+size_t attention_scratch(int head_dim, int group, int64_t n_tok, int heads);
 
 // Depthwise causal conv over `channels` with kernel K followed by SiLU. window holds K-1+n rows of `channels` values
 // (the K-1 previous inputs, then the n new ones); w is [channels][K] (tap K-1 multiplies the current row).
