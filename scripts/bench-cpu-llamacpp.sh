@@ -11,7 +11,9 @@
 # generated for prefill, 16 prompt tokens and 128 generated for decode), which is what a client gets.
 # Needs: make build (bin/lib, bin/dflash-model, bin/dflash_server and its plugins), npm ci in test/llamacpp and
 # test/tokenizer. SERVER=0 leaves the server out.
-# Env: DFLASH_CPU_INT8=off measures our float path instead of the integer kernels.
+# Env: DFLASH_CPU_INT8=off measures our float path instead of the integer kernels. CONTEXT=N decodes after an N-token
+#      prompt instead of 16 in the library and llama.cpp columns (long contexts weigh attention; the server column
+#      stays at 16).
 #      LLAMA_BENCH=path/to/llama-bench measures llama.cpp with its own CPU build instead of the npm package (the GPU
 #      machine has no node: scripts/gpu/run.sh cpu-peer builds one from the bundle); ENGINE_TEST=prebuilt
 #      native/engine test binary (no Go there), DFLASH_LIB_DIR the library directory.
@@ -43,7 +45,7 @@ ours() {  # FILE -> "pp tg" tok/s
         DFLASH_BENCH_PROMPTS=512 "$bench" -test.run '^$' -test.bench 'GGUF/pp' -test.benchtime 4x |
         awk '/tok\/s/ {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s") print $i}')
     tg=$(DFLASH_BENCH_GGUF=$1 DFLASH_BENCH_DEVICE=cpu DFLASH_BENCH_THREADS=$threads DFLASH_BENCH_BATCHES=1 \
-        DFLASH_BENCH_PROMPTS=16 "$bench" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x |
+        DFLASH_BENCH_PROMPTS=16 DFLASH_BENCH_CONTEXT=${CONTEXT:-16} "$bench" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 128x |
         awk '/tok\/s/ {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s") print $i}')
     echo "$pp $tg"
 }
@@ -80,11 +82,11 @@ PY
 llamacpp() {  # FILE -> "pp tg" tok/s
     if [ -n "${LLAMA_BENCH:-}" ]; then
         # llama-bench: pp512 and tg128 (its tg starts from an empty context), one repetition each
-        "$LLAMA_BENCH" -m "$1" -t "$threads" -p 512 -n 128 -r 1 -o json 2>/dev/null |
+        "$LLAMA_BENCH" -m "$1" -t "$threads" -p 512 -n 128 ${CONTEXT:+-d $CONTEXT} -r 1 -o json 2>/dev/null |
             python3 -c 'import json,sys; r={("pp" if x["n_prompt"] else "tg"): x["avg_ts"] for x in json.load(sys.stdin)}; print(r["pp"], r["tg"])'
         return
     fi
-    node test/llamacpp/bench.mjs "$1" "$threads" 512 128 1 |
+    node test/llamacpp/bench.mjs "$1" "$threads" 512 128 1 "${CONTEXT:-16}" |
         python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["pp_tok_s"], r["tg_tok_s"])'
 }
 
