@@ -323,8 +323,9 @@ typedef struct dfl_api {
     dfl_status (*sample_candidates)(const int32_t *ids, const float *logits, const uint8_t *suppressed, uint32_t k,
                                     float lse, uint32_t n_vocab, const dfl_sampling *params, uint64_t *rng_state,
                                     int32_t *token_out);
-    /* Row `row` of the last forward_topk's (or forward's) logits, the whole row (n_vocab floats) into out, until the
-     * next forward of any kind. DFL_ERR_STATE when that forward kept no such row. */
+    /* Row `row` of the last forward_topk's logits (forward's too, except after DeepSeek V4's token-by-token prefill,
+     * whose rows the caller already has), the whole row (n_vocab floats) into out, until the next forward of any
+     * kind. DFL_ERR_STATE when that forward kept no such row. */
     dfl_status (*logits_row)(dfl_model *m, uint32_t row, float *out);
 } dfl_api;
 

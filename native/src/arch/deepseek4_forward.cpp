@@ -205,10 +205,11 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
         all.push_back(se);
     }
     if (max_n > 1 && h.prefill == Ds4Prefill::Exact) {
-        // token by token: step i runs token i of every entry that has one, exactly as decoding would; each step's
-        // logits rows are kept by caller row, since the next step overwrites logits_
-        if (rows > 0) ensure(kept_, (size_t)rows * h.n_vocab * sizeof(float), "logits rows");
-        keeping_ = rows > 0;
+        // token by token: step i runs token i of every entry that has one, exactly as decoding would; a top-k
+        // forward's logits rows are kept by caller row for logits_row, since the next step overwrites logits_ (a
+        // whole-row forward hands them all to the caller)
+        keeping_ = rows > 0 && topk;
+        if (keeping_) ensure(kept_, (size_t)rows * h.n_vocab * sizeof(float), "logits rows");
         for (uint32_t i = 0; i < max_n; i++) {
             std::vector<StepEntry> step;
             for (const StepEntry &se : all) {
@@ -223,9 +224,9 @@ void DeepSeek4Model::forward(const dfl_batch &b, const TopKOut *topk) {
             }
             run_step(step, false, b.logits, topk);
         }
-        keeping_ = false;
         logits_dest_.clear();
-        kept_n_ = rows;
+        kept_n_ = keeping_ ? rows : 0;
+        keeping_ = false;
     } else {
         run_step(all, max_n > 1 && h.prefill == Ds4Prefill::Dense, b.logits, topk);
     }
