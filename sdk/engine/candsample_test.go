@@ -83,20 +83,6 @@ func (c *candSampler) LogitsRow(row int, dst []float32) error {
 // each gets its own row, the tokens of a model without the sampler), the pacer goes back to whole-row steps when most
 // draws are open, and a row the model cannot hand back ends the request with an error naming it.
 func TestCandidateSamplerOpenDraws(t *testing.T) {
-	letters := func(history []int32) []float32 {
-		row := make([]float32, vocab)
-		for i := range row {
-			row[i] = float32(math.Inf(-1))
-		}
-		h := uint64(1469598103934665603)
-		for _, tok := range history {
-			h = (h ^ uint64(tok)) * 1099511628211
-		}
-		for i := range 8 {
-			row['a'+i] = float32((h>>(8*i))&0xff) / 64
-		}
-		return row
-	}
 	prompts := []string{"the cat", "a longer prompt of several chunks", "x", "hello there"}
 	generate := func(t *testing.T, m engine.Model, fake *enginetest.FakeModel, tokens int) ([][]int32, []error) {
 		t.Helper()
@@ -123,7 +109,7 @@ func TestCandidateSamplerOpenDraws(t *testing.T) {
 	}
 	newFake := func() *enginetest.FakeModel {
 		m := enginetest.NewFakeModel(4, 512, 4)
-		m.Dist = letters
+		m.Dist = letterLogits
 		return m
 	}
 

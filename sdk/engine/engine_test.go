@@ -299,32 +299,34 @@ func TestSchedulerMixesPrefillChunksWithDecode(t *testing.T) {
 	is.Equal(len(b.c.result().tokens), 3)
 }
 
+// letterLogits gives eight letters history-dependent logits (everything else impossible): a FakeModel.Dist whose
+// sampled tokens depend on every token fed before.
+func letterLogits(history []int32) []float32 {
+	row := make([]float32, enginetest.VocabSize)
+	for i := range row {
+		row[i] = float32(math.Inf(-1))
+	}
+	h := uint64(1469598103934665603)
+	for _, t := range history {
+		h = (h ^ uint64(t)) * 1099511628211
+	}
+	for i := range 8 {
+		row['a'+i] = float32((h>>(8*i))&0xff) / 64
+	}
+	return row
+}
+
 // TestBatchedDecodeMatchesAlone: a request's tokens do not depend on what it shares forwards with, greedy or sampled
 // (sampled rows are drawn on several goroutines at once: each with its own generator, history and row).
 func TestBatchedDecodeMatchesAlone(t *testing.T) {
 	prompts := []string{"the cat", "a much longer prompt that takes several chunks", "x", "hello there"}
-	// letters gives eight letters history-dependent logits (everything else impossible)
-	letters := func(history []int32) []float32 {
-		row := make([]float32, enginetest.VocabSize)
-		for i := range row {
-			row[i] = float32(math.Inf(-1))
-		}
-		h := uint64(1469598103934665603)
-		for _, t := range history {
-			h = (h ^ uint64(t)) * 1099511628211
-		}
-		for i := range 8 {
-			row['a'+i] = float32((h>>(8*i))&0xff) / 64
-		}
-		return row
-	}
 	for _, tc := range []struct {
 		name string
 		temp float32
 		dist func([]int32) []float32
 	}{
 		{"greedy", 0, nil},
-		{"sampled", 1, letters},
+		{"sampled", 1, letterLogits},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			is := is.New(t)
