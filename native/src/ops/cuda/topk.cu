@@ -356,14 +356,14 @@ void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, 
     // the merge's pool (and, selecting, the k best after it) in dynamic shared memory
     const size_t shm = (size_t)(n_chunks + (select ? 1 : 0)) * k * sizeof(Cand);
     if (shm > 200 * 1024) fail(DFL_ERR_UNSUPPORTED, "topk: vocabulary too large for k " + std::to_string(k));
-    if (shm > 48 * 1024) {
-        allow_dynamic_smem<topk_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
-        allow_dynamic_smem<topk_select_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
-    }
-    if (select)
+    const bool big = shm > 48 * 1024;
+    if (select) {
+        if (big) allow_dynamic_smem<topk_select_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
         topk_select_merge_kernel<<<(unsigned)rows, kTopkThreads2, shm, s>>>(cand, ms, n_chunks, k, ids, vals, lse);
-    else
+    } else {
+        if (big) allow_dynamic_smem<topk_merge_kernel>(dev.index(), 200 * 1024, "topk: shared memory");
         topk_merge_kernel<<<(unsigned)rows, kTopkThreads2, shm, s>>>(cand, ms, n_chunks, k, ids, vals, lse);
+    }
     check_launch("topk (merge)");
 }
 
