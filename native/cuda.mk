@@ -81,7 +81,8 @@ $(CB)/libcu.a: $(CU_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/test_cuda_matmul.o $(CB)/tests/bench_cuda_ops.o
+TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/test_cuda_matmul.o $(CB)/tests/test_cuda_topk.o \
+	$(CB)/tests/bench_cuda_ops.o
 $(TEST): $(TEST_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
 	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@

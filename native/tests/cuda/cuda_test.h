@@ -40,6 +40,7 @@ inline const char *tname(uint32_t t) {
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();
+void test_topk();
 
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
 void bench_attention();
