@@ -43,21 +43,24 @@ void test_topk() {
                     compare(name + " values", vals, 0.0);
                     compare(name + " lse", lse, 1e-6);
                 }
-    for (const int64_t n : {4096, 129280, 151936, 248320})
-        for (const int64_t rows : {1, 8}) {
-            std::vector<float> x((size_t)(rows * n));
-            for (auto &v : x) v = r.sym(6.0f);
-            Dual logits(x), ids((size_t)(rows * 64) * 4), vals((size_t)(rows * 64) * 4), lse((size_t)rows * 4);
-            const auto run = [&] { g_gpu->topk(logits.gp(), rows, n, 64, ids.gp<int32_t>(), vals.gp(), lse.gp()); };
-            run();
-            g_gpu->sync();
-            const int reps = 50;
-            const auto t0 = std::chrono::steady_clock::now();
-            for (int i = 0; i < reps; i++) run();
-            g_gpu->sync();
-            const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
-            std::printf("time topk n=%lld rows=%lld k=64: %.1f us a call\n", (long long)n, (long long)rows, us);
-        }
+    // k = 3 is a greedy step's (the pick and two end-of-generation ids it may suppress), 64 a draw's without top-k
+    for (const int k : {1, 3, 8, 16, 64})
+        for (const int64_t n : {4096, 151936, 248320})
+            for (const int64_t rows : {1, 8}) {
+                std::vector<float> x((size_t)(rows * n));
+                for (auto &v : x) v = r.sym(6.0f);
+                Dual logits(x), ids((size_t)(rows * k) * 4), vals((size_t)(rows * k) * 4), lse((size_t)rows * 4);
+                const auto run = [&] { g_gpu->topk(logits.gp(), rows, n, k, ids.gp<int32_t>(), vals.gp(), lse.gp()); };
+                run();
+                g_gpu->sync();
+                const int reps = 50;
+                const auto t0 = std::chrono::steady_clock::now();
+                for (int i = 0; i < reps; i++) run();
+                g_gpu->sync();
+                const double us =
+                    std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+                std::printf("time topk n=%lld rows=%lld k=%d: %.1f us a call\n", (long long)n, (long long)rows, k, us);
+            }
 }
 
 }  // namespace dfltest

@@ -190,6 +190,16 @@ __device__ int block_scan(int x, int *ws, int *total) {
     return before + incl - x;
 }
 
+// Each thread of the selection takes a contiguous run of `per` items (ties must be gathered in id order). Runs lie
+// `stride` slots apart in shared memory, stride odd: the threads of a warp read their runs' j-th items from distinct
+// banks (runs of 8 packed side by side put a warp's reads on two banks: 16-way conflicts in every pass).
+struct RunLayout {
+    int per, stride;
+    __host__ __device__ constexpr RunLayout(int n, int threads) : per((n + threads - 1) / threads), stride(per | 1) {}
+    __host__ __device__ constexpr int slots(int threads) const { return threads * stride; }
+    __device__ int slot(int i) const { return i / per * stride + i % per; }
+};
+
 struct SelectScratch {
     int hist[256];
     int ws[32];
@@ -198,14 +208,15 @@ struct SelectScratch {
 };
 
 // The digit (8 bits at shift) of the remaining-th largest key among the eligible items whose key has the given prefix
-// (mask: the bits already fixed); s.remaining becomes its rank among the items of that digit. All threads call it.
-__device__ void select_digit(const Cand *items, int b, int e, uint32_t prefix, uint32_t mask, int shift, int remaining,
+// (mask: the bits already fixed); s.remaining becomes its rank among the items of that digit. run: the thread's len
+// items. All threads call it.
+__device__ void select_digit(const Cand *run, int len, uint32_t prefix, uint32_t mask, int shift, int remaining,
                              SelectScratch &s) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
     __syncthreads();
-    for (int i = b; i < e; i++) {
-        if (!eligible(items[i])) continue;
-        const uint32_t key = order_key(items[i].v);
+    for (int j = 0; j < len; j++) {
+        if (!eligible(run[j])) continue;
+        const uint32_t key = order_key(run[j].v);
         if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1);
     }
     __syncthreads();
@@ -234,13 +245,14 @@ __device__ void select_digit(const Cand *items, int b, int e, uint32_t prefix, u
     __syncthreads();
 }
 
-// out[0..k): the k best eligible items (larger value first, lower id on ties), padded with {-inf, -1}. Items of equal
-// value must lie in id order. Each thread takes a contiguous run of items. All threads call it.
+// out[0..k): the k best of the n eligible items (larger value first, lower id on ties), padded with {-inf, -1}, items
+// laid out by RunLayout(n, blockDim.x). Items of equal value must lie in id order. All threads call it.
 __device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectScratch &s) {
-    const int per = (n + (int)blockDim.x - 1) / (int)blockDim.x;
-    const int b = min(n, (int)threadIdx.x * per), e = min(n, b + per);
+    const RunLayout lay(n, (int)blockDim.x);
+    const int b = min(n, (int)threadIdx.x * lay.per), len = min(n, b + lay.per) - b;
+    const Cand *run = items + threadIdx.x * lay.stride;
     int mine = 0, total = 0;
-    for (int i = b; i < e; i++) mine += eligible(items[i]) ? 1 : 0;
+    for (int j = 0; j < len; j++) mine += eligible(run[j]) ? 1 : 0;
     block_scan(mine, s.ws, &total);
     const bool all = total <= k;
     uint32_t thr = 0, prefix = 0, mask = 0;
@@ -248,7 +260,7 @@ __device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectSc
     if (!all) {
         int remaining = k;
         for (int shift = 24; shift >= 0; shift -= 8) {
-            select_digit(items, b, e, prefix, mask, shift, remaining, s);
+            select_digit(run, len, prefix, mask, shift, remaining, s);
             prefix |= (uint32_t)s.digit << shift;
             mask |= 255u << shift;
             remaining = s.remaining;
@@ -257,9 +269,9 @@ __device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectSc
         need_eq = remaining;
     }
     int gt = 0, eq = 0;
-    for (int i = b; i < e; i++) {
-        if (!eligible(items[i])) continue;
-        const uint32_t key = order_key(items[i].v);
+    for (int j = 0; j < len; j++) {
+        if (!eligible(run[j])) continue;
+        const uint32_t key = order_key(run[j].v);
         gt += all || key > thr;
         eq += !all && key == thr;
     }
@@ -267,13 +279,13 @@ __device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectSc
     const int eq_before = block_scan(eq, s.ws, &eq_total);
     int eq_take = max(0, min(eq, need_eq - eq_before));
     int pos = block_scan(gt + eq_take, s.ws, &taken);
-    for (int i = b; i < e; i++) {
-        if (!eligible(items[i])) continue;
-        const uint32_t key = order_key(items[i].v);
+    for (int j = 0; j < len; j++) {
+        if (!eligible(run[j])) continue;
+        const uint32_t key = order_key(run[j].v);
         if (all || key > thr) {
-            s.sel[pos++] = items[i];
+            s.sel[pos++] = run[j];
         } else if (key == thr && eq_take > 0) {
-            s.sel[pos++] = items[i];
+            s.sel[pos++] = run[j];
             eq_take--;
         }
     }
@@ -292,18 +304,19 @@ __device__ void select_topk(const Cand *items, int n, int k, Cand *out, SelectSc
 // Stage 1 by selection: block (chunk, row), as topk_chunks_kernel.
 __global__ void topk_select_chunks_kernel(const float *logits, int64_t n, int k, int n_chunks, Cand *cand, float2 *ms) {
     __shared__ float vals[kTopkChunk];
-    __shared__ Cand items[kTopkChunk];
+    __shared__ Cand items[RunLayout(kTopkChunk, kTopkThreads1).slots(kTopkThreads1)];
     __shared__ float fred[32];
     __shared__ SelectScratch s;
     const int64_t row = blockIdx.y;
     const int64_t c0 = (int64_t)blockIdx.x * kTopkChunk;
     const int len = (int)min((int64_t)kTopkChunk, n - c0);
     const float *x = logits + row * n + c0;
+    const RunLayout lay(len, kTopkThreads1);
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < len; i += blockDim.x) {
         const float v = clean(x[i]);
         vals[i] = v;
-        items[i] = Cand{v, (int32_t)(c0 + i)};
+        items[lay.slot(i)] = Cand{v, (int32_t)(c0 + i)};
         mx = fmaxf(mx, v);
     }
     chunk_max_sumexp(vals, len, mx, fred, ms + row * n_chunks + blockIdx.x);
@@ -313,15 +326,16 @@ __global__ void topk_select_chunks_kernel(const float *logits, int64_t n, int k,
 // Stage 2 by selection: block per row, as topk_merge_kernel.
 __global__ void topk_select_merge_kernel(const Cand *cand, const float2 *ms, int n_chunks, int k, int32_t *ids,
                                          float *vals, float *lse) {
-    // the chunks' candidates [n_chunks][k] (chunk order: equal values lie in id order), then the k best
+    // the chunks' candidates [n_chunks][k] (chunk order: equal values lie in id order) by RunLayout, then the k best
     extern __shared__ Cand pool[];
     __shared__ SelectScratch s;
     const int64_t row = blockIdx.x;
     const int n = n_chunks * k;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) pool[i] = cand[row * n + i];
+    const RunLayout lay(n, (int)blockDim.x);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) pool[lay.slot(i)] = cand[row * n + i];
     if (threadIdx.x == 0) lse[row] = row_lse(ms + row * n_chunks, n_chunks);
     __syncthreads();
-    Cand *best = pool + n;
+    Cand *best = pool + lay.slots((int)blockDim.x);
     select_topk(pool, n, k, best, s);
     for (int i = threadIdx.x; i < k; i += blockDim.x) {
         ids[row * k + i] = best[i].id;
@@ -354,7 +368,8 @@ void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, 
         topk_chunks_kernel<<<dim3((unsigned)n_chunks, (unsigned)rows), kTopkThreads1, 0, s>>>(logits, n, k, n_chunks, cand, ms);
     check_launch("topk (chunks)");
     // the merge's pool (and, selecting, the k best after it) in dynamic shared memory
-    const size_t shm = (size_t)(n_chunks + (select ? 1 : 0)) * k * sizeof(Cand);
+    const size_t shm = (select ? (size_t)RunLayout(n_chunks * k, kTopkThreads2).slots(kTopkThreads2) + k
+                               : (size_t)n_chunks * k) * sizeof(Cand);
     if (shm > 200 * 1024) fail(DFL_ERR_UNSUPPORTED, "topk: vocabulary too large for k " + std::to_string(k));
     const bool big = shm > 48 * 1024;
     if (select) {
