@@ -16,7 +16,8 @@ namespace dfltest {
 // topk: the k best ids and values of each row (larger first, lower id on ties, NaN as -inf, rows with fewer than k
 // finite values padded with id -1 and -inf) equal the CPU's exactly, the log-sum-exps within 1e-6. Vocabularies from
 // below one chunk to Qwen3.5's; rows of spread values, of many ties, and of a few finite values among -inf and NaN.
-// DFL_CUDA_TOPK_SELECT=1 runs the selection kernels. Also times k = 64 on the vocabularies of the served models.
+// The kernels by k: DFL_CUDA_TOPK_SELECT_MIN_K=1 runs selection for every k, =65 the arg-max passes for every k.
+// Also times k = 1 .. 64 on the vocabularies of the served models.
 void test_topk() {
     Rng r(31);
     for (const int64_t n : {37, 2048, 5000, 129280, 151936, 248320})

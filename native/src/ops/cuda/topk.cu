@@ -155,7 +155,7 @@ __global__ void topk_merge_kernel(const Cand *cand, const float2 *ms, int n_chun
 }
 
 
-// ---- Selection by threshold (DFL_CUDA_TOPK_SELECT=1, opt-in until measured) ----
+// ---- Selection by threshold (k >= DFL_CUDA_TOPK_SELECT_MIN_K) ----
 // The kernels above spend one block-wide arg-max pass (two barriers) a candidate: 64 passes for k = 64 in each stage,
 // ~0.1 ms a step. These find the k-th largest value by radix select on an order-preserving key (4 rounds of 8-bit
 // histograms), gather the items above it and the first of those equal to it (lower id first) by two block scans, and
@@ -343,10 +343,11 @@ __global__ void topk_select_merge_kernel(const Cand *cand, const float2 *ms, int
     }
 }
 
-// On with DFL_CUDA_TOPK_SELECT=1 (the selection kernels); off: one arg-max pass a candidate.
-static bool topk_select_on() {
-    static const bool on = env_switch("DFL_CUDA_TOPK_SELECT", false);
-    return on;
+// Selection for k of at least DFL_CUDA_TOPK_SELECT_MIN_K (default 8), one arg-max pass a candidate below: a greedy
+// step's few candidates (k = 1 to 3) take fewer passes that way than selection's fixed ~10.
+static bool topk_select_on(int k) {
+    static const int64_t min_k = env_int("DFL_CUDA_TOPK_SELECT_MIN_K", 8);
+    return k >= min_k;
 }
 
 void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
@@ -360,7 +361,7 @@ void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, 
     Cand *cand = (Cand *)scr;
     float2 *ms = (float2 *)(scr + ((cand_bytes + 255) & ~(size_t)255));
     cudaStream_t s = dev.stream();
-    const bool select = topk_select_on();
+    const bool select = topk_select_on(k);
     if (select)
         topk_select_chunks_kernel<<<dim3((unsigned)n_chunks, (unsigned)rows), kTopkThreads1, 0, s>>>(logits, n, k, n_chunks,
                                                                                                    cand, ms);
