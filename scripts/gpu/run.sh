@@ -21,6 +21,8 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
+#   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device, then decode with each DS4_VARIANTS
+#                                            setting (default: the defaults and DFL_FUSE_WEIGHTS=0), alternating
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
@@ -273,6 +275,10 @@ ds4_check() {
   log "DeepSeek V4 op tests with q4_K on float activations (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0)"
   DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 make -C native cuda-test-ds4 BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ds4-i8.txt" 2>&1
   grep -E "^FAIL|cases" "$OUT/cuda-ds4-i8.txt" | head -60 | tee -a "$OUT/summary.txt"
+  ds4_replay
+}
+
+ds4_replay() {  # the whole model on the device against the CPU, and the transformers goldens on cuda:0
   log "deepseek4 device replay vs CPU (native/engine TestDeviceDeepseek4)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'DeviceDeepseek4' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-ds4.txt" | grep -E "^\s*(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
@@ -307,10 +313,33 @@ ds4_bench() {
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=$([ $fused = 0 ] && echo 0 || echo 1) DFLASH_BENCH_PROMPTS=512 DFLASH_BENCH_BATCHES=1,8 "$stage/bin/engine.test" -test.run '^$' \
       -test.bench 'GGUF' -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-ds4.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
+  ds4_profile "$f"
+}
+
+ds4_profile() {  # FILE: the per-op profile of op-by-op batch-1 decode steps
+  local f=$1
   log "per-op profile of batch-1 decode"
   (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PREFILL=sparse \
     DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x 2>&1) >"$OUT/profile-ds4.txt"
   grep -A30 "cuda profile" "$OUT/profile-ds4.txt" | head -32 | tee -a "$OUT/summary.txt"
+}
+
+# Decode of the flash shape (replayed graphs, as --ds4-fused-decode; batch 1 and 8) with each setting of DS4_VARIANTS
+# (default: the defaults and DFL_FUSE_WEIGHTS=0, the products of one input apart), alternating, twice; then the per-op
+# profile with the defaults.
+ds4_ab() {
+  local f v r
+  f=$(ds4_model) || return 1
+  for r in 1 2; do
+    for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do
+      log "deepseek4 decode (graphs), run $r: ${v/#-/defaults}"
+      (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+        DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8 \
+        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ds4.txt" |
+        grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+    done
+  done
+  ds4_profile "$f"
 }
 
 # test/e2e makes its tiny models with the real Qwen3 tokenizer, which make test installs with npm (absent here).
@@ -667,6 +696,8 @@ case $mode in
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
+  # a DeepSeek V4 change: the replay and goldens on the device, then DS4_VARIANTS alternating (the model made meanwhile)
+  ds4-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda; ds4_replay; wait $ds4_pid; ds4_ab ;;
   # the 16 GB file takes more than 4 minutes to make (12-04): made beside the CUDA build, not after it
   ds4-bench) peer_build; ds4_model >/dev/null & ds4_pid=$!; build_cuda; wait $ds4_pid; ds4_bench; ds4_peer ;;
   check) build_cuda; check ;;
@@ -707,6 +738,6 @@ case $mode in
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -48,6 +48,14 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         dev_->prepare_weight(w);
         return w;
     };
+    // parts laid side by side (prepared as one) or uploaded and prepared one by one
+    auto fused = [&](const std::vector<Weight *> &parts) {
+        Weight f = w_.fuse(parts);
+        if (!f.empty()) dev_->prepare_weight(f);
+        else
+            for (Weight *p : parts) dev_->prepare_weight(*p);
+        return f;
+    };
     tok_embd_ = up(w_.matrix("token_embd.weight", D, h.n_vocab));
     output_ = up(w_.matrix("output.weight", D, h.n_vocab));
     output_norm_ = w_.vec("output_norm.weight", D);
@@ -67,26 +75,26 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         L.hc_ffn_base = w_.vec(blk(il, "hc_ffn_base.weight"), mix);
         L.hc_ffn_scale = w_.vec(blk(il, "hc_ffn_scale.weight"), 3);
         L.attn_norm = w_.vec(blk(il, "attn_norm.weight"), D);
-        L.wq_a = up(w_.matrix(blk(il, "attn_q_a.weight"), D, h.q_lora));
+        L.wq_a = w_.matrix(blk(il, "attn_q_a.weight"), D, h.q_lora);
         L.q_norm = w_.vec(blk(il, "attn_q_a_norm.weight"), h.q_lora);
         L.wq_b = up(w_.matrix(blk(il, "attn_q_b.weight"), h.q_lora, HD));
-        L.wkv = up(w_.matrix(blk(il, "attn_kv.weight"), D, h.head_dim));
+        L.wkv = w_.matrix(blk(il, "attn_kv.weight"), D, h.head_dim);
         L.kv_norm = w_.vec(blk(il, "attn_kv_a_norm.weight"), h.head_dim);
         L.sinks = w_.vec(blk(il, "attn_sinks.weight"), h.n_head);
         L.wo_a = up(w_.matrix(blk(il, "attn_output_a.weight"), HD / h.o_groups, (int64_t)h.o_groups * h.o_lora));
         L.wo_b = up(w_.matrix(blk(il, "attn_output_b.weight"), (int64_t)h.o_groups * h.o_lora, D));
         if (L.ratio) {
             const int cw = h.comp_width(il);
-            L.c_kv = up(w_.matrix(blk(il, "attn_compressor_kv.weight"), D, cw));
-            L.c_gate = up(w_.matrix(blk(il, "attn_compressor_gate.weight"), D, cw));
+            L.c_kv = w_.matrix(blk(il, "attn_compressor_kv.weight"), D, cw);
+            L.c_gate = w_.matrix(blk(il, "attn_compressor_gate.weight"), D, cw);
             L.c_ape = w_.vec(blk(il, "attn_compressor_ape.weight"), cw, L.ratio);
             L.c_norm = w_.vec(blk(il, "attn_compressor_norm.weight"), h.head_dim);
         }
         if (L.csa) {
             L.i_q_b = up(w_.matrix(blk(il, "indexer.attn_q_b.weight"), h.q_lora, (int64_t)h.idx_heads * h.idx_dim));
-            L.i_proj = up(w_.matrix(blk(il, "indexer.proj.weight"), D, h.idx_heads));
-            L.i_kv = up(w_.matrix(blk(il, "indexer_compressor_kv.weight"), D, 2 * h.idx_dim));
-            L.i_gate = up(w_.matrix(blk(il, "indexer_compressor_gate.weight"), D, 2 * h.idx_dim));
+            L.i_proj = w_.matrix(blk(il, "indexer.proj.weight"), D, h.idx_heads);
+            L.i_kv = w_.matrix(blk(il, "indexer_compressor_kv.weight"), D, 2 * h.idx_dim);
+            L.i_gate = w_.matrix(blk(il, "indexer_compressor_gate.weight"), D, 2 * h.idx_dim);
             L.i_ape = w_.vec(blk(il, "indexer_compressor_ape.weight"), 2 * h.idx_dim, L.ratio);
             L.i_norm = w_.vec(blk(il, "indexer_compressor_norm.weight"), h.idx_dim);
         }
@@ -125,10 +133,14 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         L.exp_down = stack("ffn_down_exps.weight", h.n_ff, D);
         if (h.n_shared > 0) {
             const int64_t sf = (int64_t)h.n_ff * h.n_shared;
-            L.sh_gate = up(w_.matrix(blk(il, "ffn_gate_shexp.weight"), D, sf));
-            L.sh_up = up(w_.matrix(blk(il, "ffn_up_shexp.weight"), D, sf));
+            L.sh_gate = w_.matrix(blk(il, "ffn_gate_shexp.weight"), D, sf);
+            L.sh_up = w_.matrix(blk(il, "ffn_up_shexp.weight"), D, sf);
             L.sh_down = up(w_.matrix(blk(il, "ffn_down_shexp.weight"), sf, D));
         }
+        L.in_q = fused({&L.wq_a, &L.wkv});
+        Weight *cparts[] = {&L.c_kv, &L.c_gate, &L.i_kv, &L.i_gate, &L.i_proj};  // attention_layer's order
+        L.in_c = fused(std::vector<Weight *>(cparts, cparts + (L.csa ? 5 : L.ratio ? 2 : 0)));
+        L.sh_in = h.n_shared > 0 ? fused({&L.sh_gate, &L.sh_up}) : Weight{};
     }
     w_.done();
 }
@@ -212,6 +224,13 @@ void DeepSeek4Model::ensure_acts(int64_t T) {
     mk(a.sh_g, (int64_t)h.n_ff * std::max(1, h.n_shared), "activations");
     mk(a.sh_u, (int64_t)h.n_ff * std::max(1, h.n_shared), "activations");
     mk(a.moe, D, "activations");
+    if (dev_->copies_weights()) {
+        // the fused products run for at most kFusedMaxTokens tokens; in_c's outputs lie after in_q's
+        int64_t widest = 1;
+        for (const Ds4Layer &L : layers_)
+            widest = std::max({widest, L.in_q_rows() + L.in_c.n_out, L.sh_in.n_out});
+        a.fused = DevBuf(dev_.get(), (size_t)(widest * std::min<int64_t>(cap, kFusedMaxTokens)) * sizeof(float), "activations");
+    }
     a.cap = cap;
 }
 
@@ -314,40 +333,45 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
         r.inverse = inverse;
         dev_->rope_tail(r);
     };
+    // the products of the sub-block input, in two (where fused): the query's low rank and the shared K = V row, then
+    // the compressors' and the indexer's inputs (outputs inside acts_.fused for one token, the second after the first)
+    const std::vector<float *> qk = project(*dev_, L.in_q, {{&L.wq_a, a.qa.f()}, {&L.wkv, a.kv.f()}}, a.h.f(), T, a.fused.f());
+    float *qa = qk[0], *kv = qk[1];
+    // in_c's parts, in load_weights' order: the compressor's two (ratio > 0), then the indexer's three (CSA layers)
+    const std::pair<const Weight *, float *> call[] = {{&L.c_kv, a.ckv.f()}, {&L.c_gate, a.cgate.f()}, {&L.i_kv, a.ikv.f()},
+                                                       {&L.i_gate, a.igate.f()}, {&L.i_proj, a.iw.f()}};
+    const std::vector<std::pair<const Weight *, float *>> couts(call, call + (L.csa ? 5 : L.ratio ? 2 : 0));
+    std::vector<float *> cin;
+    if (!couts.empty())
+        cin = project(*dev_, L.in_c, couts, a.h.f(), T, a.fused.f() + std::min(a.cap, kFusedMaxTokens) * L.in_q_rows());
     // query: low rank, normed, per-head unweighted RMSNorm, rotated
-    dev_->matmul(L.wq_a, a.h.f(), T, a.qa.f());
-    dev_->rmsnorm(a.qa.f(), L.q_norm, a.qa.f(), T, h.q_lora, h.eps);
-    dev_->matmul(L.wq_b, a.qa.f(), T, a.q.f());
+    dev_->rmsnorm(qa, L.q_norm, qa, T, h.q_lora, h.eps);
+    dev_->matmul(L.wq_b, qa, T, a.q.f());
     dev_->rmsnorm(a.q.f(), nullptr, a.q.f(), T * H, hd, h.eps);
     rope(a.q.f(), HD, (int)H, (int)hd, inv, false);
     // the shared K = V row
-    dev_->matmul(L.wkv, a.h.f(), T, a.kv.f());
-    dev_->rmsnorm(a.kv.f(), L.kv_norm, a.kv.f(), T, hd, h.eps);
-    rope(a.kv.f(), hd, 1, (int)hd, inv, false);
-    record_rows(es, a.kv.f(), hd, rec_ring_off_[(size_t)il]);
+    dev_->rmsnorm(kv, L.kv_norm, kv, T, hd, h.eps);
+    rope(kv, hd, 1, (int)hd, inv, false);
+    record_rows(es, kv, hd, rec_ring_off_[(size_t)il]);
 
-    auto compress = [&](bool indexer, DevBuf &ckv, DevBuf &cg) {
-        const Weight &wk = indexer ? L.i_kv : L.c_kv, &wg = indexer ? L.i_gate : L.c_gate;
+    auto compress = [&](bool indexer, const float *ckv, const float *cg) {
         const int width = indexer ? 2 * h.idx_dim : h.comp_width(il);
         const int64_t rec_off = indexer ? rec_idx_off_[(size_t)il] : rec_comp_off_[(size_t)il];
-        dev_->matmul(wk, a.h.f(), T, ckv.f());
-        dev_->matmul(wg, a.h.f(), T, cg.f());
-        record_rows(es, ckv.f(), width, rec_off);
-        record_rows(es, cg.f(), width, rec_off + width);
-        run_compressor(il, indexer, m, ckv.f(), cg.f());
+        record_rows(es, ckv, width, rec_off);
+        record_rows(es, cg, width, rec_off + width);
+        run_compressor(il, indexer, m, ckv, cg);
     };
     const int32_t *sel = nullptr;
-    if (L.ratio) compress(false, a.ckv, a.cgate);
+    if (L.ratio) compress(false, cin[0], cin[1]);
     if (L.csa) {
-        compress(true, a.ikv, a.igate);
+        compress(true, cin[2], cin[3]);
         if (!dense) {
             // the lightning indexer picks the compressed rows each token attends to
-            dev_->matmul(L.i_q_b, a.qa.f(), T, a.iq.f());
+            dev_->matmul(L.i_q_b, qa, T, a.iq.f());
             rope(a.iq.f(), (int64_t)h.idx_heads * h.idx_dim, h.idx_heads, h.idx_dim, inv_comp_, false);
-            dev_->matmul(L.i_proj, a.h.f(), T, a.iw.f());
             Ds4IndexerCall ic;
             ic.q = a.iq.f();
-            ic.w = a.iw.f();
+            ic.w = cin[4];
             ic.keys = idx_rows_[(size_t)L.comp_pool].f();
             ic.n_head = h.idx_heads;
             ic.head_dim = h.idx_dim;
@@ -364,7 +388,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     }
     Ds4AttnCall c;
     c.Q = a.q.f();
-    c.kv = a.kv.f();
+    c.kv = kv;
     c.ring = states_.f() + L.ring_off;
     c.slot_stride = slot_floats_;
     c.window = h.window;
@@ -381,7 +405,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     c.out = a.attn.f();
     dev_->ds4_attention(m, c);
     Ds4RingWrite rw;
-    rw.kv = a.kv.f();
+    rw.kv = kv;
     rw.ring = states_.f() + L.ring_off;
     rw.slot_stride = slot_floats_;
     rw.window = h.window;
@@ -443,10 +467,10 @@ void DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     if (h.n_shared > 0) {
         // the shared expert, weight 1: F = routed + shared
         const int64_t sf = (int64_t)h.n_ff * h.n_shared;
-        dev_->matmul(L.sh_gate, a.h.f(), T, a.sh_g.f());
-        dev_->matmul(L.sh_up, a.h.f(), T, a.sh_u.f());
-        dev_->swiglu_clamp(a.sh_g.f(), a.sh_u.f(), T * sf, h.clamp_shexp[(size_t)il]);
-        dev_->matmul(L.sh_down, a.sh_g.f(), T, a.moe.f());
+        const std::vector<float *> gu =
+            project(*dev_, L.sh_in, {{&L.sh_gate, a.sh_g.f()}, {&L.sh_up, a.sh_u.f()}}, a.h.f(), T, a.fused.f());
+        dev_->swiglu_clamp(gu[0], gu[1], T * sf, h.clamp_shexp[(size_t)il]);
+        dev_->matmul(L.sh_down, gu[0], T, a.moe.f());
         dev_->add(a.F.f(), a.moe.f(), T * h.n_embd);
     }
 }

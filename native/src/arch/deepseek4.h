@@ -75,6 +75,12 @@ struct Ds4Layer {
     const float *i_ape = nullptr, *i_norm = nullptr;
     // MoE
     Weight gate_inp, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down;
+    // The products of the normed sub-block input laid side by side where the device copies its weights (fuse), one
+    // product each for a step: wq_a | wkv, the compressors' and indexer's c_kv | c_gate | i_kv | i_gate | i_proj (16-bit
+    // in quantized files), the shared expert's sh_gate | sh_up; empty where the parts stay apart.
+    Weight in_q, in_c, sh_in;
+    // rows of in_q's output a token (the region of acts_.fused before in_c's), 0 where not fused
+    int64_t in_q_rows() const { return in_q.n_out; }
     const float *exp_bias = nullptr;
     const int32_t *tid2eid = nullptr;  // [vocab][k_table] on the device (hash layers)
     int k_table = 0;
@@ -122,6 +128,7 @@ private:
         DevBuf qa, q, kv, attn, grp_in, grp_out, cat;    // attention
         DevBuf ckv, cgate, ikv, igate, iq, iw, sel;      // compressors and indexer
         DevBuf logit_e, ids, wts, sh_g, sh_u, moe;       // MoE
+        DevBuf fused;                                    // fused products' outputs: in_q's, then in_c's (or sh_in's)
         DevBuf meta;
     };
     // Per-sequence recording (DFL_SEQ_RECORD): the slot before the forward and each token's ring row and

@@ -15,9 +15,6 @@ namespace dfl {
 
 namespace {
 
-// Batches of up to this many tokens multiply the fused projections into one buffer and copy the parts out (decode,
-// verify blocks); larger ones (prefill) have each part's rows written to its own output (Device::matmul_parts).
-constexpr int64_t kFusedMaxTokens = 64;
 // Most tokens of one sequence in a step replayed from a device graph (a DFlash block is 16, a DDTree up to ~24), and
 // most hidden-state capture layers (their ids go into the graph key, 8 bits each after 8 bits of flags).
 constexpr int64_t kGraphMaxTokens = 32;
@@ -51,35 +48,6 @@ QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
     const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.rope_dim);
     inv_freq_ = w_.floats(inv, "rope frequencies");
     ensure_acts(16);
-}
-
-std::vector<float *> QwenModel::project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
-                                        const float *x, int64_t T) {
-    std::vector<float *> where;
-    if (fused.empty()) {
-        dev_->matmul_each(outs, x, T);
-        for (const auto &o : outs) where.push_back(o.second);
-        return where;
-    }
-    if (T > kFusedMaxTokens) {  // one product whose parts write their own outputs: the split copies need no room
-        dev_->matmul_parts(fused, outs, x, T);
-        for (const auto &o : outs) where.push_back(o.second);
-        return where;
-    }
-    float *y = acts_.fused.f();
-    dev_->matmul(fused, x, T, y);
-    int64_t off = 0;
-    for (const auto &o : outs) {
-        const int64_t n = o.first->n_out;
-        if (T == 1) {
-            where.push_back(y + off);  // one row: each part's output is already contiguous
-        } else {
-            dev_->copy_rows(o.second, n, y + off, fused.n_out, T, n);
-            where.push_back(o.second);
-        }
-        off += n;
-    }
-    return where;
 }
 
 void QwenModel::info(dfl_model_info *out) const {
@@ -185,7 +153,8 @@ void QwenModel::ensure_acts(int64_t T) {
 void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
-    const std::vector<float *> qkv = project(L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T);
+    const std::vector<float *> qkv =
+        project(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
 
     KVLayer kv;
     kv.k = k_cache_[(size_t)L.kv_index].get<uint8_t>();
@@ -231,7 +200,8 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     Acts &a = acts_;
     const int C = h.conv_channels();
     const std::vector<float *> in =
-        project(L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(), T);
+        project(*dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(),
+                T, a.fused.f());
 
     const int64_t sf = h.state_floats(), cf = h.conv_floats();
     ConvCall cc;
@@ -305,7 +275,8 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         else
             gdn_layer(L, m, T);
         dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
-        const std::vector<float *> gu = project(L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T);
+        const std::vector<float *> gu =
+            project(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
         dev_->swiglu(gu[0], gu[1], T * h.n_ff);
         dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
         // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)

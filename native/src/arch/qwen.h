@@ -95,13 +95,6 @@ private:
     };
 
     void load_weights(const dfl_model_params &p);
-    // A validated weight whose data still points at the caller's tensor; upload() or fuse() puts it on the device.
-    Weight fuse(const std::vector<Weight *> &parts);
-    // The products of x with each part, through the fused matrix when there is one (few tokens: one read of all the
-    // weights) or one by one; returns where each part's output is (in `outs`, or inside acts_.fused for one token).
-    std::vector<float *> project(const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
-                                 const float *x, int64_t T);
-
     float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats(); }
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
     void ensure_acts(int64_t T);

@@ -136,32 +136,6 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     write_sized(out, e);
 }
 
-Weight QwenModel::fuse(const std::vector<Weight *> &parts) {
-    bool same = dev_->copies_weights();
-    for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
-    if (!same) {
-        for (Weight *p : parts) w_.upload(*p);
-        return Weight{};
-    }
-    Weight f = *parts[0];
-    f.n_out = 0;
-    for (const Weight *p : parts) f.n_out += p->n_out;
-    std::vector<uint8_t> host((size_t)(f.row_bytes * (uint64_t)f.n_out));
-    uint64_t off = 0;
-    for (const Weight *p : parts) {
-        const uint64_t n = p->row_bytes * (uint64_t)p->n_out;
-        std::memcpy(host.data() + off, p->data, (size_t)n);
-        off += n;
-    }
-    f.data = w_.upload_copy(host.data(), host.size());
-    off = 0;
-    for (Weight *p : parts) {
-        p->data = f.data + off;
-        off += p->row_bytes * (uint64_t)p->n_out;
-    }
-    return f;
-}
-
 void QwenModel::load_weights(const dfl_model_params &p) {
     w_.init(dev_.get(), p);
     const HParams &h = hp_;
@@ -208,13 +182,13 @@ void QwenModel::load_weights(const dfl_model_params &p) {
         L.ffn_up = w_.matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
         L.ffn_down = w_.matrix(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
         if (L.attn) {
-            L.in_proj = fuse({&L.wq, &L.wk, &L.wv});
+            L.in_proj = w_.fuse({&L.wq, &L.wk, &L.wv});
             w_.upload(L.wo);
         } else {
-            L.in_proj = fuse({&L.wqkv, &L.wz, &L.wb, &L.wa});
+            L.in_proj = w_.fuse({&L.wqkv, &L.wz, &L.wb, &L.wa});
             w_.upload(L.wout);
         }
-        L.gate_up = fuse({&L.ffn_gate, &L.ffn_up});
+        L.gate_up = w_.fuse({&L.ffn_gate, &L.ffn_up});
         w_.upload(L.ffn_down);
         // the device's decode layout of what decode steps multiply with (fused where fused)
         for (Weight *w : {&L.in_proj, &L.gate_up, &L.wo, &L.wout, &L.ffn_down})

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -127,6 +129,65 @@ void WeightStore::upload(Weight &w) {
     w.data = dev_->upload_weight(host, bytes, copy_);
     uploaded_[host] = w.data;
     bytes_ += bytes;
+}
+
+Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
+    // DFL_FUSE_WEIGHTS=0 keeps every part apart: the products one by one, for comparisons in one run
+    static const bool on = [] {
+        const char *v = std::getenv("DFL_FUSE_WEIGHTS");
+        return !v || std::string(v) != "0";
+    }();
+    bool same = on && dev_->copies_weights();
+    for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
+    if (!same || parts.size() < 2) {
+        for (Weight *p : parts) upload(*p);
+        return Weight{};
+    }
+    Weight f = *parts[0];
+    f.n_out = 0;
+    for (const Weight *p : parts) f.n_out += p->n_out;
+    std::vector<uint8_t> host((size_t)(f.row_bytes * (uint64_t)f.n_out));
+    uint64_t off = 0;
+    for (const Weight *p : parts) {
+        const uint64_t n = p->row_bytes * (uint64_t)p->n_out;
+        std::memcpy(host.data() + off, p->data, (size_t)n);
+        off += n;
+    }
+    f.data = upload_copy(host.data(), host.size());
+    off = 0;
+    for (Weight *p : parts) {
+        p->data = f.data + off;
+        off += p->row_bytes * (uint64_t)p->n_out;
+    }
+    return f;
+}
+
+std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
+                             const float *x, int64_t T, float *scratch) {
+    std::vector<float *> where;
+    if (fused.empty()) {
+        dev.matmul_each(outs, x, T);
+        for (const auto &o : outs) where.push_back(o.second);
+        return where;
+    }
+    if (T > kFusedMaxTokens) {  // one product whose parts write their own outputs: the split copies need no room
+        dev.matmul_parts(fused, outs, x, T);
+        for (const auto &o : outs) where.push_back(o.second);
+        return where;
+    }
+    dev.matmul(fused, x, T, scratch);
+    int64_t off = 0;
+    for (const auto &o : outs) {
+        const int64_t n = o.first->n_out;
+        if (T == 1) {
+            where.push_back(scratch + off);  // one row: each part's output is already contiguous
+        } else {
+            dev.copy_rows(o.second, n, scratch + off, fused.n_out, T, n);
+            where.push_back(o.second);
+        }
+        off += n;
+    }
+    return where;
 }
 
 const uint8_t *WeightStore::upload_copy(const void *host, size_t bytes) {

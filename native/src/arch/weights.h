@@ -25,6 +25,14 @@ uint32_t kv_block_size_of(const dfl_model_params &p);
 void check_cache_types(uint32_t type_k, uint32_t type_v);
 // model_estimate's weight bytes: every tensor but those of blocks past n_layer (MTP blocks are not loaded), plus the
 // device's own copy (prepare_weight) of each 2-D matrix that `copied` accepts.
+// Batches of up to this many tokens multiply a fused matrix into one buffer and copy the parts out (decode, verify
+// blocks); larger ones (prefill) have each part's rows written to its own output (Device::matmul_parts).
+constexpr int64_t kFusedMaxTokens = 64;
+// The products of x (T rows) with each part of outs (weight, its output), through `fused` (WeightStore::fuse) when
+// it is not empty, into `scratch` (min(T, kFusedMaxTokens) x fused.n_out floats); returns where each part's output
+// is: in outs, or inside scratch for one token (each part's row is contiguous there).
+std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
+                             const float *x, int64_t T, float *scratch);
 uint64_t estimate_weight_bytes(const dfl_model_params &p, int n_layer,
                                const std::function<bool(const dfl_tensor &)> &copied);
 
@@ -48,6 +56,12 @@ public:
     void upload(Weight &w);
     // A device copy of host bytes that are the model's own (e.g. matrices laid side by side).
     const uint8_t *upload_copy(const void *host, size_t bytes);
+    // Matrices that read the same input (validated, still pointing at the caller's tensors) laid side by side in one
+    // device matrix, so that one product reads them all, each part pointing at its rows there; the parts uploaded
+    // one by one and an empty Weight where they differ in type or inputs, or the device keeps the caller's bytes
+    // (Device::copies_weights) or DFL_FUSE_WEIGHTS=0. prepare_weight is the caller's: on the result, or on the parts
+    // when it is empty.
+    Weight fuse(const std::vector<Weight *> &parts);
     // A norm-like f32/f16/bf16 tensor of n0 x n1 elements (dims[0] = n0), converted to f32 on the device.
     const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
     // f32 values of the model's own (or a tensor's, counted as bytes_counted weight bytes) on the device.
