@@ -64,7 +64,9 @@ using dfltest::tname;
 void test_norms_elementwise() {
     Rng r(2);
     const int64_t rows_list[] = {1, 3, 17};
-    const int64_t ns[] = {1, 7, 128, 1000, 4096};
+    // 8192 and 8224: either side of the register kernel's narrow variant (8 a thread); 16384 (DeepSeek V4's HC streams
+    // flattened) and 16416: either side of its wide one
+    const int64_t ns[] = {1, 7, 128, 1000, 4096, 8192, 8224, 16384, 16416};
     for (int64_t rows : rows_list) {
         for (int64_t n : ns) {
             const std::string sz = " " + std::to_string(rows) + "x" + std::to_string(n);
@@ -139,6 +141,19 @@ void test_norms_elementwise() {
         g_cpu->copy_rows(dst.cp(), ds, src.cp(), ss, rows, n);
         g_gpu->copy_rows(dst.gp(), ds, src.gp(), ss, rows, n);
         compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
+    }
+    // one decode row's norm at the widths of the served models (DFL_CUDA_NORM_REGS=0: the two-pass loops)
+    for (const int64_t n : {4096, 5120, 16384}) {
+        Dual x(rand_vec(r, (size_t)n)), y((size_t)n * 4);
+        const auto run = [&] { g_gpu->rmsnorm(x.gp(), nullptr, y.gp(), 1, n, 1e-6f); };
+        run();
+        g_gpu->sync();
+        const int reps = 200;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; i++) run();
+        g_gpu->sync();
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+        std::printf("time rmsnorm 1x%lld: %.2f us a call\n", (long long)n, us);
     }
 }
 

@@ -77,33 +77,38 @@ __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, flo
 // weights are loaded before the wait for the kernel before (they are constant), and after the reduction nothing is
 // read again, where the loops above read the row and the weights a second time (one more memory round trip in a
 // one-block kernel: ncu timed add_rmsnorm alone at 7.2 us a call, 71 calls a qwen3-8b decode step). ADD: x += d
-// first (the residual), written back. Same arithmetic in the same order as the loops above.
+// first (the residual), written back. Same arithmetic in the same order as the loops above. REGS elements a thread:
+// kNormRegs, or twice that for rows wider than kNormRegs x 1024 (DeepSeek V4's HC streams flattened, 16,384 wide:
+// three such norms a layer and step, each ~20 us in the two-pass loops, the largest op outside the products).
 constexpr int kNormRegs = 8;
 
-template <bool ADD>
-__global__ void rmsnorm_regs_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps,
+template <bool ADD, int REGS>
+__global__ void __launch_bounds__(1024) rmsnorm_regs_kernel(float *x, const float *d, const float *w, float *y, int64_t n, float eps,
                                     CudaDevice::QuantX q) {
     pdl_trigger();
-    float wv[kNormRegs];
+    // the weights held ahead only in the narrow variant (the wide one would spill them: 64 registers at 1024 threads)
+    constexpr int WREGS = REGS == kNormRegs ? REGS : 1;
+    float wv[WREGS];
 #pragma unroll
-    for (int k = 0; k < kNormRegs; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+    for (int k = 0; k < WREGS; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
         wv[k] = w && i < n ? __ldg(w + i) : 1.0f;
     }
     pdl_wait();  // (launch_chain)
     __shared__ float red[32];
     float *xr = x + (int64_t)blockIdx.x * n;
     float *yr = y + (int64_t)blockIdx.x * n;
-    float v[kNormRegs];
+    const float *dr = ADD ? d + (int64_t)blockIdx.x * n : nullptr;
+    float v[REGS];
     float ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kNormRegs; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
+    for (int k = 0; k < REGS; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
         v[k] = 0.0f;
         if (i < n) {
             v[k] = xr[i];
             if (ADD) {
-                v[k] += d[(int64_t)blockIdx.x * n + i];
+                v[k] += dr[i];
                 xr[i] = v[k];
             }
             ss += v[k] * v[k];
@@ -113,9 +118,10 @@ __global__ void rmsnorm_regs_kernel(float *x, const float *d, const float *w, fl
     const float r = rsqrtf(ss / (float)n + eps);
     q = row_quant(q, n);
 #pragma unroll
-    for (int k = 0; k < kNormRegs; k++) {
-        const int64_t i = threadIdx.x + (int64_t)k * blockDim.x;
-        if (i < n) store_normed(yr, i, w ? (v[k] * r) * wv[k] : v[k] * r, q);  // i < n: whole warps (n % 32 == 0)
+    for (int k = 0; k < REGS; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
+        const float wk = WREGS == REGS ? wv[k % WREGS] : (w && i < n ? __ldg(w + i) : 1.0f);
+        if (i < n) store_normed(yr, i, w ? (v[k] * r) * wk : v[k] * r, q);  // i < n: whole warps (n % 32 == 0)
     }
 }
 
@@ -138,19 +144,29 @@ static int norm_threads(int64_t n) {
     return t;
 }
 
-// Whether rows that fit take rmsnorm_regs_kernel: on unless DFL_CUDA_NORM_REGS=0 (the two-pass loops, for comparisons
-// in one run). n a multiple of 32: the quantizer's warps hold whole blocks of 32.
-static bool norm_regs(int64_t n) {
+// The elements a thread of rmsnorm_regs_kernel holds for rows of n (kNormRegs or twice that), or 0 where the rows take
+// the two-pass loops: DFL_CUDA_NORM_REGS=0 (for comparisons in one run), n not a multiple of 32 (the quantizer's warps
+// hold whole blocks of 32), or rows too wide.
+static int norm_regs(int64_t n) {
     static const bool on = env_switch("DFL_CUDA_NORM_REGS", true);
-    return on && n % 32 == 0 && n <= (int64_t)kNormRegs * norm_threads(n);
+    if (!on || n % 32 != 0) return 0;
+    for (const int regs : {kNormRegs, 2 * kNormRegs})
+        if (n <= (int64_t)regs * norm_threads(n)) return regs;
+    return 0;
+}
+
+template <bool ADD>
+static void launch_norm_regs(cudaStream_t s, int regs, float *x, const float *d, const float *w, float *y, int64_t rows,
+                             int64_t n, float eps, const CudaDevice::QuantX &q) {
+    const auto kernel = regs == kNormRegs ? rmsnorm_regs_kernel<ADD, kNormRegs> : rmsnorm_regs_kernel<ADD, 2 * kNormRegs>;
+    launch_chain(kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, d, w, y, n, eps, q);
 }
 
 void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps,
                     const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    if (norm_regs(n))  // x is only read (ADD false)
-        launch_chain(rmsnorm_regs_kernel<false>, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, const_cast<float *>(x),
-                     (const float *)nullptr, w, y, n, eps, q);
+    if (const int regs = norm_regs(n))  // x is only read (ADD false)
+        launch_norm_regs<false>(s, regs, const_cast<float *>(x), nullptr, w, y, rows, n, eps, q);
     else
         launch_chain(rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, w, y, n, eps, q);
     check_launch("rmsnorm");
@@ -159,8 +175,8 @@ void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, in
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
                         float eps, const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    if (norm_regs(n))
-        launch_chain(rmsnorm_regs_kernel<true>, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, d, w, y, n, eps, q);
+    if (const int regs = norm_regs(n))
+        launch_norm_regs<true>(s, regs, x, d, w, y, rows, n, eps, q);
     else
         launch_chain(add_rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, d, w, y, n, eps, q);
     check_launch("add_rmsnorm");
