@@ -115,25 +115,17 @@ void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
 }
 
 DFlashModel::DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
-    : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
+    : dev_(std::move(dev)) {
     hp_ = dflash_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    check_cache_types(type_k_, type_v_);
+    check_cache_types(p.cache_type_k, p.cache_type_v);
     const uint32_t block_size = kv_block_size_of(p);
-    if (hp_.head_dim % type_block(type_k_) != 0 || hp_.head_dim % type_block(type_v_) != 0)
-        fail(DFL_ERR_INVALID, "head_dim " + std::to_string(hp_.head_dim) + " is not a multiple of the cache type's block");
     load_weights(p);
     const uint32_t n_blocks = (uint32_t)ceil_div(p.kv_pool_tokens, block_size);
     if (n_blocks == 0) fail(DFL_ERR_INVALID, "kv_pool_tokens must be at least 1");
     table_.init(p.max_seqs, n_blocks, block_size, true);
-    k_row_ = row_bytes(type_k_, hp_.head_dim);
-    v_row_ = row_bytes(type_v_, hp_.head_dim);
-    const uint64_t pool_rows = (uint64_t)n_blocks * block_size * (uint64_t)hp_.n_kv;
-    for (int i = 0; i < hp_.n_layer; i++) {
-        // not zero-filled: rows are written before they are read
-        k_cache_.emplace_back(dev_.get(), pool_rows * k_row_, "draft KV pool (K)");
-        v_cache_.emplace_back(dev_.get(), pool_rows * v_row_, "draft KV pool (V)");
-    }
+    kv_.init(dev_.get(), p.cache_type_k, p.cache_type_v, hp_.n_layer, (uint64_t)n_blocks * block_size, hp_.n_kv,
+             hp_.head_dim, (int)block_size, "draft KV pool");
     const std::vector<float> inv = rope_inv_freq(hp_.theta, hp_.head_dim);
     inv_freq_ = w_.floats(inv, "rope frequencies");
     ensure_acts(16);
@@ -241,10 +233,10 @@ void DFlashModel::info(dfl_model_info *out) const {
     i.kv_block_size = table_.block_size();
     i.kv_blocks_total = table_.n_blocks();
     i.max_seqs = table_.max_seqs();
-    i.cache_type_k = type_k_;
-    i.cache_type_v = type_v_;
+    i.cache_type_k = kv_.type_k();
+    i.cache_type_v = kv_.type_v();
     i.n_threads = n_threads_;
-    i.kv_bytes_per_token = (uint64_t)hp_.n_layer * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
+    i.kv_bytes_per_token = kv_.bytes_per_token();
     i.weight_bytes = w_.bytes();
     i.rms_eps = hp_.eps;
     i.rope_theta = hp_.theta;
@@ -430,19 +422,6 @@ BatchMeta DFlashModel::block_meta(const StepLayout &l, int64_t max_n, int64_t ma
     return m;
 }
 
-KVLayer DFlashModel::kv_layer(int il) {
-    KVLayer kv;
-    kv.k = k_cache_[(size_t)il].get<uint8_t>();
-    kv.v = v_cache_[(size_t)il].get<uint8_t>();
-    kv.type_k = type_k_;
-    kv.type_v = type_v_;
-    kv.k_row = k_row_;
-    kv.v_row = v_row_;
-    kv.n_kv = hp_.n_kv;
-    kv.head_dim = hp_.head_dim;
-    kv.block_size = (int)table_.block_size();
-    return kv;
-}
 
 // T context rows already in acts_.feat: g = RMSNorm(fc f), then every layer's K = RoPE(k_norm(W_k g)), V = W_v g
 // into its cache (no attn_norm, no queries: context rows are only keys and values).
@@ -467,7 +446,7 @@ void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int
         p.n_head = h.n_head;
         p.rope_dim = h.head_dim;
         p.eps = h.eps;
-        p.kv = kv_layer(il);
+        p.kv = kv_.layer(il);
         dev_->attn_prep(m, p);
     }
 }
@@ -503,7 +482,7 @@ void DFlashModel::block_attention(int il, const BatchMeta &m, const float *in) {
     dev_->matmul(L.wq, in, T, a.qf.f());
     dev_->matmul(L.wk, in, T, a.kf.f());
     dev_->matmul(L.wv, in, T, a.vf.f());
-    const KVLayer kv = kv_layer(il);
+    const KVLayer kv = kv_.layer(il);
     AttnPrep p;
     p.qf = a.qf.f();
     p.kf = a.kf.f();

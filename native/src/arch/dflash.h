@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "arch/kvpool.h"
 #include "arch/model.h"
 #include "arch/weights.h"
 #include "core/seqtable.h"
@@ -87,7 +88,6 @@ private:
     BatchMeta block_meta(const StepLayout &l, int64_t max_n, int64_t max_ctx) const;
     void ensure_acts(int64_t rows);
     void ensure(DevBuf &b, size_t bytes, const char *what);
-    KVLayer kv_layer(int il);
     void run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     void context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T);
     void run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows);
@@ -106,9 +106,7 @@ private:
     std::vector<DraftLayer> layers_;
     Weight sel_pred_, sel_succ_, sel_hidden_;  // DFlash2 selector: codebooks [vocab][rank], hidden projection H -> rank
 
-    uint32_t type_k_, type_v_;
-    uint64_t k_row_ = 0, v_row_ = 0;
-    std::vector<DevBuf> k_cache_, v_cache_;  // per layer
+    KVPool kv_;  // per layer
     SeqTable table_;
 
     Acts acts_;

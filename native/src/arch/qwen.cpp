@@ -23,25 +23,17 @@ constexpr uint32_t kGraphMaxCaptures = 7;
 }  // namespace
 
 QwenModel::QwenModel(const dfl_model_params &p, std::unique_ptr<Device> dev)
-    : dev_(std::move(dev)), type_k_(p.cache_type_k), type_v_(p.cache_type_v) {
+    : dev_(std::move(dev)) {
     hp_ = qwen_hparams(p);
     n_threads_ = (uint32_t)threads_of(p);
-    check_cache_types(type_k_, type_v_);
+    check_cache_types(p.cache_type_k, p.cache_type_v);
     const uint32_t block_size = kv_block_size_of(p);
     load_weights(p);
-    if (n_attn_ > 0 && (hp_.head_dim % type_block(type_k_) != 0 || hp_.head_dim % type_block(type_v_) != 0))
-        fail(DFL_ERR_INVALID, "head_dim " + std::to_string(hp_.head_dim) + " is not a multiple of the cache type's block");
     const uint32_t n_blocks = n_attn_ > 0 ? (uint32_t)ceil_div(p.kv_pool_tokens, block_size) : 0;
+    kv_.init(dev_.get(), p.cache_type_k, p.cache_type_v, n_attn_, (uint64_t)n_blocks * block_size, hp_.n_kv, hp_.head_dim,
+             (int)block_size, "KV pool");
     if (n_attn_ > 0 && n_blocks == 0) fail(DFL_ERR_INVALID, "kv_pool_tokens must be at least 1");
     table_.init(p.max_seqs, n_blocks, block_size, n_attn_ > 0);
-    k_row_ = row_bytes(type_k_, hp_.head_dim);
-    v_row_ = row_bytes(type_v_, hp_.head_dim);
-    const uint64_t pool_rows = (uint64_t)n_blocks * block_size * (uint64_t)hp_.n_kv;
-    for (int i = 0; i < n_attn_; i++) {
-        // not zero-filled: rows are written before they are read
-        k_cache_.emplace_back(dev_.get(), pool_rows * k_row_, "KV pool (K)");
-        v_cache_.emplace_back(dev_.get(), pool_rows * v_row_, "KV pool (V)");
-    }
     states_ = DevBuf(dev_.get(), (size_t)p.max_seqs * (size_t)slot_floats() * sizeof(float), "recurrent state");
     if (states_.bytes()) dev_->zero(states_.get(), states_.bytes());
     seq_state_.resize(p.max_seqs);
@@ -68,10 +60,10 @@ void QwenModel::info(dfl_model_info *out) const {
     i.kv_block_size = table_.block_size();
     i.kv_blocks_total = table_.n_blocks();
     i.max_seqs = table_.max_seqs();
-    i.cache_type_k = type_k_;
-    i.cache_type_v = type_v_;
+    i.cache_type_k = kv_.type_k();
+    i.cache_type_v = kv_.type_v();
     i.n_threads = n_threads_;
-    i.kv_bytes_per_token = (uint64_t)n_attn_ * (uint64_t)hp_.n_kv * (k_row_ + v_row_);
+    i.kv_bytes_per_token = kv_.bytes_per_token();
     i.state_bytes_per_seq = (uint64_t)slot_floats() * sizeof(float);
     i.weight_bytes = w_.bytes();
     i.rms_eps = hp_.eps;
@@ -156,16 +148,7 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const std::vector<float *> qkv =
         project(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
 
-    KVLayer kv;
-    kv.k = k_cache_[(size_t)L.kv_index].get<uint8_t>();
-    kv.v = v_cache_[(size_t)L.kv_index].get<uint8_t>();
-    kv.type_k = type_k_;
-    kv.type_v = type_v_;
-    kv.k_row = k_row_;
-    kv.v_row = v_row_;
-    kv.n_kv = h.n_kv;
-    kv.head_dim = h.head_dim;
-    kv.block_size = (int)table_.block_size();
+    const KVLayer kv = kv_.layer(L.kv_index);
 
     AttnPrep p;
     p.qf = qkv[0];

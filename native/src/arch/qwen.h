@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "arch/kvpool.h"
 #include "arch/model.h"
 #include "arch/weights.h"
 #include "core/seqtable.h"
@@ -121,9 +122,7 @@ private:
     uint32_t n_threads_ = 0;
 
     // KV pool and recurrent state
-    uint32_t type_k_, type_v_;
-    uint64_t k_row_ = 0, v_row_ = 0;
-    std::vector<DevBuf> k_cache_, v_cache_;  // per attention layer
+    KVPool kv_;                              // per attention layer
     DevBuf states_;                          // [max_seqs][slot_floats]
     SeqTable table_;
     std::vector<SeqState> seq_state_;

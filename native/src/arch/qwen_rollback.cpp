@@ -159,13 +159,13 @@ void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
     // by earlier moves, so no source is overwritten before it is read
     if (n_attn_ > 0) {
         auto row = [&](uint32_t p) { return (uint64_t)q.blocks[p / bs] * bs + p % bs; };
-        const uint64_t kb = k_row_ * (uint64_t)hp_.n_kv, vb = v_row_ * (uint64_t)hp_.n_kv;
+        const uint64_t kb = kv_.k_bytes(), vb = kv_.v_bytes();
         for (uint32_t d = 1; d < n; d++) {
             if ((uint32_t)path[d] == d) continue;
             const uint64_t src = row(base + (uint32_t)path[d]), dst = row(base + d);
             for (int l = 0; l < n_attn_; l++) {
-                dev_->copy(k_cache_[(size_t)l].get<uint8_t>() + dst * kb, k_cache_[(size_t)l].get<uint8_t>() + src * kb, kb);
-                dev_->copy(v_cache_[(size_t)l].get<uint8_t>() + dst * vb, v_cache_[(size_t)l].get<uint8_t>() + src * vb, vb);
+                dev_->copy(kv_.k(l) + dst * kb, kv_.k(l) + src * kb, kb);
+                dev_->copy(kv_.v(l) + dst * vb, kv_.v(l) + src * vb, vb);
             }
         }
     }

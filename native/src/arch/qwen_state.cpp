@@ -107,9 +107,9 @@ uint64_t QwenModel::seq_export(int32_t s, void *buf, uint64_t size) const {
     const Seq &q = table_.get(s);
     const std::string who = "sequence " + std::to_string(s);
     if (q.tree) fail(DFL_ERR_STATE, who + " holds an unresolved tree forward (seq_accept_path, seq_truncate or seq_rollback first)");
-    const uint64_t kb = k_row_ * (uint64_t)hp_.n_kv, vb = v_row_ * (uint64_t)hp_.n_kv;
+    const uint64_t kb = kv_.k_bytes(), vb = kv_.v_bytes();
     const uint64_t slot_bytes = (uint64_t)slot_floats() * sizeof(float);
-    SeqBlobHeader h = header_of(hp_, n_attn_, n_rec_, type_k_, type_v_, kb, vb, slot_bytes, q.len);
+    SeqBlobHeader h = header_of(hp_, n_attn_, n_rec_, kv_.type_k(), kv_.type_v(), kb, vb, slot_bytes, q.len);
     const uint64_t needed = sizeof h + h.payload_bytes;
     if (!buf || size < needed) return needed;
 
@@ -118,7 +118,7 @@ uint64_t QwenModel::seq_export(int32_t s, void *buf, uint64_t size) const {
     const uint32_t nb = table_.blocks_for(n);
     for (int l = 0; l < n_attn_; l++) {
         for (int kv = 0; kv < 2; kv++) {
-            const uint8_t *pool = (kv == 0 ? k_cache_ : v_cache_)[(size_t)l].get<uint8_t>();
+            const uint8_t *pool = (kv == 0 ? kv_.k(l) : kv_.v(l));
             const uint64_t rb = kv == 0 ? kb : vb;
             // one copy per run of consecutive pool blocks (usually the whole sequence)
             for (uint32_t i = 0; i < nb;) {
@@ -161,9 +161,9 @@ void QwenModel::seq_import(int32_t s, const void *buf, uint64_t size) {
     if (checksum(&h, offsetof(SeqBlobHeader, header_hash)) != h.header_hash)
         fail(DFL_ERR_INVALID, "corrupt blob header: checksum mismatch");
 
-    const uint64_t kb = k_row_ * (uint64_t)hp_.n_kv, vb = v_row_ * (uint64_t)hp_.n_kv;
+    const uint64_t kb = kv_.k_bytes(), vb = kv_.v_bytes();
     const uint64_t slot_bytes = (uint64_t)slot_floats() * sizeof(float);
-    const SeqBlobHeader want = header_of(hp_, n_attn_, n_rec_, type_k_, type_v_, kb, vb, slot_bytes, h.n_tokens);
+    const SeqBlobHeader want = header_of(hp_, n_attn_, n_rec_, kv_.type_k(), kv_.type_v(), kb, vb, slot_bytes, h.n_tokens);
     std::string diff;
     auto cmp = [&](const char *what, uint64_t got, uint64_t mine) {
         if (got != mine) diff += std::string(diff.empty() ? "" : ", ") + what + " " + std::to_string(got) + " (model " + std::to_string(mine) + ")";
@@ -209,7 +209,7 @@ void QwenModel::seq_import(int32_t s, const void *buf, uint64_t size) {
     try {
         for (int l = 0; l < n_attn_; l++) {
             for (int kv = 0; kv < 2; kv++) {
-                uint8_t *pool = (kv == 0 ? k_cache_ : v_cache_)[(size_t)l].get<uint8_t>();
+                uint8_t *pool = (kv == 0 ? kv_.k(l) : kv_.v(l));
                 const uint64_t rb = kv == 0 ? kb : vb;
                 for (uint32_t i = 0; i < nb;) {
                     uint32_t j = i + 1;
