@@ -1,5 +1,6 @@
 // The DeepSeek V4 CPU ops (ops/cpu/ds4_ops.cpp) against plain float64 references on random inputs.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -119,6 +120,23 @@ TEST(ds4_hc_pre_post_head) {
             for (int i = 0; i < N; i++) s += (sig((double)mm[i] * scale[0] + base[i]) + 1e-6) * X[(t * N + i) * D + d];
             CHECK_CLOSE(x[t * D + d], s, 1e-5);
         }
+    }
+    // the norm folded in (HcPreCall::norm): a product of the raw streams, scaled by their RMSNorm inside, gives what the
+    // product of the normed streams gave above
+    {
+        std::vector<float> raw(mix.size()), x2(x.size()), post2(post.size()), comb2(comb.size());
+        for (int64_t t = 0; t < T; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < N * D; i++) ss += (double)X[t * N * D + i] * X[t * N * D + i];
+            const double rms = std::sqrt(ss / (double)(N * D) + 1e-6);  // 1 / the norm's scale
+            for (int k = 0; k < M; k++) raw[t * M + k] = (float)(mix[t * M + k] * rms);
+        }
+        HcPreCall f = c;
+        f.mix = raw.data(), f.norm = true, f.norm_eps = 1e-6f, f.x = x2.data(), f.post = post2.data(), f.comb = comb2.data();
+        ds4_hc_pre(pool, f);
+        for (size_t i = 0; i < x.size(); i++) CHECK_CLOSE(x2[i], x[i], 1e-5);
+        for (size_t i = 0; i < post.size(); i++) CHECK_CLOSE(post2[i], post[i], 1e-5);
+        for (size_t i = 0; i < comb.size(); i++) CHECK_CLOSE(comb2[i], comb[i], 1e-5);
     }
     // post: out[b] = post[b] F + sum_a comb[a][b] X[a] (comb is not symmetric: the first index is the source)
     std::vector<float> F = rnd(r, T * D), out(T * N * D);

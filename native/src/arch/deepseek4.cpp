@@ -241,9 +241,12 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
     const Ds4HParams &h = hp_;
     Acts &a = acts_;
     const int64_t ND = (int64_t)h.hc * h.n_embd;
-    dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
-    dev_->matmul(fn, a.flat.f(), T, a.mix.f());
+    const bool fold = dev_->hc_fold();  // the norm applied to the product, inside hc_pre (it is linear)
+    if (!fold) dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
+    dev_->matmul(fn, fold ? a.X.f() : a.flat.f(), T, a.mix.f());
     HcPreCall c;
+    c.norm = fold;
+    c.norm_eps = h.eps;
     c.mix = a.mix.f();
     c.base = base;
     c.scale = scale;

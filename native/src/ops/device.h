@@ -261,6 +261,10 @@ struct HcPreCall {
     int64_t T = 0, D = 0;
     int N = 4, iters = 20;
     float eps = 1e-6f;             // hyper_connection.epsilon
+    // norm: mix holds fn · X of the raw streams, and each token's is first scaled by rsqrt(mean(X^2) + norm_eps) over
+    // its N * D values: the unweighted RMSNorm, linear in X, folded into the mixing (Device::hc_fold)
+    bool norm = false;
+    float norm_eps = 0.0f;
     float *x = nullptr;            // out [T][D]: the sub-block input
     float *post = nullptr;         // out [T][N]
     float *comb = nullptr;         // out [T][N][N], comb[a][b]: from stream a to stream b
@@ -487,6 +491,9 @@ public:
     // DeepSeek V4 ops (structs above). The defaults refuse, so a device without them still builds and loads other
     // architectures.
     virtual void hc_pre(const HcPreCall &) { ds4_missing("hc_pre"); }
+    // Whether a layer plan should multiply the raw streams by an HC site's mixing matrix and let hc_pre apply their
+    // RMSNorm (HcPreCall::norm_eps): one op fewer a site. The CPU, the reference, norms first.
+    virtual bool hc_fold() const { return false; }
     virtual void hc_post(const HcPostCall &) { ds4_missing("hc_post"); }
     virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
     virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }

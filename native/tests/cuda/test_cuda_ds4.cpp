@@ -121,6 +121,45 @@ void test_hc() {
             compare("hc_post" + sh, out, 1e-5);
             compare("hc_head" + sh, y, 1e-5);
         }
+    // An HC site with its norm folded (Device::hc_fold, HcPreCall::norm): the GPU multiplies the raw streams by the
+    // mixing matrix and hc_pre scales the product by their RMSNorm; the CPU norms first, as the plan does unfolded.
+    for (int64_t T : {1, 3})
+        for (int64_t D : {64, 4096}) {  // 4096: V4's width, 16,384 stream values a token
+            Rng r((uint64_t)(T * 7 + D));
+            const int N = 4, M = (2 + N) * N;
+            const int64_t ND = N * D;
+            dfltest::DualWeight fn(DFL_TYPE_F16, M, ND, r);
+            Dual base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 1.5f)), X(rand_vec(r, (size_t)(T * ND), 3.0f));
+            Dual flat((size_t)(T * ND) * 4), mix((size_t)(T * M) * 4);
+            Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4);
+            for (bool g : {false, true}) {
+                if (g) {
+                    dev(g)->matmul(fn.wg, X.p(g), T, mix.p(g));
+                } else {
+                    dev(g)->rmsnorm(X.p(g), nullptr, flat.p(g), T, ND, 1e-6f);
+                    dev(g)->matmul(fn.wc, flat.p(g), T, mix.p(g));
+                }
+                HcPreCall c;
+                c.mix = mix.p(g);
+                c.base = base.p(g);
+                c.scale = scale.p(g);
+                c.X = X.p(g);
+                c.T = T;
+                c.D = D;
+                c.N = N;
+                c.iters = 20;
+                c.norm = g;
+                c.norm_eps = 1e-6f;
+                c.x = x.p(g);
+                c.post = post.p(g);
+                c.comb = comb.p(g);
+                dev(g)->hc_pre(c);
+            }
+            const std::string sh = " (norm folded) T=" + std::to_string(T) + " D=" + std::to_string(D);
+            compare("hc_pre x" + sh, x, 1e-4);
+            compare("hc_pre post" + sh, post, 1e-4);
+            compare("hc_pre comb" + sh, comb, 1e-4);
+        }
 }
 
 void test_rope() {

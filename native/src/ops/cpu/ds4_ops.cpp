@@ -82,6 +82,16 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     const int N = c.N, M = (2 + N) * N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
         const float *mix = c.mix + t * M;
+        std::vector<float> scaled;
+        if (c.norm) {  // the streams' RMSNorm, as rmsnorm's scale of the flattened row
+            const float *X = c.X + t * N * c.D;
+            double ss = 0;
+            for (int64_t i = 0; i < N * c.D; i++) ss += (double)X[i] * X[i];
+            const float r = (float)(1.0 / std::sqrt(ss / (double)(N * c.D) + (double)c.norm_eps));
+            scaled.assign(mix, mix + M);
+            for (float &v : scaled) v *= r;
+            mix = scaled.data();
+        }
         float pre[64];
         for (int i = 0; i < N; i++) pre[i] = sigmoid(mix[i] * c.scale[0] + c.base[i]) + c.eps;
         for (int i = 0; i < N; i++) c.post[t * N + i] = 2.0f * sigmoid(mix[N + i] * c.scale[1] + c.base[N + i]);

@@ -55,21 +55,33 @@ __device__ void mix_streams_block(const float *weight, const float *X, int N, in
 constexpr int64_t kHcChunk = 1024;  // channels a block of hc_pre / hc_head mixes
 
 // Block (token, chunk of kHcChunk channels): warp 0 derives pre, post and comb (a few dozen scalars, Sinkhorn one
-// lane per entry), which every chunk of the token needs and chunk 0 stores, then the block mixes its channels.
+// lane per entry), which every chunk of the token needs and chunk 0 stores, then the block mixes its channels. With
+// norm, every block first sums the squares of the token's N * D stream values (64 KB for V4: from L2 after the
+// first block) for the RMSNorm scale of mix.
 __global__ void hc_pre_kernel(HcPreCall c) {
     __shared__ float pre[kDs4MaxHc];
+    __shared__ float red[32];
     const int64_t t = blockIdx.x;
     const int N = c.N, M = (2 + N) * N;
     const float *mix = c.mix + t * M;
     const bool store = blockIdx.y == 0;
+    float r = 1.0f;
+    if (c.norm) {
+        const int64_t n = (int64_t)N * c.D;
+        const float *X = c.X + t * n;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += X[i] * X[i];
+        ss = block_sum(ss, red);
+        r = rsqrtf(ss / (float)n + c.norm_eps);
+    }
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;
         if (lane < N) {
-            pre[lane] = sigmoid_f(mix[lane] * c.scale[0] + c.base[lane]) + c.eps;
-            if (store) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * c.scale[1] + c.base[N + lane]);
+            pre[lane] = sigmoid_f(mix[lane] * r * c.scale[0] + c.base[lane]) + c.eps;
+            if (store) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
         }
         const int k = lane < N * N ? lane : 0;
-        const float v = sinkhorn_warp(mix[2 * N + k] * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
+        const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
         if (store && lane < N * N) c.comb[t * N * N + lane] = v;
     }
     __syncthreads();
@@ -225,6 +237,13 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
         hc_pre_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
         check_launch("hc_pre");
     });
+}
+
+// DFL_CUDA_HC_FOLD=1 (opt-in until run on a GPU): the plan multiplies the raw streams and hc_pre applies their norm,
+// where a 16,384-wide two-pass rmsnorm launch (~20 us, the 12-05 profile) ran before each site's mixing product.
+bool CudaDevice::hc_fold() const {
+    static const bool on = env_switch("DFL_CUDA_HC_FOLD", false);
+    return on;
 }
 
 void CudaDevice::hc_post(const HcPostCall &c) {
