@@ -21,8 +21,8 @@
 #                                            at batch 1 and 8
 #   scripts/gpu/run.sh ds4-check             the checks only (fits one 10-minute call)
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
-#   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device, then decode with each DS4_VARIANTS
-#                                            setting (default: the defaults and DFL_FUSE_WEIGHTS=0), alternating
+#   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device with each DS4_VARIANTS setting (default:
+#                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
@@ -696,8 +696,11 @@ case $mode in
   ds4) ds4_model >/dev/null 2>&1 & mk_pid=$!  # the model file is made while the library builds and is checked
        build_cuda; ds4_check; wait $mk_pid; ds4_bench ;;
   ds4-check) build_cuda; ds4_check ;;
-  # a DeepSeek V4 change: the replay and goldens on the device, then DS4_VARIANTS alternating (the model made meanwhile)
-  ds4-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda; ds4_replay; wait $ds4_pid; ds4_ab ;;
+  # a DeepSeek V4 change: the replay and goldens with each DS4_VARIANTS setting, then decode alternating (the model made
+  # meanwhile)
+  ds4-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda
+          for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
+          wait $ds4_pid; ds4_ab ;;
   # the 16 GB file takes more than 4 minutes to make (12-04): made beside the CUDA build, not after it
   ds4-bench) peer_build; ds4_model >/dev/null & ds4_pid=$!; build_cuda; wait $ds4_pid; ds4_bench; ds4_peer ;;
   check) build_cuda; check ;;
