@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -98,6 +99,17 @@ struct DualWeight {
         wg.data = g_gpu->upload_weight(host.data(), host.size(), true);
     }
 };
+
+// Microseconds a call of run takes on the GPU, launches back to back (reps after one warm-up call).
+template <class F>
+double time_gpu_us(F run, int reps) {
+    run();
+    g_gpu->sync();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; i++) run();
+    g_gpu->sync();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
 
 inline std::vector<float> rand_vec(Rng &r, size_t n, float a = 1.0f) {
     std::vector<float> v(n);

@@ -70,6 +70,24 @@ std::vector<std::vector<Batch::Ent>> batch_shapes(int ratio) {
 
 // ---- hyper-connections and RoPE ----
 
+// hc_pre of T tokens of N = 4 streams of D channels (20 Sinkhorn iterations) on device g's copies of the buffers.
+HcPreCall hc_pre_call(bool g, const Dual &mix, const Dual &base, const Dual &scale, const Dual &X, int64_t T, int64_t D,
+                      const Dual &x, const Dual &post, const Dual &comb) {
+    HcPreCall c;
+    c.mix = mix.p(g);
+    c.base = base.p(g);
+    c.scale = scale.p(g);
+    c.X = X.p(g);
+    c.T = T;
+    c.D = D;
+    c.N = 4;
+    c.iters = 20;
+    c.x = x.p(g);
+    c.post = post.p(g);
+    c.comb = comb.p(g);
+    return c;
+}
+
 void test_hc() {
     for (int64_t T : {1, 5, 33})
         for (int64_t D : {64, 200}) {
@@ -80,19 +98,7 @@ void test_hc() {
             Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), out((size_t)(T * N * D) * 4);
             Dual hmix(rand_vec(r, (size_t)(T * N), 2.0f)), hbase(rand_vec(r, (size_t)N)), hscale(rand_vec(r, 1)), y((size_t)(T * D) * 4);
             for (bool g : {false, true}) {
-                HcPreCall c;
-                c.mix = mix.p(g);
-                c.base = base.p(g);
-                c.scale = scale.p(g);
-                c.X = X.p(g);
-                c.T = T;
-                c.D = D;
-                c.N = N;
-                c.iters = 20;
-                c.x = x.p(g);
-                c.post = post.p(g);
-                c.comb = comb.p(g);
-                dev(g)->hc_pre(c);
+                dev(g)->hc_pre(hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb));
                 HcPostCall p;
                 p.F = F.p(g);
                 p.X = X.p(g);
@@ -139,20 +145,9 @@ void test_hc() {
                     dev(g)->rmsnorm(X.p(g), nullptr, flat.p(g), T, ND, 1e-6f);
                     dev(g)->matmul(fn.wc, flat.p(g), T, mix.p(g));
                 }
-                HcPreCall c;
-                c.mix = mix.p(g);
-                c.base = base.p(g);
-                c.scale = scale.p(g);
-                c.X = X.p(g);
-                c.T = T;
-                c.D = D;
-                c.N = N;
-                c.iters = 20;
+                HcPreCall c = hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb);
                 c.norm = g;
                 c.norm_eps = 1e-6f;
-                c.x = x.p(g);
-                c.post = post.p(g);
-                c.comb = comb.p(g);
                 dev(g)->hc_pre(c);
             }
             const std::string sh = " (norm folded) T=" + std::to_string(T) + " D=" + std::to_string(D);

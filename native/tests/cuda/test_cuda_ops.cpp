@@ -146,14 +146,7 @@ void test_norms_elementwise() {
     // DFL_CUDA_NORM_WIDE=1: 16384 on the register kernel)
     for (const int64_t n : {4096, 5120, 16384}) {
         Dual x(rand_vec(r, (size_t)n)), y((size_t)n * 4);
-        const auto run = [&] { g_gpu->rmsnorm(x.gp(), nullptr, y.gp(), 1, n, 1e-6f); };
-        run();
-        g_gpu->sync();
-        const int reps = 200;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int i = 0; i < reps; i++) run();
-        g_gpu->sync();
-        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+        const double us = dfltest::time_gpu_us([&] { g_gpu->rmsnorm(x.gp(), nullptr, y.gp(), 1, n, 1e-6f); }, 200);
         std::printf("time rmsnorm 1x%lld: %.2f us a call\n", (long long)n, us);
     }
 }

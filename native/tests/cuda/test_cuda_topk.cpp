@@ -1,5 +1,4 @@
 // The device top-k against the CPU device (test_cuda_ops group "topk").
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -51,15 +50,8 @@ void test_topk() {
                 std::vector<float> x((size_t)(rows * n));
                 for (auto &v : x) v = r.sym(6.0f);
                 Dual logits(x), ids((size_t)(rows * k) * 4), vals((size_t)(rows * k) * 4), lse((size_t)rows * 4);
-                const auto run = [&] { g_gpu->topk(logits.gp(), rows, n, k, ids.gp<int32_t>(), vals.gp(), lse.gp()); };
-                run();
-                g_gpu->sync();
-                const int reps = 50;
-                const auto t0 = std::chrono::steady_clock::now();
-                for (int i = 0; i < reps; i++) run();
-                g_gpu->sync();
-                const double us =
-                    std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+                const double us = dfltest::time_gpu_us(
+                    [&] { g_gpu->topk(logits.gp(), rows, n, k, ids.gp<int32_t>(), vals.gp(), lse.gp()); }, 50);
                 std::printf("time topk n=%lld rows=%lld k=%d: %.1f us a call\n", (long long)n, (long long)rows, k, us);
             }
 }
