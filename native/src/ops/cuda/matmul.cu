@@ -188,6 +188,45 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
     finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
+// One token through matrices of few, long 16-bit rows (DeepSeek V4's HC mixing: 24 rows of 16,384, and its head's 4):
+// a block per row, each thread a few 16-byte words, the block summing them. The warp kernel above leaves most SMs idle
+// there (24 rows: 24 blocks) and walks each row's 4,096-input slices a warp at a time (~12 us a call, the 12-05
+// profile). DFL_CUDA_GEMV_ROW_BLOCK=1 (opt-in until run on a GPU).
+constexpr int kRowBlockThreads = 1024;
+
+template <bool BF16>
+__global__ void __launch_bounds__(kRowBlockThreads) gemv_16bit_row_block_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                                int64_t n_in, const float *X, float *Y) {
+    __shared__ float red[32];
+    const uint4 *w = (const uint4 *)(W + (uint64_t)blockIdx.x * row_bytes);
+    float acc = 0.0f;
+    for (int64_t j = threadIdx.x; j < n_in / 8; j += blockDim.x) {
+        float wf[8], x[8];
+        if (BF16)
+            unpack_bf16x8(__ldg(w + j), wf);
+        else
+            unpack_half8(__ldg(w + j), wf);
+        load_x8(X, n_in, 0, 8 * j, x);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s += wf[k] * x[k];
+        acc += s;
+    }
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) Y[blockIdx.x] = acc;
+}
+
+static bool row_block_on() {
+    static const bool on = env_switch("DFL_CUDA_GEMV_ROW_BLOCK", false);
+    return on;
+}
+
+// Whether one token through W takes gemv_16bit_row_block_kernel: 16-bit rows, at most 64 of them, of 4,096+ inputs.
+static bool row_block_takes(const Weight &W, int64_t T) {
+    return row_block_on() && T == 1 && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16) && W.n_out <= 64 &&
+           W.n_in >= 4096;
+}
+
 // q8_0: four lanes per 34-byte block (8 quants each), so a warp reads 8 consecutive blocks per step. Blocks are only
 // 2-byte aligned, hence the 16-bit loads.
 template <int NT>
@@ -449,6 +488,12 @@ static bool gemv_vector_ok(const Weight &W, const float *X) {
 
 static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {},
                         int nz = 1) {
+    if (nz == 1 && !z.ids && z.w_rows == 0 && row_block_takes(W, T) && gemv_vector_ok(W, X)) {  // a plain call
+        const auto kernel = W.type == DFL_TYPE_BF16 ? gemv_16bit_row_block_kernel<true> : gemv_16bit_row_block_kernel<false>;
+        kernel<<<(unsigned)W.n_out, kRowBlockThreads, 0, s>>>(W.data, W.row_bytes, W.n_in, X, Y);
+        check_launch("matmul (gemv, a block a row)");
+        return;
+    }
     if (!gemv_vector_ok(W, X)) {
         const dim3 grid((unsigned)((W.n_out + kGemvWarps - 1) / kGemvWarps), (unsigned)nz);
         gemv_generic_kernel<<<grid, kGemvWarps * 32, 0, s>>>(W.type, W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y, z);
