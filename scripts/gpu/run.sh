@@ -23,8 +23,8 @@
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 #   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device with each DS4_VARIANTS setting (default:
 #                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
-#   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms and
-#                                            deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
+#   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms, matmul
+#                                            and deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
@@ -703,10 +703,10 @@ case $mode in
   ds4-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda
           for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
           wait $ds4_pid; ds4_ab ;;
-  # a DeepSeek V4 kernel change (TRY, e.g. DFL_CUDA_HC_FOLD=1,DFL_CUDA_NORM_WIDE=1): the norms and deepseek4 op tests
+  # a DeepSeek V4 kernel change (TRY, e.g. DFL_CUDA_HC_FOLD=1,DFL_CUDA_NORM_WIDE=1): the norms, matmul and deepseek4 op tests
   # with the defaults and with it, then ds4-ab's replay, goldens and decode A/B of the two
   ds4-try) ds4_model >/dev/null & ds4_pid=$!; build_cuda; build_kernel_tests || exit 1
-           for v in - ${TRY:+"$TRY"}; do op_tests "$v" norms; log "deepseek4 op tests: ${v/#-/defaults}"
+           for v in - ${TRY:+"$TRY"}; do op_tests "$v" norms matmul; log "deepseek4 op tests: ${v/#-/defaults}"
              (export $(variant_env "$v"); timeout 120 /tmp/native-build/cuda/test_cuda_ds4) >"$OUT/ops-ds4-$(variant_tag "$v").txt" 2>&1
              grep -E "^FAIL|cases" "$OUT/ops-ds4-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"; done
            for v in - ${TRY:+"$TRY"}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
