@@ -54,10 +54,11 @@ __device__ void mix_streams_block(const float *weight, const float *X, int N, in
 
 constexpr int64_t kHcChunk = 1024;  // channels a block of hc_pre / hc_head mixes
 
-// Block (token, chunk of kHcChunk channels): warp 0 derives pre, post and comb (a few dozen scalars, Sinkhorn one
-// lane per entry), which every chunk of the token needs and chunk 0 stores, then the block mixes its channels. With
-// norm, every block first sums the squares of the token's N * D stream values (64 KB for V4: from L2 after the
-// first block) for the RMSNorm scale of mix.
+// Block (token, chunk of kHcChunk channels): the first lanes derive pre (N sigmoids), which every chunk mixes its
+// channels with; chunk 0's warp 0 then derives post and comb (Sinkhorn one lane per entry) and stores them while its
+// other warps mix: the other chunks need neither, so no block waits for Sinkhorn's iterations before mixing (every
+// block ran them, all warps waiting, before the 12-05 change). With norm, every block first sums the squares of the
+// token's N * D stream values (64 KB for V4: from L2 after the first block) for the RMSNorm scale of mix.
 __global__ void hc_pre_kernel(HcPreCall c) {
     __shared__ float pre[kDs4MaxHc];
     __shared__ float red[32];
@@ -74,17 +75,15 @@ __global__ void hc_pre_kernel(HcPreCall c) {
         ss = block_sum(ss, red);
         r = rsqrtf(ss / (float)n + c.norm_eps);
     }
-    if (threadIdx.x < 32) {
+    if (threadIdx.x < N) pre[threadIdx.x] = sigmoid_f(mix[threadIdx.x] * r * c.scale[0] + c.base[threadIdx.x]) + c.eps;
+    __syncthreads();
+    if (store && threadIdx.x < 32) {  // the whole warp: sinkhorn_warp shuffles across it
         const int lane = threadIdx.x;
-        if (lane < N) {
-            pre[lane] = sigmoid_f(mix[lane] * r * c.scale[0] + c.base[lane]) + c.eps;
-            if (store) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
-        }
+        if (lane < N) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
         const int k = lane < N * N ? lane : 0;
         const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
-        if (store && lane < N * N) c.comb[t * N * N + lane] = v;
+        if (lane < N * N) c.comb[t * N * N + lane] = v;
     }
-    __syncthreads();
     const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
     mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
 }
