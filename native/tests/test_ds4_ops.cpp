@@ -150,6 +150,18 @@ TEST(ds4_hc_pre_post_head) {
                 for (int a = 0; a < N; a++) s += (double)comb[t * N * N + a * N + b] * X[(t * N + a) * D + d];
                 CHECK_CLOSE(out[(t * N + b) * D + d], s, 1e-5);
             }
+    // F2 (the shared expert's output) added inside gives the same floats as added to F before
+    {
+        std::vector<float> F2 = rnd(r, T * D), sum(T * D), out2(T * N * D), out3(T * N * D);
+        for (size_t i = 0; i < sum.size(); i++) sum[i] = F[i] + F2[i];
+        HcPostCall q = p;
+        q.F2 = F2.data(), q.out = out2.data();
+        ds4_hc_post(pool, q);
+        HcPostCall u = p;
+        u.F = sum.data(), u.out = out3.data();
+        ds4_hc_post(pool, u);
+        CHECK(out2 == out3);
+    }
     // head: y = sum_i (sigmoid(mix_i scale + base_i) + eps) X[i]
     std::vector<float> hm = rnd(r, T * N), hb = rnd(r, N), hs = {1.5f}, y(T * D);
     HcHeadCall h;

@@ -262,11 +262,12 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
     dev_->hc_pre(c);
 }
 
-// mHC post: the streams become post * F + comb^T X (through X2, then swapped).
-void DeepSeek4Model::hc_merge(int64_t T) {
+// mHC post: the streams become post * F + comb^T X (through X2, then swapped); F2, where set, is added to F first.
+void DeepSeek4Model::hc_merge(int64_t T, const float *F2) {
     Acts &a = acts_;
     HcPostCall c;
     c.F = a.F.f();
+    c.F2 = F2;
     c.X = a.X.f();
     c.post = a.post.f();
     c.comb = a.comb.f();
@@ -432,7 +433,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     dev_->matmul(L.wo_b, a.cat.f(), T, a.F.f());
 }
 
-void DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
+const float *DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     const Ds4HParams &h = hp_;
     const Ds4Layer &L = layers_[(size_t)il];
     Acts &a = acts_;
@@ -474,8 +475,9 @@ void DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
             project(*dev_, L.sh_in, {{&L.sh_gate, a.sh_g.f()}, {&L.sh_up, a.sh_u.f()}}, a.h.f(), T, a.fused.f());
         dev_->swiglu_clamp(gu[0], gu[1], T * sf, h.clamp_shexp[(size_t)il]);
         dev_->matmul(L.sh_down, gu[0], T, a.moe.f());
-        dev_->add(a.F.f(), a.moe.f(), T * h.n_embd);
+        return a.moe.f();  // added to the routed experts' F by hc_merge
     }
+    return nullptr;
 }
 
 }  // namespace dfl

@@ -149,10 +149,11 @@ private:
     void run_step(const std::vector<StepEntry> &es, bool multi, float *logits_host, const TopKOut *topk);
     void run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R, const int32_t *out_rows);
     void hc_site(const Weight &fn, const float *base, const float *scale, int64_t T);
-    void hc_merge(int64_t T);
+    void hc_merge(int64_t T, const float *F2 = nullptr);
     void attention_layer(int il, const BatchMeta &m, bool dense, const std::vector<StepEntry> &es);
     void run_compressor(int il, bool indexer, const BatchMeta &m, const float *kv, const float *gate);
-    void moe_layer(int il, const BatchMeta &m);
+    // The routed experts' output into acts_.F; returns the shared expert's (to add to it), or null.
+    const float *moe_layer(int il, const BatchMeta &m);
     void record_rows(const std::vector<StepEntry> &es, const float *src, int64_t width, int64_t rec_off);
     void replay(int32_t s, uint32_t base, uint32_t k);
     // Calls f(row, dim) for each compressed row (then, on a CSA layer, each index key) the first n tokens of q hold,

@@ -119,8 +119,7 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
         hc_merge(T);
         hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, T);
         dev_->rmsnorm(a.x.f(), L.ffn_norm, a.h.f(), T, D, h.eps);
-        moe_layer(il, m);
-        hc_merge(T);
+        hc_merge(T, moe_layer(il, m));
     }
     if (R == 0) return;
     // the HC head on the logits rows, final norm, output

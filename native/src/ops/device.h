@@ -270,9 +270,11 @@ struct HcPreCall {
     float *comb = nullptr;         // out [T][N][N], comb[a][b]: from stream a to stream b
 };
 
-// mHC "post" (spec §2.4): out[b] = post[b] * F + sum_a comb[a][b] * X[a]. out must not alias X.
+// mHC "post" (spec §2.4): out[b] = post[b] * F + sum_a comb[a][b] * X[a] (F: F + F2 where F2 is set, the same float
+// as adding them apart). out must not alias X.
 struct HcPostCall {
     const float *F = nullptr;     // [T][D] sub-block output
+    const float *F2 = nullptr;    // [T][D] added to F first where set (the shared expert's part of the MoE output)
     const float *X = nullptr;     // [T][N][D]
     const float *post = nullptr;  // [T][N]
     const float *comb = nullptr;  // [T][N][N]

@@ -94,8 +94,9 @@ void test_hc() {
             Rng r((uint64_t)(T * 131 + D));
             const int N = 4, M = (2 + N) * N;
             Dual mix(rand_vec(r, (size_t)(T * M), 2.0f)), base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 1.5f));
-            Dual X(rand_vec(r, (size_t)(T * N * D))), F(rand_vec(r, (size_t)(T * D)));
+            Dual X(rand_vec(r, (size_t)(T * N * D))), F(rand_vec(r, (size_t)(T * D))), F2(rand_vec(r, (size_t)(T * D)));
             Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), out((size_t)(T * N * D) * 4);
+            Dual out2((size_t)(T * N * D) * 4);
             Dual hmix(rand_vec(r, (size_t)(T * N), 2.0f)), hbase(rand_vec(r, (size_t)N)), hscale(rand_vec(r, 1)), y((size_t)(T * D) * 4);
             for (bool g : {false, true}) {
                 dev(g)->hc_pre(hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb));
@@ -108,6 +109,9 @@ void test_hc() {
                 p.D = D;
                 p.N = N;
                 p.out = out.p(g);
+                dev(g)->hc_post(p);
+                p.F2 = F2.p(g);  // the shared expert's output added inside
+                p.out = out2.p(g);
                 dev(g)->hc_post(p);
                 HcHeadCall h;
                 h.mix = hmix.p(g);
@@ -125,6 +129,7 @@ void test_hc() {
             compare("hc_pre post" + sh, post, 1e-5);
             compare("hc_pre comb" + sh, comb, 1e-5);
             compare("hc_post" + sh, out, 1e-5);
+            compare("hc_post with F2" + sh, out2, 1e-5);
             compare("hc_head" + sh, y, 1e-5);
         }
     // An HC site with its norm folded (Device::hc_fold, HcPreCall::norm): the GPU multiplies the raw streams by the

@@ -111,7 +111,8 @@ void ds4_hc_post(ThreadPool &pool, const HcPostCall &c) {
             for (int64_t d = 0; d < c.D; d++) {
                 float s = 0;
                 for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d];
-                out[b * c.D + d] = post[b] * F[d] + s;
+                const float f = c.F2 ? F[d] + c.F2[t * c.D + d] : F[d];
+                out[b * c.D + d] = post[b] * f + s;
             }
     });
 }

@@ -98,7 +98,8 @@ __global__ void hc_post_kernel(HcPostCall c) {
         const float *X = c.X + t * N * c.D, *comb = c.comb + t * N * N;
         float s = 0.0f;
         for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d];
-        c.out[e] = c.post[t * N + b] * c.F[t * c.D + d] + s;
+        const float f = c.F2 ? c.F[t * c.D + d] + c.F2[t * c.D + d] : c.F[t * c.D + d];
+        c.out[e] = c.post[t * N + b] * f + s;
     }
 }
 
