@@ -195,6 +195,18 @@ TEST(ds4_rope_tail_interleaved_and_inverse) {
     c.inverse = true;
     ds4_rope_tail(pool, c);
     for (size_t i = 0; i < x.size(); i++) CHECK_CLOSE(x[i], x0[i], 1e-5);
+    // norm and RoPE as one op: the same floats as rmsnorm of each head row, then rope_tail
+    c.inverse = false;
+    const std::vector<float> w = rnd(r, hd);
+    for (const float *wp : {w.data(), (const float *)nullptr}) {
+        std::vector<float> a = x0, b = x0;
+        c.x = a.data();
+        ds4_norm_rope_tail(pool, wp, 1e-6f, c);
+        for (int64_t i = 0; i < T * H; i++) rmsnorm(b.data() + i * hd, wp, b.data() + i * hd, hd, 1e-6f);
+        c.x = b.data();
+        ds4_rope_tail(pool, c);
+        CHECK(a == b);
+    }
 }
 
 // The compressor over a stream split into two calls equals pooling every window from the whole token list.

@@ -324,7 +324,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     const float *inv = L.ratio ? inv_comp_ : inv_main_;
     const uint32_t bs = table_.block_size();
     const int rpb = L.ratio ? ds4_rows_per_block((int)bs, L.ratio) : 1;
-    auto rope = [&](float *x, int64_t stride, int n_head, int head_dim, const float *f, bool inverse) {
+    auto rope_call = [&](float *x, int64_t stride, int n_head, int head_dim, const float *f, bool inverse) {
         RopeTailCall r;
         r.x = x;
         r.rows = T;
@@ -335,7 +335,10 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
         r.pos = m.pos;
         r.inv_freq = f;
         r.inverse = inverse;
-        dev_->rope_tail(r);
+        return r;
+    };
+    auto rope = [&](float *x, int64_t stride, int n_head, int head_dim, const float *f, bool inverse) {
+        dev_->rope_tail(rope_call(x, stride, n_head, head_dim, f, inverse));
     };
     // the products of the sub-block input, in two (where fused): the query's low rank and the shared K = V row, then
     // the compressors' and the indexer's inputs (outputs inside acts_.fused for one token, the second after the first)
@@ -351,11 +354,9 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     // query: low rank, normed, per-head unweighted RMSNorm, rotated
     dev_->rmsnorm(qa, L.q_norm, qa, T, h.q_lora, h.eps);
     dev_->matmul(L.wq_b, qa, T, a.q.f());
-    dev_->rmsnorm(a.q.f(), nullptr, a.q.f(), T * H, hd, h.eps);
-    rope(a.q.f(), HD, (int)H, (int)hd, inv, false);
+    dev_->norm_rope_tail(nullptr, h.eps, rope_call(a.q.f(), HD, (int)H, (int)hd, inv, false));
     // the shared K = V row
-    dev_->rmsnorm(kv, L.kv_norm, kv, T, hd, h.eps);
-    rope(kv, hd, 1, (int)hd, inv, false);
+    dev_->norm_rope_tail(L.kv_norm, h.eps, rope_call(kv, hd, 1, (int)hd, inv, false));
     record_rows(es, kv, hd, rec_ring_off_[(size_t)il]);
 
     auto compress = [&](bool indexer, const float *ckv, const float *cg) {

@@ -494,11 +494,19 @@ public:
     // architectures.
     virtual void hc_pre(const HcPreCall &) { ds4_missing("hc_pre"); }
     // Whether a layer plan should multiply the raw streams by an HC site's mixing matrix and let hc_pre apply their
-    // RMSNorm (HcPreCall::norm_eps): one op fewer a site. The CPU, the reference, norms first.
+    // RMSNorm (HcPreCall::norm): one op fewer a site. The CPU, the reference, norms first.
     virtual bool hc_fold() const { return false; }
     virtual void hc_post(const HcPostCall &) { ds4_missing("hc_post"); }
     virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
     virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }
+    // Each head row of r (r.rows x r.n_head rows of r.head_dim at r.x; rows r.row_stride = n_head * head_dim apart)
+    // normed in place (RMSNorm with w, or unweighted), then its tail rotated as rope_tail does: the query heads' and
+    // the shared K = V row's two steps as one op. The default runs the two ops.
+    virtual void norm_rope_tail(const float *w, float eps, const RopeTailCall &r) {
+        if (r.row_stride != (int64_t)r.n_head * r.head_dim) fail(DFL_ERR_INTERNAL, "norm_rope_tail: head rows apart");
+        rmsnorm(r.x, w, r.x, r.rows * r.n_head, r.head_dim, eps);
+        rope_tail(r);
+    }
     virtual void ds4_compress(const BatchMeta &, const Ds4CompressCall &) { ds4_missing("ds4_compress"); }
     virtual void ds4_indexer_topk(const BatchMeta &, const Ds4IndexerCall &) { ds4_missing("ds4_indexer_topk"); }
     virtual void ds4_attention(const BatchMeta &, const Ds4AttnCall &) { ds4_missing("ds4_attention"); }

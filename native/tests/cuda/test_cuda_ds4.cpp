@@ -191,6 +191,31 @@ void test_rope() {
                         std::to_string(s.head_dim) + (inverse ? " inverse" : ""),
                     x, 1e-5);
         }
+    // the head rows' norm and RoPE as one op (Device::norm_rope_tail; the fused kernel with DFL_CUDA_NORM_ROPE=1):
+    // DeepSeek V4's query heads (64 x 512) and K = V row (1 x 512), weighted and not, packed rows
+    for (const S &s : {S{1, 64, 512, 64}, S{3, 64, 512, 64}, S{40, 1, 512, 64}, S{2, 5, 96, 32}})
+        for (bool weighted : {false, true}) {
+            Rng r((uint64_t)(s.rows * 11 + s.n_head + weighted));
+            std::vector<int32_t> pos((size_t)s.rows);
+            for (auto &p : pos) p = (int32_t)(r.next() % 200000);
+            Dual x(rand_vec(r, (size_t)(s.rows * s.n_head * s.head_dim), 3.0f)), dpos(pos),
+                inv(inv_freq(s.rope_dim, 160000.0f)), w(rand_vec(r, (size_t)s.head_dim));
+            for (bool g : {false, true}) {
+                RopeTailCall c;
+                c.x = x.p(g);
+                c.rows = s.rows;
+                c.row_stride = (int64_t)s.n_head * s.head_dim;
+                c.n_head = s.n_head;
+                c.head_dim = s.head_dim;
+                c.rope_dim = s.rope_dim;
+                c.pos = dpos.p<int32_t>(g);
+                c.inv_freq = inv.p(g);
+                dev(g)->norm_rope_tail(weighted ? w.p(g) : nullptr, 1e-6f, c);
+            }
+            compare("norm_rope_tail rows=" + std::to_string(s.rows) + " h=" + std::to_string(s.n_head) + " hd=" +
+                        std::to_string(s.head_dim) + (weighted ? " weighted" : ""),
+                    x, 1e-5);
+        }
 }
 
 // ---- compressor ----

@@ -478,6 +478,10 @@ public:
     void hc_post(const HcPostCall &c) override { ds4_hc_post(pool_, c); }
     void hc_head(const HcHeadCall &c) override { ds4_hc_head(pool_, c); }
     void rope_tail(const RopeTailCall &c) override { ds4_rope_tail(pool_, c); }
+    void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override {
+        const OpScope timed(clock_, "norm_rope_tail");
+        ds4_norm_rope_tail(pool_, w, eps, c);
+    }
     void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override { dfl::ds4_compress(pool_, m, c); }
     void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override { dfl::ds4_indexer_topk(pool_, scratch_, m, c); }
     void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override { dfl::ds4_attention(pool_, scratch_, m, c); }

@@ -126,6 +126,15 @@ void ds4_hc_head(ThreadPool &pool, const HcHeadCall &c) {
     });
 }
 
+void ds4_norm_rope_tail(ThreadPool &pool, const float *w, float eps, const RopeTailCall &c) {
+    pool.parallel_for(c.rows * c.n_head, [&](int64_t i, int) {
+        const int64_t r = i / c.n_head;
+        float *x = c.x + r * c.row_stride + (i % c.n_head) * c.head_dim;
+        rmsnorm(x, w, x, c.head_dim, eps);
+        ds4_rope_tail_head(x, c.head_dim, c.rope_dim, c.inverse ? -(double)c.pos[r] : (double)c.pos[r], c.inv_freq);
+    });
+}
+
 void ds4_rope_tail(ThreadPool &pool, const RopeTailCall &c) {
     pool.parallel_for(c.rows, [&](int64_t r, int) {
         const double pos = c.inverse ? -(double)c.pos[r] : (double)c.pos[r];

@@ -63,6 +63,7 @@ public:
     // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
     void hc_pre(const HcPreCall &c) override;
     bool hc_fold() const override;
+    void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override;
     void hc_post(const HcPostCall &c) override;
     void hc_head(const HcHeadCall &c) override;
     void rope_tail(const RopeTailCall &c) override;

@@ -128,6 +128,36 @@ __global__ void rope_tail_kernel(RopeTailCall c) {
     }
 }
 
+// Block per head row (token row / n_head, head row % n_head): the row's RMSNorm (weight w or none) as rmsnorm's
+// kernel sums it, one element in four a thread, written in place; then its tail's pairs rotated as rope_tail_kernel
+// does (Device::norm_rope_tail). head_dim at most kNormRopeRegs x the block (up to 1024 threads).
+constexpr int kNormRopeRegs = 8;
+
+__global__ void norm_rope_tail_kernel(const float *w, float eps, RopeTailCall c) {
+    __shared__ float red[32];
+    const int64_t row = blockIdx.x / c.n_head;
+    const int n = c.head_dim;
+    float *x = c.x + row * c.row_stride + (int64_t)(blockIdx.x % c.n_head) * n;
+    float v[kNormRopeRegs];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNormRopeRegs; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;
+        v[k] = i < n ? x[i] : 0.0f;
+        ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int k = 0; k < kNormRopeRegs; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;
+        if (i < n) x[i] = w ? (v[k] * r) * w[i] : v[k] * r;
+    }
+    __syncthreads();  // the pairs' two values come from different threads
+    const double pos = c.inverse ? -(double)c.pos[row] : (double)c.pos[row];
+    for (int i = threadIdx.x; i < c.rope_dim / 2; i += blockDim.x) rotate_pair(x + n - c.rope_dim + 2 * i, pos, c.inv_freq[i]);
+}
+
 // ---- window ring ----------------------------------------------------------------------------------------------------
 
 // Block (entry, i): the entry's i-th of its last min(n, window) tokens goes to ring row position % window.
@@ -270,6 +300,21 @@ void CudaDevice::rope_tail(const RopeTailCall &c) {
         if (n <= 0) return;
         rope_tail_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
         check_launch("rope_tail");
+    });
+}
+
+// DFL_CUDA_NORM_ROPE=1 (opt-in until run on a GPU): the head rows' norm and RoPE in one kernel (twice a DeepSeek V4
+// layer: the query heads and the K = V row), else the two ops.
+void CudaDevice::norm_rope_tail(const float *w, float eps, const RopeTailCall &c) {
+    static const bool on = env_switch("DFL_CUDA_NORM_ROPE", false);
+    int threads = 32;
+    while (threads < 1024 && threads * 4 < c.head_dim) threads *= 2;
+    if (!on || c.head_dim > threads * kNormRopeRegs) return Device::norm_rope_tail(w, eps, c);
+    op("norm_rope_tail", [&] {
+        const int64_t rows = c.rows * c.n_head;
+        if (rows <= 0) return;
+        norm_rope_tail_kernel<<<(unsigned)rows, threads, 0, stream_>>>(w, eps, c);
+        check_launch("norm_rope_tail");
     });
 }
 
