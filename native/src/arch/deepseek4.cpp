@@ -48,14 +48,6 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
         dev_->prepare_weight(w);
         return w;
     };
-    // parts laid side by side (prepared as one) or uploaded and prepared one by one
-    auto fused = [&](const std::vector<Weight *> &parts) {
-        Weight f = w_.fuse(parts);
-        if (!f.empty()) dev_->prepare_weight(f);
-        else
-            for (Weight *p : parts) dev_->prepare_weight(*p);
-        return f;
-    };
     tok_embd_ = up(w_.matrix("token_embd.weight", D, h.n_vocab));
     output_ = up(w_.matrix("output.weight", D, h.n_vocab));
     output_norm_ = w_.vec("output_norm.weight", D);
@@ -137,10 +129,10 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
             L.sh_up = w_.matrix(blk(il, "ffn_up_shexp.weight"), D, sf);
             L.sh_down = up(w_.matrix(blk(il, "ffn_down_shexp.weight"), sf, D));
         }
-        L.in_q = fused({&L.wq_a, &L.wkv});
+        L.in_q = w_.fuse({&L.wq_a, &L.wkv});
         Weight *cparts[] = {&L.c_kv, &L.c_gate, &L.i_kv, &L.i_gate, &L.i_proj};  // attention_layer's order
-        L.in_c = fused(std::vector<Weight *>(cparts, cparts + (L.csa ? 5 : L.ratio ? 2 : 0)));
-        L.sh_in = h.n_shared > 0 ? fused({&L.sh_gate, &L.sh_up}) : Weight{};
+        L.in_c = w_.fuse(std::vector<Weight *>(cparts, cparts + (L.csa ? 5 : L.ratio ? 2 : 0)));
+        L.sh_in = h.n_shared > 0 ? w_.fuse({&L.sh_gate, &L.sh_up}) : Weight{};
     }
     w_.done();
 }

@@ -190,14 +190,9 @@ void QwenModel::load_weights(const dfl_model_params &p) {
         }
         L.gate_up = w_.fuse({&L.ffn_gate, &L.ffn_up});
         w_.upload(L.ffn_down);
-        // the device's decode layout of what decode steps multiply with (fused where fused)
-        for (Weight *w : {&L.in_proj, &L.gate_up, &L.wo, &L.wout, &L.ffn_down})
+        // the device's decode layout of the rest of what decode steps multiply with (fuse gave the fused ones theirs)
+        for (Weight *w : {&L.wo, &L.wout, &L.ffn_down})
             if (!w->empty()) dev_->prepare_weight(*w);
-        if (L.in_proj.empty())
-            for (Weight *w : {&L.wq, &L.wk, &L.wv, &L.wqkv, &L.wz, &L.wb, &L.wa})
-                if (!w->empty()) dev_->prepare_weight(*w);
-        if (L.gate_up.empty())
-            for (Weight *w : {&L.ffn_gate, &L.ffn_up}) dev_->prepare_weight(*w);
     }
     dev_->prepare_weight(output_);
     w_.done();

@@ -140,7 +140,10 @@ Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
     bool same = on && dev_->copies_weights();
     for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
     if (!same || parts.size() < 2) {
-        for (Weight *p : parts) upload(*p);
+        for (Weight *p : parts) {
+            upload(*p);
+            dev_->prepare_weight(*p);
+        }
         return Weight{};
     }
     Weight f = *parts[0];
@@ -159,6 +162,7 @@ Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
         p->data = f.data + off;
         off += p->row_bytes * (uint64_t)p->n_out;
     }
+    dev_->prepare_weight(f);
     return f;
 }
 

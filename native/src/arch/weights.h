@@ -59,8 +59,8 @@ public:
     // Matrices that read the same input (validated, still pointing at the caller's tensors) laid side by side in one
     // device matrix, so that one product reads them all, each part pointing at its rows there; the parts uploaded
     // one by one and an empty Weight where they differ in type or inputs, or the device keeps the caller's bytes
-    // (Device::copies_weights) or DFL_FUSE_WEIGHTS=0. prepare_weight is the caller's: on the result, or on the parts
-    // when it is empty.
+    // (Device::copies_weights) or DFL_FUSE_WEIGHTS=0. Either way what is multiplied (the result, or the parts) gets
+    // the device's own layout (Device::prepare_weight).
     Weight fuse(const std::vector<Weight *> &parts);
     // A norm-like f32/f16/bf16 tensor of n0 x n1 elements (dims[0] = n0), converted to f32 on the device.
     const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
