@@ -310,8 +310,7 @@ int32_t sample_candidates(const int32_t *ids, const float *logits, const uint8_t
     std::vector<float> wf(n);
     exp_shifted(l.data(), l[0], wf.data(), n);
     const auto w = [&wf](size_t i) { return (double)wf[i]; };
-    double known = 0;
-    for (size_t i = 0; i < n; i++) known += w(i);
+    const double known = chain_sum(n, w);
     double rest = 0;  // bound on the weight of the tokens that are not candidates
     if (!whole) {
         const double raw_max = raw[0], raw_b = raw[n - 1];

@@ -63,7 +63,8 @@ func (e *Engine) pick(s *sequence, row []float32) (tok int32, err error) {
 // pickCandidate is pick for a candidate row: the sampler runs on the candidates (already in the order it would sort
 // the whole row into), so the choice and the draw are the ones the whole row would give.
 func (e *Engine) pickCandidate(s *sequence, c *candidateRow) (int32, error) {
-	if s.req.Sampling.Temperature > 0 && s.req.Sampling.TopK <= 0 && e.sampler != nil { // drawsFromCandidates
+	// a draw drawsFromCandidates let into this candidate step (not asked again: the pacer may turn during the step)
+	if s.req.Sampling.Temperature > 0 && s.req.Sampling.TopK <= 0 && e.sampler != nil {
 		return e.drawCandidate(s, c)
 	}
 	e.suppressCandidates(s, c)

@@ -158,10 +158,14 @@ void matmul(ThreadPool &pool, Scratch &scratch, const Weight &W, const float *X,
     });
 }
 
-void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+float rms_scale(const float *x, int64_t n, float eps) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    const float r = (float)(1.0 / std::sqrt(ss / (double)n + (double)eps));
+    return (float)(1.0 / std::sqrt(ss / (double)n + (double)eps));
+}
+
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    const float r = rms_scale(x, n, eps);
     if (w) {
         for (int64_t i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
     } else {

@@ -83,11 +83,8 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     pool.parallel_for(c.T, [&](int64_t t, int) {
         const float *mix = c.mix + t * M;
         std::vector<float> scaled;
-        if (c.norm) {  // the streams' RMSNorm, as rmsnorm's scale of the flattened row
-            const float *X = c.X + t * N * c.D;
-            double ss = 0;
-            for (int64_t i = 0; i < N * c.D; i++) ss += (double)X[i] * X[i];
-            const float r = (float)(1.0 / std::sqrt(ss / (double)(N * c.D) + (double)c.norm_eps));
+        if (c.norm) {  // the streams' RMSNorm: rmsnorm's scale of the flattened row
+            const float r = rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
             scaled.assign(mix, mix + M);
             for (float &v : scaled) v *= r;
             mix = scaled.data();
