@@ -98,7 +98,7 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(32), int64_t(64)})
             check_matmul(W, type, 4097, 4096, T, r);
     }
-    // few long 16-bit rows (DeepSeek V4's HC mixing products; one token: a block a row with DFL_CUDA_GEMV_ROW_BLOCK=1)
+    // few long 16-bit rows (DeepSeek V4's HC mixing products; one token: a block a row unless DFL_CUDA_GEMV_ROW_BLOCK=0)
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_BF16})
         for (const Shape &s : {Shape{16384, 24}, Shape{16384, 4}, Shape{4096, 64}, Shape{4104, 65}}) {
             DualWeight W(type, s.n_out, s.n_in, r);

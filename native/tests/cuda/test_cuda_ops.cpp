@@ -65,7 +65,7 @@ void test_norms_elementwise() {
     Rng r(2);
     const int64_t rows_list[] = {1, 3, 17};
     // 8192 and 8224: either side of the register kernel's narrow variant (8 a thread); 16384 (DeepSeek V4's HC streams
-    // flattened) and 16416: either side of its wide one (DFL_CUDA_NORM_WIDE=1)
+    // flattened) and 16416: either side of its wide one (off with DFL_CUDA_NORM_WIDE=0)
     const int64_t ns[] = {1, 7, 128, 1000, 4096, 8192, 8224, 16384, 16416};
     for (int64_t rows : rows_list) {
         for (int64_t n : ns) {
@@ -143,7 +143,7 @@ void test_norms_elementwise() {
         compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
     }
     // one decode row's norm at the widths of the served models (DFL_CUDA_NORM_REGS=0: the two-pass loops;
-    // DFL_CUDA_NORM_WIDE=1: 16384 on the register kernel)
+    // DFL_CUDA_NORM_WIDE=0: 16384 on the loops too)
     for (const int64_t n : {4096, 5120, 16384}) {
         Dual x(rand_vec(r, (size_t)n)), y((size_t)n * 4);
         const double us = dfltest::time_gpu_us([&] { g_gpu->rmsnorm(x.gp(), nullptr, y.gp(), 1, n, 1e-6f); }, 200);

@@ -269,10 +269,11 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
     });
 }
 
-// DFL_CUDA_HC_FOLD=1 (opt-in until run on a GPU): the plan multiplies the raw streams and hc_pre applies their norm,
-// where a 16,384-wide two-pass rmsnorm launch (~20 us, the 12-05 profile) ran before each site's mixing product.
+// The plan multiplies the raw streams and hc_pre applies their norm, where a 16,384-wide rmsnorm launch (~20 us in the
+// two-pass loops, the 12-05 profile) ran before each site's mixing product. DFL_CUDA_HC_FOLD=0 keeps the launch (for
+// comparisons in one run).
 bool CudaDevice::hc_fold() const {
-    static const bool on = env_switch("DFL_CUDA_HC_FOLD", false);
+    static const bool on = env_switch("DFL_CUDA_HC_FOLD", true);
     return on;
 }
 
@@ -303,10 +304,10 @@ void CudaDevice::rope_tail(const RopeTailCall &c) {
     });
 }
 
-// DFL_CUDA_NORM_ROPE=1 (opt-in until run on a GPU): the head rows' norm and RoPE in one kernel (twice a DeepSeek V4
-// layer: the query heads and the K = V row), else the two ops.
+// The head rows' norm and RoPE in one kernel (twice a DeepSeek V4 layer: the query heads and the K = V row);
+// DFL_CUDA_NORM_ROPE=0: the two ops.
 void CudaDevice::norm_rope_tail(const float *w, float eps, const RopeTailCall &c) {
-    static const bool on = env_switch("DFL_CUDA_NORM_ROPE", false);
+    static const bool on = env_switch("DFL_CUDA_NORM_ROPE", true);
     int threads = 32;
     while (threads < 1024 && threads * 4 < c.head_dim) threads *= 2;
     if (!on || c.head_dim > threads * kNormRopeRegs) return Device::norm_rope_tail(w, eps, c);

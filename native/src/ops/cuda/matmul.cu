@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
 // One token through matrices of few, long 16-bit rows (DeepSeek V4's HC mixing: 24 rows of 16,384, and its head's 4):
 // a block per row, each thread a few 16-byte words, the block summing them. The warp kernel above leaves most SMs idle
 // there (24 rows: 24 blocks) and walks each row's 4,096-input slices a warp at a time (~12 us a call, the 12-05
-// profile). DFL_CUDA_GEMV_ROW_BLOCK=1 (opt-in until run on a GPU).
+// profile). DFL_CUDA_GEMV_ROW_BLOCK=0: the warp kernel.
 constexpr int kRowBlockThreads = 1024;
 
 template <bool BF16>
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) gemv_16bit_row_block_kernel(
 }
 
 static bool row_block_on() {
-    static const bool on = env_switch("DFL_CUDA_GEMV_ROW_BLOCK", false);
+    static const bool on = env_switch("DFL_CUDA_GEMV_ROW_BLOCK", true);
     return on;
 }
 

@@ -79,7 +79,7 @@ __global__ void add_rmsnorm_kernel(float *x, const float *d, const float *w, flo
 // one-block kernel: ncu timed add_rmsnorm alone at 7.2 us a call, 71 calls a qwen3-8b decode step). ADD: x += d
 // first (the residual), written back. Same arithmetic in the same order as the loops above. REGS elements a thread:
 // kNormRegs, or twice that for rows wider than kNormRegs x 1024 (DeepSeek V4's HC streams flattened, 16,384 wide:
-// three such norms a layer and step, ~20 us each in the two-pass loops by the 12-05 profile; DFL_CUDA_NORM_WIDE=1).
+// such norms a layer and step: 27.9 -> 11.4 us a call at one row, 12-05; DFL_CUDA_NORM_WIDE=0 leaves them on the loops).
 constexpr int kNormRegs = 8;
 
 template <bool ADD, int REGS>
@@ -144,11 +144,11 @@ static int norm_threads(int64_t n) {
     return t;
 }
 
-// The elements a thread of rmsnorm_regs_kernel holds for rows of n (kNormRegs, or twice that with DFL_CUDA_NORM_WIDE=1,
-// opt-in until run on a GPU), or 0 where the rows take the two-pass loops: DFL_CUDA_NORM_REGS=0 (for comparisons in
+// The elements a thread of rmsnorm_regs_kernel holds for rows of n (kNormRegs, or twice that for rows wider than
+// kNormRegs x 1024; DFL_CUDA_NORM_WIDE=0: never), or 0 where the rows take the two-pass loops: DFL_CUDA_NORM_REGS=0 (for comparisons in
 // one run), n not a multiple of 32 (the quantizer's warps hold whole blocks of 32), or rows too wide.
 static int norm_regs(int64_t n) {
-    static const bool on = env_switch("DFL_CUDA_NORM_REGS", true), wide = env_switch("DFL_CUDA_NORM_WIDE", false);
+    static const bool on = env_switch("DFL_CUDA_NORM_REGS", true), wide = env_switch("DFL_CUDA_NORM_WIDE", true);
     if (!on || n % 32 != 0) return 0;
     for (const int regs : {kNormRegs, 2 * kNormRegs})
         if (n <= (int64_t)regs * norm_threads(n) && (regs == kNormRegs || wide)) return regs;
