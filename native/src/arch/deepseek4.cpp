@@ -400,16 +400,13 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     c.head_dim = (int)hd;
     c.scale = 1.0f / std::sqrt((float)hd);
     c.out = a.attn.f();
+    // values carry RoPE (K = V): the output is un-rotated so it depends on relative position only
+    c.unrotate = inv;
+    c.rope_dim = h.rope_dim;
+    // the window rows into the ring, by the attention op where no query of the step reads the rows they replace
+    c.ring_write = T == m.n_ent;
     dev_->ds4_attention(m, c);
-    Ds4RingWrite rw;
-    rw.kv = kv;
-    rw.ring = states_.f() + L.ring_off;
-    rw.slot_stride = slot_floats_;
-    rw.window = h.window;
-    rw.head_dim = (int)hd;
-    dev_->ds4_ring_write(m, rw);
-    // values carry RoPE (K = V): un-rotate the output so it depends on relative position only
-    rope(a.attn.f(), HD, (int)H, (int)hd, inv, true);
+    if (!c.ring_write) dev_->ds4_ring_write(m, ds4_ring_write_call(c));
     // grouped low-rank output projection
     const int64_t gin = HD / h.o_groups;
     if (T == 1) {

@@ -355,7 +355,7 @@ struct Ds4IndexerCall {
 struct Ds4AttnCall {
     const float *Q = nullptr;       // [T][n_head][head_dim]
     const float *kv = nullptr;      // [T][head_dim] this batch's window rows (normed, rotated)
-    const float *ring = nullptr;    // slot 0's ring [window][head_dim] of this layer
+    float *ring = nullptr;          // slot 0's ring [window][head_dim] of this layer (written only with ring_write)
     int64_t slot_stride = 0;        // floats between slots' rings
     int window = 0;
     const float *comp = nullptr;    // compressed row pool [pool rows][head_dim], or null (window-only layer)
@@ -366,6 +366,14 @@ struct Ds4AttnCall {
     int n_head = 0, head_dim = 0;
     float scale = 1.0f;
     float *out = nullptr;           // [T][n_head][head_dim]
+    // Work after the attention that it may fold in (a plan sets them; every device gives the same floats as the
+    // separate ops): the output's RoPE tail rotated back by the token's position (rope_tail inverse with these
+    // frequencies and BatchMeta::pos), where unrotate is set; the batch's kv rows written to the ring
+    // (ds4_ring_write), where ring_write is set, which the plan does only when every entry runs one token: its ring
+    // row is then the one of position p - window, which no query of the step reads.
+    const float *unrotate = nullptr;  // [rope_dim / 2] inverse frequencies, or null
+    int rope_dim = 0;
+    bool ring_write = false;
 };
 
 // Writes each entry's window rows into its slot's ring after the layer's attention: the kv row of the token at cache
@@ -376,6 +384,31 @@ struct Ds4RingWrite {
     int64_t slot_stride = 0;
     int window = 0, head_dim = 0;
 };
+
+// The separate ops that a Ds4AttnCall's unrotate and ring_write stand for.
+inline RopeTailCall ds4_unrotate_call(const BatchMeta &m, const Ds4AttnCall &c) {
+    RopeTailCall r;
+    r.x = c.out;
+    r.rows = m.T;
+    r.row_stride = (int64_t)c.n_head * c.head_dim;
+    r.n_head = c.n_head;
+    r.head_dim = c.head_dim;
+    r.rope_dim = c.rope_dim;
+    r.pos = m.pos;
+    r.inv_freq = c.unrotate;
+    r.inverse = true;
+    return r;
+}
+
+inline Ds4RingWrite ds4_ring_write_call(const Ds4AttnCall &c) {
+    Ds4RingWrite w;
+    w.kv = c.kv;
+    w.ring = c.ring;
+    w.slot_stride = c.slot_stride;
+    w.window = c.window;
+    w.head_dim = c.head_dim;
+    return w;
+}
 
 // MoE routing (spec §2.6): s = sqrt(softplus(logits)); candidates: hash layers (tid2eid != null) the k_table experts
 // tid2eid[token] (keeping the k highest-scoring when k < k_table, ties: earlier), else the top k of s + bias (bias

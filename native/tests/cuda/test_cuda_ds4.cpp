@@ -303,7 +303,9 @@ void test_indexer() {
 
 // ---- attention and ring ----
 
-void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r) {
+// with_fold: the call's unrotate and ring_write set (ring_write where every entry runs one token, as the plan does;
+// the kernel folds them in with DFL_CUDA_DS4_ATTN_FOLD=1), else the two ops after it.
+void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false) {
     const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;
     const int64_t stride = (int64_t)window * hd + 7, pool = (int64_t)b.n_blocks * rpb;
     std::vector<int32_t> sel;
@@ -320,6 +322,9 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
     Dual Q(rand_vec(r, (size_t)(b.T * H * hd))), kv(rand_vec(r, (size_t)(b.T * hd))),
         ring(rand_vec(r, (size_t)(b.n_slots * stride))), comp(rand_vec(r, (size_t)std::max<int64_t>(1, pool * hd))),
         dsel(sel), sinks(rand_vec(r, (size_t)H, 2.0f)), out((size_t)(b.T * H * hd) * 4);
+    const int rope_dim = std::min(hd, 64);
+    Dual inv(inv_freq(rope_dim, 10000.0f));
+    const bool one_each = b.T == (int64_t)b.t0.size();
     for (bool g : {false, true}) {
         Ds4AttnCall c;
         c.Q = Q.p(g);
@@ -338,17 +343,17 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
         c.head_dim = hd;
         c.scale = 1.0f / std::sqrt((float)hd);
         c.out = out.p(g);
+        if (with_fold) {
+            c.unrotate = inv.p(g);
+            c.rope_dim = rope_dim;
+            c.ring_write = one_each;
+        }
         dev(g)->ds4_attention(b.meta(g), c);
-        Ds4RingWrite w;
-        w.kv = kv.p(g);
-        w.ring = ring.p(g);
-        w.slot_stride = stride;
-        w.window = window;
-        w.head_dim = hd;
-        dev(g)->ds4_ring_write(b.meta(g), w);
+        if (!c.ring_write) dev(g)->ds4_ring_write(b.meta(g), ds4_ring_write_call(c));
     }
     const std::string name = "h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " win=" + std::to_string(window) +
-                             " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") + b.str();
+                             " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") +
+                             (with_fold ? (one_each ? "unrotate+ring " : "unrotate ") : "") + b.str();
     compare("ds4_attention " + name, out, 1e-5);
     compare("ds4_ring_write " + name, ring, 0.0);
 }
@@ -359,7 +364,9 @@ void test_attention() {
         run_attention(4, 64, 8, 0, false, Batch(shape, 16, r), r);
         run_attention(4, 64, 16, 4, true, Batch(shape, 16, r), r);
         run_attention(3, 96, 8, 8, false, Batch(shape, 16, r), r);
+        run_attention(4, 64, 8, 4, true, Batch(shape, 16, r), r, true);
     }
+    run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}}, 64, r), r, true);
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {2, 50, 2}}, 64, r), r);
     run_attention(64, 512, 128, 128, false, Batch({{1, 1000, 1}, {20, 300, 0}}, 64, r), r);
 }

@@ -263,6 +263,8 @@ void ds4_attention(ThreadPool &pool, Scratch &scratch, const BatchMeta &m, const
             }
         }
     });
+    if (c.unrotate) ds4_rope_tail(pool, ds4_unrotate_call(m, c));
+    if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
 }
 
 void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) {

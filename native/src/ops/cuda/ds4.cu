@@ -198,7 +198,10 @@ __device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64
 
 // Block (token, head), online softmax over tiles of keys: the running max starts at the sink's logit and the running
 // denominator at exp(0) = 1 for it, which is the CPU's exp(sink - mx) term once rescaled. Each thread owns the output
-// dims d = threadIdx.x + k * blockDim.x.
+// dims d = threadIdx.x + k * blockDim.x. FOLD: the call's unrotate and ring_write here (the output row goes through
+// shared memory, where a thread a pair rotates its tail as rope_tail_kernel does; block (t, 0) copies the token's kv
+// row to the ring), where the launcher would run rope_tail_kernel and ring_write_kernel after it.
+template <bool FOLD>
 __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c) {
     extern __shared__ float q_sh[];  // [head_dim]
     __shared__ float l_sh[kAttnTile];
@@ -250,10 +253,28 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
         __syncthreads();  // k_sh / l_sh are refilled by the next tile
     }
     float *o = c.out + (t * c.n_head + h) * hd;
+    if (FOLD && c.unrotate) {  // q_sh is free: the last tile's barrier passed every read of it
 #pragma unroll
-    for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
-        const int d = threadIdx.x + kk * blockDim.x;
-        if (d < hd) o[d] = acc[kk] / den;
+        for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+            const int d = threadIdx.x + kk * blockDim.x;
+            if (d < hd) q_sh[d] = acc[kk] / den;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < c.rope_dim / 2; i += blockDim.x)
+            rotate_pair(q_sh + hd - c.rope_dim + 2 * i, -(double)m.pos[t], c.unrotate[i]);
+        __syncthreads();
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = q_sh[d];
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+            const int d = threadIdx.x + kk * blockDim.x;
+            if (d < hd) o[d] = acc[kk] / den;
+        }
+    }
+    if (FOLD && c.ring_write && h == 0) {  // one token an entry (the plan's condition): its row goes to p % window
+        const float *src = c.kv + t * hd;
+        float *dst = c.ring + (int64_t)m.slot[e] * c.slot_stride + (p % c.window) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = src[d];
     }
 }
 
@@ -332,12 +353,24 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
         fail(DFL_ERR_UNSUPPORTED, "ds4_attention: head_dim " + std::to_string(c.head_dim) + " (at most 1024)");
     if (c.window < 1) fail(DFL_ERR_INVALID, "ds4_attention: window must be at least 1");
     if (c.comp && c.ratio < 1) fail(DFL_ERR_INVALID, "ds4_attention: compressed rows need a ratio");
+    if (c.unrotate && (c.rope_dim < 2 || c.rope_dim > c.head_dim))
+        fail(DFL_ERR_INVALID, "ds4_attention: rope_dim " + std::to_string(c.rope_dim) + " outside 2.." + std::to_string(c.head_dim));
+    // DFL_CUDA_DS4_ATTN_FOLD=1 (opt-in until run on a GPU): unrotate and ring_write inside the attention kernel, two
+    // launches fewer a layer (rope_tail ~4.5 us and the ring write ~4.9 us op by op, the 12-05 profile)
+    static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", false);
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
-        ds4_attention_kernel<<<dim3((unsigned)m.T, (unsigned)c.n_head), kDs4Threads, (size_t)c.head_dim * sizeof(float),
-                               stream_>>>(m, c);
+        const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+        const size_t shared = (size_t)c.head_dim * sizeof(float);
+        if (fold)
+            ds4_attention_kernel<true><<<grid, kDs4Threads, shared, stream_>>>(m, c);
+        else
+            ds4_attention_kernel<false><<<grid, kDs4Threads, shared, stream_>>>(m, c);
         check_launch("ds4_attention");
     });
+    if (fold) return;
+    if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
+    if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
 }
 
 void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
