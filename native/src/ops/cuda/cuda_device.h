@@ -269,12 +269,22 @@ struct GemvZ {
     int64_t x_stride = 0;
     int x_div = 1;
     int64_t y_stride = 0;
+    // A second stack of the same shape and type in the same launch (q4_K int8 path only, launch_gemv_q4k_i8_pair):
+    // members from `second` on are members 0.. of w2's stack, written from y2.
+    const uint8_t *w2 = nullptr;
+    float *y2 = nullptr;
+    int second = 0;
 };
 void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
 bool q4k_i8_on();
 bool q4k_i8_ok(const Weight &W, const GemvZ &z);
 void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz);
+// The z batch of two stacks of one shape and type (MoE gate and up) on one input in one launch, the input quantized
+// once: nz members of A into Ya, then of B into Yb. False (nothing launched) where the int8 q4_K path does not take
+// them, or DFL_CUDA_MOE_PAIR=0.
+bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, const float *X, float *Ya, float *Yb,
+                             const GemvZ &z, int nz);
 // The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y);

@@ -165,8 +165,10 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
     in.y_stride = F;
     {
         CudaDevice::OpTimer tm(dev, "moe_experts (gate, up)");
-        launch_gemv_z(dev, c.gate, F, in, (int)P, c.x, g);
-        launch_gemv_z(dev, c.up, F, in, (int)P, c.x, u);
+        if (!launch_gemv_q4k_i8_pair(dev, c.gate.rows(0, F), c.up.rows(0, F), c.x, g, u, in, (int)P)) {
+            launch_gemv_z(dev, c.gate, F, in, (int)P, c.x, g);
+            launch_gemv_z(dev, c.up, F, in, (int)P, c.x, u);
+        }
     }
     dev.swiglu_clamp(g, u, P * F, c.limit);
     GemvZ out;  // down: pair i reads its own row of g
