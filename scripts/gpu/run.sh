@@ -388,7 +388,7 @@ cpu_peer() {
 
 # Our CPU engine at CPU_THREADS (16) threads with this tree's library and with the one in .gpu/lib-old (a change of the
 # CPU engine measured against the one before it, in one run, alternating): CPU_AB_MODELS (0.6B and 4B q8_0), decode
-# of 128 tokens (CPU_AB_BENCH="tg pp": and prefill of 512); decode with each setting of CPU_TRY (VAR=value,...); then
+# of 128 tokens (CPU_AB_BENCH="tg pp": and prefill of 512); each bench again with each setting of CPU_TRY (VAR=value,...); then
 # where this tree's decode step goes, op by op (DFLASH_CPU_PROFILE=1), and the pool's cost a region (poolbench).
 cpu_pool() {
   local m f lib_dir run b v
@@ -404,8 +404,10 @@ cpu_pool() {
       done
     done
     for v in ${CPU_TRY:-}; do
-      log "CPU decode, $m, this tree with $v"
-      (export ${v//,/ }; cpu_bench "$lib" "$f" tg) | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+      for b in ${CPU_AB_BENCH:-tg}; do
+        log "CPU $b, $m, this tree with $v"
+        (export ${v//,/ }; cpu_bench "$lib" "$f" "$b") | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+      done
     done
     log "CPU decode op by op, ${CPU_THREADS:-16} threads, $m, this tree (DFLASH_CPU_PROFILE=1)"
     DFLASH_CPU_PROFILE=1 cpu_bench "$lib" "$f" tg >"$OUT/cpu-profile-${m//:/-}.txt" 2>&1

@@ -67,7 +67,14 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const MatmulParts &p
     int64_t rows = 0;
     for (const auto &p : parts) rows += p.first->n_out;
     const int64_t threads = pool.size();
-    const int64_t tb = T <= 8 ? T : kInt8TokBlock;
+    // DFLASH_CPU_TOK_BLOCK=N: token blocks of N (a multiple of 16) instead of kInt8TokBlock, for measuring (the AMX q4_K
+    // kernel unpacks a group's codes once a task, so longer blocks share that over more tokens)
+    static const int64_t tok_block = [] {
+        const char *e = std::getenv("DFLASH_CPU_TOK_BLOCK");
+        const int64_t n = e ? std::atoll(e) : 0;
+        return n >= 16 && n % 16 == 0 ? n : kInt8TokBlock;
+    }();
+    const int64_t tb = T <= 8 ? T : tok_block;
     const int64_t n_tb = ceil_div(T, tb);
     // Enough row tasks that every thread gets ~4 tasks in all (load balance; DFLASH_CPU_TASKS=N: N, for measuring
     // what the claims cost at 16 threads), each a multiple of 16 rows (the AVX-512 tiles' row group; packed groups
