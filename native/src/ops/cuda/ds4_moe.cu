@@ -93,14 +93,20 @@ __global__ void moe_route_kernel(MoeRouteCall c) {
     }
 }
 
-__global__ void swiglu_clamp_kernel(float *g, const float *u, int64_t n, float limit) {
+// With q.xq set (CudaDevice::stage_quant, n a multiple of 32) the products are also quantized for the product that
+// follows, as swiglu_kernel does.
+__global__ void swiglu_clamp_kernel(float *g, const float *u, int64_t n, float limit, CudaDevice::QuantX q) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a = g[i], b = u[i];
         if (limit > 0.0f) {
             a = fminf(a, limit);
             b = fminf(fmaxf(b, -limit), limit);
         }
-        g[i] = silu_f(a) * b;
+        const float v = silu_f(a) * b;
+        g[i] = v;
+        if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
     }
 }
 
@@ -127,9 +133,10 @@ __global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, 
     }
 }
 
-void launch_swiglu_clamp(cudaStream_t s, float *g, const float *u, int64_t count, float limit) {
+void launch_swiglu_clamp(cudaStream_t s, float *g, const float *u, int64_t count, float limit,
+                         const CudaDevice::QuantX &q) {
     if (count <= 0) return;
-    swiglu_clamp_kernel<<<grid_for(count, 256), 256, 0, s>>>(g, u, count, limit);
+    launch_chain(swiglu_clamp_kernel, dim3(grid_for(count, 256)), dim3(256), 0, s, g, u, count, limit, q);
     check_launch("swiglu_clamp");
 }
 
@@ -145,8 +152,13 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
     });
 }
 
+// DFL_CUDA_DS4_SWIGLU_QUANT=1 (opt-in until run on a GPU): a programmatic dependent launch that also quantizes its
+// output for the product after it (the shared expert's down projection), as swiglu does: one quantizer launch fewer a
+// layer.
 void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float limit) {
-    op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit); });
+    static const bool stage = env_switch("DFL_CUDA_DS4_SWIGLU_QUANT", false);
+    op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit, stage ? stage_quant(g, count) : QuantX{}); });
+    staged_done();
 }
 
 // Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
