@@ -304,7 +304,7 @@ void test_indexer() {
 // ---- attention and ring ----
 
 // with_fold: the call's unrotate and ring_write set (ring_write where every entry runs one token, as the plan does;
-// the kernel folds them in with DFL_CUDA_DS4_ATTN_FOLD=1), else the two ops after it.
+// the kernel folds them in unless DFL_CUDA_DS4_ATTN_FOLD=0), else the two ops after it.
 void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false) {
     const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;
     const int64_t stride = (int64_t)window * hd + 7, pool = (int64_t)b.n_blocks * rpb;

@@ -282,7 +282,7 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z);
 void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz);
 // The z batch of two stacks of one shape and type (MoE gate and up) on one input in one launch, the input quantized
 // once: nz members of A into Ya, then of B into Yb. False (nothing launched) where the int8 q4_K path does not take
-// them, or DFL_CUDA_MOE_PAIR=0.
+// them, or with DFL_CUDA_MOE_PAIR=0.
 bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, const float *X, float *Ya, float *Yb,
                              const GemvZ &z, int nz);
 // The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).

@@ -68,10 +68,21 @@ __global__ void hc_pre_kernel(HcPreCall c) {
     const bool store = blockIdx.y == 0;
     float r = 1.0f;
     if (c.norm) {
+        // four loads in flight a thread: one at a time, each waiting for the one before, the 64 KB took ~28 us a call
+        // (the 12-05 05:1x profile; ~10 of them before the fold)
         const int64_t n = (int64_t)N * c.D;
         const float *X = c.X + t * n;
         float ss = 0.0f;
-        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += X[i] * X[i];
+        if (n % 4 == 0 && ((uintptr_t)X & 15) == 0) {
+            const float4 *X4 = (const float4 *)X;
+#pragma unroll 4
+            for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+                const float4 v = X4[i];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        } else {
+            for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += X[i] * X[i];
+        }
         ss = block_sum(ss, red);
         r = rsqrtf(ss / (float)n + c.norm_eps);
     }
@@ -355,9 +366,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     if (c.comp && c.ratio < 1) fail(DFL_ERR_INVALID, "ds4_attention: compressed rows need a ratio");
     if (c.unrotate && (c.rope_dim < 2 || c.rope_dim > c.head_dim))
         fail(DFL_ERR_INVALID, "ds4_attention: rope_dim " + std::to_string(c.rope_dim) + " outside 2.." + std::to_string(c.head_dim));
-    // DFL_CUDA_DS4_ATTN_FOLD=1 (opt-in until run on a GPU): unrotate and ring_write inside the attention kernel, two
-    // launches fewer a layer (rope_tail ~4.5 us and the ring write ~4.9 us op by op, the 12-05 profile)
-    static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", false);
+    // unrotate and ring_write inside the attention kernel, two launches fewer a layer (rope_tail ~4.5 us and the ring
+    // write ~4.9 us op by op, the 12-05 profile); DFL_CUDA_DS4_ATTN_FOLD=0: the two kernels after it
+    static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", true);
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);

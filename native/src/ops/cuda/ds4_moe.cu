@@ -152,11 +152,10 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
     });
 }
 
-// DFL_CUDA_DS4_SWIGLU_QUANT=1 (opt-in until run on a GPU): a programmatic dependent launch that also quantizes its
-// output for the product after it (the shared expert's down projection), as swiglu does: one quantizer launch fewer a
-// layer.
+// The kernel also quantizes its output for the product after it (the shared expert's down projection), as swiglu
+// does: one quantizer launch fewer a layer (DFL_CUDA_DS4_SWIGLU_QUANT=0: not).
 void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float limit) {
-    static const bool stage = env_switch("DFL_CUDA_DS4_SWIGLU_QUANT", false);
+    static const bool stage = env_switch("DFL_CUDA_DS4_SWIGLU_QUANT", true);
     op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit, stage ? stage_quant(g, count) : QuantX{}); });
     staged_done();
 }

@@ -444,9 +444,9 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
 
 bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, const float *X, float *Ya, float *Yb,
                              const GemvZ &z, int nz) {
-    // DFL_CUDA_MOE_PAIR=1 (opt-in until run on a GPU): DeepSeek V4's routed gate and up in one launch, not two launches
-    // and two quantizers (the 12-05 profile: 28 us for both, ~2 TB/s)
-    static const bool on = env_switch("DFL_CUDA_MOE_PAIR", false);
+    // DeepSeek V4's routed gate and up in one launch, not two launches and two quantizers (the 12-05 profile: 28 us for
+    // both, ~2 TB/s); DFL_CUDA_MOE_PAIR=0: the two
+    static const bool on = env_switch("DFL_CUDA_MOE_PAIR", true);
     if (!on || !q4k_i8_on() || nz < 1 || !q4k_i8_ok(A, z) || !q4k_i8_ok(B, z) || A.type != B.type ||
         A.row_bytes != B.row_bytes || A.n_in != B.n_in || z.x_stride != A.n_in || z.w2)
         return false;
