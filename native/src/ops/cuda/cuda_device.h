@@ -111,6 +111,9 @@ public:
     QuantX stage_quant(const float *x, int64_t count);
     QuantX stage_rows(const float *y, int64_t rows, int64_t n);  // stage_quant for an op's output rows of n
     bool take_staged(const float *x, int64_t count, QuantX *q);
+    // What product() does before its launches, for a launch inside an op (moe_experts' down projection after its
+    // swiglu_clamp): the staging is open to take_staged if no device call came after the op that staged it.
+    void open_staged() { staged_open_ = staged_.x != nullptr && staged_.call == calls_; }
     int sm_count() const { return sm_count_; }
     int index() const { return index_; }
 

@@ -188,6 +188,10 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
     out.x_stride = F;
     out.y_stride = D;
     {
+        // DFL_CUDA_MOE_DOWN_STAGED=1 (opt-in until run on a GPU): the down product takes the int8 activations that
+        // swiglu_clamp staged instead of launching its own quantizer
+        static const bool staged = env_switch("DFL_CUDA_MOE_DOWN_STAGED", false);
+        if (staged) dev.open_staged();
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
