@@ -404,7 +404,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     c.unrotate = inv;
     c.rope_dim = h.rope_dim;
     // the window rows into the ring, by the attention op where no query of the step reads the rows they replace
-    c.ring_write = T == m.n_ent;
+    c.ring_write = m.max_n == 1;
     dev_->ds4_attention(m, c);
     if (!c.ring_write) dev_->ds4_ring_write(m, ds4_ring_write_call(c));
     // grouped low-rank output projection
