@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 
 #include "ops/cpu/qgemm.h"
@@ -17,10 +16,6 @@ void get_row(const Weight &W, int64_t r, float *out) { dequant_row(W.type, W.row
 // activations stay in cache. Both paths give bitwise the same result (see dot_row).
 static constexpr int64_t kTokBlock = 30;  // a multiple of dot4x6_f32's 6 tokens
 static constexpr int64_t kFusedMaxTokens = 3;
-
-// Integer path: the tokens of a task when there are many (matmul_int8). The activations are quantized once, and a row
-// is quantized the same whichever batch it is in.
-static constexpr int64_t kInt8TokBlock = 64;
 
 // The activations X (T rows of n_in) quantized into scratch for the integer tiles.
 static QuantizedActs quantize_acts(ThreadPool &pool, Scratch &scratch, const float *X, int64_t T, int64_t n_in) {
@@ -68,17 +63,14 @@ static void matmul_int8(ThreadPool &pool, Scratch &scratch, const MatmulParts &p
     int64_t rows = 0;
     for (const auto &p : parts) rows += p.first->n_out;
     const int64_t threads = pool.size();
-    // Token blocks of kInt8TokBlock, twice that on AMX: its q4_K kernel unpacks a group's codes once a task, so longer
-    // blocks share that over more tokens (GPU host's Xeon, 16 threads, Qwen3-0.6B q4_K pp512, one run each, 12-05:
-    // 1,870 / 1,928 -> 2,039 tok/s). DFLASH_CPU_TOK_BLOCK=N (a multiple of 16) sets it, for measuring.
+    // token blocks of the kernel set's choice (int8_token_block); DFLASH_CPU_TOK_BLOCK=N (a multiple of 16) sets
+    // them, for measuring
     static const int64_t tok_block_env = [] {
         const char *e = std::getenv("DFLASH_CPU_TOK_BLOCK");
         const int64_t n = e ? std::atoll(e) : 0;
         return n >= 16 && n % 16 == 0 ? n : int64_t(0);
     }();
-    const int64_t tok_block =
-        tok_block_env ? tok_block_env : std::strcmp(int8_kernels(), "avx512amx") == 0 ? 2 * kInt8TokBlock : kInt8TokBlock;
-    const int64_t tb = T <= 8 ? T : tok_block;
+    const int64_t tb = T <= 8 ? T : tok_block_env ? tok_block_env : int8_token_block();
     const int64_t n_tb = ceil_div(T, tb);
     // Enough row tasks that every thread gets ~4 tasks in all (load balance; DFLASH_CPU_TASKS=N: N, for measuring
     // what the claims cost at 16 threads), each a multiple of 16 rows (the AVX-512 tiles' row group; packed groups

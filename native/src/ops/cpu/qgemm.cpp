@@ -293,6 +293,7 @@ struct KernelSet {
     uint64_t (*packed_bytes)(const Weight &);  // null: no packed layout (Weight::packed is ignored)
     void (*pack_groups)(const Weight &, int64_t, int64_t, uint8_t *);
     bool automatic = true;  // "auto" may pick it (false: only by name)
+    int64_t token_block = 64;  // tokens a task of a prompt product takes (int8_token_block)
 };
 
 static bool always() { return true; }
@@ -317,9 +318,11 @@ static bool has_amx() {
 static const KernelSet kSets[] = {
 #ifdef DFL_QGEMM_X86
     // AMX for q8_0 and q4_K prompts: on the GPU host's Xeon (2026-12-04) pp512 of Qwen3-0.6B at 16 threads 647 -> 838
-    // tok/s (q8_0) and 1132 -> 1327 (q4_K) against avx512vnni, equal at 8 threads, never slower
+    // tok/s (q8_0) and 1132 -> 1327 (q4_K) against avx512vnni, equal at 8 threads, never slower. Tasks of 128 tokens:
+    // its q4_K kernel unpacks a group's codes once a task, so longer tasks share that over more tokens (same host, 16
+    // threads, Qwen3-0.6B q4_K pp512, one run each, 12-05: 1,870 / 1,928 -> 2,039 tok/s)
     {"avx512amx", qk_avx512vnni::amx::gemm_block_amx, has_amx, true, qk_avx512vnni::packed_bytes,
-     qk_avx512vnni::pack_groups},
+     qk_avx512vnni::pack_groups, true, 128},
     {"avx512vnni", qk_avx512vnni::gemm_block_rows16, has_avx512vnni, true, qk_avx512vnni::packed_bytes,
      qk_avx512vnni::pack_groups},
     {"avxvnni", qk_avxvnni::gemm_block, has_avxvnni, false, nullptr, nullptr},
@@ -347,6 +350,8 @@ static const KernelSet *g_set = choose(std::getenv("DFLASH_CPU_INT8"));
 void set_int8_kernels(const char *name) { g_set = choose(name); }
 
 const char *int8_kernels() { return g_set->name; }
+
+int64_t int8_token_block() { return g_set->token_block; }
 
 bool int8_wants_pair_layout() { return g_set->pair_layout; }
 

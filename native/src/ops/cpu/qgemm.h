@@ -60,6 +60,8 @@ void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst);
 // Which integer kernels run: "avx512amx", "avx512vnni", "avxvnni", "avx2", "generic", "avx512amx-emu"
 // (tests), or "off" (the float path).
 const char *int8_kernels();
+// Tokens a task of a prompt product (int8_gemm_block's t1 - t0) should take with the active kernels.
+int64_t int8_token_block();
 // Tests and benchmarks: "off" sends quantized weights back to the float path; "generic", "avx2", "avxvnni",
 // "avx512vnni" force a kernel set (falls back to the best supported one below it); "" or "auto" picks the best.
 // The environment variable DFLASH_CPU_INT8 sets the initial choice the same way.
