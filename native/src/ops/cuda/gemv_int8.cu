@@ -426,7 +426,9 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
-    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
+    // a second stack (GemvZ::w2) doubles the members: nz of each
+    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
+        block(kQ8pWarps * 32);
     if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
@@ -454,12 +456,7 @@ bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, 
     zz.w2 = B.data;
     zz.y2 = Yb;
     zz.second = nz;
-    const int64_t nx = (nz - 1) / z.x_div + 1;
-    const QuantX qx = quantize_x(dev, X, A.n_in, nx, true);
-    const dim3 grid((unsigned)((z.w_rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(2 * nz)), block(kQ8pWarps * 32);
-    launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, dev.stream(), A.data, A.row_bytes, A.n_in, z.w_rows, qx.xq, qx.xs,
-               qx.xsum, Ya, zz);
-    check_launch("matmul (q4_K int8 pair)");
+    launch_gemv_q4k_i8(dev, A, X, 1, Ya, zz, nz);
     return true;
 }
 
