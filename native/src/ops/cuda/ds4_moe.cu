@@ -152,8 +152,8 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
     });
 }
 
-// The kernel also quantizes its output for the product after it (the shared expert's down projection), as swiglu
-// does: one quantizer launch fewer a layer (DFL_CUDA_DS4_SWIGLU_QUANT=0: not).
+// The kernel also quantizes its output for the product after it (the routed experts' and the shared expert's down
+// projections), as swiglu does: one quantizer launch fewer each (DFL_CUDA_DS4_SWIGLU_QUANT=0: not).
 void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float limit) {
     static const bool stage = env_switch("DFL_CUDA_DS4_SWIGLU_QUANT", true);
     op("swiglu_clamp", [&] { launch_swiglu_clamp(stream_, g, u, count, limit, stage ? stage_quant(g, count) : QuantX{}); });
@@ -188,10 +188,9 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
     out.x_stride = F;
     out.y_stride = D;
     {
-        // DFL_CUDA_MOE_DOWN_STAGED=1 (opt-in until run on a GPU): the down product takes the int8 activations that
-        // swiglu_clamp staged instead of launching its own quantizer
-        static const bool staged = env_switch("DFL_CUDA_MOE_DOWN_STAGED", false);
-        if (staged) dev.open_staged();
+        // the down product takes the int8 activations swiglu_clamp staged (the same bytes its quantizer would write)
+        // instead of launching that quantizer
+        dev.open_staged();
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
