@@ -139,6 +139,12 @@ __global__ void rope_tail_kernel(RopeTailCall c) {
     }
 }
 
+// The block rotates the trailing rope_dim values of one head row x (head_dim wide) by pos, a thread a pair, as
+// rope_tail_kernel does.
+__device__ __forceinline__ void rotate_tail_block(float *x, int head_dim, int rope_dim, double pos, const float *inv_freq) {
+    for (int i = threadIdx.x; i < rope_dim / 2; i += blockDim.x) rotate_pair(x + head_dim - rope_dim + 2 * i, pos, inv_freq[i]);
+}
+
 // Block per head row (token row / n_head, head row % n_head): the row's RMSNorm (weight w or none) as rmsnorm's
 // kernel sums it, one element in four a thread, written in place; then its tail's pairs rotated as rope_tail_kernel
 // does (Device::norm_rope_tail). head_dim at most kNormRopeRegs x the block (up to 1024 threads).
@@ -166,7 +172,7 @@ __global__ void norm_rope_tail_kernel(const float *w, float eps, RopeTailCall c)
     }
     __syncthreads();  // the pairs' two values come from different threads
     const double pos = c.inverse ? -(double)c.pos[row] : (double)c.pos[row];
-    for (int i = threadIdx.x; i < c.rope_dim / 2; i += blockDim.x) rotate_pair(x + n - c.rope_dim + 2 * i, pos, c.inv_freq[i]);
+    rotate_tail_block(x, n, c.rope_dim, pos, c.inv_freq);
 }
 
 // ---- window ring ----------------------------------------------------------------------------------------------------
@@ -271,8 +277,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
             if (d < hd) q_sh[d] = acc[kk] / den;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < c.rope_dim / 2; i += blockDim.x)
-            rotate_pair(q_sh + hd - c.rope_dim + 2 * i, -(double)m.pos[t], c.unrotate[i]);
+        rotate_tail_block(q_sh, hd, c.rope_dim, -(double)m.pos[t], c.unrotate);
         __syncthreads();
         for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = q_sh[d];
     } else {
