@@ -138,6 +138,30 @@ TEST(ds4_hc_pre_post_head) {
         for (size_t i = 0; i < post.size(); i++) CHECK_CLOSE(post2[i], post[i], 1e-5);
         for (size_t i = 0; i < comb.size(); i++) CHECK_CLOSE(comb2[i], comb[i], 1e-5);
     }
+    // the product left as parts (HcPreCall::parts, Device::hc_post_mix): the raw product split into three parts a
+    // token, each row with its share of the sum of squares, gives what the folded product gave
+    {
+        const int P = 3;
+        std::vector<float> parts((size_t)(T * P * (M + 1))), x3(x.size()), post3(post.size()), comb3(comb.size());
+        for (int64_t t = 0; t < T; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < N * D; i++) ss += (double)X[t * N * D + i] * X[t * N * D + i];
+            const double rms = std::sqrt(ss / (double)(N * D) + 1e-6);
+            for (int p = 0; p < P; p++) {
+                float *row = parts.data() + (t * P + p) * (M + 1);
+                const float share = p == 0 ? 0.5f : 0.25f;  // exact in binary: the parts add to the whole
+                for (int k = 0; k < M; k++) row[k] = (float)(mix[t * M + k] * rms) * share;
+                row[M] = (float)ss * share;
+            }
+        }
+        HcPreCall f = c;
+        f.mix = nullptr, f.parts = parts.data(), f.n_parts = P, f.norm = true, f.norm_eps = 1e-6f;
+        f.x = x3.data(), f.post = post3.data(), f.comb = comb3.data();
+        ds4_hc_pre(pool, f);
+        for (size_t i = 0; i < x.size(); i++) CHECK_CLOSE(x3[i], x[i], 1e-5);
+        for (size_t i = 0; i < post.size(); i++) CHECK_CLOSE(post3[i], post[i], 1e-5);
+        for (size_t i = 0; i < comb.size(); i++) CHECK_CLOSE(comb3[i], comb[i], 1e-5);
+    }
     // post: out[b] = post[b] F + sum_a comb[a][b] X[a] (comb is not symmetric: the first index is the source)
     std::vector<float> F = rnd(r, T * D), out(T * N * D);
     HcPostCall p;
@@ -159,6 +183,21 @@ TEST(ds4_hc_pre_post_head) {
         ds4_hc_post(pool, q);
         HcPostCall u = p;
         u.F = sum.data(), u.out = out3.data();
+        ds4_hc_post(pool, u);
+        CHECK(out2 == out3);
+    }
+    // the routed experts' pairs weighted inside (HcPostCall::pairs) give the floats of their combine into F before
+    {
+        const int K = 3;
+        std::vector<float> pairs = rnd(r, T * K * D), w = rnd(r, T * K), Fc(T * D, 0.0f), out2(T * N * D), out3(T * N * D);
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                for (int64_t d = 0; d < D; d++) Fc[t * D + d] += w[t * K + j] * pairs[(t * K + j) * D + d];
+        HcPostCall q = p;
+        q.F = nullptr, q.pairs = pairs.data(), q.pair_w = w.data(), q.k = K, q.out = out2.data();
+        ds4_hc_post(pool, q);
+        HcPostCall u = p;
+        u.F = Fc.data(), u.out = out3.data();
         ds4_hc_post(pool, u);
         CHECK(out2 == out3);
     }

@@ -228,18 +228,24 @@ void DeepSeek4Model::ensure_acts(int64_t T) {
 
 // ---------------------------------------------------------------------------------------------------------------------
 
-// mHC pre of one site over T tokens: x (sub-block input), post and comb from the streams X.
-void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *scale, int64_t T) {
+// mHC pre of one site over T tokens: x (sub-block input), post and comb from the streams X, and h = rmsnorm(x).
+void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T,
+                             int parts) {
     const Ds4HParams &h = hp_;
     Acts &a = acts_;
     const int64_t ND = (int64_t)h.hc * h.n_embd;
-    const bool fold = dev_->hc_fold();  // the norm applied to the product, inside hc_pre (it is linear)
-    if (!fold) dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
-    dev_->matmul(fn, fold ? a.X.f() : a.flat.f(), T, a.mix.f());
+    // the norm applied to the product, inside hc_pre (it is linear); always where hc_merge left the product's parts
+    const bool fold = parts > 0 || dev_->hc_fold();
+    if (parts == 0) {
+        if (!fold) dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
+        dev_->matmul(fn, fold ? a.X.f() : a.flat.f(), T, a.mix.f());
+    }
     HcPreCall c;
     c.norm = fold;
     c.norm_eps = h.eps;
     c.mix = a.mix.f();
+    c.parts = parts > 0 ? a.flat.f() : nullptr;
+    c.n_parts = parts;
     c.base = base;
     c.scale = scale;
     c.X = a.X.f();
@@ -251,15 +257,19 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
     c.x = a.x.f();
     c.post = a.post.f();
     c.comb = a.comb.f();
-    dev_->hc_pre(c);
+    dev_->hc_pre_norm(c, norm_w, h.eps, a.h.f());
 }
 
-// mHC post: the streams become post * F + comb^T X (through X2, then swapped); F2, where set, is added to F first.
-void DeepSeek4Model::hc_merge(int64_t T, const float *F2) {
+// mHC post: the streams become post * F + comb^T X (through X2, then swapped); the shared expert's output, where
+// set, is added to F first.
+int DeepSeek4Model::hc_merge(int64_t T, SubOut o, const Weight *next_fn) {
     Acts &a = acts_;
     HcPostCall c;
     c.F = a.F.f();
-    c.F2 = F2;
+    c.F2 = o.shared;
+    c.pairs = o.pairs;
+    c.pair_w = a.wts.f();
+    c.k = hp_.n_used;
     c.X = a.X.f();
     c.post = a.post.f();
     c.comb = a.comb.f();
@@ -267,8 +277,13 @@ void DeepSeek4Model::hc_merge(int64_t T, const float *F2) {
     c.D = hp_.n_embd;
     c.N = hp_.hc;
     c.out = a.X2.f();
-    dev_->hc_post(c);
+    int parts = 0;
+    if (next_fn)
+        parts = dev_->hc_post_mix(c, *next_fn, a.flat.f());
+    else
+        dev_->hc_post(c);
     std::swap(a.X, a.X2);
+    return parts;
 }
 
 // Copies rows [0, n) of each step entry's tokens (width floats, contiguous) into the recording of its sequence, at
@@ -423,7 +438,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     dev_->matmul(L.wo_b, a.cat.f(), T, a.F.f());
 }
 
-const float *DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
+DeepSeek4Model::SubOut DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     const Ds4HParams &h = hp_;
     const Ds4Layer &L = layers_[(size_t)il];
     Acts &a = acts_;
@@ -457,7 +472,9 @@ const float *DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     e.ids = a.ids.get<int32_t>();
     e.weights = a.wts.f();
     e.out = a.F.f();
-    dev_->moe_experts(e);
+    e.leave_pairs = true;  // hc_merge may weight and add them
+    SubOut o;
+    o.pairs = dev_->moe_experts(e);
     if (h.n_shared > 0) {
         // the shared expert, weight 1: F = routed + shared
         const int64_t sf = (int64_t)h.n_ff * h.n_shared;
@@ -465,9 +482,9 @@ const float *DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
             project(*dev_, L.sh_in, {{&L.sh_gate, a.sh_g.f()}, {&L.sh_up, a.sh_u.f()}}, a.h.f(), T, a.fused.f());
         dev_->swiglu_clamp(gu[0], gu[1], T * sf, h.clamp_shexp[(size_t)il]);
         dev_->matmul(L.sh_down, gu[0], T, a.moe.f());
-        return a.moe.f();  // added to the routed experts' F by hc_merge
+        o.shared = a.moe.f();  // added to the routed experts' F by hc_merge
     }
-    return nullptr;
+    return o;
 }
 
 }  // namespace dfl

@@ -265,6 +265,11 @@ struct HcPreCall {
     // its N * D values: the unweighted RMSNorm, linear in X, folded into the mixing (Device::hc_fold)
     bool norm = false;
     float norm_eps = 0.0f;
+    // parts: where set, mix is not read: each token's mix is the sum of its n_parts rows [T][n_parts][M + 1] (M =
+    // (2 + N) * N), added in part order, and column M's sum is the token's sum of squares of X for norm (which must be
+    // set): what Device::hc_post_mix left of the site's product
+    const float *parts = nullptr;
+    int n_parts = 0;
     float *x = nullptr;            // out [T][D]: the sub-block input
     float *post = nullptr;         // out [T][N]
     float *comb = nullptr;         // out [T][N][N], comb[a][b]: from stream a to stream b
@@ -275,6 +280,11 @@ struct HcPreCall {
 struct HcPostCall {
     const float *F = nullptr;     // [T][D] sub-block output
     const float *F2 = nullptr;    // [T][D] added to F first where set (the shared expert's part of the MoE output)
+    // pairs: where set, F is not read: F[t] = sum_j pair_w[t][j] * pairs[t * k + j] from j = 0 in order, as
+    // moe_experts combines its pairs (the routed experts' rows a device left, MoeExpertsCall::leave_pairs)
+    const float *pairs = nullptr;  // [T * k][D]
+    const float *pair_w = nullptr;  // [T][k]
+    int k = 0;
     const float *X = nullptr;     // [T][N][D]
     const float *post = nullptr;  // [T][N]
     const float *comb = nullptr;  // [T][N][N]
@@ -438,7 +448,15 @@ struct MoeExpertsCall {
     const int32_t *ids = nullptr;    // [T][k]
     const float *weights = nullptr;  // [T][k]
     float *out = nullptr;            // [T][n_embd]
+    // A device may then skip the combine and return its pairs' rows ([T * k][n_embd], pair t * k + j, valid until its
+    // next moe_experts) for hc_post to weight and add (HcPostCall::pairs): one op fewer a layer
+    bool leave_pairs = false;
 };
+
+// Device::hc_post_mix's parts: at most this many a token, each (2 + N) * N + 1 floats, for at most kHcPartsMaxT
+// tokens; n_parts * ((2 + N) * N + 1) never exceeds N * D, so the buffer of the mixing product's input holds them.
+constexpr int kHcMaxParts = 64;
+constexpr int64_t kHcPartsMaxT = 16;
 
 // Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
 // Device::light_records says, and what model_estimate counts.
@@ -530,6 +548,20 @@ public:
     // RMSNorm (HcPreCall::norm): one op fewer a site. The CPU, the reference, norms first.
     virtual bool hc_fold() const { return false; }
     virtual void hc_post(const HcPostCall &) { ds4_missing("hc_post"); }
+    // hc_pre, then y = rmsnorm(x) * w (eps) for the sub-block: a device may do both in one pass. The default runs
+    // the two ops.
+    virtual void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) {
+        hc_pre(c);
+        rmsnorm(c.x, w, y, c.T, c.D, eps);
+    }
+    // hc_post, and where the device can, the next site's mixing product fn · out of the merged streams, left as
+    // partial sums with the streams' sums of squares (HcPreCall::parts, into parts: room for T * N * D floats): the
+    // number of parts a token, or 0 where it made none and the caller multiplies (the default).
+    virtual int hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) {
+        (void)fn, (void)parts;
+        hc_post(c);
+        return 0;
+    }
     virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
     virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }
     // Each head row of r (r.rows x r.n_head rows of r.head_dim at r.x; rows r.row_stride = n_head * head_dim apart)
@@ -547,7 +579,11 @@ public:
     virtual void moe_route(const MoeRouteCall &) { ds4_missing("moe_route"); }
     // g = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: plain swiglu).
     virtual void swiglu_clamp(float *g, const float *u, int64_t count, float limit) { ds4_missing("swiglu_clamp"); }
-    virtual void moe_experts(const MoeExpertsCall &) { ds4_missing("moe_experts"); }
+    // The routed experts' weighted sum into c.out; returns null, or the pairs' rows where c.leave_pairs let the
+    // device skip the combine (MoeExpertsCall::leave_pairs).
+    virtual const float *moe_experts(const MoeExpertsCall &) {
+        ds4_missing("moe_experts");
+    }
     // One token through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
     // group g multiplies its rows by x[g * W.n_in, (g + 1) * W.n_in) into y[g * rows, (g + 1) * rows), rows =
     // W.n_out / groups. The default runs matmul on each group's rows (without W's packed layout, which a row slice

@@ -373,6 +373,130 @@ void test_attention() {
 
 // ---- MoE ----
 
+// Two float buffers bit for bit (a fused kernel against the ops it replaces, on the GPU).
+void same_bits(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref) {
+    g_cases++;
+    const bool ok = got.size() == ref.size() && std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0;
+    std::printf("%s %-66s %s\n", ok ? "ok  " : "FAIL", name.c_str(), ok ? "bitwise equal" : "bits differ");
+    if (!ok) dfltest::g_failures++;
+}
+
+// hc_pre with the sub-block's RMSNorm (Device::hc_pre_norm; on the GPU one kernel with DFL_CUDA_HC_PRE_NORM=1)
+// against the CPU's two ops, and on the GPU bit for bit against its own two ops, the q8_0 product after it included
+// (it takes the staged int8 rows either way).
+void test_hc_pre_norm() {
+    for (int64_t T : {1, 5})
+        for (int64_t D : {64, 4096}) {
+            Rng r((uint64_t)(T * 11 + D));
+            const int N = 4, M = (2 + N) * N;
+            Dual mix(rand_vec(r, (size_t)(T * M), 2.0f)), base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 0.2f));
+            Dual X(rand_vec(r, (size_t)(T * N * D), 3.0f)), w(rand_vec(r, (size_t)D, 1.5f));
+            Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
+            Dual x2((size_t)(T * D) * 4), y2((size_t)(T * D) * 4), p1((size_t)(T * 64) * 4), p2((size_t)(T * 64) * 4);
+            dfltest::DualWeight W(DFL_TYPE_Q8_0, 64, D, r);
+            g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
+            const std::string sh = " T=" + std::to_string(T) + " D=" + std::to_string(D);
+            for (bool norm : {false, true}) {
+                for (bool g : {false, true}) {
+                    HcPreCall c = hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb);
+                    c.norm = norm;
+                    c.norm_eps = 1e-6f;
+                    dev(g)->hc_pre_norm(c, w.p(g), 1e-6f, y.p(g));
+                    dev(g)->matmul(g ? W.wg : W.wc, y.p(g), T, p1.p(g));
+                }
+                HcPreCall c = hc_pre_call(true, mix, base, scale, X, T, D, x2, post, comb);
+                c.norm = norm;
+                c.norm_eps = 1e-6f;
+                g_gpu->hc_pre(c);
+                g_gpu->rmsnorm(x2.gp(), w.gp(), y2.gp(), T, D, 1e-6f);
+                g_gpu->matmul(W.wg, y2.gp(), T, p2.gp());
+                const std::string n = sh + (norm ? " norm folded" : "");
+                compare("hc_pre_norm x" + n, x, 1e-5);
+                compare("hc_pre_norm post" + n, post, 1e-5);
+                compare("hc_pre_norm comb" + n, comb, 1e-5);
+                compare("hc_pre_norm y" + n, y, 1e-5);
+                same_bits("hc_pre_norm x = hc_pre's (GPU)" + n, x.read(true), x2.read(true));
+                same_bits("hc_pre_norm y = rmsnorm's (GPU)" + n, y.read(true), y2.read(true));
+                same_bits("hc_pre_norm's product = rmsnorm's (GPU)" + n, p1.read(true), p2.read(true));
+            }
+        }
+}
+
+// hc_post with the next site's mixing product left as parts (Device::hc_post_mix; on the GPU with
+// DFL_CUDA_HC_POST_MIX=1): the merged streams against the CPU's hc_post, the parts' sums against the CPU's product
+// of those streams and their sums of squares; then hc_pre on the parts (both devices given the GPU's) against each
+// other. Without the switch the GPU makes no parts and only the streams are compared.
+void test_hc_post_mix() {
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
+        for (int64_t T : {1, 3})
+            for (int64_t D : {64, 4096})
+                for (int variant = 0; variant < 3; variant++) {  // F, F + F2, the routed pairs + F2
+                    Rng r((uint64_t)(T * 17 + D + variant * 5 + type));
+                    const int N = 4, M = (2 + N) * N, K = 3;
+                    const int64_t ND = N * D;
+                    dfltest::DualWeight fn(type, M, ND, r);
+                    Dual X(rand_vec(r, (size_t)(T * ND))), F(rand_vec(r, (size_t)(T * D))), F2(rand_vec(r, (size_t)(T * D)));
+                    Dual pairs(rand_vec(r, (size_t)(T * K * D))), pw(rand_vec(r, (size_t)(T * K)));
+                    Dual post(rand_vec(r, (size_t)(T * N), 2.0f)), comb(rand_vec(r, (size_t)(T * N * N)));
+                    Dual out((size_t)(T * ND) * 4), parts((size_t)(T * ND) * 4), mix((size_t)(T * M) * 4);
+                    HcPostCall c;
+                    c.T = T;
+                    c.D = D;
+                    c.N = N;
+                    c.k = K;
+                    int n_parts = 0;
+                    for (bool g : {false, true}) {
+                        c.F = variant == 2 ? nullptr : F.p(g);
+                        c.F2 = variant > 0 ? F2.p(g) : nullptr;
+                        c.pairs = variant == 2 ? pairs.p(g) : nullptr;
+                        c.pair_w = pw.p(g);
+                        c.X = X.p(g);
+                        c.post = post.p(g);
+                        c.comb = comb.p(g);
+                        c.out = out.p(g);
+                        if (g)
+                            n_parts = g_gpu->hc_post_mix(c, fn.wg, parts.gp());
+                        else
+                            g_cpu->hc_post(c);
+                    }
+                    const std::string sh = std::string(type == DFL_TYPE_F16 ? " f16" : " f32") + " T=" + std::to_string(T) +
+                                           " D=" + std::to_string(D) + (variant == 1 ? " F2" : variant == 2 ? " pairs+F2" : "");
+                    compare("hc_post_mix streams" + sh, out, 1e-5);
+                    if (n_parts == 0) continue;
+                    // the parts summed here in part order, against the CPU's product and sum of squares
+                    g_cpu->matmul(fn.wc, out.cp(), T, mix.cp());
+                    const std::vector<float> pg = parts.read(true), ref = mix.read(false), streams = out.read(false);
+                    std::vector<float> got((size_t)(T * M)), ss((size_t)T), ss_ref((size_t)T, 0.0f);
+                    for (int64_t t = 0; t < T; t++) {
+                        for (int i = 0; i <= M; i++) {
+                            float s = 0.0f;
+                            for (int p = 0; p < n_parts; p++) s += pg[(size_t)((t * n_parts + p) * (M + 1) + i)];
+                            (i < M ? got[(size_t)(t * M + i)] : ss[(size_t)t]) = s;
+                        }
+                        for (int64_t i = 0; i < ND; i++) ss_ref[(size_t)t] += streams[(size_t)(t * ND + i)] * streams[(size_t)(t * ND + i)];
+                    }
+                    compare("hc_post_mix product" + sh, got, ref, 1e-5);
+                    compare("hc_post_mix sum of squares" + sh, ss, ss_ref, 1e-5);
+                    // hc_pre on the GPU's parts, on both devices
+                    std::vector<float> pv = parts.read(true);
+                    g_cpu->to_device(parts.cp(), pv.data(), pv.size() * sizeof(float));
+                    Dual base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 0.2f));
+                    Dual x((size_t)(T * D) * 4), post2((size_t)(T * N) * 4), comb2((size_t)(T * N * N) * 4);
+                    for (bool g : {false, true}) {
+                        HcPreCall h = hc_pre_call(g, mix, base, scale, out, T, D, x, post2, comb2);
+                        h.mix = nullptr;
+                        h.parts = parts.p(g);
+                        h.n_parts = n_parts;
+                        h.norm = true;
+                        h.norm_eps = 1e-6f;
+                        dev(g)->hc_pre(h);
+                    }
+                    compare("hc_pre on parts x" + sh, x, 1e-5);
+                    compare("hc_pre on parts post" + sh, post2, 1e-5);
+                    compare("hc_pre on parts comb" + sh, comb2, 1e-5);
+                }
+}
+
 void run_route(int E, int k, bool bias, bool norm, int k_table, int64_t T, Rng &r) {
     const int vocab = 97;
     std::vector<int32_t> table;
@@ -454,7 +578,17 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
         c.ids = dids.p<int32_t>(g);
         c.weights = wts.p(g);
         c.out = out.p(g);
-        dev(g)->moe_experts(c);
+        c.leave_pairs = g;  // the GPU may leave its pairs (DFL_CUDA_MOE_COMBINE_POST=1): combined here as it would
+        const float *pairs = dev(g)->moe_experts(c);
+        if (pairs) {
+            std::vector<float> y((size_t)(T * k * D)), o((size_t)(T * D), 0.0f);
+            g_gpu->to_host(y.data(), pairs, y.size() * sizeof(float));
+            const std::vector<float> w = wts.read(true);
+            for (int64_t t = 0; t < T; t++)
+                for (int j = 0; j < k; j++)
+                    for (int64_t d = 0; d < D; d++) o[(size_t)(t * D + d)] += w[(size_t)(t * k + j)] * y[(size_t)((t * k + j) * D + d)];
+            g_gpu->to_device(out.gp(), o.data(), o.size() * sizeof(float));
+        }
     }
     // Up to 64 (token, choice) pairs every pair is its own GEMV (experts picked on the device), as on the CPU; past
     // that, several rows of one expert take the tensor-core path (operands rounded to f16) for quantized weights.
@@ -532,7 +666,8 @@ void test_moe() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    const dfltest::Group groups[] = {{"hc", test_hc},           {"rope", test_rope},           {"compress", test_compress},
+    const dfltest::Group groups[] = {{"hc", test_hc},           {"hc_pre_norm", test_hc_pre_norm}, {"hc_post_mix", test_hc_post_mix},
+                                     {"rope", test_rope},           {"compress", test_compress},
                                      {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe},
                                      {"grouped", test_grouped}};
     return dfltest::run_cuda_tests(argc, argv, "the CUDA ds4 op tests", "deepseek4 ops", groups);

@@ -490,7 +490,10 @@ public:
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override {
         for_chunks(count, [&](int64_t i0, int64_t i1) { ds4_swiglu_clamp(g + i0, u + i0, i1 - i0, limit); });
     }
-    void moe_experts(const MoeExpertsCall &c) override { ds4_moe_experts(pool_, scratch_, c); }
+    const float *moe_experts(const MoeExpertsCall &c) override {
+        ds4_moe_experts(pool_, scratch_, c);
+        return nullptr;  // (the CPU always combines)
+    }
 
 private:
     // Elementwise work split into a few large chunks per thread, of at least min_chunk elements. An exp per element

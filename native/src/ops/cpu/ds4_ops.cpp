@@ -83,8 +83,19 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     pool.parallel_for(c.T, [&](int64_t t, int) {
         const float *mix = c.mix + t * M;
         std::vector<float> scaled;
+        float ss = 0;  // with parts: the streams' sum of squares, from them
+        if (c.parts) {
+            scaled.assign((size_t)M, 0.0f);
+            for (int p = 0; p < c.n_parts; p++) {
+                const float *part = c.parts + (t * c.n_parts + p) * (M + 1);
+                for (int i = 0; i < M; i++) scaled[(size_t)i] += part[i];
+                ss += part[M];
+            }
+            mix = scaled.data();
+        }
         if (c.norm) {  // the streams' RMSNorm: rmsnorm's scale of the flattened row
-            const float r = rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
+            const float r = c.parts ? 1.0f / std::sqrt(ss / (float)(N * c.D) + c.norm_eps)
+                                    : rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
             scaled.assign(mix, mix + M);
             for (float &v : scaled) v *= r;
             mix = scaled.data();
@@ -102,8 +113,18 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
 void ds4_hc_post(ThreadPool &pool, const HcPostCall &c) {
     const int N = c.N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
-        const float *X = c.X + t * N * c.D, *F = c.F + t * c.D, *post = c.post + t * N, *comb = c.comb + t * N * N;
+        const float *X = c.X + t * N * c.D, *post = c.post + t * N, *comb = c.comb + t * N * N;
+        const float *F = c.pairs ? nullptr : c.F + t * c.D;
         float *out = c.out + t * N * c.D;
+        std::vector<float> routed;
+        if (c.pairs) {  // moe_experts' combine, as it adds
+            routed.assign((size_t)c.D, 0.0f);
+            for (int j = 0; j < c.k; j++) {
+                const float w = c.pair_w[t * c.k + j], *y = c.pairs + (t * c.k + j) * c.D;
+                for (int64_t d = 0; d < c.D; d++) routed[(size_t)d] += w * y[d];
+            }
+            F = routed.data();
+        }
         for (int b = 0; b < N; b++)
             for (int64_t d = 0; d < c.D; d++) {
                 float s = 0;

@@ -62,6 +62,8 @@ public:
 
     // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
     void hc_pre(const HcPreCall &c) override;
+    void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) override;
+    int hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) override;
     bool hc_fold() const override;
     void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override;
     void hc_post(const HcPostCall &c) override;
@@ -73,7 +75,7 @@ public:
     void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override;
     void moe_route(const MoeRouteCall &c) override;
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;
-    void moe_experts(const MoeExpertsCall &c) override;
+    const float *moe_experts(const MoeExpertsCall &c) override;
     void matmul_grouped(const Weight &W, int groups, const float *x, float *y) override;
 
     bool has_graphs() const override { return graphs_enabled_; }
@@ -211,6 +213,8 @@ void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w
                         float eps, const CudaDevice::QuantX &q = {});
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
                           float eps);
+// The threads of a row norm's block for rows of n (norm.cu): about four elements a thread, up to 1024.
+int norm_threads(int64_t n);
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q = {});
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);

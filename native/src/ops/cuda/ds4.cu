@@ -3,9 +3,12 @@
 // in ds4_compress.cu, the MoE in ds4_moe.cu. Every kernel computes what ops/cpu/ds4_ops.cpp computes, in f32, mostly
 // in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
 // arithmetic rounds as the CPU's (-ffp-contract=off) does.
+#include <algorithm>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
+#include "ops/cuda/norm_store.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -54,39 +57,52 @@ __device__ void mix_streams_block(const float *weight, const float *X, int N, in
 
 constexpr int64_t kHcChunk = 1024;  // channels a block of hc_pre / hc_head mixes
 
-// Block (token, chunk of kHcChunk channels): the first lanes derive pre (N sigmoids), which every chunk mixes its
-// channels with; chunk 0's warp 0 then derives post and comb (Sinkhorn one lane per entry) and stores them while its
-// other warps mix: the other chunks need neither, so no block waits for Sinkhorn's iterations before mixing (every
-// block ran them, all warps waiting, before the 12-05 change). With norm, every block first sums the squares of the
-// token's N * D stream values (64 KB for V4: from L2 after the first block) for the RMSNorm scale of mix.
-__global__ void hc_pre_kernel(HcPreCall c) {
-    __shared__ float pre[kDs4MaxHc];
-    __shared__ float red[32];
-    const int64_t t = blockIdx.x;
-    const int N = c.N, M = (2 + N) * N;
-    const float *mix = c.mix + t * M;
-    const bool store = blockIdx.y == 0;
-    float r = 1.0f;
-    if (c.norm) {
-        // four loads in flight a thread: one at a time, each waiting for the one before, the 64 KB took ~28 us a call
-        // (the 12-05 05:1x profile; ~10 of them before the fold)
-        const int64_t n = (int64_t)N * c.D;
-        const float *X = c.X + t * n;
-        float ss = 0.0f;
+// hc_post_mix's parts hold at most this many sums a token and part: the (2 + N) * N mixing entries of N <= 4 streams
+// and the sum of squares.
+constexpr int kHcPartRow = 25;
+
+// A token's mixing product where hc_post_mix left it as parts (HcPreCall::parts): thread i < M + 1 adds column i of
+// the parts in part order into mix_sh; returns the norm's scale from column M (every thread, after a barrier).
+__device__ float hc_sum_parts(const HcPreCall &c, int64_t t, int M, float *mix_sh) {
+    if ((int)threadIdx.x <= M) {
+        const float *col = c.parts + t * c.n_parts * (M + 1) + threadIdx.x;
+        float s = 0.0f;
+        for (int p = 0; p < c.n_parts; p++) s += col[(int64_t)p * (M + 1)];
+        mix_sh[threadIdx.x] = s;
+    }
+    __syncthreads();
+    return rsqrtf(mix_sh[M] / (float)((int64_t)c.N * c.D) + c.norm_eps);
+}
+
+// The folded norm's scale of token t's streams (HcPreCall::norm): the first 256 threads sum the squares of its N * D
+// values, four 16-byte loads in flight a thread (one at a time, each waiting for the one before, the 64 KB took
+// ~28 us a call: the 12-05 05:1x profile). Any wider block's other threads add zeros, so its sum is a 256-thread
+// block's bit for bit.
+__device__ float hc_fold_scale(const HcPreCall &c, int64_t t, float *red) {
+    const int64_t n = (int64_t)c.N * c.D;
+    const float *X = c.X + t * n;
+    float ss = 0.0f;
+    if (threadIdx.x < 256) {
         if (n % 4 == 0 && ((uintptr_t)X & 15) == 0) {
             const float4 *X4 = (const float4 *)X;
 #pragma unroll 4
-            for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+            for (int64_t i = threadIdx.x; i < n / 4; i += 256) {
                 const float4 v = X4[i];
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
         } else {
-            for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += X[i] * X[i];
+            for (int64_t i = threadIdx.x; i < n; i += 256) ss += X[i] * X[i];
         }
-        ss = block_sum(ss, red);
-        r = rsqrtf(ss / (float)n + c.norm_eps);
     }
-    if (threadIdx.x < N) pre[threadIdx.x] = sigmoid_f(mix[threadIdx.x] * r * c.scale[0] + c.base[threadIdx.x]) + c.eps;
+    ss = block_sum(ss, red);
+    return rsqrtf(ss / (float)n + c.norm_eps);
+}
+
+// pre (N sigmoids) into shared memory from the token's mixing row scaled by r; then warp 0 stores post and comb
+// (Sinkhorn one lane per entry) while the other warps go on.
+__device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, float r, bool store, float *pre) {
+    const int N = c.N;
+    if ((int)threadIdx.x < N) pre[threadIdx.x] = sigmoid_f(mix[threadIdx.x] * r * c.scale[0] + c.base[threadIdx.x]) + c.eps;
     __syncthreads();
     if (store && threadIdx.x < 32) {  // the whole warp: sinkhorn_warp shuffles across it
         const int lane = threadIdx.x;
@@ -95,8 +111,93 @@ __global__ void hc_pre_kernel(HcPreCall c) {
         const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
         if (lane < N * N) c.comb[t * N * N + lane] = v;
     }
+}
+
+// Block (token, chunk of kHcChunk channels): the first lanes derive pre, which every chunk mixes its channels with;
+// chunk 0's warp 0 then derives post and comb while its other warps mix: the other chunks need neither, so no block
+// waits for Sinkhorn's iterations before mixing (every block ran them, all warps waiting, before the 12-05 change).
+// With norm, every block first takes the token's RMSNorm scale: from the streams (64 KB for V4: from L2 after the
+// first block), or from the parts' sum of squares.
+__global__ void hc_pre_kernel(HcPreCall c) {
+    __shared__ float pre[kDs4MaxHc];
+    __shared__ float red[32];
+    __shared__ float mix_sh[kHcPartRow];
+    const int64_t t = blockIdx.x;
+    const int N = c.N, M = (2 + N) * N;
+    const float *mix = c.mix + t * M;
+    float r = 1.0f;
+    if (c.parts) {
+        r = hc_sum_parts(c, t, M, mix_sh);
+        mix = mix_sh;
+    } else if (c.norm) {
+        r = hc_fold_scale(c, t, red);
+    }
+    hc_pre_weights(c, t, mix, r, blockIdx.y == 0, pre);
     const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
     mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
+}
+
+// hc_pre and the sub-block's RMSNorm in one block a token (Device::hc_pre_norm): hc_pre_kernel's pre, post and comb,
+// the token's x mixed channel by channel into registers as rmsnorm_regs_kernel holds a row (channel i + k x
+// blockDim, blockDim norm_threads(D)), so its sum of squares, scale and y = (x r) w with the staged quantization are
+// that kernel's bit for bit: two launches a site become one.
+constexpr int kHcNormRegs = 8;
+
+__global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const float *w, float eps, float *y,
+                                                           CudaDevice::QuantX q) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
+    __shared__ float pre[kDs4MaxHc];
+    __shared__ float red[32];
+    __shared__ float mix_sh[kHcPartRow];
+    const int64_t t = blockIdx.x;
+    const int N = c.N, M = (2 + N) * N;
+    const int64_t D = c.D;
+    const float *mix = c.mix + t * M;
+    float r = 1.0f;
+    if (c.parts) {
+        r = hc_sum_parts(c, t, M, mix_sh);
+        mix = mix_sh;
+    } else if (c.norm) {
+        r = hc_fold_scale(c, t, red);
+    }
+    hc_pre_weights(c, t, mix, r, true, pre);
+    const float *X = c.X + t * N * D;
+    float v[kHcNormRegs];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kHcNormRegs; k++) {
+        const int d = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
+        v[k] = 0.0f;
+        if (d < D) {
+            float s = 0.0f;  // mix_streams_block's sum
+            for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
+            v[k] = s;
+            c.x[t * D + d] = s;
+            ss += v[k] * v[k];
+        }
+    }
+    ss = block_sum(ss, red);
+    const float rn = rsqrtf(ss / (float)D + eps);
+    q = row_quant(q, D);
+#pragma unroll
+    for (int k = 0; k < kHcNormRegs; k++) {
+        const int d = (int)threadIdx.x + k * (int)blockDim.x;
+        if (d < D) store_normed(y + t * D, d, w ? (v[k] * rn) * __ldg(w + d) : v[k] * rn, q);  // whole warps: D % 32 == 0
+    }
+}
+
+// The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as
+// moe_combine_kernel adds them (HcPostCall::pairs), + F2.
+__device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
+    float f;
+    if (c.pairs) {
+        f = 0.0f;
+        for (int j = 0; j < c.k; j++) f += c.pair_w[t * c.k + j] * c.pairs[(t * c.k + j) * c.D + d];
+    } else {
+        f = c.F[t * c.D + d];
+    }
+    return c.F2 ? f + c.F2[t * c.D + d] : f;
 }
 
 // One thread per output element (token, stream b, channel d).
@@ -109,8 +210,65 @@ __global__ void hc_post_kernel(HcPostCall c) {
         const float *X = c.X + t * N * c.D, *comb = c.comb + t * N * N;
         float s = 0.0f;
         for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d];
-        const float f = c.F2 ? c.F[t * c.D + d] + c.F2[t * c.D + d] : c.F[t * c.D + d];
-        c.out[e] = c.post[t * N + b] * f + s;
+        c.out[e] = c.post[t * N + b] * hc_post_f(c, t, d) + s;
+    }
+}
+
+// hc_post of token blockIdx.x over a part of the channels (blockIdx.y), every stream of them, and the next site's
+// mixing product over the same values: each thread a channel at a time, its N outputs (hc_post_kernel's floats)
+// multiplied by the M rows' N weights of that channel, the block's M sums and sum of squares into the token's part
+// row (Device::hc_post_mix). The mixing matrix (24 x 16,384 f16 for V4, 786 KB) is read once a token, a part a block.
+constexpr int kHcMixN = 4, kHcMixM = (2 + kHcMixN) * kHcMixN;
+constexpr int kHcPostMixThreads = 256;
+
+template <class WT>
+__device__ __forceinline__ float hc_weight(const WT *p) {
+    if constexpr (sizeof(WT) == 2)
+        return half_bits_to_f32(__ldg((const unsigned short *)p));
+    else
+        return __ldg(p);
+}
+
+template <class WT>
+__global__ void __launch_bounds__(kHcPostMixThreads) hc_post_mix_kernel(HcPostCall c, const WT *fn, int64_t fn_stride,
+                                                                        int64_t chunk, float *parts) {
+    constexpr int N = kHcMixN, M = kHcMixM;
+    __shared__ float red[M + 1][kHcPostMixThreads / 32];
+    const int64_t t = blockIdx.x, D = c.D;
+    const int64_t d0 = (int64_t)blockIdx.y * chunk, d1 = d0 + chunk < D ? d0 + chunk : D;
+    const float *X = c.X + t * N * D, *comb = c.comb + t * N * N, *post = c.post + t * N;
+    float *out = c.out + t * N * D;
+    float acc[M + 1];
+#pragma unroll
+    for (int i = 0; i <= M; i++) acc[i] = 0.0f;
+    for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
+        const float f = hc_post_f(c, t, d);
+        float xa[N];
+#pragma unroll
+        for (int a = 0; a < N; a++) xa[a] = X[a * D + d];
+#pragma unroll
+        for (int b = 0; b < N; b++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int a = 0; a < N; a++) s += comb[a * N + b] * xa[a];
+            const float o = post[b] * f + s;
+            out[b * D + d] = o;
+            acc[M] += o * o;
+#pragma unroll
+            for (int i = 0; i < M; i++) acc[i] += hc_weight(fn + i * fn_stride + b * D + d) * o;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i <= M; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0) red[i][warp] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int w = 0; w < kHcPostMixThreads / 32; w++) s += red[threadIdx.x][w];
+        parts[(t * gridDim.y + blockIdx.y) * (M + 1) + threadIdx.x] = s;
     }
 }
 
@@ -296,14 +454,37 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
 
 // ---- launchers ------------------------------------------------------------------------------------------------------
 
-void CudaDevice::hc_pre(const HcPreCall &c) {
-    // Sinkhorn runs one lane per entry of the N x N matrix
+// What hc_pre's kernels need of a call: Sinkhorn runs one lane per entry of the N x N matrix, and parts fit a row.
+static void check_hc_pre(const HcPreCall &c) {
     if (c.N < 1 || c.N * c.N > 32) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 5)");
+    if (c.parts && ((2 + c.N) * c.N + 1 > kHcPartRow || !c.norm || c.n_parts < 1))
+        fail(DFL_ERR_INTERNAL, "hc_pre: parts of " + std::to_string(c.N) + " streams (at most 4), or without the norm");
+}
+
+void CudaDevice::hc_pre(const HcPreCall &c) {
+    check_hc_pre(c);
     op("hc_pre", [&] {
         if (c.T <= 0 || c.D <= 0) return;
         hc_pre_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
         check_launch("hc_pre");
     });
+}
+
+// hc_pre with the sub-block's RMSNorm in one launch where a block holds a row (DFL_CUDA_HC_PRE_NORM=1; off: the
+// two ops).
+void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) {
+    static const bool on = env_switch("DFL_CUDA_HC_PRE_NORM", false);
+    const int threads = norm_threads(c.D);
+    if (!on || c.D % 32 != 0 || c.D > (int64_t)kHcNormRegs * threads || c.N > kDs4MaxHc)
+        return Device::hc_pre_norm(c, w, eps, y);
+    check_hc_pre(c);
+    op("hc_pre_norm", [&] {
+        const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging, whatever T is)
+        if (c.T <= 0) return;
+        launch_chain(hc_pre_norm_kernel, dim3((unsigned)c.T), dim3(threads), 0, stream_, c, w, eps, y, q);
+        check_launch("hc_pre_norm");
+    });
+    staged_done();
 }
 
 // The plan multiplies the raw streams and hc_pre applies their norm, where a 16,384-wide rmsnorm launch (~20 us in the
@@ -321,6 +502,29 @@ void CudaDevice::hc_post(const HcPostCall &c) {
         hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
         check_launch("hc_post");
     });
+}
+
+// hc_post with the next site's mixing product as parts (DFL_CUDA_HC_POST_MIX=1): for up to kHcPartsMaxT tokens of 4
+// streams and an f16 or f32 mixing matrix; otherwise hc_post alone (0 parts: the plan multiplies).
+int CudaDevice::hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) {
+    static const bool on = env_switch("DFL_CUDA_HC_POST_MIX", false);
+    const bool f16 = fn.type == DFL_TYPE_F16, f32 = fn.type == DFL_TYPE_F32;
+    if (!on || c.N != kHcMixN || !(f16 || f32) || c.T < 1 || c.T > kHcPartsMaxT || c.D < 1 || fn.n_out != kHcMixM ||
+        fn.n_in != (int64_t)c.N * c.D || fn.row_bytes != (uint64_t)fn.n_in * (f16 ? 2 : 4))
+        return Device::hc_post_mix(c, fn, parts);
+    const int n_parts = (int)std::min<int64_t>(kHcMaxParts, (c.D + kHcPostMixThreads - 1) / kHcPostMixThreads);
+    const int64_t chunk = (c.D + n_parts - 1) / n_parts;
+    op("hc_post_mix", [&] {
+        const dim3 grid((unsigned)c.T, (unsigned)n_parts);
+        if (f16)
+            hc_post_mix_kernel<uint16_t><<<grid, kHcPostMixThreads, 0, stream_>>>(c, (const uint16_t *)fn.data, fn.n_in,
+                                                                                   chunk, parts);
+        else
+            hc_post_mix_kernel<float><<<grid, kHcPostMixThreads, 0, stream_>>>(c, (const float *)fn.data, fn.n_in, chunk,
+                                                                               parts);
+        check_launch("hc_post_mix");
+    });
+    return n_parts;
 }
 
 void CudaDevice::hc_head(const HcHeadCall &c) {

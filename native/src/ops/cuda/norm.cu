@@ -4,6 +4,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/norm_store.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -21,23 +22,6 @@ __device__ __forceinline__ float row_rms_scale(const float *x, int64_t n, float 
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss, red);
     return rsqrtf(ss / (float)n + eps);
-}
-
-// A normed row's values, and where q.xq is set its int8 quantization for the product that follows (CudaDevice::
-// stage_quant; n a multiple of 32, so a warp's 32 lanes always hold one block of 32 together).
-__device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, const CudaDevice::QuantX &q) {
-    yr[i] = v;
-    if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
-}
-
-// q offset to row blockIdx.x of n elements.
-__device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n) {
-    if (q.xq) {
-        q.xq += (int64_t)blockIdx.x * n;
-        q.xs += (int64_t)blockIdx.x * (n / 32);
-        q.xsum += (int64_t)blockIdx.x * (n / 32);
-    }
-    return q;
 }
 
 // y may alias x: each thread reads its own elements before writing them, and every read of the reduction happened
@@ -138,7 +122,7 @@ __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, i
     }
 }
 
-static int norm_threads(int64_t n) {
+int norm_threads(int64_t n) {
     int t = 32;
     while (t < norm_max_threads() && t * 4 < n) t *= 2;
     return t;
