@@ -116,6 +116,16 @@ public:
     // What product() does before its launches, for a launch inside an op (moe_experts' down projection after its
     // swiglu_clamp): the staging is open to take_staged if no device call came after the op that staged it.
     void open_staged() { staged_open_ = staged_.x != nullptr && staged_.call == calls_; }
+    void close_staged() {  // after such a launch: taken or not, the staging is spent
+        staged_open_ = false;
+        staged_ = Staged{};
+    }
+    // open_staged() for the scope's life, close_staged() at its end
+    struct StagedScope {
+        CudaDevice &d;
+        explicit StagedScope(CudaDevice &dev) : d(dev) { d.open_staged(); }
+        ~StagedScope() { d.close_staged(); }
+    };
     int sm_count() const { return sm_count_; }
     int index() const { return index_; }
 

@@ -15,6 +15,11 @@ namespace cuda {
 
 constexpr int kDs4Threads = 128;
 
+bool ds4_chain_on() {
+    static const bool on = env_switch("DFL_CUDA_DS4_CHAIN", false);
+    return on;
+}
+
 // ---- hyper-connections ----------------------------------------------------------------------------------------------
 
 // Sinkhorn projection of one n x n matrix (n * n <= 32), the CPU's ds4_sinkhorn step for step: lane a * n + b of the
@@ -74,24 +79,25 @@ __device__ float hc_sum_parts(const HcPreCall &c, int64_t t, int M, float *mix_s
     return rsqrtf(mix_sh[M] / (float)((int64_t)c.N * c.D) + c.norm_eps);
 }
 
-// The folded norm's scale of token t's streams (HcPreCall::norm): the first 256 threads sum the squares of its N * D
-// values, four 16-byte loads in flight a thread (one at a time, each waiting for the one before, the 64 KB took
-// ~28 us a call: the 12-05 05:1x profile). Any wider block's other threads add zeros, so its sum is a 256-thread
-// block's bit for bit.
+// The folded norm's scale of token t's streams (HcPreCall::norm): the first 256 threads (or the block's, if fewer)
+// sum the squares of its N * D values, four 16-byte loads in flight a thread (one at a time, each waiting for the one
+// before, the 64 KB took ~28 us a call: the 12-05 05:1x profile). A wider block's other threads add zeros, so its
+// sum is hc_pre_kernel's (256 threads) bit for bit.
 __device__ float hc_fold_scale(const HcPreCall &c, int64_t t, float *red) {
     const int64_t n = (int64_t)c.N * c.D;
     const float *X = c.X + t * n;
+    const int nt = blockDim.x < 256 ? (int)blockDim.x : 256;
     float ss = 0.0f;
-    if (threadIdx.x < 256) {
+    if ((int)threadIdx.x < nt) {
         if (n % 4 == 0 && ((uintptr_t)X & 15) == 0) {
             const float4 *X4 = (const float4 *)X;
 #pragma unroll 4
-            for (int64_t i = threadIdx.x; i < n / 4; i += 256) {
+            for (int64_t i = threadIdx.x; i < n / 4; i += nt) {
                 const float4 v = X4[i];
                 ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             }
         } else {
-            for (int64_t i = threadIdx.x; i < n; i += 256) ss += X[i] * X[i];
+            for (int64_t i = threadIdx.x; i < n; i += nt) ss += X[i] * X[i];
         }
     }
     ss = block_sum(ss, red);
@@ -119,6 +125,8 @@ __device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, 
 // With norm, every block first takes the token's RMSNorm scale: from the streams (64 KB for V4: from L2 after the
 // first block), or from the parts' sum of squares.
 __global__ void hc_pre_kernel(HcPreCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     __shared__ float pre[kDs4MaxHc];
     __shared__ float red[32];
     __shared__ float mix_sh[kHcPartRow];
@@ -202,6 +210,8 @@ __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64
 
 // One thread per output element (token, stream b, channel d).
 __global__ void hc_post_kernel(HcPostCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     const int N = c.N;
     const int64_t total = c.T * N * c.D;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -232,6 +242,8 @@ __device__ __forceinline__ float hc_weight(const WT *p) {
 template <class WT>
 __global__ void __launch_bounds__(kHcPostMixThreads) hc_post_mix_kernel(HcPostCall c, const WT *fn, int64_t fn_stride,
                                                                         int64_t chunk, float *parts) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     constexpr int N = kHcMixN, M = kHcMixM;
     __shared__ float red[M + 1][kHcPostMixThreads / 32];
     const int64_t t = blockIdx.x, D = c.D;
@@ -273,6 +285,8 @@ __global__ void __launch_bounds__(kHcPostMixThreads) hc_post_mix_kernel(HcPostCa
 }
 
 __global__ void hc_head_kernel(HcHeadCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     __shared__ float a[kDs4MaxHc];
     const int64_t t = blockIdx.x;
     const int N = c.N;
@@ -286,6 +300,8 @@ __global__ void hc_head_kernel(HcHeadCall c) {
 
 // One thread per (row, head, rotated pair).
 __global__ void rope_tail_kernel(RopeTailCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     const int half = c.rope_dim / 2;
     const int64_t total = c.rows * c.n_head * half;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -309,6 +325,8 @@ __device__ __forceinline__ void rotate_tail_block(float *x, int head_dim, int ro
 constexpr int kNormRopeRegs = 8;
 
 __global__ void norm_rope_tail_kernel(const float *w, float eps, RopeTailCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     __shared__ float red[32];
     const int64_t row = blockIdx.x / c.n_head;
     const int n = c.head_dim;
@@ -337,6 +355,8 @@ __global__ void norm_rope_tail_kernel(const float *w, float eps, RopeTailCall c)
 
 // Block (entry, i): the entry's i-th of its last min(n, window) tokens goes to ring row position % window.
 __global__ void ring_write_kernel(BatchMeta m, Ds4RingWrite c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     const int32_t e = blockIdx.x;
     const int64_t n = m.n[e], cnt = n < c.window ? n : c.window;
     if ((int64_t)blockIdx.y >= cnt) return;
@@ -377,7 +397,9 @@ __device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64
 // shared memory, where a thread a pair rotates its tail as rope_tail_kernel does; block (t, 0) copies the token's kv
 // row to the ring), where the launcher would run rope_tail_kernel and ring_write_kernel after it.
 template <bool FOLD>
-__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c) {
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float q_sh[];  // [head_dim]
     __shared__ float l_sh[kAttnTile];
     __shared__ const float *k_sh[kAttnTile];
@@ -428,6 +450,13 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
         __syncthreads();  // k_sh / l_sh are refilled by the next tile
     }
     float *o = c.out + (t * c.n_head + h) * hd;
+    // where oq.xq is set, the output's int8 quantization for the grouped product after (a warp's lanes hold 32
+    // consecutive dims: head_dim % 32 == 0)
+    const int64_t qo = (t * c.n_head + h) * hd;
+    auto store = [&](int d, float v) {
+        o[d] = v;
+        if (oq.xq) quant_q8_warp(v, oq.xq + qo + d, oq.xs + (qo + d) / 32, oq.xsum + (qo + d) / 32);
+    };
     if (FOLD && c.unrotate) {  // q_sh is free: the last tile's barrier passed every read of it
 #pragma unroll
         for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
@@ -437,12 +466,12 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
         __syncthreads();
         rotate_tail_block(q_sh, hd, c.rope_dim, -(double)m.pos[t], c.unrotate);
         __syncthreads();
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) o[d] = q_sh[d];
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) store(d, q_sh[d]);
     } else {
 #pragma unroll
         for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
             const int d = threadIdx.x + kk * blockDim.x;
-            if (d < hd) o[d] = acc[kk] / den;
+            if (d < hd) store(d, acc[kk] / den);
         }
     }
     if (FOLD && c.ring_write && h == 0) {  // one token an entry (the plan's condition): its row goes to p % window
@@ -465,7 +494,7 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
     check_hc_pre(c);
     op("hc_pre", [&] {
         if (c.T <= 0 || c.D <= 0) return;
-        hc_pre_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
+        launch_ds4(hc_pre_kernel, dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_, c);
         check_launch("hc_pre");
     });
 }
@@ -499,7 +528,7 @@ void CudaDevice::hc_post(const HcPostCall &c) {
     op("hc_post", [&] {
         const int64_t n = c.T * c.N * c.D;
         if (n <= 0) return;
-        hc_post_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
+        launch_ds4(hc_post_kernel, grid_for(n, 256), 256, 0, stream_, c);
         check_launch("hc_post");
     });
 }
@@ -517,10 +546,10 @@ int CudaDevice::hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts)
     op("hc_post_mix", [&] {
         const dim3 grid((unsigned)c.T, (unsigned)n_parts);
         if (f16)
-            hc_post_mix_kernel<uint16_t><<<grid, kHcPostMixThreads, 0, stream_>>>(c, (const uint16_t *)fn.data, fn.n_in,
+            launch_ds4(hc_post_mix_kernel<uint16_t>, grid, kHcPostMixThreads, 0, stream_, c, (const uint16_t *)fn.data, fn.n_in,
                                                                                    chunk, parts);
         else
-            hc_post_mix_kernel<float><<<grid, kHcPostMixThreads, 0, stream_>>>(c, (const float *)fn.data, fn.n_in, chunk,
+            launch_ds4(hc_post_mix_kernel<float>, grid, kHcPostMixThreads, 0, stream_, c, (const float *)fn.data, fn.n_in, chunk,
                                                                                parts);
         check_launch("hc_post_mix");
     });
@@ -531,7 +560,7 @@ void CudaDevice::hc_head(const HcHeadCall &c) {
     if (c.N < 1 || c.N > kDs4MaxHc) fail(DFL_ERR_UNSUPPORTED, "hc_head: " + std::to_string(c.N) + " streams (at most 16)");
     op("hc_head", [&] {
         if (c.T <= 0 || c.D <= 0) return;
-        hc_head_kernel<<<dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_>>>(c);
+        launch_ds4(hc_head_kernel, dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_, c);
         check_launch("hc_head");
     });
 }
@@ -540,7 +569,7 @@ void CudaDevice::rope_tail(const RopeTailCall &c) {
     op("rope_tail", [&] {
         const int64_t n = c.rows * c.n_head * (c.rope_dim / 2);
         if (n <= 0) return;
-        rope_tail_kernel<<<grid_for(n, 256), 256, 0, stream_>>>(c);
+        launch_ds4(rope_tail_kernel, grid_for(n, 256), 256, 0, stream_, c);
         check_launch("rope_tail");
     });
 }
@@ -555,7 +584,7 @@ void CudaDevice::norm_rope_tail(const float *w, float eps, const RopeTailCall &c
     op("norm_rope_tail", [&] {
         const int64_t rows = c.rows * c.n_head;
         if (rows <= 0) return;
-        norm_rope_tail_kernel<<<(unsigned)rows, threads, 0, stream_>>>(w, eps, c);
+        launch_ds4(norm_rope_tail_kernel, (unsigned)rows, threads, 0, stream_, w, eps, c);
         check_launch("norm_rope_tail");
     });
 }
@@ -563,7 +592,7 @@ void CudaDevice::norm_rope_tail(const float *w, float eps, const RopeTailCall &c
 void CudaDevice::ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) {
     op("ds4_ring_write", [&] {
         if (m.n_ent <= 0 || c.window <= 0) return;
-        ring_write_kernel<<<dim3((unsigned)m.n_ent, (unsigned)c.window), kDs4Threads, 0, stream_>>>(m, c);
+        launch_ds4(ring_write_kernel, dim3((unsigned)m.n_ent, (unsigned)c.window), kDs4Threads, 0, stream_, m, c);
         check_launch("ds4_ring_write");
     });
 }
@@ -578,16 +607,22 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // unrotate and ring_write inside the attention kernel, two launches fewer a layer (rope_tail ~4.5 us and the ring
     // write ~4.9 us op by op, the 12-05 profile); DFL_CUDA_DS4_ATTN_FOLD=0: the two kernels after it
     static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", true);
+    // the output's int8 quantization staged for the grouped product after it (its quantizer launch saved), where the
+    // output is final here (folded, or nothing to un-rotate): DFL_CUDA_DS4_ATTN_QUANT=1
+    static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
+    const bool stage = quant && (fold || !c.unrotate) && c.head_dim % 32 == 0;
     op("ds4_attention", [&] {
+        const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
         if (m.T <= 0 || c.n_head <= 0) return;
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
         const size_t shared = (size_t)c.head_dim * sizeof(float);
         if (fold)
-            ds4_attention_kernel<true><<<grid, kDs4Threads, shared, stream_>>>(m, c);
+            launch_ds4(ds4_attention_kernel<true>, grid, kDs4Threads, shared, stream_, m, c, q);
         else
-            ds4_attention_kernel<false><<<grid, kDs4Threads, shared, stream_>>>(m, c);
+            launch_ds4(ds4_attention_kernel<false>, grid, kDs4Threads, shared, stream_, m, c, q);
         check_launch("ds4_attention");
     });
+    if (stage) staged_done();
     if (fold) return;
     if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
     if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
@@ -596,6 +631,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
 void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
     if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
     const int64_t rows = W.n_out / groups;
+    // the groups' inputs are one token's consecutive slices: the attention's staged quantization of its output, if
+    // no call came between (DFL_CUDA_DS4_ATTN_QUANT=1), serves them as one batch of `groups` rows
+    const StagedScope staged(*this);
     op("matmul_grouped", [&] {
         GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
         z.w_rows = rows;

@@ -8,6 +8,17 @@ namespace cuda {
 
 constexpr int kDs4MaxHc = 16;  // hyper-connection streams a kernel holds in shared memory (V4 has 4)
 
+// Whether DeepSeek V4's kernels between products are chained launches (DFL_CUDA_DS4_CHAIN=1, and launch_chain's own
+// switch): each then starts while the kernel before it ends, its launch hidden (a batch-1 step is ~25 launches a
+// layer of a few us each). Every kernel launched by launch_ds4 calls pdl_wait() at its top, so it reads nothing
+// before the kernel before it has finished; defined in ds4.cu.
+bool ds4_chain_on();
+
+template <typename... Params, typename... Args>
+inline void launch_ds4(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s, Args &&...args) {
+    launch_maybe_pdl(ds4_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
+}
+
 // Interleaved RoPE of one pair (x[0], x[1]) by angle pos * inv_freq, rounded as the CPU's ds4_rope_tail_head: the
 // angle in f32, its cosine and sine in double, rounded to f32.
 __device__ __forceinline__ void rotate_pair(float *x, double pos, float inv_freq) {

@@ -51,6 +51,8 @@ struct CompSource {
 // w * R + R - 1 is in the batch). Pools it (per-channel softmax of z over the window's slots weighting c), RMSNorms,
 // rotates at position w * R and stores it at its pool row.
 __global__ void __launch_bounds__(kCompThreads) compress_pool_kernel(BatchMeta m, Ds4CompressCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float row[];  // [head_dim]
     __shared__ double red[32];
     const int32_t e = blockIdx.x;
@@ -116,6 +118,8 @@ __global__ void __launch_bounds__(kCompThreads) compress_pool_kernel(BatchMeta m
 // position q = s (mod R) of the batch, when there is one; with overlap, prev holds the last window closed in the batch
 // (when one closed), read before cur is overwritten (the same thread owns both).
 __global__ void compress_state_kernel(BatchMeta m, Ds4CompressCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     const int32_t e = blockIdx.y;
     const int R = c.ratio, width = c.head_dim * (c.overlap ? 2 : 1);
     const int64_t len0 = m.len0[e], end = len0 + m.n[e], t0 = m.t0[e];
@@ -155,11 +159,10 @@ void CudaDevice::ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) {
         if (m.T <= 0 || m.n_ent <= 0) return;
         // windows closing in an entry of n tokens: at most n / R + 1
         const int64_t max_windows = m.max_n / c.ratio + 1;
-        compress_pool_kernel<<<dim3((unsigned)m.n_ent, (unsigned)max_windows), kCompThreads,
-                               (size_t)c.head_dim * sizeof(float), stream_>>>(m, c);
+        launch_ds4(compress_pool_kernel, dim3((unsigned)m.n_ent, (unsigned)max_windows), kCompThreads, (size_t)c.head_dim * sizeof(float), stream_, m, c);
         check_launch("ds4_compress (pool)");
         const int64_t per_ent = (int64_t)c.ratio * c.head_dim * (c.overlap ? 2 : 1);
-        compress_state_kernel<<<dim3(grid_for(per_ent, 256), (unsigned)m.n_ent), 256, 0, stream_>>>(m, c);
+        launch_ds4(compress_state_kernel, dim3(grid_for(per_ent, 256), (unsigned)m.n_ent), 256, 0, stream_, m, c);
         check_launch("ds4_compress (state)");
     });
 }
@@ -181,6 +184,8 @@ __device__ __forceinline__ int64_t index_visible(const BatchMeta &m, int64_t t, 
 // lane, lane + 32, ... and the per-head terms are added in head order by lane 0, as the CPU adds them.
 __global__ void __launch_bounds__(kIdxWarps * 32) index_scores_kernel(BatchMeta m, Ds4IndexerCall c, int64_t tok0,
                                                                       int64_t stride, float *scores) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float sh[];
     const int H = c.n_head, hd = c.head_dim, qs = hd + 1;
     float *q_sh = sh, *w_sh = q_sh + (int64_t)H * qs, *k_sh = w_sh + H, *term = k_sh + kIdxWarps * hd;
@@ -245,6 +250,8 @@ __device__ int block_scan_flag(bool flag, int *warp_n, int *total) {
 // with -1 when there are at most top_k.
 __global__ void __launch_bounds__(kSelThreads) index_select_kernel(BatchMeta m, Ds4IndexerCall c, int64_t tok0,
                                                                    int64_t stride, const float *scores) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     __shared__ unsigned hist[256];
     __shared__ uint32_t sh_prefix;
     __shared__ int sh_need;
@@ -320,9 +327,9 @@ void CudaDevice::ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) {
         for (int64_t t0 = 0; t0 < m.T; t0 += chunk) {
             const int64_t n = std::min(chunk, m.T - t0);
             const unsigned groups = (unsigned)((stride + kIdxKeysPerBlock - 1) / kIdxKeysPerBlock);
-            index_scores_kernel<<<dim3((unsigned)n, groups), kIdxWarps * 32, smem, stream_>>>(m, c, t0, stride, scores);
+            launch_ds4(index_scores_kernel, dim3((unsigned)n, groups), kIdxWarps * 32, smem, stream_, m, c, t0, stride, scores);
             check_launch("ds4_indexer_topk (scores)");
-            index_select_kernel<<<(unsigned)n, kSelThreads, 0, stream_>>>(m, c, t0, stride, scores);
+            launch_ds4(index_select_kernel, (unsigned)n, kSelThreads, 0, stream_, m, c, t0, stride, scores);
             check_launch("ds4_indexer_topk (select)");
         }
     });

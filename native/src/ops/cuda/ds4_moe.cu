@@ -35,6 +35,8 @@ __device__ __forceinline__ void keep_better(float &v, int32_t &id, float v2, int
 // One warp (block of 32) per token. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by repeated
 // warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted.
 __global__ void moe_route_kernel(MoeRouteCall c) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float sh[];
     const int E = c.n_expert, K = c.k;
     float *s = sh, *b = sh + E;
@@ -121,6 +123,8 @@ __global__ void moe_gather_kernel(const float *x, const int32_t *order, int k, i
 // pair i's row is i).
 __global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, const float *weights, int k, int64_t T,
                                    int64_t D, float *out) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
     const int64_t n = T * D;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = e / D, d = e % D;
@@ -147,7 +151,7 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
         fail(DFL_ERR_INVALID, "moe_route: hash table of " + std::to_string(c.k_table) + " experts per token");
     op("moe_route", [&] {
         if (c.T <= 0) return;
-        moe_route_kernel<<<(unsigned)c.T, 32, 2 * (size_t)c.n_expert * sizeof(float), stream_>>>(c);
+        launch_ds4(moe_route_kernel, (unsigned)c.T, 32, 2 * (size_t)c.n_expert * sizeof(float), stream_, c);
         check_launch("moe_route");
     });
 }
@@ -192,13 +196,13 @@ static const float *moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c)
     {
         // the down product takes the int8 activations swiglu_clamp staged (the same bytes its quantizer would write)
         // instead of launching that quantizer
-        dev.open_staged();
+        const CudaDevice::StagedScope staged(dev);
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
     if (leave && c.leave_pairs) return yg;
     CudaDevice::OpTimer tm(dev, "moe_experts (combine)");
-    moe_combine_kernel<<<grid_for(T * D, 256), 256, 0, dev.stream()>>>(yg, nullptr, c.weights, (int)K, T, D, c.out);
+    launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, dev.stream(), yg, nullptr, c.weights, (int)K, T, D, c.out);
     check_launch("moe_experts (combine)");
     return nullptr;
 }
@@ -251,7 +255,7 @@ const float *CudaDevice::moe_experts(const MoeExpertsCall &c) {
         matmul(c.down.rows(e * D, D), g + r0 * F, n, yg + r0 * D);
     }
     OpTimer tm(*this, "moe_experts (combine)");
-    moe_combine_kernel<<<grid_for(T * D, 256), 256, 0, stream_>>>(yg, d_index + P, c.weights, (int)K, T, D, c.out);
+    launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, stream_, yg, d_index + P, c.weights, (int)K, T, D, c.out);
     check_launch("moe_experts (combine)");
     return nullptr;
 }
