@@ -395,12 +395,15 @@ __device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64
 // denominator at exp(0) = 1 for it, which is the CPU's exp(sink - mx) term once rescaled. Each thread owns the output
 // dims d = threadIdx.x + k * blockDim.x. FOLD: the call's unrotate and ring_write here (the output row goes through
 // shared memory, where a thread a pair rotates its tail as rope_tail_kernel does; block (t, 0) copies the token's kv
-// row to the ring), where the launcher would run rope_tail_kernel and ring_write_kernel after it.
-template <bool FOLD>
+// row to the ring), where the launcher would run rope_tail_kernel and ring_write_kernel after it. SMEM: each tile's
+// key rows are copied into shared memory once and both the scores and the value sums read them there, where each read
+// them from L2 (K = V: every row was read twice, and the 64 heads of a token read the same rows: ~170 MB of L2 reads a
+// V4 layer at batch 1); the same floats in the same order, so the same output bits.
+template <bool FOLD, bool SMEM>
 __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
-    extern __shared__ float q_sh[];  // [head_dim]
+    extern __shared__ float q_sh[];  // [head_dim], then with SMEM the tile's rows [kAttnTile][head_dim]
     __shared__ float l_sh[kAttnTile];
     __shared__ const float *k_sh[kAttnTile];
     const int64_t t = blockIdx.x;
@@ -420,11 +423,32 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
         const int tile = (int)(nk - j0 < kAttnTile ? nk - j0 : kAttnTile);
         if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
         __syncthreads();  // also orders q_sh's fill before the first use
+        float *kt = q_sh + hd;
+        if (SMEM) {
+            // a thread's dims of four rows at a time in registers, then stored: 16 loads in flight a thread
+#pragma unroll 4
+            for (int j = 0; j < tile; j++) {
+                const float *k = k_sh[j];
+                float v[kAttnMaxDimsPerThread];
+#pragma unroll
+                for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                    const int d = threadIdx.x + kk * blockDim.x;
+                    v[kk] = k && d < hd ? k[d] : 0.0f;
+                }
+#pragma unroll
+                for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                    const int d = threadIdx.x + kk * blockDim.x;
+                    if (d < hd) kt[j * hd + d] = v[kk];
+                }
+            }
+            __syncthreads();
+        }
+        auto row = [&](int j) { return SMEM ? kt + j * hd : k_sh[j]; };  // (k_sh[j] null: no key)
         for (int j = warp; j < tile; j += n_warps) {
-            const float *k = k_sh[j];
+            const float *k = k_sh[j], *kr = row(j);
             float s = 0.0f;
             if (k)
-                for (int d = lane; d < hd; d += 32) s += q_sh[d] * k[d];
+                for (int d = lane; d < hd; d += 32) s += q_sh[d] * kr[d];
             s = warp_sum(s);
             if (lane == 0) l_sh[j] = k ? s * c.scale : -INFINITY;
         }
@@ -436,14 +460,14 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
 #pragma unroll
         for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] *= alpha;
         for (int j = 0; j < tile; j++) {
-            const float *k = k_sh[j];
-            if (!k) continue;
+            if (!k_sh[j]) continue;
+            const float *kr = row(j);
             const float pj = expf(l_sh[j] - mnew);
             den += pj;
 #pragma unroll
             for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
                 const int d = threadIdx.x + kk * blockDim.x;
-                if (d < hd) acc[kk] += pj * k[d];
+                if (d < hd) acc[kk] += pj * kr[d];
             }
         }
         mx = mnew;
@@ -611,15 +635,27 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // output is final here (folded, or nothing to un-rotate): DFL_CUDA_DS4_ATTN_QUANT=1
     static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
     const bool stage = quant && (fold || !c.unrotate) && c.head_dim % 32 == 0;
+    // each tile's key rows through shared memory (DFL_CUDA_DS4_ATTN_SMEM=1; 66 KB a block at head_dim 512)
+    static const bool smem = env_switch("DFL_CUDA_DS4_ATTN_SMEM", false);
     op("ds4_attention", [&] {
         const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
         if (m.T <= 0 || c.n_head <= 0) return;
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
-        const size_t shared = (size_t)c.head_dim * sizeof(float);
-        if (fold)
-            launch_ds4(ds4_attention_kernel<true>, grid, kDs4Threads, shared, stream_, m, c, q);
+        const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
+        auto launch = [&](auto kernel) {
+            if (shared > 48 * 1024)
+                check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
+                      "ds4_attention (shared memory)");
+            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q);
+        };
+        if (fold && smem)
+            launch(ds4_attention_kernel<true, true>);
+        else if (fold)
+            launch(ds4_attention_kernel<true, false>);
+        else if (smem)
+            launch(ds4_attention_kernel<false, true>);
         else
-            launch_ds4(ds4_attention_kernel<false>, grid, kDs4Threads, shared, stream_, m, c, q);
+            launch(ds4_attention_kernel<false, false>);
         check_launch("ds4_attention");
     });
     if (stage) staged_done();
