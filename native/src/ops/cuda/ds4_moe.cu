@@ -32,6 +32,36 @@ __device__ __forceinline__ void keep_better(float &v, int32_t &id, float v2, int
     }
 }
 
+// Hash layers: the K best-scoring of the token's table experts (ties: earlier slot), listed in table order into ids.
+// One thread.
+__device__ void route_hash(const MoeRouteCall &c, int64_t t, const float *s, int32_t *ids) {
+    const int K = c.k;
+    const int32_t *row = c.tid2eid + (int64_t)c.tokens[t] * c.k_table;
+    uint64_t used = 0;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int q = 0; q < c.k_table; q++)
+            if (!((used >> q) & 1u) && (best < 0 || s[row[q]] > s[row[best]])) best = q;
+        used |= (uint64_t)1 << best;
+    }
+    int j = 0;
+    for (int q = 0; q < c.k_table; q++)
+        if ((used >> q) & 1u) ids[j++] = row[q];
+}
+
+// The chosen experts' ids and weights (their s, normalised over the K where c.norm, times c.scale). One thread.
+__device__ void route_store(const MoeRouteCall &c, int64_t t, const float *s, const int32_t *ids) {
+    const int K = c.k;
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++) sum += s[ids[j]];
+    for (int j = 0; j < K; j++) {
+        float w = s[ids[j]];
+        if (c.norm) w = w / (sum + 1e-20f);
+        c.ids[t * K + j] = ids[j];
+        c.weights[t * K + j] = w * c.scale;
+    }
+}
+
 // One warp (block of 32) per token. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by repeated
 // warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted.
 __global__ void moe_route_kernel(MoeRouteCall c) {
@@ -49,20 +79,7 @@ __global__ void moe_route_kernel(MoeRouteCall c) {
     }
     __syncwarp();
     if (c.tid2eid) {
-        if (lane == 0) {
-            // the K best-scoring of the token's table experts (ties: earlier slot), listed in table order
-            const int32_t *row = c.tid2eid + (int64_t)c.tokens[t] * c.k_table;
-            uint64_t used = 0;
-            for (int j = 0; j < K; j++) {
-                int best = -1;
-                for (int q = 0; q < c.k_table; q++)
-                    if (!((used >> q) & 1u) && (best < 0 || s[row[q]] > s[row[best]])) best = q;
-                used |= (uint64_t)1 << best;
-            }
-            int j = 0;
-            for (int q = 0; q < c.k_table; q++)
-                if ((used >> q) & 1u) ids[j++] = row[q];
-        }
+        if (lane == 0) route_hash(c, t, s, ids);
     } else {
         // K rounds of arg-max of s + bias over the experts not yet chosen (chosen ones are marked NaN in b)
         for (int j = 0; j < K; j++) {
@@ -84,15 +101,43 @@ __global__ void moe_route_kernel(MoeRouteCall c) {
         }
     }
     __syncwarp();
-    if (lane != 0) return;
-    float sum = 0.0f;
-    for (int j = 0; j < K; j++) sum += s[ids[j]];
-    for (int j = 0; j < K; j++) {
-        float w = s[ids[j]];
-        if (c.norm) w = w / (sum + 1e-20f);
-        c.ids[t * K + j] = ids[j];
-        c.weights[t * K + j] = w * c.scale;
+    if (lane == 0) route_store(c, t, s, ids);
+}
+
+// The same choices by rank, a block a token (DFL_CUDA_MOE_ROUTE_RANK=1): thread i counts the experts that beat
+// expert i (a larger s + bias, or an equal one with a lower id: the arg-max rounds' order) and, ranked below K, is
+// ids[rank]; every rank is distinct, so each slot is written once. One pass over the E scores a thread instead of K
+// dependent rounds of warp arg-max (a one-warp kernel, ~13 us a call in the 12-05 profile). NaN scores rank as -inf
+// (the rounds never pick them while another expert is left).
+__global__ void moe_route_rank_kernel(MoeRouteCall c) {
+    pdl_trigger();
+    pdl_wait();
+    extern __shared__ float sh[];
+    const int E = c.n_expert, K = c.k;
+    float *s = sh, *b = sh + E;
+    __shared__ int32_t ids[kRouteMaxK];
+    const int64_t t = blockIdx.x;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) {
+        s[i] = sqrtf(softplus_f(c.logits[t * E + i]));
+        const float v = s[i] + (c.bias ? c.bias[i] : 0.0f);
+        b[i] = v == v ? v : -INFINITY;
     }
+    __syncthreads();
+    if (c.tid2eid) {
+        if (threadIdx.x == 0) route_hash(c, t, s, ids);
+    } else {
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            const float bi = b[i];
+            int rank = 0;
+            for (int j = 0; j < E; j++) {
+                const float bj = b[j];
+                rank += bj > bi || (bj == bi && j < i);
+            }
+            if (rank < K) ids[rank] = i;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) route_store(c, t, s, ids);
 }
 
 // With q.xq set (CudaDevice::stage_quant, n a multiple of 32) the products are also quantized for the product that
@@ -149,9 +194,15 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
         fail(DFL_ERR_INVALID, "moe_route: k " + std::to_string(c.k) + " of " + std::to_string(c.n_expert) + " experts");
     if (c.tid2eid && (c.k_table < c.k || c.k_table > 64 || !c.tokens))
         fail(DFL_ERR_INVALID, "moe_route: hash table of " + std::to_string(c.k_table) + " experts per token");
+    static const bool rank = env_switch("DFL_CUDA_MOE_ROUTE_RANK", false);
     op("moe_route", [&] {
         if (c.T <= 0) return;
-        launch_ds4(moe_route_kernel, (unsigned)c.T, 32, 2 * (size_t)c.n_expert * sizeof(float), stream_, c);
+        const size_t shm = 2 * (size_t)c.n_expert * sizeof(float);
+        if (rank)
+            launch_ds4(moe_route_rank_kernel, (unsigned)c.T, (unsigned)std::min(1024, (c.n_expert + 31) / 32 * 32), shm,
+                       stream_, c);
+        else
+            launch_ds4(moe_route_kernel, (unsigned)c.T, 32, shm, stream_, c);
         check_launch("moe_route");
     });
 }
