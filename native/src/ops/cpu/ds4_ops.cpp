@@ -81,7 +81,7 @@ static void hc_mix_streams(const float *weight, const float *X, int N, int64_t D
 void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     const int N = c.N, M = (2 + N) * N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
-        const float *mix = c.mix + t * M;
+        const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
         std::vector<float> scaled;
         float ss = 0;  // with parts: the streams' sum of squares, from them
         if (c.parts) {
@@ -96,7 +96,7 @@ void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
         if (c.norm) {  // the streams' RMSNorm: rmsnorm's scale of the flattened row
             const float r = c.parts ? 1.0f / std::sqrt(ss / (float)(N * c.D) + c.norm_eps)
                                     : rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
-            scaled.assign(mix, mix + M);
+            if (!c.parts) scaled.assign(mix, mix + M);  // (with parts, mix is scaled already)
             for (float &v : scaled) v *= r;
             mix = scaled.data();
         }

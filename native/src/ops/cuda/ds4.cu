@@ -132,7 +132,7 @@ __global__ void hc_pre_kernel(HcPreCall c) {
     __shared__ float mix_sh[kHcPartRow];
     const int64_t t = blockIdx.x;
     const int N = c.N, M = (2 + N) * N;
-    const float *mix = c.mix + t * M;
+    const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
     float r = 1.0f;
     if (c.parts) {
         r = hc_sum_parts(c, t, M, mix_sh);
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
     const int64_t t = blockIdx.x;
     const int N = c.N, M = (2 + N) * N;
     const int64_t D = c.D;
-    const float *mix = c.mix + t * M;
+    const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
     float r = 1.0f;
     if (c.parts) {
         r = hc_sum_parts(c, t, M, mix_sh);
