@@ -119,6 +119,17 @@ __device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, 
     }
 }
 
+// hc_pre_weights of token t from its mixing row, or from the parts' sums, scaled by the streams' norm where c.norm.
+__device__ void hc_pre_begin(const HcPreCall &c, int64_t t, bool store, float *pre, float *red, float *mix_sh) {
+    const int M = (2 + c.N) * c.N;
+    float r = 1.0f;
+    if (c.parts)
+        r = hc_sum_parts(c, t, M, mix_sh);
+    else if (c.norm)
+        r = hc_fold_scale(c, t, red);
+    hc_pre_weights(c, t, c.parts ? mix_sh : c.mix + t * M, r, store, pre);
+}
+
 // Block (token, chunk of kHcChunk channels): the first lanes derive pre, which every chunk mixes its channels with;
 // chunk 0's warp 0 then derives post and comb while its other warps mix: the other chunks need neither, so no block
 // waits for Sinkhorn's iterations before mixing (every block ran them, all warps waiting, before the 12-05 change).
@@ -131,16 +142,8 @@ __global__ void hc_pre_kernel(HcPreCall c) {
     __shared__ float red[32];
     __shared__ float mix_sh[kHcPartRow];
     const int64_t t = blockIdx.x;
-    const int N = c.N, M = (2 + N) * N;
-    const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
-    float r = 1.0f;
-    if (c.parts) {
-        r = hc_sum_parts(c, t, M, mix_sh);
-        mix = mix_sh;
-    } else if (c.norm) {
-        r = hc_fold_scale(c, t, red);
-    }
-    hc_pre_weights(c, t, mix, r, blockIdx.y == 0, pre);
+    const int N = c.N;
+    hc_pre_begin(c, t, blockIdx.y == 0, pre, red, mix_sh);
     const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
     mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
 }
@@ -159,40 +162,18 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
     __shared__ float red[32];
     __shared__ float mix_sh[kHcPartRow];
     const int64_t t = blockIdx.x;
-    const int N = c.N, M = (2 + N) * N;
+    const int N = c.N;
     const int64_t D = c.D;
-    const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
-    float r = 1.0f;
-    if (c.parts) {
-        r = hc_sum_parts(c, t, M, mix_sh);
-        mix = mix_sh;
-    } else if (c.norm) {
-        r = hc_fold_scale(c, t, red);
-    }
-    hc_pre_weights(c, t, mix, r, true, pre);
+    hc_pre_begin(c, t, true, pre, red, mix_sh);
     const float *X = c.X + t * N * D;
     float v[kHcNormRegs];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kHcNormRegs; k++) {
-        const int d = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
-        v[k] = 0.0f;
-        if (d < D) {
-            float s = 0.0f;  // mix_streams_block's sum
-            for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
-            v[k] = s;
-            c.x[t * D + d] = s;
-            ss += v[k] * v[k];
-        }
-    }
-    ss = block_sum(ss, red);
-    const float rn = rsqrtf(ss / (float)D + eps);
-    q = row_quant(q, D);
-#pragma unroll
-    for (int k = 0; k < kHcNormRegs; k++) {
-        const int d = (int)threadIdx.x + k * (int)blockDim.x;
-        if (d < D) store_normed(y + t * D, d, w ? (v[k] * rn) * __ldg(w + d) : v[k] * rn, q);  // whole warps: D % 32 == 0
-    }
+    const float ss = load_row_regs(v, D, [&](int d) {
+        float s = 0.0f;  // mix_streams_block's sum
+        for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
+        c.x[t * D + d] = s;
+        return s;
+    });
+    store_normed_regs<kHcNormRegs>(v, ss, D, eps, w != nullptr, [&](int, int d) { return __ldg(w + d); }, y + t * D, q, red);
 }
 
 // The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as

@@ -84,29 +84,16 @@ __global__ void __launch_bounds__(1024) rmsnorm_regs_kernel(float *x, const floa
     float *yr = y + (int64_t)blockIdx.x * n;
     const float *dr = ADD ? d + (int64_t)blockIdx.x * n : nullptr;
     float v[REGS];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < REGS; k++) {
-        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
-        v[k] = 0.0f;
-        if (i < n) {
-            v[k] = xr[i];
-            if (ADD) {
-                v[k] += dr[i];
-                xr[i] = v[k];
-            }
-            ss += v[k] * v[k];
+    const float ss = load_row_regs(v, n, [&](int i) {
+        float x = xr[i];
+        if (ADD) {
+            x += dr[i];
+            xr[i] = x;
         }
-    }
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / (float)n + eps);
-    q = row_quant(q, n);
-#pragma unroll
-    for (int k = 0; k < REGS; k++) {
-        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
-        const float wk = WREGS == REGS ? wv[k % WREGS] : (w && i < n ? __ldg(w + i) : 1.0f);
-        if (i < n) store_normed(yr, i, w ? (v[k] * r) * wk : v[k] * r, q);  // i < n: whole warps (n % 32 == 0)
-    }
+        return x;
+    });
+    store_normed_regs<REGS>(v, ss, n, eps, w != nullptr,
+                            [&](int k, int i) { return WREGS == REGS ? wv[k % WREGS] : __ldg(w + i); }, yr, q, red);
 }
 
 __global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {

@@ -25,5 +25,38 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
     return q;
 }
 
+// A row norm's block holding its row in registers: v[k] = f(i) for the elements i = threadIdx.x + k * blockDim.x
+// below n (0 past it); returns the thread's sum of their squares in k order (what store_normed_regs takes).
+template <int REGS, class F>
+__device__ __forceinline__ float load_row_regs(float (&v)[REGS], int64_t n, F f) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < REGS; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
+        v[k] = 0.0f;
+        if (i < n) {
+            v[k] = f(i);
+            ss += v[k] * v[k];
+        }
+    }
+    return ss;
+}
+
+// The end of a row norm whose block holds its row in registers (v[k]: element threadIdx.x + k * blockDim.x, 0 past n;
+// ss: the thread's sum of their squares): the scale, and y = (v r) w with its staged quantization, wk(k, i) giving
+// weight i (held by the caller or loaded) where weighted. yr: the block's row; n a multiple of 32 (whole warps).
+template <int REGS, class WK>
+__device__ __forceinline__ void store_normed_regs(const float (&v)[REGS], float ss, int64_t n, float eps, bool weighted,
+                                                  WK wk, float *yr, CudaDevice::QuantX q, float *red) {
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)n + eps);
+    q = row_quant(q, n);
+#pragma unroll
+    for (int k = 0; k < REGS; k++) {
+        const int i = (int)threadIdx.x + k * (int)blockDim.x;  // rows are narrow: 32-bit offsets
+        if (i < n) store_normed(yr, i, weighted ? (v[k] * r) * wk(k, i) : v[k] * r, q);
+    }
+}
+
 }  // namespace cuda
 }  // namespace dfl
