@@ -4,6 +4,9 @@
 // in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
 // arithmetic rounds as the CPU's (-ffp-contract=off) does.
 #include <algorithm>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -548,6 +551,16 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
 
 // ---- launchers ------------------------------------------------------------------------------------------------------
 
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize, bytes) for a kernel on GPU `device`, the first time it is asked.
+template <class K>
+static void allow_shared(K kernel, size_t bytes, int device, const char *op) {
+    static std::mutex mu;
+    static std::set<std::pair<const void *, int>> done;
+    std::lock_guard<std::mutex> lk(mu);
+    if (!done.insert({(const void *)kernel, device}).second) return;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
+}
+
 // What hc_pre's kernels need of a call: Sinkhorn runs one lane per entry of the N x N matrix, and parts fit a row.
 static void check_hc_pre(const HcPreCall &c) {
     if (c.N < 1 || c.N * c.N > 32) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 5)");
@@ -688,9 +701,10 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
         float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
         auto launch = [&](auto kernel, dim3 grid) {
+            // the most any head_dim takes, set once a kernel and GPU: by the op-by-op run of a step shape, before any
+            // graph capture of it
             if (shared > 48 * 1024)
-                check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared),
-                      "ds4_attention (shared memory)");
+                allow_shared(kernel, (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float), index(), "ds4_attention");
             launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
