@@ -225,6 +225,43 @@ func TestBatchedDecodeEqualsAlone(t *testing.T) {
 	}
 }
 
+// One-token steps with the residual adds and norms on the plan's folded path (Device::fold_norm: matmul_acc and
+// matmul_normed, here the CPU's ops apart under DFLASH_CPU_FOLD_NORM=1) give exactly the logits of the usual path
+// (add_rmsnorm between the products), for both layer kinds and with a captured layer.
+func TestFoldedNormsEqualOpsApart(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
+		t.Run(c.arch, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF16, CacheV: CacheF16, Threads: 2})
+			prompt := randomTokens(rand.New(rand.NewPCG(7, 7)), 9, c.vocab)
+			run := func(fold string) [][]float32 {
+				t.Setenv("DFLASH_CPU_FOLD_NORM", fold)
+				s, err := m.NewSeq()
+				is.NoErr(err)
+				defer func() { is.NoErr(m.FreeSeq(s)) }()
+				r, err := m.Forward(one(s, prompt, LogitsLast))
+				is.NoErr(err)
+				rows := [][]float32{r.Row(0, 0)}
+				for k := 0; k < 6; k++ {
+					r, err = m.Forward(one(s, []int32{argmax(rows[len(rows)-1])}, LogitsLast))
+					is.NoErr(err)
+					rows = append(rows, r.Row(0, 0))
+				}
+				return rows
+			}
+			apart, folded := run("0"), run("1")
+			for k := range apart {
+				for v := range apart[k] {
+					if apart[k][v] != folded[k][v] {
+						t.Fatalf("step %d: folded logits differ (%g vs %g at %d)", k, folded[k][v], apart[k][v], v)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestKVAccountingAndSlots(t *testing.T) {
 	is := is.New(t)
 	lib := openCPU(t)

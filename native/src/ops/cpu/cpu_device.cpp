@@ -166,6 +166,12 @@ public:
         const OpScope timed(clock_, "matmul_each", rows, parts.empty() ? 0 : parts[0].first->n_in);
         dfl::matmul_each(pool_, scratch_, parts, X, T);
     }
+    // The CPU folds nothing; DFLASH_CPU_FOLD_NORM=1 (read at each call) makes plans take their folded-norm path with
+    // the ops apart (Device's matmul_acc and matmul_normed), so a test can check that path against the usual one.
+    bool fold_norm(const Weight &, const Weight &) const override {
+        const char *e = std::getenv("DFLASH_CPU_FOLD_NORM");
+        return e && std::strcmp(e, "1") == 0;
+    }
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
         const OpScope timed(clock_, "rmsnorm");
         pool_.parallel_for(rows, [&](int64_t r, int) { dfl::rmsnorm(x + r * n, w, y + r * n, n, eps); });
