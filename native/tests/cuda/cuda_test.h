@@ -41,6 +41,7 @@ inline const char *tname(uint32_t t) {
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();
+void test_fold();  // (test_matmul_embed runs it too)
 void test_topk();
 
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
@@ -150,6 +151,15 @@ inline bool compare(const std::string &name, const std::vector<float> &got, cons
 
 inline bool compare(const std::string &name, const Dual &d, double tol) {
     return compare(name, d.read<float>(true), d.read<float>(false), tol);
+}
+
+// Two float buffers bit for bit (a fused kernel against the ops it replaces, both on the GPU).
+inline bool same_bits(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref) {
+    g_cases++;
+    const bool ok = got.size() == ref.size() && std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0;
+    std::printf("%s %-66s %s\n", ok ? "ok  " : "FAIL", name.c_str(), ok ? "bitwise equal" : "bits differ");
+    if (!ok) g_failures++;
+    return ok;
 }
 
 // The GPU's int32 outputs against the CPU's, exactly (ids, picks).

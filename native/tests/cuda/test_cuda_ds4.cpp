@@ -34,6 +34,7 @@ using dfltest::type_row_bytes;
 
 using dfltest::compare;
 using dfltest::compare_ids;
+using dfltest::same_bits;
 using dfltest::Dual;
 using dfltest::g_cases;
 using dfltest::g_cpu;
@@ -68,13 +69,6 @@ std::vector<std::vector<Batch::Ent>> batch_shapes(int ratio) {
     };
 }
 
-// Two float buffers bit for bit (a fused kernel against the ops it replaces, on the GPU).
-void same_bits(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref) {
-    g_cases++;
-    const bool ok = got.size() == ref.size() && std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0;
-    std::printf("%s %-66s %s\n", ok ? "ok  " : "FAIL", name.c_str(), ok ? "bitwise equal" : "bits differ");
-    if (!ok) dfltest::g_failures++;
-}
 
 // ---- hyper-connections and RoPE ----
 
