@@ -227,7 +227,7 @@ func TestBatchedDecodeEqualsAlone(t *testing.T) {
 
 // One-token steps with the residual adds and norms on the plan's folded path (Device::fold_norm: matmul_acc and
 // matmul_normed, here the CPU's ops apart under DFLASH_CPU_FOLD_NORM=1) give exactly the logits of the usual path
-// (add_rmsnorm between the products), for both layer kinds and with a captured layer.
+// (add_rmsnorm between the products), for both layer kinds.
 func TestFoldedNormsEqualOpsApart(t *testing.T) {
 	lib := openCPU(t)
 	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
