@@ -15,6 +15,10 @@ namespace dfl {
 namespace cuda {
 
 constexpr int kQ8pWarps = 4;     // rows per block
+// Warps a block of the kernels with a folded norm (Fold::x): each block builds the normed row (16 KB of it and its
+// weights from L2 for qwen3-8b) before its rows, so a block takes many rows: 32 (the rows kernel 8 warps of 4 rows:
+// its ~88 registers leave no room for 32 warps, and 16 would leave qwen3-8b's q|k|v 96 blocks for 132 SMs).
+constexpr int kFoldWarps = 32, kFoldRowsWarps = 8;
 constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
 constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // Repacked q8_0 takes the dp4a kernels up to 7 tokens, the tensor-core kernel from 8: H200, qwen3-8b layer shapes,
@@ -63,8 +67,8 @@ __device__ __forceinline__ int dot16_i8(const uint4 &w, const int4 &x) {
 
 // A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
 // after this one may launch (it waits for the end of this one before it reads or writes).
-// res, where set: each output is also added to res (Fold::acc: the residual, x + y as add_rmsnorm adds it).
-template <int NT>
+// ACC: each output is also added to res (Fold::acc: the residual, x + y as add_rmsnorm adds it).
+template <int NT, bool ACC = false>
 __device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r,
                                                 float *res = nullptr) {
     pdl_trigger();
@@ -73,7 +77,7 @@ __device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y
         const float v = warp_sum(acc[t]);
         if ((threadIdx.x & 31) == 0) {
             Y[t * n_out + r] = v;
-            if (res) res[t * n_out + r] += v;
+            if (ACC) res[t * n_out + r] += v;
         }
     }
 }
@@ -104,6 +108,7 @@ __device__ void fold_norm_quant(const Fold &f, int64_t n, uint8_t *sh) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5, vw_n = f.vt >> 5;
     for (int vw = warp; vw < vw_n; vw += n_warps) {
         float ss = 0.0f;
+#pragma unroll 8
         for (int64_t i = vw * 32 + lane; i < n; i += f.vt) {
             const float v = f.x[i];
             ss = __fmaf_rn(v, v, ss);
@@ -119,6 +124,7 @@ __device__ void fold_norm_quant(const Fold &f, int64_t n, uint8_t *sh) {
     }
     __syncthreads();
     const float r = scale;
+#pragma unroll 4
     for (int64_t b = warp; b < n / 32; b += n_warps) {
         const int64_t i = b * 32 + lane;
         quant_q8_warp((f.x[i] * r) * f.w[i], xq + i, xs + b, xsum + b);
@@ -157,9 +163,10 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
 // first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
 // tok/s, 12-03 22:12.)
-// NORM: one token whose input is the folded norm's (Fold::x), made by each block in shared memory after the wait.
-template <int NT, bool NORM = false>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+// NORM: one token whose input is the folded norm's (Fold::x), made by each block in shared memory after the wait;
+// ACC: each output also added to the residual (Fold::acc).
+template <int NT, bool NORM = false, bool ACC = false>
+__global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
                                                                    const float *xsum, float *Y, GemvZ z, Fold f) {
     extern __shared__ __align__(16) uint8_t fold_sh[];
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31, p = lane & 7;
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    const int64_t r = (int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5);
     if (!NORM && r >= n_out) return;
     const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
@@ -200,7 +207,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot<NORM>(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
-    store_warp_rows<NT>(acc, Y, n_out, r, f.acc);
+    store_warp_rows<NT, ACC>(acc, Y, n_out, r, f.acc);
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -265,8 +272,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
 // input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
-template <int NT, bool NORM = false>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+template <int NT, bool NORM = false, bool ACC = false>
+__global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
                                                                 float *Y, GemvZ z, Fold f) {
     extern __shared__ __align__(16) uint8_t fold_sh[];
@@ -279,7 +286,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    const int64_t row = (int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5);
     if (!NORM && row >= n_out) return;
     const bool live = row < n_out;  // (NORM: every warp helps build the row)
     const int64_t nw = n_in / 16, nb = n_in / 32;
@@ -319,7 +326,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
             }
         }
     }
-    store_warp_rows<NT>(acc, Y, n_out, row, f.acc);
+    store_warp_rows<NT, ACC>(acc, Y, n_out, row, f.acc);
 }
 
 // Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
@@ -327,16 +334,16 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 // With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
 // U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
 // spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
-// registers (five blocks) where two tokens take 80; at six it takes 74, no spills. With a folded norm (NORM) six
-// spilled (nvcc 11.8): five.
-template <int NT, int R, bool NORM = false>
-__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ? 5 : 6) : 4)
+// registers (five blocks) where two tokens take 80; at six it takes 74, no spills. With a folded norm (NORM) a block
+// has kFoldRowsWarps warps.
+template <int NT, int R, bool NORM = false, bool ACC = false>
+__global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ? 2 : 6) : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
                          const float *xs, float *Y, Fold f) {
     extern __shared__ __align__(16) uint8_t fold_sh[];
     constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+    const int64_t row0 = ((int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5)) * R;
     if (!NORM && row0 >= n_out) return;
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w[R];
@@ -401,7 +408,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ?
             const float v = warp_sum(acc[r][t]);
             if (lane == 0 && row0 + r < n_out) {
                 Y[t * n_out + row0 + r] = v;
-                if (f.acc) f.acc[t * n_out + row0 + r] += v;
+                if (ACC) f.acc[t * n_out + row0 + r] += v;
             }
         }
 }
@@ -411,8 +418,13 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
                             const int8_t *xq, const float *xs, float *y, const Fold &f = {}) {
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
     if (f.x) {  // one token, the folded norm's row made in shared memory
-        launch_maybe_pdl(true, gemv_q8p_rows_kernel<1, R, true>, grid, block, fold_shared_bytes(n_in), s, qs, dw, n_in,
-                         n_out, xq, xs, y, f);
+        const int rows = kFoldRowsWarps * R;
+        launch_maybe_pdl(true, gemv_q8p_rows_kernel<1, R, true>, dim3((unsigned)((n_out + rows - 1) / rows)),
+                         dim3(kFoldRowsWarps * 32), fold_shared_bytes(n_in), s, qs, dw, n_in, n_out, xq, xs, y, f);
+        return;
+    }
+    if (f.acc) {  // one token, its outputs added to the residual
+        launch_pdl(gemv_q8p_rows_kernel<1, R, false, true>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, f);
         return;
     }
 #define DFL_Q8P_ROWS(N) \
@@ -484,8 +496,11 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1 && !(wide && q8p_rows1_on())) {
             if (f.x)
-                launch_maybe_pdl(true, gemv_q8p_kernel<1, true>, grid, block, fold_shared_bytes(W.n_in), s, qs, dw, W.n_in,
-                                 W.n_out, xq0, xs0, y0, GemvZ{}, f);
+                launch_maybe_pdl(true, gemv_q8p_kernel<1, true>, dim3((unsigned)((W.n_out + kFoldWarps - 1) / kFoldWarps)),
+                                 dim3(kFoldWarps * 32), fold_shared_bytes(W.n_in), s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0,
+                                 GemvZ{}, f);
+            else if (f.acc)
+                launch_pdl(gemv_q8p_kernel<1, false, true>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, f);
             else
                 launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, f);
         } else if (wide) {
@@ -525,8 +540,12 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
     if (f.x) {
-        launch_maybe_pdl(true, gemv_q4k_i8_kernel<1, true>, grid, block, fold_shared_bytes(W.n_in), s, W.data, W.row_bytes,
-                         W.n_in, W.n_out, xq, xs, xsum, Y, z, f);
+        launch_maybe_pdl(true, gemv_q4k_i8_kernel<1, true>, dim3((unsigned)((W.n_out + kFoldWarps - 1) / kFoldWarps)),
+                         dim3(kFoldWarps * 32), fold_shared_bytes(W.n_in), s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs,
+                         xsum, Y, z, f);
+    } else if (f.acc) {
+        launch_pdl(gemv_q4k_i8_kernel<1, false, true>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y,
+                   z, f);
     } else if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, f);
     } else {
