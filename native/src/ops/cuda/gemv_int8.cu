@@ -188,26 +188,32 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31, p = lane & 7;
-    const int64_t r = (int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5);
-    if (!NORM && r >= n_out) return;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    if constexpr (NORM) {  // every thread builds the row (barriers), then the warps past the matrix leave
+    auto run_row = [&](int64_t r) {
+        const uint8_t *row = W + (uint64_t)r * row_bytes;
+        float acc[NT] = {};
+#pragma unroll 2
+        for (int64_t b = lane >> 3; b < nb; b += 4) {
+            const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot<NORM>(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
+        }
+        store_warp_rows<NT, ACC>(acc, Y, n_out, r, f.acc);
+    };
+    if constexpr (NORM) {  // every thread builds the row (barriers), then each warp runs rows gridDim.x blocks apart
+        pdl_wait();
         fold_norm_quant(f, n_in, fold_sh);
         xq = (const int8_t *)fold_sh;
         xs = (const float *)(fold_sh + (n_in + 15) / 16 * 16);
         xsum = xs + nb32;
+        const int warps = (int)(blockDim.x >> 5);
+        for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < n_out; r += (int64_t)gridDim.x * warps) run_row(r);
+    } else {
+        const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
         if (r >= n_out) return;
+        pdl_wait();  // (launch_pdl) the activations are the kernel before's
+        run_row(r);
     }
-    float acc[NT] = {};
-#pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot<NORM>(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
-    }
-    store_warp_rows<NT, ACC>(acc, Y, n_out, r, f.acc);
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -329,22 +335,14 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
     store_warp_rows<NT, ACC>(acc, Y, n_out, row, f.acc);
 }
 
-// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
-// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
-// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
-// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
-// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
-// registers (five blocks) where two tokens take 80; at six it takes 74, no spills. With a folded norm (NORM) a block
-// has kFoldRowsWarps warps.
-template <int NT, int R, bool NORM = false, bool ACC = false>
-__global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ? 2 : 6) : 4)
-    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y, Fold f) {
-    extern __shared__ __align__(16) uint8_t fold_sh[];
+// The R rows from row0 of gemv_q8p_rows_kernel (first: the block's first group, which waits for the kernel before and,
+// with NORM, builds the normed row in fold_sh; rows past the matrix are clamped and not stored).
+template <int NT, int R, bool NORM, bool ACC>
+__device__ __forceinline__ void q8p_rows_group(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
+                                               const int8_t *xq, const float *xs, float *Y, const Fold &f, int64_t row0,
+                                               bool first, uint8_t *fold_sh) {
     constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5)) * R;
-    if (!NORM && row0 >= n_out) return;
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w[R];
     const uint16_t *d[R];
@@ -366,12 +364,14 @@ __global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, N
                 dv[u][r] = __ldg(d[r] + (i >> 1));
             }
         }
-    pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    if constexpr (NORM) {  // every warp helps build the row; those past the matrix (clamped rows above) then leave
-        fold_norm_quant(f, n_in, fold_sh);
+    if (first) {
+        pdl_wait();  // (launch_pdl) the activations are the kernel before's
+        if constexpr (NORM) fold_norm_quant(f, n_in, fold_sh);  // every warp helps build the row
+    }
+    if (NORM) {
         xq = (const int8_t *)fold_sh;
         xs = (const float *)(fold_sh + (n_in + 15) / 16 * 16);
-        if (row0 >= n_out) return;
+        if (row0 >= n_out) return;  // (the last group's warps past the matrix)
     }
     float acc[R][NT] = {};
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * U) {
@@ -413,13 +413,43 @@ __global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, N
         }
 }
 
+// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
+// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
+// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
+// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
+// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
+// registers (five blocks) where two tokens take 80; at six it takes 74, no spills. NORM (a folded norm, one token):
+// blocks of kFoldRowsWarps warps, each running groups of its rows gridDim.x groups apart, so the normed row is built
+// once a block, not once a group.
+template <int NT, int R, bool NORM = false, bool ACC = false>
+__global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ? 2 : 6) : 4)
+    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
+                         const float *xs, float *Y, Fold f) {
+    extern __shared__ __align__(16) uint8_t fold_sh[];
+    if constexpr (NORM) {
+        const int64_t group = (int64_t)(blockDim.x >> 5) * R;
+        for (int64_t base = (int64_t)blockIdx.x * group; base < n_out; base += (int64_t)gridDim.x * group)
+            q8p_rows_group<NT, R, NORM, ACC>(qs, dw, n_in, n_out, xq, xs, Y, f, base + (int64_t)(threadIdx.x >> 5) * R,
+                                             base == (int64_t)blockIdx.x * group, fold_sh);
+    } else {
+        const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+        if (row0 >= n_out) return;
+        q8p_rows_group<NT, R, NORM, ACC>(qs, dw, n_in, n_out, xq, xs, Y, f, row0, true, fold_sh);
+    }
+}
+
+// Blocks of a folded-norm launch: enough for its rows, at most `resident` an SM (each block runs groups of rows, so
+// what the GPU holds at once covers the matrix and the normed row is built once a block).
+static unsigned fold_grid(int64_t n_out, int64_t rows_a_block, int sms, int resident) {
+    return (unsigned)std::max<int64_t>(1, std::min<int64_t>((n_out + rows_a_block - 1) / rows_a_block, (int64_t)sms * resident));
+}
+
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                            const int8_t *xq, const float *xs, float *y, const Fold &f = {}) {
+                            const int8_t *xq, const float *xs, float *y, const Fold &f = {}, int sms = 0) {
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
-    if (f.x) {  // one token, the folded norm's row made in shared memory
-        const int rows = kFoldRowsWarps * R;
-        launch_maybe_pdl(true, gemv_q8p_rows_kernel<1, R, true>, dim3((unsigned)((n_out + rows - 1) / rows)),
+    if (f.x) {  // one token, the folded norm's row made in shared memory; two blocks an SM (its launch bounds)
+        launch_maybe_pdl(true, gemv_q8p_rows_kernel<1, R, true>, dim3(fold_grid(n_out, kFoldRowsWarps * R, sms, 2)),
                          dim3(kFoldRowsWarps * 32), fold_shared_bytes(n_in), s, qs, dw, n_in, n_out, xq, xs, y, f);
         return;
     }
@@ -504,9 +534,9 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
             else
                 launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, f);
         } else if (wide) {
-            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f);
+            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f, dev.sm_count());
         } else {
-            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f);
+            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f, dev.sm_count());
         }
         check_launch("matmul (q8_0 dp4a)");
     }
@@ -539,8 +569,8 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     // a second stack (GemvZ::w2) doubles the members: nz of each
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
-    if (f.x) {
-        launch_maybe_pdl(true, gemv_q4k_i8_kernel<1, true>, dim3((unsigned)((W.n_out + kFoldWarps - 1) / kFoldWarps)),
+    if (f.x) {  // one block of 32 warps an SM (its ~52 registers)
+        launch_maybe_pdl(true, gemv_q4k_i8_kernel<1, true>, dim3(fold_grid(W.n_out, kFoldWarps, dev.sm_count(), 1)),
                          dim3(kFoldWarps * 32), fold_shared_bytes(W.n_in), s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs,
                          xsum, Y, z, f);
     } else if (f.acc) {
