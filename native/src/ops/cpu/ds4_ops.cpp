@@ -78,6 +78,16 @@ static void hc_mix_streams(const float *weight, const float *X, int N, int64_t D
     }
 }
 
+// Token t's MoE output o [D]: its k pairs' rows of y ([T * k][D], pair t * k + j) weighted and added in choice order
+// from 0 (moe_experts' combine; hc_post's where the device left the pairs).
+static void ds4_combine_pairs(const float *y, const float *weights, int k, int64_t t, int64_t D, float *o) {
+    std::fill(o, o + D, 0.0f);
+    for (int j = 0; j < k; j++) {
+        const float w = weights[t * k + j], *yr = y + (t * k + j) * D;
+        for (int64_t d = 0; d < D; d++) o[d] += w * yr[d];
+    }
+}
+
 void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     const int N = c.N, M = (2 + N) * N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
@@ -118,11 +128,8 @@ void ds4_hc_post(ThreadPool &pool, const HcPostCall &c) {
         float *out = c.out + t * N * c.D;
         std::vector<float> routed;
         if (c.pairs) {  // moe_experts' combine, as it adds
-            routed.assign((size_t)c.D, 0.0f);
-            for (int j = 0; j < c.k; j++) {
-                const float w = c.pair_w[t * c.k + j], *y = c.pairs + (t * c.k + j) * c.D;
-                for (int64_t d = 0; d < c.D; d++) routed[(size_t)d] += w * y[d];
-            }
+            routed.resize((size_t)c.D);
+            ds4_combine_pairs(c.pairs, c.pair_w, c.k, t, c.D, routed.data());
             F = routed.data();
         }
         for (int b = 0; b < N; b++)
@@ -372,15 +379,7 @@ void ds4_moe_experts(ThreadPool &pool, Scratch &scratch, const MoeExpertsCall &c
         for (int64_t r = 0; r < n; r++)
             std::memcpy(y.data() + L[(size_t)r] * D, ye.data() + r * D, sizeof(float) * (size_t)D);
     }
-    pool.parallel_for(T, [&](int64_t t, int) {
-        float *o = c.out + t * D;
-        std::fill(o, o + D, 0.0f);
-        for (int j = 0; j < K; j++) {
-            const float w = c.weights[t * K + j];
-            const float *yr = y.data() + (t * K + j) * D;
-            for (int64_t d = 0; d < D; d++) o[d] += w * yr[d];
-        }
-    });
+    pool.parallel_for(T, [&](int64_t t, int) { ds4_combine_pairs(y.data(), c.weights, K, t, D, c.out + t * D); });
 }
 
 }  // namespace dfl

@@ -116,18 +116,18 @@ public:
     QuantX stage_quant(const float *x, int64_t count);
     QuantX stage_rows(const float *y, int64_t rows, int64_t n);  // stage_quant for an op's output rows of n
     bool take_staged(const float *x, int64_t count, QuantX *q);
-    // What product() does before its launches, for a launch inside an op (moe_experts' down projection after its
-    // swiglu_clamp): the staging is open to take_staged if no device call came after the op that staged it.
-    void open_staged() { staged_open_ = staged_.x != nullptr && staged_.call == calls_; }
-    void close_staged() {  // after such a launch: taken or not, the staging is spent
-        staged_open_ = false;
-        staged_ = Staged{};
-    }
-    // open_staged() for the scope's life, close_staged() at its end
+    // For its life, the staging is open to take_staged if no device call came after the op that staged it; at its
+    // end, taken or not, the staging is spent. Every product holds one (product()), and so does a launch of a product
+    // inside an op (moe_experts' down projection after its swiglu_clamp, matmul_grouped after the attention).
     struct StagedScope {
         CudaDevice &d;
-        explicit StagedScope(CudaDevice &dev) : d(dev) { d.open_staged(); }
-        ~StagedScope() { d.close_staged(); }
+        explicit StagedScope(CudaDevice &dev) : d(dev) {
+            d.staged_open_ = d.staged_.x != nullptr && d.staged_.call == d.calls_;
+        }
+        ~StagedScope() {
+            d.staged_open_ = false;
+            d.staged_ = Staged{};
+        }
     };
     int sm_count() const { return sm_count_; }
     int index() const { return index_; }

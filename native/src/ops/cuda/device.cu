@@ -434,14 +434,8 @@ bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
 
 template <class Launch>
 void CudaDevice::product(const Weight &W, int64_t T, Launch launch) {
-    staged_open_ = staged_.x != nullptr && staged_.call == calls_;  // no device call since the op that staged
-    struct Close {  // whatever happens in the product, the staging is spent with it
-        CudaDevice &d;
-        ~Close() {
-            d.staged_open_ = false;
-            d.staged_ = Staged{};
-        }
-    } close{*this};
+    // open if no device call came since the op that staged; whatever happens in the product, spent with it
+    const StagedScope staged(*this);
     if (skip_op("matmul")) return;
     use();
     OpTimer t(*this, "matmul", &W, T);

@@ -83,9 +83,9 @@ __device__ float hc_sum_parts(const HcPreCall &c, int64_t t, int M, float *mix_s
 }
 
 // The folded norm's scale of token t's streams (HcPreCall::norm): the first 256 threads (or the block's, if fewer)
-// sum the squares of its N * D values, four 16-byte loads in flight a thread (one at a time, each waiting for the one
-// before, the 64 KB took ~28 us a call: the 12-05 05:1x profile). A wider block's other threads add zeros, so its
-// sum is hc_pre_kernel's (256 threads) bit for bit.
+// sum the squares of its N * D values, four 16-byte loads in flight a thread (loaded one at a time, each waiting for
+// the one before, the 64 KB took ~28 us a call: the 12-05 05:1x profile). A wider block's other threads add zeros, so
+// its sum is hc_pre_kernel's (256 threads) bit for bit.
 __device__ float hc_fold_scale(const HcPreCall &c, int64_t t, float *red) {
     const int64_t n = (int64_t)c.N * c.D;
     const float *X = c.X + t * n;
@@ -182,13 +182,7 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
 // The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as
 // moe_combine_kernel adds them (HcPostCall::pairs), + F2.
 __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
-    float f;
-    if (c.pairs) {
-        f = 0.0f;
-        for (int j = 0; j < c.k; j++) f += c.pair_w[t * c.k + j] * c.pairs[(t * c.k + j) * c.D + d];
-    } else {
-        f = c.F[t * c.D + d];
-    }
+    const float f = c.pairs ? combine_pairs(c.pairs, nullptr, c.pair_w, c.k, t, c.D, d) : c.F[t * c.D + d];
     return c.F2 ? f + c.F2[t * c.D + d] : f;
 }
 
@@ -656,8 +650,7 @@ void CudaDevice::rope_tail(const RopeTailCall &c) {
 // DFL_CUDA_NORM_ROPE=0: the two ops.
 void CudaDevice::norm_rope_tail(const float *w, float eps, const RopeTailCall &c) {
     static const bool on = env_switch("DFL_CUDA_NORM_ROPE", true);
-    int threads = 32;
-    while (threads < 1024 && threads * 4 < c.head_dim) threads *= 2;
+    const int threads = norm_threads(c.head_dim);
     if (!on || c.head_dim > threads * kNormRopeRegs) return Device::norm_rope_tail(w, eps, c);
     op("norm_rope_tail", [&] {
         const int64_t rows = c.rows * c.n_head;

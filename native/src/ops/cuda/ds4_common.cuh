@@ -19,6 +19,19 @@ inline void launch_ds4(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
     launch_maybe_pdl(ds4_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
 }
 
+// The MoE output of token t at channel d: its k (token, choice) pairs' rows of y weighted and added in choice order
+// from 0 (pair t * k + j's row is row_of_pair[t * k + j], or t * k + j where row_of_pair is null), as the CPU adds
+// them (ds4_combine_pairs).
+__device__ __forceinline__ float combine_pairs(const float *y, const int32_t *row_of_pair, const float *weights, int k,
+                                               int64_t t, int64_t D, int64_t d) {
+    float o = 0.0f;
+    for (int j = 0; j < k; j++) {
+        const int64_t row = row_of_pair ? (int64_t)row_of_pair[t * k + j] : t * k + j;
+        o += weights[t * k + j] * y[row * D + d];
+    }
+    return o;
+}
+
 // Interleaved RoPE of one pair (x[0], x[1]) by angle pos * inv_freq, rounded as the CPU's ds4_rope_tail_head: the
 // angle in f32, its cosine and sine in double, rounded to f32.
 __device__ __forceinline__ void rotate_pair(float *x, double pos, float inv_freq) {

@@ -172,13 +172,7 @@ __global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, 
     pdl_wait();     // everything below reads what the launch before wrote
     const int64_t n = T * D;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = e / D, d = e % D;
-        float o = 0.0f;
-        for (int j = 0; j < k; j++) {
-            const int64_t row = row_of_pair ? (int64_t)row_of_pair[t * k + j] : t * k + j;
-            o += weights[t * k + j] * yg[row * D + d];
-        }
-        out[e] = o;
+        out[e] = combine_pairs(yg, row_of_pair, weights, k, e / D, D, e % D);
     }
 }
 

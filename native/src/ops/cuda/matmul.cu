@@ -549,17 +549,21 @@ bool gemm_takes_parts(int64_t T) {
     return T > std::max({kMmqMaxTokens, kGemvChunkedMaxTokens, i8_mma_max_tokens()});
 }
 
+// Whether T tokens of W take launch_matmul's repacked q8_0 kernels (launch_gemv_q8p).
+static bool q8p_takes(const Weight &W, int64_t T) {
+    return (T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W);
+}
+
 // launch_matmul's one-token choice for the two kernels that fold (repacked q8_0, q4_K on int8 activations); a folded
 // norm also needs rows of whole blocks of 32 that the norm kernel holds in registers (16 a thread at most).
 bool matmul_fold_ok(const Weight &W, bool in) {
-    const bool q8p = (1 <= q8p_max_tokens() || 1 <= i8_mma_max_tokens()) && q8p_ok(W);
-    if (!q8p && !(q4k_i8_on() && q4k_i8_ok(W, GemvZ{}))) return false;
+    if (!q8p_takes(W, 1) && !(q4k_i8_on() && q4k_i8_ok(W, GemvZ{}))) return false;
     return !in || (W.n_in % 32 == 0 && W.n_in <= 16 * (int64_t)norm_threads(W.n_in));
 }
 
 bool launch_matmul_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const Fold &f) {
     if (!matmul_fold_ok(W, f.x != nullptr)) return false;
-    if ((1 <= q8p_max_tokens() || 1 <= i8_mma_max_tokens()) && q8p_ok(W)) {
+    if (q8p_takes(W, 1)) {
         launch_gemv_q8p(dev, W, X, 1, Y, f);
         return true;
     }
@@ -576,7 +580,7 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
     // The path depends only on T and the weight type (and, for the tensor-core path, that the bytes are readable as
     // 16-bit words, true of every GGUF tensor): T == 1 is the GEMV, batched decode and verify blocks the tensor-core
     // kernel on the packed weights, prefill cuBLAS.
-    if ((T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W)) {  // q8_0 repacked at load: int8 activations
+    if (q8p_takes(W, T)) {  // q8_0 repacked at load: int8 activations
         launch_gemv_q8p(dev, W, X, T, Y);
         return;
     }

@@ -26,7 +26,8 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
 }
 
 // A row norm's block holding its row in registers: v[k] = f(i) for the elements i = threadIdx.x + k * blockDim.x
-// below n (0 past it); returns the thread's sum of their squares in k order (what store_normed_regs takes).
+// below n (0 past it); returns the thread's sum of their squares in k order (what store_normed_regs takes), each
+// term by fma as nvcc contracts it in norm.cu, so a file built without contraction (ds4.cu) sums the same bits.
 template <int REGS, class F>
 __device__ __forceinline__ float load_row_regs(float (&v)[REGS], int64_t n, F f) {
     float ss = 0.0f;
@@ -36,7 +37,7 @@ __device__ __forceinline__ float load_row_regs(float (&v)[REGS], int64_t n, F f)
         v[k] = 0.0f;
         if (i < n) {
             v[k] = f(i);
-            ss += v[k] * v[k];
+            ss = __fmaf_rn(v[k], v[k], ss);
         }
     }
     return ss;
