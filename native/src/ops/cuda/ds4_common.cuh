@@ -7,6 +7,7 @@ namespace dfl {
 namespace cuda {
 
 constexpr int kDs4MaxHc = 16;  // hyper-connection streams a kernel holds in shared memory (V4 has 4)
+constexpr int kDs4Threads = 128;
 
 // Whether DeepSeek V4's kernels between products are chained launches (DFL_CUDA_DS4_CHAIN=1, and launch_chain's own
 // switch): each then starts while the kernel before it ends, its launch hidden (a batch-1 step is ~25 launches a
@@ -42,6 +43,12 @@ __device__ __forceinline__ void rotate_pair(float *x, double pos, float inv_freq
     const float x0 = x[0], x1 = x[1];
     x[0] = x0 * c - x1 * s;
     x[1] = x1 * c + x0 * s;
+}
+
+// The block rotates the trailing rope_dim values of one head row x (head_dim wide) by pos, a thread a pair, as
+// rope_tail_kernel does.
+__device__ __forceinline__ void rotate_tail_block(float *x, int head_dim, int rope_dim, double pos, const float *inv_freq) {
+    for (int i = threadIdx.x; i < rope_dim / 2; i += blockDim.x) rotate_pair(x + head_dim - rope_dim + 2 * i, pos, inv_freq[i]);
 }
 
 // Sum over the block in double (every thread gets it); `red` is 32 doubles of shared memory. The CPU's rmsnorm sums

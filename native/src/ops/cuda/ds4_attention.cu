@@ -1,0 +1,302 @@
+// DeepSeek V4's sink attention on the GPU (device.h: Ds4AttnCall) over the window ring and the compressed rows, with
+// the work a plan may fold into it (the output's un-rotation, the ring write, the output's int8 staging), and the
+// grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+#include "ops/cuda/ds4_common.cuh"
+
+namespace dfl {
+namespace cuda {
+
+// ---- sink attention -------------------------------------------------------------------------------------------------
+
+constexpr int kAttnTile = 32;                       // keys whose logits a block holds at once
+constexpr int kAttnMaxDimsPerThread = 8;            // head_dim <= 8 * kDs4Threads
+constexpr int kAttnMaxHeadDim = kAttnMaxDimsPerThread * kDs4Threads;
+
+// Key j of token t (at cache position p of entry e) of a Ds4AttnCall, in the CPU's order: the window rows lo..p, then
+// the compressed rows (selected or all). Null for a padded (-1) selection slot.
+__device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64_t t, int32_t e, int64_t p, int64_t lo,
+                                 int64_t n_win, int64_t j) {
+    const int hd = c.head_dim;
+    if (j < n_win) {
+        const int64_t q = lo + j, len0 = m.len0[e];
+        if (q < len0) return c.ring + (int64_t)m.slot[e] * c.slot_stride + (q % c.window) * hd;
+        return c.kv + ((int64_t)m.t0[e] + q - len0) * hd;
+    }
+    int64_t w = j - n_win;
+    if (c.sel) {
+        w = c.sel[t * c.top_k + w];
+        if (w < 0) return nullptr;
+    }
+    const int32_t *blocks = m.block_table + (int64_t)e * m.max_blocks;
+    return c.comp + ds4_comp_row(blocks, w, c.ratio, c.block_size, c.rows_per_block) * hd;
+}
+
+// The end of a (token, head) block: its output row in shared memory (row, head_dim floats, complete), with FOLD the
+// call's un-rotation of it (a thread a pair) and, from head 0, the token's ring write; stored with its int8
+// quantization where oq.xq is set (for the grouped product after: a warp's lanes hold 32 consecutive dims, head_dim
+// % 32 == 0).
+template <bool FOLD>
+__device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const CudaDevice::QuantX &oq, int64_t t, int h,
+                            float *row) {
+    const int hd = c.head_dim;
+    __syncthreads();  // the row is complete
+    if (FOLD && c.unrotate) {
+        rotate_tail_block(row, hd, c.rope_dim, -(double)m.pos[t], c.unrotate);
+        __syncthreads();
+    }
+    const int64_t qo = (t * c.n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float v = row[d];
+        c.out[qo + d] = v;
+        if (oq.xq) quant_q8_warp(v, oq.xq + qo + d, oq.xs + (qo + d) / 32, oq.xsum + (qo + d) / 32);
+    }
+    if (FOLD && c.ring_write && h == 0) {  // one token an entry (the plan's condition): its row goes to p % window
+        const int32_t e = m.ent[t];
+        const int64_t p = (int64_t)m.len0[e] + (t - m.t0[e]);
+        const float *src = c.kv + t * hd;
+        float *dst = c.ring + (int64_t)m.slot[e] * c.slot_stride + (p % c.window) * hd;
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = src[d];
+    }
+}
+
+// Block (token, head), online softmax over tiles of keys: the running max starts at the sink's logit and the running
+// denominator at exp(0) = 1 for it, which is the CPU's exp(sink - mx) term once rescaled. Each thread owns the output
+// dims d = threadIdx.x + k * blockDim.x. FOLD: the call's unrotate and ring_write here (the output row goes through
+// shared memory, where a thread a pair rotates its tail as rope_tail_kernel does; block (t, 0) copies the token's kv
+// row to the ring), where the launcher would run rope_tail_kernel and ring_write_kernel after it. SMEM: each tile's
+// key rows are copied into shared memory once and both the scores and the value sums read them there, where each read
+// them from L2 (K = V: every row was read twice, and the 64 heads of a token read the same rows: ~170 MB of L2 reads a
+// V4 layer at batch 1); the same floats in the same order, so the same output bits.
+// SPLIT: block (t, h, s) of gridDim.z runs the s-th of gridDim.z equal runs of the key tiles, the sink only in the
+// first, and leaves its running max, denominator and unnormalised sums in parts [t][h][s][2 + head_dim]
+// (ds4_attention_combine_kernel finishes): a decode step's 64 (token, head) blocks are half of the SMs.
+template <bool FOLD, bool SMEM, bool SPLIT>
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq,
+                                                                      float *parts) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
+    extern __shared__ float q_sh[];  // [head_dim], then with SMEM the tile's rows [kAttnTile][head_dim]
+    __shared__ float l_sh[kAttnTile];
+    __shared__ const float *k_sh[kAttnTile];
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y, hd = c.head_dim;
+    const int32_t e = m.ent[t];
+    const int64_t len0 = m.len0[e], p = len0 + (t - m.t0[e]);
+    const int64_t lo = p - c.window + 1 > 0 ? p - c.window + 1 : 0, n_win = p - lo + 1;
+    const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (p + 1) / c.ratio) : 0, nk = n_win + n_comp;
+    const float *q = c.Q + (t * c.n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) q_sh[d] = q[d];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    float acc[kAttnMaxDimsPerThread];
+#pragma unroll
+    for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
+    // the key range: all of them, or this block's run of whole tiles
+    int64_t jb = 0, je = nk;
+    if (SPLIT) {
+        const int64_t tiles = (nk + kAttnTile - 1) / kAttnTile, run = (tiles + gridDim.z - 1) / gridDim.z;
+        jb = blockIdx.z * run * kAttnTile;
+        je = jb + run * kAttnTile < nk ? jb + run * kAttnTile : nk;
+    }
+    const bool sink = !SPLIT || blockIdx.z == 0;
+    float mx = sink ? c.sinks[h] : -INFINITY, den = sink ? 1.0f : 0.0f;
+    for (int64_t j0 = jb; j0 < je; j0 += kAttnTile) {
+        const int tile = (int)(je - j0 < kAttnTile ? je - j0 : kAttnTile);
+        if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
+        __syncthreads();  // also orders q_sh's fill before the first use
+        float *kt = q_sh + hd;
+        if (SMEM) {
+            // a thread's dims of four rows at a time in registers, then stored: 16 loads in flight a thread
+#pragma unroll 4
+            for (int j = 0; j < tile; j++) {
+                const float *k = k_sh[j];
+                float v[kAttnMaxDimsPerThread];
+#pragma unroll
+                for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                    const int d = threadIdx.x + kk * blockDim.x;
+                    v[kk] = k && d < hd ? k[d] : 0.0f;
+                }
+#pragma unroll
+                for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                    const int d = threadIdx.x + kk * blockDim.x;
+                    if (d < hd) kt[j * hd + d] = v[kk];
+                }
+            }
+            __syncthreads();
+        }
+        auto row = [&](int j) { return SMEM ? kt + j * hd : k_sh[j]; };  // (k_sh[j] null: no key)
+        for (int j = warp; j < tile; j += n_warps) {
+            const float *k = k_sh[j], *kr = row(j);
+            float s = 0.0f;
+            if (k)
+                for (int d = lane; d < hd; d += 32) s += q_sh[d] * kr[d];
+            s = warp_sum(s);
+            if (lane == 0) l_sh[j] = k ? s * c.scale : -INFINITY;
+        }
+        __syncthreads();
+        float tmax = -INFINITY;
+        for (int j = 0; j < tile; j++) tmax = fmaxf(tmax, l_sh[j]);
+        // (a split's max starts at -inf: nothing to rescale until its first key; the sink's start is finite)
+        const float mnew = fmaxf(mx, tmax), alpha = mx == -INFINITY ? 0.0f : expf(mx - mnew);
+        den *= alpha;
+#pragma unroll
+        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] *= alpha;
+        for (int j = 0; j < tile; j++) {
+            if (!k_sh[j]) continue;
+            const float *kr = row(j);
+            const float pj = expf(l_sh[j] - mnew);
+            den += pj;
+#pragma unroll
+            for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+                const int d = threadIdx.x + kk * blockDim.x;
+                if (d < hd) acc[kk] += pj * kr[d];
+            }
+        }
+        mx = mnew;
+        __syncthreads();  // k_sh / l_sh are refilled by the next tile
+    }
+    if constexpr (SPLIT) {
+        float *part = parts + ((t * c.n_head + h) * gridDim.z + blockIdx.z) * (2 + hd);
+        if (threadIdx.x == 0) part[0] = mx, part[1] = den;
+#pragma unroll
+        for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+            const int d = threadIdx.x + kk * blockDim.x;
+            if (d < hd) part[2 + d] = acc[kk];
+        }
+    } else {
+        // the row through q_sh (free: the last tile's barrier passed every read of it)
+#pragma unroll
+        for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
+            const int d = threadIdx.x + kk * blockDim.x;
+            if (d < hd) q_sh[d] = acc[kk] / den;
+        }
+        attn_finish<FOLD>(m, c, oq, t, h, q_sh);
+    }
+}
+
+constexpr int kAttnMaxSplits = 8;
+
+// Block (t, h): the splits' parts of ds4_attention_kernel<.., SPLIT> rescaled to their common max and added in split
+// order, divided, then finished as the unsplit kernel finishes its row.
+template <bool FOLD>
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq,
+                                                                          const float *parts, int S) {
+    pdl_trigger();  // the next chained launch may start (launch_ds4)
+    pdl_wait();     // everything below reads what the launch before wrote
+    extern __shared__ float row[];  // [head_dim]
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y, hd = c.head_dim;
+    const float *P = parts + (t * c.n_head + h) * S * (2 + hd);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, P[s * (2 + hd)]);
+    float w[kAttnMaxSplits], den = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kAttnMaxSplits; s++) {
+        const float mx = s < S ? P[s * (2 + hd)] : -INFINITY;
+        w[s] = mx == -INFINITY ? 0.0f : expf(mx - M);  // (a split with no key: nothing)
+        if (s < S) den += P[s * (2 + hd) + 1] * w[s];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kAttnMaxSplits; s++)
+            if (s < S) a += P[s * (2 + hd) + 2 + d] * w[s];
+        row[d] = a / den;
+    }
+    attn_finish<FOLD>(m, c, oq, t, h, row);
+}
+
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize, bytes) for a kernel on GPU `device`, the first time it is asked.
+template <class K>
+static void allow_shared(K kernel, size_t bytes, int device, const char *op) {
+    static std::mutex mu;
+    static std::set<std::pair<const void *, int>> done;
+    std::lock_guard<std::mutex> lk(mu);
+    if (!done.insert({(const void *)kernel, device}).second) return;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
+}
+
+void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
+    if (c.head_dim < 1 || c.head_dim > kAttnMaxHeadDim)
+        fail(DFL_ERR_UNSUPPORTED, "ds4_attention: head_dim " + std::to_string(c.head_dim) + " (at most 1024)");
+    if (c.window < 1) fail(DFL_ERR_INVALID, "ds4_attention: window must be at least 1");
+    if (c.comp && c.ratio < 1) fail(DFL_ERR_INVALID, "ds4_attention: compressed rows need a ratio");
+    if (c.unrotate && (c.rope_dim < 2 || c.rope_dim > c.head_dim))
+        fail(DFL_ERR_INVALID, "ds4_attention: rope_dim " + std::to_string(c.rope_dim) + " outside 2.." + std::to_string(c.head_dim));
+    // unrotate and ring_write inside the attention kernel, two launches fewer a layer (rope_tail ~4.5 us and the ring
+    // write ~4.9 us op by op, the 12-05 profile); DFL_CUDA_DS4_ATTN_FOLD=0: the two kernels after it
+    static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", true);
+    // the output's int8 quantization staged for the grouped product after it (its quantizer launch saved), where the
+    // output is final here (folded, or nothing to un-rotate): DFL_CUDA_DS4_ATTN_QUANT=1
+    static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
+    const bool stage = quant && (fold || !c.unrotate) && c.head_dim % 32 == 0;
+    // each tile's key rows through shared memory (DFL_CUDA_DS4_ATTN_SMEM=1; 66 KB a block at head_dim 512), and the
+    // keys of a step of few (token, head) blocks split over up to kAttnMaxSplits blocks each, enough for two a SM
+    // (DFL_CUDA_DS4_ATTN_SPLIT=1; then a combining launch)
+    static const bool smem = env_switch("DFL_CUDA_DS4_ATTN_SMEM", false), split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", false);
+    const int64_t heads = m.T * c.n_head;
+    const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
+    op("ds4_attention", [&] {
+        const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
+        if (m.T <= 0 || c.n_head <= 0) return;
+        const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
+        float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
+        auto launch = [&](auto kernel, dim3 grid) {
+            // the most any head_dim takes, set once a kernel and GPU: by the op-by-op run of a step shape, before any
+            // graph capture of it
+            if (shared > 48 * 1024)
+                allow_shared(kernel, (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float), index(), "ds4_attention");
+            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts);
+        };
+        const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+        if (S > 1) {
+            const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
+            if (smem)
+                launch(ds4_attention_kernel<false, true, true>, sgrid);
+            else
+                launch(ds4_attention_kernel<false, false, true>, sgrid);
+            check_launch("ds4_attention (splits)");
+            const size_t row = (size_t)c.head_dim * sizeof(float);
+            if (fold)
+                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, q, parts, S);
+            else
+                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, q, parts, S);
+        } else if (fold && smem) {
+            launch(ds4_attention_kernel<true, true, false>, grid);
+        } else if (fold) {
+            launch(ds4_attention_kernel<true, false, false>, grid);
+        } else if (smem) {
+            launch(ds4_attention_kernel<false, true, false>, grid);
+        } else {
+            launch(ds4_attention_kernel<false, false, false>, grid);
+        }
+        check_launch("ds4_attention");
+    });
+    if (stage) staged_done();
+    if (fold) return;
+    if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
+    if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
+}
+
+void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
+    if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
+    const int64_t rows = W.n_out / groups;
+    // the groups' inputs are one token's consecutive slices: the attention's staged quantization of its output, if
+    // no call came between (DFL_CUDA_DS4_ATTN_QUANT=1), serves them as one batch of `groups` rows
+    const StagedScope staged(*this);
+    op("matmul_grouped", [&] {
+        GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
+        z.w_rows = rows;
+        z.x_stride = W.n_in;
+        z.y_stride = rows;
+        launch_gemv_z(*this, W, rows, z, groups, x, y);
+    });
+}
+}  // namespace cuda
+}  // namespace dfl
