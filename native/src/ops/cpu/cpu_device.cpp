@@ -224,9 +224,9 @@ public:
         const OpScope timed(clock_, "attn_prep");
         const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
         const int64_t q_out = (int64_t)nh * hd * (a.gated ? 2 : 1), qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-        pool_.parallel_for(m.T, [&](int64_t t, int th) {
-            float *cs = scratch_.get(th, (size_t)a.rope_dim);  // one position's cos/sin, shared by its heads
-            rope_cos_sin(a.rope_dim, m.pos[t], a.inv_freq, cs);
+        const float *table = rope_table(m, a.rope_dim, a.inv_freq);
+        pool_.parallel_for(m.T, [&](int64_t t, int) {
+            const float *cs = table + t * a.rope_dim;  // the position's cos/sin, shared by its heads
             for (int hh = 0; hh < (a.qf ? nh : 0); hh++) {
                 const float *src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
                 float *dst = a.Q + t * qd + (int64_t)hh * hd;
@@ -502,6 +502,32 @@ public:
     }
 
 private:
+    // cos and sin of each token's position (rope_cos_sin), [T][rope_dim]. Every attention layer of a forward asks for
+    // the same ones, so the table is made by the first and kept while the positions and the frequencies stay: a
+    // one-token step's attn_prep runs on the caller alone, and 64 sincos in double a layer were a fifth of it.
+    const float *rope_table(const BatchMeta &m, int rope_dim, const float *inv_freq) {
+        const size_t T = (size_t)m.T, half = (size_t)rope_dim / 2;
+        const bool same = rope_.dim == rope_dim && rope_.pos.size() == T && std::equal(m.pos, m.pos + T, rope_.pos.begin()) &&
+                          rope_.freq.size() == half && std::equal(inv_freq, inv_freq + half, rope_.freq.begin());
+        if (!same) {
+            rope_.dim = rope_dim;
+            rope_.pos.assign(m.pos, m.pos + T);
+            rope_.freq.assign(inv_freq, inv_freq + half);
+            rope_.cs.resize(T * (size_t)rope_dim);
+            float *cs = rope_.cs.data();
+            pool_.parallel_for(ceil_div((int64_t)T, int64_t(16)), [&](int64_t c, int) {
+                for (int64_t t = c * 16; t < std::min<int64_t>((int64_t)T, (c + 1) * 16); t++)
+                    rope_cos_sin(rope_dim, m.pos[t], inv_freq, cs + t * rope_dim);
+            });
+        }
+        return rope_.cs.data();
+    }
+    struct RopeTable {
+        int dim = -1;
+        std::vector<int32_t> pos;
+        std::vector<float> freq, cs;
+    } rope_;
+
     // Elementwise work split into a few large chunks per thread, of at least min_chunk elements. An exp per element
     // (swiglu, sigmoid_mul) takes the smaller chunks: a decode step's 3072-element swiglu was one task of 18 us at 16
     // threads (Qwen3-0.6B; 6.5 % of the step).

@@ -46,6 +46,8 @@ void matmul_each(ThreadPool &pool, Scratch &scratch, const MatmulParts &parts, c
 // out[0..n_in) = row `r` of W as f32 (embedding lookup).
 void get_row(const Weight &W, int64_t r, float *out);
 
+// sum of x[i]^2 in double, in a fixed order (sum_squares' comment): rms_scale's and l2norm's.
+double sum_squares(const float *x, int64_t n);
 // rsqrt(mean(x^2) + eps), the sum in double: rmsnorm's scale.
 float rms_scale(const float *x, int64_t n, float eps);
 // y = x * rsqrt(mean(x^2) + eps) * w (w may be null: no scale). y may alias x.
