@@ -233,9 +233,15 @@ func TestFoldedNormsEqualOpsApart(t *testing.T) {
 	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
 		t.Run(c.arch, func(t *testing.T) {
 			is := is.New(t)
-			m := loadRandom(t, lib, c, Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF16, CacheV: CacheF16, Threads: 2})
+			opts := Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
+			m := loadRandom(t, lib, c, opts)
+			// DFLASH_CPU_FUSE: q|k|v and gate|up as one matrix each, as on a GPU, so the folded norm takes the fused
+			// product (matmul_normed) rather than the norm, then the parts
+			t.Setenv("DFLASH_CPU_FUSE", "1")
+			fused := loadRandom(t, lib, c, opts)
+			t.Setenv("DFLASH_CPU_FUSE", "0")
 			prompt := randomTokens(rand.New(rand.NewPCG(7, 7)), 9, c.vocab)
-			run := func(fold string) [][]float32 {
+			run := func(m *Model, fold string) [][]float32 {
 				t.Setenv("DFLASH_CPU_FOLD_NORM", fold)
 				s, err := m.NewSeq()
 				is.NoErr(err)
@@ -250,11 +256,19 @@ func TestFoldedNormsEqualOpsApart(t *testing.T) {
 				}
 				return rows
 			}
-			apart, folded := run("0"), run("1")
-			for k := range apart {
-				for v := range apart[k] {
-					if apart[k][v] != folded[k][v] {
-						t.Fatalf("step %d: folded logits differ (%g vs %g at %d)", k, folded[k][v], apart[k][v], v)
+			apart := run(m, "0")
+			// "alt": the sites alternate between folded and apart, as where a GPU has no folded kernel for a weight
+			for _, v := range []struct {
+				name string
+				m    *Model
+				fold string
+			}{{"folded", m, "1"}, {"alternating", m, "alt"}, {"fused", fused, "0"}, {"fused folded", fused, "1"}, {"fused alternating", fused, "alt"}} {
+				got := run(v.m, v.fold)
+				for k := range apart {
+					for i := range apart[k] {
+						if apart[k][i] != got[k][i] {
+							t.Fatalf("%s, step %d: logits differ (%g vs %g at %d)", v.name, k, got[k][i], apart[k][i], i)
+						}
 					}
 				}
 			}

@@ -448,8 +448,9 @@ struct MoeExpertsCall {
     const int32_t *ids = nullptr;    // [T][k]
     const float *weights = nullptr;  // [T][k]
     float *out = nullptr;            // [T][n_embd]
-    // A device may then skip the combine and return its pairs' rows ([T * k][n_embd], pair t * k + j, valid until its
-    // next moe_experts) for hc_post to weight and add (HcPostCall::pairs): one op fewer a layer
+    // A device may then skip the combine and return its pairs' rows ([T * k][n_embd], pair t * k + j) for hc_post to
+    // weight and add (HcPostCall::pairs): one op fewer a layer. They stay valid until the device's next moe_experts or
+    // ds4_attention (on the GPU both use its DeepSeek V4 buffer), so hc_post must be the next op to read them.
     bool leave_pairs = false;
 };
 

@@ -404,6 +404,7 @@ void test_hc_pre_norm() {
             Dual X(rand_vec(r, (size_t)(T * N * D), 3.0f)), w(rand_vec(r, (size_t)D, 1.5f));
             Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
             Dual x2((size_t)(T * D) * 4), y2((size_t)(T * D) * 4), p1((size_t)(T * 64) * 4), p2((size_t)(T * 64) * 4);
+            Dual post2((size_t)(T * N) * 4), comb2((size_t)(T * N * N) * 4);  // the two ops' own (not the fused kernel's)
             dfltest::DualWeight W(DFL_TYPE_Q8_0, 64, D, r);
             g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
             const std::string sh = " T=" + std::to_string(T) + " D=" + std::to_string(D);
@@ -415,7 +416,7 @@ void test_hc_pre_norm() {
                     dev(g)->hc_pre_norm(c, w.p(g), 1e-6f, y.p(g));
                     dev(g)->matmul(g ? W.wg : W.wc, y.p(g), T, p1.p(g));
                 }
-                HcPreCall c = hc_pre_call(true, mix, base, scale, X, T, D, x2, post, comb);
+                HcPreCall c = hc_pre_call(true, mix, base, scale, X, T, D, x2, post2, comb2);
                 c.norm = norm;
                 c.norm_eps = 1e-6f;
                 g_gpu->hc_pre(c);
@@ -426,9 +427,9 @@ void test_hc_pre_norm() {
                 compare("hc_pre_norm post" + n, post, 1e-5);
                 compare("hc_pre_norm comb" + n, comb, 1e-5);
                 compare("hc_pre_norm y" + n, y, 1e-5);
-                // (a folded norm's sum of squares is hc_pre's bits where the fused block has its 256 threads or more)
-                if (norm && D < 1024) continue;
                 same_bits("hc_pre_norm x = hc_pre's (GPU)" + n, x.read(true), x2.read(true));
+                same_bits("hc_pre_norm post = hc_pre's (GPU)" + n, post.read(true), post2.read(true));
+                same_bits("hc_pre_norm comb = hc_pre's (GPU)" + n, comb.read(true), comb2.read(true));
                 same_bits("hc_pre_norm y = rmsnorm's (GPU)" + n, y.read(true), y2.read(true));
                 same_bits("hc_pre_norm's product = rmsnorm's (GPU)" + n, p1.read(true), p2.read(true));
             }
@@ -507,6 +508,23 @@ void test_hc_post_mix() {
                     compare("hc_pre on parts x" + sh, x, 1e-5);
                     compare("hc_pre on parts post" + sh, post2, 1e-5);
                     compare("hc_pre on parts comb" + sh, comb2, 1e-5);
+                    // hc_pre_norm on the parts (one kernel with DFL_CUDA_HC_PRE_NORM=1) against hc_pre, then rmsnorm, on the GPU
+                    Dual w(rand_vec(r, (size_t)D, 1.5f)), y((size_t)(T * D) * 4), y2((size_t)(T * D) * 4);
+                    Dual x3((size_t)(T * D) * 4), post3((size_t)(T * N) * 4), comb3((size_t)(T * N * N) * 4);
+                    HcPreCall h = hc_pre_call(true, mix, base, scale, out, T, D, x3, post3, comb3);
+                    h.mix = nullptr;
+                    h.parts = parts.gp();
+                    h.n_parts = n_parts;
+                    h.norm = true;
+                    h.norm_eps = 1e-6f;
+                    g_gpu->hc_pre_norm(h, w.gp(), 1e-6f, y.gp());
+                    g_gpu->rmsnorm(x.gp(), w.gp(), y2.gp(), T, D, 1e-6f);
+                    g_cpu->rmsnorm(x.cp(), w.cp(), y.cp(), T, D, 1e-6f);
+                    compare("hc_pre_norm on parts y" + sh, y, 1e-5);
+                    same_bits("hc_pre_norm on parts x = hc_pre's (GPU)" + sh, x3.read(true), x.read(true));
+                    same_bits("hc_pre_norm on parts post = hc_pre's (GPU)" + sh, post3.read(true), post2.read(true));
+                    same_bits("hc_pre_norm on parts comb = hc_pre's (GPU)" + sh, comb3.read(true), comb2.read(true));
+                    same_bits("hc_pre_norm on parts y = rmsnorm's (GPU)" + sh, y.read(true), y2.read(true));
                 }
 }
 

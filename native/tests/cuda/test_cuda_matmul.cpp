@@ -99,15 +99,31 @@ void check_fold(uint32_t type, int64_t n_out, int64_t n_in, Rng &r) {
 
 }  // namespace
 
-// The folds' cases: q8_0 on the dp4a GEMV (700 rows) and its rows kernel (4500: 4224 rows or more), q4_K on its int8
-// GEMV; rows of 1024 (a 256-thread norm), 4096 and 5120 (1024 threads, 4 and 5 elements a thread).
+// The folds' cases: q8_0 on the dp4a GEMV (700 rows) and its rows kernel (4500: 4224 rows or more; 4502: a last group
+// of 2), q4_K on its int8 GEMV; rows of 1024 (a 256-thread norm), 4096 and 5120 (1024 threads, 4 and 5 elements a
+// thread). 24,576 rows (qwen3-8b's gate|up) and q4_K's 6,144 take more groups of 32 rows than the GPU holds blocks,
+// so a block runs several and builds the normed row once for them.
 void test_fold() {
+    {
+        Rng pr(1);
+        DualWeight probe(DFL_TYPE_Q8_0, 700, 1024, pr);
+        Weight wp = probe.wg;
+        g_gpu->prepare_weight(wp);
+        if (!g_gpu->fold_norm(Weight{}, wp)) {
+            std::printf("fold: skipped (the GPU folds nothing without DFL_CUDA_NORM_FOLD=1)\n");
+            return;
+        }
+    }
     Rng r(77);
     for (int64_t n_in : {int64_t(1024), int64_t(4096), int64_t(5120)}) {
         check_fold(DFL_TYPE_Q8_0, 700, n_in, r);
         check_fold(DFL_TYPE_Q8_0, 4500, n_in, r);
         check_fold(DFL_TYPE_Q4_K, 700, n_in, r);
     }
+    check_fold(DFL_TYPE_Q8_0, 4502, 4096, r);
+    check_fold(DFL_TYPE_Q8_0, 24576, 4096, r);
+    check_fold(DFL_TYPE_Q4_K, 6144, 4096, r);
+    check_fold(DFL_TYPE_Q4_K, 24576, 4096, r);
 }
 
 void test_matmul_embed() {

@@ -1,6 +1,7 @@
 // The CPU device: the op table on host memory, run by a thread pool. The reference every other device is tested
 // against; the layer plans drive it exactly as they drive the GPU.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -135,7 +136,9 @@ public:
         return copies_.back().get();
     }
 
-    bool copies_weights() const override { return false; }
+    // The CPU reads a product's parts where they lie (q, k and v: three matrices, one region). DFLASH_CPU_FUSE=1 (read
+    // at load) copies them into one matrix as the GPU does, so a test can run the plans' fused paths here.
+    bool copies_weights() const override { return env_is("DFLASH_CPU_FUSE", "1"); }
 
     // The AVX-512 integer kernels read q8_0 / q4_K matrices in their own layout (16 rows interleaved, qgemm.h), the
     // same size as the original. Packing at load saves repacking every group in every product (decode would repack
@@ -167,10 +170,11 @@ public:
         dfl::matmul_each(pool_, scratch_, parts, X, T);
     }
     // The CPU folds nothing; DFLASH_CPU_FOLD_NORM=1 (read at each call) makes plans take their folded-norm path with
-    // the ops apart (Device's matmul_acc and matmul_normed), so a test can check that path against the usual one.
+    // the ops apart (Device's matmul_acc and matmul_normed), so a test can check that path against the usual one;
+    // =alt answers yes and no in turn, as a GPU does where some sites' weights have no folded kernel.
     bool fold_norm(const Weight &, const Weight &) const override {
-        const char *e = std::getenv("DFLASH_CPU_FOLD_NORM");
-        return e && std::strcmp(e, "1") == 0;
+        if (env_is("DFLASH_CPU_FOLD_NORM", "alt")) return fold_turn_.fetch_add(1, std::memory_order_relaxed) % 2 == 0;
+        return env_is("DFLASH_CPU_FOLD_NORM", "1");
     }
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
         const OpScope timed(clock_, "rmsnorm");
@@ -522,6 +526,11 @@ private:
         }
         return rope_.cs.data();
     }
+    static bool env_is(const char *name, const char *value) {
+        const char *e = std::getenv(name);
+        return e && std::strcmp(e, value) == 0;
+    }
+    mutable std::atomic<unsigned> fold_turn_{0};  // fold_norm's turn under DFLASH_CPU_FOLD_NORM=alt
     struct RopeTable {
         int dim = -1;
         std::vector<int32_t> pos;

@@ -130,6 +130,8 @@ public:
         }
     };
     int sm_count() const { return sm_count_; }
+    // the most dynamic shared memory a block may be given (cudaFuncAttributeMaxDynamicSharedMemorySize's bound)
+    size_t shared_optin() const { return shared_optin_; }
     int index() const { return index_; }
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
@@ -191,6 +193,7 @@ private:
     GrowBuf scratch_, ds4_buf_, mma_buf_;
     uint64_t scratch_epoch_ = 0;
     int sm_count_ = 1;
+    size_t shared_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 
     mutable uint64_t calls_ = 0;  // device calls so far (use())

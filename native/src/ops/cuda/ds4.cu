@@ -353,11 +353,12 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
 }
 
 // hc_pre with the sub-block's RMSNorm in one launch where a block holds a row (DFL_CUDA_HC_PRE_NORM=1; off: the
-// two ops).
+// two ops). A folded streams' norm sums its squares over 256 threads in hc_pre_kernel (hc_fold_scale): a block of
+// fewer (rows of 512 or less) would sum them otherwise, so those take the two ops and the bits stay hc_pre's.
 void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) {
     static const bool on = env_switch("DFL_CUDA_HC_PRE_NORM", false);
     const int threads = norm_threads(c.D);
-    if (!on || c.D % 32 != 0 || c.D > (int64_t)kHcNormRegs * threads || c.N > kDs4MaxHc)
+    if (!on || c.D % 32 != 0 || c.D > (int64_t)kHcNormRegs * threads || c.N > kDs4MaxHc || (c.norm && threads < 256))
         return Device::hc_pre_norm(c, w, eps, y);
     check_hc_pre(c);
     op("hc_pre_norm", [&] {

@@ -233,13 +233,15 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // write ~4.9 us op by op, the 12-05 profile); DFL_CUDA_DS4_ATTN_FOLD=0: the two kernels after it
     static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", true);
     // the output's int8 quantization staged for the grouped product after it (its quantizer launch saved), where the
-    // output is final here (folded, or nothing to un-rotate): DFL_CUDA_DS4_ATTN_QUANT=1
+    // output is final here (folded, or nothing to un-rotate) and one token's (the grouped product takes a staging
+    // only then): DFL_CUDA_DS4_ATTN_QUANT=1
     static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
-    const bool stage = quant && (fold || !c.unrotate) && c.head_dim % 32 == 0;
+    const bool stage = quant && m.T == 1 && (fold || !c.unrotate) && c.head_dim % 32 == 0;
     // each tile's key rows through shared memory (DFL_CUDA_DS4_ATTN_SMEM=1; 66 KB a block at head_dim 512), and the
     // keys of a step of few (token, head) blocks split over up to kAttnMaxSplits blocks each, enough for two a SM
     // (DFL_CUDA_DS4_ATTN_SPLIT=1; then a combining launch)
-    static const bool smem = env_switch("DFL_CUDA_DS4_ATTN_SMEM", false), split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", false);
+    static const bool smem_on = env_switch("DFL_CUDA_DS4_ATTN_SMEM", false), split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", false);
+    const bool smem = smem_on && (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
     const int64_t heads = m.T * c.n_head;
     const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
     op("ds4_attention", [&] {
@@ -248,10 +250,12 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
         float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
         auto launch = [&](auto kernel, dim3 grid) {
-            // the most any head_dim takes, set once a kernel and GPU: by the op-by-op run of a step shape, before any
-            // graph capture of it
+            // set once a kernel and GPU, by the op-by-op run of a step shape, before any graph capture of it: the most
+            // any head_dim takes, or the GPU's bound where that is less (132 KB is more than a block may have on
+            // GPUs other than the H100 / H200; smem is off for a head too wide for it)
             if (shared > 48 * 1024)
-                allow_shared(kernel, (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float), index(), "ds4_attention");
+                allow_shared(kernel, std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
+                             index(), "ds4_attention");
             launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
