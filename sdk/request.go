@@ -52,6 +52,12 @@ type ChatRequest struct {
 	// TemplateKwargs are extra variables for the chat template
 	// (chat_template_kwargs), e.g. {"enable_thinking": false}.
 	TemplateKwargs map[string]any `json:"template_kwargs,omitempty"`
+
+	// Whole says the client takes the answer as one body (not streamed): a
+	// backend may then hold its events and emit them together at the finish,
+	// sparing both processes a message per token. Latency metrics of such a
+	// request come from Finish.Timings. It travels inside the request JSON.
+	Whole bool `json:"whole,omitempty"`
 }
 
 // RawPrompt is the prompt of a text completion: text, or token ids of the

@@ -199,6 +199,10 @@ type generation struct {
 	shape     shape
 	requestID string
 	req       *sdk.ChatRequest
+	// stream: the response is written as events arrive; otherwise as one
+	// body at the end, and the backend is told it may hold its events
+	// (sdk.ChatRequest.Whole).
+	stream bool
 	// newSink builds the sink after admission; for streams it must send the
 	// SSE headers and opening events.
 	newSink func(st Stream, w http.ResponseWriter) sink
@@ -209,6 +213,7 @@ type generation struct {
 func (s *Server) run(w http.ResponseWriter, r *http.Request, g generation) {
 	ctx := r.Context()
 	g.req.ID = g.requestID
+	g.req.Whole = !g.stream
 	began := time.Now()
 	api := apiName(r.URL.Path)
 	st, err := s.rt.Start(router.WithAPI(ctx, api), g.req)

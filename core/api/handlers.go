@@ -25,7 +25,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id, created := s.newID("chatcmpl-"), s.now().Unix()
-	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: opts.stream,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			if opts.stream {
 				return newChatStream(w, st, id, created, opts, req.Logprobs)
@@ -47,7 +47,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id, created := s.newID("cmpl-"), s.now().Unix()
-	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: opts.stream,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			cw := newCompletionWriter(w, st, id, created, reqID, s.echoText(r, st, req.Prompt, opts.echo), opts)
 			if opts.stream {
@@ -88,7 +88,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id := s.newID("msg_")
-	s.run(w, r, generation{shape: shapeAnthropic, requestID: reqID, req: req,
+	s.run(w, r, generation{shape: shapeAnthropic, requestID: reqID, req: req, stream: stream,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			if stream {
 				return newAnthropicStream(w, st, id)
@@ -110,7 +110,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	reqID := requestID(r)
 	id, created := s.newID("resp_"), s.now().Unix()
-	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req,
+	s.run(w, r, generation{shape: shapeOpenAI, requestID: reqID, req: req, stream: stream,
 		newSink: func(st Stream, w http.ResponseWriter) sink {
 			base := responseBase{id: id, created: created, model: st.Model(), echo: echo}
 			if stream {

@@ -59,6 +59,29 @@ func TestPrimaryServesWhenFree(t *testing.T) {
 	}
 }
 
+// A Whole request's events may all come with its finish (the backend holds them for the one body): its time to first
+// token is the admission's time plus the engine's prefill from the finish's timings, not the arrival of the text. A
+// streamed request's TTFT is when its first text arrived.
+func TestWholeRequestTTFTFromTimings(t *testing.T) {
+	is := is.New(t)
+	a := newScripted("a", 2, 1000)
+	a.auto, a.prefillMS = true, 4000
+	f := newFixture(t, balanced(), a)
+	for _, whole := range []bool{true, false} {
+		req := chat("r", 10, 10)
+		req.Whole = whole
+		s, err := f.r.Start(bg, req)
+		is.NoErr(err)
+		_, err = drain(bg, s)
+		is.True(errors.Is(err, io.EOF))
+		s.Close()
+	}
+	is.NoErr(f.r.Wait(bg))
+	ttft := histogramSum(t, f.met, "dflash_time_to_first_token_seconds", map[string]string{"model": "a"})
+	is.Equal(metricValue(t, f.met, "dflash_time_to_first_token_seconds", map[string]string{"model": "a"}), 2.0)
+	is.True(ttft >= 4 && ttft < 5) // 4 s of prefill said by the Whole one's timings, ~0 for the streamed one
+}
+
 func TestSlotFallback(t *testing.T) {
 	is := is.New(t)
 	a, b := newScripted("a", 1, 1000), newScripted("b", 1, 1000)

@@ -36,8 +36,10 @@ type scriptedBackend struct {
 	hang chan struct{}
 	// auto: admitted requests finish at once; otherwise each is handed to
 	// the test on runs and waits for its gates.
-	auto  bool
-	runs  chan *scriptedRun
+	auto bool
+	// prefillMS is the finish's Timings.PrefillMS (the engine's time from admission to the first token).
+	prefillMS float64
+	runs      chan *scriptedRun
 	stash []*scriptedRun // runs taken off runs while looking for another
 }
 
@@ -128,7 +130,7 @@ func (b *scriptedBackend) Start(ctx context.Context, req *sdk.ChatRequest, emit 
 	}()
 	finish := sdk.Event{Finish: &sdk.Finish{Reason: sdk.FinishStop,
 		Usage:   sdk.Usage{PromptTokens: prompt, CompletionTokens: 3},
-		Timings: sdk.Timings{DecodeMS: 2, DraftProposed: 4, DraftAccepted: 3}}}
+		Timings: sdk.Timings{PrefillMS: b.prefillMS, DecodeMS: 2, DraftProposed: 4, DraftAccepted: 3}}}
 	if b.auto {
 		if err := emit.Emit(sdk.Event{Text: "hi"}); err != nil {
 			return err
@@ -369,6 +371,35 @@ func metricValue(t *testing.T, reg *metrics.Registry, name string, want map[stri
 				sum += m.GetGauge().GetValue()
 			case m.GetHistogram() != nil:
 				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// histogramSum is the sum of the observations of histogram name over the series with the labels in want.
+func histogramSum(t *testing.T, reg *metrics.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Prometheus().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			match := m.GetHistogram() != nil
+			for k, v := range want {
+				match = match && labels[k] == v
+			}
+			if match {
+				sum += m.GetHistogram().GetSampleSum()
 			}
 		}
 	}

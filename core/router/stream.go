@@ -41,9 +41,11 @@ type Stream struct {
 
 	// Emitter side (the backend's goroutine).
 	begun    time.Time
+	admitted time.Time
 	firstOut time.Time
 	lastOut  time.Time // the last event with tokens
 	api      string    // the client API, for metric labels (WithAPI)
+	whole    bool      // the request's Whole: its events may all come at the end
 
 	finished bool // Recv side
 }
@@ -76,6 +78,7 @@ func (s *Stream) run(req *sdk.ChatRequest) {
 		s.unref()
 	}()
 	s.begun = time.Now()
+	s.whole = req.Whole
 	s.err = s.r.models[s.m].Backend.Start(s.ctx, req, (*emitter)(s))
 }
 
@@ -197,6 +200,7 @@ func (e *emitter) Admit(a sdk.Admission) error {
 		return errAdmittedTwice
 	}
 	if a.Outcome == sdk.OutcomeAdmitted {
+		s.admitted = time.Now()
 		s.served.Store(true)
 		s.r.met.AddRunning(s.name, 1)
 	}
@@ -228,10 +232,12 @@ func (s *Stream) observe(ev sdk.Event) {
 	now := time.Now()
 	if s.firstOut.IsZero() && (ev.Text != "" || ev.Reasoning != "" || len(ev.ToolCalls) > 0) {
 		s.firstOut = now
-		met.ObserveTTFT(s.name, s.api, s.firstOut.Sub(s.begun))
+		if !s.whole {
+			met.ObserveTTFT(s.name, s.api, s.firstOut.Sub(s.begun))
+		}
 	}
 	if n := len(ev.TokenIDs); n > 0 {
-		if !s.lastOut.IsZero() {
+		if !s.lastOut.IsZero() && !s.whole {
 			met.ObserveITL(s.name, s.api, now.Sub(s.lastOut), n)
 		}
 		s.lastOut = now
@@ -239,6 +245,15 @@ func (s *Stream) observe(ev sdk.Event) {
 	f := ev.Finish
 	if f == nil {
 		return
+	}
+	if s.whole && !s.firstOut.IsZero() {
+		// The events of a Whole request may all arrive with the finish: its first token came the engine's prefill
+		// time after the admission (a backend without timings: when its first output arrived).
+		ttft := s.firstOut.Sub(s.begun)
+		if f.Timings.PrefillMS > 0 && !s.admitted.IsZero() {
+			ttft = s.admitted.Sub(s.begun) + time.Duration(f.Timings.PrefillMS*float64(time.Millisecond))
+		}
+		met.ObserveTTFT(s.name, s.api, ttft)
 	}
 	met.AddTokens(s.name, f.Usage.PromptTokens, f.Usage.CompletionTokens)
 	met.AddDraft(s.name, f.Timings.DraftProposed, f.Timings.DraftAccepted, f.Timings.DraftSteps)

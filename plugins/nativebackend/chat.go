@@ -167,6 +167,7 @@ func (m *ChatModel) Prepare(req *sdk.ChatRequest) (*engine.Request, error) {
 		ID: req.ID, Prompt: ids, MaxTokens: MaxTokens(req, m.Desc), MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs || req.TopLogprobs > 0, TopLogprobs: req.TopLogprobs,
 		SnapshotAt:           lastIndex(ids, m.TurnStart),
+		Whole:                req.Whole,
 		ReasoningBudget:      ReasoningBudget(m.Cfg, req),
 		HardLimitReplyBudget: m.Cfg.HardLimitReplyBudget,
 		CloseReasoning:       m.Tok.Encode(parser.ReasoningCloseTag(), false, true),
@@ -249,6 +250,6 @@ func (m *ChatModel) prepareRaw(req *sdk.ChatRequest) (*engine.Request, error) {
 	return &engine.Request{
 		ID: req.ID, Prompt: ids, MaxTokens: MaxTokens(req, m.Desc), MinTokens: req.MinTokens, IgnoreEOS: req.IgnoreEOS,
 		Sampling: s, Stop: req.Stop, Logprobs: req.Logprobs || req.TopLogprobs > 0, TopLogprobs: req.TopLogprobs,
-		Detokenizer: tokenizer.NewStreamDecoder(m.Tok),
+		Detokenizer: tokenizer.NewStreamDecoder(m.Tok), Whole: req.Whole,
 	}, nil
 }

@@ -438,6 +438,68 @@ func TestIgnoreEOS(t *testing.T) {
 	is.Equal(r.finish.Reason, sdk.FinishLength)
 }
 
+// A Whole request (its client takes one body) gets its events in one Emit, after the finish, with the text,
+// tokens and finish the same request gets token by token; one that ends in an error still gets what came first.
+func TestWholeRequestEmitsOnceAtTheEnd(t *testing.T) {
+	is := is.New(t)
+	m := enginetest.NewFakeModel(4, 64, 1)
+	m.Next = enginetest.Reply(1, enginetest.Encode("hello there"))
+	e := newEngine(t, m, engine.Config{})
+	streamed, err := run(e, request("q", 32))
+	is.NoErr(err)
+	req := request("q", 32)
+	req.Whole = true
+	whole := newCollector()
+	early := false // an event emitted while the request was still being decoded
+	forwards := 0
+	m.BeforeForward = func([]engine.SeqInput) {
+		if forwards++; forwards != 6 {
+			return
+		}
+		// five tokens are out: give the sender every chance to pass them on (it would, token by token)
+		for range 1000 {
+			runtime.Gosched()
+		}
+		whole.mu.Lock()
+		early = len(whole.events) > 0
+		whole.mu.Unlock()
+	}
+	is.NoErr(e.Run(context.Background(), req, whole))
+	a, b := streamed.result(), whole.result()
+	is.True(!early)
+	is.Equal(b.events, 1)
+	is.Equal(b.text, a.text)
+	is.Equal(b.tokens, a.tokens)
+	is.Equal(b.finish.Reason, a.finish.Reason)
+	is.Equal(b.finish.Usage, a.finish.Usage)
+
+	// 6 blocks of 4 for two sequences of 4 + 16: one of them runs out of KV mid-way
+	m = enginetest.NewFakeModel(4, 6, 2)
+	m.Next = enginetest.Reply(1, enginetest.Encode("abcdefghijklmnop"))
+	e = newEngine(t, m, engine.Config{MaxCtx: 24, DecodeHeadroom: 4})
+	g := holdForwards(m)
+	reqs := []*engine.Request{request("aaaa", 16), request("bbbb", 16)}
+	for _, r := range reqs {
+		r.Whole, r.IgnoreEOS = true, true
+	}
+	x := start(context.Background(), e, reqs[0])
+	waitAdmitted(t, x)
+	<-g.entered
+	y := start(context.Background(), e, reqs[1])
+	waitAdmitted(t, y)
+	g.open()
+	x.wait(t)
+	y.wait(t)
+	failed := x
+	if x.err == nil {
+		failed = y
+	}
+	is.True(errors.Is(failed.err, engine.ErrNoKV))
+	r := failed.c.result()
+	is.True(r.finish == nil)
+	is.True(len(r.tokens) > 0) // the tokens made before the pool ran out
+}
+
 func TestReasoningBudgets(t *testing.T) {
 	closeTags := []int32{enginetest.ThinkClose, '\n'}
 	for _, tc := range []struct {

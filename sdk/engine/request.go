@@ -68,6 +68,9 @@ type Request struct {
 	// next turn of the conversation, which renders this prompt's messages
 	// but not its generation prompt, can continue from it.
 	SnapshotAt int
+	// Whole: the consumer takes the answer at the end (sdk.ChatRequest.Whole),
+	// so Run emits all its events together, after the finish.
+	Whole bool
 	// Detokenizer is this request's incremental detokenizer (required).
 	Detokenizer Detokenizer
 	// Parser splits the text; nil makes everything visible text.
