@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -60,8 +61,9 @@ func TestPrimaryServesWhenFree(t *testing.T) {
 }
 
 // A Whole request's events may all come with its finish (the backend holds them for the one body): its time to first
-// token is the admission's time plus the engine's prefill from the finish's timings, not the arrival of the text. A
-// streamed request's TTFT is when its first text arrived.
+// token is the admission's time plus the engine's prefill from the finish's timings, not the arrival of the text, and
+// its inter-token latencies are the engine's decode time over its tokens. A streamed request's TTFT is when its first
+// text arrived (and its events carry no token ids here, so it has no inter-token latency).
 func TestWholeRequestTTFTFromTimings(t *testing.T) {
 	is := is.New(t)
 	a := newScripted("a", 2, 1000)
@@ -80,6 +82,9 @@ func TestWholeRequestTTFTFromTimings(t *testing.T) {
 	ttft := histogramSum(t, f.met, "dflash_time_to_first_token_seconds", map[string]string{"model": "a"})
 	is.Equal(metricValue(t, f.met, "dflash_time_to_first_token_seconds", map[string]string{"model": "a"}), 2.0)
 	is.True(ttft >= 4 && ttft < 5) // 4 s of prefill said by the Whole one's timings, ~0 for the streamed one
+	itl := map[string]string{"model": "a"}
+	is.Equal(metricValue(t, f.met, "dflash_inter_token_latency_seconds", itl), 2.0)                   // 3 tokens: 2 gaps
+	is.True(math.Abs(histogramSum(t, f.met, "dflash_inter_token_latency_seconds", itl)-0.002) < 1e-9) // 2 ms of decode
 }
 
 func TestSlotFallback(t *testing.T) {

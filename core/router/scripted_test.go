@@ -40,7 +40,7 @@ type scriptedBackend struct {
 	// prefillMS is the finish's Timings.PrefillMS (the engine's time from admission to the first token).
 	prefillMS float64
 	runs      chan *scriptedRun
-	stash []*scriptedRun // runs taken off runs while looking for another
+	stash     []*scriptedRun // runs taken off runs while looking for another
 }
 
 func newScripted(name string, slots, kv int) *scriptedBackend {

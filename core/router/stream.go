@@ -43,9 +43,10 @@ type Stream struct {
 	begun    time.Time
 	admitted time.Time
 	firstOut time.Time
-	lastOut  time.Time // the last event with tokens
-	api      string    // the client API, for metric labels (WithAPI)
-	whole    bool      // the request's Whole: its events may all come at the end
+	lastOut  time.Time  // the last event with tokens
+	api      string     // the client API, for metric labels (WithAPI)
+	whole    bool       // the request's Whole: its events may all come at the end
+	gaps     []tokenGap // a Whole request's gaps between events, observed at its finish
 
 	finished bool // Recv side
 }
@@ -187,6 +188,12 @@ func (s *Stream) Close() {
 	s.unref()
 }
 
+// tokenGap is n tokens that arrived d after the ones before them.
+type tokenGap struct {
+	d time.Duration
+	n int
+}
+
 // emitter is the Stream as the backend sees it.
 type emitter Stream
 
@@ -237,8 +244,12 @@ func (s *Stream) observe(ev sdk.Event) {
 		}
 	}
 	if n := len(ev.TokenIDs); n > 0 {
-		if !s.lastOut.IsZero() && !s.whole {
-			met.ObserveITL(s.name, s.api, now.Sub(s.lastOut), n)
+		if !s.lastOut.IsZero() {
+			if s.whole {
+				s.gaps = append(s.gaps, tokenGap{now.Sub(s.lastOut), n})
+			} else {
+				met.ObserveITL(s.name, s.api, now.Sub(s.lastOut), n)
+			}
 		}
 		s.lastOut = now
 	}
@@ -246,14 +257,8 @@ func (s *Stream) observe(ev sdk.Event) {
 	if f == nil {
 		return
 	}
-	if s.whole && !s.firstOut.IsZero() {
-		// The events of a Whole request may all arrive with the finish: its first token came the engine's prefill
-		// time after the admission (a backend without timings: when its first output arrived).
-		ttft := s.firstOut.Sub(s.begun)
-		if f.Timings.PrefillMS > 0 && !s.admitted.IsZero() {
-			ttft = s.admitted.Sub(s.begun) + time.Duration(f.Timings.PrefillMS*float64(time.Millisecond))
-		}
-		met.ObserveTTFT(s.name, s.api, ttft)
+	if s.whole {
+		s.observeWhole(f)
 	}
 	met.AddTokens(s.name, f.Usage.PromptTokens, f.Usage.CompletionTokens)
 	met.AddDraft(s.name, f.Timings.DraftProposed, f.Timings.DraftAccepted, f.Timings.DraftSteps)
@@ -264,6 +269,28 @@ func (s *Stream) observe(ev sdk.Event) {
 		case !s.firstOut.IsZero():
 			met.ObserveTPOT(s.name, s.api, time.Since(s.firstOut)/time.Duration(n-1))
 		}
+	}
+}
+
+// observeWhole records the latencies of a Whole request at its finish. Its events may all have come together (the
+// backend held them for the one body), so where the finish has the engine's timings they say when the first token
+// came (the engine's prefill after the admission) and how the others followed (its decode time over them); a backend
+// without timings sent its events as they came, and their arrivals say it.
+func (s *Stream) observeWhole(f *sdk.Finish) {
+	met := s.r.met
+	if !s.firstOut.IsZero() {
+		ttft := s.firstOut.Sub(s.begun)
+		if f.Timings.PrefillMS > 0 && !s.admitted.IsZero() {
+			ttft = s.admitted.Sub(s.begun) + time.Duration(f.Timings.PrefillMS*float64(time.Millisecond))
+		}
+		met.ObserveTTFT(s.name, s.api, ttft)
+	}
+	if n := f.Usage.CompletionTokens; f.Timings.DecodeMS > 0 && n > 1 {
+		met.ObserveITL(s.name, s.api, time.Duration(f.Timings.DecodeMS*float64(time.Millisecond)), n-1)
+		return
+	}
+	for _, g := range s.gaps {
+		met.ObserveITL(s.name, s.api, g.d, g.n)
 	}
 }
 
