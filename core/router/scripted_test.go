@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/dflash/dflash_server/core/metrics"
 	"github.com/dflash/dflash_server/core/router"
 	"github.com/dflash/dflash_server/sdk"
@@ -339,52 +341,39 @@ func rejectionOf(err error) *router.Rejection {
 	return nil
 }
 
-// metricValue sums the samples of name whose labels include want.
+// metricValue sums the samples of name whose labels include want (a histogram's: its sample count).
 func metricValue(t *testing.T, reg *metrics.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Prometheus().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			case m.GetHistogram() != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
+	for _, m := range series(t, reg, name, want) {
+		switch {
+		case m.GetCounter() != nil:
+			sum += m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			sum += m.GetGauge().GetValue()
+		case m.GetHistogram() != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
 		}
 	}
 	return sum
 }
 
-// histogramSum is the sum of the observations of histogram name over the series with the labels in want.
+// histogramSum is the sum of the observations of histogram name over the series whose labels include want.
 func histogramSum(t *testing.T, reg *metrics.Registry, name string, want map[string]string) float64 {
+	sum := 0.0
+	for _, m := range series(t, reg, name, want) {
+		sum += m.GetHistogram().GetSampleSum()
+	}
+	return sum
+}
+
+// series is the registry's series of name whose labels include want.
+func series(t *testing.T, reg *metrics.Registry, name string, want map[string]string) []*dto.Metric {
 	t.Helper()
 	mfs, err := reg.Prometheus().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
+	var out []*dto.Metric
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -394,14 +383,14 @@ func histogramSum(t *testing.T, reg *metrics.Registry, name string, want map[str
 			for _, lp := range m.GetLabel() {
 				labels[lp.GetName()] = lp.GetValue()
 			}
-			match := m.GetHistogram() != nil
+			match := true
 			for k, v := range want {
 				match = match && labels[k] == v
 			}
 			if match {
-				sum += m.GetHistogram().GetSampleSum()
+				out = append(out, m)
 			}
 		}
 	}
-	return sum
+	return out
 }
