@@ -128,7 +128,7 @@ func (e *Engine) admit(ctx context.Context, req *Request) (sdk.Admission, *seque
 		parser = textParser{}
 	}
 	s := &sequence{
-		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, e.wake),
+		req: req, ctx: ctx, out: newOutbox(e.cfg.EventBuffer, req.Whole, e.wake),
 		held: promise, pos: len(req.Prompt), limit: len(req.Prompt) + req.MaxTokens, reuse: reuse, cached: cached,
 		stop: newStopMatcher(req.Stop), parser: parser, rng: seedRNG(req.Sampling.Seed), json: newConstraint(req),
 		tAdmit: time.Now(),

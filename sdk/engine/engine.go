@@ -280,26 +280,12 @@ func (e *Engine) Run(ctx context.Context, req *Request, emit sdk.Emitter) error 
 }
 
 // send is the request's sender: it hands the outbox's events to emit until
-// the loop retires the sequence. A Whole request's events are held until
-// its finish and emitted then: a message per token costs the sender, the
-// plugin transport and the core a few hundred microseconds of CPU, taken
-// from the compute threads of a model on the CPU (~3-7 % of a 2-thread
-// decode).
+// the loop retires the sequence. A Whole request's outbox gives them all at
+// its finish: a message per token cost the sender, the plugin transport and
+// the core a few hundred microseconds of CPU, taken from the compute threads
+// of a model on the CPU (~3-7 % of a 2-thread decode).
 func (e *Engine) send(ctx context.Context, s *sequence, emit sdk.Emitter) error {
-	var (
-		emitErr error
-		held    []sdk.Event
-	)
-	pass := func(evs []sdk.Event) {
-		for _, ev := range coalesce(evs) {
-			if err := emit.Emit(ev); err != nil {
-				emitErr = err
-				s.abort.Store(true)
-				e.wake()
-				return
-			}
-		}
-	}
+	var emitErr error
 	wait := ctx
 	for {
 		evs, done := s.out.take(wait)
@@ -314,16 +300,14 @@ func (e *Engine) send(ctx context.Context, s *sequence, emit sdk.Emitter) error 
 		if emitErr != nil || ctx.Err() != nil {
 			continue
 		}
-		if s.req.Whole {
-			if held = append(held, evs...); held[len(held)-1].Finish == nil {
-				continue
+		for _, ev := range coalesce(evs) {
+			if err := emit.Emit(ev); err != nil {
+				emitErr = err
+				s.abort.Store(true)
+				e.wake()
+				break
 			}
-			evs, held = held, nil
 		}
-		pass(evs)
-	}
-	if len(held) > 0 && emitErr == nil && ctx.Err() == nil { // ended without a finish (an error): what came before it
-		pass(held)
 	}
 	switch {
 	case s.err != nil:

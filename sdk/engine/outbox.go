@@ -11,10 +11,15 @@ import (
 // own sender goroutine. put never blocks: the loop checks full() and leaves
 // the sequence out of the batch while its consumer is behind, so the queue
 // holds at most limit events plus one step's worth.
+//
+// A Whole request's outbox holds its events for the finish (or the close
+// after an error): put wakes the sender only then, and the queue has no
+// bound, so the sender and the plugin transport do nothing per token.
 type outbox struct {
 	mu     sync.Mutex
 	q      []sdk.Event
 	limit  int
+	hold   bool
 	closed bool
 	// stalled is set by the loop when it paused the sequence for a full
 	// outbox; the sender wakes the loop once there is room again.
@@ -23,15 +28,17 @@ type outbox struct {
 	wake    func()
 }
 
-func newOutbox(limit int, wake func()) *outbox {
-	return &outbox{limit: limit, ready: make(chan struct{}, 1), wake: wake}
+func newOutbox(limit int, hold bool, wake func()) *outbox {
+	return &outbox{limit: limit, hold: hold, ready: make(chan struct{}, 1), wake: wake}
 }
 
 func (o *outbox) put(ev sdk.Event) {
 	o.mu.Lock()
 	o.q = append(o.q, ev)
 	o.mu.Unlock()
-	signal(o.ready)
+	if !o.hold || ev.Finish != nil {
+		signal(o.ready)
+	}
 }
 
 // full reports whether the consumer is behind; if so the loop will be woken
@@ -39,7 +46,7 @@ func (o *outbox) put(ev sdk.Event) {
 func (o *outbox) full() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if len(o.q) >= o.limit {
+	if len(o.q) >= o.limit && !o.hold {
 		o.stalled = true
 		return true
 	}
