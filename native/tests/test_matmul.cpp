@@ -158,6 +158,42 @@ TEST(matmul_int8_packed_weight_is_bitwise_the_unpacked) {
     }
 }
 
+// Row slices of a packed matrix (Weight::rows: an expert of a packed stack, a group of a grouped projection) read
+// their part of the packed copy where they start on a group of 16 rows, and give bitwise the products of the same
+// rows repacked per task; a slice starting inside a group has no packed rows and repacks.
+TEST(matmul_int8_packed_row_slices) {
+    Rng rng(97);
+    ThreadPool pool(2);
+    Scratch scratch(2);
+    set_int8_kernels("auto");
+    for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K}) {
+        const int64_t n_in = 512, n_out = 96;  // a stack of 3 experts of 32 rows
+        const auto raw = random_weight(type, n_in, n_out, rng);
+        Weight W = make_weight(type, n_in, n_out, raw);
+        const uint64_t bytes = int8_packed_bytes(W);
+        if (bytes == 0) continue;
+        std::vector<uint8_t> packed(bytes);
+        int8_pack_groups(W, 0, int8_pack_group_count(W), packed.data());
+        W.packed = packed.data();
+        W.packed_group = kInt8GroupRows;
+        W.packed_group_bytes = int8_pack_group_bytes(W);
+        CHECK(W.packed_group_bytes * (uint64_t)int8_pack_group_count(W) == bytes);
+        for (const auto &[r0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 32}, {32, 32}, {64, 32}, {48, 20}, {40, 16}}) {
+            const Weight S = W.rows(r0, n);
+            CHECK((S.packed != nullptr) == (r0 % 16 == 0));
+            Weight U = S;
+            U.packed = nullptr;
+            for (int64_t T : {1, 9}) {
+                std::vector<float> X((size_t)(T * n_in)), Y0((size_t)(T * n)), Y1((size_t)(T * n));
+                for (auto &x : X) x = rng.sym();
+                matmul(pool, scratch, U, X.data(), T, Y0.data());
+                matmul(pool, scratch, S, X.data(), T, Y1.data());
+                for (size_t i = 0; i < Y0.size(); i++) CHECK(Y0[i] == Y1[i]);
+            }
+        }
+    }
+}
+
 // matmul_each (q, k and v in one parallel region, the input quantized once) gives each part bitwise what its own
 // matmul gives, on the integer tiles and where a part's type sends all of them back to one product each.
 TEST(matmul_each_is_bitwise_each_matmul) {

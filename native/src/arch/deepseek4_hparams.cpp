@@ -189,9 +189,10 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
     dfl_model_estimate e;
     std::memset(&e, 0, sizeof e);
     e.struct_size = sizeof e;
-    // expert stacks (3-D) and the hash tables get no copy of the device's own
-    e.weight_bytes = estimate_weight_bytes(p, h.n_layer, [](const dfl_tensor &t) {
-        return t.n_dims < 3 && std::strstr(t.name, "tid2eid") == nullptr;
+    // the hash tables get no copy of the device's own, expert stacks (3-D) only where prepare_stack makes one
+    const bool stacks = device_packs_stacks();
+    e.weight_bytes = estimate_weight_bytes(p, h.n_layer, [&](const dfl_tensor &t) {
+        return (t.n_dims < 3 || stacks) && std::strstr(t.name, "tid2eid") == nullptr;
     });
     const uint32_t bs = p.kv_block_size ? p.kv_block_size : 16;
     uint64_t per_block = 0;  // compressed-row bytes one KV block holds over all layers

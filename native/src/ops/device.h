@@ -32,16 +32,21 @@ struct Weight {
     uint64_t row_bytes = 0;
     // A second copy in a layout of the device's own for its decode kernels (Device::prepare_weight), or null.
     const uint8_t *packed = nullptr;
+    // Where the packed layout keeps groups of packed_group rows apart (the CPU's 16-row groups, packed_group_bytes
+    // each), a row range starting on a group is a packed matrix of its own; 0: the layout cannot be sliced.
+    int32_t packed_group = 0;
+    uint64_t packed_group_bytes = 0;
 
     bool empty() const { return data == nullptr; }
     const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
-    // Rows [r0, r0 + n) as a matrix of their own (an expert of a 3-D stack, a group of a grouped projection), without
-    // the packed layout, which a row range cannot address.
+    // Rows [r0, r0 + n) as a matrix of their own (an expert of a 3-D stack, a group of a grouped projection), with
+    // the packed layout's rows where it can be sliced there.
     Weight rows(int64_t r0, int64_t n) const {
         Weight w = *this;
         w.n_out = n;
         w.data = row(r0);
-        w.packed = nullptr;
+        const bool sliced = packed != nullptr && packed_group > 0 && r0 % packed_group == 0;
+        w.packed = sliced ? packed + (uint64_t)(r0 / packed_group) * packed_group_bytes : nullptr;
         return w;
     }
 };
@@ -462,6 +467,8 @@ constexpr int64_t kHcPartsMaxT = 16;
 // Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
 // Device::light_records says, and what model_estimate counts.
 bool device_light_records();
+// Whether Device::prepare_stack gives expert stacks a copy of the device's own (the load's memory estimate).
+bool device_packs_stacks();
 
 class Device {
 public:
@@ -488,6 +495,10 @@ public:
     // A stack of matrices multiplied by row slices (MoE experts), which gets no layout of its own: DFL_ERR_UNSUPPORTED
     // at load where the device cannot multiply its type (CUDA: q4_0, whose matrices prepare_weight converts).
     virtual void check_stack(const Weight &, const std::string &name) const {}
+    // The stack's own layout where its row slices can use it (Weight::packed_group): the CPU's 16-row groups, so
+    // that each token's experts are not repacked product by product. Others keep the stack as it is (a GPU's copy of
+    // every expert would double the model's largest part). device_packs_stacks says which.
+    virtual void prepare_stack(Weight &) {}
 
     // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;

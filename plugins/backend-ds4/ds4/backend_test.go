@@ -54,8 +54,8 @@ func TestGenerate(t *testing.T) {
 // each the tokens it gives alone, greedy and sampled with the model's
 // preset (temperature 1, no top-k: drawn from the step's candidates where
 // they decide it, else from the whole row the model keeps), with the
-// default prefill and the token-by-token one (whose steps each overwrite
-// the logits the one before left).
+// default prefill (sparse: batched) and the token-by-token one (whose steps
+// each overwrite the logits the one before left).
 func TestBatchedEqualsAlone(t *testing.T) {
 	for _, opts := range []map[string]string{nil, {"ds4-prefill": "exact"}} {
 		t.Run(fmt.Sprint("prefill ", opts["ds4-prefill"]), func(t *testing.T) { batchedEqualsAlone(t, opts) })

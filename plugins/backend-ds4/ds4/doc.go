@@ -17,7 +17,9 @@
 //   - --ds4-expert-top-k N sets deepseek4.expert_used_count (fewer routed
 //     experts than trained is an approximation and logged as one; more is
 //     refused);
-//   - --ds4-prefill exact|dense|sparse sets deepseek4.engine.prefill;
+//   - --ds4-prefill sparse|exact|dense sets deepseek4.engine.prefill
+//     (sparse, the default, is the batched prefill of the model's own
+//     attention; exact is token by token through the decode path);
 //   - --ds4-fused-decode (CUDA only: graph-captured decode steps) sets
 //     deepseek4.engine.fused_decode; a block on another device is refused
 //     when its options are validated.

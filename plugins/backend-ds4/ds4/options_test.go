@@ -104,17 +104,18 @@ func TestConfigure(t *testing.T) {
 		warning  string // part of the warning, "" for none
 		errorHas string
 	}{
-		{"defaults", nil, "cpu", uint32(6), map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "exact"}, "", ""},
-		{"the trained count", map[string]string{"ds4-expert-top-k": "6"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: int64(6), keyPrefill: "exact"}, "", ""},
-		{"fewer experts", map[string]string{"ds4-expert-top-k": "4"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: int64(4), keyPrefill: "exact"},
+		{"defaults", nil, "cpu", uint32(6), map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "sparse"}, "", ""},
+		{"the trained count", map[string]string{"ds4-expert-top-k": "6"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: int64(6), keyPrefill: "sparse"}, "", ""},
+		{"fewer experts", map[string]string{"ds4-expert-top-k": "4"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: int64(4), keyPrefill: "sparse"},
 			"--ds4-expert-top-k 4: routing 4 of the model's 6 experts per token", ""},
 		{"more experts", map[string]string{"ds4-expert-top-k": "8"}, "cpu", uint32(6), nil, "",
 			"--ds4-expert-top-k 8: the model routes 6 experts per token"},
 		{"no expert count in the file", map[string]string{"ds4-expert-top-k": "2"}, "cpu", nil, nil, "",
 			"--ds4-expert-top-k: the model has no integer deepseek4.expert_used_count"},
 		{"dense prefill", map[string]string{"ds4-prefill": "dense"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "dense"}, "", ""},
+		{"exact prefill", map[string]string{"ds4-prefill": "exact"}, "cpu", uint32(6), map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "exact"}, "", ""},
 		{"fused decode on cuda", map[string]string{"ds4-fused-decode": "true"}, "cuda:0", uint32(6),
-			map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "exact", keyFusedDecode: true}, "", ""},
+			map[string]any{keyExpertsUsed: uint32(6), keyPrefill: "sparse", keyFusedDecode: true}, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -143,6 +143,8 @@ public:
     // The AVX-512 integer kernels read q8_0 / q4_K matrices in their own layout (16 rows interleaved, qgemm.h), the
     // same size as the original. Packing at load saves repacking every group in every product (decode would repack
     // each weight once per token). The original stays mapped for embedding lookups and the other kernel sets.
+    // The groups of 16 rows are packed apart (int8_pack_group_bytes each), so a row range starting on a group reads
+    // its slice of the packed copy (Weight::rows): a grouped projection's groups, an expert of a stack.
     void prepare_weight(Weight &W) override {
         const uint64_t bytes = int8_packed_bytes(W);
         if (bytes == 0 || W.packed != nullptr) return;
@@ -153,7 +155,12 @@ public:
             int8_pack_groups(W, task * per_task, std::min(groups, (task + 1) * per_task), dst);
         });
         W.packed = dst;
+        W.packed_group = kInt8GroupRows;
+        W.packed_group_bytes = int8_pack_group_bytes(W);
     }
+    // An expert stack packed like a matrix: decode multiplied each token's experts by repacking their groups product
+    // by product (the q4_K packer was a third of a V4-Flash-shaped CPU decode step).
+    void prepare_stack(Weight &W) override { prepare_weight(W); }
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
         const OpScope timed(clock_, "embed");

@@ -22,4 +22,7 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
 // The CPU's gdn takes the state token by token whenever it records or replays (GdnCall::exact).
 bool device_light_records() { return true; }
 
+// CpuDevice::prepare_stack packs expert stacks as it packs matrices.
+bool device_packs_stacks() { return true; }
+
 }  // namespace dfl

@@ -378,7 +378,13 @@ bool int8_packs_type(uint32_t type) {
                                               type == DFL_TYPE_Q6_K);
 }
 
-int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + 15) / 16; }
+int64_t int8_pack_group_count(const Weight &W) { return (W.n_out + kInt8GroupRows - 1) / kInt8GroupRows; }
+
+uint64_t int8_pack_group_bytes(const Weight &W) {
+    Weight g = W;
+    g.n_out = kInt8GroupRows;
+    return int8_packed_bytes(g);
+}
 
 void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst) { g_set->pack_groups(W, g0, g1, dst); }
 

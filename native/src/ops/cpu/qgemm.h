@@ -53,6 +53,9 @@ void int8_gemm_block(const Weight &W, const QuantizedActs &A, int64_t r0, int64_
 // q4_0, q8_0, q4_K and q6_K: groups of 16 rows interleaved, the size of the original, + 1 % for q6_K). int8_packed_bytes is 0 when
 // there is none; int8_pack_groups writes groups [g0, g1) of int8_pack_group_count(W) into dst, the layout's start.
 uint64_t int8_packed_bytes(const Weight &W);
+// Rows a packed group holds, and its bytes (int8_packed_bytes of one group): group g starts g bytes-of-a-group in.
+constexpr int kInt8GroupRows = 16;
+uint64_t int8_pack_group_bytes(const Weight &W);
 bool int8_packs_type(uint32_t type);
 int64_t int8_pack_group_count(const Weight &W);
 void int8_pack_groups(const Weight &W, int64_t g0, int64_t g1, uint8_t *dst);

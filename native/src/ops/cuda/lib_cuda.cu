@@ -48,4 +48,7 @@ bool device_light_records() {
     return on;
 }
 
+// Expert stacks stay as loaded: the z-batched GEMVs read any expert's rows from them.
+bool device_packs_stacks() { return false; }
+
 }  // namespace dfl
