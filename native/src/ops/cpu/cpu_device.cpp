@@ -491,23 +491,46 @@ public:
     }
 
     // DeepSeek V4 (ds4_ops.cpp)
-    void hc_pre(const HcPreCall &c) override { ds4_hc_pre(pool_, c); }
-    void hc_post(const HcPostCall &c) override { ds4_hc_post(pool_, c); }
+    void hc_pre(const HcPreCall &c) override {
+        const OpScope timed(clock_, "hc_pre");
+        ds4_hc_pre(pool_, c);
+    }
+    void hc_post(const HcPostCall &c) override {
+        const OpScope timed(clock_, "hc_post");
+        ds4_hc_post(pool_, c);
+    }
     void hc_head(const HcHeadCall &c) override { ds4_hc_head(pool_, c); }
-    void rope_tail(const RopeTailCall &c) override { ds4_rope_tail(pool_, c); }
+    void rope_tail(const RopeTailCall &c) override {
+        const OpScope timed(clock_, "rope_tail");
+        ds4_rope_tail(pool_, c);
+    }
     void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override {
         const OpScope timed(clock_, "norm_rope_tail");
         ds4_norm_rope_tail(pool_, w, eps, c);
     }
-    void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override { dfl::ds4_compress(pool_, m, c); }
-    void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override { dfl::ds4_indexer_topk(pool_, scratch_, m, c); }
-    void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override { dfl::ds4_attention(pool_, scratch_, m, c); }
+    void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override {
+        const OpScope timed(clock_, "ds4_compress");
+        dfl::ds4_compress(pool_, m, c);
+    }
+    void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override {
+        const OpScope timed(clock_, "ds4_indexer_topk");
+        dfl::ds4_indexer_topk(pool_, scratch_, m, c);
+    }
+    void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override {
+        const OpScope timed(clock_, "ds4_attention");
+        dfl::ds4_attention(pool_, scratch_, m, c);
+    }
     void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override { dfl::ds4_ring_write(m, c); }
-    void moe_route(const MoeRouteCall &c) override { ds4_moe_route(pool_, c); }
+    void moe_route(const MoeRouteCall &c) override {
+        const OpScope timed(clock_, "moe_route");
+        ds4_moe_route(pool_, c);
+    }
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override {
+        const OpScope timed(clock_, "swiglu_clamp");
         for_chunks(count, [&](int64_t i0, int64_t i1) { ds4_swiglu_clamp(g + i0, u + i0, i1 - i0, limit); });
     }
     const float *moe_experts(const MoeExpertsCall &c) override {
+        const OpScope timed(clock_, "moe_experts");
         ds4_moe_experts(pool_, scratch_, c);
         return nullptr;  // (the CPU always combines)
     }
