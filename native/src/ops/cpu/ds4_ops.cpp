@@ -3,6 +3,8 @@
 // tokens (or entries, where a sequence's tokens must run in order) like cpu_ops.cpp.
 #include "ops/cpu/ds4_ops.h"
 
+#include "quant.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,6 +24,8 @@ inline int64_t cache_pos(const BatchMeta &m, int64_t t) {
 
 inline const int32_t *blocks_of(const BatchMeta &m, int32_t e) { return m.block_table + (int64_t)e * m.max_blocks; }
 
+// One chain of dependent adds, in order: the indexer's scores, which CUDA's index_scores_kernel sums in the same
+// order so both devices pick the same rows at near ties. The attention's scores take dot_f32 (16 lanes).
 float dot(const float *a, const float *b, int64_t n) {
     float s = 0;
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
@@ -287,7 +291,7 @@ void ds4_attention(ThreadPool &pool, Scratch &scratch, const BatchMeta &m, const
             float *o = c.out + (t * H + h) * hd;
             const float sink = c.sinks[h];
             float mx = sink;
-            for (size_t j = 0; j < nk; j++) mx = std::max(mx, l[j] = dot(q, keys[j], hd) * c.scale);
+            for (size_t j = 0; j < nk; j++) mx = std::max(mx, l[j] = dot_f32(q, keys[j], hd) * c.scale);
             float den = std::exp(sink - mx);
             for (size_t j = 0; j < nk; j++) den += (l[j] = std::exp(l[j] - mx));
             std::fill(o, o + hd, 0.0f);
