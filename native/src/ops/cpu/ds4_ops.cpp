@@ -226,36 +226,58 @@ void ds4_compress(ThreadPool &pool, const BatchMeta &m, const Ds4CompressCall &c
     });
 }
 
-void ds4_indexer_topk(ThreadPool &pool, Scratch &scratch, const BatchMeta &m, const Ds4IndexerCall &c) {
+// The scores of every visible compressed row in chunks of rows spread over the pool, then each token's top-k: a
+// decode step's one token scored its rows on the caller alone (~3 ms a CSA layer at 1,024 tokens of context, growing
+// with it). A row's score is the same sum however the rows are split. Tokens go in groups whose scores take at most
+// kMaxScores floats (a long prompt's chunk would otherwise hold tokens x rows).
+void ds4_indexer_topk(ThreadPool &pool, Scratch &, const BatchMeta &m, const Ds4IndexerCall &c) {
     const int H = c.n_head, hd = c.head_dim, K = c.top_k;
-    pool.parallel_for(m.T, [&](int64_t t, int th) {
-        const int32_t e = m.ent[t];
-        const int64_t nvis = (cache_pos(m, t) + 1) / c.ratio;
-        int32_t *sel = c.sel + t * K;
-        if (nvis <= K) {
-            for (int j = 0; j < K; j++) sel[j] = j < nvis ? j : -1;
-            return;
-        }
-        const int32_t *blocks = blocks_of(m, e);
-        float *score = scratch.get(th, (size_t)nvis);
-        const float *q = c.q + t * H * hd, *w = c.w + t * H;
-        for (int64_t s = 0; s < nvis; s++) {
-            const float *k = c.keys + ds4_comp_row(blocks, s, c.ratio, c.block_size, c.rows_per_block) * hd;
-            float acc = 0;
-            for (int h = 0; h < H; h++) acc += (w[h] * c.head_scale) * (std::max(0.0f, dot(q + h * hd, k, hd)) * c.dot_scale);
-            score[s] = acc;
-        }
-        std::vector<int32_t> idx((size_t)nvis);
-        std::iota(idx.begin(), idx.end(), 0);
-        // NaN scores lose (counted below every number)
-        auto better = [&](int32_t a, int32_t b) {
-            const float x = std::isnan(score[a]) ? -INFINITY : score[a], y = std::isnan(score[b]) ? -INFINITY : score[b];
-            return x > y || (x == y && a < b);
-        };
-        std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), better);
-        std::sort(idx.begin(), idx.begin() + K);
-        for (int j = 0; j < K; j++) sel[j] = idx[(size_t)j];
-    });
+    constexpr int64_t kRowsPerTask = 64, kMaxScores = int64_t(1) << 24;
+    auto visible = [&](int64_t t) { return (cache_pos(m, t) + 1) / c.ratio; };
+    std::vector<float> scores;
+    std::vector<int64_t> off;
+    std::vector<std::pair<int64_t, int64_t>> tasks;  // (token, first row)
+    for (int64_t t0 = 0, t1; t0 < m.T; t0 = t1) {
+        off.assign(1, 0);  // token t0 + i's scores at off[i] (none where every row is taken)
+        for (t1 = t0; t1 < m.T && (t1 == t0 || off.back() + visible(t1) <= kMaxScores); t1++)
+            off.push_back(off.back() + (visible(t1) > K ? visible(t1) : 0));
+        scores.resize((size_t)off.back());
+        tasks.clear();
+        for (int64_t t = t0; t < t1; t++)
+            for (int64_t s = 0; s < off[(size_t)(t - t0) + 1] - off[(size_t)(t - t0)]; s += kRowsPerTask) tasks.push_back({t, s});
+        pool.parallel_for((int64_t)tasks.size(), [&](int64_t task, int) {
+            const auto [t, s0] = tasks[(size_t)task];
+            const int64_t nvis = visible(t);
+            const int32_t *blocks = blocks_of(m, m.ent[t]);
+            const float *q = c.q + t * H * hd, *w = c.w + t * H;
+            float *score = scores.data() + off[(size_t)(t - t0)];
+            for (int64_t s = s0; s < std::min(nvis, s0 + kRowsPerTask); s++) {
+                const float *k = c.keys + ds4_comp_row(blocks, s, c.ratio, c.block_size, c.rows_per_block) * hd;
+                float acc = 0;
+                for (int h = 0; h < H; h++) acc += (w[h] * c.head_scale) * (std::max(0.0f, dot(q + h * hd, k, hd)) * c.dot_scale);
+                score[s] = acc;
+            }
+        });
+        pool.parallel_for(t1 - t0, [&](int64_t i, int) {
+            const int64_t t = t0 + i, nvis = visible(t);
+            int32_t *sel = c.sel + t * K;
+            if (nvis <= K) {
+                for (int j = 0; j < K; j++) sel[j] = j < nvis ? j : -1;
+                return;
+            }
+            const float *score = scores.data() + off[(size_t)i];
+            std::vector<int32_t> idx((size_t)nvis);
+            std::iota(idx.begin(), idx.end(), 0);
+            // NaN scores lose (counted below every number)
+            auto better = [&](int32_t a, int32_t b) {
+                const float x = std::isnan(score[a]) ? -INFINITY : score[a], y = std::isnan(score[b]) ? -INFINITY : score[b];
+                return x > y || (x == y && a < b);
+            };
+            std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), better);
+            std::sort(idx.begin(), idx.begin() + K);
+            for (int j = 0; j < K; j++) sel[j] = idx[(size_t)j];
+        });
+    }
 }
 
 // Tasks of a token's heads [h0, h1), about four a thread: a decode step's one token was one task of all 64 heads
