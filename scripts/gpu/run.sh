@@ -31,7 +31,8 @@
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
-#                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX)
+#                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX);
+#                                            CPU_PEER_MODELS=ds4-L4-E64:q8_0 names a V4-Flash-shaped file (4 layers, 64 experts)
 #   scripts/gpu/run.sh cpu-ab                decode (CPU_AB_BENCH="tg pp": and prefill) of this tree's CPU library against
 #                                            .gpu/lib-old/libdflash_cpu.so, alternating; CPU_TRY settings; CPU_AB_PEER=1: then cpu-peer
 #   scripts/gpu/run.sh cpu-gemm              gemvbench's 512-token products (q8_0, q4_K) at 1, 8, 16 threads, AMX and AVX-512 VNNI
@@ -135,6 +136,15 @@ make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/dem
   if [[ $1 == *.gguf ]]; then [ -f "$1" ] && realpath "$1"; return; fi  # for the benchmarks, which run in their package)
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
   mkdir -p /tmp/models
+  if [[ $preset == ds4-L*-E* ]]; then  # ds4-L<layers>-E<experts>: V4-Flash layers, q4_K experts (llama.cpp: 3+ layers)
+    local layers=${preset#ds4-L} experts=${preset##*-E}
+    layers=${layers%%-*}
+    [ -f "$f" ] || "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" \
+      --experts "$experts" --type "$type" --expert-type q4_K --tokenizer cmd/dflash-model/testdata/tok >"$OUT/mk-$preset.log" 2>&1 &&
+      mv "$f.tmp" "$f" || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
+    echo "$f"
+    return
+  fi
   local arch=qwen3
   case $preset in qwen3.5*) arch=qwen35 ;; esac
   [ -f "$f" ] || "$stage/bin/dflash-model" mk "$arch" "$f.tmp" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk-$preset.log" 2>&1 &&
@@ -397,8 +407,9 @@ cpu_peer() {
   sync  # the files' writeback would run beside the measurements (17:5x: attention 6x slower in the first model's runs)
   log "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   log "CPU, ${CPU_THREADS:-16} threads: ours (BenchmarkGGUF, and through the server) and llama-bench, same files, DFLASH_CPU_INT8=${CPU_INT8:-auto}"
+  # (DFLASH_BENCH_PREFILL: a deepseek4 file's library column prefills as the server does by default)
   DFLASH_CPU_INT8=${CPU_INT8:-auto} LLAMA_BENCH=/tmp/llama-cpu/build/bin/llama-bench ENGINE_TEST=$stage/bin/engine.test DFLASH_LIB_DIR=$lib \
-    DFLASH_BIN_DIR=$stage/bin \
+    DFLASH_BIN_DIR=$stage/bin DFLASH_BENCH_PREFILL=sparse \
     scripts/bench-cpu-llamacpp.sh "${CPU_THREADS:-16}" "${CPU_REPEAT:-3}" "${files[@]}" 2>&1 | tee -a "$OUT/summary.txt"
 }
 
