@@ -405,8 +405,9 @@ void ds4_moe_experts(ThreadPool &pool, Scratch &scratch, const MoeExpertsCall &c
         ye.resize((size_t)(n * D));
         for (int64_t r = 0; r < n; r++)
             std::memcpy(xe.data() + r * D, c.x + (L[(size_t)r] / K) * D, sizeof(float) * (size_t)D);
-        matmul(pool, scratch, c.gate.rows(e * F, F), xe.data(), n, g.data());
-        matmul(pool, scratch, c.up.rows(e * F, F), xe.data(), n, u.data());
+        // gate and up in one region on one quantization of the input (each part's bits are its own matmul's)
+        const Weight gate = c.gate.rows(e * F, F), up = c.up.rows(e * F, F);
+        matmul_each(pool, scratch, {{&gate, g.data()}, {&up, u.data()}}, xe.data(), n);
         ds4_swiglu_clamp(g.data(), u.data(), n * F, c.limit);
         matmul(pool, scratch, c.down.rows(e * D, D), g.data(), n, ye.data());
         for (int64_t r = 0; r < n; r++)
