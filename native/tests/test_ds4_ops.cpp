@@ -305,7 +305,6 @@ TEST(ds4_compress_pools_windows) {
 // Top-k by score, ties to the lower row, written in ascending row order; every row while there are at most top_k.
 TEST(ds4_indexer_topk_ties_lowest) {
     ThreadPool pool(2);
-    Scratch scratch(2);
     Rng r(6);
     const int H = 3, hd = 4, R = 4, K = 3, bs = 16, rpb = 4, nb = 2;
     const int64_t len = 24, T = 2;  // visible rows: (24 + 1) / 4 = 6, (25 + 1) / 4 = 6
@@ -323,7 +322,7 @@ TEST(ds4_indexer_topk_ties_lowest) {
     Ds4IndexerCall c;
     c.q = q.data(), c.w = w.data(), c.keys = keys.data(), c.n_head = H, c.head_dim = hd, c.ratio = R, c.top_k = K;
     c.head_scale = 0.5f, c.dot_scale = 0.25f, c.block_size = bs, c.rows_per_block = rpb, c.sel = sel.data();
-    ds4_indexer_topk(pool, scratch, e.m, c);
+    ds4_indexer_topk(pool, e.m, c);
     for (int64_t t = 0; t < T; t++) {
         std::vector<std::pair<double, int>> sc;
         for (int s = 0; s < 6; s++) {
@@ -343,11 +342,11 @@ TEST(ds4_indexer_topk_ties_lowest) {
     }
     // an exact tie among identical rows 1, 3, 4 keeps the lowest: zero query weights make every score 0
     std::fill(w.begin(), w.end(), 0.0f);
-    ds4_indexer_topk(pool, scratch, e.m, c);
+    ds4_indexer_topk(pool, e.m, c);
     for (int j = 0; j < K; j++) CHECK(sel[j] == j);
     // few rows: all of them, padded
     OneEntry few(1, 6, nb);  // (6 + 1) / 4 = 1 row
-    ds4_indexer_topk(pool, scratch, few.m, c);
+    ds4_indexer_topk(pool, few.m, c);
     CHECK(sel[0] == 0 && sel[1] == -1 && sel[2] == -1);
 }
 

@@ -113,12 +113,12 @@ void DeepSeek4Model::load_weights(const dfl_model_params &p) {
             L.exp_bias = w_.find(blk(il, "exp_probs_b.bias")) ? w_.vec(blk(il, "exp_probs_b.bias"), h.n_expert) : nullptr;
         }
         // expert stacks are multiplied by row slices (moe_experts): checked for the device's kernels, uploaded, and
-        // given the device's own layout only where a slice can use it (prepare_stack: the CPU's)
+        // given the device's own layout only where a slice can use it (device_packs_stacks: the CPU's)
         auto stack = [&](const char *name, int64_t n_in, int64_t n_out) {
             Weight w = w_.stack(blk(il, name), n_in, n_out, h.n_expert);
             dev_->check_stack(w, blk(il, name));
             w_.upload(w);
-            dev_->prepare_stack(w);
+            if (device_packs_stacks()) dev_->prepare_weight(w);
             return w;
         };
         L.exp_gate = stack("ffn_gate_exps.weight", D, h.n_ff);

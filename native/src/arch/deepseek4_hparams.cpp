@@ -189,7 +189,7 @@ void estimate_deepseek4(const dfl_model_params &p, dfl_model_estimate *out) {
     dfl_model_estimate e;
     std::memset(&e, 0, sizeof e);
     e.struct_size = sizeof e;
-    // the hash tables get no copy of the device's own, expert stacks (3-D) only where prepare_stack makes one
+    // the hash tables get no copy of the device's own, expert stacks (3-D) only where device_packs_stacks
     const bool stacks = device_packs_stacks();
     e.weight_bytes = estimate_weight_bytes(p, h.n_layer, [&](const dfl_tensor &t) {
         return (t.n_dims < 3 || stacks) && std::strstr(t.name, "tid2eid") == nullptr;

@@ -467,7 +467,9 @@ constexpr int64_t kHcPartsMaxT = 16;
 // Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
 // Device::light_records says, and what model_estimate counts.
 bool device_light_records();
-// Whether Device::prepare_stack gives expert stacks a copy of the device's own (the load's memory estimate).
+// Whether expert stacks get Device::prepare_weight's copy too: only where their row slices can use it
+// (Weight::packed_group: the CPU's 16-row groups); a GPU's copy of every expert would double the model's largest part.
+// The loader and the load's memory estimate ask it.
 bool device_packs_stacks();
 
 class Device {
@@ -492,13 +494,10 @@ public:
     // Gives a device the chance to add its own layout of an uploaded matrix (Weight::packed), kept until the device
     // is destroyed. The CPU keeps none.
     virtual void prepare_weight(Weight &) {}
-    // A stack of matrices multiplied by row slices (MoE experts), which gets no layout of its own: DFL_ERR_UNSUPPORTED
-    // at load where the device cannot multiply its type (CUDA: q4_0, whose matrices prepare_weight converts).
+    // A stack of matrices multiplied by row slices (MoE experts), which gets a layout of its own only where
+    // device_packs_stacks: DFL_ERR_UNSUPPORTED at load where the device cannot multiply its type (CUDA: q4_0, whose
+    // matrices prepare_weight converts).
     virtual void check_stack(const Weight &, const std::string &name) const {}
-    // The stack's own layout where its row slices can use it (Weight::packed_group): the CPU's 16-row groups, so
-    // that each token's experts are not repacked product by product. Others keep the stack as it is (a GPU's copy of
-    // every expert would double the model's largest part). device_packs_stacks says which.
-    virtual void prepare_stack(Weight &) {}
 
     // Ops. Every pointer is a device pointer; `rows` x `n` shapes are row-major.
     virtual void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) = 0;
@@ -615,8 +614,8 @@ public:
     }
     // One token through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
     // group g multiplies its rows by x[g * W.n_in, (g + 1) * W.n_in) into y[g * rows, (g + 1) * rows), rows =
-    // W.n_out / groups. The default runs matmul on each group's rows (without W's packed layout, which a row slice
-    // cannot address); a device may do all groups in one pass.
+    // W.n_out / groups. The default runs matmul on each group's rows (W.rows: with the packed layout's rows where it
+    // can be sliced there); a device may do all groups in one pass.
     virtual void matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
         const int64_t rows = W.n_out / groups;
         for (int g = 0; g < groups; g++) matmul(W.rows(g * rows, rows), x + (int64_t)g * W.n_in, 1, y + (int64_t)g * rows);

@@ -86,7 +86,7 @@ private:
 
 class CpuDevice final : public Device {
 public:
-    explicit CpuDevice(int n_threads) : pool_(n_threads), scratch_(n_threads) {}
+    explicit CpuDevice(int n_threads) : fuse_(env_is("DFLASH_CPU_FUSE", "1")), pool_(n_threads), scratch_(n_threads) {}
 
     std::string name() const override { return "cpu"; }
 
@@ -137,8 +137,9 @@ public:
     }
 
     // The CPU reads a product's parts where they lie (q, k and v: three matrices, one region). DFLASH_CPU_FUSE=1 (read
-    // at load) copies them into one matrix as the GPU does, so a test can run the plans' fused paths here.
-    bool copies_weights() const override { return env_is("DFLASH_CPU_FUSE", "1"); }
+    // when the device is made, at load) copies them into one matrix as the GPU does, so a test can run the plans'
+    // fused paths here; the answer stays the model's, as the plans ask again when their activations grow.
+    bool copies_weights() const override { return fuse_; }
 
     // The AVX-512 integer kernels read q8_0 / q4_K matrices in their own layout (16 rows interleaved, qgemm.h), the
     // same size as the original. Packing at load saves repacking every group in every product (decode would repack
@@ -158,9 +159,6 @@ public:
         W.packed_group = kInt8GroupRows;
         W.packed_group_bytes = int8_pack_group_bytes(W);
     }
-    // An expert stack packed like a matrix: decode multiplied each token's experts by repacking their groups product
-    // by product (the q4_K packer was a third of a V4-Flash-shaped CPU decode step).
-    void prepare_stack(Weight &W) override { prepare_weight(W); }
 
     void embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) override {
         const OpScope timed(clock_, "embed");
@@ -514,7 +512,7 @@ public:
     }
     void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override {
         const OpScope timed(clock_, "ds4_indexer_topk");
-        dfl::ds4_indexer_topk(pool_, scratch_, m, c);
+        dfl::ds4_indexer_topk(pool_, m, c);
     }
     void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override {
         const OpScope timed(clock_, "ds4_attention");
@@ -577,6 +575,7 @@ private:
     }
 
     OpClock clock_;  // first: its summary prints after the pool has stopped
+    const bool fuse_;  // copies_weights
     static constexpr int64_t kExpChunk = 512;  // for_chunks' smallest chunk for work with an exp per element
     ThreadPool pool_;
     Scratch scratch_;

@@ -230,7 +230,7 @@ void ds4_compress(ThreadPool &pool, const BatchMeta &m, const Ds4CompressCall &c
 // decode step's one token scored its rows on the caller alone (~3 ms a CSA layer at 1,024 tokens of context, growing
 // with it). A row's score is the same sum however the rows are split. Tokens go in groups whose scores take at most
 // kMaxScores floats (a long prompt's chunk would otherwise hold tokens x rows).
-void ds4_indexer_topk(ThreadPool &pool, Scratch &, const BatchMeta &m, const Ds4IndexerCall &c) {
+void ds4_indexer_topk(ThreadPool &pool, const BatchMeta &m, const Ds4IndexerCall &c) {
     const int H = c.n_head, hd = c.head_dim, K = c.top_k;
     constexpr int64_t kRowsPerTask = 64, kMaxScores = int64_t(1) << 24;
     auto visible = [&](int64_t t) { return (cache_pos(m, t) + 1) / c.ratio; };

@@ -19,7 +19,7 @@ void ds4_rope_tail(ThreadPool &pool, const RopeTailCall &c);
 // Device::norm_rope_tail: each head row normed, then rotated, in one parallel region.
 void ds4_norm_rope_tail(ThreadPool &pool, const float *w, float eps, const RopeTailCall &c);
 void ds4_compress(ThreadPool &pool, const BatchMeta &m, const Ds4CompressCall &c);
-void ds4_indexer_topk(ThreadPool &pool, Scratch &scratch, const BatchMeta &m, const Ds4IndexerCall &c);
+void ds4_indexer_topk(ThreadPool &pool, const BatchMeta &m, const Ds4IndexerCall &c);
 void ds4_attention(ThreadPool &pool, Scratch &scratch, const BatchMeta &m, const Ds4AttnCall &c);
 void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c);
 void ds4_moe_route(ThreadPool &pool, const MoeRouteCall &c);

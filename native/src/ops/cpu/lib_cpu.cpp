@@ -22,7 +22,8 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
 // The CPU's gdn takes the state token by token whenever it records or replays (GdnCall::exact).
 bool device_light_records() { return true; }
 
-// CpuDevice::prepare_stack packs expert stacks as it packs matrices.
+// Expert stacks are packed like matrices (CpuDevice::prepare_weight): decode had repacked each token's experts'
+// groups product by product (the q4_K packer was a third of a V4-Flash-shaped CPU decode step).
 bool device_packs_stacks() { return true; }
 
 }  // namespace dfl
