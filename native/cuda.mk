@@ -87,8 +87,9 @@ $(TEST): $(TEST_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
 	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@
 
-$(TEST_DS4): $(CB)/tests/test_cuda_ds4.o $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
-	$(CXX) -pthread -o $@.tmp.$$$$ $(CB)/tests/test_cuda_ds4.o -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
+TEST_DS4_OBJS := $(CB)/tests/test_cuda_ds4.o $(CB)/tests/test_cuda_ds4_hc.o
+$(TEST_DS4): $(TEST_DS4_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
+	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_DS4_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@
 
 cuda-test-build: $(TEST) $(TEST_DS4)
@@ -101,4 +102,4 @@ cuda-test-ds4: $(TEST_DS4)
 cuda-clean:
 	rm -rf $(CB) $(LIB)
 
--include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(CB)/tests/test_cuda_ds4.d
+-include $(COMMON_OBJS:.o=.d) $(CU_OBJS:.o=.d) $(CPU_OBJS:.o=.d) $(TEST_OBJS:.o=.d) $(TEST_DS4_OBJS:.o=.d)
