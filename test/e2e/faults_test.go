@@ -76,13 +76,17 @@ func (s *server) waitKVReturned(t *testing.T) {
 }
 
 // streamErrored reports whether an SSE body carries an error event.
-func streamErrored(evs []sseEvent) bool {
+func streamErrored(evs []sseEvent) bool { return streamError(evs) != "" }
+
+// streamError is the first error event's data ("" when none), so that a
+// stream that should have none shows what it carried when the test fails.
+func streamError(evs []sseEvent) string {
 	for _, e := range evs {
 		if e.name == "error" || strings.Contains(e.data, `"error"`) {
-			return true
+			return e.name + ": " + e.data
 		}
 	}
-	return false
+	return ""
 }
 
 // TestRealBackendFaults breaks one of two real models and checks that only
@@ -160,7 +164,7 @@ func testBackendFaults(t *testing.T, victim, bystander string) {
 		t.Logf("the victim's non-streaming client: %d %s", hw.status, errorMessage(hw.bodyBytes()))
 		// The bystander's stream goes on without an error.
 		is.True(!isDone(hb))
-		is.True(!streamErrored(hb.events()))
+		is.Equal(streamError(hb.events()), "")
 
 		st := s.waitStatus(t, "victim restarted", func(st status) bool {
 			return st.model("victim").State == "ready" && st.model("victim").Restarts == 1
@@ -199,7 +203,7 @@ func testBackendFaults(t *testing.T, victim, bystander string) {
 			return c.status == 200 && c.model() == "bystander"
 		})
 		is.True(!isDone(hb))
-		is.True(!streamErrored(hb.events()))
+		is.Equal(streamError(hb.events()), "")
 		release(hb)
 		s.waitIdle(t)
 		s.waitKVReturned(t)
@@ -242,7 +246,7 @@ func testBackendFaults(t *testing.T, victim, bystander string) {
 		c = s.post(t, pathChat, chatReq("bystander", "hi", 4, false))
 		is.Equal(c.status, 200) // the other model never noticed
 		is.True(!isDone(hb))
-		is.True(!streamErrored(hb.events()))
+		is.Equal(streamError(hb.events()), "")
 		release(hb)
 		s.waitIdle(t)
 		s.waitKVReturned(t)

@@ -350,10 +350,10 @@ func testSeedDS4Killed(t *testing.T, s *server, ds4 string) {
 		again := s.holdDS4(t) // the restarted ds4 admits and generates
 		defer release(again)
 		decoding(t, again)
-		is.True(!streamErrored(again.events()))
+		is.Equal(streamError(again.events()), "")
 		release(again)
 		is.True(!isDone(hq)) // qwen's stream goes on
-		is.True(!streamErrored(hq.events()))
+		is.Equal(streamError(hq.events()), "")
 		release(hq)
 		s.waitIdle(t)
 		s.waitKVReturned(t)
