@@ -225,24 +225,20 @@ func TestBatchedDecodeEqualsAlone(t *testing.T) {
 	}
 }
 
-// One-token steps with the residual adds and norms on the plan's folded path (Device::fold_norm: matmul_acc and
-// matmul_normed, here the CPU's ops apart under DFLASH_CPU_FOLD_NORM=1) give exactly the logits of the usual path
-// (add_rmsnorm between the products), for both layer kinds.
-func TestFoldedNormsEqualOpsApart(t *testing.T) {
+// A model whose q|k|v and gate|up are copied into one matrix each (DFLASH_CPU_FUSE=1, as the GPU lays them out) gives
+// exactly the logits of the parts multiplied apart, for both layer kinds.
+func TestFusedProductsEqualPartsApart(t *testing.T) {
 	lib := openCPU(t)
 	for _, c := range []config{tinyQwen3(), tinyQwen35()} {
 		t.Run(c.arch, func(t *testing.T) {
 			is := is.New(t)
 			opts := Options{KVPoolTokens: 512, MaxSeqs: 2, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
-			m := loadRandom(t, lib, c, opts)
-			// DFLASH_CPU_FUSE: q|k|v and gate|up as one matrix each, as on a GPU, so the folded norm takes the fused
-			// product (matmul_normed) rather than the norm, then the parts
+			apart := loadRandom(t, lib, c, opts)
 			t.Setenv("DFLASH_CPU_FUSE", "1")
 			fused := loadRandom(t, lib, c, opts)
 			t.Setenv("DFLASH_CPU_FUSE", "0")
 			prompt := randomTokens(rand.New(rand.NewPCG(7, 7)), 9, c.vocab)
-			run := func(m *Model, fold string) [][]float32 {
-				t.Setenv("DFLASH_CPU_FOLD_NORM", fold)
+			run := func(m *Model) [][]float32 {
 				s, err := m.NewSeq()
 				is.NoErr(err)
 				defer func() { is.NoErr(m.FreeSeq(s)) }()
@@ -256,19 +252,11 @@ func TestFoldedNormsEqualOpsApart(t *testing.T) {
 				}
 				return rows
 			}
-			apart := run(m, "0")
-			// "alt": the sites alternate between folded and apart, as where a GPU has no folded kernel for a weight
-			for _, v := range []struct {
-				name string
-				m    *Model
-				fold string
-			}{{"folded", m, "1"}, {"alternating", m, "alt"}, {"fused", fused, "0"}, {"fused folded", fused, "1"}, {"fused alternating", fused, "alt"}} {
-				got := run(v.m, v.fold)
-				for k := range apart {
-					for i := range apart[k] {
-						if apart[k][i] != got[k][i] {
-							t.Fatalf("%s, step %d: logits differ (%g vs %g at %d)", v.name, k, got[k][i], apart[k][i], i)
-						}
+			want, got := run(apart), run(fused)
+			for k := range want {
+				for i := range want[k] {
+					if want[k][i] != got[k][i] {
+						t.Fatalf("step %d: logits differ (%g fused vs %g apart at %d)", k, got[k][i], want[k][i], i)
 					}
 				}
 			}

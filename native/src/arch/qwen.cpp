@@ -142,11 +142,11 @@ void QwenModel::ensure_acts(int64_t T) {
     a.cap = cap;
 }
 
-void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T, const NormedIn *in, bool acc) {
+void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const std::vector<float *> qkv =
-        project(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f(), in);
+        project(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
 
     const KVLayer kv = kv_.layer(L.kv_index);
 
@@ -175,19 +175,16 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T, const 
     dev_->attention(m, c);
     const int64_t qd = (int64_t)h.n_head * h.head_dim;
     if (h.gated_attn) dev_->sigmoid_mul(a.attn.f(), a.gate.f(), T * qd);
-    if (acc)
-        dev_->matmul_acc(L.wo, a.attn.f(), T, a.mix.f(), a.x.f());
-    else
-        dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
+    dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
 }
 
-void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T, const NormedIn *norm_in, bool acc) {
+void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const int C = h.conv_channels();
     const std::vector<float *> in =
         project(*dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(),
-                T, a.fused.f(), norm_in);
+                T, a.fused.f());
 
     const int64_t sf = h.state_floats(), cf = h.conv_floats();
     ConvCall cc;
@@ -244,10 +241,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T, const N
     dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1], L.ssm_norm, T * h.n_v, h.dv, h.eps);
-    if (acc)
-        dev_->matmul_acc(L.wout, a.core.f(), T, a.mix.f(), a.x.f());
-    else
-        dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
+    dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
 }
 
 // The whole model on a prepared batch: embeddings, layers, captures, and the logits rows into logits_.
@@ -256,33 +250,22 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     Acts &a = acts_;
     const int64_t T = m.T, H = h.n_embd;
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
-    // One token: where the device folds them (Device::fold_norm), each residual add goes into the product before it
-    // (matmul_acc) and each norm into the product after it (matmul_normed), the same floats as add_rmsnorm between.
-    auto folds = [&](const Weight &prev, const Weight &next) { return T == 1 && dev_->fold_norm(prev, next); };
-    bool fold_in = h.n_layer > 0 && folds(Weight{}, layers_[0].in_proj);  // the layer's input norm
-    if (h.n_layer > 0 && !fold_in) dev_->rmsnorm(a.x.f(), layers_[0].attn_norm, a.xn.f(), T, H, h.eps);
+    if (h.n_layer > 0) dev_->rmsnorm(a.x.f(), layers_[0].attn_norm, a.xn.f(), T, H, h.eps);
     for (int il = 0; il < h.n_layer; il++) {
         const Layer &L = layers_[(size_t)il];
-        const Layer *next = il + 1 < h.n_layer ? &layers_[(size_t)il + 1] : nullptr;
-        const NormedIn in{a.x.f(), L.attn_norm, h.eps}, post{a.x.f(), L.post_norm, h.eps};
-        const bool fold_post = folds(L.attn ? L.wo : L.wout, L.gate_up);
         if (L.attn)
-            attn_layer(L, m, T, fold_in ? &in : nullptr, fold_post);
+            attn_layer(L, m, T);
         else
-            gdn_layer(L, m, T, fold_in ? &in : nullptr, fold_post);
-        if (!fold_post) dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
-        const std::vector<float *> gu = project(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}},
-                                                a.xn.f(), T, a.fused.f(), fold_post ? &post : nullptr);
+            gdn_layer(L, m, T);
+        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
+        const std::vector<float *> gu =
+            project(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
         dev_->swiglu(gu[0], gu[1], T * h.n_ff);
-        fold_in = next && folds(L.ffn_down, next->in_proj);
-        if (fold_in)
-            dev_->matmul_acc(L.ffn_down, gu[0], T, a.mix.f(), a.x.f());
-        else
-            dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
+        dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
         // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)
-        if (next && !fold_in)
-            dev_->add_rmsnorm(a.x.f(), a.mix.f(), next->attn_norm, a.xn.f(), T, H, h.eps);
-        else if (!next)
+        if (il + 1 < h.n_layer)
+            dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
+        else
             dev_->add(a.x.f(), a.mix.f(), T * H);
         for (uint32_t c = 0; c < b.n_capture; c++)
             if (b.capture_layers[c] == il)

@@ -107,10 +107,8 @@ private:
     int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
-    // in: the layer's input norm, folded into its first product (else acts_.xn holds it); acc: its output added to the
-    // residual acts_.x by its last product (Device::matmul_acc) as well as written to acts_.mix.
-    void attn_layer(const Layer &L, const BatchMeta &m, int64_t T, const NormedIn *in, bool acc);
-    void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T, const NormedIn *in, bool acc);
+    void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+    void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
 
     std::unique_ptr<Device> dev_;
     HParams hp_;

@@ -167,15 +167,8 @@ Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
 }
 
 std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
-                             const float *x, int64_t T, float *scratch, const NormedIn *norm) {
+                             const float *x, int64_t T, float *scratch) {
     std::vector<float *> where;
-    if (norm && !fused.empty() && T == 1) {
-        dev.matmul_normed(fused, norm->x, norm->w, norm->eps, const_cast<float *>(x), 1, scratch);
-        int64_t off = 0;
-        for (const auto &o : outs) where.push_back(scratch + off), off += o.first->n_out;
-        return where;
-    }
-    if (norm) dev.rmsnorm(norm->x, norm->w, const_cast<float *>(x), T, outs[0].first->n_in, norm->eps);  // (the ops apart)
     if (fused.empty()) {
         dev.matmul_each(outs, x, T);
         for (const auto &o : outs) where.push_back(o.second);

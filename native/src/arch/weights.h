@@ -31,14 +31,8 @@ constexpr int64_t kFusedMaxTokens = 64;
 // The products of x (T rows) with each part of outs (weight, its output), through `fused` (WeightStore::fuse) when
 // it is not empty, into `scratch` (min(T, kFusedMaxTokens) x fused.n_out floats); returns where each part's output
 // is: in outs, or inside scratch for one token (each part's row is contiguous there).
-// norm, where set: x is that norm's output, made inside the product for one token of a fused matrix
-// (Device::matmul_normed), else by rmsnorm into x first.
-struct NormedIn {
-    const float *x = nullptr, *w = nullptr;  // the residual row and the norm's weights
-    float eps = 0.0f;
-};
 std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
-                             const float *x, int64_t T, float *scratch, const NormedIn *norm = nullptr);
+                             const float *x, int64_t T, float *scratch);
 uint64_t estimate_weight_bytes(const dfl_model_params &p, int n_layer,
                                const std::function<bool(const dfl_tensor &)> &copied);
 

@@ -522,23 +522,6 @@ public:
     // x += d; y = rmsnorm(x) * w, per row.
     virtual void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
     virtual void add(float *x, const float *d, int64_t count) = 0;
-    // One token's residual step folded into the products beside it, where add_rmsnorm ran between them:
-    // matmul_acc: Y = W X and acc += Y (the residual add, the same floats as add_rmsnorm's); matmul_normed: Y = W
-    // (rmsnorm(x) w), the norm's row written to xn unless the device folds it into the product. fold_norm(prev, next):
-    // whether the device runs prev (empty: no product before) as matmul_acc and next as matmul_normed in one launch
-    // each; the defaults run the ops apart and say no, so a plan keeps add_rmsnorm where the device does not fold.
-    virtual bool fold_norm(const Weight &prev, const Weight &next) const {
-        (void)prev, (void)next;
-        return false;
-    }
-    virtual void matmul_acc(const Weight &W, const float *X, int64_t T, float *Y, float *acc) {
-        matmul(W, X, T, Y);
-        add(acc, Y, T * W.n_out);
-    }
-    virtual void matmul_normed(const Weight &W, const float *x, const float *w, float eps, float *xn, int64_t T, float *Y) {
-        rmsnorm(x, w, xn, T, W.n_in, eps);
-        matmul(W, xn, T, Y);
-    }
     // g = silu(g) * u
     virtual void swiglu(float *g, const float *u, int64_t count) = 0;
     // a = a * sigmoid(g)

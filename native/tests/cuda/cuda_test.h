@@ -49,7 +49,6 @@ void test_hc_post_mix();
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();
-void test_fold();  // (test_matmul_embed runs it too)
 void test_topk();
 
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).

@@ -70,61 +70,7 @@ void check_embed(const DualWeight &W, const std::vector<int32_t> &tok) {
     compare(std::string("embed ") + tname(W.wc.type) + " n=" + std::to_string(W.wc.n_in), E, 1e-6);
 }
 
-// One token's residual step folded into the products beside it (Device::matmul_normed, matmul_acc; on the GPU with
-// DFL_CUDA_NORM_FOLD=1): bit for bit what the GPU's ops apart give (rmsnorm, whose staged int8 row the product takes;
-// the product, then add), and within the int8 bound of the CPU's.
-void check_fold(uint32_t type, int64_t n_out, int64_t n_in, Rng &r) {
-    DualWeight W(type, n_out, n_in, r);
-    Weight wp = W.wg;
-    g_gpu->prepare_weight(wp);  // (q8_0: the repacked copy the dp4a kernels read)
-    const std::string sh = std::string(tname(type)) + " " + std::to_string(n_out) + "x" + std::to_string(n_in);
-    const float eps = 1e-6f;
-    Dual x(rand_vec(r, (size_t)n_in, 3.0f)), w(rand_vec(r, (size_t)n_in)), X(rand_vec(r, (size_t)n_in));
-    const std::vector<float> resv = rand_vec(r, (size_t)n_out, 2.0f);
-    Dual xn((size_t)n_in * 4), y1((size_t)n_out * 4), y2((size_t)n_out * 4), ra(resv), rb(resv);
-    g_gpu->rmsnorm(x.gp(), w.gp(), xn.gp(), 1, n_in, eps);
-    g_gpu->matmul(wp, xn.gp(), 1, y1.gp());
-    g_gpu->matmul_normed(wp, x.gp(), w.gp(), eps, xn.gp(), 1, y2.gp());
-    same_bits("matmul_normed = rmsnorm, matmul (GPU) " + sh, y2.read(true), y1.read(true));
-    g_cpu->matmul_normed(W.wc, x.cp(), w.cp(), eps, xn.cp(), 1, y2.cp());
-    compare("matmul_normed " + sh, y2, 1.5e-2);
-    g_gpu->matmul(wp, X.gp(), 1, y1.gp());
-    g_gpu->add(ra.gp(), y1.gp(), n_out);
-    g_gpu->matmul_acc(wp, X.gp(), 1, y2.gp(), rb.gp());
-    same_bits("matmul_acc output = matmul (GPU) " + sh, y2.read(true), y1.read(true));
-    same_bits("matmul_acc residual = matmul, add (GPU) " + sh, rb.read(true), ra.read(true));
-    g_cpu->matmul_acc(W.wc, X.cp(), 1, y2.cp(), rb.cp());
-    compare("matmul_acc residual " + sh, rb, 1.5e-2);
-}
-
 }  // namespace
-
-// The folds' cases: q8_0 on the dp4a GEMV (700 rows) and its rows kernel (4500: 4224 rows or more; 4502: a last group
-// of 2), q4_K on its int8 GEMV; rows of 1024 (a 256-thread norm), 4096 and 5120 (1024 threads, 4 and 5 elements a
-// thread). 24,576 rows (qwen3-8b's gate|up) and q4_K's 6,144 take more groups of 32 rows than the GPU holds blocks,
-// so a block runs several and builds the normed row once for them.
-void test_fold() {
-    {
-        Rng pr(1);
-        DualWeight probe(DFL_TYPE_Q8_0, 700, 1024, pr);
-        Weight wp = probe.wg;
-        g_gpu->prepare_weight(wp);
-        if (!g_gpu->fold_norm(Weight{}, wp)) {
-            std::printf("fold: skipped (the GPU folds nothing without DFL_CUDA_NORM_FOLD=1)\n");
-            return;
-        }
-    }
-    Rng r(77);
-    for (int64_t n_in : {int64_t(1024), int64_t(4096), int64_t(5120)}) {
-        check_fold(DFL_TYPE_Q8_0, 700, n_in, r);
-        check_fold(DFL_TYPE_Q8_0, 4500, n_in, r);
-        check_fold(DFL_TYPE_Q4_K, 700, n_in, r);
-    }
-    check_fold(DFL_TYPE_Q8_0, 4502, 4096, r);
-    check_fold(DFL_TYPE_Q8_0, 24576, 4096, r);
-    check_fold(DFL_TYPE_Q4_K, 6144, 4096, r);
-    check_fold(DFL_TYPE_Q4_K, 24576, 4096, r);
-}
 
 void test_matmul_embed() {
     const uint32_t types[] = {DFL_TYPE_F32, DFL_TYPE_F16, DFL_TYPE_BF16, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K};
@@ -315,7 +261,6 @@ void test_matmul_embed() {
         g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
         compare("matmul f32 19x37 (unaligned) T=" + std::to_string(T), Y, 1e-5);
     }
-    test_fold();
 }
 
 }  // namespace dfltest

@@ -1,7 +1,6 @@
 // The CPU device: the op table on host memory, run by a thread pool. The reference every other device is tested
 // against; the layer plans drive it exactly as they drive the GPU.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -173,13 +172,6 @@ public:
         for (const auto &p : parts) rows += p.first->n_out;
         const OpScope timed(clock_, "matmul_each", rows, parts.empty() ? 0 : parts[0].first->n_in);
         dfl::matmul_each(pool_, scratch_, parts, X, T);
-    }
-    // The CPU folds nothing; DFLASH_CPU_FOLD_NORM=1 (read at each call) makes plans take their folded-norm path with
-    // the ops apart (Device's matmul_acc and matmul_normed), so a test can check that path against the usual one;
-    // =alt answers yes and no in turn, as a GPU does where some sites' weights have no folded kernel.
-    bool fold_norm(const Weight &, const Weight &) const override {
-        if (env_is("DFLASH_CPU_FOLD_NORM", "alt")) return fold_turn_.fetch_add(1, std::memory_order_relaxed) % 2 == 0;
-        return env_is("DFLASH_CPU_FOLD_NORM", "1");
     }
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override {
         const OpScope timed(clock_, "rmsnorm");
@@ -558,7 +550,6 @@ private:
         const char *e = std::getenv(name);
         return e && std::strcmp(e, value) == 0;
     }
-    mutable std::atomic<unsigned> fold_turn_{0};  // fold_norm's turn under DFLASH_CPU_FOLD_NORM=alt
     struct RopeTable {
         int dim = -1;
         std::vector<int32_t> pos;

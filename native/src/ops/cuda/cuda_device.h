@@ -61,9 +61,6 @@ public:
     void selector_trans(const SelectorCall &s) override;
 
     // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
-    bool fold_norm(const Weight &prev, const Weight &next) const override;
-    void matmul_acc(const Weight &W, const float *X, int64_t T, float *Y, float *acc) override;
-    void matmul_normed(const Weight &W, const float *x, const float *w, float eps, float *xn, int64_t T, float *Y) override;
     void hc_pre(const HcPreCall &c) override;
     void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) override;
     int hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) override;
@@ -255,17 +252,7 @@ inline const int8_t *q8p_quants(const Weight &W) { return (const int8_t *)W.pack
 inline const uint16_t *q8p_scales(const Weight &W) {
     return (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
 }
-// A one-token int8 product's folds (CudaDevice::matmul_normed, matmul_acc). x set: the input is rmsnorm(x) w (eps), each
-// block making the int8 row in shared memory as the norm kernel (vt: its threads for the row) would have staged it,
-// so the bytes and the product are the unfolded path's. acc set: each output is also added to acc (the residual), as
-// add_rmsnorm adds it.
-struct Fold {
-    const float *x = nullptr, *w = nullptr;
-    float eps = 0.0f;
-    int vt = 0;
-    float *acc = nullptr;
-};
-void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const Fold &f = {});
+void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).
 CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums);
@@ -309,15 +296,10 @@ struct GemvZ {
     int second = 0;
 };
 void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
-// Whether launch_matmul_fold takes W (one token on the q8_0 dp4a or the q4_K int8 kernels), with its input normed (in)
-// or its output added (!in); and the launch, false (nothing launched) where it does not.
-bool matmul_fold_ok(const Weight &W, bool in);
-bool launch_matmul_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const Fold &f);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
 bool q4k_i8_on();
 bool q4k_i8_ok(const Weight &W, const GemvZ &z);
-void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz,
-                        const Fold &f = {});
+void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz);
 // The z batch of two stacks of one shape and type (MoE gate and up) on one input in one launch, the input quantized
 // once: nz members of A into Ya, then of B into Yb. False (nothing launched) where the int8 q4_K path does not take
 // them, or with DFL_CUDA_MOE_PAIR=0.

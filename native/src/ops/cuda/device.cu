@@ -465,41 +465,6 @@ void CudaDevice::matmul_parts(const Weight &W, const std::vector<std::pair<const
     product(W, T, [&] { launch_gemm(*this, W, X, T, outs); });
 }
 
-// One token's residual add and norm folded into the products beside them (Device::fold_norm; DFL_CUDA_NORM_FOLD=1,
-// opt-in): the product before adds its output to the residual as it stores it, the product after builds the normed
-// int8 row in each block as the norm kernel would have staged it (Fold), so the step's floats are the unfolded ones.
-static bool norm_fold_on() {
-    static const bool on = env_switch("DFL_CUDA_NORM_FOLD", false);
-    return on;
-}
-
-bool CudaDevice::fold_norm(const Weight &prev, const Weight &next) const {
-    return norm_fold_on() && !next.empty() && matmul_fold_ok(next, true) && (prev.empty() || matmul_fold_ok(prev, false));
-}
-
-void CudaDevice::matmul_acc(const Weight &W, const float *X, int64_t T, float *Y, float *acc) {
-    bool done = false;
-    if (T == 1 && norm_fold_on() && matmul_fold_ok(W, false)) {
-        Fold f;
-        f.acc = acc;
-        product(W, T, [&] { done = launch_matmul_fold(*this, W, X, Y, f); });
-    }
-    if (!done) Device::matmul_acc(W, X, T, Y, acc);  // (misaligned activations: the ops apart)
-}
-
-void CudaDevice::matmul_normed(const Weight &W, const float *x, const float *w, float eps, float *xn, int64_t T, float *Y) {
-    bool done = false;
-    if (T == 1 && norm_fold_on() && w && matmul_fold_ok(W, true)) {
-        Fold f;
-        f.x = x;
-        f.w = w;
-        f.eps = eps;
-        f.vt = norm_threads(W.n_in);
-        product(W, T, [&] { done = launch_matmul_fold(*this, W, x, Y, f); });
-    }
-    if (!done) Device::matmul_normed(W, x, w, eps, xn, T, Y);
-}
-
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("rmsnorm", [&] {
         const QuantX q = stage_rows(y, rows, n);

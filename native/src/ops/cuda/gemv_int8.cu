@@ -15,10 +15,6 @@ namespace dfl {
 namespace cuda {
 
 constexpr int kQ8pWarps = 4;     // rows per block
-// Warps a block of the kernels with a folded norm (Fold::x): each block builds the normed row (16 KB of it and its
-// weights from L2 for qwen3-8b) before its rows, so a block takes many rows: 32 (the rows kernel 8 warps of 4 rows:
-// its ~88 registers leave no room for 32 warps, and 16 would leave qwen3-8b's q|k|v 96 blocks for 132 SMs).
-constexpr int kFoldWarps = 32, kFoldRowsWarps = 8;
 constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
 constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // Repacked q8_0 takes the dp4a kernels up to 7 tokens, the tensor-core kernel from 8: H200, qwen3-8b layer shapes,
@@ -67,83 +63,27 @@ __device__ __forceinline__ int dot16_i8(const uint4 &w, const int4 &x) {
 
 // A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
 // after this one may launch (it waits for the end of this one before it reads or writes).
-// ACC: each output is also added to res (Fold::acc: the residual, x + y as add_rmsnorm adds it).
-template <int NT, bool ACC = false>
-__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r,
-                                                float *res = nullptr) {
+template <int NT>
+__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
     pdl_trigger();
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float v = warp_sum(acc[t]);
-        if ((threadIdx.x & 31) == 0) {
-            Y[t * n_out + r] = v;
-            if (ACC) res[t * n_out + r] += v;
-        }
+        if ((threadIdx.x & 31) == 0) Y[t * n_out + r] = v;
     }
-}
-
-// An activation load: from global memory through the read-only cache, or (SH) from the block's shared copy that a
-// folded norm made (Fold::x), which __ldg cannot address.
-template <bool SH, class T>
-__device__ __forceinline__ T ldx(const T *p) {
-    if constexpr (SH)
-        return *p;
-    else
-        return __ldg(p);
-}
-
-// Bytes of shared memory a block's folded-norm row takes (fold_norm_quant): the quants, then the scales and the sums.
-static size_t fold_shared_bytes(int64_t n) { return (size_t)((n + 15) / 16 * 16) + (size_t)(n / 32) * 2 * sizeof(float); }
-
-// The block's copy of the int8 row the norm kernel would have staged for this product (Fold::x, n a multiple of 32):
-// the sum of squares taken as rmsnorm_regs_kernel's f.vt threads take it (virtual thread j adds elements j, j + vt,
-// ... in order, by fma as nvcc contracts it there; each virtual warp's lanes by warp_sum; the warp sums by warp_sum
-// in order), the same scale, (x r) w, and quant_q8_warp a block of 32 (the staged bytes: quants, scales, sums).
-// Every thread of the block calls it; it ends with a barrier.
-__device__ void fold_norm_quant(const Fold &f, int64_t n, uint8_t *sh) {
-    __shared__ float red[32];
-    __shared__ float scale;
-    int8_t *xq = (int8_t *)sh;
-    float *xs = (float *)(sh + (n + 15) / 16 * 16), *xsum = xs + n / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5, vw_n = f.vt >> 5;
-    for (int vw = warp; vw < vw_n; vw += n_warps) {
-        float ss = 0.0f;
-#pragma unroll 8
-        for (int64_t i = vw * 32 + lane; i < n; i += f.vt) {
-            const float v = f.x[i];
-            ss = __fmaf_rn(v, v, ss);
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red[vw] = ss;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < vw_n ? red[lane] : 0.0f;
-        t = warp_sum(t);
-        if (lane == 0) scale = rsqrtf(t / (float)n + f.eps);
-    }
-    __syncthreads();
-    const float r = scale;
-#pragma unroll 4
-    for (int64_t b = warp; b < n / 32; b += n_warps) {
-        const int64_t i = b * 32 + lane;
-        quant_q8_warp((f.x[i] * r) * f.w[i], xq + i, xs + b, xsum + b);
-    }
-    __syncthreads();
 }
 
 // Lane p's part of super-block b of a q4_K row against one token's int8 activations (x: its quants, scales and block
 // sums): w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term once per sub-block (by the lane of
 // the first half).
-template <bool SH = false>
 __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p, const int8_t *xq, const float *xs,
                                               const float *xsum) {
     const int c = p >> 1, half = p & 1;
     const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
     const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
     const int64_t e0 = b * QK_K + 64 * c + 16 * half;
-    const int4 xa = ldx<SH>((const int4 *)(xq + e0));
-    const int4 xb = ldx<SH>((const int4 *)(xq + e0 + 32));
+    const int4 xa = __ldg((const int4 *)(xq + e0));
+    const int4 xb = __ldg((const int4 *)(xq + e0 + 32));
     int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
     lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
     lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
@@ -152,8 +92,8 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
     hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
     hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
     hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
-    float v = l.d * ((float)l.sc1 * ldx<SH>(xs + s1) * (float)lo + (float)l.sc2 * ldx<SH>(xs + s2) * (float)hi);
-    if (half == 0) v -= l.dmin * ((float)l.m1 * ldx<SH>(xsum + s1) + (float)l.m2 * ldx<SH>(xsum + s2));
+    float v = l.d * ((float)l.sc1 * __ldg(xs + s1) * (float)lo + (float)l.sc2 * __ldg(xs + s2) * (float)hi);
+    if (half == 0) v -= l.dmin * ((float)l.m1 * __ldg(xsum + s1) + (float)l.m2 * __ldg(xsum + s2));
     return v;
 }
 
@@ -163,13 +103,10 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
 // first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
 // tok/s, 12-03 22:12.)
-// NORM: one token whose input is the folded norm's (Fold::x), made by each block in shared memory after the wait;
-// ACC: each output also added to the residual (Fold::acc).
-template <int NT, bool NORM = false, bool ACC = false>
-__global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
+template <int NT>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   const float *xsum, float *Y, GemvZ z, Fold f) {
-    extern __shared__ __align__(16) uint8_t fold_sh[];
+                                                                   const float *xsum, float *Y, GemvZ z) {
     const int64_t nb32 = n_in / 32;
     {
         int64_t k = blockIdx.y;
@@ -188,32 +125,19 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31, p = lane & 7;
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
-    auto run_row = [&](int64_t r) {
-        const uint8_t *row = W + (uint64_t)r * row_bytes;
-        float acc[NT] = {};
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    float acc[NT] = {};
 #pragma unroll 2
-        for (int64_t b = lane >> 3; b < nb; b += 4) {
-            const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot<NORM>(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
-        }
-        store_warp_rows<NT, ACC>(acc, Y, n_out, r, f.acc);
-    };
-    if constexpr (NORM) {  // every thread builds the row (barriers), then each warp runs rows gridDim.x blocks apart
-        pdl_wait();
-        fold_norm_quant(f, n_in, fold_sh);
-        xq = (const int8_t *)fold_sh;
-        xs = (const float *)(fold_sh + (n_in + 15) / 16 * 16);
-        xsum = xs + nb32;
-        const int warps = (int)(blockDim.x >> 5);
-        for (int64_t r = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); r < n_out; r += (int64_t)gridDim.x * warps) run_row(r);
-    } else {
-        const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
-        if (r >= n_out) return;
-        pdl_wait();  // (launch_pdl) the activations are the kernel before's
-        run_row(r);
+        for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
+    store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -278,11 +202,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8
 
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
 // input z / x_div (x_stride quants apart) and writes y_stride floats further (launch_gemv_q8p_z); 0 in a plain one.
-template <int NT, bool NORM = false, bool ACC = false>
-__global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+template <int NT>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
-                                                                float *Y, GemvZ z, Fold f) {
-    extern __shared__ __align__(16) uint8_t fold_sh[];
+                                                                float *Y, GemvZ z) {
     {
         const int64_t k = blockIdx.y, nbz = n_in / 32;
         qs += k * z.w_rows * n_in;
@@ -292,9 +215,8 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * (NORM ? (int)(blockDim.x >> 5) : kQ8pWarps) + (threadIdx.x >> 5);
-    if (!NORM && row >= n_out) return;
-    const bool live = row < n_out;  // (NORM: every warp helps build the row)
+    const int64_t row = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (row >= n_out) return;
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w = (const uint4 *)(qs + row * n_in);
     const uint16_t *d = dw + row * nb;
@@ -305,14 +227,8 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
     uint4 wv[kQ8pUnroll];
 #pragma unroll
     for (int u = 0; u < kQ8pUnroll; u++)
-        if (live && lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
+        if (lane + 32 * u < nw) wv[u] = __ldg(w + lane + 32 * u);
     pdl_wait();
-    if constexpr (NORM) {
-        fold_norm_quant(f, n_in, fold_sh);
-        xq = (const int8_t *)fold_sh;
-        xs = (const float *)(fold_sh + (n_in + 15) / 16 * 16);
-        if (!live) return;
-    }
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * kQ8pUnroll) {
         if (i0 != lane) {
 #pragma unroll
@@ -327,22 +243,28 @@ __global__ void __launch_bounds__(NORM ? kFoldWarps * 32 : kQ8pWarps * 32) gemv_
             const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int s = dot16_i8(wv[u], ldx<NORM>((const int4 *)(xq + t * n_in) + i));
-                acc[t] += (float)s * sw * ldx<NORM>(xs + t * nb + b);
+                const int s = dot16_i8(wv[u], __ldg((const int4 *)(xq + t * n_in) + i));
+                acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
             }
         }
     }
-    store_warp_rows<NT, ACC>(acc, Y, n_out, row, f.acc);
+    store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
-// The R rows from row0 of gemv_q8p_rows_kernel (first: the block's first group, which waits for the kernel before and,
-// with NORM, builds the normed row in fold_sh; rows past the matrix are clamped and not stored).
-template <int NT, int R, bool NORM, bool ACC>
-__device__ __forceinline__ void q8p_rows_group(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                                               const int8_t *xq, const float *xs, float *Y, const Fold &f, int64_t row0,
-                                               bool first, uint8_t *fold_sh) {
+// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
+// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
+// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
+// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
+// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
+// registers (five blocks) where two tokens take 80; at six it takes 74, no spills.
+template <int NT, int R>
+__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
+    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
+                         const float *xs, float *Y) {
     constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
+    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) return;
     const int64_t nw = n_in / 16, nb = n_in / 32;
     const uint4 *w[R];
     const uint16_t *d[R];
@@ -364,15 +286,7 @@ __device__ __forceinline__ void q8p_rows_group(const int8_t *qs, const uint16_t 
                 dv[u][r] = __ldg(d[r] + (i >> 1));
             }
         }
-    if (first) {
-        pdl_wait();  // (launch_pdl) the activations are the kernel before's
-        if constexpr (NORM) fold_norm_quant(f, n_in, fold_sh);  // every warp helps build the row
-    }
-    if (NORM) {
-        xq = (const int8_t *)fold_sh;
-        xs = (const float *)(fold_sh + (n_in + 15) / 16 * 16);
-        if (row0 >= n_out) return;  // (the last group's warps past the matrix)
-    }
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
     float acc[R][NT] = {};
     for (int64_t i0 = lane; i0 < nw; i0 += 32 * U) {
 #pragma unroll
@@ -393,8 +307,8 @@ __device__ __forceinline__ void q8p_rows_group(const int8_t *qs, const uint16_t 
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int4 xv = ldx<NORM>((const int4 *)(xq + t * n_in) + i);
-                const float sx = ldx<NORM>(xs + t * nb + (i >> 1));
+                const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
+                const float sx = __ldg(xs + t * nb + (i >> 1));
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
             }
@@ -406,59 +320,16 @@ __device__ __forceinline__ void q8p_rows_group(const int8_t *qs, const uint16_t 
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) {
-                Y[t * n_out + row0 + r] = v;
-                if (ACC) f.acc[t * n_out + row0 + r] += v;
-            }
+            if (lane == 0 && row0 + r < n_out) Y[t * n_out + row0 + r] = v;
         }
-}
-
-// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
-// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
-// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
-// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
-// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
-// registers (five blocks) where two tokens take 80; at six it takes 74, no spills. NORM (a folded norm, one token):
-// blocks of kFoldRowsWarps warps, each running groups of its rows gridDim.x groups apart, so the normed row is built
-// once a block, not once a group.
-template <int NT, int R, bool NORM = false, bool ACC = false>
-__global__ void __launch_bounds__(NORM ? kFoldRowsWarps * 32 : kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? (NORM ? 2 : 6) : 4)
-    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y, Fold f) {
-    extern __shared__ __align__(16) uint8_t fold_sh[];
-    if constexpr (NORM) {
-        const int64_t group = (int64_t)(blockDim.x >> 5) * R;
-        for (int64_t base = (int64_t)blockIdx.x * group; base < n_out; base += (int64_t)gridDim.x * group)
-            q8p_rows_group<NT, R, NORM, ACC>(qs, dw, n_in, n_out, xq, xs, Y, f, base + (int64_t)(threadIdx.x >> 5) * R,
-                                             base == (int64_t)blockIdx.x * group, fold_sh);
-    } else {
-        const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
-        if (row0 >= n_out) return;
-        q8p_rows_group<NT, R, NORM, ACC>(qs, dw, n_in, n_out, xq, xs, Y, f, row0, true, fold_sh);
-    }
-}
-
-// Blocks of a folded-norm launch: enough for its rows, at most `resident` an SM (each block runs groups of rows, so
-// what the GPU holds at once covers the matrix and the normed row is built once a block).
-static unsigned fold_grid(int64_t n_out, int64_t rows_a_block, int sms, int resident) {
-    return (unsigned)std::max<int64_t>(1, std::min<int64_t>((n_out + rows_a_block - 1) / rows_a_block, (int64_t)sms * resident));
 }
 
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                            const int8_t *xq, const float *xs, float *y, const Fold &f = {}, int sms = 0) {
+                            const int8_t *xq, const float *xs, float *y) {
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
-    if (f.x) {  // one token, the folded norm's row made in shared memory; two blocks an SM (its launch bounds)
-        launch_maybe_pdl(true, gemv_q8p_rows_kernel<1, R, true>, dim3(fold_grid(n_out, kFoldRowsWarps * R, sms, 2)),
-                         dim3(kFoldRowsWarps * 32), fold_shared_bytes(n_in), s, qs, dw, n_in, n_out, xq, xs, y, f);
-        return;
-    }
-    if (f.acc) {  // one token, its outputs added to the residual
-        launch_pdl(gemv_q8p_rows_kernel<1, R, false, true>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, f);
-        return;
-    }
 #define DFL_Q8P_ROWS(N) \
-    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, f); break;
+    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
     switch (nt) {
         DFL_Q8P_ROWS(1) DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
@@ -502,11 +373,9 @@ static bool q8p_rows1_on() {
     return on;
 }
 
-void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const Fold &f) {
+void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
-    if ((f.x || f.acc) && T != 1) fail(DFL_ERR_INTERNAL, "q8_0 dp4a GEMV: a fold takes one token");
-    // (a folded norm: each block quantizes its own copy of the row; nothing to quantize or take here)
-    const QuantX qx = f.x ? QuantX{} : quantize_x(dev, X, W.n_in, T, false);
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
@@ -525,18 +394,11 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         if (nt == 1 && !(wide && q8p_rows1_on())) {
-            if (f.x)
-                launch_maybe_pdl(true, gemv_q8p_kernel<1, true>, dim3((unsigned)((W.n_out + kFoldWarps - 1) / kFoldWarps)),
-                                 dim3(kFoldWarps * 32), fold_shared_bytes(W.n_in), s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0,
-                                 GemvZ{}, f);
-            else if (f.acc)
-                launch_pdl(gemv_q8p_kernel<1, false, true>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, f);
-            else
-                launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}, f);
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
-            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f, dev.sm_count());
+            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
-            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, f, dev.sm_count());
+            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         }
         check_launch("matmul (q8_0 dp4a)");
     }
@@ -555,13 +417,11 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
 }
 
-void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz,
-                        const Fold &f) {
+void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
     const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
     if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
-    if ((f.x || f.acc) && (nz > 1 || T != 1)) fail(DFL_ERR_INTERNAL, "q4_K int8 GEMV: a fold takes one token");
-    const QuantX qx = f.x ? QuantX{} : quantize_x(dev, X, W.n_in, nx, true);
+    const QuantX qx = quantize_x(dev, X, W.n_in, nx, true);
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
@@ -569,19 +429,12 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     // a second stack (GemvZ::w2) doubles the members: nz of each
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
-    if (f.x) {  // one block of 32 warps an SM (its ~52 registers)
-        launch_maybe_pdl(true, gemv_q4k_i8_kernel<1, true>, dim3(fold_grid(W.n_out, kFoldWarps, dev.sm_count(), 1)),
-                         dim3(kFoldWarps * 32), fold_shared_bytes(W.n_in), s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs,
-                         xsum, Y, z, f);
-    } else if (f.acc) {
-        launch_pdl(gemv_q4k_i8_kernel<1, false, true>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y,
-                   z, f);
-    } else if (nz > 1) {
-        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, f);
+    if (nz > 1) {
+        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         switch (T) {
 #define DFL_Q4K_I8(N) \
-    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, f); break;
+    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
             DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
             DFL_Q4K_I8(8)
 #undef DFL_Q4K_I8
@@ -645,7 +498,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const int8_t *qs = q8p_quants(stack);
     const uint16_t *dw = q8p_scales(stack);
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z, Fold{});
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 

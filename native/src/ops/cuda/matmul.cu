@@ -554,24 +554,6 @@ static bool q8p_takes(const Weight &W, int64_t T) {
     return (T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W);
 }
 
-// launch_matmul's one-token choice for the two kernels that fold (repacked q8_0, q4_K on int8 activations); a folded
-// norm also needs rows of whole blocks of 32 that the norm kernel holds in registers (16 a thread at most).
-bool matmul_fold_ok(const Weight &W, bool in) {
-    if (!q8p_takes(W, 1) && !(q4k_i8_on() && q4k_i8_ok(W, GemvZ{}))) return false;
-    return !in || (W.n_in % 32 == 0 && W.n_in <= 16 * (int64_t)norm_threads(W.n_in));
-}
-
-bool launch_matmul_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const Fold &f) {
-    if (!matmul_fold_ok(W, f.x != nullptr)) return false;
-    if (q8p_takes(W, 1)) {
-        launch_gemv_q8p(dev, W, X, 1, Y, f);
-        return true;
-    }
-    if (!f.x && !aligned16(X)) return false;  // (launch_matmul's condition for the activations it quantizes)
-    launch_gemv_q4k_i8(dev, W, X, 1, Y, GemvZ{}, 1, f);
-    return true;
-}
-
 void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     if (T <= 0 || W.n_out <= 0) return;
     if (W.type != DFL_TYPE_F32 && W.type != DFL_TYPE_F16 && W.type != DFL_TYPE_BF16 && W.type != DFL_TYPE_Q8_0 &&
