@@ -23,7 +23,8 @@
 #   scripts/gpu/run.sh ds4-bench             the model file and the benchmark only
 #   scripts/gpu/run.sh ds4-ab                the replay and goldens on the device with each DS4_VARIANTS setting (default:
 #                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
-#   scripts/gpu/run.sh ds4-decode-ab         ds4-ab's decode A/B alone (DS4_AB_RUNS rounds, default 2; NO_PROFILE=1: no profile)
+#   scripts/gpu/run.sh ds4-decode-ab         ds4-ab's decode A/B alone (DS4_AB_RUNS rounds, default 2; NO_PROFILE=1: no profile;
+#                                            DS4_CONTEXT=N: decode after an N-token prompt, default 16)
 #   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms, matmul
 #                                            and deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
 #   scripts/gpu/run.sh ds4-try-cpu           ds4-try, then cpu-peer (llama.cpp's CPU build made meanwhile; pack.sh --peer)
@@ -353,6 +354,7 @@ ds4_ab() {
       log "deepseek4 decode (graphs), run $r: ${v/#-/defaults}"
       (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
         DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8 \
+        DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ds4.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
