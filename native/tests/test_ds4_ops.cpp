@@ -138,30 +138,6 @@ TEST(ds4_hc_pre_post_head) {
         for (size_t i = 0; i < post.size(); i++) CHECK_CLOSE(post2[i], post[i], 1e-5);
         for (size_t i = 0; i < comb.size(); i++) CHECK_CLOSE(comb2[i], comb[i], 1e-5);
     }
-    // the product left as parts (HcPreCall::parts, Device::hc_post_mix): the raw product split into three parts a
-    // token, each row with its share of the sum of squares, gives what the folded product gave
-    {
-        const int P = 3;
-        std::vector<float> parts((size_t)(T * P * (M + 1))), x3(x.size()), post3(post.size()), comb3(comb.size());
-        for (int64_t t = 0; t < T; t++) {
-            double ss = 0;
-            for (int64_t i = 0; i < N * D; i++) ss += (double)X[t * N * D + i] * X[t * N * D + i];
-            const double rms = std::sqrt(ss / (double)(N * D) + 1e-6);
-            for (int p = 0; p < P; p++) {
-                float *row = parts.data() + (t * P + p) * (M + 1);
-                const float share = p == 0 ? 0.5f : 0.25f;  // exact in binary: the parts add to the whole
-                for (int k = 0; k < M; k++) row[k] = (float)(mix[t * M + k] * rms) * share;
-                row[M] = (float)ss * share;
-            }
-        }
-        HcPreCall f = c;
-        f.mix = nullptr, f.parts = parts.data(), f.n_parts = P, f.norm = true, f.norm_eps = 1e-6f;
-        f.x = x3.data(), f.post = post3.data(), f.comb = comb3.data();
-        ds4_hc_pre(pool, f);
-        for (size_t i = 0; i < x.size(); i++) CHECK_CLOSE(x3[i], x[i], 1e-5);
-        for (size_t i = 0; i < post.size(); i++) CHECK_CLOSE(post3[i], post[i], 1e-5);
-        for (size_t i = 0; i < comb.size(); i++) CHECK_CLOSE(comb3[i], comb[i], 1e-5);
-    }
     // post: out[b] = post[b] F + sum_a comb[a][b] X[a] (comb is not symmetric: the first index is the source)
     std::vector<float> F = rnd(r, T * D), out(T * N * D);
     HcPostCall p;

@@ -230,23 +230,17 @@ void DeepSeek4Model::ensure_acts(int64_t T) {
 // ---------------------------------------------------------------------------------------------------------------------
 
 // mHC pre of one site over T tokens: x (sub-block input), post and comb from the streams X, and h = rmsnorm(x).
-void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T,
-                             int parts) {
+void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T) {
     const Ds4HParams &h = hp_;
     Acts &a = acts_;
     const int64_t ND = (int64_t)h.hc * h.n_embd;
-    // the norm applied to the product, inside hc_pre (it is linear); always where hc_merge left the product's parts
-    const bool fold = parts > 0 || dev_->hc_fold();
-    if (parts == 0) {
-        if (!fold) dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
-        dev_->matmul(fn, fold ? a.X.f() : a.flat.f(), T, a.mix.f());
-    }
+    const bool fold = dev_->hc_fold();  // the norm applied to the product, inside hc_pre (it is linear)
+    if (!fold) dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
+    dev_->matmul(fn, fold ? a.X.f() : a.flat.f(), T, a.mix.f());
     HcPreCall c;
     c.norm = fold;
     c.norm_eps = h.eps;
     c.mix = a.mix.f();
-    c.parts = parts > 0 ? a.flat.f() : nullptr;
-    c.n_parts = parts;
     c.base = base;
     c.scale = scale;
     c.X = a.X.f();
@@ -263,7 +257,7 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
 
 // mHC post: the streams become post * F + comb^T X (through X2, then swapped); the shared expert's output, where
 // set, is added to F first.
-int DeepSeek4Model::hc_merge(int64_t T, SubOut o, const Weight *next_fn) {
+void DeepSeek4Model::hc_merge(int64_t T, SubOut o) {
     Acts &a = acts_;
     HcPostCall c;
     c.F = a.F.f();
@@ -278,13 +272,8 @@ int DeepSeek4Model::hc_merge(int64_t T, SubOut o, const Weight *next_fn) {
     c.D = hp_.n_embd;
     c.N = hp_.hc;
     c.out = a.X2.f();
-    int parts = 0;
-    if (next_fn)
-        parts = dev_->hc_post_mix(c, *next_fn, a.flat.f());
-    else
-        dev_->hc_post(c);
+    dev_->hc_post(c);
     std::swap(a.X, a.X2);
-    return parts;
 }
 
 // Copies rows [0, n) of each step entry's tokens (width floats, contiguous) into the recording of its sequence, at

@@ -148,17 +148,15 @@ private:
 
     void run_step(const std::vector<StepEntry> &es, bool multi, float *logits_host, const TopKOut *topk);
     void run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R, const int32_t *out_rows);
-    // An HC site: the sub-block input of the streams X and its RMSNorm with norm_w into acts_.h. parts: the mixing
-    // product's partial sums hc_merge left in acts_.flat (Device::hc_post_mix), or 0: multiplied here.
-    void hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T, int parts);
+    // An HC site: the sub-block input of the streams X and its RMSNorm with norm_w into acts_.h.
+    void hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T);
     // What a sub-block leaves for the streams' merge: its output in acts_.F, or the routed experts' pairs
     // (HcPostCall::pairs, acts_.wts their weights), and the shared expert's output to add, or null.
     struct SubOut {
         const float *shared = nullptr, *pairs = nullptr;
     };
-    // The streams merged with the sub-block's output; next_fn: the next site's mixing matrix (null at the last),
-    // whose product the device may leave as parts: returns their number (hc_site's parts).
-    int hc_merge(int64_t T, SubOut o, const Weight *next_fn);
+    // The streams merged with the sub-block's output.
+    void hc_merge(int64_t T, SubOut o);
     void attention_layer(int il, const BatchMeta &m, bool dense, const std::vector<StepEntry> &es);
     void run_compressor(int il, bool indexer, const BatchMeta &m, const float *kv, const float *gate);
     SubOut moe_layer(int il, const BatchMeta &m);

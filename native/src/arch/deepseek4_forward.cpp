@@ -111,15 +111,13 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
     // every HC stream starts as the token's embedding
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
     for (int64_t i = 0; i < N; i++) dev_->copy_rows(a.X.f() + i * D, ND, a.x.f(), D, T, D);
-    int parts = 0;  // the next site's mixing product, left by the merge before it (hc_merge)
     for (int il = 0; il < h.n_layer; il++) {
         const Ds4Layer &L = layers_[(size_t)il];
-        hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, T, parts);
+        hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, T);
         attention_layer(il, m, dense, es);
-        parts = hc_merge(T, SubOut{}, &L.hc_ffn_fn);
-        hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, T, parts);
-        const bool last = il + 1 == h.n_layer;
-        parts = hc_merge(T, moe_layer(il, m), last ? nullptr : &layers_[(size_t)il + 1].hc_attn_fn);
+        hc_merge(T, SubOut{});
+        hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, T);
+        hc_merge(T, moe_layer(il, m));
     }
     if (R == 0) return;
     // the HC head on the logits rows, final norm, output

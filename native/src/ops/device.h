@@ -270,11 +270,6 @@ struct HcPreCall {
     // its N * D values: the unweighted RMSNorm, linear in X, folded into the mixing (Device::hc_fold)
     bool norm = false;
     float norm_eps = 0.0f;
-    // parts: where set, mix is not read: each token's mix is the sum of its n_parts rows [T][n_parts][M + 1] (M =
-    // (2 + N) * N), added in part order, and column M's sum is the token's sum of squares of X for norm (which must be
-    // set): what Device::hc_post_mix left of the site's product
-    const float *parts = nullptr;
-    int n_parts = 0;
     float *x = nullptr;            // out [T][D]: the sub-block input
     float *post = nullptr;         // out [T][N]
     float *comb = nullptr;         // out [T][N][N], comb[a][b]: from stream a to stream b
@@ -459,11 +454,6 @@ struct MoeExpertsCall {
     bool leave_pairs = false;
 };
 
-// Device::hc_post_mix's parts: at most this many a token, each (2 + N) * N + 1 floats, for at most kHcPartsMaxT
-// tokens; n_parts * ((2 + N) * N + 1) never exceeds N * D, so the buffer of the mixing product's input holds them.
-constexpr int kHcMaxParts = 64;
-constexpr int64_t kHcPartsMaxT = 16;
-
 // Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
 // Device::light_records says, and what model_estimate counts.
 bool device_light_records();
@@ -564,14 +554,6 @@ public:
     virtual void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) {
         hc_pre(c);
         rmsnorm(c.x, w, y, c.T, c.D, eps);
-    }
-    // hc_post, and where the device can, the next site's mixing product fn · out of the merged streams, left as
-    // partial sums with the streams' sums of squares (HcPreCall::parts, into parts: room for T * N * D floats): the
-    // number of parts a token, or 0 where it made none and the caller multiplies (the default).
-    virtual int hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) {
-        (void)fn, (void)parts;
-        hc_post(c);
-        return 0;
     }
     virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
     virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }

@@ -95,22 +95,11 @@ static void ds4_combine_pairs(const float *y, const float *weights, int k, int64
 void ds4_hc_pre(ThreadPool &pool, const HcPreCall &c) {
     const int N = c.N, M = (2 + N) * N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
-        const float *mix = c.parts ? nullptr : c.mix + t * M;  // (parts: summed below)
+        const float *mix = c.mix + t * M;
         std::vector<float> scaled;
-        float ss = 0;  // with parts: the streams' sum of squares, from them
-        if (c.parts) {
-            scaled.assign((size_t)M, 0.0f);
-            for (int p = 0; p < c.n_parts; p++) {
-                const float *part = c.parts + (t * c.n_parts + p) * (M + 1);
-                for (int i = 0; i < M; i++) scaled[(size_t)i] += part[i];
-                ss += part[M];
-            }
-            mix = scaled.data();
-        }
         if (c.norm) {  // the streams' RMSNorm: rmsnorm's scale of the flattened row
-            const float r = c.parts ? 1.0f / std::sqrt(ss / (float)(N * c.D) + c.norm_eps)
-                                    : rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
-            if (!c.parts) scaled.assign(mix, mix + M);  // (with parts, mix is scaled already)
+            const float r = rms_scale(c.X + t * N * c.D, N * c.D, c.norm_eps);
+            scaled.assign(mix, mix + M);
             for (float &v : scaled) v *= r;
             mix = scaled.data();
         }

@@ -63,7 +63,6 @@ public:
     // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
     void hc_pre(const HcPreCall &c) override;
     void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) override;
-    int hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) override;
     bool hc_fold() const override;
     void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override;
     void hc_post(const HcPostCall &c) override;

@@ -3,8 +3,6 @@
 // the indexer in ds4_compress.cu, the MoE in ds4_moe.cu. Every kernel computes what ops/cpu/ds4_ops.cpp computes, in f32, mostly
 // in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
 // arithmetic rounds as the CPU's (-ffp-contract=off) does.
-#include <algorithm>
-
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
@@ -61,23 +59,6 @@ __device__ void mix_streams_block(const float *weight, const float *X, int N, in
 
 constexpr int64_t kHcChunk = 1024;  // channels a block of hc_pre / hc_head mixes
 
-// hc_post_mix's parts hold at most this many sums a token and part: the (2 + N) * N mixing entries of N <= 4 streams
-// and the sum of squares.
-constexpr int kHcPartRow = 25;
-
-// A token's mixing product where hc_post_mix left it as parts (HcPreCall::parts): thread i < M + 1 adds column i of
-// the parts in part order into mix_sh; returns the norm's scale from column M (every thread, after a barrier).
-__device__ float hc_sum_parts(const HcPreCall &c, int64_t t, int M, float *mix_sh) {
-    if ((int)threadIdx.x <= M) {
-        const float *col = c.parts + t * c.n_parts * (M + 1) + threadIdx.x;
-        float s = 0.0f;
-        for (int p = 0; p < c.n_parts; p++) s += col[(int64_t)p * (M + 1)];
-        mix_sh[threadIdx.x] = s;
-    }
-    __syncthreads();
-    return rsqrtf(mix_sh[M] / (float)((int64_t)c.N * c.D) + c.norm_eps);
-}
-
 // The folded norm's scale of token t's streams (HcPreCall::norm): the first 256 threads (or the block's, if fewer)
 // sum the squares of its N * D values, four 16-byte loads in flight a thread (loaded one at a time, each waiting for
 // the one before, the 64 KB took ~28 us a call: the 12-05 05:1x profile). A wider block's other threads add zeros, so
@@ -118,31 +99,25 @@ __device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, 
     }
 }
 
-// hc_pre_weights of token t from its mixing row, or from the parts' sums, scaled by the streams' norm where c.norm.
-__device__ void hc_pre_begin(const HcPreCall &c, int64_t t, bool store, float *pre, float *red, float *mix_sh) {
-    const int M = (2 + c.N) * c.N;
-    float r = 1.0f;
-    if (c.parts)
-        r = hc_sum_parts(c, t, M, mix_sh);
-    else if (c.norm)
-        r = hc_fold_scale(c, t, red);
-    hc_pre_weights(c, t, c.parts ? mix_sh : c.mix + t * M, r, store, pre);
+// hc_pre_weights of token t from its mixing row, scaled by the streams' norm where c.norm.
+__device__ void hc_pre_begin(const HcPreCall &c, int64_t t, bool store, float *pre, float *red) {
+    const float r = c.norm ? hc_fold_scale(c, t, red) : 1.0f;
+    hc_pre_weights(c, t, c.mix + t * ((2 + c.N) * c.N), r, store, pre);
 }
 
 // Block (token, chunk of kHcChunk channels): the first lanes derive pre, which every chunk mixes its channels with;
 // chunk 0's warp 0 then derives post and comb while its other warps mix: the other chunks need neither, so no block
 // waits for Sinkhorn's iterations before mixing (every block ran them, all warps waiting, before the 12-05 change).
-// With norm, every block first takes the token's RMSNorm scale: from the streams (64 KB for V4: from L2 after the
-// first block), or from the parts' sum of squares.
+// With norm, every block first takes the token's RMSNorm scale from the streams (64 KB for V4: from L2 after the
+// first block).
 __global__ void hc_pre_kernel(HcPreCall c) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
     __shared__ float pre[kDs4MaxHc];
     __shared__ float red[32];
-    __shared__ float mix_sh[kHcPartRow];
     const int64_t t = blockIdx.x;
     const int N = c.N;
-    hc_pre_begin(c, t, blockIdx.y == 0, pre, red, mix_sh);
+    hc_pre_begin(c, t, blockIdx.y == 0, pre, red);
     const int64_t d0 = (int64_t)blockIdx.y * kHcChunk, d1 = d0 + kHcChunk < c.D ? d0 + kHcChunk : c.D;
     mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
 }
@@ -159,11 +134,10 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
     pdl_wait();     // (launch_chain)
     __shared__ float pre[kDs4MaxHc];
     __shared__ float red[32];
-    __shared__ float mix_sh[kHcPartRow];
     const int64_t t = blockIdx.x;
     const int N = c.N;
     const int64_t D = c.D;
-    hc_pre_begin(c, t, true, pre, red, mix_sh);
+    hc_pre_begin(c, t, true, pre, red);
     const float *X = c.X + t * N * D;
     float v[kHcNormRegs];
     const float ss = load_row_regs(v, D, [&](int d) {
@@ -195,66 +169,6 @@ __global__ void hc_post_kernel(HcPostCall c) {
         float s = 0.0f;
         for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d];
         c.out[e] = c.post[t * N + b] * hc_post_f(c, t, d) + s;
-    }
-}
-
-// hc_post of token blockIdx.x over a part of the channels (blockIdx.y), every stream of them, and the next site's
-// mixing product over the same values: each thread a channel at a time, its N outputs (hc_post_kernel's floats)
-// multiplied by the M rows' N weights of that channel, the block's M sums and sum of squares into the token's part
-// row (Device::hc_post_mix). The mixing matrix (24 x 16,384 f16 for V4, 786 KB) is read once a token, a part a block.
-constexpr int kHcMixN = 4, kHcMixM = (2 + kHcMixN) * kHcMixN;
-constexpr int kHcPostMixThreads = 256;
-
-template <class WT>
-__device__ __forceinline__ float hc_weight(const WT *p) {
-    if constexpr (sizeof(WT) == 2)
-        return half_bits_to_f32(__ldg((const unsigned short *)p));
-    else
-        return __ldg(p);
-}
-
-template <class WT>
-__global__ void __launch_bounds__(kHcPostMixThreads) hc_post_mix_kernel(HcPostCall c, const WT *fn, int64_t fn_stride,
-                                                                        int64_t chunk, float *parts) {
-    pdl_trigger();  // the next chained launch may start (launch_ds4)
-    pdl_wait();     // everything below reads what the launch before wrote
-    constexpr int N = kHcMixN, M = kHcMixM;
-    __shared__ float red[M + 1][kHcPostMixThreads / 32];
-    const int64_t t = blockIdx.x, D = c.D;
-    const int64_t d0 = (int64_t)blockIdx.y * chunk, d1 = d0 + chunk < D ? d0 + chunk : D;
-    const float *X = c.X + t * N * D, *comb = c.comb + t * N * N, *post = c.post + t * N;
-    float *out = c.out + t * N * D;
-    float acc[M + 1];
-#pragma unroll
-    for (int i = 0; i <= M; i++) acc[i] = 0.0f;
-    for (int64_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
-        const float f = hc_post_f(c, t, d);
-        float xa[N];
-#pragma unroll
-        for (int a = 0; a < N; a++) xa[a] = X[a * D + d];
-#pragma unroll
-        for (int b = 0; b < N; b++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int a = 0; a < N; a++) s += comb[a * N + b] * xa[a];
-            const float o = post[b] * f + s;
-            out[b * D + d] = o;
-            acc[M] += o * o;
-#pragma unroll
-            for (int i = 0; i < M; i++) acc[i] += hc_weight(fn + i * fn_stride + b * D + d) * o;
-        }
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int i = 0; i <= M; i++) {
-        const float v = warp_sum(acc[i]);
-        if (lane == 0) red[i][warp] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x <= M) {
-        float s = 0.0f;
-        for (int w = 0; w < kHcPostMixThreads / 32; w++) s += red[threadIdx.x][w];
-        parts[(t * gridDim.y + blockIdx.y) * (M + 1) + threadIdx.x] = s;
     }
 }
 
@@ -336,11 +250,9 @@ __global__ void ring_write_kernel(BatchMeta m, Ds4RingWrite c) {
 
 // ---- launchers ------------------------------------------------------------------------------------------------------
 
-// What hc_pre's kernels need of a call: Sinkhorn runs one lane per entry of the N x N matrix, and parts fit a row.
+// What hc_pre's kernels need of a call: Sinkhorn runs one lane per entry of the N x N matrix.
 static void check_hc_pre(const HcPreCall &c) {
     if (c.N < 1 || c.N * c.N > 32) fail(DFL_ERR_UNSUPPORTED, "hc_pre: " + std::to_string(c.N) + " streams (at most 5)");
-    if (c.parts && ((2 + c.N) * c.N + 1 > kHcPartRow || !c.norm || c.n_parts < 1))
-        fail(DFL_ERR_INTERNAL, "hc_pre: parts of " + std::to_string(c.N) + " streams (at most 4), or without the norm");
 }
 
 void CudaDevice::hc_pre(const HcPreCall &c) {
@@ -385,29 +297,6 @@ void CudaDevice::hc_post(const HcPostCall &c) {
         launch_ds4(hc_post_kernel, grid_for(n, 256), 256, 0, stream_, c);
         check_launch("hc_post");
     });
-}
-
-// hc_post with the next site's mixing product as parts (DFL_CUDA_HC_POST_MIX=1): for up to kHcPartsMaxT tokens of 4
-// streams and an f16 or f32 mixing matrix; otherwise hc_post alone (0 parts: the plan multiplies).
-int CudaDevice::hc_post_mix(const HcPostCall &c, const Weight &fn, float *parts) {
-    static const bool on = env_switch("DFL_CUDA_HC_POST_MIX", false);
-    const bool f16 = fn.type == DFL_TYPE_F16, f32 = fn.type == DFL_TYPE_F32;
-    if (!on || c.N != kHcMixN || !(f16 || f32) || c.T < 1 || c.T > kHcPartsMaxT || c.D < 1 || fn.n_out != kHcMixM ||
-        fn.n_in != (int64_t)c.N * c.D || fn.row_bytes != (uint64_t)fn.n_in * (f16 ? 2 : 4))
-        return Device::hc_post_mix(c, fn, parts);
-    const int n_parts = (int)std::min<int64_t>(kHcMaxParts, (c.D + kHcPostMixThreads - 1) / kHcPostMixThreads);
-    const int64_t chunk = (c.D + n_parts - 1) / n_parts;
-    op("hc_post_mix", [&] {
-        const dim3 grid((unsigned)c.T, (unsigned)n_parts);
-        if (f16)
-            launch_ds4(hc_post_mix_kernel<uint16_t>, grid, kHcPostMixThreads, 0, stream_, c, (const uint16_t *)fn.data, fn.n_in,
-                                                                                   chunk, parts);
-        else
-            launch_ds4(hc_post_mix_kernel<float>, grid, kHcPostMixThreads, 0, stream_, c, (const float *)fn.data, fn.n_in, chunk,
-                                                                               parts);
-        check_launch("hc_post_mix");
-    });
-    return n_parts;
 }
 
 void CudaDevice::hc_head(const HcHeadCall &c) {
