@@ -421,17 +421,30 @@ TEST(attention_tree_mask) {
 
 TEST(conv1d_silu_causal) {
     Rng rng(17);
-    const int K = 4, C = 10, n = 6;
-    std::vector<float> win((size_t)((K - 1 + n) * C)), w((size_t)(C * K)), out((size_t)(n * C));
-    for (auto &v : win) v = rng.sym();
-    for (auto &v : w) v = rng.sym();
-    conv1d_silu(win.data(), n, C, w.data(), K, out.data());
-    for (int t = 0; t < n; t++)
-        for (int c = 0; c < C; c++) {
-            double a = 0;
-            for (int j = 0; j < K; j++) a += (double)w[(size_t)(c * K + j)] * win[(size_t)((t + j) * C + c)];
-            CHECK_CLOSE(out[(size_t)(t * C + c)], a / (1 + std::exp(-a)), 1e-6);
-        }
+    const int K = 4, n = 6;
+    for (int C : {10, 37}) {  // the tail lanes alone, then a full vector and a tail
+        std::vector<float> win((size_t)((K - 1 + n) * C)), w((size_t)(C * K)), wt((size_t)(C * K)), out((size_t)(n * C));
+        for (auto &v : win) v = rng.sym();
+        for (auto &v : w) v = rng.sym();
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < K; j++) wt[(size_t)(j * C + c)] = w[(size_t)(c * K + j)];
+        const float *head = win.data(), *x = win.data() + (size_t)(K - 1) * C;
+        conv1d_silu(head, x, 0, n, C, wt.data(), K, out.data());
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < C; c++) {
+                double a = 0;
+                for (int j = 0; j < K; j++) a += (double)w[(size_t)(c * K + j)] * win[(size_t)((t + j) * C + c)];
+                CHECK_CLOSE(out[(size_t)(t * C + c)], a / (1 + std::exp(-a)), 1e-6);
+            }
+        // rows made in other runs (a task's), or one token at a time from its own window, give the same bits
+        std::vector<float> parts((size_t)(n * C)), one((size_t)C);
+        conv1d_silu(head, x, 0, 2, C, wt.data(), K, parts.data());
+        conv1d_silu(head, x, 2, n, C, wt.data(), K, parts.data());
+        CHECK(std::memcmp(parts.data(), out.data(), parts.size() * sizeof(float)) == 0);
+        const int t = 4;
+        conv1d_silu(win.data() + (size_t)t * C, win.data() + (size_t)(t + K - 1) * C, 0, 1, C, wt.data(), K, one.data());
+        CHECK(std::memcmp(one.data(), out.data() + (size_t)t * C, one.size() * sizeof(float)) == 0);
+    }
 }
 
 namespace {

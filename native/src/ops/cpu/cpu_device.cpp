@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -303,37 +304,61 @@ public:
         });
     }
 
+    // Tasks of up to kConvRun tokens of a chain entry (a prefill's 512 tokens were one task: ~19 % of a Qwen3.5-0.8B
+    // prefill on 2 threads, on one of them); a tree entry is one task, token by token along its paths. The conv states
+    // and recorded windows change only after every task has read them.
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
         const OpScope timed(clock_, "conv1d_silu");
         const int C = c.C, K = c.K;
-        pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
+        const float *wt = conv_taps(c.w, C, K);
+        struct Task {
+            int64_t e, a, b;
+            bool chain;
+        };
+        std::vector<Task> tasks;
+        for (int64_t e = 0; e < m.n_ent; e++) {
             const int64_t n = m.n[e], t0 = m.t0[e];
-            float *cs = c.conv + (int64_t)m.slot[e] * c.slot_stride;
-            std::vector<float> win((size_t)((K - 1 + n) * C));
-            std::memcpy(win.data(), cs, sizeof(float) * (size_t)(K - 1) * C);
-            std::memcpy(win.data() + (size_t)(K - 1) * C, c.x + t0 * C, sizeof(float) * (size_t)(n * C));
-            const int32_t *par = m.parent ? m.parent + t0 : nullptr;
             bool chain = true;
-            for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
-            if (chain) {
-                dfl::conv1d_silu(win.data(), n, C, c.w, K, c.out + t0 * C);
-            } else {
-                // a tree: each token's K rows along its ancestors (window row K-1+a for token a), then the old state
-                std::vector<float> tw((size_t)K * C);
-                for (int64_t i = 0; i < n; i++) {
-                    int64_t a = i, old = K - 2;
-                    for (int r = K - 1; r >= 0; r--) {
-                        const int64_t wr = a >= 0 ? K - 1 + a : old--;
-                        std::memcpy(tw.data() + (size_t)r * C, win.data() + (size_t)wr * C, sizeof(float) * (size_t)C);
-                        if (a >= 0) a = par[a];
-                    }
-                    dfl::conv1d_silu(tw.data(), 1, C, c.w, K, c.out + (t0 + i) * C);
-                }
+            for (int64_t i = 0; m.parent && i < n; i++) chain &= m.parent[t0 + i] == i - 1;
+            for (int64_t a = 0; a < n; a += chain ? kConvRun : n) tasks.push_back({e, a, chain ? std::min(n, a + kConvRun) : n, chain});
+        }
+        pool_.parallel_for((int64_t)tasks.size(), [&](int64_t i, int) {
+            const Task &k = tasks[(size_t)i];
+            const int64_t t0 = m.t0[k.e];
+            const float *cs = c.conv + (int64_t)m.slot[k.e] * c.slot_stride, *x = c.x + t0 * C;
+            if (k.chain) {
+                dfl::conv1d_silu(cs, x, k.a, k.b, C, wt, K, c.out + t0 * C);
+                return;
             }
-            std::memcpy(cs, win.data() + (size_t)n * C, sizeof(float) * (size_t)(K - 1) * C);
-            if (m.rec_window[e])
-                std::memcpy(m.rec_window[e] + (size_t)c.rec_layer * (size_t)((K - 1 + n) * C), win.data(),
-                            sizeof(float) * win.size());
+            // each token's K rows along its ancestors (window row K-1+a for token a), then the old state's
+            const int32_t *par = m.parent + t0;
+            std::vector<float> tw((size_t)K * C);
+            for (int64_t t = k.a; t < k.b; t++) {
+                int64_t a = t, old = K - 2;
+                for (int r = K - 1; r >= 0; r--) {
+                    const float *src = a >= 0 ? x + a * C : cs + (old--) * C;
+                    std::memcpy(tw.data() + (size_t)r * C, src, sizeof(float) * (size_t)C);
+                    if (a >= 0) a = par[a];
+                }
+                dfl::conv1d_silu(tw.data(), tw.data() + (size_t)(K - 1) * C, 0, 1, C, wt, K, c.out + (t0 + t) * C);
+            }
+        });
+        pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
+            const int64_t n = m.n[e], keep = K - 1;
+            float *cs = c.conv + (int64_t)m.slot[e] * c.slot_stride;
+            const float *x = c.x + m.t0[e] * C;
+            if (m.rec_window[e]) {  // the window as it was: the old state's rows, then x's
+                float *rw = m.rec_window[e] + (size_t)c.rec_layer * (size_t)((keep + n) * C);
+                std::memcpy(rw, cs, sizeof(float) * (size_t)(keep * C));
+                std::memcpy(rw + keep * C, x, sizeof(float) * (size_t)(n * C));
+            }
+            // the new state: the window's last K-1 rows
+            if (n >= keep) {
+                std::memcpy(cs, x + (n - keep) * C, sizeof(float) * (size_t)(keep * C));
+            } else {
+                std::memmove(cs, cs + n * C, sizeof(float) * (size_t)((keep - n) * C));
+                std::memcpy(cs + (keep - n) * C, x, sizeof(float) * (size_t)(n * C));
+            }
         });
     }
 
@@ -546,6 +571,21 @@ private:
         }
         return rope_.cs.data();
     }
+    // A conv weight ([C][K] as loaded) as [K][C], so that a tap's channels are contiguous; made at its first use.
+    const float *conv_taps(const float *w, int C, int K) {
+        std::lock_guard<std::mutex> lock(taps_mu_);
+        std::vector<float> &t = taps_[w];
+        if (t.empty()) {
+            t.resize((size_t)K * C);
+            for (int ch = 0; ch < C; ch++)
+                for (int j = 0; j < K; j++) t[(size_t)j * C + ch] = w[(size_t)ch * K + j];
+        }
+        return t.data();
+    }
+    static constexpr int64_t kConvRun = 16;  // tokens of a conv1d_silu task
+    std::mutex taps_mu_;
+    std::map<const float *, std::vector<float>> taps_;  // conv_taps's copies, by the weight they transpose
+
     static bool env_is(const char *name, const char *value) {
         const char *e = std::getenv(name);
         return e && std::strcmp(e, value) == 0;
