@@ -192,11 +192,6 @@ void l2norm(float *x, int64_t n, float eps) {
     for (int64_t i = 0; i < n; i++) x[i] *= r;
 }
 
-void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
-    rmsnorm(x, w, x, n, eps);
-    for (int64_t i = 0; i < n; i++) x[i] *= silu(z[i]);
-}
-
 void rope_neox(float *x, int rope_dim, int32_t pos, const float *inv_freq) {
     const int half = rope_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -240,22 +235,28 @@ DFL_VEC_INLINE v16f silu16(v16f g) {
 
 DFL_VEC_INLINE v16f swiglu16(v16f g, v16f u) { return silu16(g) * u; }
 
-DFL_WIDE_MULTIVERSION static void swiglu_wide(float *g, const float *u, int64_t n) {
+// out = silu(g) * u (out may be g or u).
+DFL_WIDE_MULTIVERSION static void swiglu_wide(float *out, const float *g, const float *u, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const v16f y = swiglu16(load16f(g + i), load16f(u + i));
-        std::memcpy(g + i, &y, sizeof y);
+        std::memcpy(out + i, &y, sizeof y);
     }
     if (i < n) {
         float tg[16] = {}, tu[16] = {};
         std::memcpy(tg, g + i, (size_t)(n - i) * sizeof(float));
         std::memcpy(tu, u + i, (size_t)(n - i) * sizeof(float));
         const v16f y = swiglu16(load16f(tg), load16f(tu));
-        std::memcpy(g + i, &y, (size_t)(n - i) * sizeof(float));
+        std::memcpy(out + i, &y, (size_t)(n - i) * sizeof(float));
     }
 }
 
-void swiglu(float *g, const float *u, int64_t n) { swiglu_wide(g, u, n); }
+void swiglu(float *g, const float *u, int64_t n) { swiglu_wide(g, g, u, n); }
+
+void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
+    rmsnorm(x, w, x, n, eps);
+    swiglu_wide(x, z, x, n);  // x * silu(z), 16 lanes (a scalar expf an element was ~4 % of a Qwen3.5 prefill)
+}
 
 // 16 channels of one output row: the taps in order (a multiply, then an add, as the scalar form), then silu16.
 DFL_VEC_INLINE v16f conv_taps16(const float *const *rows, const float *wt, int64_t C, int K, int64_t c) {
