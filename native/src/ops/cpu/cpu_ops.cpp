@@ -321,7 +321,42 @@ void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, con
 
 size_t gdn_chunk_scratch(int dk, int dv) {
     const size_t C = kGdnChunk;
-    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv;
+    // G, A, U, W, then [W; Q] S (2C rows of dv), the masked Q K^T (C x C) and K^T scaled (dk x C)
+    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv + 2 * C * (size_t)dv + C * C + (size_t)dk * C;
+}
+
+// Cm[m][n] = alpha * sum_k A[m][k] B[k][n] (+ Cm[m][n] where acc), for N a multiple of 16 * NV: four rows of A and
+// 16 NV columns of B held in registers over the whole k loop (the axpy form read and wrote a row of the output for
+// every k, and was bound by those loads and stores).
+template <int NV>
+DFL_VEC_INLINE void gemm_block(const float *A, int64_t lda, const float *B, int64_t ldb, float *Cm, int64_t ldc,
+                               int64_t m0, int mr, int64_t n0, int64_t K, float alpha, bool acc) {
+    v16f c[4][NV] = {};
+    for (int64_t k = 0; k < K; k++) {
+        v16f b[NV];
+        for (int v = 0; v < NV; v++) b[v] = load16f(B + k * ldb + n0 + 16 * v);
+        for (int r = 0; r < 4; r++) {
+            const v16f a = v16f{} + (r < mr ? A[(m0 + r) * lda + k] : 0.0f);
+            for (int v = 0; v < NV; v++) c[r][v] = fma16(a, b[v], c[r][v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < NV; v++) {
+            float *o = Cm + (m0 + r) * ldc + n0 + 16 * v;
+            v16f y = c[r][v] * alpha;
+            if (acc) y += load16f(o);
+            std::memcpy(o, &y, sizeof y);
+        }
+}
+
+DFL_WIDE_MULTIVERSION static void gemm_f32(const float *A, int64_t lda, const float *B, int64_t ldb, float *Cm,
+                                           int64_t ldc, int64_t M, int64_t N, int64_t K, float alpha, bool acc) {
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int mr = (int)std::min<int64_t>(4, M - m0);
+        int64_t n0 = 0;
+        for (; n0 + 32 <= N; n0 += 32) gemm_block<2>(A, lda, B, ldb, Cm, ldc, m0, mr, n0, K, alpha, acc);
+        for (; n0 + 16 <= N; n0 += 16) gemm_block<1>(A, lda, B, ldb, Cm, ldc, m0, mr, n0, K, alpha, acc);
+    }
 }
 
 void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
@@ -332,6 +367,11 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
     float *U = A + C * C;         // [C][dv] becomes V_new
     float *W = U + C * dv;        // [C][dk]
     float *tmp = W + C * dk;      // [dv]
+    float *WQS = tmp + dv;        // [2C][dv]: W S, then Q S
+    float *M = WQS + 2 * C * dv;  // [C][C]: (q_i . k_j) exp(G_i - G_j) for j <= i, else 0
+    float *KT = M + C * C;        // [dk][C]: exp(G_last - G_j) k_j, transposed
+    // the products below as register-blocked GEMMs where dv allows (a multiple of 16: the released models' 128)
+    const bool blocked = dv % 16 == 0;
     for (int64_t c0 = 0; c0 < n; c0 += C) {
         const int64_t L = std::min(C, n - c0);
         const float *qc = q + c0 * dk, *kc = k + c0 * dk, *vc = v + c0 * dv;
@@ -354,6 +394,31 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
                 axpy(-A[i * C + j], U + j * dv, ui, dv);
                 axpy(-A[i * C + j], W + j * dk, wi, dk);
             }
+        }
+        if (blocked) {
+            // V_new = U - W S and Q S, both of the state before the chunk
+            gemm_f32(W, dk, S, dv, WQS, dv, L, dv, dk, 1.0f, false);
+            gemm_f32(qc, dk, S, dv, WQS + C * dv, dv, L, dv, dk, 1.0f, false);
+            for (int64_t i = 0; i < L * dv; i++) U[i] -= WQS[i];
+            // O = exp(G) (Q S) + M V_new
+            for (int64_t i = 0; i < L; i++) {
+                for (int64_t j = 0; j < L; j++)
+                    M[i * C + j] = j <= i ? dot_f32(qc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]) : 0.0f;
+                const float eg = std::exp(G[i]);
+                const float *qs = WQS + (C + i) * dv;
+                float *o = out + (c0 + i) * dv;
+                for (int b = 0; b < dv; b++) o[b] = eg * qs[b];
+            }
+            gemm_f32(M, C, U, dv, out + c0 * dv, dv, L, dv, L, 1.0f, true);
+            // S = exp(G_last) S + K'^T V_new
+            const float gl = G[L - 1], el = std::exp(gl);
+            for (int64_t j = 0; j < L; j++) {
+                const float e = std::exp(gl - G[j]);
+                for (int a = 0; a < dk; a++) KT[a * C + j] = e * kc[j * dk + a];
+            }
+            for (int a = 0; a < dk; a++) scale_vec(el, S + (size_t)a * dv, dv);
+            gemm_f32(KT, C, U, dv, S, dv, dk, dv, L, 1.0f, true);
+            continue;
         }
         // V_new = U - W S
         for (int64_t i = 0; i < L; i++) {
