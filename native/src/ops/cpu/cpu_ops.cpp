@@ -321,8 +321,9 @@ void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, con
 
 size_t gdn_chunk_scratch(int dk, int dv) {
     const size_t C = kGdnChunk;
-    // G, A, U, W, then [W; Q] S (2C rows of dv), the masked Q K^T (C x C) and K^T scaled (dk x C)
-    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv + 2 * C * (size_t)dv + C * C + (size_t)dk * C;
+    // G, A, U, W, then [W; Q] S (2C rows of dv), the masked Q K^T (C x C), K^T scaled (dk x C), K^T and K K^T
+    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv + 2 * C * (size_t)dv + 2 * C * C +
+           2 * (size_t)dk * C;
 }
 
 // Cm[m][n] = alpha * sum_k A[m][k] B[k][n] (+ Cm[m][n] where acc), for N a multiple of 16 * NV: four rows of A and
@@ -370,6 +371,8 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
     float *WQS = tmp + dv;        // [2C][dv]: W S, then Q S
     float *M = WQS + 2 * C * dv;  // [C][C]: (q_i . k_j) exp(G_i - G_j) for j <= i, else 0
     float *KT = M + C * C;        // [dk][C]: exp(G_last - G_j) k_j, transposed
+    float *Kt = KT + dk * C;      // [dk][C]: k_j transposed, columns past the chunk zero
+    float *KK = Kt + dk * C;      // [C][C]: k_i . k_j
     // the products below as register-blocked GEMMs where dv allows (a multiple of 16: the released models' 128)
     const bool blocked = dv % 16 == 0;
     for (int64_t c0 = 0; c0 < n; c0 += C) {
@@ -381,9 +384,27 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
             acc += gc[i];
             G[i] = acc;
         }
-        for (int64_t i = 0; i < L; i++)
-            for (int64_t j = 0; j < i; j++)
-                A[i * C + j] = bc[i] * dot_f32(kc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]);
+        if (blocked) {
+            // K K^T and Q K^T as two GEMMs on K transposed (64 columns: the ones past a short chunk are zero), the
+            // decays exp(G_i - G_j) made once for both
+            std::fill(Kt, Kt + dk * C, 0.0f);
+            for (int64_t j = 0; j < L; j++)
+                for (int a = 0; a < dk; a++) Kt[a * C + j] = kc[j * dk + a];
+            gemm_f32(kc, dk, Kt, C, KK, C, L, C, dk, 1.0f, false);
+            gemm_f32(qc, dk, Kt, C, M, C, L, C, dk, 1.0f, false);
+            for (int64_t i = 0; i < L; i++) {
+                for (int64_t j = 0; j <= i; j++) {
+                    const float e = std::exp(G[i] - G[j]);
+                    if (j < i) A[i * C + j] = bc[i] * KK[i * C + j] * e;
+                    M[i * C + j] *= e;
+                }
+                for (int64_t j = i + 1; j < C; j++) M[i * C + j] = 0.0f;
+            }
+        } else {
+            for (int64_t i = 0; i < L; i++)
+                for (int64_t j = 0; j < i; j++)
+                    A[i * C + j] = bc[i] * dot_f32(kc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]);
+        }
         // forward substitution: (I + A) U = beta V, (I + A) W = beta exp(G) K
         for (int64_t i = 0; i < L; i++) {
             float *ui = U + i * dv, *wi = W + i * dk;
@@ -402,8 +423,6 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
             for (int64_t i = 0; i < L * dv; i++) U[i] -= WQS[i];
             // O = exp(G) (Q S) + M V_new
             for (int64_t i = 0; i < L; i++) {
-                for (int64_t j = 0; j < L; j++)
-                    M[i * C + j] = j <= i ? dot_f32(qc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]) : 0.0f;
                 const float eg = std::exp(G[i]);
                 const float *qs = WQS + (C + i) * dv;
                 float *o = out + (c0 + i) * dv;
