@@ -534,6 +534,46 @@ TEST(gdn_recurrent_and_chunked_match_reference) {
     }
 }
 
+// gdn_recurrent's register form gives the bits of the plain row loops (float, each product then its add, rows in
+// order), which the recording and replaying paths rely on matching token for token.
+TEST(gdn_recurrent_equals_row_loops_bitwise) {
+    Rng rng(29);
+    for (int dv : {16, 32, 64, 128}) {
+        const int dk = 128;
+        const int64_t n = 3;
+        const GdnCase c = gdn_case(dk, dv, n, rng);
+        std::vector<float> S(c.S0), out((size_t)(n * dv)), states((size_t)(n * dk * dv));
+        gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data(),
+                      states.data());
+        std::vector<float> R(c.S0), ro((size_t)(n * dv)), u((size_t)dv);
+        bool same = true;
+        for (int64_t t = 0; t < n; t++) {
+            const float decay = std::exp(c.g[(size_t)t]);
+            const float *kt = c.k.data() + t * dk, *qt = c.q.data() + t * dk, *vt = c.v.data() + t * dv;
+            std::fill(u.begin(), u.end(), 0.0f);
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) {
+                    float &r = R[(size_t)(a * dv + b)];
+                    r = r * decay;
+                    u[(size_t)b] = u[(size_t)b] + kt[a] * r;
+                }
+            for (int b = 0; b < dv; b++) u[(size_t)b] = c.beta[(size_t)t] * (vt[b] - u[(size_t)b]);
+            float *o = ro.data() + t * dv;
+            std::fill(o, o + dv, 0.0f);
+            for (int a = 0; a < dk; a++)
+                for (int b = 0; b < dv; b++) {
+                    float &r = R[(size_t)(a * dv + b)];
+                    r = r + kt[a] * u[(size_t)b];
+                    o[b] = o[b] + qt[a] * r;
+                }
+            same &= std::memcmp(R.data(), states.data() + t * dk * dv, R.size() * sizeof(float)) == 0;
+        }
+        same &= std::memcmp(ro.data(), out.data(), ro.size() * sizeof(float)) == 0;
+        if (!same) std::printf("  dv %d: bits differ\n", dv);
+        CHECK(same);
+    }
+}
+
 TEST(threadpool_runs_every_task_once_and_rethrows) {
     ThreadPool pool(4);
     std::vector<int> hits(1000, 0);

@@ -295,8 +295,56 @@ DFL_WIDE_MULTIVERSION void conv1d_silu(const float *head, const float *x, int64_
     }
 }
 
+// One token of the delta rule on a head of NV * 16 columns, the arithmetic of gdn_recurrent's row loops (each product
+// then its add, the rows in order) with u, delta and the output held in registers: two passes over S, where the
+// scale, axpy and output loops made four and reloaded u or o at every row.
+template <int NV>
+DFL_VEC_INLINE void gdn_token16(float *S, int dk, const float *q, const float *k, const float *v, float decay, float beta,
+                                float *o) {
+    v16f u[NV] = {};
+    const v16f dec = v16f{} + decay;
+    for (int a = 0; a < dk; a++) {
+        float *row = S + (size_t)a * NV * 16;
+        const v16f ka = v16f{} + k[a];
+        for (int x = 0; x < NV; x++) {
+            const v16f r = load16f(row + 16 * x) * dec;
+            std::memcpy(row + 16 * x, &r, sizeof r);
+            u[x] += ka * r;
+        }
+    }
+    for (int x = 0; x < NV; x++) u[x] = (load16f(v + 16 * x) - u[x]) * beta;  // delta
+    v16f acc[NV] = {};
+    for (int a = 0; a < dk; a++) {
+        float *row = S + (size_t)a * NV * 16;
+        const v16f ka = v16f{} + k[a], qa = v16f{} + q[a];
+        for (int x = 0; x < NV; x++) {
+            const v16f r = load16f(row + 16 * x) + ka * u[x];
+            std::memcpy(row + 16 * x, &r, sizeof r);
+            acc[x] += qa * r;
+        }
+    }
+    std::memcpy(o, acc, sizeof acc);
+}
+
+template <int NV>
+DFL_WIDE_MULTIVERSION static void gdn_tokens16(float *S, int dk, const float *q, const float *k, const float *v,
+                                               const float *g, const float *beta, int64_t n, float *out, float *states) {
+    const int dv = NV * 16;
+    for (int64_t t = 0; t < n; t++) {
+        gdn_token16<NV>(S, dk, q + t * dk, k + t * dk, v + t * dv, std::exp(g[t]), beta[t], out + t * dv);
+        if (states) std::memcpy(states + t * (int64_t)dk * dv, S, sizeof(float) * (size_t)dk * dv);
+    }
+}
+
 void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
                    const float *beta, int64_t n, float *out, float *states) {
+    switch (dv) {
+    case 128: return gdn_tokens16<8>(S, dk, q, k, v, g, beta, n, out, states);
+    case 64: return gdn_tokens16<4>(S, dk, q, k, v, g, beta, n, out, states);
+    case 32: return gdn_tokens16<2>(S, dk, q, k, v, g, beta, n, out, states);
+    case 16: return gdn_tokens16<1>(S, dk, q, k, v, g, beta, n, out, states);
+    default: break;
+    }
     std::vector<float> u((size_t)dv);
     for (int64_t t = 0; t < n; t++) {
         const float decay = std::exp(g[t]);
