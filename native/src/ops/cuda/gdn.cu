@@ -1,6 +1,7 @@
 // Gated DeltaNet layer ops: causal depthwise conv + SiLU, q/k L2 norm and gates, and the gated delta rule.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -9,32 +10,37 @@ namespace dfl {
 namespace cuda {
 
 constexpr int kConvThreads = 128;
+constexpr int64_t kConvTokens = 16;  // tokens a conv1d_silu thread runs (a chunk of its entry's)
 constexpr int kGatesThreads = 128;
 constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
 
-// Thread (entry e, channel c). Window row r < K-1 is the slot's stored input r, later rows are the entry's tokens.
-// The state update walks r upwards, reading row n + r > r, which is not yet overwritten.
-// A tree entry (parent != null and not a chain) builds each token's window along its ancestors: window row K-1+a for
-// ancestor a, then the old rows past the root.
+// Thread (channel c, chunk of an entry's tokens, entry e). Window row r < K-1 is the slot's stored input r, later
+// rows are the entry's tokens. Chunks of kConvTokens tokens, so a long prompt runs on many blocks (one thread a channel
+// had walked all its tokens: 10,240 threads for a 27B prefill). Only tokens below K-1 read the stored rows, and they
+// are chunk 0's, which alone writes the new state after them, walking r upwards and reading row n + r > r, not yet
+// overwritten; each chunk records its own tokens' window rows, chunk 0 the stored ones too.
+// A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
+// window row K-1+a for ancestor a, then the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window, const int32_t *parent) {
-    const int e = blockIdx.y;
+                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
+    const int e = blockIdx.z;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
     if (c >= C) return;
     const int64_t n = ns[e], t0 = t0s[e];
-    if (n <= 0) return;
+    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+    if (i0 >= n) return;
     float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
     const float *x = cc.x + t0 * C;
     auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * C + c]; };
     float *rw = rec_window ? rec_window[e] : nullptr;
     if (rw) {
         rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
-        for (int64_t r = 0; r < K - 1 + n; r++) rw[r * C + c] = window(r);
+        for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
     }
     const float *w = cc.w + c * K;
     const int32_t *par = parent ? parent + t0 : nullptr;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         float acc = 0.0f;
         if (par) {
             int64_t a = i, old = K - 2;
@@ -47,13 +53,18 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
         }
         cc.out[(t0 + i) * C + c] = silu_f(acc);
     }
-    for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
+    if (i0 == 0)
+        for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
 }
 
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
-    const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent);
+    // trees, and a batch without its token bound, as one chunk an entry (K - 1 <= kConvTokens: the loader's 8 taps)
+    const bool one = m.parent != nullptr || m.max_n <= 0 || c.K - 1 > kConvTokens;
+    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
+    const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
+    const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
     check_launch("conv1d_silu");
 }
 
