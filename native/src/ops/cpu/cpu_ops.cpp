@@ -287,9 +287,7 @@ DFL_WIDE_MULTIVERSION void conv1d_silu(const float *head, const float *x, int64_
                 std::memcpy(tw[j], wt + j * C + c, (size_t)(C - c) * sizeof(float));
                 trp[j] = tr[j];
             }
-            v16f acc = {};
-            for (int j = 0; j < K; j++) acc += load16f(tw[j]) * load16f(trp[j]);
-            const v16f y = silu16(acc);
+            const v16f y = conv_taps16(trp, tw[0], 16, K, 0);  // (tw's rows are 16 apart)
             std::memcpy(o + c, &y, (size_t)(C - c) * sizeof(float));
         }
     }
