@@ -511,7 +511,7 @@ void gdn_ref(const GdnCase &c, std::vector<double> &S, std::vector<double> &out,
 
 TEST(gdn_recurrent_and_chunked_match_reference) {
     Rng rng(23);
-    for (auto dims : {std::pair<int, int>{16, 16}, {16, 32}, {32, 16}}) {
+    for (auto dims : {std::pair<int, int>{16, 16}, {16, 32}, {32, 16}, {24, 40}}) {  // 40: a 32-column block and 8 more
         for (int64_t n : {1, 2, 63, 64, 65, 150}) {
             const GdnCase c = gdn_case(dims.first, dims.second, n, rng);
             std::vector<double> Sref, oref, stref;

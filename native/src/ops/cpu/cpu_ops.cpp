@@ -367,14 +367,13 @@ void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, con
 
 size_t gdn_chunk_scratch(int dk, int dv) {
     const size_t C = kGdnChunk;
-    // G, A, U, W, then [W; Q] S (2C rows of dv), the masked Q K^T (C x C), K^T scaled (dk x C), K^T and K K^T
-    return C + C * C + C * (size_t)dv + C * (size_t)dk + (size_t)dv + 2 * C * (size_t)dv + 2 * C * C +
-           2 * (size_t)dk * C;
+    // G, A, U, W, Q S (C x dv), the masked Q K^T, K^T (dk x C) and K K^T
+    return C + C * C + C * (size_t)dv + C * (size_t)dk + C * (size_t)dv + C * C + (size_t)dk * C + C * C;
 }
 
-// Cm[m][n] = alpha * sum_k A[m][k] B[k][n] (+ Cm[m][n] where acc), for N a multiple of 16 * NV: four rows of A and
-// 16 NV columns of B held in registers over the whole k loop (the axpy form read and wrote a row of the output for
-// every k, and was bound by those loads and stores).
+// Cm[m][n] = alpha * sum_k A[m][k] B[k][n] (+ Cm[m][n] where acc): four rows of A and 16 NV columns of B held in
+// registers over the whole k loop (the axpy form read and wrote a row of the output for every k, and was bound by those
+// loads and stores).
 template <int NV>
 DFL_VEC_INLINE void gemm_block(const float *A, int64_t lda, const float *B, int64_t ldb, float *Cm, int64_t ldc,
                                int64_t m0, int mr, int64_t n0, int64_t K, float alpha, bool acc) {
@@ -396,6 +395,7 @@ DFL_VEC_INLINE void gemm_block(const float *A, int64_t lda, const float *B, int6
         }
 }
 
+// Any N: blocks of 32 and 16 columns, then the last columns one at a time with the same fused steps.
 DFL_WIDE_MULTIVERSION static void gemm_f32(const float *A, int64_t lda, const float *B, int64_t ldb, float *Cm,
                                            int64_t ldc, int64_t M, int64_t N, int64_t K, float alpha, bool acc) {
     for (int64_t m0 = 0; m0 < M; m0 += 4) {
@@ -403,24 +403,28 @@ DFL_WIDE_MULTIVERSION static void gemm_f32(const float *A, int64_t lda, const fl
         int64_t n0 = 0;
         for (; n0 + 32 <= N; n0 += 32) gemm_block<2>(A, lda, B, ldb, Cm, ldc, m0, mr, n0, K, alpha, acc);
         for (; n0 + 16 <= N; n0 += 16) gemm_block<1>(A, lda, B, ldb, Cm, ldc, m0, mr, n0, K, alpha, acc);
+        for (int r = 0; r < mr; r++)
+            for (int64_t col = n0; col < N; col++) {
+                float c = 0.0f;
+                for (int64_t k = 0; k < K; k++) c = __builtin_fmaf(A[(m0 + r) * lda + k], B[k * ldb + col], c);
+                float &o = Cm[(m0 + r) * ldc + col];
+                o = acc ? c * alpha + o : c * alpha;
+            }
     }
 }
 
 void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
                  const float *beta, int64_t n, float *out, float *scratch) {
     const int64_t C = kGdnChunk;
-    float *G = scratch;           // [C] cumulative log-decay
-    float *A = G + C;             // [C][C] strictly lower: beta_i (k_i . k_j) exp(G_i - G_j)
-    float *U = A + C * C;         // [C][dv] becomes V_new
-    float *W = U + C * dv;        // [C][dk]
-    float *tmp = W + C * dk;      // [dv]
-    float *WQS = tmp + dv;        // [2C][dv]: W S, then Q S
-    float *M = WQS + 2 * C * dv;  // [C][C]: (q_i . k_j) exp(G_i - G_j) for j <= i, else 0
-    float *KT = M + C * C;        // [dk][C]: exp(G_last - G_j) k_j, transposed
-    float *Kt = KT + dk * C;      // [dk][C]: k_j transposed, columns past the chunk zero
-    float *KK = Kt + dk * C;      // [C][C]: k_i . k_j
-    // the products below as register-blocked GEMMs where dv allows (a multiple of 16: the released models' 128)
-    const bool blocked = dv % 16 == 0;
+    float *G = scratch;       // [C] cumulative log-decay
+    float *A = G + C;         // [C][C] strictly lower: beta_i (k_i . k_j) exp(G_i - G_j)
+    float *U = A + C * C;     // [C][dv] becomes V_new
+    float *W = U + C * dv;    // [C][dk]
+    float *QS = W + C * dk;   // [C][dv]: Q S of the state before the chunk
+    float *M = QS + C * dv;   // [C][C]: (q_i . k_j) exp(G_i - G_j) for j <= i, else 0
+    float *Kt = M + C * C;    // [dk][C]: k_j transposed, columns past the chunk zero
+    float *KK = Kt + dk * C;  // [C][C]: k_i . k_j
+    // The products are register-blocked GEMMs (gemm_f32); K K^T and Q K^T run on K transposed, 64 columns wide.
     for (int64_t c0 = 0; c0 < n; c0 += C) {
         const int64_t L = std::min(C, n - c0);
         const float *qc = q + c0 * dk, *kc = k + c0 * dk, *vc = v + c0 * dv;
@@ -430,26 +434,19 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
             acc += gc[i];
             G[i] = acc;
         }
-        if (blocked) {
-            // K K^T and Q K^T as two GEMMs on K transposed (64 columns: the ones past a short chunk are zero), the
-            // decays exp(G_i - G_j) made once for both
-            std::fill(Kt, Kt + dk * C, 0.0f);
-            for (int64_t j = 0; j < L; j++)
-                for (int a = 0; a < dk; a++) Kt[a * C + j] = kc[j * dk + a];
-            gemm_f32(kc, dk, Kt, C, KK, C, L, C, dk, 1.0f, false);
-            gemm_f32(qc, dk, Kt, C, M, C, L, C, dk, 1.0f, false);
-            for (int64_t i = 0; i < L; i++) {
-                for (int64_t j = 0; j <= i; j++) {
-                    const float e = std::exp(G[i] - G[j]);
-                    if (j < i) A[i * C + j] = bc[i] * KK[i * C + j] * e;
-                    M[i * C + j] *= e;
-                }
-                for (int64_t j = i + 1; j < C; j++) M[i * C + j] = 0.0f;
+        std::fill(Kt, Kt + dk * C, 0.0f);
+        for (int64_t j = 0; j < L; j++)
+            for (int a = 0; a < dk; a++) Kt[a * C + j] = kc[j * dk + a];
+        gemm_f32(kc, dk, Kt, C, KK, C, L, C, dk, 1.0f, false);
+        gemm_f32(qc, dk, Kt, C, M, C, L, C, dk, 1.0f, false);
+        // the decays exp(G_i - G_j), made once for both
+        for (int64_t i = 0; i < L; i++) {
+            for (int64_t j = 0; j <= i; j++) {
+                const float e = std::exp(G[i] - G[j]);
+                if (j < i) A[i * C + j] = bc[i] * KK[i * C + j] * e;
+                M[i * C + j] *= e;
             }
-        } else {
-            for (int64_t i = 0; i < L; i++)
-                for (int64_t j = 0; j < i; j++)
-                    A[i * C + j] = bc[i] * dot_f32(kc + i * dk, kc + j * dk, dk) * std::exp(G[i] - G[j]);
+            for (int64_t j = i + 1; j < C; j++) M[i * C + j] = 0.0f;
         }
         // forward substitution: (I + A) U = beta V, (I + A) W = beta exp(G) K
         for (int64_t i = 0; i < L; i++) {
@@ -462,58 +459,22 @@ void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const
                 axpy(-A[i * C + j], W + j * dk, wi, dk);
             }
         }
-        if (blocked) {
-            // V_new = U - W S and Q S, both of the state before the chunk
-            gemm_f32(W, dk, S, dv, WQS, dv, L, dv, dk, 1.0f, false);
-            gemm_f32(qc, dk, S, dv, WQS + C * dv, dv, L, dv, dk, 1.0f, false);
-            for (int64_t i = 0; i < L * dv; i++) U[i] -= WQS[i];
-            // O = exp(G) (Q S) + M V_new
-            for (int64_t i = 0; i < L; i++) {
-                const float eg = std::exp(G[i]);
-                const float *qs = WQS + (C + i) * dv;
-                float *o = out + (c0 + i) * dv;
-                for (int b = 0; b < dv; b++) o[b] = eg * qs[b];
-            }
-            gemm_f32(M, C, U, dv, out + c0 * dv, dv, L, dv, L, 1.0f, true);
-            // S = exp(G_last) S + K'^T V_new
-            const float gl = G[L - 1], el = std::exp(gl);
-            for (int64_t j = 0; j < L; j++) {
-                const float e = std::exp(gl - G[j]);
-                for (int a = 0; a < dk; a++) KT[a * C + j] = e * kc[j * dk + a];
-            }
-            for (int a = 0; a < dk; a++) scale_vec(el, S + (size_t)a * dv, dv);
-            gemm_f32(KT, C, U, dv, S, dv, dk, dv, L, 1.0f, true);
-            continue;
-        }
-        // V_new = U - W S
+        // V_new = U - W S and Q S, both of the state before the chunk
+        gemm_f32(W, dk, S, dv, U, dv, L, dv, dk, -1.0f, true);
+        gemm_f32(qc, dk, S, dv, QS, dv, L, dv, dk, 1.0f, false);
+        // O = exp(G) (Q S) + M V_new
         for (int64_t i = 0; i < L; i++) {
-            float *ui = U + i * dv;
-            const float *wi = W + i * dk;
-            for (int a = 0; a < dk; a++) axpy(-wi[a], S + (size_t)a * dv, ui, dv);
-        }
-        // O_i = exp(G_i) q_i S + sum_{j<=i} (q_i . k_j) exp(G_i - G_j) V_new_j
-        for (int64_t i = 0; i < L; i++) {
-            float *o = out + (c0 + i) * dv;
-            const float *qi = qc + i * dk;
-            std::fill(tmp, tmp + dv, 0.0f);
-            for (int a = 0; a < dk; a++) axpy(qi[a], S + (size_t)a * dv, tmp, dv);
             const float eg = std::exp(G[i]);
-            for (int b = 0; b < dv; b++) o[b] = eg * tmp[b];
-            for (int64_t j = 0; j <= i; j++) {
-                const float c = dot_f32(qi, kc + j * dk, dk) * std::exp(G[i] - G[j]);
-                axpy(c, U + j * dv, o, dv);
-            }
+            const float *qs = QS + i * dv;
+            float *o = out + (c0 + i) * dv;
+            for (int b = 0; b < dv; b++) o[b] = eg * qs[b];
         }
-        // S = exp(G_last) S + sum_j exp(G_last - G_j) k_j V_new_j^T
-        const float gl = G[L - 1];
-        const float el = std::exp(gl);
+        gemm_f32(M, C, U, dv, out + c0 * dv, dv, L, dv, L, 1.0f, true);
+        // S = exp(G_last) S + sum_j k_j (exp(G_last - G_j) V_new_j)^T (V_new is not read again)
+        const float gl = G[L - 1], el = std::exp(gl);
+        for (int64_t j = 0; j < L; j++) scale_vec(std::exp(gl - G[j]), U + j * dv, dv);
         for (int a = 0; a < dk; a++) scale_vec(el, S + (size_t)a * dv, dv);
-        for (int64_t j = 0; j < L; j++) {
-            const float e = std::exp(gl - G[j]);
-            const float *kj = kc + j * dk;
-            const float *uj = U + j * dv;
-            for (int a = 0; a < dk; a++) axpy(e * kj[a], uj, S + (size_t)a * dv, dv);
-        }
+        gemm_f32(Kt, C, U, dv, S, dv, dk, dv, L, 1.0f, true);
     }
 }
 
