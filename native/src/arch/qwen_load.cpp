@@ -81,9 +81,9 @@ HParams qwen_hparams(const dfl_model_params &p) {
         hp_.dv = inner / hp_.n_v;
         if (hp_.n_v % hp_.n_k != 0) fail(DFL_ERR_INVALID, "ssm.time_step_rank is not a multiple of ssm.group_count");
         if (hp_.conv_k < 2) fail(DFL_ERR_INVALID, "ssm.conv_kernel must be at least 2");
-        // (the CPU's conv kernel holds a row pointer a tap: kConvMaxK; the released models have 4)
-        if (hp_.conv_k > 8)
-            fail(DFL_ERR_UNSUPPORTED, "ssm.conv_kernel " + std::to_string(hp_.conv_k) + " is more than 8 taps");
+        if (hp_.conv_k > kConvMaxK)
+            fail(DFL_ERR_UNSUPPORTED, "ssm.conv_kernel " + std::to_string(hp_.conv_k) + " is more than " +
+                                          std::to_string(kConvMaxK) + " taps");
     }
     return hp_;
 }

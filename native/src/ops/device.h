@@ -153,6 +153,9 @@ inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
 
 // Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is
 // updated to the last K-1 inputs. Recording entries also get their whole window in rec_window.
+// Taps of a conv1d_silu kernel at most (the CPU holds a row pointer a tap; loaders refuse more; released models: 4).
+constexpr int kConvMaxK = 8;
+
 struct ConvCall {
     const float *x = nullptr;  // [T][C]
     float *out = nullptr;      // [T][C]

@@ -110,11 +110,11 @@ void attention(const PagedKV &kv, int g0, int g1, int n_head, const float *q, in
                const AttnMask &mask = AttnMask());
 size_t attention_scratch(int head_dim, int group, int64_t n_tok, int heads);
 
-// Depthwise causal conv over C channels with kernel K (at most kConvMaxK) followed by SiLU, rows [t0, t1) of out: row
-// t is silu(sum over taps j of wt[j] * window row t + j), where the window's rows are head's K-1 (the previous inputs)
-// then x's (the new ones). wt is [K][C], the file's [C][K] transposed (tap K-1 multiplies the current row). Every
-// row's arithmetic is the same whatever t0, t1 and the row's place in x, so tokens give the same bits in any batch.
-constexpr int kConvMaxK = 8;
+// Depthwise causal conv over C channels with kernel K (at most kConvMaxK, ops/device.h) followed by SiLU, rows
+// [t0, t1) of out: row t is silu(sum over taps j of wt[j] * window row t + j), where the window's rows are head's K-1
+// (the previous inputs) then x's (the new ones). wt is [K][C], the file's [C][K] transposed (tap K-1 multiplies the
+// current row). Every row's arithmetic is the same whatever t0, t1 and the row's place in x, so tokens give the same
+// bits in any batch.
 void conv1d_silu(const float *head, const float *x, int64_t t0, int64_t t1, int64_t C, const float *wt, int K, float *out);
 
 // Gated delta rule for one value head over n tokens; S is the [dk][dv] state (in/out). q (already normalised and

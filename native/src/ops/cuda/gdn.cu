@@ -11,6 +11,7 @@ namespace cuda {
 
 constexpr int kConvThreads = 128;
 constexpr int64_t kConvTokens = 16;  // tokens a conv1d_silu thread runs (a chunk of its entry's)
+static_assert(kConvMaxK - 1 <= kConvTokens, "only chunk 0 may read the stored conv rows");
 constexpr int kGatesThreads = 128;
 constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
 
@@ -59,8 +60,8 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
 
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
-    // trees, and a batch without its token bound, as one chunk an entry (K - 1 <= kConvTokens: the loader's 8 taps)
-    const bool one = m.parent != nullptr || m.max_n <= 0 || c.K - 1 > kConvTokens;
+    // trees, and a batch without its token bound, as one chunk an entry
+    const bool one = m.parent != nullptr || m.max_n <= 0;
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
