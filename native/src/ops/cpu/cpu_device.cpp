@@ -322,7 +322,7 @@ public:
             for (int64_t i = 0; m.parent && i < n; i++) chain &= m.parent[t0 + i] == i - 1;
             for (int64_t a = 0; a < n; a += chain ? kConvRun : n) tasks.push_back({e, a, chain ? std::min(n, a + kConvRun) : n, chain});
         }
-        pool_.parallel_for((int64_t)tasks.size(), [&](int64_t i, int) {
+        pool_.parallel_for((int64_t)tasks.size(), [&](int64_t i, int th) {
             const Task &k = tasks[(size_t)i];
             const int64_t t0 = m.t0[k.e];
             const float *cs = c.conv + (int64_t)m.slot[k.e] * c.slot_stride, *x = c.x + t0 * C;
@@ -332,15 +332,15 @@ public:
             }
             // each token's K rows along its ancestors (window row K-1+a for token a), then the old state's
             const int32_t *par = m.parent + t0;
-            std::vector<float> tw((size_t)K * C);
+            float *tw = scratch_.get(th, (size_t)K * C);
             for (int64_t t = k.a; t < k.b; t++) {
                 int64_t a = t, old = K - 2;
                 for (int r = K - 1; r >= 0; r--) {
                     const float *src = a >= 0 ? x + a * C : cs + (old--) * C;
-                    std::memcpy(tw.data() + (size_t)r * C, src, sizeof(float) * (size_t)C);
+                    std::memcpy(tw + (size_t)r * C, src, sizeof(float) * (size_t)C);
                     if (a >= 0) a = par[a];
                 }
-                dfl::conv1d_silu(tw.data(), tw.data() + (size_t)(K - 1) * C, 0, 1, C, wt, K, c.out + (t0 + t) * C);
+                dfl::conv1d_silu(tw, tw + (size_t)(K - 1) * C, 0, 1, C, wt, K, c.out + (t0 + t) * C);
             }
         });
         pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
