@@ -142,12 +142,13 @@ make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/dem
   if [[ $1 == *.gguf ]]; then [ -f "$1" ] && realpath "$1"; return; fi  # for the benchmarks, which run in their package)
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
   mkdir -p /tmp/models
-  if [[ $preset == ds4-L*-E* ]]; then  # ds4-L<layers>-E<experts>: V4-Flash layers, q4_K experts (llama.cpp: 3+ layers)
-    local layers=${preset#ds4-L} experts=${preset##*-E}
+  if [[ $preset == ds4-L* ]]; then  # ds4-L<layers>[-E<experts>]: V4-Flash layers, q4_K experts (llama.cpp: 3+ layers)
+    local layers=${preset#ds4-L} experts=()
     layers=${layers%%-*}
+    [[ $preset != *-E* ]] || experts=(--experts "${preset##*-E}")  # (else the preset's 256)
     [ -f "$f" ] || { "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" \
-      --experts "$experts" --type "$type" --expert-type q4_K --tokenizer "$(ds4_tokenizer)" >"$OUT/mk-$preset.log" 2>&1 &&
-      mv "$f.tmp" "$f"; } || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; return 1; }
+      "${experts[@]}" --type "$type" --expert-type q4_K --tokenizer "$(ds4_tokenizer)" >"$OUT/mk-$preset.log" 2>&1 &&
+      mv "$f.tmp" "$f"; } || [ -f "$f" ] || { tail -5 "$OUT/mk-$preset.log"; rm -f "$f.tmp"; return 1; }
     echo "$f"
     return
   fi
@@ -307,15 +308,7 @@ ds4_replay() {  # the whole model on the device against the CPU, and the transfo
 }
 
 # The V4-Flash shape with DS4_LAYERS layers (random weights; the small test tokenizer padded to the real vocabulary).
-ds4_model() {
-  local layers=${DS4_LAYERS:-8} f
-  f=/tmp/models/deepseek-v4-flash-L${layers}-q8_0-q4_K.gguf
-  mkdir -p /tmp/models
-  [ -f "$f" ] || { "$stage/bin/dflash-model" mk deepseek4 "$f.tmp" --preset deepseek-v4-flash --layers "$layers" --type q8_0 \
-    --expert-type q4_K --tokenizer "$(ds4_tokenizer)" >"$OUT/mk-ds4.log" 2>&1 && mv "$f.tmp" "$f"; } || [ -f "$f" ] ||
-    { tail -5 "$OUT/mk-ds4.log"; rm -f "$f.tmp"; return 1; }
-  echo "$f"
-}
+ds4_model() { make_model "ds4-L${DS4_LAYERS:-8}:q8_0"; }
 
 # Decode of the flash shape at batch 1 and 8 (sparse prefill of the 16-token prompts and a 512-token prefill), with
 # activeGB/s (the bytes a step must read per second: against ~4.8 TB/s of HBM on an H200 that is the bound), then the
