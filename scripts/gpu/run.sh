@@ -105,6 +105,8 @@ peer_build() {
   [ -f .gpu/llama-src.tar.xz ] || return 0
   # a warm machine keeps an earlier call's build
   grep -qs rc=0 /tmp/llama.done && [ -x /tmp/llama/build/bin/llama-speculative-simple ] && return 0
+  # a build under way (a job's earlier `peer` step) is left to finish: peer_ready waits for it
+  [ -f /tmp/llama.started ] && [ ! -f /tmp/llama.done ] && return 0
   # the peer steps later look for this marker, not for .gpu/: a device call without carry [".gpu"] (a poll of a
   # background run) removes .gpu/ on the GPU machine, so it may be gone by the time they run
   rm -rf /tmp/llama /tmp/llama.done && mkdir -p /tmp/llama && touch /tmp/llama.started
