@@ -3,13 +3,16 @@
 # carries: the Go test binaries, dflash-model, the CPU engine library (the reference the GPU is compared with), the
 # Qwen and DeepSeek tokenizers, and optionally llama.cpp's source (the peer, trimmed from the bundle) from the npm package node-llama-cpp.
 #   scripts/gpu/pack.sh [--peer]      then run scripts/gpu/run.sh on the GPU machine with carry [".gpu"]
+#   scripts/gpu/pack.sh --seed [--peer]  also what run.sh seed runs (the e2e test binary, the by-name policy and the
+#                                       scripted test backend: ~9 MB more, so that a call with the peer still fits 64 MiB
+#                                       without them)
 #   scripts/gpu/pack.sh --cpu [--peer]  only what the CPU modes (cpu-prof, cpu-peer, cpu-ab, cpu-gemm, cpu-scaling)
 #                                       run (the server and the Qwen backend among them): a carry of ~18 MB
 #                                       (~24 MB with the peer) instead of ~45
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-peer= cpu=
-for a in "$@"; do case $a in --peer) peer=1 ;; --cpu) cpu=1 ;; *) echo "pack.sh: unknown argument $a" >&2; exit 2 ;; esac; done
+peer= cpu= seed=
+for a in "$@"; do case $a in --peer) peer=1 ;; --cpu) cpu=1 ;; --seed) seed=1 ;; *) echo "pack.sh: unknown argument $a" >&2; exit 2 ;; esac; done
 out=.gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 rm -rf "$out" && mkdir -p "$out/stage/bin/lib" "$out/stage/tokenizer"
@@ -24,9 +27,11 @@ go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-qwen-dflash" ./p
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-primary-first" ./plugins/policy-primary-first
 if [ -z "$cpu" ]; then
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-ds4" ./plugins/backend-ds4
+if [ -n "$seed" ]; then
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-policy-by-name" ./plugins/policy-by-name
 go build -ldflags '-s -w' -o "$stage/bin/plugins/dflash-backend-scripted" ./plugins/backend-scripted  # e2e's test double
 go test -c -ldflags '-s -w' -o "$stage/bin/e2e.test" ./test/e2e
+fi
 go test -c -ldflags '-s -w' -o "$stage/bin/parity.test" ./test/parity
 go test -c -ldflags '-s -w' -o "$stage/bin/qwendflash.test" ./plugins/backend-qwen-dflash/qwendflash
 fi

@@ -9,7 +9,7 @@
 #   scripts/gpu/run.sh torch                 the PyTorch column (transformers bf16, static cache, compiled)
 #   scripts/gpu/run.sh demo-peer             the trained demo pair through our server and in llama.cpp's own DFlash
 #                                            (llama-speculative-simple), same files, prompt and GPU
-#   scripts/gpu/run.sh seed                  issue 14's seed-line qualification with qwen on cuda:0 and ds4 on cpu:0
+#   scripts/gpu/run.sh seed                  (pack.sh --seed) issue 14's seed-line qualification with qwen on cuda:0 and ds4 on cpu:0
 #                                            (QWEN_DEVICE=cpu:0 DS4_DEVICE=cuda:0: ds4 on the GPU with the seed's
 #                                            --ds4-fused-decode; both on cuda:0 is refused: the primary would name two blocks)
 #   scripts/gpu/run.sh diskcache             time to first token with and without the disk prefix cache on cuda:0
@@ -769,7 +769,8 @@ case $mode in
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;
-  seed) build_cuda; e2e_tokenizer
+  seed) [ -x "$stage/bin/e2e.test" ] || { log "seed needs scripts/gpu/pack.sh --seed"; exit 1; }
+        build_cuda; e2e_tokenizer
         log "the seed's command line, qwen on ${QWEN_DEVICE:-cuda:0} and ds4 on ${DS4_DEVICE:-cpu:0} (test/e2e TestSeedCommandLine)"
         (cd test/e2e && DFLASH_BIN_DIR=$stage/bin DFLASH_LIB_DIR=$lib DFLASH_E2E_QWEN_DEVICE=${QWEN_DEVICE:-cuda:0} \
           DFLASH_E2E_DS4_DEVICE=${DS4_DEVICE:-cpu:0} \
