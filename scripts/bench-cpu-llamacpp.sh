@@ -7,8 +7,9 @@
 #   scripts/bench-cpu-llamacpp.sh [THREADS=2] [REPEAT=3] FILE.gguf...
 #   (no files: makes /tmp/dflash-bench/qwen3-0.6b-{q8_0,q4_K}.gguf with bin/dflash-model)
 # Ours twice: the engine library alone (native/engine BenchmarkGGUF) and through the server (bin/dflash_server with the
-# file on cpu:0, the engine's own timings of two /v1/completions requests of token ids: 512 prompt tokens and one
-# generated for prefill, 16 prompt tokens and 128 generated for decode), which is what a client gets.
+# file on cpu:0, the engine's own timings of /v1/completions requests of token ids, the median of three each: 512
+# prompt tokens and one generated for prefill, 16 prompt tokens and 128 generated for decode), which is what a client
+# gets.
 # Needs: make build (bin/lib, bin/dflash-model, bin/dflash_server and its plugins), npm ci in test/llamacpp and
 # test/tokenizer. SERVER=0 leaves the server out.
 # Env: DFLASH_CPU_INT8=off measures our float path instead of the integer kernels. CONTEXT=N decodes after an N-token
@@ -72,8 +73,12 @@ def timings(prompt, n):
     return json.load(urllib.request.urlopen(req, timeout=600))["dflash"]
 timings(list(range(1000, 1016)), 4)  # warm-up: decode, and a first long prompt (its activations are sized then), as
 timings(list(range(3000, 3512)), 1)  # llama-bench warms up and BenchmarkGGUF runs several; other ids: no cached prefix
-pp = 512 / (timings(list(range(1000, 1512)), 1)["prefill_ms"] / 1e3)
-tg = 127 / (timings(list(range(2000, 2016)), 128)["decode_ms"] / 1e3)  # decode_ms runs from the first token
+# medians of three requests each (prompts of other ids: no cached prefix), as the library's figures are means of
+# several forwards: one request's figure swings by 10-15 % at 16 threads on a shared host
+import statistics
+pp = statistics.median(512 / (timings(list(range(b, b + 512)), 1)["prefill_ms"] / 1e3) for b in (1000, 4000, 7000))
+tg = statistics.median(127 / (timings(list(range(b, b + 16)), 128)["decode_ms"] / 1e3)  # decode_ms runs from the
+                       for b in (2000, 2100, 2200))                                      # first token
 print(pp, tg)
 PY
     kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
