@@ -35,6 +35,8 @@
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX);
 #                                            CPU_PEER_MODELS=ds4-L4-E64:q8_0 names a V4-Flash-shaped file (4 layers, 64 experts)
+#   scripts/gpu/run.sh cpu-prep              starts llama.cpp's CPU build and makes cpu-peer's files in the background, so a
+#                                            job's later cpu-peer step finds them (a job's first step, beside check)
 #   scripts/gpu/run.sh cpu-ab                decode (CPU_AB_BENCH="tg pp": and prefill) of this tree's CPU library against
 #                                            .gpu/lib-old/libdflash_cpu.so, alternating; CPU_TRY settings; CPU_AB_PEER=1: then cpu-peer
 #   scripts/gpu/run.sh cpu-gemm              gemvbench's 512-token products (q8_0, q4_K) at 1, 8, 16 threads, AMX and AVX-512 VNNI
@@ -52,6 +54,8 @@
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
 #                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
 #                                            tokens) of each model with VARIANTS
+#   scripts/gpu/run.sh pp-profile [MODEL...] prefill of 512 and PROFILE_PROMPTS (4096) tokens, then the long one op by op
+#                                            (DFL_CUDA_PROFILE=1; default model qwen3.5-27b:q8_0)
 #   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
 #                                            SKIP_VARIANTS): the op's cost inside a replayed graph, by difference
 #   scripts/gpu/run.sh ops [GROUP...]        op test groups of test_cuda_ops (default matmul norms attention) with the
@@ -395,7 +399,7 @@ ds4_peer() {
 cpu_peer_build() {  # llama.cpp's CPU build into /tmp/llama-cpu (/tmp/llama-cpu.done holds its rc)
   [ -f .gpu/llama-src.tar.xz ] || { log "cpu-peer needs pack.sh --peer"; return 1; }
   local d=/tmp/llama-cpu
-  rm -rf $d /tmp/llama-cpu.done && mkdir -p $d && tar -C $d -xJf .gpu/llama-src.tar.xz &&
+  rm -rf $d /tmp/llama-cpu.done && mkdir -p $d && touch /tmp/llama-cpu.started && tar -C $d -xJf .gpu/llama-src.tar.xz &&
     (cd $d && cmake -B build -G Ninja -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
       cmake --build build -j 16 --target llama-bench) >"$OUT/llama-cpu-build.log" 2>&1
   echo "rc=$?" >/tmp/llama-cpu.done
@@ -403,6 +407,10 @@ cpu_peer_build() {  # llama.cpp's CPU build into /tmp/llama-cpu (/tmp/llama-cpu.
 
 cpu_peer() {
   local m files=()
+  if [ -f /tmp/cpu-prep.started ] && [ ! -f /tmp/cpu-prep.done ]; then  # cpu-prep's build and files, under way
+    log "waiting for cpu-prep (llama.cpp's CPU build, the files)"
+    while [ ! -f /tmp/cpu-prep.done ]; do sleep 5; done
+  fi
   [ -f /tmp/llama-cpu.done ] || { log "llama.cpp CPU build"; cpu_peer_build; }
   grep -q rc=0 /tmp/llama-cpu.done || { log "llama.cpp CPU build failed"; tail -20 "$OUT/llama-cpu-build.log"; return 1; }
   for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K}; do files+=("$(make_model "$m")") || return 1; done
@@ -708,6 +716,10 @@ case $mode in
        for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
+  cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started
+            (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K}; do
+               make_model "$m"; done; touch /tmp/cpu-prep.done) >/dev/null 2>&1 </dev/null &  # a later cpu-peer waits
+            log "llama.cpp's CPU build and the CPU files, in the background" ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
   cpu-ab) cpu_pool; [ -z "${CPU_AB_PEER:-}" ] || cpu_peer ;;  # this tree's CPU library against .gpu/lib-old's, alternating
   cpu-gemm) make -s -C native gemvbench BUILD=/tmp/native-build >/dev/null 2>&1 || { log "gemvbench build failed"; exit 1; }
@@ -764,6 +776,20 @@ case $mode in
             DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=$b DFLASH_BENCH_VERIFY=${PROFILE_VERIFY:-16} \
             "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 4x 2>&1) | tee "$OUT/profile-vf-b$b.txt" |
             grep -E "ms/step|cuda profile|%|FAIL|rror" | head -40 | tee -a "$OUT/summary.txt"
+        done ;;
+  pp-profile) [ $# -gt 0 ] || set -- qwen3.5-27b:q8_0  # where a long prefill's time goes: pp512 / pp PROFILE_PROMPTS, then op by op
+        premake "$@"; build_cuda; wait
+        for m in "$@"; do
+          f=$(make_model "$m") || continue
+          log "prefill 512 and ${PROFILE_PROMPTS:-4096}: $m"
+          (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+            DFLASH_BENCH_PROMPTS=512,${PROFILE_PROMPTS:-4096} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' \
+            -test.benchtime 3x 2>&1) | tee -a "$OUT/bench-pp.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+          log "per-op profile of a ${PROFILE_PROMPTS:-4096}-token prefill, graphs off: $m"
+          (cd native/engine && DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+            DFLASH_BENCH_PROMPTS=${PROFILE_PROMPTS:-4096} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' \
+            -test.benchtime 2x 2>&1) >"$OUT/profile-pp-${m//:/-}.txt"
+          grep -E "cuda profile|%" "$OUT/profile-pp-${m//:/-}.txt" | head -40 | tee -a "$OUT/summary.txt"
         done ;;
   spec-bench) premake qwen3.5-27b:q8_0; build_cuda; wait; spec_bench ;;  # spec's figures without its checks
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
