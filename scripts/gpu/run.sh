@@ -35,8 +35,9 @@
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX);
 #                                            CPU_PEER_MODELS=ds4-L4-E64:q8_0 names a V4-Flash-shaped file (4 layers, 64 experts)
-#   scripts/gpu/run.sh cpu-prep              starts llama.cpp's CPU build and makes cpu-peer's files in the background, so a
-#                                            job's later cpu-peer step finds them (a job's first step, beside check)
+#   scripts/gpu/run.sh cpu-prep [MODEL...]   starts llama.cpp's CPU build and makes cpu-peer's files (and MODELs, e.g. a
+#                                            later step's 27B) in the background, so that a job's later cpu-peer step
+#                                            finds them and runs with the machine quiet (a job's first step, beside check)
 #   scripts/gpu/run.sh cpu-ab                decode (CPU_AB_BENCH="tg pp": and prefill) of this tree's CPU library against
 #                                            .gpu/lib-old/libdflash_cpu.so, alternating; CPU_TRY settings; CPU_AB_PEER=1: then cpu-peer
 #   scripts/gpu/run.sh cpu-gemm              gemvbench's 512-token products (q8_0, q4_K) at 1, 8, 16 threads, AMX and AVX-512 VNNI
@@ -717,7 +718,7 @@ case $mode in
   ncu) build_cuda; ncu_profile ;;
   cpu-peer) cpu_peer ;;
   cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started
-            (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K}; do
+            (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K} "$@"; do
                make_model "$m"; done; touch /tmp/cpu-prep.done) >/dev/null 2>&1 </dev/null &  # a later cpu-peer waits
             log "llama.cpp's CPU build and the CPU files, in the background" ;;
   cpu-scaling) cpu_scaling ;;  # ours alone, no llama.cpp: needs only pack.sh
