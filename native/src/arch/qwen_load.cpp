@@ -176,7 +176,7 @@ void QwenModel::load_weights(const dfl_model_params &p) {
             L.wb = w_.matrix(blk(il, "ssm_beta.weight"), h.n_embd, h.n_v);
             L.wa = w_.matrix(blk(il, "ssm_alpha.weight"), h.n_embd, h.n_v);
             L.wout = w_.matrix(blk(il, "ssm_out.weight"), (int64_t)h.n_v * h.dv, h.n_embd);
-            L.conv_w = w_.vec(blk(il, "ssm_conv1d.weight"), h.conv_k, C);
+            L.conv_w = w_.vec_transposed(blk(il, "ssm_conv1d.weight"), h.conv_k, C);  // (ConvCall: tap-major)
             L.ssm_a = w_.vec(blk(il, "ssm_a"), h.n_v);
             L.dt_bias = w_.vec(blk(il, "ssm_dt.bias"), h.n_v);
             L.ssm_norm = w_.vec(blk(il, "ssm_norm.weight"), h.dv);

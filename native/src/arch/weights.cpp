@@ -200,6 +200,19 @@ const uint8_t *WeightStore::upload_copy(const void *host, size_t bytes) {
 }
 
 const float *WeightStore::vec(const std::string &name, int64_t n0, int64_t n1) {
+    const std::vector<float> v = host_vec(name, n0, n1);
+    return floats(v, name.c_str(), v.size() * (uint64_t)type_block_bytes(need(name).type));
+}
+
+const float *WeightStore::vec_transposed(const std::string &name, int64_t n0, int64_t n1) {
+    const std::vector<float> v = host_vec(name, n0, n1);
+    std::vector<float> t(v.size());
+    for (int64_t i = 0; i < n1; i++)
+        for (int64_t j = 0; j < n0; j++) t[(size_t)(j * n1 + i)] = v[(size_t)(i * n0 + j)];
+    return floats(t, name.c_str(), v.size() * (uint64_t)type_block_bytes(need(name).type));
+}
+
+std::vector<float> WeightStore::host_vec(const std::string &name, int64_t n0, int64_t n1) const {
     const dfl_tensor &t = need(name);
     uint64_t n = 1;
     for (uint32_t i = 0; i < t.n_dims; i++) n *= t.dims[i];
@@ -211,7 +224,7 @@ const float *WeightStore::vec(const std::string &name, int64_t n0, int64_t n1) {
     if (t.size < n * (uint64_t)type_block_bytes(t.type)) fail(DFL_ERR_INVALID, "tensor " + name + " has too few bytes");
     std::vector<float> v((size_t)n);
     dequant_row(t.type, t.data, v.data(), (int64_t)n);
-    return floats(v, name.c_str(), n * (uint64_t)type_block_bytes(t.type));
+    return v;
 }
 
 const float *WeightStore::floats(const std::vector<float> &v, const char *what, uint64_t bytes_counted) {

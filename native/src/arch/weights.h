@@ -64,12 +64,18 @@ public:
     Weight fuse(const std::vector<Weight *> &parts);
     // A norm-like f32/f16/bf16 tensor of n0 x n1 elements (dims[0] = n0), converted to f32 on the device.
     const float *vec(const std::string &name, int64_t n0, int64_t n1 = 1);
+    // vec's n1 rows of n0 as n0 rows of n1 (element (i, j) of the file at j n1 + i): e.g. conv taps tap by tap, so
+    // that the devices' kernels read a tap's channels side by side.
+    const float *vec_transposed(const std::string &name, int64_t n0, int64_t n1);
     // f32 values of the model's own (or a tensor's, counted as bytes_counted weight bytes) on the device.
     const float *floats(const std::vector<float> &v, const char *what, uint64_t bytes_counted = 0);
 
     uint64_t bytes() const { return bytes_; }
 
 private:
+    // vec's checks and its f32 values on the host
+    std::vector<float> host_vec(const std::string &name, int64_t n0, int64_t n1) const;
+
     Device *dev_ = nullptr;
     std::map<std::string, const dfl_tensor *> tensors_;
     std::map<const void *, const uint8_t *> uploaded_;  // host tensor data -> device copy

@@ -159,7 +159,7 @@ constexpr int kConvMaxK = 8;
 struct ConvCall {
     const float *x = nullptr;  // [T][C]
     float *out = nullptr;      // [T][C]
-    const float *w = nullptr;  // [C][K]
+    const float *w = nullptr;  // [K][C]: tap j of channel c at j C + c (WeightStore::vec_transposed of the file's [C][K])
     int C = 0, K = 0;
     float *conv = nullptr;     // conv state of this layer for slot 0
     int64_t slot_stride = 0;   // floats between slots

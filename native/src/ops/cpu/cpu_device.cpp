@@ -310,7 +310,7 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
         const OpScope timed(clock_, "conv1d_silu");
         const int C = c.C, K = c.K;
-        const float *wt = conv_taps(c.w, C, K);
+        const float *wt = c.w;  // tap-major, as the 16-lane kernel reads it
         struct Task {
             int64_t e, a, b;
             bool chain;
@@ -572,19 +572,7 @@ private:
         return rope_.cs.data();
     }
     // A conv weight ([C][K] as loaded) as [K][C], so that a tap's channels are contiguous; made at its first use.
-    const float *conv_taps(const float *w, int C, int K) {
-        std::lock_guard<std::mutex> lock(taps_mu_);
-        std::vector<float> &t = taps_[w];
-        if (t.empty()) {
-            t.resize((size_t)K * C);
-            for (int ch = 0; ch < C; ch++)
-                for (int j = 0; j < K; j++) t[(size_t)j * C + ch] = w[(size_t)ch * K + j];
-        }
-        return t.data();
-    }
     static constexpr int64_t kConvRun = 16;  // tokens of a conv1d_silu task
-    std::mutex taps_mu_;
-    std::map<const float *, std::vector<float>> taps_;  // conv_taps's copies, by the weight they transpose
 
     static bool env_is(const char *name, const char *value) {
         const char *e = std::getenv(name);

@@ -39,18 +39,18 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
         rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
         for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
     }
-    const float *w = cc.w + c * K;
+    auto w = [&](int j) { return cc.w[(int64_t)j * C + c]; };  // tap-major: a warp's channels side by side
     const int32_t *par = parent ? parent + t0 : nullptr;
     for (int64_t i = i0; i < i1; i++) {
         float acc = 0.0f;
         if (par) {
             int64_t a = i, old = K - 2;
             for (int j = K - 1; j >= 0; j--) {
-                acc += w[j] * window(a >= 0 ? K - 1 + a : old--);
+                acc += w(j) * window(a >= 0 ? K - 1 + a : old--);
                 if (a >= 0) a = par[a];
             }
         } else {
-            for (int j = 0; j < K; j++) acc += w[j] * window(i + j);
+            for (int j = 0; j < K; j++) acc += w(j) * window(i + j);
         }
         cc.out[(t0 + i) * C + c] = silu_f(acc);
     }
