@@ -237,13 +237,19 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // only then): DFL_CUDA_DS4_ATTN_QUANT=1
     static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
     const bool stage = quant && m.T == 1 && (fold || !c.unrotate) && c.head_dim % 32 == 0;
-    // each tile's key rows through shared memory (DFL_CUDA_DS4_ATTN_SMEM=1; 66 KB a block at head_dim 512), and the
-    // keys of a step of few (token, head) blocks split over up to kAttnMaxSplits blocks each, enough for two a SM
-    // (DFL_CUDA_DS4_ATTN_SPLIT=1; then a combining launch)
-    static const bool smem_on = env_switch("DFL_CUDA_DS4_ATTN_SMEM", false), split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", false);
-    const bool smem = smem_on && (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
+    // The keys of a step of few (token, head) blocks split over up to kAttnMaxSplits blocks each, enough for two a SM
+    // (then a combining launch; DFL_CUDA_DS4_ATTN_SPLIT=0: one block a head), and each tile's key rows through shared
+    // memory (66 KB a block at head_dim 512) where split (DFL_CUDA_DS4_ATTN_SMEM=1 / 0: always / never). H100, 3-layer
+    // V4-Flash file, decode after 1,024 tokens (12-05 13:2x, two runs each): batch 1 1.289 / 1.285 ms a step with
+    // neither, 1.363 / 1.357 with the shared rows alone, 1.028 / 1.026 with both (5 splits of 64 heads: -20 %); after
+    // 16 tokens even (0.697 / 0.690 against 0.686 / 0.704, 12-05 11:0x). Batch 8's 512 blocks do not split, and shared
+    // rows without splits cost it +14 % (3.20 / 3.23 -> 3.70 / 3.67 ms).
+    static const bool split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", true);
+    static const int64_t smem_env = env_int("DFL_CUDA_DS4_ATTN_SMEM", -1);
     const int64_t heads = m.T * c.n_head;
     const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
+    const bool smem = (smem_env < 0 ? S > 1 : smem_env == 1) &&
+                      (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
     op("ds4_attention", [&] {
         const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
         if (m.T <= 0 || c.n_head <= 0) return;
