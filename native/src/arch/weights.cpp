@@ -180,17 +180,20 @@ std::vector<float *> project(Device &dev, const Weight &fused, const std::vector
         return where;
     }
     dev.matmul(fused, x, T, scratch);
-    int64_t off = 0;
-    for (const auto &o : outs) {
-        const int64_t n = o.first->n_out;
-        if (T == 1) {
-            where.push_back(scratch + off);  // one row: each part's output is already contiguous
-        } else {
-            dev.copy_rows(o.second, n, scratch + off, fused.n_out, T, n);
-            where.push_back(o.second);
+    if (T == 1) {  // one row: each part's output is already contiguous
+        int64_t off = 0;
+        for (const auto &o : outs) {
+            where.push_back(scratch + off);
+            off += o.first->n_out;
         }
-        off += n;
+        return where;
     }
+    std::vector<RowsPart> parts;
+    for (const auto &o : outs) {
+        parts.push_back(RowsPart{o.second, o.first->n_out});
+        where.push_back(o.second);
+    }
+    dev.split_rows(scratch, T, parts);
     return where;
 }
 

@@ -156,6 +156,12 @@ inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
 // Taps of a conv1d_silu kernel at most (the CPU holds a row pointer a tap; loaders refuse more; released models: 4).
 constexpr int kConvMaxK = 8;
 
+// One part of a fused product's rows (Device::split_rows): its own output, n floats a row.
+struct RowsPart {
+    float *dst = nullptr;
+    int64_t n = 0;
+};
+
 struct ConvCall {
     const float *x = nullptr;  // [T][C]
     float *out = nullptr;      // [T][C]
@@ -526,6 +532,16 @@ public:
     // dst[r * dst_stride + i] = src[r * src_stride + i], i < n, r < rows (floats).
     virtual void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                            int64_t n) = 0;
+    // A fused product's rows (src: `rows` rows of the parts' n summed) split into the parts' outputs, part i taking the
+    // columns after those of the parts before it. The default copies part by part; a device may do it in one pass.
+    virtual void split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
+        int64_t width = 0, off = 0;
+        for (const RowsPart &p : parts) width += p.n;
+        for (const RowsPart &p : parts) {
+            copy_rows(p.dst, p.n, src + off, width, rows, p.n);
+            off += p.n;
+        }
+    }
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;

@@ -142,6 +142,28 @@ void test_norms_elementwise() {
         g_gpu->copy_rows(dst.gp(), ds, src.gp(), ss, rows, n);
         compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
     }
+    // a fused product's rows into its parts (q|k|v; Qwen3.5's q|k|v|z|b|a; odd widths); five parts: the default copies
+    for (const std::vector<int64_t> &ns : {std::vector<int64_t>{4096, 1024, 1024}, {10240, 6144, 48, 48}, {77, 3},
+                                           {5, 6, 7, 8, 9}}) {
+        for (const int64_t rows : {2, 16, 33}) {
+            int64_t width = 0;
+            for (const int64_t n : ns) width += n;
+            Dual src(rand_vec(r, (size_t)(rows * width)));
+            std::vector<std::unique_ptr<Dual>> outs;
+            std::vector<RowsPart> pc, pg;
+            for (const int64_t n : ns) {
+                outs.emplace_back(new Dual((size_t)(rows * n) * 4));
+                pc.push_back(RowsPart{outs.back()->cp(), n});
+                pg.push_back(RowsPart{outs.back()->gp(), n});
+            }
+            g_cpu->split_rows(src.cp(), rows, pc);
+            g_gpu->split_rows(src.gp(), rows, pg);
+            for (size_t i = 0; i < outs.size(); i++)
+                compare("split_rows " + std::to_string(rows) + " rows, part " + std::to_string(i) + " of " +
+                            std::to_string(ns.size()) + " (" + std::to_string(ns[i]) + " of " + std::to_string(width) + ")",
+                        *outs[i], 0);
+        }
+    }
     // one decode row's norm at the widths of the served models (DFL_CUDA_NORM_REGS=0: the two-pass loops;
     // DFL_CUDA_NORM_WIDE=0: 16384 on the loops too)
     for (const int64_t n : {4096, 5120, 16384}) {

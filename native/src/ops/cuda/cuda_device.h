@@ -46,6 +46,7 @@ public:
     void sigmoid_mul(float *a, const float *g, int64_t count) override;
     void scale_softcap(float *x, int64_t count, float scale, float cap) override;
     void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override;
+    void split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) override;
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
@@ -232,6 +233,8 @@ void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, cons
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
 void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
+constexpr size_t kSplitRowsMaxParts = 4;  // q|k|v|z|b|a are four parts in Qwen3.5's Gated DeltaNet layers
+void launch_split_rows(cudaStream_t s, const float *src, int64_t rows, const std::vector<RowsPart> &parts);
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);

@@ -510,6 +510,17 @@ void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int
     op("gather_rows", [&] { launch_gather_rows(stream_, x, rows, R, n, out); });
 }
 
+// One kernel (a chained launch) where the default is a 2-D copy a part: graph memcpy nodes, which also break the chain
+// of programmatic dependent launches around them. DFL_CUDA_SPLIT_ROWS=0: the copies.
+void CudaDevice::split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
+    static const bool on = env_switch("DFL_CUDA_SPLIT_ROWS", true);
+    if (!on || parts.empty() || parts.size() > kSplitRowsMaxParts) {
+        Device::split_rows(src, rows, parts);
+        return;
+    }
+    op("split_rows", [&] { launch_split_rows(stream_, src, rows, parts); });
+}
+
 void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                            int64_t n) {
     if (rows <= 0 || n <= 0) return;
