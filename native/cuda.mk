@@ -69,6 +69,11 @@ $(CB)/tests/%.o: tests/cuda/%.cpp cuda.mk
 	@mkdir -p $(dir $@)
 	$(CXX) $(CPPFLAGS) -Itests $(CUDA_INC) $(CXXFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$ $< && mv -f $@.tmp.$$$$ $@
 
+# test-only kernels (bench_sync.cu)
+$(CB)/tests/%.o: tests/cuda/%.cu cuda.mk
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CPPFLAGS) -Itests $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c -o $@.tmp.$$$$.o $< && mv -f $@.tmp.$$$$.o $@
+
 # Archives, so the test links only what it uses (the CPU device's lib_cpu.cpp and api-level code are not needed);
 # grouped because the CPU, CUDA and common objects refer to each other.
 $(CB)/libcommon.a: $(COMMON_OBJS)
@@ -82,7 +87,7 @@ $(CB)/libcu.a: $(CU_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
 TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/test_cuda_matmul.o $(CB)/tests/test_cuda_topk.o \
-	$(CB)/tests/bench_cuda_ops.o
+	$(CB)/tests/bench_cuda_ops.o $(CB)/tests/bench_sync.o
 $(TEST): $(TEST_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
 	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \
 		$(CB)/libcommon.a -Wl,--end-group $(CUDA_LIBS) && mv -f $@.tmp.$$$$ $@

@@ -165,7 +165,7 @@ struct RowsPart {
 struct ConvCall {
     const float *x = nullptr;  // [T][C]
     float *out = nullptr;      // [T][C]
-    const float *w = nullptr;  // [K][C]: tap j of channel c at j C + c (WeightStore::vec_transposed of the file's [C][K])
+    const float *w = nullptr;  // [K][C]: tap j of channel c at j C + c (the file's [C][K], WeightStore::vec_transposed)
     int C = 0, K = 0;
     float *conv = nullptr;     // conv state of this layer for slot 0
     int64_t slot_stride = 0;   // floats between slots

@@ -53,6 +53,7 @@ void test_topk();
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).
 void bench_attention();
 void bench_gemv();
+void bench_sync();
 void profile_gemv();
 
 // One buffer with the same bytes on the CPU and the GPU device. Without initial bytes it is poisoned (every byte 0xFF,

@@ -680,6 +680,7 @@ int main(int argc, char **argv) {
                                      {"attention", test_attention}, {"gdn", test_gdn},             {"dflash2", test_dflash2},
                                      {"topk", dfltest::test_topk},
                                      {"bench", bench_gemv},         {"bench", bench_attention},
+                                     {"bench", dfltest::bench_sync},
                                      {"profile", profile_gemv}};
     return dfltest::run_cuda_tests(argc, argv, "the CUDA op tests", "ops", groups);
 }

@@ -1,0 +1,133 @@
+// What a boundary between two dependent phases of a decode step costs on this GPU, the number the choice between a
+// chain of kernels and one persistent kernel a layer turns on (docs/perf/cuda-notes.md): kPhases phases, each every
+// block of a grid of two blocks an SM adding one float into a slot the next phase reads, timed as graph replays, as
+//  - chained kernels, programmatic dependent launches (how the engine's kernels follow each other today);
+//  - the same kernels launched plainly;
+//  - one kernel whose phases meet at a grid-wide barrier (an arrival counter in global memory; every block resident,
+//    which the occupancy query checks first, and a spin bounded by the clock so that a GPU where they are not resident
+//    reports a failure instead of hanging).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "cuda_test.h"
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/cuda_device.h"
+
+namespace dfltest {
+
+namespace {
+
+constexpr int kPhases = 64;
+constexpr int kThreads = 256;
+
+// Phase p of the chain: waits for phase p - 1 (PDL), reads its sum, adds this block's share of the next.
+__global__ void phase_kernel(float *slots, int p) {
+    dfl::cuda::pdl_trigger();
+    dfl::cuda::pdl_wait();
+    const float prev = slots[p];
+    if (threadIdx.x == 0) atomicAdd(slots + p + 1, prev >= 0.0f ? 1.0f : 0.0f);  // (a read of the phase before)
+}
+
+// All phases in one kernel: after its share of phase p, a block waits until every block has added its share (the
+// counter reaches (p + 1) x blocks). *failed set: some block waited ~0.1 s (not every block was resident).
+__global__ void persistent_kernel(float *slots, unsigned *arrived, int *failed) {
+    for (int p = 0; p < kPhases; p++) {
+        if (threadIdx.x == 0) {
+            const float prev = *(volatile float *)(slots + p);
+            atomicAdd(slots + p + 1, prev >= 0.0f ? 1.0f : 0.0f);
+            __threadfence();
+            atomicAdd(arrived, 1u);
+            const unsigned target = (unsigned)(p + 1) * gridDim.x;
+            const long long t0 = clock64();
+            while (*(volatile unsigned *)arrived < target) {
+                if (clock64() - t0 > 200000000ll) {
+                    *failed = 1;
+                    break;
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+    }
+}
+
+}  // namespace
+
+void bench_sync() {
+    auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
+    if (!cd) return;
+    cudaStream_t s = cd->stream();
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_kernel, kThreads, 0);
+    const int blocks = cd->sm_count() * std::min(per_sm, 2);
+    float *slots = nullptr;
+    unsigned *arrived = nullptr;
+    int *failed = nullptr;
+    cudaMalloc(&slots, (kPhases + 1) * sizeof(float));
+    cudaMalloc(&arrived, sizeof(unsigned));
+    cudaMalloc(&failed, sizeof(int));
+    cudaMemsetAsync(failed, 0, sizeof(int), s);
+    auto reset = [&] {
+        cudaMemsetAsync(slots, 0, (kPhases + 1) * sizeof(float), s);
+        cudaMemsetAsync(arrived, 0, sizeof(unsigned), s);
+    };
+    // median microseconds a phase boundary of 5 graph replays
+    auto time = [&](const char *what, auto phases) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        reset();
+        phases();
+        if (cudaStreamEndCapture(s, &graph) != cudaSuccess ||
+            cudaGraphInstantiateWithFlags(&exec, graph, 0) != cudaSuccess) {
+            std::printf("bench sync %-32s capture failed: %s\n", what, cudaGetErrorString(cudaGetLastError()));
+            return;
+        }
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        std::vector<float> us;
+        for (int rep = 0; rep < 6; rep++) {
+            cudaEventRecord(e0, s);
+            cudaGraphLaunch(exec, s);
+            cudaEventRecord(e1, s);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (rep) us.push_back(ms * 1e3f / kPhases);  // the first replay warms up
+        }
+        std::sort(us.begin(), us.end());
+        float last = 0;
+        cudaMemcpy(&last, slots + kPhases, sizeof last, cudaMemcpyDeviceToHost);
+        std::printf("bench sync %-28s %6.2f us a phase (%d blocks of %d threads, %d phases; the last phase's sum %.0f, "
+                    "want %d)\n", what, us[us.size() / 2], blocks, kThreads, kPhases, last, blocks);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+    };
+    time("chained kernels (PDL)", [&] {
+        for (int p = 0; p < kPhases; p++)
+            dfl::cuda::launch_maybe_pdl(true, phase_kernel, dim3(blocks), dim3(kThreads), 0, s, slots, p);
+    });
+    time("plain kernels", [&] {
+        for (int p = 0; p < kPhases; p++) phase_kernel<<<blocks, kThreads, 0, s>>>(slots, p);
+    });
+    if (per_sm < 1) {
+        std::printf("bench sync persistent: no block fits an SM\n");
+    } else {
+        time("one kernel, grid barriers",
+             [&] { persistent_kernel<<<blocks, kThreads, 0, s>>>(slots, arrived, failed); });
+        int f = 0;
+        cudaMemcpy(&f, failed, sizeof f, cudaMemcpyDeviceToHost);
+        if (f) std::printf("bench sync persistent: a barrier timed out (blocks not all resident?)\n");
+    }
+    cudaFree(slots);
+    cudaFree(arrived);
+    cudaFree(failed);
+}
+
+}  // namespace dfltest
