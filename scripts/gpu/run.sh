@@ -55,8 +55,8 @@
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
 #                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
 #                                            tokens) of each model with VARIANTS
-#   scripts/gpu/run.sh pp-profile [MODEL...] prefill of 512 and PROFILE_PROMPTS (4096) tokens, then the long one op by op
-#                                            (DFL_CUDA_PROFILE=1; default model qwen3.5-27b:q8_0)
+#   scripts/gpu/run.sh pp-profile [MODEL...] prefill of 512 and PROFILE_PROMPTS (4096) tokens (each of PP_VARIANTS), then the
+#                                            long one op by op (DFL_CUDA_PROFILE=1; default model qwen3.5-27b:q8_0)
 #   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
 #                                            SKIP_VARIANTS): the op's cost inside a replayed graph, by difference
 #   scripts/gpu/run.sh ops [GROUP...]        op test groups of test_cuda_ops (default matmul norms attention) with the
@@ -782,10 +782,12 @@ case $mode in
         premake "$@"; build_cuda; wait
         for m in "$@"; do
           f=$(make_model "$m") || continue
-          log "prefill 512 and ${PROFILE_PROMPTS:-4096}: $m"
-          (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-            DFLASH_BENCH_PROMPTS=512,${PROFILE_PROMPTS:-4096} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' \
-            -test.benchtime 3x 2>&1) | tee -a "$OUT/bench-pp.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+          for v in ${PP_VARIANTS:--}; do
+            log "prefill 512 and ${PROFILE_PROMPTS:-4096}: $m, ${v/#-/defaults}"
+            (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+              DFLASH_BENCH_PROMPTS=512,${PROFILE_PROMPTS:-4096} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' \
+              -test.benchtime 3x 2>&1) | tee -a "$OUT/bench-pp.txt" | grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
+          done
           log "per-op profile of a ${PROFILE_PROMPTS:-4096}-token prefill, graphs off: $m"
           (cd native/engine && DFL_CUDA_GRAPHS=0 DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
             DFLASH_BENCH_PROMPTS=${PROFILE_PROMPTS:-4096} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/pp' \
