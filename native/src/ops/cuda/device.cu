@@ -514,7 +514,7 @@ void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int
 // of programmatic dependent launches around them. DFL_CUDA_SPLIT_ROWS=0: the copies.
 void CudaDevice::split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
     static const bool on = env_switch("DFL_CUDA_SPLIT_ROWS", true);
-    if (!on || parts.empty() || parts.size() > kSplitRowsMaxParts) {
+    if (!on || parts.empty() || parts.size() > kSplitRowsMaxParts || rows > 65535) {  // (rows: the grid's y)
         Device::split_rows(src, rows, parts);
         return;
     }

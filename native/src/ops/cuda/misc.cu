@@ -46,27 +46,27 @@ __global__ void gather_rows_kernel(const float *x, const int32_t *rows, int64_t 
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// The parts of a fused product's rows, each into its own rows: element i of src is row i / width, column i % width,
-// which the part whose columns end first past it takes.
+// The parts of a fused product's rows, each into its own rows: block (column block, row r); column c of src's row r
+// goes to the part whose columns end first past c (no division: a decode batch's rows are few and wide).
 struct SplitParts {
     float *dst[kSplitRowsMaxParts];
     int64_t end[kSplitRowsMaxParts];  // the part's last column + 1
     int64_t width;
 };
-__global__ void split_rows_kernel(const float *src, int64_t count, SplitParts p) {
+__global__ void split_rows_kernel(const float *src, SplitParts p) {
     pdl_trigger();  // (launch_chain)
     pdl_wait();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / p.width, c = i % p.width;
-        int k = 0;
-        int64_t c0 = 0;
-        while (c >= p.end[k]) c0 = p.end[k++];
-        p.dst[k][r * (p.end[k] - c0) + (c - c0)] = src[i];
-    }
+    const int64_t r = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= p.width) return;
+    int k = 0;
+    int64_t c0 = 0;
+    while (c >= p.end[k]) c0 = p.end[k++];
+    p.dst[k][r * (p.end[k] - c0) + (c - c0)] = src[r * p.width + c];
 }
 
 void launch_split_rows(cudaStream_t s, const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
     if (parts.empty() || parts.size() > kSplitRowsMaxParts) fail(DFL_ERR_INTERNAL, "split_rows: 1..4 parts");
+    if (rows > 65535) fail(DFL_ERR_INTERNAL, "split_rows: more than 65535 rows");
     SplitParts p{};
     int64_t end = 0;
     for (size_t i = 0; i < parts.size(); i++) {
@@ -75,9 +75,9 @@ void launch_split_rows(cudaStream_t s, const float *src, int64_t rows, const std
         p.end[i] = end;
     }
     p.width = end;
-    const int64_t count = rows * end;
-    if (count <= 0) return;
-    launch_chain(split_rows_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, src, count, p);
+    if (rows <= 0 || end <= 0) return;
+    const dim3 grid((unsigned)((end + kEltThreads - 1) / kEltThreads), (unsigned)rows);
+    launch_chain(split_rows_kernel, grid, dim3(kEltThreads), 0, s, src, p);
     check_launch("split_rows");
 }
 
