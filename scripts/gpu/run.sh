@@ -605,8 +605,8 @@ kernel_bench() {
   for v in $KERNEL_VARIANTS; do
     log "kernel bench: $v"
     local f="$OUT/kbench-$(variant_tag "$v").txt"
-    env $(variant_env "$v") "$kernel_test_bin" bench 2>&1 | grep "bench gemv" >"$f"
-    grep -E "layer" "$f" | tee -a "$OUT/summary.txt"
+    env $(variant_env "$v") "$kernel_test_bin" bench 2>&1 | grep -E "bench (gemv|sync)" >"$f"
+    grep -E "layer|bench sync" "$f" | tee -a "$OUT/summary.txt"
   done
 }
 
