@@ -94,6 +94,156 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
+// Staged q4_K products (DFL_CUDA_Q4K_PIPE=1, opt-in): the q8_0 staged kernel's shape (mma_q8p.cu) on q4_K. A stage
+// is one super-block (256 inputs) of the block's 16 MT rows and the fragment-ordered activations of its 8 blocks of
+// 32 for every token, copied by cp.async S - 1 stages ahead; warp w multiplies sub-block w of the stage. Where the
+// register kernel above waits on its loads with one block of 8 warps an SM (178-255 registers), this one keeps
+// S stages of weights and activations in flight without registers, two blocks an SM.
+// Rows are padded to 160 bytes in shared memory (144 of the super-block): the A fragment loads of 8 rows x 4 lanes
+// then fall on distinct 8-byte bank pairs per half-warp.
+constexpr int kQ4kPipeRowBytes = 160;
+constexpr int kQ4kPipeStages = 4;
+
+__host__ __device__ constexpr int q4k_pipe_stage_bytes(int MT, int NT8) {
+    return 16 * MT * kQ4kPipeRowBytes + 8 * (8 * NT8) * 32 + 8 * (8 * NT8) * 2 * 4;
+}
+
+template <int MT, int NT8>
+struct Q4kPipeStage {
+    uint8_t *w;  // [16 MT rows][kQ4kPipeRowBytes]: the row's super-block (header, then the 128 quant bytes)
+    int8_t *xq;  // [8 blocks][8 NT8 tokens][32]: mma_acts_kernel's fragment-ordered quants of the super-block
+    float *xs;   // [8 blocks][8 NT8 tokens][2]: each token's scale and block sum
+    __device__ __forceinline__ Q4kPipeStage(uint8_t *base) {
+        w = base;
+        xq = (int8_t *)(base + 16 * MT * kQ4kPipeRowBytes);
+        xs = (float *)(base + 16 * MT * kQ4kPipeRowBytes + 8 * (8 * NT8) * 32);
+    }
+    // super-block sb of the tile's rows (rows past n_out repeat the last one: never stored)
+    __device__ __forceinline__ void load_w(const uint8_t *W, uint64_t row_bytes, int64_t n_out, int64_t row0,
+                                           int64_t sb) const {
+        constexpr int kChunks = kQ4_KBytes / 16;  // 9
+        for (int c = threadIdx.x; c < 16 * MT * kChunks; c += kMmaWarps * 32) {
+            const int r = c / kChunks, part = c % kChunks;
+            const int64_t row = min(row0 + r, n_out - 1);
+            const uint8_t *src = W + (uint64_t)row * row_bytes + sb * kQ4_KBytes + part * 16;
+            cp_async16(w + r * kQ4kPipeRowBytes + part * 16, src);
+        }
+    }
+    // the super-block's 8 blocks of activations: contiguous in the fragment-ordered copy
+    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t sb) const {
+        constexpr int kQ = 8 * (8 * NT8) * 32 / 16, kS = 8 * (8 * NT8) * 2 * 4 / 16;
+        const int8_t *q = fq + sb * 8 * (8 * NT8) * 32;
+        const float *sc = fs + sb * 8 * (8 * NT8) * 2;
+        for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
+            if (c < kQ)
+                cp_async16(xq + c * 16, q + c * 16);
+            else
+                cp_async16(xs + (c - kQ) * 4, sc + (c - kQ) * 4);
+        }
+    }
+};
+
+// ADD: the split-K halves' sums added onto Y (zeroed by mma_acts_kernel), else stored.
+template <int MT, int NT8, int S, bool ADD>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q4k_pipe_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                        int64_t n_in, int64_t n_out, const int8_t *fq,
+                                                                        const float *fs, int64_t T, float *Y) {
+    using Stage = Q4kPipeStage<MT, NT8>;
+    extern __shared__ __align__(16) uint8_t q4k_pipe_smem[];
+    constexpr int kStage = q4k_pipe_stage_bytes(MT, NT8);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16 * MT;
+    // split K (gridDim.y parts): this block's super-blocks [s0, s0 + ns)
+    const int64_t all = n_in / QK_K, s0 = all * blockIdx.y / gridDim.y, ns = all * (blockIdx.y + 1) / gridDim.y - s0;
+    // the weights of the first stages are read before the wait, the activations (the kernel before's) after
+#pragma unroll
+    for (int st = 0; st < S - 1; st++)
+        if (st < ns) Stage(q4k_pipe_smem + st * kStage).load_w(W, row_bytes, n_out, row0, s0 + st);
+    pdl_wait();
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (st < ns) Stage(q4k_pipe_smem + st * kStage).load_x(fq, fs, s0 + st);
+        cp_async_commit();
+    }
+    float acc[MT][NT8][4] = {};
+    const int sub = warp, chunk = sub >> 1, shift = 4 * (sub & 1);  // the warp's sub-block of each stage
+    for (int64_t j = 0; j < ns; j++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // stage j is in; every warp is done with stage j - 1, whose buffer is refilled now
+        const int64_t jn = j + S - 1;
+        if (jn < ns) {
+            const Stage nxt(q4k_pipe_smem + (int)(jn % S) * kStage);
+            nxt.load_w(W, row_bytes, n_out, row0, s0 + jn);
+            nxt.load_x(fq, fs, s0 + jn);
+        }
+        cp_async_commit();
+        const Stage cur(q4k_pipe_smem + (int)(j % S) * kStage);
+        float dsc[MT][2], dm[MT][2];
+        uint2 q[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *row = cur.w + (16 * mt + 8 * h + g) * kQ4kPipeRowBytes;
+                const uint4 hdr = *(const uint4 *)row;
+                int sc, m;
+                q4k_scale_min_hdr(hdr, sub, sc, m);
+                dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)) * (float)sc;
+                dm[mt][h] = half_bits_to_f32((uint16_t)(hdr.x >> 16)) * (float)m;
+                q[mt][h] = *(const uint2 *)(row + 16 + 32 * chunk + 8 * t4);
+            }
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            const int tk = sub * 8 * NT8 + 8 * nt;  // the tile's first token in the sub-block's rows
+            const uint2 b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+            const float4 v = *(const float4 *)(cur.xs + 2 * (tk + 2 * t4));  // scale, sum of two tokens
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int c[4];
+                mma_s8_16x8x32(c, (q[mt][0].x >> shift) & 0x0F0F0F0F, (q[mt][1].x >> shift) & 0x0F0F0F0F,
+                               (q[mt][0].y >> shift) & 0x0F0F0F0F, (q[mt][1].y >> shift) & 0x0F0F0F0F, b.x, b.y);
+                acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * v.x) - dm[mt][0] * v.y;
+                acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * v.z) - dm[mt][0] * v.w;
+                acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * v.x) - dm[mt][1] * v.y;
+                acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * v.z) - dm[mt][1] * v.w;
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the warps' sums are added in their memory
+    auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(q4k_pipe_smem);
+    mma_store<MT, NT8, ADD>(red, acc, row0, n_out, T, Y);
+}
+
+static bool q4k_pipe_on() {
+    static const bool on = env_switch("DFL_CUDA_Q4K_PIPE", false);
+    return on;
+}
+
+// The staged kernel for T tokens (2..32) of W: its tiles as dispatch_mma's, split K in two where the grid leaves an SM
+// without a second block (as the q8_0 staged kernel). x: the fragment-ordered copy (x.T8 = 8 NT8).
+static void launch_q4k_pipe(CudaDevice &dev, const Weight &W, const MmaX &x, int64_t T, float *Y, int splits) {
+    auto launch = [&](dim3 grid, auto mt, auto nt8) {
+        constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
+        constexpr int S = kQ4kPipeStages;
+        const size_t smem = (size_t)S * q4k_pipe_stage_bytes(MT, NT8);
+        grid.y = (unsigned)splits;
+        auto go = [&](auto add) {  // ADD: the split halves' sums onto the zeroed Y
+            constexpr bool ADD = decltype(add)::value;
+            constexpr auto kernel = gemv_q4k_pipe_kernel<MT, NT8, S, ADD>;
+            allow_dynamic_smem<kernel>(dev.index(), smem, "matmul (q4_K staged mma smem)");
+            launch_maybe_pdl(true, kernel, grid, dim3(kMmaWarps * 32), smem, dev.stream(), W.data, W.row_bytes, W.n_in,
+                             W.n_out, x.xq, x.xs, T, Y);
+        };
+        if (splits > 1)
+            go(std::true_type{});
+        else
+            go(std::false_type{});
+    };
+    dispatch_mma_tiles<4, 4>(W.n_out, T, dev.sm_count() * 3 / 4, launch);
+    check_launch("matmul (q4_K staged int8 mma)");
+}
+
 static bool q4k_mt2_32() {
     static const bool on = env_switch("DFL_CUDA_Q4K_MT2_32", true);
     return on;
@@ -109,6 +259,18 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
     cudaStream_t s = dev.stream();
+    if (q4k_pipe_on() && T <= 32 && mma_xt_on()) {
+        // split K where the grid leaves an SM without a second block (its halves add onto the Y the copy zeroes)
+        const int64_t tiles = (W.n_out + mma_tile_rows<4>(W.n_out, T, dev.sm_count() * 3 / 4) - 1) /
+                              mma_tile_rows<4>(W.n_out, T, dev.sm_count() * 3 / 4);
+        const bool split = tiles <= dev.sm_count() * 5 / 4 && W.n_in / QK_K >= 4 && (W.n_out * T) % 4 == 0 &&
+                           ((uintptr_t)Y & 15) == 0;
+        const MmaX px = mma_acts(dev, xq, xs, xsum, W.n_in, T, split ? Y : nullptr, split ? W.n_out * T : 0);
+        if (px.T8 == 8 * ((T + 7) / 8)) {
+            launch_q4k_pipe(dev, W, px, T, Y, split ? 2 : 1);
+            return;
+        }
+    }
     const MmaX x = T <= 32 ? mma_acts(dev, xq, xs, xsum, W.n_in, T) : MmaX{xq, xs, xsum, 0};
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
