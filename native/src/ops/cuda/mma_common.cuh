@@ -55,6 +55,16 @@ __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], 
     }
 }
 
+// A staged kernel's step j of n (S stages in flight by cp.async): waits for stage j, then refills the stage step j - 1
+// used (every warp is past it after the barrier) with stage j + S - 1 by load(j + S - 1), and commits the group.
+template <int S, typename Load>
+__device__ __forceinline__ void pipe_advance(int64_t j, int64_t n, Load &&load) {
+    cp_async_wait<S - 2>();
+    __syncthreads();
+    if (j + S - 1 < n) load(j + S - 1);
+    cp_async_commit();
+}
+
 // launch(grid, MT, NT8) with MT and the smallest NT8 in 1..N that covers nt8 as std::integral_constant.
 template <int MT, int N, typename Launch>
 void launch_nt8(int nt8, dim3 grid, Launch &launch) {

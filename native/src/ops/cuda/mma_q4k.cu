@@ -168,15 +168,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q4k_pipe_kernel(const 
     float acc[MT][NT8][4] = {};
     const int sub = warp, chunk = sub >> 1, shift = 4 * (sub & 1);  // the warp's sub-block of each stage
     for (int64_t j = 0; j < ns; j++) {
-        cp_async_wait<S - 2>();
-        __syncthreads();  // stage j is in; every warp is done with stage j - 1, whose buffer is refilled now
-        const int64_t jn = j + S - 1;
-        if (jn < ns) {
+        pipe_advance<S>(j, ns, [&](int64_t jn) {
             const Stage nxt(q4k_pipe_smem + (int)(jn % S) * kStage);
             nxt.load_w(W, row_bytes, n_out, row0, s0 + jn);
             nxt.load_x(fq, fs, s0 + jn);
-        }
-        cp_async_commit();
+        });
         const Stage cur(q4k_pipe_smem + (int)(j % S) * kStage);
         float dsc[MT][2], dm[MT][2];
         uint2 q[MT][2];

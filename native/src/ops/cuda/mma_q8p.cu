@@ -207,15 +207,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     }
     float acc[MT][NT8][4] = {};
     for (int64_t j = 0; j < ng; j++) {
-        cp_async_wait<S - 2>();
-        __syncthreads();  // group j is in; every warp is done with group j - 1, whose stage is refilled now
-        const int64_t jn = j + S - 1;
-        if (jn < ng) {
+        pipe_advance<S>(j, ng, [&](int64_t jn) {
             const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
             nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
             nxt.load_x(fq, fs, g0 + jn, T, n_in);
-        }
-        cp_async_commit();
+        });
         const Stage cur(pipe_smem + (int)(j % S) * kStage);
 #pragma unroll
         for (int u = 0; u < U; u++) {
