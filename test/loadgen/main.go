@@ -1,5 +1,6 @@
 // Command loadgen measures what a client of a running dflash_server sees: N concurrent streaming chat completions
-// of M tokens each (ignore_eos), and reports the aggregate and per-stream decode rates. It is the "through the
+// of M tokens each (ignore_eos), and reports the aggregate and per-stream decode rates (and their sum, the
+// steady rate while every stream decodes, without the ramp of admissions and first tokens). It is the "through the
 // server" column of docs/PERFORMANCE.md: the Go core, the plugin boundary and the engine together.
 //
 //	go run ./test/loadgen -url http://127.0.0.1:8080 -streams 1,32 -tokens 128
@@ -13,11 +14,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"sort"
 	"strconv"
-	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -49,8 +50,9 @@ func main() {
 			fmt.Fprintln(os.Stderr, "loadgen:", err)
 			os.Exit(1)
 		}
-		fmt.Printf("streams=%d tokens/stream=%d wall=%.2fs aggregate=%.1f tok/s per-stream decode median=%.1f tok/s ttft median=%.0f ms",
-			n, *tokens, r.wall.Seconds(), r.aggregate, r.streamRate, r.ttft)
+		fmt.Printf("streams=%d tokens/stream=%d wall=%.2fs aggregate=%.1f tok/s decode sum=%.1f tok/s "+
+			"per-stream decode median=%.1f tok/s ttft median=%.0f ms",
+			n, *tokens, r.wall.Seconds(), r.aggregate, r.decodeSum, r.streamRate, r.ttft)
 		if r.draftSteps > 0 {
 			fmt.Printf(" acceptance length %.2f", float64(r.accepted+r.draftSteps)/float64(r.draftSteps))
 		}
@@ -62,6 +64,7 @@ type result struct {
 	wall       time.Duration
 	aggregate  float64 // generated tokens of all streams / wall time
 	streamRate float64 // median over streams of tokens after the first / time after the first
+	decodeSum  float64 // the streams' decode rates added: the aggregate while all of them decode
 	ttft       float64 // median time to first token, ms
 	// speculative decoding: accepted proposals and verify steps over all streams
 	accepted, draftSteps int
@@ -118,8 +121,12 @@ func measure(ctx context.Context, url string, n, tokens int, prompt string, comp
 	if len(errs) > 0 {
 		return result{}, fmt.Errorf("%d of %d streams failed: %w", len(errs), n, errors.Join(errs...))
 	}
-	return result{wall: wall, aggregate: float64(total) / wall.Seconds(), streamRate: median(rates), ttft: median(ttfts),
-		accepted: accepted, draftSteps: steps}, nil
+	sum := 0.0
+	for _, r := range rates {
+		sum += r
+	}
+	return result{wall: wall, aggregate: float64(total) / wall.Seconds(), streamRate: median(rates), decodeSum: sum,
+		ttft: median(ttfts), accepted: accepted, draftSteps: steps}, nil
 }
 
 // stream runs one streaming request and returns the completion tokens the server reported with the times of the
