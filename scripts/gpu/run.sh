@@ -400,7 +400,7 @@ ds4_peer() {
 cpu_peer_build() {  # llama.cpp's CPU build into /tmp/llama-cpu (/tmp/llama-cpu.done holds its rc)
   [ -f .gpu/llama-src.tar.xz ] || { log "cpu-peer needs pack.sh --peer"; return 1; }
   local d=/tmp/llama-cpu
-  rm -rf $d /tmp/llama-cpu.done && mkdir -p $d && touch /tmp/llama-cpu.started && tar -C $d -xJf .gpu/llama-src.tar.xz &&
+  rm -rf $d /tmp/llama-cpu.done && mkdir -p $d && tar -C $d -xJf .gpu/llama-src.tar.xz &&
     (cd $d && cmake -B build -G Ninja -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
       cmake --build build -j 16 --target llama-bench) >"$OUT/llama-cpu-build.log" 2>&1
   echo "rc=$?" >/tmp/llama-cpu.done
@@ -811,6 +811,6 @@ case $mode in
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|skip-ops|ops|ncu|step-ncu|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|ops|ncu|step-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -76,14 +76,12 @@ void bench_sync() {
     };
     // median microseconds a phase boundary of 5 graph replays
     auto time = [&](const char *what, auto phases) {
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+        g_gpu->graph_begin();  // (the device's own capture, as the engine's steps and bench_gemv use it)
         reset();
         phases();
-        if (cudaStreamEndCapture(s, &graph) != cudaSuccess ||
-            cudaGraphInstantiateWithFlags(&exec, graph, 0) != cudaSuccess) {
-            std::printf("bench sync %-32s capture failed: %s\n", what, cudaGetErrorString(cudaGetLastError()));
+        const uintptr_t g = g_gpu->graph_end();
+        if (!g) {
+            std::printf("bench sync %-28s capture failed\n", what);
             return;
         }
         cudaEvent_t e0, e1;
@@ -92,7 +90,7 @@ void bench_sync() {
         std::vector<float> us;
         for (int rep = 0; rep < 6; rep++) {
             cudaEventRecord(e0, s);
-            cudaGraphLaunch(exec, s);
+            g_gpu->graph_launch(g);
             cudaEventRecord(e1, s);
             cudaEventSynchronize(e1);
             float ms = 0;
@@ -106,8 +104,7 @@ void bench_sync() {
                     "want %d)\n", what, us[us.size() / 2], blocks, kThreads, kPhases, last, blocks);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(graph);
+        g_gpu->graph_free(g);
     };
     time("chained kernels (PDL)", [&] {
         for (int p = 0; p < kPhases; p++)

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -571,7 +570,6 @@ private:
         }
         return rope_.cs.data();
     }
-    // A conv weight ([C][K] as loaded) as [K][C], so that a tap's channels are contiguous; made at its first use.
     static constexpr int64_t kConvRun = 16;  // tokens of a conv1d_silu task
 
     static bool env_is(const char *name, const char *value) {

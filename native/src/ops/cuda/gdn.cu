@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -327,14 +328,17 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     // the register kernel's sums in four interleaved parts (DFL_CUDA_GDN_ILP=0: one chain, as before 12-05 13:5x)
     static const bool ilp = env_switch("DFL_CUDA_GDN_ILP", true);
-    if (g.dk == 128 && ilp)
-        gdn_reg_kernel<128, 4><<<grid_reg, kGdnThreads, 0, s>>>(a);
-    else if (g.dk == 128)
-        gdn_reg_kernel<128, 1><<<grid_reg, kGdnThreads, 0, s>>>(a);
-    else if (g.dk == 64 && ilp)
-        gdn_reg_kernel<64, 4><<<grid_reg, kGdnThreads, 0, s>>>(a);
+    auto reg = [&](auto dk) {
+        constexpr int DK = decltype(dk)::value;
+        if (ilp)
+            gdn_reg_kernel<DK, 4><<<grid_reg, kGdnThreads, 0, s>>>(a);
+        else
+            gdn_reg_kernel<DK, 1><<<grid_reg, kGdnThreads, 0, s>>>(a);
+    };
+    if (g.dk == 128)
+        reg(std::integral_constant<int, 128>{});
     else if (g.dk == 64)
-        gdn_reg_kernel<64, 1><<<grid_reg, kGdnThreads, 0, s>>>(a);
+        reg(std::integral_constant<int, 64>{});
     else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");

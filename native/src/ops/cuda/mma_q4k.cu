@@ -257,15 +257,13 @@ void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64
     cudaStream_t s = dev.stream();
     if (q4k_pipe_on() && T <= 32 && mma_xt_on()) {
         // split K where the grid leaves an SM without a second block (its halves add onto the Y the copy zeroes)
-        const int64_t tiles = (W.n_out + mma_tile_rows<4>(W.n_out, T, dev.sm_count() * 3 / 4) - 1) /
-                              mma_tile_rows<4>(W.n_out, T, dev.sm_count() * 3 / 4);
-        const bool split = tiles <= dev.sm_count() * 5 / 4 && W.n_in / QK_K >= 4 && (W.n_out * T) % 4 == 0 &&
-                           ((uintptr_t)Y & 15) == 0;
+        const int64_t rows = mma_tile_rows<4>(W.n_out, T, dev.sm_count() * 3 / 4);  // (launch_q4k_pipe's tiles)
+        const bool split = (W.n_out + rows - 1) / rows <= dev.sm_count() * 5 / 4 && W.n_in / QK_K >= 4 &&
+                           (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
+        // (with the copy on, its T8 is 8 NT8, as the kernel reads it)
         const MmaX px = mma_acts(dev, xq, xs, xsum, W.n_in, T, split ? Y : nullptr, split ? W.n_out * T : 0);
-        if (px.T8 == 8 * ((T + 7) / 8)) {
-            launch_q4k_pipe(dev, W, px, T, Y, split ? 2 : 1);
-            return;
-        }
+        launch_q4k_pipe(dev, W, px, T, Y, split ? 2 : 1);
+        return;
     }
     const MmaX x = T <= 32 ? mma_acts(dev, xq, xs, xsum, W.n_in, T) : MmaX{xq, xs, xsum, 0};
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
