@@ -20,7 +20,7 @@ TEST(conv1d_silu_causal) {
         for (int c = 0; c < C; c++)
             for (int j = 0; j < K; j++) wt[(size_t)(j * C + c)] = w[(size_t)(c * K + j)];
         const float *head = win.data(), *x = win.data() + (size_t)(K - 1) * C;
-        conv1d_silu(head, x, 0, n, C, wt.data(), K, out.data());
+        conv1d_silu(head, x, C, 0, n, C, wt.data(), K, out.data());
         for (int t = 0; t < n; t++)
             for (int c = 0; c < C; c++) {
                 double a = 0;
@@ -29,11 +29,17 @@ TEST(conv1d_silu_causal) {
             }
         // rows made in other runs (a task's), or one token at a time from its own window, give the same bits
         std::vector<float> parts((size_t)(n * C)), one((size_t)C);
-        conv1d_silu(head, x, 0, 2, C, wt.data(), K, parts.data());
-        conv1d_silu(head, x, 2, n, C, wt.data(), K, parts.data());
+        conv1d_silu(head, x, C, 0, 2, C, wt.data(), K, parts.data());
+        conv1d_silu(head, x, C, 2, n, C, wt.data(), K, parts.data());
         CHECK(std::memcmp(parts.data(), out.data(), parts.size() * sizeof(float)) == 0);
+        // x's rows inside wider ones (a fused product's part where it lies) give the same bits
+        const int xs = C + 5;
+        std::vector<float> wide((size_t)(n * xs), 99.0f), strided((size_t)(n * C));
+        for (int r = 0; r < n; r++) std::memcpy(wide.data() + (size_t)r * xs, x + (size_t)r * C, sizeof(float) * (size_t)C);
+        conv1d_silu(head, wide.data(), xs, 0, n, C, wt.data(), K, strided.data());
+        CHECK(std::memcmp(strided.data(), out.data(), out.size() * sizeof(float)) == 0);
         const int t = 4;
-        conv1d_silu(win.data() + (size_t)t * C, win.data() + (size_t)(t + K - 1) * C, 0, 1, C, wt.data(), K, one.data());
+        conv1d_silu(win.data() + (size_t)t * C, win.data() + (size_t)(t + K - 1) * C, C, 0, 1, C, wt.data(), K, one.data());
         CHECK(std::memcmp(one.data(), out.data() + (size_t)t * C, one.size() * sizeof(float)) == 0);
     }
 }

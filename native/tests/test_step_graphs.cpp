@@ -63,6 +63,7 @@ public:
     void add_rmsnorm(float *, const float *, const float *, float *, int64_t, int64_t, float) override {}
     void add(float *, const float *, int64_t) override {}
     void swiglu(float *, const float *, int64_t) override {}
+    void swiglu_rows(float *, const float *, const float *, int64_t, int64_t, int64_t) override {}
     void sigmoid_mul(float *, const float *, int64_t) override {}
     void scale_softcap(float *, int64_t, float, float) override {}
     void gather_rows(const float *, const int32_t *, int64_t, int64_t, float *) override {}
@@ -72,7 +73,7 @@ public:
     void conv1d_silu(const BatchMeta &, const ConvCall &) override {}
     void gdn_gates(int64_t, const GdnGates &) override {}
     void gdn(const BatchMeta &, const GdnCall &) override {}
-    void gated_rmsnorm(float *, const float *, const float *, int64_t, int64_t, float) override {}
+    void gated_rmsnorm(float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t, float) override {}
     void topk(const float *, int64_t, int64_t, int, int32_t *, float *, float *) override {}
     void dyn_conv(const BatchMeta &, const DynConvCall &) override {}
     void selector_trans(const SelectorCall &) override {}

@@ -550,11 +550,10 @@ OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
 # instead of the state before and the rows' inputs (defaults since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
-# kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x). TRY: DFL_CUDA_Q4K_PIPE=1
-# (12-05, not yet run on a GPU): q4_K of 2..32 tokens on a staged kernel (mma_q4k.cu's gemv_q4k_pipe_kernel, the q8_0
-# staged kernel's shape). Measured before: DFL_CUDA_Q8P_PIPE_ROWS=1: the staged kernel reads the quantizer's rows, no
+# kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x). TRY (empty: none
+# waiting). Measured before: DFL_CUDA_Q8P_PIPE_ROWS=1: the staged kernel reads the quantizer's rows, no
 # fragment-ordered copy kernel before it (mixed: 16 tokens won, 8 lost; not with PIPE_U2).
-TRY=${TRY-DFL_CUDA_Q4K_PIPE=1}
+TRY=${TRY:-}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an
 # SM) instead of 32-row ones (128 blocks, one an SM).

@@ -145,15 +145,18 @@ void QwenModel::ensure_acts(int64_t T) {
 void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
-    const std::vector<float *> qkv =
-        project(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
+    const std::vector<RowsView> qkv =
+        project_views(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
 
     const KVLayer kv = kv_.layer(L.kv_index);
 
     AttnPrep p;
-    p.qf = qkv[0];
-    p.kf = qkv[1];
-    p.vf = qkv[2];
+    p.qf = qkv[0].p;
+    p.kf = qkv[1].p;
+    p.vf = qkv[2].p;
+    p.q_stride = qkv[0].stride;
+    p.k_stride = qkv[1].stride;
+    p.v_stride = qkv[2].stride;
     p.q_norm = L.q_norm;
     p.k_norm = L.k_norm;
     p.inv_freq = inv_freq_;
@@ -182,13 +185,14 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const int C = h.conv_channels();
-    const std::vector<float *> in =
-        project(*dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(),
+    const std::vector<RowsView> in =
+        project_views(*dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(),
                 T, a.fused.f());
 
     const int64_t sf = h.state_floats(), cf = h.conv_floats();
     ConvCall cc;
-    cc.x = in[0];
+    cc.x = in[0].p;
+    cc.x_stride = in[0].stride;
     cc.out = a.cv.f();
     cc.w = L.conv_w;
     cc.C = C;
@@ -205,8 +209,10 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.n_k = h.n_k;
     gg.dk = h.dk;
     gg.n_v = h.n_v;
-    gg.b = in[2];
-    gg.a = in[3];
+    gg.b = in[2].p;
+    gg.a = in[3].p;
+    gg.b_stride = in[2].stride;
+    gg.a_stride = in[3].stride;
     gg.ssm_a = L.ssm_a;
     gg.dt_bias = L.dt_bias;
     gg.beta = a.beta.f();
@@ -240,7 +246,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.rec_each = !light_rec_;
     dev_->gdn(m, gc);
 
-    dev_->gated_rmsnorm(a.core.f(), in[1], L.ssm_norm, T * h.n_v, h.dv, h.eps);
+    dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
     dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
 }
 
@@ -258,10 +264,10 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         else
             gdn_layer(L, m, T);
         dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
-        const std::vector<float *> gu =
-            project(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
-        dev_->swiglu(gu[0], gu[1], T * h.n_ff);
-        dev_->matmul(L.ffn_down, gu[0], T, a.mix.f());
+        const std::vector<RowsView> gu =
+            project_views(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
+        dev_->swiglu_rows(a.ff_g.f(), gu[0].p, gu[1].p, T, h.n_ff, gu[0].stride);
+        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
         // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)
         if (il + 1 < h.n_layer)
             dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);

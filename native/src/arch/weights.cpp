@@ -166,34 +166,41 @@ Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
     return f;
 }
 
-std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
-                             const float *x, int64_t T, float *scratch) {
-    std::vector<float *> where;
-    if (fused.empty()) {
-        dev.matmul_each(outs, x, T);
-        for (const auto &o : outs) where.push_back(o.second);
-        return where;
-    }
-    if (T > kFusedMaxTokens) {  // one product whose parts write their own outputs: the split copies need no room
-        dev.matmul_parts(fused, outs, x, T);
-        for (const auto &o : outs) where.push_back(o.second);
+std::vector<RowsView> project_views(Device &dev, const Weight &fused,
+                                    const std::vector<std::pair<const Weight *, float *>> &outs, const float *x, int64_t T,
+                                    float *scratch) {
+    std::vector<RowsView> where;
+    if (fused.empty() || T > kFusedMaxTokens) {  // each part's rows written to its own output
+        if (fused.empty())
+            dev.matmul_each(outs, x, T);
+        else
+            dev.matmul_parts(fused, outs, x, T);
+        for (const auto &o : outs) where.push_back(RowsView{o.second, o.first->n_out});
         return where;
     }
     dev.matmul(fused, x, T, scratch);
-    if (T == 1) {  // one row: each part's output is already contiguous
-        int64_t off = 0;
-        for (const auto &o : outs) {
-            where.push_back(scratch + off);
-            off += o.first->n_out;
-        }
-        return where;
-    }
-    std::vector<RowsPart> parts;
+    int64_t off = 0;
     for (const auto &o : outs) {
-        parts.push_back(RowsPart{o.second, o.first->n_out});
-        where.push_back(o.second);
+        where.push_back(RowsView{scratch + off, fused.n_out});
+        off += o.first->n_out;
     }
-    dev.split_rows(scratch, T, parts);
+    return where;
+}
+
+std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
+                             const float *x, int64_t T, float *scratch) {
+    const std::vector<RowsView> views = project_views(dev, fused, outs, x, T, scratch);
+    std::vector<float *> where;
+    for (size_t i = 0; i < outs.size(); i++) {
+        const RowsView &v = views[i];
+        const int64_t n = outs[i].first->n_out;
+        if (T == 1 || v.stride == n) {  // one row, or rows of their own: already contiguous
+            where.push_back(v.p);
+            continue;
+        }
+        dev.copy_rows(outs[i].second, n, v.p, v.stride, T, n);
+        where.push_back(outs[i].second);
+    }
     return where;
 }
 

@@ -25,12 +25,22 @@ uint32_t kv_block_size_of(const dfl_model_params &p);
 void check_cache_types(uint32_t type_k, uint32_t type_v);
 // model_estimate's weight bytes: every tensor but those of blocks past n_layer (MTP blocks are not loaded), plus the
 // device's own copy (prepare_weight) of each 2-D matrix that `copied` accepts.
-// Batches of up to this many tokens multiply a fused matrix into one buffer and copy the parts out (decode, verify
-// blocks); larger ones (prefill) have each part's rows written to its own output (Device::matmul_parts).
+// Batches of up to this many tokens multiply a fused matrix into one buffer (decode, verify blocks); larger ones
+// (prefill) have each part's rows written to its own output (Device::matmul_parts).
 constexpr int64_t kFusedMaxTokens = 64;
+// Where a part of a product left its rows: row t at p + t * stride.
+struct RowsView {
+    float *p = nullptr;
+    int64_t stride = 0;
+};
 // The products of x (T rows) with each part of outs (weight, its output), through `fused` (WeightStore::fuse) when
-// it is not empty, into `scratch` (min(T, kFusedMaxTokens) x fused.n_out floats); returns where each part's output
-// is: in outs, or inside scratch for one token (each part's row is contiguous there).
+// it is not empty, into `scratch` (min(T, kFusedMaxTokens) x fused.n_out floats); returns where each part's rows are:
+// in outs (stride the part's width), or inside scratch, fused.n_out apart, for batches of up to kFusedMaxTokens. The
+// ops that read them take the stride, so no copy splits the parts out.
+std::vector<RowsView> project_views(Device &dev, const Weight &fused,
+                                    const std::vector<std::pair<const Weight *, float *>> &outs, const float *x, int64_t T,
+                                    float *scratch);
+// project_views for readers of whole rows: the parts of 2..kFusedMaxTokens rows copied out of scratch into outs.
 std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
                              const float *x, int64_t T, float *scratch);
 uint64_t estimate_weight_bytes(const dfl_model_params &p, int n_layer,

@@ -101,6 +101,9 @@ struct AttnPrep {
     const float *qf = nullptr;  // [T][n_head * head_dim * (gated ? 2 : 1)]; gated: per head head_dim q, then head_dim gate
     float *kf = nullptr;        // [T][n_kv * head_dim] (normalised and rotated in place)
     const float *vf = nullptr;  // [T][n_kv * head_dim]
+    // floats from one token's row of qf, kf, vf to the next (0: the row's width): a fused q|k|v product's rows where
+    // they lie in its buffer (project_views)
+    int64_t q_stride = 0, k_stride = 0, v_stride = 0;
     const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim]
     const float *inv_freq = nullptr;                   // [rope_dim / 2]
     int n_head = 0, rope_dim = 0;
@@ -156,14 +159,9 @@ inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
 // Taps of a conv1d_silu kernel at most (the CPU holds a row pointer a tap; loaders refuse more; released models: 4).
 constexpr int kConvMaxK = 8;
 
-// One part of a fused product's rows (Device::split_rows): its own output, n floats a row.
-struct RowsPart {
-    float *dst = nullptr;
-    int64_t n = 0;
-};
-
 struct ConvCall {
-    const float *x = nullptr;  // [T][C]
+    const float *x = nullptr;  // [T][C], rows x_stride apart (0: C)
+    int64_t x_stride = 0;
     float *out = nullptr;      // [T][C]
     const float *w = nullptr;  // [K][C]: tap j of channel c at j C + c (the file's [C][K], WeightStore::vec_transposed)
     int C = 0, K = 0;
@@ -177,7 +175,8 @@ struct ConvCall {
 struct GdnGates {
     float *cv = nullptr;  // [T][C], q heads then k heads then v
     int C = 0, n_k = 0, dk = 0, n_v = 0;
-    const float *b = nullptr, *a = nullptr;            // [T][n_v] projections
+    const float *b = nullptr, *a = nullptr;            // [T][n_v] projections, rows b_stride / a_stride apart (0: n_v)
+    int64_t b_stride = 0, a_stride = 0;
     const float *ssm_a = nullptr, *dt_bias = nullptr;  // [n_v]
     float *beta = nullptr, *g = nullptr;               // out [T][n_v]
 };
@@ -523,6 +522,9 @@ public:
     virtual void add(float *x, const float *d, int64_t count) = 0;
     // g = silu(g) * u
     virtual void swiglu(float *g, const float *u, int64_t count) = 0;
+    // out[t][i] = silu(g[t stride + i]) * u[t stride + i], i < n, t < rows: a fused gate|up product's rows where they lie
+    // in its buffer (project_views), into rows of their own.
+    virtual void swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) = 0;
     // a = a * sigmoid(g)
     virtual void sigmoid_mul(float *a, const float *g, int64_t count) = 0;
     // x = x * scale, then, when cap > 0, x = cap * tanh(x / cap) (logit scaling and soft-capping of some heads).
@@ -532,16 +534,6 @@ public:
     // dst[r * dst_stride + i] = src[r * src_stride + i], i < n, r < rows (floats).
     virtual void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                            int64_t n) = 0;
-    // A fused product's rows (src: `rows` rows of the parts' n summed) split into the parts' outputs, part i taking the
-    // columns after those of the parts before it. The default copies part by part; a device may do it in one pass.
-    virtual void split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
-        int64_t width = 0, off = 0;
-        for (const RowsPart &p : parts) width += p.n;
-        for (const RowsPart &p : parts) {
-            copy_rows(p.dst, p.n, src + off, width, rows, p.n);
-            off += p.n;
-        }
-    }
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
@@ -551,8 +543,10 @@ public:
     virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
         fail(DFL_ERR_UNSUPPORTED, name() + ": light records (record_gdn_inputs) are not implemented");
     }
-    // x = rmsnorm(x) * w * silu(z) per row of n.
-    virtual void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) = 0;
+    // x = rmsnorm(x) * w * silu(z) per row of n; x is [T][heads][n], token t's z rows start at z + t z_stride (a fused
+    // product's part where it lies; heads n when apart).
+    virtual void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
+                               int64_t n, float eps) = 0;
     // The k (1..64) largest values of each row of n logits, larger first and lower id on ties (NaN counts as -inf;
     // rows with fewer than k finite values are padded with id -1, value -inf), and each row's log-sum-exp.
     // ids, vals: [rows][k]; lse: [rows].

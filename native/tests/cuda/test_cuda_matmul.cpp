@@ -194,12 +194,14 @@ void test_matmul_embed() {
         g_gpu->prepare_weight(w8);
         Dual other(64);
         for (int64_t T : {int64_t(1), int64_t(3), int64_t(17)}) {
-            for (int kind = 0; kind < 4; kind++) {
+            for (int kind = 0; kind < 5; kind++) {
                 const bool q4 = kind == 2;
                 const DualWeight &W = q4 ? W4 : W8;
                 const Weight &wg = q4 ? W4.wg : w8;
                 Dual x(rand_vec(r, (size_t)(T * 4096))), d(rand_vec(r, (size_t)(T * 4096))), w(rand_vec(r, 4096));
                 Dual xn((size_t)(T * 4096) * 4), Y((size_t)(T * W.wc.n_out) * 4);
+                const int64_t fs = 2 * 4096 + 64;  // kind 4: gate|up rows where a fused product leaves them
+                Dual f(rand_vec(r, (size_t)(T * (kind == 4 ? fs : 1))));
                 for (bool gpu : {false, true}) {
                     Device *dev = gpu ? g_gpu : g_cpu;
                     float *in = xn.p(gpu);
@@ -207,13 +209,14 @@ void test_matmul_embed() {
                     case 0: dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
                     case 1: dev->add_rmsnorm(x.p(gpu), d.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f); break;
                     case 2: dev->swiglu(x.p(gpu), d.p(gpu), T * 4096), in = x.p(gpu); break;
+                    case 4: dev->swiglu_rows(xn.p(gpu), f.p(gpu), f.p(gpu) + 4096, T, 4096, fs); break;
                     default:
                         dev->rmsnorm(x.p(gpu), w.p(gpu), xn.p(gpu), T, 4096, 1e-6f);
                         dev->zero(other.p(gpu), 64);
                     }
                     dev->matmul(gpu ? wg : W.wc, in, T, Y.p(gpu));
                 }
-                static const char *names[] = {"rmsnorm", "add_rmsnorm", "swiglu", "rmsnorm, zero,"};
+                static const char *names[] = {"rmsnorm", "add_rmsnorm", "swiglu", "rmsnorm, zero,", "swiglu_rows"};
                 compare(std::string(names[kind]) + " then matmul " + (q4 ? "q4_K" : "q8_0 repacked") + " T=" +
                             std::to_string(T),
                         Y, 1.5e-2);

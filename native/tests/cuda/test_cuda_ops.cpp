@@ -93,11 +93,31 @@ void test_norms_elementwise() {
             }
             {
                 Dual x(xv), z(dv);
-                g_cpu->gated_rmsnorm(x.cp(), z.cp(), w.cp(), rows, n, 1e-6f);
-                g_gpu->gated_rmsnorm(x.gp(), z.gp(), w.gp(), rows, n, 1e-6f);
+                g_cpu->gated_rmsnorm(x.cp(), z.cp(), n, w.cp(), rows, 1, n, 1e-6f);
+                g_gpu->gated_rmsnorm(x.gp(), z.gp(), n, w.gp(), rows, 1, n, 1e-6f);
                 compare("gated_rmsnorm" + sz, x, 1e-5);
             }
         }
+    }
+    {  // heads of a token's row, its z a fused product's part: rows 40 floats wider than the heads'
+        const int64_t T = 3, heads = 4, n = 128, zs = heads * n + 40;
+        Dual x(rand_vec(r, (size_t)(T * heads * n), 4.0f)), z(rand_vec(r, (size_t)(T * zs), 4.0f)),
+            w(rand_vec(r, (size_t)n));
+        g_cpu->gated_rmsnorm(x.cp(), z.cp() + 8, zs, w.cp(), T, heads, n, 1e-6f);
+        g_gpu->gated_rmsnorm(x.gp(), z.gp() + 8, zs, w.gp(), T, heads, n, 1e-6f);
+        compare("gated_rmsnorm 3 tokens x 4 heads, z rows 552 apart", x, 1e-5);
+    }
+    // swiglu of a fused gate|up product's rows into rows of their own (and rows of their own in place)
+    for (const int64_t n : {int64_t(96), int64_t(1000)}) {
+        const int64_t rows = 5, stride = 2 * n + 32;
+        Dual f(rand_vec(r, (size_t)(rows * stride), 8.0f)), out((size_t)(rows * n) * 4);
+        g_cpu->swiglu_rows(out.cp(), f.cp(), f.cp() + n, rows, n, stride);
+        g_gpu->swiglu_rows(out.gp(), f.gp(), f.gp() + n, rows, n, stride);
+        compare("swiglu_rows 5 x " + std::to_string(n) + " of rows " + std::to_string(stride) + " apart", out, 1e-5);
+        Dual gv(rand_vec(r, (size_t)(rows * n), 8.0f)), uv(rand_vec(r, (size_t)(rows * n), 8.0f));
+        g_cpu->swiglu_rows(gv.cp(), gv.cp(), uv.cp(), rows, n, n);
+        g_gpu->swiglu_rows(gv.gp(), gv.gp(), uv.gp(), rows, n, n);
+        compare("swiglu_rows 5 x " + std::to_string(n) + " in place", gv, 1e-5);
     }
     for (int64_t count : {int64_t(1), int64_t(1000), int64_t(12345)}) {
         const auto av = rand_vec(r, (size_t)count, 8.0f), bv = rand_vec(r, (size_t)count, 8.0f);
@@ -141,28 +161,6 @@ void test_norms_elementwise() {
         g_cpu->copy_rows(dst.cp(), ds, src.cp(), ss, rows, n);
         g_gpu->copy_rows(dst.gp(), ds, src.gp(), ss, rows, n);
         compare("copy_rows 13 x 30 (strides 41 -> 35)", dst, 0);  // the gaps stay poisoned on both
-    }
-    // a fused product's rows into its parts (q|k|v; Qwen3.5's q|k|v|z|b|a; odd widths); five parts: the default copies
-    for (const std::vector<int64_t> &ns : {std::vector<int64_t>{4096, 1024, 1024}, {10240, 6144, 48, 48}, {77, 3},
-                                           {5, 6, 7, 8, 9}}) {
-        for (const int64_t rows : {2, 16, 33}) {
-            int64_t width = 0;
-            for (const int64_t n : ns) width += n;
-            Dual src(rand_vec(r, (size_t)(rows * width)));
-            std::vector<std::unique_ptr<Dual>> outs;
-            std::vector<RowsPart> pc, pg;
-            for (const int64_t n : ns) {
-                outs.emplace_back(new Dual((size_t)(rows * n) * 4));
-                pc.push_back(RowsPart{outs.back()->cp(), n});
-                pg.push_back(RowsPart{outs.back()->gp(), n});
-            }
-            g_cpu->split_rows(src.cp(), rows, pc);
-            g_gpu->split_rows(src.gp(), rows, pg);
-            for (size_t i = 0; i < outs.size(); i++)
-                compare("split_rows " + std::to_string(rows) + " rows, part " + std::to_string(i) + " of " +
-                            std::to_string(ns.size()) + " (" + std::to_string(ns[i]) + " of " + std::to_string(width) + ")",
-                        *outs[i], 0);
-        }
     }
     // one decode row's norm at the widths of the served models (DFL_CUDA_NORM_REGS=0: the two-pass loops;
     // DFL_CUDA_NORM_WIDE=0: 16384 on the loops too)
@@ -236,6 +234,7 @@ struct AttnMaskCase {
     bool causal = true;
     int window = 0;
     bool kv_only = false;
+    bool fused = false;  // qf, kf, vf side by side in one buffer's rows (a fused q|k|v product's, AttnPrep's strides)
 };
 
 void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r,
@@ -247,6 +246,19 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     Dual qf(rand_vec(r, (size_t)(T * q_out), 2.0f)), kf(rand_vec(r, (size_t)(T * kvd), 2.0f)),
         vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)), invf(inv);
     Dual Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4);
+    // the fused layout: row t is q_out floats of qf, then kvd of kf, then kvd of vf
+    const int64_t fw = q_out + 2 * kvd;
+    std::unique_ptr<Dual> fz;
+    if (mc.fused) {
+        const std::vector<float> q = qf.read(false), k = kf.read(false), v = vf.read(false);
+        std::vector<float> f((size_t)(T * fw));
+        for (int64_t t = 0; t < T; t++) {
+            std::copy(q.begin() + t * q_out, q.begin() + (t + 1) * q_out, f.begin() + t * fw);
+            std::copy(k.begin() + t * kvd, k.begin() + (t + 1) * kvd, f.begin() + t * fw + q_out);
+            std::copy(v.begin() + t * kvd, v.begin() + (t + 1) * kvd, f.begin() + t * fw + q_out + kvd);
+        }
+        fz.reset(new Dual(f));
+    }
     const int64_t rows = b.pool_rows() * s.n_kv;
     // the cache holds random earlier tokens; attn_prep overwrites the batch's rows
     Dual kc(rand_rows(tk, rows, s.hd, r)), vc(rand_rows(tv, rows, s.hd, r));
@@ -256,6 +268,13 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         a.qf = mc.kv_only ? nullptr : g ? qf.gp() : qf.cp();
         a.kf = g ? kf.gp() : kf.cp();
         a.vf = g ? vf.gp() : vf.cp();
+        if (mc.fused) {
+            float *f = fz->p(g);
+            a.qf = mc.kv_only ? nullptr : f;
+            a.kf = f + q_out;
+            a.vf = f + q_out + kvd;
+            a.q_stride = a.k_stride = a.v_stride = fw;
+        }
         a.q_norm = g ? qn.gp() : qn.cp();
         a.k_norm = g ? kn.gp() : kn.cp();
         a.inv_freq = g ? invf.gp() : invf.cp();
@@ -276,7 +295,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         (g ? g_gpu : g_cpu)->attn_prep(b.meta(g), a);
     }
     if (!mc.kv_only) compare(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
-    compare(attn_name("attn_prep kf", s, tk, tv, b), kf, 1e-5);
+    compare(attn_name(mc.fused ? "attn_prep fused rows" : "attn_prep kf", s, tk, tv, b), mc.fused ? *fz : kf, 1e-5);
     if (s.gated) compare(attn_name("attn_prep gate", s, tk, tv, b), gate, 0);
     compare(attn_name("attn_prep K cache", s, tk, tv, b), dequant_cache(tk, kc.read<uint8_t>(true), rows, s.hd),
             dequant_cache(tk, kc.read<uint8_t>(false), rows, s.hd), cache_bound(tk));
@@ -338,7 +357,7 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
 void test_attention_masks(Rng &r) {
     const AttnShape shapes[] = {{32, 8, 128, 128, false}, {4, 2, 64, 64, false}};
     const AttnMaskCase masks[] = {{false, 0, false}, {true, 7, false}, {false, 7, false}, {false, 300, true},
-                                  {true, 0, true}};
+                                  {true, 0, true},   {true, 0, false, true}, {true, 0, true, true}};
     const std::vector<std::vector<Batch::Ent>> batches = {
         {{16, 100, 0, false}},                                        // one draft block after its context
         {{16, 0, 0, false}, {8, 33, 1, false}, {1, 5, 2, false}},     // blocks of several sequences
@@ -439,11 +458,15 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     char nm[160];
     std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
                   b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
-    const std::string tag = nm;
+    const std::string tag = std::string(nm) + (T % 2 == 1 ? " fused" : "");
 
     // conv
     const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;  // slots need not be packed
-    Dual x(rand_vec(r, (size_t)(T * C))), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
+    // odd batches read x, b and a where a fused product leaves them: rows of a wider buffer (ConvCall::x_stride,
+    // GdnGates::b_stride / a_stride)
+    const bool fused = T % 2 == 1;
+    const int64_t xs = fused ? C + 2 * s.n_v + 7 : C;
+    Dual x(rand_vec(r, (size_t)(T * xs))), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
     Dual cv((size_t)(T * C) * 4);
     std::vector<std::unique_ptr<Dual>> recw;
     std::vector<float *> rwc, rwg;
@@ -463,6 +486,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         const bool g = dev == 1;
         ConvCall c;
         c.x = g ? x.gp() : x.cp();
+        c.x_stride = fused ? xs : 0;
         c.out = g ? cv.gp() : cv.cp();
         c.w = g ? w.gp() : w.cp();
         c.C = C;
@@ -483,6 +507,15 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     // gates (on the CPU's conv output, so each op is judged alone)
     cv.set(cv.read<uint8_t>(false).data());
     Dual bb(rand_vec(r, (size_t)(T * s.n_v), 3.0f)), aa(rand_vec(r, (size_t)(T * s.n_v), 30.0f));
+    if (fused) {  // b and a after each row's C floats of x
+        std::vector<float> f = x.read(false), bv = bb.read(false), av = aa.read(false);
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < s.n_v; j++) {
+                f[(size_t)(t * xs + C + j)] = bv[(size_t)(t * s.n_v + j)];
+                f[(size_t)(t * xs + C + s.n_v + j)] = av[(size_t)(t * s.n_v + j)];
+            }
+        x.set(f.data());
+    }
     Dual ssm_a(rand_vec(r, (size_t)s.n_v, 1.0f)), dt(rand_vec(r, (size_t)s.n_v, 1.0f));
     Dual beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
     for (int dev = 0; dev < 2; dev++) {
@@ -495,6 +528,11 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         q.n_v = s.n_v;
         q.b = g ? bb.gp() : bb.cp();
         q.a = g ? aa.gp() : aa.cp();
+        if (fused) {
+            q.b = x.p(g) + C;
+            q.a = x.p(g) + C + s.n_v;
+            q.b_stride = q.a_stride = xs;
+        }
         q.ssm_a = g ? ssm_a.gp() : ssm_a.cp();
         q.dt_bias = g ? dt.gp() : dt.cp();
         q.beta = g ? beta.gp() : beta.cp();

@@ -196,6 +196,16 @@ public:
         const OpScope timed(clock_, "swiglu");
         for_chunks(count, [&](int64_t i0, int64_t i1) { dfl::swiglu(g + i0, u + i0, i1 - i0); }, kExpChunk);
     }
+    void swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) override {
+        const OpScope timed(clock_, "swiglu");
+        for_chunks(rows * n, [&](int64_t i0, int64_t i1) {
+            while (i0 < i1) {  // the chunk's part of each row it crosses
+                const int64_t t = i0 / n, c = i0 % n, e = std::min(i1 - i0, n - c);
+                dfl::swiglu_to(out + t * n + c, g + t * stride + c, u + t * stride + c, e);
+                i0 += e;
+            }
+        }, kExpChunk);
+    }
     void sigmoid_mul(float *a, const float *g, int64_t count) override {
         const OpScope timed(clock_, "sigmoid_mul");
         for_chunks(count, [&](int64_t i0, int64_t i1) {
@@ -224,12 +234,14 @@ public:
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override {
         const OpScope timed(clock_, "attn_prep");
         const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
-        const int64_t q_out = (int64_t)nh * hd * (a.gated ? 2 : 1), qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+        const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
+        const int64_t qs = a.q_stride ? a.q_stride : qd * (a.gated ? 2 : 1), ks = a.k_stride ? a.k_stride : kvd,
+                      vs = a.v_stride ? a.v_stride : kvd;
         const float *table = rope_table(m, a.rope_dim, a.inv_freq);
         pool_.parallel_for(m.T, [&](int64_t t, int) {
             const float *cs = table + t * a.rope_dim;  // the position's cos/sin, shared by its heads
             for (int hh = 0; hh < (a.qf ? nh : 0); hh++) {
-                const float *src = a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1);
+                const float *src = a.qf + t * qs + (int64_t)hh * hd * (a.gated ? 2 : 1);
                 float *dst = a.Q + t * qd + (int64_t)hh * hd;
                 dfl::rmsnorm(src, a.q_norm, dst, hd, a.eps);
                 rope_neox_with(dst, a.rope_dim, cs);
@@ -237,11 +249,11 @@ public:
             }
             const uint64_t row = (uint64_t)m.kv_slot[t] * (uint64_t)nkv;
             for (int g = 0; g < nkv; g++) {
-                float *kr = a.kf + t * kvd + (int64_t)g * hd;
+                float *kr = a.kf + t * ks + (int64_t)g * hd;
                 dfl::rmsnorm(kr, a.k_norm, kr, hd, a.eps);
                 rope_neox_with(kr, a.rope_dim, cs);
                 quantize_row(a.kv.type_k, kr, a.kv.k + (row + (uint64_t)g) * a.kv.k_row, hd);
-                quantize_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + (row + (uint64_t)g) * a.kv.v_row, hd);
+                quantize_row(a.kv.type_v, a.vf + t * vs + (int64_t)g * hd, a.kv.v + (row + (uint64_t)g) * a.kv.v_row, hd);
             }
         });
     }
@@ -309,6 +321,7 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
         const OpScope timed(clock_, "conv1d_silu");
         const int C = c.C, K = c.K;
+        const int64_t xs = c.x_stride ? c.x_stride : C;
         const float *wt = c.w;  // tap-major, as the 16-lane kernel reads it
         struct Task {
             int64_t e, a, b;
@@ -324,9 +337,9 @@ public:
         pool_.parallel_for((int64_t)tasks.size(), [&](int64_t i, int th) {
             const Task &k = tasks[(size_t)i];
             const int64_t t0 = m.t0[k.e];
-            const float *cs = c.conv + (int64_t)m.slot[k.e] * c.slot_stride, *x = c.x + t0 * C;
+            const float *cs = c.conv + (int64_t)m.slot[k.e] * c.slot_stride, *x = c.x + t0 * xs;
             if (k.chain) {
-                dfl::conv1d_silu(cs, x, k.a, k.b, C, wt, K, c.out + t0 * C);
+                dfl::conv1d_silu(cs, x, xs, k.a, k.b, C, wt, K, c.out + t0 * C);
                 return;
             }
             // each token's K rows along its ancestors (window row K-1+a for token a), then the old state's
@@ -335,28 +348,33 @@ public:
             for (int64_t t = k.a; t < k.b; t++) {
                 int64_t a = t, old = K - 2;
                 for (int r = K - 1; r >= 0; r--) {
-                    const float *src = a >= 0 ? x + a * C : cs + (old--) * C;
+                    const float *src = a >= 0 ? x + a * xs : cs + (old--) * C;
                     std::memcpy(tw + (size_t)r * C, src, sizeof(float) * (size_t)C);
                     if (a >= 0) a = par[a];
                 }
-                dfl::conv1d_silu(tw, tw + (size_t)(K - 1) * C, 0, 1, C, wt, K, c.out + (t0 + t) * C);
+                dfl::conv1d_silu(tw, tw + (size_t)(K - 1) * C, C, 0, 1, C, wt, K, c.out + (t0 + t) * C);
             }
         });
         pool_.parallel_for(m.n_ent, [&](int64_t e, int) {
             const int64_t n = m.n[e], keep = K - 1;
             float *cs = c.conv + (int64_t)m.slot[e] * c.slot_stride;
-            const float *x = c.x + m.t0[e] * C;
+            const float *x = c.x + m.t0[e] * xs;
+            // x's rows r0 .. r0 + rows - 1 into dst, rows of C
+            auto rows_of_x = [&](float *dst, int64_t r0, int64_t rows) {
+                for (int64_t r = 0; r < rows; r++)
+                    std::memcpy(dst + r * C, x + (r0 + r) * xs, sizeof(float) * (size_t)C);
+            };
             if (m.rec_window[e]) {  // the window as it was: the old state's rows, then x's
                 float *rw = m.rec_window[e] + (size_t)c.rec_layer * (size_t)((keep + n) * C);
                 std::memcpy(rw, cs, sizeof(float) * (size_t)(keep * C));
-                std::memcpy(rw + keep * C, x, sizeof(float) * (size_t)(n * C));
+                rows_of_x(rw + keep * C, 0, n);
             }
             // the new state: the window's last K-1 rows
             if (n >= keep) {
-                std::memcpy(cs, x + (n - keep) * C, sizeof(float) * (size_t)(keep * C));
+                rows_of_x(cs, n - keep, keep);
             } else {
                 std::memmove(cs, cs + n * C, sizeof(float) * (size_t)((keep - n) * C));
-                std::memcpy(cs + (keep - n) * C, x, sizeof(float) * (size_t)(n * C));
+                rows_of_x(cs + (keep - n) * C, 0, n);
             }
         });
     }
@@ -372,10 +390,11 @@ public:
                 for (int d = 0; d < g.dk; d++) qh[d] *= qscale;
                 l2norm(row + (int64_t)(g.n_k + i) * g.dk, g.dk, 1e-6f);
             }
+            const float *b = g.b + t * (g.b_stride ? g.b_stride : g.n_v), *ar = g.a + t * (g.a_stride ? g.a_stride : g.n_v);
             for (int j = 0; j < g.n_v; j++) {
                 const int64_t k = t * g.n_v + j;
-                g.beta[k] = sigmoid(g.b[k]);
-                g.g[k] = g.ssm_a[j] * softplus(g.a[k] + g.dt_bias[j]);
+                g.beta[k] = sigmoid(b[j]);
+                g.g[k] = g.ssm_a[j] * softplus(ar[j] + g.dt_bias[j]);
             }
         });
     }
@@ -445,9 +464,12 @@ public:
         });
     }
 
-    void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override {
+    void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads, int64_t n,
+                       float eps) override {
         const OpScope timed(clock_, "gated_rmsnorm");
-        pool_.parallel_for(rows, [&](int64_t r, int) { dfl::gated_rmsnorm(x + r * n, z + r * n, w, n, eps); });
+        pool_.parallel_for(T * heads, [&](int64_t r, int) {
+            dfl::gated_rmsnorm(x + r * n, z + (r / heads) * z_stride + (r % heads) * n, w, n, eps);
+        });
     }
 
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override {

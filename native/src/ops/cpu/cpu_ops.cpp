@@ -252,6 +252,7 @@ DFL_WIDE_MULTIVERSION static void swiglu_wide(float *out, const float *g, const 
 }
 
 void swiglu(float *g, const float *u, int64_t n) { swiglu_wide(g, g, u, n); }
+void swiglu_to(float *out, const float *g, const float *u, int64_t n) { swiglu_wide(out, g, u, n); }
 
 void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps) {
     rmsnorm(x, w, x, n, eps);
@@ -265,13 +266,13 @@ DFL_VEC_INLINE v16f conv_taps16(const float *const *rows, const float *wt, int64
     return silu16(acc);
 }
 
-DFL_WIDE_MULTIVERSION void conv1d_silu(const float *head, const float *x, int64_t t0, int64_t t1, int64_t C,
+DFL_WIDE_MULTIVERSION void conv1d_silu(const float *head, const float *x, int64_t xs, int64_t t0, int64_t t1, int64_t C,
                                        const float *wt, int K, float *out) {
     const float *rows[kConvMaxK];
     for (int64_t t = t0; t < t1; t++) {
         for (int j = 0; j < K; j++) {
             const int64_t r = t + j;  // window row: the state's rows, then x's
-            rows[j] = r < K - 1 ? head + r * C : x + (r - (K - 1)) * C;
+            rows[j] = r < K - 1 ? head + r * C : x + (r - (K - 1)) * xs;
         }
         float *o = out + t * C;
         int64_t c = 0;

@@ -63,6 +63,8 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 
 // SwiGLU in place: g[i] = silu(g[i]) * u[i].
 void swiglu(float *g, const float *u, int64_t n);
+// out = silu(g) * u (out may be g or u).
+void swiglu_to(float *out, const float *g, const float *u, int64_t n);
 
 // The Gated DeltaNet output norm: x = rmsnorm(x) * w * silu(z) (weight without the +1, as in HF and GGUF).
 void gated_rmsnorm(float *x, const float *z, const float *w, int64_t n, float eps);
@@ -112,10 +114,11 @@ size_t attention_scratch(int head_dim, int group, int64_t n_tok, int heads);
 
 // Depthwise causal conv over C channels with kernel K (at most kConvMaxK, ops/device.h) followed by SiLU, rows
 // [t0, t1) of out: row t is silu(sum over taps j of wt[j] * window row t + j), where the window's rows are head's K-1
-// (the previous inputs) then x's (the new ones). wt is [K][C], the file's [C][K] transposed (tap K-1 multiplies the
+// (the previous inputs) then x's (the new ones, rows xs apart). wt is [K][C], the file's [C][K] transposed (tap K-1 multiplies the
 // current row). Every row's arithmetic is the same whatever t0, t1 and the row's place in x, so tokens give the same
 // bits in any batch.
-void conv1d_silu(const float *head, const float *x, int64_t t0, int64_t t1, int64_t C, const float *wt, int K, float *out);
+void conv1d_silu(const float *head, const float *x, int64_t xs, int64_t t0, int64_t t1, int64_t C, const float *wt, int K,
+                 float *out);
 
 // Gated delta rule for one value head over n tokens; S is the [dk][dv] state (in/out). q (already normalised and
 // scaled), k (normalised): [n][dk]; v: [n][dv]; g: log-decay per token; beta: write strength per token. out: [n][dv].

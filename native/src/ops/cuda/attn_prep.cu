@@ -80,9 +80,11 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
     }
     pdl_wait();
     const float p = (float)pos[t];  // (read with the row: its latency overlaps)
-    const int64_t q_out = (int64_t)a.n_head * hd * (a.gated ? 2 : 1), kvd = (int64_t)n_kv * hd;
-    const float *src = is_q ? a.qf + t * q_out + (int64_t)hh * hd * (a.gated ? 2 : 1)
-                            : a.kf + t * kvd + (int64_t)(hh - a.n_head) * hd;
+    const int64_t kvd = (int64_t)n_kv * hd;
+    const int64_t qs = a.q_stride ? a.q_stride : (int64_t)a.n_head * hd * (a.gated ? 2 : 1),
+                  ks = a.k_stride ? a.k_stride : kvd, vs = a.v_stride ? a.v_stride : kvd;
+    const float *src = is_q ? a.qf + t * qs + (int64_t)hh * hd * (a.gated ? 2 : 1)
+                            : a.kf + t * ks + (int64_t)(hh - a.n_head) * hd;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         const float v = src[d];
@@ -126,11 +128,11 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
         return;
     }
     const int g = hh - a.n_head;
-    float *kdst = a.kf + t * kvd + (int64_t)g * hd;
+    float *kdst = a.kf + t * ks + (int64_t)g * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) kdst[d] = xs[d];
     const uint64_t prow = (uint64_t)kv_slot[t] * n_kv + g;
     store_cache_row(a.kv.type_k, xs, a.kv.k + prow * a.kv.k_row, hd);
-    store_cache_row(a.kv.type_v, a.vf + t * kvd + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
+    store_cache_row(a.kv.type_v, a.vf + t * vs + (int64_t)g * hd, a.kv.v + prow * a.kv.v_row, hd);
 }
 
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a) {

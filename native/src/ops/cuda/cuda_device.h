@@ -43,10 +43,10 @@ public:
     void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
     void add(float *x, const float *d, int64_t count) override;
     void swiglu(float *g, const float *u, int64_t count) override;
+    void swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) override;
     void sigmoid_mul(float *a, const float *g, int64_t count) override;
     void scale_softcap(float *x, int64_t count, float scale, float cap) override;
     void gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) override;
-    void split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) override;
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
@@ -55,7 +55,8 @@ public:
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
-    void gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) override;
+    void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads, int64_t n,
+                       float eps) override;
 
     void topk(const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals, float *lse) override;
     void dyn_conv(const BatchMeta &m, const DynConvCall &c) override;
@@ -224,17 +225,17 @@ void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, in
                     const CudaDevice::QuantX &q = {});
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
                         float eps, const CudaDevice::QuantX &q = {});
-void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
-                          float eps);
+void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_stride, const float *w, int64_t T,
+                          int64_t heads, int64_t n, float eps);
 // The threads of a row norm's block for rows of n (norm.cu): about four elements a thread, up to 1024.
 int norm_threads(int64_t n);
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q = {});
+void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float *u, int64_t rows, int64_t n,
+                        int64_t stride, const CudaDevice::QuantX &q = {});
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
 void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
-constexpr size_t kSplitRowsMaxParts = 4;  // q|k|v|z|b|a are four parts in Qwen3.5's Gated DeltaNet layers
-void launch_split_rows(cudaStream_t s, const float *src, int64_t rows, const std::vector<RowsPart> &parts);
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);

@@ -490,6 +490,16 @@ void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
     staged_done();
 }
 
+void CudaDevice::swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) {
+    if (stride == n) {  // rows of their own: the flat kernel
+        if (out != g) copy_rows(out, n, g, n, rows, n);
+        swiglu(out, u, rows * n);
+        return;
+    }
+    op("swiglu", [&] { launch_swiglu_rows(stream_, out, g, u, rows, n, stride, stage_rows(out, rows, n)); });
+    staged_done();
+}
+
 void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {
     op("sigmoid_mul", [&] { launch_sigmoid_mul(stream_, a, g, count); });
 }
@@ -508,17 +518,6 @@ void CudaDevice::selector_trans(const SelectorCall &s) {
 
 void CudaDevice::gather_rows(const float *x, const int32_t *rows, int64_t R, int64_t n, float *out) {
     op("gather_rows", [&] { launch_gather_rows(stream_, x, rows, R, n, out); });
-}
-
-// One kernel (a chained launch) where the default is a 2-D copy a part: graph memcpy nodes, which also break the chain
-// of programmatic dependent launches around them. DFL_CUDA_SPLIT_ROWS=0: the copies.
-void CudaDevice::split_rows(const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
-    static const bool on = env_switch("DFL_CUDA_SPLIT_ROWS", true);
-    if (!on || parts.empty() || parts.size() > kSplitRowsMaxParts || rows > 65535) {  // (rows: the grid's y)
-        Device::split_rows(src, rows, parts);
-        return;
-    }
-    op("split_rows", [&] { launch_split_rows(stream_, src, rows, parts); });
 }
 
 void CudaDevice::copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
@@ -560,8 +559,9 @@ void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
     op("record_gdn_inputs", [&] { launch_record_gdn_inputs(stream_, m, r); });
 }
 
-void CudaDevice::gated_rmsnorm(float *x, const float *z, const float *w, int64_t rows, int64_t n, float eps) {
-    op("gated_rmsnorm", [&] { launch_gated_rmsnorm(stream_, x, z, w, rows, n, eps); });
+void CudaDevice::gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
+                               int64_t n, float eps) {
+    op("gated_rmsnorm", [&] { launch_gated_rmsnorm(stream_, x, z, z_stride, w, T, heads, n, eps); });
 }
 
 }  // namespace cuda

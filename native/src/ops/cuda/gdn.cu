@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -33,8 +32,9 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
     const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
     if (i0 >= n) return;
     float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
-    const float *x = cc.x + t0 * C;
-    auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * C + c]; };
+    const int64_t xs = cc.x_stride ? cc.x_stride : C;
+    const float *x = cc.x + t0 * xs;
+    auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * xs + c]; };
     float *rw = rec_window ? rec_window[e] : nullptr;
     if (rw) {
         rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
@@ -85,10 +85,11 @@ __global__ void gdn_gates_kernel(GdnGates g) {
         const bool is_q = hh < g.n_k;
         for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
     }
+    const float *b = g.b + t * (g.b_stride ? g.b_stride : g.n_v), *ar = g.a + t * (g.a_stride ? g.a_stride : g.n_v);
     for (int j = threadIdx.x; j < g.n_v; j += blockDim.x) {
         const int64_t i = t * g.n_v + j;
-        g.beta[i] = sigmoid_f(g.b[i]);
-        const float xa = g.a[i] + g.dt_bias[j];
+        g.beta[i] = sigmoid_f(b[j]);
+        const float xa = ar[j] + g.dt_bias[j];
         const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
         g.g[i] = g.ssm_a[j] * sp;
     }
@@ -98,19 +99,6 @@ void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
     gdn_gates_kernel<<<(unsigned)T, kGatesThreads, 0, s>>>(g);
     check_launch("gdn_gates");
-}
-
-// The partial sums of gdn_reg_kernel added pairwise, in a fixed order.
-template <int N>
-__device__ __forceinline__ float partial_sum(const float (&p)[N]) {
-    if constexpr (N == 1) {
-        return p[0];
-    } else {
-        float h[N / 2];
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) h[i] = p[2 * i] + p[2 * i + 1];
-        return partial_sum<N / 2>(h);
-    }
 }
 
 struct GdnArgs {
@@ -125,12 +113,8 @@ struct GdnArgs {
 //
 // Register kernel: two neighbouring lanes own one column b, each holding DK/2 of its rows in registers (a whole
 // 128-row column per thread would spill); the two partial sums of k.S and q.S meet through one shuffle.
-// ILP: each lane's sums of k.S and q.S as ILP interleaved partial sums added at the end, where one chain of DK/2
-// dependent adds (~4 cycles each) ran twice a token: a prefill's tokens run one after another, so that chain is its
-// time (27B qwen35 pp4096 on an H100, 12-05: 3.9 ms a layer for 4,096 tokens, ~1 us a token, 27 % of the forward).
-template <int DK, int ILP>
+template <int DK>
 __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
-    static_assert((DK / 2) % ILP == 0, "rows a lane split evenly over the partial sums");
     // Token inputs are double-buffered: the loads for token it + 1 are issued before token it is computed, so a long
     // prefill does not wait a memory latency per token. q then k of a token, [2][DK] per buffer.
     __shared__ float qk[2][2 * DK];
@@ -199,22 +183,20 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
         }
         if (it + 1 < n) fetch(tok + 1);
         const float *q = qk[buf] + a0, *k = qk[buf] + DK + a0;
-        float up[ILP] = {};
+        float u = 0.0f;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             s[i] *= decay;
-            up[i % ILP] += k[i] * s[i];
+            u += k[i] * s[i];
         }
-        float u = partial_sum<ILP>(up);
         u += __shfl_xor_sync(0xffffffffu, u, 1);
         const float delta = beta * (v - u);
-        float op[ILP] = {};
+        float o = 0.0f;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             s[i] += k[i] * delta;
-            op[i % ILP] += q[i] * s[i];
+            o += q[i] * s[i];
         }
-        float o = partial_sum<ILP>(op);
         o += __shfl_xor_sync(0xffffffffu, o, 1);
         if (active) {
             if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
@@ -326,19 +308,10 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
-    // the register kernel's sums in four interleaved parts (DFL_CUDA_GDN_ILP=0: one chain, as before 12-05 13:5x)
-    static const bool ilp = env_switch("DFL_CUDA_GDN_ILP", true);
-    auto reg = [&](auto dk) {
-        constexpr int DK = decltype(dk)::value;
-        if (ilp)
-            gdn_reg_kernel<DK, 4><<<grid_reg, kGdnThreads, 0, s>>>(a);
-        else
-            gdn_reg_kernel<DK, 1><<<grid_reg, kGdnThreads, 0, s>>>(a);
-    };
     if (g.dk == 128)
-        reg(std::integral_constant<int, 128>{});
+        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, 0, s>>>(a);
     else if (g.dk == 64)
-        reg(std::integral_constant<int, 64>{});
+        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, 0, s>>>(a);
     else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");

@@ -26,6 +26,20 @@ __global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::Q
     }
 }
 
+// swiglu of a fused gate|up product's rows where they lie (rows `stride` apart) into rows of n: block (column block,
+// row), so no element divides by n. Quantized as swiglu_kernel does (n a multiple of 32).
+__global__ void swiglu_rows_kernel(float *out, const float *g, const float *u, int64_t n, int64_t stride,
+                                   CudaDevice::QuantX q) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
+    const int64_t t = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    const float v = silu_f(g[t * stride + c]) * u[t * stride + c];
+    const int64_t i = t * n + c;
+    out[i] = v;
+    if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+}
+
 __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain)
@@ -46,41 +60,6 @@ __global__ void gather_rows_kernel(const float *x, const int32_t *rows, int64_t 
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
 
-// The parts of a fused product's rows, each into its own rows: block (column block, row r); column c of src's row r
-// goes to the part whose columns end first past c (no division: a decode batch's rows are few and wide).
-struct SplitParts {
-    float *dst[kSplitRowsMaxParts];
-    int64_t end[kSplitRowsMaxParts];  // the part's last column + 1
-    int64_t width;
-};
-__global__ void split_rows_kernel(const float *src, SplitParts p) {
-    pdl_trigger();  // (launch_chain)
-    pdl_wait();
-    const int64_t r = blockIdx.y, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= p.width) return;
-    int k = 0;
-    int64_t c0 = 0;
-    while (c >= p.end[k]) c0 = p.end[k++];
-    p.dst[k][r * (p.end[k] - c0) + (c - c0)] = src[r * p.width + c];
-}
-
-void launch_split_rows(cudaStream_t s, const float *src, int64_t rows, const std::vector<RowsPart> &parts) {
-    if (parts.empty() || parts.size() > kSplitRowsMaxParts) fail(DFL_ERR_INTERNAL, "split_rows: 1..4 parts");
-    if (rows > 65535) fail(DFL_ERR_INTERNAL, "split_rows: more than 65535 rows");
-    SplitParts p{};
-    int64_t end = 0;
-    for (size_t i = 0; i < parts.size(); i++) {
-        end += parts[i].n;
-        p.dst[i] = parts[i].dst;
-        p.end[i] = end;
-    }
-    p.width = end;
-    if (rows <= 0 || end <= 0) return;
-    const dim3 grid((unsigned)((end + kEltThreads - 1) / kEltThreads), (unsigned)rows);
-    launch_chain(split_rows_kernel, grid, dim3(kEltThreads), 0, s, src, p);
-    check_launch("split_rows");
-}
-
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count) {
     if (count <= 0) return;
     launch_chain(add_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, x, d, count);
@@ -91,6 +70,15 @@ void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, cons
     if (count <= 0) return;
     launch_chain(swiglu_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, g, u, count, q);
     check_launch("swiglu");
+}
+
+void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float *u, int64_t rows, int64_t n,
+                        int64_t stride, const CudaDevice::QuantX &q) {
+    if (rows <= 0 || n <= 0) return;
+    if (rows > 65535) fail(DFL_ERR_INTERNAL, "swiglu_rows: more than 65535 rows a call");  // (the grid's y)
+    const dim3 grid((unsigned)((n + kEltThreads - 1) / kEltThreads), (unsigned)rows);
+    launch_chain(swiglu_rows_kernel, grid, dim3(kEltThreads), 0, s, out, g, u, n, stride, q);
+    check_launch("swiglu_rows");
 }
 
 void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count) {

@@ -96,12 +96,13 @@ __global__ void __launch_bounds__(1024) rmsnorm_regs_kernel(float *x, const floa
                             [&](int k, int i) { return WREGS == REGS ? wv[k % WREGS] : __ldg(w + i); }, yr, q, red);
 }
 
-__global__ void gated_rmsnorm_kernel(float *x, const float *z, const float *w, int64_t n, float eps) {
+// Block (head, token): x's row blockIdx.y * heads + blockIdx.x, its z row at z + blockIdx.y * z_stride + blockIdx.x * n.
+__global__ void gated_rmsnorm_kernel(float *x, const float *z, int64_t z_stride, const float *w, int64_t n, float eps) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain)
     __shared__ float red[32];
-    float *xr = x + (int64_t)blockIdx.x * n;
-    const float *zr = z + (int64_t)blockIdx.x * n;
+    float *xr = x + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * n;
+    const float *zr = z + (int64_t)blockIdx.y * z_stride + (int64_t)blockIdx.x * n;
     const float r = row_rms_scale(xr, n, eps, red);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = w ? (xr[i] * r) * w[i] : xr[i] * r;
@@ -153,10 +154,12 @@ void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w
     check_launch("add_rmsnorm");
 }
 
-void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, const float *w, int64_t rows, int64_t n,
-                          float eps) {
-    if (rows <= 0 || n <= 0) return;
-    launch_chain(gated_rmsnorm_kernel, dim3((unsigned)rows), dim3(norm_threads(n)), 0, s, x, z, w, n, eps);
+void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_stride, const float *w, int64_t T,
+                          int64_t heads, int64_t n, float eps) {
+    if (T <= 0 || heads <= 0 || n <= 0) return;
+    if (T > 65535) fail(DFL_ERR_INTERNAL, "gated_rmsnorm: more than 65535 tokens a call");  // (the grid's y)
+    launch_chain(gated_rmsnorm_kernel, dim3((unsigned)heads, (unsigned)T), dim3(norm_threads(n)), 0, s, x, z, z_stride,
+                 w, n, eps);
     check_launch("gated_rmsnorm");
 }
 
