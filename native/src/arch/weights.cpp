@@ -179,10 +179,22 @@ std::vector<RowsView> project_views(Device &dev, const Weight &fused,
         return where;
     }
     dev.matmul(fused, x, T, scratch);
+    // DFL_FUSED_VIEWS=0: each part's rows copied out of scratch into its output (as before 12-05), for comparisons in
+    // one run
+    static const bool views = [] {
+        const char *v = std::getenv("DFL_FUSED_VIEWS");
+        return !v || std::string(v) != "0";
+    }();
     int64_t off = 0;
     for (const auto &o : outs) {
-        where.push_back(RowsView{scratch + off, fused.n_out});
-        off += o.first->n_out;
+        const int64_t n = o.first->n_out;
+        if (views || T == 1) {
+            where.push_back(RowsView{scratch + off, fused.n_out});
+        } else {
+            dev.copy_rows(o.second, n, scratch + off, fused.n_out, T, n);
+            where.push_back(RowsView{o.second, n});
+        }
+        off += n;
     }
     return where;
 }
