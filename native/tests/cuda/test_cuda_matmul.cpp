@@ -119,7 +119,8 @@ void test_matmul_embed() {
     // dequantized. Activations rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element,
     // random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the long rows of the down projections. Grids
     // of at most one block an SM with 2048 inputs or more (700, 300 and 70 rows here) split their inputs in two halves
-    // added onto a zeroed output at 8..32 tokens (DFL_CUDA_Q8P_SPLITK).
+    // added onto a zeroed output at 8..32 tokens (DFL_CUDA_Q8P_SPLITK; with DFL_CUDA_Q8P_SPLITK_N=4, 4096 inputs and more
+    // split in four parts stored apart and added in order).
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);

@@ -95,6 +95,8 @@ public:
     // A third, for an int8 tensor-core product's activations in fragment order (mma_int8.cu), which it writes from
     // the quantized ones in the scratch.
     void *mma_buffer(size_t bytes);
+    // A fourth, for a split-K product's partial sums (launch_q8p_mma with more than two input parts).
+    void *splitk_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -188,7 +190,7 @@ private:
         size_t bytes = 0;
     };
     void *grow(GrowBuf &b, size_t bytes, const char *what);
-    GrowBuf scratch_, ds4_buf_, mma_buf_;
+    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_;
     uint64_t scratch_epoch_ = 0;
     int sm_count_ = 1;
     size_t shared_optin_ = 48 * 1024;

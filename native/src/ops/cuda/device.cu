@@ -75,7 +75,7 @@ CudaDevice::~CudaDevice() {
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (staging_) cudaFreeHost(staging_);
     for (void *p : weights_) cudaFree(p);
-    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_})
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -376,6 +376,7 @@ void *CudaDevice::grow(GrowBuf &b, size_t bytes, const char *what) {
 void *CudaDevice::scratch(size_t bytes) { return grow(scratch_, bytes, "matmul scratch"); }
 void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deepseek4 expert rows"); }
 void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
+void *CudaDevice::splitk_buffer(size_t bytes) { return grow(splitk_buf_, bytes, "split-K partial sums"); }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });

@@ -184,10 +184,12 @@ struct PipeStage {
     }
 };
 
+// Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
+// float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
 template <int MT, int NT8, int S, bool RX, int U = 1>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
-                                                                     int64_t T, float *Y) {
+                                                                     int64_t T, float *Y, int64_t part_stride) {
     using Stage = PipeStage<MT, NT8, RX, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
     constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
@@ -254,10 +256,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     cp_async_wait<0>();
     __syncthreads();  // the stages are free: the warps' sums are added in their memory
     auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem);
-    if (gridDim.y > 1)
+    if (gridDim.y > 1 && part_stride == 0)
         mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y);
     else
-        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
+        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride);
 }
 
 // Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
@@ -342,19 +344,42 @@ static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
     return n > 0 ? n : dev.sm_count() * 5 / 4;
 }
 
-// Input halves of a staged product (see q8p_splitk_on): 2 where it applies, else 1.
+// DFL_CUDA_Q8P_SPLITK_N=3 or 4 (opt-in; default 2): the input parts where split-K applies. More than two parts store
+// their sums apart and one more launch adds them in order (sum_parts), so the result is the same float every run.
+// Why: the 27B's 5120-row products at 16 tokens (160 tiles of 32 rows, two halves) make 320 blocks for 264 slots, 1.21
+// waves, and run at 1.2-1.6 TB/s where gate|up (1,088 tiles) runs at 2.2 (H100, 12-05 13:2x profile of a 16-row
+// verify); four parts make 640 blocks, 2.4 waves.
+static int q8p_splitk_n() {
+    static const int n = (int)std::min<int64_t>(4, std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_SPLITK_N", 2)));
+    return n;
+}
+
+// Input parts of a staged product (see q8p_splitk_on and q8p_splitk_n): 2 or more where it applies, else 1.
 static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
+    const int n = q8p_splitk_n();
     const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
-    const bool fits = T <= q8p_splitk_tokens() && groups >= 4 && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
-    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out, T) <= q8p_splitk_blocks(dev) ? 2 : 1;
+    const bool fits = T <= q8p_splitk_tokens() && groups >= 2 * n && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
+    return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out, T) <= q8p_splitk_blocks(dev) ? n : 1;
+}
+
+// Y[i] = the parts' sums at i added in order (part 0 first), i < count.
+__global__ void sum_parts_kernel(const float *part, int n_parts, int64_t count, float *Y) {
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain) the parts are the product's
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = part[i];
+        for (int p = 1; p < n_parts; p++) v += part[p * count + i];
+        Y[i] = v;
+    }
 }
 
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
 // DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
-// rx: x is the quantizer's rows (RX), else the fragment-ordered copy. splits: input parts (grid.y; Y zeroed when 2).
+// rx: x is the quantizer's rows (RX), else the fragment-ordered copy. splits: input parts (grid.y; Y zeroed when 2 and
+// part_stride is 0, else part p's sums at Y + p * part_stride).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y, bool rx, int splits = 1) {
+                            int64_t T, float *Y, bool rx, int splits = 1, int64_t part_stride = 0) {
     auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows, auto u) {
         grid.y = (unsigned)splits;
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
@@ -363,7 +388,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX, U);
         allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
         launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>, grid, dim3(kMmaWarps * 32), smem, dev.stream(),
-                         qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
+                         qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride);
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         const std::integral_constant<int, 1> one;
@@ -404,9 +429,19 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
         return;
     }
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
-    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, splits > 1 ? Y : nullptr, splits > 1 ? W.n_out * T : 0);
+    const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
-        launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false, splits);
+        if (splits <= 2) {
+            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false, splits);
+            return;
+        }
+        const int64_t count = W.n_out * T;
+        float *part = (float *)dev.splitk_buffer((size_t)(splits * count) * sizeof(float));
+        launch_q8p_pipe(dev, W, qs, dw, x, T, part, false, splits, count);
+        launch_chain(sum_parts_kernel, dim3(grid_for(count, 256)), dim3(256), 0, dev.stream(), (const float *)part, splits,
+                     count, Y);
+        check_launch("matmul (q8_0 split-K sums)");
         return;
     }
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
