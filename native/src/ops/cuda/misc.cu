@@ -1,4 +1,6 @@
 // Element-wise ops and row gathers: grid-stride loops, memory bound.
+#include <algorithm>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -75,9 +77,13 @@ void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, cons
 void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float *u, int64_t rows, int64_t n,
                         int64_t stride, const CudaDevice::QuantX &q) {
     if (rows <= 0 || n <= 0) return;
-    if (rows > 65535) fail(DFL_ERR_INTERNAL, "swiglu_rows: more than 65535 rows a call");  // (the grid's y)
-    const dim3 grid((unsigned)((n + kEltThreads - 1) / kEltThreads), (unsigned)rows);
-    launch_chain(swiglu_rows_kernel, grid, dim3(kEltThreads), 0, s, out, g, u, n, stride, q);
+    for (int64_t r0 = 0; r0 < rows; r0 += 65535) {  // (the grid's y: rows)
+        const int64_t nr = std::min<int64_t>(65535, rows - r0);
+        const dim3 grid((unsigned)((n + kEltThreads - 1) / kEltThreads), (unsigned)nr);
+        // (a staged quantization is for batches of up to 64 rows: the first chunk is all of them)
+        launch_chain(swiglu_rows_kernel, grid, dim3(kEltThreads), 0, s, out + r0 * n, g + r0 * stride, u + r0 * stride, n,
+                     stride, r0 == 0 ? q : CudaDevice::QuantX{});
+    }
     check_launch("swiglu_rows");
 }
 

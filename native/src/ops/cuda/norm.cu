@@ -157,9 +157,11 @@ void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_stride, const float *w, int64_t T,
                           int64_t heads, int64_t n, float eps) {
     if (T <= 0 || heads <= 0 || n <= 0) return;
-    if (T > 65535) fail(DFL_ERR_INTERNAL, "gated_rmsnorm: more than 65535 tokens a call");  // (the grid's y)
-    launch_chain(gated_rmsnorm_kernel, dim3((unsigned)heads, (unsigned)T), dim3(norm_threads(n)), 0, s, x, z, z_stride,
-                 w, n, eps);
+    for (int64_t t0 = 0; t0 < T; t0 += 65535) {  // (the grid's y: tokens)
+        const int64_t nt = std::min<int64_t>(65535, T - t0);
+        launch_chain(gated_rmsnorm_kernel, dim3((unsigned)heads, (unsigned)nt), dim3(norm_threads(n)), 0, s,
+                     x + t0 * heads * n, z + t0 * z_stride, z_stride, w, n, eps);
+    }
     check_launch("gated_rmsnorm");
 }
 
