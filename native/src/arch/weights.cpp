@@ -166,6 +166,18 @@ Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
     return f;
 }
 
+// The parts whose rows are not their own (views of T > 1 rows inside a wider buffer) copied into their outputs.
+static std::vector<RowsView> own_rows(Device &dev, const std::vector<std::pair<const Weight *, float *>> &outs,
+                                      std::vector<RowsView> views, int64_t T) {
+    for (size_t i = 0; i < outs.size(); i++) {
+        const int64_t n = outs[i].first->n_out;
+        if (T == 1 || views[i].stride == n) continue;  // one row, or rows of their own: already contiguous
+        dev.copy_rows(outs[i].second, n, views[i].p, views[i].stride, T, n);
+        views[i] = RowsView{outs[i].second, n};
+    }
+    return views;
+}
+
 std::vector<RowsView> project_views(Device &dev, const Weight &fused,
                                     const std::vector<std::pair<const Weight *, float *>> &outs, const float *x, int64_t T,
                                     float *scratch) {
@@ -187,32 +199,16 @@ std::vector<RowsView> project_views(Device &dev, const Weight &fused,
     }();
     int64_t off = 0;
     for (const auto &o : outs) {
-        const int64_t n = o.first->n_out;
-        if (views || T == 1) {
-            where.push_back(RowsView{scratch + off, fused.n_out});
-        } else {
-            dev.copy_rows(o.second, n, scratch + off, fused.n_out, T, n);
-            where.push_back(RowsView{o.second, n});
-        }
-        off += n;
+        where.push_back(RowsView{scratch + off, fused.n_out});
+        off += o.first->n_out;
     }
-    return where;
+    return views ? where : own_rows(dev, outs, where, T);
 }
 
 std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
                              const float *x, int64_t T, float *scratch) {
-    const std::vector<RowsView> views = project_views(dev, fused, outs, x, T, scratch);
     std::vector<float *> where;
-    for (size_t i = 0; i < outs.size(); i++) {
-        const RowsView &v = views[i];
-        const int64_t n = outs[i].first->n_out;
-        if (T == 1 || v.stride == n) {  // one row, or rows of their own: already contiguous
-            where.push_back(v.p);
-            continue;
-        }
-        dev.copy_rows(outs[i].second, n, v.p, v.stride, T, n);
-        where.push_back(outs[i].second);
-    }
+    for (const RowsView &v : own_rows(dev, outs, project_views(dev, fused, outs, x, T, scratch), T)) where.push_back(v.p);
     return where;
 }
 

@@ -523,7 +523,7 @@ public:
     // g = silu(g) * u
     virtual void swiglu(float *g, const float *u, int64_t count) = 0;
     // out[t][i] = silu(g[t stride + i]) * u[t stride + i], i < n, t < rows: a fused gate|up product's rows where they lie
-    // in its buffer (project_views), into rows of their own.
+    // in its buffer (project_views), into rows of their own (out may be g where stride is n).
     virtual void swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) = 0;
     // a = a * sigmoid(g)
     virtual void sigmoid_mul(float *a, const float *g, int64_t count) = 0;

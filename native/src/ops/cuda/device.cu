@@ -492,11 +492,6 @@ void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
 }
 
 void CudaDevice::swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) {
-    if (stride == n) {  // rows of their own: the flat kernel
-        if (out != g) copy_rows(out, n, g, n, rows, n);
-        swiglu(out, u, rows * n);
-        return;
-    }
     op("swiglu", [&] { launch_swiglu_rows(stream_, out, g, u, rows, n, stride, stage_rows(out, rows, n)); });
     staged_done();
 }
