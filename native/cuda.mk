@@ -86,7 +86,7 @@ $(CB)/libcu.a: $(CU_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/test_cuda_matmul.o $(CB)/tests/test_cuda_topk.o \
+TEST_OBJS := $(CB)/tests/test_cuda_ops.o $(CB)/tests/test_cuda_matmul.o $(CB)/tests/test_cuda_gdn.o $(CB)/tests/test_cuda_topk.o \
 	$(CB)/tests/bench_cuda_ops.o $(CB)/tests/bench_sync.o
 $(TEST): $(TEST_OBJS) $(CB)/libcpu.a $(CB)/libcu.a $(CB)/libcommon.a
 	$(CXX) -pthread -o $@.tmp.$$$$ $(TEST_OBJS) -Wl,--start-group $(CB)/libcpu.a $(CB)/libcu.a \

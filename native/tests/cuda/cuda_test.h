@@ -48,6 +48,8 @@ void test_hc_pre_norm();
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();
+// The Gated DeltaNet group of test_cuda_ops (test_cuda_gdn.cpp).
+void test_gdn();
 void test_topk();
 
 // The speed groups of test_cuda_ops (bench_cuda_ops.cpp).

@@ -14,6 +14,14 @@
 
 namespace dfltest {
 
+// Parents of a random n-token tree (a spine with branches).
+inline std::vector<int32_t> random_tree(Rng &r, int n) {
+    std::vector<int32_t> p((size_t)n);
+    p[0] = -1;
+    for (int i = 1; i < n; i++) p[(size_t)i] = r.next() % 3 == 0 ? i - 1 : (int32_t)(r.next() % (uint64_t)i);
+    return p;
+}
+
 // Entries (each a sequence in slot `slot` with len0 cached tokens and n new ones) with KV blocks of block_size tokens
 // handed out shuffled, so block tables are not the identity; `spare` unused blocks besides, token ids below
 // token_range.

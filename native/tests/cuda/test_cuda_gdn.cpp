@@ -1,0 +1,187 @@
+// The Gated DeltaNet layer's ops, CUDA against the CPU device (test_cuda_ops' gdn group): the conv, the gates and the
+// delta rule over chains, recorded entries and token trees; odd batches read x, b and a as rows of a fused product's
+// buffer. Bounds as test_cuda_ops.cpp's header says (conv and gates 1e-5, the delta rule 1e-4).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test.h"
+#include "ops/device.h"
+#include "test.h"
+#include "test_batch.h"
+
+namespace dfltest {
+namespace {
+
+using namespace dfl;
+
+struct GdnShape {
+    int n_k, n_v, dk, dv, K;
+};
+
+void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
+                  const std::vector<std::vector<int32_t>> &trees = {}) {
+    Batch b(be, 16, r);
+    if (!trees.empty()) b.set_trees(trees);
+    const int64_t T = b.T;
+    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
+    const int n_rec = 2, rec_layer = 1, n_slots = 4;
+    char nm[160];
+    std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
+                  b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
+    const std::string tag = std::string(nm) + (T % 2 == 1 ? " fused" : "");
+
+    // conv
+    const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;  // slots need not be packed
+    // odd batches read x, b and a where a fused product leaves them: rows of a wider buffer (ConvCall::x_stride,
+    // GdnGates::b_stride / a_stride)
+    const bool fused = T % 2 == 1;
+    const int64_t xs = fused ? C + 2 * s.n_v + 7 : C;
+    Dual x(rand_vec(r, (size_t)(T * xs))), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
+    Dual cv((size_t)(T * C) * 4);
+    std::vector<std::unique_ptr<Dual>> recw;
+    std::vector<float *> rwc, rwg;
+    for (const auto &e : b.ents) {
+        if (!e.record) {
+            recw.emplace_back();
+            rwc.push_back(nullptr);
+            rwg.push_back(nullptr);
+            continue;
+        }
+        recw.emplace_back(new Dual((size_t)n_rec * (s.K - 1 + e.n) * C * 4));
+        rwc.push_back(recw.back()->cp());
+        rwg.push_back(recw.back()->gp());
+    }
+    Dual rwpc(rwc), rwpg(rwg);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        ConvCall c;
+        c.x = g ? x.gp() : x.cp();
+        c.x_stride = fused ? xs : 0;
+        c.out = g ? cv.gp() : cv.cp();
+        c.w = g ? w.gp() : w.cp();
+        c.C = C;
+        c.K = s.K;
+        c.conv = g ? conv.gp() : conv.cp();
+        c.slot_stride = conv_stride;
+        c.rec_layer = rec_layer;
+        c.n_rec = n_rec;
+        BatchMeta m = b.meta(g);
+        m.rec_window = g ? rwpg.gp<float *>() : rwpc.cp<float *>();
+        (g ? g_gpu : g_cpu)->conv1d_silu(m, c);
+    }
+    compare("conv1d_silu out " + tag, cv, 1e-5);
+    compare("conv1d_silu state " + tag, conv, 0);
+    for (size_t i = 0; i < recw.size(); i++)
+        if (recw[i]) compare("conv1d_silu rec_window " + tag, *recw[i], 0);
+
+    // gates (on the CPU's conv output, so each op is judged alone)
+    cv.set(cv.read<uint8_t>(false).data());
+    Dual bb(rand_vec(r, (size_t)(T * s.n_v), 3.0f)), aa(rand_vec(r, (size_t)(T * s.n_v), 30.0f));
+    if (fused) {  // b and a after each row's C floats of x
+        std::vector<float> f = x.read(false), bv = bb.read(false), av = aa.read(false);
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < s.n_v; j++) {
+                f[(size_t)(t * xs + C + j)] = bv[(size_t)(t * s.n_v + j)];
+                f[(size_t)(t * xs + C + s.n_v + j)] = av[(size_t)(t * s.n_v + j)];
+            }
+        x.set(f.data());
+    }
+    Dual ssm_a(rand_vec(r, (size_t)s.n_v, 1.0f)), dt(rand_vec(r, (size_t)s.n_v, 1.0f));
+    Dual beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        GdnGates q;
+        q.cv = g ? cv.gp() : cv.cp();
+        q.C = C;
+        q.n_k = s.n_k;
+        q.dk = s.dk;
+        q.n_v = s.n_v;
+        q.b = g ? bb.gp() : bb.cp();
+        q.a = g ? aa.gp() : aa.cp();
+        if (fused) {
+            q.b = x.p(g) + C;
+            q.a = x.p(g) + C + s.n_v;
+            q.b_stride = q.a_stride = xs;
+        }
+        q.ssm_a = g ? ssm_a.gp() : ssm_a.cp();
+        q.dt_bias = g ? dt.gp() : dt.cp();
+        q.beta = g ? beta.gp() : beta.cp();
+        q.g = g ? gl.gp() : gl.cp();
+        (g ? g_gpu : g_cpu)->gdn_gates(T, q);
+    }
+    compare("gdn_gates cv " + tag, cv, 1e-5);
+    compare("gdn_gates beta " + tag, beta, 1e-5);
+    compare("gdn_gates g " + tag, gl, 1e-5);
+
+    // the delta rule, with decays kept in (0, 1] as the model's are
+    cv.set(cv.read<uint8_t>(false).data());
+    std::vector<float> gv((size_t)(T * s.n_v)), bv((size_t)(T * s.n_v));
+    for (auto &v : gv) v = -0.3f * (float)r.uniform();
+    for (auto &v : bv) v = (float)r.uniform();
+    Dual gd(gv), bd(bv);
+    const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
+    Dual state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
+    Dual out((size_t)(T * s.n_v * s.dv) * 4);
+    std::vector<std::unique_ptr<Dual>> recs;
+    std::vector<float *> rsc, rsg;
+    for (const auto &e : b.ents) {
+        if (!e.record) {
+            recs.emplace_back();
+            rsc.push_back(nullptr);
+            rsg.push_back(nullptr);
+            continue;
+        }
+        recs.emplace_back(new Dual((size_t)(e.n + 1) * n_rec * sf * 4));
+        rsc.push_back(recs.back()->cp());
+        rsg.push_back(recs.back()->gp());
+    }
+    Dual rspc(rsc), rspg(rsg);
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        GdnCall c;
+        c.cv = g ? cv.gp() : cv.cp();
+        c.C = C;
+        c.n_k = s.n_k;
+        c.n_v = s.n_v;
+        c.dk = s.dk;
+        c.dv = s.dv;
+        c.g = g ? gd.gp() : gd.cp();
+        c.beta = g ? bd.gp() : bd.cp();
+        c.out = g ? out.gp() : out.cp();
+        c.state = g ? state.gp() : state.cp();
+        c.slot_stride = state_stride;
+        c.rec_layer = rec_layer;
+        c.n_rec = n_rec;
+        BatchMeta m = b.meta(g);
+        m.rec_state = g ? rspg.gp<float *>() : rspc.cp<float *>();
+        (g ? g_gpu : g_cpu)->gdn(m, c);
+    }
+    compare("gdn out " + tag, out, 1e-4);
+    compare("gdn state " + tag, state, 1e-4);
+    for (size_t i = 0; i < recs.size(); i++)
+        if (recs[i]) compare("gdn rec_state " + tag, *recs[i], 1e-4);
+}
+
+}  // namespace
+
+void test_gdn() {
+    Rng r(4);
+    const GdnShape shapes[] = {{2, 4, 128, 128, 4}, {2, 6, 64, 64, 4}, {1, 3, 32, 48, 3}};
+    const std::vector<std::vector<Batch::Ent>> batches = {
+        {{1, 10, 2, false}},
+        {{3, 4, 1, true}},
+        {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}},
+        {{120, 0, 0, false}, {10, 0, 1, true}},
+    };
+    for (const GdnShape &s : shapes)
+        for (const auto &be : batches) run_gdn_case(s, be, r);
+    // token trees (recorded entries, each token continuing from its parent) beside ordinary entries
+    for (const GdnShape &s : shapes)
+        run_gdn_case(s, {{5, 0, 0, false}, {12, 7, 1, true}, {3, 2, 2, true}, {20, 0, 3, true}}, r,
+                     {{}, random_tree(r, 12), {}, random_tree(r, 20)});
+}
+
+}  // namespace dfltest
