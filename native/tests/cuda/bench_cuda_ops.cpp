@@ -81,18 +81,33 @@ void bench_attention() {
 // Decode and batched-decode product speed on the qwen3-8b layer shapes (q|k|v, o, gate|up, down), the weights prepared
 // as the engine prepares them (q8_0 repacked): per call, 20 calls back to back between two events (as in a replayed
 // step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
-// The qwen3-8b layer's products in `type` (qkv, o, gate+up, down), random rows uploaded and prepared as a model's
-// are; bytes their size in the file's format.
-static const int64_t kLayerShapes[][2] = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};  // {n_out, n_in}
+// The layer's products in `type` (qkv, o, gate+up, down), random rows uploaded and prepared as a model's are; bytes
+// their size in the file's format. qwen3-8b's, or with DFL_BENCH_LAYER=qwen35-27b the 27B qwen35's DeltaNet layer
+// (qkv|z|b|a, out, gate|up, down), whose 5120-row products at 16 tokens are the 16-row verify's gap (issue 11).
+struct LayerShape {
+    int64_t n_out, n_in;
+};
+static const std::vector<LayerShape> &layer_shapes() {
+    static const std::vector<LayerShape> qwen3_8b = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
+    static const std::vector<LayerShape> qwen35_27b = {{16480, 5120}, {5120, 6144}, {34816, 5120}, {5120, 17408}};
+    const char *env = std::getenv("DFL_BENCH_LAYER");
+    return env && std::strcmp(env, "qwen35-27b") == 0 ? qwen35_27b : qwen3_8b;
+}
+// The largest inputs and outputs of the layer's products (the bench's X and Y buffers are sized from them).
+static int64_t layer_max(bool inputs) {
+    int64_t n = 0;
+    for (const LayerShape &sh : layer_shapes()) n = std::max(n, inputs ? sh.n_in : sh.n_out);
+    return n;
+}
 
 static std::vector<Weight> layer_weights(uint32_t type, Rng &r, std::vector<size_t> &bytes) {
     std::vector<Weight> layer;
-    for (const auto &sh : kLayerShapes) {
-        const auto host = rand_rows(type, sh[0], sh[1], r);
+    for (const LayerShape &sh : layer_shapes()) {
+        const auto host = rand_rows(type, sh.n_out, sh.n_in, r);
         Weight W;
         W.type = type;
-        W.n_in = sh[1];
-        W.n_out = sh[0];
+        W.n_in = sh.n_in;
+        W.n_out = sh.n_out;
         W.row_bytes = type_row_bytes(type, W.n_in);
         W.data = g_gpu->upload_weight(host.data(), host.size(), true);
         g_gpu->prepare_weight(W);
@@ -108,10 +123,17 @@ void bench_gemv() {
     Rng r(5);
     const uint32_t types[] = {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, DFL_TYPE_Q6_K, DFL_TYPE_F16};
     constexpr int64_t kMaxT = 512;  // 128: a batch of 8 verify blocks; 512: a prefill chunk
-    const int64_t Ts[] = {1, 2, 4, 8, 16, 32, 64, 128, kMaxT};
-    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
+    // DFL_BENCH_TOKENS="1 16 23" times those token counts only (at most kMaxT)
+    std::vector<int64_t> Ts = {1, 2, 4, 8, 16, 32, 64, 128, kMaxT};
+    if (const char *env = std::getenv("DFL_BENCH_TOKENS"); env && *env) {
+        Ts.clear();
+        std::istringstream in(env);
+        for (int64_t t; in >> t;)
+            if (t >= 1 && t <= kMaxT) Ts.push_back(t);
+    }
+    DevBuf X(g_gpu, (size_t)layer_max(true) * 4 * kMaxT, "x"), Y(g_gpu, (size_t)layer_max(false) * 4 * kMaxT, "y");
     {
-        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
+        const auto xh = rand_vec(r, (size_t)layer_max(true) * kMaxT);
         g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
     }
     cudaEvent_t e0, e1;
@@ -183,9 +205,9 @@ void profile_gemv() {
     const std::string cases = env && *env ? env : "q8_0:1 q8_0:8 q8_0:32 q4_K:1 q4_K:8 q4_K:32";
     Rng r(5);
     constexpr int64_t kMaxT = 64;
-    DevBuf X(g_gpu, (size_t)12288 * 4 * kMaxT, "x"), Y(g_gpu, (size_t)24576 * 4 * kMaxT, "y");
+    DevBuf X(g_gpu, (size_t)layer_max(true) * 4 * kMaxT, "x"), Y(g_gpu, (size_t)layer_max(false) * 4 * kMaxT, "y");
     {
-        const auto xh = rand_vec(r, (size_t)12288 * kMaxT);
+        const auto xh = rand_vec(r, (size_t)layer_max(true) * kMaxT);
         g_gpu->to_device(X.get(), xh.data(), xh.size() * 4);
     }
     std::istringstream in(cases);
