@@ -133,6 +133,13 @@ check() {
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
   log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0)"
   DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  if [ -n "$UNMEASURED" ]; then  # the opt-ins written but not yet measured: their op tests and replays too
+    log "CUDA op tests with the unmeasured opt-ins ($UNMEASURED)"
+    env $UNMEASURED make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-unmeasured.txt" | grep -E "FAIL|cases" | tail -20
+    log "device replay vs CPU with them"
+    (cd native/engine && env $UNMEASURED DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.count=1 2>&1) |
+      tee "$OUT/device-replay-unmeasured.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -30
+  fi
   log "device replay vs CPU (native/engine)"
   (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
     tee "$OUT/device-replay.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|error" | head -60
@@ -547,6 +554,9 @@ step_ncu() {
 # OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
+# UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
+# they become defaults or are deleted); space-separated VAR=value, all at once
+UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_STAGED=1 DFL_CUDA_CONV_REGS=1 DFL_CUDA_Q8P_LONG1=1}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
 # instead of the state before and the rows' inputs (defaults since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged

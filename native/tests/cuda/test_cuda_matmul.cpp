@@ -119,8 +119,8 @@ void test_matmul_embed() {
     // dequantized. Activations rounded to int8 per block of 32 (relative 1/254 of the block's largest value per element,
     // random signs): 1.5e-2 of the output's norm. 12288 and 17408 inputs: the long rows of the down projections. Grids
     // of at most one block an SM with 2048 inputs or more (700, 300 and 70 rows here) split their inputs in two halves
-    // added onto a zeroed output at 8..32 tokens (DFL_CUDA_Q8P_SPLITK; with DFL_CUDA_Q8P_SPLITK_N=4, 4096 inputs and more
-    // split in four parts stored apart and added in order).
+    // added onto a zeroed output at 8..64 tokens (DFL_CUDA_Q8P_SPLITK), rows of 16,384 inputs or more (17408 here) in
+    // four parts stored apart and added in order (DFL_CUDA_Q8P_SPLITK_N=4: every split product in four).
     for (const Shape &s : {Shape{256, 33}, Shape{1024, 300}, Shape{4096, 700}, Shape{288, 70}, Shape{512, 4500},
                            Shape{12288, 300}, Shape{17408, 70}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
@@ -130,6 +130,15 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(1), int64_t(3), int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(32),
                           int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
+    }
+    // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, or a row a warp with
+    // DFL_CUDA_Q8P_LONG1=1)
+    {
+        DualWeight W(DFL_TYPE_Q8_0, 4224, 17408, r);
+        Weight wp = W.wg;
+        g_gpu->prepare_weight(wp);
+        CHECK(wp.packed != nullptr);
+        for (int64_t T : {int64_t(1), int64_t(2)}) check_prepared(W, wp, "q8_0 repacked", T, r);
     }
     // q4_0: prepare_weight turns it into the q8_0 blocks of the same values (and repacks those), so every q8_0 path
     // multiplies it, at the repacked q8_0 bound; the embedding reads the q4_0 rows themselves.

@@ -81,14 +81,17 @@ CudaDevice::~CudaDevice() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Whether DFL_CUDA_SKIP_OPS (a comma-separated list of op names, as DFL_CUDA_PROFILE prints them) names this op: a
+// Whether DFL_CUDA_SKIP_OPS (op names as DFL_CUDA_PROFILE prints them, separated by ',' or '+': run.sh's variants
+// split settings at commas) names this op: a
 // profiling aid only. A skipped op launches nothing, so its outputs are whatever its buffers held: the difference in
 // a step's time with and without it is what the op costs inside a replayed graph, where per-kernel timers cannot
 // see (ncu times each kernel alone, cold, without the programmatic overlap). Never set outside such a measurement.
 bool skip_op(const char *name) {
     static const std::string list = [] {
         const char *e = std::getenv("DFL_CUDA_SKIP_OPS");
-        return e && *e ? "," + std::string(e) + "," : std::string();
+        std::string names = e && *e ? "," + std::string(e) + "," : std::string();
+        std::replace(names.begin(), names.end(), '+', ',');
+        return names;
     }();
     return !list.empty() && list.find("," + std::string(name) + ",") != std::string::npos;
 }

@@ -22,8 +22,43 @@ constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register ker
 // overwritten; each chunk records its own tokens' window rows, chunk 0 the stored ones too.
 // A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
 // window row K-1+a for ancestor a, then the old rows past the root.
+// One chain chunk of conv1d_silu_kernel (below) with its window rows loaded into registers first, all at once: the
+// loop below issues a token's loads only after the token before is stored (out and the records may alias x for
+// the compiler), one memory latency a token. Same sums in the same order. DFL_CUDA_CONV_REGS=1 (opt-in until
+// measured): the H100 12-05 16:2x verify profile had the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms
+// of a 16-row verify against 0.65 of a decode step; the conv walks its 16 tokens and 19 recorded rows a latency each.
+// out: the entry's output rows, x its input rows (xs apart), cs its slot's stored rows, rw its window record (or null).
+__device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, int64_t i0, int64_t i1, const float *cs,
+                                                const float *x, int64_t xs, float *rw, float *out) {
+    const int C = cc.C, K = cc.K;
+    constexpr int kRows = kConvTokens + kConvMaxK - 1;
+    float win[kRows], wt[kConvMaxK];
+    const int64_t rows = i1 - i0 + K - 1;  // window rows i0 .. i1 + K - 2 (row r < K - 1: the slot's stored row r)
+#pragma unroll
+    for (int r = 0; r < kRows; r++) {
+        const int64_t a = i0 + r;
+        win[r] = r < rows ? (a < K - 1 ? cs[a * C + c] : x[(a - (K - 1)) * xs + c]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; j++) wt[j] = j < K ? cc.w[(int64_t)j * C + c] : 0.0f;
+    if (rw) {  // chunk 0 records the stored rows and its tokens' rows, later chunks their tokens' rows
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            if (r < rows && (i0 == 0 || r >= K - 1)) rw[(i0 + r) * C + c] = win[r];
+    }
+#pragma unroll
+    for (int t = 0; t < kConvTokens; t++) {
+        if (t >= i1 - i0) break;
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kConvMaxK; j++)
+            if (j < K) acc += wt[j] * win[t + j];
+        out[(i0 + t) * C + c] = silu_f(acc);
+    }
+}
+
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
+                                   float *const *rec_window, const int32_t *parent, int64_t chunk, bool regs) {
     const int e = blockIdx.z;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
@@ -35,14 +70,17 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
     const int64_t xs = cc.x_stride ? cc.x_stride : C;
     const float *x = cc.x + t0 * xs;
     auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * xs + c]; };
+    const int32_t *par = parent ? parent + t0 : nullptr;
+    const bool in_regs = regs && !par && i1 - i0 <= kConvTokens;
     float *rw = rec_window ? rec_window[e] : nullptr;
     if (rw) {
         rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
-        for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
+        if (!in_regs)
+            for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
     }
     auto w = [&](int j) { return cc.w[(int64_t)j * C + c]; };  // tap-major: a warp's channels side by side
-    const int32_t *par = parent ? parent + t0 : nullptr;
-    for (int64_t i = i0; i < i1; i++) {
+    if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, cc.out + t0 * C);
+    for (int64_t i = in_regs ? i1 : i0; i < i1; i++) {
         float acc = 0.0f;
         if (par) {
             int64_t a = i, old = K - 2;
@@ -66,7 +104,9 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
+    static const bool regs = env_switch("DFL_CUDA_CONV_REGS", false);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk,
+                                                     regs && c.K <= kConvMaxK);
     check_launch("conv1d_silu");
 }
 
@@ -267,6 +307,139 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     }
 }
 
+// The staged kernel (DFL_CUDA_GDN_STAGED=1, opt-in until measured): block (value head j, entry e, column group z) as
+// above, but P neighbouring lanes own a column (R = DK / P rows each, the partial sums meeting through log2 P
+// shuffles), and the inputs of kGdnChunk tokens at a time (q, k, the block's v columns, g, beta, tree parents) are
+// copied into shared memory by cp.async, the next chunk while this one is computed, so a token waits on no memory
+// and no barrier. Why: the register kernel runs a 16-token verify of the 27B in ~27 us a layer against ~5 us for one
+// token (H100 12-05 16:2x, DFL_CUDA_SKIP_OPS=gdn: 1.28 of a 17.5 ms verify, 0.23 of a 13.3 ms decode step), ~1.4 us a
+// token: 96 blocks of four warps, one warp a scheduler, each token a global load and a barrier after a 64-long chain.
+// Prediction: ~0.2 us a token, the 16-token verify's gdn ~8 us a layer (-0.9 ms a step), a 4096-token prefill's
+// 3.9 ms a layer call about a quarter. Every token count runs it, so a decoded token and the same token in a verify
+// block get the same sums.
+constexpr int kGdnChunk = 16;
+
+template <int DK, int P>
+struct GdnStage {
+    static constexpr int kCols = kGdnThreads / P;  // columns a block owns
+    float qk[kGdnChunk][2 * DK];                   // q then k of each token
+    float v[kGdnChunk][kCols];
+    float g[kGdnChunk], beta[kGdnChunk];
+    int32_t parent[kGdnChunk];
+};
+
+template <int DK, int P>
+__global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
+    using Stage = GdnStage<DK, P>;
+    constexpr int R = DK / P, kCols = Stage::kCols;
+    __shared__ __align__(16) Stage st[2];
+    const GdnCall &g = a.g;
+    const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
+    const int p = threadIdx.x % P, col = threadIdx.x / P;
+    const int col0 = blockIdx.z * kCols, b = col0 + col;
+    const bool active = b < dv;
+    const int a0 = p * R;
+    const int64_t n = a.n[e], t0 = a.t0[e];
+    const int kh = j % g.n_k;
+    const int64_t head = (int64_t)DK * dv;
+    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
+    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
+    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+    const int64_t q_off = (int64_t)kh * DK, k_off = (int64_t)(g.n_k + kh) * DK;
+    const int64_t v_off = (int64_t)2 * g.n_k * DK + (int64_t)j * dv + col0;
+    const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
+
+    // chunk c's inputs into stage c % 2, one commit group
+    auto load = [&](int64_t c) {
+        Stage &sg = st[c & 1];
+        const int64_t i0 = c * kGdnChunk, nt = min((int64_t)kGdnChunk, n - i0);
+        constexpr int kQk = 2 * DK / 4;  // 16-byte words of a token's q and k
+        for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
+            const int t = w / (kQk + v_words), x = w % (kQk + v_words);
+            const float *row = g.cv + (t0 + i0 + t) * g.C;
+            if (x < kQk)
+                cp_async16(&sg.qk[t][4 * x], row + (x < kQk / 2 ? q_off + 4 * x : k_off + 4 * (x - kQk / 2)));
+            else
+                cp_async16(&sg.v[t][4 * (x - kQk)], row + v_off + 4 * (x - kQk));
+        }
+        for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
+            const int64_t tok = t0 + i0 + t;
+            cp_async4(&sg.g[t], g.g + tok * g.n_v + j);
+            cp_async4(&sg.beta[t], g.beta + tok * g.n_v + j);
+            if (a.parent) cp_async4(&sg.parent[t], a.parent + tok);
+        }
+        cp_async_commit();
+    };
+
+    const int64_t chunks = (n + kGdnChunk - 1) / kGdnChunk;
+    if (chunks > 0) load(0);
+    float s[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = active ? S[(int64_t)(a0 + i) * dv + b] : 0.0f;
+    if (rec && active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+    for (int64_t c = 0; c < chunks; c++) {
+        if (c + 1 < chunks) {
+            load(c + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // chunk c's copies, by every thread, have landed
+        const Stage &sg = st[c & 1];
+        const int64_t i0 = c * kGdnChunk, nt = min((int64_t)kGdnChunk, n - i0);
+        for (int t = 0; t < nt; t++) {
+            const int64_t it = i0 + t, tok = t0 + it;
+            if (a.parent && sg.parent[t] != it - 1 && active) {
+                // a tree token: continue from the state recorded after its parent (this thread's rows, written by it)
+                const float *src = rec + (sg.parent[t] + 1) * per;
+#pragma unroll
+                for (int i = 0; i < R; i++) s[i] = src[(int64_t)(a0 + i) * dv + b];
+            }
+            const float *q = sg.qk[t] + a0, *k = sg.qk[t] + DK + a0;
+            const float decay = expf(sg.g[t]), beta = sg.beta[t], v = active ? sg.v[t][col] : 0.0f;
+            float u = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                s[i] *= decay;
+                u += k[i] * s[i];
+            }
+#pragma unroll
+            for (int m = 1; m < P; m <<= 1) u += __shfl_xor_sync(0xffffffffu, u, m);
+            const float delta = beta * (v - u);
+            float o = 0.0f;
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                s[i] += k[i] * delta;
+                o += q[i] * s[i];
+            }
+#pragma unroll
+            for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+            if (active) {
+                if (p == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+                if (rec && g.rec_each) {
+                    float *dst = rec + (it + 1) * per;
+#pragma unroll
+                    for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+                }
+            }
+        }
+        __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
+    }
+    if (active) {
+#pragma unroll
+        for (int i = 0; i < R; i++) S[(int64_t)(a0 + i) * dv + b] = s[i];
+    }
+}
+
+static bool gdn_staged_on() {
+    static const bool on = env_switch("DFL_CUDA_GDN_STAGED", false);
+    return on;
+}
+
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
 // (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
 __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
@@ -308,7 +481,18 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
-    if (g.dk == 128)
+    // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
+    const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
+    if (gdn_staged_on() && aligned && (g.dk == 128 || g.dk == 64)) {
+        auto launch = [&](auto kernel, int cols) {
+            const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + cols - 1) / cols));
+            kernel<<<grid, kGdnThreads, 0, s>>>(a);
+        };
+        if (g.dk == 128)
+            launch(gdn_staged_kernel<128, 4>, GdnStage<128, 4>::kCols);
+        else
+            launch(gdn_staged_kernel<64, 2>, GdnStage<64, 2>::kCols);
+    } else if (g.dk == 128)
         gdn_reg_kernel<128><<<grid_reg, kGdnThreads, 0, s>>>(a);
     else if (g.dk == 64)
         gdn_reg_kernel<64><<<grid_reg, kGdnThreads, 0, s>>>(a);

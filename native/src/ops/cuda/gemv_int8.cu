@@ -373,6 +373,17 @@ static bool q8p_rows1_on() {
     return on;
 }
 
+// Whether one token of a wide matrix with long rows (16,384 inputs or more: the 27B's 5120 x 17408 down projection)
+// takes gemv_q8p_kernel, a row a warp, instead of the rows kernel's four (DFL_CUDA_Q8P_LONG1=1, opt-in until measured).
+// Why: the rows kernel gives that product 320 blocks of four warps (0.4 waves, 15 % achieved occupancy, one 16-byte
+// word of each of its four rows in flight a lane: ~20 KB an SM) and ran it at 2.07 TB/s (45.8 us) where gate|up ran at
+// 2.78 (H100 12-05 16:1x, kernel bench and ncu of the 27B layer). A row a warp makes 1,280 blocks with four words a
+// lane in flight: ~34 us predicted, -0.75 ms of a 13.3 ms 27B decode step.
+static bool q8p_long1_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_LONG1", false);
+    return on;
+}
+
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
@@ -393,7 +404,8 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        if (nt == 1 && !(wide && q8p_rows1_on())) {
+        const bool rows1 = wide && q8p_rows1_on() && !(q8p_long1_on() && W.n_in >= 16384);
+        if (nt == 1 && !rows1) {
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
         } else if (wide) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);

@@ -344,20 +344,25 @@ static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
     return n > 0 ? n : dev.sm_count() * 5 / 4;
 }
 
-// DFL_CUDA_Q8P_SPLITK_N=3 or 4 (opt-in; default 2): the input parts where split-K applies. More than two parts store
-// their sums apart and one more launch adds them in order (sum_parts), so the result is the same float every run.
-// Why: the 27B's 5120-row products at 16 tokens (160 tiles of 32 rows, two halves) make 320 blocks for 264 slots, 1.21
-// waves, and run at 1.2-1.6 TB/s where gate|up (1,088 tiles) runs at 2.2 (H100, 12-05 13:2x profile of a 16-row
-// verify); four parts make 640 blocks, 2.4 waves.
-static int q8p_splitk_n() {
-    static const int n = (int)std::min<int64_t>(4, std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_SPLITK_N", 2)));
-    return n;
+// Input parts where split-K applies: 4 for rows of at least kSplitK4Groups stages (the 27B's 17,408-input down
+// projection), else 2; DFL_CUDA_Q8P_SPLITK_N=2..4 sets it for every split product (for comparisons in one run). More
+// than two parts store their sums apart and one more launch adds them in order (sum_parts), so the result is the same
+// float every run. Why: the 27B's 5120-row products at 8-16 tokens (160 tiles of 32 rows, two halves) make 320 blocks
+// for 264 slots. Measured on the H100 (12-05 16:1x, kernel bench of the 27B layer as graph replays, DFL_BENCH_LAYER=
+// qwen35-27b): four parts everywhere took down 5120 x 17408 at 8 / 16 tokens 48.4 / 52.8 -> 43.7 / 47.2 us, but out
+// 5120 x 6144 15.2 / 17.7 -> 16.2 / 18.6 and qwen3-8b tg b8 / b32 1,846 / 5,656 -> 1,727 / 5,374 tok/s (4096-input o,
+// 12,288-input down): short rows lose, so only the long ones take four.
+constexpr int64_t kSplitK4Groups = 32;  // stages of 512 inputs: 16,384 inputs
+static int q8p_splitk_n(int64_t groups) {
+    static const int64_t forced = env_int("DFL_CUDA_Q8P_SPLITK_N", 0);
+    if (forced > 0) return (int)std::min<int64_t>(4, std::max<int64_t>(2, forced));
+    return groups >= kSplitK4Groups ? 4 : 2;
 }
 
 // Input parts of a staged product (see q8p_splitk_on and q8p_splitk_n): 2 or more where it applies, else 1.
 static int q8p_pipe_splits(const CudaDevice &dev, const Weight &W, int64_t T, const float *Y) {
-    const int n = q8p_splitk_n();
     const int64_t groups = W.n_in / (2 * kPipeGroup * 32);  // stages of the two-blocks-a-warp kernel
+    const int n = q8p_splitk_n(groups);
     const bool fits = T <= q8p_splitk_tokens() && groups >= 2 * n && (W.n_out * T) % 4 == 0 && ((uintptr_t)Y & 15) == 0;
     return q8p_splitk_on() && fits && q8p_pipe_blocks(dev, W.n_out, T) <= q8p_splitk_blocks(dev) ? n : 1;
 }
