@@ -218,16 +218,6 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.beta = a.beta.f();
     gg.g = a.g.f();
     dev_->gdn_gates(T, gg);
-    if (light_rec_) {  // the recording entries' inputs, for a rollback to replay
-        GdnInputs gi;
-        gi.cv = a.cv.f();
-        gi.g = a.g.f();
-        gi.beta = a.beta.f();
-        gi.C = C;
-        gi.n_v = h.n_v;
-        gi.rec_layer = L.rec_index;
-        dev_->record_gdn_inputs(m, gi);
-    }
 
     GdnCall gc;
     gc.cv = a.cv.f();
@@ -244,6 +234,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.rec_layer = L.rec_index;
     gc.n_rec = n_rec_;
     gc.rec_each = !light_rec_;
+    gc.rec_inputs = light_rec_;  // the recording entries' inputs, for a rollback to replay
     dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);

@@ -196,6 +196,9 @@ struct GdnCall {
     int rec_layer = 0, n_rec = 0;
     bool rec_each = true;  // false: recording entries keep only the state before (a tree forward needs every state)
     bool exact = false;    // token by token even without recording (a replay of light records)
+    // first copy the recording entries' inputs (cv rows, g, beta) into their light records (BatchMeta::rec_in), as
+    // record_gdn_inputs with gdn_inputs(*this) would: the CUDA device's staged kernel does it from the copies it makes
+    bool rec_inputs = false;
 };
 
 // A recording forward's Gated DeltaNet inputs copied to its light records (BatchMeta::rec_in) for layer rec_layer.
@@ -204,6 +207,18 @@ struct GdnInputs {
     const float *g = nullptr, *beta = nullptr;  // [T][n_v]
     int C = 0, n_v = 0, rec_layer = 0;
 };
+
+// The record_gdn_inputs call of a GdnCall's inputs (GdnCall::rec_inputs).
+inline GdnInputs gdn_inputs(const GdnCall &c) {
+    GdnInputs r;
+    r.cv = c.cv;
+    r.g = c.g;
+    r.beta = c.beta;
+    r.C = c.C;
+    r.n_v = c.n_v;
+    r.rec_layer = c.rec_layer;
+    return r;
+}
 
 // DFlash2's grouped dynamic causal convolution (spec §5.1 (a)) over each entry's tokens, which are the positions of
 // one draft block: token i of an entry (i = t - t0[ent[t]]) gets

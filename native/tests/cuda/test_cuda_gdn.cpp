@@ -21,8 +21,10 @@ struct GdnShape {
     int n_k, n_v, dk, dv, K;
 };
 
+// light: the recording entries keep light records (GdnCall::rec_each false) and gdn copies their inputs
+// (GdnCall::rec_inputs: cv rows, g, beta into BatchMeta::rec_in, compared exactly)
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
-                  const std::vector<std::vector<int32_t>> &trees = {}) {
+                  const std::vector<std::vector<int32_t>> &trees = {}, bool light = false) {
     Batch b(be, 16, r);
     if (!trees.empty()) b.set_trees(trees);
     const int64_t T = b.T;
@@ -31,7 +33,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     char nm[160];
     std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
                   b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
-    const std::string tag = std::string(nm) + (T % 2 == 1 ? " fused" : "");
+    const std::string tag = std::string(nm) + (T % 2 == 1 ? " fused" : "") + (light ? " light" : "");
 
     // conv
     const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;  // slots need not be packed
@@ -139,6 +141,20 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         rsg.push_back(recs.back()->gp());
     }
     Dual rspc(rsc), rspg(rsg);
+    std::vector<std::unique_ptr<Dual>> ins;
+    std::vector<float *> ric, rig;
+    for (const auto &e : b.ents) {
+        if (!light || !e.record) {
+            ins.emplace_back();
+            ric.push_back(nullptr);
+            rig.push_back(nullptr);
+            continue;
+        }
+        ins.emplace_back(new Dual((size_t)n_rec * e.n * (C + 2 * s.n_v) * 4));
+        ric.push_back(ins.back()->cp());
+        rig.push_back(ins.back()->gp());
+    }
+    Dual ripc(ric), ripg(rig);
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         GdnCall c;
@@ -155,14 +171,19 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         c.slot_stride = state_stride;
         c.rec_layer = rec_layer;
         c.n_rec = n_rec;
+        c.rec_each = !light;
+        c.rec_inputs = light;
         BatchMeta m = b.meta(g);
         m.rec_state = g ? rspg.gp<float *>() : rspc.cp<float *>();
+        if (light) m.rec_in = g ? ripg.gp<float *>() : ripc.cp<float *>();
         (g ? g_gpu : g_cpu)->gdn(m, c);
     }
     compare("gdn out " + tag, out, 1e-4);
     compare("gdn state " + tag, state, 1e-4);
     for (size_t i = 0; i < recs.size(); i++)
         if (recs[i]) compare("gdn rec_state " + tag, *recs[i], 1e-4);
+    for (size_t i = 0; i < ins.size(); i++)
+        if (ins[i]) compare("gdn rec_in " + tag, *ins[i], 0);
 }
 
 }  // namespace
@@ -182,6 +203,10 @@ void test_gdn() {
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {12, 7, 1, true}, {3, 2, 2, true}, {20, 0, 3, true}}, r,
                      {{}, random_tree(r, 12), {}, random_tree(r, 20)});
+    // light records (a verify's): the state before, and the inputs copied by gdn (20 tokens: two chunks of the
+    // staged kernel's 16)
+    for (const GdnShape &s : shapes)
+        run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r, {}, true);
 }
 
 }  // namespace dfltest

@@ -400,6 +400,7 @@ public:
     }
 
     void gdn(const BatchMeta &m, const GdnCall &c) override {
+        if (c.rec_inputs) record_gdn_inputs(m, gdn_inputs(c));
         const OpScope timed(clock_, "gdn");
         const int dk = c.dk, dv = c.dv, nk = c.n_k, nv = c.n_v, C = c.C;
         const int64_t vd = (int64_t)nv * dv, sf = (int64_t)nv * dk * dv;

@@ -146,6 +146,7 @@ struct GdnArgs {
     const int32_t *t0, *n, *slot;
     float *const *rec_state;
     const int32_t *parent;  // BatchMeta::parent (token trees), or null
+    float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
 };
 
 // Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
@@ -372,6 +373,27 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         cp_async_commit();
     };
 
+    // GdnCall::rec_inputs: this entry's light record of the layer's inputs, laid out as record_gdn_inputs_kernel's
+    // (rows [n][C], g [n][n_v], beta [n][n_v]); each value written by one block: its v columns by every block, a
+    // key head's q and k by value head j = kh's first column group, g and beta by each head's first group
+    float *rin = a.rec_in ? a.rec_in[e] : nullptr;
+    if (rin) rin += (int64_t)g.rec_layer * n * (g.C + 2 * g.n_v);
+    auto record_chunk = [&](const Stage &sg, float *dst, int64_t i0, int64_t nt) {
+        const int cu = 4 * v_words;
+        for (int w = threadIdx.x; w < nt * cu; w += kGdnThreads)
+            dst[(i0 + w / cu) * g.C + v_off + w % cu] = sg.v[w / cu][w % cu];
+        if (blockIdx.z != 0) return;
+        if (j < g.n_k)
+            for (int w = threadIdx.x; w < nt * 2 * DK; w += kGdnThreads) {
+                const int t = w / (2 * DK), x = w % (2 * DK);
+                dst[(i0 + t) * g.C + (x < DK ? q_off + x : k_off + (x - DK))] = sg.qk[t][x];
+            }
+        for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
+            dst[n * g.C + (i0 + t) * g.n_v + j] = sg.g[t];
+            dst[n * (g.C + g.n_v) + (i0 + t) * g.n_v + j] = sg.beta[t];
+        }
+    };
+
     const int64_t chunks = (n + kGdnChunk - 1) / kGdnChunk;
     if (chunks > 0) load(0);
     float s[R];
@@ -391,6 +413,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         __syncthreads();  // chunk c's copies, by every thread, have landed
         const Stage &sg = st[c & 1];
         const int64_t i0 = c * kGdnChunk, nt = min((int64_t)kGdnChunk, n - i0);
+        if (rin) record_chunk(sg, rin, i0, nt);
         for (int t = 0; t < nt; t++) {
             const int64_t it = i0 + t, tok = t0 + it;
             if (a.parent && sg.parent[t] != it - 1 && active) {
@@ -478,12 +501,20 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.slot = m.slot;
     a.rec_state = m.rec_state;
     a.parent = m.parent;
+    a.rec_in = nullptr;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
     const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
-    if (gdn_staged_on() && aligned && (g.dk == 128 || g.dk == 64)) {
+    const bool staged = gdn_staged_on() && aligned && (g.dk == 128 || g.dk == 64);
+    if (g.rec_inputs) {  // the staged kernel copies the recording entries' inputs itself
+        if (staged)
+            a.rec_in = m.rec_in;
+        else
+            launch_record_gdn_inputs(s, m, gdn_inputs(g));
+    }
+    if (staged) {
         auto launch = [&](auto kernel, int cols) {
             const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + cols - 1) / cols));
             kernel<<<grid, kGdnThreads, 0, s>>>(a);
