@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's part of the CUDA engine work: build libdflash_cuda.so, check it, and measure it beside llama.cpp.
 # Needs .gpu/ from scripts/gpu/pack.sh (carried with the call). Results go to $OUT (default /tmp/gpu-out).
-#   scripts/gpu/run.sh check                 CUDA op tests, device-vs-CPU replay, transformers parity on the GPU
+#   scripts/gpu/run.sh check                 CUDA op tests, device-vs-CPU replay, transformers parity on the GPU (the op
+#                                            tests and replays also with UNMEASURED, the opt-ins not yet measured)
 #   scripts/gpu/run.sh bench [MODEL...]      random-weight full-size models from dflash-model presets
 #                                            (default: qwen3-8b:q8_0 qwen3-8b:q4_K qwen3.5-27b:q8_0), our
 #                                            engine and (with .gpu/llama-src.tar.xz from pack.sh --peer) llama-bench on the same files

@@ -149,6 +149,65 @@ struct GdnArgs {
     float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
 };
 
+// Value head j of entry e: its state S in the entry's slot, its recorded states (rec, per floats apart, or null),
+// the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a cv row.
+struct GdnHead {
+    float *S, *rec;
+    int64_t per, n, t0, q_off, k_off, v_off;
+    __device__ GdnHead(const GdnArgs &a, int dk, int j, int e, int64_t v0) {
+        const GdnCall &g = a.g;
+        const int kh = j % g.n_k;
+        const int64_t head = (int64_t)dk * g.dv;
+        S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+        rec = a.rec_state ? a.rec_state[e] : nullptr;
+        per = (int64_t)g.n_rec * g.n_v * head;
+        if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+        n = a.n[e];
+        t0 = a.t0[e];
+        q_off = (int64_t)kh * dk;
+        k_off = (int64_t)(g.n_k + kh) * dk;
+        v_off = (int64_t)2 * g.n_k * dk + (int64_t)j * g.dv + v0;
+    }
+};
+
+// A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
+template <int R>
+__device__ __forceinline__ void load_column(float (&s)[R], const float *src, int a0, int dv, int b, bool active) {
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = active ? src[(int64_t)(a0 + i) * dv + b] : 0.0f;
+}
+template <int R>
+__device__ __forceinline__ void store_column(float *dst, const float (&s)[R], int a0, int dv, int b) {
+#pragma unroll
+    for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+}
+
+// One token of the gated delta rule on a column held by P neighbouring lanes, R rows each (q, k: the lane's rows of
+// the token's q and k): S *= exp(g); u = k.S; S += k beta (v - u); returns q.S, the column's output. The partial sums
+// meet through log2 P shuffles, the same order in every lane.
+template <int R, int P>
+__device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const float *k, float v, float decay,
+                                            float beta) {
+    float u = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] *= decay;
+        u += k[i] * s[i];
+    }
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) u += __shfl_xor_sync(0xffffffffu, u, m);
+    const float delta = beta * (v - u);
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        s[i] += k[i] * delta;
+        o += q[i] * s[i];
+    }
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+    return o;
+}
+
 // Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
 // rule; each token's q and k (shared by all columns) are staged in shared memory.
 //
@@ -167,15 +226,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
     const int b = blockIdx.z * (blockDim.x / 2) + (threadIdx.x >> 1);
     const bool active = b < dv;
     const int a0 = half * R;
-    const int64_t n = a.n[e], t0 = a.t0[e];
-    const int kh = j % g.n_k;
-    const int64_t head = (int64_t)DK * dv;
-    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
-    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
-    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
-    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
-    const int64_t q_off = (int64_t)kh * DK, k_off = (int64_t)(g.n_k + kh) * DK;
-    const int64_t v_off = (int64_t)2 * g.n_k * DK + (int64_t)j * dv + b;
+    const GdnHead hd(a, DK, j, e, b);
+    float *const S = hd.S, *const rec = hd.rec;
+    const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
 
     // this thread's share of token `tok`'s q/k, and its v, g, beta
     float st[kLoads];
@@ -200,12 +253,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
     };
 
     float s[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) s[i] = active ? S[(int64_t)(a0 + i) * dv + b] : 0.0f;
-    if (rec && active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
-    }
+    load_column(s, S, a0, dv, b, active);
+    if (rec && active) store_column(rec, s, a0, dv, b);
     if (n > 0) {
         fetch(t0);
         stage(0);
@@ -218,43 +267,19 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
         if (a.parent && a.parent[tok] != it - 1 && active) {
             // a tree token: continue from the state recorded after its parent (this thread's own column, written by
             // this thread)
-            const float *src = rec + (a.parent[tok] + 1) * per;
-#pragma unroll
-            for (int i = 0; i < R; i++) s[i] = src[(int64_t)(a0 + i) * dv + b];
+            load_column(s, rec + (a.parent[tok] + 1) * per, a0, dv, b, true);
         }
         if (it + 1 < n) fetch(tok + 1);
-        const float *q = qk[buf] + a0, *k = qk[buf] + DK + a0;
-        float u = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            s[i] *= decay;
-            u += k[i] * s[i];
-        }
-        u += __shfl_xor_sync(0xffffffffu, u, 1);
-        const float delta = beta * (v - u);
-        float o = 0.0f;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            s[i] += k[i] * delta;
-            o += q[i] * s[i];
-        }
-        o += __shfl_xor_sync(0xffffffffu, o, 1);
+        const float o = delta_step<R, 2>(s, qk[buf] + a0, qk[buf] + DK + a0, v, decay, beta);
         if (active) {
             if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-            if (rec && g.rec_each) {
-                float *dst = rec + (it + 1) * per;
-#pragma unroll
-                for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
-            }
+            if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
         }
         // the other buffer was last read in iteration it - 1, before that iteration's barrier
         if (it + 1 < n) stage(buf ^ 1);
         __syncthreads();
     }
-    if (active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) S[(int64_t)(a0 + i) * dv + b] = s[i];
-    }
+    if (active) store_column(S, s, a0, dv, b);
 }
 
 // Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
@@ -340,15 +365,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int col0 = blockIdx.z * kCols, b = col0 + col;
     const bool active = b < dv;
     const int a0 = p * R;
-    const int64_t n = a.n[e], t0 = a.t0[e];
-    const int kh = j % g.n_k;
-    const int64_t head = (int64_t)DK * dv;
-    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
-    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
-    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
-    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
-    const int64_t q_off = (int64_t)kh * DK, k_off = (int64_t)(g.n_k + kh) * DK;
-    const int64_t v_off = (int64_t)2 * g.n_k * DK + (int64_t)j * dv + col0;
+    const GdnHead hd(a, DK, j, e, col0);
+    float *const S = hd.S, *const rec = hd.rec;
+    const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
 
     // chunk c's inputs into stage c % 2, one commit group
@@ -397,12 +416,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int64_t chunks = (n + kGdnChunk - 1) / kGdnChunk;
     if (chunks > 0) load(0);
     float s[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) s[i] = active ? S[(int64_t)(a0 + i) * dv + b] : 0.0f;
-    if (rec && active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) rec[(int64_t)(a0 + i) * dv + b] = s[i];
-    }
+    load_column(s, S, a0, dv, b, active);
+    if (rec && active) store_column(rec, s, a0, dv, b);
     for (int64_t c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
             load(c + 1);
@@ -418,44 +433,18 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             const int64_t it = i0 + t, tok = t0 + it;
             if (a.parent && sg.parent[t] != it - 1 && active) {
                 // a tree token: continue from the state recorded after its parent (this thread's rows, written by it)
-                const float *src = rec + (sg.parent[t] + 1) * per;
-#pragma unroll
-                for (int i = 0; i < R; i++) s[i] = src[(int64_t)(a0 + i) * dv + b];
+                load_column(s, rec + (sg.parent[t] + 1) * per, a0, dv, b, true);
             }
-            const float *q = sg.qk[t] + a0, *k = sg.qk[t] + DK + a0;
-            const float decay = expf(sg.g[t]), beta = sg.beta[t], v = active ? sg.v[t][col] : 0.0f;
-            float u = 0.0f;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                s[i] *= decay;
-                u += k[i] * s[i];
-            }
-#pragma unroll
-            for (int m = 1; m < P; m <<= 1) u += __shfl_xor_sync(0xffffffffu, u, m);
-            const float delta = beta * (v - u);
-            float o = 0.0f;
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                s[i] += k[i] * delta;
-                o += q[i] * s[i];
-            }
-#pragma unroll
-            for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
+            const float v = active ? sg.v[t][col] : 0.0f;
+            const float o = delta_step<R, P>(s, sg.qk[t] + a0, sg.qk[t] + DK + a0, v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-                if (rec && g.rec_each) {
-                    float *dst = rec + (it + 1) * per;
-#pragma unroll
-                    for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
-                }
+                if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
             }
         }
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
     }
-    if (active) {
-#pragma unroll
-        for (int i = 0; i < R; i++) S[(int64_t)(a0 + i) * dv + b] = s[i];
-    }
+    if (active) store_column(S, s, a0, dv, b);
 }
 
 static bool gdn_staged_on() {
