@@ -384,6 +384,14 @@ static bool q8p_long1_on() {
     return on;
 }
 
+// Rows a warp of the rows kernel for one token of a wide matrix: 4, or DFL_CUDA_Q8P_ROWS1_R=2 (for comparisons in one
+// run). Why 2 may pay: the 27B's qkv|z|b|a (16,480 rows) makes 1,030 blocks of four rows a warp where six blocks an SM
+// fit (76 registers): 1.3 waves, and it ran at 2.39 TB/s where gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x).
+static int q8p_rows1_r() {
+    static const int r = env_int("DFL_CUDA_Q8P_ROWS1_R", 4) == 2 ? 2 : 4;
+    return r;
+}
+
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
@@ -407,7 +415,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const bool rows1 = wide && q8p_rows1_on() && !(q8p_long1_on() && W.n_in >= 16384);
         if (nt == 1 && !rows1) {
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
-        } else if (wide) {
+        } else if (wide && !(nt == 1 && q8p_rows1_r() == 2)) {
             launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
         } else {
             launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
