@@ -15,15 +15,8 @@ static_assert(kConvMaxK - 1 <= kConvTokens, "only chunk 0 may read the stored co
 constexpr int kGatesThreads = 128;
 constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
 
-// Thread (channel c, chunk of an entry's tokens, entry e). Window row r < K-1 is the slot's stored input r, later
-// rows are the entry's tokens. Chunks of kConvTokens tokens, so a long prompt runs on many blocks (one thread a channel
-// had walked all its tokens: 10,240 threads for a 27B prefill). Only tokens below K-1 read the stored rows, and they
-// are chunk 0's, which alone writes the new state after them, walking r upwards and reading row n + r > r, not yet
-// overwritten; each chunk records its own tokens' window rows, chunk 0 the stored ones too.
-// A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
-// window row K-1+a for ancestor a, then the old rows past the root.
 // One chain chunk of conv1d_silu_kernel (below) with its window rows loaded into registers first, all at once: the
-// loop below issues a token's loads only after the token before is stored (out and the records may alias x for
+// kernel's loop issues a token's loads only after the token before is stored (out and the records may alias x for
 // the compiler), one memory latency a token. Same sums in the same order. DFL_CUDA_CONV_REGS=1 (opt-in until
 // measured): the H100 12-05 16:2x verify profile had the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms
 // of a 16-row verify against 0.65 of a decode step; the conv walks its 16 tokens and 19 recorded rows a latency each.
@@ -57,6 +50,13 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
     }
 }
 
+// Thread (channel c, chunk of an entry's tokens, entry e). Window row r < K-1 is the slot's stored input r, later
+// rows are the entry's tokens. Chunks of kConvTokens tokens, so a long prompt runs on many blocks (one thread a channel
+// had walked all its tokens: 10,240 threads for a 27B prefill). Only tokens below K-1 read the stored rows, and they
+// are chunk 0's, which alone writes the new state after them, walking r upwards and reading row n + r > r, not yet
+// overwritten; each chunk records its own tokens' window rows, chunk 0 the stored ones too.
+// A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
+// window row K-1+a for ancestor a, then the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
                                    float *const *rec_window, const int32_t *parent, int64_t chunk, bool regs) {
     const int e = blockIdx.z;
