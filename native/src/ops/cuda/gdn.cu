@@ -348,7 +348,11 @@ constexpr int kGdnChunk = 16;
 template <int DK, int P>
 struct GdnStage {
     static constexpr int kCols = kGdnThreads / P;  // columns a block owns
-    float qk[kGdnChunk][2 * DK];                   // q then k of each token
+    static constexpr int R = DK / P, kSeg = R + 4;  // a lane's rows of q or k, and their stride in qk
+    // q (h 0) and k (h 1) of each token, rows p R .. p R + R - 1 at qk[t][h][p]: the four floats of padding put the P
+    // lanes of a column on different banks (unpadded, their rows p R + i, 128 bytes apart, fell in one bank: a 4-way
+    // conflict on every read)
+    float qk[kGdnChunk][2][P][kSeg];
     float v[kGdnChunk][kCols];
     float g[kGdnChunk], beta[kGdnChunk];
     int32_t parent[kGdnChunk];
@@ -378,10 +382,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
             const int t = w / (kQk + v_words), x = w % (kQk + v_words);
             const float *row = g.cv + (t0 + i0 + t) * g.C;
-            if (x < kQk)
-                cp_async16(&sg.qk[t][4 * x], row + (x < kQk / 2 ? q_off + 4 * x : k_off + 4 * (x - kQk / 2)));
-            else
+            if (x < kQk) {
+                const int h = x / (kQk / 2), r = 4 * (x % (kQk / 2));  // q or k, and the word's first row
+                cp_async16(&sg.qk[t][h][r / R][r % R], row + (h == 0 ? q_off : k_off) + r);
+            } else {
                 cp_async16(&sg.v[t][4 * (x - kQk)], row + v_off + 4 * (x - kQk));
+            }
         }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
             const int64_t tok = t0 + i0 + t;
@@ -405,7 +411,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         if (j < g.n_k)
             for (int w = threadIdx.x; w < nt * 2 * DK; w += kGdnThreads) {
                 const int t = w / (2 * DK), x = w % (2 * DK);
-                dst[(i0 + t) * g.C + (x < DK ? q_off + x : k_off + (x - DK))] = sg.qk[t][x];
+                const int h = x / DK, r = x % DK;
+                dst[(i0 + t) * g.C + (h == 0 ? q_off : k_off) + r] = sg.qk[t][h][r / R][r % R];
             }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
             dst[n * g.C + (i0 + t) * g.n_v + j] = sg.g[t];
@@ -436,7 +443,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
                 load_column(s, rec + (sg.parent[t] + 1) * per, a0, dv, b, true);
             }
             const float v = active ? sg.v[t][col] : 0.0f;
-            const float o = delta_step<R, P>(s, sg.qk[t] + a0, sg.qk[t] + DK + a0, v, expf(sg.g[t]), sg.beta[t]);
+            const float o = delta_step<R, P>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
                 if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
