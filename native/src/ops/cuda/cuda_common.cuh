@@ -89,6 +89,10 @@ __device__ __forceinline__ void cp_async8(void *smem_dst, const void *gmem_src) 
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(gmem_src) : "memory");
 }
+// cp_async16 to a shared-memory address already converted (__cvta_generic_to_shared): for loops that add offsets to it
+__device__ __forceinline__ void cp_async16_at(unsigned smem_addr, const void *gmem_src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem_src) : "memory");
+}
 __device__ __forceinline__ void cp_async4(void *smem_dst, const void *gmem_src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(gmem_src) : "memory");

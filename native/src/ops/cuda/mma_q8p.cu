@@ -184,12 +184,77 @@ struct PipeStage {
     }
 };
 
+// A thread's share of a stage's copies with the addressing done once (DFL_CUDA_Q8P_PIPE_PRE=1, opt-in until measured;
+// the fragment-ordered activations, any U): PipeStage::load_w / load_x find each 16-byte word's row, column, source
+// and destination again for every stage, in 64-bit arithmetic. Here a thread keeps, for each of its words, the
+// source for stage 0 and the destination inside a stage, and a stage adds its own offsets: the same words to the
+// same places. Why: ncu (H100 12-05 16:1x) had the 27B's gate|up at 16 tokens issuing 0.58 instructions a cycle per
+// scheduler (50 % of the SM's issue) with DRAM 74 % busy: ~460 warp instructions a stage where the multiplies take
+// ~140; the copies' address arithmetic is most of the rest.
+template <int MT, int NT8, int U>
+struct PipeCopies {
+    using Stage = PipeStage<MT, NT8, false, U>;
+    static constexpr int kThreads = kMmaWarps * 32, kGroup = Stage::kGroup, kRow = Stage::kRow;
+    static constexpr int kW = 16 * MT * 16 * U;                       // weight words a stage
+    static constexpr int kWPer = (kW + kThreads - 1) / kThreads;
+    static constexpr int kXq = kGroup * 8 * NT8 * 32 / 16, kX = kXq + kGroup * 8 * NT8 * 4 / 16;  // activation words
+    static constexpr int kXPer = (kX + kThreads - 1) / kThreads;
+    static constexpr int kScaleOff = 16 * MT * kRow, kXOff = kScaleOff + 16 * MT * 2 * kGroup;  // within a stage
+    static_assert(kThreads % (16 * U) == 0, "a thread's weight words keep their column");
+    static constexpr unsigned kWStep = kThreads / (16 * U) * kRow;   // a stage offset from one of them to the next
+    const int8_t *w[kWPer];      // stage 0's source of the thread's weight words
+    unsigned w_at;               // the first one's offset in a stage
+    const uint16_t *d = nullptr; // stage 0's source of the thread's scale word (threads < 16 MT U)
+    unsigned d_at = 0;
+    const int8_t *fq = nullptr;
+    const float *fs = nullptr;
+    PipeCopies() = default;  // (a kernel without PRE: never used)
+    __device__ __forceinline__ PipeCopies(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
+                                          int64_t row0, const int8_t *fq_, const float *fs_)
+        : fq(fq_), fs(fs_) {
+#pragma unroll
+        for (int k = 0; k < kWPer; k++) {
+            const int c = min((int)threadIdx.x + k * kThreads, kW - 1);  // (past kW: never copied)
+            const int r = c / (16 * U), col = c % (16 * U);
+            w[k] = qs + min(row0 + r, n_out - 1) * n_in + col * 16;
+        }
+        w_at = (unsigned)(threadIdx.x / (16 * U) * kRow + threadIdx.x % (16 * U) * 16);
+        if (threadIdx.x < 16 * MT * U) {
+            const int r = threadIdx.x / U, part = threadIdx.x % U;
+            d = dw + min(row0 + r, n_out - 1) * nb + part * 8;
+            d_at = (unsigned)(kScaleOff + r * kGroup * 2 + part * 16);
+        }
+    }
+    // group j's weights and row scales into the stage at shared address st (PipeStage::load_w's copies)
+    __device__ __forceinline__ void load_w(unsigned st, int64_t j) const {
+#pragma unroll
+        for (int k = 0; k < kWPer; k++)
+            if (threadIdx.x + k * kThreads < kW) cp_async16_at(st + w_at + k * kWStep, w[k] + j * kGroup * 32);
+        if (d) cp_async16_at(st + d_at, d + j * kGroup);
+    }
+    // group j's fragment-ordered activations (PipeStage::load_x's copies: quants then scales, both contiguous)
+    __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
+        const int8_t *q = fq + j * kXq * 16;
+        const float *sc = fs + j * (kX - kXq) * 4;
+#pragma unroll
+        for (int k = 0; k < kXPer; k++) {
+            const int c = (int)threadIdx.x + k * kThreads;
+            if (c < kXq)
+                cp_async16_at(st + kXOff + c * 16, q + c * 16);
+            else if (c < kX)
+                cp_async16_at(st + kXOff + c * 16, sc + (c - kXq) * 4);
+        }
+    }
+};
+
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
-template <int MT, int NT8, int S, bool RX, int U = 1>
+// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
+template <int MT, int NT8, int S, bool RX, int U = 1, bool PRE = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride) {
+    static_assert(!PRE || !RX, "PipeCopies stages the fragment-ordered activations");
     using Stage = PipeStage<MT, NT8, RX, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
     constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
@@ -197,22 +262,41 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
     // split K (gridDim.y parts): this block's groups [g0, g0 + ng) of the row's
     const int64_t all = nb / Stage::kGroup, g0 = all * blockIdx.y / gridDim.y, ng = all * (blockIdx.y + 1) / gridDim.y - g0;
+    const unsigned smem0 = (unsigned)__cvta_generic_to_shared(pipe_smem);
+    using Copies = PipeCopies<MT, NT8, U>;
+    const Copies cps = PRE ? Copies(qs, dw, n_in, nb, n_out, row0, fq, fs) : Copies();
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
-    for (int st = 0; st < S - 1; st++)
-        if (st < ng) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, g0 + st);
+    for (int st = 0; st < S - 1; st++) {
+        if (st >= ng) continue;
+        if constexpr (PRE)
+            cps.load_w(smem0 + st * kStage, g0 + st);
+        else
+            Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0, g0 + st);
+    }
     pdl_wait();
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
-        if (st < ng) Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st, T, n_in);
+        if (st < ng) {
+            if constexpr (PRE)
+                cps.load_x(smem0 + st * kStage, g0 + st);
+            else
+                Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st, T, n_in);
+        }
         cp_async_commit();
     }
     float acc[MT][NT8][4] = {};
     for (int64_t j = 0; j < ng; j++) {
         pipe_advance<S>(j, ng, [&](int64_t jn) {
-            const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
-            nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
-            nxt.load_x(fq, fs, g0 + jn, T, n_in);
+            if constexpr (PRE) {
+                const unsigned at = smem0 + (unsigned)(jn % S) * kStage;
+                cps.load_w(at, g0 + jn);
+                cps.load_x(at, g0 + jn);
+            } else {
+                const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
+                nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
+                nxt.load_x(fq, fs, g0 + jn, T, n_in);
+            }
         });
         const Stage cur(pipe_smem + (int)(j % S) * kStage);
 #pragma unroll
@@ -267,6 +351,11 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
 // 1,739: within noise, so 2..8 tokens stay on the dp4a kernel).
 static bool q8p_pipe_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE", true);
+    return on;
+}
+
+static bool q8p_pipe_pre_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_PRE", false);
     return on;
 }
 
@@ -391,9 +480,20 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         constexpr bool RX = decltype(rows)::value;
         constexpr int U = decltype(u)::value;
         const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX, U);
-        allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>>(dev.index(), smem, "matmul (q8_0 staged mma smem)");
-        launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U>, grid, dim3(kMmaWarps * 32), smem, dev.stream(),
-                         qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride);
+        auto go = [&](auto pre) {
+            constexpr bool PRE = decltype(pre)::value;
+            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U, PRE>>(dev.index(), smem,
+                                                                             "matmul (q8_0 staged mma smem)");
+            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
+                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride);
+        };
+        if constexpr (!RX && U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
+            if (q8p_pipe_pre_on()) {
+                go(std::true_type{});
+                return;
+            }
+        }
+        go(std::false_type{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         const std::integral_constant<int, 1> one;
