@@ -21,6 +21,30 @@ struct GdnShape {
     int n_k, n_v, dk, dv, K;
 };
 
+// Where the ops keep a recording entry's records: a buffer of floats(entry) floats on both devices for each recording
+// entry (none for the others, nor for any when `on` is false), and each device's array of their addresses
+// (BatchMeta::rec_window, rec_state, rec_in).
+struct RecordBuffers {
+    std::vector<std::unique_ptr<Dual>> bufs;
+    std::unique_ptr<Dual> addr_c, addr_g;
+    template <class Floats>
+    RecordBuffers(const Batch &b, bool on, Floats floats) {
+        std::vector<float *> c, g;
+        for (const auto &e : b.ents) {
+            bufs.emplace_back(on && e.record ? new Dual((size_t)floats(e) * 4) : nullptr);
+            c.push_back(bufs.back() ? bufs.back()->cp() : nullptr);
+            g.push_back(bufs.back() ? bufs.back()->gp() : nullptr);
+        }
+        addr_c.reset(new Dual(c));
+        addr_g.reset(new Dual(g));
+    }
+    float **at(bool gpu) const { return gpu ? addr_g->gp<float *>() : addr_c->cp<float *>(); }
+    void compare_all(const std::string &what, double bound) const {
+        for (const auto &p : bufs)
+            if (p) compare(what, *p, bound);
+    }
+};
+
 // light: the recording entries keep light records (GdnCall::rec_each false) and gdn copies their inputs
 // (GdnCall::rec_inputs: cv rows, g, beta into BatchMeta::rec_in, compared exactly)
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
@@ -43,41 +67,27 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const int64_t xs = fused ? C + 2 * s.n_v + 7 : C;
     Dual x(rand_vec(r, (size_t)(T * xs))), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
     Dual cv((size_t)(T * C) * 4);
-    std::vector<std::unique_ptr<Dual>> recw;
-    std::vector<float *> rwc, rwg;
-    for (const auto &e : b.ents) {
-        if (!e.record) {
-            recw.emplace_back();
-            rwc.push_back(nullptr);
-            rwg.push_back(nullptr);
-            continue;
-        }
-        recw.emplace_back(new Dual((size_t)n_rec * (s.K - 1 + e.n) * C * 4));
-        rwc.push_back(recw.back()->cp());
-        rwg.push_back(recw.back()->gp());
-    }
-    Dual rwpc(rwc), rwpg(rwg);
+    const RecordBuffers recw(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * (s.K - 1 + e.n) * C; });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         ConvCall c;
-        c.x = g ? x.gp() : x.cp();
+        c.x = x.p(g);
         c.x_stride = fused ? xs : 0;
-        c.out = g ? cv.gp() : cv.cp();
-        c.w = g ? w.gp() : w.cp();
+        c.out = cv.p(g);
+        c.w = w.p(g);
         c.C = C;
         c.K = s.K;
-        c.conv = g ? conv.gp() : conv.cp();
+        c.conv = conv.p(g);
         c.slot_stride = conv_stride;
         c.rec_layer = rec_layer;
         c.n_rec = n_rec;
         BatchMeta m = b.meta(g);
-        m.rec_window = g ? rwpg.gp<float *>() : rwpc.cp<float *>();
+        m.rec_window = recw.at(g);
         (g ? g_gpu : g_cpu)->conv1d_silu(m, c);
     }
     compare("conv1d_silu out " + tag, cv, 1e-5);
     compare("conv1d_silu state " + tag, conv, 0);
-    for (size_t i = 0; i < recw.size(); i++)
-        if (recw[i]) compare("conv1d_silu rec_window " + tag, *recw[i], 0);
+    recw.compare_all("conv1d_silu rec_window " + tag, 0);
 
     // gates (on the CPU's conv output, so each op is judged alone)
     cv.set(cv.read<uint8_t>(false).data());
@@ -96,22 +106,22 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         GdnGates q;
-        q.cv = g ? cv.gp() : cv.cp();
+        q.cv = cv.p(g);
         q.C = C;
         q.n_k = s.n_k;
         q.dk = s.dk;
         q.n_v = s.n_v;
-        q.b = g ? bb.gp() : bb.cp();
-        q.a = g ? aa.gp() : aa.cp();
+        q.b = bb.p(g);
+        q.a = aa.p(g);
         if (fused) {
             q.b = x.p(g) + C;
             q.a = x.p(g) + C + s.n_v;
             q.b_stride = q.a_stride = xs;
         }
-        q.ssm_a = g ? ssm_a.gp() : ssm_a.cp();
-        q.dt_bias = g ? dt.gp() : dt.cp();
-        q.beta = g ? beta.gp() : beta.cp();
-        q.g = g ? gl.gp() : gl.cp();
+        q.ssm_a = ssm_a.p(g);
+        q.dt_bias = dt.p(g);
+        q.beta = beta.p(g);
+        q.g = gl.p(g);
         (g ? g_gpu : g_cpu)->gdn_gates(T, q);
     }
     compare("gdn_gates cv " + tag, cv, 1e-5);
@@ -127,63 +137,35 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
     Dual state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
     Dual out((size_t)(T * s.n_v * s.dv) * 4);
-    std::vector<std::unique_ptr<Dual>> recs;
-    std::vector<float *> rsc, rsg;
-    for (const auto &e : b.ents) {
-        if (!e.record) {
-            recs.emplace_back();
-            rsc.push_back(nullptr);
-            rsg.push_back(nullptr);
-            continue;
-        }
-        recs.emplace_back(new Dual((size_t)(e.n + 1) * n_rec * sf * 4));
-        rsc.push_back(recs.back()->cp());
-        rsg.push_back(recs.back()->gp());
-    }
-    Dual rspc(rsc), rspg(rsg);
-    std::vector<std::unique_ptr<Dual>> ins;
-    std::vector<float *> ric, rig;
-    for (const auto &e : b.ents) {
-        if (!light || !e.record) {
-            ins.emplace_back();
-            ric.push_back(nullptr);
-            rig.push_back(nullptr);
-            continue;
-        }
-        ins.emplace_back(new Dual((size_t)n_rec * e.n * (C + 2 * s.n_v) * 4));
-        ric.push_back(ins.back()->cp());
-        rig.push_back(ins.back()->gp());
-    }
-    Dual ripc(ric), ripg(rig);
+    const RecordBuffers recs(b, true, [&](const Batch::Ent &e) { return (e.n + 1) * n_rec * sf; });
+    const RecordBuffers ins(b, light, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         GdnCall c;
-        c.cv = g ? cv.gp() : cv.cp();
+        c.cv = cv.p(g);
         c.C = C;
         c.n_k = s.n_k;
         c.n_v = s.n_v;
         c.dk = s.dk;
         c.dv = s.dv;
-        c.g = g ? gd.gp() : gd.cp();
-        c.beta = g ? bd.gp() : bd.cp();
-        c.out = g ? out.gp() : out.cp();
-        c.state = g ? state.gp() : state.cp();
+        c.g = gd.p(g);
+        c.beta = bd.p(g);
+        c.out = out.p(g);
+        c.state = state.p(g);
         c.slot_stride = state_stride;
         c.rec_layer = rec_layer;
         c.n_rec = n_rec;
         c.rec_each = !light;
         c.rec_inputs = light;
         BatchMeta m = b.meta(g);
-        m.rec_state = g ? rspg.gp<float *>() : rspc.cp<float *>();
-        if (light) m.rec_in = g ? ripg.gp<float *>() : ripc.cp<float *>();
+        m.rec_state = recs.at(g);
+        if (light) m.rec_in = ins.at(g);
         (g ? g_gpu : g_cpu)->gdn(m, c);
     }
     compare("gdn out " + tag, out, 1e-4);
     compare("gdn state " + tag, state, 1e-4);
-    for (size_t i = 0; i < recs.size(); i++)
-        if (recs[i]) compare("gdn rec_state " + tag, *recs[i], 1e-4);
-    for (size_t i = 0; i < ins.size(); i++)
-        if (ins[i]) compare("gdn rec_in " + tag, *ins[i], 0);
+    recs.compare_all("gdn rec_state " + tag, 1e-4);
+    ins.compare_all("gdn rec_in " + tag, 0);
 }
 
 }  // namespace

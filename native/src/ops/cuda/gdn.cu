@@ -290,13 +290,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     const int dk = g.dk, dv = g.dv;
     const int b = blockIdx.z * blockDim.x + threadIdx.x;
     const bool active = b < dv;
-    const int64_t n = a.n[e], t0 = a.t0[e];
-    const int kh = j % g.n_k;
-    const int64_t head = (int64_t)dk * dv;
-    float *S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
-    float *rec = a.rec_state ? a.rec_state[e] : nullptr;
-    const int64_t per = (int64_t)g.n_rec * g.n_v * head;
-    if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
+    const GdnHead hd(a, dk, j, e, b);
+    float *const S = hd.S, *const rec = hd.rec;
+    const int64_t n = hd.n, t0 = hd.t0, per = hd.per;
     if (rec && active)
         for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
@@ -304,7 +300,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         const float *row = g.cv + tok * g.C;
         __syncthreads();
         for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
-            qk[i] = i < dk ? row[(int64_t)kh * dk + i] : row[(int64_t)(g.n_k + kh) * dk + (i - dk)];
+            qk[i] = i < dk ? row[hd.q_off + i] : row[hd.k_off + (i - dk)];
         __syncthreads();
         if (!active) continue;
         const float *q = qk, *k = qk + dk;
@@ -314,7 +310,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         }
         const float decay = expf(g.g[tok * g.n_v + j]);
         const float beta = g.beta[tok * g.n_v + j];
-        const float v = row[(int64_t)2 * g.n_k * dk + (int64_t)j * dv + b];
+        const float v = row[hd.v_off];
         float u = 0.0f, o = 0.0f;
         for (int i = 0; i < dk; i++) {
             const float x = S[(int64_t)i * dv + b] * decay;

@@ -392,6 +392,16 @@ static int q8p_rows1_r() {
     return r;
 }
 
+// Rows a warp of the dp4a kernels for nt tokens: gemv_q8p_kernel's one at one token, the rows kernel's 2 or 4 else.
+// Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows): matrices of
+// 4224+ rows.
+static int q8p_dp4a_rows(const Weight &W, int nt) {
+    const bool wide = W.n_out >= 4224;
+    if (nt > 1) return wide ? 4 : 2;
+    const bool rows1 = wide && q8p_rows1_on() && !(q8p_long1_on() && W.n_in >= 16384);
+    return rows1 ? q8p_rows1_r() : 1;
+}
+
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
@@ -405,20 +415,15 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         return;
     }
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    // Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows).
-    const bool wide = W.n_out >= 4224;
     for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
         const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
-        const bool rows1 = wide && q8p_rows1_on() && !(q8p_long1_on() && W.n_in >= 16384);
-        if (nt == 1 && !rows1) {
-            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
-        } else if (wide && !(nt == 1 && q8p_rows1_r() == 2)) {
-            launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
-        } else {
-            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
+        switch (q8p_dp4a_rows(W, nt)) {
+        case 1: launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}); break;
+        case 2: launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        default: launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
         }
         check_launch("matmul (q8_0 dp4a)");
     }
