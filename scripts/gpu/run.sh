@@ -132,8 +132,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0)"
-  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   if [ -n "$UNMEASURED" ]; then  # the opt-ins written but not yet measured: their op tests and replays too
     log "CUDA op tests with the unmeasured opt-ins ($UNMEASURED)"
     env $UNMEASURED make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-unmeasured.txt" | grep -E "FAIL|cases" | tail -20
@@ -557,13 +557,13 @@ step_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_STAGED=1 DFL_CUDA_CONV_REGS=1 DFL_CUDA_Q8P_LONG1=1 DFL_CUDA_Q8P_ROWS1_R=2 DFL_CUDA_Q8P_PIPE_PRE=1}
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
 # instead of the state before and the rows' inputs (defaults since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
-# kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x). TRY (empty: none
-# waiting). Measured before: DFL_CUDA_Q8P_PIPE_ROWS=1: the staged kernel reads the quantizer's rows, no
-# fragment-ordered copy kernel before it (mixed: 16 tokens won, 8 lost; not with PIPE_U2).
+# kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
+# its copies' addresses worked out every stage; DFL_CUDA_Q8P_ROWS1_R=4: one token of a wide q8_0 matrix four rows a warp
+# (both defaults since 12-05 17:4x). TRY (empty: none waiting).
 TRY=${TRY:-}
 VARIANTS=${VARIANTS:-- $OPTINS $TRY}
 # DFL_CUDA_Q8P_PIPE_MT2_MIN=200: the staged q8_0 kernel on 16-row tiles for the 4096-row matrices (256 blocks, two an

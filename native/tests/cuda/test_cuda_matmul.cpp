@@ -131,8 +131,7 @@ void test_matmul_embed() {
                           int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
-    // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, or a row a warp with
-    // DFL_CUDA_Q8P_LONG1=1)
+    // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, split in parts)
     {
         DualWeight W(DFL_TYPE_Q8_0, 4224, 17408, r);
         Weight wp = W.wg;

@@ -13,13 +13,14 @@ constexpr int kConvThreads = 128;
 constexpr int64_t kConvTokens = 16;  // tokens a conv1d_silu thread runs (a chunk of its entry's)
 static_assert(kConvMaxK - 1 <= kConvTokens, "only chunk 0 may read the stored conv rows");
 constexpr int kGatesThreads = 128;
-constexpr int kGdnThreads = 128;  // threads per block: 64 columns (register kernel) or 128 (global kernel)
+constexpr int kGdnThreads = 128;  // threads per block: 128 / P columns (staged kernel) or 128 (global kernel)
 
 // One chain chunk of conv1d_silu_kernel (below) with its window rows loaded into registers first, all at once: the
 // kernel's loop issues a token's loads only after the token before is stored (out and the records may alias x for
-// the compiler), one memory latency a token. Same sums in the same order. DFL_CUDA_CONV_REGS=1 (opt-in until
-// measured): the H100 12-05 16:2x verify profile had the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms
-// of a 16-row verify against 0.65 of a decode step; the conv walks its 16 tokens and 19 recorded rows a latency each.
+// the compiler), one memory latency a token. Same sums in the same order. Why: the H100 12-05 16:2x verify profile had
+// the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms of a 16-row verify against 0.65 of a decode step; the
+// conv walked its 16 tokens and 19 recorded rows a latency each. Measured (H100 12-05 17:3x, one call): 27B q8_0
+// verify of 16 rows 17.28 -> 17.15 ms, of 23 18.80 -> 17.96.
 // out: the entry's output rows, x its input rows (xs apart), cs its slot's stored rows, rw its window record (or null).
 __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, int64_t i0, int64_t i1, const float *cs,
                                                 const float *x, int64_t xs, float *rw, float *out) {
@@ -104,9 +105,8 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    static const bool regs = env_switch("DFL_CUDA_CONV_REGS", false);
     conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk,
-                                                     regs && c.K <= kConvMaxK);
+                                                     c.K <= kConvMaxK);
     check_launch("conv1d_silu");
 }
 
@@ -209,79 +209,8 @@ __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const
 }
 
 // Block (value head j, entry e, column group z). Columns of a head's state S [dk][dv] are independent in the delta
-// rule; each token's q and k (shared by all columns) are staged in shared memory.
+// rule; each token's q and k (shared by all columns) are read by every column.
 //
-// Register kernel: two neighbouring lanes own one column b, each holding DK/2 of its rows in registers (a whole
-// 128-row column per thread would spill); the two partial sums of k.S and q.S meet through one shuffle.
-template <int DK>
-__global__ void __launch_bounds__(kGdnThreads) gdn_reg_kernel(GdnArgs a) {
-    // Token inputs are double-buffered: the loads for token it + 1 are issued before token it is computed, so a long
-    // prefill does not wait a memory latency per token. q then k of a token, [2][DK] per buffer.
-    __shared__ float qk[2][2 * DK];
-    constexpr int R = DK / 2;
-    constexpr int kLoads = (2 * DK + kGdnThreads - 1) / kGdnThreads;  // q/k values each thread stages per token
-    const GdnCall &g = a.g;
-    const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
-    const int half = threadIdx.x & 1;
-    const int b = blockIdx.z * (blockDim.x / 2) + (threadIdx.x >> 1);
-    const bool active = b < dv;
-    const int a0 = half * R;
-    const GdnHead hd(a, DK, j, e, b);
-    float *const S = hd.S, *const rec = hd.rec;
-    const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
-
-    // this thread's share of token `tok`'s q/k, and its v, g, beta
-    float st[kLoads];
-    float nv = 0.0f, ng = 0.0f, nb = 0.0f;
-    auto fetch = [&](int64_t tok) {
-        const float *row = g.cv + tok * g.C;
-#pragma unroll
-        for (int l = 0; l < kLoads; l++) {
-            const int i = threadIdx.x + l * kGdnThreads;
-            st[l] = i < 2 * DK ? row[i < DK ? q_off + i : k_off + (i - DK)] : 0.0f;
-        }
-        nv = active ? row[v_off] : 0.0f;
-        ng = g.g[tok * g.n_v + j];
-        nb = g.beta[tok * g.n_v + j];
-    };
-    auto stage = [&](int buf) {
-#pragma unroll
-        for (int l = 0; l < kLoads; l++) {
-            const int i = threadIdx.x + l * kGdnThreads;
-            if (i < 2 * DK) qk[buf][i] = st[l];
-        }
-    };
-
-    float s[R];
-    load_column(s, S, a0, dv, b, active);
-    if (rec && active) store_column(rec, s, a0, dv, b);
-    if (n > 0) {
-        fetch(t0);
-        stage(0);
-    }
-    __syncthreads();
-    for (int64_t it = 0; it < n; it++) {
-        const int64_t tok = t0 + it;
-        const int buf = (int)(it & 1);
-        const float v = nv, decay = expf(ng), beta = nb;
-        if (a.parent && a.parent[tok] != it - 1 && active) {
-            // a tree token: continue from the state recorded after its parent (this thread's own column, written by
-            // this thread)
-            load_column(s, rec + (a.parent[tok] + 1) * per, a0, dv, b, true);
-        }
-        if (it + 1 < n) fetch(tok + 1);
-        const float o = delta_step<R, 2>(s, qk[buf] + a0, qk[buf] + DK + a0, v, decay, beta);
-        if (active) {
-            if (half == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-            if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
-        }
-        // the other buffer was last read in iteration it - 1, before that iteration's barrier
-        if (it + 1 < n) stage(buf ^ 1);
-        __syncthreads();
-    }
-    if (active) store_column(S, s, a0, dv, b);
-}
-
 // Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
 __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     extern __shared__ float qk[];  // [2][dk]
@@ -329,16 +258,16 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     }
 }
 
-// The staged kernel (DFL_CUDA_GDN_STAGED=1, opt-in until measured): block (value head j, entry e, column group z) as
-// above, but P neighbouring lanes own a column (R = DK / P rows each, the partial sums meeting through log2 P
+// The staged kernel, for heads of 128 or 64 rows: block (value head j, entry e, column group z) as above, but P
+// neighbouring lanes own a column in registers (R = DK / P rows each, the partial sums meeting through log2 P
 // shuffles), and the inputs of kGdnChunk tokens at a time (q, k, the block's v columns, g, beta, tree parents) are
 // copied into shared memory by cp.async, the next chunk while this one is computed, so a token waits on no memory
-// and no barrier. Why: the register kernel runs a 16-token verify of the 27B in ~27 us a layer against ~5 us for one
-// token (H100 12-05 16:2x, DFL_CUDA_SKIP_OPS=gdn: 1.28 of a 17.5 ms verify, 0.23 of a 13.3 ms decode step), ~1.4 us a
-// token: 96 blocks of four warps, one warp a scheduler, each token a global load and a barrier after a 64-long chain.
-// Prediction: ~0.2 us a token, the 16-token verify's gdn ~8 us a layer (-0.9 ms a step), a 4096-token prefill's
-// 3.9 ms a layer call about a quarter. Every token count runs it, so a decoded token and the same token in a verify
-// block get the same sums.
+// and no barrier. Why: the register kernel it replaced (two lanes a column, a token's q/k loaded then a barrier) ran a
+// 16-token verify of the 27B in ~27 us a layer against ~5 us for one token, each token a global load and a barrier
+// after a 64-long chain. Measured (H100 12-05 17:3x, one call): 27B q8_0 verify of 16 rows 17.28 -> 16.57 ms, of 23
+// 18.80 -> 18.12, decode step unchanged (13.29 / 13.22), with the conv in registers pp512 4,363 -> 4,802 tok/s and
+// pp4096 6,167 -> 7,096. Every token count runs it, so a decoded token and the same token in a verify block get the
+// same sums.
 constexpr int kGdnChunk = 16;
 
 template <int DK, int P>
@@ -450,11 +379,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     if (active) store_column(S, s, a0, dv, b);
 }
 
-static bool gdn_staged_on() {
-    static const bool on = env_switch("DFL_CUDA_GDN_STAGED", false);
-    return on;
-}
-
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
 // (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
 __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
@@ -495,11 +419,10 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.parent = m.parent;
     a.rec_in = nullptr;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
-    const dim3 grid_reg((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads / 2 - 1) / (kGdnThreads / 2)));
     const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
     const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
-    const bool staged = gdn_staged_on() && aligned && (g.dk == 128 || g.dk == 64);
+    const bool staged = aligned && (g.dk == 128 || g.dk == 64);
     if (g.rec_inputs) {  // the staged kernel copies the recording entries' inputs itself
         if (staged)
             a.rec_in = m.rec_in;
@@ -515,11 +438,7 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
             launch(gdn_staged_kernel<128, 4>, GdnStage<128, 4>::kCols);
         else
             launch(gdn_staged_kernel<64, 2>, GdnStage<64, 2>::kCols);
-    } else if (g.dk == 128)
-        gdn_reg_kernel<128><<<grid_reg, kGdnThreads, 0, s>>>(a);
-    else if (g.dk == 64)
-        gdn_reg_kernel<64><<<grid_reg, kGdnThreads, 0, s>>>(a);
-    else
+    } else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");
 }

@@ -373,22 +373,13 @@ static bool q8p_rows1_on() {
     return on;
 }
 
-// Whether one token of a wide matrix with long rows (16,384 inputs or more: the 27B's 5120 x 17408 down projection)
-// takes gemv_q8p_kernel, a row a warp, instead of the rows kernel's four (DFL_CUDA_Q8P_LONG1=1, opt-in until measured).
-// Why: the rows kernel gives that product 320 blocks of four warps (0.4 waves, 15 % achieved occupancy, one 16-byte
-// word of each of its four rows in flight a lane: ~20 KB an SM) and ran it at 2.07 TB/s (45.8 us) where gate|up ran at
-// 2.78 (H100 12-05 16:1x, kernel bench and ncu of the 27B layer). A row a warp makes 1,280 blocks with four words a
-// lane in flight: ~34 us predicted, -0.75 ms of a 13.3 ms 27B decode step.
-static bool q8p_long1_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_LONG1", false);
-    return on;
-}
-
-// Rows a warp of the rows kernel for one token of a wide matrix: 4, or DFL_CUDA_Q8P_ROWS1_R=2 (for comparisons in one
-// run). Why 2 may pay: the 27B's qkv|z|b|a (16,480 rows) makes 1,030 blocks of four rows a warp where six blocks an SM
-// fit (76 registers): 1.3 waves, and it ran at 2.39 TB/s where gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x).
+// Rows a warp of the rows kernel for one token of a wide matrix: 2, or DFL_CUDA_Q8P_ROWS1_R=4 (for comparisons in one
+// run). Why 2: with four the 27B's qkv|z|b|a (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3
+// waves, and ran at 2.39 TB/s where gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x). Measured (H100 12-05 17:3x,
+// one call): the 27B layer at one token 168.6 -> 152.9 us (kernel bench), its decode step 13.25 -> 12.63 ms (with the
+// staged gdn and the conv in registers), qwen3-8b q8_0 tg b1 4.125 -> 4.075 ms.
 static int q8p_rows1_r() {
-    static const int r = env_int("DFL_CUDA_Q8P_ROWS1_R", 4) == 2 ? 2 : 4;
+    static const int r = env_int("DFL_CUDA_Q8P_ROWS1_R", 2) == 4 ? 4 : 2;
     return r;
 }
 
@@ -398,8 +389,7 @@ static int q8p_rows1_r() {
 static int q8p_dp4a_rows(const Weight &W, int nt) {
     const bool wide = W.n_out >= 4224;
     if (nt > 1) return wide ? 4 : 2;
-    const bool rows1 = wide && q8p_rows1_on() && !(q8p_long1_on() && W.n_in >= 16384);
-    return rows1 ? q8p_rows1_r() : 1;
+    return wide && q8p_rows1_on() ? q8p_rows1_r() : 1;
 }
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {

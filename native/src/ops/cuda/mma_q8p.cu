@@ -99,7 +99,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 // qwen3-8b, 12-03 21:06). Shared memory rows are 288 bytes (256 and 32 of padding) so that a half-warp's 8-byte A
 // fragment loads (rows g, bytes 8 t4) fall in distinct banks. Needs n_in % 256 == 0 and the fragment-ordered copy.
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp (U of them with U > 1, below)
-constexpr int kPipeRowBytes = kPipeGroup * 32 + 32;
 // A stage of U blocks of 32 a warp (kPipeGroup U a stage) holds its rows in U * 256 + 32 bytes: 8 words past a multiple
 // of 32 whatever U, so the fragment loads stay on distinct banks.
 __host__ __device__ constexpr int pipe_row_bytes(int U) { return kPipeGroup * 32 * U + 32; }
@@ -110,30 +109,23 @@ constexpr int kPipeStages = 4;
 // layer at 32 tokens 149.0 -> 137.7 us, tg b32 4554 -> 4845 tok/s (with DFL_CUDA_Q8P_MMA_MIN=5).
 constexpr int kPipeDeepStages = 8;
 
-// A stage's activations come from the fragment-ordered copy (RX false: mma_acts_kernel's [kPipeGroup][T8][32] quants
-// and [kPipeGroup][T8] scales), or straight from the quantizer's rows (RX true, DFL_CUDA_Q8P_PIPE_ROWS=1: no copy
-// kernel before the product): [T8][kPipeXRowBytes] quants, the group's 256 inputs of a token padded as a weight row is
-// (a half-warp's 8-byte fragment loads, tokens g at bytes 32 warp + 8 t4, fall in distinct banks), and [T8]
-// [kPipeXsStride] scales (8 used; 16-byte rows for cp.async, and the four tokens 2 t4 a warp reads on distinct banks).
-constexpr int kPipeXRowBytes = kPipeRowBytes;
-constexpr int kPipeXsStride = 12;
-
-__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, bool RX, int U = 1) {
-    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U +
-           (RX ? T8 * kPipeXRowBytes + T8 * kPipeXsStride * 4 : kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8);
+// A stage's activations come from the fragment-ordered copy (mma_acts_kernel's [kPipeGroup][T8][32] quants and
+// [kPipeGroup][T8] scales). Staging the quantizer's rows instead (no copy kernel before the product) was tried and
+// lost: H200 12-04 05:1x tg b8 qwen3-8b 1,786 -> 1,659 tok/s; H100 12-05 17:3x 27B q8_0 verify of 16 rows 17.3 -> 21.9 ms.
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, int U = 1) {
+    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U + kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8;
 }
 
-// U: blocks of 32 a warp multiplies a stage (the rows kernel's RX takes 1)
-template <int MT, int NT8, bool RX, int U = 1>
+// U: blocks of 32 a warp multiplies a stage
+template <int MT, int NT8, int U = 1>
 struct PipeStage {
-    static_assert(U == 1 || !RX, "the quantizer's rows are staged one block of 32 a warp");
     static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U);
     uint8_t *w;    // [16 MT rows][kRow]
     uint16_t *d;   // [16 MT rows][kGroup] row scales
-    int8_t *xq;    // [kGroup][8 NT8 tokens][32], or RX [8 NT8 tokens][kPipeXRowBytes]
-    float *xs;     // [kGroup][8 NT8 tokens], or RX [8 NT8 tokens][kPipeXsStride]
+    int8_t *xq;    // [kGroup][8 NT8 tokens][32]
+    float *xs;     // [kGroup][8 NT8 tokens]
     __device__ __forceinline__ PipeStage(uint8_t *base) {
-        constexpr int kXq = RX ? 8 * NT8 * kPipeXRowBytes : kGroup * 32 * 8 * NT8;
+        constexpr int kXq = kGroup * 32 * 8 * NT8;
         w = base;
         d = (uint16_t *)(base + 16 * MT * kRow);
         xq = (int8_t *)(base + 16 * MT * kRow + 16 * MT * 2 * kGroup);
@@ -153,25 +145,8 @@ struct PipeStage {
             cp_async16(d + r * kGroup + part * 8, dw + row * nb + j * kGroup + part * 8);
         }
     }
-    // group j's activations: contiguous in the fragment-ordered copy; RX: 256 bytes and 8 scales of each token's row
-    // (tokens from T repeat token T - 1: their sums are never stored)
-    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j, int64_t T, int64_t n_in) const {
-        if constexpr (RX) {
-            constexpr int kQ = 8 * NT8 * 16, kS = 8 * NT8 * 2;
-            const int64_t nb = n_in / 32;
-            for (int c = threadIdx.x; c < kQ + kS; c += kMmaWarps * 32) {
-                if (c < kQ) {
-                    const int tok = c >> 4, col = c & 15;
-                    const int64_t src = min((int64_t)tok, T - 1);
-                    cp_async16(xq + tok * kPipeXRowBytes + col * 16, fq + src * n_in + j * kPipeGroup * 32 + col * 16);
-                } else {
-                    const int tok = (c - kQ) >> 1, half = (c - kQ) & 1;
-                    const int64_t src = min((int64_t)tok, T - 1);
-                    cp_async16(xs + tok * kPipeXsStride + half * 4, fs + src * nb + j * kPipeGroup + half * 4);
-                }
-            }
-            return;
-        }
+    // group j's activations: contiguous in the fragment-ordered copy
+    __device__ __forceinline__ void load_x(const int8_t *fq, const float *fs, int64_t j) const {
         constexpr int kQ = kGroup * 8 * NT8 * 32 / 16, kS = kGroup * 8 * NT8 * 4 / 16;
         const int8_t *q = fq + j * kGroup * 8 * NT8 * 32;
         const float *sc = fs + j * kGroup * 8 * NT8;
@@ -184,8 +159,8 @@ struct PipeStage {
     }
 };
 
-// A thread's share of a stage's copies with the addressing done once (DFL_CUDA_Q8P_PIPE_PRE=1, opt-in until measured;
-// the fragment-ordered activations, any U): PipeStage::load_w / load_x find each 16-byte word's row, column, source
+// A thread's share of a stage's copies with the addressing done once (the two-blocks-a-warp stages, unless
+// DFL_CUDA_Q8P_PIPE_PRE=0): PipeStage::load_w / load_x find each 16-byte word's row, column, source
 // and destination again for every stage, in 64-bit arithmetic. Here a thread keeps, for each of its words, the
 // source for stage 0 and the destination inside a stage, and a stage adds its own offsets: the same words to the
 // same places. Why: ncu (H100 12-05 16:1x) had the 27B's gate|up at 16 tokens issuing 0.58 instructions a cycle per
@@ -193,7 +168,7 @@ struct PipeStage {
 // ~140; the copies' address arithmetic is most of the rest.
 template <int MT, int NT8, int U>
 struct PipeCopies {
-    using Stage = PipeStage<MT, NT8, false, U>;
+    using Stage = PipeStage<MT, NT8, U>;
     static constexpr int kThreads = kMmaWarps * 32, kGroup = Stage::kGroup, kRow = Stage::kRow;
     static constexpr int kW = 16 * MT * 16 * U;                       // weight words a stage
     static constexpr int kWPer = (kW + kThreads - 1) / kThreads;
@@ -250,14 +225,13 @@ struct PipeCopies {
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
 // PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
-template <int MT, int NT8, int S, bool RX, int U = 1, bool PRE = false>
+template <int MT, int NT8, int S, int U = 1, bool PRE = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride) {
-    static_assert(!PRE || !RX, "PipeCopies stages the fragment-ordered activations");
-    using Stage = PipeStage<MT, NT8, RX, U>;
+    using Stage = PipeStage<MT, NT8, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, RX, U);
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, U);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
     const int64_t nb = n_in / 32, row0 = (int64_t)blockIdx.x * 16 * MT;
     // split K (gridDim.y parts): this block's groups [g0, g0 + ng) of the row's
@@ -281,7 +255,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
             if constexpr (PRE)
                 cps.load_x(smem0 + st * kStage, g0 + st);
             else
-                Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st, T, n_in);
+                Stage(pipe_smem + st * kStage).load_x(fq, fs, g0 + st);
         }
         cp_async_commit();
     }
@@ -295,7 +269,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
             } else {
                 const Stage nxt(pipe_smem + (int)(jn % S) * kStage);
                 nxt.load_w(qs, dw, n_in, nb, n_out, row0, g0 + jn);
-                nxt.load_x(fq, fs, g0 + jn, T, n_in);
+                nxt.load_x(fq, fs, g0 + jn);
             }
         });
         const Stage cur(pipe_smem + (int)(j % S) * kStage);
@@ -316,15 +290,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
             for (int nt = 0; nt < NT8; nt++) {
                 uint2 b;
                 float2 sx;
-                if constexpr (RX) {  // token rows: the warp's block of 32 at byte 32 warp, its scale in column warp
-                    b = *(const uint2 *)(cur.xq + (8 * nt + g) * kPipeXRowBytes + warp * 32 + t4 * 8);
-                    sx = make_float2(cur.xs[(8 * nt + 2 * t4) * kPipeXsStride + warp],
-                                     cur.xs[(8 * nt + 2 * t4 + 1) * kPipeXsStride + warp]);
-                } else {
-                    const int tk = kb * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
-                    b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
-                    sx = *(const float2 *)(cur.xs + tk + 2 * t4);
-                }
+                const int tk = kb * 8 * NT8 + 8 * nt;  // the tile's first token in this block's rows
+                b = *(const uint2 *)(cur.xq + (tk + g) * 32 + t4 * 8);
+                sx = *(const float2 *)(cur.xs + tk + 2 * t4);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     int c[4];
@@ -354,17 +322,11 @@ static bool q8p_pipe_on() {
     return on;
 }
 
+// Whether the two-blocks-a-warp stages take PipeCopies (above): on unless DFL_CUDA_Q8P_PIPE_PRE=0. Measured (H100
+// 12-05 17:3x, one call): 27B layer at 8 / 16 tokens 173.1 -> 168.8 / 183.6 -> 179.5 us (kernel bench), 27B q8_0
+// verify of 16 rows 17.28 -> 16.50 ms, qwen3-8b q8_0 tg b8 4.34 -> 4.24 ms, b32 5.71 -> 5.12 ms.
 static bool q8p_pipe_pre_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_PRE", false);
-    return on;
-}
-
-// Whether the staged kernel reads the quantizer's rows itself (RX) instead of a fragment-ordered copy made by a kernel
-// of its own before it (DFL_CUDA_Q8P_PIPE_ROWS=1, opt-in): one launch fewer a product of 8..32 tokens (batched decode,
-// verify blocks), the rows padded in shared memory as the weights are. Mixed on the H200 (12-04 05:1x, qwen3-8b layer):
-// 8 tokens 85.4 -> 90.5 us, 16 tokens 109.3 -> 104.3, 32 tokens 137.9 -> 136.4; tg b8 1,786 -> 1,659 tok/s.
-static bool q8p_pipe_rows_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_ROWS", false);
+    static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_PRE", true);
     return on;
 }
 
@@ -470,24 +432,22 @@ __global__ void sum_parts_kernel(const float *part, int n_parts, int64_t count, 
 // 32-row tiles (MT = 2) where they nearly fill the GPU, as dispatch_mma; else 16 rows. Up to 64 tokens (32 with
 // DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
-// rx: x is the quantizer's rows (RX), else the fragment-ordered copy. splits: input parts (grid.y; Y zeroed when 2 and
-// part_stride is 0, else part p's sums at Y + p * part_stride).
+// splits: input parts (grid.y; Y zeroed when 2 and part_stride is 0, else part p's sums at Y + p * part_stride).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y, bool rx, int splits = 1, int64_t part_stride = 0) {
-    auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto rows, auto u) {
+                            int64_t T, float *Y, int splits = 1, int64_t part_stride = 0) {
+    auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto u) {
         grid.y = (unsigned)splits;
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
-        constexpr bool RX = decltype(rows)::value;
         constexpr int U = decltype(u)::value;
-        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, RX, U);
+        const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, U);
         auto go = [&](auto pre) {
             constexpr bool PRE = decltype(pre)::value;
-            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, RX, U, PRE>>(dev.index(), smem,
-                                                                             "matmul (q8_0 staged mma smem)");
-            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, RX, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
+            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>>(dev.index(), smem,
+                                                                         "matmul (q8_0 staged mma smem)");
+            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
                              dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride);
         };
-        if constexpr (!RX && U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
+        if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
             if (q8p_pipe_pre_on()) {
                 go(std::true_type{});
                 return;
@@ -496,20 +456,15 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         go(std::false_type{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
-        const std::integral_constant<int, 1> one;
-        if (rx)
-            launch_u(grid, mt, nt8, stages, std::true_type{}, one);
-        else
-            launch_u(grid, mt, nt8, stages, std::false_type{}, one);
+        launch_u(grid, mt, nt8, stages, std::integral_constant<int, 1>{});
     };
-    const bool u2 = !rx && q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
+    const bool u2 = q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value;
         if constexpr (NT8 <= 4) {
             if (u2) {
                 constexpr int S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory (108 KB each at 32 rows)
-                launch_u(grid, mt, nt8, std::integral_constant<int, S>{}, std::false_type{},
-                         std::integral_constant<int, 2>{});
+                launch_u(grid, mt, nt8, std::integral_constant<int, S>{}, std::integral_constant<int, 2>{});
                 return;
             }
         }
@@ -529,21 +484,17 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const fl
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
-    if (pipe && q8p_pipe_rows_on()) {  // no fragment-ordered copy: the kernel stages the quantizer's rows
-        launch_q8p_pipe(dev, W, qs, dw, MmaX{xq, xs, nullptr, 0}, T, Y, true);
-        return;
-    }
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
-            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, false, splits);
+            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);
             return;
         }
         const int64_t count = W.n_out * T;
         float *part = (float *)dev.splitk_buffer((size_t)(splits * count) * sizeof(float));
-        launch_q8p_pipe(dev, W, qs, dw, x, T, part, false, splits, count);
+        launch_q8p_pipe(dev, W, qs, dw, x, T, part, splits, count);
         launch_chain(sum_parts_kernel, dim3(grid_for(count, 256)), dim3(256), 0, dev.stream(), (const float *)part, splits,
                      count, Y);
         check_launch("matmul (q8_0 split-K sums)");
