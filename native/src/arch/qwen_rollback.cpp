@@ -34,17 +34,20 @@ void QwenModel::ensure_record(int32_t s, uint32_t n, bool light) {
     }
 }
 
+// The kept k tokens of a light-recorded forward replayed from the state before it: one gdn call over every recurrent
+// layer (their recorded states, inputs and slot states each at a fixed stride), reading the state before where it was
+// recorded and leaving the state after in the slot: no copy of the state, one launch.
 void QwenModel::replay_records(int32_t s, uint32_t k) {
     const HParams &h = hp_;
     const SeqState &ss = seq_state_[(size_t)s];
     const int64_t sf = h.state_floats(), C = h.conv_channels(), n = table_.get(s).rec_n, rw = rec_in_row_floats();
-    // the state before the forward (its layers contiguous, as the slot's states are)
-    dev_->copy(slot_ptr(s), ss.rec_state.f(), sizeof(float) * (size_t)(n_rec_ * sf));
-    if (k == 0) return;
+    if (k == 0) {  // the state before the forward (its layers contiguous, as the slot's states are)
+        dev_->copy(slot_ptr(s), ss.rec_state.f(), sizeof(float) * (size_t)(n_rec_ * sf));
+        return;
+    }
     const int32_t host[3] = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch
     ensure(replay_meta_, sizeof host, "replay metadata");
     dev_->to_device(replay_meta_.get(), host, sizeof host);
-    ensure_acts(k);
     BatchMeta m;
     m.T = k;
     m.n_ent = 1;
@@ -52,26 +55,26 @@ void QwenModel::replay_records(int32_t s, uint32_t k) {
     m.t0 = replay_meta_.get<int32_t>();
     m.n = m.t0 + 1;
     m.slot = m.t0 + 2;
-    for (const Layer &L : layers_) {
-        if (L.attn) continue;
-        const float *in = ss.rec_in.f() + (int64_t)L.rec_index * n * rw;  // rows [n][C], g [n][n_v], beta [n][n_v]
-        GdnCall gc;
-        gc.cv = in;
-        gc.C = (int)C;
-        gc.n_k = h.n_k;
-        gc.n_v = h.n_v;
-        gc.dk = h.dk;
-        gc.dv = h.dv;
-        gc.g = in + n * C;
-        gc.beta = in + n * (C + h.n_v);
-        gc.out = acts_.core.f();
-        gc.state = states_.f() + L.rec_index * sf;
-        gc.slot_stride = slot_floats();
-        gc.rec_layer = L.rec_index;
-        gc.n_rec = n_rec_;
-        gc.exact = true;
-        dev_->gdn(m, gc);
-    }
+    const float *in = ss.rec_in.f();  // layer r's rows [n][C], g [n][n_v], beta [n][n_v] at r n rw
+    GdnCall gc;
+    gc.cv = in;
+    gc.C = (int)C;
+    gc.n_k = h.n_k;
+    gc.n_v = h.n_v;
+    gc.dk = h.dk;
+    gc.dv = h.dv;
+    gc.g = in + n * C;
+    gc.beta = in + n * (C + h.n_v);
+    gc.out = nullptr;
+    gc.state = states_.f();
+    gc.slot_stride = slot_floats();
+    gc.n_rec = n_rec_;
+    gc.exact = true;
+    gc.state_in = ss.rec_state.f();
+    gc.layers = n_rec_;
+    gc.layer_in = n * rw;
+    gc.layer_state = sf;
+    dev_->gdn(m, gc);
 }
 
 void QwenModel::seq_truncate(int32_t s, uint32_t n) {
@@ -108,9 +111,8 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
         } else if (k < q.rec_n) {
             replay_records(s, k);  // (keeping every token: the slot already holds the state after them)
         }
-        for (int r = 0; r < n_rec_; r++)
-            dev_->copy(slot + n_rec_ * sf + r * cf, ss.rec_window.f() + ((size_t)r * wrows + k) * (size_t)C,
-                       sizeof(float) * (size_t)cf);
+        // each layer's conv state: window rows k .. k + K - 2, one strided copy for all layers
+        dev_->copy_rows(slot + n_rec_ * sf, cf, ss.rec_window.f() + (size_t)k * C, wrows * C, n_rec_, cf);
     }
     q.tree = false;
     table_.set_length(q, n);

@@ -199,6 +199,13 @@ struct GdnCall {
     // first copy the recording entries' inputs (cv rows, g, beta) into their light records (BatchMeta::rec_in), as
     // record_gdn_inputs with gdn_inputs(*this) would: the CUDA device's staged kernel does it from the copies it makes
     bool rec_inputs = false;
+    // A replay of light records (one entry, not recording): the state before is read from state_in (the head layout
+    // of a slot's layer) instead of the slot, which gets the state after; `layers` consecutive layers in one call,
+    // layer l's cv, g and beta at + l * layer_in floats, its state and state_in at + l * layer_state. out may be null
+    // (no outputs written), and must be with several layers.
+    const float *state_in = nullptr;
+    int layers = 1;
+    int64_t layer_in = 0, layer_state = 0;
 };
 
 // A recording forward's Gated DeltaNet inputs copied to its light records (BatchMeta::rec_in) for layer rec_layer.

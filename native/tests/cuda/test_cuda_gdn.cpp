@@ -168,6 +168,48 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     ins.compare_all("gdn rec_in " + tag, 0);
 }
 
+// A replay of light records (QwenModel::replay_records): one gdn call over `layers` layers of one entry of k tokens,
+// each layer's inputs (rows [k][C], g [k][n_v], beta [k][n_v]) and states at a fixed stride, the state before read
+// from state_in, no outputs; the slot's states compared (and the other slots, untouched).
+void run_gdn_replay_case(const GdnShape &s, int k, int layers, Rng &r) {
+    Batch b({{k, 0, 2, false}}, 16, r);
+    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
+    const int64_t rw = C + 2 * s.n_v, sf = (int64_t)s.n_v * s.dk * s.dv, slot_stride = layers * sf + 8;
+    std::vector<float> in((size_t)(layers * k * rw));
+    for (int l = 0; l < layers; l++) {
+        float *p = in.data() + (size_t)(l * k * rw);
+        for (int64_t i = 0; i < k * C; i++) p[i] = 0.1f * (float)(2 * r.uniform() - 1);
+        for (int64_t i = 0; i < k * s.n_v; i++) {
+            p[k * C + i] = -0.3f * (float)r.uniform();
+            p[k * (C + s.n_v) + i] = (float)r.uniform();
+        }
+    }
+    Dual ind(in), before(rand_vec(r, (size_t)(layers * sf), 0.1f)), state(rand_vec(r, (size_t)(4 * slot_stride), 0.1f));
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        GdnCall c;
+        c.cv = ind.p(g);
+        c.C = C;
+        c.n_k = s.n_k;
+        c.n_v = s.n_v;
+        c.dk = s.dk;
+        c.dv = s.dv;
+        c.g = ind.p(g) + k * C;
+        c.beta = ind.p(g) + k * (C + s.n_v);
+        c.state = state.p(g);
+        c.slot_stride = slot_stride;
+        c.exact = true;
+        c.state_in = before.p(g);
+        c.layers = layers;
+        c.layer_in = k * rw;
+        c.layer_state = sf;
+        (g ? g_gpu : g_cpu)->gdn(b.meta(g), c);
+    }
+    char nm[120];
+    std::snprintf(nm, sizeof nm, "gdn replay nk=%d nv=%d dk=%d dv=%d k=%d layers=%d", s.n_k, s.n_v, s.dk, s.dv, k, layers);
+    compare(std::string(nm) + " state", state, 1e-4);
+}
+
 }  // namespace
 
 void test_gdn() {
@@ -189,6 +231,8 @@ void test_gdn() {
     // staged kernel's 16)
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r, {}, true);
+    for (const GdnShape &s : shapes)
+        for (int k : {1, 7, 17}) run_gdn_replay_case(s, k, 3, r);
 }
 
 }  // namespace dfltest

@@ -399,7 +399,21 @@ public:
         });
     }
 
-    void gdn(const BatchMeta &m, const GdnCall &c) override {
+    void gdn(const BatchMeta &m, const GdnCall &call) override {
+        if (call.layers < 1 || (call.layers > 1 && (call.out || m.n_ent != 1)) || (call.state_in && m.n_ent != 1))
+            fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
+        for (int l = 0; l < call.layers; l++) {  // (a replay's layers one after another)
+            GdnCall c = call;
+            c.cv += l * call.layer_in;
+            c.g += l * call.layer_in;
+            c.beta += l * call.layer_in;
+            c.state += l * call.layer_state;
+            if (c.state_in) c.state_in += l * call.layer_state;
+            gdn_layer(m, c);
+        }
+    }
+
+    void gdn_layer(const BatchMeta &m, const GdnCall &c) {
         if (c.rec_inputs) record_gdn_inputs(m, gdn_inputs(c));
         const OpScope timed(clock_, "gdn");
         const int dk = c.dk, dv = c.dv, nk = c.n_k, nv = c.n_v, C = c.C;
@@ -422,6 +436,7 @@ public:
                 bj[i] = c.beta[(t0 + i) * nv + j];
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
+            if (c.state_in) std::memcpy(S, c.state_in + (int64_t)j * dk * dv, sizeof(float) * (size_t)dk * dv);
             float *rec = m.rec_state ? m.rec_state[e] : nullptr;
             const int32_t *par = m.parent ? m.parent + t0 : nullptr;
             bool chain = true;
@@ -447,7 +462,7 @@ public:
             } else {  // one token, light records, or a replay of them: token by token
                 gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
             }
-            for (int64_t i = 0; i < n; i++)
+            for (int64_t i = 0; c.out && i < n; i++)
                 std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);
         });
     }

@@ -110,13 +110,15 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     check_launch("conv1d_silu");
 }
 
-// One block per token: a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then the gates.
+// Block (token, group y of gridDim.y): a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then
+// the gates, each spread over the token's blocks.
 __global__ void gdn_gates_kernel(GdnGates g) {
     const int64_t t = blockIdx.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, warp = (threadIdx.x >> 5) + nw * blockIdx.y;
+    const int warps = nw * gridDim.y, threads = blockDim.x * gridDim.y;
     float *row = g.cv + t * g.C;
     const float qscale = 1.0f / sqrtf((float)g.dk);
-    for (int hh = warp; hh < 2 * g.n_k; hh += nw) {
+    for (int hh = warp; hh < 2 * g.n_k; hh += warps) {
         float *x = row + (int64_t)hh * g.dk;
         float ss = 0.0f;
         for (int d = lane; d < g.dk; d += 32) ss += x[d] * x[d];
@@ -126,7 +128,7 @@ __global__ void gdn_gates_kernel(GdnGates g) {
         for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
     }
     const float *b = g.b + t * (g.b_stride ? g.b_stride : g.n_v), *ar = g.a + t * (g.a_stride ? g.a_stride : g.n_v);
-    for (int j = threadIdx.x; j < g.n_v; j += blockDim.x) {
+    for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads) {
         const int64_t i = t * g.n_v + j;
         g.beta[i] = sigmoid_f(b[j]);
         const float xa = ar[j] + g.dt_bias[j];
@@ -135,30 +137,48 @@ __global__ void gdn_gates_kernel(GdnGates g) {
     }
 }
 
+// Blocks a token: one (its warps walking the q/k heads four at a time), or with DFL_CUDA_GATES_WIDE=1 (opt-in, not yet
+// measured) a head a warp, the same sums. Why: a decode step runs the kernel on one block of four warps, each walking
+// 8 of the 27B's 32 q/k heads a load latency at a time: ncu had it at 9.5 us alone (H100 12-05 17:3x), 48 calls a
+// step; the DeltaNet's small ops cost 0.66 ms of a 12.2 ms 27B step (skip-ops 17:5x). Prediction: 8 blocks of one
+// head a warp, ~2-3 us: -0.2-0.3 ms of the decode step and of a verify (whose 16 blocks walk the same 8 heads).
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
-    gdn_gates_kernel<<<(unsigned)T, kGatesThreads, 0, s>>>(g);
+    static const bool wide = env_switch("DFL_CUDA_GATES_WIDE", false);
+    constexpr int kWarps = kGatesThreads / 32;
+    const unsigned groups = wide ? (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps) : 1u;
+    gdn_gates_kernel<<<dim3((unsigned)T, groups), kGatesThreads, 0, s>>>(g);
     check_launch("gdn_gates");
 }
 
 struct GdnArgs {
     GdnCall g;
+    int n_ent;  // blockIdx.y is entry + n_ent * layer (GdnCall::layers)
     const int32_t *t0, *n, *slot;
     float *const *rec_state;
     const int32_t *parent;  // BatchMeta::parent (token trees), or null
     float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
 };
 
-// Value head j of entry e: its state S in the entry's slot, its recorded states (rec, per floats apart, or null),
-// the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a cv row.
+// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot and where it starts from
+// (S_in: S, or GdnCall::state_in's), its recorded states (rec, per floats apart, or null), the layer's inputs (cv, gl,
+// beta), the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a cv row.
 struct GdnHead {
     float *S, *rec;
+    const float *S_in, *cv, *gl, *beta;
+    int e;
     int64_t per, n, t0, q_off, k_off, v_off;
-    __device__ GdnHead(const GdnArgs &a, int dk, int j, int e, int64_t v0) {
+    __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
         const GdnCall &g = a.g;
+        e = (int)blockIdx.y % a.n_ent;
+        const int64_t layer = (int64_t)blockIdx.y / a.n_ent, li = layer * g.layer_in, ls = layer * g.layer_state;
+        cv = g.cv + li;
+        gl = g.g + li;
+        beta = g.beta + li;
         const int kh = j % g.n_k;
         const int64_t head = (int64_t)dk * g.dv;
-        S = g.state + (int64_t)a.slot[e] * g.slot_stride + j * head;
+        S = g.state + ls + (int64_t)a.slot[e] * g.slot_stride + j * head;
+        S_in = g.state_in ? g.state_in + ls + j * head : S;
         rec = a.rec_state ? a.rec_state[e] : nullptr;
         per = (int64_t)g.n_rec * g.n_v * head;
         if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
@@ -215,18 +235,20 @@ __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const
 __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     extern __shared__ float qk[];  // [2][dk]
     const GdnCall &g = a.g;
-    const int j = blockIdx.x, e = blockIdx.y;
+    const int j = blockIdx.x;
     const int dk = g.dk, dv = g.dv;
     const int b = blockIdx.z * blockDim.x + threadIdx.x;
     const bool active = b < dv;
-    const GdnHead hd(a, dk, j, e, b);
+    const GdnHead hd(a, dk, j, b);
     float *const S = hd.S, *const rec = hd.rec;
     const int64_t n = hd.n, t0 = hd.t0, per = hd.per;
+    if (hd.S_in != S && active)  // a replay: the state before into the slot's column first (this thread's own)
+        for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = hd.S_in[(int64_t)i * dv + b];
     if (rec && active)
         for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
         const int64_t tok = t0 + it;
-        const float *row = g.cv + tok * g.C;
+        const float *row = hd.cv + tok * g.C;
         __syncthreads();
         for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
             qk[i] = i < dk ? row[hd.q_off + i] : row[hd.k_off + (i - dk)];
@@ -237,8 +259,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             const float *src = rec + (a.parent[tok] + 1) * per;
             for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = src[(int64_t)i * dv + b];
         }
-        const float decay = expf(g.g[tok * g.n_v + j]);
-        const float beta = g.beta[tok * g.n_v + j];
+        const float decay = expf(hd.gl[tok * g.n_v + j]);
+        const float beta = hd.beta[tok * g.n_v + j];
         const float v = row[hd.v_off];
         float u = 0.0f, o = 0.0f;
         for (int i = 0; i < dk; i++) {
@@ -254,7 +276,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             o += q[i] * x;
             if (dst) dst[(int64_t)i * dv + b] = x;
         }
-        g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+        if (g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
     }
 }
 
@@ -289,12 +311,13 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     constexpr int R = DK / P, kCols = Stage::kCols;
     __shared__ __align__(16) Stage st[2];
     const GdnCall &g = a.g;
-    const int j = blockIdx.x, e = blockIdx.y, dv = g.dv;
+    const int j = blockIdx.x, dv = g.dv;
     const int p = threadIdx.x % P, col = threadIdx.x / P;
     const int col0 = blockIdx.z * kCols, b = col0 + col;
     const bool active = b < dv;
     const int a0 = p * R;
-    const GdnHead hd(a, DK, j, e, col0);
+    const GdnHead hd(a, DK, j, col0);
+    const int e = hd.e;
     float *const S = hd.S, *const rec = hd.rec;
     const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
@@ -306,7 +329,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         constexpr int kQk = 2 * DK / 4;  // 16-byte words of a token's q and k
         for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
             const int t = w / (kQk + v_words), x = w % (kQk + v_words);
-            const float *row = g.cv + (t0 + i0 + t) * g.C;
+            const float *row = hd.cv + (t0 + i0 + t) * g.C;
             if (x < kQk) {
                 const int h = x / (kQk / 2), r = 4 * (x % (kQk / 2));  // q or k, and the word's first row
                 cp_async16(&sg.qk[t][h][r / R][r % R], row + (h == 0 ? q_off : k_off) + r);
@@ -316,8 +339,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
             const int64_t tok = t0 + i0 + t;
-            cp_async4(&sg.g[t], g.g + tok * g.n_v + j);
-            cp_async4(&sg.beta[t], g.beta + tok * g.n_v + j);
+            cp_async4(&sg.g[t], hd.gl + tok * g.n_v + j);
+            cp_async4(&sg.beta[t], hd.beta + tok * g.n_v + j);
             if (a.parent) cp_async4(&sg.parent[t], a.parent + tok);
         }
         cp_async_commit();
@@ -348,7 +371,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int64_t chunks = (n + kGdnChunk - 1) / kGdnChunk;
     if (chunks > 0) load(0);
     float s[R];
-    load_column(s, S, a0, dv, b, active);
+    load_column(s, hd.S_in, a0, dv, b, active);
     if (rec && active) store_column(rec, s, a0, dv, b);
     for (int64_t c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
@@ -370,7 +393,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             const float v = active ? sg.v[t][col] : 0.0f;
             const float o = delta_step<R, P>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
-                if (p == 0) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
+                if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
                 if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
             }
         }
@@ -410,8 +433,11 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
     if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
+    if (g.layers < 1 || (g.layers > 1 && (g.out || m.n_ent != 1)) || (g.state_in && m.n_ent != 1))
+        fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
     GdnArgs a;
     a.g = g;
+    a.n_ent = m.n_ent;
     a.t0 = m.t0;
     a.n = m.n;
     a.slot = m.slot;
@@ -419,9 +445,10 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.parent = m.parent;
     a.rec_in = nullptr;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
-    const dim3 grid_glob((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
+    const unsigned ys = (unsigned)(m.n_ent * g.layers);  // (entry, layer)
+    const dim3 grid_glob((unsigned)g.n_v, ys, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
-    const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
+    const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && g.layer_in % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
     const bool staged = aligned && (g.dk == 128 || g.dk == 64);
     if (g.rec_inputs) {  // the staged kernel copies the recording entries' inputs itself
         if (staged)
@@ -431,7 +458,7 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     }
     if (staged) {
         auto launch = [&](auto kernel, int cols) {
-            const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + cols - 1) / cols));
+            const dim3 grid((unsigned)g.n_v, ys, (unsigned)((g.dv + cols - 1) / cols));
             kernel<<<grid, kGdnThreads, 0, s>>>(a);
         };
         if (g.dk == 128)
