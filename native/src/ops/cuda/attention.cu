@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -41,7 +42,7 @@ struct AttnArgs {
 // consecutive elements), and its quantization where a.q is set.
 __device__ __forceinline__ void store_attn_out(const AttnArgs &a, int64_t i, float v) {
     a.out[i] = v;
-    if (a.q.xq) quant_q8_warp(v, a.q.xq + i, a.q.xs + i / 32, a.q.xsum ? a.q.xsum + i / 32 : nullptr);
+    if (a.q.xq) quant_q8_store(a.q, v, i);
 }
 
 // What a block of the decode kernels (grid: token, group of G query heads, split) works on: its token t and entry e,
@@ -581,7 +582,7 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     const size_t o_bytes = round256(n_part * c.kv.head_dim * sizeof(float));
     uint8_t *scr = n_part || q_bytes ? (uint8_t *)dev.scratch(q_bytes + o_bytes + n_part * 2 * sizeof(float)) : nullptr;
     // (the scratch is now large enough: the staging takes its start without growing it)
-    a.q = quant ? dev.stage_rows(c.out, m.T, n_out) : dev.stage_quant(nullptr, 0);
+    a.q = quant ? dev.stage_rows(c.out, m.T, n_out, true) : dev.stage_quant(nullptr, 0);
     if (n_split <= 1) {
         launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
                                 nullptr, nullptr);

@@ -10,6 +10,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -42,7 +43,7 @@ __global__ void repack_q8_0_kernel(const uint8_t *raw, uint64_t row_bytes, int64
 // x (T rows of n_in floats) -> int8 per block of 32 with one float scale: amax / 127, rounded to nearest; and, where
 // xsum is not null, each block's sum of the rounded values times its scale (the q4_K kernel's sub-block minimums).
 // Launched by launch_pdl: the product that follows may start (and load its weights) while this runs.
-__global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, int8_t *xq, float *xs, float *xsum) {
+__global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, CudaDevice::QuantX q) {
     pdl_trigger();
     pdl_wait();
     const int64_t nb = n_in / 32;
@@ -50,7 +51,7 @@ __global__ void quantize_x_q8_kernel(const float *x, int64_t n_in, int64_t T, in
     const int lane = threadIdx.x & 31;
     if (blk >= nb * T) return;
     // rows of n_in (a multiple of 32) are contiguous: block blk is elements 32 blk.., scale and sum number blk
-    quant_q8_warp(x[blk * 32 + lane], xq + blk * 32 + lane, xs + blk, xsum ? xsum + blk : nullptr);
+    quant_q8_store(q, x[blk * 32 + lane], blk * 32 + lane);
 }
 
 // The int32 dot product of 16 int8 weights and 16 int8 activations (four dp4a).
@@ -341,11 +342,12 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 // The quantizer is a PDL launch (the product after it may load its weights meanwhile).
 using QuantX = CudaDevice::QuantX;
 
-QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
+QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums, bool frags) {
     QuantX staged;
     if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
-    const QuantX q = dev.quant_scratch(rows * n_in, sums);
-    launch_pdl(quantize_x_q8_kernel, grid_for(rows * n_in, 256), 256, dev.stream(), X, n_in, rows, q.xq, q.xs, q.xsum);
+    QuantX q = dev.quant_scratch(rows * n_in, sums);
+    if (frags) q = dev.with_frags(q, rows, n_in);
+    launch_pdl(quantize_x_q8_kernel, grid_for(rows * n_in, 256), 256, dev.stream(), X, n_in, rows, q);
     check_launch("matmul (quantize x)");
     return q;
 }
@@ -394,14 +396,15 @@ static int q8p_dp4a_rows(const Weight &W, int nt) {
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
-    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
+    const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false, mma);
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
-    if (T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens()) {
-        launch_q8p_mma(dev, W, xq, xs, T, Y);
+    if (mma) {
+        launch_q8p_mma(dev, W, qx, T, Y);
         return;
     }
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);

@@ -3,6 +3,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -24,7 +25,7 @@ __global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::Q
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = silu_f(g[i]) * u[i];
         g[i] = v;
-        if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+        if (q.xq) quant_q8_store(q, v, i);
     }
 }
 
@@ -39,7 +40,7 @@ __global__ void swiglu_rows_kernel(float *out, const float *g, const float *u, i
     const float v = silu_f(g[t * stride + c]) * u[t * stride + c];
     const int64_t i = t * n + c;
     out[i] = v;
-    if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+    if (q.xq) quant_q8_store(q, v, i);
 }
 
 __global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {

@@ -480,13 +480,19 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
-void launch_q8p_mma(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, int64_t T, float *Y) {
+void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
+    const int8_t *xq = qx.xq;
+    const float *xs = qx.xs;
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
+    // the fragment-ordered copy where the op before wrote it (DFL_CUDA_STAGE_FRAGS=1), unless the halves need
+    // mma_acts_kernel to zero their output
+    const bool frags = qx.fq && !halves && mma_xt_on() && qx.T == T && qx.n == W.n_in;
+    const MmaX x = frags ? MmaX{qx.fq, qx.fs, nullptr, qx.T8}
+                         : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);

@@ -4,6 +4,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -12,7 +13,7 @@ namespace cuda {
 // stage_quant; n a multiple of 32, so a warp's 32 lanes always hold one block of 32 together).
 __device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, const CudaDevice::QuantX &q) {
     yr[i] = v;
-    if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+    if (q.xq) quant_q8_store(q, v, i);
 }
 
 // q offset to row blockIdx.x of n elements.
@@ -21,6 +22,7 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
         q.xq += (int64_t)blockIdx.x * n;
         q.xs += (int64_t)blockIdx.x * (n / 32);
         q.xsum += (int64_t)blockIdx.x * (n / 32);
+        q.row = blockIdx.x;  // (the fragment-ordered copy is not row by row: its rows are counted instead)
     }
     return q;
 }
