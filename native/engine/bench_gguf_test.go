@@ -21,7 +21,9 @@ import (
 // count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
 // state recorded, five layers captured for the draft, then cut back to one accepted token) — its ms/step against
-// tg-b<B>'s is the verify cost. Run with -test.benchtime=Nx; tok/s is what to compare.
+// tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none) adds vt-b<B>-n<N>: the same with a
+// token tree of N nodes (benchTree: DDTree's verify, every node's state recorded). Run with -test.benchtime=Nx;
+// tok/s is what to compare.
 //
 // MoE models (deepseek4): tg-b<B> also reports activeGB/s, the bytes a decode step must read (every matrix but the
 // embedding, and of each expert stack the share of the experts B tokens routed at random choose) per second of the
@@ -44,6 +46,7 @@ func BenchmarkGGUF(b *testing.B) {
 	}
 	batches, prompts := envInts("DFLASH_BENCH_BATCHES", "1,8,32"), envInts("DFLASH_BENCH_PROMPTS", "512,4096")
 	verify := envInts("DFLASH_BENCH_VERIFY", "")
+	trees := envInts("DFLASH_BENCH_TREE", "")
 	ctx := envInts("DFLASH_BENCH_CONTEXT", "16")[0] // decode's context (long ones weigh attention)
 	maxB, maxP := 1, 16
 	for _, x := range batches {
@@ -143,8 +146,14 @@ func BenchmarkGGUF(b *testing.B) {
 		})
 		for _, q := range verify {
 			b.Run(fmt.Sprintf("vf-b%d-q%d", nb, q), func(b *testing.B) {
-				skipUnlessRecordsFit(b, lib, spec, nb, q)
-				benchVerify(b, m, rng, nb, q)
+				skipUnlessRecordsFit(b, lib, spec, nb, q, false)
+				benchVerify(b, m, rng, nb, q, nil)
+			})
+		}
+		for _, q := range trees {
+			b.Run(fmt.Sprintf("vt-b%d-n%d", nb, q), func(b *testing.B) {
+				skipUnlessRecordsFit(b, lib, spec, nb, q, true)
+				benchVerify(b, m, rng, nb, q, benchTree(q))
 			})
 		}
 	}
@@ -153,7 +162,7 @@ func BenchmarkGGUF(b *testing.B) {
 // skipUnlessRecordsFit skips a verify benchmark whose sequences' records (Estimate.RecordBytes, allocated per sequence
 // at its first verify: 2.6 GB for a 27B qwen35 sequence of 16 rows where every row's state is kept) cannot fit the
 // device's free memory, with the figures, where the forward would fail with out of memory.
-func skipUnlessRecordsFit(b *testing.B, lib *Lib, spec ModelSpec, nb, q int) {
+func skipUnlessRecordsFit(b *testing.B, lib *Lib, spec ModelSpec, nb, q int, tree bool) {
 	est, err := lib.Estimate(spec)
 	if err != nil {
 		b.Fatal(err)
@@ -162,14 +171,30 @@ func skipUnlessRecordsFit(b *testing.B, lib *Lib, spec ModelSpec, nb, q int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if need := uint64(nb) * est.RecordBytes(q, false); need > free {
+	if need := uint64(nb) * est.RecordBytes(q, tree); need > free {
 		b.Skipf("%d sequences verifying %d rows need up to %d bytes of record states; %d bytes are free", nb, q, need, free)
 	}
 }
 
+// benchTree is the token tree vt-b<B>-n<N> verifies: a chain of two thirds of its n nodes, the others leaves hung
+// under the chain's first nodes (a DDTree's shape: its width near the root), in an order where a parent precedes
+// its children but a node's first child need not follow it.
+func benchTree(n int) []int32 {
+	chain := max(1, (2*n+2)/3)
+	parents := make([]int32, n)
+	for i := range parents {
+		if i < chain {
+			parents[i] = int32(i - 1)
+		} else {
+			parents[i] = int32((i - chain) % chain)
+		}
+	}
+	return parents
+}
+
 // benchVerify times forwards in which nb sequences each verify a block of q tokens the way speculative decoding
-// does, then keep one of them.
-func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
+// does (a chain, or the tree of parents), then keep one of them.
+func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int, parents []int32) {
 	info := m.Info()
 	capture := make([]int, 0, 5)
 	for i := 0; i < 5 && info.Arch != "deepseek4"; i++ {
@@ -189,7 +214,8 @@ func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
 			if _, err := m.Forward(one(s, randomTokens(rng, 16, info.Vocab), LogitsNone)); err != nil {
 				b.Fatal(err)
 			}
-			batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: randomTokens(rng, q, info.Vocab), Logits: LogitsAll, Record: true})
+			batch.Entries = append(batch.Entries, Entry{Seq: s, Tokens: randomTokens(rng, q, info.Vocab), Logits: LogitsAll,
+				Record: true, Parents: parents})
 		}
 	}
 	start()
@@ -204,7 +230,7 @@ func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int) {
 			b.Fatal(err)
 		}
 		for _, e := range batch.Entries {
-			if err := m.Truncate(e.Seq, n0+1); err != nil {
+			if err := m.Truncate(e.Seq, n0+1); err != nil { // (of a tree: its root, a chain prefix)
 				b.Fatal(err)
 			}
 		}

@@ -241,12 +241,13 @@ spec_models() {  # the 27B target and its draft, made once per machine
 spec_bench() {
   local m=qwen3.5-27b:q8_0 f d
   spec_models || return 1
-  # variants compared in one run: SPEC_VARIANTS, space-separated VAR=value settings ("-" = defaults)
+  # variants compared in one run: SPEC_VARIANTS, space-separated VAR=value settings ("-" = defaults); SPEC_TREE: the
+  # token trees' node counts (vt-b<B>-n<N>, DDTree's verify: budget 22 is 23 nodes; empty for none)
   for v in ${SPEC_VARIANTS:--}; do
     log "verify blocks and draft steps: $m, $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=${SPEC_PROMPTS:-0} DFLASH_BENCH_BATCHES=${SPEC_BATCHES:-1,8,32} \
-      DFLASH_BENCH_VERIFY=${SPEC_VERIFY:-8,16,23} \
+      DFLASH_BENCH_VERIFY=${SPEC_VERIFY:-8,16,23} DFLASH_BENCH_TREE=${SPEC_TREE:-23} \
       "$stage/bin/engine.test" -test.run '^$' -test.bench "${SPEC_BENCH:-GGUF}" -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
