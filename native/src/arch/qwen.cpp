@@ -349,10 +349,11 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     const size_t topk_size = topk ? topk_bytes(rows, topk->k) : 0;
     if (topk_size > 0) ensure(topk_, topk_size, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
-    // A chain forward keeps light records where the device can replay them; a tree needs every token's state.
-    const bool light = any_record && !any_tree && dev_->light_records();
+    // A recorded forward keeps light records where the device can replay them: the state before, the tokens' inputs,
+    // and of a tree the states after its branch points (which its later tokens continue from).
+    const bool light = any_record && dev_->light_records();
     for (uint32_t i = 0; i < b.n_seqs; i++)
-        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, light);
+        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, light, tree_of(i) != nullptr);
     if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)), "tree metadata");
 
     for (uint32_t i = 0; i < b.n_seqs; i++) {

@@ -100,10 +100,10 @@ private:
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
     void ensure_acts(int64_t T);
     void ensure(DevBuf &b, size_t bytes, const char *what);
-    void ensure_record(int32_t s, uint32_t n, bool light);
-    // Sequence s's recurrent state after the first k tokens of its last light-recorded forward: the state before it,
-    // then those tokens' recorded inputs through the Gated DeltaNet op again.
-    void replay_records(int32_t s, uint32_t k);
+    void ensure_record(int32_t s, uint32_t n, bool light, bool tree);
+    // Sequence s's recurrent state after k tokens of its last light-recorded forward, the first k or (a tree) the
+    // nodes path[0..k-1]: the state before it, then those tokens' recorded inputs through the Gated DeltaNet op again.
+    void replay_records(int32_t s, uint32_t k, const int32_t *path = nullptr);
     int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
@@ -130,7 +130,7 @@ private:
     Acts acts_;
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
     int64_t logits_rows_ = 0;     // rows of logits_ the last forward left there (logits_row)
-    DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot
+    DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot, then a tree path's rows
     bool light_rec_ = false;      // the forward running keeps light records
     DevBuf tree_;                 // BatchMeta vis [T] (u64) then parent [T] of a batch with trees
     std::vector<uint64_t> host_tree_;

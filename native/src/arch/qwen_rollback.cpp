@@ -11,12 +11,13 @@
 
 namespace dfl {
 
-void QwenModel::ensure_record(int32_t s, uint32_t n, bool light) {
+void QwenModel::ensure_record(int32_t s, uint32_t n, bool light, bool tree) {
     SeqState &ss = seq_state_[(size_t)s];
     const HParams &h = hp_;
     const uint32_t cap = std::max<uint32_t>(n, 16);
-    if (ss.rec_slots < (light ? 1u : n + 1)) {
-        const uint32_t slots = light ? 1 : cap + 1;
+    const bool one = light && !tree;  // a light chain keeps only the state before; a tree may keep any token's
+    if (ss.rec_slots < (one ? 1u : n + 1)) {
+        const uint32_t slots = one ? 1 : cap + 1;
         ss.rec_state.reset();
         ss.rec_state = DevBuf(dev_.get(), (size_t)slots * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
         ss.rec_slots = slots;
@@ -37,7 +38,7 @@ void QwenModel::ensure_record(int32_t s, uint32_t n, bool light) {
 // The kept k tokens of a light-recorded forward replayed from the state before it: one gdn call over every recurrent
 // layer (their recorded states, inputs and slot states each at a fixed stride), reading the state before where it was
 // recorded and leaving the state after in the slot: no copy of the state, one launch.
-void QwenModel::replay_records(int32_t s, uint32_t k) {
+void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     const HParams &h = hp_;
     const SeqState &ss = seq_state_[(size_t)s];
     const int64_t sf = h.state_floats(), C = h.conv_channels(), n = table_.get(s).rec_n, rw = rec_in_row_floats();
@@ -45,9 +46,10 @@ void QwenModel::replay_records(int32_t s, uint32_t k) {
         dev_->copy(slot_ptr(s), ss.rec_state.f(), sizeof(float) * (size_t)(n_rec_ * sf));
         return;
     }
-    const int32_t host[3] = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch
-    ensure(replay_meta_, sizeof host, "replay metadata");
-    dev_->to_device(replay_meta_.get(), host, sizeof host);
+    std::vector<int32_t> host = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch, then the path's rows
+    if (path) host.insert(host.end(), path, path + k);
+    ensure(replay_meta_, host.size() * sizeof(int32_t), "replay metadata");
+    dev_->to_device(replay_meta_.get(), host.data(), host.size() * sizeof(int32_t));
     BatchMeta m;
     m.T = k;
     m.n_ent = 1;
@@ -74,6 +76,7 @@ void QwenModel::replay_records(int32_t s, uint32_t k) {
     gc.layers = n_rec_;
     gc.layer_in = n * rw;
     gc.layer_state = sf;
+    if (path) gc.in_rows = m.t0 + 3;
     dev_->gdn(m, gc);
 }
 
@@ -176,8 +179,12 @@ void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
         const int64_t wrows = K1 + q.rec_n;
         const SeqState &ss = seq_state_[(size_t)s];
         float *slot = slot_ptr(s);
-        const size_t last = n == 0 ? 0 : (size_t)path[n - 1] + 1;  // recorded state slot
-        dev_->copy(slot, ss.rec_state.f() + last * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        if (q.rec_light) {
+            replay_records(s, n, path);  // (light records keep only the branch points' states)
+        } else {
+            const size_t last = n == 0 ? 0 : (size_t)path[n - 1] + 1;  // recorded state slot
+            dev_->copy(slot, ss.rec_state.f() + last * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
+        }
         // the conv state: the last K-1 inputs along old state rows 0..K-2, then the path's window rows
         std::vector<int64_t> rows;
         for (int64_t r = 0; r < K1; r++) rows.push_back(r);

@@ -183,7 +183,8 @@ struct GdnGates {
 
 // The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
 // j % n_k (GGUF order). Recording entries store the state before and after each token in rec_state (rec_each), or
-// only the state before (light records: a rollback replays the kept tokens' recorded inputs from it). Recording and
+// only the state before and, of a tree, after its branch points (light records: a token with a child that does not
+// follow it, the state a later token continues from; a rollback replays the kept tokens' recorded inputs). Recording and
 // exact calls take the state token by token, the same arithmetic for every token count, so that a replay of k
 // recorded tokens gives the state the recording forward had after them, bit for bit.
 struct GdnCall {
@@ -194,7 +195,7 @@ struct GdnCall {
     float *state = nullptr;                     // recurrent state of this layer for slot 0
     int64_t slot_stride = 0;
     int rec_layer = 0, n_rec = 0;
-    bool rec_each = true;  // false: recording entries keep only the state before (a tree forward needs every state)
+    bool rec_each = true;  // false: light records (the state before, and a tree's branch points)
     bool exact = false;    // token by token even without recording (a replay of light records)
     // first copy the recording entries' inputs (cv rows, g, beta) into their light records (BatchMeta::rec_in), as
     // record_gdn_inputs with gdn_inputs(*this) would: the CUDA device's staged kernel does it from the copies it makes
@@ -206,6 +207,9 @@ struct GdnCall {
     const float *state_in = nullptr;
     int layers = 1;
     int64_t layer_in = 0, layer_state = 0;
+    // A replay along a tree's path: token t reads its inputs (cv, g and beta rows) at row in_rows[t] (a device array),
+    // not at row t.
+    const int32_t *in_rows = nullptr;
 };
 
 // A recording forward's Gated DeltaNet inputs copied to its light records (BatchMeta::rec_in) for layer rec_layer.

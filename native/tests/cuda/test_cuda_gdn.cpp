@@ -169,22 +169,26 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
 }
 
 // A replay of light records (QwenModel::replay_records): one gdn call over `layers` layers of one entry of k tokens,
-// each layer's inputs (rows [k][C], g [k][n_v], beta [k][n_v]) and states at a fixed stride, the state before read
-// from state_in, no outputs; the slot's states compared (and the other slots, untouched).
-void run_gdn_replay_case(const GdnShape &s, int k, int layers, Rng &r) {
+// each layer's inputs (rows [kin][C], g [kin][n_v], beta [kin][n_v]: the recorded forward's kin tokens) and states at
+// a fixed stride, the state before read from state_in, no outputs; the first k rows, or (path) rows along a tree path
+// (GdnCall::in_rows); the slot's states compared (and the other slots, untouched).
+void run_gdn_replay_case(const GdnShape &s, int k, int layers, bool path, Rng &r) {
     Batch b({{k, 0, 2, false}}, 16, r);
-    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
+    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv, kin = k + 5;
     const int64_t rw = C + 2 * s.n_v, sf = (int64_t)s.n_v * s.dk * s.dv, slot_stride = layers * sf + 8;
-    std::vector<float> in((size_t)(layers * k * rw));
+    std::vector<float> in((size_t)(layers * kin * rw));
     for (int l = 0; l < layers; l++) {
-        float *p = in.data() + (size_t)(l * k * rw);
-        for (int64_t i = 0; i < k * C; i++) p[i] = 0.1f * (float)(2 * r.uniform() - 1);
-        for (int64_t i = 0; i < k * s.n_v; i++) {
-            p[k * C + i] = -0.3f * (float)r.uniform();
-            p[k * (C + s.n_v) + i] = (float)r.uniform();
+        float *p = in.data() + (size_t)(l * kin * rw);
+        for (int64_t i = 0; i < kin * C; i++) p[i] = 0.1f * (float)(2 * r.uniform() - 1);
+        for (int64_t i = 0; i < kin * s.n_v; i++) {
+            p[kin * C + i] = -0.3f * (float)r.uniform();
+            p[kin * (C + s.n_v) + i] = (float)r.uniform();
         }
     }
+    std::vector<int32_t> rows((size_t)k);
+    for (int t = 0; t < k; t++) rows[(size_t)t] = (t * 3 + 1) % kin;  // (a path's nodes, ascending or not)
     Dual ind(in), before(rand_vec(r, (size_t)(layers * sf), 0.1f)), state(rand_vec(r, (size_t)(4 * slot_stride), 0.1f));
+    Dual rowd(rows);
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
         GdnCall c;
@@ -194,19 +198,21 @@ void run_gdn_replay_case(const GdnShape &s, int k, int layers, Rng &r) {
         c.n_v = s.n_v;
         c.dk = s.dk;
         c.dv = s.dv;
-        c.g = ind.p(g) + k * C;
-        c.beta = ind.p(g) + k * (C + s.n_v);
+        c.g = ind.p(g) + kin * C;
+        c.beta = ind.p(g) + kin * (C + s.n_v);
         c.state = state.p(g);
         c.slot_stride = slot_stride;
         c.exact = true;
         c.state_in = before.p(g);
         c.layers = layers;
-        c.layer_in = k * rw;
+        c.layer_in = kin * rw;
         c.layer_state = sf;
+        if (path) c.in_rows = rowd.p<int32_t>(g);
         (g ? g_gpu : g_cpu)->gdn(b.meta(g), c);
     }
     char nm[120];
-    std::snprintf(nm, sizeof nm, "gdn replay nk=%d nv=%d dk=%d dv=%d k=%d layers=%d", s.n_k, s.n_v, s.dk, s.dv, k, layers);
+    std::snprintf(nm, sizeof nm, "gdn replay nk=%d nv=%d dk=%d dv=%d k=%d layers=%d%s", s.n_k, s.n_v, s.dk, s.dv, k,
+                  layers, path ? " path" : "");
     compare(std::string(nm) + " state", state, 1e-4);
 }
 
@@ -231,8 +237,15 @@ void test_gdn() {
     // staged kernel's 16)
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r, {}, true);
+    // light records of trees: the state before, the branch points' states (a later token continues from them) and the
+    // inputs
     for (const GdnShape &s : shapes)
-        for (int k : {1, 7, 17}) run_gdn_replay_case(s, k, 3, r);
+        run_gdn_case(s, {{5, 0, 0, false}, {12, 7, 1, true}, {3, 2, 2, true}, {20, 0, 3, true}}, r,
+                     {{}, random_tree(r, 12), {}, random_tree(r, 20)}, true);
+    // replays of light records: the first k rows, and rows along a tree path
+    for (const GdnShape &s : shapes)
+        for (int k : {1, 7, 17})
+            for (bool path : {false, true}) run_gdn_replay_case(s, k, 3, path, r);
 }
 
 }  // namespace dfltest

@@ -428,12 +428,13 @@ public:
             float *qj = buf, *kj = qj + n * dk, *vj = kj + n * dk, *gj = vj + n * dv, *bj = gj + n, *oj = bj + n;
             float *cs = oj + n * dv;
             for (int64_t i = 0; i < n; i++) {
-                const float *row = c.cv + (t0 + i) * C;
+                const int64_t src = c.in_rows ? c.in_rows[t0 + i] : t0 + i;
+                const float *row = c.cv + src * C;
                 std::memcpy(qj + i * dk, row + (int64_t)kh * dk, sizeof(float) * (size_t)dk);
                 std::memcpy(kj + i * dk, row + (int64_t)(nk + kh) * dk, sizeof(float) * (size_t)dk);
                 std::memcpy(vj + i * dv, row + (int64_t)2 * nk * dk + (int64_t)j * dv, sizeof(float) * (size_t)dv);
-                gj[i] = c.g[(t0 + i) * nv + j];
-                bj[i] = c.beta[(t0 + i) * nv + j];
+                gj[i] = c.g[src * nv + j];
+                bj[i] = c.beta[src * nv + j];
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
             if (c.state_in) std::memcpy(S, c.state_in + (int64_t)j * dk * dv, sizeof(float) * (size_t)dk * dv);
@@ -447,11 +448,15 @@ public:
             float *base = rec ? rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs : nullptr;
             if (base) std::memcpy(base, S, sizeof(float) * hs);
             if (!chain) {
-                // a tree (always recorded): token i continues from the state after its parent
+                // a tree (always recorded): token i continues from the state after its parent, kept for every token
+                // or (light records) for the branch points alone
+                std::vector<bool> keep((size_t)n, c.rec_each);
+                for (int64_t i = 0; i < n; i++)
+                    if (par[i] != i - 1) keep[(size_t)par[i]] = true;
                 for (int64_t i = 0; i < n; i++) {
                     if (par[i] != i - 1) std::memcpy(S, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
                     gdn_recurrent(S, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
-                                  base + (size_t)(i + 1) * per);
+                                  keep[(size_t)i] ? base + (size_t)(i + 1) * per : nullptr);
                 }
             } else if (base && c.rec_each) {
                 std::vector<float> st((size_t)n * hs);

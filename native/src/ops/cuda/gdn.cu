@@ -166,8 +166,11 @@ struct GdnArgs {
 struct GdnHead {
     float *S, *rec;
     const float *S_in, *cv, *gl, *beta;
+    const int32_t *in_rows;
     int e;
     int64_t per, n, t0, q_off, k_off, v_off;
+    bool keep_all;  // rec keeps the state after every token (GdnCall::rec_each), else after those in keep
+    uint64_t keep;  // (light records of a tree: its branch points)
     __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
         const GdnCall &g = a.g;
         e = (int)blockIdx.y % a.n_ent;
@@ -184,10 +187,23 @@ struct GdnHead {
         if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
         n = a.n[e];
         t0 = a.t0[e];
+        in_rows = g.in_rows;
+        // light records of a tree (at most 64 tokens): the state after each token a later token continues from
+        keep_all = g.rec_each;
+        keep = 0;
+        if (rec && !g.rec_each && a.parent)
+            for (int64_t i = 0; i < n; i++) {
+                const int32_t p = a.parent[t0 + i];
+                if (p != i - 1) keep |= (uint64_t)1 << p;
+            }
         q_off = (int64_t)kh * dk;
         k_off = (int64_t)(g.n_k + kh) * dk;
         v_off = (int64_t)2 * g.n_k * dk + (int64_t)j * g.dv + v0;
     }
+    // the row of cv, g and beta that token tok reads
+    __device__ int64_t row(int64_t tok) const { return in_rows ? in_rows[tok] : tok; }
+    // whether rec gets the state after token it of the entry
+    __device__ bool keeps(int64_t it) const { return keep_all || (it < 64 && ((keep >> it) & 1)); }
 };
 
 // A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
@@ -248,7 +264,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
         const int64_t tok = t0 + it;
-        const float *row = hd.cv + tok * g.C;
+        const float *row = hd.cv + hd.row(tok) * g.C;
         __syncthreads();
         for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
             qk[i] = i < dk ? row[hd.q_off + i] : row[hd.k_off + (i - dk)];
@@ -259,8 +275,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             const float *src = rec + (a.parent[tok] + 1) * per;
             for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = src[(int64_t)i * dv + b];
         }
-        const float decay = expf(hd.gl[tok * g.n_v + j]);
-        const float beta = hd.beta[tok * g.n_v + j];
+        const float decay = expf(hd.gl[hd.row(tok) * g.n_v + j]);
+        const float beta = hd.beta[hd.row(tok) * g.n_v + j];
         const float v = row[hd.v_off];
         float u = 0.0f, o = 0.0f;
         for (int i = 0; i < dk; i++) {
@@ -269,7 +285,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             u += k[i] * x;
         }
         const float delta = beta * (v - u);
-        float *dst = rec && g.rec_each ? rec + (it + 1) * per : nullptr;
+        float *dst = rec && hd.keeps(it) ? rec + (it + 1) * per : nullptr;
         for (int i = 0; i < dk; i++) {
             const float x = S[(int64_t)i * dv + b] + k[i] * delta;
             S[(int64_t)i * dv + b] = x;
@@ -329,7 +345,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         constexpr int kQk = 2 * DK / 4;  // 16-byte words of a token's q and k
         for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
             const int t = w / (kQk + v_words), x = w % (kQk + v_words);
-            const float *row = hd.cv + (t0 + i0 + t) * g.C;
+            const float *row = hd.cv + hd.row(t0 + i0 + t) * g.C;
             if (x < kQk) {
                 const int h = x / (kQk / 2), r = 4 * (x % (kQk / 2));  // q or k, and the word's first row
                 cp_async16(&sg.qk[t][h][r / R][r % R], row + (h == 0 ? q_off : k_off) + r);
@@ -339,8 +355,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
             const int64_t tok = t0 + i0 + t;
-            cp_async4(&sg.g[t], hd.gl + tok * g.n_v + j);
-            cp_async4(&sg.beta[t], hd.beta + tok * g.n_v + j);
+            cp_async4(&sg.g[t], hd.gl + hd.row(tok) * g.n_v + j);
+            cp_async4(&sg.beta[t], hd.beta + hd.row(tok) * g.n_v + j);
             if (a.parent) cp_async4(&sg.parent[t], a.parent + tok);
         }
         cp_async_commit();
@@ -394,7 +410,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             const float o = delta_step<R, P>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-                if (rec && g.rec_each) store_column(rec + (it + 1) * per, s, a0, dv, b);
+                if (rec && hd.keeps(it)) store_column(rec + (it + 1) * per, s, a0, dv, b);
             }
         }
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
