@@ -247,7 +247,7 @@ spec_bench() {
     log "verify blocks and draft steps: $m, $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DRAFT=$d \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=${SPEC_PROMPTS:-0} DFLASH_BENCH_BATCHES=${SPEC_BATCHES:-1,8,32} \
-      DFLASH_BENCH_VERIFY=${SPEC_VERIFY:-8,16,23} DFLASH_BENCH_TREE=${SPEC_TREE:-23} \
+      DFLASH_BENCH_VERIFY=${SPEC_VERIFY:-8,16,23} DFLASH_BENCH_TREE=${SPEC_TREE-23} \
       "$stage/bin/engine.test" -test.run '^$' -test.bench "${SPEC_BENCH:-GGUF}" -test.benchtime 16x 2>&1) | tee -a "$OUT/bench-spec.txt" |
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
