@@ -45,6 +45,20 @@ struct RecordBuffers {
     }
 };
 
+// A gdn call of shape s on inputs cv (rows of C), g and beta.
+GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, const float *beta) {
+    GdnCall c;
+    c.cv = cv;
+    c.C = C;
+    c.n_k = s.n_k;
+    c.n_v = s.n_v;
+    c.dk = s.dk;
+    c.dv = s.dv;
+    c.g = g;
+    c.beta = beta;
+    return c;
+}
+
 // light: the recording entries keep light records (GdnCall::rec_each false) and gdn copies their inputs
 // (GdnCall::rec_inputs: cv rows, g, beta into BatchMeta::rec_in, compared exactly)
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
@@ -141,15 +155,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const RecordBuffers ins(b, light, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        GdnCall c;
-        c.cv = cv.p(g);
-        c.C = C;
-        c.n_k = s.n_k;
-        c.n_v = s.n_v;
-        c.dk = s.dk;
-        c.dv = s.dv;
-        c.g = gd.p(g);
-        c.beta = bd.p(g);
+        GdnCall c = gdn_call(s, C, cv.p(g), gd.p(g), bd.p(g));
         c.out = out.p(g);
         c.state = state.p(g);
         c.slot_stride = state_stride;
@@ -191,15 +197,7 @@ void run_gdn_replay_case(const GdnShape &s, int k, int layers, bool path, Rng &r
     Dual rowd(rows);
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        GdnCall c;
-        c.cv = ind.p(g);
-        c.C = C;
-        c.n_k = s.n_k;
-        c.n_v = s.n_v;
-        c.dk = s.dk;
-        c.dv = s.dv;
-        c.g = ind.p(g) + kin * C;
-        c.beta = ind.p(g) + kin * (C + s.n_v);
+        GdnCall c = gdn_call(s, C, ind.p(g), ind.p(g) + kin * C, ind.p(g) + kin * (C + s.n_v));
         c.state = state.p(g);
         c.slot_stride = slot_stride;
         c.exact = true;
