@@ -181,6 +181,22 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
 }
 
+GdnCall QwenModel::gdn_call(const float *cv, const float *g, const float *beta) const {
+    GdnCall gc;
+    gc.cv = cv;
+    gc.C = (int)hp_.conv_channels();
+    gc.n_k = hp_.n_k;
+    gc.n_v = hp_.n_v;
+    gc.dk = hp_.dk;
+    gc.dv = hp_.dv;
+    gc.g = g;
+    gc.beta = beta;
+    gc.state = states_.f();
+    gc.slot_stride = slot_floats();
+    gc.n_rec = n_rec_;
+    return gc;
+}
+
 void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
@@ -219,20 +235,10 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.g = a.g.f();
     dev_->gdn_gates(T, gg);
 
-    GdnCall gc;
-    gc.cv = a.cv.f();
-    gc.C = C;
-    gc.n_k = h.n_k;
-    gc.n_v = h.n_v;
-    gc.dk = h.dk;
-    gc.dv = h.dv;
-    gc.g = a.g.f();
-    gc.beta = a.beta.f();
+    GdnCall gc = gdn_call(a.cv.f(), a.g.f(), a.beta.f());
     gc.out = a.core.f();
-    gc.state = states_.f() + L.rec_index * sf;
-    gc.slot_stride = slot_floats();
+    gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
-    gc.n_rec = n_rec_;
     gc.rec_each = !light_rec_;
     gc.rec_inputs = light_rec_;  // the recording entries' inputs, for a rollback to replay
     dev_->gdn(m, gc);

@@ -109,6 +109,8 @@ private:
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
     void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+    // A gdn call of this model's shape on inputs cv, g, beta, from the slots' states of the first recurrent layer
+    GdnCall gdn_call(const float *cv, const float *g, const float *beta) const;
 
     std::unique_ptr<Device> dev_;
     HParams hp_;

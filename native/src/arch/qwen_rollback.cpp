@@ -58,19 +58,8 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     m.n = m.t0 + 1;
     m.slot = m.t0 + 2;
     const float *in = ss.rec_in.f();  // layer r's rows [n][C], g [n][n_v], beta [n][n_v] at r n rw
-    GdnCall gc;
-    gc.cv = in;
-    gc.C = (int)C;
-    gc.n_k = h.n_k;
-    gc.n_v = h.n_v;
-    gc.dk = h.dk;
-    gc.dv = h.dv;
-    gc.g = in + n * C;
-    gc.beta = in + n * (C + h.n_v);
+    GdnCall gc = gdn_call(in, in + n * C, in + n * (C + h.n_v));
     gc.out = nullptr;
-    gc.state = states_.f();
-    gc.slot_stride = slot_floats();
-    gc.n_rec = n_rec_;
     gc.exact = true;
     gc.state_in = ss.rec_state.f();
     gc.layers = n_rec_;
