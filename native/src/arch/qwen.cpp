@@ -182,15 +182,7 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
 }
 
 GdnCall QwenModel::gdn_call(const float *cv, const float *g, const float *beta) const {
-    GdnCall gc;
-    gc.cv = cv;
-    gc.C = (int)hp_.conv_channels();
-    gc.n_k = hp_.n_k;
-    gc.n_v = hp_.n_v;
-    gc.dk = hp_.dk;
-    gc.dv = hp_.dv;
-    gc.g = g;
-    gc.beta = beta;
+    GdnCall gc = dfl::gdn_call(cv, (int)hp_.conv_channels(), hp_.n_k, hp_.n_v, hp_.dk, hp_.dv, g, beta);
     gc.state = states_.f();
     gc.slot_stride = slot_floats();
     gc.n_rec = n_rec_;

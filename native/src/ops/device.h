@@ -212,6 +212,20 @@ struct GdnCall {
     const int32_t *in_rows = nullptr;
 };
 
+// A GdnCall of heads n_k / n_v of dk / dv on inputs cv (rows of C), g and beta; the rest as the defaults.
+inline GdnCall gdn_call(const float *cv, int C, int n_k, int n_v, int dk, int dv, const float *g, const float *beta) {
+    GdnCall c;
+    c.cv = cv;
+    c.C = C;
+    c.n_k = n_k;
+    c.n_v = n_v;
+    c.dk = dk;
+    c.dv = dv;
+    c.g = g;
+    c.beta = beta;
+    return c;
+}
+
 // A recording forward's Gated DeltaNet inputs copied to its light records (BatchMeta::rec_in) for layer rec_layer.
 struct GdnInputs {
     const float *cv = nullptr;                  // [T][C] after GdnGates

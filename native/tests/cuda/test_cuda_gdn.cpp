@@ -47,16 +47,7 @@ struct RecordBuffers {
 
 // A gdn call of shape s on inputs cv (rows of C), g and beta.
 GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, const float *beta) {
-    GdnCall c;
-    c.cv = cv;
-    c.C = C;
-    c.n_k = s.n_k;
-    c.n_v = s.n_v;
-    c.dk = s.dk;
-    c.dv = s.dv;
-    c.g = g;
-    c.beta = beta;
-    return c;
+    return dfl::gdn_call(cv, C, s.n_k, s.n_v, s.dk, s.dv, g, beta);
 }
 
 // light: the recording entries keep light records (GdnCall::rec_each false) and gdn copies their inputs
