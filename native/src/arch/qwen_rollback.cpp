@@ -179,10 +179,9 @@ void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
         for (int64_t r = 0; r < K1; r++) rows.push_back(r);
         for (uint32_t d = 0; d < n; d++) rows.push_back(K1 + path[d]);
         const size_t off = rows.size() - (size_t)K1;
-        for (int r = 0; r < n_rec_; r++)
-            for (int64_t i = 0; i < K1; i++)
-                dev_->copy(slot + n_rec_ * sf + r * cf + i * C, ss.rec_window.f() + ((size_t)r * wrows + rows[off + i]) * C,
-                           sizeof(float) * (size_t)C);
+        for (int64_t i = 0; i < K1; i++)  // row i of every layer's conv state in one strided copy
+            dev_->copy_rows(slot + n_rec_ * sf + i * C, cf, ss.rec_window.f() + (size_t)rows[off + i] * C, wrows * C, n_rec_,
+                            C);
     }
     q.tree = false;
     q.rec = false;
