@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,19 @@ struct Error : std::runtime_error {
 };
 
 [[noreturn]] inline void fail(dfl_status code, const std::string &msg) { throw Error(code, msg); }
+
+// A DFL_* switch of the environment: one that is on by default is off only with NAME=0, one that is off by default on
+// only with NAME=1 (kernels and paths kept for comparisons in one run, or not yet the default).
+inline bool env_switch(const char *name, bool on_by_default) {
+    const char *e = std::getenv(name);
+    return on_by_default ? !(e && std::strcmp(e, "0") == 0) : (e && std::strcmp(e, "1") == 0);
+}
+
+// A DFL_* number of the environment (tunings kept for comparisons in one run): def where it is unset or empty.
+inline int64_t env_int(const char *name, int64_t def) {
+    const char *e = std::getenv(name);
+    return e && *e ? std::atoll(e) : def;
+}
 
 // Hot kernels are built twice: portable x86-64-v2 and x86-64-v3 (AVX2/FMA); the loader picks one at run time.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(DFL_NO_MULTIVERSION)

@@ -133,10 +133,7 @@ void WeightStore::upload(Weight &w) {
 
 Weight WeightStore::fuse(const std::vector<Weight *> &parts) {
     // DFL_FUSE_WEIGHTS=0 keeps every part apart: the products one by one, for comparisons in one run
-    static const bool on = [] {
-        const char *v = std::getenv("DFL_FUSE_WEIGHTS");
-        return !v || std::string(v) != "0";
-    }();
+    static const bool on = env_switch("DFL_FUSE_WEIGHTS", true);
     bool same = on && dev_->copies_weights();
     for (const Weight *p : parts) same = same && p->type == parts[0]->type && p->n_in == parts[0]->n_in;
     if (!same || parts.size() < 2) {
@@ -193,10 +190,7 @@ std::vector<RowsView> project_views(Device &dev, const Weight &fused,
     dev.matmul(fused, x, T, scratch);
     // DFL_FUSED_VIEWS=0: each part's rows copied out of scratch into its output (as before 12-05), for comparisons in
     // one run
-    static const bool views = [] {
-        const char *v = std::getenv("DFL_FUSED_VIEWS");
-        return !v || std::string(v) != "0";
-    }();
+    static const bool views = env_switch("DFL_FUSED_VIEWS", true);
     int64_t off = 0;
     for (const auto &o : outs) {
         where.push_back(RowsView{scratch + off, fused.n_out});

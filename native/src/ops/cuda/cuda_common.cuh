@@ -50,19 +50,6 @@ void allow_dynamic_smem(int device, size_t bytes, const char *op) {
     if (cached) set[device].store(true, std::memory_order_release);
 }
 
-// A DFL_CUDA_* switch of the environment: one that is on by default is off only with NAME=0, one that is off by
-// default on only with NAME=1 (kernels kept for comparisons in one run, or not yet the default).
-inline bool env_switch(const char *name, bool on_by_default) {
-    const char *e = std::getenv(name);
-    return on_by_default ? !(e && std::strcmp(e, "0") == 0) : (e && std::strcmp(e, "1") == 0);
-}
-
-// A DFL_CUDA_* number of the environment (tunings kept for comparisons in one run): def where it is unset or empty.
-inline int64_t env_int(const char *name, int64_t def) {
-    const char *e = std::getenv(name);
-    return e && *e ? std::atoll(e) : def;
-}
-
 // Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may start while the kernel before it on the
 // stream still runs. It must call pdl_wait() before it reads anything that kernel writes (the wait returns once that
 // kernel has finished and its writes are visible; at once where there is no such kernel), and may do independent work,

@@ -32,7 +32,7 @@ void device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
 
 // prepare_weight keeps a repacked copy of q8_0 matrices (same size: 32 quants and a 2-byte scale per block).
 uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
-    const bool repack = cuda::env_switch("DFL_CUDA_REPACK", true);
+    const bool repack = env_switch("DFL_CUDA_REPACK", true);
     if (type == DFL_TYPE_Q4_0)  // the q8_0 copy (prepare_weight), and its repacked one
         return bytes / cuda::kQ4_0Bytes * cuda::kQ8_0Bytes * (repack ? 2 : 1);
     return repack && type == DFL_TYPE_Q8_0 ? bytes : 0;
@@ -44,7 +44,7 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
 // or without recording, so a replay is bitwise the forward's state. H200, 12-04 05:2x, 27B q8_0 verify of 16 rows:
 // batch 1 17.53 -> 17.21 ms, batch 8 107.8 -> 105.7 ms, batch 32 fits (327 ms, 119.5 since the aligned prefill GEMM).
 bool device_light_records() {
-    static const bool on = cuda::env_switch("DFL_CUDA_LIGHT_RECORDS", true);
+    static const bool on = env_switch("DFL_CUDA_LIGHT_RECORDS", true);
     return on;
 }
 
