@@ -212,6 +212,13 @@ struct GdnCall {
     const int32_t *in_rows = nullptr;
 };
 
+// What every device's gdn refuses of a call's replay fields: several layers or state_in with more than one entry, or
+// several layers with outputs.
+inline void check_gdn_replay(int64_t n_ent, const GdnCall &g) {
+    if (g.layers < 1 || (g.layers > 1 && (g.out || n_ent != 1)) || (g.state_in && n_ent != 1))
+        fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
+}
+
 // A GdnCall of heads n_k / n_v of dk / dv on inputs cv (rows of C), g and beta; the rest as the defaults.
 inline GdnCall gdn_call(const float *cv, int C, int n_k, int n_v, int dk, int dv, const float *g, const float *beta) {
     GdnCall c;

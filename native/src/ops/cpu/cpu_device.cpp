@@ -400,8 +400,7 @@ public:
     }
 
     void gdn(const BatchMeta &m, const GdnCall &call) override {
-        if (call.layers < 1 || (call.layers > 1 && (call.out || m.n_ent != 1)) || (call.state_in && m.n_ent != 1))
-            fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
+        check_gdn_replay(m.n_ent, call);
         for (int l = 0; l < call.layers; l++) {  // (a replay's layers one after another)
             GdnCall c = call;
             c.cv += l * call.layer_in;

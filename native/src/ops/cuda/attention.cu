@@ -582,7 +582,7 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     const size_t o_bytes = round256(n_part * c.kv.head_dim * sizeof(float));
     uint8_t *scr = n_part || q_bytes ? (uint8_t *)dev.scratch(q_bytes + o_bytes + n_part * 2 * sizeof(float)) : nullptr;
     // (the scratch is now large enough: the staging takes its start without growing it)
-    a.q = quant ? dev.stage_rows(c.out, m.T, n_out, true) : dev.stage_quant(nullptr, 0);
+    a.q = quant ? dev.stage_rows(c.out, m.T, n_out) : dev.stage_quant(nullptr, 0);
     if (n_split <= 1) {
         launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
                                 nullptr, nullptr);

@@ -121,9 +121,9 @@ public:
     static size_t quant_scratch_bytes(int64_t count, bool sums);  // what quant_scratch takes of the scratch
     bool fuse_quant() const;
     QuantX stage_quant(const float *x, int64_t count);
-    // stage_quant for an op's output rows of n; frags: the op also writes the fragment-ordered copy (QuantX::fq) where
-    // DFL_CUDA_STAGE_FRAGS=1 and the rows suit a q8_0 tensor-core product
-    QuantX stage_rows(const float *y, int64_t rows, int64_t n, bool frags = false);
+    // stage_quant for an op's output rows of n, and their fragment-ordered copy (QuantX::fq, which the op writes through
+    // quant_q8_store) where with_frags gives one
+    QuantX stage_rows(const float *y, int64_t rows, int64_t n);
     // QuantX::fq and fs for rows of n in the mma buffer, where DFL_CUDA_STAGE_FRAGS=1 and 8..64 rows (else q as it is)
     QuantX with_frags(QuantX q, int64_t rows, int64_t n);
     bool take_staged(const float *x, int64_t count, QuantX *q);

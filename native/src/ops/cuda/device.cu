@@ -419,11 +419,11 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     return q;
 }
 
-CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n, bool frags) {
+CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n) {
     // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
     // an earlier op staged)
     QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
-    if (frags && q.xq) staged_.q = q = with_frags(q, rows, n);
+    if (q.xq) staged_.q = q = with_frags(q, rows, n);
     return q;
 }
 
@@ -498,7 +498,7 @@ void CudaDevice::matmul_parts(const Weight &W, const std::vector<std::pair<const
 
 void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("rmsnorm", [&] {
-        const QuantX q = stage_rows(y, rows, n, true);
+        const QuantX q = stage_rows(y, rows, n);
         launch_rmsnorm(stream_, x, w, y, rows, n, eps, q);
     });
     staged_done();
@@ -506,7 +506,7 @@ void CudaDevice::rmsnorm(const float *x, const float *w, float *y, int64_t rows,
 
 void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) {
     op("add_rmsnorm", [&] {
-        const QuantX q = stage_rows(y, rows, n, true);
+        const QuantX q = stage_rows(y, rows, n);
         launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps, q);
     });
     staged_done();
@@ -522,7 +522,7 @@ void CudaDevice::swiglu(float *g, const float *u, int64_t count) {
 }
 
 void CudaDevice::swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) {
-    op("swiglu", [&] { launch_swiglu_rows(stream_, out, g, u, rows, n, stride, stage_rows(out, rows, n, true)); });
+    op("swiglu", [&] { launch_swiglu_rows(stream_, out, g, u, rows, n, stride, stage_rows(out, rows, n)); });
     staged_done();
 }
 

@@ -9,6 +9,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -55,7 +56,7 @@ __device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const Cuda
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         const float v = row[d];
         c.out[qo + d] = v;
-        if (oq.xq) quant_q8_warp(v, oq.xq + qo + d, oq.xs + (qo + d) / 32, oq.xsum + (qo + d) / 32);
+        if (oq.xq) quant_q8_store(oq, v, qo + d);
     }
     if (FOLD && c.ring_write && h == 0) {  // one token an entry (the plan's condition): its row goes to p % window
         const int32_t e = m.ent[t];

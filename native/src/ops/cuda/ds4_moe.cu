@@ -15,6 +15,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -153,7 +154,7 @@ __global__ void swiglu_clamp_kernel(float *g, const float *u, int64_t n, float l
         }
         const float v = silu_f(a) * b;
         g[i] = v;
-        if (q.xq) quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum + i / 32);
+        if (q.xq) quant_q8_store(q, v, i);
     }
 }
 

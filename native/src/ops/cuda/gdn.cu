@@ -59,7 +59,7 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 // A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
 // window row K-1+a for ancestor a, then the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window, const int32_t *parent, int64_t chunk, bool regs) {
+                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
     const int e = blockIdx.z;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
@@ -72,7 +72,7 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
     const float *x = cc.x + t0 * xs;
     auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * xs + c]; };
     const int32_t *par = parent ? parent + t0 : nullptr;
-    const bool in_regs = regs && !par && i1 - i0 <= kConvTokens;
+    const bool in_regs = K <= kConvMaxK && !par && i1 - i0 <= kConvTokens;
     float *rw = rec_window ? rec_window[e] : nullptr;
     if (rw) {
         rw += (int64_t)cc.rec_layer * (K - 1 + n) * C;
@@ -105,8 +105,7 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk,
-                                                     c.K <= kConvMaxK);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
     check_launch("conv1d_silu");
 }
 
@@ -449,8 +448,7 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
     if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
-    if (g.layers < 1 || (g.layers > 1 && (g.out || m.n_ent != 1)) || (g.state_in && m.n_ent != 1))
-        fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
+    check_gdn_replay(m.n_ent, g);
     GdnArgs a;
     a.g = g;
     a.n_ent = m.n_ent;
