@@ -22,6 +22,13 @@
 
 #include "common.h"
 
+// What host and CUDA code share of this header (the call structs' row pitches, the attention mask) is compiled for both.
+#if defined(__CUDACC__)
+#define DFL_HOST_DEVICE __host__ __device__
+#else
+#define DFL_HOST_DEVICE
+#endif
+
 namespace dfl {
 
 // A 2-D weight on the device: n_out rows of n_in elements of `type`.
@@ -102,7 +109,7 @@ struct AttnPrep {
     float *kf = nullptr;        // [T][n_kv * head_dim] (normalised and rotated in place)
     const float *vf = nullptr;  // [T][n_kv * head_dim]
     // floats from one token's row of qf, kf, vf to the next (0: the row's width): a fused q|k|v product's rows where
-    // they lie in its buffer (project_views)
+    // they lie in its buffer (project_views); the pitches below are what the ops step by
     int64_t q_stride = 0, k_stride = 0, v_stride = 0;
     const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim]
     const float *inv_freq = nullptr;                   // [rope_dim / 2]
@@ -112,6 +119,11 @@ struct AttnPrep {
     float *Q = nullptr;     // out [T][n_head * head_dim]
     float *gate = nullptr;  // out [T][n_head * head_dim] when gated
     KVLayer kv;
+    DFL_HOST_DEVICE int64_t q_pitch() const {
+        return q_stride ? q_stride : (int64_t)n_head * kv.head_dim * (gated ? 2 : 1);
+    }
+    DFL_HOST_DEVICE int64_t k_pitch() const { return k_stride ? k_stride : (int64_t)kv.n_kv * kv.head_dim; }
+    DFL_HOST_DEVICE int64_t v_pitch() const { return v_stride ? v_stride : (int64_t)kv.n_kv * kv.head_dim; }
 };
 
 // Attention of every batch token against its sequence's cache. Token i of an entry sits at cache position
@@ -130,10 +142,7 @@ struct AttnCall {
 
 // The cache positions [lo, hi) a token at position p of an entry of n tokens after len0 sees (see AttnCall). Host and
 // device code share it so every implementation applies the same mask.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline void attn_range(int64_t p, int64_t len0, int64_t n, bool causal, int window, int64_t *lo, int64_t *hi) {
+DFL_HOST_DEVICE inline void attn_range(int64_t p, int64_t len0, int64_t n, bool causal, int window, int64_t *lo, int64_t *hi) {
     int64_t h = causal ? p + 1 : len0 + n;
     int64_t l = 0;
     if (window > 0) {
@@ -146,10 +155,7 @@ inline void attn_range(int64_t p, int64_t len0, int64_t n, bool causal, int wind
 
 // Whether a token whose tree visibility mask is `vis` sees cache position q of its entry (len0 = the entry's first
 // position), on top of attn_range: positions before len0 or len0 + 64 and later are decided by the range alone.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
+DFL_HOST_DEVICE inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) {
     const int64_t j = q - len0;
     return j < 0 || j >= 64 || ((vis >> j) & 1u) != 0;
 }
@@ -168,6 +174,7 @@ struct ConvCall {
     float *conv = nullptr;     // conv state of this layer for slot 0
     int64_t slot_stride = 0;   // floats between slots
     int rec_layer = 0, n_rec = 0;
+    DFL_HOST_DEVICE int64_t x_pitch() const { return x_stride ? x_stride : C; }
 };
 
 // Per token: L2-normalise the q and k heads of the conv output (q also scaled by 1/sqrt(dk)), and the gates
@@ -179,6 +186,8 @@ struct GdnGates {
     int64_t b_stride = 0, a_stride = 0;
     const float *ssm_a = nullptr, *dt_bias = nullptr;  // [n_v]
     float *beta = nullptr, *g = nullptr;               // out [T][n_v]
+    DFL_HOST_DEVICE int64_t b_pitch() const { return b_stride ? b_stride : n_v; }
+    DFL_HOST_DEVICE int64_t a_pitch() const { return a_stride ? a_stride : n_v; }
 };
 
 // The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
@@ -300,10 +309,7 @@ struct SelectorCall {
 // Pool row of compressed row w of a sequence whose KV block table is `blocks` (ratio tokens per row, KV blocks of
 // block_size tokens, rows_per_block = ceil(block_size / ratio) rows per block): row w belongs to the block holding its
 // window start ratio * w. Host and device code share it.
-#if defined(__CUDACC__)
-__host__ __device__
-#endif
-inline int64_t ds4_comp_row(const int32_t *blocks, int64_t w, int ratio, int block_size, int rows_per_block) {
+DFL_HOST_DEVICE inline int64_t ds4_comp_row(const int32_t *blocks, int64_t w, int ratio, int block_size, int rows_per_block) {
     const int64_t p = w * (int64_t)ratio;
     return (int64_t)blocks[p / block_size] * rows_per_block + (p % block_size) / ratio;
 }

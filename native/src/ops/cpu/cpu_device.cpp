@@ -234,9 +234,8 @@ public:
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override {
         const OpScope timed(clock_, "attn_prep");
         const int hd = a.kv.head_dim, nh = a.n_head, nkv = a.kv.n_kv;
-        const int64_t qd = (int64_t)nh * hd, kvd = (int64_t)nkv * hd;
-        const int64_t qs = a.q_stride ? a.q_stride : qd * (a.gated ? 2 : 1), ks = a.k_stride ? a.k_stride : kvd,
-                      vs = a.v_stride ? a.v_stride : kvd;
+        const int64_t qd = (int64_t)nh * hd;
+        const int64_t qs = a.q_pitch(), ks = a.k_pitch(), vs = a.v_pitch();
         const float *table = rope_table(m, a.rope_dim, a.inv_freq);
         pool_.parallel_for(m.T, [&](int64_t t, int) {
             const float *cs = table + t * a.rope_dim;  // the position's cos/sin, shared by its heads
@@ -321,7 +320,7 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override {
         const OpScope timed(clock_, "conv1d_silu");
         const int C = c.C, K = c.K;
-        const int64_t xs = c.x_stride ? c.x_stride : C;
+        const int64_t xs = c.x_pitch();
         const float *wt = c.w;  // tap-major, as the 16-lane kernel reads it
         struct Task {
             int64_t e, a, b;
@@ -390,7 +389,7 @@ public:
                 for (int d = 0; d < g.dk; d++) qh[d] *= qscale;
                 l2norm(row + (int64_t)(g.n_k + i) * g.dk, g.dk, 1e-6f);
             }
-            const float *b = g.b + t * (g.b_stride ? g.b_stride : g.n_v), *ar = g.a + t * (g.a_stride ? g.a_stride : g.n_v);
+            const float *b = g.b + t * g.b_pitch(), *ar = g.a + t * g.a_pitch();
             for (int j = 0; j < g.n_v; j++) {
                 const int64_t k = t * g.n_v + j;
                 g.beta[k] = sigmoid(b[j]);

@@ -80,9 +80,7 @@ __global__ void attn_prep_kernel(AttnPrep a, const int32_t *pos, const int32_t *
     }
     pdl_wait();
     const float p = (float)pos[t];  // (read with the row: its latency overlaps)
-    const int64_t kvd = (int64_t)n_kv * hd;
-    const int64_t qs = a.q_stride ? a.q_stride : (int64_t)a.n_head * hd * (a.gated ? 2 : 1),
-                  ks = a.k_stride ? a.k_stride : kvd, vs = a.v_stride ? a.v_stride : kvd;
+    const int64_t qs = a.q_pitch(), ks = a.k_pitch(), vs = a.v_pitch();
     const float *src = is_q ? a.qf + t * qs + (int64_t)hh * hd * (a.gated ? 2 : 1)
                             : a.kf + t * ks + (int64_t)(hh - a.n_head) * hd;
     float ss = 0.0f;

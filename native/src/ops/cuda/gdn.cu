@@ -68,7 +68,7 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
     const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
     if (i0 >= n) return;
     float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
-    const int64_t xs = cc.x_stride ? cc.x_stride : C;
+    const int64_t xs = cc.x_pitch();
     const float *x = cc.x + t0 * xs;
     auto window = [&](int64_t r) -> float { return r < K - 1 ? cs[r * C + c] : x[(r - (K - 1)) * xs + c]; };
     const int32_t *par = parent ? parent + t0 : nullptr;
@@ -126,7 +126,7 @@ __global__ void gdn_gates_kernel(GdnGates g) {
         const bool is_q = hh < g.n_k;
         for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
     }
-    const float *b = g.b + t * (g.b_stride ? g.b_stride : g.n_v), *ar = g.a + t * (g.a_stride ? g.a_stride : g.n_v);
+    const float *b = g.b + t * g.b_pitch(), *ar = g.a + t * g.a_pitch();
     for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads) {
         const int64_t i = t * g.n_v + j;
         g.beta[i] = sigmoid_f(b[j]);
