@@ -136,16 +136,13 @@ __global__ void gdn_gates_kernel(GdnGates g) {
     }
 }
 
-// Blocks a token: one (its warps walking the q/k heads four at a time), or with DFL_CUDA_GATES_WIDE=1 (opt-in, not yet
-// measured) a head a warp, the same sums. Why: a decode step runs the kernel on one block of four warps, each walking
-// 8 of the 27B's 32 q/k heads a load latency at a time: ncu had it at 9.5 us alone (H100 12-05 17:3x), 48 calls a
-// step; the DeltaNet's small ops cost 0.66 ms of a 12.2 ms 27B step (skip-ops 17:5x). Prediction: 8 blocks of one
-// head a warp, ~2-3 us: -0.2-0.3 ms of the decode step and of a verify (whose 16 blocks walk the same 8 heads).
+// Blocks a token: a q/k head a warp, over as many blocks as that takes. Measured (H100 12-05 19:2x, one call, against
+// one block a token whose four warps walked 8 heads each: ncu had that at 9.5 us alone, 48 calls a 27B step): 27B q8_0
+// decode 12.21 -> 12.09 ms, its 23-node tree verify 18.35 -> 18.07 ms, qwen3-8b unchanged (no DeltaNet).
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
-    static const bool wide = env_switch("DFL_CUDA_GATES_WIDE", false);
     constexpr int kWarps = kGatesThreads / 32;
-    const unsigned groups = wide ? (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps) : 1u;
+    const unsigned groups = (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps);
     gdn_gates_kernel<<<dim3((unsigned)T, groups), kGatesThreads, 0, s>>>(g);
     check_launch("gdn_gates");
 }

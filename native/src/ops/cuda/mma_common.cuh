@@ -25,12 +25,11 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_
 // The warps' sums of one block of an mma kernel added through shared memory and stored, one 16-row tile at a time (the
 // buffer then holds 8 tokens x 32 at most: 32 KB). The C fragment: entry i of lane l is row l / 4 + 8 (i / 2), token
 // 2 (l % 4) + i % 2 of its 16 x 8 tile.
-// ADD: Y += the sums (atomically; a split-K product's halves onto a zeroed Y), else Y = the sums. last: the block's
-// last store (a kernel walking several tiles stores each), where the PDL trigger goes.
+// ADD: Y += the sums (atomically; a split-K product's halves onto a zeroed Y), else Y = the sums.
 template <int MT, int NT8, bool ADD = false>
 __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], const float (&acc)[MT][NT8][4],
-                                          int64_t row0, int64_t n_out, int64_t T, float *Y, bool last = true) {
-    if (last) pdl_trigger();  // the main loop is done: a PDL kernel after this one may launch (and wait for its end)
+                                          int64_t row0, int64_t n_out, int64_t T, float *Y) {
+    pdl_trigger();  // the main loop is done: a PDL kernel after this one may launch (and wait for its end)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {

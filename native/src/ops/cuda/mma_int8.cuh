@@ -26,19 +26,9 @@ namespace cuda {
 // / 64 tokens 232 / 372 us against 200 / 292 now.)
 constexpr int64_t kI8MmaMaxTokens = 64;
 
-// quant_q8_warp's store of element i of q's rows and, where q.fq is set (CudaDevice::with_frags), of its place in the
-// fragment-ordered copy: the element's row is q.row + i / q.n (row T - 1 also fills the padding rows T..T8-1, as
-// mma_acts_kernel does). The same bytes as the rows and mma_acts_kernel after them.
+// quant_q8_warp's store of element i of q's rows (and its block's sum where q has them).
 __device__ __forceinline__ void quant_q8_store(const CudaDevice::QuantX &q, float v, int64_t i) {
     quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum ? q.xsum + i / 32 : nullptr);
-    if (!q.fq) return;
-    const int64_t t = q.row + i / q.n, c = i % q.n, kb = c / 32;
-    const int8_t code = q.xq[i];  // (this thread's own stores, read back)
-    const float d = q.xs[i / 32];  // (lane 0's)
-    for (int64_t r = t; r < (t == q.T - 1 ? q.T8 : t + 1); r++) {
-        q.fq[(kb * q.T8 + r) * 32 + (c & 31)] = code;
-        if ((threadIdx.x & 31) == 0) q.fs[kb * q.T8 + r] = d;
-    }
 }
 
 // Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the

@@ -319,56 +319,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride);
 }
 
-// The staged kernel with each block walking several row tiles (DFL_CUDA_Q8P_PERSIST=1, opt-in until measured; no
-// split K): tile blockIdx.x + k gridDim.x, the stages of the next tile copied while this one's last are multiplied, its
-// sums added through `red` (past the stages) so the copies in flight are not overwritten. Why: gate|up of the 27B at 16
-// tokens is 1,088 tiles of 10 stages on 264 block slots, 4.1 waves whose every block first waits a memory latency
-// for its first stage with only one other block an SM to cover it; a 16-token layer of the 27B costs 179.5 us against
-// 152.9 at one token (H100 12-05 17:3x), ~1.5 us a wave of its ~10 by that count. Prediction: gate|up and qkv|z|b|a
-// (the unsplit ones) -6-9 us a layer at 16 tokens, -0.4-0.6 ms of a 16-row verify.
-template <int MT, int NT8, int S, int U>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_persist_kernel(const int8_t *qs, const uint16_t *dw,
-                                                                        int64_t n_in, int64_t n_out, const int8_t *fq,
-                                                                        const float *fs, int64_t T, float *Y) {
-    using Stage = PipeStage<MT, NT8, U>;
-    extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, U);
-    auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem + S * kStage);
-    const int64_t nb = n_in / 32, ng = nb / Stage::kGroup, tiles = (n_out + 16 * MT - 1) / (16 * MT);
-    const int64_t mine = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x, steps = mine * ng;
-    // step q: group q % ng of this block's tile q / ng
-    auto row0_of = [&](int64_t q) { return ((int64_t)blockIdx.x + q / ng * gridDim.x) * 16 * MT; };
-#pragma unroll
-    for (int st = 0; st < S - 1; st++)
-        if (st < steps) Stage(pipe_smem + st * kStage).load_w(qs, dw, n_in, nb, n_out, row0_of(st), st % ng);
-    pdl_wait();
-#pragma unroll
-    for (int st = 0; st < S - 1; st++) {
-        if (st < steps) Stage(pipe_smem + st * kStage).load_x(fq, fs, st % ng);
-        cp_async_commit();
-    }
-    float acc[MT][NT8][4] = {};
-    for (int64_t q = 0; q < steps; q++) {
-        pipe_advance<S>(q, steps, [&](int64_t qn) {
-            const Stage nxt(pipe_smem + (int)(qn % S) * kStage);
-            nxt.load_w(qs, dw, n_in, nb, n_out, row0_of(qn), qn % ng);
-            nxt.load_x(fq, fs, qn % ng);
-        });
-        pipe_stage_mma<MT, NT8, U>(Stage(pipe_smem + (int)(q % S) * kStage), acc);
-        if (q % ng == ng - 1) {  // the tile's last stage: its sums out, from zero for the next
-            mma_store<MT, NT8>(red, acc, row0_of(q), n_out, T, Y, q == steps - 1);
-            __syncthreads();  // red is read: the next tile may write it
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT8; nt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-        }
-    }
-    cp_async_wait<0>();
-}
-
 // Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
 // H200, 12-03 22:12, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
 // 1,739: within noise, so 2..8 tokens stay on the dp4a kernel).
@@ -382,11 +332,6 @@ static bool q8p_pipe_on() {
 // verify of 16 rows 17.28 -> 16.50 ms, qwen3-8b q8_0 tg b8 4.34 -> 4.24 ms, b32 5.71 -> 5.12 ms.
 static bool q8p_pipe_pre_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_PRE", true);
-    return on;
-}
-
-static bool q8p_persist_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_PERSIST", false);
     return on;
 }
 
@@ -521,18 +466,6 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     const bool u2 = q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value;
-        if constexpr (NT8 <= 2) {
-            // more than two waves of tiles, not split: each block walks several (gemv_q8p_persist_kernel)
-            if (u2 && splits == 1 && q8p_persist_on() && grid.x > 2u * (unsigned)dev.sm_count()) {
-                constexpr int MT = decltype(mt)::value, S = 3;
-                const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, 2) + sizeof(float) * kMmaWarps * NT8 * 4 * 32;
-                allow_dynamic_smem<gemv_q8p_persist_kernel<MT, NT8, S, 2>>(dev.index(), smem,
-                                                                            "matmul (q8_0 persistent mma smem)");
-                launch_maybe_pdl(true, gemv_q8p_persist_kernel<MT, NT8, S, 2>, dim3(2u * (unsigned)dev.sm_count()),
-                                 dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y);
-                return;
-            }
-        }
         if constexpr (NT8 <= 4) {
             if (u2) {
                 constexpr int S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory (108 KB each at 32 rows)
@@ -560,11 +493,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    // the fragment-ordered copy where the op before wrote it (DFL_CUDA_STAGE_FRAGS=1), unless the halves need
-    // mma_acts_kernel to zero their output
-    const bool frags = qx.fq && !halves && mma_xt_on() && qx.T == T && qx.n == W.n_in;
-    const MmaX x = frags ? MmaX{qx.fq, qx.fs, nullptr, qx.T8}
-                         : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);
