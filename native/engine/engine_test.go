@@ -418,6 +418,55 @@ func TestRecordedTruncateEveryLength(t *testing.T) {
 	}
 }
 
+// A recorded verify leaves the recurrent state where it was until a truncation says what stays: whatever uses the
+// sequence without truncating first (a forward, a truncation that keeps every token, a snapshot, an export) must see
+// the state after all of its tokens, bit for bit as decoding them one at a time; and once the records were replayed,
+// a second truncation into them is refused.
+func TestRecordedForwardSettles(t *testing.T) {
+	lib := openCPU(t)
+	c := tinyQwen35()
+	for _, then := range []string{"forward", "truncate to its length", "snapshot", "export"} {
+		t.Run(then, func(t *testing.T) {
+			is := is.New(t)
+			m := loadRandom(t, lib, c, Options{KVPoolTokens: 256, MaxSeqs: 3, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
+			rng := rand.New(rand.NewPCG(11, 3))
+			prompt, draft, next := randomTokens(rng, 12, c.vocab), randomTokens(rng, 6, c.vocab), randomTokens(rng, 1, c.vocab)
+
+			ref, _ := m.NewSeq()
+			_, err := m.Forward(one(ref, prompt, LogitsNone))
+			is.NoErr(err)
+			for _, tok := range draft {
+				_, err = m.Forward(one(ref, []int32{tok}, LogitsNone))
+				is.NoErr(err)
+			}
+			want, err := m.Forward(one(ref, next, LogitsAll))
+			is.NoErr(err)
+
+			s, _ := m.NewSeq()
+			_, err = m.Forward(one(s, prompt, LogitsNone))
+			is.NoErr(err)
+			_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: draft, Logits: LogitsAll, Record: true}}})
+			is.NoErr(err)
+			switch then {
+			case "truncate to its length":
+				is.NoErr(m.Truncate(s, len(prompt)+len(draft)))
+				is.True(errors.Is(m.Truncate(s, len(prompt)+2), ErrState)) // the records are spent
+			case "snapshot":
+				is.NoErr(m.Snapshot(s))
+			case "export":
+				blob, err := m.Export(s)
+				is.NoErr(err)
+				is.NoErr(m.FreeSeq(s))
+				s, _ = m.NewSeq()
+				is.NoErr(m.Import(s, blob))
+			}
+			got, err := m.Forward(one(s, next, LogitsAll))
+			is.NoErr(err)
+			is.Equal(relErr(got.Row(0, 0), want.Row(0, 0)), 0.0) // bit for bit
+		})
+	}
+}
+
 // The captured output of the last layer, put through the final norm and the LM head here, gives the engine's logits.
 func TestCaptureIsLayerOutput(t *testing.T) {
 	is := is.New(t)

@@ -73,6 +73,7 @@ public:
     void conv1d_silu(const BatchMeta &, const ConvCall &) override {}
     void gdn_gates(int64_t, const GdnGates &) override {}
     void gdn(const BatchMeta &, const GdnCall &) override {}
+    void record_gdn_inputs(const BatchMeta &, const GdnInputs &) override {}
     void gated_rmsnorm(float *, const float *, int64_t, const float *, int64_t, int64_t, int64_t, float) override {}
     void topk(const float *, int64_t, int64_t, int, int32_t *, float *, float *) override {}
     void dyn_conv(const BatchMeta &, const DynConvCall &) override {}

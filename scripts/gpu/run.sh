@@ -558,10 +558,9 @@ step_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-}
+UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_ACC=4}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
-# 33..64 tokens on the register kernel; DFL_CUDA_LIGHT_RECORDS=0: chain verifies keep every state after every row
-# instead of the state before and the rows' inputs (defaults since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
+# 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
 # its copies' addresses worked out every stage; DFL_CUDA_Q8P_ROWS1_R=4: one token of a wide q8_0 matrix four rows a warp
 # (both defaults since 12-05 17:4x). TRY (empty: none waiting).

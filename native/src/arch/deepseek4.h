@@ -105,7 +105,7 @@ public:
     void seq_rollback(int32_t s) override;
     void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override;
     void logits_row(uint32_t row, float *out) override;
-    uint64_t seq_export(int32_t s, void *buf, uint64_t size) const override;
+    uint64_t seq_export(int32_t s, void *buf, uint64_t size) override;
     void seq_import(int32_t s, const void *buf, uint64_t size) override;
 
     // Bytes of one sequence slot (rings and compressor buffers) and of one token's compressed rows.

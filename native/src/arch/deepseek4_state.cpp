@@ -235,7 +235,7 @@ void DeepSeek4Model::each_comp_row(const Seq &q, uint32_t n, F f) const {
     }
 }
 
-uint64_t DeepSeek4Model::seq_export(int32_t s, void *buf, uint64_t size) const {
+uint64_t DeepSeek4Model::seq_export(int32_t s, void *buf, uint64_t size) {
     const Seq &q = table_.get(s);
     Ds4BlobHeader b = blob_header(hp_, (uint64_t)slot_floats_, q.len);
     const uint64_t needed = sizeof b + b.payload_bytes;

@@ -91,7 +91,7 @@ public:
     }
     // The sequence's whole state as one blob (dflash.h seq_export): returns the bytes it takes, writes them when
     // size covers them.
-    virtual uint64_t seq_export(int32_t s, void *buf, uint64_t size) const {
+    virtual uint64_t seq_export(int32_t s, void *buf, uint64_t size) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture cannot export a sequence's state (seq_export)");
     }
     // Loads a seq_export blob into an empty sequence (dflash.h seq_import).

@@ -231,8 +231,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.out = a.core.f();
     gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
-    gc.rec_each = !light_rec_;
-    gc.rec_inputs = light_rec_;  // the recording entries' inputs, for a rollback to replay
+    gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
     dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
@@ -337,6 +336,9 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     }
     // KV blocks for the new tokens, all or nothing
     check_batch_blocks(table_, b);
+    // a sequence whose last recorded forward no truncation resolved: its slot caught up first (before ensure_record
+    // may reallocate the inputs it replays)
+    for (uint32_t i = 0; i < b.n_seqs; i++) settle(b.seqs[i].seq);
     // device buffers before any state changes, so an allocation failure changes nothing
     ensure_acts(T);
     const int32_t E = (int32_t)b.n_seqs;
@@ -347,11 +349,10 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     const size_t topk_size = topk ? topk_bytes(rows, topk->k) : 0;
     if (topk_size > 0) ensure(topk_, topk_size, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
-    // A recorded forward keeps light records where the device can replay them: the state before, the tokens' inputs,
-    // and of a tree the states after its branch points (which its later tokens continue from).
-    const bool light = any_record && dev_->light_records();
+    // A recorded forward keeps its tokens' inputs, and of a tree the states after its branch points (which its later
+    // tokens continue from); the slot keeps the state before it.
     for (uint32_t i = 0; i < b.n_seqs; i++)
-        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, light, tree_of(i) != nullptr);
+        if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, tree_of(i) != nullptr);
     if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)), "tree metadata");
 
     for (uint32_t i = 0; i < b.n_seqs; i++) {
@@ -409,7 +410,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             const SeqState &ss = seq_state_[(size_t)sb.seq];
             host_ptrs_[(size_t)e] = ss.rec_state.f();
             host_ptrs_[(size_t)(E + e)] = ss.rec_window.f();
-            if (light) host_ptrs_[(size_t)(2 * E + e)] = ss.rec_in.f();
+            host_ptrs_[(size_t)(2 * E + e)] = ss.rec_in.f();
         }
     }
     dev_->to_device(meta_.get(), host_meta_.data(), n_meta * sizeof(int32_t));
@@ -434,8 +435,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     m.max_blocks = (int32_t)max_blocks;
     m.rec_state = ptrs_.get<float *>();
     m.rec_window = ptrs_.get<float *>() + E;
-    if (light) m.rec_in = ptrs_.get<float *>() + 2 * E;
-    light_rec_ = light;
+    m.rec_in = ptrs_.get<float *>() + 2 * E;
+    recording_ = any_record;
     if (any_tree) {
         m.vis = tree_.get<uint64_t>();
         m.parent = (const int32_t *)(m.vis + T);
@@ -449,7 +450,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             key.max_tokens = max_n;
         }
         // which kernels run: trees (per-token masks), recording, and the hidden-state captures (layers, 8 bits each)
-        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2 | (light ? 1u << 5 : 0u);
+        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2;
         for (uint32_t c = 0; c < b.n_capture; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
         graphs_.run(*dev_, key, [&] { run_layers(m, b, rows, d_out_rows); });
     } else {
@@ -473,7 +474,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         q.rec_n = b.seqs[i].n_tokens;
         q.len += b.seqs[i].n_tokens;
         q.rec = records(i);
-        q.rec_light = q.rec && light;
+        q.rec_pending = q.rec;
         q.tree = tree_of(i) != nullptr;
         if (q.tree) q.tree_parents.assign(tree_of(i), tree_of(i) + b.seqs[i].n_tokens);
     }

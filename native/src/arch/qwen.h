@@ -71,7 +71,7 @@ public:
     void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) override;
     void logits_row(uint32_t row, float *out) override { copy_logits_row(*dev_, logits_, logits_rows_, hp_.n_vocab, row, out); }
     void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) override;
-    uint64_t seq_export(int32_t s, void *buf, uint64_t size) const override;
+    uint64_t seq_export(int32_t s, void *buf, uint64_t size) override;
     void seq_import(int32_t s, const void *buf, uint64_t size) override;
 
 private:
@@ -83,10 +83,10 @@ private:
         DevBuf qkv, z, bb, aa, cv, beta, g, core;   // Gated DeltaNet
         DevBuf fused;                               // output of a fused projection, before it is split
     };
-    // Per-sequence device buffers for snapshot and recording, allocated when first needed. A tree forward records
-    // the state after every token (rec_state of rec_slots slots: the state before, then one a token); a chain forward,
-    // where the device keeps light records, only the state before (one slot) and its tokens' Gated DeltaNet inputs
-    // (rec_in), from which a rollback replays the tokens it keeps.
+    // Per-sequence device buffers for snapshot and recording, allocated when first needed. A recorded forward leaves
+    // the slot's recurrent state as it was and keeps its tokens' Gated DeltaNet inputs (rec_in), from which a rollback
+    // replays the tokens it keeps onto the slot; rec_state is the device's working copy (slot 0) and of a tree the
+    // states after its branch points (one slot a token after it).
     struct SeqState {
         DevBuf snap;        // slot_floats
         DevBuf rec_state;   // rec_slots * n_rec * state_floats
@@ -100,10 +100,14 @@ private:
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
     void ensure_acts(int64_t T);
     void ensure(DevBuf &b, size_t bytes, const char *what);
-    void ensure_record(int32_t s, uint32_t n, bool light, bool tree);
-    // Sequence s's recurrent state after k tokens of its last light-recorded forward, the first k or (a tree) the
-    // nodes path[0..k-1]: the state before it, then those tokens' recorded inputs through the Gated DeltaNet op again.
+    void ensure_record(int32_t s, uint32_t n, bool tree);
+    // Sequence s's recurrent state after k tokens of its last recorded forward, the first k or (a tree) the nodes
+    // path[0..k-1]: those tokens' recorded inputs through the Gated DeltaNet op again, from the state before it that
+    // the slot still holds. The slot then holds the state after them (Seq::rec_pending cleared).
     void replay_records(int32_t s, uint32_t k, const int32_t *path = nullptr);
+    // Sequence s's recurrent state made the one after every token of its last recorded forward, where no truncation
+    // or accepted path did it yet: before any other use of the slot (a forward, a snapshot, an export)
+    void settle(int32_t s);
     int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
@@ -133,7 +137,7 @@ private:
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
     int64_t logits_rows_ = 0;     // rows of logits_ the last forward left there (logits_row)
     DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot, then a tree path's rows
-    bool light_rec_ = false;      // the forward running keeps light records
+    bool recording_ = false;      // the forward running has recording entries
     DevBuf tree_;                 // BatchMeta vis [T] (u64) then parent [T] of a batch with trees
     std::vector<uint64_t> host_tree_;
     std::vector<uint8_t> host_topk_;

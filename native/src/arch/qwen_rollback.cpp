@@ -1,8 +1,9 @@
 // Rolling a Qwen sequence back after a speculative forward: truncation to a recorded length, the snapshot and its
 // rollback, and accepting a root-to-node path of a token tree. Attention layers only move K/V rows (or just the
-// length); Gated DeltaNet layers take the recurrent state recorded after the last kept token (ensure_record's buffers,
-// written by the forward of a DFL_SEQ_RECORD entry or a tree), or with light records replay the kept tokens' recorded
-// inputs from the state before the forward, and rebuild the conv window from the recorded inputs.
+// length); Gated DeltaNet layers replay the kept tokens' recorded inputs (ensure_record's buffers, written by the
+// forward of a DFL_SEQ_RECORD entry or a tree) onto the state before the forward, which the slot kept, and rebuild
+// the conv window from the recorded inputs. Until then the sequence's slot lags behind its length (Seq::rec_pending):
+// a truncation replays only the tokens it keeps, and anything else that uses the slot settles it first.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -11,13 +12,13 @@
 
 namespace dfl {
 
-void QwenModel::ensure_record(int32_t s, uint32_t n, bool light, bool tree) {
+void QwenModel::ensure_record(int32_t s, uint32_t n, bool tree) {
     SeqState &ss = seq_state_[(size_t)s];
     const HParams &h = hp_;
     const uint32_t cap = std::max<uint32_t>(n, 16);
-    const bool one = light && !tree;  // a light chain keeps only the state before; a tree may keep any token's
-    if (ss.rec_slots < (one ? 1u : n + 1)) {
-        const uint32_t slots = one ? 1 : cap + 1;
+    // the working copy, and of a tree the state after any token that may be a branch point
+    if (ss.rec_slots < (tree ? n + 1 : 1u)) {
+        const uint32_t slots = tree ? cap + 1 : 1;
         ss.rec_state.reset();
         ss.rec_state = DevBuf(dev_.get(), (size_t)slots * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
         ss.rec_slots = slots;
@@ -28,24 +29,22 @@ void QwenModel::ensure_record(int32_t s, uint32_t n, bool light, bool tree) {
             DevBuf(dev_.get(), (size_t)n_rec_ * (size_t)(h.conv_k - 1 + cap) * h.conv_channels() * sizeof(float), "record windows");
         ss.rec_cap = cap;
     }
-    if (light && n > ss.rec_in_rows) {
+    if (n > ss.rec_in_rows) {
         ss.rec_in.reset();
         ss.rec_in = DevBuf(dev_.get(), (size_t)cap * n_rec_ * (size_t)rec_in_row_floats() * sizeof(float), "record inputs");
         ss.rec_in_rows = cap;
     }
 }
 
-// The kept k tokens of a light-recorded forward replayed from the state before it: one gdn call over every recurrent
-// layer (their recorded states, inputs and slot states each at a fixed stride), reading the state before where it was
-// recorded and leaving the state after in the slot: no copy of the state, one launch.
+// The kept k tokens of a recorded forward replayed from the state before it, which the slot kept: one gdn call over
+// every recurrent layer (their recorded inputs and slot states each at a fixed stride), in place, one launch.
 void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
+    Seq &q = table_.get(s);
+    q.rec_pending = false;
+    if (k == 0) return;
     const HParams &h = hp_;
     const SeqState &ss = seq_state_[(size_t)s];
-    const int64_t sf = h.state_floats(), C = h.conv_channels(), n = table_.get(s).rec_n, rw = rec_in_row_floats();
-    if (k == 0) {  // the state before the forward (its layers contiguous, as the slot's states are)
-        dev_->copy(slot_ptr(s), ss.rec_state.f(), sizeof(float) * (size_t)(n_rec_ * sf));
-        return;
-    }
+    const int64_t sf = h.state_floats(), C = h.conv_channels(), n = q.rec_n, rw = rec_in_row_floats();
     std::vector<int32_t> host = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch, then the path's rows
     if (path) host.insert(host.end(), path, path + k);
     ensure(replay_meta_, host.size() * sizeof(int32_t), "replay metadata");
@@ -61,7 +60,6 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     GdnCall gc = gdn_call(in, in + n * C, in + n * (C + h.n_v));
     gc.out = nullptr;
     gc.exact = true;
-    gc.state_in = ss.rec_state.f();
     gc.layers = n_rec_;
     gc.layer_in = n * rw;
     gc.layer_state = sf;
@@ -69,11 +67,21 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     dev_->gdn(m, gc);
 }
 
+void QwenModel::settle(int32_t s) {
+    Seq &q = table_.get(s);
+    if (!q.rec_pending) return;
+    replay_records(s, q.rec_n);
+    q.rec = false;  // (the state before is gone: no truncation into the forward's tokens now)
+}
+
 void QwenModel::seq_truncate(int32_t s, uint32_t n) {
     Seq &q = table_.get(s);
     if (n > q.len) fail(DFL_ERR_INVALID, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
                                              " tokens: it holds only " + std::to_string(q.len));
-    if (n == q.len) return;
+    if (n == q.len) {
+        if (!q.tree) settle(s);
+        return;
+    }
     if (q.tree && n >= q.rec_base) {
         // within the tree: only a chain prefix of the flat order is a sequence
         const uint32_t k = n - q.rec_base;
@@ -89,29 +97,23 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
         return;
     }
     if (n_rec_ > 0) {
-        if (!q.rec || n < q.rec_base || n > q.rec_base + q.rec_n)
+        if (!q.rec || !q.rec_pending || n < q.rec_base || n > q.rec_base + q.rec_n)
             fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
                                     " tokens: its recurrent state was not recorded there (forward with DFL_SEQ_RECORD)");
         const uint32_t k = n - q.rec_base;  // tokens of the recorded forward that stay
         const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels();
         const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
         const SeqState &ss = seq_state_[(size_t)s];
-        float *slot = slot_ptr(s);
-        if (!q.rec_light) {
-            // recorded states of token k are contiguous over the layers; so are the slot's states
-            dev_->copy(slot, ss.rec_state.f() + (size_t)k * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
-        } else if (k < q.rec_n) {
-            replay_records(s, k);  // (keeping every token: the slot already holds the state after them)
-        }
+        replay_records(s, k);
         // each layer's conv state: window rows k .. k + K - 2, one strided copy for all layers
-        dev_->copy_rows(slot + n_rec_ * sf, cf, ss.rec_window.f() + (size_t)k * C, wrows * C, n_rec_, cf);
+        dev_->copy_rows(slot_ptr(s) + n_rec_ * sf, cf, ss.rec_window.f() + (size_t)k * C, wrows * C, n_rec_, cf);
     }
     q.tree = false;
     table_.set_length(q, n);
 }
 
 void QwenModel::seq_snapshot(int32_t s) {
-    table_.get(s);  // (s checked before its state is copied)
+    settle(s);  // (s checked before its state is copied)
     SeqState &ss = seq_state_[(size_t)s];
     const size_t bytes = (size_t)slot_floats() * sizeof(float);
     if (bytes > 0) {
@@ -126,6 +128,7 @@ void QwenModel::seq_rollback(int32_t s) {
     const size_t bytes = (size_t)slot_floats() * sizeof(float);
     if (bytes > 0) dev_->copy(slot_ptr(s), seq_state_[(size_t)s].snap.get(), bytes);
     q.rec = false;
+    q.rec_pending = false;
     q.tree = false;
     table_.set_length(q, q.snap_len);
 }
@@ -168,12 +171,7 @@ void QwenModel::seq_accept_path(int32_t s, const int32_t *path, uint32_t n) {
         const int64_t wrows = K1 + q.rec_n;
         const SeqState &ss = seq_state_[(size_t)s];
         float *slot = slot_ptr(s);
-        if (q.rec_light) {
-            replay_records(s, n, path);  // (light records keep only the branch points' states)
-        } else {
-            const size_t last = n == 0 ? 0 : (size_t)path[n - 1] + 1;  // recorded state slot
-            dev_->copy(slot, ss.rec_state.f() + last * n_rec_ * (size_t)sf, sizeof(float) * (size_t)(n_rec_ * sf));
-        }
+        replay_records(s, n, path);
         // the conv state: the last K-1 inputs along old state rows 0..K-2, then the path's window rows
         std::vector<int64_t> rows;
         for (int64_t r = 0; r < K1; r++) rows.push_back(r);

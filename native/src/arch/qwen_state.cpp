@@ -103,7 +103,7 @@ static SeqBlobHeader header_of(const HParams &hp, int n_attn, int n_rec, uint32_
     return h;
 }
 
-uint64_t QwenModel::seq_export(int32_t s, void *buf, uint64_t size) const {
+uint64_t QwenModel::seq_export(int32_t s, void *buf, uint64_t size) {
     const Seq &q = table_.get(s);
     const std::string who = "sequence " + std::to_string(s);
     if (q.tree) fail(DFL_ERR_STATE, who + " holds an unresolved tree forward (seq_accept_path, seq_truncate or seq_rollback first)");
@@ -132,6 +132,7 @@ uint64_t QwenModel::seq_export(int32_t s, void *buf, uint64_t size) const {
         }
     }
     if (slot_bytes > 0) {
+        settle(s);  // (the slot as the sequence's length says)
         dev_->to_host(out, slot_ptr(s), slot_bytes);
         out += slot_bytes;
     }
@@ -229,6 +230,7 @@ void QwenModel::seq_import(int32_t s, const void *buf, uint64_t size) {
     }
     q.len = n;
     q.rec = false;
+    q.rec_pending = false;
     q.tree = false;
     if (q.snap && q.snap_len > 0) q.snap = false;
 }

@@ -21,7 +21,9 @@ struct Seq {
     // the last DFL_SEQ_RECORD forward: lengths rec_base .. rec_base + rec_n can be truncated to
     bool rec = false;
     uint32_t rec_base = 0, rec_n = 0;
-    bool rec_light = false;  // it kept only the state before it and its tokens' inputs (the model's light records)
+    // the slot's recurrent state is still the one before that forward (the model replays its records on the next
+    // truncation, or before any other use of the slot)
+    bool rec_pending = false;
     // the last forward was a tree (forward_tree) not yet resolved (seq_accept_path / truncate / rollback): its tokens
     // are rows rec_base .. rec_base + rec_n in flat order, tree_parents[i] the parent of token i
     bool tree = false;

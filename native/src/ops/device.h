@@ -76,12 +76,15 @@ struct BatchMeta {
     const int32_t *slot = nullptr;     // sequence slot (recurrent state index)
     const int32_t *block_table = nullptr;  // [n_ent][max_blocks] KV block ids of the entry's sequence
     int32_t max_blocks = 0;
-    // recording (speculative rollback), per entry; null pointer = the entry does not record
-    float *const *rec_state = nullptr;  // [n + 1][n_rec][n_v * dk * dv]: state before the forward, then after each token
+    // recording (speculative rollback), per entry; null pointer = the entry does not record. A recording entry's slot
+    // keeps its recurrent state from before the forward (GdnCall); a rollback replays the kept tokens' inputs.
+    // rec_state: [n + 1][n_rec][n_v * dk * dv]: slot 0 the device's working copy of the state (the CPU and the
+    // global-memory kernel update it in place of the slot's), slot i + 1 the state after token i where a later token
+    // of a tree continues from it (its branch points); a chain has only slot 0
+    float *const *rec_state = nullptr;
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
-    // light records (GdnCall::rec_each false): per entry, the Gated DeltaNet inputs of its tokens, per recurrent layer r
-    // a block of n (C + 2 n_v) floats at r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta
-    // [n][n_v]; null where the entry does not record (record_gdn_inputs writes them)
+    // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
+    // r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta [n][n_v] (record_gdn_inputs writes them)
     float *const *rec_in = nullptr;
     // Token trees (forward_tree); both null when the batch has none. Per token [T]:
     //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
@@ -191,11 +194,11 @@ struct GdnGates {
 };
 
 // The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
-// j % n_k (GGUF order). Recording entries store the state before and after each token in rec_state (rec_each), or
-// only the state before and, of a tree, after its branch points (light records: a token with a child that does not
-// follow it, the state a later token continues from; a rollback replays the kept tokens' recorded inputs). Recording and
-// exact calls take the state token by token, the same arithmetic for every token count, so that a replay of k
-// recorded tokens gives the state the recording forward had after them, bit for bit.
+// j % n_k (GGUF order). A recording entry (BatchMeta::rec_state set) leaves its slot's state as it was before the
+// forward, and of a tree keeps the state after each branch point (a token with a child that does not follow it: the
+// state a later token continues from) in rec_state; a rollback replays the kept tokens' recorded inputs onto the slot.
+// Recording and exact calls take the state token by token, the same arithmetic for every token count, so that a
+// replay of k recorded tokens gives the state the recording forward had after them, bit for bit.
 struct GdnCall {
     const float *cv = nullptr;  // [T][C] after GdnGates
     int C = 0, n_k = 0, n_v = 0, dk = 0, dv = 0;
@@ -204,16 +207,13 @@ struct GdnCall {
     float *state = nullptr;                     // recurrent state of this layer for slot 0
     int64_t slot_stride = 0;
     int rec_layer = 0, n_rec = 0;
-    bool rec_each = true;  // false: light records (the state before, and a tree's branch points)
-    bool exact = false;    // token by token even without recording (a replay of light records)
+    bool exact = false;  // token by token even without recording (a replay of records)
     // first copy the recording entries' inputs (cv rows, g, beta) into their light records (BatchMeta::rec_in), as
     // record_gdn_inputs with gdn_inputs(*this) would: the CUDA device's staged kernel does it from the copies it makes
     bool rec_inputs = false;
-    // A replay of light records (one entry, not recording): the state before is read from state_in (the head layout
-    // of a slot's layer) instead of the slot, which gets the state after; `layers` consecutive layers in one call,
-    // layer l's cv, g and beta at + l * layer_in floats, its state and state_in at + l * layer_state. out may be null
-    // (no outputs written), and must be with several layers.
-    const float *state_in = nullptr;
+    // A replay of records (one entry, not recording, from the slot's state): `layers` consecutive layers in one call,
+    // layer l's cv, g and beta at + l * layer_in floats, its state at + l * layer_state. out may be null (no outputs
+    // written), and must be with several layers.
     int layers = 1;
     int64_t layer_in = 0, layer_state = 0;
     // A replay along a tree's path: token t reads its inputs (cv, g and beta rows) at row in_rows[t] (a device array),
@@ -221,11 +221,10 @@ struct GdnCall {
     const int32_t *in_rows = nullptr;
 };
 
-// What every device's gdn refuses of a call's replay fields: several layers or state_in with more than one entry, or
-// several layers with outputs.
+// What every device's gdn refuses of a call's replay fields: several layers with more than one entry or with outputs.
 inline void check_gdn_replay(int64_t n_ent, const GdnCall &g) {
-    if (g.layers < 1 || (g.layers > 1 && (g.out || n_ent != 1)) || (g.state_in && n_ent != 1))
-        fail(DFL_ERR_INVALID, "gdn: a replay over several layers or from state_in takes one entry and no outputs");
+    if (g.layers < 1 || (g.layers > 1 && (g.out || n_ent != 1)))
+        fail(DFL_ERR_INVALID, "gdn: a replay over several layers takes one entry and no outputs");
 }
 
 // A GdnCall of heads n_k / n_v of dk / dv on inputs cv (rows of C), g and beta; the rest as the defaults.
@@ -515,9 +514,6 @@ struct MoeExpertsCall {
     bool leave_pairs = false;
 };
 
-// Whether this library's device keeps light records (record_gdn_inputs, GdnCall::rec_each false and exact): what
-// Device::light_records says, and what model_estimate counts.
-bool device_light_records();
 // Whether expert stacks get Device::prepare_weight's copy too: only where their row slices can use it
 // (Weight::packed_group: the CPU's 16-row groups); a GPU's copy of every expert would double the model's largest part.
 // The loader and the load's memory estimate ask it.
@@ -592,10 +588,7 @@ public:
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
-    bool light_records() const { return device_light_records(); }
-    virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
-        fail(DFL_ERR_UNSUPPORTED, name() + ": light records (record_gdn_inputs) are not implemented");
-    }
+    virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) = 0;
     // x = rmsnorm(x) * w * silu(z) per row of n; x is [T][heads][n], token t's z rows start at z + t z_stride (a fused
     // product's part where it lies; heads n when apart).
     virtual void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,

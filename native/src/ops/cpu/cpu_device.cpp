@@ -406,7 +406,6 @@ public:
             c.g += l * call.layer_in;
             c.beta += l * call.layer_in;
             c.state += l * call.layer_state;
-            if (c.state_in) c.state_in += l * call.layer_state;
             gdn_layer(m, c);
         }
     }
@@ -435,35 +434,33 @@ public:
                 bj[i] = c.beta[src * nv + j];
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
-            if (c.state_in) std::memcpy(S, c.state_in + (int64_t)j * dk * dv, sizeof(float) * (size_t)dk * dv);
             float *rec = m.rec_state ? m.rec_state[e] : nullptr;
             const int32_t *par = m.parent ? m.parent + t0 : nullptr;
             bool chain = true;
             for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
-            // a recording entry's slot 0 holds the state before the forward, slot i+1 (trees, and chains with rec_each)
-            // the state after token i; light records keep slot 0 alone (their inputs are record_gdn_inputs')
+            // a recording entry leaves the slot's state as it was: it works on a copy (slot 0 of its records), and a
+            // tree keeps the state after each branch point in slot i + 1
             const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
             float *base = rec ? rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs : nullptr;
-            if (base) std::memcpy(base, S, sizeof(float) * hs);
+            float *W = S;
+            if (base) {
+                std::memcpy(base, S, sizeof(float) * hs);
+                W = base;
+            }
             if (!chain) {
-                // a tree (always recorded): token i continues from the state after its parent, kept for every token
-                // or (light records) for the branch points alone
-                std::vector<bool> keep((size_t)n, c.rec_each);
+                // a tree (always recorded): token i continues from the state after its parent
+                std::vector<bool> keep((size_t)n, false);
                 for (int64_t i = 0; i < n; i++)
                     if (par[i] != i - 1) keep[(size_t)par[i]] = true;
                 for (int64_t i = 0; i < n; i++) {
-                    if (par[i] != i - 1) std::memcpy(S, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
-                    gdn_recurrent(S, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
+                    if (par[i] != i - 1) std::memcpy(W, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
+                    gdn_recurrent(W, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
                                   keep[(size_t)i] ? base + (size_t)(i + 1) * per : nullptr);
                 }
-            } else if (base && c.rec_each) {
-                std::vector<float> st((size_t)n * hs);
-                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, st.data());
-                for (int64_t i = 0; i < n; i++) std::memcpy(base + (size_t)(i + 1) * per, st.data() + i * hs, sizeof(float) * hs);
             } else if (!base && !c.exact && n > 1) {
                 gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
-            } else {  // one token, light records, or a replay of them: token by token
-                gdn_recurrent(S, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
+            } else {  // one token, a recording entry, or a replay: token by token
+                gdn_recurrent(W, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
             }
             for (int64_t i = 0; c.out && i < n; i++)
                 std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);

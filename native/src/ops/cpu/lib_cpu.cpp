@@ -19,9 +19,6 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return type == DFL_TYPE_Q6_K ? bytes / 105 * 106 + 64 : bytes;
 }
 
-// The CPU's gdn takes the state token by token whenever it records or replays (GdnCall::exact).
-bool device_light_records() { return true; }
-
 // Expert stacks are packed like matrices (CpuDevice::prepare_weight): decode had repacked each token's experts'
 // groups product by product (the q4_K packer was a third of a V4-Flash-shaped CPU decode step).
 bool device_packs_stacks() { return true; }

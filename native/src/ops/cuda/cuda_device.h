@@ -179,6 +179,9 @@ private:
     // pinned staging for batch metadata uploads: appended to during a forward, reset when the stream is idle
     uint8_t *staging_ = nullptr;
     size_t staging_bytes_ = 0, staging_used_ = 0;
+    // pinned landing for downloads (to_host): grown as needed, up to kDownloadMax
+    uint8_t *download_ = nullptr;
+    size_t download_bytes_ = 0;
 
     int index_;
     std::string name_;

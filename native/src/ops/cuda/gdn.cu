@@ -156,17 +156,16 @@ struct GdnArgs {
     float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
 };
 
-// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot and where it starts from
-// (S_in: S, or GdnCall::state_in's), its recorded states (rec, per floats apart, or null), the layer's inputs (cv, gl,
-// beta), the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a cv row.
+// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, its recorded states
+// (rec, per floats apart, or null: the entry does not record), the layer's inputs (cv, gl, beta), the entry's tokens,
+// and where its q and k heads and its v columns from column v0 lie in a cv row.
 struct GdnHead {
     float *S, *rec;
-    const float *S_in, *cv, *gl, *beta;
+    const float *cv, *gl, *beta;
     const int32_t *in_rows;
     int e;
     int64_t per, n, t0, q_off, k_off, v_off;
-    bool keep_all;  // rec keeps the state after every token (GdnCall::rec_each), else after those in keep
-    uint64_t keep;  // (light records of a tree: its branch points)
+    uint64_t keep;  // the tokens whose state after them rec keeps (a tree's branch points)
     __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
         const GdnCall &g = a.g;
         e = (int)blockIdx.y % a.n_ent;
@@ -177,17 +176,15 @@ struct GdnHead {
         const int kh = j % g.n_k;
         const int64_t head = (int64_t)dk * g.dv;
         S = g.state + ls + (int64_t)a.slot[e] * g.slot_stride + j * head;
-        S_in = g.state_in ? g.state_in + ls + j * head : S;
         rec = a.rec_state ? a.rec_state[e] : nullptr;
         per = (int64_t)g.n_rec * g.n_v * head;
         if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
         n = a.n[e];
         t0 = a.t0[e];
         in_rows = g.in_rows;
-        // light records of a tree (at most 64 tokens): the state after each token a later token continues from
-        keep_all = g.rec_each;
+        // a tree (at most 64 tokens): the state after each token a later token continues from
         keep = 0;
-        if (rec && !g.rec_each && a.parent)
+        if (rec && a.parent)
             for (int64_t i = 0; i < n; i++) {
                 const int32_t p = a.parent[t0 + i];
                 if (p != i - 1) keep |= (uint64_t)1 << p;
@@ -199,7 +196,7 @@ struct GdnHead {
     // the row of cv, g and beta that token tok reads
     __device__ int64_t row(int64_t tok) const { return in_rows ? in_rows[tok] : tok; }
     // whether rec gets the state after token it of the entry
-    __device__ bool keeps(int64_t it) const { return keep_all || (it < 64 && ((keep >> it) & 1)); }
+    __device__ bool keeps(int64_t it) const { return it < 64 && ((keep >> it) & 1); }
 };
 
 // A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
@@ -214,27 +211,41 @@ __device__ __forceinline__ void store_column(float *dst, const float (&s)[R], in
     for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
 }
 
+// The sum of a[i] b[i] over a lane's R rows, in ACC interleaved partial sums (row i into sum i % ACC) added in a fixed
+// order at the end: ACC independent chains of R / ACC dependent fmas where one sum is a chain of R.
+template <int R, int ACC>
+__device__ __forceinline__ float lane_dot(const float (&a)[R], const float *b) {
+    float part[ACC];
+#pragma unroll
+    for (int c = 0; c < ACC; c++) part[c] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; i++) part[i % ACC] += b[i] * a[i];
+#pragma unroll
+    for (int w = 1; w < ACC; w <<= 1)
+#pragma unroll
+        for (int c = 0; c + w < ACC; c += 2 * w) part[c] += part[c + w];
+    return part[0];
+}
+
 // One token of the gated delta rule on a column held by P neighbouring lanes, R rows each (q, k: the lane's rows of
 // the token's q and k): S *= exp(g); u = k.S; S += k beta (v - u); returns q.S, the column's output. The partial sums
-// meet through log2 P shuffles, the same order in every lane.
-template <int R, int P>
+// meet through log2 P shuffles, the same order in every lane. ACC: partial sums a lane keeps per dot product (1: the
+// rows in order; DFL_CUDA_GDN_ACC=4, opt-in until measured: four. Why: each token waits on two dependent chains of R
+// = 32 fmas, ~4 cycles each, with ~1.5 warps a scheduler to hide them (the 27B: 192 blocks of four warps), ~0.2 us a
+// token a layer; four chains of 8 halve that: predicted -1.5 us a 27B layer at 16 tokens (-0.07 ms of a verify) and
+// ~-0.4 ms a layer of a 4096-token prefill (-20 ms of 576)).
+template <int R, int P, int ACC>
 __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const float *k, float v, float decay,
                                             float beta) {
-    float u = 0.0f;
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        s[i] *= decay;
-        u += k[i] * s[i];
-    }
+    for (int i = 0; i < R; i++) s[i] *= decay;
+    float u = lane_dot<R, ACC>(s, k);
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) u += __shfl_xor_sync(0xffffffffu, u, m);
     const float delta = beta * (v - u);
-    float o = 0.0f;
 #pragma unroll
-    for (int i = 0; i < R; i++) {
-        s[i] += k[i] * delta;
-        o += q[i] * s[i];
-    }
+    for (int i = 0; i < R; i++) s[i] += k[i] * delta;
+    float o = lane_dot<R, ACC>(s, q);
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
     return o;
@@ -252,12 +263,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     const int b = blockIdx.z * blockDim.x + threadIdx.x;
     const bool active = b < dv;
     const GdnHead hd(a, dk, j, b);
-    float *const S = hd.S, *const rec = hd.rec;
+    float *const rec = hd.rec;
     const int64_t n = hd.n, t0 = hd.t0, per = hd.per;
-    if (hd.S_in != S && active)  // a replay: the state before into the slot's column first (this thread's own)
-        for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = hd.S_in[(int64_t)i * dv + b];
+    // a recording entry leaves its slot's state as it was: its column is updated in its records' slot 0 instead
+    float *const S = rec ? rec : hd.S;
     if (rec && active)
-        for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = S[(int64_t)i * dv + b];
+        for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = hd.S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
         const int64_t tok = t0 + it;
         const float *row = hd.cv + hd.row(tok) * g.C;
@@ -317,7 +328,7 @@ struct GdnStage {
     int32_t parent[kGdnChunk];
 };
 
-template <int DK, int P>
+template <int DK, int P, int ACC>
 __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     using Stage = GdnStage<DK, P>;
     constexpr int R = DK / P, kCols = Stage::kCols;
@@ -383,8 +394,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int64_t chunks = (n + kGdnChunk - 1) / kGdnChunk;
     if (chunks > 0) load(0);
     float s[R];
-    load_column(s, hd.S_in, a0, dv, b, active);
-    if (rec && active) store_column(rec, s, a0, dv, b);
+    load_column(s, S, a0, dv, b, active);
     for (int64_t c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
             load(c + 1);
@@ -403,7 +413,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
                 load_column(s, rec + (sg.parent[t] + 1) * per, a0, dv, b, true);
             }
             const float v = active ? sg.v[t][col] : 0.0f;
-            const float o = delta_step<R, P>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
+            const float o = delta_step<R, P, ACC>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
                 if (rec && hd.keeps(it)) store_column(rec + (it + 1) * per, s, a0, dv, b);
@@ -411,7 +421,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         }
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
     }
-    if (active) store_column(S, s, a0, dv, b);
+    if (active && !rec) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
 }
 
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
@@ -472,10 +482,11 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
             const dim3 grid((unsigned)g.n_v, ys, (unsigned)((g.dv + cols - 1) / cols));
             kernel<<<grid, kGdnThreads, 0, s>>>(a);
         };
+        static const bool acc4 = env_int("DFL_CUDA_GDN_ACC", 1) == 4;
         if (g.dk == 128)
-            launch(gdn_staged_kernel<128, 4>, GdnStage<128, 4>::kCols);
+            launch(acc4 ? gdn_staged_kernel<128, 4, 4> : gdn_staged_kernel<128, 4, 1>, GdnStage<128, 4>::kCols);
         else
-            launch(gdn_staged_kernel<64, 2>, GdnStage<64, 2>::kCols);
+            launch(acc4 ? gdn_staged_kernel<64, 2, 4> : gdn_staged_kernel<64, 2, 1>, GdnStage<64, 2>::kCols);
     } else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");

@@ -38,16 +38,6 @@ uint64_t device_weight_copy_bytes(uint32_t type, uint64_t bytes) {
     return repack && type == DFL_TYPE_Q8_0 ? bytes : 0;
 }
 
-// Light records (a verify keeps the state before it and its rows' inputs, and a rollback replays the kept rows), on
-// unless DFL_CUDA_LIGHT_RECORDS=0: every state after every verified row otherwise (151 MB a row a sequence on the 27B
-// qwen3.5 shape, so a batch of 32 verifying 8 rows could not allocate them). The kernels do the same arithmetic with
-// or without recording, so a replay is bitwise the forward's state. H200, 12-04 05:2x, 27B q8_0 verify of 16 rows:
-// batch 1 17.53 -> 17.21 ms, batch 8 107.8 -> 105.7 ms, batch 32 fits (327 ms, 119.5 since the aligned prefill GEMM).
-bool device_light_records() {
-    static const bool on = env_switch("DFL_CUDA_LIGHT_RECORDS", true);
-    return on;
-}
-
 // Expert stacks stay as loaded: the z-batched GEMVs read any expert's rows from them.
 bool device_packs_stacks() { return false; }
 
