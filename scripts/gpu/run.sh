@@ -238,6 +238,18 @@ spec_models() {  # the 27B target and its draft, made once per machine
     { tail -5 "$OUT/mk-draft.log"; return 1; }
 }
 
+# DFlash's correctness on cuda:0: the engine's device tests (draft included), and speculative greedy == plain greedy
+# through the qwen-dflash strategy (random and demo pairs).
+spec_checks() {
+  log "device tests (native/engine, draft included)"
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
+    tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
+  log "speculative greedy == plain greedy on cuda:0 (qwen-dflash, random and demo pairs)"
+  (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
+    "$stage/bin/qwendflash.test" -test.run 'Speculative|DemoPair' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
+    grep -E "^\s*(---|ok|FAIL|PASS)|acceptance|spec_test" | tee -a "$OUT/summary.txt" | head -40
+}
+
 spec_bench() {
   local m=qwen3.5-27b:q8_0 f d
   spec_models || return 1
@@ -558,7 +570,7 @@ step_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_ACC=4}
+UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_ACC=4 DFL_CUDA_Q8P_MT4=1 DFL_CUDA_STAGE_FRAGS=1}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
@@ -772,13 +784,7 @@ case $mode in
   spec) [ -n "${SPEC_SKIP_BENCH:-}" ] || premake qwen3.5-27b:q8_0; build_cuda
         log "CUDA op tests (CUDA vs CPU device)"
         make -C native cuda-test BUILD=/tmp/native-build -j 16 >"$OUT/cuda-ops.txt" 2>&1; tail -25 "$OUT/cuda-ops.txt" | tee -a "$OUT/summary.txt"
-        log "device tests (native/engine, draft included)"
-        (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 "$stage/bin/engine.test" -test.run 'Device' -test.v -test.count=1 2>&1) |
-          tee "$OUT/device-tests.txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
-        log "speculative greedy == plain greedy on cuda:0 (qwen-dflash, random and demo pairs)"
-        (cd plugins/backend-qwen-dflash/qwendflash && DFLASH_LIB_DIR=$lib DFLASH_BIN_DIR=$stage/bin DFLASH_TEST_DEVICE=cuda:0 \
-          "$stage/bin/qwendflash.test" -test.run 'Speculative|DemoPair' -test.v -test.count=1 2>&1) | tee "$OUT/spec-tests.txt" |
-          grep -E "^\s*(---|ok|FAIL|PASS)|acceptance|spec_test" | tee -a "$OUT/summary.txt" | head -40
+        spec_checks
         wait; ${SPEC_SKIP_BENCH:+true} spec_bench; ${SPEC_SKIP_BENCH:+true} demo_bench ;;
   prep) build_cuda; spec_models ;;
   spec-profile) premake qwen3.5-27b:q8_0; build_cuda; wait; f=$(make_model qwen3.5-27b:q8_0)  # where a wide verify's time goes
@@ -806,6 +812,7 @@ case $mode in
           grep -E "cuda profile|%" "$OUT/profile-pp-${m//:/-}.txt" | head -40 | tee -a "$OUT/summary.txt"
         done ;;
   spec-bench) premake qwen3.5-27b:q8_0; build_cuda; wait; spec_bench ;;  # spec's figures without its checks
+  spec-checks) build_cuda; spec_checks ;;  # spec's correctness checks alone
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;

@@ -105,6 +105,13 @@ public:
     struct QuantX {
         int8_t *xq = nullptr;
         float *xs = nullptr, *xsum = nullptr;
+        // where fq is set, also the fragment-ordered copy a q8_0 tensor-core product reads (what mma_acts_kernel would
+        // write: quants [block][T8][32], scales [block][T8], tokens T..T8-1 repeating token T - 1) of T rows of n;
+        // `row`: the row the element offsets count from (row_quant's)
+        int8_t *fq = nullptr;
+        float *fs = nullptr;
+        int T = 0, T8 = 0, row = 0;
+        int64_t n = 0;
     };
     // A norm or SwiGLU whose output may feed a product quantizes it as it writes it (unless DFL_CUDA_FUSE_QUANT=0)
     // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
@@ -114,8 +121,11 @@ public:
     static size_t quant_scratch_bytes(int64_t count, bool sums);  // what quant_scratch takes of the scratch
     bool fuse_quant() const;
     QuantX stage_quant(const float *x, int64_t count);
-    // stage_quant for an op's output rows of n (which it writes through quant_q8_store)
+    // stage_quant for an op's output rows of n, and their fragment-ordered copy (QuantX::fq, which the op writes through
+    // quant_q8_store) where with_frags gives one
     QuantX stage_rows(const float *y, int64_t rows, int64_t n);
+    // QuantX::fq and fs for rows of n in the mma buffer, where DFL_CUDA_STAGE_FRAGS=1 and 8..64 rows (else q as it is)
+    QuantX with_frags(QuantX q, int64_t rows, int64_t n);
     bool take_staged(const float *x, int64_t count, QuantX *q);
     // For its life, the staging is open to take_staged if no device call came after the op that staged it; at its
     // end, taken or not, the staging is spent. Every product holds one (product()), and so does a launch of a product
@@ -264,7 +274,8 @@ inline const uint16_t *q8p_scales(const Weight &W) {
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).
-CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums);
+// frags: also the fragment-ordered copy a q8_0 tensor-core product reads (CudaDevice::with_frags), where it applies
+CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums, bool frags = false);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

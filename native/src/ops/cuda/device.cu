@@ -445,7 +445,35 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
 CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n) {
     // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
     // an earlier op staged)
-    return stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+    QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+    if (q.xq) staged_.q = q = with_frags(q, rows, n);
+    return q;
+}
+
+// Whether the ops that quantize a q8_0 product's input (the norms, swiglu_rows, attention's output, the quantizer)
+// also write its fragment-ordered copy, so that the product launches no mma_acts_kernel (DFL_CUDA_STAGE_FRAGS=1,
+// opt-in until measured). Why: the 27B's 16-row verify runs ~260 of them a step, a launch and a dependent phase before
+// each product. The first version (H100 12-05 19:2x) took the 27B layer's products at 16 tokens 179.6 -> 176.4 us
+// but lost end to end (verify-16 15.48 -> 15.61 ms, qwen3-8b tg b32 5.13 -> 5.40): its producers read every code back
+// from memory and divided in 64 bits per element (quant_q8_store). Prediction for this one: the products' gain, -0.2 ms
+// of a 16-row verify, and qwen3-8b b8 / b32 no slower.
+static bool stage_frags_on() {
+    static const bool on = env_switch("DFL_CUDA_STAGE_FRAGS", false);
+    return on;
+}
+
+CudaDevice::QuantX CudaDevice::with_frags(QuantX q, int64_t rows, int64_t n) {
+    if (!stage_frags_on() || rows < 8 || rows > i8_mma_max_tokens() || n % 32 != 0) return q;
+    const int T8 = (int)((rows + 7) / 8 * 8);
+    const size_t q_bytes = round256((size_t)(n * T8)), s_bytes = (size_t)(n / 32 * T8) * 4;
+    uint8_t *p = (uint8_t *)mma_buffer(q_bytes + s_bytes);  // (as mma_acts lays it out)
+    q.fq = (int8_t *)p;
+    q.fs = (float *)(p + q_bytes);
+    q.T = (int)rows;
+    q.T8 = T8;
+    q.n = n;
+    q.row = 0;
+    return q;
 }
 
 void CudaDevice::staged_done() {

@@ -380,6 +380,17 @@ static bool q8p_splitk_on() {
     return on;
 }
 
+// Whether unsplit staged products of 9..16 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 46 KB)
+// where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured). Why: every block reads all the
+// tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its weights on 32-row tiles (80 KB a
+// 5120-input block against 160 KB of weights), and the 27B's layer grows 153.0 -> 168.7 -> 179.6 us from 1 to 8 to 16
+// tokens (H100 12-05 19:2x), about in step with those bytes. 64 rows halve them. Prediction: the 27B layer at 16
+// tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a 16-row verify.
+static bool q8p_mt4_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_MT4", false);
+    return on;
+}
+
 // The row tiles of the staged kernel's grid (launch_q8p_pipe's dispatch_mma_tiles<8, 8>).
 static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out, int64_t T) {
     const int64_t rows = mma_tile_rows<8>(n_out, T, pipe_mt2_min_blocks(dev));
@@ -481,7 +492,13 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
+    if (u2 && splits == 1 && T > 8 && T <= 16 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
+        const dim3 grid((unsigned)((W.n_out + 63) / 64));
+        launch_u(grid, std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{}, std::integral_constant<int, 3>{},
+                 std::integral_constant<int, 2>{});
+    } else {
+        dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
+    }
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
@@ -493,7 +510,11 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
+    // the fragment-ordered copy where the op before wrote it (DFL_CUDA_STAGE_FRAGS=1), unless the halves need
+    // mma_acts_kernel to zero their output
+    const bool frags = qx.fq && !halves && mma_xt_on() && qx.T == T && qx.n == W.n_in;
+    const MmaX x = frags ? MmaX{qx.fq, qx.fs, nullptr, qx.T8}
+                         : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);
