@@ -394,21 +394,8 @@ func TestRecordedTruncateEveryLength(t *testing.T) {
 				rng := rand.New(rand.NewPCG(9, uint64(keep)))
 				prompt, draft, next := randomTokens(rng, 12, c.vocab), randomTokens(rng, 6, c.vocab), randomTokens(rng, 1, c.vocab)
 
-				ref, _ := m.NewSeq()
-				_, err := m.Forward(one(ref, prompt, LogitsNone))
-				is.NoErr(err)
-				for _, tok := range draft[:keep] {
-					_, err = m.Forward(one(ref, []int32{tok}, LogitsNone))
-					is.NoErr(err)
-				}
-				want, err := m.Forward(one(ref, next, LogitsAll))
-				is.NoErr(err)
-
-				s, _ := m.NewSeq()
-				_, err = m.Forward(one(s, prompt, LogitsNone))
-				is.NoErr(err)
-				_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: draft, Logits: LogitsAll, Record: true}}})
-				is.NoErr(err)
+				want := oneAtATime(t, m, prompt, draft[:keep], next)
+				s := recordedVerify(t, m, prompt, draft)
 				is.NoErr(m.Truncate(s, len(prompt)+keep))
 				got, err := m.Forward(one(s, next, LogitsAll))
 				is.NoErr(err)
@@ -416,6 +403,34 @@ func TestRecordedTruncateEveryLength(t *testing.T) {
 			})
 		}
 	}
+}
+
+// oneAtATime decodes prompt, then toks one at a time, then next in a new sequence: the logits of next.
+func oneAtATime(t *testing.T, m *Model, prompt, toks, next []int32) *Result {
+	t.Helper()
+	is := is.New(t)
+	ref, _ := m.NewSeq()
+	_, err := m.Forward(one(ref, prompt, LogitsNone))
+	is.NoErr(err)
+	for _, tok := range toks {
+		_, err = m.Forward(one(ref, []int32{tok}, LogitsNone))
+		is.NoErr(err)
+	}
+	want, err := m.Forward(one(ref, next, LogitsAll))
+	is.NoErr(err)
+	return want
+}
+
+// recordedVerify is a new sequence after prompt and then draft in one recorded forward, as a verify leaves it.
+func recordedVerify(t *testing.T, m *Model, prompt, draft []int32) Seq {
+	t.Helper()
+	is := is.New(t)
+	s, _ := m.NewSeq()
+	_, err := m.Forward(one(s, prompt, LogitsNone))
+	is.NoErr(err)
+	_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: draft, Logits: LogitsAll, Record: true}}})
+	is.NoErr(err)
+	return s
 }
 
 // A recorded verify leaves the recurrent state where it was until a truncation says what stays: whatever uses the
@@ -432,21 +447,8 @@ func TestRecordedForwardSettles(t *testing.T) {
 			rng := rand.New(rand.NewPCG(11, 3))
 			prompt, draft, next := randomTokens(rng, 12, c.vocab), randomTokens(rng, 6, c.vocab), randomTokens(rng, 1, c.vocab)
 
-			ref, _ := m.NewSeq()
-			_, err := m.Forward(one(ref, prompt, LogitsNone))
-			is.NoErr(err)
-			for _, tok := range draft {
-				_, err = m.Forward(one(ref, []int32{tok}, LogitsNone))
-				is.NoErr(err)
-			}
-			want, err := m.Forward(one(ref, next, LogitsAll))
-			is.NoErr(err)
-
-			s, _ := m.NewSeq()
-			_, err = m.Forward(one(s, prompt, LogitsNone))
-			is.NoErr(err)
-			_, err = m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: draft, Logits: LogitsAll, Record: true}}})
-			is.NoErr(err)
+			want := oneAtATime(t, m, prompt, draft, next)
+			s := recordedVerify(t, m, prompt, draft)
 			switch then {
 			case "truncate to its length":
 				is.NoErr(m.Truncate(s, len(prompt)+len(draft)))
