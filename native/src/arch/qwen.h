@@ -105,9 +105,10 @@ private:
     // path[0..k-1]: those tokens' recorded inputs through the Gated DeltaNet op again, from the state before it that
     // the slot still holds. The slot then holds the state after them (Seq::rec_pending cleared).
     void replay_records(int32_t s, uint32_t k, const int32_t *path = nullptr);
-    // Sequence s's recurrent state made the one after every token of its last recorded forward, where no truncation
-    // or accepted path did it yet: before any other use of the slot (a forward, a snapshot, an export)
+    // Sequence s's recurrent and conv state made the ones after every token of its last recorded forward, where no
+    // truncation or accepted path did it yet: before any other use of the slot (a forward, a snapshot, an export)
     void settle(int32_t s);
+    void restore_conv(int32_t s, uint32_t k);
     int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);

@@ -67,10 +67,21 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     dev_->gdn(m, gc);
 }
 
+// Each recurrent layer's conv state after k tokens of the last recorded forward: window rows k .. k + K - 2, one
+// strided copy for all layers.
+void QwenModel::restore_conv(int32_t s, uint32_t k) {
+    const Seq &q = table_.get(s);
+    const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels();
+    const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
+    dev_->copy_rows(slot_ptr(s) + n_rec_ * sf, cf, seq_state_[(size_t)s].rec_window.f() + (size_t)k * C, wrows * C, n_rec_,
+                    cf);
+}
+
 void QwenModel::settle(int32_t s) {
     Seq &q = table_.get(s);
     if (!q.rec_pending) return;
     replay_records(s, q.rec_n);
+    restore_conv(s, q.rec_n);
     q.rec = false;  // (the state before is gone: no truncation into the forward's tokens now)
 }
 
@@ -101,12 +112,8 @@ void QwenModel::seq_truncate(int32_t s, uint32_t n) {
             fail(DFL_ERR_STATE, "truncate sequence " + std::to_string(s) + " to " + std::to_string(n) +
                                     " tokens: its recurrent state was not recorded there (forward with DFL_SEQ_RECORD)");
         const uint32_t k = n - q.rec_base;  // tokens of the recorded forward that stay
-        const int64_t sf = hp_.state_floats(), cf = hp_.conv_floats(), C = hp_.conv_channels();
-        const int64_t wrows = hp_.conv_k - 1 + q.rec_n;
-        const SeqState &ss = seq_state_[(size_t)s];
         replay_records(s, k);
-        // each layer's conv state: window rows k .. k + K - 2, one strided copy for all layers
-        dev_->copy_rows(slot_ptr(s) + n_rec_ * sf, cf, ss.rec_window.f() + (size_t)k * C, wrows * C, n_rec_, cf);
+        restore_conv(s, k);
     }
     q.tree = false;
     table_.set_length(q, n);

@@ -164,7 +164,8 @@ DFL_HOST_DEVICE inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) 
 }
 
 // Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is
-// updated to the last K-1 inputs. Recording entries also get their whole window in rec_window.
+// updated to the last K-1 inputs. Recording entries instead get their whole window in rec_window and leave the slot's
+// conv state as it was (as gdn leaves their recurrent state): a rollback takes the kept rows from the window.
 // Taps of a conv1d_silu kernel at most (the CPU holds a row pointer a tap; loaders refuse more; released models: 4).
 constexpr int kConvMaxK = 8;
 

@@ -363,10 +363,11 @@ public:
                 for (int64_t r = 0; r < rows; r++)
                     std::memcpy(dst + r * C, x + (r0 + r) * xs, sizeof(float) * (size_t)C);
             };
-            if (m.rec_window[e]) {  // the window as it was: the old state's rows, then x's
+            if (m.rec_window[e]) {  // the window as it was: the old state's rows, then x's (the state stays)
                 float *rw = m.rec_window[e] + (size_t)c.rec_layer * (size_t)((keep + n) * C);
                 std::memcpy(rw, cs, sizeof(float) * (size_t)(keep * C));
                 rows_of_x(rw + keep * C, 0, n);
+                return;
             }
             // the new state: the window's last K-1 rows
             if (n >= keep) {

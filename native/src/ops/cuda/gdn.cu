@@ -10,8 +10,10 @@ namespace dfl {
 namespace cuda {
 
 constexpr int kConvThreads = 128;
-constexpr int64_t kConvTokens = 16;  // tokens a conv1d_silu thread runs (a chunk of its entry's)
-static_assert(kConvMaxK - 1 <= kConvTokens, "only chunk 0 may read the stored conv rows");
+constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs (a chunk of its entry's)
+constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
+static_assert(kConvMaxK - 1 <= kConvTokens && kConvMaxK - 1 <= kConvTreeTokens,
+              "only chunk 0 of a chain may read the stored conv rows");
 constexpr int kGatesThreads = 128;
 constexpr int kGdnThreads = 128;  // threads per block: 128 / P columns (staged kernel) or 128 (global kernel)
 
@@ -53,11 +55,14 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 
 // Thread (channel c, chunk of an entry's tokens, entry e). Window row r < K-1 is the slot's stored input r, later
 // rows are the entry's tokens. Chunks of kConvTokens tokens, so a long prompt runs on many blocks (one thread a channel
-// had walked all its tokens: 10,240 threads for a 27B prefill). Only tokens below K-1 read the stored rows, and they
-// are chunk 0's, which alone writes the new state after them, walking r upwards and reading row n + r > r, not yet
-// overwritten; each chunk records its own tokens' window rows, chunk 0 the stored ones too.
-// A tree entry (parent != null and not a chain) runs as one chunk, building each token's window along its ancestors:
-// window row K-1+a for ancestor a, then the old rows past the root.
+// had walked all its tokens: 10,240 threads for a 27B prefill). Only a chain's tokens below K-1 read the stored rows,
+// and they are chunk 0's, which alone writes the new state after them (an entry that does not record), walking r
+// upwards and reading row n + r > r, not yet overwritten; each chunk records its own tokens' window rows, chunk 0 the
+// stored ones too. A tree's tokens of any chunk may reach the stored rows through their ancestors: trees record, so
+// nothing overwrites them. Trees run chunks of kConvTreeTokens (each token walks its K - 1 ancestors: a 23-node tree
+// on one thread a channel was 23 such walks one after the other).
+// A tree entry's token (parent != null) builds its window along its ancestors: window row K-1+a for ancestor a, then
+// the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
                                    float *const *rec_window, const int32_t *parent, int64_t chunk) {
     const int e = blockIdx.z;
@@ -94,16 +99,16 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
         }
         cc.out[(t0 + i) * C + c] = silu_f(acc);
     }
-    if (i0 == 0)
+    if (i0 == 0 && !rw)  // (a recording entry's state stays; a rollback takes the kept rows from its window)
         for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
 }
 
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
-    // trees, and a batch without its token bound, as one chunk an entry
-    const bool one = m.parent != nullptr || m.max_n <= 0;
-    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : kConvTokens;
-    const int64_t chunks = one ? 1 : (m.max_n + kConvTokens - 1) / kConvTokens;
+    // a batch without its token bound as one chunk an entry
+    const bool one = m.max_n <= 0;
+    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
+    const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
     conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
     check_launch("conv1d_silu");
@@ -233,7 +238,9 @@ __device__ __forceinline__ float lane_dot(const float (&a)[R], const float *b) {
 // rows in order; DFL_CUDA_GDN_ACC=4, opt-in until measured: four. Why: each token waits on two dependent chains of R
 // = 32 fmas, ~4 cycles each, with ~1.5 warps a scheduler to hide them (the 27B: 192 blocks of four warps), ~0.2 us a
 // token a layer; four chains of 8 halve that: predicted -1.5 us a 27B layer at 16 tokens (-0.07 ms of a verify) and
-// ~-0.4 ms a layer of a 4096-token prefill (-20 ms of 576)).
+// ~-0.4 ms a layer of a 4096-token prefill (-20 ms of 576). The same split of the register kernel this one replaced
+// changed nothing (12-05 14:4x), but that kernel waited on a global load and a barrier every token; this one reads
+// its token's inputs from shared memory.)
 template <int R, int P, int ACC>
 __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const float *k, float v, float decay,
                                             float beta) {
