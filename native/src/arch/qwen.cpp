@@ -8,6 +8,7 @@
 #include "arch/hparams.h"
 #include "core/batch.h"
 #include "core/sized.h"
+#include "core/tree_order.h"
 #include "quant.h"
 #include "rope.h"
 
@@ -353,7 +354,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     // tokens continue from); the slot keeps the state before it.
     for (uint32_t i = 0; i < b.n_seqs; i++)
         if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, tree_of(i) != nullptr);
-    if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)), "tree metadata");
+    if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + 2 * sizeof(int32_t)), "tree metadata");
 
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
@@ -366,9 +367,9 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     int32_t *t0 = kv_slot + T, *nn = t0 + E, *len0 = nn + E, *slot = len0 + E, *bt = slot + E;
     int32_t *out_rows = bt + (int64_t)E * max_blocks;
     host_ptrs_.assign((size_t)3 * E, nullptr);
-    if (any_tree) host_tree_.assign((size_t)T + ((size_t)T + 1) / 2, 0);
+    if (any_tree) host_tree_.assign((size_t)(2 * T), 0);
     uint64_t *vis = host_tree_.data();
-    int32_t *tpar = any_tree ? (int32_t *)(vis + T) : nullptr;
+    int32_t *tpar = any_tree ? (int32_t *)(vis + T) : nullptr, *steps = any_tree ? tpar + T : nullptr;
     const uint32_t bs = table_.block_size();
     int64_t t = 0, r = 0;
     for (int32_t e = 0; e < E; e++) {
@@ -380,6 +381,9 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         slot[e] = sb.seq;
         for (size_t k = 0; k < q.blocks.size() && k < max_blocks; k++) bt[(int64_t)e * max_blocks + (int64_t)k] = q.blocks[k];
         const int32_t *par = tree_of((uint32_t)e);
+        // a tree's depth-first schedule for the recurrent ops (BatchMeta::tree_steps); -1: none (a chain, or a tree
+        // that would keep too many states aside)
+        if (any_tree && (!par || !tree_schedule(par, sb.n_tokens, steps + t))) steps[t] = -1;
         for (uint32_t i = 0; i < sb.n_tokens; i++, t++) {
             tokens[t] = sb.tokens[i];
             pos[t] = sb.positions ? sb.positions[i] : (int32_t)(q.len + i);
@@ -415,7 +419,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     }
     dev_->to_device(meta_.get(), host_meta_.data(), n_meta * sizeof(int32_t));
     dev_->to_device(ptrs_.get(), host_ptrs_.data(), host_ptrs_.size() * sizeof(float *));
-    if (any_tree) dev_->to_device(tree_.get(), host_tree_.data(), (size_t)T * (sizeof(uint64_t) + sizeof(int32_t)));
+    if (any_tree) dev_->to_device(tree_.get(), host_tree_.data(), (size_t)T * (sizeof(uint64_t) + 2 * sizeof(int32_t)));
 
     const int32_t *dm = meta_.get<int32_t>();
     BatchMeta m;
@@ -440,6 +444,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     if (any_tree) {
         m.vis = tree_.get<uint64_t>();
         m.parent = (const int32_t *)(m.vis + T);
+        m.tree_steps = m.parent + T;
     }
     const int32_t *d_out_rows = m.block_table + (int64_t)E * max_blocks;
 

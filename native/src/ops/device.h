@@ -95,6 +95,9 @@ struct BatchMeta {
     //    ordinary token has ~0 (its causal range decides). Tree entries have at most 64 tokens.
     const int32_t *parent = nullptr;
     const uint64_t *vis = nullptr;
+    // per entry at its t0: the steps of its tokens' depth-first schedule (core/tree_order.h, TreeStep packed), or -1
+    // at t0 where it has none; a device's recurrent op may walk a tree in that order (null: no trees)
+    const int32_t *tree_steps = nullptr;
 };
 
 // One attention layer's paged KV pool.
@@ -162,6 +165,23 @@ DFL_HOST_DEVICE inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) 
     const int64_t j = q - len0;
     return j < 0 || j >= 64 || ((vis >> j) & 1u) != 0;
 }
+
+// Slots a tree schedule (core/tree_order.h, BatchMeta::tree_steps) may use at once.
+constexpr int kTreeSlots = 4;
+
+// One step of a tree schedule packed in an int32: the token (its index in the entry), then the slot its state is
+// first restored from, then the slot the state after it is saved to (slot + 1, 0 for none).
+struct TreeStep {
+    int token = 0, restore = -1, save = -1;
+    DFL_HOST_DEVICE int32_t pack() const { return token | (restore + 1) << 8 | (save + 1) << 12; }
+    DFL_HOST_DEVICE static TreeStep unpack(int32_t v) {
+        TreeStep s;
+        s.token = v & 0xFF;
+        s.restore = ((v >> 8) & 0xF) - 1;
+        s.save = ((v >> 12) & 0xF) - 1;
+        return s;
+    }
+};
 
 // Depthwise causal conv (kernel K) + SiLU of each entry's tokens, continuing from the slot's conv state, which is
 // updated to the last K-1 inputs. Recording entries instead get their whole window in rec_window and leave the slot's

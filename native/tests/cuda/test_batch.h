@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common.h"
+#include "core/tree_order.h"
 #include "cuda_test.h"
 #include "ops/device.h"
 #include "test.h"
@@ -80,13 +81,17 @@ struct Batch {
         d_bt.reset(new Dual(block_table));
     }
     int64_t pool_rows() const { return (int64_t)n_blocks * block_size; }
-    // Token trees (forward_tree): par[e] the parents of entry e's tokens (empty: an ordinary entry).
-    std::unique_ptr<Dual> d_parent, d_vis;
+    // Token trees (forward_tree): par[e] the parents of entry e's tokens (empty: an ordinary entry), with their
+    // depth-first schedules (BatchMeta::tree_steps, as QwenModel::forward builds them).
+    std::unique_ptr<Dual> d_parent, d_vis, d_steps;
     void set_trees(const std::vector<std::vector<int32_t>> &par) {
-        std::vector<int32_t> parent;
+        std::vector<int32_t> parent, steps;
         std::vector<uint64_t> vis;
         for (size_t ei = 0; ei < ents.size(); ei++) {
             const bool tree = ei < par.size() && !par[ei].empty();
+            steps.resize(parent.size() + (size_t)ents[ei].n, 0);
+            if (!tree || !dfl::tree_schedule(par[ei].data(), (uint32_t)ents[ei].n, steps.data() + parent.size()))
+                steps[parent.size()] = -1;
             for (int32_t i = 0; i < ents[ei].n; i++) {
                 parent.push_back(tree ? par[ei][(size_t)i] : i - 1);
                 vis.push_back(tree ? (i > 0 ? vis[vis.size() - (size_t)i + (size_t)par[ei][(size_t)i]] : 0) | (uint64_t)1 << i
@@ -95,6 +100,7 @@ struct Batch {
         }
         d_parent.reset(new Dual(parent));
         d_vis.reset(new Dual(vis));
+        d_steps.reset(new Dual(steps));
     }
     dfl::BatchMeta meta(bool gpu) const {
         dfl::BatchMeta m;
@@ -115,6 +121,7 @@ struct Batch {
         if (d_parent) {
             m.parent = d_parent->p<int32_t>(gpu);
             m.vis = d_vis->p<uint64_t>(gpu);
+            m.tree_steps = d_steps->p<int32_t>(gpu);
         }
         return m;
     }

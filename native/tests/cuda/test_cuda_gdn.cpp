@@ -43,15 +43,6 @@ struct RecordBuffers {
         for (const auto &p : bufs)
             if (p) compare(what, *p, bound);
     }
-    // each buffer's floats from `from` on (what a device may use as it likes before it: GdnCall's working copy)
-    void compare_past(const std::string &what, double bound, size_t from) const {
-        for (const auto &p : bufs) {
-            if (!p) continue;
-            const std::vector<float> got = p->read<float>(true), ref = p->read<float>(false);
-            compare(what, std::vector<float>(got.begin() + (long)from, got.end()),
-                    std::vector<float>(ref.begin() + (long)from, ref.end()), bound);
-        }
-    }
 };
 
 // A gdn call of shape s on inputs cv (rows of C), g and beta.
@@ -60,7 +51,8 @@ GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, cons
 }
 
 // The recording entries' slots keep the state before; their records get their inputs (GdnCall::rec_inputs: cv rows,
-// g, beta into BatchMeta::rec_in, compared exactly) and a tree's the states after its branch points.
+// g, beta into BatchMeta::rec_in, compared exactly). Their rec_state is each device's own working space (a tree's
+// set-aside states, on the GPU in shared memory where DFL_CUDA_GDN_TREE_DFS=1): not compared.
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                   const std::vector<std::vector<int32_t>> &trees = {}) {
     Batch b(be, 16, r);
@@ -169,7 +161,6 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     }
     compare("gdn out " + tag, out, 1e-4);
     compare("gdn state " + tag, state, 1e-4);
-    recs.compare_past("gdn rec_state " + tag, 1e-4, (size_t)(n_rec * sf));  // (slot 0: the working copy)
     ins.compare_all("gdn rec_in " + tag, 0);
 }
 

@@ -159,6 +159,7 @@ struct GdnArgs {
     float *const *rec_state;
     const int32_t *parent;  // BatchMeta::parent (token trees), or null
     float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
+    const int32_t *tree_steps;  // BatchMeta::tree_steps where the staged kernel walks trees by them, else null
 };
 
 // Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, its recorded states
@@ -230,6 +231,19 @@ __device__ __forceinline__ float lane_dot(const float (&a)[R], const float *b) {
 #pragma unroll
         for (int c = 0; c + w < ACC; c += 2 * w) part[c] += part[c + w];
     return part[0];
+}
+
+// A thread's R state values into / out of slot k of a tree schedule's shared-memory stack ([kTreeSlots][R][threads]:
+// consecutive threads on consecutive words).
+template <int R>
+__device__ __forceinline__ void stack_store(float *stack, int k, const float (&s)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) stack[(k * R + i) * (int)blockDim.x + (int)threadIdx.x] = s[i];
+}
+template <int R>
+__device__ __forceinline__ void stack_load(float (&s)[R], const float *stack, int k) {
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = stack[(k * R + i) * (int)blockDim.x + (int)threadIdx.x];
 }
 
 // One token of the gated delta rule on a column held by P neighbouring lanes, R rows each (q, k: the lane's rows of
@@ -352,6 +366,13 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
 
+    // a tree walked in its depth-first schedule (BatchMeta::tree_steps, DFL_CUDA_GDN_TREE_DFS=1): step it runs token
+    // token_at(it), the states set aside in shared memory (`stack`, [kTreeSlots][R][kGdnThreads]) instead of the
+    // records; sg.parent then holds the chunk's steps
+    const int32_t *steps = a.tree_steps && a.tree_steps[t0] >= 0 ? a.tree_steps + t0 : nullptr;
+    auto token_at = [&](int64_t it) -> int64_t { return steps ? TreeStep::unpack(steps[it]).token : it; };
+    extern __shared__ float stack[];
+
     // chunk c's inputs into stage c % 2, one commit group
     auto load = [&](int64_t c) {
         Stage &sg = st[c & 1];
@@ -359,7 +380,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         constexpr int kQk = 2 * DK / 4;  // 16-byte words of a token's q and k
         for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
             const int t = w / (kQk + v_words), x = w % (kQk + v_words);
-            const float *row = hd.cv + hd.row(t0 + i0 + t) * g.C;
+            const float *row = hd.cv + hd.row(t0 + token_at(i0 + t)) * g.C;
             if (x < kQk) {
                 const int h = x / (kQk / 2), r = 4 * (x % (kQk / 2));  // q or k, and the word's first row
                 cp_async16(&sg.qk[t][h][r / R][r % R], row + (h == 0 ? q_off : k_off) + r);
@@ -368,10 +389,13 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             }
         }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
-            const int64_t tok = t0 + i0 + t;
+            const int64_t tok = t0 + token_at(i0 + t);
             cp_async4(&sg.g[t], hd.gl + hd.row(tok) * g.n_v + j);
             cp_async4(&sg.beta[t], hd.beta + hd.row(tok) * g.n_v + j);
-            if (a.parent) cp_async4(&sg.parent[t], a.parent + tok);
+            if (steps)
+                cp_async4(&sg.parent[t], steps + i0 + t);
+            else if (a.parent)
+                cp_async4(&sg.parent[t], a.parent + tok);
         }
         cp_async_commit();
     };
@@ -381,20 +405,24 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     // key head's q and k by value head j = kh's first column group, g and beta by each head's first group
     float *rin = a.rec_in ? a.rec_in[e] : nullptr;
     if (rin) rin += (int64_t)g.rec_layer * n * (g.C + 2 * g.n_v);
+    // the entry's token that slot t of the chunk from step i0 holds (a scheduled tree's sg.parent holds its steps)
+    auto token_of = [&](const Stage &sg, int64_t i0, int t) -> int64_t {
+        return steps ? TreeStep::unpack(sg.parent[t]).token : i0 + t;
+    };
     auto record_chunk = [&](const Stage &sg, float *dst, int64_t i0, int64_t nt) {
         const int cu = 4 * v_words;
         for (int w = threadIdx.x; w < nt * cu; w += kGdnThreads)
-            dst[(i0 + w / cu) * g.C + v_off + w % cu] = sg.v[w / cu][w % cu];
+            dst[token_of(sg, i0, w / cu) * g.C + v_off + w % cu] = sg.v[w / cu][w % cu];
         if (blockIdx.z != 0) return;
         if (j < g.n_k)
             for (int w = threadIdx.x; w < nt * 2 * DK; w += kGdnThreads) {
                 const int t = w / (2 * DK), x = w % (2 * DK);
                 const int h = x / DK, r = x % DK;
-                dst[(i0 + t) * g.C + (h == 0 ? q_off : k_off) + r] = sg.qk[t][h][r / R][r % R];
+                dst[token_of(sg, i0, t) * g.C + (h == 0 ? q_off : k_off) + r] = sg.qk[t][h][r / R][r % R];
             }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
-            dst[n * g.C + (i0 + t) * g.n_v + j] = sg.g[t];
-            dst[n * (g.C + g.n_v) + (i0 + t) * g.n_v + j] = sg.beta[t];
+            dst[n * g.C + token_of(sg, i0, t) * g.n_v + j] = sg.g[t];
+            dst[n * (g.C + g.n_v) + token_of(sg, i0, t) * g.n_v + j] = sg.beta[t];
         }
     };
 
@@ -414,8 +442,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         const int64_t i0 = c * kGdnChunk, nt = min((int64_t)kGdnChunk, n - i0);
         if (rin) record_chunk(sg, rin, i0, nt);
         for (int t = 0; t < nt; t++) {
-            const int64_t it = i0 + t, tok = t0 + it;
-            if (a.parent && sg.parent[t] != it - 1 && active) {
+            const int64_t it = i0 + t;
+            const TreeStep stp = steps ? TreeStep::unpack(sg.parent[t]) : TreeStep{};
+            const int64_t tok = t0 + (steps ? stp.token : it);
+            if (steps) {
+                if (stp.restore >= 0 && active) stack_load(s, stack, stp.restore);
+            } else if (a.parent && sg.parent[t] != it - 1 && active) {
                 // a tree token: continue from the state recorded after its parent (this thread's rows, written by it)
                 load_column(s, rec + (sg.parent[t] + 1) * per, a0, dv, b, true);
             }
@@ -423,7 +455,11 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             const float o = delta_step<R, P, ACC>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-                if (rec && hd.keeps(it)) store_column(rec + (it + 1) * per, s, a0, dv, b);
+                if (steps) {
+                    if (stp.save >= 0) stack_store(stack, stp.save, s);
+                } else if (rec && hd.keeps(it)) {
+                    store_column(rec + (it + 1) * per, s, a0, dv, b);
+                }
             }
         }
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
@@ -459,6 +495,21 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
     check_launch("record_gdn_inputs");
 }
 
+// The staged kernel on a's grid, with the tree stack's shared memory where a walks trees by their schedules.
+template <int DK, int P, int ACC>
+static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
+    constexpr int kCols = GdnStage<DK, P>::kCols;
+    constexpr size_t kStack = (size_t)kTreeSlots * (DK / P) * kGdnThreads * sizeof(float);
+    const size_t shm = a.tree_steps ? kStack : 0;
+    if (shm) {
+        int dev = 0;
+        check(cudaGetDevice(&dev), "gdn");
+        allow_dynamic_smem<gdn_staged_kernel<DK, P, ACC>>(dev, kStack, "gdn (tree stack)");
+    }
+    const dim3 grid((unsigned)a.g.n_v, (unsigned)(a.n_ent * a.g.layers), (unsigned)((a.g.dv + kCols - 1) / kCols));
+    gdn_staged_kernel<DK, P, ACC><<<grid, kGdnThreads, shm, s>>>(a);
+}
+
 void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
     if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
@@ -472,6 +523,7 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.rec_state = m.rec_state;
     a.parent = m.parent;
     a.rec_in = nullptr;
+    a.tree_steps = nullptr;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const unsigned ys = (unsigned)(m.n_ent * g.layers);  // (entry, layer)
     const dim3 grid_glob((unsigned)g.n_v, ys, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
@@ -485,15 +537,21 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
             launch_record_gdn_inputs(s, m, gdn_inputs(g));
     }
     if (staged) {
-        auto launch = [&](auto kernel, int cols) {
-            const dim3 grid((unsigned)g.n_v, ys, (unsigned)((g.dv + cols - 1) / cols));
-            kernel<<<grid, kGdnThreads, 0, s>>>(a);
-        };
+        // trees walked depth first with their set-aside states in shared memory (DFL_CUDA_GDN_TREE_DFS=1)
+        static const bool dfs = env_switch("DFL_CUDA_GDN_TREE_DFS", false);
+        if (dfs && m.tree_steps) a.tree_steps = m.tree_steps;
         static const bool acc4 = env_int("DFL_CUDA_GDN_ACC", 1) == 4;
-        if (g.dk == 128)
-            launch(acc4 ? gdn_staged_kernel<128, 4, 4> : gdn_staged_kernel<128, 4, 1>, GdnStage<128, 4>::kCols);
-        else
-            launch(acc4 ? gdn_staged_kernel<64, 2, 4> : gdn_staged_kernel<64, 2, 1>, GdnStage<64, 2>::kCols);
+        if (g.dk == 128) {
+            if (acc4)
+                launch_gdn_staged<128, 4, 4>(s, a);
+            else
+                launch_gdn_staged<128, 4, 1>(s, a);
+        } else {
+            if (acc4)
+                launch_gdn_staged<64, 2, 4>(s, a);
+            else
+                launch_gdn_staged<64, 2, 1>(s, a);
+        }
     } else
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
     check_launch("gdn");
