@@ -192,6 +192,7 @@ private:
     // pinned landing for downloads (to_host): grown as needed, up to kDownloadMax
     uint8_t *download_ = nullptr;
     size_t download_bytes_ = 0;
+    void regrow_pinned(uint8_t *&buf, size_t &have, size_t bytes);
 
     int index_;
     std::string name_;

@@ -136,15 +136,21 @@ void CudaDevice::release(void *p) {
 // make it wait; the staging is reused once the stream is idle (after to_host or sync).
 constexpr size_t kStageMax = 4u << 20;
 
+// A pinned host buffer replaced by one of `bytes`, once the stream is idle (queued copies may still use the old one).
+void CudaDevice::regrow_pinned(uint8_t *&buf, size_t &have, size_t bytes) {
+    check(cudaStreamSynchronize(stream_), "pinned host buffer");
+    if (buf) check(cudaFreeHost(buf), "cudaFreeHost");
+    buf = nullptr;
+    have = 0;
+    check(cudaHostAlloc((void **)&buf, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    have = bytes;
+}
+
 void *CudaDevice::stage(const void *src, size_t bytes) {
     const size_t need = staging_used_ + ((bytes + 255) & ~(size_t)255);
     if (need > staging_bytes_) {
-        check(cudaStreamSynchronize(stream_), "staging");  // queued copies may still read the old buffer
-        if (staging_) check(cudaFreeHost(staging_), "cudaFreeHost");
-        staging_ = nullptr;
+        regrow_pinned(staging_, staging_bytes_, std::max<size_t>(2 * kStageMax, bytes));
         staging_used_ = 0;
-        staging_bytes_ = std::max<size_t>(2 * kStageMax, bytes);
-        check(cudaHostAlloc((void **)&staging_, staging_bytes_, cudaHostAllocDefault), "cudaHostAlloc");
     }
     uint8_t *p = staging_ + staging_used_;
     std::memcpy(p, src, bytes);
@@ -178,15 +184,8 @@ static bool pinned_d2h_on() {
 void CudaDevice::to_host(void *dst, const void *src, size_t bytes) {
     use();
     const bool pinned = bytes > 0 && bytes <= kDownloadMax && pinned_d2h_on();
-    if (pinned && bytes > download_bytes_) {
-        check(cudaStreamSynchronize(stream_), "to_host");  // (no queued copy lands in the old buffer now)
-        if (download_) check(cudaFreeHost(download_), "cudaFreeHost");
-        download_ = nullptr;
-        download_bytes_ = 0;
-        const size_t want = std::min(kDownloadMax, std::max<size_t>(bytes, 4u << 20));
-        check(cudaHostAlloc((void **)&download_, want, cudaHostAllocDefault), "cudaHostAlloc");
-        download_bytes_ = want;
-    }
+    if (pinned && bytes > download_bytes_)
+        regrow_pinned(download_, download_bytes_, std::min(kDownloadMax, std::max<size_t>(bytes, 4u << 20)));
     if (bytes) check(cudaMemcpyAsync(pinned ? download_ : dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host");
     check(cudaStreamSynchronize(stream_), "to_host");
     if (pinned) std::memcpy(dst, download_, bytes);

@@ -172,6 +172,8 @@ struct GdnHead {
     int e;
     int64_t per, n, t0, q_off, k_off, v_off;
     uint64_t keep;  // the tokens whose state after them rec keeps (a tree's branch points)
+    // where the kernel walks the entry's tree by its schedule (GdnArgs::tree_steps), its steps; else null
+    const int32_t *steps;
     __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
         const GdnCall &g = a.g;
         e = (int)blockIdx.y % a.n_ent;
@@ -188,9 +190,10 @@ struct GdnHead {
         n = a.n[e];
         t0 = a.t0[e];
         in_rows = g.in_rows;
-        // a tree (at most 64 tokens): the state after each token a later token continues from
+        steps = a.tree_steps && a.tree_steps[t0] >= 0 ? a.tree_steps + t0 : nullptr;
+        // a tree walked in the flat order (at most 64 tokens): the state after each token a later token continues from
         keep = 0;
-        if (rec && a.parent)
+        if (rec && a.parent && !steps)
             for (int64_t i = 0; i < n; i++) {
                 const int32_t p = a.parent[t0 + i];
                 if (p != i - 1) keep |= (uint64_t)1 << p;
@@ -369,7 +372,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     // a tree walked in its depth-first schedule (BatchMeta::tree_steps, DFL_CUDA_GDN_TREE_DFS=1): step it runs token
     // token_at(it), the states set aside in shared memory (`stack`, [kTreeSlots][R][kGdnThreads]) instead of the
     // records; sg.parent then holds the chunk's steps
-    const int32_t *steps = a.tree_steps && a.tree_steps[t0] >= 0 ? a.tree_steps + t0 : nullptr;
+    const int32_t *steps = hd.steps;
     auto token_at = [&](int64_t it) -> int64_t { return steps ? TreeStep::unpack(steps[it]).token : it; };
     extern __shared__ float stack[];
 
