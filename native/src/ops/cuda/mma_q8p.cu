@@ -261,9 +261,10 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
 
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
-// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
+// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only. 64-row tiles (MT = 4) fit
+// one block an SM in shared memory: they may take the registers of two (at 24 tokens 128 spilled).
 template <int MT, int NT8, int S, int U = 1, bool PRE = false>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+__global__ void __launch_bounds__(kMmaWarps * 32, MT >= 4 ? 1 : 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride) {
     using Stage = PipeStage<MT, NT8, U>;
@@ -380,12 +381,13 @@ static bool q8p_splitk_on() {
     return on;
 }
 
-// Whether unsplit staged products of 9..16 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 46 KB)
-// where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured). Why: every block reads all the
-// tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its weights on 32-row tiles (80 KB a
-// 5120-input block against 160 KB of weights), and the 27B's layer grows 153.0 -> 168.7 -> 179.6 us from 1 to 8 to 16
-// tokens (H100 12-05 19:2x), about in step with those bytes. 64 rows halve them. Prediction: the 27B layer at 16
-// tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a 16-row verify.
+// Whether unsplit staged products of 9..24 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 46 KB at
+// 16 tokens, 50 KB at 24) where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured). Why: every
+// block reads all the tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its weights on
+// 32-row tiles (80 KB a 5120-input block against 160 KB of weights), 70 % at 24, and the 27B's layer grows 153.0 ->
+// 168.7 -> 179.6 us from 1 to 8 to 16 tokens (H100 12-05 19:2x), about in step with those bytes. 64 rows halve them.
+// Prediction: the 27B layer at 16 tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a 16-row verify; more at
+// 17..24 tokens (a budget-22 tree verifies 23).
 static bool q8p_mt4_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_MT4", false);
     return on;
@@ -492,10 +494,16 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    if (u2 && splits == 1 && T > 8 && T <= 16 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
+    if (u2 && splits == 1 && T > 8 && T <= 24 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
         const dim3 grid((unsigned)((W.n_out + 63) / 64));
-        launch_u(grid, std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{}, std::integral_constant<int, 3>{},
-                 std::integral_constant<int, 2>{});
+        auto mt4 = [&](auto nt8) {
+            launch_u(grid, std::integral_constant<int, 4>{}, nt8, std::integral_constant<int, 3>{},
+                     std::integral_constant<int, 2>{});
+        };
+        if (T <= 16)
+            mt4(std::integral_constant<int, 2>{});
+        else
+            mt4(std::integral_constant<int, 3>{});
     } else {
         dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
     }
