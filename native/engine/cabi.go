@@ -258,6 +258,7 @@ func (a *capi) estimate(spec *ModelSpec) (Estimate, error) {
 		RecordBytesFixed:      uint64(e.record_bytes_fixed),
 		RecordBytesPerRow:     uint64(e.record_bytes_per_row),
 		TreeRecordBytesPerRow: uint64(e.tree_record_bytes_per_row),
+		TreeRecordBytesFixed:  uint64(e.tree_record_bytes_fixed),
 	}, nil
 }
 

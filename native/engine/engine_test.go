@@ -749,11 +749,12 @@ func TestEstimateAgreesWithLoadedModel(t *testing.T) {
 			is.True(e.WeightBytes >= info.WeightBytes) // every tensor of the trunk, as stored
 			is.True(e.ScratchBytes > 0)
 			if info.RecurrentLayers == 0 { // nothing to record
-				is.Equal(e.RecordBytesFixed+e.RecordBytesPerRow+e.TreeRecordBytesPerRow, uint64(0))
-			} else { // a tree row keeps a whole state; a chain row on the CPU only its inputs (light records)
+				is.Equal(e.RecordBytesFixed+e.RecordBytesPerRow+e.TreeRecordBytesPerRow+e.TreeRecordBytesFixed, uint64(0))
+			} else { // a row keeps its inputs (light records); a tree a few whole states, whatever its size
 				is.True(e.RecordBytesFixed > 0)
-				is.True(e.TreeRecordBytesPerRow <= info.StateBytesPerSeq)
-				is.True(e.RecordBytesPerRow > 0 && e.RecordBytesPerRow < e.TreeRecordBytesPerRow)
+				is.True(e.RecordBytesPerRow > 0 && e.RecordBytesPerRow < info.StateBytesPerSeq)
+				is.Equal(e.TreeRecordBytesPerRow, e.RecordBytesPerRow)
+				is.True(e.TreeRecordBytesFixed > e.RecordBytesFixed) // (kTreeSlots states against the working copy)
 			}
 		})
 	}

@@ -312,8 +312,8 @@ type Estimate struct {
 	ScratchBytes     uint64 // activations of a 512-token forward
 	// What a sequence's speculative records take (qwen35 targets; 0 elsewhere, and from libraries that predate them):
 	// RecordBytesFixed, then per row of its widest verify (at least 16 rows) RecordBytesPerRow for a chain or
-	// TreeRecordBytesPerRow for a tree.
-	RecordBytesFixed, RecordBytesPerRow, TreeRecordBytesPerRow uint64
+	// TreeRecordBytesPerRow for a tree; a tree also TreeRecordBytesFixed (the states its schedule sets aside).
+	RecordBytesFixed, RecordBytesPerRow, TreeRecordBytesPerRow, TreeRecordBytesFixed uint64
 }
 
 // RecordBytes is what one sequence's records take once it verifies rows tokens at a time (a tree when tree): the
@@ -324,14 +324,14 @@ func (e Estimate) RecordBytes(rows int, tree bool) uint64 {
 	if rows <= 0 {
 		return 0
 	}
-	per := e.RecordBytesPerRow
+	per, fixed := e.RecordBytesPerRow, e.RecordBytesFixed
 	if tree {
-		per = e.TreeRecordBytesPerRow
+		per, fixed = e.TreeRecordBytesPerRow, fixed+e.TreeRecordBytesFixed
 	}
 	if per == 0 {
 		return uint64(max(rows, 16)+1) * e.StateBytesPerSeq
 	}
-	return e.RecordBytesFixed + uint64(max(rows, 16))*per
+	return fixed + uint64(max(rows, 16))*per
 }
 
 // Estimate reports what spec would take on the library's device, without loading it.

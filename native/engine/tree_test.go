@@ -81,18 +81,27 @@ func TestTreeLogitsEqualChainLogits(t *testing.T) {
 			is := is.New(t)
 			m := loadRandom(t, lib, c, Options{KVPoolTokens: 1024, MaxSeqs: 3, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
 			rng := rand.New(rand.NewPCG(11, 3))
+			// a full binary tree of 63 nodes: the most states a tree's schedule sets aside at once (five)
+			binary := make([]int32, 63)
+			for i := range binary {
+				binary[i] = int32((i - 1) / 2)
+			}
+			binary[0] = -1
 			// 57 prefix tokens: the tree's cache rows straddle the CPU kernel's 64-position tiles
-			for _, plen := range []int{57, 5} {
+			for _, tc := range []struct {
+				plen    int
+				parents []int32
+			}{{57, randomTree(rng, 13)}, {5, randomTree(rng, 13)}, {5, binary}} {
+				plen, parents := tc.plen, tc.parents
 				prefix := randomTokens(rng, plen, c.vocab)
-				parents := randomTree(rng, 13)
-				toks := randomTokens(rng, 13, c.vocab)
+				toks := randomTokens(rng, len(parents), c.vocab)
 				s, _ := m.NewSeq()
 				_, err := m.Forward(one(s, prefix, LogitsNone))
 				is.NoErr(err)
 				r, err := m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Parents: parents, Logits: LogitsAll}}})
 				is.NoErr(err)
 				n, _ := m.SeqLen(s)
-				is.Equal(n, plen+13)
+				is.Equal(n, plen+len(parents))
 				for i := range toks {
 					want := chainRow(t, m, prefix, tokensOf(toks, pathTo(parents, i)))
 					if e := relErr(r.Row(0, i), want); e > 1e-4 {

@@ -139,11 +139,13 @@ typedef struct {
     uint64_t scratch_bytes;        /* activations of a forward of 512 tokens (they grow with larger batches) */
     /* Appended: what a sequence's records take once it verifies with DFL_SEQ_RECORD (speculative rollback), for
      * qwen35 targets (0 elsewhere): record_bytes_fixed, then per row of its widest verify (at least 16 rows)
-     * record_bytes_per_row for a chain (its rows' inputs) or tree_record_bytes_per_row for a tree (and a state a
-     * row). */
+     * record_bytes_per_row for a chain (its rows' inputs) or tree_record_bytes_per_row for a tree; a tree also
+     * tree_record_bytes_fixed (the states its schedule sets aside, whatever its size). */
     uint64_t record_bytes_fixed;
     uint64_t record_bytes_per_row;
     uint64_t tree_record_bytes_per_row;
+    /* Appended: */
+    uint64_t tree_record_bytes_fixed;
 } dfl_model_estimate;
 
 typedef struct {

@@ -114,13 +114,16 @@ TEST(gdn_recurrent_and_chunked_match_reference) {
             std::vector<double> Sref, oref, stref;
             gdn_ref(c, Sref, oref, &stref);
             const int dk = c.dk, dv = c.dv;
-            // recurrent, with per-token states
-            std::vector<float> S(c.S0), out((size_t)(n * dv)), states((size_t)(n * dk * dv));
-            gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data(),
-                          states.data());
+            // recurrent, all at once and token by token (the state after each)
+            std::vector<float> S(c.S0), out((size_t)(n * dv)), S1(c.S0), out1((size_t)(n * dv));
+            gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data());
             for (size_t i = 0; i < out.size(); i++) CHECK_CLOSE(out[i], oref[i], 2e-5);
             for (size_t i = 0; i < S.size(); i++) CHECK_CLOSE(S[i], Sref[i], 2e-5);
-            for (size_t i = 0; i < states.size(); i++) CHECK_CLOSE(states[i], stref[i], 2e-5);
+            for (int64_t t = 0; t < n; t++) {
+                gdn_recurrent(S1.data(), dk, dv, c.q.data() + t * dk, c.k.data() + t * dk, c.v.data() + t * dv,
+                              c.g.data() + t, c.beta.data() + t, 1, out1.data() + t * dv);
+                for (size_t i = 0; i < S1.size(); i++) CHECK_CLOSE(S1[i], stref[(size_t)t * S1.size() + i], 2e-5);
+            }
             // chunked
             std::vector<float> S2(c.S0), out2((size_t)(n * dv)), scr(gdn_chunk_scratch(dk, dv));
             gdn_chunked(S2.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out2.data(),
@@ -139,9 +142,8 @@ TEST(gdn_recurrent_equals_row_loops_bitwise) {
         const int dk = 128;
         const int64_t n = 3;
         const GdnCase c = gdn_case(dk, dv, n, rng);
-        std::vector<float> S(c.S0), out((size_t)(n * dv)), states((size_t)(n * dk * dv));
-        gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data(),
-                      states.data());
+        std::vector<float> S(c.S0), out((size_t)(n * dv));
+        gdn_recurrent(S.data(), dk, dv, c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), n, out.data());
         std::vector<float> R(c.S0), ro((size_t)(n * dv)), u((size_t)dv);
         bool same = true;
         for (int64_t t = 0; t < n; t++) {
@@ -163,8 +165,8 @@ TEST(gdn_recurrent_equals_row_loops_bitwise) {
                     r = r + kt[a] * u[(size_t)b];
                     o[b] = o[b] + qt[a] * r;
                 }
-            same &= std::memcmp(R.data(), states.data() + t * dk * dv, R.size() * sizeof(float)) == 0;
         }
+        same &= std::memcmp(R.data(), S.data(), R.size() * sizeof(float)) == 0;
         same &= std::memcmp(ro.data(), out.data(), ro.size() * sizeof(float)) == 0;
         if (!same) std::printf("  dv %d: bits differ\n", dv);
         CHECK(same);

@@ -1,5 +1,6 @@
 // tree_schedule (core/tree_order.h): every token once, each starting from the state after its parent, with at most
-// kTreeSlots states set aside, checked by walking the schedule with token ids standing for states.
+// kTreeSlots states set aside (fewer for smaller trees), checked by walking the schedule with token ids standing for
+// states.
 #include <vector>
 
 #include "core/tree_order.h"
@@ -28,33 +29,52 @@ int walk_errors(const std::vector<int32_t> &parents, const std::vector<int32_t> 
     return errors;
 }
 
-std::vector<int32_t> schedule(const std::vector<int32_t> &parents, bool *ok) {
+// The schedule of a tree, and (slots) the most states it keeps aside at once, as tree_schedule returns it and as the
+// first step carries it.
+std::vector<int32_t> schedule(const std::vector<int32_t> &parents, int *slots) {
     std::vector<int32_t> steps(parents.size());
-    *ok = tree_schedule(parents.data(), (uint32_t)parents.size(), steps.data());
+    *slots = tree_schedule(parents.data(), (uint32_t)parents.size(), steps.data());
+    if (!steps.empty() && *slots >= 0) CHECK(TreeStep::unpack(steps[0]).slots == *slots);
     return steps;
 }
 
 }  // namespace
 
 TEST(tree_schedule_shapes) {
-    // a chain; a chain with a leaf under each of its first nodes (BenchmarkGGUF's vt tree); a star; a full binary tree
-    std::vector<std::vector<int32_t>> trees;
-    std::vector<int32_t> chain(23), spine(23), star(23), binary(31);
+    // a chain; a chain with a leaf under each of its first nodes (BenchmarkGGUF's vt tree); a star; full binary trees of
+    // 31 and 63 nodes (the 63: every waiting state's subtree half its parent's, the most slots a tree of 64 can need)
+    struct Case {
+        std::vector<int32_t> parents;
+        int slots;
+    };
+    std::vector<Case> cases;
+    std::vector<int32_t> chain(23), spine(23), star(23), binary(31), binary63(63);
     for (int i = 0; i < 23; i++) {
         chain[(size_t)i] = i - 1;
         spine[(size_t)i] = i < 16 ? i - 1 : i - 16;
         star[(size_t)i] = i == 0 ? -1 : 0;
     }
     for (int i = 0; i < 31; i++) binary[(size_t)i] = i == 0 ? -1 : (i - 1) / 2;
-    for (const auto &p : {chain, spine, star, binary}) {
-        bool ok = false;
-        const std::vector<int32_t> steps = schedule(p, &ok);
-        CHECK(ok);
-        CHECK(walk_errors(p, steps) == 0);
+    for (int i = 0; i < 63; i++) binary63[(size_t)i] = i == 0 ? -1 : (i - 1) / 2;
+    cases.push_back({chain, 0});
+    cases.push_back({spine, 1});
+    cases.push_back({star, 1});
+    cases.push_back({binary, 4});
+    cases.push_back({binary63, kTreeSlots});
+    for (const Case &c : cases) {
+        int slots = -1;
+        const std::vector<int32_t> steps = schedule(c.parents, &slots);
+        CHECK(slots == c.slots);
+        CHECK(walk_errors(c.parents, steps) == 0);
     }
     // a chain needs no slot at all
-    bool ok = false;
-    for (int32_t s : schedule(chain, &ok)) CHECK(TreeStep::unpack(s).save < 0 && TreeStep::unpack(s).restore < 0);
+    int slots = -1;
+    for (int32_t s : schedule(chain, &slots)) CHECK(TreeStep::unpack(s).save < 0 && TreeStep::unpack(s).restore < 0);
+    // more than 64 tokens: none
+    std::vector<int32_t> long_chain(65);
+    for (int i = 0; i < 65; i++) long_chain[(size_t)i] = i - 1;
+    schedule(long_chain, &slots);
+    CHECK(slots == -1);
 }
 
 TEST(tree_schedule_random_trees) {
@@ -64,9 +84,9 @@ TEST(tree_schedule_random_trees) {
         std::vector<int32_t> p((size_t)n);
         p[0] = -1;
         for (int i = 1; i < n; i++) p[(size_t)i] = (int32_t)(r.next() % (uint64_t)i);
-        bool ok = false;
-        const std::vector<int32_t> steps = schedule(p, &ok);
-        if (n < 32) CHECK(ok);  // (smaller subtrees first: at most log2 n slots wait at once)
-        if (ok) CHECK(walk_errors(p, steps) == 0);
+        int slots = -1;
+        const std::vector<int32_t> steps = schedule(p, &slots);
+        CHECK(slots >= 0 && slots <= (n < 32 ? 4 : kTreeSlots));  // (smaller subtrees first: at most log2 n wait)
+        if (slots >= 0) CHECK(walk_errors(p, steps) == 0);
     }
 }

@@ -47,7 +47,9 @@ func TestFitPool(t *testing.T) {
 
 func TestRecordBytes(t *testing.T) {
 	old := native.Estimate{StateBytesPerSeq: 1000} // a library that predates the record figures
-	est := native.Estimate{StateBytesPerSeq: 1000, RecordBytesFixed: 300, RecordBytesPerRow: 20, TreeRecordBytesPerRow: 900}
+	est := native.Estimate{StateBytesPerSeq: 1000, RecordBytesFixed: 300, RecordBytesPerRow: 20, TreeRecordBytesPerRow: 20,
+		TreeRecordBytesFixed: 1250}
+	before := native.Estimate{StateBytesPerSeq: 1000, RecordBytesFixed: 300, RecordBytesPerRow: 20, TreeRecordBytesPerRow: 900}
 	tests := []struct {
 		name        string
 		est         native.Estimate
@@ -58,7 +60,8 @@ func TestRecordBytes(t *testing.T) {
 		{"no draft", est, 8, 0, false, 0},
 		{"a DFlash2 block of 8 keeps room for 16", est, 8, 8, false, 8 * (300 + 16*20)},
 		{"a chain of 23", est, 2, 23, false, 2 * (300 + 23*20)},
-		{"a tree of budget 22", est, 2, 23, true, 2 * (300 + 23*900)},
+		{"a tree of budget 22: its inputs, and the states its schedule sets aside", est, 2, 23, true, 2 * (300 + 1250 + 23*20)},
+		{"a library that kept a state a tree row", before, 2, 23, true, 2 * (300 + 23*900)},
 		{"old library: a state a row and one before", old, 8, 8, false, 8 * 17 * 1000},
 		{"old library, tree", old, 2, 23, true, 2 * 24 * 1000},
 	}

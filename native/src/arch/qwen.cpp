@@ -381,9 +381,11 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         slot[e] = sb.seq;
         for (size_t k = 0; k < q.blocks.size() && k < max_blocks; k++) bt[(int64_t)e * max_blocks + (int64_t)k] = q.blocks[k];
         const int32_t *par = tree_of((uint32_t)e);
-        // a tree's depth-first schedule for the recurrent ops (BatchMeta::tree_steps); -1: none (a chain, or a tree
-        // that would keep too many states aside)
-        if (any_tree && (!par || !tree_schedule(par, sb.n_tokens, steps + t))) steps[t] = -1;
+        // a tree's depth-first schedule for the recurrent op (BatchMeta::tree_steps; any tree of at most 64 tokens
+        // has one); -1 at a chain's t0
+        if (any_tree && !par) steps[t] = -1;
+        if (par && tree_schedule(par, sb.n_tokens, steps + t) < 0)
+            fail(DFL_ERR_INTERNAL, "batch entry " + std::to_string(e) + ": no schedule for its tree");
         for (uint32_t i = 0; i < sb.n_tokens; i++, t++) {
             tokens[t] = sb.tokens[i];
             pos[t] = sb.positions ? sb.positions[i] : (int32_t)(q.len + i);

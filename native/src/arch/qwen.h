@@ -86,7 +86,7 @@ private:
     // Per-sequence device buffers for snapshot and recording, allocated when first needed. A recorded forward leaves
     // the slot's recurrent state as it was and keeps its tokens' Gated DeltaNet inputs (rec_in), from which a rollback
     // replays the tokens it keeps onto the slot; rec_state is the device's working copy (slot 0) and of a tree the
-    // states after its branch points (one slot a token after it).
+    // states its schedule sets aside (kTreeSlots slots after it: BatchMeta::rec_state).
     struct SeqState {
         DevBuf snap;        // slot_floats
         DevBuf rec_state;   // rec_slots * n_rec * state_floats

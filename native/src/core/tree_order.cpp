@@ -3,10 +3,10 @@
 namespace dfl {
 
 // Fixed arrays of a tree's at most 64 tokens: it runs on every tree forward, on the host, before the launch.
-bool tree_schedule(const int32_t *parents, uint32_t n, int32_t *steps) {
+int tree_schedule(const int32_t *parents, uint32_t n, int32_t *steps) {
     constexpr uint32_t kMax = 64;
-    if (n == 0) return true;
-    if (n > kMax) return false;
+    if (n > kMax) return -1;
+    if (n == 0) return 0;
     int size[kMax], first[kMax + 1] = {}, kids[kMax];
     for (uint32_t i = 0; i < n; i++) size[i] = 1;
     for (uint32_t i = n; i-- > 1;) size[parents[i]] += size[i];
@@ -30,6 +30,7 @@ bool tree_schedule(const int32_t *parents, uint32_t n, int32_t *steps) {
     int depth = 0;
     todo[depth++] = {0, -1};
     bool busy[kTreeSlots] = {};
+    int used = 0;
     uint32_t at = 0;
     while (depth > 0) {
         const Visit v = todo[--depth];
@@ -43,15 +44,20 @@ bool tree_schedule(const int32_t *parents, uint32_t n, int32_t *steps) {
             // the state after this node waits in a slot for every child but the first
             int slot = 0;
             while (slot < kTreeSlots && busy[slot]) slot++;
-            if (slot == kTreeSlots) return false;
+            if (slot == kTreeSlots) return -1;  // (not for n <= 64: see the header)
             busy[slot] = true;
             st.save = slot;
+            used = slot + 1 > used ? slot + 1 : used;
         }
         steps[at++] = st.pack();
         // children pushed so that the smallest runs first and the largest last; all but the first restore the slot
         for (int j = k1; j-- > k0;) todo[depth++] = {kids[j], j == k0 ? -1 : st.save};
     }
-    return at == n;
+    if (at != n) return -1;
+    TreeStep first_step = TreeStep::unpack(steps[0]);
+    first_step.slots = used;
+    steps[0] = first_step.pack();
+    return used;
 }
 
 }  // namespace dfl

@@ -78,9 +78,9 @@ struct BatchMeta {
     int32_t max_blocks = 0;
     // recording (speculative rollback), per entry; null pointer = the entry does not record. A recording entry's slot
     // keeps its recurrent state from before the forward (GdnCall); a rollback replays the kept tokens' inputs.
-    // rec_state: [n + 1][n_rec][n_v * dk * dv]: slot 0 the device's working copy of the state (the CPU and the
-    // global-memory kernel update it in place of the slot's), slot i + 1 the state after token i where a later token
-    // of a tree continues from it (its branch points); a chain has only slot 0
+    // rec_state: [1 + kTreeSlots][n_rec][n_v * dk * dv]: slot 0 the device's working copy of the state (the CPU and
+    // the global-memory kernel update it in place of the slot's), slot k + 1 a tree schedule's set-aside state k (the
+    // state after a branch point, waiting for its later subtrees: tree_steps); a chain has only slot 0
     float *const *rec_state = nullptr;
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
     // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
@@ -88,15 +88,16 @@ struct BatchMeta {
     float *const *rec_in = nullptr;
     // Token trees (forward_tree); both null when the batch has none. Per token [T]:
     //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
-    //    entry's token i has i - 1. The recurrent ops continue token i from the recorded state after its parent
-    //    (rec_state slot parent + 1; an entry with a tree always records) and build its conv window along its
-    //    ancestors, falling into the old conv state past the first token.
+    //    entry's token i has i - 1. The conv op builds a token's window along its ancestors, falling into the old conv
+    //    state past the first token; the recurrent op walks a tree by its schedule (tree_steps; an entry with a tree
+    //    always records).
     //  - vis: the entry's own tokens j < 64 the token sees (bit j; cache position len0 + j); see attn_visible. An
     //    ordinary token has ~0 (its causal range decides). Tree entries have at most 64 tokens.
     const int32_t *parent = nullptr;
     const uint64_t *vis = nullptr;
-    // per entry at its t0: the steps of its tokens' depth-first schedule (core/tree_order.h, TreeStep packed), or -1
-    // at t0 where it has none; a device's recurrent op may walk a tree in that order (null: no trees)
+    // per entry at its t0: the steps of its tree's depth-first schedule (core/tree_order.h, TreeStep packed), -1 at
+    // a chain's t0; the recurrent op runs a tree's tokens in that order, each from the state after its parent: the
+    // step before's, or the set-aside state it restores (rec_state slot restore + 1, or where the device keeps them)
     const int32_t *tree_steps = nullptr;
 };
 
@@ -166,19 +167,23 @@ DFL_HOST_DEVICE inline bool attn_visible(uint64_t vis, int64_t q, int64_t len0) 
     return j < 0 || j >= 64 || ((vis >> j) & 1u) != 0;
 }
 
-// Slots a tree schedule (core/tree_order.h, BatchMeta::tree_steps) may use at once.
-constexpr int kTreeSlots = 4;
+// Set-aside states a tree schedule (core/tree_order.h, BatchMeta::tree_steps) keeps at once, at most: 5 for any tree
+// of at most 64 tokens.
+constexpr int kTreeSlots = 5;
 
 // One step of a tree schedule packed in an int32: the token (its index in the entry), then the slot its state is
-// first restored from, then the slot the state after it is saved to (slot + 1, 0 for none).
+// first restored from, then the slot the state after it is saved to (slot + 1, 0 for none); the first step also
+// carries the most slots the schedule keeps at once (a device may keep few slots closer: the CUDA kernel's shared
+// memory).
 struct TreeStep {
-    int token = 0, restore = -1, save = -1;
-    DFL_HOST_DEVICE int32_t pack() const { return token | (restore + 1) << 8 | (save + 1) << 12; }
+    int token = 0, restore = -1, save = -1, slots = 0;
+    DFL_HOST_DEVICE int32_t pack() const { return token | (restore + 1) << 8 | (save + 1) << 12 | slots << 16; }
     DFL_HOST_DEVICE static TreeStep unpack(int32_t v) {
         TreeStep s;
         s.token = v & 0xFF;
         s.restore = ((v >> 8) & 0xF) - 1;
         s.save = ((v >> 12) & 0xF) - 1;
+        s.slots = (v >> 16) & 0xF;
         return s;
     }
 };

@@ -90,7 +90,7 @@ struct Batch {
         for (size_t ei = 0; ei < ents.size(); ei++) {
             const bool tree = ei < par.size() && !par[ei].empty();
             steps.resize(parent.size() + (size_t)ents[ei].n, 0);
-            if (!tree || !dfl::tree_schedule(par[ei].data(), (uint32_t)ents[ei].n, steps.data() + parent.size()))
+            if (!tree || dfl::tree_schedule(par[ei].data(), (uint32_t)ents[ei].n, steps.data() + parent.size()) < 0)
                 steps[parent.size()] = -1;
             for (int32_t i = 0; i < ents[ei].n; i++) {
                 parent.push_back(tree ? par[ei][(size_t)i] : i - 1);

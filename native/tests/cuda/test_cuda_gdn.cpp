@@ -52,7 +52,7 @@ GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, cons
 
 // The recording entries' slots keep the state before; their records get their inputs (GdnCall::rec_inputs: cv rows,
 // g, beta into BatchMeta::rec_in, compared exactly). Their rec_state is each device's own working space (a tree's
-// set-aside states, on the GPU in shared memory where DFL_CUDA_GDN_TREE_DFS=1): not compared.
+// set-aside states, on the GPU in shared memory where DFL_CUDA_GDN_TREE_SMEM=1): not compared.
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                   const std::vector<std::vector<int32_t>> &trees = {}) {
     Batch b(be, 16, r);
@@ -143,7 +143,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
     Dual state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
     Dual out((size_t)(T * s.n_v * s.dv) * 4);
-    const RecordBuffers recs(b, true, [&](const Batch::Ent &e) { return (e.n + 1) * n_rec * sf; });
+    const RecordBuffers recs(b, true, [&](const Batch::Ent &) { return (int64_t)(1 + kTreeSlots) * n_rec * sf; });
     const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
@@ -216,10 +216,15 @@ void test_gdn() {
     };
     for (const GdnShape &s : shapes)
         for (const auto &be : batches) run_gdn_case(s, be, r);
-    // token trees (recorded entries, each token continuing from its parent) beside ordinary entries
-    for (const GdnShape &s : shapes)
+    // token trees (recorded entries, each token continuing from its parent) beside ordinary entries; a full binary
+    // tree of 63 tokens sets five states aside at once, more than the staged kernel's shared memory keeps
+    std::vector<int32_t> binary63(63);
+    for (int i = 0; i < 63; i++) binary63[(size_t)i] = i == 0 ? -1 : (i - 1) / 2;
+    for (const GdnShape &s : shapes) {
         run_gdn_case(s, {{5, 0, 0, false}, {12, 7, 1, true}, {3, 2, 2, true}, {20, 0, 3, true}}, r,
                      {{}, random_tree(r, 12), {}, random_tree(r, 20)});
+        run_gdn_case(s, {{63, 4, 1, true}, {40, 0, 2, true}}, r, {binary63, random_tree(r, 40)});
+    }
     // a verify's records of 20 tokens (two chunks of the staged kernel's 16)
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r);

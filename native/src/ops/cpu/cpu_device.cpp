@@ -436,11 +436,9 @@ public:
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
             float *rec = m.rec_state ? m.rec_state[e] : nullptr;
-            const int32_t *par = m.parent ? m.parent + t0 : nullptr;
-            bool chain = true;
-            for (int64_t i = 0; par && i < n; i++) chain &= par[i] == i - 1;
+            const int32_t *steps = m.tree_steps && m.tree_steps[t0] >= 0 ? m.tree_steps + t0 : nullptr;
             // a recording entry leaves the slot's state as it was: it works on a copy (slot 0 of its records), and a
-            // tree keeps the state after each branch point in slot i + 1
+            // tree sets states aside in slots 1..kTreeSlots
             const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
             float *base = rec ? rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs : nullptr;
             float *W = S;
@@ -448,20 +446,19 @@ public:
                 std::memcpy(base, S, sizeof(float) * hs);
                 W = base;
             }
-            if (!chain) {
-                // a tree (always recorded): token i continues from the state after its parent
-                std::vector<bool> keep((size_t)n, false);
-                for (int64_t i = 0; i < n; i++)
-                    if (par[i] != i - 1) keep[(size_t)par[i]] = true;
+            if (steps) {
+                // a tree (always recorded), walked by its schedule: each token from the state after its parent
                 for (int64_t i = 0; i < n; i++) {
-                    if (par[i] != i - 1) std::memcpy(W, base + (size_t)(par[i] + 1) * per, sizeof(float) * hs);
-                    gdn_recurrent(W, dk, dv, qj + i * dk, kj + i * dk, vj + i * dv, gj + i, bj + i, 1, oj + i * dv,
-                                  keep[(size_t)i] ? base + (size_t)(i + 1) * per : nullptr);
+                    const TreeStep st = TreeStep::unpack(steps[i]);
+                    const int64_t k = st.token;
+                    if (st.restore >= 0) std::memcpy(W, base + (size_t)(st.restore + 1) * per, sizeof(float) * hs);
+                    gdn_recurrent(W, dk, dv, qj + k * dk, kj + k * dk, vj + k * dv, gj + k, bj + k, 1, oj + k * dv);
+                    if (st.save >= 0) std::memcpy(base + (size_t)(st.save + 1) * per, W, sizeof(float) * hs);
                 }
             } else if (!base && !c.exact && n > 1) {
                 gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
             } else {  // one token, a recording entry, or a replay: token by token
-                gdn_recurrent(W, dk, dv, qj, kj, vj, gj, bj, n, oj, nullptr);
+                gdn_recurrent(W, dk, dv, qj, kj, vj, gj, bj, n, oj);
             }
             for (int64_t i = 0; c.out && i < n; i++)
                 std::memcpy(c.out + (t0 + i) * vd + (int64_t)j * dv, oj + i * dv, sizeof(float) * (size_t)dv);

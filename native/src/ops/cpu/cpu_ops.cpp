@@ -327,21 +327,19 @@ DFL_VEC_INLINE void gdn_token16(float *S, int dk, const float *q, const float *k
 
 template <int NV>
 DFL_WIDE_MULTIVERSION static void gdn_tokens16(float *S, int dk, const float *q, const float *k, const float *v,
-                                               const float *g, const float *beta, int64_t n, float *out, float *states) {
+                                               const float *g, const float *beta, int64_t n, float *out) {
     const int dv = NV * 16;
-    for (int64_t t = 0; t < n; t++) {
+    for (int64_t t = 0; t < n; t++)
         gdn_token16<NV>(S, dk, q + t * dk, k + t * dk, v + t * dv, std::exp(g[t]), beta[t], out + t * dv);
-        if (states) std::memcpy(states + t * (int64_t)dk * dv, S, sizeof(float) * (size_t)dk * dv);
-    }
 }
 
 void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
-                   const float *beta, int64_t n, float *out, float *states) {
+                   const float *beta, int64_t n, float *out) {
     switch (dv) {
-    case 128: return gdn_tokens16<8>(S, dk, q, k, v, g, beta, n, out, states);
-    case 64: return gdn_tokens16<4>(S, dk, q, k, v, g, beta, n, out, states);
-    case 32: return gdn_tokens16<2>(S, dk, q, k, v, g, beta, n, out, states);
-    case 16: return gdn_tokens16<1>(S, dk, q, k, v, g, beta, n, out, states);
+    case 128: return gdn_tokens16<8>(S, dk, q, k, v, g, beta, n, out);
+    case 64: return gdn_tokens16<4>(S, dk, q, k, v, g, beta, n, out);
+    case 32: return gdn_tokens16<2>(S, dk, q, k, v, g, beta, n, out);
+    case 16: return gdn_tokens16<1>(S, dk, q, k, v, g, beta, n, out);
     default: break;
     }
     std::vector<float> u((size_t)dv);
@@ -362,7 +360,6 @@ void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, con
             axpy(kt[a], u.data(), row, dv);
             axpy(qt[a], row, o, dv);
         }
-        if (states) std::memcpy(states + t * (int64_t)dk * dv, S, sizeof(float) * (size_t)dk * dv);
     }
 }
 

@@ -122,9 +122,8 @@ void conv1d_silu(const float *head, const float *x, int64_t xs, int64_t t0, int6
 
 // Gated delta rule for one value head over n tokens; S is the [dk][dv] state (in/out). q (already normalised and
 // scaled), k (normalised): [n][dk]; v: [n][dv]; g: log-decay per token; beta: write strength per token. out: [n][dv].
-// states (optional): [n][dk*dv], the state after each token.
 void gdn_recurrent(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,
-                   const float *beta, int64_t n, float *out, float *states);
+                   const float *beta, int64_t n, float *out);
 
 // The same result computed chunk-wise (chunk 64, as HF's torch_chunk_gated_delta_rule). scratch: gdn_chunk_scratch().
 void gdn_chunked(float *S, int dk, int dv, const float *q, const float *k, const float *v, const float *g,

@@ -157,9 +157,9 @@ struct GdnArgs {
     int n_ent;  // blockIdx.y is entry + n_ent * layer (GdnCall::layers)
     const int32_t *t0, *n, *slot;
     float *const *rec_state;
-    const int32_t *parent;  // BatchMeta::parent (token trees), or null
-    float *const *rec_in;   // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
-    const int32_t *tree_steps;  // BatchMeta::tree_steps where the staged kernel walks trees by them, else null
+    float *const *rec_in;       // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
+    const int32_t *tree_steps;  // BatchMeta::tree_steps (token trees), or null
+    bool smem_stack;            // the staged kernel sets a tree's states aside in shared memory where they fit
 };
 
 // Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, its recorded states
@@ -171,8 +171,7 @@ struct GdnHead {
     const int32_t *in_rows;
     int e;
     int64_t per, n, t0, q_off, k_off, v_off;
-    uint64_t keep;  // the tokens whose state after them rec keeps (a tree's branch points)
-    // where the kernel walks the entry's tree by its schedule (GdnArgs::tree_steps), its steps; else null
+    // a tree entry's schedule (GdnArgs::tree_steps: step i runs token TreeStep::unpack(steps[i]).token), else null
     const int32_t *steps;
     __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
         const GdnCall &g = a.g;
@@ -191,21 +190,21 @@ struct GdnHead {
         t0 = a.t0[e];
         in_rows = g.in_rows;
         steps = a.tree_steps && a.tree_steps[t0] >= 0 ? a.tree_steps + t0 : nullptr;
-        // a tree walked in the flat order (at most 64 tokens): the state after each token a later token continues from
-        keep = 0;
-        if (rec && a.parent && !steps)
-            for (int64_t i = 0; i < n; i++) {
-                const int32_t p = a.parent[t0 + i];
-                if (p != i - 1) keep |= (uint64_t)1 << p;
-            }
         q_off = (int64_t)kh * dk;
         k_off = (int64_t)(g.n_k + kh) * dk;
         v_off = (int64_t)2 * g.n_k * dk + (int64_t)j * g.dv + v0;
     }
     // the row of cv, g and beta that token tok reads
     __device__ int64_t row(int64_t tok) const { return in_rows ? in_rows[tok] : tok; }
-    // whether rec gets the state after token it of the entry
-    __device__ bool keeps(int64_t it) const { return it < 64 && ((keep >> it) & 1); }
+    // the step of the entry's it-th: its tree schedule's, else the next token's
+    __device__ TreeStep step(int64_t it) const {
+        if (steps) return TreeStep::unpack(steps[it]);
+        TreeStep s;
+        s.token = (int)it;
+        return s;
+    }
+    // set-aside state k of a tree (slot k + 1 of the records)
+    __device__ float *aside(int k) const { return rec + (int64_t)(k + 1) * per; }
 };
 
 // A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
@@ -236,8 +235,12 @@ __device__ __forceinline__ float lane_dot(const float (&a)[R], const float *b) {
     return part[0];
 }
 
-// A thread's R state values into / out of slot k of a tree schedule's shared-memory stack ([kTreeSlots][R][threads]:
-// consecutive threads on consecutive words).
+// Set-aside states of a tree the staged kernel keeps in shared memory (DFL_CUDA_GDN_TREE_SMEM=1): 64 KB for 128-row
+// heads, so two blocks still fit an SM; a schedule that keeps more (trees of 32 tokens or more may) uses the records.
+constexpr int kGdnSmemSlots = 4;
+
+// A thread's R state values into / out of slot k of a tree schedule's shared-memory stack ([kGdnSmemSlots][R]
+// [threads]: consecutive threads on consecutive words).
 template <int R>
 __device__ __forceinline__ void stack_store(float *stack, int k, const float (&s)[R]) {
 #pragma unroll
@@ -288,13 +291,14 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     const bool active = b < dv;
     const GdnHead hd(a, dk, j, b);
     float *const rec = hd.rec;
-    const int64_t n = hd.n, t0 = hd.t0, per = hd.per;
+    const int64_t n = hd.n, t0 = hd.t0;
     // a recording entry leaves its slot's state as it was: its column is updated in its records' slot 0 instead
     float *const S = rec ? rec : hd.S;
     if (rec && active)
         for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = hd.S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
-        const int64_t tok = t0 + it;
+        const TreeStep st = hd.step(it);  // (a tree: its schedule's order, set-aside states in the records)
+        const int64_t tok = t0 + st.token;
         const float *row = hd.cv + hd.row(tok) * g.C;
         __syncthreads();
         for (int i = threadIdx.x; i < 2 * dk; i += blockDim.x)
@@ -302,8 +306,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
         __syncthreads();
         if (!active) continue;
         const float *q = qk, *k = qk + dk;
-        if (a.parent && a.parent[tok] != it - 1) {  // a tree token: from the state recorded after its parent
-            const float *src = rec + (a.parent[tok] + 1) * per;
+        if (st.restore >= 0) {  // from the state after the token's parent, set aside
+            const float *src = hd.aside(st.restore);
             for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = src[(int64_t)i * dv + b];
         }
         const float decay = expf(hd.gl[hd.row(tok) * g.n_v + j]);
@@ -316,7 +320,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
             u += k[i] * x;
         }
         const float delta = beta * (v - u);
-        float *dst = rec && hd.keeps(it) ? rec + (it + 1) * per : nullptr;
+        float *dst = st.save >= 0 ? hd.aside(st.save) : nullptr;
         for (int i = 0; i < dk; i++) {
             const float x = S[(int64_t)i * dv + b] + k[i] * delta;
             S[(int64_t)i * dv + b] = x;
@@ -329,7 +333,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
 
 // The staged kernel, for heads of 128 or 64 rows: block (value head j, entry e, column group z) as above, but P
 // neighbouring lanes own a column in registers (R = DK / P rows each, the partial sums meeting through log2 P
-// shuffles), and the inputs of kGdnChunk tokens at a time (q, k, the block's v columns, g, beta, tree parents) are
+// shuffles), and the inputs of kGdnChunk tokens at a time (q, k, the block's v columns, g, beta, a tree's steps) are
 // copied into shared memory by cp.async, the next chunk while this one is computed, so a token waits on no memory
 // and no barrier. Why: the register kernel it replaced (two lanes a column, a token's q/k loaded then a barrier) ran a
 // 16-token verify of the 27B in ~27 us a layer against ~5 us for one token, each token a global load and a barrier
@@ -349,7 +353,7 @@ struct GdnStage {
     float qk[kGdnChunk][2][P][kSeg];
     float v[kGdnChunk][kCols];
     float g[kGdnChunk], beta[kGdnChunk];
-    int32_t parent[kGdnChunk];
+    int32_t steps[kGdnChunk];  // a tree's steps (TreeStep packed)
 };
 
 template <int DK, int P, int ACC>
@@ -366,15 +370,16 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const GdnHead hd(a, DK, j, col0);
     const int e = hd.e;
     float *const S = hd.S, *const rec = hd.rec;
-    const int64_t n = hd.n, t0 = hd.t0, per = hd.per, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
+    const int64_t n = hd.n, t0 = hd.t0, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
 
-    // a tree walked in its depth-first schedule (BatchMeta::tree_steps, DFL_CUDA_GDN_TREE_DFS=1): step it runs token
-    // token_at(it), the states set aside in shared memory (`stack`, [kTreeSlots][R][kGdnThreads]) instead of the
-    // records; sg.parent then holds the chunk's steps
+    // a tree is walked in its schedule (BatchMeta::tree_steps): step it runs token token_at(it), sg.steps holding a
+    // chunk's steps; the states it sets aside go to the records, or to shared memory (`stack`, [kGdnSmemSlots][R]
+    // [kGdnThreads]) where GdnArgs::smem_stack and the schedule keeps at most kGdnSmemSlots
     const int32_t *steps = hd.steps;
     auto token_at = [&](int64_t it) -> int64_t { return steps ? TreeStep::unpack(steps[it]).token : it; };
     extern __shared__ float stack[];
+    const bool in_smem = steps && a.smem_stack && TreeStep::unpack(steps[0]).slots <= kGdnSmemSlots;
 
     // chunk c's inputs into stage c % 2, one commit group
     auto load = [&](int64_t c) {
@@ -395,10 +400,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             const int64_t tok = t0 + token_at(i0 + t);
             cp_async4(&sg.g[t], hd.gl + hd.row(tok) * g.n_v + j);
             cp_async4(&sg.beta[t], hd.beta + hd.row(tok) * g.n_v + j);
-            if (steps)
-                cp_async4(&sg.parent[t], steps + i0 + t);
-            else if (a.parent)
-                cp_async4(&sg.parent[t], a.parent + tok);
+            if (steps) cp_async4(&sg.steps[t], steps + i0 + t);
         }
         cp_async_commit();
     };
@@ -408,9 +410,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     // key head's q and k by value head j = kh's first column group, g and beta by each head's first group
     float *rin = a.rec_in ? a.rec_in[e] : nullptr;
     if (rin) rin += (int64_t)g.rec_layer * n * (g.C + 2 * g.n_v);
-    // the entry's token that slot t of the chunk from step i0 holds (a scheduled tree's sg.parent holds its steps)
+    // the entry's token that slot t of the chunk from step i0 holds
     auto token_of = [&](const Stage &sg, int64_t i0, int t) -> int64_t {
-        return steps ? TreeStep::unpack(sg.parent[t]).token : i0 + t;
+        return steps ? TreeStep::unpack(sg.steps[t]).token : i0 + t;
     };
     auto record_chunk = [&](const Stage &sg, float *dst, int64_t i0, int64_t nt) {
         const int cu = 4 * v_words;
@@ -445,23 +447,24 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         const int64_t i0 = c * kGdnChunk, nt = min((int64_t)kGdnChunk, n - i0);
         if (rin) record_chunk(sg, rin, i0, nt);
         for (int t = 0; t < nt; t++) {
-            const int64_t it = i0 + t;
-            const TreeStep stp = steps ? TreeStep::unpack(sg.parent[t]) : TreeStep{};
-            const int64_t tok = t0 + (steps ? stp.token : it);
-            if (steps) {
-                if (stp.restore >= 0 && active) stack_load(s, stack, stp.restore);
-            } else if (a.parent && sg.parent[t] != it - 1 && active) {
-                // a tree token: continue from the state recorded after its parent (this thread's rows, written by it)
-                load_column(s, rec + (sg.parent[t] + 1) * per, a0, dv, b, true);
+            const TreeStep stp = steps ? TreeStep::unpack(sg.steps[t]) : TreeStep{};
+            const int64_t tok = t0 + (steps ? stp.token : i0 + t);
+            if (stp.restore >= 0 && active) {
+                // a tree token: from the state after its parent, set aside (this thread's rows, written by it)
+                if (in_smem)
+                    stack_load(s, stack, stp.restore);
+                else
+                    load_column(s, hd.aside(stp.restore), a0, dv, b, true);
             }
             const float v = active ? sg.v[t][col] : 0.0f;
             const float o = delta_step<R, P, ACC>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
-                if (steps) {
-                    if (stp.save >= 0) stack_store(stack, stp.save, s);
-                } else if (rec && hd.keeps(it)) {
-                    store_column(rec + (it + 1) * per, s, a0, dv, b);
+                if (stp.save >= 0) {
+                    if (in_smem)
+                        stack_store(stack, stp.save, s);
+                    else
+                        store_column(hd.aside(stp.save), s, a0, dv, b);
                 }
             }
         }
@@ -498,12 +501,12 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
     check_launch("record_gdn_inputs");
 }
 
-// The staged kernel on a's grid, with the tree stack's shared memory where a walks trees by their schedules.
+// The staged kernel on a's grid, with the tree stack's shared memory where a keeps trees' states there.
 template <int DK, int P, int ACC>
 static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
     constexpr int kCols = GdnStage<DK, P>::kCols;
-    constexpr size_t kStack = (size_t)kTreeSlots * (DK / P) * kGdnThreads * sizeof(float);
-    const size_t shm = a.tree_steps ? kStack : 0;
+    constexpr size_t kStack = (size_t)kGdnSmemSlots * (DK / P) * kGdnThreads * sizeof(float);
+    const size_t shm = a.smem_stack ? kStack : 0;
     if (shm) {
         int dev = 0;
         check(cudaGetDevice(&dev), "gdn");
@@ -524,9 +527,9 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.n = m.n;
     a.slot = m.slot;
     a.rec_state = m.rec_state;
-    a.parent = m.parent;
     a.rec_in = nullptr;
-    a.tree_steps = nullptr;
+    a.tree_steps = m.tree_steps;
+    a.smem_stack = false;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const unsigned ys = (unsigned)(m.n_ent * g.layers);  // (entry, layer)
     const dim3 grid_glob((unsigned)g.n_v, ys, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));
@@ -540,9 +543,11 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
             launch_record_gdn_inputs(s, m, gdn_inputs(g));
     }
     if (staged) {
-        // trees walked depth first with their set-aside states in shared memory (DFL_CUDA_GDN_TREE_DFS=1)
-        static const bool dfs = env_switch("DFL_CUDA_GDN_TREE_DFS", false);
-        if (dfs && m.tree_steps) a.tree_steps = m.tree_steps;
+        // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=1, opt-in until measured).
+        // Why: the bench's 23-node tree stores and reloads the states after its 7 branch points through global memory,
+        // 7 x 3.1 MB each way a 27B layer: ~0.7 ms of a tree verify if it reaches DRAM (less if L2 holds it).
+        static const bool smem = env_switch("DFL_CUDA_GDN_TREE_SMEM", false);
+        a.smem_stack = smem && m.tree_steps;
         static const bool acc4 = env_int("DFL_CUDA_GDN_ACC", 1) == 4;
         if (g.dk == 128) {
             if (acc4)
