@@ -414,7 +414,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             q.rec_base = q.len;
             q.rec_n = sb.n_tokens;
             const SeqState &ss = seq_state_[(size_t)sb.seq];
-            host_ptrs_[(size_t)e] = ss.rec_state.f();
+            host_ptrs_[(size_t)e] = par ? ss.rec_state.f() : nullptr;
             host_ptrs_[(size_t)(E + e)] = ss.rec_window.f();
             host_ptrs_[(size_t)(2 * E + e)] = ss.rec_in.f();
         }

@@ -85,14 +85,14 @@ private:
     };
     // Per-sequence device buffers for snapshot and recording, allocated when first needed. A recorded forward leaves
     // the slot's recurrent state as it was and keeps its tokens' Gated DeltaNet inputs (rec_in), from which a rollback
-    // replays the tokens it keeps onto the slot; rec_state is the device's working copy (slot 0) and of a tree the
-    // states its schedule sets aside (kTreeSlots slots after it: BatchMeta::rec_state).
+    // replays the tokens it keeps onto the slot; of a tree, rec_state holds the states its schedule sets aside
+    // (BatchMeta::rec_state).
     struct SeqState {
         DevBuf snap;        // slot_floats
-        DevBuf rec_state;   // rec_slots * n_rec * state_floats
+        DevBuf rec_state;   // kTreeSlots * n_rec * state_floats, once the sequence has verified a tree
         DevBuf rec_window;  // n_rec * (K - 1 + rec_cap) * C
         DevBuf rec_in;      // rec_in_rows * n_rec * (C + 2 n_v) (BatchMeta::rec_in)
-        uint32_t rec_cap = 0, rec_slots = 0, rec_in_rows = 0;
+        uint32_t rec_cap = 0, rec_in_rows = 0;
     };
 
     void load_weights(const dfl_model_params &p);

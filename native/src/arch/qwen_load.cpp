@@ -126,13 +126,13 @@ void estimate_model(const dfl_model_params &p, dfl_model_estimate *out) {
     const uint64_t per_token = 3ull * h.n_embd + 2ull * h.n_ff + (n_attn ? qd * 5 + 2 * kvd : 0) +
                                (n_rec ? 2ull * h.conv_channels() + 2ull * h.n_v * h.dv + 4ull * h.n_v : 0);
     e.scratch_bytes = 512ull * per_token * sizeof(float);
-    // ensure_record's buffers: the working copy of the state and K - 1 conv rows, then per row a conv row and its Gated
-    // DeltaNet inputs, and of a tree the kTreeSlots states its schedule sets aside (BatchMeta::rec_state)
+    // ensure_record's buffers: K - 1 conv rows, then per row a conv row and its Gated DeltaNet inputs, and of a tree
+    // the kTreeSlots states its schedule sets aside (BatchMeta::rec_state)
     const uint64_t state = (uint64_t)n_rec * (uint64_t)h.state_floats() * sizeof(float);
     const uint64_t conv_row = (uint64_t)n_rec * (uint64_t)h.conv_channels() * sizeof(float);
     const uint64_t inputs = (uint64_t)n_rec * (uint64_t)(h.conv_channels() + 2 * h.n_v) * sizeof(float);
     if (n_rec > 0) {
-        e.record_bytes_fixed = state + (uint64_t)(h.conv_k - 1) * conv_row;
+        e.record_bytes_fixed = (uint64_t)(h.conv_k - 1) * conv_row;
         e.record_bytes_per_row = inputs + conv_row;
         e.tree_record_bytes_per_row = e.record_bytes_per_row;
         e.tree_record_bytes_fixed = (uint64_t)kTreeSlots * state;

@@ -16,13 +16,10 @@ void QwenModel::ensure_record(int32_t s, uint32_t n, bool tree) {
     SeqState &ss = seq_state_[(size_t)s];
     const HParams &h = hp_;
     const uint32_t cap = std::max<uint32_t>(n, 16);
-    // the working copy, and of a tree the states its schedule sets aside
-    const uint32_t slots = tree ? 1 + kTreeSlots : 1;
-    if (ss.rec_slots < slots) {
-        ss.rec_state.reset();
-        ss.rec_state = DevBuf(dev_.get(), (size_t)slots * n_rec_ * (size_t)h.state_floats() * sizeof(float), "record states");
-        ss.rec_slots = slots;
-    }
+    // of a tree the states its schedule sets aside (a device's working copy of the state is its own)
+    if (tree && ss.rec_state.bytes() == 0)
+        ss.rec_state = DevBuf(dev_.get(), (size_t)kTreeSlots * n_rec_ * (size_t)h.state_floats() * sizeof(float),
+                              "tree record states");
     if (n > ss.rec_cap) {
         ss.rec_window.reset();
         ss.rec_window =

@@ -76,11 +76,10 @@ struct BatchMeta {
     const int32_t *slot = nullptr;     // sequence slot (recurrent state index)
     const int32_t *block_table = nullptr;  // [n_ent][max_blocks] KV block ids of the entry's sequence
     int32_t max_blocks = 0;
-    // recording (speculative rollback), per entry; null pointer = the entry does not record. A recording entry's slot
-    // keeps its recurrent state from before the forward (GdnCall); a rollback replays the kept tokens' inputs.
-    // rec_state: [1 + kTreeSlots][n_rec][n_v * dk * dv]: slot 0 the device's working copy of the state (the CPU and
-    // the global-memory kernel update it in place of the slot's), slot k + 1 a tree schedule's set-aside state k (the
-    // state after a branch point, waiting for its later subtrees: tree_steps); a chain has only slot 0
+    // recording (speculative rollback), per entry; null pointer = the entry does not record (rec_in says which do).
+    // A recording entry's slot keeps its recurrent state from before the forward (GdnCall); a rollback replays the
+    // kept tokens' inputs. rec_state: a tree's [kTreeSlots][n_rec][n_v * dk * dv], slot k its schedule's set-aside
+    // state k (the state after a branch point, waiting for its later subtrees: tree_steps); null for a chain
     float *const *rec_state = nullptr;
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
     // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
@@ -97,7 +96,7 @@ struct BatchMeta {
     const uint64_t *vis = nullptr;
     // per entry at its t0: the steps of its tree's depth-first schedule (core/tree_order.h, TreeStep packed), -1 at
     // a chain's t0; the recurrent op runs a tree's tokens in that order, each from the state after its parent: the
-    // step before's, or the set-aside state it restores (rec_state slot restore + 1, or where the device keeps them)
+    // step before's, or the set-aside state it restores (rec_state slot `restore`, or where the device keeps them)
     const int32_t *tree_steps = nullptr;
 };
 
@@ -220,9 +219,9 @@ struct GdnGates {
 };
 
 // The gated delta rule of every entry and value head, continuing from the slot's state. Value head j reads key head
-// j % n_k (GGUF order). A recording entry (BatchMeta::rec_state set) leaves its slot's state as it was before the
-// forward, and of a tree keeps the state after each branch point (a token with a child that does not follow it: the
-// state a later token continues from) in rec_state; a rollback replays the kept tokens' recorded inputs onto the slot.
+// j % n_k (GGUF order). A recording entry (BatchMeta::rec_in set) leaves its slot's state as it was before the forward
+// (a device works on a copy of its own), and of a tree walks the tokens in the schedule's order (tree_steps), setting
+// states aside in rec_state; a rollback replays the kept tokens' recorded inputs onto the slot.
 // Recording and exact calls take the state token by token, the same arithmetic for every token count, so that a
 // replay of k recorded tokens gives the state the recording forward had after them, bit for bit.
 struct GdnCall {

@@ -51,8 +51,8 @@ GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, cons
 }
 
 // The recording entries' slots keep the state before; their records get their inputs (GdnCall::rec_inputs: cv rows,
-// g, beta into BatchMeta::rec_in, compared exactly). Their rec_state is each device's own working space (a tree's
-// set-aside states, on the GPU in shared memory where DFL_CUDA_GDN_TREE_SMEM=1): not compared.
+// g, beta into BatchMeta::rec_in, compared exactly). A tree's rec_state holds what its schedule sets aside, on the GPU
+// in shared memory where DFL_CUDA_GDN_TREE_SMEM=1: not compared.
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                   const std::vector<std::vector<int32_t>> &trees = {}) {
     Batch b(be, 16, r);
@@ -143,7 +143,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
     Dual state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
     Dual out((size_t)(T * s.n_v * s.dv) * 4);
-    const RecordBuffers recs(b, true, [&](const Batch::Ent &) { return (int64_t)(1 + kTreeSlots) * n_rec * sf; });
+    const RecordBuffers recs(b, true, [&](const Batch::Ent &) { return (int64_t)kTreeSlots * n_rec * sf; });
     const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;

@@ -421,10 +421,13 @@ public:
             const int j = (int)(task % nv);
             const int kh = j % nk;  // GGUF order: value heads tiled over the key heads
             const int64_t n = m.n[e], t0 = m.t0[e];
-            const size_t need = (size_t)(n * (2 * dk + 2 * dv + 2)) + gdn_chunk_scratch(dk, dv);
+            const size_t hs = (size_t)dk * dv;
+            // a recording entry leaves the slot's state as it was: it works on a copy (`work`, the thread's)
+            const bool recording = m.rec_in && m.rec_in[e];
+            const size_t need = (size_t)(n * (2 * dk + 2 * dv + 2)) + gdn_chunk_scratch(dk, dv) + (recording ? hs : 0);
             float *buf = scratch_.get(th, need);
             float *qj = buf, *kj = qj + n * dk, *vj = kj + n * dk, *gj = vj + n * dv, *bj = gj + n, *oj = bj + n;
-            float *cs = oj + n * dv;
+            float *cs = oj + n * dv, *work = cs + gdn_chunk_scratch(dk, dv);
             for (int64_t i = 0; i < n; i++) {
                 const int64_t src = c.in_rows ? c.in_rows[t0 + i] : t0 + i;
                 const float *row = c.cv + src * C;
@@ -435,27 +438,25 @@ public:
                 bj[i] = c.beta[src * nv + j];
             }
             float *S = c.state + (int64_t)m.slot[e] * c.slot_stride + (int64_t)j * dk * dv;
-            float *rec = m.rec_state ? m.rec_state[e] : nullptr;
             const int32_t *steps = m.tree_steps && m.tree_steps[t0] >= 0 ? m.tree_steps + t0 : nullptr;
-            // a recording entry leaves the slot's state as it was: it works on a copy (slot 0 of its records), and a
-            // tree sets states aside in slots 1..kTreeSlots
-            const size_t per = (size_t)c.n_rec * (size_t)sf, hs = (size_t)dk * dv;
-            float *base = rec ? rec + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs : nullptr;
             float *W = S;
-            if (base) {
-                std::memcpy(base, S, sizeof(float) * hs);
-                W = base;
+            if (recording) {
+                std::memcpy(work, S, sizeof(float) * hs);
+                W = work;
             }
             if (steps) {
-                // a tree (always recorded), walked by its schedule: each token from the state after its parent
+                // a tree (always recorded), walked by its schedule: each token from the state after its parent, the
+                // states set aside in its records (BatchMeta::rec_state)
+                const size_t per = (size_t)c.n_rec * (size_t)sf;
+                float *aside = m.rec_state[e] + (size_t)c.rec_layer * (size_t)sf + (size_t)j * hs;
                 for (int64_t i = 0; i < n; i++) {
                     const TreeStep st = TreeStep::unpack(steps[i]);
                     const int64_t k = st.token;
-                    if (st.restore >= 0) std::memcpy(W, base + (size_t)(st.restore + 1) * per, sizeof(float) * hs);
+                    if (st.restore >= 0) std::memcpy(W, aside + (size_t)st.restore * per, sizeof(float) * hs);
                     gdn_recurrent(W, dk, dv, qj + k * dk, kj + k * dk, vj + k * dv, gj + k, bj + k, 1, oj + k * dv);
-                    if (st.save >= 0) std::memcpy(base + (size_t)(st.save + 1) * per, W, sizeof(float) * hs);
+                    if (st.save >= 0) std::memcpy(aside + (size_t)st.save * per, W, sizeof(float) * hs);
                 }
-            } else if (!base && !c.exact && n > 1) {
+            } else if (!recording && !c.exact && n > 1) {
                 gdn_chunked(S, dk, dv, qj, kj, vj, gj, bj, n, oj, cs);
             } else {  // one token, a recording entry, or a replay: token by token
                 gdn_recurrent(W, dk, dv, qj, kj, vj, gj, bj, n, oj);

@@ -97,6 +97,9 @@ public:
     void *mma_buffer(size_t bytes);
     // A fourth, for a split-K product's partial sums (launch_q8p_mma with more than two input parts).
     void *splitk_buffer(size_t bytes);
+    // A fifth, for the working copies of recording entries' recurrent states in gdn_global_kernel (the staged kernel
+    // keeps them in registers).
+    void *gdn_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -205,7 +208,7 @@ private:
         size_t bytes = 0;
     };
     void *grow(GrowBuf &b, size_t bytes, const char *what);
-    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_;
+    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_;
     uint64_t scratch_epoch_ = 0;
     int sm_count_ = 1;
     size_t shared_optin_ = 48 * 1024;
@@ -263,7 +266,7 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
 void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
-void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g);
+void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g);
 void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);

@@ -402,6 +402,7 @@ void *CudaDevice::scratch(size_t bytes) { return grow(scratch_, bytes, "matmul s
 void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deepseek4 expert rows"); }
 void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
 void *CudaDevice::splitk_buffer(size_t bytes) { return grow(splitk_buf_, bytes, "split-K partial sums"); }
+void *CudaDevice::gdn_buffer(size_t bytes) { return grow(gdn_buf_, bytes, "gdn working states"); }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });
@@ -601,7 +602,7 @@ void CudaDevice::gdn_gates(int64_t T, const GdnGates &g) {
 }
 
 void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
-    op("gdn", [&] { launch_gdn(stream_, m, g); });
+    op("gdn", [&] { launch_gdn(*this, m, g); });
 }
 
 void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {

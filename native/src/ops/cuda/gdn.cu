@@ -156,17 +156,21 @@ struct GdnArgs {
     GdnCall g;
     int n_ent;  // blockIdx.y is entry + n_ent * layer (GdnCall::layers)
     const int32_t *t0, *n, *slot;
-    float *const *rec_state;
+    float *const *rec_state;    // BatchMeta::rec_state: a tree's set-aside states
+    float *const *recording;    // BatchMeta::rec_in: non-null for an entry that records
     float *const *rec_in;       // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
+    float *work;                // the global-memory kernel's working copies of recording entries' states
     const int32_t *tree_steps;  // BatchMeta::tree_steps (token trees), or null
     bool smem_stack;            // the staged kernel sets a tree's states aside in shared memory where they fit
 };
 
-// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, its recorded states
-// (rec, per floats apart, or null: the entry does not record), the layer's inputs (cv, gl, beta), the entry's tokens,
-// and where its q and k heads and its v columns from column v0 lie in a cv row.
+// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, whether the entry
+// records (its slot then keeps the state before), a tree's set-aside states (rec, per floats apart), the layer's
+// inputs (cv, gl, beta), the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a
+// cv row.
 struct GdnHead {
     float *S, *rec;
+    bool recording;
     const float *cv, *gl, *beta;
     const int32_t *in_rows;
     int e;
@@ -183,6 +187,7 @@ struct GdnHead {
         const int kh = j % g.n_k;
         const int64_t head = (int64_t)dk * g.dv;
         S = g.state + ls + (int64_t)a.slot[e] * g.slot_stride + j * head;
+        recording = a.recording && a.recording[e];
         rec = a.rec_state ? a.rec_state[e] : nullptr;
         per = (int64_t)g.n_rec * g.n_v * head;
         if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
@@ -203,8 +208,8 @@ struct GdnHead {
         s.token = (int)it;
         return s;
     }
-    // set-aside state k of a tree (slot k + 1 of the records)
-    __device__ float *aside(int k) const { return rec + (int64_t)(k + 1) * per; }
+    // set-aside state k of a tree
+    __device__ float *aside(int k) const { return rec + (int64_t)k * per; }
 };
 
 // A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
@@ -290,12 +295,11 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
     const int b = blockIdx.z * blockDim.x + threadIdx.x;
     const bool active = b < dv;
     const GdnHead hd(a, dk, j, b);
-    float *const rec = hd.rec;
     const int64_t n = hd.n, t0 = hd.t0;
-    // a recording entry leaves its slot's state as it was: its column is updated in its records' slot 0 instead
-    float *const S = rec ? rec : hd.S;
-    if (rec && active)
-        for (int i = 0; i < dk; i++) rec[(int64_t)i * dv + b] = hd.S[(int64_t)i * dv + b];
+    // a recording entry leaves its slot's state as it was: its column is updated in a working copy instead
+    float *const S = hd.recording ? a.work + ((int64_t)blockIdx.y * g.n_v + j) * dk * dv : hd.S;
+    if (hd.recording && active)
+        for (int i = 0; i < dk; i++) S[(int64_t)i * dv + b] = hd.S[(int64_t)i * dv + b];
     for (int64_t it = 0; it < n; it++) {
         const TreeStep st = hd.step(it);  // (a tree: its schedule's order, set-aside states in the records)
         const int64_t tok = t0 + st.token;
@@ -369,7 +373,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int a0 = p * R;
     const GdnHead hd(a, DK, j, col0);
     const int e = hd.e;
-    float *const S = hd.S, *const rec = hd.rec;
+    float *const S = hd.S;
     const int64_t n = hd.n, t0 = hd.t0, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
 
@@ -470,7 +474,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         }
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
     }
-    if (active && !rec) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
+    if (active && !hd.recording) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
 }
 
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
@@ -516,7 +520,8 @@ static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
     gdn_staged_kernel<DK, P, ACC><<<grid, kGdnThreads, shm, s>>>(a);
 }
 
-void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
+void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
+    cudaStream_t s = dev.stream();
     if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
     if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
     check_gdn_replay(m.n_ent, g);
@@ -527,7 +532,9 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
     a.n = m.n;
     a.slot = m.slot;
     a.rec_state = m.rec_state;
+    a.recording = m.rec_in;
     a.rec_in = nullptr;
+    a.work = nullptr;
     a.tree_steps = m.tree_steps;
     a.smem_stack = false;
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
@@ -560,8 +567,11 @@ void launch_gdn(cudaStream_t s, const BatchMeta &m, const GdnCall &g) {
             else
                 launch_gdn_staged<64, 2, 1>(s, a);
         }
-    } else
+    } else {
+        if (m.rec_in)  // (room for every entry: which of them record is on the device)
+            a.work = (float *)dev.gdn_buffer((size_t)ys * g.n_v * g.dk * g.dv * sizeof(float));
         gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
+    }
     check_launch("gdn");
 }
 
