@@ -131,14 +131,14 @@ void test_matmul_embed() {
                           int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
-    // a matrix of more than two waves of 64-row tiles (17,000 rows: a partial last tile) at 9..24 tokens: the staged
-    // kernel on 64-row tiles where DFL_CUDA_Q8P_MT4=1 (16 and 24 tokens a tile)
+    // a matrix of more than two waves of 64-row tiles (17,000 rows: a partial last tile) at 8..24 tokens: the staged
+    // kernel on 64-row tiles where DFL_CUDA_Q8P_MT4=1 (8, 16 and 24 tokens a tile)
     {
         DualWeight W(DFL_TYPE_Q8_0, 17000, 1024, r);
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
-        for (int64_t T : {int64_t(9), int64_t(16), int64_t(17), int64_t(23), int64_t(24)})
+        for (int64_t T : {int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(23), int64_t(24)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
     // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, split in parts)

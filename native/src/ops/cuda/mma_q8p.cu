@@ -381,13 +381,13 @@ static bool q8p_splitk_on() {
     return on;
 }
 
-// Whether unsplit staged products of 9..24 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 46 KB at
-// 16 tokens, 50 KB at 24) where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured). Why: every
-// block reads all the tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its weights on
-// 32-row tiles (80 KB a 5120-input block against 160 KB of weights), 70 % at 24, and the 27B's layer grows 153.0 ->
-// 168.7 -> 179.6 us from 1 to 8 to 16 tokens (H100 12-05 19:2x), about in step with those bytes. 64 rows halve them.
-// Prediction: the 27B layer at 16 tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a 16-row verify; more at
-// 17..24 tokens (a budget-22 tree verifies 23).
+// Whether unsplit staged products of 8..24 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 42 KB at 8
+// tokens, 46 KB at 16, 50 KB at 24) where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured).
+// Why: every block reads all the tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its
+// weights on 32-row tiles (80 KB a 5120-input block against 160 KB of weights), 70 % at 24, 24 % at 8, and the 27B's
+// layer grows 153.0 -> 168.7 -> 179.6 us from 1 to 8 to 16 tokens (H100 12-05 19:2x), about in step with those bytes.
+// 64 rows halve them. Prediction: the 27B layer at 16 tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a
+// 16-row verify; more at 17..24 tokens (a budget-22 tree verifies 23), a few us at 8 (tg b8, short of 2x llama.cpp).
 static bool q8p_mt4_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_MT4", false);
     return on;
@@ -494,13 +494,15 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    if (u2 && splits == 1 && T > 8 && T <= 24 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
+    if (u2 && splits == 1 && T >= 8 && T <= 24 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
         const dim3 grid((unsigned)((W.n_out + 63) / 64));
         auto mt4 = [&](auto nt8) {
             launch_u(grid, std::integral_constant<int, 4>{}, nt8, std::integral_constant<int, 3>{},
                      std::integral_constant<int, 2>{});
         };
-        if (T <= 16)
+        if (T <= 8)
+            mt4(std::integral_constant<int, 1>{});
+        else if (T <= 16)
             mt4(std::integral_constant<int, 2>{});
         else
             mt4(std::integral_constant<int, 3>{});
