@@ -346,8 +346,22 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
                                                        {&L.i_gate, a.igate.f()}, {&L.i_proj, a.iw.f()}};
     const std::vector<std::pair<const Weight *, float *>> couts(call, call + (L.csa ? 5 : L.ratio ? 2 : 0));
     std::vector<float *> cin;
-    if (!couts.empty())
+    auto compress = [&](bool indexer, const float *ckv, const float *cg) {
+        const int width = indexer ? 2 * h.idx_dim : h.comp_width(il);
+        const int64_t rec_off = indexer ? rec_idx_off_[(size_t)il] : rec_comp_off_[(size_t)il];
+        record_rows(es, ckv, width, rec_off);
+        record_rows(es, cg, width, rec_off + width);
+        run_compressor(il, indexer, m, ckv, cg);
+    };
+    if (!couts.empty()) {
+        // the compressors (inputs, windows, stored rows) on the device's side lane, beside the query and the K = V row:
+        // they read h alone, and what they write only the indexer and the attention read, after join_side
+        dev_->side_begin();
         cin = project(*dev_, L.in_c, couts, a.h.f(), T, a.fused.f() + std::min(a.cap, kFusedMaxTokens) * L.in_q_rows());
+        if (L.ratio) compress(false, cin[0], cin[1]);
+        if (L.csa) compress(true, cin[2], cin[3]);
+        dev_->side_end();
+    }
     // query: low rank, normed, per-head unweighted RMSNorm, rotated
     dev_->rmsnorm(qa, L.q_norm, qa, T, h.q_lora, h.eps);
     dev_->matmul(L.wq_b, qa, T, a.q.f());
@@ -356,17 +370,8 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     dev_->norm_rope_tail(L.kv_norm, h.eps, rope_call(kv, hd, 1, (int)hd, inv, false));
     record_rows(es, kv, hd, rec_ring_off_[(size_t)il]);
 
-    auto compress = [&](bool indexer, const float *ckv, const float *cg) {
-        const int width = indexer ? 2 * h.idx_dim : h.comp_width(il);
-        const int64_t rec_off = indexer ? rec_idx_off_[(size_t)il] : rec_comp_off_[(size_t)il];
-        record_rows(es, ckv, width, rec_off);
-        record_rows(es, cg, width, rec_off + width);
-        run_compressor(il, indexer, m, ckv, cg);
-    };
     const int32_t *sel = nullptr;
-    if (L.ratio) compress(false, cin[0], cin[1]);
     if (L.csa) {
-        compress(true, cin[2], cin[3]);
         if (!dense) {
             // the lightning indexer picks the compressed rows each token attends to
             dev_->matmul(L.i_q_b, qa, T, a.iq.f());
@@ -384,10 +389,12 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
             ic.block_size = (int)bs;
             ic.rows_per_block = rpb;
             ic.sel = a.sel.get<int32_t>();
+            dev_->join_side();  // (the indexer's keys and weights)
             dev_->ds4_indexer_topk(m, ic);
             sel = a.sel.get<int32_t>();
         }
     }
+    dev_->join_side();  // (the compressed rows)
     Ds4AttnCall c;
     c.Q = a.q.f();
     c.kv = kv;
@@ -433,7 +440,20 @@ DeepSeek4Model::SubOut DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     const Ds4Layer &L = layers_[(size_t)il];
     Acts &a = acts_;
     const int64_t T = m.T;
-    dev_->matmul(L.gate_inp, a.h.f(), T, a.logit_e.f());
+    dev_->matmul(L.gate_inp, a.h.f(), T, a.logit_e.f());  // (first: it takes the int8 h that hc_pre_norm staged)
+    SubOut o;
+    if (h.n_shared > 0) {
+        // the shared expert (weight 1: F = routed + shared) on the device's side lane, beside the routing and the
+        // routed experts: it reads h alone and writes what only hc_merge reads, after join_side
+        dev_->side_begin();
+        const int64_t sf = (int64_t)h.n_ff * h.n_shared;
+        const std::vector<float *> gu =
+            project(*dev_, L.sh_in, {{&L.sh_gate, a.sh_g.f()}, {&L.sh_up, a.sh_u.f()}}, a.h.f(), T, a.fused.f());
+        dev_->swiglu_clamp(gu[0], gu[1], T * sf, h.clamp_shexp[(size_t)il]);
+        dev_->matmul(L.sh_down, gu[0], T, a.moe.f());
+        o.shared = a.moe.f();  // added to the routed experts' F by hc_merge
+        dev_->side_end();
+    }
     MoeRouteCall r;
     r.logits = a.logit_e.f();
     r.bias = L.exp_bias;
@@ -463,17 +483,8 @@ DeepSeek4Model::SubOut DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     e.weights = a.wts.f();
     e.out = a.F.f();
     e.leave_pairs = true;  // hc_merge may weight and add them
-    SubOut o;
     o.pairs = dev_->moe_experts(e);
-    if (h.n_shared > 0) {
-        // the shared expert, weight 1: F = routed + shared
-        const int64_t sf = (int64_t)h.n_ff * h.n_shared;
-        const std::vector<float *> gu =
-            project(*dev_, L.sh_in, {{&L.sh_gate, a.sh_g.f()}, {&L.sh_up, a.sh_u.f()}}, a.h.f(), T, a.fused.f());
-        dev_->swiglu_clamp(gu[0], gu[1], T * sf, h.clamp_shexp[(size_t)il]);
-        dev_->matmul(L.sh_down, gu[0], T, a.moe.f());
-        o.shared = a.moe.f();  // added to the routed experts' F by hc_merge
-    }
+    dev_->join_side();
     return o;
 }
 

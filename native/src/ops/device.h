@@ -682,6 +682,13 @@ public:
     // Changes whenever the device reallocates memory its ops use internally (scratch): graphs captured before then
     // point at freed memory and must not be replayed.
     virtual uint64_t scratch_epoch() const { return 0; }
+    // A second lane of ops: those issued between side_begin and side_end may run alongside the main lane's ops issued
+    // after side_begin, up to join_side, after which the main lane's ops follow them. The side ops start after every op
+    // issued before side_begin; they must not read what the main lane writes in that span, nor write what it reads or
+    // writes. Not nested. A device that runs its ops one after another (the CPU) keeps these defaults.
+    virtual void side_begin() {}
+    virtual void side_end() {}
+    virtual void join_side() {}
 
 protected:
     [[noreturn]] void ds4_missing(const char *op) const {

@@ -85,6 +85,9 @@ public:
     uintptr_t graph_end() override;
     void graph_launch(uintptr_t g) override;
     void graph_free(uintptr_t g) override;
+    void side_begin() override;
+    void side_end() override;
+    void join_side() override;
 
     // Scratch of at least `bytes` for the current op; grown (never shrunk) when too small. Ops on the one stream run
     // in order, so one buffer serves them all.
@@ -210,6 +213,21 @@ private:
     void *grow(GrowBuf &b, size_t bytes, const char *what);
     GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_;
     uint64_t scratch_epoch_ = 0;
+    // The side lane (side_begin, DFL_CUDA_LANES=1): a stream, a cuBLAS handle, grow buffers and a staging of its own,
+    // so that its ops share nothing with the main lane's. The lane not current keeps them in other_; switching lanes
+    // swaps them with the members above and below (stream_, blas_, the buffers, calls_, staged_).
+    struct Lane {
+        cudaStream_t stream = nullptr;
+        cublasHandle_t blas = nullptr;
+        GrowBuf scratch, ds4_buf, mma_buf, splitk_buf, gdn_buf;
+        uint64_t calls = 0;
+    };
+    void swap_lanes();
+    bool lanes_ = false;         // DFL_CUDA_LANES=1: side_begin switches lanes (else the side ops run in order)
+    bool on_side_ = false;       // the side lane is current
+    bool side_pending_ = false;  // the side lane has ops the main lane has not joined
+    Lane other_;
+    cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
     int sm_count_ = 1;
     size_t shared_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
@@ -222,6 +240,7 @@ private:
         QuantX q;
     } staged_;
     bool staged_open_ = false;  // the current call is a product that may take staged_
+    Staged other_staged_;       // the lane not current's (see Lane)
 };
 
 // Kernel launchers, one per op, defined in the op-family files (matmul.cu, norm.cu, misc.cu, attention.cu, gdn.cu).

@@ -63,11 +63,22 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     const char *prof = std::getenv("DFL_CUDA_PROFILE");
     profiling_ = prof && *prof && std::strcmp(prof, "0") != 0;
     graphs_enabled_ = env_switch("DFL_CUDA_GRAPHS", true);
+    // The side lane's stream, handle and events, made here: never inside a capture.
+    lanes_ = env_switch("DFL_CUDA_LANES", false);
+    if (lanes_) {
+        check(cudaStreamCreateWithFlags(&other_.stream, cudaStreamNonBlocking), "cuda stream create");
+        if (cublasCreate(&other_.blas) != CUBLAS_STATUS_SUCCESS) fail(DFL_ERR_INTERNAL, "cublasCreate (side lane)");
+        cublasSetStream(other_.blas, other_.stream);
+        check(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming), "cudaEventCreate");
+        check(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming), "cudaEventCreate");
+    }
 }
 
 CudaDevice::~CudaDevice() {
     cudaSetDevice(index_);
+    if (on_side_) swap_lanes();
     if (stream_) cudaStreamSynchronize(stream_);
+    if (other_.stream) cudaStreamSynchronize(other_.stream);
     if (profiling_) {
         settle_profile();
         print_profile();
@@ -76,10 +87,57 @@ CudaDevice::~CudaDevice() {
     if (staging_) cudaFreeHost(staging_);
     if (download_) cudaFreeHost(download_);
     for (void *p : weights_) cudaFree(p);
-    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_})
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, other_.scratch, other_.ds4_buf,
+                             other_.mma_buf, other_.splitk_buf, other_.gdn_buf})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (other_.blas) cublasDestroy(other_.blas);
+    if (other_.stream) cudaStreamDestroy(other_.stream);
+    for (cudaEvent_t e : {fork_ev_, join_ev_})
+        if (e) cudaEventDestroy(e);
+}
+
+// --- lanes ---------------------------------------------------------------------------------------------------------
+
+void CudaDevice::swap_lanes() {
+    std::swap(stream_, other_.stream);
+    std::swap(blas_, other_.blas);
+    std::swap(scratch_, other_.scratch);
+    std::swap(ds4_buf_, other_.ds4_buf);
+    std::swap(mma_buf_, other_.mma_buf);
+    std::swap(splitk_buf_, other_.splitk_buf);
+    std::swap(gdn_buf_, other_.gdn_buf);
+    std::swap(calls_, other_.calls);
+    std::swap(staged_, other_staged_);
+    on_side_ = !on_side_;
+}
+
+// Whether DeepSeek V4's layers run their independent chains on two lanes (DFL_CUDA_LANES=1, opt-in until measured):
+// the shared expert beside the routing and the routed experts, the compressors beside the query. Why: a batch-1 step
+// is a chain of ~25 dependent, mostly latency-bound kernels a layer (0.22 ms a layer for ~125 MB, H200 12-05), and
+// these side chains (3 and 3-5 kernels, the shared expert's 27 MB) then fill the time the other lane's small kernels
+// leave idle. Prediction: -15-25 us a layer, batch 1 of the 2-layer file 0.59 -> ~0.55 ms.
+void CudaDevice::side_begin() {
+    if (!lanes_ || on_side_) return;
+    use();
+    check(cudaEventRecord(fork_ev_, stream_), "side_begin");  // (everything issued so far)
+    swap_lanes();
+    check(cudaStreamWaitEvent(stream_, fork_ev_, 0), "side_begin");
+    side_pending_ = true;
+}
+
+void CudaDevice::side_end() {
+    if (on_side_) swap_lanes();
+}
+
+void CudaDevice::join_side() {
+    side_end();
+    if (!side_pending_) return;
+    use();
+    check(cudaEventRecord(join_ev_, other_.stream), "join_side");
+    check(cudaStreamWaitEvent(stream_, join_ev_, 0), "join_side");
+    side_pending_ = false;
 }
 
 // Whether DFL_CUDA_SKIP_OPS (op names as DFL_CUDA_PROFILE prints them, separated by ',' or '+': run.sh's variants
@@ -183,6 +241,7 @@ static bool pinned_d2h_on() {
 
 void CudaDevice::to_host(void *dst, const void *src, size_t bytes) {
     use();
+    join_side();  // (what the host reads may be the side lane's)
     const bool pinned = bytes > 0 && bytes <= kDownloadMax && pinned_d2h_on();
     if (pinned && bytes > download_bytes_)
         regrow_pinned(download_, download_bytes_, std::min(kDownloadMax, std::max<size_t>(bytes, 4u << 20)));
@@ -207,6 +266,7 @@ void CudaDevice::zero(void *dst, size_t bytes) {
 
 void CudaDevice::sync() {
     use();
+    join_side();
     check(cudaStreamSynchronize(stream_), "sync");
     staging_used_ = 0;
     if (profiling_) settle_profile();
@@ -226,6 +286,7 @@ void CudaDevice::graph_begin() {
 
 uintptr_t CudaDevice::graph_end() {
     use();
+    join_side();  // (a capture ends with its forked lanes joined)
     capturing_ = false;
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(stream_, &g) != cudaSuccess || !g) {
