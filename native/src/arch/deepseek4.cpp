@@ -353,22 +353,22 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
         record_rows(es, cg, width, rec_off + width);
         run_compressor(il, indexer, m, ckv, cg);
     };
+    // on the device's side lane, beside the query: the shared K = V row (normed, rotated, recorded) and the
+    // compressors (inputs, windows, stored rows). They read kv and h alone, and what they write only the indexer and
+    // the attention read, after join_side.
+    dev_->side_begin();
+    dev_->norm_rope_tail(L.kv_norm, h.eps, rope_call(kv, hd, 1, (int)hd, inv, false));
+    record_rows(es, kv, hd, rec_ring_off_[(size_t)il]);
     if (!couts.empty()) {
-        // the compressors (inputs, windows, stored rows) on the device's side lane, beside the query and the K = V row:
-        // they read h alone, and what they write only the indexer and the attention read, after join_side
-        dev_->side_begin();
         cin = project(*dev_, L.in_c, couts, a.h.f(), T, a.fused.f() + std::min(a.cap, kFusedMaxTokens) * L.in_q_rows());
         if (L.ratio) compress(false, cin[0], cin[1]);
         if (L.csa) compress(true, cin[2], cin[3]);
-        dev_->side_end();
     }
+    dev_->side_end();
     // query: low rank, normed, per-head unweighted RMSNorm, rotated
     dev_->rmsnorm(qa, L.q_norm, qa, T, h.q_lora, h.eps);
     dev_->matmul(L.wq_b, qa, T, a.q.f());
     dev_->norm_rope_tail(nullptr, h.eps, rope_call(a.q.f(), HD, (int)H, (int)hd, inv, false));
-    // the shared K = V row
-    dev_->norm_rope_tail(L.kv_norm, h.eps, rope_call(kv, hd, 1, (int)hd, inv, false));
-    record_rows(es, kv, hd, rec_ring_off_[(size_t)il]);
 
     const int32_t *sel = nullptr;
     if (L.csa) {
@@ -394,7 +394,7 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
             sel = a.sel.get<int32_t>();
         }
     }
-    dev_->join_side();  // (the compressed rows)
+    dev_->join_side();  // (K = V and the compressed rows)
     Ds4AttnCall c;
     c.Q = a.q.f();
     c.kv = kv;
