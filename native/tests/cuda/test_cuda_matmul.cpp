@@ -242,6 +242,36 @@ void test_matmul_embed() {
             }
         }
     }
+    // Two chains on two lanes (Device::side_begin / side_end / join_side, run side by side on the GPU with
+    // DFL_CUDA_LANES=1, else in order): a norm staged on the main lane, a norm and two products on the side lane, then
+    // the main lane's product, which still takes its norm's int8 rows: each lane's products quantize into that lane's
+    // scratch (mma and split-K buffers too), so neither overwrites what the other reads.
+    {
+        DualWeight Wm(DFL_TYPE_Q8_0, 4096, 4096, r), Ws(DFL_TYPE_Q8_0, 2048, 4096, r), Ws2(DFL_TYPE_Q4_K, 700, 2048, r);
+        Weight wm = Wm.wg, ws = Ws.wg;
+        g_gpu->prepare_weight(wm);
+        g_gpu->prepare_weight(ws);
+        for (int64_t T : {int64_t(1), int64_t(16)}) {
+            Dual xm(rand_vec(r, (size_t)(T * 4096))), xs(rand_vec(r, (size_t)(T * 4096))), w(rand_vec(r, 4096));
+            Dual nm((size_t)(T * 4096) * 4), ns((size_t)(T * 4096) * 4), ym((size_t)(T * 4096) * 4),
+                ys((size_t)(T * 2048) * 4), zs((size_t)(T * 700) * 4);
+            for (bool gpu : {false, true}) {
+                Device *dev = gpu ? g_gpu : g_cpu;
+                dev->rmsnorm(xm.p(gpu), w.p(gpu), nm.p(gpu), T, 4096, 1e-6f);
+                dev->side_begin();
+                dev->rmsnorm(xs.p(gpu), w.p(gpu), ns.p(gpu), T, 4096, 1e-6f);
+                dev->matmul(gpu ? ws : Ws.wc, ns.p(gpu), T, ys.p(gpu));
+                dev->matmul(gpu ? Ws2.wg : Ws2.wc, ys.p(gpu), T, zs.p(gpu));
+                dev->side_end();
+                dev->matmul(gpu ? wm : Wm.wc, nm.p(gpu), T, ym.p(gpu));
+                dev->join_side();
+            }
+            const std::string t = " T=" + std::to_string(T);
+            compare("lanes: main rmsnorm then matmul q8_0" + t, ym, 1.5e-2);
+            compare("lanes: side rmsnorm then matmul q8_0" + t, ys, 1.5e-2);
+            compare("lanes: side matmul q4_K after it" + t, zs, 3e-2);
+        }
+    }
     // n_in not a multiple of the 256-wide K tile (q8_0 9 blocks, f16/bf16 264): the last tile is partial, and q8_0
     // rows of 306 bytes start at every even offset mod 16
     for (uint32_t type : {DFL_TYPE_Q8_0, DFL_TYPE_F16, DFL_TYPE_BF16}) {
