@@ -131,19 +131,23 @@ func TestTreeAcceptPathThenDecode(t *testing.T) {
 			is := is.New(t)
 			m := loadRandom(t, lib, c, Options{KVPoolTokens: 1024, MaxSeqs: 3, CacheK: CacheF32, CacheV: CacheF32, Threads: 2})
 			rng := rand.New(rand.NewPCG(12, 4))
-			for trial := 0; trial < 4; trial++ {
+			for trial := 0; trial < 5; trial++ {
 				prefix := randomTokens(rng, 9+trial*7, c.vocab)
-				parents := randomTree(rng, 12)
-				toks := randomTokens(rng, 12, c.vocab)
+				size := 12
+				if trial == 4 { // a tree of 60 tokens: more states set aside than a small tree's
+					size = 60
+				}
+				parents := randomTree(rng, size)
+				toks := randomTokens(rng, size, c.vocab)
 				next := randomTokens(rng, 3, c.vocab)
 				var path []int32
 				switch trial {
-				case 0:
+				case 0, 4:
 					path = pathTo(parents, deepest(parents))
 				case 1:
 					path = []int32{0} // root only
 				default:
-					path = pathTo(parents, rng.IntN(12))
+					path = pathTo(parents, rng.IntN(size))
 				}
 
 				// reference: one token at a time
