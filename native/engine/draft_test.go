@@ -545,6 +545,49 @@ func TestDraftContextInPieces(t *testing.T) {
 	}
 }
 
+// A draft whose k|v and gate|up products run as one matrix each (the GPU lays them out so; DFLASH_CPU_FUSE=1 makes the
+// CPU do it) gives the bits of the parts multiplied apart: context rows over two steps, then block rows.
+func TestDraftFusedEqualsApart(t *testing.T) {
+	lib := openCPU(t)
+	for _, c := range []draftConfig{tinyDraft(), tinyDraft2()} {
+		t.Run(fmt.Sprintf("conv%d", c.convK), func(t *testing.T) {
+			is := is.New(t)
+			spec := randomDraftSpec(c)
+			apart, err := lib.LoadModel(spec)
+			is.NoErr(err)
+			defer apart.Close()
+			t.Setenv("DFLASH_CPU_FUSE", "1")
+			fused, err := lib.LoadModel(spec)
+			t.Setenv("DFLASH_CPU_FUSE", "0")
+			is.NoErr(err)
+			defer fused.Close()
+			rng := rand.New(rand.NewPCG(21, 22))
+			steps := []DraftEntry{
+				{Features: randomFeatures(rng, 6, c.feat)},
+				{Features: randomFeatures(rng, 3, c.feat), Block: randomTokens(rng, 7, c.vocab)},
+			}
+			run := func(m *Model) *Result {
+				s := must(m.NewSeq())
+				var r *Result
+				for _, e := range steps {
+					e.Seq = s
+					r, err = m.DraftForward([]DraftEntry{e}, 4)
+					is.NoErr(err)
+				}
+				return r
+			}
+			want, got := run(apart), run(fused)
+			for row := 0; row < 6; row++ {
+				wi, wl, wlse, ok := want.Candidates(0, row)
+				is.True(ok)
+				gi, gl, glse, _ := got.Candidates(0, row)
+				is.Equal(gi, wi)
+				is.Equal(append(gl, glse), append(wl, wlse)) // bit for bit
+			}
+		})
+	}
+}
+
 func TestDraftBatchedEqualsAlone(t *testing.T) {
 	is := is.New(t)
 	c := tinyDraft()

@@ -189,11 +189,13 @@ void DFlashModel::load_weights(const dfl_model_params &p) {
         L.q_norm = w_.vec(blk(il, "attn_q_norm.weight"), h.head_dim);
         L.k_norm = w_.vec(blk(il, "attn_k_norm.weight"), h.head_dim);
         L.wq = weight(blk(il, "attn_q.weight"), h.n_embd, qd);
-        L.wk = weight(blk(il, "attn_k.weight"), h.n_embd, kvd);
-        L.wv = weight(blk(il, "attn_v.weight"), h.n_embd, kvd);
+        L.wk = w_.matrix(blk(il, "attn_k.weight"), h.n_embd, kvd);
+        L.wv = w_.matrix(blk(il, "attn_v.weight"), h.n_embd, kvd);
+        L.kv_proj = w_.fuse({&L.wk, &L.wv});
         L.wo = weight(blk(il, "attn_output.weight"), qd, h.n_embd);
-        L.ffn_gate = weight(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
-        L.ffn_up = weight(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+        L.ffn_gate = w_.matrix(blk(il, "ffn_gate.weight"), h.n_embd, h.n_ff);
+        L.ffn_up = w_.matrix(blk(il, "ffn_up.weight"), h.n_embd, h.n_ff);
+        L.gate_up = w_.fuse({&L.ffn_gate, &L.ffn_up});
         L.ffn_down = weight(blk(il, "ffn_down.weight"), h.n_ff, h.n_embd);
         if (h.dflash2()) {
             const int64_t proj = 2ll * h.conv_k * (h.n_embd / h.conv_group);
@@ -299,6 +301,9 @@ void DFlashModel::ensure_acts(int64_t rows) {
         mk(a.dyn, 2ll * h.conv_k * (h.n_embd / h.conv_group));
         mk(a.cv, h.n_embd);
     }
+    a.fused = DevBuf(dev_.get(), (size_t)(std::min<int64_t>(cap, kFusedMaxTokens) * std::max<int64_t>(2 * kvd, 2ll * h.n_ff)) *
+                                     sizeof(float),
+                     "draft activations");
     a.cap = cap;
 }
 
@@ -424,7 +429,7 @@ BatchMeta DFlashModel::block_meta(const StepLayout &l, int64_t max_n, int64_t ma
 
 
 // T context rows already in acts_.feat: g = RMSNorm(fc f), then every layer's K = RoPE(k_norm(W_k g)), V = W_v g
-// into its cache (no attn_norm, no queries: context rows are only keys and values).
+// into its cache (no attn_norm, no queries: context rows are only keys and values; k and v one product where fused).
 void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T) {
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
@@ -436,11 +441,13 @@ void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int
     m.kv_slot = d_slot;
     for (int il = 0; il < h.n_layer; il++) {
         const DraftLayer &L = layers_[(size_t)il];
-        dev_->matmul(L.wk, a.g.f(), T, a.kf.f());
-        dev_->matmul(L.wv, a.g.f(), T, a.vf.f());
+        const std::vector<RowsView> kv =
+            project_views(*dev_, L.kv_proj, {{&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.g.f(), T, a.fused.f());
         AttnPrep p;
-        p.kf = a.kf.f();
-        p.vf = a.vf.f();
+        p.kf = kv[0].p;
+        p.vf = kv[1].p;
+        p.k_stride = kv[0].stride;
+        p.v_stride = kv[1].stride;
         p.k_norm = L.k_norm;
         p.inv_freq = inv_freq_;
         p.n_head = h.n_head;
@@ -479,14 +486,17 @@ void DFlashModel::block_attention(int il, const BatchMeta &m, const float *in) {
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
     const int64_t T = m.T;
+    // k|v first: it takes the int8 rows the norm before staged (the device's fused quantization)
+    const std::vector<RowsView> kvr =
+        project_views(*dev_, L.kv_proj, {{&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, in, T, a.fused.f());
     dev_->matmul(L.wq, in, T, a.qf.f());
-    dev_->matmul(L.wk, in, T, a.kf.f());
-    dev_->matmul(L.wv, in, T, a.vf.f());
     const KVLayer kv = kv_.layer(il);
     AttnPrep p;
     p.qf = a.qf.f();
-    p.kf = a.kf.f();
-    p.vf = a.vf.f();
+    p.kf = kvr[0].p;
+    p.vf = kvr[1].p;
+    p.k_stride = kvr[0].stride;
+    p.v_stride = kvr[1].stride;
     p.q_norm = L.q_norm;
     p.k_norm = L.k_norm;
     p.inv_freq = inv_freq_;
@@ -537,10 +547,24 @@ void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_o
     Acts &a = acts_;
     const int64_t T = m.T, H = h.n_embd;
     const bool d2 = h.dflash2();
+    // the FFN of gate|up rows where the fused product leaves them
+    auto ffn = [&](const DraftLayer &L, const float *in) {
+        const std::vector<RowsView> gu =
+            project_views(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, in, T, a.fused.f());
+        dev_->swiglu_rows(a.ff_g.f(), gu[0].p, gu[1].p, T, h.n_ff, gu[0].stride);
+        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+    };
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
+    dev_->rmsnorm(a.x.f(), layers_[0].attn_norm, a.xn.f(), T, H, h.eps);
     for (int il = 0; il < h.n_layer; il++) {
         const DraftLayer &L = layers_[(size_t)il];
-        dev_->rmsnorm(a.x.f(), L.attn_norm, a.xn.f(), T, H, h.eps);
+        // the residual add of the layer's output and the next layer's norm, one op (the last layer's: the add alone)
+        auto add_out = [&](const float *out) {
+            if (il + 1 < h.n_layer)
+                dev_->add_rmsnorm(a.x.f(), out, layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
+            else
+                dev_->add(a.x.f(), out, T * H);
+        };
         if (d2) {
             dev_->matmul(L.attn_conv_proj, a.xn.f(), T, a.dyn.f());
             conv(m, L.attn_conv_base, 0, a.xn.f(), a.cv.f());
@@ -549,21 +573,15 @@ void DFlashModel::run_block(const BatchMeta &m, int64_t rows, const int32_t *d_o
             dev_->add_rmsnorm(a.x.f(), a.cv.f(), L.ffn_norm, a.xn.f(), T, H, h.eps);
             dev_->matmul(L.ffn_conv_proj, a.xn.f(), T, a.dyn.f());
             conv(m, L.ffn_conv_base, 0, a.xn.f(), a.cv.f());
-            dev_->matmul(L.ffn_gate, a.cv.f(), T, a.ff_g.f());
-            dev_->matmul(L.ffn_up, a.cv.f(), T, a.ff_u.f());
-            dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
-            dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
+            ffn(L, a.cv.f());
             conv(m, L.ffn_conv_base, 1, a.mix.f(), a.cv.f());
-            dev_->add(a.x.f(), a.cv.f(), T * H);
+            add_out(a.cv.f());
             continue;
         }
         block_attention(il, m, a.xn.f());
         dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.ffn_norm, a.xn.f(), T, H, h.eps);
-        dev_->matmul(L.ffn_gate, a.xn.f(), T, a.ff_g.f());
-        dev_->matmul(L.ffn_up, a.xn.f(), T, a.ff_u.f());
-        dev_->swiglu(a.ff_g.f(), a.ff_u.f(), T * h.n_ff);
-        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
-        dev_->add(a.x.f(), a.mix.f(), T * H);
+        ffn(L, a.xn.f());
+        add_out(a.mix.f());
     }
     if (rows == 0) return;
     dev_->gather_rows(a.x.f(), d_out_rows, rows, H, a.xn.f());

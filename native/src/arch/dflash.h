@@ -39,6 +39,9 @@ struct DraftLayer {
     bool sliding = false;
     const float *attn_norm = nullptr, *ffn_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     Weight wq, wk, wv, wo, ffn_gate, ffn_up, ffn_down;
+    // k|v and gate|up as one matrix each where the device copies weights (WeightStore::fuse; empty: the parts apart):
+    // k and v multiply the block rows and the context rows alike, q only the block's
+    Weight kv_proj, gate_up;
     // DFlash2: the dynamic convolutions around the attention and FFN sublayers: base kernels [2][K][H] (device f32;
     // side 0 "prepare", 1 "finish") and the kernel projections (H -> 2 * K * H / group)
     const float *attn_conv_base = nullptr, *ffn_conv_base = nullptr;
@@ -69,6 +72,7 @@ private:
         DevBuf x, xn, mix, ff_g, ff_u; // block: residual stream, normed, layer output, FFN
         DevBuf qf, kf, vf, Q, attn;    // attention (kf, vf also for the context)
         DevBuf dyn, cv;                // DFlash2: a sublayer's dynamic kernels, a conv output
+        DevBuf fused;                  // a fused product's rows (k|v, gate|up), up to kFusedMaxTokens of them
     };
     // Where the step's metadata sits in meta_ (device) and host_meta_.
     struct StepLayout {
