@@ -19,6 +19,9 @@ constexpr const char *kPrefix = "dflash.";
 // Context rows go through fc and the layers' K/V in chunks of this many, so a long prompt's features (n_feat floats
 // per row, e.g. 25 600) need no device buffer of the whole prompt.
 constexpr int64_t kCtxChunk = 256;
+// The most context rows and block rows a draft step replayed from a device graph has (the int8 products' range: more
+// would take cuBLAS on dequantized copies).
+constexpr int64_t kGraphMaxRows = 64;
 
 const dfl_meta *find(const MetaMap &m, const std::string &k) { return meta_find(m, kPrefix + k); }
 
@@ -271,14 +274,18 @@ void DFlashModel::forward(const dfl_batch &, const TopKOut *) {
 
 // ---- draft step -----------------------------------------------------------------------------------------------------
 
+DFlashModel::~DFlashModel() { graphs_.drop(*dev_); }
+
 void DFlashModel::ensure(DevBuf &b, size_t bytes, const char *what) {
     if (b.bytes() >= bytes) return;
+    graphs_.drop(*dev_);  // they point at the old buffer
     b.reset();
     b = DevBuf(dev_.get(), bytes, what);
 }
 
 void DFlashModel::ensure_acts(int64_t rows) {
     if (rows <= acts_.cap) return;
+    graphs_.drop(*dev_);  // they point at the old activations
     const int64_t cap = std::max<int64_t>(rows, acts_.cap * 2);
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
@@ -342,6 +349,12 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
     if (need > table_.free_blocks())
         fail(DFL_ERR_NO_KV, "draft KV pool exhausted: the step needs " + std::to_string(need) + " more blocks, " +
                                 std::to_string(table_.free_blocks()) + " free");
+    // A speculative step's draft (block rows, a few context rows in one chunk) is replayed from a device graph where
+    // the device has them (DFL_DRAFT_GRAPHS=0: op by op). The graph freezes the step's host scalars, so the block
+    // table's width is rounded up; the kernels take it and max_ctx as upper bounds.
+    static const bool graphs_on = env_switch("DFL_DRAFT_GRAPHS", true);
+    l.graph = graphs_on && dev_->has_graphs() && l.Tb > 0 && l.Tb <= kGraphMaxRows && l.Tc <= kGraphMaxRows;
+    if (l.graph) l.max_blocks = (uint32_t)StepGraphs::table_width(l.max_blocks);
     // one int32 buffer: context pos and kv_slot [Tc]; block tokens, pos, ent, kv_slot [Tb]; per block entry t0, n,
     // len0, slot [Eb] and the block table [Eb][max_blocks]; the logits rows [rows]
     size_t off = 0;
@@ -458,25 +471,31 @@ void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int
     }
 }
 
+// Context rows [c0, c0 + T) of the step (every entry's, in entry order) into acts_.feat.
+void DFlashModel::stage_features(uint32_t n, const dfl_draft_entry *es, int64_t c0, int64_t T) {
+    const int64_t nf = n_feat_;
+    host_feat_.resize((size_t)(T * nf));
+    uint32_t e = 0;
+    int64_t j = c0;  // the next context row to stage: row j of entry e
+    for (int64_t r = 0; r < T;) {
+        while (e < n && j >= es[e].n_ctx) {
+            j -= es[e].n_ctx;
+            e++;
+        }
+        const int64_t take = std::min<int64_t>(T - r, es[e].n_ctx - j);
+        std::memcpy(host_feat_.data() + r * nf, es[e].features + j * nf, sizeof(float) * (size_t)(take * nf));
+        r += take;
+        j += take;
+    }
+    dev_->to_device(acts_.feat.get(), host_feat_.data(), host_feat_.size() * sizeof(float));
+}
+
 // Every entry's context rows, in entry order, in chunks of kCtxChunk rows (a chunk may span entries).
 void DFlashModel::run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l) {
     const int32_t *dm = meta_.get<int32_t>();
-    const int64_t nf = n_feat_;
-    uint32_t e = 0, j = 0;  // the next context row to stage: entry e, row j
     for (int64_t c0 = 0; c0 < l.Tc; c0 += kCtxChunk) {
         const int64_t T = std::min(kCtxChunk, l.Tc - c0);
-        host_feat_.resize((size_t)(T * nf));
-        for (int64_t r = 0; r < T;) {
-            while (j >= es[e].n_ctx) {
-                e++;
-                j = 0;
-            }
-            const int64_t take = std::min<int64_t>(T - r, es[e].n_ctx - j);
-            std::memcpy(host_feat_.data() + r * nf, es[e].features + (int64_t)j * nf, sizeof(float) * (size_t)(take * nf));
-            r += take;
-            j += (uint32_t)take;
-        }
-        dev_->to_device(acts_.feat.get(), host_feat_.data(), host_feat_.size() * sizeof(float));
+        stage_features(n, es, c0, T);
         context_chunk(dm + l.ctx_pos + c0, dm + l.ctx_slot + c0, T);
     }
 }
@@ -648,8 +667,23 @@ void DFlashModel::draft_forward(uint32_t n, const dfl_draft_entry *es, const Top
     fill_meta(n, es, l);
     if (l.total > 0) dev_->to_device(meta_.get(), host_meta_.data(), l.total * sizeof(int32_t));
 
-    if (l.Tc > 0) run_context(n, es, l);
-    if (l.Tb > 0) run_block(block_meta(l, max_n, max_ctx), l.rows, meta_.get<int32_t>() + l.out_rows);
+    const int32_t *dm = meta_.get<int32_t>();
+    if (l.graph) {
+        // the context rows (one chunk, staged first) and the block through the head, as one replayed graph
+        if (l.Tc > 0) stage_features(n, es, 0, l.Tc);
+        StepGraphs::Key key{l.Eb, (int64_t)l.max_blocks, l.rows};
+        key.tokens = l.Tb;
+        key.max_tokens = max_n;
+        key.shape = (uint64_t)l.Tc;
+        const BatchMeta m = block_meta(l, max_n, (int64_t)l.max_blocks * table_.block_size());
+        graphs_.run(*dev_, key, [&] {
+            if (l.Tc > 0) context_chunk(dm + l.ctx_pos, dm + l.ctx_slot, l.Tc);
+            run_block(m, l.rows, dm + l.out_rows);
+        });
+    } else {
+        if (l.Tc > 0) run_context(n, es, l);
+        if (l.Tb > 0) run_block(block_meta(l, max_n, max_ctx), l.rows, dm + l.out_rows);
+    }
     if (l.rows > 0)
         fetch_topk(l.rows, topk, l);
     else

@@ -13,6 +13,7 @@
 #include "arch/model.h"
 #include "arch/weights.h"
 #include "core/seqtable.h"
+#include "core/step_graphs.h"
 #include "ops/device.h"
 
 namespace dfl {
@@ -51,6 +52,7 @@ struct DraftLayer {
 class DFlashModel final : public Model {
 public:
     DFlashModel(const dfl_model_params &p, std::unique_ptr<Device> dev);
+    ~DFlashModel() override;
 
     void info(dfl_model_info *out) const override;
     void kv_stats(dfl_kv_stats *out) const override;
@@ -78,7 +80,8 @@ private:
     struct StepLayout {
         int64_t Tc = 0, Tb = 0, rows = 0;
         int32_t Eb = 0;
-        uint32_t max_blocks = 0;
+        uint32_t max_blocks = 0;  // the block table's width (a replayed step's rounded up: StepGraphs::table_width)
+        bool graph = false;       // the step is replayed from a device graph (draft_forward)
         size_t ctx_pos = 0, ctx_slot = 0, tokens = 0, pos = 0, ent = 0, kv_slot = 0, t0 = 0, n = 0, len0 = 0, slot = 0,
                bt = 0, out_rows = 0, sel_prev = 0, sel_root = 0, total = 0;
     };
@@ -92,6 +95,7 @@ private:
     BatchMeta block_meta(const StepLayout &l, int64_t max_n, int64_t max_ctx) const;
     void ensure_acts(int64_t rows);
     void ensure(DevBuf &b, size_t bytes, const char *what);
+    void stage_features(uint32_t n, const dfl_draft_entry *es, int64_t c0, int64_t T);
     void run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     void context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T);
     void run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows);
@@ -115,6 +119,7 @@ private:
 
     Acts acts_;
     DevBuf meta_, logits_, topk_, sel_g_;
+    StepGraphs graphs_{StepGraphs::OnFailure::GiveUp};  // draft steps by shape (draft_forward)
     std::vector<int32_t> host_meta_;
     std::vector<float> host_feat_;
     std::vector<uint8_t> host_topk_;
