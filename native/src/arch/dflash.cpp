@@ -19,9 +19,8 @@ constexpr const char *kPrefix = "dflash.";
 // Context rows go through fc and the layers' K/V in chunks of this many, so a long prompt's features (n_feat floats
 // per row, e.g. 25 600) need no device buffer of the whole prompt.
 constexpr int64_t kCtxChunk = 256;
-// The most context rows and block rows a draft step replayed from a device graph has (the int8 products' range: more
-// would take cuBLAS on dequantized copies).
-constexpr int64_t kGraphMaxRows = 64;
+// The longest block of a draft step replayed from a device graph (as the targets' verify steps: up to 32 a sequence).
+constexpr int64_t kGraphMaxBlock = 32;
 
 const dfl_meta *find(const MetaMap &m, const std::string &k) { return meta_find(m, kPrefix + k); }
 
@@ -319,6 +318,7 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
     StepLayout l;
     std::set<int32_t> seen;
     uint64_t need = 0;
+    uint32_t longest = 0;  // block
     for (uint32_t i = 0; i < n; i++) {
         const dfl_draft_entry &e = es[i];
         const std::string who = "draft entry " + std::to_string(i) + " (sequence " + std::to_string(e.seq) + ")";
@@ -337,6 +337,7 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
             l.Tb += e.n_block;
             l.Eb++;
             l.rows += e.n_block - 1;
+            longest = std::max(longest, e.n_block);
         }
         l.max_blocks = std::max(l.max_blocks, table_.blocks_for((uint32_t)end));
         need += table_.missing_blocks(q, (uint32_t)end);
@@ -349,11 +350,11 @@ DFlashModel::StepLayout DFlashModel::validate(uint32_t n, const dfl_draft_entry 
     if (need > table_.free_blocks())
         fail(DFL_ERR_NO_KV, "draft KV pool exhausted: the step needs " + std::to_string(need) + " more blocks, " +
                                 std::to_string(table_.free_blocks()) + " free");
-    // A speculative step's draft (block rows, a few context rows in one chunk) is replayed from a device graph where
-    // the device has them (DFL_DRAFT_GRAPHS=0: op by op). The graph freezes the step's host scalars, so the block
-    // table's width is rounded up; the kernels take it and max_ctx as upper bounds.
+    // A speculative step's draft (blocks of up to kGraphMaxBlock rows, its context rows in one chunk) is replayed from a
+    // device graph where the device has them (DFL_DRAFT_GRAPHS=0: op by op). The graph freezes the step's host
+    // scalars, so the block table's width is rounded up; the kernels take it and max_ctx as upper bounds.
     static const bool graphs_on = env_switch("DFL_DRAFT_GRAPHS", true);
-    l.graph = graphs_on && dev_->has_graphs() && l.Tb > 0 && l.Tb <= kGraphMaxRows && l.Tc <= kGraphMaxRows;
+    l.graph = graphs_on && dev_->has_graphs() && l.Tb > 0 && longest <= kGraphMaxBlock && l.Tc <= kCtxChunk;
     if (l.graph) l.max_blocks = (uint32_t)StepGraphs::table_width(l.max_blocks);
     // one int32 buffer: context pos and kv_slot [Tc]; block tokens, pos, ent, kv_slot [Tb]; per block entry t0, n,
     // len0, slot [Eb] and the block table [Eb][max_blocks]; the logits rows [rows]
