@@ -420,12 +420,15 @@ static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
 // for 264 slots. Measured on the H100 (12-05 16:1x, kernel bench of the 27B layer as graph replays, DFL_BENCH_LAYER=
 // qwen35-27b): four parts everywhere took down 5120 x 17408 at 8 / 16 tokens 48.4 / 52.8 -> 43.7 / 47.2 us, but out
 // 5120 x 6144 15.2 / 17.7 -> 16.2 / 18.6 and qwen3-8b tg b8 / b32 1,846 / 5,656 -> 1,727 / 5,374 tok/s (4096-input o,
-// 12,288-input down): short rows lose, so only the long ones take four.
+// 12,288-input down): short rows lose, so only the long ones take four. DFL_CUDA_Q8P_SPLITK_LONG=2..8 sets the long
+// rows' parts alone (a knob for the next measurement: the 27B's down at 16 tokens is +14 us over one token, ~0.9 ms of
+// a 16-row verify's products' growth; its 640 blocks make 2.4 waves of 264, where 6 parts make 3.6 and 8 make 4.8).
 constexpr int64_t kSplitK4Groups = 32;  // stages of 512 inputs: 16,384 inputs
 static int q8p_splitk_n(int64_t groups) {
     static const int64_t forced = env_int("DFL_CUDA_Q8P_SPLITK_N", 0);
+    static const int64_t long_rows = std::min<int64_t>(8, std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_SPLITK_LONG", 4)));
     if (forced > 0) return (int)std::min<int64_t>(4, std::max<int64_t>(2, forced));
-    return groups >= kSplitK4Groups ? 4 : 2;
+    return groups >= kSplitK4Groups ? (int)long_rows : 2;
 }
 
 // Input parts of a staged product (see q8p_splitk_on and q8p_splitk_n): 2 or more where it applies, else 1.
