@@ -223,7 +223,28 @@ func replay(t *testing.T, lib *Lib, spec ModelSpec, c config) []replayRow {
 		p.keepRow(fmt.Sprintf("capture token %d last layer", i), r.Hidden(0, i, 1))
 	}
 	p.decodeThree(x, a, b)
+	p.capturedVerifies(a, c.layers)
 	return p.out
+}
+
+// capturedVerifies runs three recorded verify blocks of one shape with hidden-state capture, each cut back after it,
+// and keeps their rows and captures: a device with graphs runs the first op by op, captures the second, replays the
+// third (its captures then reach the host from inside the replay).
+func (p *replayer) capturedVerifies(s Seq, layers int) {
+	for k := 0; k < 3; k++ {
+		n, _ := p.m.SeqLen(s)
+		toks := p.tokens(6)
+		r := p.must(p.m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Logits: LogitsAll, Record: true}},
+			Capture: []int{0, layers / 2}}))
+		p.keep(fmt.Sprintf("captured verify %d", k), r, 0, len(toks))
+		for i := range toks {
+			p.keepRow(fmt.Sprintf("captured verify %d token %d layer 0", k, i), r.Hidden(0, i, 0))
+			p.keepRow(fmt.Sprintf("captured verify %d token %d middle layer", k, i), r.Hidden(0, i, 1))
+		}
+		if err := p.m.Truncate(s, n+2); err != nil {
+			p.t.Fatal(err)
+		}
+	}
 }
 
 // A model on the device reports its memory, and the device's memory shrinks by at least the KV pool it allocated.

@@ -262,9 +262,18 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
             dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
         else
             dev_->add(a.x.f(), a.mix.f(), T * H);
+        bool last_capture = false;
         for (uint32_t c = 0; c < b.n_capture; c++)
-            if (b.capture_layers[c] == il)
+            if (b.capture_layers[c] == il) {
                 dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
+                last_capture = il == *std::max_element(b.capture_layers, b.capture_layers + b.n_capture);
+            }
+        if (last_capture && capture_landing_) {
+            // the captures go to the host beside the layers after the last one (on the device's side lane)
+            dev_->side_begin();
+            dev_->to_host_async(capture_landing_, capture_.get(), (size_t)T * b.n_capture * H * sizeof(float));
+            dev_->side_end();
+        }
     }
     if (rows > 0) {
         // the normed rows of the logits go through xn, free by now
@@ -350,6 +359,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     const size_t topk_size = topk ? topk_bytes(rows, topk->k) : 0;
     if (topk_size > 0) ensure(topk_, topk_size, "top-k candidates");
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
+    capture_landing_ =
+        b.n_capture > 0 ? (float *)dev_->host_landing((size_t)T * b.n_capture * h.n_embd * sizeof(float)) : nullptr;
     // A recorded forward keeps its tokens' inputs, and of a tree the states after its branch points (which its later
     // tokens continue from); the slot keeps the state before it.
     for (uint32_t i = 0; i < b.n_seqs; i++)
@@ -473,8 +484,15 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     } else if (rows > 0) {
         dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
     }
-    if (b.n_capture > 0) dev_->to_host(b.capture, capture_.get(), (size_t)T * b.n_capture * h.n_embd * sizeof(float));
-    else if (rows == 0) dev_->sync();
+    const size_t capture_bytes = (size_t)T * b.n_capture * h.n_embd * sizeof(float);
+    if (b.n_capture > 0 && capture_landing_) {
+        if (rows == 0) dev_->sync();  // (a download of the logits or candidates waited for the queued copy already)
+        std::memcpy(b.capture, capture_landing_, capture_bytes);
+    } else if (b.n_capture > 0) {
+        dev_->to_host(b.capture, capture_.get(), capture_bytes);
+    } else if (rows == 0) {
+        dev_->sync();
+    }
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
         q.rec_base = q.len;  // (recording or not: a tree's base)

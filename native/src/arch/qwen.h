@@ -136,6 +136,8 @@ private:
 
     Acts acts_;
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
+    // where the device downloads the captures during the forward (Device::host_landing), or null: after it
+    float *capture_landing_ = nullptr;
     int64_t logits_rows_ = 0;     // rows of logits_ the last forward left there (logits_row)
     DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot, then a tree path's rows
     bool recording_ = false;      // the forward running has recording entries

@@ -689,6 +689,11 @@ public:
     virtual void side_begin() {}
     virtual void side_end() {}
     virtual void join_side() {}
+    // Host memory of the device's own, of at least `bytes`, that to_host_async can copy into (null: the device has
+    // none, use to_host). Valid until a call asks for more; growing it moves scratch_epoch (a graph may copy into it).
+    virtual void *host_landing(size_t) { return nullptr; }
+    // Queues a copy of device memory into host_landing's memory, complete after the next to_host or sync.
+    virtual void to_host_async(void *dst, const void *src, size_t bytes) { to_host(dst, src, bytes); }
 
 protected:
     [[noreturn]] void ds4_missing(const char *op) const {

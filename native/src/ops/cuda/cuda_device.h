@@ -88,6 +88,8 @@ public:
     void side_begin() override;
     void side_end() override;
     void join_side() override;
+    void *host_landing(size_t bytes) override;
+    void to_host_async(void *dst, const void *src, size_t bytes) override;
 
     // Scratch of at least `bytes` for the current op; grown (never shrunk) when too small. Ops on the one stream run
     // in order, so one buffer serves them all.
@@ -198,6 +200,9 @@ private:
     // pinned landing for downloads (to_host): grown as needed, up to kDownloadMax
     uint8_t *download_ = nullptr;
     size_t download_bytes_ = 0;
+    // pinned landing of to_host_async (host_landing): grown as needed
+    uint8_t *landing_ = nullptr;
+    size_t landing_bytes_ = 0;
     void regrow_pinned(uint8_t *&buf, size_t &have, size_t bytes);
 
     int index_;

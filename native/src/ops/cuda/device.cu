@@ -86,6 +86,7 @@ CudaDevice::~CudaDevice() {
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (staging_) cudaFreeHost(staging_);
     if (download_) cudaFreeHost(download_);
+    if (landing_) cudaFreeHost(landing_);
     for (void *p : weights_) cudaFree(p);
     for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, other_.scratch, other_.ds4_buf,
                              other_.mma_buf, other_.splitk_buf, other_.gdn_buf})
@@ -250,6 +251,22 @@ void CudaDevice::to_host(void *dst, const void *src, size_t bytes) {
     if (pinned) std::memcpy(dst, download_, bytes);
     staging_used_ = 0;
     if (profiling_) settle_profile();
+}
+
+void *CudaDevice::host_landing(size_t bytes) {
+    use();
+    if (bytes > landing_bytes_) {
+        join_side();  // (queued copies may still land in the old one)
+        regrow_pinned(landing_, landing_bytes_, bytes);
+        scratch_epoch_++;  // graphs that copy into it point at freed memory
+    }
+    return landing_;
+}
+
+void CudaDevice::to_host_async(void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    use();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "to_host_async");
 }
 
 void CudaDevice::copy(void *dst, const void *src, size_t bytes) {
