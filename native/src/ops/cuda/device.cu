@@ -253,7 +253,10 @@ void CudaDevice::to_host(void *dst, const void *src, size_t bytes) {
     if (profiling_) settle_profile();
 }
 
+// DFL_CUDA_HOST_LANDING=0: none (the plans download after the forward, as before; for comparisons in one run).
 void *CudaDevice::host_landing(size_t bytes) {
+    static const bool on = env_switch("DFL_CUDA_HOST_LANDING", true);
+    if (!on) return nullptr;
     use();
     if (bytes > landing_bytes_) {
         join_side();  // (queued copies may still land in the old one)
