@@ -110,7 +110,8 @@ void estimate_dflash(const dfl_model_params &p, dfl_model_estimate *out) {
     e.kv_bytes_per_token = (uint64_t)h.n_layer * (uint64_t)h.n_kv *
                            (row_bytes(p.cache_type_k, h.head_dim) + row_bytes(p.cache_type_v, h.head_dim));
     const uint64_t qd = (uint64_t)h.n_head * h.head_dim, kvd = (uint64_t)h.n_kv * h.head_dim;
-    uint64_t per_row = 4ull * h.n_embd + 2ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
+    // (and a fused product's rows: gate|up, the wider of its two)
+    uint64_t per_row = 4ull * h.n_embd + 4ull * h.n_ff + 3 * qd + 2 * kvd + (uint64_t)n_feat;
     if (h.dflash2()) per_row += (uint64_t)h.n_embd + 2ull * h.conv_k * (h.n_embd / h.conv_group) + (uint64_t)h.sel_rank;
     e.scratch_bytes = 512ull * per_row * sizeof(float);
     write_sized(out, e);
