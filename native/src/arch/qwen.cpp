@@ -361,8 +361,8 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     if (b.n_capture > 0) ensure(capture_, (size_t)T * b.n_capture * h.n_embd * sizeof(float), "hidden-state capture");
     capture_landing_ =
         b.n_capture > 0 ? (float *)dev_->host_landing((size_t)T * b.n_capture * h.n_embd * sizeof(float)) : nullptr;
-    // A recorded forward keeps its tokens' inputs, and of a tree the states after its branch points (which its later
-    // tokens continue from); the slot keeps the state before it.
+    // A recorded forward keeps its tokens' inputs, and of a tree room for the states its schedule sets aside (the
+    // states after branch points, which later tokens continue from); the slot keeps the state before it.
     for (uint32_t i = 0; i < b.n_seqs; i++)
         if (records(i)) ensure_record(b.seqs[i].seq, b.seqs[i].n_tokens, tree_of(i) != nullptr);
     if (any_tree) ensure(tree_, (size_t)T * (sizeof(uint64_t) + 2 * sizeof(int32_t)), "tree metadata");
