@@ -346,7 +346,7 @@ ds4_bench() {
   f=$(ds4_model) || return 1
   log "deepseek4 flash shape: $f ($(du -h "$f" | cut -f1))"
   local fused
-  for fused in 0 1 f32; do
+  for fused in ${DS4_FUSED_MODES:-0 1 f32}; do  # (DS4_FUSED_MODES=1: the replayed graphs alone, a shorter call)
     log "decode: $fused (0 op by op, 1 replayed graphs as --ds4-fused-decode, f32 graphs and q4_K on float activations)"
     # f32: fused, with the q4_K GEMV on float activations (DFL_CUDA_Q4K_I8=0)
     (cd native/engine && DFL_CUDA_Q4K_I8=$([ $fused = f32 ] && echo 0 || echo 1) DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
@@ -570,7 +570,7 @@ step_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_GDN_ACC=4 DFL_CUDA_Q8P_MT4=1 DFL_CUDA_STAGE_FRAGS=1 DFL_CUDA_GDN_TREE_SMEM=1 DFL_CUDA_LANES=1 DFL_CUDA_Q8P_SPLITK_LONG=6}
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:

@@ -52,7 +52,7 @@ GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, cons
 
 // The recording entries' slots keep the state before; their records get their inputs (GdnCall::rec_inputs: cv rows,
 // g, beta into BatchMeta::rec_in, compared exactly). A tree's rec_state holds what its schedule sets aside, on the GPU
-// in shared memory where DFL_CUDA_GDN_TREE_SMEM=1: not compared.
+// in shared memory unless DFL_CUDA_GDN_TREE_SMEM=0: not compared.
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                   const std::vector<std::vector<int32_t>> &trees = {}) {
     Batch b(be, 16, r);

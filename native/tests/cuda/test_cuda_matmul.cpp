@@ -131,8 +131,7 @@ void test_matmul_embed() {
                           int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
-    // a matrix of more than two waves of 64-row tiles (17,000 rows: a partial last tile) at 8..24 tokens: the staged
-    // kernel on 64-row tiles where DFL_CUDA_Q8P_MT4=1 (8, 16 and 24 tokens a tile)
+    // a matrix of many waves of row tiles (17,000 rows: a partial last tile) at 8..24 tokens
     {
         DualWeight W(DFL_TYPE_Q8_0, 17000, 1024, r);
         Weight wp = W.wg;
@@ -242,8 +241,8 @@ void test_matmul_embed() {
             }
         }
     }
-    // Two chains on two lanes (Device::side_begin / side_end / join_side, run side by side on the GPU with
-    // DFL_CUDA_LANES=1, else in order): a norm staged on the main lane, a norm and two products on the side lane, then
+    // Two chains on two lanes (Device::side_begin / side_end / join_side, run side by side on the GPU unless
+    // DFL_CUDA_LANES=0): a norm staged on the main lane, a norm and two products on the side lane, then
     // the main lane's product, which still takes its norm's int8 rows: each lane's products quantize into that lane's
     // scratch (mma and split-K buffers too), so neither overwrites what the other reads.
     {

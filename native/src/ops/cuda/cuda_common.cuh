@@ -154,12 +154,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // to nearest, d = amax / 127) to *q and, from lane 0, d to *d_out and, where sum_out is not null, d times the sum of
 // the block's codes (the q4_K kernels' sub-block minimums). Every quantizer of int8 products goes through here, so a
 // norm that quantizes its output writes the same bytes as the quantizer launched by a product.
-// (returns the lane's code and the block's scale, for a caller that stores them elsewhere too)
-struct Q8Code {
-    int q;
-    float d;
-};
-__device__ __forceinline__ Q8Code quant_q8_warp(float v, int8_t *q, float *d_out, float *sum_out) {
+__device__ __forceinline__ void quant_q8_warp(float v, int8_t *q, float *d_out, float *sum_out) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
@@ -171,7 +166,6 @@ __device__ __forceinline__ Q8Code quant_q8_warp(float v, int8_t *q, float *d_out
         if (lane == 0) *sum_out = d * (float)qsum;
     }
     if (lane == 0) *d_out = d;
-    return Q8Code{qi, d};
 }
 
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. `red` is 32

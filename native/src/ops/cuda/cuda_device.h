@@ -113,13 +113,6 @@ public:
     struct QuantX {
         int8_t *xq = nullptr;
         float *xs = nullptr, *xsum = nullptr;
-        // where fq is set, also the fragment-ordered copy a q8_0 tensor-core product reads (what mma_acts_kernel would
-        // write: quants [block][T8][32], scales [block][T8], tokens T..T8-1 repeating token T - 1) of T rows of n;
-        // `row`: the row the element offsets count from (row_quant's)
-        int8_t *fq = nullptr;
-        float *fs = nullptr;
-        int T = 0, T8 = 0, row = 0;
-        int64_t n = 0;
     };
     // A norm or SwiGLU whose output may feed a product quantizes it as it writes it (unless DFL_CUDA_FUSE_QUANT=0)
     // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
@@ -129,11 +122,8 @@ public:
     static size_t quant_scratch_bytes(int64_t count, bool sums);  // what quant_scratch takes of the scratch
     bool fuse_quant() const;
     QuantX stage_quant(const float *x, int64_t count);
-    // stage_quant for an op's output rows of n, and their fragment-ordered copy (QuantX::fq, which the op writes through
-    // quant_q8_store) where with_frags gives one
+    // stage_quant for an op's output rows of n (which it writes through quant_q8_store)
     QuantX stage_rows(const float *y, int64_t rows, int64_t n);
-    // QuantX::fq and fs for rows of n in the mma buffer, where DFL_CUDA_STAGE_FRAGS=1 and 8..64 rows (else q as it is)
-    QuantX with_frags(QuantX q, int64_t rows, int64_t n);
     bool take_staged(const float *x, int64_t count, QuantX *q);
     // For its life, the staging is open to take_staged if no device call came after the op that staged it; at its
     // end, taken or not, the staging is spent. Every product holds one (product()), and so does a launch of a product
@@ -218,9 +208,9 @@ private:
     void *grow(GrowBuf &b, size_t bytes, const char *what);
     GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_;
     uint64_t scratch_epoch_ = 0;
-    // The side lane (side_begin, DFL_CUDA_LANES=1): a stream, a cuBLAS handle, grow buffers and a staging of its own,
-    // so that its ops share nothing with the main lane's. The lane not current keeps them in other_; switching lanes
-    // swaps them with the members above and below (stream_, blas_, the buffers, calls_, staged_).
+    // The side lane (side_begin; DFL_CUDA_LANES=0: none): a stream, a cuBLAS handle, grow buffers and a staging of its
+    // own, so that its ops share nothing with the main lane's. The lane not current keeps them in other_; switching
+    // lanes swaps them with the members above and below (stream_, blas_, the buffers, calls_, staged_).
     struct Lane {
         cudaStream_t stream = nullptr;
         cublasHandle_t blas = nullptr;
@@ -228,7 +218,7 @@ private:
         uint64_t calls = 0;
     };
     void swap_lanes();
-    bool lanes_ = false;         // DFL_CUDA_LANES=1: side_begin switches lanes (else the side ops run in order)
+    bool lanes_ = false;         // side_begin switches lanes (DFL_CUDA_LANES=0: the side ops run in order)
     bool on_side_ = false;       // the side lane is current
     bool side_pending_ = false;  // the side lane has ops the main lane has not joined
     Lane other_;
@@ -302,8 +292,7 @@ inline const uint16_t *q8p_scales(const Weight &W) {
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).
-// frags: also the fragment-ordered copy a q8_0 tensor-core product reads (CudaDevice::with_frags), where it applies
-CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums, bool frags = false);
+CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

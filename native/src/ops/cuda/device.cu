@@ -63,8 +63,8 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     const char *prof = std::getenv("DFL_CUDA_PROFILE");
     profiling_ = prof && *prof && std::strcmp(prof, "0") != 0;
     graphs_enabled_ = env_switch("DFL_CUDA_GRAPHS", true);
-    // The side lane's stream, handle and events, made here: never inside a capture.
-    lanes_ = env_switch("DFL_CUDA_LANES", false);
+    // The side lane's stream, handle and events, made here: never inside a capture (see side_begin).
+    lanes_ = env_switch("DFL_CUDA_LANES", true);
     if (lanes_) {
         check(cudaStreamCreateWithFlags(&other_.stream, cudaStreamNonBlocking), "cuda stream create");
         if (cublasCreate(&other_.blas) != CUBLAS_STATUS_SUCCESS) fail(DFL_ERR_INTERNAL, "cublasCreate (side lane)");
@@ -114,11 +114,11 @@ void CudaDevice::swap_lanes() {
     on_side_ = !on_side_;
 }
 
-// Whether DeepSeek V4's layers run their independent chains on two lanes (DFL_CUDA_LANES=1, opt-in until measured):
-// the shared expert beside the routing and the routed experts, the compressors beside the query. Why: a batch-1 step
-// is a chain of ~25 dependent, mostly latency-bound kernels a layer (0.22 ms a layer for ~125 MB, H200 12-05), and
-// these side chains (3 and 3-5 kernels, the shared expert's 27 MB) then fill the time the other lane's small kernels
-// leave idle. Prediction: -15-25 us a layer, batch 1 of the 2-layer file 0.59 -> ~0.55 ms.
+// The side lane is a second stream unless DFL_CUDA_LANES=0 (then its ops run in order on the one). Why: a DeepSeek V4
+// batch-1 step is ~25 dependent, mostly latency-bound kernels a layer, and its side chains (the K = V row and the
+// compressors, the shared expert) fill time the other lane's small kernels leave idle. Measured (H100 12-05 22:4x, the
+// 2-layer V4-Flash file, graphs, two runs each): batch 1 0.685 / 0.686 -> 0.668 / 0.662 ms a step (-3 %), batch 8
+// 1.926 / 1.930 -> 1.913 / 1.916; the 27B qwen35 verify (the captures' copy on the side lane) unchanged.
 void CudaDevice::side_begin() {
     if (!lanes_ || on_side_) return;
     use();
@@ -526,35 +526,7 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
 CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n) {
     // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
     // an earlier op staged)
-    QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
-    if (q.xq) staged_.q = q = with_frags(q, rows, n);
-    return q;
-}
-
-// Whether the ops that quantize a q8_0 product's input (the norms, swiglu_rows, attention's output, the quantizer)
-// also write its fragment-ordered copy, so that the product launches no mma_acts_kernel (DFL_CUDA_STAGE_FRAGS=1,
-// opt-in until measured). Why: the 27B's 16-row verify runs ~260 of them a step, a launch and a dependent phase before
-// each product. The first version (H100 12-05 19:2x) took the 27B layer's products at 16 tokens 179.6 -> 176.4 us
-// but lost end to end (verify-16 15.48 -> 15.61 ms, qwen3-8b tg b32 5.13 -> 5.40): its producers read every code back
-// from memory and divided in 64 bits per element (quant_q8_store). Prediction for this one: the products' gain, -0.2 ms
-// of a 16-row verify, and qwen3-8b b8 / b32 no slower.
-static bool stage_frags_on() {
-    static const bool on = env_switch("DFL_CUDA_STAGE_FRAGS", false);
-    return on;
-}
-
-CudaDevice::QuantX CudaDevice::with_frags(QuantX q, int64_t rows, int64_t n) {
-    if (!stage_frags_on() || rows < 8 || rows > i8_mma_max_tokens() || n % 32 != 0) return q;
-    const int T8 = (int)((rows + 7) / 8 * 8);
-    const size_t q_bytes = round256((size_t)(n * T8)), s_bytes = (size_t)(n / 32 * T8) * 4;
-    uint8_t *p = (uint8_t *)mma_buffer(q_bytes + s_bytes);  // (as mma_acts lays it out)
-    q.fq = (int8_t *)p;
-    q.fs = (float *)(p + q_bytes);
-    q.T = (int)rows;
-    q.T8 = T8;
-    q.n = n;
-    q.row = 0;
-    return q;
+    return stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
 }
 
 void CudaDevice::staged_done() {

@@ -224,24 +224,9 @@ __device__ __forceinline__ void store_column(float *dst, const float (&s)[R], in
     for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
 }
 
-// The sum of a[i] b[i] over a lane's R rows, in ACC interleaved partial sums (row i into sum i % ACC) added in a fixed
-// order at the end: ACC independent chains of R / ACC dependent fmas where one sum is a chain of R.
-template <int R, int ACC>
-__device__ __forceinline__ float lane_dot(const float (&a)[R], const float *b) {
-    float part[ACC];
-#pragma unroll
-    for (int c = 0; c < ACC; c++) part[c] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < R; i++) part[i % ACC] += b[i] * a[i];
-#pragma unroll
-    for (int w = 1; w < ACC; w <<= 1)
-#pragma unroll
-        for (int c = 0; c + w < ACC; c += 2 * w) part[c] += part[c + w];
-    return part[0];
-}
-
-// Set-aside states of a tree the staged kernel keeps in shared memory (DFL_CUDA_GDN_TREE_SMEM=1): 64 KB for 128-row
-// heads, so two blocks still fit an SM; a schedule that keeps more (trees of 32 tokens or more may) uses the records.
+// Set-aside states of a tree the staged kernel keeps in shared memory (unless DFL_CUDA_GDN_TREE_SMEM=0): 64 KB for
+// 128-row heads, so two blocks still fit an SM; a schedule that keeps more (trees of 32 tokens or more may) uses the
+// records.
 constexpr int kGdnSmemSlots = 4;
 
 // A thread's R state values into / out of slot k of a tree schedule's shared-memory stack ([kGdnSmemSlots][R]
@@ -259,25 +244,26 @@ __device__ __forceinline__ void stack_load(float (&s)[R], const float *stack, in
 
 // One token of the gated delta rule on a column held by P neighbouring lanes, R rows each (q, k: the lane's rows of
 // the token's q and k): S *= exp(g); u = k.S; S += k beta (v - u); returns q.S, the column's output. The partial sums
-// meet through log2 P shuffles, the same order in every lane. ACC: partial sums a lane keeps per dot product (1: the
-// rows in order; DFL_CUDA_GDN_ACC=4, opt-in until measured: four. Why: each token waits on two dependent chains of R
-// = 32 fmas, ~4 cycles each, with ~1.5 warps a scheduler to hide them (the 27B: 192 blocks of four warps), ~0.2 us a
-// token a layer; four chains of 8 halve that: predicted -1.5 us a 27B layer at 16 tokens (-0.07 ms of a verify) and
-// ~-0.4 ms a layer of a 4096-token prefill (-20 ms of 576). The same split of the register kernel this one replaced
-// changed nothing (12-05 14:4x), but that kernel waited on a global load and a barrier every token; this one reads
-// its token's inputs from shared memory.)
-template <int R, int P, int ACC>
+// meet through log2 P shuffles, the same order in every lane. (Four interleaved partial sums a lane instead of one
+// chain of R: no change, H100 12-05 22:4x: 27B verify 16 rows 14.95 -> 15.01 ms, pp4096 +0.5 %.)
+template <int R, int P>
 __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const float *k, float v, float decay,
                                             float beta) {
+    float u = 0.0f;
 #pragma unroll
-    for (int i = 0; i < R; i++) s[i] *= decay;
-    float u = lane_dot<R, ACC>(s, k);
+    for (int i = 0; i < R; i++) {
+        s[i] *= decay;
+        u += k[i] * s[i];
+    }
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) u += __shfl_xor_sync(0xffffffffu, u, m);
     const float delta = beta * (v - u);
+    float o = 0.0f;
 #pragma unroll
-    for (int i = 0; i < R; i++) s[i] += k[i] * delta;
-    float o = lane_dot<R, ACC>(s, q);
+    for (int i = 0; i < R; i++) {
+        s[i] += k[i] * delta;
+        o += q[i] * s[i];
+    }
 #pragma unroll
     for (int m = 1; m < P; m <<= 1) o += __shfl_xor_sync(0xffffffffu, o, m);
     return o;
@@ -360,7 +346,7 @@ struct GdnStage {
     int32_t steps[kGdnChunk];  // a tree's steps (TreeStep packed)
 };
 
-template <int DK, int P, int ACC>
+template <int DK, int P>
 __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     using Stage = GdnStage<DK, P>;
     constexpr int R = DK / P, kCols = Stage::kCols;
@@ -461,7 +447,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
                     load_column(s, hd.aside(stp.restore), a0, dv, b, true);
             }
             const float v = active ? sg.v[t][col] : 0.0f;
-            const float o = delta_step<R, P, ACC>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
+            const float o = delta_step<R, P>(s, sg.qk[t][0][p], sg.qk[t][1][p], v, expf(sg.g[t]), sg.beta[t]);
             if (active) {
                 if (p == 0 && g.out) g.out[tok * (int64_t)g.n_v * dv + (int64_t)j * dv + b] = o;
                 if (stp.save >= 0) {
@@ -506,7 +492,7 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
 }
 
 // The staged kernel on a's grid, with the tree stack's shared memory where a keeps trees' states there.
-template <int DK, int P, int ACC>
+template <int DK, int P>
 static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
     constexpr int kCols = GdnStage<DK, P>::kCols;
     constexpr size_t kStack = (size_t)kGdnSmemSlots * (DK / P) * kGdnThreads * sizeof(float);
@@ -514,10 +500,10 @@ static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
     if (shm) {
         int dev = 0;
         check(cudaGetDevice(&dev), "gdn");
-        allow_dynamic_smem<gdn_staged_kernel<DK, P, ACC>>(dev, kStack, "gdn (tree stack)");
+        allow_dynamic_smem<gdn_staged_kernel<DK, P>>(dev, kStack, "gdn (tree stack)");
     }
     const dim3 grid((unsigned)a.g.n_v, (unsigned)(a.n_ent * a.g.layers), (unsigned)((a.g.dv + kCols - 1) / kCols));
-    gdn_staged_kernel<DK, P, ACC><<<grid, kGdnThreads, shm, s>>>(a);
+    gdn_staged_kernel<DK, P><<<grid, kGdnThreads, shm, s>>>(a);
 }
 
 void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
@@ -550,23 +536,16 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
             launch_record_gdn_inputs(s, m, gdn_inputs(g));
     }
     if (staged) {
-        // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=1, opt-in until measured).
-        // Why: the bench's 23-node tree stores and reloads the states after its 7 branch points through global memory,
-        // 7 x 3.1 MB each way a 27B layer: ~0.7 ms of a tree verify if it reaches DRAM (less if L2 holds it).
-        static const bool smem = env_switch("DFL_CUDA_GDN_TREE_SMEM", false);
+        // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=0: the records). Why: the
+        // bench's 23-node tree stored and reloaded the states after its 7 branch points through global memory, 7 x
+        // 3.1 MB each way a 27B layer. Measured (H100 12-05 22:4x, one job): its verify 17.34 / 17.11 -> 17.06 ms, the
+        // chains unchanged.
+        static const bool smem = env_switch("DFL_CUDA_GDN_TREE_SMEM", true);
         a.smem_stack = smem && m.tree_steps;
-        static const bool acc4 = env_int("DFL_CUDA_GDN_ACC", 1) == 4;
-        if (g.dk == 128) {
-            if (acc4)
-                launch_gdn_staged<128, 4, 4>(s, a);
-            else
-                launch_gdn_staged<128, 4, 1>(s, a);
-        } else {
-            if (acc4)
-                launch_gdn_staged<64, 2, 4>(s, a);
-            else
-                launch_gdn_staged<64, 2, 1>(s, a);
-        }
+        if (g.dk == 128)
+            launch_gdn_staged<128, 4>(s, a);
+        else
+            launch_gdn_staged<64, 2>(s, a);
     } else {
         if (m.rec_in)  // (room for every entry: which of them record is on the device)
             a.work = (float *)dev.gdn_buffer((size_t)ys * g.n_v * g.dk * g.dv * sizeof(float));

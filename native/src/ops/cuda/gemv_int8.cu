@@ -342,11 +342,10 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 // The quantizer is a PDL launch (the product after it may load its weights meanwhile).
 using QuantX = CudaDevice::QuantX;
 
-QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums, bool frags) {
+QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
     QuantX staged;
     if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
-    QuantX q = dev.quant_scratch(rows * n_in, sums);
-    if (frags) q = dev.with_frags(q, rows, n_in);
+    const QuantX q = dev.quant_scratch(rows * n_in, sums);
     launch_pdl(quantize_x_q8_kernel, grid_for(rows * n_in, 256), 256, dev.stream(), X, n_in, rows, q);
     check_launch("matmul (quantize x)");
     return q;
@@ -397,7 +396,7 @@ static int q8p_dp4a_rows(const Weight &W, int nt) {
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
-    const QuantX qx = quantize_x(dev, X, W.n_in, T, false, mma);
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();

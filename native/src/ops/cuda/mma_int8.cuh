@@ -26,21 +26,9 @@ namespace cuda {
 // / 64 tokens 232 / 372 us against 200 / 292 now.)
 constexpr int64_t kI8MmaMaxTokens = 64;
 
-// quant_q8_warp's store of element i of q's rows and, where q.fq is set (CudaDevice::with_frags), of its place in the
-// fragment-ordered copy: the element's row is q.row + i / q.n (row T - 1 also fills the padding rows T..T8-1, as
-// mma_acts_kernel does). The same bytes as the rows and mma_acts_kernel after them, from the registers that computed
-// them and in 32-bit index arithmetic (a staged input holds at most 2^20 elements): the first version read the code
-// and scale back from memory (lane 0's scale from the other lanes) and divided in 64 bits for every element, and its
-// producers lost more than the products gained (H100 12-05 19:2x).
+// quant_q8_warp's store of element i of q's rows (and its block's sum where q has them).
 __device__ __forceinline__ void quant_q8_store(const CudaDevice::QuantX &q, float v, int64_t i) {
-    const Q8Code c = quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum ? q.xsum + i / 32 : nullptr);
-    if (!q.fq) return;
-    const int n = (int)q.n, e = (int)i, t = q.row + e / n, col = e - e / n * n, kb = col >> 5;
-    const int last = t == q.T - 1 ? q.T8 : t + 1;
-    for (int r = t; r < last; r++) {
-        q.fq[((int64_t)kb * q.T8 + r) * 32 + (col & 31)] = (int8_t)c.q;
-        if ((threadIdx.x & 31) == 0) q.fs[(int64_t)kb * q.T8 + r] = c.d;
-    }
+    quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum ? q.xsum + i / 32 : nullptr);
 }
 
 // Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the

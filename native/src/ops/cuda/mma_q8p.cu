@@ -261,10 +261,9 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
 
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
-// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only. 64-row tiles (MT = 4) fit
-// one block an SM in shared memory: they may take the registers of two (at 24 tokens 128 spilled).
+// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
 template <int MT, int NT8, int S, int U = 1, bool PRE = false>
-__global__ void __launch_bounds__(kMmaWarps * 32, MT >= 4 ? 1 : 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride) {
     using Stage = PipeStage<MT, NT8, U>;
@@ -381,18 +380,6 @@ static bool q8p_splitk_on() {
     return on;
 }
 
-// Whether unsplit staged products of 8..24 tokens take 64-row tiles (MT = 4, one block an SM, 3 stages of 42 KB at 8
-// tokens, 46 KB at 16, 50 KB at 24) where those still make two waves (DFL_CUDA_Q8P_MT4=1, opt-in until measured).
-// Why: every block reads all the tokens' activations for its rows, from L2: at 16 tokens 47 % more bytes than its
-// weights on 32-row tiles (80 KB a 5120-input block against 160 KB of weights), 70 % at 24, 24 % at 8, and the 27B's
-// layer grows 153.0 -> 168.7 -> 179.6 us from 1 to 8 to 16 tokens (H100 12-05 19:2x), about in step with those bytes.
-// 64 rows halve them. Prediction: the 27B layer at 16 tokens -6-10 us (gate|up and qkv|z|b|a), -0.4-0.6 ms of a
-// 16-row verify; more at 17..24 tokens (a budget-22 tree verifies 23), a few us at 8 (tg b8, short of 2x llama.cpp).
-static bool q8p_mt4_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_MT4", false);
-    return on;
-}
-
 // The row tiles of the staged kernel's grid (launch_q8p_pipe's dispatch_mma_tiles<8, 8>).
 static int64_t q8p_pipe_blocks(const CudaDevice &dev, int64_t n_out, int64_t T) {
     const int64_t rows = mma_tile_rows<8>(n_out, T, pipe_mt2_min_blocks(dev));
@@ -420,15 +407,13 @@ static int64_t q8p_splitk_blocks(const CudaDevice &dev) {
 // for 264 slots. Measured on the H100 (12-05 16:1x, kernel bench of the 27B layer as graph replays, DFL_BENCH_LAYER=
 // qwen35-27b): four parts everywhere took down 5120 x 17408 at 8 / 16 tokens 48.4 / 52.8 -> 43.7 / 47.2 us, but out
 // 5120 x 6144 15.2 / 17.7 -> 16.2 / 18.6 and qwen3-8b tg b8 / b32 1,846 / 5,656 -> 1,727 / 5,374 tok/s (4096-input o,
-// 12,288-input down): short rows lose, so only the long ones take four. DFL_CUDA_Q8P_SPLITK_LONG=2..8 sets the long
-// rows' parts alone (a knob for the next measurement: the 27B's down at 16 tokens is +14 us over one token, ~0.9 ms of
-// a 16-row verify's products' growth; its 640 blocks make 2.4 waves of 264, where 6 parts make 3.6 and 8 make 4.8).
+// 12,288-input down): short rows lose, so only the long ones take four. Six or eight parts for the long rows (3.6 /
+// 4.8 waves where four make 2.4) changed nothing (H100 12-05 22:4x, the 27B layer at 16 tokens 179.2 -> 178.6 / 182.5).
 constexpr int64_t kSplitK4Groups = 32;  // stages of 512 inputs: 16,384 inputs
 static int q8p_splitk_n(int64_t groups) {
     static const int64_t forced = env_int("DFL_CUDA_Q8P_SPLITK_N", 0);
-    static const int64_t long_rows = std::min<int64_t>(8, std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_SPLITK_LONG", 4)));
     if (forced > 0) return (int)std::min<int64_t>(4, std::max<int64_t>(2, forced));
-    return groups >= kSplitK4Groups ? (int)long_rows : 2;
+    return groups >= kSplitK4Groups ? 4 : 2;
 }
 
 // Input parts of a staged product (see q8p_splitk_on and q8p_splitk_n): 2 or more where it applies, else 1.
@@ -497,21 +482,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         }
         launch_stages(grid, mt, nt8, std::integral_constant<int, kPipeStages>{});
     };
-    if (u2 && splits == 1 && T >= 8 && T <= 24 && q8p_mt4_on() && W.n_out / 64 >= 2 * (int64_t)dev.sm_count()) {
-        const dim3 grid((unsigned)((W.n_out + 63) / 64));
-        auto mt4 = [&](auto nt8) {
-            launch_u(grid, std::integral_constant<int, 4>{}, nt8, std::integral_constant<int, 3>{},
-                     std::integral_constant<int, 2>{});
-        };
-        if (T <= 8)
-            mt4(std::integral_constant<int, 1>{});
-        else if (T <= 16)
-            mt4(std::integral_constant<int, 2>{});
-        else
-            mt4(std::integral_constant<int, 3>{});
-    } else {
-        dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
-    }
+    dispatch_mma_tiles<8, 8>(W.n_out, T, pipe_mt2_min_blocks(dev), launch);  // (up to 32 tokens: as <4, 4> would)
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
@@ -523,11 +494,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    // the fragment-ordered copy where the op before wrote it (DFL_CUDA_STAGE_FRAGS=1), unless the halves need
-    // mma_acts_kernel to zero their output
-    const bool frags = qx.fq && !halves && mma_xt_on() && qx.T == T && qx.n == W.n_in;
-    const MmaX x = frags ? MmaX{qx.fq, qx.fs, nullptr, qx.T8}
-                         : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);

@@ -22,7 +22,6 @@ __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, in
         q.xq += (int64_t)blockIdx.x * n;
         q.xs += (int64_t)blockIdx.x * (n / 32);
         q.xsum += (int64_t)blockIdx.x * (n / 32);
-        q.row = blockIdx.x;  // (the fragment-ordered copy is not row by row: its rows are counted instead)
     }
     return q;
 }
