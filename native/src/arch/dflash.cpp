@@ -456,13 +456,8 @@ void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int
     m.kv_slot = d_slot;
     for (int il = 0; il < h.n_layer; il++) {
         const DraftLayer &L = layers_[(size_t)il];
-        const std::vector<RowsView> kv =
-            project_views(*dev_, L.kv_proj, {{&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.g.f(), T, a.fused.f());
         AttnPrep p;
-        p.kf = kv[0].p;
-        p.vf = kv[1].p;
-        p.k_stride = kv[0].stride;
-        p.v_stride = kv[1].stride;
+        project_kv(L, a.g.f(), T, p);
         p.k_norm = L.k_norm;
         p.inv_freq = inv_freq_;
         p.n_head = h.n_head;
@@ -471,6 +466,17 @@ void DFlashModel::context_chunk(const int32_t *d_pos, const int32_t *d_slot, int
         p.kv = kv_.layer(il);
         dev_->attn_prep(m, p);
     }
+}
+
+// A layer's K and V of T rows of x (one product where k|v is fused), where the attention prep reads them.
+void DFlashModel::project_kv(const DraftLayer &L, const float *x, int64_t T, AttnPrep &p) {
+    Acts &a = acts_;
+    const std::vector<RowsView> kv =
+        project_views(*dev_, L.kv_proj, {{&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, x, T, a.fused.f());
+    p.kf = kv[0].p;
+    p.vf = kv[1].p;
+    p.k_stride = kv[0].stride;
+    p.v_stride = kv[1].stride;
 }
 
 // Context rows [c0, c0 + T) of the step (every entry's, in entry order) into acts_.feat.
@@ -507,17 +513,11 @@ void DFlashModel::block_attention(int il, const BatchMeta &m, const float *in) {
     const DFlashHParams &h = hp_;
     Acts &a = acts_;
     const int64_t T = m.T;
-    // k|v first: it takes the int8 rows the norm before staged (the device's fused quantization)
-    const std::vector<RowsView> kvr =
-        project_views(*dev_, L.kv_proj, {{&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, in, T, a.fused.f());
+    AttnPrep p;
+    project_kv(L, in, T, p);  // (k|v first: it takes the int8 rows the norm before staged)
     dev_->matmul(L.wq, in, T, a.qf.f());
     const KVLayer kv = kv_.layer(il);
-    AttnPrep p;
     p.qf = a.qf.f();
-    p.kf = kvr[0].p;
-    p.vf = kvr[1].p;
-    p.k_stride = kvr[0].stride;
-    p.v_stride = kvr[1].stride;
     p.q_norm = L.q_norm;
     p.k_norm = L.k_norm;
     p.inv_freq = inv_freq_;

@@ -98,6 +98,7 @@ private:
     void stage_features(uint32_t n, const dfl_draft_entry *es, int64_t c0, int64_t T);
     void run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     void context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T);
+    void project_kv(const DraftLayer &L, const float *x, int64_t T, AttnPrep &p);
     void run_block(const BatchMeta &m, int64_t rows, const int32_t *d_out_rows);
     void block_attention(int il, const BatchMeta &m, const float *in);
     void conv(const BatchMeta &m, const float *base, int side, const float *x, float *out);

@@ -246,6 +246,9 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     const int64_t T = m.T, H = h.n_embd;
     dev_->embed(tok_embd_, m.tokens, T, a.x.f());
     if (h.n_layer > 0) dev_->rmsnorm(a.x.f(), layers_[0].attn_norm, a.xn.f(), T, H, h.eps);
+    // the last captured layer: after it the captures go to the host (beside the layers after it, on the side lane)
+    const int32_t last_capture =
+        b.n_capture > 0 ? *std::max_element(b.capture_layers, b.capture_layers + b.n_capture) : -1;
     for (int il = 0; il < h.n_layer; il++) {
         const Layer &L = layers_[(size_t)il];
         if (L.attn)
@@ -262,14 +265,10 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
             dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
         else
             dev_->add(a.x.f(), a.mix.f(), T * H);
-        bool last_capture = false;
         for (uint32_t c = 0; c < b.n_capture; c++)
-            if (b.capture_layers[c] == il) {
+            if (b.capture_layers[c] == il)
                 dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);
-                last_capture = il == *std::max_element(b.capture_layers, b.capture_layers + b.n_capture);
-            }
-        if (last_capture && capture_landing_) {
-            // the captures go to the host beside the layers after the last one (on the device's side lane)
+        if (il == last_capture && capture_landing_) {
             dev_->side_begin();
             dev_->to_host_async(capture_landing_, capture_.get(), (size_t)T * b.n_capture * H * sizeof(float));
             dev_->side_end();

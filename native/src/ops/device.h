@@ -85,7 +85,7 @@ struct BatchMeta {
     // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
     // r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta [n][n_v] (record_gdn_inputs writes them)
     float *const *rec_in = nullptr;
-    // Token trees (forward_tree); both null when the batch has none. Per token [T]:
+    // Token trees (forward_tree); parent, vis and tree_steps are null when the batch has none. Per token [T]:
     //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
     //    entry's token i has i - 1. The conv op builds a token's window along its ancestors, falling into the old conv
     //    state past the first token; the recurrent op walks a tree by its schedule (tree_steps; an entry with a tree
@@ -233,7 +233,7 @@ struct GdnCall {
     int64_t slot_stride = 0;
     int rec_layer = 0, n_rec = 0;
     bool exact = false;  // token by token even without recording (a replay of records)
-    // first copy the recording entries' inputs (cv rows, g, beta) into their light records (BatchMeta::rec_in), as
+    // first copy the recording entries' inputs (cv rows, g, beta) into their records (BatchMeta::rec_in), as
     // record_gdn_inputs with gdn_inputs(*this) would: the CUDA device's staged kernel does it from the copies it makes
     bool rec_inputs = false;
     // A replay of records (one entry, not recording, from the slot's state): `layers` consecutive layers in one call,

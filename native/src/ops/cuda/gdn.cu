@@ -363,11 +363,10 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     const int64_t n = hd.n, t0 = hd.t0, q_off = hd.q_off, k_off = hd.k_off, v_off = hd.v_off;
     const int v_words = min(kCols, dv - col0) / 4;  // 16-byte words of this block's v columns (dv % 4 == 0)
 
-    // a tree is walked in its schedule (BatchMeta::tree_steps): step it runs token token_at(it), sg.steps holding a
-    // chunk's steps; the states it sets aside go to the records, or to shared memory (`stack`, [kGdnSmemSlots][R]
+    // a tree is walked in its schedule (BatchMeta::tree_steps): step it runs token hd.step(it).token, sg.steps holding
+    // a chunk's steps; the states it sets aside go to the records, or to shared memory (`stack`, [kGdnSmemSlots][R]
     // [kGdnThreads]) where GdnArgs::smem_stack and the schedule keeps at most kGdnSmemSlots
     const int32_t *steps = hd.steps;
-    auto token_at = [&](int64_t it) -> int64_t { return steps ? TreeStep::unpack(steps[it]).token : it; };
     extern __shared__ float stack[];
     const bool in_smem = steps && a.smem_stack && TreeStep::unpack(steps[0]).slots <= kGdnSmemSlots;
 
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         constexpr int kQk = 2 * DK / 4;  // 16-byte words of a token's q and k
         for (int w = threadIdx.x; w < nt * (kQk + v_words); w += kGdnThreads) {
             const int t = w / (kQk + v_words), x = w % (kQk + v_words);
-            const float *row = hd.cv + hd.row(t0 + token_at(i0 + t)) * g.C;
+            const float *row = hd.cv + hd.row(t0 + hd.step(i0 + t).token) * g.C;
             if (x < kQk) {
                 const int h = x / (kQk / 2), r = 4 * (x % (kQk / 2));  // q or k, and the word's first row
                 cp_async16(&sg.qk[t][h][r / R][r % R], row + (h == 0 ? q_off : k_off) + r);
@@ -387,7 +386,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
             }
         }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
-            const int64_t tok = t0 + token_at(i0 + t);
+            const int64_t tok = t0 + hd.step(i0 + t).token;
             cp_async4(&sg.g[t], hd.gl + hd.row(tok) * g.n_v + j);
             cp_async4(&sg.beta[t], hd.beta + hd.row(tok) * g.n_v + j);
             if (steps) cp_async4(&sg.steps[t], steps + i0 + t);
