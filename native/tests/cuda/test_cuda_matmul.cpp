@@ -140,6 +140,30 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(23), int64_t(24)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
+    // the 27B's 5120-row products at 8..32 tokens (5120 x 6144; 4500 rows: a partial last tile): with
+    // DFL_CUDA_Q8P_STREAM=1 stream-K cuts their 160 tiles into 264 shares, two or three pieces a tile added in order
+    // (the 17,000-row matrix above: at most two a tile, added onto a zeroed output). Either way a product repeated gives
+    // the same bits.
+    for (const Shape &s : {Shape{6144, 5120}, Shape{6144, 4500}}) {
+        DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
+        Weight wp = W.wg;
+        g_gpu->prepare_weight(wp);
+        CHECK(wp.packed != nullptr);
+        for (int64_t T : {int64_t(8), int64_t(16), int64_t(17), int64_t(32)}) {
+            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
+            Dual Y((size_t)(T * s.n_out) * 4), Y2((size_t)(T * s.n_out) * 4);
+            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+            g_gpu->matmul(wp, X.gp(), T, Y.gp());
+            g_gpu->matmul(wp, X.gp(), T, Y2.gp());
+            const std::string name = "matmul q8_0 repacked " + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
+                                     " T=" + std::to_string(T);
+            compare(name, Y, 1.5e-2);
+            if (Y.read<uint32_t>(true) != Y2.read<uint32_t>(true)) {
+                std::printf("  %s: a repeated product gave other bits\n", name.c_str());
+                g_failures++;
+            }
+        }
+    }
     // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, split in parts)
     {
         DualWeight W(DFL_TYPE_Q8_0, 4224, 17408, r);
