@@ -101,7 +101,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp (U of them with U > 1, below)
 // A stage of U blocks of 32 a warp (kPipeGroup U a stage) holds its rows in U * 256 + 32 bytes: 8 words past a multiple
 // of 32 whatever U, so the fragment loads stay on distinct banks.
-__host__ __device__ constexpr int pipe_row_bytes(int U) { return kPipeGroup * 32 * U + 32; }
+// With ldmatrix (the stream kernel's LDSM) rows are 16 bytes past a multiple of 128 instead: its eight 16-byte row reads
+// a matrix then fall in distinct banks.
+__host__ __device__ constexpr int pipe_row_bytes(int U, int pad = 32) { return kPipeGroup * 32 * U + pad; }
 constexpr int kPipeStages = 4;
 // Stages where the grid leaves one block an SM (on unless DFL_CUDA_Q8P_DEEP=0): the 4096-row matrices of qwen3-8b are
 // 128 blocks of 32 rows, whose 3 stages ahead hold ~28 KB of weights an SM (the down projection at 8 tokens ran at
@@ -112,14 +114,14 @@ constexpr int kPipeDeepStages = 8;
 // A stage's activations come from the fragment-ordered copy (mma_acts_kernel's [kPipeGroup][T8][32] quants and
 // [kPipeGroup][T8] scales). Staging the quantizer's rows instead (no copy kernel before the product) was tried and
 // lost: H200 12-04 05:1x tg b8 qwen3-8b 1,786 -> 1,659 tok/s; H100 12-05 17:3x 27B q8_0 verify of 16 rows 17.3 -> 21.9 ms.
-__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, int U = 1) {
-    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U + kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8;
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, int U = 1, int pad = 32) {
+    return 16 * MT * pipe_row_bytes(U, pad) + 16 * MT * 16 * U + kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8;
 }
 
 // U: blocks of 32 a warp multiplies a stage
-template <int MT, int NT8, int U = 1>
+template <int MT, int NT8, int U = 1, int PAD = 32>
 struct PipeStage {
-    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U);
+    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U, PAD);
     uint8_t *w;    // [16 MT rows][kRow]
     uint16_t *d;   // [16 MT rows][kGroup] row scales
     int8_t *xq;    // [kGroup][8 NT8 tokens][32]
@@ -166,9 +168,9 @@ struct PipeStage {
 // same places. Why: ncu (H100 12-05 16:1x) had the 27B's gate|up at 16 tokens issuing 0.58 instructions a cycle per
 // scheduler (50 % of the SM's issue) with DRAM 74 % busy: ~460 warp instructions a stage where the multiplies take
 // ~140; the copies' address arithmetic is most of the rest.
-template <int MT, int NT8, int U>
+template <int MT, int NT8, int U, int PAD = 32>
 struct PipeCopies {
-    using Stage = PipeStage<MT, NT8, U>;
+    using Stage = PipeStage<MT, NT8, U, PAD>;
     static constexpr int kThreads = kMmaWarps * 32, kGroup = Stage::kGroup, kRow = Stage::kRow;
     static constexpr int kW = 16 * MT * 16 * U;                       // weight words a stage
     static constexpr int kWPer = (kW + kThreads - 1) / kThreads;
@@ -259,6 +261,72 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
     }
 }
 
+// pipe_stage_mma by ldmatrix (the stream kernel's LDSM, rows of pipe_row_bytes(U, 16)): a row tile's A fragment is one
+// ldmatrix.x4 in the mma's own k order, where two 8-byte loads in the permuted order took up to eight register moves
+// to line up as the mma's operands (the SASS of the staged kernel at 16 tokens: 42 IMAD a stage of 8 IMMA); the B
+// fragments of two token tiles one ldmatrix.x4 likewise (k order natural for both operands, so the sums are the same
+// integers). The scales and the C layout are as in pipe_stage_mma.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+template <int MT, int NT8, int U>
+__device__ __forceinline__ void pipe_stage_mma_ldsm(const PipeStage<MT, NT8, U, 16> &cur, float (&acc)[MT][NT8][4]) {
+    using Stage = PipeStage<MT, NT8, U, 16>;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+    const unsigned w0 = (unsigned)__cvta_generic_to_shared(cur.w), x0 = (unsigned)__cvta_generic_to_shared(cur.xq);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int kb = warp + kMmaWarps * u;
+        float sw[MT][2];
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            // lanes 0..15 address rows 0..15 of the tile at byte 0 of the block, lanes 16..31 at byte 16
+            ldsm_x4(a[mt], w0 + (16 * mt + (lane & 15)) * Stage::kRow + kb * 32 + (lane >> 4) * 16);
+#pragma unroll
+            for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[(16 * mt + 8 * h + g) * Stage::kGroup + kb]);
+        }
+        // token tiles nt, nt + 1: lanes 0..7 / 8..15 address the first's rows at byte 0 / 16, lanes 16..31 the second's
+        uint32_t b[NT8][2];
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt += 2) {
+            const int tok = kb * 8 * NT8 + 8 * nt;
+            if (nt + 1 < NT8) {
+                uint32_t r[4];
+                ldsm_x4(r, x0 + (tok + 8 * (lane >> 4) + (lane & 7)) * 32 + ((lane >> 3) & 1) * 16);
+                b[nt][0] = r[0];
+                b[nt][1] = r[1];
+                b[nt + 1][0] = r[2];
+                b[nt + 1][1] = r[3];
+            } else {
+                uint32_t r[2];
+                ldsm_x2(r, x0 + (tok + (lane & 7)) * 32 + ((lane >> 3) & 1) * 16);
+                b[nt][0] = r[0];
+                b[nt][1] = r[1];
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT8; nt++) {
+            const float2 sx = *(const float2 *)(cur.xs + kb * 8 * NT8 + 8 * nt + 2 * t4);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int c[4];
+                mma_s8_16x8x32(c, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
+                acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
+                acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
+                acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
+                acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
+            }
+        }
+    }
+}
+
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
 // PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
@@ -331,14 +399,15 @@ __host__ __device__ inline int64_t stream_block_of(int64_t unit, int64_t units, 
     return ((unit + 1) * blocks + units - 1) / units - 1;  // the block whose share [units b / blocks, ..) holds unit
 }
 
-template <int MT, int NT8, int S, bool SLOTS>
+template <int MT, int NT8, int S, bool SLOTS, bool LDSM>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     gemv_q8p_stream_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *fq,
                            const float *fs, int64_t T, float *Y, float *slots) {
-    using Stage = PipeStage<MT, NT8, 2>;
-    using Copies = PipeCopies<MT, NT8, 2>;
+    constexpr int kPad = LDSM ? 16 : 32;
+    using Stage = PipeStage<MT, NT8, 2, kPad>;
+    using Copies = PipeCopies<MT, NT8, 2, kPad>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, 2), kRows = 16 * MT;
+    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, 2, kPad), kRows = 16 * MT;
     static_assert(sizeof(float) * kMmaWarps * NT8 * 4 * 32 <= kStage, "a stage holds the warps' sums");
     const int64_t nb = n_in / 32, G = nb / Stage::kGroup, units = (n_out + kRows - 1) / kRows * G;
     const int64_t u0 = units * blockIdx.x / gridDim.x, n = units * (blockIdx.x + 1) / gridDim.x - u0;
@@ -375,7 +444,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
             next_tile();
         });
         const int cur = (int)(j % S) * kStage;
-        pipe_stage_mma<MT, NT8, 2>(Stage(pipe_smem + cur), acc);
+        if constexpr (LDSM)
+            pipe_stage_mma_ldsm<MT, NT8, 2>(Stage(pipe_smem + cur), acc);
+        else
+            pipe_stage_mma<MT, NT8, 2>(Stage(pipe_smem + cur), acc);
         if (++cg < G && j + 1 < n) continue;
         // the tile's piece is done: its sums through the stage's memory, which the next step refills after its barrier
         __syncthreads();
@@ -585,17 +657,18 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
-// Whether q8_0 products of 8..32 tokens take gemv_q8p_stream_kernel where it applies: off unless DFL_CUDA_Q8P_STREAM=1.
-static bool q8p_stream_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_STREAM", false);
-    return on;
+// Whether q8_0 products of 8..32 tokens take gemv_q8p_stream_kernel where it applies: not unless DFL_CUDA_Q8P_STREAM=1
+// (or 2: its fragments by ldmatrix, pipe_stage_mma_ldsm).
+static int q8p_stream_mode() {
+    static const int m = (int)env_int("DFL_CUDA_Q8P_STREAM", 0);
+    return m == 1 || m == 2 ? m : 0;
 }
 
 // The stream-K product (gemv_q8p_stream_kernel) of T (8..32) tokens, true where it applies: 512-input stages, at least
 // one unit a block of its grid (two an SM), and for tiles added onto a zeroed Y, a Y that mma_acts_kernel can zero.
 static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
     constexpr int64_t kStageIn = 2 * kPipeGroup * 32;
-    if (!q8p_stream_on() || !mma_xt_on() || T < 1 || T > 32 || W.n_in % kStageIn != 0) return false;
+    if (!q8p_stream_mode() || !mma_xt_on() || T < 1 || T > 32 || W.n_in % kStageIn != 0) return false;
     const int64_t G = W.n_in / kStageIn, tiles = (W.n_out + 31) / 32, units = tiles * G, blocks = 2 * dev.sm_count();
     const int64_t count = W.n_out * T;
     const bool slots = tiles < blocks;
@@ -608,18 +681,24 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     const uint16_t *dw = q8p_scales(W);
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // as the two-blocks-a-warp staged kernel
-        const size_t smem = (size_t)S * pipe_stage_bytes(2, 8 * NT8, 2);
-        auto go = [&](auto with_slots) {
-            constexpr bool SLOTS = decltype(with_slots)::value;
-            allow_dynamic_smem<gemv_q8p_stream_kernel<2, NT8, S, SLOTS>>(dev.index(), smem,
-                                                                          "matmul (q8_0 stream-K smem)");
-            launch_maybe_pdl(true, gemv_q8p_stream_kernel<2, NT8, S, SLOTS>, dim3((unsigned)blocks),
+        auto go = [&](auto with_slots, auto ldsm) {
+            constexpr bool SLOTS = decltype(with_slots)::value, LDSM = decltype(ldsm)::value;
+            const size_t smem = (size_t)S * pipe_stage_bytes(2, 8 * NT8, 2, LDSM ? 16 : 32);
+            allow_dynamic_smem<gemv_q8p_stream_kernel<2, NT8, S, SLOTS, LDSM>>(dev.index(), smem,
+                                                                                "matmul (q8_0 stream-K smem)");
+            launch_maybe_pdl(true, gemv_q8p_stream_kernel<2, NT8, S, SLOTS, LDSM>, dim3((unsigned)blocks),
                              dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, slot);
         };
-        if (slots)
-            go(std::true_type{});
+        auto pick = [&](auto ldsm) {
+            if (slots)
+                go(std::true_type{}, ldsm);
+            else
+                go(std::false_type{}, ldsm);
+        };
+        if (q8p_stream_mode() == 2)
+            pick(std::true_type{});
         else
-            go(std::false_type{});
+            pick(std::false_type{});
     };
     launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
     check_launch("matmul (q8_0 stream-K int8 mma)");
