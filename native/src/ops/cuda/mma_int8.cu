@@ -5,6 +5,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
+#include "ops/cuda/mma_stream.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -72,6 +73,28 @@ int64_t i8_mma_max_tokens() { return i8_mma_on() ? kI8MmaMaxTokens : 0; }
 int64_t q4k_mma_min_tokens() {
     static const int64_t n = std::min<int64_t>(9, std::max<int64_t>(2, env_int("DFL_CUDA_Q4K_MMA_MIN", 2)));
     return n;
+}
+
+// launch_stream_slots's kernel: rows of 32-row tiles, G stages a tile, units over blocks as mma_stream_kernel's grid.
+__global__ void stream_slots_kernel(const float *slots, int64_t n_out, int64_t T, int64_t G, int64_t units,
+                                    int64_t blocks, float *Y) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t count = n_out * T;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i % n_out / 32;
+        const int64_t pieces = stream_block_of((t + 1) * G - 1, units, blocks) - stream_block_of(t * G, units, blocks) + 1;
+        if (pieces < 2) continue;
+        float v = slots[i];
+        for (int64_t k = 1; k < pieces; k++) v += slots[k * count + i];
+        Y[i] = v;
+    }
+}
+
+void launch_stream_slots(CudaDevice &dev, const StreamPlan &p, const float *slots, int64_t n_out, int64_t T, float *Y) {
+    launch_chain(stream_slots_kernel, dim3(grid_for(p.count, 256)), dim3(256), 0, dev.stream(), slots, n_out, T, p.groups,
+                 p.units, p.blocks, Y);
+    check_launch("matmul (stream-K pieces)");
 }
 
 }  // namespace cuda

@@ -6,6 +6,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
+#include "ops/cuda/mma_stream.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -387,108 +388,29 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride);
 }
 
-// Stream-K (DFL_CUDA_Q8P_STREAM=1): the staged kernel's work as one stream of (row tile, stage) units, tile by tile,
-// cut into one equal share a block for a grid of exactly two blocks an SM, each block streaming its share through one
-// pipeline and storing a tile's sums when it leaves it. Why: the 27B's products at 16 tokens ran at 2.27 TB/s where one
-// token's ran at 2.67 (H100 12-05 22:4x) and ncu had the SMs half busy: their grids end in part waves (gate|up 1,088
-// tiles on 264 slots: 4.12 waves; down 640 split blocks: 2.42; o 320: 1.21) and every block fills its pipeline from
-// empty (the 6- and 8-way splits that would fill the waves lost that again). A tile cut between blocks is added: with
-// at least as many tiles as blocks a tile has at most two pieces, added onto the zeroed output (either order gives the
-// same float); with fewer (SLOTS), piece k of a tile goes to slot k and stream_slots_kernel adds them in order.
-__host__ __device__ inline int64_t stream_block_of(int64_t unit, int64_t units, int64_t blocks) {
-    return ((unit + 1) * blocks + units - 1) / units - 1;  // the block whose share [units b / blocks, ..) holds unit
-}
-
-template <int MT, int NT8, int S, bool SLOTS, bool LDSM>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2)
-    gemv_q8p_stream_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *fq,
-                           const float *fs, int64_t T, float *Y, float *slots) {
-    constexpr int kPad = LDSM ? 16 : 32;
+// Repacked q8_0 as mma_stream_kernel's format (DFL_CUDA_Q8P_STREAM=1; 2: the fragments by ldmatrix): the staged
+// kernel's two-blocks-a-warp stages (512 inputs) and its copies.
+template <int MT, int NT8, bool LDSM>
+struct Q8pStream {
+    static constexpr int kMT = MT, kNT8 = NT8, kPad = LDSM ? 16 : 32, kStage = pipe_stage_bytes(MT, 8 * NT8, 2, kPad);
     using Stage = PipeStage<MT, NT8, 2, kPad>;
     using Copies = PipeCopies<MT, NT8, 2, kPad>;
-    extern __shared__ __align__(16) uint8_t pipe_smem[];
-    constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, 2, kPad), kRows = 16 * MT;
-    static_assert(sizeof(float) * kMmaWarps * NT8 * 4 * 32 <= kStage, "a stage holds the warps' sums");
-    const int64_t nb = n_in / 32, G = nb / Stage::kGroup, units = (n_out + kRows - 1) / kRows * G;
-    const int64_t u0 = units * blockIdx.x / gridDim.x, n = units * (blockIdx.x + 1) / gridDim.x - u0;
-    const unsigned smem0 = (unsigned)__cvta_generic_to_shared(pipe_smem);
-    // the copies' next unit: tile lt, stage lg
-    int64_t lt = u0 / G, lg = u0 % G;
-    Copies ld(qs, dw, n_in, nb, n_out, lt * kRows, fq, fs);
-    auto next_tile = [&] {
-        if (++lg < G) return;
-        lg = 0;
-        ld = Copies(qs, dw, n_in, nb, n_out, ++lt * kRows, fq, fs);
-    };
-    // the weights of the first stages are read before the wait, the activations (the kernel before's) after
-#pragma unroll
-    for (int st = 0; st < S - 1; st++)
-        if (st < n) {
-            ld.load_w(smem0 + st * kStage, lg);
-            next_tile();
-        }
-    pdl_wait();
-#pragma unroll
-    for (int st = 0; st < S - 1; st++) {
-        if (st < n) ld.load_x(smem0 + st * kStage, (u0 + st) % G);
-        cp_async_commit();
+    const int8_t *qs;
+    const uint16_t *dw;
+    int64_t n_in;
+    const int8_t *fq;
+    const float *fs;
+    __device__ __forceinline__ int64_t groups() const { return n_in / 32 / Stage::kGroup; }
+    __device__ __forceinline__ Copies copies(int64_t row0, int64_t n_out) const {
+        return Copies(qs, dw, n_in, n_in / 32, n_out, row0, fq, fs);
     }
-    float acc[MT][NT8][4] = {};
-    int64_t ct = u0 / G, cg = u0 % G;  // the unit being multiplied
-    bool whole = cg == 0;              // this block has the tile from its first stage
-    for (int64_t j = 0; j < n; j++) {
-        pipe_advance<S>(j, n, [&](int64_t jn) {
-            const unsigned at = smem0 + (unsigned)(jn % S) * kStage;
-            ld.load_w(at, lg);
-            ld.load_x(at, lg);
-            next_tile();
-        });
-        const int cur = (int)(j % S) * kStage;
+    __device__ __forceinline__ static void mma(uint8_t *stage, float (&acc)[MT][NT8][4]) {
         if constexpr (LDSM)
-            pipe_stage_mma_ldsm<MT, NT8, 2>(Stage(pipe_smem + cur), acc);
+            pipe_stage_mma_ldsm<MT, NT8, 2>(Stage(stage), acc);
         else
-            pipe_stage_mma<MT, NT8, 2>(Stage(pipe_smem + cur), acc);
-        if (++cg < G && j + 1 < n) continue;
-        // the tile's piece is done: its sums through the stage's memory, which the next step refills after its barrier
-        __syncthreads();
-        auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem + cur);
-        const int64_t row0 = ct * kRows;
-        if (whole && cg == G) {
-            mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
-        } else if constexpr (SLOTS) {
-            const int64_t k = blockIdx.x - stream_block_of(ct * G, units, gridDim.x);
-            mma_store<MT, NT8>(red, acc, row0, n_out, T, slots + k * n_out * T);
-        } else {
-            mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y);
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT8; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-        ct++;
-        cg = 0;
-        whole = true;
+            pipe_stage_mma<MT, NT8, 2>(Stage(stage), acc);
     }
-}
-
-// Y = the slots' pieces of each row added in order, for the rows of tiles cut in two or more (the others' whole sums
-// are in Y already): a stream-K product's with SLOTS.
-__global__ void stream_slots_kernel(const float *slots, int64_t n_out, int64_t T, int rows, int64_t G, int64_t units,
-                                    int64_t blocks, float *Y) {
-    pdl_trigger();
-    pdl_wait();
-    const int64_t count = n_out * T;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i % n_out / rows;
-        const int64_t pieces = stream_block_of((t + 1) * G - 1, units, blocks) - stream_block_of(t * G, units, blocks) + 1;
-        if (pieces < 2) continue;
-        float v = slots[i];
-        for (int64_t k = 1; k < pieces; k++) v += slots[k * count + i];
-        Y[i] = v;
-    }
-}
+};
 
 // Whether the tensor-core q8_0 products take gemv_q8p_pipe_kernel where it applies: on unless DFL_CUDA_Q8P_PIPE=0.
 // H200, 12-03 22:12, one call: tg b32 qwen3-8b q8_0 4,249 -> 4,572 tok/s (with q8_0 on it from 5 tokens, b8 1,718 ->
@@ -657,56 +579,32 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
-// Whether q8_0 products of 8..32 tokens take gemv_q8p_stream_kernel where it applies: not unless DFL_CUDA_Q8P_STREAM=1
-// (or 2: its fragments by ldmatrix, pipe_stage_mma_ldsm).
+// Whether q8_0 products of 8..32 tokens stream (mma_stream_kernel on Q8pStream) where it applies: not unless
+// DFL_CUDA_Q8P_STREAM=1 (or 2: the fragments by ldmatrix, pipe_stage_mma_ldsm).
 static int q8p_stream_mode() {
     static const int m = (int)env_int("DFL_CUDA_Q8P_STREAM", 0);
     return m == 1 || m == 2 ? m : 0;
 }
 
-// The stream-K product (gemv_q8p_stream_kernel) of T (8..32) tokens, true where it applies: 512-input stages, at least
-// one unit a block of its grid (two an SM), and for tiles added onto a zeroed Y, a Y that mma_acts_kernel can zero.
+// The stream-K product of T (8..32) tokens, true where it applies (stream_plan).
 static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
-    constexpr int64_t kStageIn = 2 * kPipeGroup * 32;
-    if (!q8p_stream_mode() || !mma_xt_on() || T < 1 || T > 32 || W.n_in % kStageIn != 0) return false;
-    const int64_t G = W.n_in / kStageIn, tiles = (W.n_out + 31) / 32, units = tiles * G, blocks = 2 * dev.sm_count();
-    const int64_t count = W.n_out * T;
-    const bool slots = tiles < blocks;
-    if (units < blocks || (!slots && (count % 4 != 0 || ((uintptr_t)Y & 15) != 0))) return false;
-    const MmaX x = mma_acts(dev, qx.xq, qx.xs, nullptr, W.n_in, T, slots ? nullptr : Y, slots ? 0 : count);
-    if (!x.T8) return false;  // (mma_xt_on: never)
-    const int64_t share = units / blocks, most = (G + share - 1) / share + 1;  // pieces a tile at most
-    float *slot = slots ? (float *)dev.splitk_buffer((size_t)(most * count) * sizeof(float)) : nullptr;
-    const int8_t *qs = q8p_quants(W);
-    const uint16_t *dw = q8p_scales(W);
+    if (!q8p_stream_mode() || !mma_xt_on()) return false;
+    const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
+    if (!p.ok) return false;
+    const MmaX x = mma_acts(dev, qx.xq, qx.xs, nullptr, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
+    float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // as the two-blocks-a-warp staged kernel
-        auto go = [&](auto with_slots, auto ldsm) {
-            constexpr bool SLOTS = decltype(with_slots)::value, LDSM = decltype(ldsm)::value;
-            const size_t smem = (size_t)S * pipe_stage_bytes(2, 8 * NT8, 2, LDSM ? 16 : 32);
-            allow_dynamic_smem<gemv_q8p_stream_kernel<2, NT8, S, SLOTS, LDSM>>(dev.index(), smem,
-                                                                                "matmul (q8_0 stream-K smem)");
-            launch_maybe_pdl(true, gemv_q8p_stream_kernel<2, NT8, S, SLOTS, LDSM>, dim3((unsigned)blocks),
-                             dim3(kMmaWarps * 32), smem, dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, slot);
-        };
-        auto pick = [&](auto ldsm) {
-            if (slots)
-                go(std::true_type{}, ldsm);
-            else
-                go(std::false_type{}, ldsm);
+        auto go = [&](auto ldsm) {
+            const Q8pStream<2, NT8, decltype(ldsm)::value> f{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
+            launch_stream<decltype(f), S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
         };
         if (q8p_stream_mode() == 2)
-            pick(std::true_type{});
+            go(std::true_type{});
         else
-            pick(std::false_type{});
+            go(std::false_type{});
     };
     launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
-    check_launch("matmul (q8_0 stream-K int8 mma)");
-    if (slots) {
-        launch_chain(stream_slots_kernel, dim3(grid_for(count, 256)), dim3(256), 0, dev.stream(), (const float *)slot,
-                     W.n_out, T, 32, G, units, blocks, Y);
-        check_launch("matmul (q8_0 stream-K pieces)");
-    }
     return true;
 }
 
