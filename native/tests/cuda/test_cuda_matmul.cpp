@@ -50,6 +50,23 @@ void check_matmul(const DualWeight &W, uint32_t type, int64_t n_out, int64_t n_i
             Y, matmul_bound(type, T));
 }
 
+// check_prepared's product on wg (W's GPU weight, prepared or not) twice: the first against the CPU's, the second
+// bit for bit against the first (the stream-K products add a tile's pieces in a fixed order).
+void check_twice(const DualWeight &W, const Weight &wg, const std::string &label, int64_t T, double bound, Rng &r) {
+    Dual X(rand_vec(r, (size_t)(T * W.wc.n_in)));
+    Dual Y((size_t)(T * W.wc.n_out) * 4), Y2((size_t)(T * W.wc.n_out) * 4);
+    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
+    g_gpu->matmul(wg, X.gp(), T, Y.gp());
+    g_gpu->matmul(wg, X.gp(), T, Y2.gp());
+    const std::string name = "matmul " + label + " " + std::to_string(W.wc.n_out) + "x" + std::to_string(W.wc.n_in) +
+                             " T=" + std::to_string(T);
+    compare(name, Y, bound);
+    if (Y.read<uint32_t>(true) != Y2.read<uint32_t>(true)) {
+        std::printf("  %s: a repeated product gave other bits\n", name.c_str());
+        g_failures++;
+    }
+}
+
 // One product of wp, the GPU's prepared copy of W (prepare_weight: int8 activations), against the CPU's W.
 void check_prepared(const DualWeight &W, const Weight &wp, const char *label, int64_t T, Rng &r) {
     Dual X(rand_vec(r, (size_t)(T * W.wc.n_in)));
@@ -138,7 +155,7 @@ void test_matmul_embed() {
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
         for (int64_t T : {int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(23), int64_t(24)})
-            check_prepared(W, wp, "q8_0 repacked", T, r);
+            check_twice(W, wp, "q8_0 repacked", T, 1.5e-2, r);
     }
     // the 27B's 5120-row products at 8..32 tokens (5120 x 6144; 4500 rows: a partial last tile): with
     // DFL_CUDA_Q8P_STREAM=1 stream-K cuts their 160 tiles into 264 shares, two or three pieces a tile added in order
@@ -149,20 +166,15 @@ void test_matmul_embed() {
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);
         CHECK(wp.packed != nullptr);
-        for (int64_t T : {int64_t(8), int64_t(16), int64_t(17), int64_t(32)}) {
-            Dual X(rand_vec(r, (size_t)(T * s.n_in)));
-            Dual Y((size_t)(T * s.n_out) * 4), Y2((size_t)(T * s.n_out) * 4);
-            g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-            g_gpu->matmul(wp, X.gp(), T, Y.gp());
-            g_gpu->matmul(wp, X.gp(), T, Y2.gp());
-            const std::string name = "matmul q8_0 repacked " + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
-                                     " T=" + std::to_string(T);
-            compare(name, Y, 1.5e-2);
-            if (Y.read<uint32_t>(true) != Y2.read<uint32_t>(true)) {
-                std::printf("  %s: a repeated product gave other bits\n", name.c_str());
-                g_failures++;
-            }
-        }
+        for (int64_t T : {int64_t(8), int64_t(16), int64_t(17), int64_t(32)})
+            check_twice(W, wp, "q8_0 repacked", T, 1.5e-2, r);
+    }
+    // q4_K at 2..32 tokens on grids that stream with DFL_CUDA_Q4K_STREAM=1: 66 tiles (a partial last one) of 8 stages
+    // (pieces in slots) and 532 tiles of 2 (pieces added onto a zeroed output); a repeated product gives the same bits
+    for (const Shape &s : {Shape{4096, 2100}, Shape{1024, 17000}}) {
+        DualWeight W(DFL_TYPE_Q4_K, s.n_out, s.n_in, r);
+        for (int64_t T : {int64_t(2), int64_t(8), int64_t(16), int64_t(17), int64_t(32)})
+            check_twice(W, W.wg, "q4_K", T, matmul_bound(DFL_TYPE_Q4_K, T), r);
     }
     // one token of a wide matrix of long rows (the 27B's down projection: the rows kernel, split in parts)
     {

@@ -2,6 +2,7 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
+#include "ops/cuda/mma_stream.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -94,6 +95,135 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
+// q4_K as mma_stream_kernel's format (DFL_CUDA_Q4K_STREAM=1): a stage is two super-blocks (512 inputs) of the tile's
+// rows as in the file (144 bytes each: rows of 288 bytes, 32 past a multiple of 128, so a half-warp's 8-byte quant
+// loads fall in distinct banks) and their fragment-ordered activations (scale and block sum a token); warp w multiplies
+// sub-block w of each super-block. The register kernel above reads every block's activations from L2 in each warp
+// and keeps two super-blocks of weights in flight a warp: at 32 tokens a qwen3-8b layer (109 MB) took 136.9 us, 0.8
+// TB/s (H200 12-03), where the staged q8_0 kernel reads 2+.
+template <int MT, int NT8>
+struct Q4kStream {
+    static constexpr int kMT = MT, kNT8 = NT8, kSb = 2, kRow = kSb * kQ4_KBytes;
+    static constexpr int kXq = kSb * 8 * 8 * NT8 * 32;  // the stage's 16 blocks of 32, 8 NT8 tokens each
+    static constexpr int kXs = kSb * 8 * 8 * NT8 * 8;   // their scale and sum
+    static constexpr int kWBytes = 16 * MT * kRow, kStage = kWBytes + kXq + kXs;
+    static_assert(kRow % 128 == 32, "the quant loads' banks");
+    const uint8_t *W;
+    uint64_t row_bytes;
+    int64_t n_in;
+    const int8_t *fq;
+    const float *fs;
+    __device__ __forceinline__ int64_t groups() const { return n_in / (kSb * QK_K); }
+
+    // A thread's share of a stage's copies, its addresses worked out once a tile.
+    struct Copies {
+        static constexpr int kThreads = kMmaWarps * 32, kWords = kRow / 16, kW = 16 * MT * kWords;
+        static constexpr int kWPer = (kW + kThreads - 1) / kThreads, kX = (kXq + kXs) / 16;
+        static constexpr int kXPer = (kX + kThreads - 1) / kThreads;
+        const uint8_t *w[kWPer];  // stage 0's source of the thread's weight words
+        unsigned w_at[kWPer];     // and their offsets in a stage
+        const int8_t *fq;
+        const float *fs;
+        __device__ __forceinline__ Copies(const uint8_t *W, uint64_t row_bytes, int64_t n_out, int64_t row0,
+                                          const int8_t *fq_, const float *fs_)
+            : fq(fq_), fs(fs_) {
+#pragma unroll
+            for (int k = 0; k < kWPer; k++) {
+                const int c = min((int)threadIdx.x + k * kThreads, kW - 1);  // (past kW: never copied)
+                const int r = c / kWords, col = c % kWords;
+                w[k] = W + (uint64_t)min(row0 + r, n_out - 1) * row_bytes + col * 16;
+                w_at[k] = (unsigned)(r * kRow + col * 16);
+            }
+        }
+        __device__ __forceinline__ void load_w(unsigned st, int64_t j) const {
+#pragma unroll
+            for (int k = 0; k < kWPer; k++)
+                if ((int)threadIdx.x + k * kThreads < kW) cp_async16_at(st + w_at[k], w[k] + j * kRow);
+        }
+        // stage j's activations: contiguous in the fragment-ordered copy (quants, then scales and sums)
+        __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
+            const int8_t *q = fq + j * kXq;
+            const float *sc = fs + j * (kXs / 4);
+#pragma unroll
+            for (int k = 0; k < kXPer; k++) {
+                const int c = (int)threadIdx.x + k * kThreads;
+                if (c < kXq / 16)
+                    cp_async16_at(st + kWBytes + c * 16, q + c * 16);
+                else if (c < kX)
+                    cp_async16_at(st + kWBytes + c * 16, sc + (c - kXq / 16) * 4);
+            }
+        }
+    };
+    __device__ __forceinline__ Copies copies(int64_t row0, int64_t n_out) const {
+        return Copies(W, row_bytes, n_out, row0, fq, fs);
+    }
+
+    __device__ __forceinline__ static void mma(uint8_t *st, float (&acc)[MT][NT8][4]) {
+        const int lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+        const int8_t *xq = (const int8_t *)(st + kWBytes);
+        const float *xs = (const float *)(st + kWBytes + kXq);
+        const int shift = 4 * (s & 1);
+#pragma unroll
+        for (int u = 0; u < kSb; u++) {
+            float dsc[MT][2], dm[MT][2];
+            uint32_t a[MT][2][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint8_t *blk = st + (16 * mt + 8 * h + g) * kRow + u * kQ4_KBytes;
+                    const uint4 hdr = *(const uint4 *)blk;
+                    int sc, m;
+                    q4k_scale_min_hdr(hdr, s, sc, m);
+                    dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)) * (float)sc;
+                    dm[mt][h] = half_bits_to_f32((uint16_t)(hdr.x >> 16)) * (float)m;
+                    const uint2 q = *(const uint2 *)(blk + 16 + 32 * (s >> 1) + 8 * t4);
+                    a[mt][h][0] = (q.x >> shift) & 0x0F0F0F0F;
+                    a[mt][h][1] = (q.y >> shift) & 0x0F0F0F0F;
+                }
+            const int kb = 8 * u + s;  // the block of 32 in the stage
+#pragma unroll
+            for (int nt = 0; nt < NT8; nt++) {
+                const int tk = kb * 8 * NT8 + 8 * nt;
+                const uint2 b = *(const uint2 *)(xq + (tk + g) * 32 + 8 * t4);
+                const float4 v = *(const float4 *)(xs + 2 * (tk + 2 * t4));  // scale, sum of token 2 t4; of the next
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    int c[4];
+                    mma_s8_16x8x32(c, a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], b.x, b.y);
+                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * v.x) - dm[mt][0] * v.y;
+                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * v.z) - dm[mt][0] * v.w;
+                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * v.x) - dm[mt][1] * v.y;
+                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * v.z) - dm[mt][1] * v.w;
+                }
+            }
+        }
+    }
+};
+
+// Whether q4_K products of 2..32 tokens stream (mma_stream_kernel on Q4kStream) where it applies: not unless
+// DFL_CUDA_Q4K_STREAM=1.
+static bool q4k_stream_on() {
+    static const bool on = env_switch("DFL_CUDA_Q4K_STREAM", false);
+    return on;
+}
+
+// The stream-K product of T tokens, true where it applies (stream_plan).
+static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
+    if (!q4k_stream_on() || !mma_xt_on()) return false;
+    const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
+    if (!p.ok) return false;
+    const MmaX x = mma_acts(dev, qx.xq, qx.xs, qx.xsum, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
+    float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
+    auto launch = [&](dim3, auto, auto nt8) {
+        constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory
+        const Q4kStream<2, NT8> f{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
+        launch_stream<decltype(f), S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
+    };
+    launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
+    return true;
+}
+
 static bool q4k_mt2_32() {
     static const bool on = env_switch("DFL_CUDA_Q4K_MT2_32", true);
     return on;
@@ -105,6 +235,7 @@ bool q4k_mma_ok(const Weight &W) {
 
 void launch_gemv_q4k_mma(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const CudaDevice::QuantX qx = quantize_x(dev, X, W.n_in, T, true);
+    if (launch_q4k_stream(dev, W, qx, T, Y)) return;
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
