@@ -1,4 +1,6 @@
 // Products of 2..64 tokens on q4_K on int8 tensor cores (mma.sync m16n8k32), on the file's own layout.
+#include <type_traits>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
@@ -218,7 +220,7 @@ static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory
         const Q4kStream<2, NT8> f{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
-        launch_stream<decltype(f), S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
+        launch_stream<std::decay_t<decltype(f)>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
     };
     launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
     return true;

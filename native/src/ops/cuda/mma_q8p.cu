@@ -597,7 +597,7 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // as the two-blocks-a-warp staged kernel
         auto go = [&](auto ldsm) {
             const Q8pStream<2, NT8, decltype(ldsm)::value> f{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
-            launch_stream<decltype(f), S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
+            launch_stream<std::decay_t<decltype(f)>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
         };
         if (q8p_stream_mode() == 2)
             go(std::true_type{});
