@@ -169,7 +169,7 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(8), int64_t(16), int64_t(17), int64_t(32)})
             check_twice(W, wp, "q8_0 repacked", T, 1.5e-2, r);
     }
-    // q4_K at 2..32 tokens on grids that stream with DFL_CUDA_Q4K_STREAM=1: 66 tiles (a partial last one) of 8 stages
+    // q4_K at 2..32 tokens on grids that stream (unless DFL_CUDA_Q4K_STREAM=0): 66 tiles (a partial last one) of 8 stages
     // (pieces in slots) and 532 tiles of 2 (pieces added onto a zeroed output); a repeated product gives the same bits
     for (const Shape &s : {Shape{4096, 2100}, Shape{1024, 17000}}) {
         DualWeight W(DFL_TYPE_Q4_K, s.n_out, s.n_in, r);

@@ -1,6 +1,4 @@
 // Products of 2..64 tokens on q4_K on int8 tensor cores (mma.sync m16n8k32), on the file's own layout.
-#include <type_traits>
-
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
@@ -97,7 +95,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
     mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
 }
 
-// q4_K as mma_stream_kernel's format (DFL_CUDA_Q4K_STREAM=1): a stage is two super-blocks (512 inputs) of the tile's
+// q4_K as mma_stream_kernel's format (the default for 2..32 tokens): a stage is two super-blocks (512 inputs) of the tile's
 // rows as in the file (144 bytes each: rows of 288 bytes, 32 past a multiple of 128, so a half-warp's 8-byte quant
 // loads fall in distinct banks) and their fragment-ordered activations (scale and block sum a token); warp w multiplies
 // sub-block w of each super-block. The register kernel above reads every block's activations from L2 in each warp
@@ -203,10 +201,11 @@ struct Q4kStream {
     }
 };
 
-// Whether q4_K products of 2..32 tokens stream (mma_stream_kernel on Q4kStream) where it applies: not unless
-// DFL_CUDA_Q4K_STREAM=1.
+// Whether q4_K products of 2..32 tokens stream (mma_stream_kernel on Q4kStream) where it applies: on unless
+// DFL_CUDA_Q4K_STREAM=0 (the register kernel below). H100 12-06 00:5x, kernel bench of the 27B layer as graph replays:
+// 175.3 / 204.4 / 250.3 / 292.3 -> 134.4 / 173.4 / 218.5 / 246.5 us at 8 / 16 / 24 / 32 tokens, every matrix faster.
 static bool q4k_stream_on() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_STREAM", false);
+    static const bool on = env_switch("DFL_CUDA_Q4K_STREAM", true);
     return on;
 }
 
@@ -220,7 +219,7 @@ static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory
         const Q4kStream<2, NT8> f{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
-        launch_stream<std::decay_t<decltype(f)>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
+        launch_stream<Q4kStream<2, NT8>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
     };
     launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
     return true;

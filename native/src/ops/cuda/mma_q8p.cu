@@ -102,9 +102,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q8p_mma_kernel(const int8
 constexpr int kPipeGroup = kMmaWarps;   // blocks of 32 a stage holds, one per warp (U of them with U > 1, below)
 // A stage of U blocks of 32 a warp (kPipeGroup U a stage) holds its rows in U * 256 + 32 bytes: 8 words past a multiple
 // of 32 whatever U, so the fragment loads stay on distinct banks.
-// With ldmatrix (the stream kernel's LDSM) rows are 16 bytes past a multiple of 128 instead: its eight 16-byte row reads
-// a matrix then fall in distinct banks.
-__host__ __device__ constexpr int pipe_row_bytes(int U, int pad = 32) { return kPipeGroup * 32 * U + pad; }
+__host__ __device__ constexpr int pipe_row_bytes(int U) { return kPipeGroup * 32 * U + 32; }
 constexpr int kPipeStages = 4;
 // Stages where the grid leaves one block an SM (on unless DFL_CUDA_Q8P_DEEP=0): the 4096-row matrices of qwen3-8b are
 // 128 blocks of 32 rows, whose 3 stages ahead hold ~28 KB of weights an SM (the down projection at 8 tokens ran at
@@ -115,14 +113,14 @@ constexpr int kPipeDeepStages = 8;
 // A stage's activations come from the fragment-ordered copy (mma_acts_kernel's [kPipeGroup][T8][32] quants and
 // [kPipeGroup][T8] scales). Staging the quantizer's rows instead (no copy kernel before the product) was tried and
 // lost: H200 12-04 05:1x tg b8 qwen3-8b 1,786 -> 1,659 tok/s; H100 12-05 17:3x 27B q8_0 verify of 16 rows 17.3 -> 21.9 ms.
-__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, int U = 1, int pad = 32) {
-    return 16 * MT * pipe_row_bytes(U, pad) + 16 * MT * 16 * U + kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8;
+__host__ __device__ constexpr int pipe_stage_bytes(int MT, int T8, int U = 1) {
+    return 16 * MT * pipe_row_bytes(U) + 16 * MT * 16 * U + kPipeGroup * U * 32 * T8 + kPipeGroup * U * 4 * T8;
 }
 
 // U: blocks of 32 a warp multiplies a stage
-template <int MT, int NT8, int U = 1, int PAD = 32>
+template <int MT, int NT8, int U = 1>
 struct PipeStage {
-    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U, PAD);
+    static constexpr int kGroup = kPipeGroup * U, kRow = pipe_row_bytes(U);
     uint8_t *w;    // [16 MT rows][kRow]
     uint16_t *d;   // [16 MT rows][kGroup] row scales
     int8_t *xq;    // [kGroup][8 NT8 tokens][32]
@@ -169,9 +167,9 @@ struct PipeStage {
 // same places. Why: ncu (H100 12-05 16:1x) had the 27B's gate|up at 16 tokens issuing 0.58 instructions a cycle per
 // scheduler (50 % of the SM's issue) with DRAM 74 % busy: ~460 warp instructions a stage where the multiplies take
 // ~140; the copies' address arithmetic is most of the rest.
-template <int MT, int NT8, int U, int PAD = 32>
+template <int MT, int NT8, int U>
 struct PipeCopies {
-    using Stage = PipeStage<MT, NT8, U, PAD>;
+    using Stage = PipeStage<MT, NT8, U>;
     static constexpr int kThreads = kMmaWarps * 32, kGroup = Stage::kGroup, kRow = Stage::kRow;
     static constexpr int kW = 16 * MT * 16 * U;                       // weight words a stage
     static constexpr int kWPer = (kW + kThreads - 1) / kThreads;
@@ -262,72 +260,6 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
     }
 }
 
-// pipe_stage_mma by ldmatrix (the stream kernel's LDSM, rows of pipe_row_bytes(U, 16)): a row tile's A fragment is one
-// ldmatrix.x4 in the mma's own k order, where two 8-byte loads in the permuted order took up to eight register moves
-// to line up as the mma's operands (the SASS of the staged kernel at 16 tokens: 42 IMAD a stage of 8 IMMA); the B
-// fragments of two token tiles one ldmatrix.x4 likewise (k order natural for both operands, so the sums are the same
-// integers). The scales and the C layout are as in pipe_stage_mma.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
-}
-
-template <int MT, int NT8, int U>
-__device__ __forceinline__ void pipe_stage_mma_ldsm(const PipeStage<MT, NT8, U, 16> &cur, float (&acc)[MT][NT8][4]) {
-    using Stage = PipeStage<MT, NT8, U, 16>;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-    const unsigned w0 = (unsigned)__cvta_generic_to_shared(cur.w), x0 = (unsigned)__cvta_generic_to_shared(cur.xq);
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int kb = warp + kMmaWarps * u;
-        float sw[MT][2];
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            // lanes 0..15 address rows 0..15 of the tile at byte 0 of the block, lanes 16..31 at byte 16
-            ldsm_x4(a[mt], w0 + (16 * mt + (lane & 15)) * Stage::kRow + kb * 32 + (lane >> 4) * 16);
-#pragma unroll
-            for (int h = 0; h < 2; h++) sw[mt][h] = half_bits_to_f32(cur.d[(16 * mt + 8 * h + g) * Stage::kGroup + kb]);
-        }
-        // token tiles nt, nt + 1: lanes 0..7 / 8..15 address the first's rows at byte 0 / 16, lanes 16..31 the second's
-        uint32_t b[NT8][2];
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt += 2) {
-            const int tok = kb * 8 * NT8 + 8 * nt;
-            if (nt + 1 < NT8) {
-                uint32_t r[4];
-                ldsm_x4(r, x0 + (tok + 8 * (lane >> 4) + (lane & 7)) * 32 + ((lane >> 3) & 1) * 16);
-                b[nt][0] = r[0];
-                b[nt][1] = r[1];
-                b[nt + 1][0] = r[2];
-                b[nt + 1][1] = r[3];
-            } else {
-                uint32_t r[2];
-                ldsm_x2(r, x0 + (tok + (lane & 7)) * 32 + ((lane >> 3) & 1) * 16);
-                b[nt][0] = r[0];
-                b[nt][1] = r[1];
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT8; nt++) {
-            const float2 sx = *(const float2 *)(cur.xs + kb * 8 * NT8 + 8 * nt + 2 * t4);
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                int c[4];
-                mma_s8_16x8x32(c, a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
-                acc[mt][nt][0] += (float)c[0] * (sw[mt][0] * sx.x);
-                acc[mt][nt][1] += (float)c[1] * (sw[mt][0] * sx.y);
-                acc[mt][nt][2] += (float)c[2] * (sw[mt][1] * sx.x);
-                acc[mt][nt][3] += (float)c[3] * (sw[mt][1] * sx.y);
-            }
-        }
-    }
-}
-
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
 // PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
@@ -388,13 +320,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride);
 }
 
-// Repacked q8_0 as mma_stream_kernel's format (DFL_CUDA_Q8P_STREAM=1; 2: the fragments by ldmatrix): the staged
-// kernel's two-blocks-a-warp stages (512 inputs) and its copies.
-template <int MT, int NT8, bool LDSM>
+// Repacked q8_0 as mma_stream_kernel's format (DFL_CUDA_Q8P_STREAM=1): the staged kernel's two-blocks-a-warp stages
+// (512 inputs) and its copies. (Its fragments by ldmatrix, one x4 load a row tile in the mma's own k order instead of
+// the permuted 8-byte loads and the register moves that line them up, lost: H100 12-06 00:5x, the 27B layer at 16
+// tokens 176.9 -> 187.5 us, its 16-row verify 15.27 -> 15.70 ms.)
+template <int MT, int NT8>
 struct Q8pStream {
-    static constexpr int kMT = MT, kNT8 = NT8, kPad = LDSM ? 16 : 32, kStage = pipe_stage_bytes(MT, 8 * NT8, 2, kPad);
-    using Stage = PipeStage<MT, NT8, 2, kPad>;
-    using Copies = PipeCopies<MT, NT8, 2, kPad>;
+    static constexpr int kMT = MT, kNT8 = NT8, kStage = pipe_stage_bytes(MT, 8 * NT8, 2);
+    using Stage = PipeStage<MT, NT8, 2>;
+    using Copies = PipeCopies<MT, NT8, 2>;
     const int8_t *qs;
     const uint16_t *dw;
     int64_t n_in;
@@ -405,10 +339,7 @@ struct Q8pStream {
         return Copies(qs, dw, n_in, n_in / 32, n_out, row0, fq, fs);
     }
     __device__ __forceinline__ static void mma(uint8_t *stage, float (&acc)[MT][NT8][4]) {
-        if constexpr (LDSM)
-            pipe_stage_mma_ldsm<MT, NT8, 2>(Stage(stage), acc);
-        else
-            pipe_stage_mma<MT, NT8, 2>(Stage(stage), acc);
+        pipe_stage_mma<MT, NT8, 2>(Stage(stage), acc);
     }
 };
 
@@ -580,29 +511,23 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
 }
 
 // Whether q8_0 products of 8..32 tokens stream (mma_stream_kernel on Q8pStream) where it applies: not unless
-// DFL_CUDA_Q8P_STREAM=1 (or 2: the fragments by ldmatrix, pipe_stage_mma_ldsm).
-static int q8p_stream_mode() {
-    static const int m = (int)env_int("DFL_CUDA_Q8P_STREAM", 0);
-    return m == 1 || m == 2 ? m : 0;
+// DFL_CUDA_Q8P_STREAM=1.
+static bool q8p_stream_on() {
+    static const bool on = env_switch("DFL_CUDA_Q8P_STREAM", false);
+    return on;
 }
 
 // The stream-K product of T (8..32) tokens, true where it applies (stream_plan).
 static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
-    if (!q8p_stream_mode() || !mma_xt_on()) return false;
+    if (!q8p_stream_on() || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
     if (!p.ok) return false;
     const MmaX x = mma_acts(dev, qx.xq, qx.xs, nullptr, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
     float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // as the two-blocks-a-warp staged kernel
-        auto go = [&](auto ldsm) {
-            const Q8pStream<2, NT8, decltype(ldsm)::value> f{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
-            launch_stream<std::decay_t<decltype(f)>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
-        };
-        if (q8p_stream_mode() == 2)
-            go(std::true_type{});
-        else
-            go(std::false_type{});
+        const Q8pStream<2, NT8> f{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
+        launch_stream<Q8pStream<2, NT8>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
     };
     launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
     return true;
