@@ -157,11 +157,11 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(8), int64_t(9), int64_t(16), int64_t(17), int64_t(23), int64_t(24)})
             check_twice(W, wp, "q8_0 repacked", T, 1.5e-2, r);
     }
-    // the 27B's 5120-row products at 8..32 tokens (5120 x 6144; 4500 rows: a partial last tile): with
-    // DFL_CUDA_Q8P_STREAM=1 stream-K cuts their 160 tiles into 264 shares, two or three pieces a tile added in order
-    // (the 17,000-row matrix above: at most two a tile, added onto a zeroed output). Either way a product repeated gives
-    // the same bits.
-    for (const Shape &s : {Shape{6144, 5120}, Shape{6144, 4500}}) {
+    // stream-K at 8..32 tokens: rows of 16,384 inputs on fewer tiles than blocks (1000 rows: 32 tiles, a partial last
+    // one) by default, each tile cut in pieces added in order; with DFL_CUDA_Q8P_STREAM=1 also the 27B's o shape (5120
+    // x 6144, 160 tiles; 4500 rows: a partial last tile) and the 17,000-row matrix above (at most two pieces a tile,
+    // added onto a zeroed output). Either way a product repeated gives the same bits.
+    for (const Shape &s : {Shape{16384, 1000}, Shape{6144, 5120}, Shape{6144, 4500}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
         Weight wp = W.wg;
         g_gpu->prepare_weight(wp);

@@ -510,18 +510,27 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     check_launch("matmul (q8_0 staged int8 mma)");
 }
 
-// Whether q8_0 products of 8..32 tokens stream (mma_stream_kernel on Q8pStream) where it applies: not unless
-// DFL_CUDA_Q8P_STREAM=1.
-static bool q8p_stream_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_STREAM", false);
-    return on;
+// Which q8_0 products of 8..32 tokens stream (mma_stream_kernel on Q8pStream): by default the grids of fewer row
+// tiles than blocks whose rows hold at least kSplitK4Groups stages (those split-K cuts in four: the 27B's down
+// projection, 5120 x 17408); DFL_CUDA_Q8P_STREAM=1 every grid it applies to, 0 none. H100 12-06 00:5x, kernel bench
+// (graph replays): the 27B down at 8 / 16 / 24 / 32 tokens 40.4 / 44.1 / 48.9 / 53.0 -> 39.8 / 41.9 / 44.9 / 47.5 us,
+// its o (12 stages a row) 16.0 -> 16.2 at 16 tokens, and the grids of more tiles than blocks (gate|up, qkv|z|b|a) slower
+// then by the zeroing of their outputs (since fixed, unmeasured).
+enum class Q8pStreamMode : int { kOff = 0, kAll = 1, kLong = 2 };
+static Q8pStreamMode q8p_stream_mode() {
+    static const Q8pStreamMode m = [] {
+        const int64_t v = env_int("DFL_CUDA_Q8P_STREAM", 2);
+        return v == 0 ? Q8pStreamMode::kOff : v == 1 ? Q8pStreamMode::kAll : Q8pStreamMode::kLong;
+    }();
+    return m;
 }
 
 // The stream-K product of T (8..32) tokens, true where it applies (stream_plan).
 static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
-    if (!q8p_stream_on() || !mma_xt_on()) return false;
+    const Q8pStreamMode mode = q8p_stream_mode();
+    if (mode == Q8pStreamMode::kOff || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
-    if (!p.ok) return false;
+    if (!p.ok || (mode == Q8pStreamMode::kLong && !(p.slots && p.groups >= kSplitK4Groups))) return false;
     const MmaX x = mma_acts(dev, qx.xq, qx.xs, nullptr, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
     float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
     auto launch = [&](dim3, auto, auto nt8) {
