@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
-# scripts/gpu/pack.sh --peer (carry .gpu); poll with scripts/gpu/bg.sh wait 560.
+# scripts/gpu/pack.sh (carry .gpu); poll with scripts/gpu/bg.sh wait 560.
 cd "$(dirname "$0")/../.."
-exec scripts/gpu/bg.sh start "DS4_LAYERS=3 DS4_FUSED_MODES=1 ds4-bench"
+exec scripts/gpu/bg.sh start "check" \
+  "OPS_VARIANTS='DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q4K_STREAM=0' ops matmul" \
+  "KERNEL_VARIANTS='- DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q8P_STREAM=0,DFL_CUDA_Q4K_STREAM=0' DFL_BENCH_LAYER=qwen35-27b DFL_BENCH_TOKENS='8 16 24 32' kbench" \
+  "SPEC_VARIANTS='- DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q8P_STREAM=0 -' SPEC_PROFILE=0 SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_BENCH='^BenchmarkGGUF\$' spec-bench" \
+  "SLIM_VARIANTS='- DFL_CUDA_Q4K_STREAM=0 DFL_CUDA_Q8P_STREAM=1 -' OPTINS=DFLASH_NOTHING=1 BENCH_FILTER=GGUF/tg DFLASH_BENCH_BATCHES=8,32 slim qwen3-8b:q4_K qwen3-8b:q8_0"
