@@ -85,8 +85,7 @@ __global__ void stream_slots_kernel(const float *slots, int64_t n_out, int64_t T
     pdl_wait();
     const int64_t count = n_out * T;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i % n_out / 32;
-        const int64_t pieces = stream_block_of((t + 1) * G - 1, units, blocks) - stream_block_of(t * G, units, blocks) + 1;
+        const int64_t pieces = stream_pieces(i % n_out / 32, G, units, blocks);
         if (pieces < 2) continue;
         float v = slots[i];
         for (int64_t k = 1; k < pieces; k++) v += slots[k * count + i];

@@ -12,16 +12,12 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/stream_split.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_common.cuh"
 
 namespace dfl {
 namespace cuda {
-
-// The block whose share [units b / blocks, units (b + 1) / blocks) holds unit.
-__host__ __device__ inline int64_t stream_block_of(int64_t unit, int64_t units, int64_t blocks) {
-    return ((unit + 1) * blocks + units - 1) / units - 1;
-}
 
 // F, a weight format's stage (the kernel's argument): kMT, kNT8 (the tile: 16 kMT rows, 8 kNT8 tokens), kStage (bytes
 // a stage in shared memory), groups() (stages a row), copies(row0, n_out) (a Copies whose load_w(at, j) and
@@ -113,8 +109,7 @@ inline StreamPlan stream_plan(const CudaDevice &dev, int64_t n_in, int64_t stage
     p.count = n_out * T;
     p.slots = tiles < p.blocks;
     if (p.units < p.blocks || (!p.slots && (p.count % 4 != 0 || ((uintptr_t)Y & 15) != 0))) return p;
-    const int64_t share = p.units / p.blocks;
-    p.most = (p.groups + share - 1) / share + 1;
+    p.most = stream_most_pieces(p.groups, p.units, p.blocks);
     p.ok = true;
     return p;
 }
