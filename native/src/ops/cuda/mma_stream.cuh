@@ -6,7 +6,9 @@
 // split blocks: 2.42; o 320: 1.21) and every block fills its pipeline from empty (the 6- and 8-way splits that would
 // fill the waves lost that again). A tile cut between blocks is added: with at least as many tiles as blocks a tile
 // has at most two pieces, added onto the zeroed output (either order gives the same float); with fewer (SLOTS), piece
-// k of a tile goes to slot k and launch_stream_slots adds them in order. Deterministic both ways.
+// k of a tile goes to slot k and launch_stream_slots adds them in order. Deterministic both ways. Measured (H100 12-06
+// 00:5x, the 27B layer): the part waves were not the cost of q8_0's gate|up (no gain there), the long rows' pipeline
+// fill was (the down 44.1 -> 41.9 us at 16 tokens); q4_K, whose register kernel kept little in flight, gained 15-23 %.
 #pragma once
 
 #include <cstdint>
