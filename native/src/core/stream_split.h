@@ -24,8 +24,8 @@ DFL_SPLIT_HD inline int64_t stream_pieces(int64_t t, int64_t G, int64_t units, i
     return stream_block_of((t + 1) * G - 1, units, blocks) - stream_block_of(t * G, units, blocks) + 1;
 }
 
-// At most this many pieces a tile: shares hold at least units / blocks units, so a tile of G holds at most
-// (G - 2) / share + 1 starts of shares after its first unit.
+// At most this many pieces a tile: shares hold at least share = units / blocks units, so a tile of G units holds at most
+// (G - 2) / share + 1 starts of shares after its first unit, (G - 2) / share + 2 pieces, which this bounds.
 inline int64_t stream_most_pieces(int64_t G, int64_t units, int64_t blocks) {
     const int64_t share = units / blocks;
     return (G + share - 1) / share + 1;

@@ -214,14 +214,12 @@ static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     if (!q4k_stream_on() || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
     if (!p.ok) return false;
-    const MmaX x = mma_acts(dev, qx.xq, qx.xs, qx.xsum, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
-    float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
-    auto launch = [&](dim3, auto, auto nt8) {
-        constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // two blocks an SM in shared memory
-        const Q4kStream<2, NT8> f{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
-        launch_stream<Q4kStream<2, NT8>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q4_K stream-K int8 mma)");
-    };
-    launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
+    stream_product(
+        dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
+        [&](auto nt8, const MmaX &x) {
+            return Q4kStream<2, decltype(nt8)::value>{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
+        },
+        "matmul (q4_K stream-K int8 mma)");
     return true;
 }
 

@@ -531,14 +531,12 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     if (mode == Q8pStreamMode::kOff || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
     if (!p.ok || (mode == Q8pStreamMode::kLong && !(p.slots && p.groups >= kSplitK4Groups))) return false;
-    const MmaX x = mma_acts(dev, qx.xq, qx.xs, nullptr, W.n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
-    float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
-    auto launch = [&](dim3, auto, auto nt8) {
-        constexpr int NT8 = decltype(nt8)::value, S = NT8 <= 2 ? 4 : 3;  // as the two-blocks-a-warp staged kernel
-        const Q8pStream<2, NT8> f{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
-        launch_stream<Q8pStream<2, NT8>, S>(dev, f, p, W.n_out, T, Y, slots, "matmul (q8_0 stream-K int8 mma)");
-    };
-    launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
+    stream_product(
+        dev, p, qx, nullptr, W.n_in, W.n_out, T, Y,
+        [&](auto nt8, const MmaX &x) {
+            return Q8pStream<2, decltype(nt8)::value>{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
+        },
+        "matmul (q8_0 stream-K int8 mma)");
     return true;
 }
 

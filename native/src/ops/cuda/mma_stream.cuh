@@ -17,6 +17,7 @@
 #include "core/stream_split.h"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_common.cuh"
+#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -57,7 +58,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     }
     float acc[MT][NT8][4] = {};
     int64_t ct = u0 / G, cg = u0 % G;  // the unit being multiplied
-    bool whole = cg == 0;              // this block has the tile from its first stage
     for (int64_t j = 0; j < n; j++) {
         pipe_advance<S>(j, n, [&](int64_t jn) {
             const unsigned at = smem0 + (unsigned)(jn % S) * kStage;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
         __syncthreads();
         auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(cur);
         const int64_t row0 = ct * kRows;
-        if (whole && cg == G) {
+        if (ct * G >= u0 && cg == G) {  // the whole tile is this block's
             mma_store<MT, NT8>(red, acc, row0, n_out, T, Y);
         } else if constexpr (SLOTS) {
             const int64_t k = blockIdx.x - stream_block_of(ct * G, units, gridDim.x);
@@ -88,7 +88,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
                 for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
         ct++;
         cg = 0;
-        whole = true;
     }
 }
 
@@ -138,6 +137,22 @@ void launch_stream(CudaDevice &dev, const F &f, const StreamPlan &p, int64_t n_o
         go(std::false_type{});
     check_launch(what);
     if (p.slots) launch_stream_slots(dev, p, slots, n_out, T, Y);
+}
+
+// A stream-K product of T tokens on the plan p: the activations' fragment-ordered copy (zeroing Y where pieces are added
+// onto it), the slots where it has them, then the format make(nt8, x) returns for the tile of T tokens
+// (std::integral_constant nt8, 1..4) at 4 stages up to 16 tokens and 3 beyond (two blocks an SM in shared memory).
+template <class Make>
+void stream_product(CudaDevice &dev, const StreamPlan &p, const CudaDevice::QuantX &qx, const float *xsum, int64_t n_in,
+                    int64_t n_out, int64_t T, float *Y, Make &&make, const char *what) {
+    const MmaX x = mma_acts(dev, qx.xq, qx.xs, xsum, n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
+    float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
+    auto launch = [&](dim3, auto, auto nt8) {
+        constexpr int S = decltype(nt8)::value <= 2 ? 4 : 3;
+        const auto f = make(nt8, x);
+        launch_stream<std::decay_t<decltype(f)>, S>(dev, f, p, n_out, T, Y, slots, what);
+    };
+    launch_nt8<2, 4>((int)((T + 7) / 8), dim3(), launch);
 }
 
 }  // namespace cuda
