@@ -39,43 +39,37 @@ double matmul_bound(uint32_t type, int64_t T) {
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }
 
-// One product of W (n_out x n_in, as in the file) on T random rows, the GPU against the CPU.
-void check_matmul(const DualWeight &W, uint32_t type, int64_t n_out, int64_t n_in, int64_t T, Rng &r) {
-    Dual X(rand_vec(r, (size_t)(T * n_in)));
-    Dual Y((size_t)(T * n_out) * 4);
-    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-    g_gpu->matmul(W.wg, X.gp(), T, Y.gp());
-    compare(std::string("matmul ") + tname(type) + " " + std::to_string(n_out) + "x" + std::to_string(n_in) +
-                " T=" + std::to_string(T),
-            Y, matmul_bound(type, T));
-}
-
-// check_prepared's product on wg (W's GPU weight, prepared or not) twice: the first against the CPU's, the second
-// bit for bit against the first (the stream-K products add a tile's pieces in a fixed order).
-void check_twice(const DualWeight &W, const Weight &wg, const std::string &label, int64_t T, double bound, Rng &r) {
+// One product of wg (W's GPU weight, prepared or not: prepare_weight's copy takes int8 activations) against the CPU's W;
+// twice: run again and compared bit for bit with the first (the stream-K products add a tile's pieces in a fixed order).
+void check_product(const DualWeight &W, const Weight &wg, const std::string &label, int64_t T, double bound, Rng &r,
+                   bool twice) {
     Dual X(rand_vec(r, (size_t)(T * W.wc.n_in)));
-    Dual Y((size_t)(T * W.wc.n_out) * 4), Y2((size_t)(T * W.wc.n_out) * 4);
+    Dual Y((size_t)(T * W.wc.n_out) * 4);
     g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
     g_gpu->matmul(wg, X.gp(), T, Y.gp());
-    g_gpu->matmul(wg, X.gp(), T, Y2.gp());
     const std::string name = "matmul " + label + " " + std::to_string(W.wc.n_out) + "x" + std::to_string(W.wc.n_in) +
                              " T=" + std::to_string(T);
     compare(name, Y, bound);
+    if (!twice) return;
+    Dual Y2((size_t)(T * W.wc.n_out) * 4);
+    g_gpu->matmul(wg, X.gp(), T, Y2.gp());
     if (Y.read<uint32_t>(true) != Y2.read<uint32_t>(true)) {
         std::printf("  %s: a repeated product gave other bits\n", name.c_str());
         g_failures++;
     }
 }
 
-// One product of wp, the GPU's prepared copy of W (prepare_weight: int8 activations), against the CPU's W.
 void check_prepared(const DualWeight &W, const Weight &wp, const char *label, int64_t T, Rng &r) {
-    Dual X(rand_vec(r, (size_t)(T * W.wc.n_in)));
-    Dual Y((size_t)(T * W.wc.n_out) * 4);
-    g_cpu->matmul(W.wc, X.cp(), T, Y.cp());
-    g_gpu->matmul(wp, X.gp(), T, Y.gp());
-    compare(std::string("matmul ") + label + " " + std::to_string(W.wc.n_out) + "x" + std::to_string(W.wc.n_in) +
-                " T=" + std::to_string(T),
-            Y, 1.5e-2);
+    check_product(W, wp, label, T, 1.5e-2, r, false);
+}
+
+void check_twice(const DualWeight &W, const Weight &wg, const std::string &label, int64_t T, double bound, Rng &r) {
+    check_product(W, wg, label, T, bound, r, true);
+}
+
+// One product of W (as in the file, of type `type`) on T random rows, the GPU against the CPU.
+void check_matmul(const DualWeight &W, uint32_t type, int64_t T, Rng &r) {
+    check_product(W, W.wg, tname(type), T, matmul_bound(type, T), r, false);
 }
 
 // Embedding rows of W's file layout (W.wg as uploaded, before any prepare_weight), the GPU against the CPU.
@@ -104,7 +98,7 @@ void test_matmul_embed() {
     for (uint32_t type : types) {
         for (const Shape &s : shapes) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : Ts) check_matmul(W, type, s.n_out, s.n_in, T, r);
+            for (int64_t T : Ts) check_matmul(W, type, T, r);
             check_embed(W, {0, (int32_t)(s.n_out - 1), 3, 5, 0});
         }
     }
@@ -113,20 +107,20 @@ void test_matmul_embed() {
     for (uint32_t type : types) {
         DualWeight W(type, 4097, 4096, r);
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(32), int64_t(64)})
-            check_matmul(W, type, 4097, 4096, T, r);
+            check_matmul(W, type, T, r);
     }
     // few long 16-bit rows (DeepSeek V4's HC mixing products; one token: a block a row unless DFL_CUDA_GEMV_ROW_BLOCK=0)
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_BF16})
         for (const Shape &s : {Shape{16384, 24}, Shape{16384, 4}, Shape{4096, 64}, Shape{4104, 65}}) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
+            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, T, r);
         }
     // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
     // of 16 bytes)
     for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
         for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, s.n_out, s.n_in, T, r);
+            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, T, r);
         }
     // q8_0 repacked by prepare_weight, on int8 activations: T = 1 the dp4a GEMV, 2..7 the dp4a rows kernel; 8..64
     // tokens int8 tensor cores (with DFL_CUDA_I8_MMA=0 the dp4a kernels, up to 32), 16 rows per warp, or 32 where n_out
