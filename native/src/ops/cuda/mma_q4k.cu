@@ -7,6 +7,18 @@
 namespace dfl {
 namespace cuda {
 
+// A q4_K sub-block's m16n8k32 sums c onto a C fragment e: rows g (scale dsc0, minimum dm0) and g + 8 (dsc1, dm1), tokens
+// 2 t4 (activation scale s0, block sum m0) and 2 t4 + 1 (s1, m1). Two fused multiply-adds onto each sum: written as
+// e += c x - m y the compiler adds the difference to it, a multiply and an add more an entry (a tenth of the stream
+// kernel's instructions at 32 tokens).
+__device__ __forceinline__ void q4k_mma_acc(float (&e)[4], const int (&c)[4], float dsc0, float dsc1, float dm0,
+                                            float dm1, float s0, float m0, float s1, float m1) {
+    e[0] = fmaf(-dm0, m0, fmaf((float)c[0], dsc0 * s0, e[0]));
+    e[1] = fmaf(-dm0, m1, fmaf((float)c[1], dsc0 * s1, e[1]));
+    e[2] = fmaf(-dm1, m0, fmaf((float)c[2], dsc1 * s0, e[2]));
+    e[3] = fmaf(-dm1, m1, fmaf((float)c[3], dsc1 * s1, e[3]));
+}
+
 // One warp's q4_K super-block sb of its rows: the 16-byte header and 8 bytes of each of the four 32-byte quant chunks
 // per row half.
 template <int MT>
@@ -33,10 +45,7 @@ struct Q4kStage {
         int c[4];
         mma_s8_16x8x32(c, (q[mt][0][j].x >> shift) & 0x0F0F0F0F, (q[mt][1][j].x >> shift) & 0x0F0F0F0F,
                        (q[mt][0][j].y >> shift) & 0x0F0F0F0F, (q[mt][1][j].y >> shift) & 0x0F0F0F0F, b.x, b.y);
-        acc[0] += (float)c[0] * (dsc[mt][0] * s0) - dm[mt][0] * m0;
-        acc[1] += (float)c[1] * (dsc[mt][0] * s1) - dm[mt][0] * m1;
-        acc[2] += (float)c[2] * (dsc[mt][1] * s0) - dm[mt][1] * m0;
-        acc[3] += (float)c[3] * (dsc[mt][1] * s1) - dm[mt][1] * m1;
+        q4k_mma_acc(acc, c, dsc[mt][0], dsc[mt][1], dm[mt][0], dm[mt][1], s0, m0, s1, m1);
     }
     __device__ __forceinline__ void load(const uint8_t *const (&wrow)[MT][2], int64_t sb, int t4) {
 #pragma unroll
@@ -191,10 +200,7 @@ struct Q4kStream {
                 for (int mt = 0; mt < MT; mt++) {
                     int c[4];
                     mma_s8_16x8x32(c, a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], b.x, b.y);
-                    acc[mt][nt][0] += (float)c[0] * (dsc[mt][0] * v.x) - dm[mt][0] * v.y;
-                    acc[mt][nt][1] += (float)c[1] * (dsc[mt][0] * v.z) - dm[mt][0] * v.w;
-                    acc[mt][nt][2] += (float)c[2] * (dsc[mt][1] * v.x) - dm[mt][1] * v.y;
-                    acc[mt][nt][3] += (float)c[3] * (dsc[mt][1] * v.z) - dm[mt][1] * v.w;
+                    q4k_mma_acc(acc[mt][nt], c, dsc[mt][0], dsc[mt][1], dm[mt][0], dm[mt][1], v.x, v.y, v.z, v.w);
                 }
             }
         }
