@@ -110,13 +110,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
 // sub-block w of each super-block. The register kernel above reads every block's activations from L2 in each warp
 // and keeps two super-blocks of weights in flight a warp: at 32 tokens a qwen3-8b layer (109 MB) took 136.9 us, 0.8
 // TB/s (H200 12-03), where the staged q8_0 kernel reads 2+.
-template <int MT, int NT8>
+//
+// PREP (DFL_CUDA_Q4K_PREP=1, opt-in): the stage's 512 sub-block scales and minimums (32 rows, two super-blocks, eight
+// sub-blocks) decoded by the block, two a thread, into the stage's own table before its products, where each warp
+// decoded its sub-block's of every row (a header load, ~12 instructions a row half and super-block: ~a fifth of the
+// stage's instructions at 32 tokens), at the cost of one barrier a stage.
+template <int MT, int NT8, bool PREP = false>
 struct Q4kStream {
     static constexpr int kMT = MT, kNT8 = NT8, kSb = 2, kRow = kSb * kQ4_KBytes;
     static constexpr int kXq = kSb * 8 * 8 * NT8 * 32;  // the stage's 16 blocks of 32, 8 NT8 tokens each
     static constexpr int kXs = kSb * 8 * 8 * NT8 * 8;   // their scale and sum
-    static constexpr int kWBytes = 16 * MT * kRow, kStage = kWBytes + kXq + kXs;
+    // the decoded table: (d sc, dmin m) of [super-block][row][sub-block], rows of 9 pairs (a row a lane g: 18 g mod 32
+    // puts the 8 rows a warp reads in distinct banks)
+    static constexpr int kPairs = 9, kTable = PREP ? kSb * 16 * MT * kPairs * 8 : 0;
+    static constexpr int kWBytes = 16 * MT * kRow, kStage = kWBytes + kXq + kXs + kTable;
+    static constexpr bool kPrepare = PREP;
     static_assert(kRow % 128 == 32, "the quant loads' banks");
+    static_assert(!PREP || 16 * MT * kSb * 4 == kMmaWarps * 32, "a thread decodes two sub-blocks");
     const uint8_t *W;
     uint64_t row_bytes;
     int64_t n_in;
@@ -167,6 +177,20 @@ struct Q4kStream {
         return Copies(W, row_bytes, n_out, row0, fq, fs);
     }
 
+    // (PREP) thread t decodes sub-blocks 2 (t % 4) and the next of super-block t / 4 % 2 of row t / 8 into the table
+    __device__ __forceinline__ static void prepare(uint8_t *st) {
+        const int t = threadIdx.x, r = t >> 3, u = (t >> 2) & 1, s = 2 * (t & 3);
+        const uint4 hdr = *(const uint4 *)(st + r * kRow + u * kQ4_KBytes);
+        const float d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
+        float2 *row = (float2 *)(st + kStage - kTable) + (u * 16 * MT + r) * kPairs;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            int sc, m;
+            q4k_scale_min_hdr(hdr, s + k, sc, m);
+            row[s + k] = make_float2(d * (float)sc, dmin * (float)m);
+        }
+    }
+
     __device__ __forceinline__ static void mma(uint8_t *st, float (&acc)[MT][NT8][4]) {
         const int lane = threadIdx.x & 31, s = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
         const int8_t *xq = (const int8_t *)(st + kWBytes);
@@ -180,12 +204,19 @@ struct Q4kStream {
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const uint8_t *blk = st + (16 * mt + 8 * h + g) * kRow + u * kQ4_KBytes;
-                    const uint4 hdr = *(const uint4 *)blk;
-                    int sc, m;
-                    q4k_scale_min_hdr(hdr, s, sc, m);
-                    dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)) * (float)sc;
-                    dm[mt][h] = half_bits_to_f32((uint16_t)(hdr.x >> 16)) * (float)m;
+                    const int r = 16 * mt + 8 * h + g;
+                    const uint8_t *blk = st + r * kRow + u * kQ4_KBytes;
+                    if constexpr (PREP) {
+                        const float2 v = ((const float2 *)(st + kStage - kTable))[(u * 16 * MT + r) * kPairs + s];
+                        dsc[mt][h] = v.x;
+                        dm[mt][h] = v.y;
+                    } else {
+                        const uint4 hdr = *(const uint4 *)blk;
+                        int sc, m;
+                        q4k_scale_min_hdr(hdr, s, sc, m);
+                        dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)) * (float)sc;
+                        dm[mt][h] = half_bits_to_f32((uint16_t)(hdr.x >> 16)) * (float)m;
+                    }
                     const uint2 q = *(const uint2 *)(blk + 16 + 32 * (s >> 1) + 8 * t4);
                     a[mt][h][0] = (q.x >> shift) & 0x0F0F0F0F;
                     a[mt][h][1] = (q.y >> shift) & 0x0F0F0F0F;
@@ -216,16 +247,28 @@ static bool q4k_stream_on() {
 }
 
 // The stream-K product of T tokens, true where it applies (stream_plan).
+static bool q4k_prep() {
+    static const bool on = env_switch("DFL_CUDA_Q4K_PREP", false);
+    return on;
+}
+
 static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
     if (!q4k_stream_on() || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
     if (!p.ok) return false;
-    stream_product(
-        dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
-        [&](auto nt8, const MmaX &x) {
-            return Q4kStream<2, decltype(nt8)::value>{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
-        },
-        "matmul (q4_K stream-K int8 mma)");
+    auto go = [&](auto prep) {
+        stream_product(
+            dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
+            [&](auto nt8, const MmaX &x) {
+                return Q4kStream<2, decltype(nt8)::value, decltype(prep)::value>{W.data, W.row_bytes, W.n_in, x.xq,
+                                                                                  x.xs};
+            },
+            "matmul (q4_K stream-K int8 mma)");
+    };
+    if (q4k_prep())
+        go(std::true_type{});
+    else
+        go(std::false_type{});
     return true;
 }
 

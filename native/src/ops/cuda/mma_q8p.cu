@@ -327,6 +327,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
 template <int MT, int NT8>
 struct Q8pStream {
     static constexpr int kMT = MT, kNT8 = NT8, kStage = pipe_stage_bytes(MT, 8 * NT8, 2);
+    static constexpr bool kPrepare = false;
     using Stage = PipeStage<MT, NT8, 2>;
     using Copies = PipeCopies<MT, NT8, 2>;
     const int8_t *qs;

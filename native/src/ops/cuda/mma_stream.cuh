@@ -25,7 +25,8 @@ namespace cuda {
 // F, a weight format's stage (the kernel's argument): kMT, kNT8 (the tile: 16 kMT rows, 8 kNT8 tokens), kStage (bytes
 // a stage in shared memory), groups() (stages a row), copies(row0, n_out) (a Copies whose load_w(at, j) and
 // load_x(at, j) copy stage j of the tile at row0 and its activations into the stage at shared address at by cp.async)
-// and mma(stage, acc) (a stage's products into a warp's sums).
+// and mma(stage, acc) (a stage's products into a warp's sums); where kPrepare, prepare(stage) first (every thread, a
+// barrier after it).
 template <class F, int S, bool SLOTS>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2)
     mma_stream_kernel(F f, int64_t n_out, int64_t T, float *Y, float *slots) {
@@ -66,6 +67,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
             next_unit();
         });
         uint8_t *cur = stream_smem + (int)(j % S) * kStage;
+        if constexpr (F::kPrepare) {  // the stage's shared part worked out once by the block, then multiplied
+            F::prepare(cur);
+            __syncthreads();
+        }
         F::mma(cur, acc);
         if (++cg < G && j + 1 < n) continue;
         // the tile's piece is done: its sums through the stage's memory, which the next step refills after its barrier
