@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
-# scripts/gpu/pack.sh --peer (carry .gpu; llama.cpp builds beside the checks, then runs beside slim and ds4-bench); poll with scripts/gpu/bg.sh wait 560.
+# scripts/gpu/pack.sh --peer (carry .gpu; llama.cpp builds beside the checks, then runs beside slim); poll with
+# scripts/gpu/bg.sh wait 560. `check` runs the op tests and replays with UNMEASURED's opt-ins too.
 cd "$(dirname "$0")/../.."
 exec scripts/gpu/bg.sh start "peer" "check" \
-  "OPS_VARIANTS='DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q4K_STREAM=0 DFL_CUDA_Q4K_ROWS=2,DFL_CUDA_Q4K_PREP=1' ops matmul" \
   "KERNEL_VARIANTS='- DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q8P_STREAM=0,DFL_CUDA_Q4K_STREAM=0 DFL_CUDA_Q4K_ROWS=2 DFL_CUDA_Q4K_PREP=1' DFL_BENCH_LAYER=qwen35-27b DFL_BENCH_TOKENS='1 8 16 24 32' kbench" \
-  "DFL_BENCH_LAYER=qwen35-27b NCU_CASES='q4_K:32 q4_K:16 q8_0:16' ncu" \
-  "DFL_CUDA_Q4K_PREP=1 DFL_BENCH_LAYER=qwen35-27b NCU_CASES='q4_K:32' ncu" \
-  "SPEC_VARIANTS='- DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q8P_STREAM=0 -' SPEC_PROFILE=0 SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_BENCH='^BenchmarkGGUF\$' spec-bench" \
   "SLIM_VARIANTS='- DFL_CUDA_Q4K_STREAM=0 DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q4K_ROWS=2 DFL_CUDA_Q4K_PREP=1 -' OPTINS=DFLASH_NOTHING=1 BENCH_FILTER=GGUF/tg DFLASH_BENCH_BATCHES=8,32 slim qwen3-8b:q4_K qwen3-8b:q8_0" \
+  "SPEC_VARIANTS='- DFL_CUDA_Q8P_STREAM=1 DFL_CUDA_Q8P_STREAM=0 -' SPEC_PROFILE=0 SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_BENCH='^BenchmarkGGUF\$' spec-bench" \
+  "DFL_BENCH_LAYER=qwen35-27b NCU_CASES='q4_K:32 q4_K:16 q8_0:16' ncu" \
   "DS4_LAYERS=3 DS4_FUSED_MODES=1 ds4-bench"
