@@ -103,8 +103,9 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
 // once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
 // first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
-// tok/s, 12-03 22:12.) R rows a warp (q4k_rows), their super-blocks' loads issued together.
-template <int NT, int R = 1>
+// tok/s, 12-03 22:12; two rows a warp, their super-blocks loaded together, lost on an H100: the 27B layer's q4_K at one
+// token 93.6 -> 95.6 us, 12-06 02:3x.)
+template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
                                                                    const float *xsum, float *Y, GemvZ z) {
@@ -126,28 +127,19 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
         Y += k * z.y_stride;
     }
     const int lane = threadIdx.x & 31, p = lane & 7;
-    const int64_t r0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
-    if (r0 >= n_out) return;
-    const uint8_t *row[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) row[i] = W + (uint64_t)min(r0 + i, n_out - 1) * row_bytes;  // (past n_out: not stored)
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    if (r >= n_out) return;
+    const uint8_t *row = W + (uint64_t)r * row_bytes;
     const int64_t nb = n_in / QK_K;
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    float acc[R][NT] = {};
+    float acc[NT] = {};
 #pragma unroll 2
     for (int64_t b = lane >> 3; b < nb; b += 4) {
-        Q4KLane l[R];
+        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
 #pragma unroll
-        for (int i = 0; i < R; i++) l[i] = q4k_lane(row[i] + b * kQ4_KBytes, p);
-#pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int t = 0; t < NT; t++)
-                acc[i][t] += q4k_lane_dot(l[i], b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
+        for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        if (r0 + i < n_out) store_warp_rows<NT>(acc[i], Y, n_out, r0 + i);
+    store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -437,15 +429,6 @@ bool q4k_i8_on() {
     return on;
 }
 
-// Rows a warp of the one-token q4_K GEMV (and the z-batched expert pairs): 1, or 2 with DFL_CUDA_Q4K_ROWS=2 (opt-in,
-// not yet run on a GPU). Why: one row of 4096 inputs is 16 super-blocks, four in flight a warp; the kernel bench had
-// the 27B layer's q4_K at one token at 2.38 TB/s against q8_0's 2.75 (H100 12-06 00:5x), and two rows a warp took
-// q8_0's wide matrices 168.6 -> 152.9 us a 27B layer (12-05 17:3x).
-static int q4k_rows() {
-    static const int r = env_int("DFL_CUDA_Q4K_ROWS", 1) == 2 ? 2 : 1;
-    return r;
-}
-
 bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     if (W.type != DFL_TYPE_Q4_K || W.n_in % QK_K != 0 || W.row_bytes % 16 != 0 || ((uintptr_t)W.data & 15) != 0)
         return false;
@@ -464,10 +447,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     // a second stack (GemvZ::w2) doubles the members: nz of each
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
-    if ((nz > 1 || T == 1) && q4k_rows() == 2) {
-        const dim3 grid2((unsigned)((W.n_out + 2 * kQ8pWarps - 1) / (2 * kQ8pWarps)), grid.y);
-        launch_pdl(gemv_q4k_i8_kernel<1, 2>, grid2, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
-    } else if (nz > 1) {
+    if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
         switch (T) {

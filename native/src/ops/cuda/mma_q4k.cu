@@ -111,22 +111,24 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_q4k_mma_kernel(const uint
 // and keeps two super-blocks of weights in flight a warp: at 32 tokens a qwen3-8b layer (109 MB) took 136.9 us, 0.8
 // TB/s (H200 12-03), where the staged q8_0 kernel reads 2+.
 //
-// PREP (DFL_CUDA_Q4K_PREP=1, opt-in): the stage's 512 sub-block scales and minimums (32 rows, two super-blocks, eight
-// sub-blocks) decoded by the block, two a thread, into the stage's own table before its products, where each warp
-// decoded its sub-block's of every row (a header load, ~12 instructions a row half and super-block: ~a fifth of the
-// stage's instructions at 32 tokens), at the cost of one barrier a stage.
-template <int MT, int NT8, bool PREP = false>
+// A stage's 512 sub-block scales and minimums (32 rows, two super-blocks, eight sub-blocks) are decoded by the block,
+// two a thread, into a table in the stage before its products (prepare), where each warp decoded its sub-block's of
+// every row (a header load and ~12 instructions a row half and super-block): H100 12-06 02:3x, the 27B layer at 8 /
+// 16 / 24 / 32 tokens 132.1 / 158.9 / 197.8 / 224.2 -> 116.0 / 151.6 / 190.9 / 214.1 us, qwen3-8b q4_K tg b8 1,985
+// -> 2,145 tok/s. The kernel stays issue-bound (ncu at 32 tokens: 0.68 instructions issued a cycle a scheduler, 3.7
+// warps each, DRAM 32 % busy).
+template <int MT, int NT8>
 struct Q4kStream {
     static constexpr int kMT = MT, kNT8 = NT8, kSb = 2, kRow = kSb * kQ4_KBytes;
     static constexpr int kXq = kSb * 8 * 8 * NT8 * 32;  // the stage's 16 blocks of 32, 8 NT8 tokens each
     static constexpr int kXs = kSb * 8 * 8 * NT8 * 8;   // their scale and sum
     // the decoded table: (d sc, dmin m) of [super-block][row][sub-block], rows of 9 pairs (a row a lane g: 18 g mod 32
     // puts the 8 rows a warp reads in distinct banks)
-    static constexpr int kPairs = 9, kTable = PREP ? kSb * 16 * MT * kPairs * 8 : 0;
+    static constexpr int kPairs = 9, kTable = kSb * 16 * MT * kPairs * 8;
     static constexpr int kWBytes = 16 * MT * kRow, kStage = kWBytes + kXq + kXs + kTable;
-    static constexpr bool kPrepare = PREP;
+    static constexpr bool kPrepare = true;
     static_assert(kRow % 128 == 32, "the quant loads' banks");
-    static_assert(!PREP || 16 * MT * kSb * 4 == kMmaWarps * 32, "a thread decodes two sub-blocks");
+    static_assert(16 * MT * kSb * 4 == kMmaWarps * 32, "a thread decodes two sub-blocks");
     const uint8_t *W;
     uint64_t row_bytes;
     int64_t n_in;
@@ -177,7 +179,7 @@ struct Q4kStream {
         return Copies(W, row_bytes, n_out, row0, fq, fs);
     }
 
-    // (PREP) thread t decodes sub-blocks 2 (t % 4) and the next of super-block t / 4 % 2 of row t / 8 into the table
+    // thread t decodes sub-blocks 2 (t % 4) and the next of super-block t / 4 % 2 of row t / 8 into the table
     __device__ __forceinline__ static void prepare(uint8_t *st) {
         const int t = threadIdx.x, r = t >> 3, u = (t >> 2) & 1, s = 2 * (t & 3);
         const uint4 hdr = *(const uint4 *)(st + r * kRow + u * kQ4_KBytes);
@@ -206,17 +208,9 @@ struct Q4kStream {
                 for (int h = 0; h < 2; h++) {
                     const int r = 16 * mt + 8 * h + g;
                     const uint8_t *blk = st + r * kRow + u * kQ4_KBytes;
-                    if constexpr (PREP) {
-                        const float2 v = ((const float2 *)(st + kStage - kTable))[(u * 16 * MT + r) * kPairs + s];
-                        dsc[mt][h] = v.x;
-                        dm[mt][h] = v.y;
-                    } else {
-                        const uint4 hdr = *(const uint4 *)blk;
-                        int sc, m;
-                        q4k_scale_min_hdr(hdr, s, sc, m);
-                        dsc[mt][h] = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)) * (float)sc;
-                        dm[mt][h] = half_bits_to_f32((uint16_t)(hdr.x >> 16)) * (float)m;
-                    }
+                    const float2 t = ((const float2 *)(st + kStage - kTable))[(u * 16 * MT + r) * kPairs + s];
+                    dsc[mt][h] = t.x;
+                    dm[mt][h] = t.y;
                     const uint2 q = *(const uint2 *)(blk + 16 + 32 * (s >> 1) + 8 * t4);
                     a[mt][h][0] = (q.x >> shift) & 0x0F0F0F0F;
                     a[mt][h][1] = (q.y >> shift) & 0x0F0F0F0F;
@@ -247,28 +241,16 @@ static bool q4k_stream_on() {
 }
 
 // The stream-K product of T tokens, true where it applies (stream_plan).
-static bool q4k_prep() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_PREP", false);
-    return on;
-}
-
 static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
     if (!q4k_stream_on() || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
     if (!p.ok) return false;
-    auto go = [&](auto prep) {
-        stream_product(
-            dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
-            [&](auto nt8, const MmaX &x) {
-                return Q4kStream<2, decltype(nt8)::value, decltype(prep)::value>{W.data, W.row_bytes, W.n_in, x.xq,
-                                                                                  x.xs};
-            },
-            "matmul (q4_K stream-K int8 mma)");
-    };
-    if (q4k_prep())
-        go(std::true_type{});
-    else
-        go(std::false_type{});
+    stream_product(
+        dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
+        [&](auto nt8, const MmaX &x) {
+            return Q4kStream<2, decltype(nt8)::value>{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
+        },
+        "matmul (q4_K stream-K int8 mma)");
     return true;
 }
 
