@@ -240,11 +240,20 @@ static bool q4k_stream_on() {
     return on;
 }
 
+// Units (row tile, stage) a block a product of 25..32 tokens needs to stream (DFL_CUDA_Q4K_STREAM_UNITS, a knob,
+// default 0: any): fewer go to the register kernel (its 32-row tiles at 32 tokens). Why: qwen3-8b q4_K tg b32 ran faster on the register kernel (5,365 against 5,245
+// tok/s, H100 12-06 02:3x) while every 27B matrix streamed faster; the 8B's o and q|k|v (4096 inputs: 8 stages a row)
+// give a block of the 264 only 4-6 units, most of them pipeline fill and slots.
+static int64_t q4k_stream_units() {
+    static const int64_t u = env_int("DFL_CUDA_Q4K_STREAM_UNITS", 0);
+    return u;
+}
+
 // The stream-K product of T tokens, true where it applies (stream_plan).
 static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
     if (!q4k_stream_on() || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
-    if (!p.ok) return false;
+    if (!p.ok || (T > 24 && p.units < q4k_stream_units() * p.blocks)) return false;
     stream_product(
         dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
         [&](auto nt8, const MmaX &x) {
