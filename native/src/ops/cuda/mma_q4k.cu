@@ -179,12 +179,17 @@ struct Q4kStream {
         return Copies(W, row_bytes, n_out, row0, fq, fs);
     }
 
+    // the table's row of super-block u, row r of the tile: its (d sc, dmin m) by sub-block
+    __device__ __forceinline__ static float2 *table_row(uint8_t *st, int u, int r) {
+        return (float2 *)(st + kStage - kTable) + (u * 16 * MT + r) * kPairs;
+    }
+
     // thread t decodes sub-blocks 2 (t % 4) and the next of super-block t / 4 % 2 of row t / 8 into the table
     __device__ __forceinline__ static void prepare(uint8_t *st) {
         const int t = threadIdx.x, r = t >> 3, u = (t >> 2) & 1, s = 2 * (t & 3);
         const uint4 hdr = *(const uint4 *)(st + r * kRow + u * kQ4_KBytes);
         const float d = half_bits_to_f32((uint16_t)(hdr.x & 0xFFFF)), dmin = half_bits_to_f32((uint16_t)(hdr.x >> 16));
-        float2 *row = (float2 *)(st + kStage - kTable) + (u * 16 * MT + r) * kPairs;
+        float2 *row = table_row(st, u, r);
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             int sc, m;
@@ -208,7 +213,7 @@ struct Q4kStream {
                 for (int h = 0; h < 2; h++) {
                     const int r = 16 * mt + 8 * h + g;
                     const uint8_t *blk = st + r * kRow + u * kQ4_KBytes;
-                    const float2 t = ((const float2 *)(st + kStage - kTable))[(u * 16 * MT + r) * kPairs + s];
+                    const float2 t = table_row(st, u, r)[s];
                     dsc[mt][h] = t.x;
                     dm[mt][h] = t.y;
                     const uint2 q = *(const uint2 *)(blk + 16 + 32 * (s >> 1) + 8 * t4);
@@ -241,9 +246,10 @@ static bool q4k_stream_on() {
 }
 
 // Units (row tile, stage) a block a product of 25..32 tokens needs to stream (DFL_CUDA_Q4K_STREAM_UNITS, a knob,
-// default 0: any): fewer go to the register kernel (its 32-row tiles at 32 tokens). Why: qwen3-8b q4_K tg b32 ran faster on the register kernel (5,365 against 5,245
-// tok/s, H100 12-06 02:3x) while every 27B matrix streamed faster; the 8B's o and q|k|v (4096 inputs: 8 stages a row)
-// give a block of the 264 only 4-6 units, most of them pipeline fill and slots.
+// default 0: any): fewer go to the register kernel (its 32-row tiles at 32 tokens). Why: qwen3-8b q4_K tg b32 ran
+// faster on the register kernel (5,365 against 5,245 tok/s, H100 12-06 02:3x) while every 27B matrix streamed faster;
+// the 8B's o and q|k|v (4096 inputs: 8 stages a row) give a block of the 264 only 4-6 units, most of them pipeline
+// fill and slots.
 static int64_t q4k_stream_units() {
     static const int64_t u = env_int("DFL_CUDA_Q4K_STREAM_UNITS", 0);
     return u;
