@@ -691,8 +691,9 @@ ncu_profile() {
   log "ncu: ${NCU_CASES:-the default cases}"
   DFL_PROFILE_CASES=${NCU_CASES:-} timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k 'regex:gemv|mma' \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis "$kernel_test_bin" profile >"$OUT/ncu.txt" 2>&1
-  grep -E "^  [a-z_:]*(gemv|mma)|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|==ERROR|profile gemv" \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
+    "$kernel_test_bin" profile >"$OUT/ncu.txt" 2>&1
+  grep -E "^  [a-z_:]*(gemv|mma)|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|Executed Ipc A|Issue Slots Busy|pipeline is the most|==ERROR|profile gemv" \
     "$OUT/ncu.txt" | cut -c1-160 | tee -a "$OUT/summary.txt" | head -200
 }
 
