@@ -19,8 +19,11 @@ namespace cuda {
 // q4_K keeps its rows there); tg b32 q8_0 3,528 -> 4,203 tok/s, q4_K 2,836 -> 2,970.
 // zero (n_zero floats, a multiple of 4, 16-byte aligned): the output of a split-K product after it, which adds its
 // halves there (after the wait: the kernels before may still read it).
+// chunk > 0: the copy in chunks of that many blocks, each the chunk's quants [block][token][32] then its scales (q4_K:
+// with the sums) at fq, fs unused: a stage of the staged and streamed kernels is then one contiguous run to copy (where
+// the flat copy is two, the quants and the scales, and each 16-byte word needs a test of which and its own address).
 __global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, int T8,
-                                int8_t *fq, float *fs, float *zero, int64_t n_zero) {
+                                int8_t *fq, float *fs, float *zero, int64_t n_zero, int chunk) {
     pdl_trigger();  // the product may start loading its weights
     pdl_wait();
     const int64_t nb = n_in / 32, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  // i: block kb, token t
@@ -28,15 +31,23 @@ __global__ void mma_acts_kernel(const int8_t *xq, const float *xs, const float *
         ((float4 *)zero)[z] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (i >= nb * T8) return;
     const int64_t kb = i / T8, t = min(i % T8, T - 1), src = t * nb + kb;
+    const int per = xsum ? 2 : 1;  // floats a (block, token)
+    int64_t at = i;                // the (block, token)'s place among its run's
+    if (chunk > 0) {
+        const int64_t run = (int64_t)chunk * T8, base = kb / chunk * run * (32 + 4 * per);
+        at = i % run;
+        fq += base;
+        fs = (float *)(fq + run * 32);
+    }
     const int4 *q = (const int4 *)(xq + t * n_in + kb * 32);
-    int4 *dst = (int4 *)(fq + i * 32);
+    int4 *dst = (int4 *)(fq + at * 32);
     dst[0] = __ldg(q);
     dst[1] = __ldg(q + 1);
     if (xsum) {
-        fs[2 * i] = __ldg(xs + src);
-        fs[2 * i + 1] = __ldg(xsum + src);
+        fs[2 * at] = __ldg(xs + src);
+        fs[2 * at + 1] = __ldg(xsum + src);
     } else {
-        fs[i] = __ldg(xs + src);
+        fs[at] = __ldg(xs + src);
     }
 }
 
@@ -46,19 +57,32 @@ bool mma_xt_on() {
     return on;
 }
 
+// H100 12-06 04:3x, kernel bench (graph replays, one call), chunked against flat: the q4_K stream's layer at 8 / 16 /
+// 32 tokens qwen3-8b 72.8 / 93.5 / 127.5 -> 73.5 / 92.7 / 124.8 us, the 27B 115.1 / 151.7 / 228.6 -> 114.0 / 146.1 /
+// 215.8 (the stage's copies ~120 -> ~30 instructions a thread); q8_0 even (8B 89.9 / 95.9 / 109.6 -> 91.5 / 96.7 /
+// 108.5, 27B 167.1 / 176.9 / 199.2 -> 167.4 / 176.6 / 197.3): chunked by default for q4_K alone.
+static int64_t mma_chunk_mode() {
+    static const int64_t m = env_int("DFL_CUDA_MMA_CHUNK", 2);
+    return m;
+}
+bool mma_chunk_q4k() { return mma_chunk_mode() != 0; }
+bool mma_chunk_q8p() { return mma_chunk_mode() == 1; }
+
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, float *zero,
-              int64_t n_zero) {
+              int64_t n_zero, int chunk) {
     if (!mma_xt_on()) return MmaX{xq, xs, xsum, 0};
     const int T8 = (int)((T + 7) / 8 * 8);
     const int64_t nb = n_in / 32;
+    if (chunk > 0 && nb % chunk != 0) chunk = 0;
     const size_t q_bytes = round256((size_t)(nb * T8 * 32)), s_bytes = (size_t)(nb * T8) * (xsum ? 8 : 4);
-    uint8_t *p = (uint8_t *)dev.mma_buffer(q_bytes + s_bytes);
+    uint8_t *p = (uint8_t *)dev.mma_buffer(q_bytes + s_bytes);  // (chunked: nb T8 (32 + 4 or 8) bytes, no more)
     // the grid covers the output to zero too: sized for the copy alone (nb T8 / 256: 10 blocks for the 27B's 5120
     // inputs at 16 tokens) it zeroed gate|up's 2.2 MB in ~8 us (H100 12-06 00:5x, stream-K's first run)
     const unsigned blocks = std::max(grid_for(nb * T8, 256), std::min(grid_for(n_zero / 4, 256), 1024u));
     launch_pdl(mma_acts_kernel, blocks, 256, dev.stream(), xq, xs, xsum, n_in, T, T8, (int8_t *)p,
-               (float *)(p + q_bytes), zero, n_zero);
+               (float *)(p + q_bytes), zero, n_zero, chunk);
     check_launch("matmul (int8 mma activations)");
+    if (chunk > 0) return MmaX{(const int8_t *)p, (const float *)(p + (size_t)chunk * T8 * 32), nullptr, T8, chunk};
     return MmaX{(const int8_t *)p, (const float *)(p + q_bytes), nullptr, T8};
 }
 

@@ -87,20 +87,31 @@ struct MmaActs {
     }
 };
 
-// What an mma kernel reads its activations from: the quantizer's rows, or (T8 > 0) mma_acts_kernel's copy.
+// What an mma kernel reads its activations from: the quantizer's rows, or (T8 > 0) mma_acts_kernel's copy; chunk > 0:
+// the copy in chunks of that many blocks of 32, each its quants then its scales (mma_acts), xs the first chunk's scales.
 struct MmaX {
     const int8_t *xq;
     const float *xs, *xsum;
     int T8 = 0;
+    int chunk = 0;
 };
+
+// The blocks of 32 of a stage of the staged and streamed kernels (PipeStage<., ., 2>, Q4kStream): their chunk.
+constexpr int kStageBlocks = 16;
 
 // On unless DFL_CUDA_MMA_XT=0 (the rows, for comparisons in one run).
 bool mma_xt_on();
 
 // The fragment-ordered copy of the quantizer's rows (mma_acts_kernel), or the rows themselves when it is off. zero
-// (n_zero floats): the output of a split-K product after it, zeroed by the same launch.
+// (n_zero floats): the output of a split-K product after it, zeroed by the same launch. chunk (blocks of 32, dividing
+// n_in / 32; where mma_chunk_on): a stage's quants and scales one contiguous run (see mma_acts_kernel).
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T,
-              float *zero = nullptr, int64_t n_zero = 0);
+              float *zero = nullptr, int64_t n_zero = 0, int chunk = 0);
+
+// Whether the streamed q4_K products (mma_chunk_q4k) and the staged and streamed q8_0 ones (mma_chunk_q8p) take their
+// activations in chunks of a stage (DFL_CUDA_MMA_CHUNK: 0 neither, 1 both, default 2 q4_K alone).
+bool mma_chunk_q4k();
+bool mma_chunk_q8p();
 
 // Picks an mma kernel's tiling for T tokens and n_out rows (dispatch_mma_tiles): 32-row tiles up to TwoMaxNT8 where
 // they nearly fill the GPU (the blocks of 32 rows, one per SM: the kernels use most registers).

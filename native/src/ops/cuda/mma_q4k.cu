@@ -129,11 +129,13 @@ struct Q4kStream {
     static constexpr bool kPrepare = true;
     static_assert(kRow % 128 == 32, "the quant loads' banks");
     static_assert(16 * MT * kSb * 4 == kMmaWarps * 32, "a thread decodes two sub-blocks");
+    static_assert(kSb * 8 == kStageBlocks, "a stage is a chunk of mma_acts' copy");
     const uint8_t *W;
     uint64_t row_bytes;
     int64_t n_in;
     const int8_t *fq;
     const float *fs;
+    bool chunked;  // fq in chunks of a stage (MmaX::chunk)
     __device__ __forceinline__ int64_t groups() const { return n_in / (kSb * QK_K); }
 
     // A thread's share of a stage's copies, its addresses worked out once a tile.
@@ -145,9 +147,10 @@ struct Q4kStream {
         unsigned w_at[kWPer];     // and their offsets in a stage
         const int8_t *fq;
         const float *fs;
+        bool chunked;
         __device__ __forceinline__ Copies(const uint8_t *W, uint64_t row_bytes, int64_t n_out, int64_t row0,
-                                          const int8_t *fq_, const float *fs_)
-            : fq(fq_), fs(fs_) {
+                                          const int8_t *fq_, const float *fs_, bool chunked_)
+            : fq(fq_), fs(fs_), chunked(chunked_) {
 #pragma unroll
             for (int k = 0; k < kWPer; k++) {
                 const int c = min((int)threadIdx.x + k * kThreads, kW - 1);  // (past kW: never copied)
@@ -161,8 +164,18 @@ struct Q4kStream {
             for (int k = 0; k < kWPer; k++)
                 if ((int)threadIdx.x + k * kThreads < kW) cp_async16_at(st + w_at[k], w[k] + j * kRow);
         }
-        // stage j's activations: contiguous in the fragment-ordered copy (quants, then scales and sums)
+        // stage j's activations: contiguous in the fragment-ordered copy (quants, then scales and sums); chunked,
+        // both in one run, as the stage holds them
         __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
+            if (chunked) {
+                const uint8_t *src = (const uint8_t *)fq + j * (kXq + kXs) + threadIdx.x * 16;
+                const unsigned dst = st + kWBytes + threadIdx.x * 16;
+#pragma unroll
+                for (int k = 0; k < kXPer; k++)
+                    if (kX % kThreads == 0 || (int)threadIdx.x + k * kThreads < kX)
+                        cp_async16_at(dst + k * kThreads * 16, src + k * kThreads * 16);
+                return;
+            }
             const int8_t *q = fq + j * kXq;
             const float *sc = fs + j * (kXs / 4);
 #pragma unroll
@@ -176,7 +189,7 @@ struct Q4kStream {
         }
     };
     __device__ __forceinline__ Copies copies(int64_t row0, int64_t n_out) const {
-        return Copies(W, row_bytes, n_out, row0, fq, fs);
+        return Copies(W, row_bytes, n_out, row0, fq, fs, chunked);
     }
 
     // the table's row of super-block u, row r of the tile: its (d sc, dmin m) by sub-block
@@ -263,9 +276,9 @@ static bool launch_q4k_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * QK_K, W.n_out, T, Y);
     if (!p.ok || (T > 24 && p.units < q4k_stream_units() * p.blocks)) return false;
     stream_product(
-        dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y,
+        dev, p, qx, qx.xsum, W.n_in, W.n_out, T, Y, mma_chunk_q4k(),
         [&](auto nt8, const MmaX &x) {
-            return Q4kStream<2, decltype(nt8)::value>{W.data, W.row_bytes, W.n_in, x.xq, x.xs};
+            return Q4kStream<2, decltype(nt8)::value>{W.data, W.row_bytes, W.n_in, x.xq, x.xs, x.chunk > 0};
         },
         "matmul (q4_K stream-K int8 mma)");
     return true;

@@ -184,10 +184,11 @@ struct PipeCopies {
     unsigned d_at = 0;
     const int8_t *fq = nullptr;
     const float *fs = nullptr;
+    bool chunked = false;  // fq in chunks of a stage (MmaX::chunk)
     PipeCopies() = default;  // (a kernel without PRE: never used)
     __device__ __forceinline__ PipeCopies(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
-                                          int64_t row0, const int8_t *fq_, const float *fs_)
-        : fq(fq_), fs(fs_) {
+                                          int64_t row0, const int8_t *fq_, const float *fs_, bool chunked_)
+        : fq(fq_), fs(fs_), chunked(chunked_) {
 #pragma unroll
         for (int k = 0; k < kWPer; k++) {
             const int c = min((int)threadIdx.x + k * kThreads, kW - 1);  // (past kW: never copied)
@@ -208,8 +209,18 @@ struct PipeCopies {
             if (threadIdx.x + k * kThreads < kW) cp_async16_at(st + w_at + k * kWStep, w[k] + j * kGroup * 32);
         if (d) cp_async16_at(st + d_at, d + j * kGroup);
     }
-    // group j's fragment-ordered activations (PipeStage::load_x's copies: quants then scales, both contiguous)
+    // group j's fragment-ordered activations (PipeStage::load_x's copies: quants then scales, both contiguous);
+    // chunked, both in one run, as the stage holds them
     __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
+        if (chunked) {
+            const uint8_t *src = (const uint8_t *)fq + j * kX * 16 + threadIdx.x * 16;
+            const unsigned dst = st + kXOff + threadIdx.x * 16;
+#pragma unroll
+            for (int k = 0; k < kXPer; k++)
+                if (kX % kThreads == 0 || (int)threadIdx.x + k * kThreads < kX)
+                    cp_async16_at(dst + k * kThreads * 16, src + k * kThreads * 16);
+            return;
+        }
         const int8_t *q = fq + j * kXq * 16;
         const float *sc = fs + j * (kX - kXq) * 4;
 #pragma unroll
@@ -266,7 +277,8 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
 template <int MT, int NT8, int S, int U = 1, bool PRE = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
-                                                                     int64_t T, float *Y, int64_t part_stride) {
+                                                                     int64_t T, float *Y, int64_t part_stride,
+                                                                     int chunk) {
     using Stage = PipeStage<MT, NT8, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
     constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, U);
@@ -275,7 +287,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     const int64_t all = nb / Stage::kGroup, g0 = all * blockIdx.y / gridDim.y, ng = all * (blockIdx.y + 1) / gridDim.y - g0;
     const unsigned smem0 = (unsigned)__cvta_generic_to_shared(pipe_smem);
     using Copies = PipeCopies<MT, NT8, U>;
-    const Copies cps = PRE ? Copies(qs, dw, n_in, nb, n_out, row0, fq, fs) : Copies();
+    const Copies cps = PRE ? Copies(qs, dw, n_in, nb, n_out, row0, fq, fs, chunk > 0) : Copies();
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
@@ -330,14 +342,16 @@ struct Q8pStream {
     static constexpr bool kPrepare = false;
     using Stage = PipeStage<MT, NT8, 2>;
     using Copies = PipeCopies<MT, NT8, 2>;
+    static_assert(Stage::kGroup == kStageBlocks, "a stage is a chunk of mma_acts' copy");
     const int8_t *qs;
     const uint16_t *dw;
     int64_t n_in;
     const int8_t *fq;
     const float *fs;
     __device__ __forceinline__ int64_t groups() const { return n_in / 32 / Stage::kGroup; }
+    bool chunked;  // fq in chunks of a stage (MmaX::chunk)
     __device__ __forceinline__ Copies copies(int64_t row0, int64_t n_out) const {
-        return Copies(qs, dw, n_in, n_in / 32, n_out, row0, fq, fs);
+        return Copies(qs, dw, n_in, n_in / 32, n_out, row0, fq, fs, chunked);
     }
     __device__ __forceinline__ static void mma(uint8_t *stage, float (&acc)[MT][NT8][4]) {
         pipe_stage_mma<MT, NT8, 2>(Stage(stage), acc);
@@ -476,7 +490,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
             allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>>(dev.index(), smem,
                                                                          "matmul (q8_0 staged mma smem)");
             launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
-                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride);
+                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk);
         };
         if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
             if (q8p_pipe_pre_on()) {
@@ -533,9 +547,9 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
     if (!p.ok || (mode == Q8pStreamMode::kLong && !(p.slots && p.groups >= kSplitK4Groups))) return false;
     stream_product(
-        dev, p, qx, nullptr, W.n_in, W.n_out, T, Y,
+        dev, p, qx, nullptr, W.n_in, W.n_out, T, Y, mma_chunk_q8p(),
         [&](auto nt8, const MmaX &x) {
-            return Q8pStream<2, decltype(nt8)::value>{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs};
+            return Q8pStream<2, decltype(nt8)::value>{q8p_quants(W), q8p_scales(W), W.n_in, x.xq, x.xs, x.chunk > 0};
         },
         "matmul (q8_0 stream-K int8 mma)");
     return true;
@@ -550,7 +564,11 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0);
+    // a chunked copy only where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe)
+    const bool chunk = pipe && T <= 32 && q8p_pipe_u2_on() && q8p_pipe_pre_on() && mma_chunk_q8p() &&
+                       W.n_in % (2 * kPipeGroup * 32) == 0;
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
+                            chunk ? kStageBlocks : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);

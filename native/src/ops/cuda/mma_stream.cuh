@@ -145,12 +145,13 @@ void launch_stream(CudaDevice &dev, const F &f, const StreamPlan &p, int64_t n_o
 }
 
 // A stream-K product of T tokens on the plan p: the activations' fragment-ordered copy (zeroing Y where pieces are added
-// onto it), the slots where it has them, then the format make(nt8, x) returns for the tile of T tokens
+// onto it; chunked: in chunks of a stage, mma_acts), the slots where it has them, then the format make(nt8, x) returns for the tile of T tokens
 // (std::integral_constant nt8, 1..4) at 4 stages up to 16 tokens and 3 beyond (two blocks an SM in shared memory).
 template <class Make>
 void stream_product(CudaDevice &dev, const StreamPlan &p, const CudaDevice::QuantX &qx, const float *xsum, int64_t n_in,
-                    int64_t n_out, int64_t T, float *Y, Make &&make, const char *what) {
-    const MmaX x = mma_acts(dev, qx.xq, qx.xs, xsum, n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count);
+                    int64_t n_out, int64_t T, float *Y, bool chunked, Make &&make, const char *what) {
+    const MmaX x = mma_acts(dev, qx.xq, qx.xs, xsum, n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count,
+                            chunked ? kStageBlocks : 0);
     float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int S = decltype(nt8)::value <= 2 ? 4 : 3;
