@@ -22,6 +22,18 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&c)[4], uint32_t a0, uint32_
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
+// A block's copy of one contiguous run of kWords 16-byte words from src to the shared address dst by cp.async, each of
+// its kThreads threads the words threadIdx.x + k kThreads (a stage of mma_acts' chunked activations).
+template <int kWords, int kThreads>
+__device__ __forceinline__ void cp_async_run(unsigned dst, const uint8_t *src) {
+    src += threadIdx.x * 16;
+    dst += threadIdx.x * 16;
+#pragma unroll
+    for (int k = 0; k < (kWords + kThreads - 1) / kThreads; k++)
+        if (kWords % kThreads == 0 || (int)threadIdx.x + k * kThreads < kWords)
+            cp_async16_at(dst + k * kThreads * 16, src + k * kThreads * 16);
+}
+
 // The warps' sums of one block of an mma kernel added through shared memory and stored, one 16-row tile at a time (the
 // buffer then holds 8 tokens x 32 at most: 32 KB). The C fragment: entry i of lane l is row l / 4 + 8 (i / 2), token
 // 2 (l % 4) + i % 2 of its 16 x 8 tile.

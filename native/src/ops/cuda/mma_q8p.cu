@@ -213,12 +213,7 @@ struct PipeCopies {
     // chunked, both in one run, as the stage holds them
     __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
         if (chunked) {
-            const uint8_t *src = (const uint8_t *)fq + j * kX * 16 + threadIdx.x * 16;
-            const unsigned dst = st + kXOff + threadIdx.x * 16;
-#pragma unroll
-            for (int k = 0; k < kXPer; k++)
-                if (kX % kThreads == 0 || (int)threadIdx.x + k * kThreads < kX)
-                    cp_async16_at(dst + k * kThreads * 16, src + k * kThreads * 16);
+            cp_async_run<kX, kThreads>(st + kXOff, (const uint8_t *)fq + j * kX * 16);
             return;
         }
         const int8_t *q = fq + j * kXq * 16;
