@@ -20,8 +20,8 @@ import (
 // device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
 // count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
-// state recorded, five layers captured for the draft, then cut back to one accepted token) — its ms/step against
-// tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none) adds vt-b<B>-n<N>: the same with a
+// state recorded, five layers captured for the draft ($DFLASH_BENCH_CAPTURE sets how many), then cut back to one
+// accepted token) — its ms/step against tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none) adds vt-b<B>-n<N>: the same with a
 // token tree of N nodes (benchTree: DDTree's verify, every node's state recorded). Run with -test.benchtime=Nx;
 // tok/s is what to compare.
 //
@@ -196,9 +196,19 @@ func benchTree(n int) []int32 {
 // does (a chain, or the tree of parents), then keep one of them.
 func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int, parents []int32) {
 	info := m.Info()
-	capture := make([]int, 0, 5)
-	for i := 0; i < 5 && info.Arch != "deepseek4"; i++ {
-		capture = append(capture, (i*info.Layers)/5)
+	// $DFLASH_BENCH_CAPTURE layers captured (default 5, a DFlash draft's): 0 times a verify without the captures' copy
+	// to the host, so the difference is what they cost
+	nc := 5
+	if v := os.Getenv("DFLASH_BENCH_CAPTURE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			b.Fatalf("DFLASH_BENCH_CAPTURE=%q: want a count of layers, 0 or more", v)
+		}
+		nc = n
+	}
+	capture := make([]int, 0, nc)
+	for i := 0; i < nc && info.Arch != "deepseek4"; i++ {
+		capture = append(capture, (i*info.Layers)/nc)
 	}
 	batch := Batch{Capture: capture, TopK: 1}
 	start := func() {
@@ -374,7 +384,7 @@ func BenchmarkDraftGGUF(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			warmSteps(step)  // (a device with graphs replays a step's shape from its third time)
+			warmSteps(step) // (a device with graphs replays a step's shape from its third time)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				step()
