@@ -35,4 +35,19 @@ TEST(stream_split_shares_cover_units_once_and_pieces_fit_the_slots) {
     }
 }
 
+TEST(stream_split_halves_cut_every_tile_in_two) {
+    struct Case {
+        int64_t tiles, G;
+    };
+    // qwen3-8b's 4096-row o (8 stages a row) and down (24), a grid of one tile, and a tile per multiprocessor
+    for (const Case &c : {Case{128, 8}, Case{128, 24}, Case{1, 2}, Case{132, 12}}) {
+        const int64_t blocks = dfl::stream_halves_blocks(c.tiles, c.G, 132);
+        CHECK(blocks == 2 * c.tiles);
+        const int64_t units = c.tiles * c.G;
+        for (int64_t t = 0; t < c.tiles; t++) CHECK(dfl::stream_pieces(t, c.G, units, blocks) == 2);
+    }
+    CHECK(dfl::stream_halves_blocks(133, 8, 132) == 0);  // more tiles than multiprocessors: slots
+    CHECK(dfl::stream_halves_blocks(128, 9, 132) == 0);  // a tile of odd stages does not halve
+}
+
 }  // namespace dfltest

@@ -31,6 +31,13 @@ inline int64_t stream_most_pieces(int64_t G, int64_t units, int64_t blocks) {
     return (G + share - 1) / share + 1;
 }
 
+// Blocks for a grid of fewer tiles than blocks that cuts every tile in two pieces exactly (added onto a zeroed output:
+// deterministic, no slots): two a tile where the tiles fit one a multiprocessor (tiles <= sms) and a tile's G units
+// halve; else 0 (slots then).
+inline int64_t stream_halves_blocks(int64_t tiles, int64_t G, int64_t sms) {
+    return tiles <= sms && G % 2 == 0 ? 2 * tiles : 0;
+}
+
 }  // namespace dfl
 
 #undef DFL_SPLIT_HD

@@ -108,6 +108,10 @@ bool mma_xt_on();
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T,
               float *zero = nullptr, int64_t n_zero = 0, int chunk = 0);
 
+// Whether a stream-K grid of at most one tile a multiprocessor cuts each tile in halves (StreamPlan) instead of
+// storing pieces in slots that one more launch adds (DFL_CUDA_STREAM_HALVES=1).
+bool stream_halves_on();
+
 // Whether the streamed q4_K products (mma_chunk_q4k) and the staged and streamed q8_0 ones (mma_chunk_q8p) take their
 // activations in chunks of a stage (DFL_CUDA_MMA_CHUNK: 0 neither, 1 both, default 2 q4_K alone).
 bool mma_chunk_q4k();

@@ -540,7 +540,7 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     const Q8pStreamMode mode = q8p_stream_mode();
     if (mode == Q8pStreamMode::kOff || !mma_xt_on()) return false;
     const StreamPlan p = stream_plan(dev, W.n_in, 2 * kPipeGroup * 32, W.n_out, T, Y);
-    if (!p.ok || (mode == Q8pStreamMode::kLong && !(p.slots && p.groups >= kSplitK4Groups))) return false;
+    if (!p.ok || (mode == Q8pStreamMode::kLong && !((p.slots || p.halves) && p.groups >= kSplitK4Groups))) return false;
     stream_product(
         dev, p, qx, nullptr, W.n_in, W.n_out, T, Y, mma_chunk_q8p(),
         [&](auto nt8, const MmaX &x) {

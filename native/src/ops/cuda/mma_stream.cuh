@@ -98,10 +98,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2)
 
 // A stream-K product's grid: G stages a row of 32-row tiles, one share a block of two an SM; slots where there are
 // fewer tiles than blocks (then most pieces a tile at most), else the tiles' pieces are added onto the output, which
-// must be zeroed first (count floats at Y, a multiple of 4 and 16-byte aligned: mma_acts_kernel zeroes it).
+// must be zeroed first (count floats at Y, a multiple of 4 and 16-byte aligned: mma_acts_kernel zeroes it). With
+// stream_halves_on, a grid of at most one tile an SM takes two blocks a tile, each half of it, added onto the output
+// (stream_halves_blocks): no slots and no launch to add them.
 struct StreamPlan {
     int64_t groups = 0, units = 0, blocks = 0, most = 1, count = 0;
-    bool slots = false, ok = false;
+    bool slots = false, halves = false, ok = false;  // halves: fewer tiles than two blocks an SM, cut in two
 };
 
 inline StreamPlan stream_plan(const CudaDevice &dev, int64_t n_in, int64_t stage_inputs, int64_t n_out, int64_t T,
@@ -114,6 +116,13 @@ inline StreamPlan stream_plan(const CudaDevice &dev, int64_t n_in, int64_t stage
     p.blocks = 2 * (int64_t)dev.sm_count();
     p.count = n_out * T;
     p.slots = tiles < p.blocks;
+    if (p.slots && stream_halves_on() && p.count % 4 == 0 && ((uintptr_t)Y & 15) == 0) {
+        if (const int64_t halves = stream_halves_blocks(tiles, p.groups, dev.sm_count())) {
+            p.blocks = halves;
+            p.slots = false;
+            p.halves = true;
+        }
+    }
     if (p.units < p.blocks || (!p.slots && (p.count % 4 != 0 || ((uintptr_t)Y & 15) != 0))) return p;
     p.most = stream_most_pieces(p.groups, p.units, p.blocks);
     p.ok = true;
