@@ -21,9 +21,9 @@ import (
 // count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
 // state recorded, five layers captured for the draft ($DFLASH_BENCH_CAPTURE sets how many), then cut back to one
-// accepted token) — its ms/step against tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none) adds vt-b<B>-n<N>: the same with a
-// token tree of N nodes (benchTree: DDTree's verify, every node's state recorded). Run with -test.benchtime=Nx;
-// tok/s is what to compare.
+// accepted token) — its ms/step against tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none)
+// adds vt-b<B>-n<N>: the same with a token tree of N nodes (benchTree: DDTree's verify, every node's state recorded).
+// Run with -test.benchtime=Nx; tok/s is what to compare.
 //
 // MoE models (deepseek4): tg-b<B> also reports activeGB/s, the bytes a decode step must read (every matrix but the
 // embedding, and of each expert stack the share of the experts B tokens routed at random choose) per second of the

@@ -65,6 +65,9 @@ static int64_t mma_chunk_mode() {
     static const int64_t m = env_int("DFL_CUDA_MMA_CHUNK", 2);
     return m;
 }
+bool mma_chunk_q4k() { return mma_chunk_mode() != 0; }
+bool mma_chunk_q8p() { return mma_chunk_mode() == 1; }
+
 // Off unless DFL_CUDA_STREAM_HALVES=1 (not yet measured). Why: qwen3-8b's 4096-row q4_K products (128 tiles on 264
 // blocks) stream through slots and a summing launch, and at 25-32 tokens lost to the register kernel, whose 254
 // registers leave one block (8 warps) an SM; halves are two blocks a tile, four stages each for the o.
@@ -72,9 +75,6 @@ bool stream_halves_on() {
     static const bool on = env_switch("DFL_CUDA_STREAM_HALVES", false);
     return on;
 }
-
-bool mma_chunk_q4k() { return mma_chunk_mode() != 0; }
-bool mma_chunk_q8p() { return mma_chunk_mode() == 1; }
 
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, float *zero,
               int64_t n_zero, int chunk) {

@@ -154,8 +154,9 @@ void launch_stream(CudaDevice &dev, const F &f, const StreamPlan &p, int64_t n_o
 }
 
 // A stream-K product of T tokens on the plan p: the activations' fragment-ordered copy (zeroing Y where pieces are added
-// onto it; chunked: in chunks of a stage, mma_acts), the slots where it has them, then the format make(nt8, x) returns for the tile of T tokens
-// (std::integral_constant nt8, 1..4) at 4 stages up to 16 tokens and 3 beyond (two blocks an SM in shared memory).
+// onto it; chunked: in chunks of a stage, mma_acts), the slots where it has them, then the format make(nt8, x)
+// returns for the tile of T tokens (std::integral_constant nt8, 1..4) at 4 stages up to 16 tokens and 3 beyond (two
+// blocks an SM in shared memory).
 template <class Make>
 void stream_product(CudaDevice &dev, const StreamPlan &p, const CudaDevice::QuantX &qx, const float *xsum, int64_t n_in,
                     int64_t n_out, int64_t T, float *Y, bool chunked, Make &&make, const char *what) {
