@@ -343,8 +343,8 @@ struct Q8pStream {
     int64_t n_in;
     const int8_t *fq;
     const float *fs;
-    __device__ __forceinline__ int64_t groups() const { return n_in / 32 / Stage::kGroup; }
     bool chunked;  // fq in chunks of a stage (MmaX::chunk)
+    __device__ __forceinline__ int64_t groups() const { return n_in / 32 / Stage::kGroup; }
     __device__ __forceinline__ Copies copies(int64_t row0, int64_t n_out) const {
         return Copies(qs, dw, n_in, n_in / 32, n_out, row0, fq, fs, chunked);
     }
@@ -402,6 +402,10 @@ static bool q8p_pipe_u2_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", true);
     return on;
 }
+
+// Whether W's staged products of up to 32 tokens take the two-blocks-a-warp stages (launch_q8p_pipe), and with them
+// PipeCopies (PRE) where q8p_pipe_pre_on: the stages of kStageBlocks a chunked copy serves.
+static bool q8p_pipe_u2(const Weight &W) { return q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0; }
 
 // Whether a staged product whose grid leaves an SM without a second block (the 4096-row matrices of qwen3-8b: 128
 // blocks of 32 rows on 132 SMs) splits its inputs in two halves, each block a half, both added onto the output that
@@ -498,7 +502,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         launch_u(grid, mt, nt8, stages, std::integral_constant<int, 1>{});
     };
-    const bool u2 = q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0;
+    const bool u2 = q8p_pipe_u2(W);
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value;
         if constexpr (NT8 <= 4) {
@@ -560,8 +564,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
     // a chunked copy only where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe)
-    const bool chunk = pipe && T <= 32 && q8p_pipe_u2_on() && q8p_pipe_pre_on() && mma_chunk_q8p() &&
-                       W.n_in % (2 * kPipeGroup * 32) == 0;
+    const bool chunk = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on() && mma_chunk_q8p();
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
                             chunk ? kStageBlocks : 0);
     if (pipe && x.T8) {

@@ -116,14 +116,15 @@ inline StreamPlan stream_plan(const CudaDevice &dev, int64_t n_in, int64_t stage
     p.blocks = 2 * (int64_t)dev.sm_count();
     p.count = n_out * T;
     p.slots = tiles < p.blocks;
-    if (p.slots && stream_halves_on() && p.count % 4 == 0 && ((uintptr_t)Y & 15) == 0) {
+    const bool addable = p.count % 4 == 0 && ((uintptr_t)Y & 15) == 0;  // pieces may be added onto a zeroed Y
+    if (p.slots && addable && stream_halves_on()) {
         if (const int64_t halves = stream_halves_blocks(tiles, p.groups, dev.sm_count())) {
             p.blocks = halves;
             p.slots = false;
             p.halves = true;
         }
     }
-    if (p.units < p.blocks || (!p.slots && (p.count % 4 != 0 || ((uintptr_t)Y & 15) != 0))) return p;
+    if (p.units < p.blocks || (!p.slots && !addable)) return p;
     p.most = stream_most_pieces(p.groups, p.units, p.blocks);
     p.ok = true;
     return p;
