@@ -20,8 +20,8 @@ import (
 // device's greedy choice, Batch.TopK = 1). $DFLASH_BENCH_THREADS (a single
 // count) sets the CPU threads (default: every core). $DFLASH_BENCH_VERIFY (block lengths, default none) adds
 // vf-b<B>-q<Q>: B sequences each verifying a speculative block of Q tokens per forward (every row's top-1, recurrent
-// state recorded, five layers captured for the draft ($DFLASH_BENCH_CAPTURE sets how many), then cut back to one
-// accepted token) — its ms/step against tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none)
+// state recorded, five layers captured for the draft ($DFLASH_BENCH_CAPTURE sets how many; read in place as the server
+// does, $DFLASH_BENCH_CAPTURE_COPY=1 copied out), then cut back to one accepted token) — its ms/step against tg-b<B>'s is the verify cost. $DFLASH_BENCH_TREE (node counts, default none)
 // adds vt-b<B>-n<N>: the same with a token tree of N nodes (benchTree: DDTree's verify, every node's state recorded).
 // Run with -test.benchtime=Nx; tok/s is what to compare.
 //
@@ -210,7 +210,8 @@ func benchVerify(b *testing.B, m *Model, rng *rand.Rand, nb, q int, parents []in
 	for i := 0; i < nc && info.Arch != "deepseek4"; i++ {
 		capture = append(capture, (i*info.Layers)/nc)
 	}
-	batch := Batch{Capture: capture, TopK: 1}
+	// in place as the server reads them; $DFLASH_BENCH_CAPTURE_COPY=1: a fresh copy each forward (what that costs)
+	batch := Batch{Capture: capture, CaptureInPlace: os.Getenv("DFLASH_BENCH_CAPTURE_COPY") != "1", TopK: 1}
 	start := func() {
 		for _, e := range batch.Entries {
 			_ = m.FreeSeq(e.Seq)

@@ -163,6 +163,14 @@ static inline dfl_status w_sample_candidates(const dfl_api *a, const int32_t *id
 	if (rc) *err = dup_error(a);
 	return rc;
 }
+static inline int has_captures_api(const dfl_api *a) {
+	return a->struct_size >= offsetof(dfl_api, captures) + sizeof(a->captures);
+}
+static inline dfl_status w_captures(const dfl_api *a, const dfl_model *m, const float **out, uint64_t *n, char **err) {
+	dfl_status rc = a->captures(m, out, n);
+	if (rc) *err = dup_error(a);
+	return rc;
+}
 static inline dfl_status w_logits_row(const dfl_api *a, dfl_model *m, uint32_t row, float *out, char **err) {
 	dfl_status rc = a->logits_row(m, row, out);
 	if (rc) *err = dup_error(a);

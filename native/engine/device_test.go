@@ -229,13 +229,13 @@ func replay(t *testing.T, lib *Lib, spec ModelSpec, c config) []replayRow {
 
 // capturedVerifies runs three recorded verify blocks of one shape with hidden-state capture, each cut back after it,
 // and keeps their rows and captures: a device with graphs runs the first op by op, captures the second, replays the
-// third (its captures then reach the host from inside the replay).
+// third (its captures then reach the host from inside the replay). The second and third read them in place.
 func (p *replayer) capturedVerifies(s Seq, layers int) {
 	for k := 0; k < 3; k++ {
 		n, _ := p.m.SeqLen(s)
 		toks := p.tokens(6)
 		r := p.must(p.m.Forward(Batch{Entries: []Entry{{Seq: s, Tokens: toks, Logits: LogitsAll, Record: true}},
-			Capture: []int{0, layers / 2}}))
+			Capture: []int{0, layers / 2}, CaptureInPlace: k > 0}))
 		p.keep(fmt.Sprintf("captured verify %d", k), r, 0, len(toks))
 		for i := range toks {
 			p.keepRow(fmt.Sprintf("captured verify %d token %d layer 0", k, i), r.Hidden(0, i, 0))

@@ -515,6 +515,15 @@ func TestCaptureIsLayerOutput(t *testing.T) {
 		is.True(r.Hidden(0, i, 0) != nil)
 	}
 	is.True(r.Hidden(0, len(toks), 0) == nil) // out of range
+
+	// the same tokens in a second sequence, read in place: the same captures
+	is.NoErr(m.FreeSeq(s))
+	s2, err := m.NewSeq()
+	is.NoErr(err)
+	in, err := m.Forward(Batch{Entries: []Entry{{Seq: s2, Tokens: toks, Logits: LogitsNone}}, Capture: []int{0, c.layers - 1},
+		CaptureInPlace: true})
+	is.NoErr(err)
+	is.Equal(in.Capture, r.Capture)
 }
 
 // Quantized weights and KV caches stay close to the f32 model built from the same (dequantized) values.

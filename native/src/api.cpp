@@ -233,6 +233,13 @@ dfl_status logits_row(dfl_model *m, uint32_t row, float *out) {
     });
 }
 
+dfl_status captures(const dfl_model *m, const float **out, uint64_t *n_floats) {
+    return guard("captures", [&] {
+        if (!out || !n_floats) dfl::fail(DFL_ERR_INVALID, "null argument");
+        *out = need(m)->impl->captures(n_floats);
+    });
+}
+
 dfl_status device_memory(int32_t index, uint64_t *free_bytes, uint64_t *total_bytes) {
     return guard("device memory", [&] {
         if (!free_bytes || !total_bytes) dfl::fail(DFL_ERR_INVALID, "null argument");
@@ -256,7 +263,7 @@ const dfl_api kApiV1 = {
     DFL_API_VERSION, sizeof(dfl_api), dfl::device_kind(), last_error, device_count, model_load, model_free, model_info,
     kv_stats, seq_alloc, seq_free, seq_reserve, seq_length, seq_truncate, seq_snapshot, seq_rollback, forward, sample,
     device_memory, model_estimate, forward_topk, draft_forward, draft_forward2, forward_tree, seq_accept_path,
-    seq_export, seq_import, sample_dist, sample_candidates, logits_row,
+    seq_export, seq_import, sample_dist, sample_candidates, logits_row, captures,
 };
 
 }  // namespace

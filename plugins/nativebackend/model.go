@@ -75,9 +75,9 @@ func (n *nativeModel) ForwardCandidates(_ context.Context, batch []engine.SeqInp
 }
 
 // ForwardCapture is Forward (k == 0) or ForwardCandidates (k > 0) that also returns the capture layers' outputs of
-// every token, for a draft.
+// every token, for a draft: read in place (valid until the next forward, as engine.Verifier allows).
 func (n *nativeModel) ForwardCapture(_ context.Context, batch []engine.SeqInput, capture []int, k int) ([]float32, engine.Candidates, []float32, error) {
-	b := native.Batch{Entries: n.entries(batch), Capture: capture}
+	b := native.Batch{Entries: n.entries(batch), Capture: capture, CaptureInPlace: true}
 	if k > 0 {
 		b.TopK = min(k, native.MaxTopK)
 	}

@@ -264,11 +264,16 @@ spec_bench() {
       grep -E "ms/step|FAIL|rror" | tee -a "$OUT/summary.txt"
   done
   [ "${SPEC_PROFILE:-1}" = 1 ] || return 0
-  log "per-op profile of a 16-token verify at batch 1"
-  (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-    DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=16 \
-    "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 16x 2>&1) >"$OUT/profile-vf16.txt"
-  head -30 "$OUT/profile-vf16.txt" | tee -a "$OUT/summary.txt"
+  # per-op profiles at batch 1: a 16-token chain (vf16) and DDTree's 23-node tree (vt23), or SPEC_PROFILE_RUNS of them
+  local p
+  for p in ${SPEC_PROFILE_RUNS:-vf16 vt23}; do
+    log "per-op profile of $p at batch 1"
+    (cd native/engine && DFL_CUDA_PROFILE=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=$( [ "${p:0:2}" = vf ] && echo "${p:2}" ) \
+      DFLASH_BENCH_TREE=$( [ "${p:0:2}" = vt ] && echo "${p:2}" ) \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench "GGUF/${p:0:2}" -test.benchtime 16x 2>&1) >"$OUT/profile-$p.txt"
+    head -30 "$OUT/profile-$p.txt" | tee -a "$OUT/summary.txt"
+  done
 }
 
 # The trained demo pair (models/demo) through the server on cuda:0, with and without its draft: test/loadgen, raw Go

@@ -182,7 +182,7 @@ type CandidateSampler interface {
 type Verifier interface {
 	// ForwardCapture is Forward (k == 0) or ForwardCandidates (k > 0) that also returns the outputs of the capture
 	// layers (after their FFN residual) for every token of the batch, in entry order, the layers' vectors
-	// concatenated per token.
+	// concatenated per token. The features may be the model's own memory, valid until its next forward.
 	ForwardCapture(ctx context.Context, batch []SeqInput, capture []int, k int) (logits []float32, cands Candidates, features []float32, err error)
 	// Truncate cuts a sequence to tokens: anywhere for attention-only models, inside its last Record forward for
 	// models with recurrent state.

@@ -102,6 +102,11 @@ public:
     virtual void logits_row(uint32_t row, float *out) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture keeps no logits rows (logits_row)");
     }
+    // The captures the last forward left in the library (dflash.h captures): where they are, and in *n_floats how
+    // many.
+    virtual const float *captures(uint64_t *n_floats) const {
+        fail(DFL_ERR_STATE, "the last forward left no hidden-state captures in the library (captures)");
+    }
     // A DFlash draft step (dflash.h draft_forward); only the dflash architecture has one.
     virtual void draft_forward(uint32_t n_entries, const dfl_draft_entry *entries, const TopKOut &topk) {
         fail(DFL_ERR_UNSUPPORTED, "this architecture is not a DFlash draft; draft_forward needs arch \"dflash\"");

@@ -282,9 +282,39 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
     }
 }
 
+// A forward's n floats of captures into the caller's batch.capture, or kept for captures() where that is null: the
+// landing itself when the device downloaded them there (no copy), else capture_host_. rows: the logits rows the
+// forward downloaded (a download waited for the landing's queued copy already).
+void QwenModel::land_captures(const dfl_batch &b, uint64_t n, int64_t rows) {
+    const size_t bytes = n * sizeof(float);
+    if (capture_landing_) {
+        if (rows == 0) dev_->sync();
+        if (b.capture)
+            std::memcpy(b.capture, capture_landing_, bytes);
+        else
+            capture_kept_ = capture_landing_;
+    } else {
+        float *dst = b.capture;
+        if (!dst) {
+            capture_host_.resize(n);
+            dst = capture_host_.data();
+            capture_kept_ = dst;
+        }
+        dev_->to_host(dst, capture_.get(), bytes);
+    }
+    if (capture_kept_) capture_kept_n_ = n;
+}
+
+const float *QwenModel::captures(uint64_t *n_floats) const {
+    if (!capture_kept_) return Model::captures(n_floats);
+    *n_floats = capture_kept_n_;
+    return capture_kept_;
+}
+
 void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) {
     const HParams &h = hp_;
     logits_rows_ = 0;  // (set when this forward has left its rows)
+    capture_kept_ = nullptr, capture_kept_n_ = 0;
     if (b.n_seqs == 0) return;
     if (!b.seqs) fail(DFL_ERR_INVALID, "batch: seqs is null");
     auto tree_of = [&](uint32_t i) -> const int32_t * { return parents ? parents[i] : nullptr; };
@@ -338,7 +368,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     }
     check_batch_outputs(b, rows, topk);
     if (b.n_capture > 0) {
-        if (!b.capture_layers || !b.capture) fail(DFL_ERR_INVALID, "batch: capture requested but a buffer is null");
+        if (!b.capture_layers) fail(DFL_ERR_INVALID, "batch: capture requested but capture_layers is null");
         for (uint32_t c = 0; c < b.n_capture; c++)
             if (b.capture_layers[c] < 0 || b.capture_layers[c] >= h.n_layer)
                 fail(DFL_ERR_INVALID, "batch: capture layer " + std::to_string(b.capture_layers[c]) + " is out of range");
@@ -483,15 +513,10 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     } else if (rows > 0) {
         dev_->to_host(b.logits, logits_.get(), (size_t)rows * h.n_vocab * sizeof(float));
     }
-    const size_t capture_bytes = (size_t)T * b.n_capture * h.n_embd * sizeof(float);
-    if (b.n_capture > 0 && capture_landing_) {
-        if (rows == 0) dev_->sync();  // (a download of the logits or candidates waited for the queued copy already)
-        std::memcpy(b.capture, capture_landing_, capture_bytes);
-    } else if (b.n_capture > 0) {
-        dev_->to_host(b.capture, capture_.get(), capture_bytes);
-    } else if (rows == 0) {
+    if (b.n_capture > 0)
+        land_captures(b, (uint64_t)T * b.n_capture * h.n_embd, rows);
+    else if (rows == 0)
         dev_->sync();
-    }
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         Seq &q = table_.get(b.seqs[i].seq);
         q.rec_base = q.len;  // (recording or not: a tree's base)

@@ -70,6 +70,7 @@ public:
     void forward(const dfl_batch &b, const TopKOut *topk = nullptr) override { forward_tree(b, topk, nullptr); }
     void forward_tree(const dfl_batch &b, const TopKOut *topk, const int32_t *const *parents) override;
     void logits_row(uint32_t row, float *out) override { copy_logits_row(*dev_, logits_, logits_rows_, hp_.n_vocab, row, out); }
+    const float *captures(uint64_t *n_floats) const override;
     void seq_accept_path(int32_t s, const int32_t *path, uint32_t n) override;
     uint64_t seq_export(int32_t s, void *buf, uint64_t size) override;
     void seq_import(int32_t s, const void *buf, uint64_t size) override;
@@ -112,6 +113,7 @@ private:
     int64_t rec_in_row_floats() const { return (int64_t)hp_.conv_channels() + 2 * hp_.n_v; }
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
+    void land_captures(const dfl_batch &b, uint64_t n, int64_t rows);
     void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     // A gdn call of this model's shape on inputs cv, g, beta, from the slots' states of the first recurrent layer
@@ -138,6 +140,11 @@ private:
     DevBuf meta_, ptrs_, logits_, capture_, topk_;
     // where the device downloads the captures during the forward (Device::host_landing), or null: after it
     float *capture_landing_ = nullptr;
+    // the captures the last forward left here for captures() (its batch's capture was null): the landing, or
+    // capture_host_ where there is none; null when it left none
+    const float *capture_kept_ = nullptr;
+    uint64_t capture_kept_n_ = 0;
+    std::vector<float> capture_host_;
     int64_t logits_rows_ = 0;     // rows of logits_ the last forward left there (logits_row)
     DevBuf replay_meta_;          // replay_records' one-entry batch: t0, n, slot, then a tree path's rows
     bool recording_ = false;      // the forward running has recording entries

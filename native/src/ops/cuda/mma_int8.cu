@@ -68,11 +68,14 @@ static int64_t mma_chunk_mode() {
 bool mma_chunk_q4k() { return mma_chunk_mode() != 0; }
 bool mma_chunk_q8p() { return mma_chunk_mode() == 1; }
 
-// Off unless DFL_CUDA_STREAM_HALVES=1 (not yet measured). Why: qwen3-8b's 4096-row q4_K products (128 tiles on 264
-// blocks) stream through slots and a summing launch, and at 25-32 tokens lost to the register kernel, whose 254
-// registers leave one block (8 warps) an SM; halves are two blocks a tile, four stages each for the o.
+// On unless DFL_CUDA_STREAM_HALVES=0. Why: qwen3-8b's 4096-row q4_K products (128 tiles on 264 blocks) streamed
+// through slots and a summing launch, and at 25-32 tokens lost to the register kernel, whose 254 registers leave one
+// block (8 warps) an SM; halves are two blocks a tile, four stages each for the o. H100 12-06 05:0x (one job): the
+// 8B's q4_K layer at 8 / 16 / 24 / 32 tokens 73.4 / 92.4 / 112.7 / 122.6 -> 67.7 / 85.9 / 106.7 / 121.6 us (119.3
+// with DFL_CUDA_Q4K_STREAM_UNITS=0), tg b8 / b32 2,141 / 5,575 -> 2,221 / 5,687 tok/s (5,730 with UNITS=0); q8_0 even
+// (1,887 / 6,269 -> 1,902 / 6,248).
 bool stream_halves_on() {
-    static const bool on = env_switch("DFL_CUDA_STREAM_HALVES", false);
+    static const bool on = env_switch("DFL_CUDA_STREAM_HALVES", true);
     return on;
 }
 

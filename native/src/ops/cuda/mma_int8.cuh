@@ -109,7 +109,7 @@ MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *x
               float *zero = nullptr, int64_t n_zero = 0, int chunk = 0);
 
 // Whether a stream-K grid of at most one tile a multiprocessor cuts each tile in halves (StreamPlan) instead of
-// storing pieces in slots that one more launch adds (DFL_CUDA_STREAM_HALVES=1).
+// storing pieces in slots that one more launch adds (on unless DFL_CUDA_STREAM_HALVES=0).
 bool stream_halves_on();
 
 // Whether the streamed q4_K products (mma_chunk_q4k) and the staged and streamed q8_0 ones (mma_chunk_q8p) take their

@@ -253,15 +253,15 @@ static bool q4k_stream_on() {
     return on;
 }
 
-// Units (row tile, stage) a block a product of 25..32 tokens needs to stream (DFL_CUDA_Q4K_STREAM_UNITS, default 12;
-// 0: any): fewer go to the register kernel (its 32-row tiles at 32 tokens). Why: qwen3-8b q4_K tg b32 ran faster on
-// the register kernel (5,365 against 5,245 tok/s, H100 12-06 02:3x) while every 27B matrix streamed faster; the 8B's
-// o, q|k|v and down (4096 rows: 3.9, 5.8 and 11.6 units a block of the 264) are mostly pipeline fill and slots. H100
-// 12-06 03:3x and 03:5x (two jobs): the 8B layer at 32 tokens 132.2 / 134.2 -> 127.5 (N = 8) / 124.6 us (N = 12), tg
-// b32 q4_K 5,311-5,359 / 5,248-5,335 -> 5,416 (8) and 5,516 / 5,414 tok/s (12); the 27B's matrices give 7.3 (o) to 23
-// units a block, so its o takes the register kernel at 32 tokens (30.0 against 25.2 us streamed).
+// Units (row tile, stage) a block a product of 25..32 tokens needs to stream (DFL_CUDA_Q4K_STREAM_UNITS, default 0:
+// any); fewer go to the register kernel (its 32-row tiles at 32 tokens). Why a knob: qwen3-8b q4_K tg b32 ran faster
+// on the register kernel (5,365 against 5,245 tok/s, H100 12-06 02:3x) while every 27B matrix streamed faster; the
+// 8B's o, q|k|v and down (4096 rows: 3.9, 5.8 and 11.6 units a block of the 264) were mostly pipeline fill and slots,
+// and 12 units won (5,311-5,359 -> 5,516 tok/s, 12-06 03:3x). Since stream-K halves (stream_halves_on) those grids
+// need no slots, and streaming them all wins again: the 8B layer at 32 tokens 121.6 (12) -> 119.3 us (0), tg b32
+// 5,687 -> 5,730 tok/s (H100 12-06 05:0x, one job).
 static int64_t q4k_stream_units() {
-    static const int64_t u = env_int("DFL_CUDA_Q4K_STREAM_UNITS", 12);
+    static const int64_t u = env_int("DFL_CUDA_Q4K_STREAM_UNITS", 0);
     return u;
 }
 
