@@ -59,6 +59,7 @@ type FakeModel struct {
 	steps     [][]Entry
 	logits    []float32
 	imports   int
+	feats     []float32 // ForwardCapture's features, overwritten by the next call
 }
 
 type fakeSeq struct {
@@ -456,10 +457,15 @@ const FeatureSize = 2
 
 // ForwardCapture is Forward that also returns features for every token fed: its id and its position in the
 // sequence, so a drafter can tell exactly which context it was given. FakeModel has no candidates path (k is
-// ignored; the engine only asks a CandidateModel for candidates).
+// ignored; the engine only asks a CandidateModel for candidates). The features live in one buffer that the next
+// call overwrites, as the native backend's in-place captures do (engine.Verifier allows it): a caller that kept the
+// last call's would see -1s.
 func (m *FakeModel) ForwardCapture(ctx context.Context, batch []engine.SeqInput, _ []int, _ int) ([]float32, engine.Candidates, []float32, error) {
 	m.mu.Lock()
-	var feats []float32
+	for i := range m.feats {
+		m.feats[i] = -1
+	}
+	feats := m.feats[:0]
 	for _, in := range batch {
 		n := 0
 		if s, ok := m.seqs[in.Seq]; ok {
@@ -476,6 +482,7 @@ func (m *FakeModel) ForwardCapture(ctx context.Context, batch []engine.SeqInput,
 			feats = append(feats, float32(t), float32(pos))
 		}
 	}
+	m.feats = feats
 	m.mu.Unlock()
 	logits, err := m.Forward(ctx, batch)
 	return logits, engine.Candidates{}, feats, err
