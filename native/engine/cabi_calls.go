@@ -153,21 +153,6 @@ func (a *capi) runForward(m *cmodel, b *Batch, r *Result) error {
 			cb.capture = (*C.float)(unsafe.Pointer(&r.Capture[0]))
 		}
 	}
-	if err := a.forwardCall(m, &cb, parents, r, &pin); err != nil {
-		return err
-	}
-	if len(b.Capture) > 0 && r.Capture == nil { // Batch.CaptureInPlace
-		toks := 0
-		for _, e := range b.Entries {
-			toks += len(e.Tokens)
-		}
-		return a.keptCaptures(m, r, toks*len(b.Capture)*r.Embd)
-	}
-	return nil
-}
-
-// forwardCall runs a prepared batch through forward, forward_topk or forward_tree.
-func (a *capi) forwardCall(m *cmodel, cb *C.dfl_batch, parents []*C.int32_t, r *Result, pin *runtime.Pinner) error {
 	var msg *C.char
 	if parents != nil {
 		if C.has_tree_api(a.t) == 0 {
@@ -177,29 +162,26 @@ func (a *capi) forwardCall(m *cmodel, cb *C.dfl_batch, parents []*C.int32_t, r *
 		var ids *C.int32_t
 		var vals, lse *C.float
 		if r.K > 0 {
-			ids, vals, lse = r.candidateBuffers(pin)
+			ids, vals, lse = r.candidateBuffers(&pin)
 		}
-		return status(C.w_forward_tree(a.t, m, cb, &parents[0], C.uint32_t(r.K), ids, vals, lse, &msg), msg)
+		return status(C.w_forward_tree(a.t, m, &cb, &parents[0], C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
 	if r.K > 0 {
 		if C.has_topk_api(a.t) == 0 {
 			return errors.New("forward: the engine library predates forward_topk: rebuild it")
 		}
-		ids, vals, lse := r.candidateBuffers(pin)
-		return status(C.w_forward_topk(a.t, m, cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
+		ids, vals, lse := r.candidateBuffers(&pin)
+		return status(C.w_forward_topk(a.t, m, &cb, C.uint32_t(r.K), ids, vals, lse, &msg), msg)
 	}
-	return status(C.w_forward(a.t, m, cb, &msg), msg)
+	return status(C.w_forward(a.t, m, &cb, &msg), msg)
 }
 
 // hasCaptures reports whether the library can keep a forward's captures for the caller to read in place.
 func (a *capi) hasCaptures() bool { return C.has_captures_api(a.t) != 0 }
 
-// keptCaptures points r.Capture at the captures the forward kept in the library (Batch.CaptureInPlace).
+// keptCaptures points r.Capture at the want floats of captures the forward kept in the library
+// (Batch.CaptureInPlace: the batch's capture buffer was null).
 func (a *capi) keptCaptures(m *cmodel, r *Result, want int) error {
-	if want == 0 {
-		r.Capture = []float32{}
-		return nil
-	}
 	var p *C.float
 	var n C.uint64_t
 	var msg *C.char

@@ -587,10 +587,18 @@ func (m *Model) Forward(b Batch) (*Result, error) {
 	} else {
 		r.Logits = make([]float32, rows*r.Vocab)
 	}
-	if len(b.Capture) > 0 && !(b.CaptureInPlace && m.lib.api.hasCaptures()) {
-		r.Capture = make([]float32, toks*len(b.Capture)*r.Embd)
+	nc := toks * len(b.Capture) * r.Embd
+	inPlace := nc > 0 && b.CaptureInPlace && m.lib.api.hasCaptures()
+	if len(b.Capture) > 0 && !inPlace {
+		r.Capture = make([]float32, nc)
 	}
-	if err := m.locked(func() error { return m.lib.api.runForward(m.m, &b, r) }); err != nil {
+	err := m.locked(func() error {
+		if err := m.lib.api.runForward(m.m, &b, r); err != nil || !inPlace {
+			return err
+		}
+		return m.lib.api.keptCaptures(m.m, r, nc)
+	})
+	if err != nil {
 		return nil, err
 	}
 	return r, nil

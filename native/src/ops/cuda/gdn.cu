@@ -5,6 +5,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/gdn_head.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -15,7 +16,6 @@ constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
 static_assert(kConvMaxK - 1 <= kConvTokens && kConvMaxK - 1 <= kConvTreeTokens,
               "only chunk 0 of a chain may read the stored conv rows");
 constexpr int kGatesThreads = 128;
-constexpr int kGdnThreads = 128;  // threads per block: 128 / P columns (staged kernel) or 128 (global kernel)
 
 // One chain chunk of conv1d_silu_kernel (below) with its window rows loaded into registers first, all at once: the
 // kernel's loop issues a token's loads only after the token before is stored (out and the records may alias x for
@@ -152,67 +152,6 @@ void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     check_launch("gdn_gates");
 }
 
-struct GdnArgs {
-    GdnCall g;
-    int n_ent;  // blockIdx.y is entry + n_ent * layer (GdnCall::layers)
-    const int32_t *t0, *n, *slot;
-    float *const *rec_state;    // BatchMeta::rec_state: a tree's set-aside states
-    float *const *recording;    // BatchMeta::rec_in: non-null for an entry that records
-    float *const *rec_in;       // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
-    float *work;                // the global-memory kernel's working copies of recording entries' states
-    const int32_t *tree_steps;  // BatchMeta::tree_steps (token trees), or null
-    bool smem_stack;            // the staged kernel sets a tree's states aside in shared memory where they fit
-    const int32_t *parent;      // BatchMeta::parent (token trees), or null
-    int parallel_max;           // recording entries of at most this many tokens are gdn_parallel_kernel's (0: none)
-};
-
-// Value head j of the block's entry e and layer (blockIdx.y): its state S in the entry's slot, whether the entry
-// records (its slot then keeps the state before), a tree's set-aside states (rec, per floats apart), the layer's
-// inputs (cv, gl, beta), the entry's tokens, and where its q and k heads and its v columns from column v0 lie in a
-// cv row.
-struct GdnHead {
-    float *S, *rec;
-    bool recording;
-    const float *cv, *gl, *beta;
-    const int32_t *in_rows;
-    int e;
-    int64_t per, n, t0, q_off, k_off, v_off;
-    // a tree entry's schedule (GdnArgs::tree_steps: step i runs token TreeStep::unpack(steps[i]).token), else null
-    const int32_t *steps;
-    __device__ GdnHead(const GdnArgs &a, int dk, int j, int64_t v0) {
-        const GdnCall &g = a.g;
-        e = (int)blockIdx.y % a.n_ent;
-        const int64_t layer = (int64_t)blockIdx.y / a.n_ent, li = layer * g.layer_in, ls = layer * g.layer_state;
-        cv = g.cv + li;
-        gl = g.g + li;
-        beta = g.beta + li;
-        const int kh = j % g.n_k;
-        const int64_t head = (int64_t)dk * g.dv;
-        S = g.state + ls + (int64_t)a.slot[e] * g.slot_stride + j * head;
-        recording = a.recording && a.recording[e];
-        rec = a.rec_state ? a.rec_state[e] : nullptr;
-        per = (int64_t)g.n_rec * g.n_v * head;
-        if (rec) rec += (int64_t)g.rec_layer * g.n_v * head + j * head;
-        n = a.n[e];
-        t0 = a.t0[e];
-        in_rows = g.in_rows;
-        steps = a.tree_steps && a.tree_steps[t0] >= 0 ? a.tree_steps + t0 : nullptr;
-        q_off = (int64_t)kh * dk;
-        k_off = (int64_t)(g.n_k + kh) * dk;
-        v_off = (int64_t)2 * g.n_k * dk + (int64_t)j * g.dv + v0;
-    }
-    // the row of cv, g and beta that token tok reads
-    __device__ int64_t row(int64_t tok) const { return in_rows ? in_rows[tok] : tok; }
-    // the step of the entry's it-th: its tree schedule's, else the next token's
-    __device__ TreeStep step(int64_t it) const {
-        if (steps) return TreeStep::unpack(steps[it]);
-        TreeStep s;
-        s.token = (int)it;
-        return s;
-    }
-    // set-aside state k of a tree
-    __device__ float *aside(int k) const { return rec + (int64_t)k * per; }
-};
 
 // A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
 template <int R>
@@ -465,143 +404,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     if (active && !hd.recording) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
 }
 
-// The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (DFL_CUDA_GDN_PARALLEL=1,
-// opt-in): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
-// outputs are wanted, and no token has to wait for the one before (the staged kernel runs them one after the other: a
-// 16-row verify's gdn and conv cost +0.66 ms over a decode step, a 23-node tree's +1.28, H100 12-06 06:2x). Along a
-// token's path (its ancestors, then itself; a chain's are the tokens before), with G_t = g_t + G_parent (log decays
-// summed along the path, 0 before the root), S0 the slot's state, column b of it alone:
-//   U_t = beta_t (v_t - e^G_t k_t.S0) - sum over proper ancestors j of beta_t e^(G_t - G_j) (k_t.k_j) U_j
-//   o_t = e^G_t q_t.S0 + sum over ancestors j and t itself of e^(G_t - G_j) (q_t.k_j) U_j
-// the recurrence's sums reordered (S_t = e^g_t S_parent + k_t U_t^T), every exponent <= 0. Parents precede children,
-// so U is a forward substitution in token order. Block (value head j, entry e, group z of kGdnParCols columns),
-// kGdnThreads threads; shared memory: q and k rows (stride DK + 1: a warp reading one column of many rows meets no
-// bank twice), the block's v columns, k.S0 (then U) and q.S0 per token and column, the ancestor-masked k.k and q.k.
-constexpr int kGdnParMax = 32;   // tokens (the ancestor masks are 32 bits)
-constexpr int kGdnParCols = 32;  // state columns a block
-
-template <int DK>
-struct GdnPar {
-    float qk[2][kGdnParMax][DK + 1];
-    float v[kGdnParMax][kGdnParCols];
-    float ks[kGdnParMax][kGdnParCols];  // k_t.S0 for the block's columns, then U_t
-    float qs[kGdnParMax][kGdnParCols];  // q_t.S0
-    float L[kGdnParMax][kGdnParMax];    // beta_t e^(G_t - G_j) k_t.k_j, j a proper ancestor of t, else 0
-    float A[kGdnParMax][kGdnParMax];    // e^(G_t - G_j) q_t.k_j, j an ancestor of t or t, else 0
-    float G[kGdnParMax], beta[kGdnParMax], eg[kGdnParMax];
-    int32_t par[kGdnParMax];
-    uint32_t anc[kGdnParMax];           // bit j: token j is t's proper ancestor
-};
-
-template <int DK>
-__global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
-    extern __shared__ __align__(16) uint8_t par_smem[];
-    GdnPar<DK> &sm = *reinterpret_cast<GdnPar<DK> *>(par_smem);
-    const GdnCall &g = a.g;
-    const int j = blockIdx.x, dv = g.dv, col0 = blockIdx.z * kGdnParCols;
-    const GdnHead hd(a, DK, j, col0);
-    if (!hd.recording || hd.n > a.parallel_max) return;  // the staged kernel's (the whole block alike)
-    const int n = (int)hd.n;
-    const int64_t t0 = hd.t0;
-    const int cols = min(kGdnParCols, dv - col0);
-    const int32_t *par = a.parent ? a.parent + t0 : nullptr;  // (null: a chain, token t's parent t - 1)
-
-    // the entry's inputs: q, k, the block's v columns, g, beta
-    for (int w = threadIdx.x; w < n * 2 * DK; w += kGdnThreads) {
-        const int t = w / (2 * DK), x = w % (2 * DK), h = x / DK, r = x % DK;
-        const float *row = hd.cv + hd.row(t0 + t) * g.C;
-        sm.qk[h][t][r] = row[(h == 0 ? hd.q_off : hd.k_off) + r];
-    }
-    for (int w = threadIdx.x; w < n * kGdnParCols; w += kGdnThreads) {
-        const int t = w / kGdnParCols, c = w % kGdnParCols;
-        sm.v[t][c] = c < cols ? hd.cv[hd.row(t0 + t) * g.C + hd.v_off + c] : 0.0f;
-    }
-    for (int t = threadIdx.x; t < n; t += kGdnThreads) {
-        const int64_t r = hd.row(t0 + t) * g.n_v + j;
-        sm.G[t] = hd.gl[r];
-        sm.beta[t] = hd.beta[r];
-        sm.par[t] = par ? par[t] : t - 1;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)  // the path sums and ancestor masks, in token order (parents first)
-        for (int t = 0; t < n; t++) {
-            const int pt = sm.par[t];
-            if (pt >= 0) sm.G[t] += sm.G[pt];
-            sm.eg[t] = expf(sm.G[t]);
-            sm.anc[t] = pt >= 0 ? sm.anc[pt] | 1u << pt : 0u;
-        }
-    __syncthreads();
-
-    // the masked dot products of every pair (t, i <= t)
-    for (int w = threadIdx.x; w < n * n; w += kGdnThreads) {
-        const int t = w / n, i = w % n;
-        float l = 0.0f, q = 0.0f;
-        const bool anc = i < t && (sm.anc[t] >> i & 1u);
-        if (anc || i == t) {
-            float kk = 0.0f;
-#pragma unroll 8
-            for (int r = 0; r < DK; r++) {
-                const float ki = sm.qk[1][i][r];
-                kk += sm.qk[1][t][r] * ki;
-                q += sm.qk[0][t][r] * ki;
-            }
-            const float d = expf(sm.G[t] - sm.G[i]);
-            l = anc ? sm.beta[t] * d * kk : 0.0f;
-            q *= d;
-        }
-        sm.L[t][i] = l;
-        sm.A[t][i] = q;
-    }
-    // k_t.S0 and q_t.S0 of the block's columns: lane c a column, warp w the tokens w, w + 4, ...
-    {
-        constexpr int kWarps = kGdnThreads / 32, kPer = kGdnParMax / kWarps;
-        const int c = threadIdx.x % 32, w = threadIdx.x / 32;
-        float ku[kPer] = {}, qu[kPer] = {};
-        if (c < cols)
-#pragma unroll 4
-            for (int r = 0; r < DK; r++) {
-                const float s0 = hd.S[(int64_t)r * dv + col0 + c];
-#pragma unroll
-                for (int m = 0; m < kPer; m++) {
-                    const int t = w + kWarps * m;
-                    if (t < n) {
-                        ku[m] += sm.qk[1][t][r] * s0;
-                        qu[m] += sm.qk[0][t][r] * s0;
-                    }
-                }
-            }
-#pragma unroll
-        for (int m = 0; m < kPer; m++) {
-            const int t = w + kWarps * m;
-            if (t < n) {
-                sm.ks[t][c] = ku[m];
-                sm.qs[t][c] = qu[m];
-            }
-        }
-    }
-    __syncthreads();
-
-    // U by forward substitution, a column a lane of the first warp (into ks, row t once rows < t are final)
-    if (threadIdx.x < kGdnParCols) {
-        const int c = threadIdx.x;
-        for (int t = 0; t < n; t++) {
-            float u = sm.beta[t] * (sm.v[t][c] - sm.eg[t] * sm.ks[t][c]);
-            for (int i = 0; i < t; i++) u -= sm.L[t][i] * sm.ks[i][c];
-            sm.ks[t][c] = u;
-        }
-    }
-    __syncthreads();
-
-    // the outputs: lane c a column, warp w the tokens w, w + 4, ...
-    const int c = threadIdx.x % 32;
-    if (g.out && c < cols)
-        for (int t = threadIdx.x / 32; t < n; t += kGdnThreads / 32) {
-            float o = sm.eg[t] * sm.qs[t][c];
-            for (int i = 0; i <= t; i++) o += sm.A[t][i] * sm.ks[i][c];
-            g.out[(t0 + t) * (int64_t)g.n_v * dv + (int64_t)j * dv + col0 + c] = o;
-        }
-}
-
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
 // (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
 __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
@@ -670,7 +472,7 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
     const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && g.layer_in % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
     const bool staged = aligned && (g.dk == 128 || g.dk == 64);
-    // recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel_kernel), the rest staged
+    // recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged
     static const bool par_on = env_switch("DFL_CUDA_GDN_PARALLEL", false);
     const bool parallel = par_on && staged && m.rec_in && g.layers == 1 && !g.in_rows;
     if (g.rec_inputs) {  // the staged kernel copies the recording entries' inputs itself, unless they run in parallel
@@ -679,20 +481,7 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
         else
             launch_record_gdn_inputs(s, m, gdn_inputs(g));
     }
-    if (parallel) {
-        a.parallel_max = kGdnParMax;
-        const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnParCols - 1) / kGdnParCols));
-        int dev_index = 0;
-        check(cudaGetDevice(&dev_index), "gdn");
-        if (g.dk == 128) {
-            allow_dynamic_smem<gdn_parallel_kernel<128>>(dev_index, sizeof(GdnPar<128>), "gdn (parallel)");
-            gdn_parallel_kernel<128><<<grid, kGdnThreads, sizeof(GdnPar<128>), s>>>(a);
-        } else {
-            allow_dynamic_smem<gdn_parallel_kernel<64>>(dev_index, sizeof(GdnPar<64>), "gdn (parallel)");
-            gdn_parallel_kernel<64><<<grid, kGdnThreads, sizeof(GdnPar<64>), s>>>(a);
-        }
-        check_launch("gdn (parallel)");
-    }
+    if (parallel) launch_gdn_parallel(s, a, m, g);
     if (staged) {
         // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=0: the records). Why: the
         // bench's 23-node tree stored and reloaded the states after its 7 branch points through global memory, 7 x
