@@ -7,7 +7,7 @@ namespace cuda {
 // The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (DFL_CUDA_GDN_PARALLEL=1,
 // opt-in): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
 // outputs are wanted, and no token has to wait for the one before (the staged kernel runs them one after the other: a
-// 16-row verify's gdn and conv cost +0.66 ms over a decode step, a 23-node tree's +1.28, H100 12-06 06:2x). Along a
+// 16-row verify's gdn and conv cost +0.66 ms over a decode step, a 23-node tree's +1.28, H100 12-06 05:5x). Along a
 // token's path (its ancestors, then itself; a chain's are the tokens before), with G_t = g_t + G_parent (log decays
 // summed along the path, 0 before the root), S0 the slot's state, column b of it alone:
 //   U_t = beta_t (v_t - e^G_t k_t.S0) - sum over proper ancestors j of beta_t e^(G_t - G_j) (k_t.k_j) U_j
