@@ -324,7 +324,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     std::set<int32_t> seen;
     int64_t T = 0, rows = 0, max_n = 0, max_ctx = 0;
     uint32_t max_blocks = 0;
-    bool any_record = false;
+    int32_t n_record = 0;
     for (uint32_t i = 0; i < b.n_seqs; i++) {
         const dfl_seq_batch &sb = b.seqs[i];
         const std::string who = check_batch_entry(table_, seen, i, sb, h.n_vocab);
@@ -353,9 +353,10 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
         max_n = std::max<int64_t>(max_n, sb.n_tokens);
         max_ctx = std::max<int64_t>(max_ctx, (int64_t)q.len + sb.n_tokens);
         max_blocks = std::max(max_blocks, table_.blocks_for(q.len + sb.n_tokens));
-        any_record |= ((sb.flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0;
     }
     auto records = [&](uint32_t i) { return ((b.seqs[i].flags & DFL_SEQ_RECORD) != 0 || tree_of(i)) && n_rec_ > 0; };
+    for (uint32_t i = 0; i < b.n_seqs; i++) n_record += records(i) ? 1 : 0;
+    const bool any_record = n_record > 0;
     // A decode step (one token per sequence) or a verify step (a few tokens per sequence: DFlash blocks and trees,
     // recorded, with hidden-state capture) is replayed from a device graph where the device has them. The graph
     // freezes the host scalars of the batch, which go into its key (StepGraphs::Key); the block table width is rounded
@@ -482,6 +483,7 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     m.rec_state = ptrs_.get<float *>();
     m.rec_window = ptrs_.get<float *>() + E;
     m.rec_in = ptrs_.get<float *>() + 2 * E;
+    m.n_record = n_record;
     recording_ = any_record;
     if (any_tree) {
         m.vis = tree_.get<uint64_t>();
@@ -496,8 +498,11 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
             key.tokens = T;
             key.max_tokens = max_n;
         }
-        // which kernels run: trees (per-token masks), recording, and the hidden-state captures (layers, 8 bits each)
-        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2;
+        // which kernels run: trees (per-token masks), recording (by some entries or all), and the hidden-state
+        // captures (their count below kGraphMaxCaptures + 1 = 8, then their layers, 8 bits each)
+        static_assert(kGraphMaxCaptures < 8, "the captures' count has bits 2 to 4 of the shape");
+        key.shape = (any_tree ? 1u : 0u) | (any_record ? 2u : 0u) | (uint64_t)b.n_capture << 2 |
+                    (n_record == E ? 32u : 0u);
         for (uint32_t c = 0; c < b.n_capture; c++) key.shape |= (uint64_t)(b.capture_layers[c] & 0xFF) << (8 * c + 8);
         graphs_.run(*dev_, key, [&] { run_layers(m, b, rows, d_out_rows); });
     } else {

@@ -85,6 +85,7 @@ struct BatchMeta {
     // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
     // r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta [n][n_v] (record_gdn_inputs writes them)
     float *const *rec_in = nullptr;
+    int32_t n_record = 0;  // entries that record (a host scalar: which ones, only rec_in on the device says)
     // Token trees (forward_tree); parent, vis and tree_steps are null when the batch has none. Per token [T]:
     //  - parent: index within its entry of the token's parent, -1 for an entry's first token; an ordinary (chain)
     //    entry's token i has i - 1. The conv op builds a token's window along its ancestors, falling into the old conv

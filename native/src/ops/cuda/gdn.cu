@@ -10,6 +10,11 @@
 namespace dfl {
 namespace cuda {
 
+bool gdn_chain_on() {
+    static const bool on = env_switch("DFL_CUDA_GDN_CHAIN", false);
+    return on;
+}
+
 constexpr int kConvThreads = 128;
 constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs (a chunk of its entry's)
 constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
@@ -65,6 +70,8 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 // the old rows past the root.
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
                                    float *const *rec_window, const int32_t *parent, int64_t chunk) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
     const int e = blockIdx.z;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
@@ -110,13 +117,16 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
+    launch_gdn_chain(conv1d_silu_kernel, grid, dim3(kConvThreads), 0, s, c, m.t0, m.n, m.slot, m.rec_window, m.parent,
+                     chunk);
     check_launch("conv1d_silu");
 }
 
 // Block (token, group y of gridDim.y): a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then
 // the gates, each spread over the token's blocks.
 __global__ void gdn_gates_kernel(GdnGates g) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, warp = (threadIdx.x >> 5) + nw * blockIdx.y;
     const int warps = nw * gridDim.y, threads = blockDim.x * gridDim.y;
@@ -148,22 +158,10 @@ void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
     constexpr int kWarps = kGatesThreads / 32;
     const unsigned groups = (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps);
-    gdn_gates_kernel<<<dim3((unsigned)T, groups), kGatesThreads, 0, s>>>(g);
+    launch_gdn_chain(gdn_gates_kernel, dim3((unsigned)T, groups), dim3(kGatesThreads), 0, s, g);
     check_launch("gdn_gates");
 }
 
-
-// A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
-template <int R>
-__device__ __forceinline__ void load_column(float (&s)[R], const float *src, int a0, int dv, int b, bool active) {
-#pragma unroll
-    for (int i = 0; i < R; i++) s[i] = active ? src[(int64_t)(a0 + i) * dv + b] : 0.0f;
-}
-template <int R>
-__device__ __forceinline__ void store_column(float *dst, const float (&s)[R], int a0, int dv, int b) {
-#pragma unroll
-    for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
-}
 
 // Set-aside states of a tree the staged kernel keeps in shared memory (unless DFL_CUDA_GDN_TREE_SMEM=0): 64 KB for
 // 128-row heads, so two blocks still fit an SM; a schedule that keeps more (trees of 32 tokens or more may) uses the
@@ -215,6 +213,8 @@ __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const
 //
 // Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
 __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
     extern __shared__ float qk[];  // [2][dk]
     const GdnCall &g = a.g;
     const int j = blockIdx.x;
@@ -289,6 +289,8 @@ struct GdnStage {
 
 template <int DK, int P>
 __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
     using Stage = GdnStage<DK, P>;
     constexpr int R = DK / P, kCols = Stage::kCols;
     __shared__ __align__(16) Stage st[2];
@@ -408,6 +410,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
 // (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
 __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
                                          float *const *rec_in) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
     const int64_t t = blockIdx.x;
     const int e = ent[t];
     float *dst = rec_in[e];
@@ -428,7 +432,7 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
     if (m.T <= 0) return;
     const int64_t cols = (int64_t)r.C + 2 * r.n_v;
     const dim3 grid((unsigned)m.T, (unsigned)std::min<int64_t>((cols + 255) / 256, 64));
-    record_gdn_inputs_kernel<<<grid, 256, 0, s>>>(r, m.ent, m.t0, m.n, m.rec_in);
+    launch_gdn_chain(record_gdn_inputs_kernel, grid, dim3(256), 0, s, r, m.ent, m.t0, m.n, m.rec_in);
     check_launch("record_gdn_inputs");
 }
 
@@ -444,7 +448,7 @@ static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
         allow_dynamic_smem<gdn_staged_kernel<DK, P>>(dev, kStack, "gdn (tree stack)");
     }
     const dim3 grid((unsigned)a.g.n_v, (unsigned)(a.n_ent * a.g.layers), (unsigned)((a.g.dv + kCols - 1) / kCols));
-    gdn_staged_kernel<DK, P><<<grid, kGdnThreads, shm, s>>>(a);
+    launch_gdn_chain(gdn_staged_kernel<DK, P>, grid, dim3(kGdnThreads), shm, s, a);
 }
 
 void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
@@ -474,14 +478,20 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     const bool staged = aligned && (g.dk == 128 || g.dk == 64);
     // recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged
     static const bool par_on = env_switch("DFL_CUDA_GDN_PARALLEL", false);
-    const bool parallel = par_on && staged && m.rec_in && g.layers == 1 && !g.in_rows;
-    if (g.rec_inputs) {  // the staged kernel copies the recording entries' inputs itself, unless they run in parallel
-        if (staged && !parallel)
+    const bool parallel = par_on && staged && m.rec_in && m.n_record > 0 && m.max_n > 1 && g.layers == 1 && !g.in_rows;
+    if (g.rec_inputs) {  // the staged and parallel kernels copy the recording entries' inputs they run themselves
+        if (staged)
             a.rec_in = m.rec_in;
         else
             launch_record_gdn_inputs(s, m, gdn_inputs(g));
     }
     if (parallel) launch_gdn_parallel(s, a, m, g);
+    // (a batch whose entries all record, none longer than the parallel form takes, has nothing left for the staged
+    // kernel: its launch alone cost a decode step's 48 layers ~0.2 ms, H100 12-06 06:5x)
+    if (parallel && m.n_record == m.n_ent && m.max_n <= kGdnParMax) {
+        check_launch("gdn");
+        return;
+    }
     if (staged) {
         // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=0: the records). Why: the
         // bench's 23-node tree stored and reloaded the states after its 7 branch points through global memory, 7 x
@@ -496,7 +506,7 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     } else {
         if (m.rec_in)  // (room for every entry: which of them record is on the device)
             a.work = (float *)dev.gdn_buffer((size_t)ys * g.n_v * g.dk * g.dv * sizeof(float));
-        gdn_global_kernel<<<grid_glob, kGdnThreads, shm, s>>>(a);
+        launch_gdn_chain(gdn_global_kernel, grid_glob, dim3(kGdnThreads), shm, s, a);
     }
     check_launch("gdn");
 }

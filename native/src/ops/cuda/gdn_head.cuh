@@ -18,7 +18,7 @@ struct GdnArgs {
     const int32_t *t0, *n, *slot;
     float *const *rec_state;    // BatchMeta::rec_state: a tree's set-aside states
     float *const *recording;    // BatchMeta::rec_in: non-null for an entry that records
-    float *const *rec_in;       // GdnCall::rec_inputs in the staged kernel: BatchMeta::rec_in, else null
+    float *const *rec_in;       // GdnCall::rec_inputs in the staged and parallel kernels: BatchMeta::rec_in, else null
     float *work;                // the global-memory kernel's working copies of recording entries' states
     const int32_t *tree_steps;  // BatchMeta::tree_steps (token trees), or null
     bool smem_stack;            // the staged kernel sets a tree's states aside in shared memory where they fit
@@ -73,6 +73,30 @@ struct GdnHead {
     // set-aside state k of a tree
     __device__ float *aside(int k) const { return rec + (int64_t)k * per; }
 };
+
+// A thread's R rows a0.. of state column b, from or to a [dk][dv] head (dst may be a recorded state).
+template <int R>
+__device__ __forceinline__ void load_column(float (&s)[R], const float *src, int a0, int dv, int b, bool active) {
+#pragma unroll
+    for (int i = 0; i < R; i++) s[i] = active ? src[(int64_t)(a0 + i) * dv + b] : 0.0f;
+}
+template <int R>
+__device__ __forceinline__ void store_column(float *dst, const float (&s)[R], int a0, int dv, int b) {
+#pragma unroll
+    for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
+}
+
+// Whether the DeltaNet layer's kernels (conv, gates, the delta rule's, the records' copy) are chained launches
+// (DFL_CUDA_GDN_CHAIN=1, opt-in, and launch_chain's own switch): each then starts while the kernel before it ends, its
+// launch hidden, and waits at its top (pdl_wait) before it reads anything; defined in gdn.cu. Why: they were the only
+// kernels of a qwen35 layer launched plainly, three boundaries of a decode step's 48 DeltaNet layers.
+bool gdn_chain_on();
+
+template <typename... Params, typename... Args>
+inline void launch_gdn_chain(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
+                             Args &&...args) {
+    launch_maybe_pdl(gdn_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
+}
 
 // Recording entries of at most this many tokens run in parallel form (gdn_parallel_kernel, DFL_CUDA_GDN_PARALLEL=1).
 constexpr int kGdnParMax = 32;  // (its ancestor masks are 32 bits)
