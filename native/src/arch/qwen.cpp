@@ -210,7 +210,6 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     cc.slot_stride = slot_floats();
     cc.rec_layer = L.rec_index;
     cc.n_rec = n_rec_;
-    dev_->conv1d_silu(m, cc);
 
     GdnGates gg;
     gg.cv = a.cv.f();
@@ -226,14 +225,13 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gg.dt_bias = L.dt_bias;
     gg.beta = a.beta.f();
     gg.g = a.g.f();
-    dev_->gdn_gates(T, gg);
 
     GdnCall gc = gdn_call(a.cv.f(), a.g.f(), a.beta.f());
     gc.out = a.core.f();
     gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
     gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
-    dev_->gdn(m, gc);
+    dev_->conv_gates_gdn(m, cc, gg, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
     dev_->matmul(L.wout, a.core.f(), T, a.mix.f());

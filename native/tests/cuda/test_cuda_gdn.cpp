@@ -2,6 +2,7 @@
 // delta rule over chains, recorded entries and token trees; odd batches read x, b and a as rows of a fused product's
 // buffer. Bounds as test_cuda_ops.cpp's header says (conv and gates 1e-5, the delta rule 1e-4).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -157,11 +158,98 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
         BatchMeta m = b.meta(g);
         m.rec_state = recs.at(g);
         m.rec_in = ins.at(g);
+        m.n_record = (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
         (g ? g_gpu : g_cpu)->gdn(m, c);
     }
     compare("gdn out " + tag, out, 1e-4);
     compare("gdn state " + tag, state, 1e-4);
     ins.compare_all("gdn rec_in " + tag, 0);
+}
+
+// The layer's conv, gates and delta rule in one call (Device::conv_gates_gdn), as QwenModel::gdn_layer makes it: x, b
+// and a where a fused product leaves them (odd batches), decays from a negative ssm_a as the model's; the outputs,
+// states, window records and input records compared (the conv output, g and beta are the CPU's alone: a device that
+// fuses leaves them unwritten). With DFL_CUDA_GDN_FUSED=1 a batch whose entries all record, none longer than 32
+// tokens, runs as one kernel on the GPU; any other batch, and the CPU, as the three ops.
+void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
+                             const std::vector<std::vector<int32_t>> &trees = {}) {
+    Batch b(be, 16, r);
+    if (!trees.empty()) b.set_trees(trees);
+    const int64_t T = b.T;
+    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
+    const int n_rec = 2, rec_layer = 1, n_slots = 4;
+    const int32_t n_record = (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
+    char nm[160];
+    std::snprintf(nm, sizeof nm, "conv_gates_gdn nk=%d nv=%d dk=%d dv=%d K=%d T=%lld ents=%zu recording=%d%s", s.n_k,
+                  s.n_v, s.dk, s.dv, s.K, (long long)T, be.size(), (int)n_record, trees.empty() ? "" : " trees");
+    const std::string tag(nm);
+
+    const bool fused = T % 2 == 1;
+    const int64_t xs = fused ? C + 2 * s.n_v + 7 : C;
+    std::vector<float> xv = rand_vec(r, (size_t)(T * xs)), av = rand_vec(r, (size_t)(T * s.n_v)),
+                       bv = rand_vec(r, (size_t)(T * s.n_v), 3.0f);
+    if (fused)  // b and a after each row's C floats of x
+        for (int64_t t = 0; t < T; t++)
+            for (int j = 0; j < s.n_v; j++) {
+                xv[(size_t)(t * xs + C + j)] = bv[(size_t)(t * s.n_v + j)];
+                xv[(size_t)(t * xs + C + s.n_v + j)] = av[(size_t)(t * s.n_v + j)];
+            }
+    std::vector<float> ssm(rand_vec(r, (size_t)s.n_v));
+    for (auto &v : ssm) v = -0.05f - 0.25f * std::fabs(v);
+    const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;
+    const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
+    Dual x(xv), bb(bv), aa(av), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
+    Dual ssm_a(ssm), dt(rand_vec(r, (size_t)s.n_v, 0.5f)), state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
+    Dual cv((size_t)(T * C) * 4), beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
+    Dual out((size_t)(T * s.n_v * s.dv) * 4);
+    const RecordBuffers recw(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * (s.K - 1 + e.n) * C; });
+    const RecordBuffers recs(b, true, [&](const Batch::Ent &) { return (int64_t)kTreeSlots * n_rec * sf; });
+    const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
+    for (int dev = 0; dev < 2; dev++) {
+        const bool g = dev == 1;
+        ConvCall c;
+        c.x = x.p(g);
+        c.x_stride = fused ? xs : 0;
+        c.out = cv.p(g);
+        c.w = w.p(g);
+        c.C = C;
+        c.K = s.K;
+        c.conv = conv.p(g);
+        c.slot_stride = conv_stride;
+        c.rec_layer = rec_layer;
+        c.n_rec = n_rec;
+        GdnGates q;
+        q.cv = cv.p(g);
+        q.C = C;
+        q.n_k = s.n_k;
+        q.dk = s.dk;
+        q.n_v = s.n_v;
+        q.b = fused ? x.p(g) + C : bb.p(g);
+        q.a = fused ? x.p(g) + C + s.n_v : aa.p(g);
+        q.b_stride = q.a_stride = fused ? xs : 0;
+        q.ssm_a = ssm_a.p(g);
+        q.dt_bias = dt.p(g);
+        q.beta = beta.p(g);
+        q.g = gl.p(g);
+        GdnCall d = gdn_call(s, C, cv.p(g), gl.p(g), beta.p(g));
+        d.out = out.p(g);
+        d.state = state.p(g);
+        d.slot_stride = state_stride;
+        d.rec_layer = rec_layer;
+        d.n_rec = n_rec;
+        d.rec_inputs = true;
+        BatchMeta m = b.meta(g);
+        m.rec_window = recw.at(g);
+        m.rec_state = recs.at(g);
+        m.rec_in = ins.at(g);
+        m.n_record = n_record;
+        (g ? g_gpu : g_cpu)->conv_gates_gdn(m, c, q, d);
+    }
+    compare(tag + " out", out, 1e-4);
+    compare(tag + " state", state, 1e-4);
+    compare(tag + " conv state", conv, 0);
+    recw.compare_all(tag + " rec_window", 0);
+    ins.compare_all(tag + " rec_in", 1e-5);
 }
 
 // A replay of records (QwenModel::replay_records): one gdn call over `layers` layers of one entry of k tokens, each
@@ -228,6 +316,17 @@ void test_gdn() {
     // a verify's records of 20 tokens (two chunks of the staged kernel's 16)
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r);
+    // the layer's three ops in one call: batches whose entries all record (chains and trees of up to 32 tokens: one
+    // kernel with DFL_CUDA_GDN_FUSED=1), and batches that do not fit it
+    for (const GdnShape &s : shapes) {
+        run_conv_gates_gdn_case(s, {{3, 4, 1, true}}, r);
+        run_conv_gates_gdn_case(s, {{16, 0, 0, true}, {5, 7, 2, true}}, r);
+        run_conv_gates_gdn_case(s, {{32, 3, 3, true}}, r);
+        run_conv_gates_gdn_case(s, {{12, 7, 1, true}, {23, 0, 3, true}, {4, 2, 2, true}}, r,
+                                {random_tree(r, 12), random_tree(r, 23), {}});
+        run_conv_gates_gdn_case(s, {{5, 0, 0, false}, {16, 2, 2, true}}, r);
+        run_conv_gates_gdn_case(s, {{40, 0, 1, true}, {1, 5, 2, true}}, r);
+    }
     // replays of records: the first k rows, and rows along a tree path
     for (const GdnShape &s : shapes)
         for (int k : {1, 7, 17})

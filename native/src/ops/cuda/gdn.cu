@@ -451,11 +451,7 @@ static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
     launch_gdn_chain(gdn_staged_kernel<DK, P>, grid, dim3(kGdnThreads), shm, s, a);
 }
 
-void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
-    cudaStream_t s = dev.stream();
-    if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
-    if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
-    check_gdn_replay(m.n_ent, g);
+GdnArgs gdn_args(const BatchMeta &m, const GdnCall &g) {
     GdnArgs a;
     a.g = g;
     a.n_ent = m.n_ent;
@@ -470,6 +466,15 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     a.smem_stack = false;
     a.parent = m.parent;
     a.parallel_max = 0;
+    return a;
+}
+
+void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
+    cudaStream_t s = dev.stream();
+    if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
+    if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
+    check_gdn_replay(m.n_ent, g);
+    GdnArgs a = gdn_args(m, g);
     const size_t shm = (size_t)2 * g.dk * sizeof(float);
     const unsigned ys = (unsigned)(m.n_ent * g.layers);  // (entry, layer)
     const dim3 grid_glob((unsigned)g.n_v, ys, (unsigned)((g.dv + kGdnThreads - 1) / kGdnThreads));

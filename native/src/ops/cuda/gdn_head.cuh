@@ -98,6 +98,10 @@ inline void launch_gdn_chain(void (*kernel)(Params...), dim3 grid, dim3 block, s
     launch_maybe_pdl(gdn_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
 }
 
+// The kernels' arguments for call g on batch m: nothing recorded by the kernels themselves (rec_in), no parallel form,
+// tree states in the records.
+GdnArgs gdn_args(const BatchMeta &m, const GdnCall &g);
+
 // Recording entries of at most this many tokens run in parallel form (gdn_parallel_kernel, DFL_CUDA_GDN_PARALLEL=1).
 constexpr int kGdnParMax = 32;  // (its ancestor masks are 32 bits)
 
