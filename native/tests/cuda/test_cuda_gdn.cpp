@@ -51,6 +51,64 @@ GdnCall gdn_call(const GdnShape &s, int C, const float *cv, const float *g, cons
     return dfl::gdn_call(cv, C, s.n_k, s.n_v, s.dk, s.dv, g, beta);
 }
 
+// The tests' layer: recurrent layer 1 of 2 (records), 4 slots.
+constexpr int kRecLayers = 2, kRecLayer = 1, kSlots = 4;
+
+// A conv call of shape s: input rows xs apart (0: C), the slots' conv states conv_stride apart.
+ConvCall conv_call(const GdnShape &s, int C, const float *x, int64_t xs, float *out, const float *w, float *conv,
+                   int64_t conv_stride) {
+    ConvCall c;
+    c.x = x;
+    c.x_stride = xs;
+    c.out = out;
+    c.w = w;
+    c.C = C;
+    c.K = s.K;
+    c.conv = conv;
+    c.slot_stride = conv_stride;
+    c.rec_layer = kRecLayer;
+    c.n_rec = kRecLayers;
+    return c;
+}
+
+// The gates of shape s on cv, b and a rows `pitch` apart (0: n_v), into beta and g.
+GdnGates gates_call(const GdnShape &s, int C, float *cv, const float *b, const float *a, int64_t pitch,
+                    const float *ssm_a, const float *dt_bias, float *beta, float *g) {
+    GdnGates q;
+    q.cv = cv;
+    q.C = C;
+    q.n_k = s.n_k;
+    q.dk = s.dk;
+    q.n_v = s.n_v;
+    q.b = b;
+    q.a = a;
+    q.b_stride = q.a_stride = pitch;
+    q.ssm_a = ssm_a;
+    q.dt_bias = dt_bias;
+    q.beta = beta;
+    q.g = g;
+    return q;
+}
+
+// The tests' layer's gdn call: outputs into out, the slots' states state_stride apart, the recording entries' inputs
+// copied into their records.
+GdnCall layer_gdn_call(const GdnShape &s, int C, const float *cv, const float *g, const float *beta, float *out,
+                       float *state, int64_t state_stride) {
+    GdnCall c = gdn_call(s, C, cv, g, beta);
+    c.out = out;
+    c.state = state;
+    c.slot_stride = state_stride;
+    c.rec_layer = kRecLayer;
+    c.n_rec = kRecLayers;
+    c.rec_inputs = true;
+    return c;
+}
+
+// The batch's recording entries (BatchMeta::n_record).
+int32_t recording(const std::vector<Batch::Ent> &be) {
+    return (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
+}
+
 // The recording entries' slots keep the state before; their records get their inputs (GdnCall::rec_inputs: cv rows,
 // g, beta into BatchMeta::rec_in, compared exactly). A tree's rec_state holds what its schedule sets aside, on the GPU
 // in shared memory unless DFL_CUDA_GDN_TREE_SMEM=0: not compared.
@@ -60,7 +118,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     if (!trees.empty()) b.set_trees(trees);
     const int64_t T = b.T;
     const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
-    const int n_rec = 2, rec_layer = 1, n_slots = 4;
+    const int n_rec = kRecLayers, n_slots = kSlots;
     char nm[160];
     std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
                   b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
@@ -77,17 +135,7 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const RecordBuffers recw(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * (s.K - 1 + e.n) * C; });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        ConvCall c;
-        c.x = x.p(g);
-        c.x_stride = fused ? xs : 0;
-        c.out = cv.p(g);
-        c.w = w.p(g);
-        c.C = C;
-        c.K = s.K;
-        c.conv = conv.p(g);
-        c.slot_stride = conv_stride;
-        c.rec_layer = rec_layer;
-        c.n_rec = n_rec;
+        const ConvCall c = conv_call(s, C, x.p(g), fused ? xs : 0, cv.p(g), w.p(g), conv.p(g), conv_stride);
         BatchMeta m = b.meta(g);
         m.rec_window = recw.at(g);
         (g ? g_gpu : g_cpu)->conv1d_silu(m, c);
@@ -112,23 +160,8 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     Dual beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        GdnGates q;
-        q.cv = cv.p(g);
-        q.C = C;
-        q.n_k = s.n_k;
-        q.dk = s.dk;
-        q.n_v = s.n_v;
-        q.b = bb.p(g);
-        q.a = aa.p(g);
-        if (fused) {
-            q.b = x.p(g) + C;
-            q.a = x.p(g) + C + s.n_v;
-            q.b_stride = q.a_stride = xs;
-        }
-        q.ssm_a = ssm_a.p(g);
-        q.dt_bias = dt.p(g);
-        q.beta = beta.p(g);
-        q.g = gl.p(g);
+        const GdnGates q = gates_call(s, C, cv.p(g), fused ? x.p(g) + C : bb.p(g), fused ? x.p(g) + C + s.n_v : aa.p(g),
+                                      fused ? xs : 0, ssm_a.p(g), dt.p(g), beta.p(g), gl.p(g));
         (g ? g_gpu : g_cpu)->gdn_gates(T, q);
     }
     compare("gdn_gates cv " + tag, cv, 1e-5);
@@ -148,17 +181,11 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        GdnCall c = gdn_call(s, C, cv.p(g), gd.p(g), bd.p(g));
-        c.out = out.p(g);
-        c.state = state.p(g);
-        c.slot_stride = state_stride;
-        c.rec_layer = rec_layer;
-        c.n_rec = n_rec;
-        c.rec_inputs = true;
+        const GdnCall c = layer_gdn_call(s, C, cv.p(g), gd.p(g), bd.p(g), out.p(g), state.p(g), state_stride);
         BatchMeta m = b.meta(g);
         m.rec_state = recs.at(g);
         m.rec_in = ins.at(g);
-        m.n_record = (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
+        m.n_record = recording(be);
         (g ? g_gpu : g_cpu)->gdn(m, c);
     }
     compare("gdn out " + tag, out, 1e-4);
@@ -177,8 +204,8 @@ void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &b
     if (!trees.empty()) b.set_trees(trees);
     const int64_t T = b.T;
     const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
-    const int n_rec = 2, rec_layer = 1, n_slots = 4;
-    const int32_t n_record = (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
+    const int n_rec = kRecLayers, n_slots = kSlots;
+    const int32_t n_record = recording(be);
     char nm[160];
     std::snprintf(nm, sizeof nm, "conv_gates_gdn nk=%d nv=%d dk=%d dv=%d K=%d T=%lld ents=%zu recording=%d%s", s.n_k,
                   s.n_v, s.dk, s.dv, s.K, (long long)T, be.size(), (int)n_record, trees.empty() ? "" : " trees");
@@ -207,37 +234,10 @@ void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &b
     const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)n_rec * e.n * (C + 2 * s.n_v); });
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        ConvCall c;
-        c.x = x.p(g);
-        c.x_stride = fused ? xs : 0;
-        c.out = cv.p(g);
-        c.w = w.p(g);
-        c.C = C;
-        c.K = s.K;
-        c.conv = conv.p(g);
-        c.slot_stride = conv_stride;
-        c.rec_layer = rec_layer;
-        c.n_rec = n_rec;
-        GdnGates q;
-        q.cv = cv.p(g);
-        q.C = C;
-        q.n_k = s.n_k;
-        q.dk = s.dk;
-        q.n_v = s.n_v;
-        q.b = fused ? x.p(g) + C : bb.p(g);
-        q.a = fused ? x.p(g) + C + s.n_v : aa.p(g);
-        q.b_stride = q.a_stride = fused ? xs : 0;
-        q.ssm_a = ssm_a.p(g);
-        q.dt_bias = dt.p(g);
-        q.beta = beta.p(g);
-        q.g = gl.p(g);
-        GdnCall d = gdn_call(s, C, cv.p(g), gl.p(g), beta.p(g));
-        d.out = out.p(g);
-        d.state = state.p(g);
-        d.slot_stride = state_stride;
-        d.rec_layer = rec_layer;
-        d.n_rec = n_rec;
-        d.rec_inputs = true;
+        const ConvCall c = conv_call(s, C, x.p(g), fused ? xs : 0, cv.p(g), w.p(g), conv.p(g), conv_stride);
+        const GdnGates q = gates_call(s, C, cv.p(g), fused ? x.p(g) + C : bb.p(g), fused ? x.p(g) + C + s.n_v : aa.p(g),
+                                      fused ? xs : 0, ssm_a.p(g), dt.p(g), beta.p(g), gl.p(g));
+        const GdnCall d = layer_gdn_call(s, C, cv.p(g), gl.p(g), beta.p(g), out.p(g), state.p(g), state_stride);
         BatchMeta m = b.meta(g);
         m.rec_window = recw.at(g);
         m.rec_state = recs.at(g);
