@@ -8,7 +8,8 @@
 # the parallel-form delta rule in one kernel where every entry records). `check` with all three in its UNMEASURED pass
 # (the gdn op tests' conv_gates_gdn cases are the fused kernel's); the spec checks (greedy equality on the GPU) with
 # them and with none (the demo pair's agreement counts side by side); the 27B decode and verify of 8 / 16 / 23 rows
-# and the 23-node tree with each; Nsight Compute's time of each kernel of a 16-row verify, staged, parallel and fused;
+# and the 23-node tree with each; Nsight Compute's time of each kernel of a 16-row verify with the staged and the fused
+# gdn, then its sections (throughputs, occupancy, stall reasons) of the staged, parallel and fused kernels (gdn-ncu);
 # last, DeepSeek V4 on 3 layers beside llama.cpp (its file takes minutes to make).
 cd "$(dirname "$0")/../.."
 ncu='NO_CPU_PEER=1 STEP_BENCH=vf DFLASH_BENCH_VERIFY=16 NCU_SKIP=2000 NCU_COUNT=1500 step-ncu qwen3.5-27b:q8_0'
@@ -16,5 +17,5 @@ exec scripts/gpu/bg.sh start "peer" \
   "UNMEASURED='DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_CHAIN=1 DFL_CUDA_GDN_FUSED=1' check" \
   "DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_CHAIN=1 DFL_CUDA_GDN_FUSED=1 spec-checks" "spec-checks" \
   "SPEC_VARIANTS='- DFL_CUDA_GDN_CHAIN=1 DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_FUSED=1 DFL_CUDA_GDN_FUSED=1,DFL_CUDA_GDN_CHAIN=1 -' SPEC_PROFILE=0 SPEC_BATCHES=1 SPEC_VERIFY=8,16,23 SPEC_TREE=23 SPEC_BENCH='^BenchmarkGGUF\$' spec-bench" \
-  "$ncu" "DFL_CUDA_GDN_PARALLEL=1 $ncu" "DFL_CUDA_GDN_FUSED=1 $ncu" \
+  "$ncu" "DFL_CUDA_GDN_FUSED=1 $ncu" "gdn-ncu" \
   "DS4_LAYERS=3 DS4_FUSED_MODES=1 ds4-bench"

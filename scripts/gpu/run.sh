@@ -31,6 +31,8 @@
 #   scripts/gpu/run.sh ds4-try-cpu           ds4-try, then cpu-peer (llama.cpp's CPU build made meanwhile; pack.sh --peer)
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
+#   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
+#                                            staged, parallel form, fused (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -560,6 +562,27 @@ step_ncu() {
   done
 }
 
+# Why the 27B's delta-rule kernels of a 16-row verify (DFLASH_BENCH_VERIFY) take what they take: Nsight Compute's
+# speed-of-light, occupancy, launch and warp-state sections of a few launches of each kernel in GDN_NCU_VARIANTS
+# (default: the staged kernel, the parallel form, the fused kernel), graphs off; the sections' text in
+# $OUT/gdn-ncu-<variant>.txt, their main lines (durations, throughputs, occupancy, stall reasons) in the summary.
+gdn_ncu() {
+  local m=qwen3.5-27b:q8_0 f v tag
+  command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
+  f=$(make_model "$m") || return 1
+  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_FUSED=1}; do
+    tag=$(variant_tag "$v")
+    log "ncu sections of the gdn kernels, a ${DFLASH_BENCH_VERIFY:-16}-row verify of $m: ${v/#-/defaults}"
+    (cd native/engine && env $(variant_env "$v") DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
+      DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=${DFLASH_BENCH_VERIFY:-16} \
+      timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k 'regex:gdn_(staged|parallel)' --launch-skip ${NCU_SKIP:-200} \
+      --launch-count ${NCU_COUNT:-3} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 16x) >"$OUT/gdn-ncu-$tag.txt" 2>&1
+    grep -E "gdn_(staged|parallel)_kernel|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|stalled|==ERROR" \
+      "$OUT/gdn-ncu-$tag.txt" | cut -c1-200 | tee -a "$OUT/summary.txt" | head -60
+  done
+}
+
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
 # commas. DFL_CUDA_PDL=0: no programmatic dependent launches (each kernel starts when the one before has ended);
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
@@ -758,6 +781,7 @@ case $mode in
               DFLASH_CPU_INT8=$set GEMVBENCH_GEMM=1 /tmp/native-build/gemvbench ${CPU_GEMM_THREADS:-1 8 16} | tee -a "$OUT/summary.txt"
             done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
+  gdn-ncu) premake qwen3.5-27b:q8_0; build_cuda; wait; gdn_ncu ;;  # the delta-rule kernels' ncu sections (GDN_NCU_VARIANTS)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
