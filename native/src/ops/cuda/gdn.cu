@@ -28,9 +28,11 @@ constexpr int kGatesThreads = 128;
 // the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms of a 16-row verify against 0.65 of a decode step; the
 // conv walked its 16 tokens and 19 recorded rows a latency each. Measured (H100 12-05 17:3x, one call): 27B q8_0
 // verify of 16 rows 17.28 -> 17.15 ms, of 23 18.80 -> 17.96.
-// out: the entry's output rows, x its input rows (xs apart), cs its slot's stored rows, rw its window record (or null).
+// store(i, value): the entry's output of token i; x its input rows (xs apart), cs its slot's stored rows, rw its window
+// record (or null).
+template <class Store>
 __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, int64_t i0, int64_t i1, const float *cs,
-                                                const float *x, int64_t xs, float *rw, float *out) {
+                                                const float *x, int64_t xs, float *rw, Store store) {
     const int C = cc.C, K = cc.K;
     constexpr int kRows = kConvTokens + kConvMaxK - 1;
     float win[kRows], wt[kConvMaxK];
@@ -54,7 +56,7 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 #pragma unroll
         for (int j = 0; j < kConvMaxK; j++)
             if (j < K) acc += wt[j] * win[t + j];
-        out[(i0 + t) * C + c] = silu_f(acc);
+        store(i0 + t, silu_f(acc));
     }
 }
 
@@ -68,17 +70,13 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 // on one thread a channel was 23 such walks one after the other).
 // A tree entry's token (parent != null) builds its window along its ancestors: window row K-1+a for ancestor a, then
 // the old rows past the root.
-__global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
-    const int e = blockIdx.z;
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+// Thread c's outputs of its entry e's tokens i0 .. i1 - 1 (store(i, value)), the window records, and (chunk 0 of an
+// entry that does not record) the slot's new stored rows; the entry's n tokens from batch row t0.
+template <class Store>
+__device__ __forceinline__ void conv_thread(const ConvCall &cc, int e, int64_t c, int64_t i0, int64_t i1, int64_t n,
+                                            int64_t t0, const int32_t *slots, float *const *rec_window,
+                                            const int32_t *parent, Store store) {
     const int C = cc.C, K = cc.K;
-    if (c >= C) return;
-    const int64_t n = ns[e], t0 = t0s[e];
-    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
-    if (i0 >= n) return;
     float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
     const int64_t xs = cc.x_pitch();
     const float *x = cc.x + t0 * xs;
@@ -92,7 +90,7 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
             for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
     }
     auto w = [&](int j) { return cc.w[(int64_t)j * C + c]; };  // tap-major: a warp's channels side by side
-    if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, cc.out + t0 * C);
+    if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, store);
     for (int64_t i = in_regs ? i1 : i0; i < i1; i++) {
         float acc = 0.0f;
         if (par) {
@@ -104,10 +102,80 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
         } else {
             for (int j = 0; j < K; j++) acc += w(j) * window(i + j);
         }
-        cc.out[(t0 + i) * C + c] = silu_f(acc);
+        store(i, silu_f(acc));
     }
     if (i0 == 0 && !rw)  // (a recording entry's state stays; a rollback takes the kept rows from its window)
         for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
+}
+
+__global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
+                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
+    const int e = blockIdx.z;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int C = cc.C;
+    if (c >= C) return;
+    const int64_t n = ns[e], t0 = t0s[e];
+    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+    if (i0 >= n) return;
+    float *out = cc.out + t0 * C;
+    conv_thread(cc, e, c, i0, i1, n, t0, slots, rec_window, parent, [&](int64_t i, float v) { out[i * C + c] = v; });
+}
+
+// conv1d_silu_kernel and gdn_gates_kernel in one (DFL_CUDA_CONV_GATES=1, conv_gates_fits): a block's 128 channels are
+// whole q or k heads, or v channels; the chunk's outputs wait in shared memory while a warp a (token, head) sums the
+// squares in gdn_gates_kernel's order, then go out normalized; the entry's chunk's first block computes its tokens'
+// gates. Why: gdn_gates is a launch and a round trip of every DeltaNet layer's conv output (48 a 27B step); its ~6 us
+// a call in the op profile (H100 12-06 06:3x) is mostly that.
+__global__ void conv_gates_kernel(ConvCall cc, GdnGates q, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
+                                  float *const *rec_window, const int32_t *parent, int64_t chunk) {
+    pdl_trigger();
+    pdl_wait();  // (launch_gdn_chain)
+    __shared__ float y[kConvTokens][kConvThreads];
+    __shared__ float rs[kConvTokens][kConvThreads / 32];  // 1 / norm of (token, head of the block), heads >= 32 wide
+    const int e = blockIdx.z, C = cc.C;
+    const int64_t c0 = (int64_t)blockIdx.x * kConvThreads, c = c0 + threadIdx.x;  // (C % kConvThreads == 0)
+    const int64_t n = ns[e], t0 = t0s[e];
+    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+    if (i0 >= n) return;
+    const int nt = (int)(i1 - i0);
+    conv_thread(cc, e, c, i0, i1, n, t0, slots, rec_window, parent,
+                [&](int64_t i, float v) { y[i - i0][threadIdx.x] = v; });
+    __syncthreads();
+    const int64_t qk_end = (int64_t)2 * q.n_k * q.dk;
+    const bool is_qk = c0 < qk_end;  // (the whole block alike: qk_end % kConvThreads == 0)
+    if (is_qk) {
+        const int heads = kConvThreads / q.dk, lane = threadIdx.x % 32;
+        for (int w = threadIdx.x / 32; w < nt * heads; w += kConvThreads / 32) {
+            const int t = w / heads, h = w % heads;
+            float ss = 0.0f;
+            for (int d = lane; d < q.dk; d += 32) ss += y[t][h * q.dk + d] * y[t][h * q.dk + d];
+            ss = warp_sum(ss);
+            if (lane == 0) rs[t][h] = 1.0f / sqrtf(ss + 1e-6f);
+        }
+        __syncthreads();
+    }
+    const bool is_q = c < (int64_t)q.n_k * q.dk;
+    const float qscale = 1.0f / sqrtf((float)q.dk);
+    for (int t = 0; t < nt; t++) {
+        float v = y[t][threadIdx.x];
+        if (is_qk) {
+            const float r = rs[t][threadIdx.x / q.dk];
+            v = is_q ? (v * r) * qscale : v * r;
+        }
+        cc.out[(t0 + i0 + t) * C + c] = v;
+    }
+    if (blockIdx.x == 0)
+        for (int x = threadIdx.x; x < nt * q.n_v; x += kConvThreads) {
+            const int64_t tok = t0 + i0 + x / q.n_v;
+            const int j = x % q.n_v;
+            const int64_t i = tok * q.n_v + j;
+            q.beta[i] = sigmoid_f(q.b[tok * q.b_pitch() + j]);
+            const float xa = q.a[tok * q.a_pitch() + j] + q.dt_bias[j];
+            const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+            q.g[i] = q.ssm_a[j] * sp;
+        }
 }
 
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
@@ -120,6 +188,22 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     launch_gdn_chain(conv1d_silu_kernel, grid, dim3(kConvThreads), 0, s, c, m.t0, m.n, m.slot, m.rec_window, m.parent,
                      chunk);
     check_launch("conv1d_silu");
+}
+
+bool conv_gates_fits(const BatchMeta &m, const ConvCall &c, const GdnGates &q) {
+    static const bool on = env_switch("DFL_CUDA_CONV_GATES", false);
+    return on && m.n_ent > 0 && m.max_n > 0 && c.C > 0 && c.C % kConvThreads == 0 && q.C == c.C && q.cv == c.out &&
+           q.dk >= 32 && q.dk <= kConvThreads && kConvThreads % q.dk == 0 && q.n_k > 0 && q.n_v > 0 &&
+           (2 * q.n_k * q.dk) % kConvThreads == 0;
+}
+
+void launch_conv_gates(cudaStream_t s, const BatchMeta &m, const ConvCall &c, const GdnGates &q) {
+    const int64_t chunk = m.parent ? kConvTreeTokens : kConvTokens;
+    const int64_t chunks = (m.max_n + chunk - 1) / chunk;
+    const dim3 grid((unsigned)(c.C / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
+    launch_gdn_chain(conv_gates_kernel, grid, dim3(kConvThreads), 0, s, c, q, m.t0, m.n, m.slot, m.rec_window, m.parent,
+                     chunk);
+    check_launch("conv_gates");
 }
 
 // Block (token, group y of gridDim.y): a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then
