@@ -2,7 +2,7 @@
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
 # scripts/gpu/pack.sh (carry .gpu; --peer for llama.cpp beside ds4-bench at the end); poll with scripts/gpu/bg.sh wait
 # 420 back to back (the machine is let go after ~30 s idle). On an H200 where one is lent: the issues name it.
-# Four opt-ins written without a GPU (cuda-notes rows 12-06 07:1x, 07:3x and 07:5x): DFL_CUDA_GDN_CHAIN=1 (the
+# Four opt-ins written without a GPU (cuda-notes rows 12-06 07:1x, 07:2x and 07:3x): DFL_CUDA_GDN_CHAIN=1 (the
 # DeltaNet layer's kernels as chained launches), DFL_CUDA_GDN_PARALLEL=1 with its launches trimmed (nothing for a batch
 # that records nothing, no staged launch where every entry is the parallel form's), DFL_CUDA_GDN_FUSED=1 (conv, gates
 # and the parallel-form delta rule in one kernel where every entry records), DFL_CUDA_CONV_GATES=1 (conv and gates in
