@@ -104,6 +104,16 @@ GdnCall layer_gdn_call(const GdnShape &s, int C, const float *cv, const float *g
     return c;
 }
 
+// The entries be in blocks of 16 tokens, with token trees where trees has them.
+Batch gdn_batch(const std::vector<Batch::Ent> &be, Rng &r, const std::vector<std::vector<int32_t>> &trees) {
+    Batch b(be, 16, r);
+    if (!trees.empty()) b.set_trees(trees);
+    return b;
+}
+
+// A conv row's channels: the q and k heads, then the v heads.
+int channels(const GdnShape &s) { return 2 * s.n_k * s.dk + s.n_v * s.dv; }
+
 // The batch's recording entries (BatchMeta::n_record).
 int32_t recording(const std::vector<Batch::Ent> &be) {
     return (int32_t)std::count_if(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; });
@@ -114,11 +124,9 @@ int32_t recording(const std::vector<Batch::Ent> &be) {
 // in shared memory unless DFL_CUDA_GDN_TREE_SMEM=0: not compared.
 void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                   const std::vector<std::vector<int32_t>> &trees = {}) {
-    Batch b(be, 16, r);
-    if (!trees.empty()) b.set_trees(trees);
+    const Batch b = gdn_batch(be, r, trees);
     const int64_t T = b.T;
-    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
-    const int n_rec = kRecLayers, n_slots = kSlots;
+    const int C = channels(s), n_rec = kRecLayers, n_slots = kSlots;
     char nm[160];
     std::snprintf(nm, sizeof nm, "nk=%d nv=%d dk=%d dv=%d T=%lld ents=%zu%s", s.n_k, s.n_v, s.dk, s.dv, (long long)T,
                   b.ents.size(), std::any_of(be.begin(), be.end(), [](const Batch::Ent &e) { return e.record; }) ? " rec" : "");
@@ -200,11 +208,9 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
 // tokens, runs as one kernel on the GPU; any other batch, and the CPU, as the three ops.
 void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                              const std::vector<std::vector<int32_t>> &trees = {}) {
-    Batch b(be, 16, r);
-    if (!trees.empty()) b.set_trees(trees);
+    const Batch b = gdn_batch(be, r, trees);
     const int64_t T = b.T;
-    const int C = 2 * s.n_k * s.dk + s.n_v * s.dv;
-    const int n_rec = kRecLayers, n_slots = kSlots;
+    const int C = channels(s), n_rec = kRecLayers, n_slots = kSlots;
     const int32_t n_record = recording(be);
     char nm[160];
     std::snprintf(nm, sizeof nm, "conv_gates_gdn nk=%d nv=%d dk=%d dv=%d K=%d T=%lld ents=%zu recording=%d%s", s.n_k,
