@@ -91,19 +91,7 @@ __device__ __forceinline__ void conv_thread(const ConvCall &cc, int e, int64_t c
     }
     auto w = [&](int j) { return cc.w[(int64_t)j * C + c]; };  // tap-major: a warp's channels side by side
     if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, store);
-    for (int64_t i = in_regs ? i1 : i0; i < i1; i++) {
-        float acc = 0.0f;
-        if (par) {
-            int64_t a = i, old = K - 2;
-            for (int j = K - 1; j >= 0; j--) {
-                acc += w(j) * window(a >= 0 ? K - 1 + a : old--);
-                if (a >= 0) a = par[a];
-            }
-        } else {
-            for (int j = 0; j < K; j++) acc += w(j) * window(i + j);
-        }
-        store(i, silu_f(acc));
-    }
+    for (int64_t i = in_regs ? i1 : i0; i < i1; i++) store(i, silu_f(conv_window_sum(K, i, par, w, window)));
     if (i0 == 0 && !rw)  // (a recording entry's state stays; a rollback takes the kept rows from its window)
         for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
 }
@@ -149,10 +137,8 @@ __global__ void conv_gates_kernel(ConvCall cc, GdnGates q, const int32_t *t0s, c
         const int heads = kConvThreads / q.dk, lane = threadIdx.x % 32;
         for (int w = threadIdx.x / 32; w < nt * heads; w += kConvThreads / 32) {
             const int t = w / heads, h = w % heads;
-            float ss = 0.0f;
-            for (int d = lane; d < q.dk; d += 32) ss += y[t][h * q.dk + d] * y[t][h * q.dk + d];
-            ss = warp_sum(ss);
-            if (lane == 0) rs[t][h] = 1.0f / sqrtf(ss + 1e-6f);
+            const float r = qk_inv_norm(&y[t][h * q.dk], q.dk, lane);
+            if (lane == 0) rs[t][h] = r;
         }
         __syncthreads();
     }
@@ -160,21 +146,14 @@ __global__ void conv_gates_kernel(ConvCall cc, GdnGates q, const int32_t *t0s, c
     const float qscale = 1.0f / sqrtf((float)q.dk);
     for (int t = 0; t < nt; t++) {
         float v = y[t][threadIdx.x];
-        if (is_qk) {
-            const float r = rs[t][threadIdx.x / q.dk];
-            v = is_q ? (v * r) * qscale : v * r;
-        }
+        if (is_qk) v = qk_normed(v, rs[t][threadIdx.x / q.dk], is_q, qscale);
         cc.out[(t0 + i0 + t) * C + c] = v;
     }
     if (blockIdx.x == 0)
         for (int x = threadIdx.x; x < nt * q.n_v; x += kConvThreads) {
             const int64_t tok = t0 + i0 + x / q.n_v;
             const int j = x % q.n_v;
-            const int64_t i = tok * q.n_v + j;
-            q.beta[i] = sigmoid_f(q.b[tok * q.b_pitch() + j]);
-            const float xa = q.a[tok * q.a_pitch() + j] + q.dt_bias[j];
-            const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-            q.g[i] = q.ssm_a[j] * sp;
+            gdn_gate(q, tok, j, q.beta[tok * q.n_v + j], q.g[tok * q.n_v + j]);
         }
 }
 
@@ -218,21 +197,11 @@ __global__ void gdn_gates_kernel(GdnGates g) {
     const float qscale = 1.0f / sqrtf((float)g.dk);
     for (int hh = warp; hh < 2 * g.n_k; hh += warps) {
         float *x = row + (int64_t)hh * g.dk;
-        float ss = 0.0f;
-        for (int d = lane; d < g.dk; d += 32) ss += x[d] * x[d];
-        ss = warp_sum(ss);
-        const float r = 1.0f / sqrtf(ss + 1e-6f);
-        const bool is_q = hh < g.n_k;
-        for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
+        const float r = qk_inv_norm(x, g.dk, lane);
+        for (int d = lane; d < g.dk; d += 32) x[d] = qk_normed(x[d], r, hh < g.n_k, qscale);
     }
-    const float *b = g.b + t * g.b_pitch(), *ar = g.a + t * g.a_pitch();
-    for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads) {
-        const int64_t i = t * g.n_v + j;
-        g.beta[i] = sigmoid_f(b[j]);
-        const float xa = ar[j] + g.dt_bias[j];
-        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-        g.g[i] = g.ssm_a[j] * sp;
-    }
+    for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads)
+        gdn_gate(g, t, j, g.beta[t * g.n_v + j], g.g[t * g.n_v + j]);
 }
 
 // Blocks a token: a q/k head a warp, over as many blocks as that takes. Measured (H100 12-05 19:2x, one call, against

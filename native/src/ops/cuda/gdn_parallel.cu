@@ -91,17 +91,8 @@ __device__ void fused_conv_gates(GdnPar<DK> &sm, const GdnFusedIn &f, const GdnH
     for (int x = threadIdx.x; x < n * NCH; x += kGdnThreads) {
         const int t = x / NCH, ch = x % NCH;
         if (ch >= 2 * DK + cols) continue;
-        float acc = 0.0f;
-        if (tree) {
-            int a = t, old = K - 2;
-            for (int i = K - 1; i >= 0; i--) {
-                acc += sm.taps[i][ch] * win[(a >= 0 ? K - 1 + a : old--) * NCH + ch];
-                if (a >= 0) a = sm.par[a];
-            }
-        } else {
-            for (int i = 0; i < K; i++) acc += sm.taps[i][ch] * win[(t + i) * NCH + ch];
-        }
-        const float o = silu_f(acc);
+        const float o = silu_f(conv_window_sum(K, t, tree ? sm.par : nullptr, [&](int i) { return sm.taps[i][ch]; },
+                                               [&](int64_t r) { return win[r * NCH + ch]; }));
         if (ch < 2 * DK)
             sm.qk[ch / DK][t][ch % DK] = o;
         else
@@ -119,19 +110,10 @@ __device__ void fused_conv_gates(GdnPar<DK> &sm, const GdnFusedIn &f, const GdnH
     const float qscale = 1.0f / sqrtf((float)DK);
     for (int y = warp; y < 2 * n; y += kGdnParWarps) {  // row y: q (h 0) or k (h 1) of token y / 2
         float *row = sm.qk[y % 2][y / 2];
-        float ss = 0.0f;
-        for (int d = lane; d < DK; d += 32) ss += row[d] * row[d];
-        ss = warp_sum(ss);
-        const float r = 1.0f / sqrtf(ss + 1e-6f);
-        for (int d = lane; d < DK; d += 32) row[d] = y % 2 == 0 ? (row[d] * r) * qscale : row[d] * r;
+        const float r = qk_inv_norm(row, DK, lane);
+        for (int d = lane; d < DK; d += 32) row[d] = qk_normed(row[d], r, y % 2 == 0, qscale);
     }
-    for (int t = threadIdx.x; t < n; t += kGdnThreads) {
-        const int64_t tok = hd.t0 + t;
-        sm.beta[t] = sigmoid_f(f.q.b[tok * f.q.b_pitch() + j]);
-        const float xa = f.q.a[tok * f.q.a_pitch() + j] + f.q.dt_bias[j];
-        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-        sm.g[t] = f.q.ssm_a[j] * sp;
-    }
+    for (int t = threadIdx.x; t < n; t += kGdnThreads) gdn_gate(f.q, hd.t0 + t, j, sm.beta[t], sm.g[t]);
     __syncthreads();
 }
 
