@@ -231,7 +231,8 @@ void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &b
     for (auto &v : ssm) v = -0.05f - 0.25f * std::fabs(v);
     const int64_t conv_stride = (int64_t)(s.K - 1) * C + 5;
     const int64_t head = (int64_t)s.dk * s.dv, sf = (int64_t)s.n_v * head, state_stride = sf + 3;
-    Dual x(xv), bb(bv), aa(av), w(rand_vec(r, (size_t)C * s.K, 0.5f)), conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
+    Dual x(xv), bb(bv), aa(av), w(rand_vec(r, (size_t)C * s.K, 0.5f));
+    Dual conv(rand_vec(r, (size_t)(n_slots * conv_stride)));
     Dual ssm_a(ssm), dt(rand_vec(r, (size_t)s.n_v, 0.5f)), state(rand_vec(r, (size_t)(n_slots * state_stride), 0.1f));
     Dual cv((size_t)(T * C) * 4), beta((size_t)(T * s.n_v) * 4), gl((size_t)(T * s.n_v) * 4);
     Dual out((size_t)(T * s.n_v * s.dv) * 4);

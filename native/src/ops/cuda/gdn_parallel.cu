@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a, Gd
             const int r = x / NCH, ch = x % NCH;
             if (ch >= 2 * DK + cols) continue;
             const int64_t col = fused_channel(hd, DK, ch);
-            cp_async4(&win[x], r < K - 1 ? cs + (int64_t)r * f.c.C + col : xr + (int64_t)(r - (K - 1)) * f.c.x_pitch() + col);
+            const float *src = r < K - 1 ? cs + (int64_t)r * f.c.C : xr + (int64_t)(r - (K - 1)) * f.c.x_pitch();
+            cp_async4(&win[x], src + col);
         }
         for (int x = threadIdx.x; x < K * NCH; x += kGdnThreads) {
             const int i = x / NCH, ch = x % NCH;
@@ -290,7 +291,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a, Gd
 
 // gdn_parallel_kernel<DK, kFused> on a grid of (value head, entry, column group).
 template <int DK, bool kFused>
-static void launch_parallel(cudaStream_t s, const GdnArgs &a, const GdnFusedIn &f, const BatchMeta &m, const GdnCall &g) {
+static void launch_parallel(cudaStream_t s, const GdnArgs &a, const GdnFusedIn &f, const BatchMeta &m,
+                            const GdnCall &g) {
     const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnParCols - 1) / kGdnParCols));
     int dev_index = 0;
     check(cudaGetDevice(&dev_index), "gdn");
