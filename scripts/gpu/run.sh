@@ -32,7 +32,7 @@
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
-#                                            staged, parallel form, fused (GDN_NCU_VARIANTS), graphs off
+#                                            defaults, parallel form, eight lanes (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -58,6 +58,8 @@
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
 #                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
 #                                            tokens) of each model with VARIANTS
+#   scripts/gpu/run.sh pp-variants [MODEL...] BenchmarkGGUF/pp (512 and 4096 tokens) with each of VARIANTS, nothing
+#                                            else (default model qwen3.5-27b:q8_0)
 #   scripts/gpu/run.sh pp-profile [MODEL...] prefill of 512 and PROFILE_PROMPTS (4096) tokens (each of PP_VARIANTS), then the
 #                                            long one op by op (DFL_CUDA_PROFILE=1; default model qwen3.5-27b:q8_0)
 #   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
@@ -570,7 +572,7 @@ gdn_ncu() {
   local m=qwen3.5-27b:q8_0 f v tag
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
   f=$(make_model "$m") || return 1
-  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_FUSED=1}; do
+  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_LANES=8}; do
     tag=$(variant_tag "$v")
     log "ncu sections of the gdn kernels, a ${DFLASH_BENCH_VERIFY:-16}-row verify of $m: ${v/#-/defaults}"
     (cd native/engine && env $(variant_env "$v") DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
@@ -787,6 +789,9 @@ case $mode in
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
+  pp-variants) [ $# -gt 0 ] || set -- qwen3.5-27b:q8_0  # prefill of 512 and 4096 tokens with each of VARIANTS, alone
+            premake "$@"; build_cuda; wait "${premake_pids[@]}"
+            BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
   kernels-all) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change end to end: checks, then speed
             # check runs both op test programs with the defaults and with the other kernels, and the device replays
             # (deepseek4's included) and parity: kernel_tests and ds4_check would repeat it

@@ -231,7 +231,9 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
     gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
-    dev_->conv_gates_gdn(m, cc, gg, gc);
+    dev_->conv1d_silu(m, cc);
+    dev_->gdn_gates(T, gg);
+    dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
     dev_->matmul(L.wout, a.core.f(), T, a.mix.f());

@@ -614,14 +614,6 @@ public:
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
-    // The DeltaNet layer's conv, gates and delta rule: conv1d_silu(m, c), gdn_gates(m.T, q), gdn(m, g) in turn, q.cv and
-    // g.cv being c.out, g.g and g.beta q's. A device may run them as one (CUDA, DFL_CUDA_GDN_FUSED=1, where every entry
-    // records), leaving c.out, q.g and q.beta unwritten: only g's outputs, state and records are the call's result.
-    virtual void conv_gates_gdn(const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g) {
-        conv1d_silu(m, c);
-        gdn_gates(m.T, q);
-        gdn(m, g);
-    }
     virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) = 0;
     // x = rmsnorm(x) * w * silu(z) per row of n; x is [T][heads][n], token t's z rows start at z + t z_stride (a fused
     // product's part where it lies; heads n when apart).

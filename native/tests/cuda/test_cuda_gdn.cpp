@@ -201,19 +201,17 @@ void run_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
     ins.compare_all("gdn rec_in " + tag, 0);
 }
 
-// The layer's conv, gates and delta rule in one call (Device::conv_gates_gdn), as QwenModel::gdn_layer makes it: x, b
-// and a where a fused product leaves them (odd batches), decays from a negative ssm_a as the model's; the outputs,
-// states, window records and input records compared (the conv output, g and beta are the CPU's alone: a device that
-// fuses leaves them unwritten). With DFL_CUDA_GDN_FUSED=1 a batch whose entries all record, none longer than 32
-// tokens, runs as one kernel on the GPU; any other batch, and the CPU, as the three ops.
-void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
+// The layer's conv, gates and delta rule in turn, as QwenModel::gdn_layer calls them: x, b and a where a fused product
+// leaves them (odd batches), decays from a negative ssm_a as the model's; the outputs, states, window records and input
+// records compared. A tree's entries run the parallel form on the GPU (launch_gdn).
+void run_gdn_layer_case(const GdnShape &s, const std::vector<Batch::Ent> &be, Rng &r,
                              const std::vector<std::vector<int32_t>> &trees = {}) {
     const Batch b = gdn_batch(be, r, trees);
     const int64_t T = b.T;
     const int C = channels(s), n_rec = kRecLayers, n_slots = kSlots;
     const int32_t n_record = recording(be);
     char nm[160];
-    std::snprintf(nm, sizeof nm, "conv_gates_gdn nk=%d nv=%d dk=%d dv=%d K=%d T=%lld ents=%zu recording=%d%s", s.n_k,
+    std::snprintf(nm, sizeof nm, "gdn layer nk=%d nv=%d dk=%d dv=%d K=%d T=%lld ents=%zu recording=%d%s", s.n_k,
                   s.n_v, s.dk, s.dv, s.K, (long long)T, be.size(), (int)n_record, trees.empty() ? "" : " trees");
     const std::string tag(nm);
 
@@ -250,7 +248,10 @@ void run_conv_gates_gdn_case(const GdnShape &s, const std::vector<Batch::Ent> &b
         m.rec_state = recs.at(g);
         m.rec_in = ins.at(g);
         m.n_record = n_record;
-        (g ? g_gpu : g_cpu)->conv_gates_gdn(m, c, q, d);
+        Device *const on = g ? g_gpu : g_cpu;
+        on->conv1d_silu(m, c);
+        on->gdn_gates(T, q);
+        on->gdn(m, d);
     }
     compare(tag + " out", out, 1e-4);
     compare(tag + " state", state, 1e-4);
@@ -323,16 +324,16 @@ void test_gdn() {
     // a verify's records of 20 tokens (two chunks of the staged kernel's 16)
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r);
-    // the layer's three ops in one call: batches whose entries all record (chains and trees of up to 32 tokens: one
-    // kernel with DFL_CUDA_GDN_FUSED=1), and batches that do not fit it
+    // the layer's three ops in turn: batches whose entries all record (chains and trees of up to 32 tokens: the
+    // parallel form's with DFL_CUDA_GDN_PARALLEL=1, trees' by default), and batches with longer or unrecorded entries
     for (const GdnShape &s : shapes) {
-        run_conv_gates_gdn_case(s, {{3, 4, 1, true}}, r);
-        run_conv_gates_gdn_case(s, {{16, 0, 0, true}, {5, 7, 2, true}}, r);
-        run_conv_gates_gdn_case(s, {{32, 3, 3, true}}, r);
-        run_conv_gates_gdn_case(s, {{12, 7, 1, true}, {23, 0, 3, true}, {4, 2, 2, true}}, r,
-                                {random_tree(r, 12), random_tree(r, 23), {}});
-        run_conv_gates_gdn_case(s, {{5, 0, 0, false}, {16, 2, 2, true}}, r);
-        run_conv_gates_gdn_case(s, {{40, 0, 1, true}, {1, 5, 2, true}}, r);
+        run_gdn_layer_case(s, {{3, 4, 1, true}}, r);
+        run_gdn_layer_case(s, {{16, 0, 0, true}, {5, 7, 2, true}}, r);
+        run_gdn_layer_case(s, {{32, 3, 3, true}}, r);
+        run_gdn_layer_case(s, {{12, 7, 1, true}, {23, 0, 3, true}, {4, 2, 2, true}}, r,
+                           {random_tree(r, 12), random_tree(r, 23), {}});
+        run_gdn_layer_case(s, {{5, 0, 0, false}, {16, 2, 2, true}}, r);
+        run_gdn_layer_case(s, {{40, 0, 1, true}, {1, 5, 2, true}}, r);
     }
     // replays of records: the first k rows, and rows along a tree path
     for (const GdnShape &s : shapes)

@@ -54,7 +54,6 @@ public:
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
-    void conv_gates_gdn(const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g) override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
     void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads, int64_t n,
                        float eps) override;
@@ -282,14 +281,6 @@ void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
 void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g);
-// Whether the conv and the gates of a batch run as one kernel (DFL_CUDA_CONV_GATES=1: 128-channel blocks of whole q or k
-// heads, a token bound), and that kernel.
-bool conv_gates_fits(const BatchMeta &m, const ConvCall &c, const GdnGates &q);
-void launch_conv_gates(cudaStream_t s, const BatchMeta &m, const ConvCall &c, const GdnGates &q);
-// Whether the conv, gates and delta rule of a batch run as one kernel (DFL_CUDA_GDN_FUSED=1: every entry records, at
-// most 32 tokens each, heads 64 or 128 rows wide, taps at most 4, the three calls on the same buffers), and that kernel.
-bool gdn_fused_fits(const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g);
-void launch_gdn_fused(cudaStream_t s, const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g);
 void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);

@@ -658,17 +658,6 @@ void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
     op("gdn", [&] { launch_gdn(*this, m, g); });
 }
 
-void CudaDevice::conv_gates_gdn(const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g) {
-    if (gdn_fused_fits(m, c, q, g)) {
-        op("gdn_fused", [&] { launch_gdn_fused(stream_, m, c, q, g); });
-    } else if (conv_gates_fits(m, c, q)) {
-        op("conv_gates", [&] { launch_conv_gates(stream_, m, c, q); });
-        gdn(m, g);
-    } else {
-        Device::conv_gates_gdn(m, c, q, g);
-    }
-}
-
 void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
     op("record_gdn_inputs", [&] { launch_record_gdn_inputs(stream_, m, r); });
 }

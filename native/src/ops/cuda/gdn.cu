@@ -10,9 +10,42 @@
 namespace dfl {
 namespace cuda {
 
-bool gdn_chain_on() {
-    static const bool on = env_switch("DFL_CUDA_GDN_CHAIN", false);
-    return on;
+// The factor that normalizes a q or k head's dk contiguous values x, by a warp: lane l sums x[l]^2, x[l + 32]^2, ... in
+// that order, then the warp's lanes are summed.
+__device__ __forceinline__ float qk_inv_norm(const float *x, int dk, int lane) {
+    float ss = 0.0f;
+    for (int d = lane; d < dk; d += 32) ss += x[d] * x[d];
+    return 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
+}
+
+// A q value (also scaled by qscale = 1/sqrt(dk)) or k value v normalized by qk_inv_norm's r.
+__device__ __forceinline__ float qk_normed(float v, float r, bool is_q, float qscale) {
+    return is_q ? (v * r) * qscale : v * r;
+}
+
+// Value head j's gates of token tok: beta = sigmoid(b), g = ssm_a softplus(a + dt_bias).
+__device__ __forceinline__ void gdn_gate(const GdnGates &q, int64_t tok, int j, float &beta, float &g) {
+    beta = sigmoid_f(q.b[tok * q.b_pitch() + j]);
+    const float xa = q.a[tok * q.a_pitch() + j] + q.dt_bias[j];
+    g = q.ssm_a[j] * (xa > 20.0f ? xa : log1pf(expf(xa)));
+}
+
+// The conv's sum of token i of an entry over its K window rows (row(r): r < K - 1 the slot's stored row r, then the
+// entry's inputs) with taps tap(j): a chain's rows i .. i + K - 1 (par null), a tree token's along its ancestors
+// (par: the entry's parents), then the stored rows past the root.
+template <class Tap, class Row>
+__device__ __forceinline__ float conv_window_sum(int K, int64_t i, const int32_t *par, Tap tap, Row row) {
+    float acc = 0.0f;
+    if (par) {
+        int64_t a = i, old = K - 2;
+        for (int j = K - 1; j >= 0; j--) {
+            acc += tap(j) * row(a >= 0 ? K - 1 + a : old--);
+            if (a >= 0) a = par[a];
+        }
+    } else {
+        for (int j = 0; j < K; j++) acc += tap(j) * row(i + j);
+    }
+    return acc;
 }
 
 constexpr int kConvThreads = 128;
@@ -98,8 +131,6 @@ __device__ __forceinline__ void conv_thread(const ConvCall &cc, int e, int64_t c
 
 __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
                                    float *const *rec_window, const int32_t *parent, int64_t chunk) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
     const int e = blockIdx.z;
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C;
@@ -111,52 +142,6 @@ __global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_
     conv_thread(cc, e, c, i0, i1, n, t0, slots, rec_window, parent, [&](int64_t i, float v) { out[i * C + c] = v; });
 }
 
-// conv1d_silu_kernel and gdn_gates_kernel in one (DFL_CUDA_CONV_GATES=1, conv_gates_fits): a block's 128 channels are
-// whole q or k heads, or v channels; the chunk's outputs wait in shared memory while a warp a (token, head) sums the
-// squares in gdn_gates_kernel's order, then go out normalized; the entry's chunk's first block computes its tokens'
-// gates. Why: gdn_gates is a launch and a round trip of every DeltaNet layer's conv output (48 a 27B step); its ~6 us
-// a call in the op profile (H100 12-06 06:3x) is mostly that.
-__global__ void conv_gates_kernel(ConvCall cc, GdnGates q, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                  float *const *rec_window, const int32_t *parent, int64_t chunk) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
-    __shared__ float y[kConvTokens][kConvThreads];
-    __shared__ float rs[kConvTokens][kConvThreads / 32];  // 1 / norm of (token, head of the block), heads >= 32 wide
-    const int e = blockIdx.z, C = cc.C;
-    const int64_t c0 = (int64_t)blockIdx.x * kConvThreads, c = c0 + threadIdx.x;  // (C % kConvThreads == 0)
-    const int64_t n = ns[e], t0 = t0s[e];
-    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
-    if (i0 >= n) return;
-    const int nt = (int)(i1 - i0);
-    conv_thread(cc, e, c, i0, i1, n, t0, slots, rec_window, parent,
-                [&](int64_t i, float v) { y[i - i0][threadIdx.x] = v; });
-    __syncthreads();
-    const int64_t qk_end = (int64_t)2 * q.n_k * q.dk;
-    const bool is_qk = c0 < qk_end;  // (the whole block alike: qk_end % kConvThreads == 0)
-    if (is_qk) {
-        const int heads = kConvThreads / q.dk, lane = threadIdx.x % 32;
-        for (int w = threadIdx.x / 32; w < nt * heads; w += kConvThreads / 32) {
-            const int t = w / heads, h = w % heads;
-            const float r = qk_inv_norm(&y[t][h * q.dk], q.dk, lane);
-            if (lane == 0) rs[t][h] = r;
-        }
-        __syncthreads();
-    }
-    const bool is_q = c < (int64_t)q.n_k * q.dk;
-    const float qscale = 1.0f / sqrtf((float)q.dk);
-    for (int t = 0; t < nt; t++) {
-        float v = y[t][threadIdx.x];
-        if (is_qk) v = qk_normed(v, rs[t][threadIdx.x / q.dk], is_q, qscale);
-        cc.out[(t0 + i0 + t) * C + c] = v;
-    }
-    if (blockIdx.x == 0)
-        for (int x = threadIdx.x; x < nt * q.n_v; x += kConvThreads) {
-            const int64_t tok = t0 + i0 + x / q.n_v;
-            const int j = x % q.n_v;
-            gdn_gate(q, tok, j, q.beta[tok * q.n_v + j], q.g[tok * q.n_v + j]);
-        }
-}
-
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
     // a batch without its token bound as one chunk an entry
@@ -164,32 +149,13 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    launch_gdn_chain(conv1d_silu_kernel, grid, dim3(kConvThreads), 0, s, c, m.t0, m.n, m.slot, m.rec_window, m.parent,
-                     chunk);
+    conv1d_silu_kernel<<<grid, dim3(kConvThreads), 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
     check_launch("conv1d_silu");
-}
-
-bool conv_gates_fits(const BatchMeta &m, const ConvCall &c, const GdnGates &q) {
-    static const bool on = env_switch("DFL_CUDA_CONV_GATES", false);
-    return on && m.n_ent > 0 && m.max_n > 0 && c.C > 0 && c.C % kConvThreads == 0 && q.C == c.C && q.cv == c.out &&
-           q.dk >= 32 && q.dk <= kConvThreads && kConvThreads % q.dk == 0 && q.n_k > 0 && q.n_v > 0 &&
-           (2 * q.n_k * q.dk) % kConvThreads == 0;
-}
-
-void launch_conv_gates(cudaStream_t s, const BatchMeta &m, const ConvCall &c, const GdnGates &q) {
-    const int64_t chunk = m.parent ? kConvTreeTokens : kConvTokens;
-    const int64_t chunks = (m.max_n + chunk - 1) / chunk;
-    const dim3 grid((unsigned)(c.C / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    launch_gdn_chain(conv_gates_kernel, grid, dim3(kConvThreads), 0, s, c, q, m.t0, m.n, m.slot, m.rec_window, m.parent,
-                     chunk);
-    check_launch("conv_gates");
 }
 
 // Block (token, group y of gridDim.y): a warp per q/k head for the L2 norms (q then also scaled by 1/sqrt(dk)), then
 // the gates, each spread over the token's blocks.
 __global__ void gdn_gates_kernel(GdnGates g) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
     const int64_t t = blockIdx.x;
     const int lane = threadIdx.x & 31, nw = blockDim.x >> 5, warp = (threadIdx.x >> 5) + nw * blockIdx.y;
     const int warps = nw * gridDim.y, threads = blockDim.x * gridDim.y;
@@ -211,7 +177,7 @@ void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
     constexpr int kWarps = kGatesThreads / 32;
     const unsigned groups = (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps);
-    launch_gdn_chain(gdn_gates_kernel, dim3((unsigned)T, groups), dim3(kGatesThreads), 0, s, g);
+    gdn_gates_kernel<<<dim3((unsigned)T, groups), dim3(kGatesThreads), 0, s>>>(g);
     check_launch("gdn_gates");
 }
 
@@ -266,8 +232,6 @@ __device__ __forceinline__ float delta_step(float (&s)[R], const float *q, const
 //
 // Any head size: one thread per column, the column updated in place in global memory (L1/L2 resident for one head).
 __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
     extern __shared__ float qk[];  // [2][dk]
     const GdnCall &g = a.g;
     const int j = blockIdx.x;
@@ -342,8 +306,6 @@ struct GdnStage {
 
 template <int DK, int P>
 __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
     using Stage = GdnStage<DK, P>;
     constexpr int R = DK / P, kCols = Stage::kCols;
     __shared__ __align__(16) Stage st[2];
@@ -463,8 +425,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
 // (token, column group); an entry of n tokens keeps layer r's at r n (C + 2 n_v): rows [n][C], g [n][n_v], beta [n][n_v].
 __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const int32_t *t0s, const int32_t *ns,
                                          float *const *rec_in) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
     const int64_t t = blockIdx.x;
     const int e = ent[t];
     float *dst = rec_in[e];
@@ -485,7 +445,7 @@ void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInput
     if (m.T <= 0) return;
     const int64_t cols = (int64_t)r.C + 2 * r.n_v;
     const dim3 grid((unsigned)m.T, (unsigned)std::min<int64_t>((cols + 255) / 256, 64));
-    launch_gdn_chain(record_gdn_inputs_kernel, grid, dim3(256), 0, s, r, m.ent, m.t0, m.n, m.rec_in);
+    record_gdn_inputs_kernel<<<grid, dim3(256), 0, s>>>(r, m.ent, m.t0, m.n, m.rec_in);
     check_launch("record_gdn_inputs");
 }
 
@@ -501,7 +461,7 @@ static void launch_gdn_staged(cudaStream_t s, const GdnArgs &a) {
         allow_dynamic_smem<gdn_staged_kernel<DK, P>>(dev, kStack, "gdn (tree stack)");
     }
     const dim3 grid((unsigned)a.g.n_v, (unsigned)(a.n_ent * a.g.layers), (unsigned)((a.g.dv + kCols - 1) / kCols));
-    launch_gdn_chain(gdn_staged_kernel<DK, P>, grid, dim3(kGdnThreads), shm, s, a);
+    gdn_staged_kernel<DK, P><<<grid, dim3(kGdnThreads), shm, s>>>(a);
 }
 
 GdnArgs gdn_args(const BatchMeta &m, const GdnCall &g) {
@@ -534,8 +494,12 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
     const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && g.layer_in % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
     const bool staged = aligned && (g.dk == 128 || g.dk == 64);
-    // recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged
-    static const bool par_on = env_switch("DFL_CUDA_GDN_PARALLEL", false);
+    // the recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged: in a batch
+    // of token trees by default, in any batch with DFL_CUDA_GDN_PARALLEL=1, never with =0. Why: against the staged
+    // kernel, a 27B tree of 23 tokens -0.2 ms (H100 12-06 06:5x) and -0.22 ms (H200 12-06 08:1x, 14.00 -> 13.78 ms),
+    // the chains of 8, 16 and 23 even or slower (H200: 10.72 / 11.73 / 13.61 -> 10.82 / 11.78 / 13.62 ms).
+    static const int64_t par_mode = env_int("DFL_CUDA_GDN_PARALLEL", -1);  // (-1: trees)
+    const bool par_on = par_mode == 1 || (par_mode == -1 && m.parent);
     const bool parallel = par_on && staged && m.rec_in && m.n_record > 0 && m.max_n > 1 && g.layers == 1 && !g.in_rows;
     if (g.rec_inputs) {  // the staged and parallel kernels copy the recording entries' inputs they run themselves
         if (staged)
@@ -557,14 +521,18 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
         // chains unchanged.
         static const bool smem = env_switch("DFL_CUDA_GDN_TREE_SMEM", true);
         a.smem_stack = smem && m.tree_steps;
+        // DFL_CUDA_GDN_LANES=8 (opt-in): eight lanes a column of a 128-row head (four of a 64-row one), twice the
+        // blocks. Why: the 27B's 16-token call is latency-bound on 1.5 warps a scheduler (H200 12-06 08:1x, ncu: 14.3
+        // us, 28k cycles, 4.6 cycles between a warp's instructions, achieved occupancy 9 % of a theoretical 25 %)
+        static const bool eight = env_int("DFL_CUDA_GDN_LANES", 4) == 8;
         if (g.dk == 128)
-            launch_gdn_staged<128, 4>(s, a);
+            eight ? launch_gdn_staged<128, 8>(s, a) : launch_gdn_staged<128, 4>(s, a);
         else
-            launch_gdn_staged<64, 2>(s, a);
+            eight ? launch_gdn_staged<64, 4>(s, a) : launch_gdn_staged<64, 2>(s, a);
     } else {
         if (m.rec_in)  // (room for every entry: which of them record is on the device)
             a.work = (float *)dev.gdn_buffer((size_t)ys * g.n_v * g.dk * g.dv * sizeof(float));
-        launch_gdn_chain(gdn_global_kernel, grid_glob, dim3(kGdnThreads), shm, s, a);
+        gdn_global_kernel<<<grid_glob, dim3(kGdnThreads), shm, s>>>(a);
     }
     check_launch("gdn");
 }

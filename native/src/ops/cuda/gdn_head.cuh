@@ -86,63 +86,11 @@ __device__ __forceinline__ void store_column(float *dst, const float (&s)[R], in
     for (int i = 0; i < R; i++) dst[(int64_t)(a0 + i) * dv + b] = s[i];
 }
 
-// Whether the DeltaNet layer's kernels (conv, gates, the delta rule's, the records' copy) are chained launches
-// (DFL_CUDA_GDN_CHAIN=1, opt-in, and launch_chain's own switch): each then starts while the kernel before it ends, its
-// launch hidden, and waits at its top (pdl_wait) before it reads anything; defined in gdn.cu. Why: they were the only
-// kernels of a qwen35 layer launched plainly, three boundaries of a decode step's 48 DeltaNet layers.
-bool gdn_chain_on();
-
-template <typename... Params, typename... Args>
-inline void launch_gdn_chain(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
-                             Args &&...args) {
-    launch_maybe_pdl(gdn_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
-}
-
-// The factor that normalizes a q or k head's dk contiguous values x, by a warp: lane l sums x[l]^2, x[l + 32]^2, ... in
-// that order, then the warp's lanes are summed. Every kernel that normalizes q and k (gdn_gates, conv_gates, the fused
-// parallel form) calls it, so that they agree bit for bit.
-__device__ __forceinline__ float qk_inv_norm(const float *x, int dk, int lane) {
-    float ss = 0.0f;
-    for (int d = lane; d < dk; d += 32) ss += x[d] * x[d];
-    return 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
-}
-
-// A q value (also scaled by qscale = 1/sqrt(dk)) or k value v normalized by qk_inv_norm's r.
-__device__ __forceinline__ float qk_normed(float v, float r, bool is_q, float qscale) {
-    return is_q ? (v * r) * qscale : v * r;
-}
-
-// Value head j's gates of token tok: beta = sigmoid(b), g = ssm_a softplus(a + dt_bias).
-__device__ __forceinline__ void gdn_gate(const GdnGates &q, int64_t tok, int j, float &beta, float &g) {
-    beta = sigmoid_f(q.b[tok * q.b_pitch() + j]);
-    const float xa = q.a[tok * q.a_pitch() + j] + q.dt_bias[j];
-    g = q.ssm_a[j] * (xa > 20.0f ? xa : log1pf(expf(xa)));
-}
-
-// The conv's sum of token i of an entry over its K window rows (row(r): r < K - 1 the slot's stored row r, then the
-// entry's inputs) with taps tap(j): a chain's rows i .. i + K - 1 (par null), a tree token's along its ancestors
-// (par: the entry's parents), then the stored rows past the root. conv1d_silu's threads and the fused parallel form
-// call it, so that their sums agree bit for bit.
-template <class Tap, class Row>
-__device__ __forceinline__ float conv_window_sum(int K, int64_t i, const int32_t *par, Tap tap, Row row) {
-    float acc = 0.0f;
-    if (par) {
-        int64_t a = i, old = K - 2;
-        for (int j = K - 1; j >= 0; j--) {
-            acc += tap(j) * row(a >= 0 ? K - 1 + a : old--);
-            if (a >= 0) a = par[a];
-        }
-    } else {
-        for (int j = 0; j < K; j++) acc += tap(j) * row(i + j);
-    }
-    return acc;
-}
-
 // The kernels' arguments for call g on batch m: nothing recorded by the kernels themselves (rec_in), no parallel form,
 // tree states in the records.
 GdnArgs gdn_args(const BatchMeta &m, const GdnCall &g);
 
-// Recording entries of at most this many tokens run in parallel form (gdn_parallel_kernel, DFL_CUDA_GDN_PARALLEL=1).
+// Recording entries of at most this many tokens may run in parallel form (gdn_parallel_kernel; launch_gdn says when).
 constexpr int kGdnParMax = 32;  // (its ancestor masks are 32 bits)
 
 // gdn_parallel_kernel on a's grid for the recording entries of up to kGdnParMax tokens of m (heads 128 or 64 rows

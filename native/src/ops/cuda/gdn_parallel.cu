@@ -1,12 +1,11 @@
-// The Gated DeltaNet's delta rule of recording entries in parallel form (DFL_CUDA_GDN_PARALLEL=1, opt-in), and with
-// the layer's conv and gates in the same kernel (DFL_CUDA_GDN_FUSED=1, opt-in: Device::conv_gates_gdn).
+// The Gated DeltaNet's delta rule of recording entries in parallel form (trees by default; DFL_CUDA_GDN_PARALLEL).
 #include "ops/cuda/gdn_head.cuh"
 
 namespace dfl {
 namespace cuda {
 
-// The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (DFL_CUDA_GDN_PARALLEL=1,
-// opt-in): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
+// The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (launch_gdn: a batch of token
+// trees, or any with DFL_CUDA_GDN_PARALLEL=1): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
 // outputs are wanted, and no token has to wait for the one before (the staged kernel runs them one after the other: a
 // 16-row verify's gdn and conv cost +0.66 ms over a decode step, a 23-node tree's +1.28, H100 12-06 05:5x). Along a
 // token's path (its ancestors, then itself; a chain's are the tokens before), with G_t = g_t + G_parent (log decays
@@ -24,36 +23,17 @@ namespace cuda {
 constexpr int kGdnParCols = 32;  // state columns a block
 constexpr int kGdnParWarps = kGdnThreads / 32;
 
-// The fused kernel's conv (DFL_CUDA_GDN_FUSED=1): taps up to this many, a block's channels its head's q and k and its
-// v columns.
-constexpr int kGdnFusedMaxK = 4;
-template <int DK>
-__host__ __device__ constexpr int gdn_fused_channels() { return 2 * DK + kGdnParCols; }
-
 template <int DK>
 struct GdnPar {
     float qk[2][kGdnParMax][DK + 4];  // (16-byte rows: float4 reads; 8 rows' words on 8 distinct bank quads)
     float v[kGdnParMax][kGdnParCols];
-    // part, L and A, one after the other, are first the fused kernel's conv window (window())
     float part[2][kGdnParWarps][kGdnParMax][kGdnParCols];  // warp w's k_t.S0 (0) and q_t.S0 (1) over its rows
     float L[kGdnParMax][kGdnParMax];    // beta_t e^(G_t - G_j) k_t.k_j, j a proper ancestor of t, else 0
     float A[kGdnParMax][kGdnParMax];    // e^(G_t - G_j) q_t.k_j, j an ancestor of t or t, else 0
     float g[kGdnParMax], beta[kGdnParMax], G[kGdnParMax], eg[kGdnParMax];
     int32_t par[kGdnParMax];
     uint32_t anc[kGdnParMax];           // bit j: token j is t's proper ancestor
-    float taps[kGdnFusedMaxK][gdn_fused_channels<DK>()];  // the fused kernel's conv taps of the block's channels
-    // the fused kernel's conv window: row r < K - 1 the slot's stored row r, then the entry's input rows, each of
-    // the block's channels
-    __device__ float *window() { return &part[0][0][0][0]; }
-    static constexpr int kWindowFloats = (kGdnParMax + kGdnFusedMaxK - 1) * gdn_fused_channels<DK>();
 };
-
-template <int DK>
-constexpr bool gdn_window_fits() {  // (part, L and A are float arrays one after the other: no padding between)
-    return sizeof(GdnPar<DK>::part) + sizeof(GdnPar<DK>::L) + sizeof(GdnPar<DK>::A) >=
-           GdnPar<DK>::kWindowFloats * sizeof(float);
-}
-static_assert(gdn_window_fits<128>() && gdn_window_fits<64>(), "the conv window overflows part, L and A");
 
 // pair w of the lower triangle (i <= t) of an n-token entry: rows t = 0, 1, ... hold t + 1 pairs each
 __device__ __forceinline__ void triangle_pair(int w, int &t, int &i) {
@@ -63,64 +43,8 @@ __device__ __forceinline__ void triangle_pair(int w, int &t, int &i) {
     i = w - t * (t + 1) / 2;
 }
 
-// The fused kernel's conv and gates (DFL_CUDA_GDN_FUSED=1): conv1d_silu's and gdn_gates' calls, and the batch's
-// conv window records (BatchMeta::rec_window).
-struct GdnFusedIn {
-    ConvCall c;
-    GdnGates q;
-    float *const *rec_window;
-};
-
-// The block's channel ch (its head's q rows, then k rows, then its v columns) as a column of a conv row.
-__device__ __forceinline__ int64_t fused_channel(const GdnHead &hd, int dk, int ch) {
-    return ch < dk ? hd.q_off + ch : ch < 2 * dk ? hd.k_off + ch - dk : hd.v_off + ch - 2 * dk;
-}
-
-// The fused kernel's first part, in place of the inputs conv1d_silu and gdn_gates would leave (sm.qk, sm.v, sm.g,
-// sm.beta), with the same sums in the same order: the window rows and taps of the block's channels arrived (cp.async,
-// waited for); each (token, channel) output from its K window rows (a tree's along its ancestors, then the stored
-// rows), SiLU; the window records (the stored rows, then the inputs: the v columns by every block, a key head's q
-// and k by value head j = kh's first column group); then the q and k rows' L2 norms (q also by 1/sqrt(dk)) and the
-// token's gates for head j.
 template <int DK>
-__device__ void fused_conv_gates(GdnPar<DK> &sm, const GdnFusedIn &f, const GdnHead &hd, int j, int n, int cols,
-                                 bool tree, float *rw) {
-    constexpr int NCH = gdn_fused_channels<DK>();
-    const int K = f.c.K, rows = K - 1 + n;
-    const float *win = sm.window();
-    for (int x = threadIdx.x; x < n * NCH; x += kGdnThreads) {
-        const int t = x / NCH, ch = x % NCH;
-        if (ch >= 2 * DK + cols) continue;
-        const float o = silu_f(conv_window_sum(K, t, tree ? sm.par : nullptr, [&](int i) { return sm.taps[i][ch]; },
-                                               [&](int64_t r) { return win[r * NCH + ch]; }));
-        if (ch < 2 * DK)
-            sm.qk[ch / DK][t][ch % DK] = o;
-        else
-            sm.v[t][ch - 2 * DK] = o;
-    }
-    if (rw) {
-        const bool qk = blockIdx.z == 0 && j < f.q.n_k;
-        for (int x = threadIdx.x; x < rows * NCH; x += kGdnThreads) {
-            const int r = x / NCH, ch = x % NCH;
-            if (ch >= 2 * DK ? ch < 2 * DK + cols : qk) rw[(int64_t)r * f.c.C + fused_channel(hd, DK, ch)] = win[x];
-        }
-    }
-    __syncthreads();  // the conv's outputs are in sm.qk and sm.v; the window (part, L, A) is free
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float qscale = 1.0f / sqrtf((float)DK);
-    for (int y = warp; y < 2 * n; y += kGdnParWarps) {  // row y: q (h 0) or k (h 1) of token y / 2
-        float *row = sm.qk[y % 2][y / 2];
-        const float r = qk_inv_norm(row, DK, lane);
-        for (int d = lane; d < DK; d += 32) row[d] = qk_normed(row[d], r, y % 2 == 0, qscale);
-    }
-    for (int t = threadIdx.x; t < n; t += kGdnThreads) gdn_gate(f.q, hd.t0 + t, j, sm.beta[t], sm.g[t]);
-    __syncthreads();
-}
-
-template <int DK, bool kFused>
-__global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a, GdnFusedIn f) {
-    pdl_trigger();
-    pdl_wait();  // (launch_gdn_chain)
+__global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
     constexpr int RQ = DK / kGdnParWarps;  // a warp's rows of S0
     extern __shared__ __align__(16) uint8_t par_smem[];
     GdnPar<DK> &sm = *reinterpret_cast<GdnPar<DK> *>(par_smem);
@@ -134,52 +58,26 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a, Gd
     const int c = threadIdx.x % 32, w = threadIdx.x / 32;
     const int32_t *par = a.parent ? a.parent + t0 : nullptr;  // (null: a chain, token t's parent t - 1)
 
-    if constexpr (kFused) {
-        // the conv window's rows of the block's channels (the slot's stored rows, then the entry's inputs), its taps
-        // and the parents, by cp.async (4 bytes: a fused product's rows need not be on 16-byte boundaries)
-        constexpr int NCH = gdn_fused_channels<DK>();
-        const int K = f.c.K, rows = K - 1 + n;
-        const float *cs = f.c.conv + (int64_t)a.slot[e] * f.c.slot_stride, *xr = f.c.x + t0 * f.c.x_pitch();
-        float *win = sm.window();
-        for (int x = threadIdx.x; x < rows * NCH; x += kGdnThreads) {
-            const int r = x / NCH, ch = x % NCH;
-            if (ch >= 2 * DK + cols) continue;
-            const int64_t col = fused_channel(hd, DK, ch);
-            const float *src = r < K - 1 ? cs + (int64_t)r * f.c.C : xr + (int64_t)(r - (K - 1)) * f.c.x_pitch();
-            cp_async4(&win[x], src + col);
-        }
-        for (int x = threadIdx.x; x < K * NCH; x += kGdnThreads) {
-            const int i = x / NCH, ch = x % NCH;
-            if (ch < 2 * DK + cols) cp_async4(&sm.taps[i][ch], f.c.w + (int64_t)i * f.c.C + fused_channel(hd, DK, ch));
-        }
-        for (int t = threadIdx.x; t < n && par; t += kGdnThreads) cp_async4(&sm.par[t], par + t);
-    } else {
-        // the entry's inputs (q, k, the block's v columns, g, beta, parents) by cp.async
-        for (int x = threadIdx.x; x < n * DK / 2; x += kGdnThreads) {  // (16-byte words: C, dk and the offsets are % 4)
-            const int t = x / (DK / 2), y = 4 * (x % (DK / 2)), h = y / DK, r = y % DK;
-            cp_async16(&sm.qk[h][t][r], hd.cv + (t0 + t) * g.C + (h == 0 ? hd.q_off : hd.k_off) + r);
-        }
-        const int v_words = cols / 4;  // (dv % 4 == 0)
-        for (int x = threadIdx.x; x < n * v_words; x += kGdnThreads) {
-            const int t = x / v_words, q = 4 * (x % v_words);
-            cp_async16(&sm.v[t][q], hd.cv + (t0 + t) * g.C + hd.v_off + q);
-        }
-        for (int t = threadIdx.x; t < n; t += kGdnThreads) {
-            cp_async4(&sm.g[t], hd.gl + (t0 + t) * g.n_v + j);
-            cp_async4(&sm.beta[t], hd.beta + (t0 + t) * g.n_v + j);
-            if (par) cp_async4(&sm.par[t], par + t);
-        }
+    // the entry's inputs (q, k, the block's v columns, g, beta, parents) by cp.async
+    for (int x = threadIdx.x; x < n * DK / 2; x += kGdnThreads) {  // (16-byte words: C, dk and the offsets are % 4)
+        const int t = x / (DK / 2), y = 4 * (x % (DK / 2)), h = y / DK, r = y % DK;
+        cp_async16(&sm.qk[h][t][r], hd.cv + (t0 + t) * g.C + (h == 0 ? hd.q_off : hd.k_off) + r);
+    }
+    const int v_words = cols / 4;  // (dv % 4 == 0)
+    for (int x = threadIdx.x; x < n * v_words; x += kGdnThreads) {
+        const int t = x / v_words, q = 4 * (x % v_words);
+        cp_async16(&sm.v[t][q], hd.cv + (t0 + t) * g.C + hd.v_off + q);
+    }
+    for (int t = threadIdx.x; t < n; t += kGdnThreads) {
+        cp_async4(&sm.g[t], hd.gl + (t0 + t) * g.n_v + j);
+        cp_async4(&sm.beta[t], hd.beta + (t0 + t) * g.n_v + j);
+        if (par) cp_async4(&sm.par[t], par + t);
     }
     cp_async_commit();
     float s[RQ];  // S0's rows w RQ .. of column c, meanwhile
     load_column(s, hd.S, w * RQ, dv, col0 + c, c < cols);
     cp_async_wait<0>();
     __syncthreads();
-    if constexpr (kFused) {
-        float *rw = f.rec_window ? f.rec_window[e] : nullptr;
-        if (rw) rw += (int64_t)f.c.rec_layer * (f.c.K - 1 + n) * f.c.C;
-        fused_conv_gates<DK>(sm, f, hd, j, n, cols, par != nullptr, rw);
-    }
 
     // the path sums and ancestor masks: lane t of the first warp walks token t's ancestors
     if (threadIdx.x < n) {
@@ -289,47 +187,23 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a, Gd
     }
 }
 
-// gdn_parallel_kernel<DK, kFused> on a grid of (value head, entry, column group).
-template <int DK, bool kFused>
-static void launch_parallel(cudaStream_t s, const GdnArgs &a, const GdnFusedIn &f, const BatchMeta &m,
-                            const GdnCall &g) {
+// gdn_parallel_kernel<DK> on a grid of (value head, entry, column group).
+template <int DK>
+static void launch_parallel(cudaStream_t s, const GdnArgs &a, const BatchMeta &m, const GdnCall &g) {
     const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnParCols - 1) / kGdnParCols));
     int dev_index = 0;
     check(cudaGetDevice(&dev_index), "gdn");
-    allow_dynamic_smem<gdn_parallel_kernel<DK, kFused>>(dev_index, sizeof(GdnPar<DK>), "gdn (parallel)");
-    launch_gdn_chain(gdn_parallel_kernel<DK, kFused>, grid, dim3(kGdnThreads), sizeof(GdnPar<DK>), s, a, f);
+    allow_dynamic_smem<gdn_parallel_kernel<DK>>(dev_index, sizeof(GdnPar<DK>), "gdn (parallel)");
+    gdn_parallel_kernel<DK><<<grid, kGdnThreads, sizeof(GdnPar<DK>), s>>>(a);
     check_launch("gdn (parallel)");
 }
 
 void launch_gdn_parallel(cudaStream_t s, GdnArgs &a, const BatchMeta &m, const GdnCall &g) {
     a.parallel_max = kGdnParMax;
-    const GdnFusedIn none{};
     if (g.dk == 128)
-        launch_parallel<128, false>(s, a, none, m, g);
+        launch_parallel<128>(s, a, m, g);
     else
-        launch_parallel<64, false>(s, a, none, m, g);
-}
-
-bool gdn_fused_fits(const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g) {
-    static const bool on = env_switch("DFL_CUDA_GDN_FUSED", false);
-    return on && m.n_ent > 0 && m.n_record == m.n_ent && m.max_n > 1 && m.max_n <= kGdnParMax && m.rec_in &&
-           g.layers == 1 && !g.in_rows && (g.dk == 128 || g.dk == 64) && g.n_k > 0 && g.n_v > 0 && g.dv > 0 &&
-           c.K >= 1 && c.K <= kGdnFusedMaxK && c.C == g.C && q.C == g.C && q.n_k == g.n_k && q.dk == g.dk &&
-           q.n_v == g.n_v && g.cv == c.out && q.cv == c.out && g.g == q.g && g.beta == q.beta;
-}
-
-void launch_gdn_fused(cudaStream_t s, const BatchMeta &m, const ConvCall &c, const GdnGates &q, const GdnCall &g) {
-    GdnArgs a = gdn_args(m, g);
-    a.parallel_max = kGdnParMax;
-    if (g.rec_inputs) a.rec_in = m.rec_in;
-    GdnFusedIn f;
-    f.c = c;
-    f.q = q;
-    f.rec_window = m.rec_window;
-    if (g.dk == 128)
-        launch_parallel<128, true>(s, a, f, m, g);
-    else
-        launch_parallel<64, true>(s, a, f, m, g);
+        launch_parallel<64>(s, a, m, g);
 }
 
 }  // namespace cuda
