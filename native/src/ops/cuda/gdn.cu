@@ -146,7 +146,12 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
     // a batch without its token bound as one chunk an entry
     const bool one = m.max_n <= 0;
-    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
+    // DFL_CUDA_CONV_CHUNK=N (opt-in, K - 1 <= N <= kConvTokens): a chain's chunks of N tokens. Why: a 16-row verify's
+    // conv is 80 blocks for the 27B's 10,240 channels, one 16-token walk a thread, on 132 SMs (6.4 us a call in ncu,
+    // H200 12-06 08:1x); chunks of 8 are twice the blocks, each walk half as long
+    static const int64_t chain_chunk =
+        std::min<int64_t>(kConvTokens, std::max<int64_t>(kConvMaxK - 1, env_int("DFL_CUDA_CONV_CHUNK", kConvTokens)));
+    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : chain_chunk;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
     conv1d_silu_kernel<<<grid, dim3(kConvThreads), 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
