@@ -49,7 +49,7 @@ __device__ __forceinline__ float conv_window_sum(int K, int64_t i, const int32_t
 }
 
 constexpr int kConvThreads = 128;
-constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs (a chunk of its entry's)
+constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs at most (a chunk of its entry's)
 constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
 static_assert(kConvMaxK - 1 <= kConvTokens && kConvMaxK - 1 <= kConvTreeTokens,
               "only chunk 0 of a chain may read the stored conv rows");
@@ -146,11 +146,12 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
     // a batch without its token bound as one chunk an entry
     const bool one = m.max_n <= 0;
-    // DFL_CUDA_CONV_CHUNK=N (opt-in, K - 1 <= N <= kConvTokens): a chain's chunks of N tokens. Why: a 16-row verify's
-    // conv is 80 blocks for the 27B's 10,240 channels, one 16-token walk a thread, on 132 SMs (6.4 us a call in ncu,
-    // H200 12-06 08:1x); chunks of 8 are twice the blocks, each walk half as long
+    // a chain's chunks of 8 tokens (DFL_CUDA_CONV_CHUNK=N: N, K - 1 <= N <= kConvTokens). Why: a 16-row verify's conv
+    // in chunks of 16 is 80 blocks for the 27B's 10,240 channels, one 16-token walk a thread, on 132 SMs (6.4 us a call
+    // in ncu, H200 12-06 08:1x); chunks of 8 are twice the blocks, each walk half as long. Measured (H100 12-06 08:3x,
+    // one job): the 27B verify of 8 / 16 / 23 rows 13.47 / 14.47 / 15.62 -> 13.39 / 14.40 / 15.57 ms, decode unchanged
     static const int64_t chain_chunk =
-        std::min<int64_t>(kConvTokens, std::max<int64_t>(kConvMaxK - 1, env_int("DFL_CUDA_CONV_CHUNK", kConvTokens)));
+        std::min<int64_t>(kConvTokens, std::max<int64_t>(kConvMaxK - 1, env_int("DFL_CUDA_CONV_CHUNK", 8)));
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : chain_chunk;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
