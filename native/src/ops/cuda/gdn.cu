@@ -49,7 +49,7 @@ __device__ __forceinline__ float conv_window_sum(int K, int64_t i, const int32_t
 }
 
 constexpr int kConvThreads = 128;
-constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs at most (a chunk of its entry's)
+constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs (a chunk of its entry's)
 constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
 static_assert(kConvMaxK - 1 <= kConvTokens && kConvMaxK - 1 <= kConvTreeTokens,
               "only chunk 0 of a chain may read the stored conv rows");
@@ -146,13 +146,7 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     if (m.n_ent <= 0 || c.C <= 0) return;
     // a batch without its token bound as one chunk an entry
     const bool one = m.max_n <= 0;
-    // a chain's chunks of 8 tokens (DFL_CUDA_CONV_CHUNK=N: N, K - 1 <= N <= kConvTokens). Why: a 16-row verify's conv
-    // in chunks of 16 is 80 blocks for the 27B's 10,240 channels, one 16-token walk a thread, on 132 SMs (6.4 us a call
-    // in ncu, H200 12-06 08:1x); chunks of 8 are twice the blocks, each walk half as long. Measured (H100 12-06 08:3x,
-    // one job): the 27B verify of 8 / 16 / 23 rows 13.47 / 14.47 / 15.62 -> 13.39 / 14.40 / 15.57 ms, decode unchanged
-    static const int64_t chain_chunk =
-        std::min<int64_t>(kConvTokens, std::max<int64_t>(kConvMaxK - 1, env_int("DFL_CUDA_CONV_CHUNK", 8)));
-    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : chain_chunk;
+    const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
     conv1d_silu_kernel<<<grid, dim3(kConvThreads), 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
@@ -294,7 +288,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_global_kernel(GdnArgs a) {
 // after a 64-long chain. Measured (H100 12-05 17:3x, one call): 27B q8_0 verify of 16 rows 17.28 -> 16.57 ms, of 23
 // 18.80 -> 18.12, decode step unchanged (13.29 / 13.22), with the conv in registers pp512 4,363 -> 4,802 tok/s and
 // pp4096 6,167 -> 7,096. Every token count runs it, so a decoded token and the same token in a verify block get the
-// same sums.
+// same sums. (Eight lanes a column, twice the blocks, for the 16-token call's 1.5 warps a scheduler: +0.1 ms on the 27B
+// decode and every verify, pp512/pp4096 even, H100 12-06 08:3x. A chain's conv in chunks of 8 instead of 16: even,
+// 08:4x.)
 constexpr int kGdnChunk = 16;
 
 template <int DK, int P>
@@ -527,14 +523,10 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
         // chains unchanged.
         static const bool smem = env_switch("DFL_CUDA_GDN_TREE_SMEM", true);
         a.smem_stack = smem && m.tree_steps;
-        // DFL_CUDA_GDN_LANES=8 (opt-in): eight lanes a column of a 128-row head (four of a 64-row one), twice the
-        // blocks. Why: the 27B's 16-token call is latency-bound on 1.5 warps a scheduler (H200 12-06 08:1x, ncu: 14.3
-        // us, 28k cycles, 4.6 cycles between a warp's instructions, achieved occupancy 9 % of a theoretical 25 %)
-        static const bool eight = env_int("DFL_CUDA_GDN_LANES", 4) == 8;
         if (g.dk == 128)
-            eight ? launch_gdn_staged<128, 8>(s, a) : launch_gdn_staged<128, 4>(s, a);
+            launch_gdn_staged<128, 4>(s, a);
         else
-            eight ? launch_gdn_staged<64, 4>(s, a) : launch_gdn_staged<64, 2>(s, a);
+            launch_gdn_staged<64, 2>(s, a);
     } else {
         if (m.rec_in)  // (room for every entry: which of them record is on the device)
             a.work = (float *)dev.gdn_buffer((size_t)ys * g.n_v * g.dk * g.dv * sizeof(float));
