@@ -565,7 +565,10 @@ step_ncu() {
 }
 
 # Why the 27B's delta-rule kernels of a 16-row verify (DFLASH_BENCH_VERIFY) take what they take: Nsight Compute's
-# speed-of-light, occupancy, launch and warp-state sections of a few launches of each kernel in GDN_NCU_VARIANTS
+# speed-of-light, occupancy, launch and warp-state sections of a few launches of each kernel in GDN_NCU_VARIANTS.
+# GDN_NCU_SKIP (300): launches of the delta-rule kernels skipped first. The benchmark runs twice (b.N 1, then 16), each
+# run a 16-token prompt (48 staged launches, not recording) and two untimed verifies before its timed ones, so
+# launches 193-240 are the second run's prompt: 200 (12-06 08:1x) profiled the prompt's kernel, not the verify's.
 # (default: the staged kernel, the parallel form, the fused kernel), graphs off; the sections' text in
 # $OUT/gdn-ncu-<variant>.txt, their main lines (durations, throughputs, occupancy, stall reasons) in the summary.
 gdn_ncu() {
@@ -577,7 +580,7 @@ gdn_ncu() {
     log "ncu sections of the gdn kernels, a ${DFLASH_BENCH_VERIFY:-16}-row verify of $m: ${v/#-/defaults}"
     (cd native/engine && env $(variant_env "$v") DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
       DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_VERIFY=${DFLASH_BENCH_VERIFY:-16} \
-      timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k 'regex:gdn_(staged|parallel)' --launch-skip ${NCU_SKIP:-200} \
+      timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k 'regex:gdn_(staged|parallel)' --launch-skip ${GDN_NCU_SKIP:-300} \
       --launch-count ${NCU_COUNT:-3} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/vf' -test.benchtime 16x) >"$OUT/gdn-ncu-$tag.txt" 2>&1
     grep -E "gdn_(staged|parallel)_kernel|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Grid Size|Warp Cycles Per Issued|stalled|==ERROR" \
