@@ -32,7 +32,7 @@
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
 #   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
-#                                            defaults, parallel form, eight lanes (GDN_NCU_VARIANTS), graphs off
+#                                            staged and parallel form (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -575,7 +575,7 @@ gdn_ncu() {
   local m=qwen3.5-27b:q8_0 f v tag
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
   f=$(make_model "$m") || return 1
-  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1 DFL_CUDA_GDN_LANES=8}; do
+  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1}; do
     tag=$(variant_tag "$v")
     log "ncu sections of the gdn kernels, a ${DFLASH_BENCH_VERIFY:-16}-row verify of $m: ${v/#-/defaults}"
     (cd native/engine && env $(variant_env "$v") DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \
