@@ -167,13 +167,6 @@ void DeepSeek4Model::layout_state() {
     rec_floats_ = rec;
 }
 
-void DeepSeek4Model::ensure(DevBuf &b, size_t bytes, const char *what) {
-    if (b.bytes() >= bytes) return;
-    graphs_.drop(*dev_);  // they may point at the old buffer
-    b.reset();
-    b = DevBuf(dev_.get(), bytes, what);
-}
-
 void DeepSeek4Model::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
     graphs_.drop(*dev_);  // they point at the old activations

@@ -143,7 +143,8 @@ private:
     void load_weights(const dfl_model_params &p);
     void layout_state();
     void ensure_acts(int64_t T);
-    void ensure(DevBuf &b, size_t bytes, const char *what);
+    // b at least bytes long (StepGraphs::grow: the graphs dropped where it moves)
+    void ensure(DevBuf &b, size_t bytes, const char *what) { graphs_.grow(*dev_, b, bytes, what); }
     float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats_; }
 
     void run_step(const std::vector<StepEntry> &es, bool multi, float *logits_host, const TopKOut *topk);

@@ -276,13 +276,6 @@ void DFlashModel::forward(const dfl_batch &, const TopKOut *) {
 
 DFlashModel::~DFlashModel() { graphs_.drop(*dev_); }
 
-void DFlashModel::ensure(DevBuf &b, size_t bytes, const char *what) {
-    if (b.bytes() >= bytes) return;
-    graphs_.drop(*dev_);  // they point at the old buffer
-    b.reset();
-    b = DevBuf(dev_.get(), bytes, what);
-}
-
 void DFlashModel::ensure_acts(int64_t rows) {
     if (rows <= acts_.cap) return;
     graphs_.drop(*dev_);  // they point at the old activations

@@ -94,7 +94,8 @@ private:
     void fill_meta(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     BatchMeta block_meta(const StepLayout &l, int64_t max_n, int64_t max_ctx) const;
     void ensure_acts(int64_t rows);
-    void ensure(DevBuf &b, size_t bytes, const char *what);
+    // b at least bytes long (StepGraphs::grow: the graphs dropped where it moves)
+    void ensure(DevBuf &b, size_t bytes, const char *what) { graphs_.grow(*dev_, b, bytes, what); }
     void stage_features(uint32_t n, const dfl_draft_entry *es, int64_t c0, int64_t T);
     void run_context(uint32_t n, const dfl_draft_entry *es, const StepLayout &l);
     void context_chunk(const int32_t *d_pos, const int32_t *d_slot, int64_t T);

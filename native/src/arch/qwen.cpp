@@ -89,13 +89,6 @@ uint32_t QwenModel::seq_length(int32_t s) const { return table_.get(s).len; }
 
 // ---------------------------------------------------------------------------------------------------------------------
 
-void QwenModel::ensure(DevBuf &b, size_t bytes, const char *what) {
-    if (b.bytes() >= bytes) return;
-    graphs_.drop(*dev_);  // they point at the old buffer
-    b.reset();
-    b = DevBuf(dev_.get(), bytes, what);
-}
-
 void QwenModel::ensure_acts(int64_t T) {
     if (T <= acts_.cap) return;
     const int64_t cap = std::max<int64_t>(T, acts_.cap * 2);

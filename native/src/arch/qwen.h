@@ -100,7 +100,8 @@ private:
     float *slot_ptr(int32_t s) const { return states_.f() + (size_t)s * (size_t)slot_floats(); }
     int64_t slot_floats() const { return n_rec_ * (hp_.state_floats() + hp_.conv_floats()); }
     void ensure_acts(int64_t T);
-    void ensure(DevBuf &b, size_t bytes, const char *what);
+    // b at least bytes long (StepGraphs::grow: the graphs dropped where it moves)
+    void ensure(DevBuf &b, size_t bytes, const char *what) { graphs_.grow(*dev_, b, bytes, what); }
     void ensure_record(int32_t s, uint32_t n, bool tree);
     // Sequence s's recurrent state after k tokens of its last recorded forward, the first k or (a tree) the nodes
     // path[0..k-1]: those tokens' recorded inputs through the Gated DeltaNet op again, from the state before it that

@@ -86,6 +86,15 @@ public:
         seen_.clear();
     }
 
+    // b holding at least bytes: reallocated where it is smaller (its contents dropped), and every graph with it, since
+    // a graph may point at the old buffer. The owner's step buffers grow this way.
+    void grow(Device &dev, DevBuf &b, size_t bytes, const char *what) {
+        if (b.bytes() >= bytes) return;
+        drop(dev);
+        b.reset();  // (the old one first: peak memory is one buffer)
+        b = DevBuf(&dev, bytes, what);
+    }
+
 private:
     enum class Seen { Once, Failed };
 
