@@ -216,7 +216,16 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 		ecfg.TreeBudget = opts.Draft.TreeBudget
 		features.Speculative, draftDevice = true, d.device
 	}
-	eng, err := engine.New(ecfg)
+	if warmupOn(opts.Warmup, lib.Kind()) {
+		report(sdk.LoadProgress{Stage: "warming"})
+		if err = warmUp(ecfg, tok); err != nil {
+			err = fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	var eng *engine.Engine
+	if err == nil {
+		eng, err = engine.New(ecfg)
+	}
 	if err != nil {
 		if store != nil {
 			store.Close()

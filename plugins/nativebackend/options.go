@@ -26,6 +26,7 @@ func EngineOptionSpecs() []sdk.OptionSpec {
 		{Name: "threads", Kind: sdk.OptionInt, Default: itoa(DefaultThreads), Help: "CPU worker threads (0 = every core)."},
 		{Name: "step-tokens", Kind: sdk.OptionInt, Default: itoa(DefaultStepTokens), Help: "Most tokens one forward processes: decode tokens first, prefill chunks fill the rest."},
 		{Name: "decode-headroom", Kind: sdk.OptionInt, Default: itoa(DefaultDecodeHeadroom), Help: "KV tokens each sequence reserves ahead, and keeps free for every running sequence at admission."},
+		{Name: "warmup", Kind: sdk.OptionEnum, Enum: WarmupModes, Default: "auto", Help: "Run one short request at load, so that the first client request does not pay the device's first-use costs (kernel loading, step graphs); auto: on a GPU."},
 	}
 }
 
@@ -62,6 +63,8 @@ type EngineOptions struct {
 	Draft DraftOptions
 	// Disk is the disk prefix cache (DiskCacheSpecs).
 	Disk DiskCacheOptions
+	// Warmup is the warmup option's mode (WarmupModes).
+	Warmup string
 }
 
 // Options reads a block's plugin-owned options and gathers every problem,
@@ -150,6 +153,7 @@ func (o *Options) Engine() EngineOptions {
 	o.Int("step-tokens", &e.StepTokens, 1, 1<<20)
 	o.Int("decode-headroom", &e.DecodeHeadroom, 1, 1<<20)
 	o.Int("prefix-cache-slots", &e.PrefixSlots, 0, 1024)
+	e.Warmup = o.Enum("warmup", WarmupModes, "auto")
 	e.Disk = o.diskCache()
 	return e
 }

@@ -24,6 +24,10 @@ func TestDeclaredDefaultsAreTheParsedOnes(t *testing.T) {
 		"decode-headroom": got.DecodeHeadroom, "prefix-cache-slots": got.PrefixSlots,
 	}
 	for _, s := range append(EngineOptionSpecs(), PrefixCacheSpec()) {
+		if s.Name == "warmup" {
+			is.Equal(s.Default, got.Warmup)
+			continue
+		}
 		if s.Kind != sdk.OptionInt {
 			is.Equal(s.Default, DefaultCacheType) // cache types
 			continue
@@ -117,4 +121,18 @@ func TestChangedMeta(t *testing.T) {
 	after := map[string]any{"a.x": int64(4), "a.y": []int64{1, 2}, "a.z": "same", "a.engine.mode": "exact"}
 	is.Equal(changedMeta(before, after), map[string]any{"a.x": int64(4), "a.engine.mode": "exact"})
 	is.Equal(changedMeta(before, before), map[string]any{})
+}
+
+// TestWarmupOn: auto runs the warm-up on a GPU library only; on and off decide alone.
+func TestWarmupOn(t *testing.T) {
+	for _, tc := range []struct {
+		mode, lib string
+		want      bool
+	}{
+		{"auto", "cpu", false}, {"auto", "cuda", true}, {"on", "cpu", true}, {"off", "cuda", false},
+	} {
+		t.Run(tc.mode+" "+tc.lib, func(t *testing.T) {
+			is.New(t).Equal(warmupOn(tc.mode, tc.lib), tc.want)
+		})
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -149,6 +150,8 @@ func TestInfoAndOptions(t *testing.T) {
 		{"prefix cache negative", map[string]string{"prefix-cache-slots": "-1"}, []string{"--prefix-cache-slots: -1 is outside"}},
 		{"draft device alone", map[string]string{"draft-device": "cuda:1"}, []string{"--draft-device: needs --draft"}},
 		{"not a number", map[string]string{"threads": "many"}, []string{`--threads: "many" is not an integer`}},
+		{"warm-up off", map[string]string{"warmup": "off"}, nil},
+		{"bad warm-up", map[string]string{"warmup": "yes"}, []string{`--warmup: "yes" is not one of auto, on, off`}},
 		{"unknown", map[string]string{"ds4-fused-decode": "true"}, []string{"--ds4-fused-decode: unknown option"}},
 		{"all reported", map[string]string{"threads": "-1", "cache-type-v": "x"}, []string{"--threads: -1 is outside", "--cache-type-v:"}},
 	} {
@@ -200,6 +203,48 @@ func TestGenerate(t *testing.T) {
 			is.Equal(st.ActiveSequences, 0)
 			is.Equal(st.KVTokensUsed, 0)
 			is.Equal(st.TokensGenerated, int64(12))
+		})
+	}
+}
+
+// TestWarmupLeavesNoTrace loads each model with the warm-up request (--warmup on; auto runs it on a GPU only) and
+// without: the same greedy request gives the same tokens on both, and the warmed model's counters and KV hold the
+// client's request alone (the warm-up ran on an engine of its own, with the prefix cache this block has).
+func TestWarmupLeavesNoTrace(t *testing.T) {
+	q3, q35 := tinyModels(t)
+	for _, path := range []string{q3, q35} {
+		t.Run(path[strings.LastIndex(path, "/")+1:], func(t *testing.T) {
+			is := is.New(t)
+			run := func(warmup string) (summary, sdk.ModelStats) {
+				cfg := blockConfig(t, path)
+				cfg.Options["warmup"] = warmup
+				cfg.Options["prefix-cache-slots"] = "2"
+				b := New()
+				c := sdktest.Backend(t, b)
+				var stages []string
+				_, err := c.Load(context.Background(), cfg, func(p sdk.LoadProgress) { stages = append(stages, p.Stage) })
+				is.NoErr(err)
+				t.Cleanup(func() { _ = b.Shutdown(context.Background()) })
+				is.Equal(slices.Contains(stages, "warming"), warmup == "on") // the load ran the warm-up (or not)
+				st, err := c.Stats(context.Background())
+				is.NoErr(err)
+				is.Equal(st.TokensGenerated, int64(0)) // nothing counted at load
+				is.Equal(st.PromptTokens, int64(0))
+				is.Equal(st.KVTokensUsed, 0)
+				s := newStream()
+				is.NoErr(c.Start(context.Background(), chatReq("Tell me the time.", 12), s))
+				st, err = c.Stats(context.Background())
+				is.NoErr(err)
+				return s.summary(), st
+			}
+			cold, coldStats := run("off")
+			warm, warmStats := run("on")
+			is.Equal(len(warm.tokens), 12)
+			is.Equal(warm.tokens, cold.tokens) // the warm-up left no state behind
+			is.Equal(warmStats.TokensGenerated, coldStats.TokensGenerated)
+			is.Equal(warmStats.PromptTokens, coldStats.PromptTokens)
+			is.Equal(warm.finish.Usage.PromptTokens, cold.finish.Usage.PromptTokens)
+			is.Equal(warm.finish.Usage.CachedTokens, 0) // no prefix of the warm-up's was kept
 		})
 	}
 }

@@ -186,7 +186,9 @@ func demoPairSpeculative(t *testing.T, dev string) {
 	plain, _ := raw(cfg)
 	var chain float64
 	for _, budget := range []string{"0", "22"} {
-		cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off", "spec-tree-budget": budget}
+		// (the warm-up request runs the draft's chain or tree once at load: nothing of it may change the output)
+		cfg.Options = map[string]string{"threads": "1", "draft": draft, "draft-pacing": "off", "spec-tree-budget": budget,
+			"warmup": "on"}
 		spec, fins := raw(cfg)
 		accepted, steps := 0, 0
 		for i := range prompts {
