@@ -642,10 +642,13 @@ func TestSlowConsumerDoesNotStallOthers(t *testing.T) {
 	is := is.New(t)
 	m := enginetest.NewFakeModel(4, 128, 2)
 	e := newEngine(t, m, engine.Config{EventBuffer: 4})
-	unblock := make(chan struct{})
+	unblock, first := make(chan struct{}), make(chan struct{})
 	slow := newCollector()
 	slow.onEvent = func(n int, _ sdk.Event) error {
-		if n == 1 {
+		switch n {
+		case 0:
+			close(first)
+		case 1:
 			<-unblock
 		}
 		return nil
@@ -654,6 +657,14 @@ func TestSlowConsumerDoesNotStallOthers(t *testing.T) {
 	a := &async{c: slow, done: make(chan struct{})}
 	go func() { a.err = e.Run(ctx, request("slow", 100), slow); close(a.done) }()
 	waitAdmitted(t, a)
+	// a's first tokens are out, so the loop gave it sequence 0 before b arrives (its admission alone did not: Run
+	// queues the sequence for the loop after the admission event, and b could be started first, the race detector's
+	// scheduling once had b on sequence 0, its 100 steps counted as a's)
+	select {
+	case <-first:
+	case <-a.done:
+		t.Fatalf("run ended before its first event: %v", a.err)
+	}
 	b := start(ctx, e, request("fast", 100))
 	b.wait(t) // finishes while a's consumer is stuck
 	is.NoErr(b.err)
