@@ -50,6 +50,25 @@ func TestGenerate(t *testing.T) {
 	t.Logf("generated %v: text %q, reasoning %q", first.Tokens, first.Text, first.Reasoning)
 }
 
+// TestWarmupLeavesNoTrace: a load with the warm-up request (--warmup on; auto runs it on a GPU only) generates the
+// same greedy tokens as one without, and counts only the client's tokens: the warm-up left nothing of its sequence
+// (KV, compressed caches, hyper-connection state) behind.
+func TestWarmupLeavesNoTrace(t *testing.T) {
+	is := is.New(t)
+	gen := func(warmup string) (tokens []int32, generated int64) {
+		_, c, _ := load(t, blockConfig(t, tinyModel(t), map[string]string{"warmup": warmup}))
+		r := run(t, c, chatReq("Hello there", 12))
+		st, err := c.Stats(context.Background())
+		is.NoErr(err)
+		return r.Tokens, st.TokensGenerated
+	}
+	cold, coldN := gen("off")
+	warm, warmN := gen("on")
+	is.Equal(len(warm), 12)
+	is.Equal(fmt.Sprint(warm), fmt.Sprint(cold)) // the warm-up left no state behind
+	is.Equal(warmN, coldN)                       // nor counted its own tokens
+}
+
 // TestBatchedEqualsAlone: requests decoded together in one batch give
 // each the tokens it gives alone, greedy and sampled with the model's
 // preset (temperature 1, no top-k: drawn from the step's candidates where
