@@ -38,7 +38,12 @@ def main(path):
         total[n] += us
         count[n] += 1
     all_us = sum(total.values())
-    print(f"{len(window)} kernels in {steps} decode steps: {all_us / steps:.1f} us of kernel time a step (each kernel alone)")
+    if len(starts) < 2:
+        # (12-06 08:1x: 1,500 kernels of a 16-row verify held one embedding, ~1.4 steps, and read as one step)
+        print(f"{len(window)} kernels and no whole step in the window (fewer than two embeddings: raise NCU_COUNT);"
+              f" the sums below are the window's, not a step's: {all_us:.1f} us")
+    else:
+        print(f"{len(window)} kernels in {steps} decode steps: {all_us / steps:.1f} us of kernel time a step (each kernel alone)")
     for n in sorted(total, key=total.get, reverse=True):
         print(f"  {total[n] / steps:8.1f} us/step {100 * total[n] / all_us:5.1f} %  {count[n] / steps:6.1f}/step  {total[n] / count[n]:7.2f} us  {n}")
     if len(starts) > 1:
