@@ -41,7 +41,7 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     if (k == 0) return;
     const HParams &h = hp_;
     const SeqState &ss = seq_state_[(size_t)s];
-    const int64_t sf = h.state_floats(), C = h.conv_channels(), n = q.rec_n, rw = rec_in_row_floats();
+    const int64_t sf = h.state_floats(), C = h.conv_channels(), n = q.rec_n;
     std::vector<int32_t> host = {0, (int32_t)k, s};  // t0, n, slot of a one-entry batch, then the path's rows
     if (path) host.insert(host.end(), path, path + k);
     ensure(replay_meta_, host.size() * sizeof(int32_t), "replay metadata");
@@ -53,12 +53,13 @@ void QwenModel::replay_records(int32_t s, uint32_t k, const int32_t *path) {
     m.t0 = replay_meta_.get<int32_t>();
     m.n = m.t0 + 1;
     m.slot = m.t0 + 2;
-    const float *in = ss.rec_in.f();  // layer r's rows [n][C], g [n][n_v], beta [n][n_v] at r n rw
-    GdnCall gc = gdn_call(in, in + n * C, in + n * (C + h.n_v));
+    const float *in = ss.rec_in.f();
+    const GdnRecordLayout rl{n, C, h.n_v};
+    GdnCall gc = gdn_call(in + rl.row(0), in + rl.g(0), in + rl.beta(0));
     gc.out = nullptr;
     gc.exact = true;
     gc.layers = n_rec_;
-    gc.layer_in = n * rw;
+    gc.layer_in = rl.layer(1);
     gc.layer_state = sf;
     if (path) gc.in_rows = m.t0 + 3;
     dev_->gdn(m, gc);

@@ -31,6 +31,18 @@
 
 namespace dfl {
 
+// Where an entry's light records of its Gated DeltaNet inputs lie (BatchMeta::rec_in): for n tokens of rows of C
+// conv channels and n_v value heads, recurrent layer r's block of n (C + 2 n_v) floats at layer(r), and in a block the
+// gated conv rows [n][C], then g [n][n_v], then beta [n][n_v]. Offsets in floats; every device's writers (the
+// record_gdn_inputs op, CUDA's delta-rule kernels) and the rollback's replay read it from here.
+struct GdnRecordLayout {
+    int64_t n, C, n_v;
+    DFL_HOST_DEVICE int64_t layer(int64_t r) const { return r * n * (C + 2 * n_v); }
+    DFL_HOST_DEVICE int64_t row(int64_t t) const { return t * C; }
+    DFL_HOST_DEVICE int64_t g(int64_t t) const { return n * C + t * n_v; }
+    DFL_HOST_DEVICE int64_t beta(int64_t t) const { return n * (C + n_v) + t * n_v; }
+};
+
 // A 2-D weight on the device: n_out rows of n_in elements of `type`.
 struct Weight {
     uint32_t type = DFL_TYPE_F32;
@@ -82,8 +94,7 @@ struct BatchMeta {
     // state k (the state after a branch point, waiting for its later subtrees: tree_steps); null for a chain
     float *const *rec_state = nullptr;
     float *const *rec_window = nullptr; // [n_rec][K - 1 + n][C]: the conv window (old inputs, then the new ones)
-    // the Gated DeltaNet inputs of the entry's tokens, per recurrent layer r a block of n (C + 2 n_v) floats at
-    // r n (C + 2 n_v): the n gated conv rows [n][C], then g [n][n_v], then beta [n][n_v] (record_gdn_inputs writes them)
+    // the Gated DeltaNet inputs of the entry's tokens, laid out as GdnRecordLayout says (record_gdn_inputs writes them)
     float *const *rec_in = nullptr;
     int32_t n_record = 0;  // entries that record (a host scalar: which ones, only rec_in on the device says)
     // Token trees (forward_tree); parent, vis and tree_steps are null when the batch has none. Per token [T]:

@@ -472,10 +472,11 @@ public:
             float *dst = m.rec_in[e];
             if (!dst) return;
             const int64_t n = m.n[e], t0 = m.t0[e];
-            float *base = dst + (int64_t)r.rec_layer * n * (C + 2 * nv);
-            std::memcpy(base, r.cv + t0 * C, sizeof(float) * (size_t)(n * C));
-            std::memcpy(base + n * C, r.g + t0 * nv, sizeof(float) * (size_t)(n * nv));
-            std::memcpy(base + n * (C + nv), r.beta + t0 * nv, sizeof(float) * (size_t)(n * nv));
+            const GdnRecordLayout rl{n, C, nv};
+            float *base = dst + rl.layer(r.rec_layer);
+            std::memcpy(base + rl.row(0), r.cv + t0 * C, sizeof(float) * (size_t)(n * C));
+            std::memcpy(base + rl.g(0), r.g + t0 * nv, sizeof(float) * (size_t)(n * nv));
+            std::memcpy(base + rl.beta(0), r.beta + t0 * nv, sizeof(float) * (size_t)(n * nv));
         });
     }
 

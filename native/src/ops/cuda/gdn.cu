@@ -355,11 +355,12 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         cp_async_commit();
     };
 
-    // GdnCall::rec_inputs: this entry's light record of the layer's inputs, laid out as record_gdn_inputs_kernel's
-    // (rows [n][C], g [n][n_v], beta [n][n_v]); each value written by one block: its v columns by every block, a
-    // key head's q and k by value head j = kh's first column group, g and beta by each head's first group
+    // GdnCall::rec_inputs: this entry's light record of the layer's inputs (GdnRecordLayout); each value written by
+    // one block: its v columns by every block, a key head's q and k by value head j = kh's first column group, g and
+    // beta by each head's first group
+    const GdnRecordLayout rl{n, g.C, g.n_v};
     float *rin = a.rec_in ? a.rec_in[e] : nullptr;
-    if (rin) rin += (int64_t)g.rec_layer * n * (g.C + 2 * g.n_v);
+    if (rin) rin += rl.layer(g.rec_layer);
     // the entry's token that slot t of the chunk from step i0 holds
     auto token_of = [&](const Stage &sg, int64_t i0, int t) -> int64_t {
         return steps ? TreeStep::unpack(sg.steps[t]).token : i0 + t;
@@ -367,17 +368,17 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
     auto record_chunk = [&](const Stage &sg, float *dst, int64_t i0, int64_t nt) {
         const int cu = 4 * v_words;
         for (int w = threadIdx.x; w < nt * cu; w += kGdnThreads)
-            dst[token_of(sg, i0, w / cu) * g.C + v_off + w % cu] = sg.v[w / cu][w % cu];
+            dst[rl.row(token_of(sg, i0, w / cu)) + v_off + w % cu] = sg.v[w / cu][w % cu];
         if (blockIdx.z != 0) return;
         if (j < g.n_k)
             for (int w = threadIdx.x; w < nt * 2 * DK; w += kGdnThreads) {
                 const int t = w / (2 * DK), x = w % (2 * DK);
                 const int h = x / DK, r = x % DK;
-                dst[token_of(sg, i0, t) * g.C + (h == 0 ? q_off : k_off) + r] = sg.qk[t][h][r / R][r % R];
+                dst[rl.row(token_of(sg, i0, t)) + (h == 0 ? q_off : k_off) + r] = sg.qk[t][h][r / R][r % R];
             }
         for (int t = threadIdx.x; t < nt; t += kGdnThreads) {
-            dst[n * g.C + token_of(sg, i0, t) * g.n_v + j] = sg.g[t];
-            dst[n * (g.C + g.n_v) + token_of(sg, i0, t) * g.n_v + j] = sg.beta[t];
+            dst[rl.g(token_of(sg, i0, t)) + j] = sg.g[t];
+            dst[rl.beta(token_of(sg, i0, t)) + j] = sg.beta[t];
         }
     };
 
@@ -432,14 +433,15 @@ __global__ void record_gdn_inputs_kernel(GdnInputs r, const int32_t *ent, const 
     float *dst = rec_in[e];
     if (!dst) return;
     const int64_t n = ns[e], i = t - t0s[e], C = r.C, nv = r.n_v;
-    float *base = dst + (int64_t)r.rec_layer * n * (C + 2 * nv);
+    const GdnRecordLayout rl{n, C, nv};
+    float *base = dst + rl.layer(r.rec_layer);
     for (int64_t c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; c < C + 2 * nv; c += (int64_t)gridDim.y * blockDim.x) {
         if (c < C)
-            base[i * C + c] = r.cv[t * C + c];
+            base[rl.row(i) + c] = r.cv[t * C + c];
         else if (c < C + nv)
-            base[n * C + i * nv + (c - C)] = r.g[t * nv + (c - C)];
+            base[rl.g(i) + (c - C)] = r.g[t * nv + (c - C)];
         else
-            base[n * (C + nv) + i * nv + (c - C - nv)] = r.beta[t * nv + (c - C - nv)];
+            base[rl.beta(i) + (c - C - nv)] = r.beta[t * nv + (c - C - nv)];
     }
 }
 

@@ -108,22 +108,23 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
     }
     __syncthreads();
 
-    // the records of the entry's inputs (GdnCall::rec_inputs), laid out as record_gdn_inputs_kernel's: its v columns
-    // by every block, a key head's q and k by value head j = kh's first column group, g and beta by each head's first
+    // the records of the entry's inputs (GdnCall::rec_inputs, GdnRecordLayout): its v columns by every block, a key
+    // head's q and k by value head j = kh's first column group, g and beta by each head's first
     float *rin = a.rec_in ? a.rec_in[e] : nullptr;
     if (rin) {
-        rin += (int64_t)g.rec_layer * n * (g.C + 2 * g.n_v);
+        const GdnRecordLayout rl{n, g.C, g.n_v};
+        rin += rl.layer(g.rec_layer);
         for (int x = threadIdx.x; x < n * cols; x += kGdnThreads)
-            rin[(x / cols) * g.C + hd.v_off + x % cols] = sm.v[x / cols][x % cols];
+            rin[rl.row(x / cols) + hd.v_off + x % cols] = sm.v[x / cols][x % cols];
         if (blockIdx.z == 0) {
             if (j < g.n_k)
                 for (int x = threadIdx.x; x < n * 2 * DK; x += kGdnThreads) {
                     const int t = x / (2 * DK), y = x % (2 * DK), h = y / DK, r = y % DK;
-                    rin[t * g.C + (h == 0 ? hd.q_off : hd.k_off) + r] = sm.qk[h][t][r];
+                    rin[rl.row(t) + (h == 0 ? hd.q_off : hd.k_off) + r] = sm.qk[h][t][r];
                 }
             for (int t = threadIdx.x; t < n; t += kGdnThreads) {
-                rin[n * g.C + t * g.n_v + j] = sm.g[t];
-                rin[n * (g.C + g.n_v) + t * g.n_v + j] = sm.beta[t];
+                rin[rl.g(t) + j] = sm.g[t];
+                rin[rl.beta(t) + j] = sm.beta[t];
             }
         }
     }
