@@ -10,44 +10,6 @@
 namespace dfl {
 namespace cuda {
 
-// The factor that normalizes a q or k head's dk contiguous values x, by a warp: lane l sums x[l]^2, x[l + 32]^2, ... in
-// that order, then the warp's lanes are summed.
-__device__ __forceinline__ float qk_inv_norm(const float *x, int dk, int lane) {
-    float ss = 0.0f;
-    for (int d = lane; d < dk; d += 32) ss += x[d] * x[d];
-    return 1.0f / sqrtf(warp_sum(ss) + 1e-6f);
-}
-
-// A q value (also scaled by qscale = 1/sqrt(dk)) or k value v normalized by qk_inv_norm's r.
-__device__ __forceinline__ float qk_normed(float v, float r, bool is_q, float qscale) {
-    return is_q ? (v * r) * qscale : v * r;
-}
-
-// Value head j's gates of token tok: beta = sigmoid(b), g = ssm_a softplus(a + dt_bias).
-__device__ __forceinline__ void gdn_gate(const GdnGates &q, int64_t tok, int j, float &beta, float &g) {
-    beta = sigmoid_f(q.b[tok * q.b_pitch() + j]);
-    const float xa = q.a[tok * q.a_pitch() + j] + q.dt_bias[j];
-    g = q.ssm_a[j] * (xa > 20.0f ? xa : log1pf(expf(xa)));
-}
-
-// The conv's sum of token i of an entry over its K window rows (row(r): r < K - 1 the slot's stored row r, then the
-// entry's inputs) with taps tap(j): a chain's rows i .. i + K - 1 (par null), a tree token's along its ancestors
-// (par: the entry's parents), then the stored rows past the root.
-template <class Tap, class Row>
-__device__ __forceinline__ float conv_window_sum(int K, int64_t i, const int32_t *par, Tap tap, Row row) {
-    float acc = 0.0f;
-    if (par) {
-        int64_t a = i, old = K - 2;
-        for (int j = K - 1; j >= 0; j--) {
-            acc += tap(j) * row(a >= 0 ? K - 1 + a : old--);
-            if (a >= 0) a = par[a];
-        }
-    } else {
-        for (int j = 0; j < K; j++) acc += tap(j) * row(i + j);
-    }
-    return acc;
-}
-
 constexpr int kConvThreads = 128;
 constexpr int64_t kConvTokens = 16;     // tokens a conv1d_silu thread runs (a chunk of its entry's)
 constexpr int64_t kConvTreeTokens = 8;  // the same in a batch with token trees
@@ -61,11 +23,9 @@ constexpr int kGatesThreads = 128;
 // the DeltaNet's small ops (conv, gates, gated norm) at 1.48 ms of a 16-row verify against 0.65 of a decode step; the
 // conv walked its 16 tokens and 19 recorded rows a latency each. Measured (H100 12-05 17:3x, one call): 27B q8_0
 // verify of 16 rows 17.28 -> 17.15 ms, of 23 18.80 -> 17.96.
-// store(i, value): the entry's output of token i; x its input rows (xs apart), cs its slot's stored rows, rw its window
-// record (or null).
-template <class Store>
+// out: the entry's output rows, x its input rows (xs apart), cs its slot's stored rows, rw its window record (or null).
 __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, int64_t i0, int64_t i1, const float *cs,
-                                                const float *x, int64_t xs, float *rw, Store store) {
+                                                const float *x, int64_t xs, float *rw, float *out) {
     const int C = cc.C, K = cc.K;
     constexpr int kRows = kConvTokens + kConvMaxK - 1;
     float win[kRows], wt[kConvMaxK];
@@ -89,7 +49,7 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 #pragma unroll
         for (int j = 0; j < kConvMaxK; j++)
             if (j < K) acc += wt[j] * win[t + j];
-        store(i0 + t, silu_f(acc));
+        out[(i0 + t) * C + c] = silu_f(acc);
     }
 }
 
@@ -103,13 +63,15 @@ __device__ __forceinline__ void conv_chunk_regs(const ConvCall &cc, int64_t c, i
 // on one thread a channel was 23 such walks one after the other).
 // A tree entry's token (parent != null) builds its window along its ancestors: window row K-1+a for ancestor a, then
 // the old rows past the root.
-// Thread c's outputs of its entry e's tokens i0 .. i1 - 1 (store(i, value)), the window records, and (chunk 0 of an
-// entry that does not record) the slot's new stored rows; the entry's n tokens from batch row t0.
-template <class Store>
-__device__ __forceinline__ void conv_thread(const ConvCall &cc, int e, int64_t c, int64_t i0, int64_t i1, int64_t n,
-                                            int64_t t0, const int32_t *slots, float *const *rec_window,
-                                            const int32_t *parent, Store store) {
+__global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
+                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
+    const int e = blockIdx.z;
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int C = cc.C, K = cc.K;
+    if (c >= C) return;
+    const int64_t n = ns[e], t0 = t0s[e];
+    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+    if (i0 >= n) return;
     float *cs = cc.conv + (int64_t)slots[e] * cc.slot_stride;
     const int64_t xs = cc.x_pitch();
     const float *x = cc.x + t0 * xs;
@@ -123,23 +85,22 @@ __device__ __forceinline__ void conv_thread(const ConvCall &cc, int e, int64_t c
             for (int64_t r = i0 == 0 ? 0 : K - 1 + i0; r < K - 1 + i1; r++) rw[r * C + c] = window(r);
     }
     auto w = [&](int j) { return cc.w[(int64_t)j * C + c]; };  // tap-major: a warp's channels side by side
-    if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, store);
-    for (int64_t i = in_regs ? i1 : i0; i < i1; i++) store(i, silu_f(conv_window_sum(K, i, par, w, window)));
+    if (in_regs) conv_chunk_regs(cc, c, i0, i1, cs, x, xs, rw, cc.out + t0 * C);
+    for (int64_t i = in_regs ? i1 : i0; i < i1; i++) {
+        float acc = 0.0f;
+        if (par) {
+            int64_t a = i, old = K - 2;
+            for (int j = K - 1; j >= 0; j--) {
+                acc += w(j) * window(a >= 0 ? K - 1 + a : old--);
+                if (a >= 0) a = par[a];
+            }
+        } else {
+            for (int j = 0; j < K; j++) acc += w(j) * window(i + j);
+        }
+        cc.out[(t0 + i) * C + c] = silu_f(acc);
+    }
     if (i0 == 0 && !rw)  // (a recording entry's state stays; a rollback takes the kept rows from its window)
         for (int r = 0; r < K - 1; r++) cs[(int64_t)r * C + c] = window(n + r);
-}
-
-__global__ void conv1d_silu_kernel(ConvCall cc, const int32_t *t0s, const int32_t *ns, const int32_t *slots,
-                                   float *const *rec_window, const int32_t *parent, int64_t chunk) {
-    const int e = blockIdx.z;
-    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int C = cc.C;
-    if (c >= C) return;
-    const int64_t n = ns[e], t0 = t0s[e];
-    const int64_t i0 = (int64_t)blockIdx.y * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
-    if (i0 >= n) return;
-    float *out = cc.out + t0 * C;
-    conv_thread(cc, e, c, i0, i1, n, t0, slots, rec_window, parent, [&](int64_t i, float v) { out[i * C + c] = v; });
 }
 
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
@@ -149,7 +110,7 @@ void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c) {
     const int64_t chunk = one ? std::numeric_limits<int32_t>::max() : m.parent ? kConvTreeTokens : kConvTokens;
     const int64_t chunks = one ? 1 : (m.max_n + chunk - 1) / chunk;
     const dim3 grid((unsigned)((c.C + kConvThreads - 1) / kConvThreads), (unsigned)chunks, (unsigned)m.n_ent);
-    conv1d_silu_kernel<<<grid, dim3(kConvThreads), 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
+    conv1d_silu_kernel<<<grid, kConvThreads, 0, s>>>(c, m.t0, m.n, m.slot, m.rec_window, m.parent, chunk);
     check_launch("conv1d_silu");
 }
 
@@ -163,11 +124,21 @@ __global__ void gdn_gates_kernel(GdnGates g) {
     const float qscale = 1.0f / sqrtf((float)g.dk);
     for (int hh = warp; hh < 2 * g.n_k; hh += warps) {
         float *x = row + (int64_t)hh * g.dk;
-        const float r = qk_inv_norm(x, g.dk, lane);
-        for (int d = lane; d < g.dk; d += 32) x[d] = qk_normed(x[d], r, hh < g.n_k, qscale);
+        float ss = 0.0f;
+        for (int d = lane; d < g.dk; d += 32) ss += x[d] * x[d];
+        ss = warp_sum(ss);
+        const float r = 1.0f / sqrtf(ss + 1e-6f);
+        const bool is_q = hh < g.n_k;
+        for (int d = lane; d < g.dk; d += 32) x[d] = is_q ? (x[d] * r) * qscale : x[d] * r;
     }
-    for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads)
-        gdn_gate(g, t, j, g.beta[t * g.n_v + j], g.g[t * g.n_v + j]);
+    const float *b = g.b + t * g.b_pitch(), *ar = g.a + t * g.a_pitch();
+    for (int j = threadIdx.x + blockDim.x * blockIdx.y; j < g.n_v; j += threads) {
+        const int64_t i = t * g.n_v + j;
+        g.beta[i] = sigmoid_f(b[j]);
+        const float xa = ar[j] + g.dt_bias[j];
+        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+        g.g[i] = g.ssm_a[j] * sp;
+    }
 }
 
 // Blocks a token: a q/k head a warp, over as many blocks as that takes. Measured (H100 12-05 19:2x, one call, against
@@ -177,9 +148,10 @@ void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g) {
     if (T <= 0) return;
     constexpr int kWarps = kGatesThreads / 32;
     const unsigned groups = (unsigned)std::max(1, (2 * g.n_k + kWarps - 1) / kWarps);
-    gdn_gates_kernel<<<dim3((unsigned)T, groups), dim3(kGatesThreads), 0, s>>>(g);
+    gdn_gates_kernel<<<dim3((unsigned)T, groups), kGatesThreads, 0, s>>>(g);
     check_launch("gdn_gates");
 }
+
 
 
 // Set-aside states of a tree the staged kernel keeps in shared memory (unless DFL_CUDA_GDN_TREE_SMEM=0): 64 KB for
