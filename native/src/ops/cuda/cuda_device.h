@@ -260,14 +260,14 @@ void launch_rmsnorm(cudaStream_t s, const float *x, const float *w, float *y, in
 void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n,
                         float eps, const CudaDevice::QuantX &q = {});
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_stride, const float *w, int64_t T,
-                          int64_t heads, int64_t n, float eps);
+                          int64_t heads, int64_t n, float eps, const CudaDevice::QuantX &q = {});
 // The threads of a row norm's block for rows of n (norm.cu): about four elements a thread, up to 1024.
 int norm_threads(int64_t n);
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q = {});
 void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float *u, int64_t rows, int64_t n,
                         int64_t stride, const CudaDevice::QuantX &q = {});
-void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count);
+void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count, const CudaDevice::QuantX &q = {});
 void launch_scale_softcap(cudaStream_t s, float *x, int64_t count, float scale, float cap);
 void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int64_t R, int64_t n, float *out);
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);

@@ -603,8 +603,18 @@ void CudaDevice::swiglu_rows(float *out, const float *g, const float *u, int64_t
     staged_done();
 }
 
+// Whether gated_rmsnorm and sigmoid_mul quantize their outputs for the product after them (the 27B's DeltaNet output
+// and gated attention's o), as the norms and SwiGLU do (on unless DFL_CUDA_GATE_QUANT=0: a quantize_x launch before
+// each of those products, for comparisons in one run). The same bytes either way (quant_q8_warp on the same floats).
+static bool gate_quant_on() {
+    static const bool on = env_switch("DFL_CUDA_GATE_QUANT", true);
+    return on;
+}
+
 void CudaDevice::sigmoid_mul(float *a, const float *g, int64_t count) {
-    op("sigmoid_mul", [&] { launch_sigmoid_mul(stream_, a, g, count); });
+    op("sigmoid_mul",
+       [&] { launch_sigmoid_mul(stream_, a, g, count, gate_quant_on() ? stage_quant(a, count) : stage_quant(nullptr, 0)); });
+    staged_done();
 }
 
 void CudaDevice::scale_softcap(float *x, int64_t count, float scale, float cap) {
@@ -664,7 +674,11 @@ void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
 
 void CudaDevice::gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
                                int64_t n, float eps) {
-    op("gated_rmsnorm", [&] { launch_gated_rmsnorm(stream_, x, z, z_stride, w, T, heads, n, eps); });
+    op("gated_rmsnorm", [&] {
+        const QuantX q = gate_quant_on() ? stage_rows(x, T, heads * n) : stage_quant(nullptr, 0);
+        launch_gated_rmsnorm(stream_, x, z, z_stride, w, T, heads, n, eps, q);
+    });
+    staged_done();
 }
 
 }  // namespace cuda

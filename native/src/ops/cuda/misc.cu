@@ -43,11 +43,15 @@ __global__ void swiglu_rows_kernel(float *out, const float *g, const float *u, i
     if (q.xq) quant_q8_store(q, v, i);
 }
 
-__global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n) {
+// Quantized as swiglu_kernel does where q.xq is set (the gated attention's output, for its output projection).
+__global__ void sigmoid_mul_kernel(float *a, const float *g, int64_t n, CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain)
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        a[i] *= sigmoid_f(g[i]);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = a[i] * sigmoid_f(g[i]);
+        a[i] = v;
+        if (q.xq) quant_q8_store(q, v, i);
+    }
 }
 
 __global__ void scale_softcap_kernel(float *x, int64_t n, float scale, float cap) {
@@ -88,9 +92,9 @@ void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float 
     check_launch("swiglu_rows");
 }
 
-void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count) {
+void launch_sigmoid_mul(cudaStream_t s, float *a, const float *g, int64_t count, const CudaDevice::QuantX &q) {
     if (count <= 0) return;
-    launch_chain(sigmoid_mul_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, a, g, count);
+    launch_chain(sigmoid_mul_kernel, dim3(grid_for(count, kEltThreads)), dim3(kEltThreads), 0, s, a, g, count, q);
     check_launch("sigmoid_mul");
 }
 

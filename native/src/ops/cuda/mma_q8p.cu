@@ -403,6 +403,21 @@ static bool q8p_pipe_u2_on() {
     return on;
 }
 
+// The first token count (9 with DFL_CUDA_Q8P_WIDE=1, N with =N, 2..24; opt-in) from which unsplit staged products of
+// up to 24 tokens whose 64-row tiles fill the GPU take those tiles at one block of 32 a warp a stage: a stage holds 64
+// rows x 256 inputs, the same 16 KB of weights as the default's 32 rows x 512, with half its activations; four
+// stages, two blocks an SM (the 64-row tiles of 12-05 19:5x held 64 x 512, three stages, one block an SM, and lost).
+// Each warp still adds the blocks of 32 warp, warp + 8, ... in order, so the sums are the default's bit for bit. Why:
+// every row tile reads its stages' activations from L2, at 16 tokens on 32-row tiles ~half a byte a weight byte (the
+// 27B layer 153 -> 177 us from 1 to 16 tokens, H100 12-06 00:5x, about in step with those reads).
+static int64_t q8p_wide_min_tokens() {
+    static const int64_t n = [] {
+        const int64_t v = env_int("DFL_CUDA_Q8P_WIDE", 0);
+        return v <= 0 ? int64_t(0) : v == 1 ? int64_t(9) : std::min<int64_t>(24, std::max<int64_t>(2, v));
+    }();
+    return n;
+}
+
 // Whether W's staged products of up to 32 tokens take the two-blocks-a-warp stages (launch_q8p_pipe), and with them
 // PipeCopies (PRE) where q8p_pipe_pre_on: the stages of kStageBlocks a chunked copy serves.
 static bool q8p_pipe_u2(const Weight &W) { return q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0; }
@@ -491,18 +506,39 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
             launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
                              dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk);
         };
-        if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
-            if (q8p_pipe_pre_on()) {
-                go(std::true_type{});
-                return;
+        if constexpr (MT == 4) {
+            go(std::true_type{});  // (the wide tiles take PipeCopies alone: launched only with it on)
+        } else {
+            if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
+                if (q8p_pipe_pre_on()) {
+                    go(std::true_type{});
+                    return;
+                }
             }
+            go(std::false_type{});
         }
-        go(std::false_type{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         launch_u(grid, mt, nt8, stages, std::integral_constant<int, 1>{});
     };
     const bool u2 = q8p_pipe_u2(W);
+    const int64_t wide_tiles = (W.n_out + 63) / 64;
+    const int64_t wide_min = q8p_wide_min_tokens();
+    if (wide_min > 0 && splits == 1 && T >= wide_min && T <= 24 && u2 && q8p_pipe_pre_on() && !x.chunk &&
+        wide_tiles >= dev.sm_count()) {
+        auto wide = [&](auto nt8) {
+            using I = std::integral_constant<int, 4>;  // 64 rows (MT), four stages
+            launch_u(dim3((unsigned)wide_tiles), I{}, nt8, I{}, std::integral_constant<int, 1>{});
+        };
+        if (T <= 8)
+            wide(std::integral_constant<int, 1>{});
+        else if (T <= 16)
+            wide(std::integral_constant<int, 2>{});
+        else
+            wide(std::integral_constant<int, 3>{});
+        check_launch("matmul (q8_0 staged int8 mma, 64-row tiles)");
+        return;
+    }
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value;
         if constexpr (NT8 <= 4) {

@@ -97,16 +97,22 @@ __global__ void __launch_bounds__(1024) rmsnorm_regs_kernel(float *x, const floa
 }
 
 // Block (head, token): x's row blockIdx.y * heads + blockIdx.x, its z row at z + blockIdx.y * z_stride + blockIdx.x * n.
-__global__ void gated_rmsnorm_kernel(float *x, const float *z, int64_t z_stride, const float *w, int64_t n, float eps) {
+// With q.xq set (n a multiple of 32: a warp's lanes hold one block of 32) the outputs are also quantized for the
+// product after (the DeltaNet's output projection), as the quantizer would.
+__global__ void gated_rmsnorm_kernel(float *x, const float *z, int64_t z_stride, const float *w, int64_t n, float eps,
+                                     CudaDevice::QuantX q) {
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain)
     __shared__ float red[32];
-    float *xr = x + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * n;
+    const int64_t row = (int64_t)blockIdx.y * gridDim.x + blockIdx.x;
+    float *xr = x + row * n;
     const float *zr = z + (int64_t)blockIdx.y * z_stride + (int64_t)blockIdx.x * n;
     const float r = row_rms_scale(xr, n, eps, red);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = w ? (xr[i] * r) * w[i] : xr[i] * r;
-        xr[i] = v * silu_f(zr[i]);
+        const float o = v * silu_f(zr[i]);
+        xr[i] = o;
+        if (q.xq) quant_q8_store(q, o, row * n + i);
     }
 }
 
@@ -155,12 +161,12 @@ void launch_add_rmsnorm(cudaStream_t s, float *x, const float *d, const float *w
 }
 
 void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_stride, const float *w, int64_t T,
-                          int64_t heads, int64_t n, float eps) {
+                          int64_t heads, int64_t n, float eps, const CudaDevice::QuantX &q) {
     if (T <= 0 || heads <= 0 || n <= 0) return;
-    for (int64_t t0 = 0; t0 < T; t0 += 65535) {  // (the grid's y: tokens)
+    for (int64_t t0 = 0; t0 < T; t0 += 65535) {  // (the grid's y: tokens; staged quantization only up to 64 of them)
         const int64_t nt = std::min<int64_t>(65535, T - t0);
         launch_chain(gated_rmsnorm_kernel, dim3((unsigned)heads, (unsigned)nt), dim3(norm_threads(n)), 0, s,
-                     x + t0 * heads * n, z + t0 * z_stride, z_stride, w, n, eps);
+                     x + t0 * heads * n, z + t0 * z_stride, z_stride, w, n, eps, t0 == 0 ? q : CudaDevice::QuantX{});
     }
     check_launch("gated_rmsnorm");
 }
