@@ -403,19 +403,28 @@ static bool q8p_pipe_u2_on() {
     return on;
 }
 
-// The first token count (9 with DFL_CUDA_Q8P_WIDE=1, N with =N, 2..24; opt-in) from which unsplit staged products of
-// up to 24 tokens whose 64-row tiles fill the GPU take those tiles at one block of 32 a warp a stage: a stage holds 64
-// rows x 256 inputs, the same 16 KB of weights as the default's 32 rows x 512, with half its activations; four
-// stages, two blocks an SM (the 64-row tiles of 12-05 19:5x held 64 x 512, three stages, one block an SM, and lost).
-// Each warp still adds the blocks of 32 warp, warp + 8, ... in order, so the sums are the default's bit for bit. Why:
-// every row tile reads its stages' activations from L2, at 16 tokens on 32-row tiles ~half a byte a weight byte (the
-// 27B layer 153 -> 177 us from 1 to 16 tokens, H100 12-06 00:5x, about in step with those reads).
-static int64_t q8p_wide_min_tokens() {
-    static const int64_t n = [] {
-        const int64_t v = env_int("DFL_CUDA_Q8P_WIDE", 0);
-        return v <= 0 ? int64_t(0) : v == 1 ? int64_t(9) : std::min<int64_t>(24, std::max<int64_t>(2, v));
+// 64-row tiles at one block of 32 a warp a stage for unsplit staged products of up to 24 tokens: a stage holds 64 rows
+// x 256 inputs, the same 16 KB of weights as the default's 32 rows x 512, with half its activations; four stages, two
+// blocks an SM (the 64-row tiles of 12-05 19:5x held 64 x 512, three stages, one block an SM, and lost). Each warp
+// still adds the blocks of 32 warp, warp + 8, ... in order, so the sums are the 32-row tiles' bit for bit. Why: every
+// row tile reads its stages' activations from L2, ~three quarters of a byte a weight byte at 24 tokens on 32-row
+// tiles. Measured (H100 12-06 10:1x, kernel bench of the 27B layer, graph replays, from 8 tokens wherever the 64-row
+// tiles make a wave): gate|up (544 tiles) at 8 / 16 / 24 tokens 68.7 / 71.8 / 79.1 -> 69.7 / 72.1 / 75.9 us, but
+// q|k|v|z|b|a (258 tiles, one wave) 35.5 / 37.3 / 39.4 -> 38.1 / 40.7 / 42.0; the tree of 23 15.60 / 15.62 -> 15.46 /
+// 15.50 ms, 16 rows 14.11 / 14.11 -> 14.20 / 14.17. So by default from 17 tokens on grids of at least two waves of
+// 64-row tiles (4 x the SM count: the 27B's gate|up); DFL_CUDA_Q8P_WIDE=0 never, =N from N tokens (2..24) on grids
+// of at least the SM count.
+struct Q8pWide {
+    int64_t min_tokens, min_waves;
+};
+static Q8pWide q8p_wide() {
+    static const Q8pWide w = [] {
+        const int64_t v = env_int("DFL_CUDA_Q8P_WIDE", -1);
+        if (v < 0) return Q8pWide{17, 4};
+        if (v == 0) return Q8pWide{0, 0};
+        return Q8pWide{std::min<int64_t>(24, std::max<int64_t>(2, v)), 1};
     }();
-    return n;
+    return w;
 }
 
 // Whether W's staged products of up to 32 tokens take the two-blocks-a-warp stages (launch_q8p_pipe), and with them
@@ -523,9 +532,9 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
     };
     const bool u2 = q8p_pipe_u2(W);
     const int64_t wide_tiles = (W.n_out + 63) / 64;
-    const int64_t wide_min = q8p_wide_min_tokens();
-    if (wide_min > 0 && splits == 1 && T >= wide_min && T <= 24 && u2 && q8p_pipe_pre_on() && !x.chunk &&
-        wide_tiles >= dev.sm_count()) {
+    const Q8pWide wide_at = q8p_wide();
+    if (wide_at.min_tokens > 0 && splits == 1 && T >= wide_at.min_tokens && T <= 24 && u2 && q8p_pipe_pre_on() &&
+        !x.chunk && wide_tiles >= wide_at.min_waves * dev.sm_count()) {
         auto wide = [&](auto nt8) {
             using I = std::integral_constant<int, 4>;  // 64 rows (MT), four stages
             launch_u(dim3((unsigned)wide_tiles), I{}, nt8, I{}, std::integral_constant<int, 1>{});
