@@ -383,6 +383,10 @@ static bool q8p_pipe64_on() {
     return on;
 }
 
+// (64-row tiles lost twice: 64 rows x 512 inputs a stage at one block an SM, 12-05 19:5x; and 64 x 256 at two blocks an
+// SM, half the activations read from L2 a weight byte and the same sums, H100 12-06 10:1x-10:2x: the 27B's gate|up at
+// 24 tokens 79.1 -> 75.9 us in the kernel bench, q|k|v|z|b|a at 16 37.3 -> 40.7 on one wave, and end to end on one
+// machine even (16 / 23 rows) and on another +0.4-0.6 ms for 16 and 23 rows and the tree, gate|up alone included.)
 // Fewest 32-row blocks for which the staged kernel takes 32-row tiles: three quarters of the SMs, as dispatch_mma, unless
 // DFL_CUDA_Q8P_PIPE_MT2_MIN says otherwise (e.g. 200: the 4096-row matrices of qwen3-8b on 256 blocks of 16 rows, two an
 // SM, instead of 128 of 32 rows, one an SM at 8 warps; for comparisons in one run).
@@ -401,30 +405,6 @@ static int64_t pipe_mt2_min_blocks(const CudaDevice &dev) {
 static bool q8p_pipe_u2_on() {
     static const bool on = env_switch("DFL_CUDA_Q8P_PIPE_U2", true);
     return on;
-}
-
-// 64-row tiles at one block of 32 a warp a stage for unsplit staged products of up to 24 tokens: a stage holds 64 rows
-// x 256 inputs, the same 16 KB of weights as the default's 32 rows x 512, with half its activations; four stages, two
-// blocks an SM (the 64-row tiles of 12-05 19:5x held 64 x 512, three stages, one block an SM, and lost). Each warp
-// still adds the blocks of 32 warp, warp + 8, ... in order, so the sums are the 32-row tiles' bit for bit. Why: every
-// row tile reads its stages' activations from L2, ~three quarters of a byte a weight byte at 24 tokens on 32-row
-// tiles. Measured (H100 12-06 10:1x, kernel bench of the 27B layer, graph replays, from 8 tokens wherever the 64-row
-// tiles make a wave): gate|up (544 tiles) at 8 / 16 / 24 tokens 68.7 / 71.8 / 79.1 -> 69.7 / 72.1 / 75.9 us, but
-// q|k|v|z|b|a (258 tiles, one wave) 35.5 / 37.3 / 39.4 -> 38.1 / 40.7 / 42.0; the tree of 23 15.60 / 15.62 -> 15.46 /
-// 15.50 ms, 16 rows 14.11 / 14.11 -> 14.20 / 14.17. So by default from 17 tokens on grids of at least two waves of
-// 64-row tiles (4 x the SM count: the 27B's gate|up); DFL_CUDA_Q8P_WIDE=0 never, =N from N tokens (2..24) on grids
-// of at least the SM count.
-struct Q8pWide {
-    int64_t min_tokens, min_waves;
-};
-static Q8pWide q8p_wide() {
-    static const Q8pWide w = [] {
-        const int64_t v = env_int("DFL_CUDA_Q8P_WIDE", -1);
-        if (v < 0) return Q8pWide{17, 4};
-        if (v == 0) return Q8pWide{0, 0};
-        return Q8pWide{std::min<int64_t>(24, std::max<int64_t>(2, v)), 1};
-    }();
-    return w;
 }
 
 // Whether W's staged products of up to 32 tokens take the two-blocks-a-warp stages (launch_q8p_pipe), and with them
@@ -515,39 +495,18 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
             launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
                              dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk);
         };
-        if constexpr (MT == 4) {
-            go(std::true_type{});  // (the wide tiles take PipeCopies alone: launched only with it on)
-        } else {
-            if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
-                if (q8p_pipe_pre_on()) {
-                    go(std::true_type{});
-                    return;
-                }
+        if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
+            if (q8p_pipe_pre_on()) {
+                go(std::true_type{});
+                return;
             }
-            go(std::false_type{});
         }
+        go(std::false_type{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         launch_u(grid, mt, nt8, stages, std::integral_constant<int, 1>{});
     };
     const bool u2 = q8p_pipe_u2(W);
-    const int64_t wide_tiles = (W.n_out + 63) / 64;
-    const Q8pWide wide_at = q8p_wide();
-    if (wide_at.min_tokens > 0 && splits == 1 && T >= wide_at.min_tokens && T <= 24 && u2 && q8p_pipe_pre_on() &&
-        !x.chunk && wide_tiles >= wide_at.min_waves * dev.sm_count()) {
-        auto wide = [&](auto nt8) {
-            using I = std::integral_constant<int, 4>;  // 64 rows (MT), four stages
-            launch_u(dim3((unsigned)wide_tiles), I{}, nt8, I{}, std::integral_constant<int, 1>{});
-        };
-        if (T <= 8)
-            wide(std::integral_constant<int, 1>{});
-        else if (T <= 16)
-            wide(std::integral_constant<int, 2>{});
-        else
-            wide(std::integral_constant<int, 3>{});
-        check_launch("matmul (q8_0 staged int8 mma, 64-row tiles)");
-        return;
-    }
     auto launch = [&](dim3 grid, auto mt, auto nt8) {
         constexpr int NT8 = decltype(nt8)::value;
         if constexpr (NT8 <= 4) {
