@@ -347,6 +347,8 @@ QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, b
     QuantX staged;
     if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
     const QuantX q = dev.quant_scratch(rows * n_in, sums);
+    if (skip_op("quantize_x"))  // (DFL_CUDA_SKIP_OPS: what the quantizer costs inside a replayed step; garbage out)
+        return q;
     launch_pdl(quantize_x_q8_kernel, grid_for(rows * n_in, 256), 256, dev.stream(), X, n_in, rows, q);
     check_launch("matmul (quantize x)");
     return q;
