@@ -79,6 +79,14 @@ bool stream_halves_on() {
     return on;
 }
 
+void mma_zero(CudaDevice &dev, float *zero, int64_t n_zero) {
+    if (n_zero <= 0) return;
+    launch_pdl(mma_acts_kernel, std::min(grid_for(n_zero / 4, 256), 1024u), 256, dev.stream(), (const int8_t *)nullptr,
+               (const float *)nullptr, (const float *)nullptr, int64_t(0), int64_t(1), 8, (int8_t *)nullptr,
+               (float *)nullptr, zero, n_zero, 0);
+    check_launch("matmul (zeroed output)");
+}
+
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, float *zero,
               int64_t n_zero, int chunk) {
     if (!mma_xt_on()) return MmaX{xq, xs, xsum, 0};
