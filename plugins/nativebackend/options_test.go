@@ -136,3 +136,21 @@ func TestWarmupOn(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmupShapes: the long prompt with its decoded tokens first, then the shorter prompts that fit half the context,
+// one token each; none where the first does not fit.
+func TestWarmupShapes(t *testing.T) {
+	for _, tc := range []struct {
+		maxCtx int
+		want   []warmupShape
+	}{
+		{4096, []warmupShape{{80, 8}, {64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}}},
+		{40, []warmupShape{{20, 8}, {16, 1}, {8, 1}, {4, 1}, {2, 1}}},
+		{8, []warmupShape{{4, 2}, {2, 1}}},
+		{3, nil},
+	} {
+		t.Run(strconv.Itoa(tc.maxCtx), func(t *testing.T) {
+			is.New(t).Equal(warmupShapes(tc.maxCtx), tc.want)
+		})
+	}
+}

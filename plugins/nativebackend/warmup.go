@@ -9,13 +9,38 @@ import (
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
-// Warm-up request's shape: a prompt past the 64 tokens a GPU's prefill takes in its own kernels (so the GEMM library
-// loads too), then a few decoded tokens (a decode step is run op by op once, captured the second time, replayed
-// after; a draft's verify likewise).
+// Warm-up requests' shapes: first a prompt past the 64 tokens a GPU's prefill takes in its own kernels (so the GEMM
+// library loads too), then a few decoded tokens (a decode step is run op by op once, captured the second time,
+// replayed after; a draft's verify likewise); then shorter prompts, one token each, for the kernels a prefill of that
+// many tokens takes: the tensor-core products' tiles of 8..64 tokens (one kernel per 8) and the dp4a ones below. Why
+// the short ones: a CUDA kernel is loaded on its first launch (lazy module loading), and with the long prompt alone
+// the first request after a start (a 22-token chat prompt) still had its first token 4.7 ms after the request against
+// 0.7 ms for the next (the demo model on an H100, 12-06 09:5x).
 const (
 	warmupPrompt = 80
 	warmupTokens = 8
 )
+
+var warmupShortPrompts = []int{64, 56, 48, 40, 32, 24, 16, 8, 4, 2}
+
+// warmupShape is one warm-up request: prompt tokens and tokens to generate.
+type warmupShape struct{ prompt, tokens int }
+
+// warmupShapes are the warm-up's requests for a context of maxCtx tokens (prompts up to half of it; none where even
+// the first does not fit).
+func warmupShapes(maxCtx int) []warmupShape {
+	first := warmupShape{min(warmupPrompt, maxCtx/2), min(warmupTokens, maxCtx/4)}
+	if first.prompt < 1 || first.tokens < 1 {
+		return nil
+	}
+	shapes := []warmupShape{first}
+	for _, n := range warmupShortPrompts {
+		if n < first.prompt {
+			shapes = append(shapes, warmupShape{n, 1})
+		}
+	}
+	return shapes
+}
 
 // WarmupModes are the values of the warmup option.
 var WarmupModes = []string{"auto", "on", "off"}
@@ -31,38 +56,51 @@ func warmupOn(mode, libKind string) bool {
 	return mode == "on" || (mode == "auto" && libKind != "cpu")
 }
 
-// warmUp runs one short greedy request (tok's ids 1, 2, ...) through an engine of its own over cfg's model and draft,
-// then closes it: cfg's model is left with every sequence freed and its step graphs captured. That engine has no disk
-// store and no prefix cache, so nothing of the request stays, and its counters go with it. A context or KV pool too
-// small for the request skips it.
+// warmUp runs short greedy requests (tok's ids 1, 2, ...; warmupShapes) one after another through an engine of its
+// own over cfg's model and draft, then closes it: cfg's model is left with every sequence freed and its step graphs
+// captured. That engine has no disk store and no prefix cache, so nothing of the requests stays, and its counters go
+// with it. A context or KV pool too small for a request skips it.
 func warmUp(cfg engine.Config, tok *tokenizer.Tokenizer) error {
 	vocab := tok.VocabSize()
 	cfg.Store = nil
 	cfg.PrefixCacheSlots = 0
-	n := min(warmupPrompt, cfg.MaxCtx/2)
-	maxTokens := min(warmupTokens, cfg.MaxCtx/4)
-	if n < 1 || maxTokens < 1 || vocab < 2 {
+	shapes := warmupShapes(cfg.MaxCtx)
+	if len(shapes) == 0 || vocab < 2 {
 		return nil
 	}
 	eng, err := engine.New(cfg)
 	if err != nil {
 		return err
 	}
-	prompt := make([]int32, n)
-	for i := range prompt {
-		prompt[i] = int32(1 + i%(vocab-1))
+	var runErr error
+	for _, sh := range shapes {
+		if runErr = warmupRequest(eng, tok, sh); runErr != nil {
+			break
+		}
 	}
-	req := &engine.Request{ID: "warm-up", Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true,
-		Sampling: engine.Sampling{Temperature: 0}, Detokenizer: tokenizer.NewStreamDecoder(tok)}
-	var sink warmupSink
-	runErr := eng.Run(context.Background(), req, &sink)
 	if cerr := eng.Close(context.Background()); runErr == nil {
 		runErr = cerr
 	}
-	if runErr == nil && sink.invalid != "" {
-		runErr = fmt.Errorf("refused: %s", sink.invalid)
-	}
 	return runErr
+}
+
+// warmupRequest runs one warm-up request of shape sh on eng.
+func warmupRequest(eng *engine.Engine, tok *tokenizer.Tokenizer, sh warmupShape) error {
+	vocab := tok.VocabSize()
+	prompt := make([]int32, sh.prompt)
+	for i := range prompt {
+		prompt[i] = int32(1 + i%(vocab-1))
+	}
+	req := &engine.Request{ID: fmt.Sprintf("warm-up-%d", sh.prompt), Prompt: prompt, MaxTokens: sh.tokens,
+		IgnoreEOS: true, Sampling: engine.Sampling{Temperature: 0}, Detokenizer: tokenizer.NewStreamDecoder(tok)}
+	var sink warmupSink
+	if err := eng.Run(context.Background(), req, &sink); err != nil {
+		return fmt.Errorf("%d-token prompt: %w", sh.prompt, err)
+	}
+	if sink.invalid != "" {
+		return fmt.Errorf("%d-token prompt refused: %s", sh.prompt, sink.invalid)
+	}
+	return nil
 }
 
 // warmupSink is the warm-up request's emitter: it keeps nothing but an invalid admission's reason (a request of the
