@@ -675,7 +675,8 @@ void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
 void CudaDevice::gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
                                int64_t n, float eps) {
     op("gated_rmsnorm", [&] {
-        const QuantX q = gate_quant_on() ? stage_rows(x, T, heads * n) : stage_quant(nullptr, 0);
+        // (a warp of the kernel holds one block of 32 of a head's row: n a multiple of 32)
+        const QuantX q = gate_quant_on() && n % 32 == 0 ? stage_rows(x, T, heads * n) : stage_quant(nullptr, 0);
         launch_gated_rmsnorm(stream_, x, z, z_stride, w, T, heads, n, eps, q);
     });
     staged_done();
