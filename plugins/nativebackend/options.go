@@ -26,7 +26,7 @@ func EngineOptionSpecs() []sdk.OptionSpec {
 		{Name: "threads", Kind: sdk.OptionInt, Default: itoa(DefaultThreads), Help: "CPU worker threads (0 = every core)."},
 		{Name: "step-tokens", Kind: sdk.OptionInt, Default: itoa(DefaultStepTokens), Help: "Most tokens one forward processes: decode tokens first, prefill chunks fill the rest."},
 		{Name: "decode-headroom", Kind: sdk.OptionInt, Default: itoa(DefaultDecodeHeadroom), Help: "KV tokens each sequence reserves ahead, and keeps free for every running sequence at admission."},
-		{Name: "warmup", Kind: sdk.OptionEnum, Enum: WarmupModes, Default: "auto", Help: "Run one short request at load, so that the first client request does not pay the device's first-use costs (kernel loading, step graphs); auto: on a GPU."},
+		{Name: "warmup", Kind: sdk.OptionEnum, Enum: WarmupModes, Default: "auto", Help: "Run a few short requests at load, so that the first client request does not pay the device's first-use costs (kernel loading, step graphs); auto: on a GPU."},
 	}
 }
 

@@ -45,7 +45,7 @@ func warmupShapes(maxCtx int) []warmupShape {
 // WarmupModes are the values of the warmup option.
 var WarmupModes = []string{"auto", "on", "off"}
 
-// warmupOn reports whether a block's load runs the warm-up request: mode "auto" on a GPU only. Why: a GPU's first
+// warmupOn reports whether a block's load runs the warm-up requests: mode "auto" on a GPU only. Why: a GPU's first
 // forward of each kind pays one-time costs (kernel modules and cuBLAS loaded, step graphs captured): the first request
 // after a start had its first token 106 ms after the request against 14 ms for the next (the demo model on an H200,
 // 12-03); a DeepSeek V4 op profile (H200, 12-06) had the f32 router products of its first two prefills at 21.6 ms a

@@ -98,12 +98,13 @@ MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *x
     // the grid covers the output to zero too: sized for the copy alone (nb T8 / 256: 10 blocks for the 27B's 5120
     // inputs at 16 tokens) it zeroed gate|up's 2.2 MB in ~8 us (H100 12-06 00:5x, stream-K's first run)
     const unsigned blocks = std::max(grid_for(nb * T8, 256), std::min(grid_for(n_zero / 4, 256), 1024u));
-    // DFL_CUDA_SKIP_OPS=mma_acts: no copy (garbage out), a launch only where an output is to be zeroed: what the copy
-    // costs inside a replayed step
-    const bool skip = skip_op("mma_acts");
-    if (!skip || n_zero > 0)
-        launch_pdl(mma_acts_kernel, blocks, 256, dev.stream(), xq, xs, xsum, skip ? int64_t(0) : n_in, T, T8,
-                   (int8_t *)p, (float *)(p + q_bytes), zero, n_zero, chunk);
+    // DFL_CUDA_SKIP_OPS=mma_acts: no copy (garbage out), the output zeroed alone: what the copy costs inside a
+    // replayed step
+    if (skip_op("mma_acts"))
+        mma_zero(dev, zero, n_zero);
+    else
+        launch_pdl(mma_acts_kernel, blocks, 256, dev.stream(), xq, xs, xsum, n_in, T, T8, (int8_t *)p,
+                   (float *)(p + q_bytes), zero, n_zero, chunk);
     check_launch("matmul (int8 mma activations)");
     if (chunk > 0) return MmaX{(const int8_t *)p, (const float *)(p + (size_t)chunk * T8 * 32), nullptr, T8, chunk};
     return MmaX{(const int8_t *)p, (const float *)(p + q_bytes), nullptr, T8};

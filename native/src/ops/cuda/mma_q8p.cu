@@ -620,10 +620,11 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    // a chunked copy only where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe)
-    const bool chunk = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on() && mma_chunk_q8p();
-    // the staged kernel reading the quantizer's rows itself: no copy (a split product's output still zeroed)
-    const bool rows = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on() && mma_xt_on() && !chunk && q8p_rows_on();
+    // where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe): a chunked copy, or the
+    // quantizer's rows read by the kernel itself (no copy; a split product's output still zeroed)
+    const bool copies = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on();
+    const bool chunk = copies && mma_chunk_q8p();
+    const bool rows = copies && mma_xt_on() && !chunk && q8p_rows_on();
     if (rows && halves) mma_zero(dev, Y, W.n_out * T);
     const MmaX x = rows ? MmaX{xq, xs, nullptr, (int)((T + 7) / 8 * 8)}
                         : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
