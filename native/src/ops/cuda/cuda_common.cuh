@@ -101,6 +101,20 @@ bool pdl_on();
 // 352 -> 359). Each then starts while the kernel before it ends (its launch hidden) and waits at its top.
 bool pdl_chain_on();
 
+// Whether the product kernels (the one-token GEMVs, the staged and streamed tensor-core products) let the next PDL
+// launch start as soon as every one of their blocks has begun (pdl_trigger at their top, pdl_early) instead of after
+// their main loops or at their end: DFL_CUDA_PDL_EARLY=1, opt-in (defined in device.cu). Why: a product's last wave
+// leaves most SMs idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the kernel after it
+// (a norm, a copy, the next product) could already sit there, the next product loading its first weights before its
+// wait. Safe for any kernel that reads what the one before wrote only after pdl_wait (every launch_pdl and
+// launch_chain kernel): the wait still returns only once the kernel before has finished and its writes are visible.
+bool pdl_early_on();
+
+// In a product kernel's first lines: pdl_early_on()'s trigger (early, the kernel's argument).
+__device__ __forceinline__ void pdl_early(bool early) {
+    if (early) pdl_trigger();
+}
+
 // kernel<<<grid, block, shm, s>>>(args...) as a programmatic dependent launch where pdl (and pdl_on()), a plain launch
 // otherwise.
 template <typename... Params, typename... Args>

@@ -41,6 +41,11 @@ bool pdl_chain_on() {
     return on;
 }
 
+bool pdl_early_on() {
+    static const bool on = env_switch("DFL_CUDA_PDL_EARLY", false);
+    return on;
+}
+
 CudaDevice::CudaDevice(int index) : index_(index) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);

@@ -167,12 +167,10 @@ struct PipeStage {
 // same places. Why: ncu (H100 12-05 16:1x) had the 27B's gate|up at 16 tokens issuing 0.58 instructions a cycle per
 // scheduler (50 % of the SM's issue) with DRAM 74 % busy: ~460 warp instructions a stage where the multiplies take
 // ~140; the copies' address arithmetic is most of the rest.
-// ROWS (DFL_CUDA_Q8P_ROWS=1, opt-in): the activations straight from the quantizer's rows ([token][n_in] quants,
-// [token][n_in / 32] scales) into the stage's fragment order, so no mma_acts_kernel copies them first: word w of a
-// stage's quants is (block w / (2 T8), token w / 2 % T8, half w % 2), 16 bytes of that token's row; the 16 words of a
-// block's 16 tokens land in 256 contiguous bytes of shared memory, and each token's two halves make one 32-byte
-// sector of its row. Scales are 4-byte copies ([block][token] in the stage). Tokens past T read token T - 1.
-template <int MT, int NT8, int U, bool ROWS = false>
+// (Copying the activations straight from the quantizer's rows into the stage's fragment order, offsets a thread's
+// once, with no mma_acts_kernel before, lost: H100 12-06 11:3x, the 27B layer at 16 / 24 / 32 tokens 172.7 / 188.1 /
+// 194.1 -> 182.0 / 215.1 / 248.8 us, its 16-row verify 14.14 -> 14.96 ms, qwen3-8b tg b32 5.05 -> 6.47 ms a step.)
+template <int MT, int NT8, int U>
 struct PipeCopies {
     using Stage = PipeStage<MT, NT8, U>;
     static constexpr int kThreads = kMmaWarps * 32, kGroup = Stage::kGroup, kRow = Stage::kRow;
@@ -190,29 +188,10 @@ struct PipeCopies {
     const int8_t *fq = nullptr;
     const float *fs = nullptr;
     bool chunked = false;  // fq in chunks of a stage (MmaX::chunk)
-    // ROWS: the thread's quant words' and scales' offsets in the rows for stage 0 (a stage adds kGroup blocks)
-    static constexpr int kT8 = 8 * NT8, kS = kGroup * kT8, kSPer = (kS + kThreads - 1) / kThreads;
-    static constexpr int kXqPer = (kXq + kThreads - 1) / kThreads;
-    unsigned xq_off[ROWS ? kXqPer : 1] = {}, xs_off[ROWS ? kSPer : 1] = {};
     PipeCopies() = default;  // (a kernel without PRE: never used)
     __device__ __forceinline__ PipeCopies(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t nb, int64_t n_out,
-                                          int64_t row0, const int8_t *fq_, const float *fs_, bool chunked_,
-                                          int64_t T = 0)
+                                          int64_t row0, const int8_t *fq_, const float *fs_, bool chunked_)
         : fq(fq_), fs(fs_), chunked(chunked_) {
-        if constexpr (ROWS) {
-#pragma unroll
-            for (int k = 0; k < kXqPer; k++) {
-                const int w = min((int)threadIdx.x + k * kThreads, kXq - 1);  // (past kXq: never copied)
-                const int kb = w / (2 * kT8), t = (int)min((int64_t)(w / 2 % kT8), T - 1), h = w % 2;
-                xq_off[k] = (unsigned)(t * n_in + kb * 32 + h * 16);
-            }
-#pragma unroll
-            for (int k = 0; k < kSPer; k++) {
-                const int s = min((int)threadIdx.x + k * kThreads, kS - 1);
-                const int kb = s / kT8, t = (int)min((int64_t)(s % kT8), T - 1);
-                xs_off[k] = (unsigned)(t * nb + kb);
-            }
-        }
 #pragma unroll
         for (int k = 0; k < kWPer; k++) {
             const int c = min((int)threadIdx.x + k * kThreads, kW - 1);  // (past kW: never copied)
@@ -236,19 +215,6 @@ struct PipeCopies {
     // group j's fragment-ordered activations (PipeStage::load_x's copies: quants then scales, both contiguous);
     // chunked, both in one run, as the stage holds them
     __device__ __forceinline__ void load_x(unsigned st, int64_t j) const {
-        if constexpr (ROWS) {
-            const int8_t *q = fq + j * kGroup * 32;
-            const float *sc = fs + j * kGroup;
-#pragma unroll
-            for (int k = 0; k < kXqPer; k++)
-                if (kXq % kThreads == 0 || (int)threadIdx.x + k * kThreads < kXq)
-                    cp_async16_at(st + kXOff + (threadIdx.x + k * kThreads) * 16, q + xq_off[k]);
-#pragma unroll
-            for (int k = 0; k < kSPer; k++)
-                if (kS % kThreads == 0 || (int)threadIdx.x + k * kThreads < kS)
-                    cp_async4_at(st + kXOff + kXq * 16 + (threadIdx.x + k * kThreads) * 4, sc + xs_off[k]);
-            return;
-        }
         if (chunked) {
             cp_async_run<kX, kThreads>(st + kXOff, (const uint8_t *)fq + j * kX * 16);
             return;
@@ -305,13 +271,13 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
 
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
-// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only; ROWS (with PRE): fq, fs are the
-// quantizer's rows (PipeCopies' ROWS).
-template <int MT, int NT8, int S, int U = 1, bool PRE = false, bool ROWS = false>
+// PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
+template <int MT, int NT8, int S, int U = 1, bool PRE = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride,
-                                                                     int chunk) {
+                                                                     int chunk, bool early) {
+    pdl_early(early);
     using Stage = PipeStage<MT, NT8, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
     constexpr int kStage = pipe_stage_bytes(MT, 8 * NT8, U);
@@ -319,8 +285,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     // split K (gridDim.y parts): this block's groups [g0, g0 + ng) of the row's
     const int64_t all = nb / Stage::kGroup, g0 = all * blockIdx.y / gridDim.y, ng = all * (blockIdx.y + 1) / gridDim.y - g0;
     const unsigned smem0 = (unsigned)__cvta_generic_to_shared(pipe_smem);
-    using Copies = PipeCopies<MT, NT8, U, ROWS>;
-    const Copies cps = PRE ? Copies(qs, dw, n_in, nb, n_out, row0, fq, fs, chunk > 0, T) : Copies();
+    using Copies = PipeCopies<MT, NT8, U>;
+    const Copies cps = PRE ? Copies(qs, dw, n_in, nb, n_out, row0, fq, fs, chunk > 0) : Copies();
     // the weights of the first stages are read before the wait, the activations (the kernel before's) after
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
@@ -445,17 +411,6 @@ static bool q8p_pipe_u2_on() {
     return on;
 }
 
-// Whether the staged products of up to 32 tokens on the two-blocks-a-warp stages read the quantizer's rows themselves
-// (DFL_CUDA_Q8P_ROWS=1, opt-in; PipeCopies' ROWS) instead of mma_acts_kernel's fragment-ordered copy. Why: that copy
-// is one more launch before each such product, ~260 of them in a 27B 16-row verify: skipping it (garbage out) took
-// the verify 14.40 -> 14.21 ms (H100 12-06 10:3x, DFL_CUDA_SKIP_OPS=mma_acts; decode 11.98 either way). The rows
-// staged once before (DFL_CUDA_Q8P_PIPE_ROWS, 12-04) lost with every word's address worked out each stage and rows
-// padded in shared memory; here the addresses are a thread's once and the stage's layout is the copy's.
-static bool q8p_rows_on() {
-    static const bool on = env_switch("DFL_CUDA_Q8P_ROWS", false);
-    return on;
-}
-
 // Whether W's staged products of up to 32 tokens take the two-blocks-a-warp stages (launch_q8p_pipe), and with them
 // PipeCopies (PRE) where q8p_pipe_pre_on: the stages of kStageBlocks a chunked copy serves.
 static bool q8p_pipe_u2(const Weight &W) { return q8p_pipe_u2_on() && W.n_in % (2 * kPipeGroup * 32) == 0; }
@@ -530,31 +485,28 @@ __global__ void sum_parts_kernel(const float *part, int n_parts, int64_t count, 
 // DFL_CUDA_Q8P_PIPE64=0; the register kernel takes 33..64 then). Tiles of more than 32 tokens keep 4 stages: 8
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
 // splits: input parts (grid.y; Y zeroed when 2 and part_stride is 0, else part p's sums at Y + p * part_stride).
-// rows: x is the quantizer's rows (the two-blocks-a-warp stages with PipeCopies alone: PipeCopies' ROWS).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y, int splits = 1, int64_t part_stride = 0, bool rows = false) {
+                            int64_t T, float *Y, int splits = 1, int64_t part_stride = 0) {
     auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto u) {
         grid.y = (unsigned)splits;
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
         constexpr int U = decltype(u)::value;
         const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, U);
-        auto go = [&](auto pre, auto from_rows) {
-            constexpr bool PRE = decltype(pre)::value, ROWS = decltype(from_rows)::value;
-            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE, ROWS>>(dev.index(), smem,
-                                                                               "matmul (q8_0 staged mma smem)");
-            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE, ROWS>, grid, dim3(kMmaWarps * 32), smem,
-                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk);
+        auto go = [&](auto pre) {
+            constexpr bool PRE = decltype(pre)::value;
+            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>>(dev.index(), smem,
+                                                                         "matmul (q8_0 staged mma smem)");
+            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
+                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk,
+                             pdl_early_on());
         };
         if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
             if (q8p_pipe_pre_on()) {
-                if (rows)
-                    go(std::true_type{}, std::true_type{});
-                else
-                    go(std::true_type{}, std::false_type{});
+                go(std::true_type{});
                 return;
             }
         }
-        go(std::false_type{}, std::false_type{});
+        go(std::false_type{});
     };
     auto launch_stages = [&](dim3 grid, auto mt, auto nt8, auto stages) {
         launch_u(grid, mt, nt8, stages, std::integral_constant<int, 1>{});
@@ -620,23 +572,18 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     const bool pipe = q8p_pipe_on() && (T <= 32 || (T <= 64 && q8p_pipe64_on())) && W.n_in % (kPipeGroup * 32) == 0;
     const int splits = pipe && mma_xt_on() ? q8p_pipe_splits(dev, W, T, Y) : 1;
     const bool halves = splits == 2;  // onto a zeroed Y; more parts are stored apart
-    // where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe): a chunked copy, or the
-    // quantizer's rows read by the kernel itself (no copy; a split product's output still zeroed)
-    const bool copies = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on();
-    const bool chunk = copies && mma_chunk_q8p();
-    const bool rows = copies && mma_xt_on() && !chunk && q8p_rows_on();
-    if (rows && halves) mma_zero(dev, Y, W.n_out * T);
-    const MmaX x = rows ? MmaX{xq, xs, nullptr, (int)((T + 7) / 8 * 8)}
-                        : mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
-                                   chunk ? kStageBlocks : 0);
+    // a chunked copy only where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe)
+    const bool chunk = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on() && mma_chunk_q8p();
+    const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
+                            chunk ? kStageBlocks : 0);
     if (pipe && x.T8) {
         if (splits <= 2) {
-            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits, 0, rows);
+            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);
             return;
         }
         const int64_t count = W.n_out * T;
         float *part = (float *)dev.splitk_buffer((size_t)(splits * count) * sizeof(float));
-        launch_q8p_pipe(dev, W, qs, dw, x, T, part, splits, count, rows);
+        launch_q8p_pipe(dev, W, qs, dw, x, T, part, splits, count);
         launch_chain(sum_parts_kernel, dim3(grid_for(count, 256)), dim3(256), 0, dev.stream(), (const float *)part, splits,
                      count, Y);
         check_launch("matmul (q8_0 split-K sums)");

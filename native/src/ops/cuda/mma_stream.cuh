@@ -29,7 +29,8 @@ namespace cuda {
 // barrier after it).
 template <class F, int S, bool SLOTS>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2)
-    mma_stream_kernel(F f, int64_t n_out, int64_t T, float *Y, float *slots) {
+    mma_stream_kernel(F f, int64_t n_out, int64_t T, float *Y, float *slots, bool early) {
+    pdl_early(early);
     constexpr int MT = F::kMT, NT8 = F::kNT8, kStage = F::kStage, kRows = 16 * MT;
     static_assert(sizeof(float) * kMmaWarps * NT8 * 4 * 32 <= kStage, "a stage holds the warps' sums");
     extern __shared__ __align__(16) uint8_t stream_smem[];
@@ -144,7 +145,7 @@ void launch_stream(CudaDevice &dev, const F &f, const StreamPlan &p, int64_t n_o
         constexpr bool SLOTS = decltype(with_slots)::value;
         allow_dynamic_smem<mma_stream_kernel<F, S, SLOTS>>(dev.index(), smem, what);
         launch_maybe_pdl(true, mma_stream_kernel<F, S, SLOTS>, dim3((unsigned)p.blocks), dim3(kMmaWarps * 32), smem,
-                         dev.stream(), f, n_out, T, Y, slots);
+                         dev.stream(), f, n_out, T, Y, slots, pdl_early_on());
     };
     if (p.slots)
         go(std::true_type{});
