@@ -144,9 +144,9 @@ func TestWarmupShapes(t *testing.T) {
 		maxCtx int
 		want   []warmupShape
 	}{
-		{4096, []warmupShape{{80, 8}, {64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}}},
-		{40, []warmupShape{{20, 8}, {16, 1}, {8, 1}, {4, 1}, {2, 1}}},
-		{8, []warmupShape{{4, 2}, {2, 1}}},
+		{4096, []warmupShape{{64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}, {80, 8}}},
+		{40, []warmupShape{{16, 1}, {8, 1}, {4, 1}, {2, 1}, {20, 8}}},
+		{8, []warmupShape{{2, 1}, {4, 2}}},
 		{3, nil},
 	} {
 		t.Run(strconv.Itoa(tc.maxCtx), func(t *testing.T) {

@@ -9,13 +9,15 @@ import (
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
-// Warm-up requests' shapes: first a prompt past the 64 tokens a GPU's prefill takes in its own kernels (so the GEMM
-// library loads too), then a few decoded tokens (a decode step is run op by op once, captured the second time,
-// replayed after; a draft's verify likewise); then shorter prompts, one token each, for the kernels a prefill of that
-// many tokens takes: the tensor-core products' tiles of 8..64 tokens (one kernel per 8) and the dp4a ones below. Why
-// the short ones: a CUDA kernel is loaded on its first launch (lazy module loading), and with the long prompt alone
-// the first request after a start (a 22-token chat prompt) still had its first token 4.7 ms after the request against
-// 0.7 ms for the next (the demo model on an H100, 12-06 09:5x).
+// Warm-up requests' shapes: short prompts, one token each, for the kernels a prefill of that many tokens takes (the
+// tensor-core products' tiles of 8..64 tokens, one kernel per 8, and the dp4a ones below); then a prompt past the 64
+// tokens a GPU's prefill takes in its own kernels (so the GEMM library loads too) and a few decoded tokens (a decode
+// step is run op by op once, captured the second time, replayed after; a draft's verify likewise). Why the short
+// ones: a CUDA kernel is loaded on its first launch (lazy module loading), and with the long prompt alone the first
+// request after a start (a 22-token chat prompt) still had its first token 4.7 ms after the request against 0.7 ms for
+// the next (the demo model on an H100, 12-06 09:5x); with them, 0.84 ms (11:3x). Why the decoding request last: a
+// prefill that grows the device's scratch buffers drops the graphs captured before it, the decode step's among them
+// (the 64..40-token prompts after the 80-token one did, 12-06 11:4x).
 const (
 	warmupPrompt = 80
 	warmupTokens = 8
@@ -27,19 +29,19 @@ var warmupShortPrompts = []int{64, 56, 48, 40, 32, 24, 16, 8, 4, 2}
 type warmupShape struct{ prompt, tokens int }
 
 // warmupShapes are the warm-up's requests for a context of maxCtx tokens (prompts up to half of it; none where even
-// the first does not fit).
+// the long one does not fit).
 func warmupShapes(maxCtx int) []warmupShape {
-	first := warmupShape{min(warmupPrompt, maxCtx/2), min(warmupTokens, maxCtx/4)}
-	if first.prompt < 1 || first.tokens < 1 {
+	long := warmupShape{min(warmupPrompt, maxCtx/2), min(warmupTokens, maxCtx/4)}
+	if long.prompt < 1 || long.tokens < 1 {
 		return nil
 	}
-	shapes := []warmupShape{first}
+	var shapes []warmupShape
 	for _, n := range warmupShortPrompts {
-		if n < first.prompt {
+		if n < long.prompt {
 			shapes = append(shapes, warmupShape{n, 1})
 		}
 	}
-	return shapes
+	return append(shapes, long)
 }
 
 // WarmupModes are the values of the warmup option.

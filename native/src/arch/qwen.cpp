@@ -354,8 +354,18 @@ void QwenModel::forward_tree(const dfl_batch &b, const TopKOut *topk, const int3
     // recorded, with hidden-state capture) is replayed from a device graph where the device has them. The graph
     // freezes the host scalars of the batch, which go into its key (StepGraphs::Key); the block table width is rounded
     // up (kernels treat it and max_ctx as upper bounds and read each sequence's true length from the metadata).
-    // Longer entries are prefill chunks: one-off shapes, and attention there may take the cuBLAS path.
-    const bool graph_step = dev_->has_graphs() && max_n <= kGraphMaxTokens && b.n_capture <= kGraphMaxCaptures;
+    // Other entries of several tokens are prefill chunks: one-off shapes (a prompt's length), and attention there may
+    // take the cuBLAS path. Those of up to kGraphMaxTokens were graphed too until 12-06: a key runs op by op when new
+    // and is captured the second time it comes, so the second chat request of the same 22-token prompt took its first
+    // token after 1.3 ms against 0.6 for the first (demo model; qwen3-8b 9.0 against 5.1 ms, H100 12-06 11:4x).
+    auto verified = [&](uint32_t i) {
+        const dfl_seq_batch &sb = b.seqs[i];
+        return sb.n_tokens == 1 || sb.logits == DFL_LOGITS_ALL || (sb.flags & DFL_SEQ_RECORD) != 0 || tree_of(i);
+    };
+    bool prefill_chunk = false;
+    for (uint32_t i = 0; i < b.n_seqs; i++) prefill_chunk = prefill_chunk || !verified(i);
+    const bool graph_step =
+        dev_->has_graphs() && !prefill_chunk && max_n <= kGraphMaxTokens && b.n_capture <= kGraphMaxCaptures;
     if (graph_step) {
         max_blocks = (uint32_t)StepGraphs::table_width(max_blocks);
         max_ctx = (int64_t)max_blocks * table_.block_size();

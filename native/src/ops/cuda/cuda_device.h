@@ -331,7 +331,6 @@ struct GemvZ {
     const uint8_t *w2 = nullptr;
     float *y2 = nullptr;
     int second = 0;
-    bool early = false;  // pdl_early_on() (launch sets it): the kernel triggers its dependents at its top
 };
 void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.

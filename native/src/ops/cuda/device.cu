@@ -46,6 +46,8 @@ bool pdl_early_on() {
     return on;
 }
 
+bool pdl_early_grid(const CudaDevice &dev, int64_t blocks) { return blocks > 2 * (int64_t)dev.sm_count(); }
+
 CudaDevice::CudaDevice(int index) : index_(index) {
     int count = 0;
     const cudaError_t e = cudaGetDeviceCount(&count);

@@ -109,7 +109,6 @@ template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
                                                                    const float *xsum, float *Y, GemvZ z) {
-    pdl_early(z.early);
     const int64_t nb32 = n_in / 32;
     {
         int64_t k = blockIdx.y;
@@ -209,7 +208,6 @@ template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                 int64_t n_out, const int8_t *xq, const float *xs,
                                                                 float *Y, GemvZ z) {
-    pdl_early(z.early);
     {
         const int64_t k = blockIdx.y, nbz = n_in / 32;
         qs += k * z.w_rows * n_in;
@@ -264,8 +262,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
 template <int NT, int R>
 __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y, bool early) {
-    pdl_early(early);
+                         const float *xs, float *Y) {
     constexpr int U = 4 / R;
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
@@ -332,10 +329,9 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
                             const int8_t *xq, const float *xs, float *y) {
-    const bool early = pdl_early_on();
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
 #define DFL_Q8P_ROWS(N) \
-    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, early); break;
+    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
     switch (nt) {
         DFL_Q8P_ROWS(1) DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
@@ -414,15 +410,13 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         return;
     }
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    GemvZ z;
-    z.early = pdl_early_on();
     for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
         const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
         const int8_t *xq0 = xq + t0 * W.n_in;
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         switch (q8p_dp4a_rows(W, nt)) {
-        case 1: launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, z); break;
+        case 1: launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}); break;
         case 2: launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
         default: launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
         }
@@ -443,9 +437,7 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
 }
 
-void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z_in, int nz) {
-    GemvZ z = z_in;
-    z.early = pdl_early_on();
+void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
     const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
     if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
@@ -526,9 +518,7 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const int8_t *qs = q8p_quants(stack);
     const uint16_t *dw = q8p_scales(stack);
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
-    GemvZ zk = z;
-    zk.early = pdl_early_on();
-    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, zk);
+    launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
 }
 
