@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Time to first token of the first and second request after a start, with the load's warm-up request (--warmup on,
-# auto's choice on a GPU) and without (--warmup off), and each start's time to /ready; one model on $DEVICE.
+# Time to first token of the first three requests after a start (the same prompt: a step graph of a shape is captured
+# the second time it runs), with the load's warm-up requests (--warmup on, auto's choice on a GPU) and without
+# (--warmup off), and each start's time to /ready; one model on $DEVICE.
 #   scripts/bench-first-request.sh [PORT]     (after make build)
 # Environment: MODEL (a GGUF, default the demo target), DEVICE (default cpu:0), BIN (the folder of dflash_server and
 # plugins/, default bin), DFLASH_LIB_DIR.
@@ -23,7 +24,7 @@ for warmup in off on; do
     --target-device "$device" --max-ctx 4096 --warmup "$warmup" >"$tmp/server.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do curl -sf "localhost:$port/ready" >/dev/null && break; sleep 0.1; done
-  echo "warmup $warmup: ready after $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)") s; first and second request:"
-  ask; ask
+  echo "warmup $warmup: ready after $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$t0" "$(date +%s.%N)") s; first three requests:"
+  ask; ask; ask
   kill -TERM $pid; wait $pid || true
 done

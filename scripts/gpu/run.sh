@@ -58,7 +58,7 @@
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
 #                                            speculative greedy with the defaults, then BenchmarkGGUF/pp (512 and 4096
 #                                            tokens) of each model with VARIANTS
-#   scripts/gpu/run.sh first-request [MODEL...] time to first token of the first and second request after a start,
+#   scripts/gpu/run.sh first-request [MODEL...] time to first token of the first three requests after a start,
 #                                            --warmup off and on, and the time to /ready (the demo model, then each MODEL)
 #   scripts/gpu/run.sh pp-variants [MODEL...] BenchmarkGGUF/pp (512 and 4096 tokens) with each of VARIANTS, nothing
 #                                            else (default model qwen3.5-27b:q8_0)
@@ -856,7 +856,7 @@ case $mode in
   demo) build_cuda; demo_bench ;;  # ahead of spec, e.g. in the background of another job
   diskcache) build_cuda; log "disk prefix cache, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-disk-prefix-cache.sh 2>&1 | tee -a "$OUT/summary.txt" ;;
-  first-request) build_cuda; log "first and second request after a start, --warmup off and on, demo model on cuda:0"
+  first-request) build_cuda; log "first three requests after a start, --warmup off and on, demo model on cuda:0"
              BIN=$stage/bin DFLASH_LIB_DIR=$lib DEVICE=cuda:0 scripts/bench-first-request.sh 2>&1 | tee -a "$OUT/summary.txt"
              for m in "$@"; do  # then each MODEL (preset:type, made here)
                f=$(make_model "$m") || continue; log "the same, $m"

@@ -101,23 +101,21 @@ bool pdl_on();
 // 352 -> 359). Each then starts while the kernel before it ends (its launch hidden) and waits at its top.
 bool pdl_chain_on();
 
-// Whether the staged and streamed tensor-core products let the next PDL launch start as soon as every one of their
-// blocks has begun (pdl_trigger at their top, pdl_early) instead of after their main loops: DFL_CUDA_PDL_EARLY=1,
-// opt-in (defined in device.cu), for grids of more than one wave (pdl_early_grid). Why: a product's last wave leaves
-// most SMs idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the kernels after it (a norm,
-// a copy, the next product loading its first weights before its wait) can already sit there. A grid of one wave
-// would trigger at once and let a chain of launches run ahead, their weight loads crowding the latency-bound kernels
-// between: every product early (the one-token GEMVs and the 8B's one-wave grids too) took qwen3-8b q8_0 tg b1 / b8 /
-// b32 3.89 / 4.10 / 5.02 -> 3.97 / 4.34 / 5.16 ms a step (H100 12-06 11:4x), while the 27B verify gained. Safe for any
-// kernel that reads what the one before wrote only after pdl_wait (every launch_pdl and launch_chain kernel): the wait
-// still returns only once the kernel before has finished and its writes are visible.
-bool pdl_early_on();
-
-// Whether a product grid of `blocks` takes more than one wave at two blocks an SM (pdl_early_on's condition).
+// Whether a staged or streamed tensor-core product of `blocks` lets the next PDL launch start as soon as every one of
+// its blocks has begun (pdl_trigger at its top, pdl_early) instead of after its main loop: DFL_CUDA_PDL_EARLY=1
+// (opt-in) for grids of more than one wave at two blocks an SM, =2 for every such grid (defined in device.cu). Why: a
+// product's last wave leaves most SMs idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the
+// kernels after it (a norm, a copy, the next product loading its first weights before its wait) can already sit
+// there. A grid of one wave triggers at once and lets a chain of launches run ahead, their weight loads crowding the
+// latency-bound kernels between: every product early (the one-token GEMVs and qwen3-8b's one-wave grids too) took
+// the 27B verify of 8 / 16 / 23 rows and the tree -0.13 to -0.19 ms but qwen3-8b q8_0 tg b1 / b8 / b32 3.89 / 4.10 /
+// 5.02 -> 3.97 / 4.34 / 5.16 ms a step (H100 12-06 11:4x). Safe for any kernel that reads what the one before wrote
+// only after pdl_wait (every launch_pdl and launch_chain kernel): the wait still returns only once the kernel before
+// has finished and its writes are visible.
 class CudaDevice;
-bool pdl_early_grid(const CudaDevice &dev, int64_t blocks);
+bool pdl_early_for(const CudaDevice &dev, int64_t blocks);
 
-// In a product kernel's first lines: pdl_early_on()'s trigger (early, the kernel's argument).
+// In a product kernel's first lines: pdl_early_for's trigger (early, the kernel's argument).
 __device__ __forceinline__ void pdl_early(bool early) {
     if (early) pdl_trigger();
 }

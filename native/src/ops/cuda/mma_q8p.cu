@@ -498,7 +498,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
                                                                          "matmul (q8_0 staged mma smem)");
             launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
                              dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk,
-                             pdl_early_on() && pdl_early_grid(dev, grid.x * grid.y));
+                             pdl_early_for(dev, grid.x * grid.y));
         };
         if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
             if (q8p_pipe_pre_on()) {
