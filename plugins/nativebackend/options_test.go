@@ -2,6 +2,7 @@ package nativebackend
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,16 +142,18 @@ func TestWarmupOn(t *testing.T) {
 // one token each; none where the first does not fit.
 func TestWarmupShapes(t *testing.T) {
 	for _, tc := range []struct {
-		maxCtx int
-		want   []warmupShape
+		maxCtx, stepTokens int
+		want               []warmupShape
 	}{
-		{4096, []warmupShape{{64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}, {80, 8}}},
-		{40, []warmupShape{{16, 1}, {8, 1}, {4, 1}, {2, 1}, {20, 8}}},
-		{8, []warmupShape{{2, 1}, {4, 2}}},
-		{3, nil},
+		{4096, 512, []warmupShape{{512, 1}, {64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}, {80, 8}}},
+		{600, 512, []warmupShape{{300, 1}, {64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}, {80, 8}}},
+		{4096, 64, []warmupShape{{64, 1}, {56, 1}, {48, 1}, {40, 1}, {32, 1}, {24, 1}, {16, 1}, {8, 1}, {4, 1}, {2, 1}, {80, 8}}},
+		{40, 512, []warmupShape{{16, 1}, {8, 1}, {4, 1}, {2, 1}, {20, 8}}},
+		{8, 512, []warmupShape{{2, 1}, {4, 2}}},
+		{3, 512, nil},
 	} {
-		t.Run(strconv.Itoa(tc.maxCtx), func(t *testing.T) {
-			is.New(t).Equal(warmupShapes(tc.maxCtx), tc.want)
+		t.Run(fmt.Sprintf("ctx %d, step %d", tc.maxCtx, tc.stepTokens), func(t *testing.T) {
+			is.New(t).Equal(warmupShapes(tc.maxCtx, tc.stepTokens), tc.want)
 		})
 	}
 }

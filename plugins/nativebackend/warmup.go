@@ -1,6 +1,7 @@
 package nativebackend
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
@@ -9,7 +10,10 @@ import (
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
-// Warm-up requests' shapes: short prompts, one token each, for the kernels a prefill of that many tokens takes (the
+// Warm-up requests' shapes: first a prompt of a whole step's tokens (the engine's StepTokens, one token out), so the
+// device's buffers sized by a step's tokens grow at load and not under the first long prompt a client sends (a growth
+// drops every step graph captured before it: the decode step's is captured again on the next step); then short
+// prompts, one token each, for the kernels a prefill of that many tokens takes (the
 // tensor-core products' tiles of 8..64 tokens, one kernel per 8, and the dp4a ones below); then a prompt past the 64
 // tokens a GPU's prefill takes in its own kernels (so the GEMM library loads too) and a few decoded tokens (a decode
 // step is run op by op once, captured the second time, replayed after; a draft's verify likewise). Why the short
@@ -28,14 +32,17 @@ var warmupShortPrompts = []int{64, 56, 48, 40, 32, 24, 16, 8, 4, 2}
 // warmupShape is one warm-up request: prompt tokens and tokens to generate.
 type warmupShape struct{ prompt, tokens int }
 
-// warmupShapes are the warm-up's requests for a context of maxCtx tokens (prompts up to half of it; none where even
-// the long one does not fit).
-func warmupShapes(maxCtx int) []warmupShape {
+// warmupShapes are the warm-up's requests for a context of maxCtx tokens and steps of stepTokens (prompts up to half
+// of the context; none where even the decoding one does not fit).
+func warmupShapes(maxCtx, stepTokens int) []warmupShape {
 	long := warmupShape{min(warmupPrompt, maxCtx/2), min(warmupTokens, maxCtx/4)}
 	if long.prompt < 1 || long.tokens < 1 {
 		return nil
 	}
 	var shapes []warmupShape
+	if step := min(stepTokens, maxCtx/2); step > long.prompt {
+		shapes = append(shapes, warmupShape{step, 1})
+	}
 	for _, n := range warmupShortPrompts {
 		if n < long.prompt {
 			shapes = append(shapes, warmupShape{n, 1})
@@ -66,7 +73,7 @@ func warmUp(cfg engine.Config, tok *tokenizer.Tokenizer) error {
 	vocab := tok.VocabSize()
 	cfg.Store = nil
 	cfg.PrefixCacheSlots = 0
-	shapes := warmupShapes(cfg.MaxCtx)
+	shapes := warmupShapes(cfg.MaxCtx, cmp.Or(cfg.StepTokens, DefaultStepTokens))
 	if len(shapes) == 0 || vocab < 2 {
 		return nil
 	}
