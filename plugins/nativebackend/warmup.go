@@ -10,18 +10,17 @@ import (
 	"github.com/dflash/dflash_server/sdk/tokenizer"
 )
 
-// Warm-up requests' shapes: first a prompt of a whole step's tokens (the engine's StepTokens, one token out), so the
-// device's buffers sized by a step's tokens grow at load and not under the first long prompt a client sends (a growth
-// drops every step graph captured before it: the decode step's is captured again on the next step); then short
-// prompts, one token each, for the kernels a prefill of that many tokens takes (the
-// tensor-core products' tiles of 8..64 tokens, one kernel per 8, and the dp4a ones below); then a prompt past the 64
-// tokens a GPU's prefill takes in its own kernels (so the GEMM library loads too) and a few decoded tokens (a decode
-// step is run op by op once, captured the second time, replayed after; a draft's verify likewise). Why the short
-// ones: a CUDA kernel is loaded on its first launch (lazy module loading), and with the long prompt alone the first
-// request after a start (a 22-token chat prompt) still had its first token 4.7 ms after the request against 0.7 ms for
-// the next (the demo model on an H100, 12-06 09:5x); with them, 0.84 ms (11:3x). Why the decoding request last: a
-// prefill that grows the device's scratch buffers drops the graphs captured before it, the decode step's among them
-// (the 64..40-token prompts after the 80-token one did, 12-06 11:4x).
+// Warm-up requests' shapes, in this order:
+//   - a prompt of a whole step's tokens (the engine's StepTokens, one token out): the device's buffers that a step's
+//     tokens size grow at load, not under a client's first long prompt;
+//   - short prompts, one token each, for the kernels a prefill of that many tokens takes (the tensor-core products'
+//     tiles of 8..64 tokens, one kernel per 8, and the dp4a ones below): a CUDA kernel is loaded on its first launch,
+//     and without them the first request after a start (a 22-token chat prompt) had its first token 4.7 ms after the
+//     request against 0.7 for the next (the demo model on an H100, 12-06 09:5x), with them 0.84 ms (11:3x);
+//   - a prompt past the 64 tokens a GPU's prefill takes in its own kernels (the GEMM library loads too) and a few
+//     decoded tokens (a decode step runs op by op once, is captured the second time and replayed after; a draft's
+//     verify likewise). Last, because a prefill that grows the device's buffers drops every step graph captured
+//     before it (the 64..40-token prompts after it did, 12-06 11:4x).
 const (
 	warmupPrompt = 80
 	warmupTokens = 8

@@ -145,8 +145,7 @@ void launch_stream(CudaDevice &dev, const F &f, const StreamPlan &p, int64_t n_o
         constexpr bool SLOTS = decltype(with_slots)::value;
         allow_dynamic_smem<mma_stream_kernel<F, S, SLOTS>>(dev.index(), smem, what);
         launch_maybe_pdl(true, mma_stream_kernel<F, S, SLOTS>, dim3((unsigned)p.blocks), dim3(kMmaWarps * 32), smem,
-                         dev.stream(), f, n_out, T, Y, slots,
-                         pdl_early_for(dev, p.blocks));
+                         dev.stream(), f, n_out, T, Y, slots, pdl_early_for(dev, p.blocks));
     };
     if (p.slots)
         go(std::true_type{});
