@@ -218,7 +218,7 @@ func Load(cfg sdk.ModelConfig, spec Spec, opts EngineOptions, report func(sdk.Lo
 	}
 	if warmupOn(opts.Warmup, lib.Kind()) {
 		report(sdk.LoadProgress{Stage: "warming"})
-		if err = warmUp(ecfg, tok); err != nil {
+		if err = warmUp(ecfg, tok, lib.Kind() != "cpu"); err != nil {
 			err = fmt.Errorf("warm-up: %w", err)
 		}
 	}

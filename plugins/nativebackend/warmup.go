@@ -11,8 +11,9 @@ import (
 )
 
 // Warm-up requests' shapes, in this order:
-//   - a prompt of a whole step's tokens (the engine's StepTokens, one token out): the device's buffers that a step's
-//     tokens size grow at load, not under a client's first long prompt;
+//   - on a GPU, a prompt of a whole step's tokens (the engine's StepTokens, one token out): the device's buffers that
+//     a step's tokens size grow at load, not under a client's first long prompt (a CPU has no step graphs to lose,
+//     and there a long prompt would lengthen the load by seconds);
 //   - short prompts, one token each, for the kernels a prefill of that many tokens takes (the tensor-core products'
 //     tiles of 8..64 tokens, one kernel per 8, and the dp4a ones below): a CUDA kernel is loaded on its first launch,
 //     and without them the first request after a start (a 22-token chat prompt) had its first token 4.7 ms after the
@@ -31,8 +32,8 @@ var warmupShortPrompts = []int{64, 56, 48, 40, 32, 24, 16, 8, 4, 2}
 // warmupShape is one warm-up request: prompt tokens and tokens to generate.
 type warmupShape struct{ prompt, tokens int }
 
-// warmupShapes are the warm-up's requests for a context of maxCtx tokens and steps of stepTokens (prompts up to half
-// of the context; none where even the decoding one does not fit).
+// warmupShapes are the warm-up's requests for a context of maxCtx tokens and steps of stepTokens (0: no step-sized
+// prompt; prompts up to half of the context; none where even the decoding one does not fit).
 func warmupShapes(maxCtx, stepTokens int) []warmupShape {
 	long := warmupShape{min(warmupPrompt, maxCtx/2), min(warmupTokens, maxCtx/4)}
 	if long.prompt < 1 || long.tokens < 1 {
@@ -67,12 +68,17 @@ func warmupOn(mode, libKind string) bool {
 // warmUp runs short greedy requests (tok's ids 1, 2, ...; warmupShapes) one after another through an engine of its
 // own over cfg's model and draft, then closes it: cfg's model is left with every sequence freed and its step graphs
 // captured. That engine has no disk store and no prefix cache, so nothing of the requests stays, and its counters go
-// with it. A context or KV pool too small for a request skips it.
-func warmUp(cfg engine.Config, tok *tokenizer.Tokenizer) error {
+// with it. A context or KV pool too small for a request skips it. gpu: the model is on a device with step graphs (the
+// step-sized prompt first).
+func warmUp(cfg engine.Config, tok *tokenizer.Tokenizer, gpu bool) error {
 	vocab := tok.VocabSize()
 	cfg.Store = nil
 	cfg.PrefixCacheSlots = 0
-	shapes := warmupShapes(cfg.MaxCtx, cmp.Or(cfg.StepTokens, DefaultStepTokens))
+	step := 0
+	if gpu {
+		step = cmp.Or(cfg.StepTokens, DefaultStepTokens)
+	}
+	shapes := warmupShapes(cfg.MaxCtx, step)
 	if len(shapes) == 0 || vocab < 2 {
 		return nil
 	}
