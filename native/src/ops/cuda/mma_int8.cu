@@ -79,7 +79,9 @@ bool stream_halves_on() {
     return on;
 }
 
-void mma_zero(CudaDevice &dev, float *zero, int64_t n_zero) {
+// Zeroes n_zero floats at zero (a multiple of 4, 16-byte aligned) as mma_acts does for a split product's output, with
+// no copy (mma_acts' DFL_CUDA_SKIP_OPS=mma_acts path).
+static void mma_zero(CudaDevice &dev, float *zero, int64_t n_zero) {
     if (n_zero <= 0) return;
     launch_pdl(mma_acts_kernel, std::min(grid_for(n_zero / 4, 256), 1024u), 256, dev.stream(), (const int8_t *)nullptr,
                (const float *)nullptr, (const float *)nullptr, int64_t(0), int64_t(1), 8, (int8_t *)nullptr,

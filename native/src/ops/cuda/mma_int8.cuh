@@ -107,9 +107,6 @@ bool mma_xt_on();
 // n_in / 32; where mma_chunk_on): a stage's quants and scales one contiguous run (see mma_acts_kernel).
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T,
               float *zero = nullptr, int64_t n_zero = 0, int chunk = 0);
-// Zeroes n_zero floats at zero (a multiple of 4, 16-byte aligned) as mma_acts does for a split product's output, with
-// no copy: for products that read the quantizer's rows themselves.
-void mma_zero(CudaDevice &dev, float *zero, int64_t n_zero);
 
 // Whether a stream-K grid of at most one tile a multiprocessor cuts each tile in halves (StreamPlan) instead of
 // storing pieces in slots that one more launch adds (on unless DFL_CUDA_STREAM_HALVES=0).
