@@ -99,16 +99,17 @@ bool pdl_on();
 bool pdl_chain_on();
 
 // Whether a staged or streamed tensor-core product of `blocks` lets the next PDL launch start as soon as every one of
-// its blocks has begun (pdl_trigger at its top, pdl_early) instead of after its main loop: DFL_CUDA_PDL_EARLY=1
-// (opt-in) for grids of more than one wave at two blocks an SM, =2 for every such grid (defined in device.cu). Why: a
-// product's last wave leaves most SMs idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the
-// kernels after it (a norm, a copy, the next product loading its first weights before its wait) can already sit
-// there. A grid of one wave triggers at once and lets a chain of launches run ahead, their weight loads crowding the
-// latency-bound kernels between: every product early (the one-token GEMVs and qwen3-8b's one-wave grids too) took
-// the 27B verify of 8 / 16 / 23 rows and the tree -0.13 to -0.19 ms but qwen3-8b q8_0 tg b1 / b8 / b32 3.89 / 4.10 /
-// 5.02 -> 3.97 / 4.34 / 5.16 ms a step (H100 12-06 11:4x). Safe for any kernel that reads what the one before wrote
-// only after pdl_wait (every launch_pdl and launch_chain kernel): the wait still returns only once the kernel before
-// has finished and its writes are visible.
+// its blocks has begun (pdl_trigger at its top, pdl_early) instead of after its main loop: grids of more than one wave
+// at two blocks an SM, unless DFL_CUDA_PDL_EARLY=0 (defined in device.cu). Why: a product's last wave leaves most SMs
+// idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the kernels after it (a norm, a copy,
+// the next product loading its first weights before its wait) can already sit there. H100 12-06 12:5x, alternated:
+// 27B verify 8 / 16 / 23 rows / tree 13.37-13.39 / 14.40-14.41 / 15.71-15.78 / 15.84-15.85 -> 13.18-13.19 / 14.23-14.25
+// / 15.55 / 15.66-15.67 ms, decode even; qwen3-8b q8_0 tg b8 4.19-4.21 -> 4.08-4.10 ms, b1, b32 and q4_K even. A grid
+// of one wave triggers at once and lets a chain of launches run ahead, their weight loads crowding the latency-bound
+// kernels between: every staged and streamed grid early took qwen3-8b q8_0 b8 to 4.40 ms (12:5x), every product
+// (the one-token GEMVs too) b1 / b8 / b32 3.89 / 4.10 / 5.02 -> 3.97 / 4.34 / 5.16 (11:4x). Safe for any kernel that
+// reads what the one before wrote only after pdl_wait (every launch_pdl and launch_chain kernel): the wait still
+// returns only once the kernel before has finished and its writes are visible.
 class CudaDevice;
 bool pdl_early_for(const CudaDevice &dev, int64_t blocks);
 

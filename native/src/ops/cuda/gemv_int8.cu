@@ -387,24 +387,15 @@ static int q8p_rows1_r() {
     return r;
 }
 
-// Fewest rows for which one token takes the rows kernel (q8p_rows1_on): 4224 (the 8B's 6144-row q|k|v and wider),
-// unless DFL_CUDA_Q8P_ROWS1_MIN says otherwise (opt-in knob, for comparisons in one run). Why a knob: the 27B's
-// 5120-row matrices (out, o: 6144 inputs; down: 17,408) take the rows kernel at two rows a warp, 320 blocks, ~19 warps an
-// SM: ncu (H100 12-06 11:3x, cold) had out and down at one token 17.5 / 40.8 us, 2.0 / 2.4 TB/s, 29 % achieved
-// occupancy, where q|k|v|z|b|a and gate|up (1,030 and 2,176 blocks) ran at 2.5-2.7 TB/s and 46 %; on gemv_q8p_kernel
-// (a row a warp) they would have twice the warps. The 4224 was set on qwen3-8b's 4096 / 6144-row shapes (12-03).
-static int64_t q8p_rows1_min() {
-    static const int64_t n = env_int("DFL_CUDA_Q8P_ROWS1_MIN", 4224);
-    return n;
-}
-
 // Rows a warp of the dp4a kernels for nt tokens: gemv_q8p_kernel's one at one token, the rows kernel's 2 or 4 else.
 // Groups of four rows per warp need enough of them to fill the GPU (132 SMs x 2 blocks of 16 rows): matrices of
-// 4224+ rows.
+// 4224+ rows (set on qwen3-8b's 4096 / 6144-row shapes, 12-03). The 27B's 5120-row matrices (out, o, down) stay on the
+// rows kernel at one token although ncu had them at 29 % achieved occupancy there (320 blocks, H100 12-06 11:3x): a row a
+// warp (gemv_q8p_kernel, twice the warps) took its decode step 11.99 -> 12.72 ms (12-06 12:5x).
 static int q8p_dp4a_rows(const Weight &W, int nt) {
     const bool wide = W.n_out >= 4224;
     if (nt > 1) return wide ? 4 : 2;
-    return W.n_out >= q8p_rows1_min() && q8p_rows1_on() ? q8p_rows1_r() : 1;
+    return wide && q8p_rows1_on() ? q8p_rows1_r() : 1;
 }
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
