@@ -50,6 +50,18 @@ void allow_dynamic_smem(int device, size_t bytes, const char *op) {
     if (cached) set[device].store(true, std::memory_order_release);
 }
 
+// Asks the largest shared-memory carveout for Kernel on device `device` (once per device): a kernel whose blocks each
+// take tens of KB reaches its register-bound blocks an SM only with most of the L1 given to shared memory.
+template <auto Kernel>
+void prefer_shared_carveout(int device, const char *op) {
+    constexpr int kDevices = 64;
+    static std::atomic<bool> set[kDevices];
+    const bool cached = device >= 0 && device < kDevices;
+    if (cached && set[device].load(std::memory_order_acquire)) return;
+    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), op);
+    if (cached) set[device].store(true, std::memory_order_release);
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may start while the kernel before it on the
 // stream still runs. It must call pdl_wait() before it reads anything that kernel writes (the wait returns once that
 // kernel has finished and its writes are visible; at once where there is no such kernel), and may do independent work,

@@ -326,6 +326,105 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
         }
 }
 
+// One token, R rows a warp, as gemv_q8p_rows_kernel<1, R>, but each lane first copies A words of each of its rows
+// (and the rows' first 16 A scales, by the warp's first 2 A lanes) into shared memory by cp.async, before the wait for
+// the activations: 512 A bytes a row in flight per warp where the rows kernel has 64 a lane in registers. Why: a
+// one-token step spends ~a quarter of its time in the kernels between products (norms, attention: 0.93 of 3.45 ms a
+// qwen3-8b q8_0 step, skip-ops 12-04), during which the memory is nearly idle; the product's resident blocks (six an
+// SM) can then hold ~26 MB of its weights (the 27B's out projection whole) instead of ~6. Unlike the L2 prefetch that
+// lost (DFL_CUDA_L2_AHEAD, 12-04), the bytes land where they are used and cannot be evicted before. Each lane reads
+// back only its own quants (no barrier for them); the scales are shared within the warp (__syncwarp). Every lane
+// sums its words in the rows kernel's order: the same floats.
+// Layout of a warp's share: R rows of 32 A quant words, then R rows of 2 A words of scales.
+template <int R, int A>
+__global__ void __launch_bounds__(kQ8pWarps * 32, 6)
+    gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
+                          const float *xs, float *Y) {
+    constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
+    extern __shared__ uint4 ahead_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + warp) * R;
+    if (row0 >= n_out) return;
+    const int64_t nw = n_in / 16, nb = n_in / 32;  // (the launcher asks nw >= 32 A, nb a multiple of 8)
+    uint4 *sq = ahead_smem + (size_t)warp * R * (kQuantWords + kScaleWords);
+    const uint16_t *ss = (const uint16_t *)(sq + R * kQuantWords);
+    const uint4 *w[R];
+    const uint16_t *d[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int64_t row = min(row0 + r, n_out - 1);  // a short last group repeats its last row, never stored
+        w[r] = (const uint4 *)(qs + row * n_in);
+        d[r] = dw + row * nb;
+    }
+    {
+        const unsigned at = (unsigned)__cvta_generic_to_shared(sq + lane);  // this lane's word of the warp's share
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+#pragma unroll
+            for (int u = 0; u < A; u++) cp_async16_at(at + (r * kQuantWords + 32 * u) * 16, w[r] + lane + 32 * u);
+            if (lane < kScaleWords) cp_async16_at(at + (R * kQuantWords + r * kScaleWords) * 16, (const uint4 *)d[r] + lane);
+        }
+    }
+    cp_async_commit();
+    // the words after the staged ones into registers, as the rows kernel's first
+    uint4 wv[U][R];
+    uint16_t dv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t i = kQuantWords + lane + 32 * u;
+            if (i < nw) {
+                wv[u][r] = __ldg(w[r] + i);
+                dv[u][r] = __ldg(d[r] + (i >> 1));
+            }
+        }
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    cp_async_wait<0>();
+    __syncwarp();  // (the scales: copied by the first 2 A lanes)
+    float acc[R] = {};
+#pragma unroll
+    for (int u = 0; u < A; u++) {
+        const int i = lane + 32 * u;
+        const int4 xv = __ldg((const int4 *)xq + i);
+        const float sx = __ldg(xs + (i >> 1));
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float sw = half_bits_to_f32(ss[r * 8 * kScaleWords + (i >> 1)]);
+            acc[r] += (float)dot16_i8(sq[r * kQuantWords + i], xv) * (sw * sx);
+        }
+    }
+    for (int64_t i0 = kQuantWords + lane; i0 < nw; i0 += 32 * U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t i = i0 + 32 * u;
+            if (i >= nw) break;
+            uint4 wq[R];
+            float sw[R];
+            const int64_t next = i + 32 * U;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                wq[r] = wv[u][r];
+                sw[r] = half_bits_to_f32(dv[u][r]);
+                if (next < nw) {
+                    wv[u][r] = __ldg(w[r] + next);
+                    dv[u][r] = __ldg(d[r] + (next >> 1));
+                }
+            }
+            const int4 xv = __ldg((const int4 *)xq + i);
+            const float sx = __ldg(xs + (i >> 1));
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
+        }
+    }
+    pdl_trigger();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
+    }
+}
+
 template <int R>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
                             const int8_t *xq, const float *xs, float *y) {
@@ -338,6 +437,38 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
         DFL_Q8P_ROWS(14) DFL_Q8P_ROWS(15) DFL_Q8P_ROWS(16)
     }
 #undef DFL_Q8P_ROWS
+}
+
+// Words a lane of each row that one-token products on the rows kernel (two rows a warp) stage in shared memory before
+// their wait (gemv_q8p_ahead_kernel): none unless DFL_CUDA_GEMV_AHEAD=4 or 8 (opt-in, written 12-06 13:xx, unmeasured).
+static int q8p_ahead_words() {
+    static const int a = [] {
+        const int64_t v = env_int("DFL_CUDA_GEMV_AHEAD", 0);
+        return v >= 8 ? 8 : v >= 4 ? 4 : 0;
+    }();
+    return a;
+}
+
+template <int A>
+static void launch_q8p_ahead(CudaDevice &dev, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
+                             const int8_t *xq, const float *xs, float *y) {
+    constexpr int R = 2;
+    const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
+    const size_t smem = (size_t)kQ8pWarps * R * (32 * A + 2 * A) * 16;  // 34,816 bytes at A = 8: under 48 KB
+    prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
+    launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A>, grid, block, smem, dev.stream(), qs, dw, n_in, n_out, xq, xs, y);
+}
+
+// One token of W on gemv_q8p_ahead_kernel where DFL_CUDA_GEMV_AHEAD asks for it and the rows have the staged words
+// (32 A of them) and 16-byte aligned scale rows; false (nothing launched) otherwise.
+static bool launch_q8p_ahead_for(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y) {
+    const int a = q8p_ahead_words();
+    if (a == 0 || W.n_in / 16 < 32 * a || W.n_in % 256 != 0) return false;
+    if (a == 8)
+        launch_q8p_ahead<8>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
+    else
+        launch_q8p_ahead<4>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
+    return true;
 }
 
 // The quantizer is a PDL launch (the product after it may load its weights meanwhile).
@@ -419,7 +550,10 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         float *y0 = Y + t0 * W.n_out;
         switch (q8p_dp4a_rows(W, nt)) {
         case 1: launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}); break;
-        case 2: launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
+        case 2:
+            if (nt == 1 && launch_q8p_ahead_for(dev, W, xq0, xs0, y0)) break;
+            launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
+            break;
         default: launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
         }
         check_launch("matmul (q8_0 dp4a)");
