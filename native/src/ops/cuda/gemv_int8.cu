@@ -253,44 +253,43 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
-// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
-// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
-// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
-// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
-// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
-// registers (five blocks) where two tokens take 80; at six it takes 74, no spills.
-template <int NT, int R>
-__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
-    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y) {
-    constexpr int U = 4 / R;
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
-    if (row0 >= n_out) return;
-    const int64_t nw = n_in / 16, nb = n_in / 32;
-    const uint4 *w[R];
-    const uint16_t *d[R];
+// The rows kernels' R rows from row0 on: their quants (w) and scales (d); a short last group repeats its last row, never
+// stored.
+template <int R>
+__device__ __forceinline__ void q8p_rows_at(const int8_t *qs, const uint16_t *dw, int64_t row0, int64_t n_in,
+                                            int64_t n_out, const uint4 *(&w)[R], const uint16_t *(&d)[R]) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const int64_t row = min(row0 + r, n_out - 1);  // a short last group repeats its last row, never stored
+        const int64_t row = min(row0 + r, n_out - 1);
         w[r] = (const uint4 *)(qs + row * n_in);
-        d[r] = dw + row * nb;
+        d[r] = dw + row * (n_in / 32);
     }
-    uint4 wv[U][R];
-    uint16_t dv[U][R];
+}
+
+// The rows kernels' U words a lane of each of R rows in flight (wv, dv): the first, from word `first` + lane on.
+template <int R, int U>
+__device__ __forceinline__ void q8p_rows_load(const uint4 *const (&w)[R], const uint16_t *const (&d)[R], int64_t first,
+                                              int64_t nw, uint4 (&wv)[U][R], uint16_t (&dv)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int64_t i = lane + 32 * u;
+            const int64_t i = first + 32 * u;
             if (i < nw) {
                 wv[u][r] = __ldg(w[r] + i);
                 dv[u][r] = __ldg(d[r] + (i >> 1));
             }
         }
-    pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    float acc[R][NT] = {};
-    for (int64_t i0 = lane; i0 < nw; i0 += 32 * U) {
+}
+
+// The rows kernels' stream from word `first` (this lane's first, loaded by q8p_rows_load) to the row's end: each word
+// multiplied as its slot is refilled with the word 32 U further, the dp4a sums of NT tokens added to acc.
+template <int NT, int R, int U>
+__device__ __forceinline__ void q8p_rows_stream(const uint4 *const (&w)[R], const uint16_t *const (&d)[R], int64_t first,
+                                                int64_t nw, int64_t n_in, const int8_t *xq, const float *xs,
+                                                uint4 (&wv)[U][R], uint16_t (&dv)[U][R], float (&acc)[R][NT]) {
+    const int64_t nb = n_in / 32;
+    for (int64_t i0 = first; i0 < nw; i0 += 32 * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t i = i0 + 32 * u;
@@ -316,6 +315,32 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
             }
         }
     }
+}
+
+// Several tokens (a batched decode step, a DFlash verify block): each warp takes R rows, so that every activation word
+// a lane loads (and its scale) serves R rows' dp4a, and the R weight rows stream with 16-byte loads side by side.
+// With one row per warp the activation loads, not the weights, bound the kernel from about four tokens on. A lane keeps
+// U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
+// spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
+// registers (five blocks) where two tokens take 80; at six it takes 74, no spills.
+template <int NT, int R>
+__global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
+    gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
+                         const float *xs, float *Y) {
+    constexpr int U = 4 / R;
+    const int lane = threadIdx.x & 31;
+    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+    if (row0 >= n_out) return;
+    const int64_t nw = n_in / 16;
+    const uint4 *w[R];
+    const uint16_t *d[R];
+    q8p_rows_at<R>(qs, dw, row0, n_in, n_out, w, d);
+    uint4 wv[U][R];
+    uint16_t dv[U][R];
+    q8p_rows_load<R, U>(w, d, lane, nw, wv, dv);
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    float acc[R][NT] = {};
+    q8p_rows_stream<NT, R, U>(w, d, lane, nw, n_in, xq, xs, wv, dv, acc);
     pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -345,17 +370,12 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, 6)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + warp) * R;
     if (row0 >= n_out) return;
-    const int64_t nw = n_in / 16, nb = n_in / 32;  // (the launcher asks nw >= 32 A, nb a multiple of 8)
+    const int64_t nw = n_in / 16;  // (the launcher asks nw >= 32 A, n_in / 32 a multiple of 8)
     uint4 *sq = ahead_smem + (size_t)warp * R * (kQuantWords + kScaleWords);
     const uint16_t *ss = (const uint16_t *)(sq + R * kQuantWords);
     const uint4 *w[R];
     const uint16_t *d[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int64_t row = min(row0 + r, n_out - 1);  // a short last group repeats its last row, never stored
-        w[r] = (const uint4 *)(qs + row * n_in);
-        d[r] = dw + row * nb;
-    }
+    q8p_rows_at<R>(qs, dw, row0, n_in, n_out, w, d);
     {
         const unsigned at = (unsigned)__cvta_generic_to_shared(sq + lane);  // this lane's word of the warp's share
 #pragma unroll
@@ -369,20 +389,11 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, 6)
     // the words after the staged ones into registers, as the rows kernel's first
     uint4 wv[U][R];
     uint16_t dv[U][R];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t i = kQuantWords + lane + 32 * u;
-            if (i < nw) {
-                wv[u][r] = __ldg(w[r] + i);
-                dv[u][r] = __ldg(d[r] + (i >> 1));
-            }
-        }
+    q8p_rows_load<R, U>(w, d, kQuantWords + lane, nw, wv, dv);
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
     cp_async_wait<0>();
     __syncwarp();  // (the scales: copied by the first 2 A lanes)
-    float acc[R] = {};
+    float acc[R][1] = {};
 #pragma unroll
     for (int u = 0; u < A; u++) {
         const int i = lane + 32 * u;
@@ -391,36 +402,14 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, 6)
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float sw = half_bits_to_f32(ss[r * 8 * kScaleWords + (i >> 1)]);
-            acc[r] += (float)dot16_i8(sq[r * kQuantWords + i], xv) * (sw * sx);
+            acc[r][0] += (float)dot16_i8(sq[r * kQuantWords + i], xv) * (sw * sx);
         }
     }
-    for (int64_t i0 = kQuantWords + lane; i0 < nw; i0 += 32 * U) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t i = i0 + 32 * u;
-            if (i >= nw) break;
-            uint4 wq[R];
-            float sw[R];
-            const int64_t next = i + 32 * U;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                wq[r] = wv[u][r];
-                sw[r] = half_bits_to_f32(dv[u][r]);
-                if (next < nw) {
-                    wv[u][r] = __ldg(w[r] + next);
-                    dv[u][r] = __ldg(d[r] + (next >> 1));
-                }
-            }
-            const int4 xv = __ldg((const int4 *)xq + i);
-            const float sx = __ldg(xs + (i >> 1));
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
-        }
-    }
+    q8p_rows_stream<1, R, U>(w, d, kQuantWords + lane, nw, n_in, xq, xs, wv, dv, acc);
     pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float v = warp_sum(acc[r]);
+        const float v = warp_sum(acc[r][0]);
         if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
     }
 }
