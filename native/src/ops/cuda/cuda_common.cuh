@@ -112,7 +112,8 @@ bool pdl_chain_on();
 
 // Whether a staged or streamed tensor-core product of `blocks` lets the next PDL launch start as soon as every one of
 // its blocks has begun (pdl_trigger at its top, pdl_early) instead of after its main loop: grids of more than one wave
-// at two blocks an SM, unless DFL_CUDA_PDL_EARLY=0 (defined in device.cu). Why: a product's last wave leaves most SMs
+// at two blocks an SM, or more than N waves with DFL_CUDA_PDL_EARLY=N (a knob, for comparisons in one run; 0: none)
+// (defined in device.cu). Why: a product's last wave leaves most SMs
 // idle (the 27B's gate|up at 16 tokens is 4.1 waves of its 32-row tiles), and the kernels after it (a norm, a copy,
 // the next product loading its first weights before its wait) can already sit there. H100 12-06 12:5x, alternated:
 // 27B verify 8 / 16 / 23 rows / tree 13.37-13.39 / 14.40-14.41 / 15.71-15.78 / 15.84-15.85 -> 13.18-13.19 / 14.23-14.25

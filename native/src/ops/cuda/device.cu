@@ -42,8 +42,8 @@ bool pdl_chain_on() {
 }
 
 bool pdl_early_for(const CudaDevice &dev, int64_t blocks) {
-    static const bool on = env_switch("DFL_CUDA_PDL_EARLY", true);
-    return on && blocks > 2 * (int64_t)dev.sm_count();
+    static const int64_t waves = env_int("DFL_CUDA_PDL_EARLY", 1);
+    return waves > 0 && blocks > waves * 2 * (int64_t)dev.sm_count();
 }
 
 CudaDevice::CudaDevice(int index) : index_(index) {
