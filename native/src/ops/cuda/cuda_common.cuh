@@ -38,28 +38,30 @@ inline void check(cudaError_t e, const char *op) {
 // After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
 inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
 
-// Lets Kernel take up to bytes of dynamic shared memory on device `device`: the opt-in above 48 KB is per kernel and
-// device, so it is set once per device (a launch after costs an atomic load).
-template <auto Kernel>
-void allow_dynamic_smem(int device, size_t bytes, const char *op) {
+// Sets Kernel's attribute Attr to value on device `device`, once per device (a launch after costs an atomic load):
+// function attributes are per kernel and device, and the value a caller asks is the same every launch.
+template <auto Kernel, cudaFuncAttribute Attr>
+void set_func_attribute_once(int device, int value, const char *op) {
     constexpr int kDevices = 64;
     static std::atomic<bool> set[kDevices];
     const bool cached = device >= 0 && device < kDevices;
     if (cached && set[device].load(std::memory_order_acquire)) return;
-    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
+    check(cudaFuncSetAttribute(Kernel, Attr, value), op);
     if (cached) set[device].store(true, std::memory_order_release);
 }
 
-// Asks the largest shared-memory carveout for Kernel on device `device` (once per device): a kernel whose blocks each
-// take tens of KB reaches its register-bound blocks an SM only with most of the L1 given to shared memory.
+// Lets Kernel take up to bytes of dynamic shared memory on device `device` (the opt-in above 48 KB).
+template <auto Kernel>
+void allow_dynamic_smem(int device, size_t bytes, const char *op) {
+    set_func_attribute_once<Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize>(device, (int)bytes, op);
+}
+
+// Asks the largest shared-memory carveout for Kernel on device `device`: a kernel whose blocks each take tens of KB
+// reaches its register-bound blocks an SM only with most of the L1 given to shared memory.
 template <auto Kernel>
 void prefer_shared_carveout(int device, const char *op) {
-    constexpr int kDevices = 64;
-    static std::atomic<bool> set[kDevices];
-    const bool cached = device >= 0 && device < kDevices;
-    if (cached && set[device].load(std::memory_order_acquire)) return;
-    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared), op);
-    if (cached) set[device].store(true, std::memory_order_release);
+    set_func_attribute_once<Kernel, cudaFuncAttributePreferredSharedMemoryCarveout>(device, cudaSharedmemCarveoutMaxShared,
+                                                                                  op);
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched by launch_pdl may start while the kernel before it on the

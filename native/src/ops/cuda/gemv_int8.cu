@@ -360,7 +360,10 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 // lost (DFL_CUDA_L2_AHEAD, 12-04), the bytes land where they are used and cannot be evicted before. Each lane reads
 // back only its own quants (no barrier for them); the scales are shared within the warp (__syncwarp). Every lane
 // sums its words in the rows kernel's order: the same floats.
-// Layout of a warp's share: R rows of 32 A quant words, then R rows of 2 A words of scales.
+// Layout of a warp's share (q8p_ahead_warp_words 16-byte words): R rows of 32 A quant words, then R rows of 2 A words
+// of scales.
+__host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
+
 template <int R, int A>
 __global__ void __launch_bounds__(kQ8pWarps * 32, 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
@@ -371,7 +374,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, 6)
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + warp) * R;
     if (row0 >= n_out) return;
     const int64_t nw = n_in / 16;  // (the launcher asks nw >= 32 A, n_in / 32 a multiple of 8)
-    uint4 *sq = ahead_smem + (size_t)warp * R * (kQuantWords + kScaleWords);
+    uint4 *sq = ahead_smem + (size_t)warp * q8p_ahead_warp_words(R, A);
     const uint16_t *ss = (const uint16_t *)(sq + R * kQuantWords);
     const uint4 *w[R];
     const uint16_t *d[R];
@@ -443,7 +446,7 @@ static void launch_q8p_ahead(CudaDevice &dev, const int8_t *qs, const uint16_t *
                              const int8_t *xq, const float *xs, float *y) {
     constexpr int R = 2;
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
-    const size_t smem = (size_t)kQ8pWarps * R * (32 * A + 2 * A) * 16;  // 34,816 bytes at A = 8: under 48 KB
+    const size_t smem = (size_t)kQ8pWarps * q8p_ahead_warp_words(R, A) * 16;  // 34,816 bytes at A = 8: under 48 KB
     prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A>, grid, block, smem, dev.stream(), qs, dw, n_in, n_out, xq, xs, y);
 }
