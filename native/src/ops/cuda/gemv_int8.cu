@@ -364,8 +364,9 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 // of scales.
 __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
 
+// (One row a warp, DFL_CUDA_GEMV_AHEAD_R1: eight blocks an SM, so that a 4096-row matrix's 1,024 blocks are one wave.)
 template <int R, int A>
-__global__ void __launch_bounds__(kQ8pWarps * 32, 6)
+__global__ void __launch_bounds__(kQ8pWarps * 32, R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
                           const float *xs, float *Y) {
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
@@ -441,25 +442,33 @@ static int q8p_ahead_words() {
     return a;
 }
 
-template <int A>
+// Whether one-token products on gemv_q8p_kernel (one row a warp: qwen3-8b's o and down) take the staged-ahead kernel
+// too, one row a warp, where DFL_CUDA_GEMV_AHEAD asks for it: off unless DFL_CUDA_GEMV_AHEAD_R1=1 (opt-in, written
+// 12-06 14:3x, unmeasured).
+static bool q8p_ahead_r1() {
+    static const bool on = env_switch("DFL_CUDA_GEMV_AHEAD_R1", false);
+    return on;
+}
+
+template <int R, int A>
 static void launch_q8p_ahead(CudaDevice &dev, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
                              const int8_t *xq, const float *xs, float *y) {
-    constexpr int R = 2;
     const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
-    const size_t smem = (size_t)kQ8pWarps * q8p_ahead_warp_words(R, A) * 16;  // 34,816 bytes at A = 8: under 48 KB
+    const size_t smem = (size_t)kQ8pWarps * q8p_ahead_warp_words(R, A) * 16;  // 34,816 bytes at R = 2, A = 8: < 48 KB
     prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A>, grid, block, smem, dev.stream(), qs, dw, n_in, n_out, xq, xs, y);
 }
 
-// One token of W on gemv_q8p_ahead_kernel where DFL_CUDA_GEMV_AHEAD asks for it and the rows have the staged words
-// (32 A of them) and 16-byte aligned scale rows; false (nothing launched) otherwise.
+// One token of W on gemv_q8p_ahead_kernel, R rows a warp, where DFL_CUDA_GEMV_AHEAD asks for it and the rows have the
+// staged words (32 A of them) and 16-byte aligned scale rows; false (nothing launched) otherwise.
+template <int R>
 static bool launch_q8p_ahead_for(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y) {
     const int a = q8p_ahead_words();
     if (a == 0 || W.n_in / 16 < 32 * a || W.n_in % 256 != 0) return false;
     if (a == 8)
-        launch_q8p_ahead<8>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
+        launch_q8p_ahead<R, 8>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
     else
-        launch_q8p_ahead<4>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
+        launch_q8p_ahead<R, 4>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
     return true;
 }
 
@@ -541,9 +550,12 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         const float *xs0 = xs + t0 * nb;
         float *y0 = Y + t0 * W.n_out;
         switch (q8p_dp4a_rows(W, nt)) {
-        case 1: launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{}); break;
+        case 1:
+            if (nt == 1 && q8p_ahead_r1() && launch_q8p_ahead_for<1>(dev, W, xq0, xs0, y0)) break;
+            launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
+            break;
         case 2:
-            if (nt == 1 && launch_q8p_ahead_for(dev, W, xq0, xs0, y0)) break;
+            if (nt == 1 && launch_q8p_ahead_for<2>(dev, W, xq0, xs0, y0)) break;
             launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
             break;
         default: launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
