@@ -597,7 +597,8 @@ gdn_ncu() {
 # the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
 # DFL_CUDA_ATTN_QUANT=0: decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms
 # read their rows twice; DFL_CUDA_Q4K_MT2_32=0: q4_K of 25..32 tokens on 16-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=0:
-# one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_Q8P_PIPE=0: the tensor-core q8_0 products on the
+# one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_GEMV_AHEAD=0: one-token q8_0 products on the
+# rows kernel and gemv_q8p_kernel, nothing staged in shared memory before their wait; DFL_CUDA_Q8P_PIPE=0: the tensor-core q8_0 products on the
 # register kernel instead of the one staged through shared memory; DFL_CUDA_Q6K_MMA=0: q6_K of 2..64 tokens on the dp4a
 # and f16 kernels instead of int8 tensor cores; DFL_CUDA_DEQUANT_FAST=0: prefill dequantizes element by element.
 # OPTINS: the older kernels the checks and benchmarks compare the defaults with (those of the 12-03 22:12 call); TRY:
@@ -646,8 +647,8 @@ kernel_tests() {
            "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
-           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0 matmul" \
-           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2 matmul" ${TRY:+"$TRY matmul"}; do
+           "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0,DFL_CUDA_GEMV_AHEAD=0 matmul" \
+           "$OPTINS matmul" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_GEMV_AHEAD=0 matmul" ${TRY:+"$TRY matmul"}; do
     op_tests $v
   done
   flag_replay

@@ -142,9 +142,10 @@ void test_matmul_embed() {
                           int64_t(33), int64_t(64), int64_t(130), int64_t(200)})
             check_prepared(W, wp, "q8_0 repacked", T, r);
     }
-    // one token of wide matrices (4224 rows or more): the rows kernel, two rows a warp; with DFL_CUDA_GEMV_AHEAD=A (4
-    // or 8) its staged-ahead form where the rows have 512 A inputs or more (every shape here at 4; at 8 the 2048-input
-    // one falls back to the rows kernel); 4500 and 4225 rows: a partial last pair
+    // one token of wide matrices (4224 rows or more): two rows a warp, staged ahead (DFL_CUDA_GEMV_AHEAD=A, 8 by
+    // default, 4) where the rows have 512 A inputs or more (every shape here at 4; at 8 the 2048-input one falls back to
+    // the rows kernel), else and with DFL_CUDA_GEMV_AHEAD=0 the rows kernel; 4500 and 4225 rows: a partial last pair.
+    // (The narrower one-token shapes above take the staged-ahead kernel one row a warp.)
     for (const Shape &s : {Shape{4096, 6144}, Shape{5120, 4500}, Shape{12288, 4225}, Shape{2048, 4224}}) {
         DualWeight W(DFL_TYPE_Q8_0, s.n_out, s.n_in, r);
         Weight wp = W.wg;

@@ -432,21 +432,23 @@ static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint
 #undef DFL_Q8P_ROWS
 }
 
-// Words a lane of each row that one-token products on the rows kernel (two rows a warp) stage in shared memory before
-// their wait (gemv_q8p_ahead_kernel): none unless DFL_CUDA_GEMV_AHEAD=4 or 8 (opt-in, written 12-06 13:xx, unmeasured).
+// Words a lane of each row that one-token q8_0 products stage in shared memory before their wait
+// (gemv_q8p_ahead_kernel): 8 unless DFL_CUDA_GEMV_AHEAD=0 (none: the rows kernel and gemv_q8p_kernel) or 4. H100 12-06
+// 14:3x, one job, alternated twice: qwen3-8b q8_0 tg b1 3.916 / 3.896 -> 3.803 / 3.846 ms with the one-row-a-warp
+// products too (3.910 / 3.892 with only the wide ones; 4 words: 3.924 / 3.938), the 27B's decode 11.67 / 11.65 ->
+// 11.36 / 11.41 ms, its verify blocks even.
 static int q8p_ahead_words() {
     static const int a = [] {
-        const int64_t v = env_int("DFL_CUDA_GEMV_AHEAD", 0);
+        const int64_t v = env_int("DFL_CUDA_GEMV_AHEAD", 8);
         return v >= 8 ? 8 : v >= 4 ? 4 : 0;
     }();
     return a;
 }
 
 // Whether one-token products on gemv_q8p_kernel (one row a warp: qwen3-8b's o and down) take the staged-ahead kernel
-// too, one row a warp, where DFL_CUDA_GEMV_AHEAD asks for it: off unless DFL_CUDA_GEMV_AHEAD_R1=1 (opt-in, written
-// 12-06 14:3x, unmeasured).
+// too, one row a warp: on unless DFL_CUDA_GEMV_AHEAD_R1=0 (their share of the 14:3x gain above: 0.1 ms of the 8B's).
 static bool q8p_ahead_r1() {
-    static const bool on = env_switch("DFL_CUDA_GEMV_AHEAD_R1", false);
+    static const bool on = env_switch("DFL_CUDA_GEMV_AHEAD_R1", true);
     return on;
 }
 
