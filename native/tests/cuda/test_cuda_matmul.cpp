@@ -116,8 +116,7 @@ void test_matmul_embed() {
             for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, T, r);
         }
     // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
-    // of 16 bytes). One token of q4_K with DFL_CUDA_Q4K_AHEAD=1: a row's first 16 super-blocks staged, the rest read as
-    // before (the shapes above: rows of 1 to 16 super-blocks, all staged)
+    // of 16 bytes)
     for (uint32_t type : {DFL_TYPE_Q4_K, DFL_TYPE_Q6_K})
         for (const Shape &s : {Shape{12288, 300}, Shape{17408, 70}}) {
             DualWeight W(type, s.n_out, s.n_in, r);

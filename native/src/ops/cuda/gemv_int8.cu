@@ -104,7 +104,9 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
 // first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
 // tok/s, 12-03 22:12; two rows a warp, their super-blocks loaded together, lost on an H100: the 27B layer's q4_K at one
-// token 93.6 -> 95.6 us, 12-06 02:3x.)
+// token 93.6 -> 95.6 us, 12-06 02:3x; a row's first 16 super-blocks copied into shared memory by cp.async before the
+// wait, as gemv_q8p_ahead_kernel does, lost on an H100: tg b1 qwen3-8b q4_K 2.84 / 2.86 -> 3.24 / 3.28 ms a step, 12-06
+// 15:1x, with twelve blocks an SM at 40 registers.)
 template <int NT>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
@@ -140,53 +142,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
         for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
     store_warp_rows<NT>(acc, Y, n_out, r);
-}
-
-// One token of a plain q4_K product as gemv_q4k_i8_kernel<1>, but each warp first copies the first (up to) kQ4kAhead
-// super-blocks of its row into shared memory by cp.async, before the wait for the activations: the whole row of a
-// 4096-input matrix, a third of a 12,288-input one. Why: the staged-ahead q8_0 GEMV (gemv_q8p_ahead_kernel) won
-// 2-3 % of a one-token step (12-06 14:3x) by holding a product's first bytes while the ops before it run; the q4_K
-// products idle the same gaps. (A register prefetch of one super-block lost, 12-03; here the loop is unchanged.) The
-// same sums in the same order as gemv_q4k_i8_kernel<1>.
-// 40 registers (nvcc 11.8), twelve blocks an SM where gemv_q4k_i8_kernel<1> has sixteen: asked for sixteen, 32 spilled.
-constexpr int kQ4kAhead = 16;  // super-blocks a row: 2,304 bytes a warp, 9,216 a block
-
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_ahead_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                      int64_t n_in, int64_t n_out, const int8_t *xq,
-                                                                      const float *xs, const float *xsum, float *Y) {
-    constexpr int kWords = kQ4_KBytes / 16;  // 16-byte words a super-block
-    __shared__ uint4 staged[kQ8pWarps][kQ4kAhead * kWords];
-    const int lane = threadIdx.x & 31, p = lane & 7, warp = threadIdx.x >> 5;
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + warp;
-    if (r >= n_out) return;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
-    const int64_t nb = n_in / QK_K;
-    const int ns = nb < kQ4kAhead ? (int)nb : kQ4kAhead;
-    uint4 *sw = staged[warp];
-    {
-        const unsigned at = (unsigned)__cvta_generic_to_shared(sw);
-        for (int j = lane; j < ns * kWords; j += 32) cp_async16_at(at + 16 * j, (const uint4 *)row + j);
-    }
-    cp_async_commit();
-    pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    cp_async_wait<0>();
-    __syncwarp();
-    float acc[1] = {};
-    int64_t b = lane >> 3;
-    for (; b < ns; b += 4) {
-        const uint4 *blk = sw + b * kWords;
-        acc[0] += q4k_lane_dot(q4k_decode(blk[1 + p], blk[0], p), b, p, xq, xs, xsum);
-    }
-#pragma unroll 2
-    for (; b < nb; b += 4) acc[0] += q4k_lane_dot(q4k_lane(row + b * kQ4_KBytes, p), b, p, xq, xs, xsum);
-    store_warp_rows<1>(acc, Y, n_out, r);
-}
-
-// Whether plain one-token q4_K products take gemv_q4k_ahead_kernel: off unless DFL_CUDA_Q4K_AHEAD=1 (opt-in, written
-// 12-06 14:5x, unmeasured).
-static bool q4k_ahead_on() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_AHEAD", false);
-    return on;
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -641,12 +596,6 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
     } else {
-        if (T == 1 && !z.ids && !z.w2 && q4k_ahead_on()) {
-            prefer_shared_carveout<gemv_q4k_ahead_kernel>(dev.index(), "matmul (q4_K staged-ahead carveout)");
-            launch_pdl(gemv_q4k_ahead_kernel, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y);
-            check_launch("matmul (q4_K staged ahead)");
-            return;
-        }
         switch (T) {
 #define DFL_Q4K_I8(N) \
     case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
