@@ -361,7 +361,9 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 // SM) can then hold ~26 MB of its weights (the 27B's out projection whole) instead of ~6. Unlike the L2 prefetch that
 // lost (DFL_CUDA_L2_AHEAD, 12-04), the bytes land where they are used and cannot be evicted before. Each lane reads
 // back only its own quants (no barrier for them); the scales are shared within the warp (__syncwarp). Every lane
-// sums its words in the rows kernel's order: the same floats.
+// sums its words in the rows kernel's order: the same floats as gemv_q8p_rows_kernel<1, 2> at R = 2. At R = 1 it
+// stands in for gemv_q8p_kernel, which rounds each term as (s sw) sx where this kernel takes s (sw sx): last bits
+// may differ from DFL_CUDA_GEMV_AHEAD=0's.
 // Layout of a warp's share (q8p_ahead_warp_words 16-byte words): R rows of 32 A quant words, then R rows of 2 A words
 // of scales.
 __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
@@ -464,12 +466,13 @@ static void launch_q8p_ahead(CudaDevice &dev, const int8_t *qs, const uint16_t *
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A>, grid, block, smem, dev.stream(), qs, dw, n_in, n_out, xq, xs, y);
 }
 
-// One token of W on gemv_q8p_ahead_kernel, R rows a warp, where DFL_CUDA_GEMV_AHEAD asks for it and the rows have the
-// staged words (32 A of them) and 16-byte aligned scale rows; false (nothing launched) otherwise.
+// One token of W on gemv_q8p_ahead_kernel, R rows a warp, where DFL_CUDA_GEMV_AHEAD (and at R = 1
+// DFL_CUDA_GEMV_AHEAD_R1) asks for it and the rows have the staged words (32 A of them) and 16-byte aligned scale
+// rows; false (nothing launched) otherwise.
 template <int R>
 static bool launch_q8p_ahead_for(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y) {
     const int a = q8p_ahead_words();
-    if (a == 0 || W.n_in / 16 < 32 * a || W.n_in % 256 != 0) return false;
+    if (a == 0 || (R == 1 && !q8p_ahead_r1()) || W.n_in / 16 < 32 * a || W.n_in % 256 != 0) return false;
     if (a == 8)
         launch_q8p_ahead<R, 8>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
     else
@@ -556,7 +559,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         float *y0 = Y + t0 * W.n_out;
         switch (q8p_dp4a_rows(W, nt)) {
         case 1:
-            if (nt == 1 && q8p_ahead_r1() && launch_q8p_ahead_for<1>(dev, W, xq0, xs0, y0)) break;
+            if (nt == 1 && launch_q8p_ahead_for<1>(dev, W, xq0, xs0, y0)) break;
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
             break;
         case 2:
