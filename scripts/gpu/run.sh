@@ -719,6 +719,26 @@ ds4_ops() {
   grep -E "^FAIL|cases" "$OUT/ops-ds4.txt" | head -20 | tee -a "$OUT/summary.txt"
 }
 
+repeat_ops() {
+  local v i fails bin=/tmp/native-build/cuda/test_cuda_ds4 groups=${REPEAT_GROUPS:-hc_pre_norm}
+  for v in ${REPEAT_VARIANTS:--}; do
+    fails=0
+    for i in $(seq "${REPEAT_N:-20}"); do
+      env $(variant_env "$v") "$bin" $groups >"$OUT/repeat.txt" 2>&1
+      n=$(grep -c "^FAIL" "$OUT/repeat.txt"); fails=$((fails + n))
+      [ "$n" = 0 ] || grep "^FAIL" "$OUT/repeat.txt" | head -3 >>"$OUT/repeat-fails-$(variant_tag "$v").txt"
+    done
+    log "repeat $groups x${REPEAT_N:-20} with $v: $fails FAIL lines"
+    sort "$OUT/repeat-fails-$(variant_tag "$v").txt" 2>/dev/null | uniq -c | head -5 | tee -a "$OUT/summary.txt"
+  done
+  command -v compute-sanitizer >/dev/null || { log "compute-sanitizer: not installed"; return 0; }
+  for t in initcheck racecheck synccheck memcheck; do
+    log "compute-sanitizer --tool $t $groups"
+    timeout 240 compute-sanitizer --tool $t --print-limit 20 "$bin" $groups >"$OUT/sanitizer-$t.txt" 2>&1
+    grep -E "ERROR SUMMARY|Invalid|Uninitialized|hazard|RACECHECK SUMMARY|^FAIL|cases" "$OUT/sanitizer-$t.txt" | head -12 | tee -a "$OUT/summary.txt"
+  done
+}
+
 # Nsight Compute on each product kernel of the layer's cases (test_cuda_ops profile, NCU_CASES as DFL_PROFILE_CASES):
 # throughput against the memory's, occupancy, and where the warps wait. The clocks are left alone (METHOD.md).
 ncu_profile() {
@@ -776,6 +796,9 @@ case $mode in
        build_cuda; build_kernel_tests || exit 1            # each OPS_VARIANTS setting (a change's first check)
        for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
   ncu) build_cuda; ncu_profile ;;
+  # repeat: whether a bit-for-bit op test is deterministic: REPEAT_GROUPS (test_cuda_ds4's) REPEAT_N times with each of
+  # REPEAT_VARIANTS, FAIL lines counted; then once under compute-sanitizer's initcheck, racecheck and synccheck
+  repeat) build_cuda; build_kernel_tests || exit 1; repeat_ops ;;
   cpu-peer) cpu_peer ;;
   cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started
             (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K} "$@"; do
