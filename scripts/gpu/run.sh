@@ -732,7 +732,7 @@ repeat_ops() {
     sort "$OUT/repeat-fails-$(variant_tag "$v").txt" 2>/dev/null | uniq -c | head -5 | tee -a "$OUT/summary.txt"
   done
   command -v compute-sanitizer >/dev/null || { log "compute-sanitizer: not installed"; return 0; }
-  for t in initcheck racecheck synccheck memcheck; do
+  for t in ${REPEAT_TOOLS:-initcheck racecheck synccheck memcheck}; do
     log "compute-sanitizer --tool $t $groups"
     timeout 240 compute-sanitizer --tool $t --print-limit 20 "$bin" $groups >"$OUT/sanitizer-$t.txt" 2>&1
     grep -E "ERROR SUMMARY|Invalid|Uninitialized|hazard|RACECHECK SUMMARY|^FAIL|cases" "$OUT/sanitizer-$t.txt" | head -12 | tee -a "$OUT/summary.txt"
@@ -797,7 +797,7 @@ case $mode in
        for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
   ncu) build_cuda; ncu_profile ;;
   # repeat: whether a bit-for-bit op test is deterministic: REPEAT_GROUPS (test_cuda_ds4's) REPEAT_N times with each of
-  # REPEAT_VARIANTS, FAIL lines counted; then once under compute-sanitizer's initcheck, racecheck and synccheck
+  # REPEAT_VARIANTS, FAIL lines counted; then once under each of compute-sanitizer's REPEAT_TOOLS (default initcheck, racecheck, synccheck, memcheck)
   repeat) build_cuda; build_kernel_tests || exit 1; repeat_ops ;;
   cpu-peer) cpu_peer ;;
   cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started

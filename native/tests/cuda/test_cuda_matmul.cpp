@@ -282,6 +282,30 @@ void test_matmul_embed() {
             }
         }
     }
+    // At 2..64 tokens the norm also stages its codes in the tensor-core products' fragment order (CudaDevice::stage_rows,
+    // QuantX::fq; DFL_CUDA_STAGE_FRAG=0 off) and a repacked q8_0 product takes them with no copy launch: bit for bit on
+    // the GPU against the same product quantizing and copying for itself (an op in between). 700 rows: a split-K
+    // product (halves added onto its zeroed output); 6144 rows: one part a tile.
+    {
+        for (int64_t n_out : {int64_t(700), int64_t(6144)}) {
+            DualWeight W(DFL_TYPE_Q8_0, n_out, 4096, r);
+            Weight wg = W.wg;
+            g_gpu->prepare_weight(wg);
+            Dual other(64);
+            for (int64_t T : {2, 5, 8, 9, 16, 17, 32, 40, 64}) {
+                Dual x(rand_vec(r, (size_t)(T * 4096))), w(rand_vec(r, 4096)), xn((size_t)(T * 4096) * 4);
+                Dual y1((size_t)(T * n_out) * 4), y2((size_t)(T * n_out) * 4);
+                g_gpu->rmsnorm(x.gp(), w.gp(), xn.gp(), T, 4096, 1e-6f);
+                g_gpu->matmul(wg, xn.gp(), T, y1.gp());
+                g_gpu->rmsnorm(x.gp(), w.gp(), xn.gp(), T, 4096, 1e-6f);
+                g_gpu->zero(other.gp(), 64);
+                g_gpu->matmul(wg, xn.gp(), T, y2.gp());
+                same_bits("rmsnorm then matmul q8_0 repacked " + std::to_string(n_out) + "x4096 T=" + std::to_string(T) +
+                              " = its own quantizer's (GPU)",
+                          y1.read(true), y2.read(true));
+            }
+        }
+    }
     // Two chains on two lanes (Device::side_begin / side_end / join_side, run side by side on the GPU unless
     // DFL_CUDA_LANES=0): a norm staged on the main lane, a norm and two products on the side lane, then
     // the main lane's product, which still takes its norm's int8 rows: each lane's products quantize into that lane's

@@ -52,6 +52,7 @@ constexpr size_t kQ8_0Bytes = 34, kQ4_KBytes = 144, kQ6_KBytes = 210;
 
 using dfltest::compare;
 using dfltest::compare_ids;
+using dfltest::same_bits;
 using dfltest::Dual;
 using dfltest::DualWeight;
 using dfltest::g_cases;
@@ -341,7 +342,16 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
                   mc.causal ? "" : " non-causal", mc.window);
     compare(attn_name(what, s, tk, tv, b), out, gemm_path ? 2e-3 : 1e-5);
     // int8 activations against the CPU's float product, as the norm-then-product cases
-    if (then_product) compare(attn_name("attention then matmul q8_0", s, tk, tv, b), Yo, 1.5e-2);
+    if (then_product) {
+        compare(attn_name("attention then matmul q8_0", s, tk, tv, b), Yo, 1.5e-2);
+        // bit for bit against the product quantizing (and at 2..64 tokens copying into fragment order) for itself: what
+        // the attention staged (CudaDevice::stage_rows) are that quantizer's bytes in the same places
+        Dual other(64), Yself((size_t)(T * 48) * 4);
+        g_gpu->zero(other.gp(), 64);
+        g_gpu->matmul(wo, out.gp(), T, Yself.gp());
+        same_bits(attn_name("attention's staging then matmul = its own quantizer's (GPU)", s, tk, tv, b), Yo.read(true),
+                  Yself.read(true));
+    }
 }
 
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after

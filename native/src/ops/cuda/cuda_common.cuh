@@ -188,8 +188,13 @@ __device__ __forceinline__ float warp_max(float v) {
 // The 32 lanes of a warp hold one block of 32 activations in order, v this lane's. Writes v's int8 code (v / d rounded
 // to nearest, d = amax / 127) to *q and, from lane 0, d to *d_out and, where sum_out is not null, d times the sum of
 // the block's codes (the q4_K kernels' sub-block minimums). Every quantizer of int8 products goes through here, so a
-// norm that quantizes its output writes the same bytes as the quantizer launched by a product.
-__device__ __forceinline__ void quant_q8_warp(float v, int8_t *q, float *d_out, float *sum_out) {
+// norm that quantizes its output writes the same bytes as the quantizer launched by a product. Returns this lane's code
+// and the block's d, for the callers that store them elsewhere too (quant_q8_store).
+struct Q8Code {
+    int8_t q;
+    float d;
+};
+__device__ __forceinline__ Q8Code quant_q8_warp(float v, int8_t *q, float *d_out, float *sum_out) {
     const int lane = threadIdx.x & 31;
     const float amax = warp_max(fabsf(v));
     const float d = amax / 127.0f;
@@ -201,6 +206,7 @@ __device__ __forceinline__ void quant_q8_warp(float v, int8_t *q, float *d_out, 
         if (lane == 0) *sum_out = d * (float)qsum;
     }
     if (lane == 0) *d_out = d;
+    return Q8Code{(int8_t)qi, d};
 }
 
 // Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result. `red` is 32

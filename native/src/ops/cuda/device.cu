@@ -528,10 +528,33 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     return q;
 }
 
+// Whether stage_rows also writes the codes of 2..64 rows in the int8 tensor-core products' fragment order (QuantX::fq):
+// on unless DFL_CUDA_STAGE_FRAG=0. Why: a product of such a batch on repacked q8_0 otherwise launches mma_acts_kernel
+// to copy them there (~4 us a call alone, H100 ncu 12-06 11:3x); after a norm (q|k|v, gate|up: products that need no
+// zeroed output) it now launches nothing before itself. The skip-ops estimate (DFL_CUDA_SKIP_OPS=mma_acts, H100 12-06
+// 10:3x): the 27B's 16-row verify 14.40 -> 14.21 ms.
+static bool stage_frag_on() {
+    static const bool on = env_switch("DFL_CUDA_STAGE_FRAG", true);
+    return on;
+}
+
 CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t n) {
     // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
     // an earlier op staged)
-    return stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+    QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
+    if (!q.xq || rows < 2 || !stage_frag_on()) return q;
+    // (the layout and padding of mma_acts' flat copy, in the same buffer: a product that takes them copies nothing)
+    const int T8 = (int)((rows + 7) / 8 * 8);
+    const int64_t nb = n / 32;
+    const size_t q_bytes = round256((size_t)(nb * T8 * 32));
+    uint8_t *p = (uint8_t *)mma_buffer(q_bytes + (size_t)(nb * T8) * 4);
+    q.fq = (int8_t *)p;
+    q.fs = (float *)(p + q_bytes);
+    q.rows = (int32_t)rows;
+    q.T8 = T8;
+    q.n = (int32_t)n;
+    staged_.q = q;
+    return q;
 }
 
 void CudaDevice::staged_done() {

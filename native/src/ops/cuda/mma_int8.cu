@@ -90,11 +90,17 @@ static void mma_zero(CudaDevice &dev, float *zero, int64_t n_zero) {
 }
 
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T, float *zero,
-              int64_t n_zero, int chunk) {
+              int64_t n_zero, int chunk, const CudaDevice::QuantX *staged) {
     if (!mma_xt_on()) return MmaX{xq, xs, xsum, 0};
     const int T8 = (int)((T + 7) / 8 * 8);
     const int64_t nb = n_in / 32;
     if (chunk > 0 && nb % chunk != 0) chunk = 0;
+    // the op before wrote this very copy (CudaDevice::stage_rows): only the output to zero, if any
+    if (staged && staged->fq && staged->xq == xq && !xsum && chunk == 0 && staged->rows == T && staged->n == n_in &&
+        staged->T8 == T8) {
+        mma_zero(dev, zero, n_zero);
+        return MmaX{staged->fq, staged->fs, nullptr, T8};
+    }
     const size_t q_bytes = round256((size_t)(nb * T8 * 32)), s_bytes = (size_t)(nb * T8) * (xsum ? 8 : 4);
     uint8_t *p = (uint8_t *)dev.mma_buffer(q_bytes + s_bytes);  // (chunked: nb T8 (32 + 4 or 8) bytes, no more)
     // the grid covers the output to zero too: sized for the copy alone (nb T8 / 256: 10 blocks for the 27B's 5120

@@ -26,9 +26,24 @@ namespace cuda {
 // / 64 tokens 232 / 372 us against 200 / 292 now.)
 constexpr int64_t kI8MmaMaxTokens = 64;
 
-// quant_q8_warp's store of element i of q's rows (and its block's sum where q has them).
+// Element i's code c and its block's scale d also where mma_acts_kernel's flat copy would put them (QuantX::fq), the
+// last row's also in the padding tokens after it, as the copy repeats it. Called by the warp holding the block.
+__device__ __forceinline__ void quant_frag_store(const CudaDevice::QuantX &q, Q8Code c, int64_t i) {
+    const int64_t e = (int64_t)q.tok * q.n + i, t = e / q.n, kb = e % q.n / 32;
+    const int lane = (int)(e % 32);
+    const int64_t t_end = t == q.rows - 1 ? q.T8 : t + 1;  // (the same for the whole warp: one row's block)
+    for (int64_t u = t; u < t_end; u++) {
+        const int64_t at = kb * q.T8 + u;
+        q.fq[at * 32 + lane] = c.q;
+        if (lane == 0) q.fs[at] = c.d;
+    }
+}
+
+// quant_q8_warp's store of element i of q's rows (and its block's sum where q has them), and of its fragment-ordered
+// copy where q has one.
 __device__ __forceinline__ void quant_q8_store(const CudaDevice::QuantX &q, float v, int64_t i) {
-    quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum ? q.xsum + i / 32 : nullptr);
+    const Q8Code c = quant_q8_warp(v, q.xq + i, q.xs + i / 32, q.xsum ? q.xsum + i / 32 : nullptr);
+    if (q.fq) quant_frag_store(q, c, i);
 }
 
 // Where a lane of an mma kernel reads per tile of 8 tokens: its B fragment's token row (token 8 nt + g: x) and the
@@ -105,8 +120,9 @@ bool mma_xt_on();
 // The fragment-ordered copy of the quantizer's rows (mma_acts_kernel), or the rows themselves when it is off. zero
 // (n_zero floats): the output of a split-K product after it, zeroed by the same launch. chunk (blocks of 32, dividing
 // n_in / 32; where mma_chunk_on): a stage's quants and scales one contiguous run (see mma_acts_kernel).
+// staged: the QuantX xq came from, whose own fragment-ordered copy (QuantX::fq) is taken where it is this one.
 MmaX mma_acts(CudaDevice &dev, const int8_t *xq, const float *xs, const float *xsum, int64_t n_in, int64_t T,
-              float *zero = nullptr, int64_t n_zero = 0, int chunk = 0);
+              float *zero = nullptr, int64_t n_zero = 0, int chunk = 0, const CudaDevice::QuantX *staged = nullptr);
 
 // Whether a stream-K grid of at most one tile a multiprocessor cuts each tile in halves (StreamPlan) instead of
 // storing pieces in slots that one more launch adds (on unless DFL_CUDA_STREAM_HALVES=0).

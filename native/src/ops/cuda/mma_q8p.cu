@@ -575,7 +575,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
     // a chunked copy only where the staged kernel will take PipeCopies' stages of kStageBlocks (launch_q8p_pipe)
     const bool chunk = pipe && T <= 32 && q8p_pipe_u2(W) && q8p_pipe_pre_on() && mma_chunk_q8p();
     const MmaX x = mma_acts(dev, xq, xs, nullptr, W.n_in, T, halves ? Y : nullptr, halves ? W.n_out * T : 0,
-                            chunk ? kStageBlocks : 0);
+                            chunk ? kStageBlocks : 0, &qx);
     if (pipe && x.T8) {
         if (splits <= 2) {
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);

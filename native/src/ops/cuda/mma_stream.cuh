@@ -163,7 +163,7 @@ template <class Make>
 void stream_product(CudaDevice &dev, const StreamPlan &p, const CudaDevice::QuantX &qx, const float *xsum, int64_t n_in,
                     int64_t n_out, int64_t T, float *Y, bool chunked, Make &&make, const char *what) {
     const MmaX x = mma_acts(dev, qx.xq, qx.xs, xsum, n_in, T, p.slots ? nullptr : Y, p.slots ? 0 : p.count,
-                            chunked ? kStageBlocks : 0);
+                            chunked ? kStageBlocks : 0, &qx);
     float *slots = p.slots ? (float *)dev.splitk_buffer((size_t)(p.most * p.count) * sizeof(float)) : nullptr;
     auto launch = [&](dim3, auto, auto nt8) {
         constexpr int S = decltype(nt8)::value <= 2 ? 4 : 3;

@@ -16,12 +16,13 @@ __device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, cons
     if (q.xq) quant_q8_store(q, v, i);
 }
 
-// q offset to row blockIdx.x of n elements.
+// q offset to row blockIdx.x of n elements (its fragment-ordered copy told the row: QuantX::tok).
 __device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n) {
     if (q.xq) {
         q.xq += (int64_t)blockIdx.x * n;
         q.xs += (int64_t)blockIdx.x * (n / 32);
         q.xsum += (int64_t)blockIdx.x * (n / 32);
+        q.tok = (int32_t)blockIdx.x;
     }
     return q;
 }
