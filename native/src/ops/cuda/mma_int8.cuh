@@ -27,15 +27,21 @@ namespace cuda {
 constexpr int64_t kI8MmaMaxTokens = 64;
 
 // Element i's code c and its block's scale d also where mma_acts_kernel's flat copy would put them (QuantX::fq), the
-// last row's also in the padding tokens after it, as the copy repeats it. Called by the warp holding the block.
+// last row's also in the padding tokens after it, as the copy repeats it. Called by the warp holding the block. 32-bit
+// arithmetic (at most 64 rows), and no division for a row norm's element (i < n in row q.tok): a 12-05 form of this
+// fold lost, its producers slower by more than the copies it saved, and 64-bit divisions an element would do that.
 __device__ __forceinline__ void quant_frag_store(const CudaDevice::QuantX &q, Q8Code c, int64_t i) {
-    const int64_t e = (int64_t)q.tok * q.n + i, t = e / q.n, kb = e % q.n / 32;
-    const int lane = (int)(e % 32);
-    const int64_t t_end = t == q.rows - 1 ? q.T8 : t + 1;  // (the same for the whole warp: one row's block)
-    for (int64_t u = t; u < t_end; u++) {
-        const int64_t at = kb * q.T8 + u;
-        q.fq[at * 32 + lane] = c.q;
-        if (lane == 0) q.fs[at] = c.d;
+    const uint32_t n = (uint32_t)q.n, e = (uint32_t)i, lane = e & 31;
+    uint32_t t = (uint32_t)q.tok, k = e;
+    if (e >= n) {  // an op indexing all its rows at once
+        const uint32_t r = e / n;
+        t += r;
+        k = e - r * n;
+    }
+    const uint32_t T8 = (uint32_t)q.T8, at0 = (k >> 5) * T8, end = t + 1 == (uint32_t)q.rows ? T8 : t + 1;
+    for (uint32_t u = t; u < end; u++) {  // (end is the same for the whole warp: one row's block)
+        q.fq[(at0 + u) * 32 + lane] = c.q;
+        if (lane == 0) q.fs[at0 + u] = c.d;
     }
 }
 
