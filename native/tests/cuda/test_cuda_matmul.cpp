@@ -282,10 +282,10 @@ void test_matmul_embed() {
             }
         }
     }
-    // At 2..64 tokens the norm also stages its codes in the tensor-core products' fragment order (CudaDevice::stage_rows,
-    // QuantX::fq; DFL_CUDA_STAGE_FRAG=0 off) and a repacked q8_0 product takes them with no copy launch: bit for bit on
-    // the GPU against the same product quantizing and copying for itself (an op in between). 700 rows: a split-K
-    // product (halves added onto its zeroed output); 6144 rows: one part a tile.
+    // At 2..64 tokens, bit for bit on the GPU against the same product quantizing and copying for itself (an op in
+    // between): the norm's staged codes, and with DFL_CUDA_STAGE_FRAG=1 their copy in the tensor-core products' fragment
+    // order (CudaDevice::stage_rows, QuantX::fq), which a repacked q8_0 product then takes with no copy launch. 700 rows:
+    // a split-K product (halves added onto its zeroed output); 6144 rows: one part a tile.
     {
         for (int64_t n_out : {int64_t(700), int64_t(6144)}) {
             DualWeight W(DFL_TYPE_Q8_0, n_out, 4096, r);

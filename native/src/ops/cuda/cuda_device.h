@@ -113,7 +113,7 @@ public:
     struct QuantX {
         int8_t *xq = nullptr;
         float *xs = nullptr, *xsum = nullptr;
-        // Where fq is set (stage_rows of 2..64 rows, unless DFL_CUDA_STAGE_FRAG=0): the same codes also in the order
+        // Where fq is set (stage_rows of 2..64 rows with DFL_CUDA_STAGE_FRAG=1): the same codes also in the order
         // the int8 tensor-core products on repacked q8_0 read them (mma_acts_kernel's flat copy: [block][T8][32] codes,
         // then [block][T8] scales at fs; tokens rows..T8-1 repeat the last), so such a product takes them with no copy
         // launch. n: the row length; tok: the row element index 0 is in (row_quant moves xq, xs and xsum to a row).

@@ -529,12 +529,14 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
 }
 
 // Whether stage_rows also writes the codes of 2..64 rows in the int8 tensor-core products' fragment order (QuantX::fq):
-// on unless DFL_CUDA_STAGE_FRAG=0. Why: a product of such a batch on repacked q8_0 otherwise launches mma_acts_kernel
-// to copy them there (~4 us a call alone, H100 ncu 12-06 11:3x); after a norm (q|k|v, gate|up: products that need no
-// zeroed output) it now launches nothing before itself. The skip-ops estimate (DFL_CUDA_SKIP_OPS=mma_acts, H100 12-06
-// 10:3x): the 27B's 16-row verify 14.40 -> 14.21 ms.
+// opt-in, DFL_CUDA_STAGE_FRAG=1 (written 12-06 16:1x without a GPU; not yet measured). Why: a product of such a batch on
+// repacked q8_0 otherwise launches mma_acts_kernel to copy them there (~4 us a call alone, H100 ncu 12-06 11:3x); after
+// a norm (q|k|v, gate|up: products that need no zeroed output) it would launch nothing before itself. The skip-ops
+// estimate (DFL_CUDA_SKIP_OPS=mma_acts, H100 12-06 10:3x): the 27B's 16-row verify 14.40 -> 14.21 ms. The 12-05 form
+// (DFL_CUDA_STAGE_FRAGS) lost with slower producers: it read its own stores back and divided in 64 bits an element;
+// quant_frag_store does neither.
 static bool stage_frag_on() {
-    static const bool on = env_switch("DFL_CUDA_STAGE_FRAG", true);
+    static const bool on = env_switch("DFL_CUDA_STAGE_FRAG", false);
     return on;
 }
 
