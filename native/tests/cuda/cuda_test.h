@@ -162,10 +162,11 @@ inline bool compare(const std::string &name, const Dual &d, double tol) {
     return compare(name, d.read<float>(true), d.read<float>(false), tol);
 }
 
-// Two float buffers bit for bit (a fused kernel against the ops it replaces, both on the GPU).
-inline bool same_bits(const std::string &name, const std::vector<float> &got, const std::vector<float> &ref) {
+// Two buffers bit for bit (a fused kernel against the ops it replaces, both on the GPU).
+template <class T>
+inline bool same_bits(const std::string &name, const std::vector<T> &got, const std::vector<T> &ref) {
     g_cases++;
-    const bool ok = got.size() == ref.size() && std::memcmp(got.data(), ref.data(), got.size() * sizeof(float)) == 0;
+    const bool ok = got.size() == ref.size() && std::memcmp(got.data(), ref.data(), got.size() * sizeof(T)) == 0;
     std::printf("%s %-66s %s\n", ok ? "ok  " : "FAIL", name.c_str(), ok ? "bitwise equal" : "bits differ");
     if (!ok) g_failures++;
     return ok;

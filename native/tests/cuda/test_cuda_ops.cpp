@@ -354,6 +354,70 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     }
 }
 
+// Decode batches (one token an entry): attn_prep then attention as one op (Device::attn_prep_attention; one kernel on
+// the GPU with DFL_CUDA_ATTN_PREP_FUSED=1, where the warp kernel takes the cache) against the two ops on the GPU, bit
+// for bit: the output, the cache rows, K normalised in place and the gates; the output against the CPU's two ops too.
+void run_prep_attention_case(const AttnShape &s, uint32_t ct, const Batch &b, Rng &r) {
+    const int64_t T = b.T, qd = (int64_t)s.n_head * s.hd, kvd = (int64_t)s.n_kv * s.hd;
+    const int64_t q_out = qd * (s.gated ? 2 : 1), rows = b.pool_rows() * s.n_kv;
+    std::vector<float> inv((size_t)s.rope_dim / 2);
+    for (int i = 0; i < s.rope_dim / 2; i++) inv[(size_t)i] = 1.0f / std::pow(1e6f, (float)(2 * i) / (float)s.rope_dim);
+    Dual qf(rand_vec(r, (size_t)(T * q_out), 2.0f)), kf(rand_vec(r, (size_t)(T * kvd), 2.0f)),
+        vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)), invf(inv);
+    Dual Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4), out((size_t)(T * qd) * 4);
+    Dual kc(rand_rows(ct, rows, s.hd, r)), vc(rand_rows(ct, rows, s.hd, r));
+    const std::vector<uint8_t> k0 = kc.read<uint8_t>(false), v0 = vc.read<uint8_t>(false);
+    const std::vector<float> kf0 = kf.read(false);
+    auto run = [&](Device *dev, bool g, bool fused) {
+        AttnPrep a;
+        a.qf = qf.p(g);
+        a.kf = kf.p(g);
+        a.vf = vf.p(g);
+        a.q_norm = qn.p(g);
+        a.k_norm = kn.p(g);
+        a.inv_freq = invf.p(g);
+        a.n_head = s.n_head;
+        a.rope_dim = s.rope_dim;
+        a.gated = s.gated;
+        a.Q = Q.p(g);
+        a.gate = s.gated ? gate.p(g) : nullptr;
+        a.kv.k = kc.p<uint8_t>(g);
+        a.kv.v = vc.p<uint8_t>(g);
+        a.kv.type_k = a.kv.type_v = ct;
+        a.kv.k_row = a.kv.v_row = type_row_bytes(ct, s.hd);
+        a.kv.n_kv = s.n_kv;
+        a.kv.head_dim = s.hd;
+        a.kv.block_size = b.block_size;
+        AttnCall c;
+        c.Q = a.Q;
+        c.out = out.p(g);
+        c.n_head = s.n_head;
+        c.scale = 1.0f / std::sqrt((float)s.hd);
+        c.kv = a.kv;
+        if (fused) {
+            dev->attn_prep_attention(b.meta(g), a, c);
+        } else {
+            dev->attn_prep(b.meta(g), a);
+            dev->attention(b.meta(g), c);
+        }
+    };
+    run(g_cpu, false, false);
+    run(g_gpu, true, false);
+    const std::vector<float> o1 = out.read(true), kf1 = kf.read(true), g1 = gate.read(true);
+    const std::vector<uint8_t> kc1 = kc.read<uint8_t>(true), vc1 = vc.read<uint8_t>(true);
+    kc.set(k0.data());  // (the CPU's copies too: only the GPU runs again)
+    vc.set(v0.data());
+    kf.set(kf0.data());
+    run(g_gpu, true, true);
+    compare(attn_name("attn_prep_attention (decode)", s, ct, ct, b), out, 1e-5);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) out", s, ct, ct, b), out.read(true), o1);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) kf", s, ct, ct, b), kf.read(true), kf1);
+    if (s.gated)
+        same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) gate", s, ct, ct, b), gate.read(true), g1);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) K cache", s, ct, ct, b), kc.read<uint8_t>(true), kc1);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) V cache", s, ct, ct, b), vc.read<uint8_t>(true), vc1);
+}
+
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after
 // a context, several entries, a context long enough for split-K, and an entry of 64+ rows (which must not take the
 // causal-only tensor-core path). Also attn_prep without Q (the draft's context rows).
@@ -433,6 +497,27 @@ void test_attention() {
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
     test_attention_gemm_path(r);
     test_attention_masks(r);
+    // decode batches through attn_prep_attention: one entry, several (32 tokens: a decode step of 32 sequences), a
+    // long context (split-K), positions across cache blocks of 5
+    const std::vector<std::vector<Batch::Ent>> decode = {
+        {{1, 100, 0, false}},
+        {{1, 0, 0, false}, {1, 77, 1, false}, {1, 16, 2, false}},
+        {{1, 3000, 0, false}, {1, 10, 1, false}},
+    };
+    for (const AttnShape &s : shapes)
+        for (uint32_t ct : ctypes)
+            for (const auto &be : decode)
+                for (int bs : {16, 5}) {
+                    Batch b(be, bs, r);
+                    run_prep_attention_case(s, ct, b, r);
+                }
+    {
+        std::vector<Batch::Ent> many;
+        for (int32_t i = 0; i < 32; i++) many.push_back({1, 16 + 7 * i, i, false});
+        Batch b(many, 16, r);
+        run_prep_attention_case(shapes[0], DFL_TYPE_F16, b, r);
+        run_prep_attention_case({32, 8, 128, 128, false}, DFL_TYPE_BF16, b, r);
+    }
     // token trees: per-token ancestor masks, rows straddling tiles and splits, a 64-token tree (it must not take the
     // tensor-core path) beside an ordinary prefill entry
     {

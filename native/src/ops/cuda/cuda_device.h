@@ -50,6 +50,7 @@ public:
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
+    void attn_prep_attention(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
@@ -281,6 +282,9 @@ void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
+// attn_prep and the decode attention as one kernel, for the calls attention_prep_takes.
+bool attention_prep_takes(const BatchMeta &m, const AttnPrep &p, const AttnCall &c);
+void launch_attention_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &p, const AttnCall &c);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
 // launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.
 bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);

@@ -686,6 +686,12 @@ void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     staged_done();  // launch_attention may have staged its output's quantization
 }
 
+void CudaDevice::attn_prep_attention(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) {
+    if (!attention_prep_takes(m, p, c)) return Device::attn_prep_attention(m, p, c);
+    op("attention", [&] { launch_attention_prep(*this, m, p, c); });
+    staged_done();  // as attention's
+}
+
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
     op("conv1d_silu", [&] { launch_conv1d_silu(stream_, m, c); });
 }
