@@ -308,8 +308,9 @@ __host__ __device__ constexpr int attn_warp_chunk(int G, int DPL, int words) {
 // token itself — its G query heads and their KV head normalised and rotated by attn_prep's own arithmetic (prep_rows),
 // the token's K and V rows in the cache's type in shared memory, where the position loop reads them (the other
 // positions from the cache, as without PREP: the same bytes, so the same output bits); the block of the token's own
-// position and the KV head's first group writes the cache rows and the normalised K back (kf), as attn_prep does, and
-// the blocks of that position copy their heads' gates. One launch and one memory round trip a layer fewer.
+// position and the KV head's first group writes the cache rows, and the blocks of that position copy their heads'
+// gates, as attn_prep does. Q and the normalised K (attn_prep's in place in kf) are not written: nothing reads them
+// after attention. One launch and one memory round trip a layer fewer.
 struct AttnPrepArgs {
     AttnPrep p;
     const int32_t *pos = nullptr, *kv_slot = nullptr;
@@ -370,6 +371,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             const int h = i / HD, d = i % HD;
             px[i] = h < G ? qrow[(int64_t)(h0 + h) * qw + d] : krow[d];
         }
+        __syncthreads();  // (prep_rows' threads take their own dims of every row: not those filled above where HD < 128)
         float c[kPrepPerThread], sn[kPrepPerThread];
         rope_cs((float)pa.pos[t], half, fr, c, sn);
         prep_rows<G + 1>(px, HD, half, P.eps, G, nw, P.q_norm != nullptr, P.k_norm != nullptr, c, sn, pred);
@@ -379,9 +381,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
             if (P.gated)
                 for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
                     P.gate[t * qd + (int64_t)h0 * HD + i] = qrow[(int64_t)(h0 + i / HD) * qw + HD + i % HD];
-            if (h0 % (a.n_head / a.n_kv) == 0) {
-                float *kdst = P.kf + t * P.k_pitch() + (int64_t)kvh * HD;
-                for (int d = threadIdx.x; d < HD; d += blockDim.x) kdst[d] = px[G * HD + d];
+            if (h0 % (a.n_head / a.n_kv) == 0) {  // (kf stays as it was: the other blocks of the token read it)
                 const uint64_t prow = (uint64_t)pa.kv_slot[t] * a.n_kv + kvh;
                 store_cache_row(CT, px + G * HD, P.kv.k + prow * P.kv.k_row, HD);
                 store_cache_row(CT, vrow, P.kv.v + prow * P.kv.v_row, HD);
