@@ -614,6 +614,19 @@ static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s
     });
 }
 
+// a's cache fields from the layer's
+static void set_cache(AttnArgs &a, const KVLayer &kv) {
+    a.n_kv = kv.n_kv;
+    a.head_dim = kv.head_dim;
+    a.block_size = kv.block_size;
+    a.k = kv.k;
+    a.v = kv.v;
+    a.type_k = kv.type_k;
+    a.type_v = kv.type_v;
+    a.k_row = kv.k_row;
+    a.v_row = kv.v_row;
+}
+
 // The decode attention, pa set: with attn_prep's work in the same kernel (launch_attention_prep's cases only).
 static void attention_launch(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, const AttnPrepArgs *pa) {
     cudaStream_t s = dev.stream();
@@ -630,17 +643,9 @@ static void attention_launch(CudaDevice &dev, const BatchMeta &m, const AttnCall
     a.Q = c.Q;
     a.out = c.out;
     a.n_head = c.n_head;
-    a.n_kv = c.kv.n_kv;
-    a.head_dim = c.kv.head_dim;
-    a.block_size = c.kv.block_size;
+    set_cache(a, c.kv);
     a.max_blocks = m.max_blocks;
     a.scale = c.scale;
-    a.k = c.kv.k;
-    a.v = c.kv.v;
-    a.type_k = c.kv.type_k;
-    a.type_v = c.kv.type_v;
-    a.k_row = c.kv.k_row;
-    a.v_row = c.kv.v_row;
     a.ent = m.ent;
     a.t0 = m.t0;
     a.len0 = m.len0;
@@ -709,13 +714,7 @@ bool attention_prep_takes(const BatchMeta &m, const AttnPrep &p, const AttnCall 
         p.rope_dim > p.kv.head_dim || kAttnThreads != kPrepThreads || c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
         return false;
     AttnArgs a;
-    a.type_k = c.kv.type_k;
-    a.type_v = c.kv.type_v;
-    a.head_dim = c.kv.head_dim;
-    a.k = c.kv.k;
-    a.v = c.kv.v;
-    a.k_row = c.kv.k_row;
-    a.v_row = c.kv.v_row;
+    set_cache(a, c.kv);
     return attention_warp_takes(a);
 }
 
