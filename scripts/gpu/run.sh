@@ -799,6 +799,11 @@ case $mode in
   # repeat: whether a bit-for-bit op test is deterministic: REPEAT_GROUPS (test_cuda_ds4's) REPEAT_N times with each of
   # REPEAT_VARIANTS, FAIL lines counted; then once under each of compute-sanitizer's REPEAT_TOOLS (default initcheck, racecheck, synccheck, memcheck)
   repeat) build_cuda; build_kernel_tests || exit 1; repeat_ops ;;
+  # sass: kernels that load through the non-coherent path before their PDL wait, with this machine's ptxas (those
+  # that load only weights or norm weights there with nvcc 11.8, 12-06, left out of the summary)
+  sass) build_cuda; log "LDG.CONSTANT before the PDL wait (count before, LDGs after, kernel)"
+        python3 scripts/gpu/sass-hoist.py /tmp/native-build/cuda/ops/*.o /tmp/native-build/cuda/ops/*/*.o 2>/dev/null |
+          tee "$OUT/sass-hoist.txt" | grep -v "gemv_q8p_rows_kernel\|gemv_q8p_ahead_kernel<2\|gemv_q4k_mma_kernel\|attention_warp_kernel<.*true>" | head -40 | tee -a "$OUT/summary.txt" ;;
   cpu-peer) cpu_peer ;;
   cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started
             (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K} "$@"; do

@@ -710,8 +710,12 @@ bool attention_prep_takes(const BatchMeta &m, const AttnPrep &p, const AttnCall 
     // one token an entry, the warp kernel's cache types and head sizes, the same cache as attn_prep writes, every
     // query head prepared, and a block of attn_prep's threads
     if (!attn_prep_fused_on() || m.T <= 0 || m.max_n != 1 || m.vis || !p.qf || attention_gemm_path(m, c)) return false;
-    if (p.n_head != c.n_head || p.kv.k != c.kv.k || p.kv.v != c.kv.v || p.kv.head_dim != c.kv.head_dim ||
-        p.rope_dim > p.kv.head_dim || kAttnThreads != kPrepThreads || c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
+    const KVLayer &pk = p.kv, &ck = c.kv;
+    const bool same_cache = pk.k == ck.k && pk.v == ck.v && pk.type_k == ck.type_k && pk.type_v == ck.type_v &&
+                            pk.k_row == ck.k_row && pk.v_row == ck.v_row && pk.n_kv == ck.n_kv &&
+                            pk.head_dim == ck.head_dim && pk.block_size == ck.block_size;
+    if (!same_cache || p.n_head != c.n_head || p.Q != c.Q || p.rope_dim > pk.head_dim || kAttnThreads != kPrepThreads ||
+        ck.n_kv <= 0 || c.n_head % ck.n_kv != 0)
         return false;
     AttnArgs a;
     set_cache(a, c.kv);

@@ -80,6 +80,16 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// A load of what the kernel before wrote, in a PDL kernel after its pdl_wait(): ld.global.ca, never __ldg's
+// ld.global.nc. .nc promises the bytes stay the same for the kernel's whole life, which a PDL launch breaks, and ptxas
+// may then hoist it above griddepcontrol.wait: nvcc 11.8 put three of gemv_q8p_ahead_kernel<1, 8>'s activation loads
+// before the wait (its SASS, 12-06), so a product could read the codes of the op before the one it follows (a ds4 op
+// test's product differed once, H100 12-06 15:5x). scripts/gpu/sass-hoist.py lists kernels that still do.
+template <class T>
+__device__ __forceinline__ T ld_act(const T *p) {
+    return __ldca(p);
+}
+
 // Asynchronous 16-byte copies from global to shared memory (sm_80): the bytes in flight hold no registers. A thread
 // waits for its own groups (cp_async_wait<N>: all but the N newest); other threads' copies need a barrier after.
 __device__ __forceinline__ void cp_async16(void *smem_dst, const void *gmem_src) {

@@ -83,8 +83,8 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
     const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
     const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
     const int64_t e0 = b * QK_K + 64 * c + 16 * half;
-    const int4 xa = __ldg((const int4 *)(xq + e0));
-    const int4 xb = __ldg((const int4 *)(xq + e0 + 32));
+    const int4 xa = ld_act((const int4 *)(xq + e0));
+    const int4 xb = ld_act((const int4 *)(xq + e0 + 32));
     int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
     lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
     lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
@@ -93,8 +93,8 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
     hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
     hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
     hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
-    float v = l.d * ((float)l.sc1 * __ldg(xs + s1) * (float)lo + (float)l.sc2 * __ldg(xs + s2) * (float)hi);
-    if (half == 0) v -= l.dmin * ((float)l.m1 * __ldg(xsum + s1) + (float)l.m2 * __ldg(xsum + s2));
+    float v = l.d * ((float)l.sc1 * ld_act(xs + s1) * (float)lo + (float)l.sc2 * ld_act(xs + s2) * (float)hi);
+    if (half == 0) v -= l.dmin * ((float)l.m1 * ld_act(xsum + s1) + (float)l.m2 * ld_act(xsum + s2));
     return v;
 }
 
@@ -170,9 +170,9 @@ __device__ __forceinline__ float q6k_codes_dot(const Q6KCodes &c, const float (&
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         const int64_t e = e0 + 32 * k;
-        const int2 xv = __ldg((const int2 *)(xq + e));
+        const int2 xv = ld_act((const int2 *)(xq + e));
         const int dot = __dp4a(c.q[k][1], xv.y, __dp4a(c.q[k][0], xv.x, 0));
-        s += ds[k] * __ldg(xs + e / 32) * (float)dot;
+        s += ds[k] * ld_act(xs + e / 32) * (float)dot;
     }
     return s;
 }
@@ -247,8 +247,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
             const float sw = half_bits_to_f32(__ldg(d + b));
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int s = dot16_i8(wv[u], __ldg((const int4 *)(xq + t * n_in) + i));
-                acc[t] += (float)s * sw * __ldg(xs + t * nb + b);
+                const int s = dot16_i8(wv[u], ld_act((const int4 *)(xq + t * n_in) + i));
+                acc[t] += (float)s * sw * ld_act(xs + t * nb + b);
             }
         }
     }
@@ -310,8 +310,8 @@ __device__ __forceinline__ void q8p_rows_stream(const uint4 *const (&w)[R], cons
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int4 xv = __ldg((const int4 *)(xq + t * n_in) + i);
-                const float sx = __ldg(xs + t * nb + (i >> 1));
+                const int4 xv = ld_act((const int4 *)(xq + t * n_in) + i);
+                const float sx = ld_act(xs + t * nb + (i >> 1));
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
             }
@@ -406,8 +406,8 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, R == 1 ? 8 : 6)
 #pragma unroll
     for (int u = 0; u < A; u++) {
         const int i = lane + 32 * u;
-        const int4 xv = __ldg((const int4 *)xq + i);
-        const float sx = __ldg(xs + (i >> 1));
+        const int4 xv = ld_act((const int4 *)xq + i);
+        const float sx = ld_act(xs + (i >> 1));
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float sw = half_bits_to_f32(ss[r * 8 * kScaleWords + (i >> 1)]);
