@@ -258,33 +258,25 @@ static void with_heads_per_block(int G, F &&f) {
 template <int BYTES>
 struct RawWords {
     uint32_t w[BYTES / 4];
+    // NC: through the non-coherent path (__ldg: a cache row in global memory), else by plain loads (a row in shared
+    // memory: the fused decode's current position)
+    template <bool NC = true>
     __device__ __forceinline__ void load(const uint8_t *p) {
+        auto ld = [](const auto *q) {
+            if constexpr (NC) return __ldg(q);
+            else return *q;
+        };
         if constexpr (BYTES % 16 == 0) {
 #pragma unroll
             for (int i = 0; i < BYTES / 16; i++) {
-                const uint4 v = __ldg((const uint4 *)p + i);
+                const uint4 v = ld((const uint4 *)p + i);
                 w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
             }
         } else if constexpr (BYTES == 8) {
-            const uint2 v = __ldg((const uint2 *)p);
+            const uint2 v = ld((const uint2 *)p);
             w[0] = v.x, w[1] = v.y;
         } else {
-            w[0] = __ldg((const unsigned int *)p);
-        }
-    }
-    // the same words by plain loads (a row in shared memory: the fused decode's current position)
-    __device__ __forceinline__ void load_plain(const uint8_t *p) {
-        if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-            for (int i = 0; i < BYTES / 16; i++) {
-                const uint4 v = ((const uint4 *)p)[i];
-                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-            }
-        } else if constexpr (BYTES == 8) {
-            const uint2 v = *(const uint2 *)p;
-            w[0] = v.x, w[1] = v.y;
-        } else {
-            w[0] = *(const unsigned int *)p;
+            w[0] = ld((const unsigned int *)p);
         }
     }
     template <int CT>
@@ -408,8 +400,8 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
         for (int j = 0; j < C; j++) {
             const uint64_t row = __shfl_sync(0xffffffffu, my_row, min(j, cnt - 1));  // past cnt: a repeat, masked
             if (PREP && c0 + min(j, cnt - 1) == p_cur) {  // (the same position across the warp)
-                kr[j].load_plain(cur_k + lane * DPL * ES);
-                vr[j].load_plain(cur_v + lane * DPL * ES);
+                kr[j].template load<false>(cur_k + lane * DPL * ES);
+                vr[j].template load<false>(cur_v + lane * DPL * ES);
                 continue;
             }
             kr[j].load(a.k + (row * a.n_kv + kvh) * a.k_row + lane * DPL * ES);
