@@ -231,15 +231,74 @@ struct AttnMaskCase {
     bool fused = false;  // qf, kf, vf side by side in one buffer's rows (a fused q|k|v product's, AttnPrep's strides)
 };
 
-void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r,
-                        const AttnMaskCase &mc = AttnMaskCase()) {
-    const int64_t T = b.T, qd = (int64_t)s.n_head * s.hd, kvd = (int64_t)s.n_kv * s.hd;
-    const int64_t q_out = qd * (s.gated ? 2 : 1);
+std::vector<float> rope_inv_freq(const AttnShape &s) {
     std::vector<float> inv((size_t)s.rope_dim / 2);
     for (int i = 0; i < s.rope_dim / 2; i++) inv[(size_t)i] = 1.0f / std::pow(1e6f, (float)(2 * i) / (float)s.rope_dim);
-    Dual qf(rand_vec(r, (size_t)(T * q_out), 2.0f)), kf(rand_vec(r, (size_t)(T * kvd), 2.0f)),
-        vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)), invf(inv);
-    Dual Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4);
+    return inv;
+}
+
+// One attention case's data on both devices: random q / k / v rows (qf, kf, vf each in rows of its own), norms and
+// RoPE frequencies, attn_prep's outputs, and a cache of random earlier tokens (attn_prep overwrites the batch's rows).
+struct AttnData {
+    const AttnShape &s;
+    const uint32_t tk, tv;
+    const Batch &b;
+    const int64_t T, qd, kvd, q_out, rows;
+    Dual qf, kf, vf, qn, kn, invf, Q, gate, kc, vc;
+    AttnData(const AttnShape &s_, uint32_t tk_, uint32_t tv_, const Batch &b_, Rng &r)
+        : s(s_), tk(tk_), tv(tv_), b(b_), T(b_.T), qd((int64_t)s_.n_head * s_.hd), kvd((int64_t)s_.n_kv * s_.hd),
+          q_out(qd * (s_.gated ? 2 : 1)), rows(b_.pool_rows() * s_.n_kv), qf(rand_vec(r, (size_t)(T * q_out), 2.0f)),
+          kf(rand_vec(r, (size_t)(T * kvd), 2.0f)), vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s_.hd)),
+          kn(rand_vec(r, (size_t)s_.hd)), invf(rope_inv_freq(s_)), Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4),
+          kc(rand_rows(tk_, rows, s_.hd, r)), vc(rand_rows(tv_, rows, s_.hd, r)) {}
+    // the cache as a layer of device g sees it
+    KVLayer kv(bool g) const {
+        KVLayer l;
+        l.k = kc.p<uint8_t>(g);
+        l.v = vc.p<uint8_t>(g);
+        l.type_k = tk;
+        l.type_v = tv;
+        l.k_row = type_row_bytes(tk, s.hd);
+        l.v_row = type_row_bytes(tv, s.hd);
+        l.n_kv = s.n_kv;
+        l.head_dim = s.hd;
+        l.block_size = b.block_size;
+        return l;
+    }
+    // attn_prep's call on device g's buffers
+    AttnPrep prep(bool g) const {
+        AttnPrep a;
+        a.qf = qf.p(g);
+        a.kf = kf.p(g);
+        a.vf = vf.p(g);
+        a.q_norm = qn.p(g);
+        a.k_norm = kn.p(g);
+        a.inv_freq = invf.p(g);
+        a.n_head = s.n_head;
+        a.rope_dim = s.rope_dim;
+        a.gated = s.gated;
+        a.Q = Q.p(g);
+        a.gate = s.gated ? gate.p(g) : nullptr;
+        a.kv = kv(g);
+        return a;
+    }
+    // attention's call on device g's cache, query rows q, into out
+    AttnCall call(bool g, const Dual &q, const Dual &out) const {
+        AttnCall c;
+        c.Q = q.p(g);
+        c.out = out.p(g);
+        c.n_head = s.n_head;
+        c.scale = 1.0f / std::sqrt((float)s.hd);
+        c.kv = kv(g);
+        return c;
+    }
+};
+
+void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batch &b, Rng &r,
+                        const AttnMaskCase &mc = AttnMaskCase()) {
+    AttnData d(s, tk, tv, b, r);
+    const int64_t T = d.T, qd = d.qd, kvd = d.kvd, q_out = d.q_out, rows = d.rows;
+    Dual &qf = d.qf, &kf = d.kf, &vf = d.vf, &Q = d.Q, &gate = d.gate, &kc = d.kc, &vc = d.vc;
     // the fused layout: row t is q_out floats of qf, then kvd of kf, then kvd of vf
     const int64_t fw = q_out + 2 * kvd;
     std::unique_ptr<Dual> fz;
@@ -253,15 +312,10 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         }
         fz.reset(new Dual(f));
     }
-    const int64_t rows = b.pool_rows() * s.n_kv;
-    // the cache holds random earlier tokens; attn_prep overwrites the batch's rows
-    Dual kc(rand_rows(tk, rows, s.hd, r)), vc(rand_rows(tv, rows, s.hd, r));
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        AttnPrep a;
-        a.qf = mc.kv_only ? nullptr : g ? qf.gp() : qf.cp();
-        a.kf = g ? kf.gp() : kf.cp();
-        a.vf = g ? vf.gp() : vf.cp();
+        AttnPrep a = d.prep(g);
+        if (mc.kv_only) a.qf = nullptr;
         if (mc.fused) {
             float *f = fz->p(g);
             a.qf = mc.kv_only ? nullptr : f;
@@ -269,23 +323,6 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
             a.vf = f + q_out + kvd;
             a.q_stride = a.k_stride = a.v_stride = fw;
         }
-        a.q_norm = g ? qn.gp() : qn.cp();
-        a.k_norm = g ? kn.gp() : kn.cp();
-        a.inv_freq = g ? invf.gp() : invf.cp();
-        a.n_head = s.n_head;
-        a.rope_dim = s.rope_dim;
-        a.gated = s.gated;
-        a.Q = g ? Q.gp() : Q.cp();
-        a.gate = s.gated ? (g ? gate.gp() : gate.cp()) : nullptr;
-        a.kv.k = g ? kc.gp<uint8_t>() : kc.cp<uint8_t>();
-        a.kv.v = g ? vc.gp<uint8_t>() : vc.cp<uint8_t>();
-        a.kv.type_k = tk;
-        a.kv.type_v = tv;
-        a.kv.k_row = type_row_bytes(tk, s.hd);
-        a.kv.v_row = type_row_bytes(tv, s.hd);
-        a.kv.n_kv = s.n_kv;
-        a.kv.head_dim = s.hd;
-        a.kv.block_size = b.block_size;
         (g ? g_gpu : g_cpu)->attn_prep(b.meta(g), a);
     }
     if (!mc.kv_only) compare(attn_name("attn_prep Q", s, tk, tv, b), Q, 1e-5);
@@ -314,22 +351,9 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     bool gemm_path = false;
     for (int dev = 0; dev < 2; dev++) {
         const bool g = dev == 1;
-        AttnCall a;
-        a.Q = g ? Qin.gp() : Qin.cp();
-        a.out = g ? out.gp() : out.cp();
-        a.n_head = s.n_head;
-        a.scale = 1.0f / std::sqrt((float)s.hd);
+        AttnCall a = d.call(g, Qin, out);
         a.causal = mc.causal;
         a.window = mc.window;
-        a.kv.k = g ? kc.gp<uint8_t>() : kc.cp<uint8_t>();
-        a.kv.v = g ? vc.gp<uint8_t>() : vc.cp<uint8_t>();
-        a.kv.type_k = tk;
-        a.kv.type_v = tv;
-        a.kv.k_row = type_row_bytes(tk, s.hd);
-        a.kv.v_row = type_row_bytes(tv, s.hd);
-        a.kv.n_kv = s.n_kv;
-        a.kv.head_dim = s.hd;
-        a.kv.block_size = b.block_size;
         if (g) gemm_path = cuda::attention_gemm_path(b.meta(g), a);
         (g ? g_gpu : g_cpu)->attention(b.meta(g), a);
         if (then_product) (g ? g_gpu : g_cpu)->matmul(g ? wo : Wo->wc, a.out, T, g ? Yo.gp() : Yo.cp());
@@ -359,42 +383,13 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
 // for bit: the output, the cache rows and the gates (not Q and kf, which the one kernel leaves alone); the output
 // against the CPU's two ops too.
 void run_prep_attention_case(const AttnShape &s, uint32_t ct, const Batch &b, Rng &r) {
-    const int64_t T = b.T, qd = (int64_t)s.n_head * s.hd, kvd = (int64_t)s.n_kv * s.hd;
-    const int64_t q_out = qd * (s.gated ? 2 : 1), rows = b.pool_rows() * s.n_kv;
-    std::vector<float> inv((size_t)s.rope_dim / 2);
-    for (int i = 0; i < s.rope_dim / 2; i++) inv[(size_t)i] = 1.0f / std::pow(1e6f, (float)(2 * i) / (float)s.rope_dim);
-    Dual qf(rand_vec(r, (size_t)(T * q_out), 2.0f)), kf(rand_vec(r, (size_t)(T * kvd), 2.0f)),
-        vf(rand_vec(r, (size_t)(T * kvd))), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)), invf(inv);
-    Dual Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4), out((size_t)(T * qd) * 4);
-    Dual kc(rand_rows(ct, rows, s.hd, r)), vc(rand_rows(ct, rows, s.hd, r));
-    const std::vector<uint8_t> k0 = kc.read<uint8_t>(false), v0 = vc.read<uint8_t>(false);
-    const std::vector<float> kf0 = kf.read(false);
+    AttnData d(s, ct, ct, b, r);
+    Dual out((size_t)(d.T * d.qd) * 4);
+    const std::vector<uint8_t> k0 = d.kc.read<uint8_t>(false), v0 = d.vc.read<uint8_t>(false);
+    const std::vector<float> kf0 = d.kf.read(false);
     auto run = [&](Device *dev, bool g, bool fused) {
-        AttnPrep a;
-        a.qf = qf.p(g);
-        a.kf = kf.p(g);
-        a.vf = vf.p(g);
-        a.q_norm = qn.p(g);
-        a.k_norm = kn.p(g);
-        a.inv_freq = invf.p(g);
-        a.n_head = s.n_head;
-        a.rope_dim = s.rope_dim;
-        a.gated = s.gated;
-        a.Q = Q.p(g);
-        a.gate = s.gated ? gate.p(g) : nullptr;
-        a.kv.k = kc.p<uint8_t>(g);
-        a.kv.v = vc.p<uint8_t>(g);
-        a.kv.type_k = a.kv.type_v = ct;
-        a.kv.k_row = a.kv.v_row = type_row_bytes(ct, s.hd);
-        a.kv.n_kv = s.n_kv;
-        a.kv.head_dim = s.hd;
-        a.kv.block_size = b.block_size;
-        AttnCall c;
-        c.Q = a.Q;
-        c.out = out.p(g);
-        c.n_head = s.n_head;
-        c.scale = 1.0f / std::sqrt((float)s.hd);
-        c.kv = a.kv;
+        const AttnPrep a = d.prep(g);
+        const AttnCall c = d.call(g, d.Q, out);
         if (fused) {
             dev->attn_prep_attention(b.meta(g), a, c);
         } else {
@@ -404,18 +399,20 @@ void run_prep_attention_case(const AttnShape &s, uint32_t ct, const Batch &b, Rn
     };
     run(g_cpu, false, false);
     run(g_gpu, true, false);
-    const std::vector<float> o1 = out.read(true), g1 = gate.read(true);
-    const std::vector<uint8_t> kc1 = kc.read<uint8_t>(true), vc1 = vc.read<uint8_t>(true);
-    kc.set(k0.data());  // (the CPU's copies too: only the GPU runs again)
-    vc.set(v0.data());
-    kf.set(kf0.data());
+    const std::vector<float> o1 = out.read(true), g1 = d.gate.read(true);
+    const std::vector<uint8_t> kc1 = d.kc.read<uint8_t>(true), vc1 = d.vc.read<uint8_t>(true);
+    d.kc.set(k0.data());  // (the CPU's copies too: only the GPU runs again)
+    d.vc.set(v0.data());
+    d.kf.set(kf0.data());
     run(g_gpu, true, true);
     compare(attn_name("attn_prep_attention (decode)", s, ct, ct, b), out, 1e-5);
     same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) out", s, ct, ct, b), out.read(true), o1);
     if (s.gated)
-        same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) gate", s, ct, ct, b), gate.read(true), g1);
-    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) K cache", s, ct, ct, b), kc.read<uint8_t>(true), kc1);
-    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) V cache", s, ct, ct, b), vc.read<uint8_t>(true), vc1);
+        same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) gate", s, ct, ct, b), d.gate.read(true), g1);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) K cache", s, ct, ct, b), d.kc.read<uint8_t>(true),
+              kc1);
+    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) V cache", s, ct, ct, b), d.vc.read<uint8_t>(true),
+              vc1);
 }
 
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after
