@@ -606,7 +606,7 @@ gdn_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_STAGE_FRAG=1 DFL_CUDA_ATTN_PREP_FUSED=1}
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
@@ -803,7 +803,7 @@ case $mode in
   # that load only weights or norm weights there with nvcc 11.8, 12-06, left out of the summary)
   sass) build_cuda; log "LDG.CONSTANT before the PDL wait (count before, LDGs after, kernel)"
         python3 scripts/gpu/sass-hoist.py /tmp/native-build/cuda/ops/*.o /tmp/native-build/cuda/ops/*/*.o 2>/dev/null |
-          tee "$OUT/sass-hoist.txt" | grep -v "gemv_q8p_rows_kernel\|gemv_q8p_ahead_kernel<2\|gemv_q4k_mma_kernel\|attention_warp_kernel<.*true>" | head -40 | tee -a "$OUT/summary.txt" ;;
+          tee "$OUT/sass-hoist.txt" | grep -v "gemv_q8p_rows_kernel\|gemv_q8p_ahead_kernel<2\|gemv_q4k_mma_kernel" | head -40 | tee -a "$OUT/summary.txt" ;;
   cpu-peer) cpu_peer ;;
   cpu-prep) rm -f /tmp/cpu-prep.done; touch /tmp/cpu-prep.started
             (cpu_peer_build; for m in ${CPU_PEER_MODELS:-qwen3-0.6b:q8_0 qwen3-0.6b:q4_K qwen3-4b:q8_0 qwen3-4b:q4_K} "$@"; do

@@ -161,6 +161,7 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     p.Q = a.Q.f();
     p.gate = h.gated_attn ? a.gate.f() : nullptr;
     p.kv = kv;
+    dev_->attn_prep(m, p);
 
     AttnCall c;
     c.Q = a.Q.f();
@@ -168,7 +169,7 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     c.n_head = h.n_head;
     c.scale = 1.0f / std::sqrt((float)h.head_dim);
     c.kv = kv;
-    dev_->attn_prep_attention(m, p, c);
+    dev_->attention(m, c);
     const int64_t qd = (int64_t)h.n_head * h.head_dim;
     if (h.gated_attn) dev_->sigmoid_mul(a.attn.f(), a.gate.f(), T * qd);
     dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());

@@ -622,13 +622,6 @@ public:
                            int64_t n) = 0;
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
-    // attn_prep(p), then attention(c) on what it wrote (c.Q = p.Q, the same cache): a device may do both in one pass
-    // for some batches (the CUDA one for decode steps, DFL_CUDA_ATTN_PREP_FUSED=1), leaving p.Q unwritten and p.kf
-    // as it was (not normalised in place) there: the caller reads neither afterwards.
-    virtual void attn_prep_attention(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) {
-        attn_prep(m, p);
-        attention(m, c);
-    }
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;

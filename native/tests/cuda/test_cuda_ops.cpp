@@ -378,43 +378,6 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
     }
 }
 
-// Decode batches (one token an entry): attn_prep then attention as one op (Device::attn_prep_attention; one kernel on
-// the GPU with DFL_CUDA_ATTN_PREP_FUSED=1, where the warp kernel takes the cache) against the two ops on the GPU, bit
-// for bit: the output, the cache rows and the gates (not Q and kf, which the one kernel leaves alone); the output
-// against the CPU's two ops too.
-void run_prep_attention_case(const AttnShape &s, uint32_t ct, const Batch &b, Rng &r) {
-    AttnData d(s, ct, ct, b, r);
-    Dual out((size_t)(d.T * d.qd) * 4);
-    const std::vector<uint8_t> k0 = d.kc.read<uint8_t>(false), v0 = d.vc.read<uint8_t>(false);
-    const std::vector<float> kf0 = d.kf.read(false);
-    auto run = [&](Device *dev, bool g, bool fused) {
-        const AttnPrep a = d.prep(g);
-        const AttnCall c = d.call(g, d.Q, out);
-        if (fused) {
-            dev->attn_prep_attention(b.meta(g), a, c);
-        } else {
-            dev->attn_prep(b.meta(g), a);
-            dev->attention(b.meta(g), c);
-        }
-    };
-    run(g_cpu, false, false);
-    run(g_gpu, true, false);
-    const std::vector<float> o1 = out.read(true), g1 = d.gate.read(true);
-    const std::vector<uint8_t> kc1 = d.kc.read<uint8_t>(true), vc1 = d.vc.read<uint8_t>(true);
-    d.kc.set(k0.data());  // (the CPU's copies too: only the GPU runs again)
-    d.vc.set(v0.data());
-    d.kf.set(kf0.data());
-    run(g_gpu, true, true);
-    compare(attn_name("attn_prep_attention (decode)", s, ct, ct, b), out, 1e-5);
-    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) out", s, ct, ct, b), out.read(true), o1);
-    if (s.gated)
-        same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) gate", s, ct, ct, b), d.gate.read(true), g1);
-    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) K cache", s, ct, ct, b), d.kc.read<uint8_t>(true),
-              kc1);
-    same_bits(attn_name("attn_prep_attention = attn_prep, attention (GPU) V cache", s, ct, ct, b), d.vc.read<uint8_t>(true),
-              vc1);
-}
-
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after
 // a context, several entries, a context long enough for split-K, and an entry of 64+ rows (which must not take the
 // causal-only tensor-core path). Also attn_prep without Q (the draft's context rows).
@@ -494,8 +457,8 @@ void test_attention() {
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
     test_attention_gemm_path(r);
     test_attention_masks(r);
-    // decode batches through attn_prep_attention: one entry, several (32 tokens: a decode step of 32 sequences), a
-    // long context (split-K), positions across cache blocks of 5
+    // decode batches: one entry, several (32 tokens: a decode step of 32 sequences), a long context (split-K),
+    // positions across cache blocks of 5
     const std::vector<std::vector<Batch::Ent>> decode = {
         {{1, 100, 0, false}},
         {{1, 0, 0, false}, {1, 77, 1, false}, {1, 16, 2, false}},
@@ -506,14 +469,14 @@ void test_attention() {
             for (const auto &be : decode)
                 for (int bs : {16, 5}) {
                     Batch b(be, bs, r);
-                    run_prep_attention_case(s, ct, b, r);
+                    run_attention_case(s, ct, ct, b, r);
                 }
     {
         std::vector<Batch::Ent> many;
         for (int32_t i = 0; i < 32; i++) many.push_back({1, 16 + 7 * i, i, false});
         Batch b(many, 16, r);
-        run_prep_attention_case(shapes[0], DFL_TYPE_F16, b, r);
-        run_prep_attention_case({32, 8, 128, 128, false}, DFL_TYPE_BF16, b, r);
+        run_attention_case(shapes[0], DFL_TYPE_F16, DFL_TYPE_F16, b, r);
+        run_attention_case({32, 8, 128, 128, false}, DFL_TYPE_BF16, DFL_TYPE_BF16, b, r);
     }
     // token trees: per-token ancestor masks, rows straddling tiles and splits, a 64-token tree (it must not take the
     // tensor-core path) beside an ordinary prefill entry

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "ops/cuda/attn_prep.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_int8.cuh"
@@ -258,25 +257,18 @@ static void with_heads_per_block(int G, F &&f) {
 template <int BYTES>
 struct RawWords {
     uint32_t w[BYTES / 4];
-    // NC: through the non-coherent path (__ldg: a cache row in global memory), else by plain loads (a row in shared
-    // memory: the fused decode's current position)
-    template <bool NC = true>
     __device__ __forceinline__ void load(const uint8_t *p) {
-        auto ld = [](const auto *q) {
-            if constexpr (NC) return __ldg(q);
-            else return *q;
-        };
         if constexpr (BYTES % 16 == 0) {
 #pragma unroll
             for (int i = 0; i < BYTES / 16; i++) {
-                const uint4 v = ld((const uint4 *)p + i);
+                const uint4 v = __ldg((const uint4 *)p + i);
                 w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
             }
         } else if constexpr (BYTES == 8) {
-            const uint2 v = ld((const uint2 *)p);
+            const uint2 v = __ldg((const uint2 *)p);
             w[0] = v.x, w[1] = v.y;
         } else {
-            w[0] = ld((const unsigned int *)p);
+            w[0] = __ldg((const unsigned int *)p);
         }
     }
     template <int CT>
@@ -296,30 +288,14 @@ __host__ __device__ constexpr int attn_warp_chunk(int G, int DPL, int words) {
     return 2;
 }
 
-// PREP (the decode batches of launch_attention_prep: one token an entry): the block first does attn_prep's work for its
-// token itself — its G query heads and their KV head normalised and rotated by attn_prep's own arithmetic (prep_rows),
-// the token's K and V rows in the cache's type in shared memory, where the position loop reads them (the other
-// positions from the cache, as without PREP: the same bytes, so the same output bits); the block of the token's own
-// position and the KV head's first group writes the cache rows, and the blocks of that position copy their heads'
-// gates, as attn_prep does. Q and the normalised K (attn_prep's in place in kf) are not written: nothing reads them
-// after attention. One launch and one memory round trip a layer fewer.
-struct AttnPrepArgs {
-    AttnPrep p;
-    const int32_t *pos = nullptr, *kv_slot = nullptr;
-};
-
-template <int G, int CT, int DPL, bool PREP = false>
+template <int G, int CT, int DPL>
 __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a, int64_t split_len, float *part_o,
-                                                                      float *part_ml, AttnPrepArgs pa) {
+                                                                      float *part_ml) {
     constexpr int kWarps = kAttnThreads / 32, ES = CT == DFL_TYPE_F32 ? 4 : 2, HD = 32 * DPL;
     using Row = RawWords<DPL * ES>;
     constexpr int C = attn_warp_chunk(G, DPL, DPL * ES / 4);
     __shared__ float m_w[kWarps][G], l_w[kWarps][G];
     __shared__ float o_w[kWarps][G][HD];
-    // PREP: the token's query rows, then its key row, as prep_rows leaves them; its K and V rows in the cache's type
-    __shared__ float px[PREP ? (G + 1) * HD : 1];
-    __shared__ float pred[PREP ? G + 1 : 1][32];
-    __shared__ __align__(16) uint8_t cur_k[PREP ? HD * ES : 16], cur_v[PREP ? HD * ES : 16];
     pdl_trigger();  // launch_chain: a small grid, the next kernel may launch at once and wait
     // The batch's metadata (entries, lengths, block tables, tree masks) is copied in before the step's first kernel and
     // no kernel writes it, so it is read before the wait, with the pool rows of the warp's first positions: its chain
@@ -339,48 +315,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
     };
     const int64_t c_first = p_begin + (int64_t)warp * C;
     uint64_t my_row = c_first < p_end ? pool_row(c_first, (int)min((int64_t)C, p_end - c_first)) : 0;
-    // PREP: the token's own position (one token an entry: the last it sees), and the norm weights and RoPE frequencies,
-    // constant, before the wait
-    const int64_t p_cur = PREP ? len0 + (t - a.t0[B.e]) : -1;
-    float nw[2][kPrepPerThread], fr[kPrepPerThread];
-    if constexpr (PREP) {
-#pragma unroll
-        for (int k = 0; k < kPrepPerThread; k++) {
-            const int d = threadIdx.x + k * blockDim.x;
-            nw[0][k] = pa.p.q_norm && d < HD ? __ldg(pa.p.q_norm + d) : 1.0f;
-            nw[1][k] = pa.p.k_norm && d < HD ? __ldg(pa.p.k_norm + d) : 1.0f;
-            fr[k] = d < pa.p.rope_dim / 2 ? __ldg(pa.p.inv_freq + d) : 0.0f;
-        }
-    }
     pdl_wait();
-    if constexpr (PREP) {
-        const AttnPrep &P = pa.p;
-        const int half = P.rope_dim / 2;
-        const float *qrow = P.qf + t * P.q_pitch(), *krow = P.kf + t * P.k_pitch() + (int64_t)kvh * HD;
-        const float *vrow = P.vf + t * P.v_pitch() + (int64_t)kvh * HD;
-        const int qw = P.gated ? 2 * HD : HD;  // a query head's floats in qf (then its gate)
-        for (int i = threadIdx.x; i < (G + 1) * HD; i += blockDim.x) {
-            const int h = i / HD, d = i % HD;
-            px[i] = h < G ? qrow[(int64_t)(h0 + h) * qw + d] : krow[d];
-        }
-        __syncthreads();  // (prep_rows' threads take their own dims of every row: not those filled above where HD < 128)
-        float c[kPrepPerThread], sn[kPrepPerThread];
-        rope_cs((float)pa.pos[t], half, fr, c, sn);
-        prep_rows<G + 1>(px, HD, half, P.eps, G, nw, P.q_norm != nullptr, P.k_norm != nullptr, c, sn, pred);
-        store_cache_row(CT, px + G * HD, cur_k, HD);
-        store_cache_row(CT, vrow, cur_v, HD);
-        if (p_cur >= p_begin && p_cur < p_end) {  // the block of the token's position: attn_prep's stores
-            if (P.gated)
-                for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
-                    P.gate[t * qd + (int64_t)h0 * HD + i] = qrow[(int64_t)(h0 + i / HD) * qw + HD + i % HD];
-            if (h0 % (a.n_head / a.n_kv) == 0) {  // (kf stays as it was: the other blocks of the token read it)
-                const uint64_t prow = (uint64_t)pa.kv_slot[t] * a.n_kv + kvh;
-                store_cache_row(CT, px + G * HD, P.kv.k + prow * P.kv.k_row, HD);
-                store_cache_row(CT, vrow, P.kv.v + prow * P.kv.v_row, HD);
-            }
-        }
-        __syncthreads();  // cur_k, cur_v
-    }
     float q[G][DPL], acc[G][DPL], m[G], l[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -388,7 +323,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
         l[g] = 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; i++) {
-            q[g][i] = PREP ? px[g * HD + lane * DPL + i] : a.Q[t * qd + (int64_t)(h0 + g) * HD + lane * DPL + i];
+            q[g][i] = a.Q[t * qd + (int64_t)(h0 + g) * HD + lane * DPL + i];
             acc[g][i] = 0.0f;
         }
     }
@@ -399,11 +334,6 @@ __global__ void __launch_bounds__(kAttnThreads) attention_warp_kernel(AttnArgs a
 #pragma unroll
         for (int j = 0; j < C; j++) {
             const uint64_t row = __shfl_sync(0xffffffffu, my_row, min(j, cnt - 1));  // past cnt: a repeat, masked
-            if (PREP && c0 + min(j, cnt - 1) == p_cur) {  // (the same position across the warp)
-                kr[j].template load<false>(cur_k + lane * DPL * ES);
-                vr[j].template load<false>(cur_v + lane * DPL * ES);
-                continue;
-            }
             kr[j].load(a.k + (row * a.n_kv + kvh) * a.k_row + lane * DPL * ES);
             vr[j].load(a.v + (row * a.n_kv + kvh) * a.v_row + lane * DPL * ES);
         }
@@ -497,35 +427,23 @@ static bool attn_warp_on() {
     return on;
 }
 
-// pa: where set, the kernel does attn_prep's work too (PREP)
-template <int G, int CT, int DPL>
-static void launch_attention_warp_ct(dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len, float *part_o,
-                                     float *part_ml, const AttnPrepArgs *pa) {
-    if (pa)
-        launch_chain(attention_warp_kernel<G, CT, DPL, true>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o,
-                     part_ml, *pa);
-    else
-        launch_chain(attention_warp_kernel<G, CT, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml,
-                     AttnPrepArgs{});
-}
-
 template <int G, int DPL>
 static void launch_attention_warp_dpl(uint32_t type, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
-                                      float *part_o, float *part_ml, const AttnPrepArgs *pa) {
+                                      float *part_o, float *part_ml) {
     switch (type) {
-    case DFL_TYPE_F32: launch_attention_warp_ct<G, DFL_TYPE_F32, DPL>(grid, s, a, split_len, part_o, part_ml, pa); break;
-    case DFL_TYPE_BF16: launch_attention_warp_ct<G, DFL_TYPE_BF16, DPL>(grid, s, a, split_len, part_o, part_ml, pa); break;
-    default: launch_attention_warp_ct<G, DFL_TYPE_F16, DPL>(grid, s, a, split_len, part_o, part_ml, pa); break;
+    case DFL_TYPE_F32: launch_chain(attention_warp_kernel<G, DFL_TYPE_F32, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
+    case DFL_TYPE_BF16: launch_chain(attention_warp_kernel<G, DFL_TYPE_BF16, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
+    default: launch_chain(attention_warp_kernel<G, DFL_TYPE_F16, DPL>, grid, dim3(kAttnThreads), 0, s, a, split_len, part_o, part_ml); break;
     }
 }
 
 template <int G>
 static void launch_attention_warp_g(dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len, float *part_o,
-                                    float *part_ml, const AttnPrepArgs *pa) {
+                                    float *part_ml) {
     switch (a.head_dim) {
-    case 64: launch_attention_warp_dpl<G, 2>(a.type_k, grid, s, a, split_len, part_o, part_ml, pa); break;
-    case 128: launch_attention_warp_dpl<G, 4>(a.type_k, grid, s, a, split_len, part_o, part_ml, pa); break;
-    default: launch_attention_warp_dpl<G, 8>(a.type_k, grid, s, a, split_len, part_o, part_ml, pa); break;
+    case 64: launch_attention_warp_dpl<G, 2>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
+    case 128: launch_attention_warp_dpl<G, 4>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
+    default: launch_attention_warp_dpl<G, 8>(a.type_k, grid, s, a, split_len, part_o, part_ml); break;
     }
 }
 
@@ -540,10 +458,10 @@ static bool attention_warp_takes(const AttnArgs &a) {
 }
 
 static bool launch_attention_warp(int G, dim3 grid, cudaStream_t s, const AttnArgs &a, int64_t split_len,
-                                  float *part_o, float *part_ml, const AttnPrepArgs *pa) {
+                                  float *part_o, float *part_ml) {
     if (!attention_warp_takes(a)) return false;
     with_heads_per_block(G, [&](auto g) {
-        launch_attention_warp_g<decltype(g)::value>(grid, s, a, split_len, part_o, part_ml, pa);
+        launch_attention_warp_g<decltype(g)::value>(grid, s, a, split_len, part_o, part_ml);
     });
     return true;
 }
@@ -598,29 +516,14 @@ static void launch_attention_typed(uint32_t tk, uint32_t tv, dim3 grid, size_t s
 }
 
 static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s, const AttnArgs &a, int64_t split_len,
-                                    float *part_o, float *part_ml, const AttnPrepArgs *pa = nullptr) {
-    if (launch_attention_warp(G, grid, s, a, split_len, part_o, part_ml, pa)) return;
-    if (pa) fail(DFL_ERR_INTERNAL, "attention with attn_prep: not on the warp kernel");
+                                    float *part_o, float *part_ml) {
+    if (launch_attention_warp(G, grid, s, a, split_len, part_o, part_ml)) return;
     with_heads_per_block(G, [&](auto g) {
         launch_attention_typed<decltype(g)::value>(a.type_k, a.type_v, grid, shm, s, a, split_len, part_o, part_ml);
     });
 }
 
-// a's cache fields from the layer's
-static void set_cache(AttnArgs &a, const KVLayer &kv) {
-    a.n_kv = kv.n_kv;
-    a.head_dim = kv.head_dim;
-    a.block_size = kv.block_size;
-    a.k = kv.k;
-    a.v = kv.v;
-    a.type_k = kv.type_k;
-    a.type_v = kv.type_v;
-    a.k_row = kv.k_row;
-    a.v_row = kv.v_row;
-}
-
-// The decode attention, pa set: with attn_prep's work in the same kernel (launch_attention_prep's cases only).
-static void attention_launch(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, const AttnPrepArgs *pa) {
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     cudaStream_t s = dev.stream();
     if (m.T <= 0) return;
     if (c.kv.head_dim > kAttnThreads * kAttnMaxDimsPerThread)
@@ -635,9 +538,17 @@ static void attention_launch(CudaDevice &dev, const BatchMeta &m, const AttnCall
     a.Q = c.Q;
     a.out = c.out;
     a.n_head = c.n_head;
-    set_cache(a, c.kv);
+    a.n_kv = c.kv.n_kv;
+    a.head_dim = c.kv.head_dim;
+    a.block_size = c.kv.block_size;
     a.max_blocks = m.max_blocks;
     a.scale = c.scale;
+    a.k = c.kv.k;
+    a.v = c.kv.v;
+    a.type_k = c.kv.type_k;
+    a.type_v = c.kv.type_v;
+    a.k_row = c.kv.k_row;
+    a.v_row = c.kv.v_row;
     a.ent = m.ent;
     a.t0 = m.t0;
     a.len0 = m.len0;
@@ -674,50 +585,17 @@ static void attention_launch(CudaDevice &dev, const BatchMeta &m, const AttnCall
     a.q = quant ? dev.stage_rows(c.out, m.T, n_out) : dev.stage_quant(nullptr, 0);
     if (n_split <= 1) {
         launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
-                                nullptr, nullptr, pa);
+                                nullptr, nullptr);
         check_launch("attention");
         return;
     }
     float *part_o = (float *)(scr + q_bytes), *part_ml = (float *)(scr + q_bytes + o_bytes);
     launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
-                            part_o, part_ml, pa);
+                            part_o, part_ml);
     check_launch("attention (split)");
     launch_chain(attention_combine_kernel, dim3((unsigned)m.T, (unsigned)c.n_head), dim3(kAttnThreads), 0, s, a,
                  (int)n_split, (const float *)part_o, (const float *)part_ml);
     check_launch("attention");
-}
-
-void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) { attention_launch(dev, m, c, nullptr); }
-
-// Whether decode attention does attn_prep's work itself (attention_warp_kernel's PREP): opt-in, DFL_CUDA_ATTN_PREP_FUSED=1
-// (written 12-06 17:0x without a GPU, not yet measured). Why: attn_prep is a launch of its own between the q|k|v product
-// and attention, a chained boundary and a memory round trip of Q and K (skip-ops: attention and attn_prep together
-// 0.23 ms of a 27B decode step, 16 layers; ~0.45 ms at qwen3-8b b32, 12-06 03:2x): ~3-4 us a layer at one token.
-static bool attn_prep_fused_on() {
-    static const bool on = env_switch("DFL_CUDA_ATTN_PREP_FUSED", false);
-    return on;
-}
-
-bool attention_prep_takes(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) {
-    // one token an entry, the warp kernel's cache types and head sizes, the same cache as attn_prep writes, every
-    // query head prepared, and a block of attn_prep's threads
-    if (!attn_prep_fused_on() || m.T <= 0 || m.max_n != 1 || m.vis || !p.qf || attention_gemm_path(m, c)) return false;
-    const KVLayer &pk = p.kv, &ck = c.kv;
-    const bool same_cache = pk.k == ck.k && pk.v == ck.v && pk.type_k == ck.type_k && pk.type_v == ck.type_v &&
-                            pk.k_row == ck.k_row && pk.v_row == ck.v_row && pk.n_kv == ck.n_kv &&
-                            pk.head_dim == ck.head_dim && pk.block_size == ck.block_size;
-    if (!same_cache || p.n_head != c.n_head || p.Q != c.Q || p.rope_dim > pk.head_dim || kAttnThreads != kPrepThreads ||
-        ck.n_kv <= 0 || c.n_head % ck.n_kv != 0)
-        return false;
-    AttnArgs a;
-    set_cache(a, c.kv);
-    return attention_warp_takes(a);
-}
-
-void launch_attention_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &p, const AttnCall &c) {
-    if (!attention_prep_takes(m, p, c)) fail(DFL_ERR_INTERNAL, "attention with attn_prep: a batch it does not take");
-    const AttnPrepArgs pa{p, m.pos, m.kv_slot};
-    attention_launch(dev, m, c, &pa);
 }
 
 }  // namespace cuda

@@ -50,7 +50,6 @@ public:
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
-    void attn_prep_attention(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
@@ -114,7 +113,7 @@ public:
     struct QuantX {
         int8_t *xq = nullptr;
         float *xs = nullptr, *xsum = nullptr;
-        // Where fq is set (stage_rows of 2..64 rows with DFL_CUDA_STAGE_FRAG=1): the same codes also in the order
+        // Where fq is set (stage_rows of 8..64 rows; DFL_CUDA_STAGE_FRAG=0: never): the same codes also in the order
         // the int8 tensor-core products on repacked q8_0 read them (mma_acts_kernel's flat copy: [block][T8][32] codes,
         // then [block][T8] scales at fs; tokens rows..T8-1 repeat the last), so such a product takes them with no copy
         // launch. n: the row length; tok: the row element index 0 is in (row_quant moves xq, xs and xsum to a row).
@@ -282,9 +281,6 @@ void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);
 void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
-// attn_prep and the decode attention as one kernel, for the calls attention_prep_takes.
-bool attention_prep_takes(const BatchMeta &m, const AttnPrep &p, const AttnCall &c);
-void launch_attention_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &p, const AttnCall &c);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
 // launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.
 bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
@@ -307,6 +303,8 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();
+// Fewest tokens of a repacked q8_0 product on the tensor-core kernel; fewer take the dp4a kernels (gemv_int8.cu).
+int64_t q8p_mma_min_tokens();
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y);
 bool q4k_mma_ok(const Weight &W);
 // Fewest tokens of a q4_K product on the tensor-core kernel; fewer (from 2) take the dp4a kernel (gemv_q4k_i8_kernel).

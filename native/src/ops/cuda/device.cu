@@ -528,15 +528,16 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     return q;
 }
 
-// Whether stage_rows also writes the codes of 2..64 rows in the int8 tensor-core products' fragment order (QuantX::fq):
-// opt-in, DFL_CUDA_STAGE_FRAG=1 (written 12-06 16:1x without a GPU; not yet measured). Why: a product of such a batch on
-// repacked q8_0 otherwise launches mma_acts_kernel to copy them there (~4 us a call alone, H100 ncu 12-06 11:3x); after
-// a norm (q|k|v, gate|up: products that need no zeroed output) it would launch nothing before itself. The skip-ops
-// estimate (DFL_CUDA_SKIP_OPS=mma_acts, H100 12-06 10:3x): the 27B's 16-row verify 14.40 -> 14.21 ms. The 12-05 form
-// (DFL_CUDA_STAGE_FRAGS) lost with slower producers: it read its own stores back and divided in 64 bits an element;
-// quant_frag_store does neither.
+// Whether stage_rows also writes the codes of rows in the int8 tensor-core products' fragment order (QuantX::fq): on
+// unless DFL_CUDA_STAGE_FRAG=0. A product of such a batch on repacked q8_0 otherwise launches mma_acts_kernel to copy
+// them there (~4 us a call alone, H100 ncu 12-06 11:3x); after a norm (q|k|v, gate|up: products that need no zeroed
+// output) it launches nothing before itself. H100 12-06 18:5x, one machine, alternated: the 27B verify of 8 / 16 rows
+// and the 23-node tree 12.97 / 12.95, 13.99 / 14.01, 15.43 / 15.46 -> 12.71 / 12.77, 13.82 / 13.79, 15.27 / 15.31 ms,
+// its tg b8 / b32 13.71 / 19.71 -> 13.54 / 19.48 ms; qwen3-8b q8_0 tg b32 5.11-5.15 -> 4.97-5.02 ms but b8 4.00-4.05 ->
+// 4.05-4.09 (+1 %); tg b1 even (one row stages no copy). The 12-05 form (DFL_CUDA_STAGE_FRAGS) lost with slower
+// producers: it read its own stores back and divided in 64 bits an element; quant_frag_store does neither.
 static bool stage_frag_on() {
-    static const bool on = env_switch("DFL_CUDA_STAGE_FRAG", false);
+    static const bool on = env_switch("DFL_CUDA_STAGE_FRAG", true);
     return on;
 }
 
@@ -544,7 +545,8 @@ CudaDevice::QuantX CudaDevice::stage_rows(const float *y, int64_t rows, int64_t 
     // a warp's lanes must hold one block of 32 of a row: n a multiple of 32 (count 0 stages nothing, and clears what
     // an earlier op staged)
     QuantX q = stage_quant(y, rows <= 64 && n % 32 == 0 ? rows * n : 0);
-    if (!q.xq || rows < 2 || !stage_frag_on()) return q;
+    // (only rows a repacked q8_0 product takes on the tensor cores: the dp4a kernels below read the plain codes)
+    if (!q.xq || rows < std::max<int64_t>(2, q8p_mma_min_tokens()) || !stage_frag_on()) return q;
     // (the layout and padding of mma_acts' flat copy, in the same buffer: a product that takes them copies nothing)
     const int T8 = (int)((rows + 7) / 8 * 8);
     const int64_t nb = n / 32;
@@ -684,12 +686,6 @@ void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     op("attention", [&] { launch_attention(*this, m, a); });
     staged_done();  // launch_attention may have staged its output's quantization
-}
-
-void CudaDevice::attn_prep_attention(const BatchMeta &m, const AttnPrep &p, const AttnCall &c) {
-    if (!attention_prep_takes(m, p, c)) return Device::attn_prep_attention(m, p, c);
-    op("attention", [&] { launch_attention_prep(*this, m, p, c); });
-    staged_done();  // as attention's
 }
 
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {

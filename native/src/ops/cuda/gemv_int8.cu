@@ -22,7 +22,7 @@ constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // 12-04 02:2x, one call: dp4a 66.3 / 69.9 / 87.9 us a layer at 2 / 4 / 8 tokens, the mma kernel 84.9 / 85.7 / 84.9;
 // tg b8 1719 -> 1793 tok/s with it from 5 tokens (and DFL_CUDA_Q8P_DEEP) where dp4a took up to 8.
 // DFL_CUDA_Q8P_MMA_MIN overrides it (for comparisons in one run).
-static int64_t q8p_mma_min_tokens() {
+int64_t q8p_mma_min_tokens() {
     static const int64_t n = std::max<int64_t>(2, env_int("DFL_CUDA_Q8P_MMA_MIN", 8));
     return n;
 }
