@@ -136,7 +136,7 @@ void QwenModel::ensure_acts(int64_t T) {
     a.cap = cap;
 }
 
-void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
+QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const std::vector<RowsView> qkv =
@@ -172,7 +172,7 @@ void QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     dev_->attention(m, c);
     const int64_t qd = (int64_t)h.n_head * h.head_dim;
     if (h.gated_attn) dev_->sigmoid_mul(a.attn.f(), a.gate.f(), T * qd);
-    dev_->matmul(L.wo, a.attn.f(), T, a.mix.f());
+    return OutProj{&L.wo, a.attn.f()};
 }
 
 GdnCall QwenModel::gdn_call(const float *cv, const float *g, const float *beta) const {
@@ -183,7 +183,7 @@ GdnCall QwenModel::gdn_call(const float *cv, const float *g, const float *beta) 
     return gc;
 }
 
-void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
+QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
     const int C = h.conv_channels();
@@ -229,7 +229,7 @@ void QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     dev_->gdn(m, gc);
 
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
-    dev_->matmul(L.wout, a.core.f(), T, a.mix.f());
+    return OutProj{&L.wout, a.core.f()};
 }
 
 // The whole model on a prepared batch: embeddings, layers, captures, and the logits rows into logits_.
@@ -244,20 +244,22 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         b.n_capture > 0 ? *std::max_element(b.capture_layers, b.capture_layers + b.n_capture) : -1;
     for (int il = 0; il < h.n_layer; il++) {
         const Layer &L = layers_[(size_t)il];
-        if (L.attn)
-            attn_layer(L, m, T);
-        else
-            gdn_layer(L, m, T);
-        dev_->add_rmsnorm(a.x.f(), a.mix.f(), L.post_norm, a.xn.f(), T, H, h.eps);
+        const OutProj o = L.attn ? attn_layer(L, m, T) : gdn_layer(L, m, T);
+        // the one product after each norm: the fused weight where there is one (else several read xn)
+        auto reader = [](const Weight &fused) { return fused.empty() ? nullptr : &fused; };
+        dev_->matmul_add_rmsnorm(*o.W, o.in, T, a.mix.f(), a.x.f(), L.post_norm, a.xn.f(), h.eps, reader(L.gate_up));
         const std::vector<RowsView> gu =
             project_views(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
         dev_->swiglu_rows(a.ff_g.f(), gu[0].p, gu[1].p, T, h.n_ff, gu[0].stride);
-        dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
         // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)
-        if (il + 1 < h.n_layer)
-            dev_->add_rmsnorm(a.x.f(), a.mix.f(), layers_[(size_t)il + 1].attn_norm, a.xn.f(), T, H, h.eps);
-        else
+        if (il + 1 < h.n_layer) {
+            const Layer &next = layers_[(size_t)il + 1];
+            dev_->matmul_add_rmsnorm(L.ffn_down, a.ff_g.f(), T, a.mix.f(), a.x.f(), next.attn_norm, a.xn.f(), h.eps,
+                                     reader(next.in_proj));
+        } else {
+            dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
             dev_->add(a.x.f(), a.mix.f(), T * H);
+        }
         for (uint32_t c = 0; c < b.n_capture; c++)
             if (b.capture_layers[c] == il)
                 dev_->copy_rows(capture_.f() + (int64_t)c * H, (int64_t)b.n_capture * H, a.x.f(), H, T, H);

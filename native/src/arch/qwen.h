@@ -115,8 +115,14 @@ private:
 
     void run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows, const int32_t *d_out_rows);
     void land_captures(const dfl_batch &b, uint64_t n, int64_t rows);
-    void attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
-    void gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+    // A layer's mixer up to its output projection: that weight and its input (run_layers multiplies them with the
+    // residual add and the next norm, Device::matmul_add_rmsnorm)
+    struct OutProj {
+        const Weight *W;
+        const float *in;
+    };
+    OutProj attn_layer(const Layer &L, const BatchMeta &m, int64_t T);
+    OutProj gdn_layer(const Layer &L, const BatchMeta &m, int64_t T);
     // A gdn call of this model's shape on inputs cv, g, beta, from the slots' states of the first recurrent layer
     GdnCall gdn_call(const float *cv, const float *g, const float *beta) const;
 

@@ -606,6 +606,16 @@ public:
     // x += d; y = rmsnorm(x) * w, per row.
     virtual void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) = 0;
     virtual void add(float *x, const float *d, int64_t count) = 0;
+    // d = W X (T rows), then add_rmsnorm(x, d, w, y, T, W.n_out, eps): a layer's output projection, its residual and
+    // the norm before `next`, the one product that reads y (null: unknown). A device may fold the norm into the
+    // product where it knows how `next` reads y (the CUDA one for one token, DFL_CUDA_RESID_NORM=1): then y and d are
+    // left unwritten and `next`, the very next call, multiplies what the fold staged for it.
+    virtual void matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, float *d, float *x, const float *w,
+                                    float *y, float eps, const Weight *next) {
+        (void)next;
+        matmul(W, X, T, d);
+        add_rmsnorm(x, d, w, y, T, W.n_out, eps);
+    }
     // g = silu(g) * u
     virtual void swiglu(float *g, const float *u, int64_t count) = 0;
     // out[t][i] = silu(g[t stride + i]) * u[t stride + i], i < n, t < rows: a fused gate|up product's rows where they lie

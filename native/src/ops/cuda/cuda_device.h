@@ -41,6 +41,8 @@ public:
                       int64_t T) override;
     void rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
     void add_rmsnorm(float *x, const float *d, const float *w, float *y, int64_t rows, int64_t n, float eps) override;
+    void matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, float *d, float *x, const float *w, float *y,
+                            float eps, const Weight *next) override;
     void add(float *x, const float *d, int64_t count) override;
     void swiglu(float *g, const float *u, int64_t count) override;
     void swiglu_rows(float *out, const float *g, const float *u, int64_t rows, int64_t n, int64_t stride) override;
@@ -105,6 +107,9 @@ public:
     // A fifth, for the working copies of recording entries' recurrent states in gdn_global_kernel (the staged kernel
     // keeps them in registers).
     void *gdn_buffer(size_t bytes);
+    // A sixth, for the codes a residual-norm fold stages for the product after it (launch_q8p_resid_norm): the
+    // scratch holds that fold's own input codes meanwhile.
+    void *fold_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -120,6 +125,12 @@ public:
         int8_t *fq = nullptr;
         float *fs = nullptr;
         int32_t rows = 0, T8 = 0, n = 0, tok = 0;
+        // Where rms_parts is set (one row a residual-norm fold staged, DFL_CUDA_RESID_NORM): the codes are of x w
+        // before the norm's scale rsqrt(sum / rms_n + rms_eps), which the product multiplies its sums by; sum: the
+        // rms_n_parts partial sums of x^2 at rms_parts, added in order.
+        const float *rms_parts = nullptr;
+        int32_t rms_n_parts = 0;
+        float rms_n = 0.0f, rms_eps = 0.0f;
     };
     // A norm or SwiGLU whose output may feed a product quantizes it as it writes it (unless DFL_CUDA_FUSE_QUANT=0)
     // (stage_quant gives it the buffers); the product that is the very next device call takes them (take_staged)
@@ -213,7 +224,7 @@ private:
         size_t bytes = 0;
     };
     void *grow(GrowBuf &b, size_t bytes, const char *what);
-    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_;
+    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_;
     uint64_t scratch_epoch_ = 0;
     // The side lane (side_begin; DFL_CUDA_LANES=0: none): a stream, a cuBLAS handle, grow buffers and a staging of its
     // own, so that its ops share nothing with the main lane's. The lane not current keeps them in other_; switching
@@ -221,7 +232,7 @@ private:
     struct Lane {
         cudaStream_t stream = nullptr;
         cublasHandle_t blas = nullptr;
-        GrowBuf scratch, ds4_buf, mma_buf, splitk_buf, gdn_buf;
+        GrowBuf scratch, ds4_buf, mma_buf, splitk_buf, gdn_buf, fold_buf;
         uint64_t calls = 0;
     };
     void swap_lanes();
@@ -299,7 +310,15 @@ inline const uint16_t *q8p_scales(const Weight &W) {
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).
-CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums);
+// folded_ok: the caller scales its sums by QuantX::rms_parts' norm scale (else staged codes of a residual-norm fold are
+// an internal error).
+CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums,
+                              bool folded_ok = false);
+// The residual-norm fold of CudaDevice::matmul_add_rmsnorm (gemv_int8.cu): whether it takes W's product of T rows with
+// `next` reading the norm's output, and the launch (x += W X; the codes of x w for `next`, returned to stage).
+bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next);
+CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                         float eps);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

@@ -93,8 +93,8 @@ CudaDevice::~CudaDevice() {
     if (download_) cudaFreeHost(download_);
     if (landing_) cudaFreeHost(landing_);
     for (void *p : weights_) cudaFree(p);
-    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, other_.scratch, other_.ds4_buf,
-                             other_.mma_buf, other_.splitk_buf, other_.gdn_buf})
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, other_.scratch,
+                             other_.ds4_buf, other_.mma_buf, other_.splitk_buf, other_.gdn_buf, other_.fold_buf})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -114,6 +114,7 @@ void CudaDevice::swap_lanes() {
     std::swap(mma_buf_, other_.mma_buf);
     std::swap(splitk_buf_, other_.splitk_buf);
     std::swap(gdn_buf_, other_.gdn_buf);
+    std::swap(fold_buf_, other_.fold_buf);
     std::swap(calls_, other_.calls);
     std::swap(staged_, other_staged_);
     on_side_ = !on_side_;
@@ -489,6 +490,7 @@ void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deeps
 void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
 void *CudaDevice::splitk_buffer(size_t bytes) { return grow(splitk_buf_, bytes, "split-K partial sums"); }
 void *CudaDevice::gdn_buffer(size_t bytes) { return grow(gdn_buf_, bytes, "gdn working states"); }
+void *CudaDevice::fold_buffer(size_t bytes) { return grow(fold_buf_, bytes, "residual-norm fold codes"); }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });
@@ -618,6 +620,21 @@ void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y,
         const QuantX q = stage_rows(y, rows, n);
         launch_add_rmsnorm(stream_, x, d, w, y, rows, n, eps, q);
     });
+    staged_done();
+}
+
+void CudaDevice::matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, float *d, float *x, const float *w,
+                                    float *y, float eps, const Weight *next) {
+    if (!resid_norm_takes(*this, W, T, next)) return Device::matmul_add_rmsnorm(W, X, T, d, x, w, y, eps, next);
+    QuantX q;
+    product(W, T, [&] { q = launch_q8p_resid_norm(*this, W, X, x, w, eps); });
+    if (!q.xq) return;  // (DFL_CUDA_SKIP_OPS=matmul: nothing ran, y unwritten: garbage out, as skipped ops give)
+    // staged for `next`, the very next call (its input y is never written): as a norm's staging, after the product's
+    // own was spent
+    staged_ = Staged{};
+    staged_.x = y;
+    staged_.count = W.n_out;
+    staged_.q = q;
     staged_done();
 }
 

@@ -255,6 +255,22 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
+// A residual-norm fold's scale for the product after it (QuantX::rms_parts; parts null: none).
+struct RmsFold {
+    const float *parts = nullptr;
+    int n_parts = 0;
+    float n = 0.0f, eps = 0.0f;
+};
+// Where the fold writes: the residual x (updated in place), the norm's weights w, the next product's codes and scales,
+// and a partial sum of x^2 a block of 32 rows.
+struct NormFold {
+    float *x = nullptr;
+    const float *w = nullptr;
+    int8_t *xq = nullptr;
+    float *xs = nullptr;
+    float *parts = nullptr;
+};
+
 // The rows kernels' R rows from row0 on: their quants (w) and scales (d); a short last group repeats its last row, never
 // stored.
 template <int R>
@@ -364,20 +380,56 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 // sums its words in the rows kernel's order: the same floats as gemv_q8p_rows_kernel<1, 2> at R = 2. At R = 1 it
 // stands in for gemv_q8p_kernel, which rounds each term as (s sw) sx where this kernel takes s (sw sx): last bits
 // may differ from DFL_CUDA_GEMV_AHEAD=0's.
+// The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
+// parts k, k + 32, ... in order, then the warp's butterfly (the same bits in every warp). Read after the main loop,
+// where the partials' round trip is one more latency at the warp's end, not before its first weight.
+__device__ __forceinline__ float fold_scale(const RmsFold &in, int lane) {
+    float s = 0.0f;
+    for (int k = lane; k < in.n_parts; k += 32) s += ld_act(in.parts + k);
+    return rsqrtf(warp_sum(s) / in.n + in.eps);
+}
+
+// The fold's end (gemv_q8p_ahead_kernel, FOLD): warp `warp`'s output v of row `row`; lane 0 adds it to x (add_rmsnorm's
+// residual: x + d) and leaves x w and x in shared memory; then warp 0 quantizes the block's 32 values of x w as every
+// int8 input is quantized (quant_q8_warp: codes and the block's scale, without the norm's scale, which the product
+// after applies to its sums) and stores the block's sum of x^2 for it.
+__device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, int64_t row, int lane, int warp) {
+    __shared__ float xw[32], xr[32];
+    if (lane == 0) {
+        const float xv = out.x[row] + v;
+        out.x[row] = xv;
+        xw[warp] = xv * __ldg(out.w + row);
+        xr[warp] = xv;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const int64_t b = row >> 5;  // (row = the block's first: warp 0's)
+    quant_q8_warp(xw[lane], out.xq + row + lane, out.xs + b, nullptr);
+    const float ss = warp_sum(xr[lane] * xr[lane]);
+    if (lane == 0) out.parts[b] = ss;
+}
+
 // Layout of a warp's share (q8p_ahead_warp_words 16-byte words): R rows of 32 A quant words, then R rows of 2 A words
 // of scales.
 __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
 
 // (One row a warp: eight blocks an SM, so that a 4096-row matrix's 1,024 blocks are one wave; 64 registers, and at
 // A = 8 an 8-byte spill with nvcc 11.8, measured so at 14:3x.)
-template <int R, int A>
-__global__ void __launch_bounds__(kQ8pWarps * 32, R == 1 ? 8 : 6)
+// WARPS a block: kQ8pWarps, or 32 for the residual-norm fold (FOLD: one row a warp, a block's 32 rows one block of 32
+// of the next product's input; one block an SM, the same 32 warps an SM as eight blocks of four).
+// in: where set, the input's codes are of x w before the norm's scale (a fold before this product): every output
+// times rsqrt(sum / n + eps), the sum of in.n_parts partial sums added in a fixed order (every warp the same bits).
+// out (FOLD): the output row is not stored; x[row] += it (the residual, add_rmsnorm's sum), and the block quantizes
+// its 32 rows of x w (w the norm's weights) for the next product, with its partial sum of x^2.
+template <int R, int A, int WARPS = kQ8pWarps, bool FOLD = false>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                          const float *xs, float *Y) {
+                          const float *xs, float *Y, RmsFold in, NormFold out) {
+    static_assert(!FOLD || (R == 1 && WARPS == 32), "the fold's block is one block of 32 rows, a row a warp");
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
     extern __shared__ uint4 ahead_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + warp) * R;
+    const int64_t row0 = ((int64_t)blockIdx.x * WARPS + warp) * R;
     if (row0 >= n_out) return;
     const int64_t nw = n_in / 16;  // (the launcher asks nw >= 32 A, n_in / 32 a multiple of 8)
     uint4 *sq = ahead_smem + (size_t)warp * q8p_ahead_warp_words(R, A);
@@ -416,9 +468,14 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, R == 1 ? 8 : 6)
     }
     q8p_rows_stream<1, R, U>(w, d, kQuantWords + lane, nw, n_in, xq, xs, wv, dv, acc);
     pdl_trigger();
+    const float scale = in.parts ? fold_scale(in, lane) : 1.0f;
+    if (FOLD) {
+        norm_fold_store(out, warp_sum(acc[0][0]) * scale, row0, lane, warp);
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float v = warp_sum(acc[r][0]);
+        const float v = warp_sum(acc[r][0]) * scale;
         if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
     }
 }
@@ -457,35 +514,39 @@ static bool q8p_ahead_r1() {
     return on;
 }
 
-template <int R, int A>
-static void launch_q8p_ahead(CudaDevice &dev, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                             const int8_t *xq, const float *xs, float *y) {
-    const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
-    const size_t smem = (size_t)kQ8pWarps * q8p_ahead_warp_words(R, A) * 16;  // 34,816 bytes at R = 2, A = 8: < 48 KB
-    prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
-    launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A>, grid, block, smem, dev.stream(), qs, dw, n_in, n_out, xq, xs, y);
+template <int R, int A, int WARPS = kQ8pWarps, bool FOLD = false>
+static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
+                             const RmsFold &in, const NormFold &out = NormFold{}) {
+    const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
+    // 34,816 bytes at R = 2, A = 8 (< 48 KB); the fold's 32 warps 139,264
+    const size_t smem = (size_t)WARPS * q8p_ahead_warp_words(R, A) * 16;
+    prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
+    if (smem > 48 * 1024)
+        allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
+    launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>, grid, block, smem, dev.stream(), q8p_quants(W),
+                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out);
 }
 
-// One token of W on gemv_q8p_ahead_kernel, R rows a warp, where DFL_CUDA_GEMV_AHEAD (and at R = 1
-// DFL_CUDA_GEMV_AHEAD_R1) asks for it and the rows have the staged words (32 A of them) and 16-byte aligned scale
-// rows; false (nothing launched) otherwise.
+// One token of W on gemv_q8p_ahead_kernel, R rows a warp (q8p_ahead_rows said it takes it).
 template <int R>
-static bool launch_q8p_ahead_for(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y) {
-    const int a = q8p_ahead_words();
-    if (a == 0 || (R == 1 && !q8p_ahead_r1()) || W.n_in / 16 < 32 * a || W.n_in % 256 != 0) return false;
-    if (a == 8)
-        launch_q8p_ahead<R, 8>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
+static void launch_q8p_ahead_one(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
+                                 const RmsFold &in) {
+    if (q8p_ahead_words() == 8)
+        launch_q8p_ahead<R, 8>(dev, W, xq, xs, y, in);
     else
-        launch_q8p_ahead<R, 4>(dev, q8p_quants(W), q8p_scales(W), W.n_in, W.n_out, xq, xs, y);
-    return true;
+        launch_q8p_ahead<R, 4>(dev, W, xq, xs, y, in);
 }
 
 // The quantizer is a PDL launch (the product after it may load its weights meanwhile).
 using QuantX = CudaDevice::QuantX;
 
-QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums) {
+QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, bool sums, bool folded_ok) {
     QuantX staged;
-    if (dev.take_staged(X, rows * n_in, &staged)) return staged;  // the norm or SwiGLU before quantized X
+    if (dev.take_staged(X, rows * n_in, &staged)) {  // the norm or SwiGLU before quantized X
+        if (staged.rms_parts && !folded_ok)
+            fail(DFL_ERR_INTERNAL, "matmul: a folded norm's codes reached a product that cannot scale them");
+        return staged;
+    }
     const QuantX q = dev.quant_scratch(rows * n_in, sums);
     if (skip_op("quantize_x"))  // (DFL_CUDA_SKIP_OPS: what the quantizer costs inside a replayed step; garbage out)
         return q;
@@ -538,10 +599,62 @@ static int q8p_dp4a_rows(const Weight &W, int nt) {
     return wide && q8p_rows1_on() ? q8p_rows1_r() : 1;
 }
 
+// Rows a warp of W's one-token product on gemv_q8p_ahead_kernel (1 or 2), where DFL_CUDA_GEMV_AHEAD (and at one row a
+// warp DFL_CUDA_GEMV_AHEAD_R1) asks for it and the rows have the staged words (32 A of them) and 16-byte aligned scale
+// rows; 0 where one token of W takes another kernel.
+static int q8p_ahead_rows(const Weight &W) {
+    const int a = q8p_ahead_words(), r = q8p_dp4a_rows(W, 1);
+    if (!q8p_ok(W) || a == 0 || r > 2 || (r == 1 && !q8p_ahead_r1()) || W.n_in / 16 < 32 * a || W.n_in % 256 != 0)
+        return 0;
+    return r;
+}
+
+// The residual-norm fold (CudaDevice::matmul_add_rmsnorm): opt-in, DFL_CUDA_RESID_NORM=1 (written 12-06 19:4x without a
+// GPU; unmeasured). Why: a one-token step runs an add_rmsnorm kernel after each layer's output projection and down
+// projection (0.33 of a 3.45 ms qwen3-8b q8_0 step on the H200, skip-ops 12-04): a chained launch, the row's round trip
+// through L2 and a one-block reduction between two products. Here the product before does the residual add and the
+// quantization of its 32-row blocks itself; the norm's scale, a sum over the whole row, waits for the product after,
+// which multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
+// take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
+// staged-ahead kernel (the fused q|k|v or gate|up).
+static bool resid_norm_on() {
+    static const bool on = env_switch("DFL_CUDA_RESID_NORM", false);
+    return on;
+}
+
+bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next) {
+    return resid_norm_on() && T == 1 && next && q8p_ahead_words() == 8 && q8p_ahead_rows(W) == 1 &&
+           W.n_out % 32 == 0 && W.n_out / 32 <= dev.sm_count() && q8p_ahead_rows(*next) > 0 && next->n_in == W.n_out;
+}
+
+CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                         float eps) {
+    const int64_t n = W.n_out, nb = n / 32;
+    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false);
+    const size_t q_bytes = round256((size_t)n), s_bytes = round256((size_t)nb * 4);
+    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 2 * s_bytes);
+    QuantX out;
+    out.xq = (int8_t *)p;
+    out.xs = (float *)(p + q_bytes);
+    float *parts = (float *)(p + q_bytes + s_bytes);
+    out.rms_parts = parts;
+    out.rms_n_parts = (int32_t)nb;
+    out.rms_n = (float)n;
+    out.rms_eps = eps;
+    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
+    launch_q8p_ahead<1, 8, 32, true>(dev, W, qx.xq, qx.xs, nullptr, in, NormFold{x, w, out.xq, out.xs, parts});
+    check_launch("matmul (q8_0 with the residual and the next norm)");
+    return out;
+}
+
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
     const int64_t nb = W.n_in / 32;
     const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
-    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
+    const QuantX qx = quantize_x(dev, X, W.n_in, T, false, true);
+    // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel applies it
+    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
+    if (in.parts && (T != 1 || mma || q8p_ahead_rows(W) == 0))
+        fail(DFL_ERR_INTERNAL, "matmul: a folded norm's codes reached a q8_0 product that cannot scale them");
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     cudaStream_t s = dev.stream();
@@ -559,11 +672,17 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         float *y0 = Y + t0 * W.n_out;
         switch (q8p_dp4a_rows(W, nt)) {
         case 1:
-            if (nt == 1 && launch_q8p_ahead_for<1>(dev, W, xq0, xs0, y0)) break;
+            if (nt == 1 && q8p_ahead_rows(W) == 1) {
+                launch_q8p_ahead_one<1>(dev, W, xq0, xs0, y0, in);
+                break;
+            }
             launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, W.n_in, W.n_out, xq0, xs0, y0, GemvZ{});
             break;
         case 2:
-            if (nt == 1 && launch_q8p_ahead_for<2>(dev, W, xq0, xs0, y0)) break;
+            if (nt == 1 && q8p_ahead_rows(W) == 2) {
+                launch_q8p_ahead_one<2>(dev, W, xq0, xs0, y0, in);
+                break;
+            }
             launch_q8p_rows<2>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0);
             break;
         default: launch_q8p_rows<4>(s, nt, qs, dw, W.n_in, W.n_out, xq0, xs0, y0); break;
