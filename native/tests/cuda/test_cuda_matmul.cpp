@@ -307,7 +307,7 @@ void test_matmul_embed() {
         }
     }
     // An output projection with the residual add and the next norm (Device::matmul_add_rmsnorm), then the one product
-    // that reads the norm's output. With DFL_CUDA_RESID_NORM=1 one token folds the norm into the first product (its
+    // that reads the norm's output. Unless DFL_CUDA_RESID_NORM=0 one token folds the norm into the first product (its
     // codes staged without the norm's scale, which the second applies): the second's output against the CPU's ops and
     // closely against the GPU's ops apart, the residual bit for bit (the same product sums, the same add). 4096 rows:
     // the qwen3-8b o and down projections' outputs; the products after on two rows a warp (6144) and one (700).

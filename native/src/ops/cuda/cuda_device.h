@@ -125,7 +125,7 @@ public:
         int8_t *fq = nullptr;
         float *fs = nullptr;
         int32_t rows = 0, T8 = 0, n = 0, tok = 0;
-        // Where rms_parts is set (one row a residual-norm fold staged, DFL_CUDA_RESID_NORM): the codes are of x w
+        // Where rms_parts is set (one row a residual-norm fold staged, launch_q8p_resid_norm): the codes are of x w
         // before the norm's scale rsqrt(sum / rms_n + rms_eps), which the product multiplies its sums by; sum: the
         // rms_n_parts partial sums of x^2 at rms_parts, added in order.
         const float *rms_parts = nullptr;
