@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
-# scripts/gpu/pack.sh (carry .gpu); poll with scripts/gpu/bg.sh wait 420 back to back (the machine is let go after
-# ~30 s idle). Say which card gave each figure.
-# Written 12-06 19:4x (~5 device minutes). DFL_CUDA_RESID_NORM=1 (opt-in, written without a GPU): one-token output
-# projections (qwen3-8b's o and down) do the residual add and quantize the next product's input themselves, the norm's
-# scale applied by that product: quick on qwen3-8b q8_0 with it as TRY (the matmul op tests' fold cases, replays,
-# speculative greedy), then tg b1 alternating with and without it. If it wins, the default; then the items of the
-# cuda-notes list (the 27B verify blocks with and without the fragment staging, quick on both files).
+# scripts/gpu/pack.sh (carry .gpu; --peer on an H200, then put "peer" first for same-job llama.cpp figures); poll with
+# scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s idle). Say which card gave each figure.
+# Written 12-06 20:1x (~9 device minutes). (1) DFL_CUDA_RESID_NORM=2 (opt-in, written without a GPU): the residual-norm
+# fold that won on qwen3-8b q8_0 b1 (19:4x, -8 %) for the 27B's 5120-row out, o and down projections too (two rows a
+# warp; a 32-row group's last block quantizes it, counted in by atomics): quick on the 27B with it as TRY (the matmul
+# op tests' 5120-row fold cases, replays, speculative greedy), then its decode b1 alternating with and without it
+# (issue 10's 27B line: ~11.2 ms on an H100). (2) The 27B verify blocks with and without the fragment staging and with
+# the fold (one token only: the verify is unchanged by construction, the decode step it divides by is not).
 cd "$(dirname "$0")/../.."
 exec scripts/gpu/bg.sh start \
-  "TRY=DFL_CUDA_RESID_NORM=1 DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_RESID_NORM=1 - DFL_CUDA_RESID_NORM=1' quick qwen3-8b:q8_0"
+  "TRY=DFL_CUDA_RESID_NORM=2 DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_RESID_NORM=2 - DFL_CUDA_RESID_NORM=2' quick qwen3.5-27b:q8_0" \
+  "SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- DFL_CUDA_STAGE_FRAG=0 DFL_CUDA_RESID_NORM=2' spec-bench"

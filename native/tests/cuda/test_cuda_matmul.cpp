@@ -310,37 +310,38 @@ void test_matmul_embed() {
     // that reads the norm's output. Unless DFL_CUDA_RESID_NORM=0 one token folds the norm into the first product (its
     // codes staged without the norm's scale, which the second applies): the second's output against the CPU's ops and
     // closely against the GPU's ops apart, the residual bit for bit (the same product sums, the same add). 4096 rows:
-    // the qwen3-8b o and down projections' outputs; the products after on two rows a warp (6144) and one (700).
-    {
-        DualWeight Wn0(DFL_TYPE_Q8_0, 6144, 4096, r), Wn1(DFL_TYPE_Q8_0, 700, 4096, r);
-        for (int64_t n_in : {int64_t(4096), int64_t(12288)}) {
-            DualWeight W(DFL_TYPE_Q8_0, 4096, n_in, r);
-            Weight wg = W.wg;
-            g_gpu->prepare_weight(wg);
-            for (const DualWeight *N : {&Wn0, &Wn1}) {
-                Weight ng = N->wg;
-                g_gpu->prepare_weight(ng);
-                for (int64_t T : {int64_t(1), int64_t(2)}) {
-                    const std::vector<float> x0 = rand_vec(r, (size_t)(T * 4096));
-                    Dual X(rand_vec(r, (size_t)(T * n_in))), x(x0), w(rand_vec(r, 4096)), d((size_t)(T * 4096) * 4),
-                        xn((size_t)(T * 4096) * 4), Y((size_t)(T * N->wc.n_out) * 4), x2(x0), Y2((size_t)(T * N->wc.n_out) * 4);
-                    for (bool gpu : {false, true}) {
-                        Device *dev = gpu ? g_gpu : g_cpu;
-                        dev->matmul_add_rmsnorm(gpu ? wg : W.wc, X.p(gpu), T, d.p(gpu), x.p(gpu), w.p(gpu), xn.p(gpu),
-                                                1e-6f, gpu ? &ng : &N->wc);
-                        dev->matmul(gpu ? ng : N->wc, xn.p(gpu), T, Y.p(gpu));
-                    }
-                    // the GPU's two ops apart (an op between: nothing staged for the product)
-                    g_gpu->matmul(wg, X.gp(), T, d.gp());
-                    g_gpu->add_rmsnorm(x2.gp(), d.gp(), w.gp(), xn.gp(), T, 4096, 1e-6f);
-                    g_gpu->matmul(ng, xn.gp(), T, Y2.gp());
-                    const std::string what = "matmul_add_rmsnorm q8_0 4096x" + std::to_string(n_in) + " then " +
-                                             std::to_string(N->wc.n_out) + "x4096 T=" + std::to_string(T);
-                    compare(what, Y, 1.5e-2);
-                    compare(what + " x", x, 1.5e-2);
-                    same_bits(what + " x = the ops apart (GPU)", x.read(true), x2.read(true));
-                    compare(what + " = the ops apart (GPU)", Y.read(true), Y2.read(true), 2e-3);
+    // the qwen3-8b o and down projections (a block of 32 rows each 32 of them); 5120: the 27B's out, o and down (two
+    // rows a warp, groups of four blocks; folded with DFL_CUDA_RESID_NORM=2); the products after on two rows a warp
+    // (6144) and one (700).
+    for (const auto &shape : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}, {4096, 12288}, {5120, 6144}}) {
+        const int64_t n = shape.first, n_in = shape.second;
+        DualWeight W(DFL_TYPE_Q8_0, n, n_in, r), Wn0(DFL_TYPE_Q8_0, 6144, n, r), Wn1(DFL_TYPE_Q8_0, 700, n, r);
+        Weight wg = W.wg;
+        g_gpu->prepare_weight(wg);
+        for (const DualWeight *N : {&Wn0, &Wn1}) {
+            Weight ng = N->wg;
+            g_gpu->prepare_weight(ng);
+            for (int64_t T : {int64_t(1), int64_t(2)}) {
+                const std::vector<float> x0 = rand_vec(r, (size_t)(T * n));
+                Dual X(rand_vec(r, (size_t)(T * n_in))), x(x0), w(rand_vec(r, (size_t)n)), d((size_t)(T * n) * 4),
+                    xn((size_t)(T * n) * 4), Y((size_t)(T * N->wc.n_out) * 4), x2(x0), Y2((size_t)(T * N->wc.n_out) * 4);
+                for (bool gpu : {false, true}) {
+                    Device *dev = gpu ? g_gpu : g_cpu;
+                    dev->matmul_add_rmsnorm(gpu ? wg : W.wc, X.p(gpu), T, d.p(gpu), x.p(gpu), w.p(gpu), xn.p(gpu), 1e-6f,
+                                            gpu ? &ng : &N->wc);
+                    dev->matmul(gpu ? ng : N->wc, xn.p(gpu), T, Y.p(gpu));
                 }
+                // the GPU's two ops apart (an op between: nothing staged for the product)
+                g_gpu->matmul(wg, X.gp(), T, d.gp());
+                g_gpu->add_rmsnorm(x2.gp(), d.gp(), w.gp(), xn.gp(), T, n, 1e-6f);
+                g_gpu->matmul(ng, xn.gp(), T, Y2.gp());
+                const std::string what = "matmul_add_rmsnorm q8_0 " + std::to_string(n) + "x" + std::to_string(n_in) +
+                                         " then " + std::to_string(N->wc.n_out) + "x" + std::to_string(n) +
+                                         " T=" + std::to_string(T);
+                compare(what, Y, 1.5e-2);
+                compare(what + " x", x, 1.5e-2);
+                same_bits(what + " x = the ops apart (GPU)", x.read(true), x2.read(true));
+                compare(what + " = the ops apart (GPU)", Y.read(true), Y2.read(true), 2e-3);
             }
         }
     }

@@ -490,7 +490,13 @@ void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deeps
 void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
 void *CudaDevice::splitk_buffer(size_t bytes) { return grow(splitk_buf_, bytes, "split-K partial sums"); }
 void *CudaDevice::gdn_buffer(size_t bytes) { return grow(gdn_buf_, bytes, "gdn working states"); }
-void *CudaDevice::fold_buffer(size_t bytes) { return grow(fold_buf_, bytes, "residual-norm fold codes"); }
+void *CudaDevice::fold_buffer(size_t bytes) {
+    const size_t had = fold_buf_.bytes;
+    void *p = grow(fold_buf_, bytes, "residual-norm fold codes");
+    // zeroed once: the group fold's arrival counts, which each launch leaves zero again
+    if (fold_buf_.bytes != had) check(cudaMemsetAsync(p, 0, fold_buf_.bytes, stream_), "residual-norm fold codes");
+    return p;
+}
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
     op("embed", [&] { launch_embed(stream_, W, tokens, T, out); });

@@ -269,7 +269,11 @@ struct NormFold {
     int8_t *xq = nullptr;
     float *xs = nullptr;
     float *parts = nullptr;
+    unsigned *arrived = nullptr;  // (kFoldGroup) blocks of each 32 rows done so far: zero between launches
 };
+// How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
+// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup).
+constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2;
 
 // The rows kernels' R rows from row0 on: their quants (w) and scales (d); a short last group repeats its last row, never
 // stored.
@@ -409,6 +413,36 @@ __device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, in
     if (lane == 0) out.parts[b] = ss;
 }
 
+// The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
+// then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
+// and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
+// the count for the next launch. v[r]: this warp's row row0 + r.
+template <int R>
+__device__ __forceinline__ void norm_fold_group(const NormFold &out, const float (&v)[R], int64_t row0, int lane,
+                                                int64_t block_row0, int blocks_a_group) {
+    __shared__ bool last;
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++) out.x[row0 + r] += v[r];
+    __syncthreads();
+    const int64_t g = block_row0 >> 5;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(out.arrived + g, 1u) == (unsigned)blocks_a_group - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    const int64_t row = (g << 5) + lane;
+    const float xv = __ldcg(out.x + row);  // (from L2: the other blocks' rows)
+    quant_q8_warp(xv * __ldg(out.w + row), out.xq + row, out.xs + g, nullptr);
+    const float ss = warp_sum(xv * xv);
+    if (lane == 0) {
+        out.parts[g] = ss;
+        out.arrived[g] = 0;
+    }
+}
+
 // Layout of a warp's share (q8p_ahead_warp_words 16-byte words): R rows of 32 A quant words, then R rows of 2 A words
 // of scales.
 __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
@@ -421,11 +455,12 @@ __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R 
 // times rsqrt(sum / n + eps), the sum of in.n_parts partial sums added in a fixed order (every warp the same bits).
 // out (FOLD): the output row is not stored; x[row] += it (the residual, add_rmsnorm's sum), and the block quantizes
 // its 32 rows of x w (w the norm's weights) for the next product, with its partial sum of x^2.
-template <int R, int A, int WARPS = kQ8pWarps, bool FOLD = false>
+template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
                           const float *xs, float *Y, RmsFold in, NormFold out) {
-    static_assert(!FOLD || (R == 1 && WARPS == 32), "the fold's block is one block of 32 rows, a row a warp");
+    static_assert(FOLD != kFoldBlock || (R == 1 && WARPS == 32), "the block fold: 32 rows a block, a row a warp");
+    static_assert(FOLD != kFoldGroup || 32 % (WARPS * R) == 0, "the group fold: whole blocks a group of 32 rows");
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
     extern __shared__ uint4 ahead_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -469,8 +504,15 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     q8p_rows_stream<1, R, U>(w, d, kQuantWords + lane, nw, n_in, xq, xs, wv, dv, acc);
     pdl_trigger();
     const float scale = in.parts ? fold_scale(in, lane) : 1.0f;
-    if (FOLD) {
+    if (FOLD == kFoldBlock) {
         norm_fold_store(out, warp_sum(acc[0][0]) * scale, row0, lane, warp);
+        return;
+    }
+    if (FOLD == kFoldGroup) {
+        float v[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) v[r] = warp_sum(acc[r][0]) * scale;
+        norm_fold_group<R>(out, v, row0, lane, (int64_t)blockIdx.x * WARPS * R, 32 / (WARPS * R));
         return;
     }
 #pragma unroll
@@ -514,7 +556,7 @@ static bool q8p_ahead_r1() {
     return on;
 }
 
-template <int R, int A, int WARPS = kQ8pWarps, bool FOLD = false>
+template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
                              const RmsFold &in, const NormFold &out = NormFold{}) {
     const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
@@ -609,30 +651,44 @@ static int q8p_ahead_rows(const Weight &W) {
     return r;
 }
 
-// The residual-norm fold (CudaDevice::matmul_add_rmsnorm): on unless DFL_CUDA_RESID_NORM=0. H100 12-06 19:4x, one job,
-// alternated twice: qwen3-8b q8_0 tg b1 3.912 / 3.911 -> 3.606 / 3.570 ms a step. Why: a one-token step runs an add_rmsnorm kernel after each layer's output projection and down
-// projection (0.33 of a 3.45 ms qwen3-8b q8_0 step on the H200, skip-ops 12-04): a chained launch, the row's round trip
+// The residual-norm fold (CudaDevice::matmul_add_rmsnorm): on unless DFL_CUDA_RESID_NORM=0. H100 12-06 19:4x, one
+// job, alternated twice: qwen3-8b q8_0 tg b1 3.912 / 3.911 -> 3.606 / 3.570 ms a step. Why: a one-token step runs an
+// add_rmsnorm kernel after each layer's output projection and down projection (0.33 of a 3.45 ms qwen3-8b q8_0 step
+// on the H200, skip-ops 12-04; all of it, 19:4x showed): a chained launch, the row's round trip
 // through L2 and a one-block reduction between two products. Here the product before does the residual add and the
 // quantization of its 32-row blocks itself; the norm's scale, a sum over the whole row, waits for the product after,
 // which multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
-static bool resid_norm_on() {
-    static const bool on = env_switch("DFL_CUDA_RESID_NORM", true);
-    return on;
+// 1 (the default): the block fold only (32 rows a block, a row a warp, at most 32 rows an SM); 2 (opt-in, written
+// 12-06 19:5x without a GPU, unmeasured): also the group fold, for the rows of any one-token staged-ahead product (the
+// 27B's 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row group's last block quantizes it);
+// 0: never.
+static int resid_norm_mode() {
+    static const int m = (int)std::min<int64_t>(2, std::max<int64_t>(0, env_int("DFL_CUDA_RESID_NORM", 1)));
+    return m;
+}
+
+// Whether W's rows take the block fold (else the group fold).
+static bool resid_norm_block(const CudaDevice &dev, const Weight &W) {
+    return q8p_ahead_rows(W) == 1 && W.n_out / 32 <= dev.sm_count();
 }
 
 bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next) {
-    return resid_norm_on() && T == 1 && next && q8p_ahead_words() == 8 && q8p_ahead_rows(W) == 1 &&
-           W.n_out % 32 == 0 && W.n_out / 32 <= dev.sm_count() && q8p_ahead_rows(*next) > 0 && next->n_in == W.n_out;
+    const int mode = resid_norm_mode();
+    if (mode == 0 || T != 1 || !next || q8p_ahead_words() != 8 || q8p_ahead_rows(W) == 0 || W.n_out % 32 != 0 ||
+        q8p_ahead_rows(*next) == 0 || next->n_in != W.n_out)
+        return false;
+    return mode == 2 || resid_norm_block(dev, W);
 }
 
 CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
                                          float eps) {
     const int64_t n = W.n_out, nb = n / 32;
     const QuantX qx = quantize_x(dev, X, W.n_in, 1, false);
+    // the codes, their scales, the groups' partial sums of x^2 and (group fold) their arrival counts
     const size_t q_bytes = round256((size_t)n), s_bytes = round256((size_t)nb * 4);
-    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 2 * s_bytes);
+    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 3 * s_bytes);
     QuantX out;
     out.xq = (int8_t *)p;
     out.xs = (float *)(p + q_bytes);
@@ -642,7 +698,13 @@ CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const
     out.rms_n = (float)n;
     out.rms_eps = eps;
     const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
-    launch_q8p_ahead<1, 8, 32, true>(dev, W, qx.xq, qx.xs, nullptr, in, NormFold{x, w, out.xq, out.xs, parts});
+    const NormFold f{x, w, out.xq, out.xs, parts, (unsigned *)(p + q_bytes + 2 * s_bytes)};
+    if (resid_norm_block(dev, W))
+        launch_q8p_ahead<1, 8, 32, kFoldBlock>(dev, W, qx.xq, qx.xs, nullptr, in, f);
+    else if (q8p_ahead_rows(W) == 1)
+        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);
+    else
+        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     check_launch("matmul (q8_0 with the residual and the next norm)");
     return out;
 }
