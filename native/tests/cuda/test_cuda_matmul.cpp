@@ -312,10 +312,20 @@ void test_matmul_embed() {
     // closely against the GPU's ops apart, the residual bit for bit (the same product sums, the same add). 4096 rows:
     // the qwen3-8b o and down projections (a block of 32 rows each 32 of them); 5120: the 27B's out, o and down (two
     // rows a warp, groups of four blocks; folded with DFL_CUDA_RESID_NORM=2); the products after on two rows a warp
-    // (6144) and one (700).
-    for (const auto &shape : std::vector<std::pair<int64_t, int64_t>>{{4096, 4096}, {4096, 12288}, {5120, 6144}}) {
-        const int64_t n = shape.first, n_in = shape.second;
-        DualWeight W(DFL_TYPE_Q8_0, n, n_in, r), Wn0(DFL_TYPE_Q8_0, 6144, n, r), Wn1(DFL_TYPE_Q8_0, 700, n, r);
+    // (6144) and one (700). q4_K (DFL_CUDA_RESID_NORM=2): qwen3-8b q4_K's o before its q|k|v or gate|up (groups of
+    // eight blocks of the int8 GEMV), and q8_0 and q4_K each before the other.
+    struct FoldCase {
+        uint32_t type, next_type;
+        int64_t n, n_in;
+    };
+    for (const FoldCase &fc : std::vector<FoldCase>{{DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 4096, 4096},
+                                                    {DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 4096, 12288},
+                                                    {DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 5120, 6144},
+                                                    {DFL_TYPE_Q4_K, DFL_TYPE_Q4_K, 4096, 4096},
+                                                    {DFL_TYPE_Q4_K, DFL_TYPE_Q8_0, 4096, 4096},
+                                                    {DFL_TYPE_Q8_0, DFL_TYPE_Q4_K, 4096, 4096}}) {
+        const int64_t n = fc.n, n_in = fc.n_in;
+        DualWeight W(fc.type, n, n_in, r), Wn0(fc.next_type, 6144, n, r), Wn1(fc.next_type, 700, n, r);
         Weight wg = W.wg;
         g_gpu->prepare_weight(wg);
         for (const DualWeight *N : {&Wn0, &Wn1}) {
@@ -335,9 +345,9 @@ void test_matmul_embed() {
                 g_gpu->matmul(wg, X.gp(), T, d.gp());
                 g_gpu->add_rmsnorm(x2.gp(), d.gp(), w.gp(), xn.gp(), T, n, 1e-6f);
                 g_gpu->matmul(ng, xn.gp(), T, Y2.gp());
-                const std::string what = "matmul_add_rmsnorm q8_0 " + std::to_string(n) + "x" + std::to_string(n_in) +
-                                         " then " + std::to_string(N->wc.n_out) + "x" + std::to_string(n) +
-                                         " T=" + std::to_string(T);
+                const std::string what = std::string("matmul_add_rmsnorm ") + tname(fc.type) + " " + std::to_string(n) +
+                                         "x" + std::to_string(n_in) + " then " + tname(fc.next_type) + " " +
+                                         std::to_string(N->wc.n_out) + "x" + std::to_string(n) + " T=" + std::to_string(T);
                 compare(what, Y, 1.5e-2);
                 compare(what + " x", x, 1.5e-2);
                 same_bits(what + " x = the ops apart (GPU)", x.read(true), x2.read(true));

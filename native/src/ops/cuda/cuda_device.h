@@ -107,7 +107,7 @@ public:
     // A fifth, for the working copies of recording entries' recurrent states in gdn_global_kernel (the staged kernel
     // keeps them in registers).
     void *gdn_buffer(size_t bytes);
-    // A sixth, for the codes a residual-norm fold stages for the product after it (launch_q8p_resid_norm): the
+    // A sixth, for the codes a residual-norm fold stages for the product after it (launch_resid_norm): the
     // scratch holds that fold's own input codes meanwhile.
     void *fold_buffer(size_t bytes);
     cudaStream_t stream() const { return stream_; }
@@ -125,7 +125,7 @@ public:
         int8_t *fq = nullptr;
         float *fs = nullptr;
         int32_t rows = 0, T8 = 0, n = 0, tok = 0;
-        // Where rms_parts is set (one row a residual-norm fold staged, launch_q8p_resid_norm): the codes are of x w
+        // Where rms_parts is set (one row a residual-norm fold staged, launch_resid_norm): the codes are of x w
         // before the norm's scale rsqrt(sum / rms_n + rms_eps), which the product multiplies its sums by; sum: the
         // rms_n_parts partial sums of x^2 at rms_parts, added in order.
         const float *rms_parts = nullptr;
@@ -317,8 +317,8 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
 // The residual-norm fold of CudaDevice::matmul_add_rmsnorm (gemv_int8.cu): whether it takes W's product of T rows with
 // `next` reading the norm's output, and the launch (x += W X; the codes of x w for `next`, returned to stage).
 bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next);
-CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
-                                         float eps);
+CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                     float eps);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

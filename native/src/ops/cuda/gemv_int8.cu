@@ -65,11 +65,12 @@ __device__ __forceinline__ int dot16_i8(const uint4 &w, const int4 &x) {
 // A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
 // after this one may launch (it waits for the end of this one before it reads or writes).
 template <int NT>
-__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r) {
+__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r,
+                                                float scale = 1.0f) {
     pdl_trigger();
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
+        const float v = warp_sum(acc[t]) * scale;
         if ((threadIdx.x & 31) == 0) Y[t * n_out + r] = v;
     }
 }
@@ -98,6 +99,86 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
     return v;
 }
 
+// A residual-norm fold's scale for the product after it (QuantX::rms_parts; parts null: none).
+struct RmsFold {
+    const float *parts = nullptr;
+    int n_parts = 0;
+    float n = 0.0f, eps = 0.0f;
+};
+// Where the fold writes: the residual x (updated in place), the norm's weights w, the next product's codes and scales,
+// and a partial sum of x^2 a block of 32 rows.
+struct NormFold {
+    float *x = nullptr;
+    const float *w = nullptr;
+    int8_t *xq = nullptr;
+    float *xs = nullptr;
+    float *parts = nullptr;
+    float *xsum = nullptr;        // where set, each block's d times its codes' sum too (a q4_K product after)
+    unsigned *arrived = nullptr;  // (kFoldGroup) blocks of each 32 rows done so far: zero between launches
+};
+// How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
+// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup).
+constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2;
+
+// The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
+// parts k, k + 32, ... in order, then the warp's butterfly (the same bits in every warp). Read after the main loop,
+// where the partials' round trip is one more latency at the warp's end, not before its first weight.
+__device__ __forceinline__ float fold_scale(const RmsFold &in, int lane) {
+    float s = 0.0f;
+    for (int k = lane; k < in.n_parts; k += 32) s += ld_act(in.parts + k);
+    return rsqrtf(warp_sum(s) / in.n + in.eps);
+}
+
+// The fold's end (gemv_q8p_ahead_kernel, FOLD): warp `warp`'s output v of row `row`; lane 0 adds it to x (add_rmsnorm's
+// residual: x + d) and leaves x w and x in shared memory; then warp 0 quantizes the block's 32 values of x w as every
+// int8 input is quantized (quant_q8_warp: codes and the block's scale, without the norm's scale, which the product
+// after applies to its sums) and stores the block's sum of x^2 for it.
+__device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, int64_t row, int lane, int warp) {
+    __shared__ float xw[32], xr[32];
+    if (lane == 0) {
+        const float xv = out.x[row] + v;
+        out.x[row] = xv;
+        xw[warp] = xv * __ldg(out.w + row);
+        xr[warp] = xv;
+    }
+    __syncthreads();
+    if (warp != 0) return;
+    const int64_t b = row >> 5;  // (row = the block's first: warp 0's)
+    quant_q8_warp(xw[lane], out.xq + row + lane, out.xs + b, out.xsum ? out.xsum + b : nullptr);
+    const float ss = warp_sum(xr[lane] * xr[lane]);
+    if (lane == 0) out.parts[b] = ss;
+}
+
+// The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
+// then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
+// and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
+// the count for the next launch. v[r]: this warp's row row0 + r.
+template <int R>
+__device__ __forceinline__ void norm_fold_group(const NormFold &out, const float (&v)[R], int64_t row0, int lane,
+                                                int64_t block_row0, int blocks_a_group) {
+    __shared__ bool last;
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++) out.x[row0 + r] += v[r];
+    __syncthreads();
+    const int64_t g = block_row0 >> 5;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(out.arrived + g, 1u) == (unsigned)blocks_a_group - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x >= 32) return;
+    __threadfence();
+    const int64_t row = (g << 5) + lane;
+    const float xv = __ldcg(out.x + row);  // (from L2: the other blocks' rows)
+    quant_q8_warp(xv * __ldg(out.w + row), out.xq + row, out.xs + g, out.xsum ? out.xsum + g : nullptr);
+    const float ss = warp_sum(xv * xv);
+    if (lane == 0) {
+        out.parts[g] = ss;
+        out.arrived[g] = 0;
+    }
+}
+
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
 // 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
 // nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
@@ -107,10 +188,13 @@ __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p
 // token 93.6 -> 95.6 us, 12-06 02:3x; a row's first 16 super-blocks copied into shared memory by cp.async before the
 // wait, as gemv_q8p_ahead_kernel does, lost on an H100: tg b1 qwen3-8b q4_K 2.84 / 2.86 -> 3.24 / 3.28 ms a step, 12-06
 // 15:1x, with twelve blocks an SM at 40 registers.)
-template <int NT>
+// in / FOLD (one token): as gemv_q8p_ahead_kernel's (a fold before: the norm's scale; FOLD: the group fold of its
+// rows for the product after, Y not stored).
+template <int NT, bool FOLD = false>
 __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
                                                                    int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   const float *xsum, float *Y, GemvZ z) {
+                                                                   const float *xsum, float *Y, GemvZ z, RmsFold in,
+                                                                   NormFold out) {
     const int64_t nb32 = n_in / 32;
     {
         int64_t k = blockIdx.y;
@@ -141,7 +225,14 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
     }
-    store_warp_rows<NT>(acc, Y, n_out, r);
+    const float scale = in.parts ? fold_scale(in, lane) : 1.0f;
+    if (FOLD) {
+        pdl_trigger();
+        const float v[1] = {warp_sum(acc[0]) * scale};
+        norm_fold_group<1>(out, v, r, lane, (int64_t)blockIdx.x * kQ8pWarps, 32 / kQ8pWarps);
+        return;
+    }
+    store_warp_rows<NT>(acc, Y, n_out, r, scale);
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -255,26 +346,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q8p_kernel(const int8_t *
     store_warp_rows<NT>(acc, Y, n_out, row);
 }
 
-// A residual-norm fold's scale for the product after it (QuantX::rms_parts; parts null: none).
-struct RmsFold {
-    const float *parts = nullptr;
-    int n_parts = 0;
-    float n = 0.0f, eps = 0.0f;
-};
-// Where the fold writes: the residual x (updated in place), the norm's weights w, the next product's codes and scales,
-// and a partial sum of x^2 a block of 32 rows.
-struct NormFold {
-    float *x = nullptr;
-    const float *w = nullptr;
-    int8_t *xq = nullptr;
-    float *xs = nullptr;
-    float *parts = nullptr;
-    unsigned *arrived = nullptr;  // (kFoldGroup) blocks of each 32 rows done so far: zero between launches
-};
-// How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
-// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup).
-constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2;
-
 // The rows kernels' R rows from row0 on: their quants (w) and scales (d); a short last group repeats its last row, never
 // stored.
 template <int R>
@@ -384,65 +455,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
 // sums its words in the rows kernel's order: the same floats as gemv_q8p_rows_kernel<1, 2> at R = 2. At R = 1 it
 // stands in for gemv_q8p_kernel, which rounds each term as (s sw) sx where this kernel takes s (sw sx): last bits
 // may differ from DFL_CUDA_GEMV_AHEAD=0's.
-// The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
-// parts k, k + 32, ... in order, then the warp's butterfly (the same bits in every warp). Read after the main loop,
-// where the partials' round trip is one more latency at the warp's end, not before its first weight.
-__device__ __forceinline__ float fold_scale(const RmsFold &in, int lane) {
-    float s = 0.0f;
-    for (int k = lane; k < in.n_parts; k += 32) s += ld_act(in.parts + k);
-    return rsqrtf(warp_sum(s) / in.n + in.eps);
-}
-
-// The fold's end (gemv_q8p_ahead_kernel, FOLD): warp `warp`'s output v of row `row`; lane 0 adds it to x (add_rmsnorm's
-// residual: x + d) and leaves x w and x in shared memory; then warp 0 quantizes the block's 32 values of x w as every
-// int8 input is quantized (quant_q8_warp: codes and the block's scale, without the norm's scale, which the product
-// after applies to its sums) and stores the block's sum of x^2 for it.
-__device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, int64_t row, int lane, int warp) {
-    __shared__ float xw[32], xr[32];
-    if (lane == 0) {
-        const float xv = out.x[row] + v;
-        out.x[row] = xv;
-        xw[warp] = xv * __ldg(out.w + row);
-        xr[warp] = xv;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    const int64_t b = row >> 5;  // (row = the block's first: warp 0's)
-    quant_q8_warp(xw[lane], out.xq + row + lane, out.xs + b, nullptr);
-    const float ss = warp_sum(xr[lane] * xr[lane]);
-    if (lane == 0) out.parts[b] = ss;
-}
-
-// The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
-// then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
-// and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
-// the count for the next launch. v[r]: this warp's row row0 + r.
-template <int R>
-__device__ __forceinline__ void norm_fold_group(const NormFold &out, const float (&v)[R], int64_t row0, int lane,
-                                                int64_t block_row0, int blocks_a_group) {
-    __shared__ bool last;
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; r++) out.x[row0 + r] += v[r];
-    __syncthreads();
-    const int64_t g = block_row0 >> 5;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(out.arrived + g, 1u) == (unsigned)blocks_a_group - 1;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    __threadfence();
-    const int64_t row = (g << 5) + lane;
-    const float xv = __ldcg(out.x + row);  // (from L2: the other blocks' rows)
-    quant_q8_warp(xv * __ldg(out.w + row), out.xq + row, out.xs + g, nullptr);
-    const float ss = warp_sum(xv * xv);
-    if (lane == 0) {
-        out.parts[g] = ss;
-        out.arrived[g] = 0;
-    }
-}
-
 // Layout of a warp's share (q8p_ahead_warp_words 16-byte words): R rows of 32 A quant words, then R rows of 2 A words
 // of scales.
 __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R * (32 * A + 2 * A); }
@@ -660,10 +672,11 @@ static int q8p_ahead_rows(const Weight &W) {
 // which multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
-// 1 (the default): the block fold only (32 rows a block, a row a warp, at most 32 rows an SM); 2 (opt-in, written
-// 12-06 19:5x without a GPU, unmeasured): also the group fold, for the rows of any one-token staged-ahead product (the
-// 27B's 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row group's last block quantizes it);
-// 0: never.
+// 1 (the default): the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (opt-in,
+// written 12-06 19:5x-20:0x without a GPU, unmeasured): also the group fold, for the rows of any one-token
+// staged-ahead q8_0 product (the 27B's 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row
+// group's last block quantizes it) and of the q4_K int8 GEMV (qwen3-8b q4_K's o and down, a row a warp), before a
+// product on either; 0: never.
 static int resid_norm_mode() {
     static const int m = (int)std::min<int64_t>(2, std::max<int64_t>(0, env_int("DFL_CUDA_RESID_NORM", 1)));
     return m;
@@ -674,38 +687,50 @@ static bool resid_norm_block(const CudaDevice &dev, const Weight &W) {
     return q8p_ahead_rows(W) == 1 && W.n_out / 32 <= dev.sm_count();
 }
 
-bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next) {
-    const int mode = resid_norm_mode();
-    if (mode == 0 || T != 1 || !next || q8p_ahead_words() != 8 || q8p_ahead_rows(W) == 0 || W.n_out % 32 != 0 ||
-        q8p_ahead_rows(*next) == 0 || next->n_in != W.n_out)
-        return false;
-    return mode == 2 || resid_norm_block(dev, W);
+// Whether one token of W runs a kernel that can fold (as the product before) or scale (as the one after): the
+// staged-ahead q8_0 GEMV (A = 8 words) or the q4_K int8 GEMV.
+static bool resid_norm_kernel(const Weight &W) {
+    if (W.type == DFL_TYPE_Q4_K) return q4k_i8_on() && q4k_i8_ok(W, GemvZ{});
+    return q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
 }
 
-CudaDevice::QuantX launch_q8p_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
-                                         float eps) {
+bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next) {
+    const int mode = resid_norm_mode();
+    if (mode == 0 || T != 1 || !next || W.n_out % 32 != 0 || next->n_in != W.n_out || !resid_norm_kernel(W) ||
+        !resid_norm_kernel(*next))
+        return false;
+    return mode == 2 || (W.type == DFL_TYPE_Q8_0 && next->type == DFL_TYPE_Q8_0 && resid_norm_block(dev, W));
+}
+
+CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                     float eps) {
     const int64_t n = W.n_out, nb = n / 32;
-    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false);
-    // the codes, their scales, the groups' partial sums of x^2 and (group fold) their arrival counts
+    const bool q4 = W.type == DFL_TYPE_Q4_K;
+    const QuantX qx = quantize_x(dev, X, W.n_in, 1, q4, true);
+    // the codes, their scales and block sums, the groups' partial sums of x^2 and (group fold) their arrival counts
     const size_t q_bytes = round256((size_t)n), s_bytes = round256((size_t)nb * 4);
-    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 3 * s_bytes);
+    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 4 * s_bytes);
     QuantX out;
     out.xq = (int8_t *)p;
     out.xs = (float *)(p + q_bytes);
-    float *parts = (float *)(p + q_bytes + s_bytes);
+    out.xsum = (float *)(p + q_bytes + s_bytes);
+    float *parts = (float *)(p + q_bytes + 2 * s_bytes);
     out.rms_parts = parts;
     out.rms_n_parts = (int32_t)nb;
     out.rms_n = (float)n;
     out.rms_eps = eps;
     const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
-    const NormFold f{x, w, out.xq, out.xs, parts, (unsigned *)(p + q_bytes + 2 * s_bytes)};
-    if (resid_norm_block(dev, W))
+    const NormFold f{x, w, out.xq, out.xs, parts, out.xsum, (unsigned *)(p + q_bytes + 3 * s_bytes)};
+    if (q4)
+        launch_pdl(gemv_q4k_i8_kernel<1, true>, dim3((unsigned)(n / kQ8pWarps)), dim3(kQ8pWarps * 32), dev.stream(),
+                   W.data, W.row_bytes, W.n_in, n, qx.xq, qx.xs, qx.xsum, (float *)nullptr, GemvZ{}, in, f);
+    else if (resid_norm_block(dev, W))
         launch_q8p_ahead<1, 8, 32, kFoldBlock>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     else if (q8p_ahead_rows(W) == 1)
         launch_q8p_ahead<1, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     else
         launch_q8p_ahead<2, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);
-    check_launch("matmul (q8_0 with the residual and the next norm)");
+    check_launch("matmul (with the residual and the next norm)");
     return out;
 }
 
@@ -770,20 +795,23 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
     const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
     if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
-    const QuantX qx = quantize_x(dev, X, W.n_in, nx, true);
+    const QuantX qx = quantize_x(dev, X, W.n_in, nx, true, nz <= 1 && T == 1);
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
+    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
+    const NormFold out;
     cudaStream_t s = dev.stream();
     // a second stack (GemvZ::w2) doubles the members: nz of each
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
     if (nz > 1) {
-        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
+        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, in,
+                   out);
     } else {
         switch (T) {
 #define DFL_Q4K_I8(N) \
-    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z); break;
+    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, in, out); break;
             DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
             DFL_Q4K_I8(8)
 #undef DFL_Q4K_I8
