@@ -251,11 +251,13 @@ void QwenModel::run_layers(const BatchMeta &m, const dfl_batch &b, int64_t rows,
         const std::vector<RowsView> gu =
             project_views(*dev_, L.gate_up, {{&L.ffn_gate, a.ff_g.f()}, {&L.ffn_up, a.ff_u.f()}}, a.xn.f(), T, a.fused.f());
         dev_->swiglu_rows(a.ff_g.f(), gu[0].p, gu[1].p, T, h.n_ff, gu[0].stride);
-        // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart)
+        // the residual add and the next layer's input norm in one pass (the same sums as the two ops apart); where
+        // this layer is captured, the capture's copy comes between the norm and its product: no fold (next unknown)
+        const bool captured = std::find(b.capture_layers, b.capture_layers + b.n_capture, il) != b.capture_layers + b.n_capture;
         if (il + 1 < h.n_layer) {
             const Layer &next = layers_[(size_t)il + 1];
             dev_->matmul_add_rmsnorm(L.ffn_down, a.ff_g.f(), T, a.mix.f(), a.x.f(), next.attn_norm, a.xn.f(), h.eps,
-                                     reader(next.in_proj));
+                                     captured ? nullptr : reader(next.in_proj));
         } else {
             dev_->matmul(L.ffn_down, a.ff_g.f(), T, a.mix.f());
             dev_->add(a.x.f(), a.mix.f(), T * H);

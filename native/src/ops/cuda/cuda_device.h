@@ -110,6 +110,9 @@ public:
     // A sixth, for the codes a residual-norm fold stages for the product after it (launch_resid_norm): the
     // scratch holds that fold's own input codes meanwhile.
     void *fold_buffer(size_t bytes);
+    // A seventh, the group fold's arrival counts (one a group of 32 rows, whatever the row count): zeroed when it
+    // grows, left zero by every launch.
+    unsigned *fold_counts(int64_t groups);
     cudaStream_t stream() const { return stream_; }
     cublasHandle_t blas() const { return blas_; }
 
@@ -224,7 +227,7 @@ private:
         size_t bytes = 0;
     };
     void *grow(GrowBuf &b, size_t bytes, const char *what);
-    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_;
+    GrowBuf scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, fold_counts_;
     uint64_t scratch_epoch_ = 0;
     // The side lane (side_begin; DFL_CUDA_LANES=0: none): a stream, a cuBLAS handle, grow buffers and a staging of its
     // own, so that its ops share nothing with the main lane's. The lane not current keeps them in other_; switching
@@ -232,7 +235,7 @@ private:
     struct Lane {
         cudaStream_t stream = nullptr;
         cublasHandle_t blas = nullptr;
-        GrowBuf scratch, ds4_buf, mma_buf, splitk_buf, gdn_buf, fold_buf;
+        GrowBuf scratch, ds4_buf, mma_buf, splitk_buf, gdn_buf, fold_buf, fold_counts;
         uint64_t calls = 0;
     };
     void swap_lanes();
@@ -316,7 +319,10 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
                               bool folded_ok = false);
 // The residual-norm fold of CudaDevice::matmul_add_rmsnorm (gemv_int8.cu): whether it takes W's product of T rows with
 // `next` reading the norm's output, and the launch (x += W X; the codes of x w for `next`, returned to stage).
-bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next);
+// (y: the norm's output, which `next` would read: its alignment decides the q4_K path as launch_matmul's does.)
+bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next, const float *y);
+// Whether launch_matmul gives T rows of W to launch_gemv_q8p (repacked q8_0 on int8 activations).
+bool q8p_takes(const Weight &W, int64_t T);
 CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
                                      float eps);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns

@@ -93,8 +93,9 @@ CudaDevice::~CudaDevice() {
     if (download_) cudaFreeHost(download_);
     if (landing_) cudaFreeHost(landing_);
     for (void *p : weights_) cudaFree(p);
-    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, other_.scratch,
-                             other_.ds4_buf, other_.mma_buf, other_.splitk_buf, other_.gdn_buf, other_.fold_buf})
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, fold_counts_,
+                             other_.scratch, other_.ds4_buf, other_.mma_buf, other_.splitk_buf, other_.gdn_buf,
+                             other_.fold_buf, other_.fold_counts})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -115,6 +116,7 @@ void CudaDevice::swap_lanes() {
     std::swap(splitk_buf_, other_.splitk_buf);
     std::swap(gdn_buf_, other_.gdn_buf);
     std::swap(fold_buf_, other_.fold_buf);
+    std::swap(fold_counts_, other_.fold_counts);
     std::swap(calls_, other_.calls);
     std::swap(staged_, other_staged_);
     on_side_ = !on_side_;
@@ -166,6 +168,10 @@ bool skip_op(const char *name) {
 static thread_local int t_current_device = -1;
 
 void CudaDevice::use() const {
+    // a residual-norm fold's staging is the only copy of the norm's output (y is never written): any call but the
+    // product it was staged for (which opens it first) would leave that product to read a stale y
+    if (staged_.q.rms_parts && staged_.call == calls_ && !staged_open_)
+        fail(DFL_ERR_INTERNAL, "a device call came between a folded norm and the product of its output");
     ++calls_;
     if (t_current_device == index_) return;
     check(cudaSetDevice(index_), "cudaSetDevice");
@@ -490,12 +496,13 @@ void *CudaDevice::ds4_buffer(size_t bytes) { return grow(ds4_buf_, bytes, "deeps
 void *CudaDevice::mma_buffer(size_t bytes) { return grow(mma_buf_, bytes, "int8 mma activations"); }
 void *CudaDevice::splitk_buffer(size_t bytes) { return grow(splitk_buf_, bytes, "split-K partial sums"); }
 void *CudaDevice::gdn_buffer(size_t bytes) { return grow(gdn_buf_, bytes, "gdn working states"); }
-void *CudaDevice::fold_buffer(size_t bytes) {
-    const size_t had = fold_buf_.bytes;
-    void *p = grow(fold_buf_, bytes, "residual-norm fold codes");
-    // zeroed once: the group fold's arrival counts, which each launch leaves zero again
-    if (fold_buf_.bytes != had) check(cudaMemsetAsync(p, 0, fold_buf_.bytes, stream_), "residual-norm fold codes");
-    return p;
+void *CudaDevice::fold_buffer(size_t bytes) { return grow(fold_buf_, bytes, "residual-norm fold codes"); }
+
+unsigned *CudaDevice::fold_counts(int64_t groups) {
+    const size_t had = fold_counts_.bytes;
+    void *p = grow(fold_counts_, (size_t)groups * sizeof(unsigned), "residual-norm fold counts");
+    if (fold_counts_.bytes != had) check(cudaMemsetAsync(p, 0, fold_counts_.bytes, stream_), "residual-norm fold counts");
+    return (unsigned *)p;
 }
 
 void CudaDevice::embed(const Weight &W, const int32_t *tokens, int64_t T, float *out) {
@@ -575,6 +582,8 @@ void CudaDevice::staged_done() {
 
 bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
     const bool ok = staged_open_ && staged_.x == x && staged_.count == count;
+    if (!ok && staged_open_ && staged_.q.rms_parts)
+        fail(DFL_ERR_INTERNAL, "the product after a folded norm does not read the norm's output");
     if (ok) *q = staged_.q;
     staged_ = Staged{};
     staged_open_ = false;
@@ -631,7 +640,7 @@ void CudaDevice::add_rmsnorm(float *x, const float *d, const float *w, float *y,
 
 void CudaDevice::matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, float *d, float *x, const float *w,
                                     float *y, float eps, const Weight *next) {
-    if (!resid_norm_takes(*this, W, T, next)) return Device::matmul_add_rmsnorm(W, X, T, d, x, w, y, eps, next);
+    if (!resid_norm_takes(*this, W, T, next, y)) return Device::matmul_add_rmsnorm(W, X, T, d, x, w, y, eps, next);
     QuantX q;
     product(W, T, [&] { q = launch_resid_norm(*this, W, X, x, w, eps); });
     if (!q.xq) return;  // (DFL_CUDA_SKIP_OPS=matmul: nothing ran, y unwritten: garbage out, as skipped ops give)

@@ -682,22 +682,25 @@ static int resid_norm_mode() {
     return m;
 }
 
-// Whether W's rows take the block fold (else the group fold).
+// Whether W's rows take the block fold (else the group fold): a row a warp, at most 32 rows an SM, and the block's
+// 32 warps' staged words (139,264 bytes, and the fold's 256 static) within what a block may have.
 static bool resid_norm_block(const CudaDevice &dev, const Weight &W) {
-    return q8p_ahead_rows(W) == 1 && W.n_out / 32 <= dev.sm_count();
+    const size_t smem = (size_t)32 * q8p_ahead_warp_words(1, 8) * 16 + 256;
+    return q8p_ahead_rows(W) == 1 && W.n_out / 32 <= dev.sm_count() && smem <= dev.shared_optin();
 }
 
-// Whether one token of W runs a kernel that can fold (as the product before) or scale (as the one after): the
-// staged-ahead q8_0 GEMV (A = 8 words) or the q4_K int8 GEMV.
-static bool resid_norm_kernel(const Weight &W) {
-    if (W.type == DFL_TYPE_Q4_K) return q4k_i8_on() && q4k_i8_ok(W, GemvZ{});
-    return q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+// Whether one token of W with its input at X runs a kernel that can fold (as the product before) or scale (as the one
+// after), as launch_matmul picks it: the staged-ahead q8_0 GEMV (A = 8 words) or the q4_K int8 GEMV.
+static bool resid_norm_kernel(const Weight &W, const float *X) {
+    if (q8p_takes(W, 1)) return q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+    return W.type == DFL_TYPE_Q4_K && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && ((uintptr_t)X & 15) == 0;
 }
 
-bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next) {
+bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next, const float *y) {
     const int mode = resid_norm_mode();
-    if (mode == 0 || T != 1 || !next || W.n_out % 32 != 0 || next->n_in != W.n_out || !resid_norm_kernel(W) ||
-        !resid_norm_kernel(*next))
+    // (X of W is the quantizer's or the staging's, any alignment: only next's input decides its path)
+    if (mode == 0 || T != 1 || !next || W.n_out % 32 != 0 || next->n_in != W.n_out || !resid_norm_kernel(W, nullptr) ||
+        !resid_norm_kernel(*next, y))
         return false;
     return mode == 2 || (W.type == DFL_TYPE_Q8_0 && next->type == DFL_TYPE_Q8_0 && resid_norm_block(dev, W));
 }
@@ -707,9 +710,11 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
     const int64_t n = W.n_out, nb = n / 32;
     const bool q4 = W.type == DFL_TYPE_Q4_K;
     const QuantX qx = quantize_x(dev, X, W.n_in, 1, q4, true);
-    // the codes, their scales and block sums, the groups' partial sums of x^2 and (group fold) their arrival counts
+    // (a folded input would be read from the buffer this fold writes)
+    if (qx.rms_parts) fail(DFL_ERR_INTERNAL, "residual-norm fold: its input is a folded norm's");
+    // the codes, their scales and block sums, the groups' partial sums of x^2
     const size_t q_bytes = round256((size_t)n), s_bytes = round256((size_t)nb * 4);
-    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 4 * s_bytes);
+    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 3 * s_bytes);
     QuantX out;
     out.xq = (int8_t *)p;
     out.xs = (float *)(p + q_bytes);
@@ -719,12 +724,13 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
     out.rms_n_parts = (int32_t)nb;
     out.rms_n = (float)n;
     out.rms_eps = eps;
-    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
-    const NormFold f{x, w, out.xq, out.xs, parts, out.xsum, (unsigned *)(p + q_bytes + 3 * s_bytes)};
+    const RmsFold in;
+    const bool block = !q4 && resid_norm_block(dev, W);
+    const NormFold f{x, w, out.xq, out.xs, parts, out.xsum, block ? nullptr : dev.fold_counts(nb)};
     if (q4)
         launch_pdl(gemv_q4k_i8_kernel<1, true>, dim3((unsigned)(n / kQ8pWarps)), dim3(kQ8pWarps * 32), dev.stream(),
                    W.data, W.row_bytes, W.n_in, n, qx.xq, qx.xs, qx.xsum, (float *)nullptr, GemvZ{}, in, f);
-    else if (resid_norm_block(dev, W))
+    else if (block)
         launch_q8p_ahead<1, 8, 32, kFoldBlock>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     else if (q8p_ahead_rows(W) == 1)
         launch_q8p_ahead<1, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);

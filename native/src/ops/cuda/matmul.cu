@@ -550,7 +550,7 @@ bool gemm_takes_parts(int64_t T) {
 }
 
 // Whether T tokens of W take launch_matmul's repacked q8_0 kernels (launch_gemv_q8p).
-static bool q8p_takes(const Weight &W, int64_t T) {
+bool q8p_takes(const Weight &W, int64_t T) {
     return (T <= q8p_max_tokens() || T <= i8_mma_max_tokens()) && q8p_ok(W);
 }
 
