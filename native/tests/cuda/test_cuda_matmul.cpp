@@ -355,6 +355,30 @@ void test_matmul_embed() {
             }
         }
     }
+    // A device call between a folded norm and its product (a capture's copy, say) would leave the product to read the
+    // norm's output, which the fold never writes: it fails loudly, and the device works after (the staging spent).
+    if (std::getenv("DFL_CUDA_RESID_NORM") == nullptr || std::strcmp(std::getenv("DFL_CUDA_RESID_NORM"), "0") != 0) {
+        DualWeight W(DFL_TYPE_Q8_0, 4096, 4096, r), N(DFL_TYPE_Q8_0, 6144, 4096, r);
+        Weight wg = W.wg, ng = N.wg;
+        g_gpu->prepare_weight(wg);
+        g_gpu->prepare_weight(ng);
+        Dual X(rand_vec(r, 4096)), x(rand_vec(r, 4096)), w(rand_vec(r, 4096)), d(4096 * 4), xn(4096 * 4), other(64),
+            Y(6144 * 4);
+        g_gpu->matmul_add_rmsnorm(wg, X.gp(), 1, d.gp(), x.gp(), w.gp(), xn.gp(), 1e-6f, &ng);
+        bool ok = false;
+        try {
+            g_gpu->zero(other.gp(), 64);
+        } catch (const Error &e) {
+            ok = e.code == DFL_ERR_INTERNAL && std::string(e.what()).find("folded norm") != std::string::npos;
+        }
+        g_cases++;
+        std::printf("%s a call between a folded norm and its product throws DFL_ERR_INTERNAL\n", ok ? "ok  " : "FAIL");
+        if (!ok) g_failures++;
+        g_gpu->zero(other.gp(), 64);  // (the staging is spent: the device goes on)
+        g_gpu->rmsnorm(x.gp(), w.gp(), xn.gp(), 1, 4096, 1e-6f);
+        g_gpu->matmul(ng, xn.gp(), 1, Y.gp());
+        g_gpu->sync();
+    }
     // Two chains on two lanes (Device::side_begin / side_end / join_side, run side by side on the GPU unless
     // DFL_CUDA_LANES=0): a norm staged on the main lane, a norm and two products on the side lane, then
     // the main lane's product, which still takes its norm's int8 rows: each lane's products quantize into that lane's

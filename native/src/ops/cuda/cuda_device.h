@@ -180,7 +180,7 @@ private:
     // A product op: the staging spent with it, the op timed.
     template <class Launch>
     void product(const Weight &W, int64_t T, Launch launch);
-    void use() const;  // makes this device current for the calling thread; counts device calls (calls_)
+    void use();  // makes this device current for the calling thread; counts device calls (calls_)
     void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>

@@ -167,11 +167,14 @@ bool skip_op(const char *name) {
 // The device current on this thread, as last set through use(): cudaSetDevice per op is measurable in decode.
 static thread_local int t_current_device = -1;
 
-void CudaDevice::use() const {
+void CudaDevice::use() {
     // a residual-norm fold's staging is the only copy of the norm's output (y is never written): any call but the
-    // product it was staged for (which opens it first) would leave that product to read a stale y
-    if (staged_.q.rms_parts && staged_.call == calls_ && !staged_open_)
+    // product it was staged for (which opens it first) would leave that product to read a stale y (spent here, so
+    // that the device goes on after the error)
+    if (staged_.q.rms_parts && staged_.call == calls_ && !staged_open_) {
+        staged_ = Staged{};
         fail(DFL_ERR_INTERNAL, "a device call came between a folded norm and the product of its output");
+    }
     ++calls_;
     if (t_current_device == index_) return;
     check(cudaSetDevice(index_), "cudaSetDevice");
@@ -582,8 +585,11 @@ void CudaDevice::staged_done() {
 
 bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
     const bool ok = staged_open_ && staged_.x == x && staged_.count == count;
-    if (!ok && staged_open_ && staged_.q.rms_parts)
+    if (!ok && staged_open_ && staged_.q.rms_parts) {
+        staged_ = Staged{};
+        staged_open_ = false;
         fail(DFL_ERR_INTERNAL, "the product after a folded norm does not read the norm's output");
+    }
     if (ok) *q = staged_.q;
     staged_ = Staged{};
     staged_open_ = false;
