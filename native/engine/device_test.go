@@ -289,3 +289,35 @@ func TestDeviceTopK(t *testing.T) {
 	defer m.Close()
 	checkTopK(t, m, c.vocab, 1e-5)
 }
+
+// TestDeviceOneTokenFoldMatchesCPU replays one-token forwards of a q8_0 qwen3 model of qwen3-8b's width (4096: its
+// output projections take the CUDA device's residual-norm fold, CudaDevice::matmul_add_rmsnorm), with and without
+// hidden-state capture of a middle layer (a speculating engine's one-token steps capture; a capture's copy may not come
+// between a fold and its product), and compares every logits row and capture with the CPU engine's.
+func TestDeviceOneTokenFoldMatchesCPU(t *testing.T) {
+	dev := testDevice(t)
+	cpu := openCPU(t)
+	c := config{arch: "qwen3", vocab: 512, embd: 4096, ff: 4096, layers: 3, heads: 32, headsKV: 8, headDim: 128,
+		theta: 1e6, weight: gguf.Q8_0, seed: 7}
+	spec := randomSpec(t, c)
+	spec.Options = Options{KVPoolTokens: 256, BlockSize: 16, MaxSeqs: 1, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
+	run := func(lib *Lib) []replayRow {
+		p := newReplayer(t, lib, spec, rand.New(rand.NewPCG(7, 1)), c.vocab)
+		defer p.m.Close()
+		s, _ := p.m.NewSeq()
+		p.keep("prefill", p.must(p.m.Forward(one(s, p.tokens(12), LogitsLast))), 0, 1)
+		for step := 0; step < 6; step++ {
+			b := one(s, p.tokens(1), LogitsLast)
+			if step%2 == 1 {
+				b.Capture = []int{1}
+			}
+			r := p.must(p.m.Forward(b))
+			p.keep(fmt.Sprintf("decode %d", step), r, 0, 1)
+			if step%2 == 1 {
+				p.keepRow(fmt.Sprintf("decode %d capture layer 1", step), r.Hidden(0, 0, 0))
+			}
+		}
+		return p.out
+	}
+	checkReplay(t, run(dev), run(cpu), int8Bound)
+}
