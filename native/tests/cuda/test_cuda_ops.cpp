@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -400,6 +401,20 @@ void test_attention_masks(Rng &r) {
                 }
 }
 
+// Every shape, cache type (K and V alike), batch and block size, in that nesting.
+template <size_t NS, size_t NC>
+void run_attention_grid(const AttnShape (&shapes)[NS], const uint32_t (&ctypes)[NC],
+                        const std::vector<std::vector<Batch::Ent>> &batches, std::initializer_list<int> block_sizes,
+                        Rng &r) {
+    for (const AttnShape &s : shapes)
+        for (uint32_t ct : ctypes)
+            for (const auto &be : batches)
+                for (int bs : block_sizes) {
+                    Batch b(be, bs, r);
+                    run_attention_case(s, ct, ct, b, r);
+                }
+}
+
 // Cases for the tensor-core path (entries of 64 or more query rows): GQA groups 1, 4 and 6 (qwen3-8b's 32/8 heads of
 // 128, qwen3.5-27b's 24/4 heads of 256), chunks after cached tokens, several entries of different lengths, block sizes
 // 16 and 5.
@@ -411,13 +426,7 @@ void test_attention_gemm_path(Rng &r) {
         {{130, 70, 0, false}},                                    // T = 130 after 70 cached tokens
         {{200, 0, 0, false}, {3, 20, 1, false}, {97, 150, 2, false}},  // T = 300, three entries
     };
-    for (const AttnShape &s : shapes)
-        for (uint32_t ct : ctypes)
-            for (const auto &be : batches)
-                for (int bs : {16, 5}) {
-                    Batch b(be, bs, r);
-                    run_attention_case(s, ct, ct, b, r);
-                }
+    run_attention_grid(shapes, ctypes, batches, {16, 5}, r);
     Batch mixed({{100, 33, 0, false}, {1, 40, 1, false}}, 5, r);  // mixed cache types, a one-token entry beside
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, mixed, r);
     run_attention_case(shapes[1], DFL_TYPE_F32, DFL_TYPE_BF16, mixed, r);
@@ -445,14 +454,7 @@ void test_attention() {
         {{1, 3000, 0, false}},                                       // long decode: split-K attention
         {{1, 2500, 0, false}, {2, 10, 1, false}},                    // splits past a short entry's end stay empty
     };
-    for (const AttnShape &s : shapes) {
-        for (uint32_t ct : ctypes) {
-            for (const auto &be : batches) {
-                Batch b(be, 16, r);
-                run_attention_case(s, ct, ct, b, r);
-            }
-        }
-    }
+    run_attention_grid(shapes, ctypes, batches, {16}, r);
     Batch odd({{3, 9, 0, false}, {14, 2, 1, false}}, 5, r);  // block size not a power of two, mixed cache types
     run_attention_case(shapes[0], DFL_TYPE_Q8_0, DFL_TYPE_F16, odd, r);
     test_attention_gemm_path(r);
@@ -464,13 +466,7 @@ void test_attention() {
         {{1, 0, 0, false}, {1, 77, 1, false}, {1, 16, 2, false}},
         {{1, 3000, 0, false}, {1, 10, 1, false}},
     };
-    for (const AttnShape &s : shapes)
-        for (uint32_t ct : ctypes)
-            for (const auto &be : decode)
-                for (int bs : {16, 5}) {
-                    Batch b(be, bs, r);
-                    run_attention_case(s, ct, ct, b, r);
-                }
+    run_attention_grid(shapes, ctypes, decode, {16, 5}, r);
     {
         std::vector<Batch::Ent> many;
         for (int32_t i = 0; i < 32; i++) many.push_back({1, 16 + 7 * i, i, false});

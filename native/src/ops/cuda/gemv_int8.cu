@@ -105,6 +105,10 @@ struct RmsFold {
     int n_parts = 0;
     float n = 0.0f, eps = 0.0f;
 };
+// What a product's kernel needs of its input's staging to apply a fold's scale.
+inline RmsFold rms_fold(const CudaDevice::QuantX &q) {
+    return RmsFold{q.rms_parts, q.rms_n_parts, q.rms_n, q.rms_eps};
+}
 // Where the fold writes: the residual x (updated in place), the norm's weights w, the next product's codes and scales,
 // and a partial sum of x^2 a block of 32 rows.
 struct NormFold {
@@ -666,10 +670,10 @@ static int q8p_ahead_rows(const Weight &W) {
 // The residual-norm fold (CudaDevice::matmul_add_rmsnorm): on unless DFL_CUDA_RESID_NORM=0. H100 12-06 19:4x, one
 // job, alternated twice: qwen3-8b q8_0 tg b1 3.912 / 3.911 -> 3.606 / 3.570 ms a step. Why: a one-token step runs an
 // add_rmsnorm kernel after each layer's output projection and down projection (0.33 of a 3.45 ms qwen3-8b q8_0 step
-// on the H200, skip-ops 12-04; all of it, 19:4x showed): a chained launch, the row's round trip
-// through L2 and a one-block reduction between two products. Here the product before does the residual add and the
-// quantization of its 32-row blocks itself; the norm's scale, a sum over the whole row, waits for the product after,
-// which multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
+// on the H200, skip-ops 12-04; all of it, 19:4x showed): a chained launch, the row's round trip through L2 and a
+// one-block reduction between two products. Here the product before does the residual add and the quantization of
+// its 32-row blocks itself; the norm's scale, a sum over the whole row, waits for the product after, which
+// multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
 // 1 (the default): the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (opt-in,
@@ -745,7 +749,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false, true);
     // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel applies it
-    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
+    const RmsFold in = rms_fold(qx);
     if (in.parts && (T != 1 || mma || q8p_ahead_rows(W) == 0))
         fail(DFL_ERR_INTERNAL, "matmul: a folded norm's codes reached a q8_0 product that cannot scale them");
     const int8_t *xq = qx.xq;
@@ -805,7 +809,7 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     const float *xsum = qx.xsum;
-    const RmsFold in{qx.rms_parts, qx.rms_n_parts, qx.rms_n, qx.rms_eps};
+    const RmsFold in = rms_fold(qx);
     const NormFold out;
     cudaStream_t s = dev.stream();
     // a second stack (GemvZ::w2) doubles the members: nz of each
