@@ -285,8 +285,7 @@ void test_matmul_embed() {
     // At 2..64 tokens, bit for bit on the GPU against the same product quantizing and copying for itself (an op in
     // between): the norm's staged codes, and from 8 tokens (unless DFL_CUDA_STAGE_FRAG=0) their copy in the tensor-core
     // products' fragment order (CudaDevice::stage_rows, QuantX::fq), which a repacked q8_0 product then takes with no
-    // copy launch. 700 rows:
-    // a split-K product (halves added onto its zeroed output); 6144 rows: one part a tile.
+    // copy launch. 700 rows: a split-K product (halves added onto its zeroed output); 6144 rows: one part a tile.
     {
         for (int64_t n_out : {int64_t(700), int64_t(6144)}) {
             DualWeight W(DFL_TYPE_Q8_0, n_out, 4096, r);
