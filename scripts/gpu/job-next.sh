@@ -2,14 +2,14 @@
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
 # scripts/gpu/pack.sh (carry .gpu; --peer on an H200, then put "peer" first for same-job llama.cpp figures); poll with
 # scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s idle). Say which card gave each figure.
-# Written 12-06 20:1x (~9 device minutes). (1) DFL_CUDA_RESID_NORM=2 (opt-in, written without a GPU): the residual-norm
-# fold that won on qwen3-8b q8_0 b1 (19:4x, -8 %) for the 27B's 5120-row out, o and down projections too (two rows a
-# warp; a 32-row group's last block quantizes it, counted in by atomics) and for q4_K files (qwen3-8b q4_K's o and
-# down on the q4_K int8 GEMV, the same groups): quick on the 27B and qwen3-8b q4_K with it as TRY (the matmul op tests'
-# 5120-row and q4_K fold cases, replays, speculative greedy), then decode b1 of each alternating with and without it
-# (issue 10's 27B line: ~11.2 ms on an H100; q4_K b1 1.38x llama.cpp at 15:5x). (2) The 27B verify blocks with and without the fragment staging and with
-# the fold (one token only: the verify is unchanged by construction, the decode step it divides by is not).
+# Written 12-06 21:3x (~9 device minutes). (1) DFL_CUDA_ATTN_G=1 (opt-in, written without a GPU): decode attention one
+# query head a block instead of a KV head's group (qwen3-8b 8 -> 32 blocks at batch 1, the 27B 4 -> 24): quick on
+# qwen3-8b q8_0 and the 27B with it as TRY (the attention op tests, replays, speculative greedy), then decode at batch
+# 1, 8 and 32 with and without it, alternating (attention was 0.23 ms of qwen3-8b q8_0's 3.63 ms b1 step at 21:0x).
+# (2) Where the 27B's b1 step goes outside its products (skip-ops: the DeltaNet's ops, attention, swiglu), as (1) was
+# found for the 8B at 21:0x.
 cd "$(dirname "$0")/../.."
-exec scripts/gpu/bg.sh start \
-  "TRY=DFL_CUDA_RESID_NORM=2 DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_RESID_NORM=2 - DFL_CUDA_RESID_NORM=2' quick qwen3.5-27b:q8_0 qwen3-8b:q4_K" \
-  "SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- DFL_CUDA_STAGE_FRAG=0 DFL_CUDA_RESID_NORM=2' spec-bench"
+peer=(); [ ! -f .gpu/llama-src.tar.xz ] || peer=(peer)  # same-job llama.cpp figures after quick
+exec scripts/gpu/bg.sh start "${peer[@]}" \
+  "TRY=DFL_CUDA_ATTN_G=1 DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_ATTN_G=1 - DFL_CUDA_ATTN_G=1' quick qwen3-8b:q8_0 qwen3.5-27b:q8_0" \
+  "DFLASH_BENCH_BATCHES=1 SKIP_VARIANTS='- DFL_CUDA_SKIP_OPS=gdn DFL_CUDA_SKIP_OPS=conv1d_silu DFL_CUDA_SKIP_OPS=gdn_gates DFL_CUDA_SKIP_OPS=gated_rmsnorm DFL_CUDA_SKIP_OPS=sigmoid_mul DFL_CUDA_SKIP_OPS=attention+attn_prep DFL_CUDA_SKIP_OPS=swiglu+rmsnorm DFL_CUDA_SKIP_OPS=matmul -' skip-ops qwen3.5-27b:q8_0"

@@ -311,8 +311,8 @@ void test_matmul_embed() {
     // codes staged without the norm's scale, which the second applies): the second's output against the CPU's ops and
     // closely against the GPU's ops apart, the residual bit for bit (the same product sums, the same add). 4096 rows:
     // the qwen3-8b o and down projections (a block of 32 rows each 32 of them); 5120: the 27B's out, o and down (two
-    // rows a warp, groups of four blocks; folded with DFL_CUDA_RESID_NORM=2); the products after on two rows a warp
-    // (6144) and one (700). q4_K (DFL_CUDA_RESID_NORM=2): qwen3-8b q4_K's o before its q|k|v or gate|up (groups of
+    // rows a warp, groups of four blocks; not with DFL_CUDA_RESID_NORM=1); the products after on two rows a warp
+    // (6144) and one (700). q4_K (not with DFL_CUDA_RESID_NORM=1): qwen3-8b q4_K's o before its q|k|v or gate|up (groups of
     // eight blocks of the int8 GEMV), and q8_0 and q4_K each before the other.
     struct FoldCase {
         uint32_t type, next_type;

@@ -495,10 +495,20 @@ __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *p
 
 constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
 
-// Query heads per block: the largest instantiated G dividing the GQA group.
+// DFL_CUDA_ATTN_G=N (opt-in, written 12-06 21:2x without a GPU): at most N query heads a block. Why fewer: at batch 1
+// the default makes one block a KV head (qwen3-8b 8 blocks of 4 heads, the 27B 4 of 6), whose warps each reduce G x 16
+// dot products by shuffles and take G x 17 exponentials one after another; leaving attention out of qwen3-8b q8_0's
+// replayed b1 step saved 6.5 us a layer (H100 21:0x, a 16-48-token context). One head a block: G times the blocks, a
+// G-th of each warp's serial work, each K and V row read G times (from L2; 48 positions are 24 KB a KV head).
+static int attn_max_heads() {
+    static const int n = (int)std::max<int64_t>(1, env_int("DFL_CUDA_ATTN_G", 8));
+    return n;
+}
+
+// Query heads per block: the largest instantiated G dividing the GQA group (and at most attn_max_heads).
 static int heads_per_block(int group) {
     for (int g : {8, 6, 4, 3, 2})
-        if (group % g == 0) return g;
+        if (g <= attn_max_heads() && group % g == 0) return g;
     return 1;
 }
 

@@ -676,13 +676,13 @@ static int q8p_ahead_rows(const Weight &W) {
 // multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
-// 1 (the default): the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (opt-in,
-// written 12-06 19:5x-20:0x without a GPU, unmeasured): also the group fold, for the rows of any one-token
-// staged-ahead q8_0 product (the 27B's 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row
-// group's last block quantizes it) and of the q4_K int8 GEMV (qwen3-8b q4_K's o and down, a row a warp), before a
-// product on either; 0: never.
+// 1: the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (the default since H100
+// 12-06 21:0x, one job, alternated twice: the 27B q8_0 tg b1 12.05 / 12.04 -> 11.70 / 11.66 ms, qwen3-8b q4_K 2.862 /
+// 2.867 -> 2.784 / 2.780 ms): also the group fold, for the rows of any one-token staged-ahead q8_0 product (the 27B's
+// 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row group's last block quantizes it) and of
+// the q4_K int8 GEMV (qwen3-8b q4_K's o and down, a row a warp), before a product on either; 0: never.
 static int resid_norm_mode() {
-    static const int m = (int)std::min<int64_t>(2, std::max<int64_t>(0, env_int("DFL_CUDA_RESID_NORM", 1)));
+    static const int m = (int)std::min<int64_t>(2, std::max<int64_t>(0, env_int("DFL_CUDA_RESID_NORM", 2)));
     return m;
 }
 
