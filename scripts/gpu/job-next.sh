@@ -6,10 +6,7 @@
 # query head a block instead of a KV head's group (qwen3-8b 8 -> 32 blocks at batch 1, the 27B 4 -> 24): quick on
 # qwen3-8b q8_0 and the 27B with it as TRY (the attention op tests, replays, speculative greedy), then decode at batch
 # 1, 8 and 32 with and without it, alternating (attention was 0.23 ms of qwen3-8b q8_0's 3.63 ms b1 step at 21:0x).
-# (2) Where the 27B's b1 step goes outside its products (skip-ops: the DeltaNet's ops, attention, swiglu), as (1) was
-# found for the 8B at 21:0x.
 cd "$(dirname "$0")/../.."
 peer=(); [ ! -f .gpu/llama-src.tar.xz ] || peer=(peer)  # same-job llama.cpp figures after quick
 exec scripts/gpu/bg.sh start "${peer[@]}" \
-  "TRY=DFL_CUDA_ATTN_G=1 DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_ATTN_G=1 - DFL_CUDA_ATTN_G=1' quick qwen3-8b:q8_0 qwen3.5-27b:q8_0" \
-  "DFLASH_BENCH_BATCHES=1 SKIP_VARIANTS='- DFL_CUDA_SKIP_OPS=gdn DFL_CUDA_SKIP_OPS=conv1d_silu DFL_CUDA_SKIP_OPS=gdn_gates DFL_CUDA_SKIP_OPS=gated_rmsnorm DFL_CUDA_SKIP_OPS=sigmoid_mul DFL_CUDA_SKIP_OPS=attention+attn_prep DFL_CUDA_SKIP_OPS=swiglu+rmsnorm DFL_CUDA_SKIP_OPS=matmul -' skip-ops qwen3.5-27b:q8_0"
+  "TRY=DFL_CUDA_ATTN_G=1 DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_ATTN_G=1 - DFL_CUDA_ATTN_G=1' quick qwen3-8b:q8_0 qwen3.5-27b:q8_0"
