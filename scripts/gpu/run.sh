@@ -53,6 +53,8 @@
 #   scripts/gpu/run.sh probe [MODEL...]      quick's checks, then the kernel bench, Nsight Compute on the layer's products
 #                                            (ncu, unless NO_NCU=1; NCU_CASES type:tokens ..., see test_cuda_ops profile)
 #                                            and VARIANTS (llama.cpp beside them with pack.sh --peer)
+#   scripts/gpu/run.sh lean [MODEL...]       the shortest try of TRY: its op tests (LEAN_GROUPS), the device replays with
+#                                            it, then BenchmarkGGUF of each model with QUICK_VARIANTS (default qwen3-8b:q8_0)
 #   scripts/gpu/run.sh slim [MODEL...]       a short call: the product op tests with OPTINS and TRY, then
 #                                            BenchmarkGGUF of each model with the defaults, OPTINS and TRY
 #   scripts/gpu/run.sh prefill [MODEL...]    a prefill change: the matmul and attention op tests, device replays and
@@ -778,6 +780,11 @@ case $mode in
   probe) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a kernel change's checks, then where its time goes
          peer_build; premake "$@"; build_cuda; quick_checks || exit 1
          kernel_bench; [ -n "${NO_NCU:-}" ] || ncu_profile; wait "${premake_pids[@]}"; NO_PROFILE=1 variants "$@"; ds4_ops ;;
+  lean) [ $# -gt 0 ] || set -- qwen3-8b:q8_0  # the shortest try of TRY: its op tests (LEAN_GROUPS, default matmul attention),
+        premake "$@"; build_cuda; build_kernel_tests || exit 1  # the device replays with it, then BenchmarkGGUF (QUICK_VARIANTS)
+        op_tests "${TRY:--}" ${LEAN_GROUPS:-matmul attention}
+        FLAG_REPLAY="${TRY:-}" flag_replay
+        wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@" ;;
   slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: the product op tests with OPTINS and TRY,
         premake "$@"; build_cuda; build_kernel_tests || exit 1  # then BenchmarkGGUF of each (SLIM_VARIANTS)
         for v in "$OPTINS" ${TRY:+"$TRY"}; do op_tests "$v" matmul; done
