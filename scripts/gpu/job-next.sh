@@ -9,4 +9,4 @@
 cd "$(dirname "$0")/../.."
 peer=(); [ ! -f .gpu/llama-src.tar.xz ] || peer=(peer)  # same-job llama.cpp figures after quick
 exec scripts/gpu/bg.sh start "${peer[@]}" \
-  "TRY=DFL_CUDA_ATTN_G=1 LEAN_GROUPS=attention DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_ATTN_G=1 - DFL_CUDA_ATTN_G=1' lean qwen3-8b:q8_0"
+  "TRY=DFL_CUDA_ATTN_G=1 LEAN_GROUPS=${LEAN_GROUPS:-attention} DFLASH_BENCH_BATCHES=${DFLASH_BENCH_BATCHES:-1,8,32} BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- DFL_CUDA_ATTN_G=1 - DFL_CUDA_ATTN_G=1' lean qwen3-8b:q8_0"
