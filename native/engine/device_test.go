@@ -290,11 +290,12 @@ func TestDeviceTopK(t *testing.T) {
 	checkTopK(t, m, c.vocab, 1e-5)
 }
 
-// TestDeviceOneTokenFoldMatchesCPU replays one-token forwards of a q8_0 qwen3 model of qwen3-8b's width (4096: its
-// output projections take the CUDA device's residual-norm fold, CudaDevice::matmul_add_rmsnorm), with and without
-// hidden-state capture of a middle layer (a speculating engine's one-token steps capture; a capture's copy may not come
-// between a fold and its product), and compares every logits row and capture with the CPU engine's.
-func TestDeviceOneTokenFoldMatchesCPU(t *testing.T) {
+// TestDeviceFoldMatchesCPU replays one-token forwards of a q8_0 qwen3 model of qwen3-8b's width (4096: its output
+// projections take the CUDA device's residual-norm fold, CudaDevice::matmul_add_rmsnorm), with and without hidden-state
+// capture of a middle layer (a speculating engine's one-token steps capture; a capture's copy may not come between a
+// fold and its product), then 16-token blocks as a verify's, with and without a capture (folded across tokens with
+// DFL_CUDA_RESID_NORM_T=1, as the 12-token prefill), and compares every logits row and capture with the CPU engine's.
+func TestDeviceFoldMatchesCPU(t *testing.T) {
 	dev := testDevice(t)
 	cpu := openCPU(t)
 	c := config{arch: "qwen3", vocab: 512, embd: 4096, ff: 4096, layers: 3, heads: 32, headsKV: 8, headDim: 128,
@@ -315,6 +316,15 @@ func TestDeviceOneTokenFoldMatchesCPU(t *testing.T) {
 			p.keep(fmt.Sprintf("decode %d", step), r, 0, 1)
 			if step%2 == 1 {
 				p.keepRow(fmt.Sprintf("decode %d capture layer 1", step), r.Hidden(0, 0, 0))
+			}
+		}
+		for i, capture := range [][]int{nil, {1}} {
+			b := one(s, p.tokens(16), LogitsLast)
+			b.Capture = capture
+			r := p.must(p.m.Forward(b))
+			p.keep(fmt.Sprintf("block %d", i), r, 0, 1)
+			if capture != nil {
+				p.keepRow(fmt.Sprintf("block %d capture layer 1, last token", i), r.Hidden(0, 15, 0))
 			}
 		}
 		return p.out

@@ -608,7 +608,7 @@ gdn_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_ATTN_G=1}
+UNMEASURED=${UNMEASURED-DFL_CUDA_ATTN_G=1 DFL_CUDA_RESID_NORM_T=1}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
@@ -629,7 +629,7 @@ flag_replay() {
   for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0}; do
     log "device replay vs CPU: $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
-      "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
+      "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceFoldMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
       tee "$OUT/device-replay-$(variant_tag "$v").txt" | grep -E "^(---|ok|FAIL|PASS)|worst|rror" | tee -a "$OUT/summary.txt" | head -40
   done
 }

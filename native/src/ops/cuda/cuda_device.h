@@ -323,8 +323,9 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
 bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next, const float *y);
 // Whether launch_matmul gives T rows of W to launch_gemv_q8p (repacked q8_0 on int8 activations).
 bool q8p_takes(const Weight &W, int64_t T);
-CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
-                                     float eps);
+// (T > 1: d receives the product, as the fold's last blocks read it back)
+CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *d, float *x,
+                                     const float *w, float eps);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

@@ -117,6 +117,32 @@ struct MmaX {
     int chunk = 0;
 };
 
+// A residual-norm fold across 8..32 tokens riding the staged q8_0 kernel's epilogue (DFL_CUDA_RESID_NORM_T,
+// launch_resid_norm): in_parts set (the product after a fold): each token's sums multiplied by rsqrt(the sum of its
+// in_n_parts partial sums / in_n + in_eps) before they are stored; x set (the product before): its sums, once stored,
+// are added to the residual x by the last of `arrivals` blocks of each 32 rows (counted in `arrived`, left zero), which
+// quantizes x w per (token, 32 rows) into frag's rows (xq, xs) and fragment order (fq, fs: what stage_rows gives a
+// product after a norm), and stores each (token, 32 rows)'s sum of x^2 at parts (token-major).
+struct PipeFold {
+    const float *in_parts = nullptr;
+    int in_n_parts = 0;
+    float in_n = 0.0f, in_eps = 0.0f;
+    float *x = nullptr;
+    const float *w = nullptr;
+    float *parts = nullptr;
+    unsigned *arrived = nullptr;
+    int arrivals = 0;
+    CudaDevice::QuantX frag;
+};
+
+// Whether T tokens of W run on the staged q8_0 kernel in at most two input parts (launch_q8p_mma's path for them),
+// whose epilogue a PipeFold can ride.
+bool q8p_pipe_fold_ok(const Weight &W, int64_t T);
+
+// launch_q8p_mma with a fold (PipeFold; the path must be q8p_pipe_fold_ok's: an internal error else).
+void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y,
+                    const PipeFold &fold);
+
 // The blocks of 32 of a stage of the staged and streamed kernels (PipeStage<., ., 2>, Q4kStream): their chunk.
 constexpr int kStageBlocks = 16;
 
