@@ -315,7 +315,8 @@ void test_matmul_embed() {
     // (6144) and one (700). q4_K (not with DFL_CUDA_RESID_NORM=1): qwen3-8b q4_K's o before its q|k|v or gate|up (groups of
     // eight blocks of the int8 GEMV), and q8_0 and q4_K each before the other. 8..32 tokens fold too with
     // DFL_CUDA_RESID_NORM_T=1 (q8_0 before q8_0, both on the staged tensor-core kernel: the product before in two
-    // input parts onto a zeroed output, 32-row tiles; 2048 rows: 16-row tiles, four blocks a 32-row group).
+    // input parts onto a zeroed output, 32-row tiles; 2048 rows: 16-row tiles, four blocks a 32-row group; 12 tokens:
+    // padding tokens in the fragment order).
     struct FoldCase {
         uint32_t type, next_type;
         int64_t n, n_in;
@@ -334,7 +335,7 @@ void test_matmul_embed() {
         for (const DualWeight *N : {&Wn0, &Wn1}) {
             Weight ng = N->wg;
             g_gpu->prepare_weight(ng);
-            for (int64_t T : {1, 2, 8, 16, 32}) {
+            for (int64_t T : {1, 2, 8, 12, 16, 32}) {
                 const std::vector<float> x0 = rand_vec(r, (size_t)(T * n));
                 Dual X(rand_vec(r, (size_t)(T * n_in))), x(x0), w(rand_vec(r, (size_t)n)), d((size_t)(T * n) * 4),
                     xn((size_t)(T * n) * 4), Y((size_t)(T * N->wc.n_out) * 4), x2(x0), Y2((size_t)(T * N->wc.n_out) * 4);

@@ -128,9 +128,9 @@ public:
         int8_t *fq = nullptr;
         float *fs = nullptr;
         int32_t rows = 0, T8 = 0, n = 0, tok = 0;
-        // Where rms_parts is set (one row a residual-norm fold staged, launch_resid_norm): the codes are of x w
-        // before the norm's scale rsqrt(sum / rms_n + rms_eps), which the product multiplies its sums by; sum: the
-        // rms_n_parts partial sums of x^2 at rms_parts, added in order.
+        // Where rms_parts is set (rows a residual-norm fold staged, launch_resid_norm): the codes are of x w before
+        // each row's norm scale rsqrt(sum / rms_n + rms_eps), which the product multiplies that row's sums by; sum:
+        // the row's rms_n_parts partial sums of x^2 at rms_parts + row rms_n_parts, added in order.
         const float *rms_parts = nullptr;
         int32_t rms_n_parts = 0;
         float rms_n = 0.0f, rms_eps = 0.0f;

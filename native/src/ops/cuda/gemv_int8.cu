@@ -676,7 +676,7 @@ static int q8p_ahead_rows(const Weight &W) {
 // multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
-// 1: the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (the default since H100
+// 1: at one token the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (the default since H100
 // 12-06 21:0x, one job, alternated twice: the 27B q8_0 tg b1 12.05 / 12.04 -> 11.70 / 11.66 ms, qwen3-8b q4_K 2.862 /
 // 2.867 -> 2.784 / 2.780 ms): also the group fold, for the rows of any one-token staged-ahead q8_0 product (the 27B's
 // 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row group's last block quantizes it) and of
@@ -800,7 +800,8 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const int64_t nb = W.n_in / 32;
     const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false, true);
-    // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel applies it
+    // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel (one token) and the
+    // staged tensor-core kernel (8..32 tokens, q8p_pipe_fold_ok) apply it
     const RmsFold in = rms_fold(qx);
     if (in.parts && (mma ? !q8p_pipe_fold_ok(W, T) : T != 1 || q8p_ahead_rows(W) == 0))
         fail(DFL_ERR_INTERNAL, "matmul: a folded norm's codes reached a q8_0 product that cannot scale them");

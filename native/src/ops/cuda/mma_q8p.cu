@@ -558,11 +558,12 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         };
         // (the fold's kernels only where it may run: up to 32 tokens)
         auto go = [&](auto pre) {
-            if constexpr (NT8 <= 4) {
-                if (f.x || f.in_parts) {
+            if (f.x || f.in_parts) {
+                if constexpr (NT8 <= 4) {
                     go_fold(pre, std::true_type{});
                     return;
                 }
+                fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across more than 32 tokens");
             }
             go_fold(pre, std::false_type{});
         };
@@ -632,9 +633,10 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
 bool q8p_pipe_fold_ok(const Weight &W, int64_t T) {
     const int64_t groups = W.n_in / (2 * kPipeGroup * 32);
     // (four input parts and, unless DFL_CUDA_Q8P_STREAM=1, the stream-K product need kSplitK4Groups stages a row)
-    return q8p_ok(W) && T >= q8p_mma_min_tokens() && T <= 32 && q8p_pipe_on() && mma_xt_on() &&
-           W.n_in % (kPipeGroup * 32) == 0 && q8p_stream_mode() != Q8pStreamMode::kAll && groups < kSplitK4Groups &&
-           q8p_splitk_n(groups) <= 2;
+    // (T within launch_gemv_q8p's tensor-core range too: DFL_CUDA_I8_MMA=0 sends every T elsewhere)
+    return q8p_ok(W) && T >= q8p_mma_min_tokens() && T <= std::min<int64_t>(32, i8_mma_max_tokens()) &&
+           q8p_pipe_on() && mma_xt_on() && W.n_in % (kPipeGroup * 32) == 0 &&
+           q8p_stream_mode() != Q8pStreamMode::kAll && groups < kSplitK4Groups && q8p_splitk_n(groups) <= 2;
 }
 
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
