@@ -3,19 +3,20 @@
 //    and the block scales beside them, so that a warp streams its row with 16-byte loads, several in flight per lane,
 //    and multiplies with dp4a (four int8 products per instruction) instead of converting every weight to float: one
 //    token (the batch-1 decode step), and 2..7 tokens with four rows per warp;
-//  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens;
+//  - q4_K on its own layout by dp4a, one token (and the DeepSeek V4 experts' z batches); q6_K likewise, 1..8 tokens:
+//    gemv_kquant.cu (what both files' kernels share, the residual-norm fold's device side among it: gemv_int8.cuh);
 //  - 8..64 tokens of q8_0 (DFL_CUDA_Q8P_MMA_MIN), 2..64 of q4_K on int8 tensor cores: mma_q8p.cu, mma_q4k.cu.
 
 #include <algorithm>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/gemv_int8.cuh"
 #include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
 
-constexpr int kQ8pWarps = 4;     // rows per block
 constexpr int kQ8pUnroll = 4;    // 16-byte words per lane loaded before any is used
 constexpr int kQ8pMaxTokens = 16; // tokens per pass
 // Repacked q8_0 takes the dp4a kernels up to 7 tokens, the tensor-core kernel from 8: H200, qwen3-8b layer shapes,
@@ -60,243 +61,6 @@ __device__ __forceinline__ int dot16_i8(const uint4 &w, const int4 &x) {
     s = __dp4a((int)w.y, x.y, s);
     s = __dp4a((int)w.z, x.z, s);
     return __dp4a((int)w.w, x.w, s);
-}
-
-// A warp's sums of output row r for NT tokens: lane 0 stores each token's. The block's main loop is done: a PDL kernel
-// after this one may launch (it waits for the end of this one before it reads or writes).
-template <int NT>
-__device__ __forceinline__ void store_warp_rows(const float (&acc)[NT], float *Y, int64_t n_out, int64_t r,
-                                                float scale = 1.0f) {
-    pdl_trigger();
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]) * scale;
-        if ((threadIdx.x & 31) == 0) Y[t * n_out + r] = v;
-    }
-}
-
-// Lane p's part of super-block b of a q4_K row against one token's int8 activations (x: its quants, scales and block
-// sums): w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term once per sub-block (by the lane of
-// the first half).
-__device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p, const int8_t *xq, const float *xs,
-                                              const float *xsum) {
-    const int c = p >> 1, half = p & 1;
-    const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
-    const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
-    const int64_t e0 = b * QK_K + 64 * c + 16 * half;
-    const int4 xa = ld_act((const int4 *)(xq + e0));
-    const int4 xb = ld_act((const int4 *)(xq + e0 + 32));
-    int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
-    lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
-    lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
-    lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
-    int hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
-    hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
-    hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
-    hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
-    float v = l.d * ((float)l.sc1 * ld_act(xs + s1) * (float)lo + (float)l.sc2 * ld_act(xs + s2) * (float)hi);
-    if (half == 0) v -= l.dmin * ((float)l.m1 * ld_act(xsum + s1) + (float)l.m2 * ld_act(xsum + s2));
-    return v;
-}
-
-// A residual-norm fold's scale for the product after it (QuantX::rms_parts; parts null: none).
-struct RmsFold {
-    const float *parts = nullptr;
-    int n_parts = 0;
-    float n = 0.0f, eps = 0.0f;
-};
-// What a product's kernel needs of its input's staging to apply a fold's scale.
-inline RmsFold rms_fold(const CudaDevice::QuantX &q) {
-    return RmsFold{q.rms_parts, q.rms_n_parts, q.rms_n, q.rms_eps};
-}
-// Where the fold writes: the residual x (updated in place), the norm's weights w, the next product's codes and scales,
-// and a partial sum of x^2 a block of 32 rows.
-struct NormFold {
-    float *x = nullptr;
-    const float *w = nullptr;
-    int8_t *xq = nullptr;
-    float *xs = nullptr;
-    float *parts = nullptr;
-    float *xsum = nullptr;        // where set, each block's d times its codes' sum too (a q4_K product after)
-    unsigned *arrived = nullptr;  // (kFoldGroup) blocks of each 32 rows done so far: zero between launches
-};
-// How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
-// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup).
-constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2;
-
-// The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
-// parts k, k + 32, ... in order, then the warp's butterfly (the same bits in every warp). Read after the main loop,
-// where the partials' round trip is one more latency at the warp's end, not before its first weight.
-__device__ __forceinline__ float fold_scale(const RmsFold &in, int lane) {
-    float s = 0.0f;
-    for (int k = lane; k < in.n_parts; k += 32) s += ld_act(in.parts + k);
-    return rsqrtf(warp_sum(s) / in.n + in.eps);
-}
-
-// The fold's end (gemv_q8p_ahead_kernel, FOLD): warp `warp`'s output v of row `row`; lane 0 adds it to x (add_rmsnorm's
-// residual: x + d) and leaves x w and x in shared memory; then warp 0 quantizes the block's 32 values of x w as every
-// int8 input is quantized (quant_q8_warp: codes and the block's scale, without the norm's scale, which the product
-// after applies to its sums) and stores the block's sum of x^2 for it.
-__device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, int64_t row, int lane, int warp) {
-    __shared__ float xw[32], xr[32];
-    if (lane == 0) {
-        const float xv = out.x[row] + v;
-        out.x[row] = xv;
-        xw[warp] = xv * __ldg(out.w + row);
-        xr[warp] = xv;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    const int64_t b = row >> 5;  // (row = the block's first: warp 0's)
-    quant_q8_warp(xw[lane], out.xq + row + lane, out.xs + b, out.xsum ? out.xsum + b : nullptr);
-    const float ss = warp_sum(xr[lane] * xr[lane]);
-    if (lane == 0) out.parts[b] = ss;
-}
-
-// The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
-// then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
-// and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
-// the count for the next launch. v[r]: this warp's row row0 + r.
-template <int R>
-__device__ __forceinline__ void norm_fold_group(const NormFold &out, const float (&v)[R], int64_t row0, int lane,
-                                                int64_t block_row0, int blocks_a_group) {
-    __shared__ bool last;
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < R; r++) out.x[row0 + r] += v[r];
-    __syncthreads();
-    const int64_t g = block_row0 >> 5;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(out.arrived + g, 1u) == (unsigned)blocks_a_group - 1;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    __threadfence();
-    const int64_t row = (g << 5) + lane;
-    const float xv = __ldcg(out.x + row);  // (from L2: the other blocks' rows)
-    quant_q8_warp(xv * __ldg(out.w + row), out.xq + row, out.xs + g, out.xsum ? out.xsum + g : nullptr);
-    const float ss = warp_sum(xv * xv);
-    if (lane == 0) {
-        out.parts[g] = ss;
-        out.arrived[g] = 0;
-    }
-}
-
-// q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
-// 16-byte load: 16 low nibbles of sub-block 2c and 16 high nibbles of sub-block 2c + 1), the products by dp4a on the
-// nibbles and the activations' int8 words: w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term
-// once per sub-block (by the lane of the first half). One token per z member (GemvZ) or NT tokens. (Loading the lane's
-// first super-block before the PDL wait, as gemv_q8p_kernel does, lost on the H200: tg b1 qwen3-8b q4_K 377 -> 350
-// tok/s, 12-03 22:12; two rows a warp, their super-blocks loaded together, lost on an H100: the 27B layer's q4_K at one
-// token 93.6 -> 95.6 us, 12-06 02:3x; a row's first 16 super-blocks copied into shared memory by cp.async before the
-// wait, as gemv_q8p_ahead_kernel does, lost on an H100: tg b1 qwen3-8b q4_K 2.84 / 2.86 -> 3.24 / 3.28 ms a step, 12-06
-// 15:1x, with twelve blocks an SM at 40 registers.)
-// in / FOLD (one token): as gemv_q8p_ahead_kernel's (a fold before: the norm's scale; FOLD: the group fold of its
-// rows for the product after, Y not stored).
-template <int NT, bool FOLD = false>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   const float *xsum, float *Y, GemvZ z, RmsFold in,
-                                                                   NormFold out) {
-    const int64_t nb32 = n_in / 32;
-    {
-        int64_t k = blockIdx.y;
-        if (z.w2 && k >= z.second) {  // the second stack's member k - second
-            k -= z.second;
-            W = z.w2;
-            Y = z.y2;
-        }
-        if (z.ids) pdl_wait();  // the expert ids are the kernel before's output
-        const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
-        W += (uint64_t)(e * z.w_rows) * row_bytes;
-        const int64_t xi = k / z.x_div;  // the input's row of the quantized batch
-        xq += xi * n_in;
-        xs += xi * nb32;
-        xsum += xi * nb32;
-        Y += k * z.y_stride;
-    }
-    const int lane = threadIdx.x & 31, p = lane & 7;
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
-    const int64_t nb = n_in / QK_K;
-    pdl_wait();  // (launch_pdl) the activations are the kernel before's
-    float acc[NT] = {};
-#pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const Q4KLane l = q4k_lane(row + b * kQ4_KBytes, p);
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] += q4k_lane_dot(l, b, p, xq + t * n_in, xs + t * nb32, xsum + t * nb32);
-    }
-    const float scale = in.parts ? fold_scale(in, lane) : 1.0f;
-    if (FOLD) {
-        pdl_trigger();
-        const float v[1] = {warp_sum(acc[0]) * scale};
-        norm_fold_group<1>(out, v, r, lane, (int64_t)blockIdx.x * kQ8pWarps, 32 / kQ8pWarps);
-        return;
-    }
-    store_warp_rows<NT>(acc, Y, n_out, r, scale);
-}
-
-// Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
-// qh, minus 32 byte by byte), quarter k in q[k].
-struct Q6KCodes {
-    int q[4][2];
-};
-__device__ __forceinline__ Q6KCodes q6k_codes(const Q6KLane &l) {
-    Q6KCodes c;
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        const uint32_t la = l.la[w], lb = l.lb[w], hb = l.hb[w];
-        c.q[0][w] = (int)__vsub4((la & 0x0F0F0F0F) | ((hb & 0x03030303) << 4), 0x20202020);
-        c.q[1][w] = (int)__vsub4((lb & 0x0F0F0F0F) | (((hb >> 2) & 0x03030303) << 4), 0x20202020);
-        c.q[2][w] = (int)__vsub4(((la >> 4) & 0x0F0F0F0F) | (((hb >> 4) & 0x03030303) << 4), 0x20202020);
-        c.q[3][w] = (int)__vsub4(((lb >> 4) & 0x0F0F0F0F) | (((hb >> 6) & 0x03030303) << 4), 0x20202020);
-    }
-    return c;
-}
-
-// The codes against one token's int8 activations from element e0 (quarter k at e0 + 32 k: its eight positions share
-// one 16-element scale ds[k] and one block of 32 activations).
-__device__ __forceinline__ float q6k_codes_dot(const Q6KCodes &c, const float (&ds)[4], int64_t e0, const int8_t *xq,
-                                               const float *xs) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int64_t e = e0 + 32 * k;
-        const int2 xv = ld_act((const int2 *)(xq + e));
-        const int dot = __dp4a(c.q[k][1], xv.y, __dp4a(c.q[k][0], xv.x, 0));
-        s += ds[k] * ld_act(xs + e / 32) * (float)dot;
-    }
-    return s;
-}
-
-// q6_K on int8 activations: the layout of gemv_q6_K_kernel (eight lanes per 210-byte super-block; lane p takes half
-// h = p / 4 and positions l0 = 8 (p % 4) .. l0 + 7 of each of the half's four 32-wide quarters). The 6-bit codes are
-// assembled four to a word (the low nibble from ql, the two high bits from qh, minus 32 byte by byte) and multiplied
-// with the activations' int8 words by dp4a; a quarter's eight positions share one 16-element scale and one block of
-// 32 activations (q6k_lane).
-template <int NT>
-__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q6k_i8_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in,
-                                                                   int64_t n_out, const int8_t *xq, const float *xs,
-                                                                   float *Y) {
-    const int lane = threadIdx.x & 31, p = lane & 7, h = p >> 2, l0 = 8 * (p & 3);
-    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
-    if (r >= n_out) return;
-    const uint8_t *row = W + (uint64_t)r * row_bytes;
-    const int64_t nb = n_in / QK_K, nb32 = n_in / 32;
-    pdl_wait();  // (launch_pdl) as gemv_q4k_i8_kernel
-    float acc[NT] = {};
-#pragma unroll 2
-    for (int64_t b = lane >> 3; b < nb; b += 4) {
-        const Q6KLane l = q6k_lane(row + b * kQ6_KBytes, p);
-        const Q6KCodes q = q6k_codes(l);
-        const int64_t e0 = b * QK_K + 128 * h + l0;
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] += q6k_codes_dot(q, l.ds, e0, xq + t * n_in, xs + t * nb32);
-    }
-    store_warp_rows<NT>(acc, Y, n_out, r);
 }
 
 // z: block row blockIdx.y of a grouped launch reads matrix z of a stack of n_out-row matrices (w_rows apart), its
@@ -784,8 +548,7 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
     const bool block = !q4 && resid_norm_block(dev, W);
     const NormFold f{x, w, out.xq, out.xs, parts, out.xsum, block ? nullptr : dev.fold_counts(nb)};
     if (q4)
-        launch_pdl(gemv_q4k_i8_kernel<1, true>, dim3((unsigned)(n / kQ8pWarps)), dim3(kQ8pWarps * 32), dev.stream(),
-                   W.data, W.row_bytes, W.n_in, n, qx.xq, qx.xs, qx.xsum, (float *)nullptr, GemvZ{}, in, f);
+        launch_q4k_fold(dev, W, qx, in, f);
     else if (block)
         launch_q8p_ahead<1, 8, 32, kFoldBlock>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     else if (q8p_ahead_rows(W) == 1)
@@ -844,91 +607,6 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
         }
         check_launch("matmul (q8_0 dp4a)");
     }
-}
-
-// Whether one-token q4_K products (and the z-batched expert pairs) run on int8 activations (gemv_q4k_i8_kernel): on
-// unless DFL_CUDA_Q4K_I8=0 (the float GEMV). H200, qwen3-8b layer shapes: 54 us a layer against the float GEMV's 127.
-bool q4k_i8_on() {
-    static const bool on = env_switch("DFL_CUDA_Q4K_I8", true);
-    return on;
-}
-
-bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
-    if (W.type != DFL_TYPE_Q4_K || W.n_in % QK_K != 0 || W.row_bytes % 16 != 0 || ((uintptr_t)W.data & 15) != 0)
-        return false;
-    return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
-}
-
-void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
-    // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
-    const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
-    if (nz > 1 && z.x_stride != W.n_in) fail(DFL_ERR_INTERNAL, "q4_K int8 z batch: inputs must be consecutive rows");
-    const QuantX qx = quantize_x(dev, X, W.n_in, nx, true, nz <= 1 && T == 1);
-    const int8_t *xq = qx.xq;
-    const float *xs = qx.xs;
-    const float *xsum = qx.xsum;
-    const RmsFold in = rms_fold(qx);
-    const NormFold out;
-    cudaStream_t s = dev.stream();
-    // a second stack (GemvZ::w2) doubles the members: nz of each
-    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
-        block(kQ8pWarps * 32);
-    if (nz > 1) {
-        launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, in,
-                   out);
-    } else {
-        switch (T) {
-#define DFL_Q4K_I8(N) \
-    case N: launch_pdl(gemv_q4k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, in, out); break;
-            DFL_Q4K_I8(1) DFL_Q4K_I8(2) DFL_Q4K_I8(3) DFL_Q4K_I8(4) DFL_Q4K_I8(5) DFL_Q4K_I8(6) DFL_Q4K_I8(7)
-            DFL_Q4K_I8(8)
-#undef DFL_Q4K_I8
-        default: fail(DFL_ERR_INTERNAL, "q4_K int8 GEMV: more than 8 tokens");
-        }
-    }
-    check_launch("matmul (q4_K int8)");
-}
-
-bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, const float *X, float *Ya, float *Yb,
-                             const GemvZ &z, int nz) {
-    // DeepSeek V4's routed gate and up in one launch, not two launches and two quantizers (the 12-05 profile: 28 us for
-    // both, ~2 TB/s); DFL_CUDA_MOE_PAIR=0: the two
-    static const bool on = env_switch("DFL_CUDA_MOE_PAIR", true);
-    if (!on || !q4k_i8_on() || nz < 1 || !q4k_i8_ok(A, z) || !q4k_i8_ok(B, z) || A.type != B.type ||
-        A.row_bytes != B.row_bytes || A.n_in != B.n_in || z.x_stride != A.n_in || z.w2)
-        return false;
-    GemvZ zz = z;
-    zz.w2 = B.data;
-    zz.y2 = Yb;
-    zz.second = nz;
-    launch_gemv_q4k_i8(dev, A, X, 1, Ya, zz, nz);
-    return true;
-}
-
-// Whether q6_K products of up to 8 tokens run on int8 activations (gemv_q6k_i8_kernel): on unless DFL_CUDA_Q6K_I8=0 (the
-// float GEMV and f16 mmq). H200, qwen3-8b layer shapes: 94 / 120 / 314 us a layer at 1 / 2 / 8 tokens against 110 / 469
-// / 469; the q4_K file's q6_K head 228 us a step against about 300.
-bool q6k_i8_on() {
-    static const bool on = env_switch("DFL_CUDA_Q6K_I8", true);
-    return on;
-}
-
-bool q6k_i8_ok(const Weight &W) { return W.type == DFL_TYPE_Q6_K && W.n_in % QK_K == 0 && ((uintptr_t)W.data & 1) == 0; }
-
-void launch_gemv_q6k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {
-    const QuantX qx = quantize_x(dev, X, W.n_in, T, false);
-    const int8_t *xq = qx.xq;
-    const float *xs = qx.xs;
-    cudaStream_t s = dev.stream();
-    const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);
-    switch (T) {
-#define DFL_Q6K_I8(N) \
-    case N: launch_pdl(gemv_q6k_i8_kernel<N>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, Y); break;
-        DFL_Q6K_I8(1) DFL_Q6K_I8(2) DFL_Q6K_I8(3) DFL_Q6K_I8(4) DFL_Q6K_I8(5) DFL_Q6K_I8(6) DFL_Q6K_I8(7) DFL_Q6K_I8(8)
-#undef DFL_Q6K_I8
-    default: fail(DFL_ERR_INTERNAL, "q6_K int8 GEMV: more than 8 tokens");
-    }
-    check_launch("matmul (q6_K int8)");
 }
 
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,

@@ -1,6 +1,6 @@
 // Embedding lookup and Y = X W^T for every weight type.
-//  - Repacked q8_0 and q4_K up to 64 tokens: int8 activations (gemv_int8.cu: dp4a GEMVs; mma_q8p.cu, mma_q4k.cu: int8
-//    tensor cores).
+//  - Repacked q8_0 and q4_K up to 64 tokens: int8 activations (gemv_int8.cu, gemv_kquant.cu: dp4a GEMVs; mma_q8p.cu,
+//    mma_q4k.cu: int8 tensor cores).
 //  - T == 1 (decode): one warp per output row streams the row once, decoding it in registers, f32 accumulation; the
 //    activations are tiny and stay in L1/L2. This memory-bound path is the single-sequence decode speed.
 //  - 2 <= T <= 64 (batched decode, DFlash verify blocks, small prefill chunks), other f16/bf16/quantized weights: a
