@@ -2,6 +2,7 @@
 // each kernel's paths (the GEMV, the int8 and f16 tensor-core kernels, cuBLAS), the repacked q8_0 copy, matrices of
 // parts (matmul_parts), and the products that take the op before's int8 activations. Bounds as test_cuda_ops.cpp's
 // header says.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -321,6 +322,9 @@ void test_matmul_embed() {
         uint32_t type, next_type;
         int64_t n, n_in;
     };
+    // A folded norm never writes its output (xn, poisoned to NaN by Dual): counting the cases that leave it so says
+    // the fold ran, so that the cases do not silently check the ops apart where a switch asks for the fold.
+    int folded_one = 0, folded_tokens = 0;
     for (const FoldCase &fc : std::vector<FoldCase>{{DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 4096, 4096},
                                                     {DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 4096, 12288},
                                                     {DFL_TYPE_Q8_0, DFL_TYPE_Q8_0, 5120, 6144},
@@ -345,6 +349,9 @@ void test_matmul_embed() {
                                             gpu ? &ng : &N->wc);
                     dev->matmul(gpu ? ng : N->wc, xn.p(gpu), T, Y.p(gpu));
                 }
+                const std::vector<uint32_t> xn_bits = xn.read<uint32_t>(true);
+                if (std::all_of(xn_bits.begin(), xn_bits.end(), [](uint32_t b) { return b == 0xFFFFFFFFu; }))
+                    (T == 1 ? folded_one : folded_tokens)++;
                 // the GPU's two ops apart (an op between: nothing staged for the product)
                 g_gpu->matmul(wg, X.gp(), T, d.gp());
                 g_gpu->add_rmsnorm(x2.gp(), d.gp(), w.gp(), xn.gp(), T, n, 1e-6f);
@@ -358,6 +365,17 @@ void test_matmul_embed() {
                 compare(what + " = the ops apart (GPU)", Y.read(true), Y2.read(true), 2e-3);
             }
         }
+    }
+    {
+        // DFL_CUDA_RESID_NORM=0: no fold; DFL_CUDA_RESID_NORM_T=1: the fold across tokens takes some of the cases
+        // (this assumes the staged tensor-core q8_0 kernel's own switches at their defaults)
+        const char *m = std::getenv("DFL_CUDA_RESID_NORM"), *t = std::getenv("DFL_CUDA_RESID_NORM_T");
+        const bool off = m && std::strcmp(m, "0") == 0, tokens = !off && t && std::strcmp(t, "1") == 0;
+        const bool ok = off ? folded_one + folded_tokens == 0 : folded_one > 0 && (folded_tokens > 0) == tokens;
+        g_cases++;
+        std::printf("%s the fold ran in %d one-token and %d multi-token cases (fold %s, across tokens %s)\n",
+                    ok ? "ok  " : "FAIL", folded_one, folded_tokens, off ? "off" : "on", tokens ? "on" : "off");
+        if (!ok) g_failures++;
     }
     // A device call between a folded norm and its product (a capture's copy, say) would leave the product to read the
     // norm's output, which the fold never writes: it fails loudly, and the device works after (the staging spent).
