@@ -481,8 +481,7 @@ bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const W
     const int mode = resid_norm_mode();
     if (T > 1)
         return mode != 0 && resid_norm_tokens_on() && next && W.n_out % 32 == 0 && next->n_in == W.n_out &&
-               W.type == DFL_TYPE_Q8_0 && next->type == DFL_TYPE_Q8_0 && q8p_takes(W, T) && q8p_takes(*next, T) &&
-               q8p_pipe_fold_ok(W, T) && q8p_pipe_fold_ok(*next, T) && ((uintptr_t)y & 15) == 0;
+               q8p_takes(W, T) && q8p_takes(*next, T) && q8p_pipe_fold_ok(W, T) && q8p_pipe_fold_ok(*next, T);
     // (X of W is the quantizer's or the staging's, any alignment: only next's input decides its path)
     if (mode == 0 || T != 1 || !next || W.n_out % 32 != 0 || next->n_in != W.n_out || !resid_norm_kernel(W, nullptr) ||
         !resid_norm_kernel(*next, y))
@@ -514,10 +513,7 @@ static CudaDevice::QuantX launch_resid_norm_tokens(CudaDevice &dev, const Weight
     out.rms_n = (float)n;
     out.rms_eps = eps;
     PipeFold f;
-    f.x = x;
-    f.w = w;
-    f.parts = parts;
-    f.arrived = dev.fold_counts(nb);
+    f.out = NormFold{x, w, out.xq, out.xs, parts, nullptr, dev.fold_counts(nb)};
     f.frag = out;
     launch_q8p_mma(dev, W, qx, T, d, f);
     check_launch("matmul (with the residual and the next norm, across tokens)");
@@ -575,10 +571,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const uint16_t *dw = q8p_scales(W);
     if (mma) {
         PipeFold f;  // (a fold across tokens before: its scales)
-        f.in_parts = in.parts;
-        f.in_n_parts = in.n_parts;
-        f.in_n = in.n;
-        f.in_eps = in.eps;
+        f.in = in;
         launch_q8p_mma(dev, W, qx, T, Y, f);
         return;
     }

@@ -80,6 +80,21 @@ __device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, in
     if (lane == 0) out.parts[b] = ss;
 }
 
+// A block's arrival with 32-row group g of a group fold (`blocks` blocks a group, counted in `arrived`), after a
+// barrier past the block's stores: true in every thread of the group's last block, whose fence then makes the other
+// blocks' stores visible to it (it clears the count for the next launch when it is done).
+__device__ __forceinline__ bool fold_group_last(unsigned *arrived, int64_t g, int blocks) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(arrived + g, 1u) == (unsigned)blocks - 1;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 // The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
 // then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
 // and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
@@ -87,19 +102,12 @@ __device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, in
 template <int R>
 __device__ __forceinline__ void norm_fold_group(const NormFold &out, const float (&v)[R], int64_t row0, int lane,
                                                 int64_t block_row0, int blocks_a_group) {
-    __shared__ bool last;
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < R; r++) out.x[row0 + r] += v[r];
     __syncthreads();
     const int64_t g = block_row0 >> 5;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(out.arrived + g, 1u) == (unsigned)blocks_a_group - 1;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    __threadfence();
+    if (!fold_group_last(out.arrived, g, blocks_a_group) || threadIdx.x >= 32) return;
     const int64_t row = (g << 5) + lane;
     const float xv = __ldcg(out.x + row);  // (from L2: the other blocks' rows)
     quant_q8_warp(xv * __ldg(out.w + row), out.xq + row, out.xs + g, out.xsum ? out.xsum + g : nullptr);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "ops/cuda/cuda_device.h"
+#include "ops/cuda/gemv_int8.cuh"
 #include "ops/cuda/mma_common.cuh"
 
 namespace dfl {
@@ -118,19 +119,15 @@ struct MmaX {
 };
 
 // A residual-norm fold across 8..32 tokens riding the staged q8_0 kernel's epilogue (DFL_CUDA_RESID_NORM_T,
-// launch_resid_norm): in_parts set (the product after a fold): each token's sums multiplied by rsqrt(the sum of its
-// in_n_parts partial sums / in_n + in_eps) before they are stored; x set (the product before): its sums, once stored,
-// are added to the residual x by the last of `arrivals` blocks of each 32 rows (counted in `arrived`, left zero), which
-// quantizes x w per (token, 32 rows) into frag's rows (xq, xs) and fragment order (fq, fs: what stage_rows gives a
-// product after a norm), and stores each (token, 32 rows)'s sum of x^2 at parts (token-major).
+// launch_resid_norm): in.parts set (the product after a fold): each token's sums multiplied by its scale (fold_scale
+// on the token's in.n_parts partial sums) before they are stored; out.x set (the product before): its sums, once
+// stored, are added to the residual x by the last of `arrivals` blocks of each 32 rows (counted in out.arrived, left
+// zero), which quantizes x w per (token, 32 rows) into out's rows (xq, xs; no xsum) and frag's fragment order (fq,
+// fs: what stage_rows gives a product after a norm), and stores each (token, 32 rows)'s sum of x^2 at out.parts
+// (token-major).
 struct PipeFold {
-    const float *in_parts = nullptr;
-    int in_n_parts = 0;
-    float in_n = 0.0f, in_eps = 0.0f;
-    float *x = nullptr;
-    const float *w = nullptr;
-    float *parts = nullptr;
-    unsigned *arrived = nullptr;
+    RmsFold in;
+    NormFold out;
     int arrivals = 0;
     CudaDevice::QuantX frag;
 };

@@ -269,50 +269,44 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
     }
 }
 
-// The scales a fold before this product left it (PipeFold::in_parts) into s[t], t < T: warp w works out tokens w,
-// w + kMmaWarps, ..., lane k adding the token's parts k, k + 32, ... in order, then the warp's butterfly (the same bits
-// in every block). After the main loop, as the one-token fold_scale.
-__device__ __forceinline__ void pipe_fold_scales(const PipeFold &f, int64_t T, float *s) {
+// The scales a fold before this product left it (PipeFold::in) into s[t], t < T: warp w works out tokens w,
+// w + kMmaWarps, ... (fold_scale on each token's parts: the same bits in every block). After the main loop, as the
+// one-token fold.
+__device__ __forceinline__ void pipe_fold_scales(const RmsFold &in, int64_t T, float *s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int64_t t = warp; t < T; t += kMmaWarps) {
-        float v = 0.0f;
-        for (int k = lane; k < f.in_n_parts; k += 32) v += __ldcg(f.in_parts + t * f.in_n_parts + k);
-        v = warp_sum(v);
-        if (lane == 0) s[t] = rsqrtf(v / f.in_n + f.in_eps);
+        RmsFold tok = in;
+        tok.parts += t * in.n_parts;
+        const float v = fold_scale(tok, lane);
+        if (lane == 0) s[t] = v;
     }
 }
 
-// The fold's end in the product before (PipeFold::x): the block, its sums stored, counts itself in with its 32-row
-// group (a fence first); the group's last block reads the group's rows of every token back from L2 (Y: the product's
-// output, the residual's addend), adds them to x, and quantizes x w a (token, 32 rows) as any int8 input
+// The fold's end in the product before (PipeFold::out): the block, its sums stored, counts itself in with its 32-row
+// group (fold_group_last); the group's last block reads the group's rows of every token back from L2 (Y: the
+// product's output, the residual's addend), adds them to x, and quantizes x w a (token, 32 rows) as any int8 input
 // (quant_q8_warp) into the rows and the fragment order, with the group's sum of x^2 a token; then clears the count.
 __device__ __forceinline__ void pipe_fold_store(const PipeFold &f, const float *Y, int64_t row0, int64_t n_out,
                                                 int64_t T) {
-    __shared__ bool last;
+    const NormFold &o = f.out;
     const int64_t g = row0 >> 5, nb = n_out / 32;
     __syncthreads();  // every warp's stores are issued
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(f.arrived + g, 1u) == (unsigned)f.arrivals - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!fold_group_last(o.arrived, g, f.arrivals)) return;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row = (g << 5) + lane;
-    const float w = __ldg(f.w + row);
+    const float w = __ldg(o.w + row);
     for (int64_t t = warp; t < T; t += kMmaWarps) {
         const int64_t i = t * n_out + row;
-        const float xv = f.x[i] + __ldcg(Y + i);
-        f.x[i] = xv;
-        const Q8Code c = quant_q8_warp(xv * w, f.frag.xq + i, f.frag.xs + t * nb + g, nullptr);
+        const float xv = o.x[i] + __ldcg(Y + i);
+        o.x[i] = xv;
+        const Q8Code c = quant_q8_warp(xv * w, o.xq + i, o.xs + t * nb + g, nullptr);
         CudaDevice::QuantX q = f.frag;
         q.tok = (int32_t)t;
         quant_frag_store(q, c, row);
         const float ss = warp_sum(xv * xv);
-        if (lane == 0) f.parts[t * nb + g] = ss;
+        if (lane == 0) o.parts[t * nb + g] = ss;
     }
-    if (threadIdx.x == 0) f.arrived[g] = 0;
+    if (threadIdx.x == 0) o.arrived[g] = 0;
 }
 
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
@@ -372,16 +366,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
     // FOLD: a fold before (its scales; mma_store's first barrier orders them) or after (PipeFold)
     __shared__ float tok_scale[FOLD ? kI8MmaMaxTokens : 1];
     if constexpr (FOLD)
-        if (fold.in_parts) pipe_fold_scales(fold, T, tok_scale);
+        if (fold.in.parts) pipe_fold_scales(fold.in, T, tok_scale);
     __syncthreads();  // the stages are free: the warps' sums are added in their memory
     auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem);
-    const float *ts = FOLD && fold.in_parts ? tok_scale : nullptr;
+    const float *ts = FOLD && fold.in.parts ? tok_scale : nullptr;
     if (gridDim.y > 1 && part_stride == 0)
         mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y, ts);
     else
         mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride, ts);
     if constexpr (FOLD)
-        if (fold.x) pipe_fold_store(fold, Y, row0, n_out, T);
+        if (fold.out.x) pipe_fold_store(fold, Y, row0, n_out, T);
 }
 
 // Repacked q8_0 as mma_stream_kernel's format (DFL_CUDA_Q8P_STREAM=1): the staged kernel's two-blocks-a-warp stages
@@ -558,7 +552,7 @@ static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, 
         };
         // (the fold's kernels only where it may run: up to 32 tokens)
         auto go = [&](auto pre) {
-            if (f.x || f.in_parts) {
+            if (f.out.x || f.in.parts) {
                 if constexpr (NT8 <= 4) {
                     go_fold(pre, std::true_type{});
                     return;
@@ -645,7 +639,8 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
 
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y,
                     const PipeFold &fold) {
-    const bool folds = fold.x || fold.in_parts;
+    // (q8p_pipe_fold_ok is the path below's own condition for two parts at most on the staged kernel)
+    const bool folds = fold.out.x || fold.in.parts;
     if (folds && !q8p_pipe_fold_ok(W, T))
         fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across tokens off the staged q8_0 kernel");
     if (!folds && launch_q8p_stream(dev, W, qx, T, Y)) return;
@@ -665,7 +660,6 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
             launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits, 0, fold);
             return;
         }
-        if (folds) fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across tokens on four input parts");
         const int64_t count = W.n_out * T;
         float *part = (float *)dev.splitk_buffer((size_t)(splits * count) * sizeof(float));
         launch_q8p_pipe(dev, W, qs, dw, x, T, part, splits, count);
@@ -674,7 +668,6 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
         check_launch("matmul (q8_0 split-K sums)");
         return;
     }
-    if (folds) fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across tokens off the staged q8_0 kernel");
     dispatch_mma<8>(dev, W.n_out, T, [&](dim3 grid, auto mt, auto nt8) {
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value;
         // Blocks of 32 per warp and iteration: 4 where a 2-iteration pipeline of them still leaves registers for the
