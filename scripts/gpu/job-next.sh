@@ -9,15 +9,22 @@
 # among them; speculative greedy), then decode at batch 1, 8 and 32 with each, alternating (attention was 0.23 ms of
 # the 3.63 ms b1 step at 21:0x; b8's 72 norms ~0.3 ms of ~4.0). (2) The 27B verify blocks with and without the fold
 # across tokens (issue 11's 16 rows, 1.22x at 21:0x).
-# LEAN=1 (a call's last minutes): step (1) as run.sh lean without op tests, no step (2).
+# LEAN=1 (a call's last minutes): step (1) as run.sh lean without op tests, no step (2). LEAN=2 (~8 minutes): (1) as
+# lean with its op tests at batch 1 and 8, (2) with one run each.
 cd "$(dirname "$0")/../.."
 peer=(); [ ! -f .gpu/llama-src.tar.xz ] || peer=(peer)  # same-job llama.cpp figures after quick
 try=DFL_CUDA_ATTN_G=1,DFL_CUDA_RESID_NORM_T=1
 variants="- DFL_CUDA_ATTN_G=1 DFL_CUDA_RESID_NORM_T=1 - DFL_CUDA_ATTN_G=1 DFL_CUDA_RESID_NORM_T=1"
+spec="SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$'"
+if [ "${LEAN:-}" = 2 ]; then  # ~8 minutes: (1) as lean with the matmul and attention op tests, b1 / b8; (2) once each
+  exec scripts/gpu/bg.sh start \
+    "TRY=$try DFLASH_BENCH_BATCHES=1,8 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' lean qwen3-8b:q8_0" \
+    "$spec SPEC_VARIANTS='- DFL_CUDA_RESID_NORM_T=1' spec-bench"
+fi
 if [ -n "${LEAN:-}" ]; then
   exec scripts/gpu/bg.sh start \
     "TRY=$try LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1,8 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' lean qwen3-8b:q8_0"
 fi
 exec scripts/gpu/bg.sh start "${peer[@]}" \
   "TRY=$try DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' quick qwen3-8b:q8_0" \
-  "SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- DFL_CUDA_RESID_NORM_T=1 - DFL_CUDA_RESID_NORM_T=1' spec-bench"
+  "$spec SPEC_VARIANTS='- DFL_CUDA_RESID_NORM_T=1 - DFL_CUDA_RESID_NORM_T=1' spec-bench"
