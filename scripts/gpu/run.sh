@@ -597,6 +597,7 @@ gdn_ncu() {
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
 # q8_0 on them from two tokens instead of nine); DFL_CUDA_MMA_XT=0: the tensor-core kernels read their activations from
 # the quantizer's rows, not a fragment-ordered copy; DFL_CUDA_Q8P_MMA_MIN=17: q8_0 of 9..16 tokens on the dp4a rows kernel;
+# DFL_CUDA_ATTN_G=8: decode attention as many query heads a block as before the 12-07 rule (a block a KV head at batch 1);
 # DFL_CUDA_ATTN_QUANT=0: decode attention leaves the o projection's quantization to it; DFL_CUDA_NORM_REGS=0: the norms
 # read their rows twice; DFL_CUDA_Q4K_MT2_32=0: q4_K of 25..32 tokens on 16-row tensor-core tiles; DFL_CUDA_Q8P_ROWS1=0:
 # one token of q8_0 matrices of 4224+ rows on one row a warp; DFL_CUDA_GEMV_AHEAD=0: one-token q8_0 products on the
@@ -608,7 +609,7 @@ gdn_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-DFL_CUDA_ATTN_G=1 DFL_CUDA_RESID_NORM_T=1}
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
@@ -626,7 +627,7 @@ KERNEL_VARIANTS=${KERNEL_VARIANTS:-- $OPTINS DFL_CUDA_Q8P_PIPE_U2=0 DFL_CUDA_GEM
 # should agree.
 flag_replay() {
   local v
-  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0}; do
+  for v in - ${FLAG_REPLAY-DFL_CUDA_FUSE_QUANT=0,DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1,DFL_CUDA_PDL_CHAIN=0,DFL_CUDA_ATTN_G=8 DFL_CUDA_Q4K_MMA_MIN=9 DFL_CUDA_MMA_XT=0 DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0}; do
     log "device replay vs CPU: $v"
     (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_TEST_DEVICE=cuda:0 \
       "$stage/bin/engine.test" -test.run 'DeviceMatchesCPU|DeviceFoldMatchesCPU|DeviceDeepseek4' -test.v -test.count=1 2>&1) |
@@ -646,7 +647,8 @@ kernel_tests() {
   local v
   build_kernel_tests || return 1
   for v in "- matmul attention" "DFL_CUDA_I8_MMA=0,DFL_CUDA_Q4K_I8=0,DFL_CUDA_Q6K_I8=0 matmul" \
-           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
+           "DFL_CUDA_ATTN_WARP=0,DFL_CUDA_ATTN_WARP_POS=1 attention" "DFL_CUDA_ATTN_G=8 attention" \
+           "DFL_CUDA_Q8P_MMA_MIN=2,DFL_CUDA_FUSE_QUANT=0 matmul" \
            "DFL_CUDA_PDL_CHAIN=0 matmul norms attention" "DFL_CUDA_Q4K_MMA_MIN=9 matmul" \
            "DFL_CUDA_MMA_XT=0,DFL_CUDA_Q8P_MMA_MIN=2 matmul" \
            "DFL_CUDA_ATTN_QUANT=0,DFL_CUDA_NORM_REGS=0 matmul norms attention" "DFL_CUDA_Q4K_MT2_32=0,DFL_CUDA_Q8P_ROWS1=0,DFL_CUDA_GEMV_AHEAD=0 matmul" \

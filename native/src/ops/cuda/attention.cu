@@ -495,21 +495,58 @@ __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *p
 
 constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
 
-// DFL_CUDA_ATTN_G=N (opt-in, written 12-06 21:2x without a GPU): at most N query heads a block. Why fewer: at batch 1
-// the default makes one block a KV head (qwen3-8b 8 blocks of 4 heads, the 27B 4 of 6), whose warps each reduce G x 16
-// dot products by shuffles and take G x 17 exponentials one after another; leaving attention out of qwen3-8b q8_0's
-// replayed b1 step saved 6.5 us a layer (H100 21:0x, a 16-48-token context). One head a block: G times the blocks, a
-// G-th of each warp's serial work, each K and V row read G times (from L2; 48 positions are 24 KB a KV head).
+// Query heads a block (G). By default the largest instantiated G dividing the GQA group (one block a KV head at batch
+// 1), unless that grid neither splits nor fills the SMs (a context of at most kAttnMinSplitLen positions, few
+// tokens): then the largest G whose grid fills them, else one head a block. Why fewer: each warp reduces G x 16 dot
+// products by shuffles and takes G x 17 exponentials one after another; with G times the blocks each runs a G-th of
+// that chain, reading each K and V row G times (from L2: 48 positions are 24 KB a KV head). H100 12-07 00:2x, one job,
+// alternated twice, G = 1 everywhere against the default: qwen3-8b q8_0 tg b1 3.619 / 3.669 -> 3.522 / 3.515 ms,
+// b8 4.179 / 4.137 -> 3.994 / 3.997 (op tests and replays pass). Longer contexts split instead, as before: one head a
+// block there would read each KV row G times from L2 over fewer splits, unmeasured. DFL_CUDA_ATTN_G=N: at most N
+// heads a block everywhere, no rule (8: the grids before the rule).
 static int attn_max_heads() {
-    static const int n = (int)std::max<int64_t>(1, env_int("DFL_CUDA_ATTN_G", 8));
-    return n;
+    static const int n = (int)std::max<int64_t>(0, env_int("DFL_CUDA_ATTN_G", 0));
+    return n;  // 0: unset, the rule
 }
 
-// Query heads per block: the largest instantiated G dividing the GQA group (and at most attn_max_heads).
-static int heads_per_block(int group) {
+// The largest instantiated G dividing the GQA group, at most cap, whose grid of T tokens has at least min_blocks
+// blocks (min_blocks 0: the largest dividing one); 1 where none has.
+static int heads_per_block(int group, int cap, int64_t T, int n_head, int64_t min_blocks) {
     for (int g : {8, 6, 4, 3, 2})
-        if (g <= attn_max_heads() && group % g == 0) return g;
+        if (g <= cap && group % g == 0 && T * (n_head / g) >= min_blocks) return g;
     return 1;
+}
+
+struct AttnSplit {
+    int64_t n = 1, len;  // splits of the positions, and each one's length
+};
+
+// Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are about
+// two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
+static AttnSplit attn_split(int64_t blocks, int64_t max_ctx, int sm_count) {
+    const int64_t want = (2 * (int64_t)sm_count + blocks - 1) / blocks;
+    const int64_t max_split = (max_ctx + kAttnMinSplitLen - 1) / kAttnMinSplitLen;
+    AttnSplit sp;
+    sp.n = std::max<int64_t>(1, std::min<int64_t>({want, max_split, 64}));
+    sp.len = max_ctx;
+    if (sp.n > 1) {
+        sp.len = (max_ctx + sp.n - 1) / sp.n;
+        sp.len = (sp.len + kAttnTilePos - 1) / kAttnTilePos * kAttnTilePos;
+        sp.n = (max_ctx + sp.len - 1) / sp.len;
+    }
+    return sp;
+}
+
+// G and the splits of a decode attention call (attn_max_heads says how G is chosen).
+static int attn_heads(int group, int64_t T, int n_head, int64_t max_ctx, int sm_count, AttnSplit &sp) {
+    const int cap = attn_max_heads();
+    int G = heads_per_block(group, cap > 0 ? cap : 8, T, n_head, 0);
+    sp = attn_split(T * (n_head / G), max_ctx, sm_count);
+    if (cap == 0 && sp.n == 1 && T * (n_head / G) < sm_count) {
+        G = heads_per_block(group, 8, T, n_head, sm_count);
+        sp = attn_split(T * (n_head / G), max_ctx, sm_count);  // (still one: no longer than one split)
+    }
+    return G;
 }
 
 template <int G>
@@ -568,20 +605,10 @@ void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     a.causal = c.causal;
     a.window = c.window;
     a.warp_pos = attn_warp_pos();
-    // Few (token, head) rows over a long context would leave most SMs idle: split the positions so that there are
-    // about two blocks per SM, each split at least kAttnMinSplitLen long, and merge the partial softmaxes.
     const int64_t rows = m.T * c.n_head;
-    const int64_t blocks = m.T * (c.n_head / heads_per_block(c.n_head / c.kv.n_kv));
-    const int64_t want = (2 * (int64_t)dev.sm_count() + blocks - 1) / blocks;
-    const int64_t max_split = (m.max_ctx + kAttnMinSplitLen - 1) / kAttnMinSplitLen;
-    int64_t n_split = std::max<int64_t>(1, std::min<int64_t>({want, max_split, 64}));
-    int64_t split_len = m.max_ctx;
-    if (n_split > 1) {
-        split_len = (m.max_ctx + n_split - 1) / n_split;
-        split_len = (split_len + kAttnTilePos - 1) / kAttnTilePos * kAttnTilePos;
-        n_split = (m.max_ctx + split_len - 1) / split_len;
-    }
-    const int G = heads_per_block(c.n_head / c.kv.n_kv);
+    AttnSplit sp;
+    const int G = attn_heads(c.n_head / c.kv.n_kv, m.T, c.n_head, m.max_ctx, dev.sm_count(), sp);
+    const int64_t n_split = sp.n, split_len = sp.len;
     const size_t shm = (size_t)G * c.kv.head_dim * sizeof(float);
     // The output's quantization for the o projection, written by the kernel that writes the output (the warp kernel,
     // or the combine after splits): one quantizer launch fewer a layer. The split partials follow it in the scratch.
