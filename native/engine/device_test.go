@@ -293,8 +293,9 @@ func TestDeviceTopK(t *testing.T) {
 // TestDeviceFoldMatchesCPU replays one-token forwards of a q8_0 qwen3 model of qwen3-8b's width (4096: its output
 // projections take the CUDA device's residual-norm fold, CudaDevice::matmul_add_rmsnorm), with and without hidden-state
 // capture of a middle layer (a speculating engine's one-token steps capture; a capture's copy may not come between a
-// fold and its product), then 16-token blocks as a verify's, with and without a capture (folded across tokens with
-// DFL_CUDA_RESID_NORM_T=1, as the 12-token prefill), and compares every logits row and capture with the CPU engine's.
+// fold and its product), then 16-token blocks as a verify's, with and without a capture (the ops apart, as the
+// 12-token prefill, after folded steps: nothing a fold staged or counted may reach them), and compares every logits row
+// and capture with the CPU engine's.
 func TestDeviceFoldMatchesCPU(t *testing.T) {
 	dev := testDevice(t)
 	cpu := openCPU(t)

@@ -608,9 +608,8 @@ public:
     virtual void add(float *x, const float *d, int64_t count) = 0;
     // d = W X (T rows), then add_rmsnorm(x, d, w, y, T, W.n_out, eps): a layer's output projection, its residual and
     // the norm before `next`, the one product that reads y (null: unknown). A device may fold the norm into the
-    // product where it knows how `next` reads y (the CUDA one for one token, and for 8..32 with DFL_CUDA_RESID_NORM_T=1;
-    // DFL_CUDA_RESID_NORM=0: never): then y is left unwritten (d too for one token) and `next`, the very next call,
-    // multiplies what the fold staged for it.
+    // product where it knows how `next` reads y (the CUDA one for one token; DFL_CUDA_RESID_NORM=0: never): then y
+    // and d are left unwritten and `next`, the very next call, multiplies what the fold staged for it.
     virtual void matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, float *d, float *x, const float *w,
                                     float *y, float eps, const Weight *next) {
         (void)next;

@@ -128,9 +128,9 @@ public:
         int8_t *fq = nullptr;
         float *fs = nullptr;
         int32_t rows = 0, T8 = 0, n = 0, tok = 0;
-        // Where rms_parts is set (rows a residual-norm fold staged, launch_resid_norm): the codes are of x w before
-        // each row's norm scale rsqrt(sum / rms_n + rms_eps), which the product multiplies that row's sums by; sum:
-        // the row's rms_n_parts partial sums of x^2 at rms_parts + row rms_n_parts, added in order.
+        // Where rms_parts is set (one row a residual-norm fold staged, launch_resid_norm): the codes are of x w
+        // before the norm's scale rsqrt(sum / rms_n + rms_eps), which the product multiplies its sums by; sum: the
+        // rms_n_parts partial sums of x^2 at rms_parts, added in order.
         const float *rms_parts = nullptr;
         int32_t rms_n_parts = 0;
         float rms_n = 0.0f, rms_eps = 0.0f;
@@ -323,9 +323,8 @@ CudaDevice::QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int
 bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next, const float *y);
 // Whether launch_matmul gives T rows of W to launch_gemv_q8p (repacked q8_0 on int8 activations).
 bool q8p_takes(const Weight &W, int64_t T);
-// (T > 1: d receives the product, as the fold's last blocks read it back)
-CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *d, float *x,
-                                     const float *w, float eps);
+CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                     float eps);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

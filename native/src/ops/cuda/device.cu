@@ -492,13 +492,13 @@ void CudaDevice::matmul_add_rmsnorm(const Weight &W, const float *X, int64_t T, 
                                     float *y, float eps, const Weight *next) {
     if (!resid_norm_takes(*this, W, T, next, y)) return Device::matmul_add_rmsnorm(W, X, T, d, x, w, y, eps, next);
     QuantX q;
-    product(W, T, [&] { q = launch_resid_norm(*this, W, X, T, d, x, w, eps); });
+    product(W, T, [&] { q = launch_resid_norm(*this, W, X, x, w, eps); });
     if (!q.xq) return;  // (DFL_CUDA_SKIP_OPS=matmul: nothing ran, y unwritten: garbage out, as skipped ops give)
     // staged for `next`, the very next call (its input y is never written): as a norm's staging, after the product's
     // own was spent
     staged_ = Staged{};
     staged_.x = y;
-    staged_.count = T * W.n_out;
+    staged_.count = W.n_out;
     staged_.q = q;
     staged_done();
 }

@@ -440,7 +440,7 @@ static int q8p_ahead_rows(const Weight &W) {
 // multiplies its sums by it (fold_scale). Where: one token of a q8_0 matrix of at most 32 rows an SM whose rows
 // take the one-row staged-ahead kernel (qwen3-8b's o and down, 4096 rows), its output read by one product on the
 // staged-ahead kernel (the fused q|k|v or gate|up).
-// 1: at one token the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (the default since H100
+// 1: the block fold only (q8_0, 32 rows a block, a row a warp, at most 32 rows an SM); 2 (the default since H100
 // 12-06 21:0x, one job, alternated twice: the 27B q8_0 tg b1 12.05 / 12.04 -> 11.70 / 11.66 ms, qwen3-8b q4_K 2.862 /
 // 2.867 -> 2.784 / 2.780 ms): also the group fold, for the rows of any one-token staged-ahead q8_0 product (the 27B's
 // 5120-row out, o and down, two rows a warp, 640 blocks of 8 rows: a 32-row group's last block quantizes it) and of
@@ -464,24 +464,8 @@ static bool resid_norm_kernel(const Weight &W, const float *X) {
     return W.type == DFL_TYPE_Q4_K && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && ((uintptr_t)X & 15) == 0;
 }
 
-// DFL_CUDA_RESID_NORM_T=1 (opt-in, written 12-06 22:xx without a GPU): the fold across 8..32 tokens too, where the
-// projection and the product after it both run on the staged q8_0 kernel in at most two input parts (PipeFold): the
-// projection's blocks store their sums as before, and each 32-row group's last block adds them to x and quantizes
-// x w into the rows and fragment order the product after reads (which then launches no copy), which multiplies each
-// token's sums by its norm scale. Why: a norm between two products costs a launch at any token count (the one-token
-// fold took the norms' whole cost, H100 19:4x and 21:0x): at 16 tokens the 27B verify's 64 after its o and out
-// projections (its down streams: no fold), ~0.3 of 14.16 ms (issue 11's 1.2x line, 1.22x at 21:0x); at 8 qwen3-8b
-// q8_0's 72, ~0.3 ms of its ~4.0 ms b8 step (issue 10's 2x line, 1.93-1.96x).
-static bool resid_norm_tokens_on() {
-    static const bool on = env_switch("DFL_CUDA_RESID_NORM_T", false);
-    return on;
-}
-
 bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const Weight *next, const float *y) {
     const int mode = resid_norm_mode();
-    if (T > 1)
-        return mode != 0 && resid_norm_tokens_on() && next && W.n_out % 32 == 0 && next->n_in == W.n_out &&
-               q8p_takes(W, T) && q8p_takes(*next, T) && q8p_pipe_fold_ok(W, T) && q8p_pipe_fold_ok(*next, T);
     // (X of W is the quantizer's or the staging's, any alignment: only next's input decides its path)
     if (mode == 0 || T != 1 || !next || W.n_out % 32 != 0 || next->n_in != W.n_out || !resid_norm_kernel(W, nullptr) ||
         !resid_norm_kernel(*next, y))
@@ -489,40 +473,8 @@ bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const W
     return mode == 2 || (W.type == DFL_TYPE_Q8_0 && next->type == DFL_TYPE_Q8_0 && resid_norm_block(dev, W));
 }
 
-// launch_resid_norm of T (8..32) tokens (resid_norm_tokens_on): W's product into d, then the fold (PipeFold) into
-// the fold buffer: the rows' codes and scales, the (token, 32 rows) sums of x^2, and the fragment-ordered copy.
-static CudaDevice::QuantX launch_resid_norm_tokens(CudaDevice &dev, const Weight &W, const float *X, int64_t T,
-                                                   float *d, float *x, const float *w, float eps) {
-    const int64_t n = W.n_out, nb = n / 32;
-    const int T8 = (int)((T + 7) / 8 * 8);
-    const QuantX qx = quantize_x(dev, X, W.n_in, T, false, false);
-    const size_t q_bytes = round256((size_t)(T * n)), s_bytes = round256((size_t)(T * nb) * 4);
-    const size_t fq_bytes = round256((size_t)(nb * T8 * 32)), fs_bytes = round256((size_t)(nb * T8) * 4);
-    uint8_t *p = (uint8_t *)dev.fold_buffer(q_bytes + 2 * s_bytes + fq_bytes + fs_bytes);
-    QuantX out;
-    out.xq = (int8_t *)p;
-    out.xs = (float *)(p + q_bytes);
-    float *parts = (float *)(p + q_bytes + s_bytes);
-    out.fq = (int8_t *)(p + q_bytes + 2 * s_bytes);
-    out.fs = (float *)(p + q_bytes + 2 * s_bytes + fq_bytes);
-    out.rows = (int32_t)T;
-    out.T8 = T8;
-    out.n = (int32_t)n;
-    out.rms_parts = parts;
-    out.rms_n_parts = (int32_t)nb;
-    out.rms_n = (float)n;
-    out.rms_eps = eps;
-    PipeFold f;
-    f.out = NormFold{x, w, out.xq, out.xs, parts, nullptr, dev.fold_counts(nb)};
-    f.frag = out;
-    launch_q8p_mma(dev, W, qx, T, d, f);
-    check_launch("matmul (with the residual and the next norm, across tokens)");
-    return out;
-}
-
-CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *d, float *x,
-                                     const float *w, float eps) {
-    if (T > 1) return launch_resid_norm_tokens(dev, W, X, T, d, x, w, eps);
+CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
+                                     float eps) {
     const int64_t n = W.n_out, nb = n / 32;
     const bool q4 = W.type == DFL_TYPE_Q4_K;
     const QuantX qx = quantize_x(dev, X, W.n_in, 1, q4, true);
@@ -559,10 +511,9 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const int64_t nb = W.n_in / 32;
     const bool mma = T >= q8p_mma_min_tokens() && T <= i8_mma_max_tokens();
     const QuantX qx = quantize_x(dev, X, W.n_in, T, false, true);
-    // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel (one token) and the
-    // staged tensor-core kernel (8..32 tokens, q8p_pipe_fold_ok) apply it
+    // codes a residual-norm fold staged carry the norm's scale apart: only the staged-ahead kernel applies it
     const RmsFold in = rms_fold(qx);
-    if (in.parts && (mma ? !q8p_pipe_fold_ok(W, T) : T != 1 || q8p_ahead_rows(W) == 0))
+    if (in.parts && (T != 1 || mma || q8p_ahead_rows(W) == 0))
         fail(DFL_ERR_INTERNAL, "matmul: a folded norm's codes reached a q8_0 product that cannot scale them");
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
@@ -570,9 +521,7 @@ void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
     if (mma) {
-        PipeFold f;  // (a fold across tokens before: its scales)
-        f.in = in;
-        launch_q8p_mma(dev, W, qx, T, Y, f);
+        launch_q8p_mma(dev, W, qx, T, Y);
         return;
     }
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps)), block(kQ8pWarps * 32);

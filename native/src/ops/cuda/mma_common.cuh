@@ -37,12 +37,10 @@ __device__ __forceinline__ void cp_async_run(unsigned dst, const uint8_t *src) {
 // The warps' sums of one block of an mma kernel added through shared memory and stored, one 16-row tile at a time (the
 // buffer then holds 8 tokens x 32 at most: 32 KB). The C fragment: entry i of lane l is row l / 4 + 8 (i / 2), token
 // 2 (l % 4) + i % 2 of its 16 x 8 tile.
-// ADD: Y += the sums (atomically; a split-K product's halves onto a zeroed Y), else Y = the sums. tok_scale (where
-// set, in shared memory): each token's sums multiplied by its entry first (a residual-norm fold's scale, PipeFold).
+// ADD: Y += the sums (atomically; a split-K product's halves onto a zeroed Y), else Y = the sums.
 template <int MT, int NT8, bool ADD = false>
 __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], const float (&acc)[MT][NT8][4],
-                                          int64_t row0, int64_t n_out, int64_t T, float *Y,
-                                          const float *tok_scale = nullptr) {
+                                          int64_t row0, int64_t n_out, int64_t T, float *Y) {
     pdl_trigger();  // the main loop is done: a PDL kernel after this one may launch (and wait for its end)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -60,7 +58,6 @@ __device__ __forceinline__ void mma_store(float (&red)[kMmaWarps][NT8 * 4][32], 
             for (int w = 0; w < kMmaWarps; w++) v += red[w][f][l];
             const int64_t row = row0 + 16 * mt + (l >> 2) + 8 * (i >> 1), tok = 8 * nt + 2 * (l & 3) + (i & 1);
             if (row < n_out && tok < T) {
-                if (tok_scale) v *= tok_scale[tok];
                 if constexpr (ADD)
                     atomicAdd(Y + tok * n_out + row, v);
                 else

@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "ops/cuda/cuda_device.h"
-#include "ops/cuda/gemv_int8.cuh"
 #include "ops/cuda/mma_common.cuh"
 
 namespace dfl {
@@ -117,28 +116,6 @@ struct MmaX {
     int T8 = 0;
     int chunk = 0;
 };
-
-// A residual-norm fold across 8..32 tokens riding the staged q8_0 kernel's epilogue (DFL_CUDA_RESID_NORM_T,
-// launch_resid_norm): in.parts set (the product after a fold): each token's sums multiplied by its scale (fold_scale
-// on the token's in.n_parts partial sums) before they are stored; out.x set (the product before): its sums, once
-// stored, are added to the residual x by the last of `arrivals` blocks of each 32 rows (counted in out.arrived, left
-// zero), which quantizes x w per (token, 32 rows) into out's rows (xq, xs; no xsum) and frag's fragment order (fq,
-// fs: what stage_rows gives a product after a norm), and stores each (token, 32 rows)'s sum of x^2 at out.parts
-// (token-major).
-struct PipeFold {
-    RmsFold in;
-    NormFold out;
-    int arrivals = 0;
-    CudaDevice::QuantX frag;
-};
-
-// Whether T tokens of W run on the staged q8_0 kernel in at most two input parts (launch_q8p_mma's path for them),
-// whose epilogue a PipeFold can ride.
-bool q8p_pipe_fold_ok(const Weight &W, int64_t T);
-
-// launch_q8p_mma with a fold (PipeFold; the path must be q8p_pipe_fold_ok's: an internal error else).
-void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y,
-                    const PipeFold &fold);
 
 // The blocks of 32 of a stage of the staged and streamed kernels (PipeStage<., ., 2>, Q4kStream): their chunk.
 constexpr int kStageBlocks = 16;

@@ -269,54 +269,14 @@ __device__ __forceinline__ void pipe_stage_mma(const PipeStage<MT, NT8, U> &cur,
     }
 }
 
-// The scales a fold before this product left it (PipeFold::in) into s[t], t < T: warp w works out tokens w,
-// w + kMmaWarps, ... (fold_scale on each token's parts: the same bits in every block). After the main loop, as the
-// one-token fold.
-__device__ __forceinline__ void pipe_fold_scales(const RmsFold &in, int64_t T, float *s) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int64_t t = warp; t < T; t += kMmaWarps) {
-        RmsFold tok = in;
-        tok.parts += t * in.n_parts;
-        const float v = fold_scale(tok, lane);
-        if (lane == 0) s[t] = v;
-    }
-}
-
-// The fold's end in the product before (PipeFold::out): the block, its sums stored, counts itself in with its 32-row
-// group (fold_group_last); the group's last block reads the group's rows of every token back from L2 (Y: the
-// product's output, the residual's addend), adds them to x, and quantizes x w a (token, 32 rows) as any int8 input
-// (quant_q8_warp) into the rows and the fragment order, with the group's sum of x^2 a token; then clears the count.
-__device__ __forceinline__ void pipe_fold_store(const PipeFold &f, const float *Y, int64_t row0, int64_t n_out,
-                                                int64_t T) {
-    const NormFold &o = f.out;
-    const int64_t g = row0 >> 5, nb = n_out / 32;
-    __syncthreads();  // every warp's stores are issued
-    if (!fold_group_last(o.arrived, g, f.arrivals)) return;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t row = (g << 5) + lane;
-    const float w = __ldg(o.w + row);
-    for (int64_t t = warp; t < T; t += kMmaWarps) {
-        const int64_t i = t * n_out + row;
-        const float xv = o.x[i] + __ldcg(Y + i);
-        o.x[i] = xv;
-        const Q8Code c = quant_q8_warp(xv * w, o.xq + i, o.xs + t * nb + g, nullptr);
-        CudaDevice::QuantX q = f.frag;
-        q.tok = (int32_t)t;
-        quant_frag_store(q, c, row);
-        const float ss = warp_sum(xv * xv);
-        if (lane == 0) o.parts[t * nb + g] = ss;
-    }
-    if (threadIdx.x == 0) o.arrived[g] = 0;
-}
-
 // Split K (gridDim.y parts): part_stride 0 adds the parts onto Y atomically (two halves onto a zeroed Y: the same
 // float in either order), else part p stores its sums at Y + p * part_stride (sum_parts adds them in order after).
 // PRE: the copies' addressing done once (PipeCopies), fragment-ordered activations only.
-template <int MT, int NT8, int S, int U = 1, bool PRE = false, bool FOLD = false>
+template <int MT, int NT8, int S, int U = 1, bool PRE = false>
 __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in,
                                                                      int64_t n_out, const int8_t *fq, const float *fs,
                                                                      int64_t T, float *Y, int64_t part_stride,
-                                                                     int chunk, bool early, PipeFold fold) {
+                                                                     int chunk, bool early) {
     pdl_early(early);
     using Stage = PipeStage<MT, NT8, U>;
     extern __shared__ __align__(16) uint8_t pipe_smem[];
@@ -363,19 +323,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8p_pipe_kernel(const 
         pipe_stage_mma<MT, NT8, U>(Stage(pipe_smem + (int)(j % S) * kStage), acc);
     }
     cp_async_wait<0>();
-    // FOLD: a fold before (its scales; mma_store's first barrier orders them) or after (PipeFold)
-    __shared__ float tok_scale[FOLD ? kI8MmaMaxTokens : 1];
-    if constexpr (FOLD)
-        if (fold.in.parts) pipe_fold_scales(fold.in, T, tok_scale);
     __syncthreads();  // the stages are free: the warps' sums are added in their memory
     auto &red = *reinterpret_cast<float(*)[kMmaWarps][NT8 * 4][32]>(pipe_smem);
-    const float *ts = FOLD && fold.in.parts ? tok_scale : nullptr;
     if (gridDim.y > 1 && part_stride == 0)
-        mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y, ts);
+        mma_store<MT, NT8, true>(red, acc, row0, n_out, T, Y);
     else
-        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride, ts);
-    if constexpr (FOLD)
-        if (fold.out.x) pipe_fold_store(fold, Y, row0, n_out, T);
+        mma_store<MT, NT8>(red, acc, row0, n_out, T, Y + (int64_t)blockIdx.y * part_stride);
 }
 
 // Repacked q8_0 as mma_stream_kernel's format (DFL_CUDA_Q8P_STREAM=1): the staged kernel's two-blocks-a-warp stages
@@ -533,33 +486,19 @@ __global__ void sum_parts_kernel(const float *part, int n_parts, int64_t count, 
 // of 64 tokens would not fit in shared memory (28 KB a stage at 32 rows).
 // splits: input parts (grid.y; Y zeroed when 2 and part_stride is 0, else part p's sums at Y + p * part_stride).
 static void launch_q8p_pipe(CudaDevice &dev, const Weight &W, const int8_t *qs, const uint16_t *dw, const MmaX &x,
-                            int64_t T, float *Y, int splits = 1, int64_t part_stride = 0,
-                            const PipeFold &fold = PipeFold{}) {
+                            int64_t T, float *Y, int splits = 1, int64_t part_stride = 0) {
     auto launch_u = [&](dim3 grid, auto mt, auto nt8, auto stages, auto u) {
         grid.y = (unsigned)splits;
         constexpr int MT = decltype(mt)::value, NT8 = decltype(nt8)::value, S = decltype(stages)::value;
         constexpr int U = decltype(u)::value;
         const size_t smem = (size_t)S * pipe_stage_bytes(MT, 8 * NT8, U);
-        PipeFold f = fold;
-        f.arrivals = splits * (2 / MT);  // the blocks of a 32-row group: its tiles' input parts
-        auto go_fold = [&](auto pre, auto folds) {
-            constexpr bool PRE = decltype(pre)::value, FOLD = decltype(folds)::value;
-            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE, FOLD>>(dev.index(), smem,
-                                                                               "matmul (q8_0 staged mma smem)");
-            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE, FOLD>, grid, dim3(kMmaWarps * 32), smem,
-                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk,
-                             pdl_early_for(dev, grid.x * grid.y), f);
-        };
-        // (the fold's kernels only where it may run: up to 32 tokens)
         auto go = [&](auto pre) {
-            if (f.out.x || f.in.parts) {
-                if constexpr (NT8 <= 4) {
-                    go_fold(pre, std::true_type{});
-                    return;
-                }
-                fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across more than 32 tokens");
-            }
-            go_fold(pre, std::false_type{});
+            constexpr bool PRE = decltype(pre)::value;
+            allow_dynamic_smem<gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>>(dev.index(), smem,
+                                                                         "matmul (q8_0 staged mma smem)");
+            launch_maybe_pdl(true, gemv_q8p_pipe_kernel<MT, NT8, S, U, PRE>, grid, dim3(kMmaWarps * 32), smem,
+                             dev.stream(), qs, dw, W.n_in, W.n_out, x.xq, x.xs, T, Y, part_stride, x.chunk,
+                             pdl_early_for(dev, grid.x * grid.y));
         };
         if constexpr (U == 2) {  // (the two-blocks-a-warp stages alone: fewer kernels to build)
             if (q8p_pipe_pre_on()) {
@@ -624,26 +563,8 @@ static bool launch_q8p_stream(CudaDevice &dev, const Weight &W, const CudaDevice
     return true;
 }
 
-bool q8p_pipe_fold_ok(const Weight &W, int64_t T) {
-    const int64_t groups = W.n_in / (2 * kPipeGroup * 32);
-    // (four input parts and, unless DFL_CUDA_Q8P_STREAM=1, the stream-K product need kSplitK4Groups stages a row)
-    // (T within launch_gemv_q8p's tensor-core range too: DFL_CUDA_I8_MMA=0 sends every T elsewhere)
-    return q8p_ok(W) && T >= q8p_mma_min_tokens() && T <= std::min<int64_t>(32, i8_mma_max_tokens()) &&
-           q8p_pipe_on() && mma_xt_on() && W.n_in % (kPipeGroup * 32) == 0 &&
-           q8p_stream_mode() != Q8pStreamMode::kAll && groups < kSplitK4Groups && q8p_splitk_n(groups) <= 2;
-}
-
 void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y) {
-    launch_q8p_mma(dev, W, qx, T, Y, PipeFold{});
-}
-
-void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, int64_t T, float *Y,
-                    const PipeFold &fold) {
-    // (q8p_pipe_fold_ok is the path below's own condition for two parts at most on the staged kernel)
-    const bool folds = fold.out.x || fold.in.parts;
-    if (folds && !q8p_pipe_fold_ok(W, T))
-        fail(DFL_ERR_INTERNAL, "matmul: a residual-norm fold across tokens off the staged q8_0 kernel");
-    if (!folds && launch_q8p_stream(dev, W, qx, T, Y)) return;
+    if (launch_q8p_stream(dev, W, qx, T, Y)) return;
     const int8_t *xq = qx.xq;
     const float *xs = qx.xs;
     const int8_t *qs = q8p_quants(W);
@@ -657,7 +578,7 @@ void launch_q8p_mma(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &
                             chunk ? kStageBlocks : 0, &qx);
     if (pipe && x.T8) {
         if (splits <= 2) {
-            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits, 0, fold);
+            launch_q8p_pipe(dev, W, qs, dw, x, T, Y, splits);
             return;
         }
         const int64_t count = W.n_out * T;
