@@ -66,6 +66,8 @@
 #                                            else (default model qwen3.5-27b:q8_0)
 #   scripts/gpu/run.sh pp-profile [MODEL...] prefill of 512 and PROFILE_PROMPTS (4096) tokens (each of PP_VARIANTS), then the
 #                                            long one op by op (DFL_CUDA_PROFILE=1; default model qwen3.5-27b:q8_0)
+#   scripts/gpu/run.sh tg-variants [MODEL...] decode steps (tg) with each of VARIANTS, nothing else (DFLASH_BENCH_CONTEXT:
+#                                            the prompt before them, default 16)
 #   scripts/gpu/run.sh skip-ops [MODEL...]   decode steps (tg) with each op left out in turn (DFL_CUDA_SKIP_OPS,
 #                                            SKIP_VARIANTS): the op's cost inside a replayed graph, by difference
 #   scripts/gpu/run.sh ops [GROUP...]        op test groups of test_cuda_ops (default matmul norms attention) with the
@@ -609,7 +611,7 @@ gdn_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once
-UNMEASURED=${UNMEASURED-}
+UNMEASURED=${UNMEASURED-DFL_CUDA_ATTN_G_SPLIT=1}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:
@@ -834,6 +836,9 @@ case $mode in
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
+  tg-variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0  # decode (tg, DFLASH_BENCH_BATCHES, DFLASH_BENCH_CONTEXT) with
+            premake "$@"; build_cuda; wait "${premake_pids[@]}"  # each of VARIANTS, alone (no checks)
+            BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
   pp-variants) [ $# -gt 0 ] || set -- qwen3.5-27b:q8_0  # prefill of 512 and 4096 tokens with each of VARIANTS, alone
             premake "$@"; build_cuda; wait "${premake_pids[@]}"
             BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
@@ -914,6 +919,6 @@ case $mode in
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|ops|ncu|step-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

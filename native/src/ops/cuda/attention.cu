@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a, int
 // holds dims [DPL l, DPL l + DPL) of every row: head_dim 32 DPL; cache types f32, f16 and bf16, K and V the same.
 
 // f(std::integral_constant<int, G>) for G, one of the query heads per block the kernels are instantiated for
-// (heads_per_block's values: 8, 6, 4, 3, 2, else 1).
+// (kAttnHeads, below).
 template <typename F>
 static void with_heads_per_block(int G, F &&f) {
     switch (G) {
@@ -501,21 +501,21 @@ constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost mor
 // products by shuffles and takes G x 17 exponentials one after another; with G times the blocks each runs a G-th of
 // that chain, reading each K and V row G times (from L2: 48 positions are 24 KB a KV head). H100 12-07 00:2x, one job,
 // alternated twice, G = 1 everywhere against the default: qwen3-8b q8_0 tg b1 3.619 / 3.669 -> 3.522 / 3.515 ms,
-// b8 4.179 / 4.137 -> 3.994 / 3.997 (op tests and replays pass). Longer contexts split instead, as before: one head a
-// block there would read each KV row G times from L2 over fewer splits, unmeasured. DFL_CUDA_ATTN_G=N: at most N
-// heads a block everywhere, no rule (8: the grids before the rule).
+// b8 4.179 / 4.137 -> 3.994 / 3.997 (op tests and replays pass). A grid that splits keeps the full G unless
+// DFL_CUDA_ATTN_G_SPLIT=1 (opt-in, unmeasured): then it too takes the largest G whose grid, splits included, fills
+// the SMs (qwen3-8b at b1 over 1,024 positions: 8 blocks x 4 splits -> 32 x 4; each KV row read G times from L2 over
+// fewer splits). DFL_CUDA_ATTN_G=N: at most N heads a block everywhere, no rule (8: the grids before the rule).
 static int attn_max_heads() {
     static const int n = (int)std::max<int64_t>(0, env_int("DFL_CUDA_ATTN_G", 0));
     return n;  // 0: unset, the rule
 }
 
-// The largest instantiated G dividing the GQA group, at most cap, whose grid of T tokens has at least min_blocks
-// blocks (min_blocks 0: the largest dividing one); 1 where none has.
-static int heads_per_block(int group, int cap, int64_t T, int n_head, int64_t min_blocks) {
-    for (int g : {8, 6, 4, 3, 2})
-        if (g <= cap && group % g == 0 && T * (n_head / g) >= min_blocks) return g;
-    return 1;
+static bool attn_g_split() {
+    static const bool on = env_switch("DFL_CUDA_ATTN_G_SPLIT", false);
+    return on;
 }
+
+constexpr int kAttnHeads[] = {8, 6, 4, 3, 2, 1};  // the instantiated G (with_heads_per_block), largest first
 
 struct AttnSplit {
     int64_t n = 1, len;  // splits of the positions, and each one's length
@@ -539,14 +539,21 @@ static AttnSplit attn_split(int64_t blocks, int64_t max_ctx, int sm_count) {
 
 // G and the splits of a decode attention call (attn_max_heads says how G is chosen).
 static int attn_heads(int group, int64_t T, int n_head, int64_t max_ctx, int sm_count, AttnSplit &sp) {
-    const int cap = attn_max_heads();
-    int G = heads_per_block(group, cap > 0 ? cap : 8, T, n_head, 0);
+    const int cap = attn_max_heads() > 0 ? attn_max_heads() : 8;
+    int G = 1;
+    for (int g : kAttnHeads)
+        if (g <= cap && group % g == 0) {
+            G = g;
+            break;
+        }
     sp = attn_split(T * (n_head / G), max_ctx, sm_count);
-    if (cap == 0 && sp.n == 1 && T * (n_head / G) < sm_count) {
-        G = heads_per_block(group, 8, T, n_head, sm_count);
-        sp = attn_split(T * (n_head / G), max_ctx, sm_count);  // (still one: no longer than one split)
+    if (attn_max_heads() > 0 || T * (n_head / G) * sp.n >= sm_count || (sp.n > 1 && !attn_g_split())) return G;
+    for (int g : kAttnHeads) {  // fewer heads a block, until the grid fills the SMs
+        if (g >= G || group % g != 0) continue;
+        sp = attn_split(T * (n_head / g), max_ctx, sm_count);
+        if (T * (n_head / g) * sp.n >= sm_count || g == 1) return g;
     }
-    return G;
+    return G;  // (not reached: g = 1 returns)
 }
 
 template <int G>
