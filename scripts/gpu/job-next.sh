@@ -21,14 +21,12 @@ skip="DFLASH_BENCH_BATCHES=1 SKIP_VARIANTS='- DFL_CUDA_SKIP_OPS=gdn DFL_CUDA_SKI
 skip+=" DFL_CUDA_SKIP_OPS=gated_rmsnorm DFL_CUDA_SKIP_OPS=sigmoid_mul DFL_CUDA_SKIP_OPS=attention+attn_prep"
 skip+=" DFL_CUDA_SKIP_OPS=add_rmsnorm+rmsnorm DFL_CUDA_SKIP_OPS=matmul -' skip-ops qwen3.5-27b:q8_0"
 long="- DFL_CUDA_ATTN_G_SPLIT=1 DFL_CUDA_ATTN_G=8 - DFL_CUDA_ATTN_G_SPLIT=1 DFL_CUDA_ATTN_G=8"
-if [ "${LEAN:-}" = 2 ]; then
-  exec scripts/gpu/bg.sh start \
-    "LEAN_GROUPS=attention DFLASH_BENCH_BATCHES=1,8 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' lean qwen3-8b:q8_0" \
-    "$spec SPEC_VARIANTS='- DFL_CUDA_ATTN_G=8' spec-bench"
-fi
 if [ -n "${LEAN:-}" ]; then
+  groups=none steps=()
+  if [ "$LEAN" = 2 ]; then groups=attention steps=("$spec SPEC_VARIANTS='- DFL_CUDA_ATTN_G=8' spec-bench"); fi
   exec scripts/gpu/bg.sh start \
-    "LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1,8 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' lean qwen3-8b:q8_0"
+    "LEAN_GROUPS=$groups DFLASH_BENCH_BATCHES=1,8 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' lean qwen3-8b:q8_0" \
+    "${steps[@]}"
 fi
 exec scripts/gpu/bg.sh start "${peer[@]}" \
   "TRY=DFL_CUDA_ATTN_G_SPLIT=1 DFLASH_BENCH_BATCHES=1,8,32 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$variants' quick qwen3-8b:q8_0" \

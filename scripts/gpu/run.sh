@@ -675,6 +675,12 @@ kernel_bench() {
   done
 }
 
+# Decode (tg: DFLASH_BENCH_BATCHES after DFLASH_BENCH_CONTEXT tokens) of each MODEL with each of VARIANTS, no checks.
+tg_variants() {
+  premake "$@"; build_cuda; wait "${premake_pids[@]}"
+  BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@"
+}
+
 variants() {  # MODEL... (the modes give the default pair)
   local models=("$@") m f v
   for m in "${models[@]}"; do
@@ -801,10 +807,9 @@ case $mode in
            FLAG_REPLAY= flag_replay; spec_greedy; wait "${premake_pids[@]}"
            BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;
   skip-ops) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # what each op costs inside a replayed decode step:
-            premake "$@"; build_cuda; wait "${premake_pids[@]}"     # tg with and without it (DFL_CUDA_SKIP_OPS; garbage out)
             VARIANTS=${SKIP_VARIANTS:-- DFL_CUDA_SKIP_OPS=add_rmsnorm DFL_CUDA_SKIP_OPS=attention DFL_CUDA_SKIP_OPS=attn_prep \
               DFL_CUDA_SKIP_OPS=swiglu DFL_CUDA_SKIP_OPS=rmsnorm DFL_CUDA_SKIP_OPS=topk DFL_CUDA_SKIP_OPS=matmul} \
-              BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
+              tg_variants "$@" ;;  # tg with and without it (DFL_CUDA_SKIP_OPS; garbage out)
   ops) [ $# -gt 0 ] || set -- matmul norms attention  # op test groups of test_cuda_ops with the defaults, and with
        build_cuda; build_kernel_tests || exit 1            # each OPS_VARIANTS setting (a change's first check)
        for v in - ${OPS_VARIANTS:-}; do op_tests "$v" "$@"; done ;;
@@ -836,9 +841,7 @@ case $mode in
             wait; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # NO_CPU_PEER=1: the profile only
   variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K
             peer_build; premake "$@"; build_cuda; kernel_tests; kernel_bench; wait "${premake_pids[@]}"; variants "$@" ;;
-  tg-variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0  # decode (tg, DFLASH_BENCH_BATCHES, DFLASH_BENCH_CONTEXT) with
-            premake "$@"; build_cuda; wait "${premake_pids[@]}"  # each of VARIANTS, alone (no checks)
-            BENCH_FILTER='GGUF/tg' NO_PROFILE=1 variants "$@" ;;
+  tg-variants) [ $# -gt 0 ] || set -- qwen3-8b:q8_0; tg_variants "$@" ;;
   pp-variants) [ $# -gt 0 ] || set -- qwen3.5-27b:q8_0  # prefill of 512 and 4096 tokens with each of VARIANTS, alone
             premake "$@"; build_cuda; wait "${premake_pids[@]}"
             BENCH_FILTER='GGUF/pp' BENCH_PROMPTS=512,4096 NO_PROFILE=1 variants "$@" ;;

@@ -537,23 +537,17 @@ static AttnSplit attn_split(int64_t blocks, int64_t max_ctx, int sm_count) {
     return sp;
 }
 
-// G and the splits of a decode attention call (attn_max_heads says how G is chosen).
+// G and the splits of a decode attention call (attn_max_heads says how G is chosen): the instantiated G dividing the
+// group, largest first, each with its splits, until one's grid fills the SMs or the rule does not apply to it.
 static int attn_heads(int group, int64_t T, int n_head, int64_t max_ctx, int sm_count, AttnSplit &sp) {
     const int cap = attn_max_heads() > 0 ? attn_max_heads() : 8;
-    int G = 1;
-    for (int g : kAttnHeads)
-        if (g <= cap && group % g == 0) {
-            G = g;
-            break;
-        }
-    sp = attn_split(T * (n_head / G), max_ctx, sm_count);
-    if (attn_max_heads() > 0 || T * (n_head / G) * sp.n >= sm_count || (sp.n > 1 && !attn_g_split())) return G;
-    for (int g : kAttnHeads) {  // fewer heads a block, until the grid fills the SMs
-        if (g >= G || group % g != 0) continue;
+    for (int g : kAttnHeads) {
+        if (g > cap || group % g != 0) continue;
         sp = attn_split(T * (n_head / g), max_ctx, sm_count);
-        if (T * (n_head / g) * sp.n >= sm_count || g == 1) return g;
+        const bool fills = T * (n_head / g) * sp.n >= sm_count;
+        if (fills || g == 1 || attn_max_heads() > 0 || (sp.n > 1 && !attn_g_split())) return g;
     }
-    return G;  // (not reached: g = 1 returns)
+    return 1;  // (not reached: g = 1 divides every group)
 }
 
 template <int G>
