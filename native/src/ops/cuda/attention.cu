@@ -496,23 +496,17 @@ __global__ void attention_combine_kernel(AttnArgs a, int n_split, const float *p
 constexpr int64_t kAttnMinSplitLen = 256;  // positions; shorter splits cost more in the combine than they gain
 
 // Query heads a block (G). By default the largest instantiated G dividing the GQA group (one block a KV head at batch
-// 1), unless that grid neither splits nor fills the SMs (a context of at most kAttnMinSplitLen positions, few
-// tokens): then the largest G whose grid fills them, else one head a block. Why fewer: each warp reduces G x 16 dot
-// products by shuffles and takes G x 17 exponentials one after another; with G times the blocks each runs a G-th of
-// that chain, reading each K and V row G times (from L2: 48 positions are 24 KB a KV head). H100 12-07 00:2x, one job,
-// alternated twice, G = 1 everywhere against the default: qwen3-8b q8_0 tg b1 3.619 / 3.669 -> 3.522 / 3.515 ms,
-// b8 4.179 / 4.137 -> 3.994 / 3.997 (op tests and replays pass). A grid that splits keeps the full G unless
-// DFL_CUDA_ATTN_G_SPLIT=1 (opt-in, unmeasured): then it too takes the largest G whose grid, splits included, fills
-// the SMs (qwen3-8b at b1 over 1,024 positions: 8 blocks x 4 splits -> 32 x 4; each KV row read G times from L2 over
-// fewer splits). DFL_CUDA_ATTN_G=N: at most N heads a block everywhere, no rule (8: the grids before the rule).
+// 1), unless that grid, splits included, does not fill the SMs: then the largest G whose grid fills them, else one
+// head a block. Why fewer: each warp reduces G x 16 dot products by shuffles and takes G x 17 exponentials one after
+// another; with G times the blocks each runs a G-th of that chain, reading each K and V row G times (from L2: 48
+// positions are 24 KB a KV head, 1,024 positions 4 MB a layer). H100, one job each, alternated twice: 12-07 00:2x,
+// G = 1 everywhere, qwen3-8b q8_0 tg b1 3.619 / 3.669 -> 3.522 / 3.515 ms, b8 4.179 / 4.137 -> 3.994 / 3.997; 12-07
+// 01:3x, split grids too (b1 over 1,024 positions: 8 blocks x 4 splits -> 32 x 4), b1 4.295 / 4.273 -> 4.038 / 4.007
+// ms, b8 even (its grid fills the SMs either way). DFL_CUDA_ATTN_G=N: at most N heads a block everywhere, no rule (8:
+// the grids before the rule).
 static int attn_max_heads() {
     static const int n = (int)std::max<int64_t>(0, env_int("DFL_CUDA_ATTN_G", 0));
     return n;  // 0: unset, the rule
-}
-
-static bool attn_g_split() {
-    static const bool on = env_switch("DFL_CUDA_ATTN_G_SPLIT", false);
-    return on;
 }
 
 constexpr int kAttnHeads[] = {8, 6, 4, 3, 2, 1};  // the instantiated G (with_heads_per_block), largest first
@@ -545,7 +539,7 @@ static int attn_heads(int group, int64_t T, int n_head, int64_t max_ctx, int sm_
         if (g > cap || group % g != 0) continue;
         sp = attn_split(T * (n_head / g), max_ctx, sm_count);
         const bool fills = T * (n_head / g) * sp.n >= sm_count;
-        if (fills || g == 1 || attn_max_heads() > 0 || (sp.n > 1 && !attn_g_split())) return g;
+        if (fills || g == 1 || attn_max_heads() > 0) return g;
     }
     return 1;  // (not reached: g = 1 divides every group)
 }
