@@ -187,14 +187,8 @@ QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int6
     const HParams &h = hp_;
     Acts &a = acts_;
     const int C = h.conv_channels();
-    const std::vector<RowsView> in =
-        project_views(*dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(),
-                T, a.fused.f());
-
     const int64_t sf = h.state_floats(), cf = h.conv_floats();
-    ConvCall cc;
-    cc.x = in[0].p;
-    cc.x_stride = in[0].stride;
+    ConvCall cc;  // (x: the projection's qkv rows, below)
     cc.out = a.cv.f();
     cc.w = L.conv_w;
     cc.C = C;
@@ -203,6 +197,20 @@ QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int6
     cc.slot_stride = slot_floats();
     cc.rec_layer = L.rec_index;
     cc.n_rec = n_rec_;
+    // the fused projection continues into the conv (its first C rows are the conv's input), the parts' products each
+    // before it
+    bool conv_done = false;
+    const std::vector<RowsView> in = project_views(
+        *dev_, L.in_proj, {{&L.wqkv, a.qkv.f()}, {&L.wz, a.z.f()}, {&L.wb, a.bb.f()}, {&L.wa, a.aa.f()}}, a.xn.f(), T,
+        a.fused.f(), [&](const float *x, float *y) {
+            dev_->matmul_conv1d_silu(L.in_proj, x, T, y, m, cc);
+            conv_done = true;
+        });
+    if (!conv_done) {
+        cc.x = in[0].p;
+        cc.x_stride = in[0].stride;
+        dev_->conv1d_silu(m, cc);
+    }
 
     GdnGates gg;
     gg.cv = a.cv.f();
@@ -224,7 +232,6 @@ QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int6
     gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
     gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
-    dev_->conv1d_silu(m, cc);
     dev_->gdn_gates(T, gg);
     dev_->gdn(m, gc);
 

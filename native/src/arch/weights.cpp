@@ -177,7 +177,7 @@ static std::vector<RowsView> own_rows(Device &dev, const std::vector<std::pair<c
 
 std::vector<RowsView> project_views(Device &dev, const Weight &fused,
                                     const std::vector<std::pair<const Weight *, float *>> &outs, const float *x, int64_t T,
-                                    float *scratch) {
+                                    float *scratch, const std::function<void(const float *x, float *scratch)> &fused_product) {
     std::vector<RowsView> where;
     if (fused.empty() || T > kFusedMaxTokens) {  // each part's rows written to its own output
         if (fused.empty())
@@ -187,7 +187,10 @@ std::vector<RowsView> project_views(Device &dev, const Weight &fused,
         for (const auto &o : outs) where.push_back(RowsView{o.second, o.first->n_out});
         return where;
     }
-    dev.matmul(fused, x, T, scratch);
+    if (fused_product)
+        fused_product(x, scratch);
+    else
+        dev.matmul(fused, x, T, scratch);
     // DFL_FUSED_VIEWS=0: each part's rows copied out of scratch into its output (as before 12-05), for comparisons in
     // one run
     static const bool views = env_switch("DFL_FUSED_VIEWS", true);

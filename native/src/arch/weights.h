@@ -36,10 +36,12 @@ struct RowsView {
 // The products of x (T rows) with each part of outs (weight, its output), through `fused` (WeightStore::fuse) when
 // it is not empty, into `scratch` (min(T, kFusedMaxTokens) x fused.n_out floats); returns where each part's rows are:
 // in outs (stride the part's width), or inside scratch, fused.n_out apart, for batches of up to kFusedMaxTokens. The
-// ops that read them take the stride, so no copy splits the parts out.
+// ops that read them take the stride, so no copy splits the parts out. fused_product (where set) runs the fused
+// product in place of dev.matmul(fused, x, T, scratch), for an op that continues it (the DeltaNet's conv).
 std::vector<RowsView> project_views(Device &dev, const Weight &fused,
                                     const std::vector<std::pair<const Weight *, float *>> &outs, const float *x, int64_t T,
-                                    float *scratch);
+                                    float *scratch,
+                                    const std::function<void(const float *x, float *scratch)> &fused_product = {});
 // project_views for readers of whole rows: the parts of 2..kFusedMaxTokens rows copied out of scratch into outs.
 std::vector<float *> project(Device &dev, const Weight &fused, const std::vector<std::pair<const Weight *, float *>> &outs,
                              const float *x, int64_t T, float *scratch);

@@ -633,6 +633,15 @@ public:
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
+    // Y = W X (T rows), then conv1d_silu(m, c) on each row's first c.C floats (c.x = Y, rows W.n_out apart): a DeltaNet
+    // layer's fused input projection and its conv. A device may run the conv in the product (the CUDA one for a decode
+    // step's token, DFL_CUDA_CONV_FOLD=1).
+    virtual void matmul_conv1d_silu(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m, ConvCall c) {
+        c.x = Y;
+        c.x_stride = W.n_out;
+        matmul(W, X, T, Y);
+        conv1d_silu(m, c);
+    }
     virtual void gdn_gates(int64_t T, const GdnGates &g) = 0;
     virtual void gdn(const BatchMeta &m, const GdnCall &g) = 0;
     virtual void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) = 0;

@@ -299,6 +299,38 @@ void run_gdn_replay_case(const GdnShape &s, int k, int layers, bool path, Rng &r
     compare(std::string(nm) + " state", state, 1e-4);
 }
 
+// The DeltaNet's fused input projection and its conv (Device::matmul_conv1d_silu) for one decode token: on the GPU
+// (with DFL_CUDA_CONV_FOLD=1 the conv runs in the q8_0 product's kernel) against the CPU closely, and bit for bit
+// against the GPU's two ops apart: the product's rows, the conv's outputs and the slot's stored inputs after.
+// n_out: 4480 rows take two rows a warp, 1600 one; C below or at n_out.
+void run_conv_fold_case(int64_t n_out, int C, int K, Rng &r) {
+    const int64_t n_in = 4096;
+    DualWeight W(DFL_TYPE_Q8_0, n_out, n_in, r);
+    Weight wg = W.wg;
+    g_gpu->prepare_weight(wg);
+    const Batch b({{1, 9, 2, false}}, 16, r);
+    const int64_t conv_stride = (int64_t)(K - 1) * C + 5;
+    const std::vector<float> conv0 = rand_vec(r, (size_t)(kSlots * conv_stride));
+    Dual X(rand_vec(r, (size_t)n_in)), w(rand_vec(r, (size_t)C * K, 0.5f)), conv(conv0), conv2(conv0);
+    Dual Y((size_t)n_out * 4), Y2((size_t)n_out * 4), cv((size_t)C * 4), cv2((size_t)C * 4);
+    const GdnShape s{1, 1, 1, 1, K};
+    for (bool g : {false, true}) {
+        const BatchMeta m = b.meta(g);
+        (g ? g_gpu : g_cpu)->matmul_conv1d_silu(g ? wg : W.wc, X.p(g), 1, Y.p(g), m,
+                                                conv_call(s, C, nullptr, 0, cv.p(g), w.p(g), conv.p(g), conv_stride));
+    }
+    // the GPU's ops apart
+    g_gpu->matmul(wg, X.gp(), 1, Y2.gp());
+    g_gpu->conv1d_silu(b.meta(true), conv_call(s, C, Y2.gp(), n_out, cv2.gp(), w.gp(), conv2.gp(), conv_stride));
+    const std::string tag = std::to_string(n_out) + "x" + std::to_string(n_in) + " C=" + std::to_string(C) +
+                            " K=" + std::to_string(K);
+    compare("matmul_conv1d_silu product " + tag, Y, 1.5e-2);
+    compare("matmul_conv1d_silu out " + tag, cv, 1.5e-2);
+    same_bits("matmul_conv1d_silu product = the ops apart (GPU) " + tag, Y.read(true), Y2.read(true));
+    same_bits("matmul_conv1d_silu out = the ops apart (GPU) " + tag, cv.read(true), cv2.read(true));
+    same_bits("matmul_conv1d_silu state = the ops apart (GPU) " + tag, conv.read(true), conv2.read(true));
+}
+
 }  // namespace
 
 void test_gdn() {
@@ -339,6 +371,9 @@ void test_gdn() {
     for (const GdnShape &s : shapes)
         for (int k : {1, 7, 17})
             for (bool path : {false, true}) run_gdn_replay_case(s, k, 3, path, r);
+    // a decode token's projection and conv in one call
+    run_conv_fold_case(4480, 2560, 4, r);
+    run_conv_fold_case(1600, 1600, 3, r);
 }
 
 }  // namespace dfltest

@@ -54,6 +54,8 @@ public:
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
+    void matmul_conv1d_silu(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
+                            ConvCall c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
@@ -325,6 +327,10 @@ bool resid_norm_takes(const CudaDevice &dev, const Weight &W, int64_t T, const W
 bool q8p_takes(const Weight &W, int64_t T);
 CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const float *X, float *x, const float *w,
                                      float eps);
+// The DeltaNet conv in its input projection's product (CudaDevice::matmul_conv1d_silu, gemv_int8.cu): whether it takes
+// W's product of T rows with the conv c (c.x: the product's output), and the launch.
+bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvCall &c);
+void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

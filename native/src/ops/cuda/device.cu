@@ -574,6 +574,14 @@ void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
     op("conv1d_silu", [&] { launch_conv1d_silu(stream_, m, c); });
 }
 
+void CudaDevice::matmul_conv1d_silu(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
+                                    ConvCall c) {
+    c.x = Y;
+    c.x_stride = W.n_out;
+    if (!conv_fold_takes(W, T, m, c)) return Device::matmul_conv1d_silu(W, X, T, Y, m, c);
+    product(W, T, [&] { launch_conv_fold(*this, W, X, Y, m, c); });
+}
+
 void CudaDevice::gdn_gates(int64_t T, const GdnGates &g) {
     op("gdn_gates", [&] { launch_gdn_gates(stream_, T, g); });
 }

@@ -212,6 +212,25 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
         }
 }
 
+// The conv of channel c (kFoldConv) from its new input v: lanes base .. base + K - 1 hold its taps, the next K - 1
+// its stored inputs (cval); the sum in conv_chunk_regs' order (the same bits as conv1d_silu_kernel), then each stored
+// input lane takes the one above it (the last takes v). Every lane of the warp calls it (the shuffles).
+__device__ __forceinline__ void conv_fold_row(const ConvFold &f, float cval, float v, int64_t c, int lane, int base,
+                                              float *cs, bool stored) {
+    const int K = f.K;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; j++) {
+        if (j >= K) break;
+        const float w = __shfl_sync(0xffffffffu, cval, base + j);
+        const float x = j < K - 1 ? __shfl_sync(0xffffffffu, cval, base + K + j) : v;
+        acc += w * x;
+    }
+    const float up = __shfl_down_sync(0xffffffffu, cval, 1);
+    if (lane == base) f.out[c] = silu_f(acc);
+    if (stored && lane >= base && lane < base + 16) *cs = lane == base + 2 * K - 2 ? v : up;
+}
+
 // One token, R rows a warp, as gemv_q8p_rows_kernel<1, R>, but each lane first copies A words of each of its rows
 // (and the rows' first 16 A scales, by the warp's first 2 A lanes) into shared memory by cp.async, before the wait for
 // the activations: 512 A bytes a row in flight per warp where the rows kernel has 64 a lane in registers. Why: a
@@ -235,10 +254,14 @@ __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R 
 // times rsqrt(sum / n + eps), the sum of in.n_parts partial sums added in a fixed order (every warp the same bits).
 // out (FOLD): the output row is not stored; x[row] += it (the residual, add_rmsnorm's sum), and the block quantizes
 // its 32 rows of x w (w the norm's weights) for the next product, with its partial sum of x^2.
+// conv (kFoldConv): see ConvFold; each row's K taps and K - 1 stored inputs are one value a lane (16 lanes a row),
+// the taps loaded before the wait, the stored inputs just after it (the slot's rows are the step before's, but the
+// wait orders this launch after whatever rewrote them), both in flight through the main loop.
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                          const float *xs, float *Y, RmsFold in, NormFold out) {
+                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv) {
+    static_assert(FOLD != kFoldConv || R <= 2, "the conv fold: 16 lanes a row");
     static_assert(FOLD != kFoldBlock || (R == 1 && WARPS == 32), "the block fold: 32 rows a block, a row a warp");
     static_assert(FOLD != kFoldGroup || 32 % (WARPS * R) == 0, "the group fold: whole blocks a group of 32 rows");
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
@@ -266,7 +289,19 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     uint4 wv[U][R];
     uint16_t dv[U][R];
     q8p_rows_load<R, U>(w, d, kQuantWords + lane, nw, wv, dv);
+    // (kFoldConv) this lane's value of row row0 + lane / 16: tap j = lane % 16 (j < K), stored input j - K (j < 2K - 1)
+    const int cj = lane & 15;
+    const int64_t crow = row0 + (lane >> 4);
+    const bool ctap = FOLD == kFoldConv && (lane >> 4) < R && crow < conv.C && cj < conv.K;
+    const bool cstored = FOLD == kFoldConv && (lane >> 4) < R && crow < conv.C && cj >= conv.K && cj < 2 * conv.K - 1;
+    float *cs = nullptr;
+    float cval = 0.0f;
+    if (FOLD == kFoldConv) {
+        if (ctap) cval = __ldg(conv.w + (int64_t)cj * conv.C + crow);
+        if (cstored) cs = conv.conv + (int64_t)__ldg(conv.slot) * conv.slot_stride + (int64_t)(cj - conv.K) * conv.C + crow;
+    }
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    if (FOLD == kFoldConv && cstored) cval = *cs;
     cp_async_wait<0>();
     __syncwarp();  // (the scales: copied by the first 2 A lanes)
     float acc[R][1] = {};
@@ -299,6 +334,7 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     for (int r = 0; r < R; r++) {
         const float v = warp_sum(acc[r][0]) * scale;
         if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
+        if (FOLD == kFoldConv && row0 + r < conv.C) conv_fold_row(conv, cval, v, row0 + r, lane, 16 * r, cs, cstored);
     }
 }
 
@@ -338,7 +374,7 @@ static bool q8p_ahead_r1() {
 
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
-                             const RmsFold &in, const NormFold &out = NormFold{}) {
+                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{}) {
     const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
     // 34,816 bytes at R = 2, A = 8 (< 48 KB); the fold's 32 warps 139,264
     const size_t smem = (size_t)WARPS * q8p_ahead_warp_words(R, A) * 16;
@@ -346,7 +382,7 @@ static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq,
     if (smem > 48 * 1024)
         allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>, grid, block, smem, dev.stream(), q8p_quants(W),
-                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out);
+                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv);
 }
 
 // One token of W on gemv_q8p_ahead_kernel, R rows a warp (q8p_ahead_rows said it takes it).
@@ -505,6 +541,28 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
         launch_q8p_ahead<2, 8, kQ8pWarps, kFoldGroup>(dev, W, qx.xq, qx.xs, nullptr, in, f);
     check_launch("matmul (with the residual and the next norm)");
     return out;
+}
+
+// The DeltaNet conv in its input projection's product (CudaDevice::matmul_conv1d_silu, kFoldConv): opt-in,
+// DFL_CUDA_CONV_FOLD=1 (unmeasured). Why: at one token the conv is a plain launch between the product and the gates,
+// 2.9 us a layer of the 27B's b1 step (0.141 of 11.45 ms left out, skip-ops H100 12-07 01:3x) for 40 KB of work.
+// Where: one token of one entry that records nothing, no tree, on the staged-ahead q8_0 GEMV (A = 8), K <= kConvMaxK.
+bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvCall &c) {
+    static const bool on = env_switch("DFL_CUDA_CONV_FOLD", false);
+    if (!on || T != 1 || m.T != 1 || m.n_ent != 1 || m.n_record != 0 || m.parent || skip_op("conv1d_silu")) return false;
+    if (c.K < 1 || c.K > kConvMaxK || c.C > W.n_out || c.x_stride != W.n_out) return false;
+    return q8p_takes(W, 1) && q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+}
+
+void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c) {
+    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
+    const RmsFold in = rms_fold(qx);
+    const ConvFold f{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K};
+    if (q8p_ahead_rows(W) == 1)
+        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, f);
+    else
+        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, f);
+    check_launch("matmul (with the conv)");
 }
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {

@@ -48,8 +48,21 @@ struct NormFold {
     unsigned *arrived = nullptr;  // (kFoldGroup) blocks of each 32 rows done so far: zero between launches
 };
 // How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
-// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup).
-constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2;
+// (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup). kFoldConv: no
+// norm; the DeltaNet's causal conv and SiLU on the output's first C rows (ConvFold).
+constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2, kFoldConv = 3;
+
+// The one-token conv of a decode step's DeltaNet input projection (launch_conv_fold, kFoldConv): row c < C of the
+// product is channel c's new input; with the slot's K - 1 stored inputs and the K taps it makes out[c] =
+// silu(sum_j w[j C + c] window[j]), as conv1d_silu_kernel does, and the stored inputs move up by one.
+struct ConvFold {
+    const float *w = nullptr;       // [K][C] taps
+    float *conv = nullptr;          // the layer's stored inputs of slot 0, [K - 1][C]; slot s at s slot_stride
+    const int32_t *slot = nullptr;  // the entry's slot (device)
+    int64_t slot_stride = 0;
+    float *out = nullptr;  // [C]
+    int C = 0, K = 0;
+};
 
 // The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
 // parts k, k + 32, ... in order, then the warp's butterfly (the same bits in every warp). Read after the main loop,
