@@ -437,12 +437,16 @@ static bool q8p_rows1_on() {
 }
 
 // Rows a warp of the rows kernel for one token of a wide matrix: 2, or DFL_CUDA_Q8P_ROWS1_R=4 (for comparisons in one
-// run). Why 2: with four the 27B's qkv|z|b|a (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3
+// run) or =1 (opt-in, unmeasured: the staged-ahead kernel a row a warp, eight blocks an SM; the 27B's q|k|v|z|b|a
+// 2.6 waves of two-row warps -> 3.9 of one-row ones, a smaller last wave). Why 2: with four the 27B's qkv|z|b|a (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3
 // waves, and ran at 2.39 TB/s where gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x). Measured (H100 12-05 17:3x,
 // one call): the 27B layer at one token 168.6 -> 152.9 us (kernel bench), its decode step 13.25 -> 12.63 ms (with the
 // staged gdn and the conv in registers), qwen3-8b q8_0 tg b1 4.125 -> 4.075 ms.
 static int q8p_rows1_r() {
-    static const int r = env_int("DFL_CUDA_Q8P_ROWS1_R", 2) == 4 ? 4 : 2;
+    static const int r = [] {
+        const int64_t v = env_int("DFL_CUDA_Q8P_ROWS1_R", 2);
+        return v == 4 ? 4 : v == 1 ? 1 : 2;
+    }();
     return r;
 }
 
