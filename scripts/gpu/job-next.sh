@@ -8,11 +8,12 @@
 # twice against the defaults and DFL_CUDA_Q8P_ROWS1_R=1 (opt-in: one-token products of wide q8_0 matrices a row a
 # warp, a smaller last wave); (2) qwen3-8b q8_0 tg b1 with ROWS1_R=1 against the defaults, alternated twice; NCU=1:
 # (3) ncu of the one-token q4_K and q8_0 GEMVs (issue 10's furthest line, q4_K b1: why the one-token q4_K GEMV runs at
-# ~1.7 TB/s). LEAN=1: step (1) without op tests, nothing else.
+# ~1.7 TB/s). LEAN=1 (~3 minutes): step (1) without op tests or ROWS1_R=1, nothing else.
 cd "$(dirname "$0")/../.."
 groups=gdn; [ -z "${LEAN:-}" ] || groups=none
 fold="LEAN_GROUPS=$groups TRY=DFL_CUDA_CONV_FOLD=1 DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg'"
-fold+=" QUICK_VARIANTS='- DFL_CUDA_CONV_FOLD=1 DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_CONV_FOLD=1 DFL_CUDA_Q8P_ROWS1_R=1'"
+rows1=" DFL_CUDA_Q8P_ROWS1_R=1"; [ -z "${LEAN:-}" ] || rows1=
+fold+=" QUICK_VARIANTS='- DFL_CUDA_CONV_FOLD=1$rows1 - DFL_CUDA_CONV_FOLD=1$rows1'"
 fold+=" lean qwen3.5-27b:q8_0"
 steps=("$fold")
 [ -n "${LEAN:-}" ] || steps+=("DFLASH_BENCH_BATCHES=1 VARIANTS='- DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_Q8P_ROWS1_R=1' tg-variants qwen3-8b:q8_0")
