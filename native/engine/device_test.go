@@ -290,17 +290,29 @@ func TestDeviceTopK(t *testing.T) {
 	checkTopK(t, m, c.vocab, 1e-5)
 }
 
-// TestDeviceFoldMatchesCPU replays one-token forwards of a q8_0 qwen3 model of qwen3-8b's width (4096: its output
-// projections take the CUDA device's residual-norm fold, CudaDevice::matmul_add_rmsnorm), with and without hidden-state
+// TestDeviceFoldMatchesCPU replays one-token forwards of q8_0 models of real width (4096: their one-token products
+// take the staged-ahead GEMV, their output projections the CUDA device's residual-norm fold,
+// CudaDevice::matmul_add_rmsnorm, and the qwen35's DeltaNet input projection the conv fold where
+// DFL_CUDA_CONV_FOLD=1 asks for it): a qwen3 of qwen3-8b's width and a qwen35 with three DeltaNet layers (5,152-row
+// input projections: two rows a warp) and a gated attention layer. One-token steps with and without hidden-state
 // capture of a middle layer (a speculating engine's one-token steps capture; a capture's copy may not come between a
 // fold and its product), then 16-token blocks as a verify's, with and without a capture (the ops apart, as the
-// 12-token prefill, after folded steps: nothing a fold staged or counted may reach them), and compares every logits row
-// and capture with the CPU engine's.
+// 12-token prefill, after folded steps: nothing a fold staged or counted may reach them); every logits row and capture
+// against the CPU engine's.
 func TestDeviceFoldMatchesCPU(t *testing.T) {
 	dev := testDevice(t)
 	cpu := openCPU(t)
-	c := config{arch: "qwen3", vocab: 512, embd: 4096, ff: 4096, layers: 3, heads: 32, headsKV: 8, headDim: 128,
-		theta: 1e6, weight: gguf.Q8_0, seed: 7}
+	for _, c := range []config{
+		{arch: "qwen3", vocab: 512, embd: 4096, ff: 4096, layers: 3, heads: 32, headsKV: 8, headDim: 128, theta: 1e6,
+			weight: gguf.Q8_0, seed: 7},
+		{arch: "qwen35", vocab: 512, embd: 4096, ff: 4096, layers: 4, heads: 32, headsKV: 4, headDim: 128, theta: 1e7,
+			ropeDim: 64, nk: 4, nv: 16, dk: 128, dv: 128, convK: 4, weight: gguf.Q8_0, seed: 8},
+	} {
+		t.Run(c.arch, func(t *testing.T) { checkFoldReplay(t, dev, cpu, c) })
+	}
+}
+
+func checkFoldReplay(t *testing.T, dev, cpu *Lib, c config) {
 	spec := randomSpec(t, c)
 	spec.Options = Options{KVPoolTokens: 256, BlockSize: 16, MaxSeqs: 1, CacheK: CacheF16, CacheV: CacheF16, Threads: 2}
 	run := func(lib *Lib) []replayRow {
