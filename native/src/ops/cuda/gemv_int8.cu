@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "ops/cuda/attn_prep.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/gemv_int8.cuh"
@@ -231,6 +232,33 @@ __device__ __forceinline__ void conv_fold_row(const ConvFold &f, float cval, flo
     if (stored && lane >= base && lane < base + 16) *cs = lane == base + 2 * K - 2 ? v : up;
 }
 
+// The prep fold's end (kFoldPrep), by the whole block after its warps stored their rows: the block counts itself in
+// with its head (block_rows rows from block_row0, within one head's rows), and the head's last block runs its
+// attn_prep (prep_head) on the head's rows from L2, then clears the count. xs: head_dim floats of shared memory (the
+// staged words, spent by now).
+__device__ __forceinline__ void prep_fold_group(const PrepFold &f, int64_t block_row0, int block_rows, float *xs) {
+    __shared__ float red[32];
+    const int hd = f.a.kv.head_dim;
+    int hh, blocks;
+    const float *src, *vsrc = nullptr;
+    if (block_row0 < f.q_rows) {
+        hh = (int)(block_row0 / f.q_unit);
+        blocks = f.q_unit / block_rows;
+        src = f.a.qf + (int64_t)hh * f.q_unit;
+    } else {
+        const int g = (int)(((block_row0 - f.q_rows) % f.kv_rows) / hd);
+        hh = f.a.n_head + g;
+        blocks = 2 * hd / block_rows;
+        src = f.a.kf + (int64_t)g * hd;
+        vsrc = f.a.vf + (int64_t)g * hd;
+    }
+    __syncthreads();
+    if (!fold_group_last(f.arrived, hh, blocks)) return;
+    const PrepConsts pc = prep_consts(f.a, hh);
+    prep_head(f.a, hh, 0, (float)f.pos[0], hh < f.a.n_head ? 0 : f.kv_slot[0], nullptr, src, vsrc, pc, xs, red);
+    if (threadIdx.x == 0) f.arrived[hh] = 0;
+}
+
 // One token, R rows a warp, as gemv_q8p_rows_kernel<1, R>, but each lane first copies A words of each of its rows
 // (and the rows' first 16 A scales, by the warp's first 2 A lanes) into shared memory by cp.async, before the wait for
 // the activations: 512 A bytes a row in flight per warp where the rows kernel has 64 a lane in registers. Why: a
@@ -260,8 +288,9 @@ __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R 
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv) {
+                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv, PrepFold prep) {
     static_assert(FOLD != kFoldConv || R <= 2, "the conv fold: 16 lanes a row");
+    static_assert(FOLD != kFoldPrep || WARPS * 32 == kPrepThreads, "the prep fold: prep_head's block");
     static_assert(FOLD != kFoldBlock || (R == 1 && WARPS == 32), "the block fold: 32 rows a block, a row a warp");
     static_assert(FOLD != kFoldGroup || 32 % (WARPS * R) == 0, "the group fold: whole blocks a group of 32 rows");
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
@@ -330,6 +359,15 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
         norm_fold_group<R>(out, v, row0, lane, (int64_t)blockIdx.x * WARPS * R, 32 / (WARPS * R));
         return;
     }
+    if (FOLD == kFoldPrep) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const float v = warp_sum(acc[r][0]) * scale;
+            if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
+        }
+        prep_fold_group(prep, (int64_t)blockIdx.x * WARPS * R, WARPS * R, (float *)ahead_smem);
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float v = warp_sum(acc[r][0]) * scale;
@@ -374,7 +412,8 @@ static bool q8p_ahead_r1() {
 
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
-                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{}) {
+                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{},
+                             const PrepFold &prep = PrepFold{}) {
     const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
     // 34,816 bytes at R = 2, A = 8 (< 48 KB); the fold's 32 warps 139,264
     const size_t smem = (size_t)WARPS * q8p_ahead_warp_words(R, A) * 16;
@@ -382,7 +421,7 @@ static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq,
     if (smem > 48 * 1024)
         allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>, grid, block, smem, dev.stream(), q8p_quants(W),
-                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv);
+                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv, prep);
 }
 
 // One token of W on gemv_q8p_ahead_kernel, R rows a warp (q8p_ahead_rows said it takes it).
@@ -567,6 +606,40 @@ void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y
     else
         launch_q8p_ahead<2, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, f);
     check_launch("matmul (with the conv)");
+}
+
+// attn_prep in the fused q|k|v product (CudaDevice::matmul_attn_prep, kFoldPrep): opt-in, DFL_CUDA_PREP_FOLD=1
+// (unmeasured). Why: at one token attn_prep is a launch between the product and attention, 0.048 ms of qwen3-8b's
+// b1 step (1.3 us a layer, skip-ops H100 12-06 21:0x). Where: one token on the staged-ahead q8_0 GEMV (A = 8) whose
+// rows are p's q, k and v parts in order (p.qf = Y, strides W.n_out) and whose blocks fall within one head each.
+bool prep_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const AttnPrep &p, const float *Y) {
+    static const bool on = env_switch("DFL_CUDA_PREP_FOLD", false);
+    if (!on || T != 1 || m.T != 1 || skip_op("attn_prep") || !p.qf) return false;
+    if (!(q8p_takes(W, 1) && q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0)) return false;
+    const int hd = p.kv.head_dim, block_rows = kQ8pWarps * q8p_ahead_rows(W);
+    const int64_t q_rows = (int64_t)p.n_head * hd * (p.gated ? 2 : 1), kv_rows = (int64_t)p.kv.n_kv * hd;
+    const bool strides = p.q_pitch() == W.n_out && p.k_pitch() == W.n_out && p.v_pitch() == W.n_out;
+    return hd > 0 && hd <= kPrepPerThread * kPrepThreads && hd % block_rows == 0 && p.rope_dim <= hd && strides &&
+           W.n_out == q_rows + 2 * kv_rows && p.qf == Y && p.kf == Y + q_rows && p.vf == Y + q_rows + kv_rows;
+}
+
+void launch_prep_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m,
+                      const AttnPrep &p) {
+    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
+    const RmsFold in = rms_fold(qx);
+    PrepFold f;
+    f.a = p;
+    f.pos = m.pos;
+    f.kv_slot = m.kv_slot;
+    f.arrived = dev.fold_counts(p.n_head + p.kv.n_kv);
+    f.q_unit = p.kv.head_dim * (p.gated ? 2 : 1);
+    f.q_rows = p.n_head * f.q_unit;
+    f.kv_rows = p.kv.n_kv * p.kv.head_dim;
+    if (q8p_ahead_rows(W) == 1)
+        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldPrep>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, ConvFold{}, f);
+    else
+        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldPrep>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, ConvFold{}, f);
+    check_launch("matmul (with attn_prep)");
 }
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {

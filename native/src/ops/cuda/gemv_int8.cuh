@@ -49,8 +49,9 @@ struct NormFold {
 };
 // How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
 // (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup). kFoldConv: no
-// norm; the DeltaNet's causal conv and SiLU on the output's first C rows (ConvFold).
-constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2, kFoldConv = 3;
+// norm; the DeltaNet's causal conv and SiLU on the output's first C rows (ConvFold). kFoldPrep: attn_prep of the
+// fused q|k|v rows (PrepFold).
+constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2, kFoldConv = 3, kFoldPrep = 4;
 
 // The one-token conv of a decode step's DeltaNet input projection (launch_conv_fold, kFoldConv): row c < C of the
 // product is channel c's new input; with the slot's K - 1 stored inputs and the K taps it makes out[c] =
@@ -62,6 +63,17 @@ struct ConvFold {
     int64_t slot_stride = 0;
     float *out = nullptr;  // [C]
     int C = 0, K = 0;
+};
+
+// attn_prep of a decode token in its fused q|k|v product (launch_prep_fold, kFoldPrep): the product's rows are the q
+// heads' (each head_dim q rows, then head_dim gate rows where gated: q_unit rows a head), then kv_rows of keys, then
+// as many of values; a head's blocks (a value head's with its key head's) count themselves in, and the last one runs
+// the head's norm, RoPE and cache write (prep_head) on the rows from L2, as attn_prep_kernel would after the product.
+struct PrepFold {
+    AttnPrep a;  // qf, kf, vf: the product's output, one token
+    const int32_t *pos = nullptr, *kv_slot = nullptr;
+    unsigned *arrived = nullptr;  // a count a head: query head h at h, key/value head g at n_head + g
+    int q_unit = 0, q_rows = 0, kv_rows = 0;
 };
 
 // The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
