@@ -238,6 +238,37 @@ std::vector<float> rope_inv_freq(const AttnShape &s) {
     return inv;
 }
 
+// attn_prep's call of shape s apart from its q, k and v rows: the norms, RoPE frequencies, outputs and cache.
+AttnPrep prep_call(const AttnShape &s, const float *qn, const float *kn, const float *invf, float *Q, float *gate,
+                   const KVLayer &kv) {
+    AttnPrep a;
+    a.q_norm = qn;
+    a.k_norm = kn;
+    a.inv_freq = invf;
+    a.n_head = s.n_head;
+    a.rope_dim = s.rope_dim;
+    a.gated = s.gated;
+    a.Q = Q;
+    a.gate = s.gated ? gate : nullptr;
+    a.kv = kv;
+    return a;
+}
+
+// A cache layer of shape s (types tk, tv) at k and v.
+KVLayer cache_layer(const AttnShape &s, uint32_t tk, uint32_t tv, uint8_t *k, uint8_t *v, int block_size) {
+    KVLayer l;
+    l.k = k;
+    l.v = v;
+    l.type_k = tk;
+    l.type_v = tv;
+    l.k_row = type_row_bytes(tk, s.hd);
+    l.v_row = type_row_bytes(tv, s.hd);
+    l.n_kv = s.n_kv;
+    l.head_dim = s.hd;
+    l.block_size = block_size;
+    return l;
+}
+
 // One attention case's data on both devices: random q / k / v rows (qf, kf, vf each in rows of its own), norms and
 // RoPE frequencies, attn_prep's outputs, and a cache of random earlier tokens (attn_prep overwrites the batch's rows).
 struct AttnData {
@@ -253,34 +284,13 @@ struct AttnData {
           kn(rand_vec(r, (size_t)s_.hd)), invf(rope_inv_freq(s_)), Q((size_t)(T * qd) * 4), gate((size_t)(T * qd) * 4),
           kc(rand_rows(tk_, rows, s_.hd, r)), vc(rand_rows(tv_, rows, s_.hd, r)) {}
     // the cache as a layer of device g sees it
-    KVLayer kv(bool g) const {
-        KVLayer l;
-        l.k = kc.p<uint8_t>(g);
-        l.v = vc.p<uint8_t>(g);
-        l.type_k = tk;
-        l.type_v = tv;
-        l.k_row = type_row_bytes(tk, s.hd);
-        l.v_row = type_row_bytes(tv, s.hd);
-        l.n_kv = s.n_kv;
-        l.head_dim = s.hd;
-        l.block_size = b.block_size;
-        return l;
-    }
+    KVLayer kv(bool g) const { return cache_layer(s, tk, tv, kc.p<uint8_t>(g), vc.p<uint8_t>(g), b.block_size); }
     // attn_prep's call on device g's buffers
     AttnPrep prep(bool g) const {
-        AttnPrep a;
+        AttnPrep a = prep_call(s, qn.p(g), kn.p(g), invf.p(g), Q.p(g), gate.p(g), kv(g));
         a.qf = qf.p(g);
         a.kf = kf.p(g);
         a.vf = vf.p(g);
-        a.q_norm = qn.p(g);
-        a.k_norm = kn.p(g);
-        a.inv_freq = invf.p(g);
-        a.n_head = s.n_head;
-        a.rope_dim = s.rope_dim;
-        a.gated = s.gated;
-        a.Q = Q.p(g);
-        a.gate = s.gated ? gate.p(g) : nullptr;
-        a.kv = kv(g);
         return a;
     }
     // attention's call on device g's cache, query rows q, into out
@@ -458,26 +468,12 @@ void run_prep_fold_case(const AttnShape &s, uint32_t ct, Rng &r) {
     Dual Y((size_t)n_out * 4), Y2((size_t)n_out * 4), Q((size_t)qd * 4), Q2((size_t)qd * 4), gate((size_t)qd * 4),
         gate2((size_t)qd * 4), kc(k0), kc2(k0), vc(v0), vc2(v0);
     auto prep = [&](bool g, const Dual &y, const Dual &q, const Dual &gt, const Dual &k, const Dual &v) {
-        AttnPrep a;
+        AttnPrep a = prep_call(s, qn.p(g), kn.p(g), invf.p(g), q.p(g), gt.p(g),
+                               cache_layer(s, ct, ct, k.p<uint8_t>(g), v.p<uint8_t>(g), b.block_size));
         a.qf = y.p(g);
         a.kf = y.p(g) + q_out;
         a.vf = y.p(g) + q_out + kvd;
         a.q_stride = a.k_stride = a.v_stride = n_out;
-        a.q_norm = qn.p(g);
-        a.k_norm = kn.p(g);
-        a.inv_freq = invf.p(g);
-        a.n_head = s.n_head;
-        a.rope_dim = s.rope_dim;
-        a.gated = s.gated;
-        a.Q = q.p(g);
-        a.gate = s.gated ? gt.p(g) : nullptr;
-        a.kv.k = k.p<uint8_t>(g);
-        a.kv.v = v.p<uint8_t>(g);
-        a.kv.type_k = a.kv.type_v = ct;
-        a.kv.k_row = a.kv.v_row = type_row_bytes(ct, s.hd);
-        a.kv.n_kv = s.n_kv;
-        a.kv.head_dim = s.hd;
-        a.kv.block_size = b.block_size;
         return a;
     };
     for (bool g : {false, true})
