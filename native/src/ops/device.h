@@ -640,6 +640,12 @@ public:
         attn_prep(m, a);
     }
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
+    // attention(m, a), then its output times sigmoid(gate) (sigmoid_mul: gated attention). A device may apply the gate
+    // as it stores the output (the CUDA one on its decode kernels, DFL_CUDA_GATE_FOLD=1).
+    virtual void attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) {
+        attention(m, a);
+        sigmoid_mul(a.out, gate, m.T * a.n_head * a.kv.head_dim);
+    }
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     // Y = W X (T rows), then conv1d_silu(m, c) on each row's first c.C floats (c.x = Y, rows W.n_out apart): a DeltaNet
     // layer's fused input projection and its conv. A device may run the conv in the product (the CUDA one for a decode

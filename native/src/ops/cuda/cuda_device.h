@@ -55,6 +55,7 @@ public:
     void matmul_attn_prep(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
                           const AttnPrep &a) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
+    void attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void matmul_conv1d_silu(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
                             ConvCall c) override;
@@ -298,7 +299,9 @@ void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);
-void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
+// gate (or null): gated attention's gate, applied as the output is stored where the kernels allow it (then true; false:
+// the caller runs sigmoid_mul).
+bool launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a, const float *gate = nullptr);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
 // launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.
 bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
