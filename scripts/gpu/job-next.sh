@@ -7,16 +7,16 @@
 # opt-in. (1) lean on the 27B: the gdn and attention op tests with DFL_CUDA_CONV_FOLD=1, DFL_CUDA_PREP_FOLD=1 and
 # DFL_CUDA_GATE_FOLD=1 (each fold against the ops apart, bit for bit), the device replays with them
 # (TestDeviceFoldMatchesCPU: 4096-wide qwen3 and qwen35 on the folded paths), then tg b1 alternated twice: defaults,
-# the conv fold, all three folds, and DFL_CUDA_Q8P_ROWS1_R=1 once (one-token
-# products of wide q8_0 matrices a row a warp, a smaller last wave); (2) qwen3-8b q8_0 tg b1: the prep fold and
+# the conv fold, all three folds, and DFL_CUDA_Q8P_ROWS1_R=1 once (one-token products of wide q8_0 matrices a row a
+# warp, a smaller last wave); (2) qwen3-8b q8_0 tg b1: the prep fold and
 # ROWS1_R=1 against the defaults; NCU=1: (3) ncu of the one-token q4_K and q8_0 GEMVs (issue 10's furthest line).
 # LEAN=1 (~4 minutes): step (1) without op tests: defaults, the conv fold, all three folds, defaults.
 cd "$(dirname "$0")/../.."
 groups="gdn attention"; [ -z "${LEAN:-}" ] || groups=none
-both=DFL_CUDA_CONV_FOLD=1,DFL_CUDA_PREP_FOLD=1,DFL_CUDA_GATE_FOLD=1
-v27="- DFL_CUDA_CONV_FOLD=1 $both DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_CONV_FOLD=1 $both"
-[ -z "${LEAN:-}" ] || v27="- DFL_CUDA_CONV_FOLD=1 $both -"
-steps=("LEAN_GROUPS='$groups' TRY=$both DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
+folds=DFL_CUDA_CONV_FOLD=1,DFL_CUDA_PREP_FOLD=1,DFL_CUDA_GATE_FOLD=1
+v27="- DFL_CUDA_CONV_FOLD=1 $folds DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_CONV_FOLD=1 $folds"
+[ -z "${LEAN:-}" ] || v27="- DFL_CUDA_CONV_FOLD=1 $folds -"
+steps=("LEAN_GROUPS='$groups' TRY=$folds DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
 if [ -z "${LEAN:-}" ]; then
   steps+=("DFLASH_BENCH_BATCHES=1 VARIANTS='- DFL_CUDA_PREP_FOLD=1 DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_PREP_FOLD=1' tg-variants qwen3-8b:q8_0")
 fi
