@@ -172,14 +172,13 @@ QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int
         prep_reads(qkv);
         dev_->attn_prep(m, p);
     }
-    const KVLayer kv = p.kv;
 
     AttnCall c;
     c.Q = a.Q.f();
     c.out = a.attn.f();
     c.n_head = h.n_head;
     c.scale = 1.0f / std::sqrt((float)h.head_dim);
-    c.kv = kv;
+    c.kv = p.kv;
     if (h.gated_attn)
         dev_->attention_gated(m, c, a.gate.f());
     else
