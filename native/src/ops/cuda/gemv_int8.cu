@@ -9,7 +9,6 @@
 
 #include <algorithm>
 
-#include "ops/cuda/attn_prep.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/gemv_int8.cuh"
@@ -213,52 +212,6 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
         }
 }
 
-// The conv of channel c (kFoldConv) from its new input v: lanes base .. base + K - 1 hold its taps, the next K - 1
-// its stored inputs (cval); the sum in conv_chunk_regs' order (the same bits as conv1d_silu_kernel), then each stored
-// input lane takes the one above it (the last takes v). Every lane of the warp calls it (the shuffles).
-__device__ __forceinline__ void conv_fold_row(const ConvFold &f, float cval, float v, int64_t c, int lane, int base,
-                                              float *cs, bool stored) {
-    const int K = f.K;
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kConvMaxK; j++) {
-        if (j >= K) break;
-        const float w = __shfl_sync(0xffffffffu, cval, base + j);
-        const float x = j < K - 1 ? __shfl_sync(0xffffffffu, cval, base + K + j) : v;
-        acc += w * x;
-    }
-    const float up = __shfl_down_sync(0xffffffffu, cval, 1);
-    if (lane == base) f.out[c] = silu_f(acc);
-    if (stored && lane >= base && lane < base + 16) *cs = lane == base + 2 * K - 2 ? v : up;
-}
-
-// The prep fold's end (kFoldPrep), by the whole block after its warps stored their rows: the block counts itself in
-// with its head (block_rows rows from block_row0, within one head's rows), and the head's last block runs its
-// attn_prep (prep_head) on the head's rows from L2, then clears the count. xs: head_dim floats of shared memory (the
-// staged words, spent by now).
-__device__ __forceinline__ void prep_fold_group(const PrepFold &f, int64_t block_row0, int block_rows, float *xs) {
-    __shared__ float red[32];
-    const int hd = f.a.kv.head_dim;
-    int hh, blocks;
-    const float *src, *vsrc = nullptr;
-    if (block_row0 < f.q_rows) {
-        hh = (int)(block_row0 / f.q_unit);
-        blocks = f.q_unit / block_rows;
-        src = f.a.qf + (int64_t)hh * f.q_unit;
-    } else {
-        const int g = (int)(((block_row0 - f.q_rows) % f.kv_rows) / hd);
-        hh = f.a.n_head + g;
-        blocks = 2 * hd / block_rows;
-        src = f.a.kf + (int64_t)g * hd;
-        vsrc = f.a.vf + (int64_t)g * hd;
-    }
-    __syncthreads();
-    if (!fold_group_last(f.arrived, hh, blocks)) return;
-    const PrepConsts pc = prep_consts(f.a, hh);
-    prep_head(f.a, hh, 0, (float)f.pos[0], hh < f.a.n_head ? 0 : f.kv_slot[0], nullptr, src, vsrc, pc, xs, red);
-    if (threadIdx.x == 0) f.arrived[hh] = 0;
-}
-
 // One token, R rows a warp, as gemv_q8p_rows_kernel<1, R>, but each lane first copies A words of each of its rows
 // (and the rows' first 16 A scales, by the warp's first 2 A lanes) into shared memory by cp.async, before the wait for
 // the activations: 512 A bytes a row in flight per warp where the rows kernel has 64 a lane in registers. Why: a
@@ -359,21 +312,13 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
         norm_fold_group<R>(out, v, row0, lane, (int64_t)blockIdx.x * WARPS * R, 32 / (WARPS * R));
         return;
     }
-    if (FOLD == kFoldPrep) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float v = warp_sum(acc[r][0]) * scale;
-            if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
-        }
-        prep_fold_group(prep, (int64_t)blockIdx.x * WARPS * R, WARPS * R, (float *)ahead_smem);
-        return;
-    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float v = warp_sum(acc[r][0]) * scale;
         if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
         if (FOLD == kFoldConv && row0 + r < conv.C) conv_fold_row(conv, cval, v, row0 + r, lane, 16 * r, cs, cstored);
     }
+    if (FOLD == kFoldPrep) prep_fold_group(prep, (int64_t)blockIdx.x * WARPS * R, WARPS * R, (float *)ahead_smem);
 }
 
 template <int R>
@@ -477,10 +422,11 @@ static bool q8p_rows1_on() {
 
 // Rows a warp of the rows kernel for one token of a wide matrix: 2, or DFL_CUDA_Q8P_ROWS1_R=4 (for comparisons in one
 // run) or =1 (opt-in, unmeasured: the staged-ahead kernel a row a warp, eight blocks an SM; the 27B's q|k|v|z|b|a
-// 2.6 waves of two-row warps -> 3.9 of one-row ones, a smaller last wave). Why 2: with four the 27B's qkv|z|b|a (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3
-// waves, and ran at 2.39 TB/s where gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x). Measured (H100 12-05 17:3x,
-// one call): the 27B layer at one token 168.6 -> 152.9 us (kernel bench), its decode step 13.25 -> 12.63 ms (with the
-// staged gdn and the conv in registers), qwen3-8b q8_0 tg b1 4.125 -> 4.075 ms.
+// 2.6 waves of two-row warps -> 3.9 of one-row ones, a smaller last wave). Why 2: with four the 27B's qkv|z|b|a
+// (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3 waves, and ran at 2.39 TB/s where
+// gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x). Measured (H100 12-05 17:3x, one call): the 27B layer at one
+// token 168.6 -> 152.9 us (kernel bench), its decode step 13.25 -> 12.63 ms (with the staged gdn and the conv in
+// registers), qwen3-8b q8_0 tg b1 4.125 -> 4.075 ms.
 static int q8p_rows1_r() {
     static const int r = [] {
         const int64_t v = env_int("DFL_CUDA_Q8P_ROWS1_R", 2);
@@ -536,10 +482,16 @@ static bool resid_norm_block(const CudaDevice &dev, const Weight &W) {
     return q8p_ahead_rows(W) == 1 && W.n_out / 32 <= dev.sm_count() && smem <= dev.shared_optin();
 }
 
+// Whether one token of W runs on the staged-ahead q8_0 GEMV with A = 8 words (the form the folds extend), as
+// launch_matmul picks it.
+static bool q8p_ahead_one(const Weight &W) {
+    return q8p_takes(W, 1) && q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+}
+
 // Whether one token of W with its input at X runs a kernel that can fold (as the product before) or scale (as the one
 // after), as launch_matmul picks it: the staged-ahead q8_0 GEMV (A = 8 words) or the q4_K int8 GEMV.
 static bool resid_norm_kernel(const Weight &W, const float *X) {
-    if (q8p_takes(W, 1)) return q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+    if (q8p_takes(W, 1)) return q8p_ahead_one(W);
     return W.type == DFL_TYPE_Q4_K && q4k_i8_on() && q4k_i8_ok(W, GemvZ{}) && ((uintptr_t)X & 15) == 0;
 }
 
@@ -594,18 +546,37 @@ bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvC
     static const bool on = env_switch("DFL_CUDA_CONV_FOLD", false);
     if (!on || T != 1 || m.T != 1 || m.n_ent != 1 || m.n_record != 0 || m.parent || skip_op("conv1d_silu")) return false;
     if (c.K < 1 || c.K > kConvMaxK || c.C > W.n_out || c.x_stride != W.n_out) return false;
-    return q8p_takes(W, 1) && q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0;
+    return q8p_ahead_one(W);
+}
+
+// One token of W on gemv_q8p_ahead_kernel with FOLD (kFoldConv, kFoldPrep) and its operands, its input X quantized
+// (or taken staged, with a fold before's scale).
+template <int FOLD>
+static void launch_q8p_ahead_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const ConvFold &conv,
+                                  const PrepFold &prep) {
+    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
+    const RmsFold in = rms_fold(qx);
+    if (q8p_ahead_rows(W) == 1)
+        launch_q8p_ahead<1, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv, prep);
+    else
+        launch_q8p_ahead<2, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv, prep);
 }
 
 void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c) {
-    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
-    const RmsFold in = rms_fold(qx);
-    const ConvFold f{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K};
-    if (q8p_ahead_rows(W) == 1)
-        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, f);
-    else
-        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, f);
+    launch_q8p_ahead_fold<kFoldConv>(dev, W, X, Y, ConvFold{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K},
+                                     PrepFold{});
     check_launch("matmul (with the conv)");
+}
+
+// p's prep fold with its row geometry (the q heads' rows, then the keys', then the values'); pointers to the batch and
+// the counts left to the launch.
+static PrepFold prep_fold(const AttnPrep &p) {
+    PrepFold f;
+    f.a = p;
+    f.q_unit = p.kv.head_dim * (p.gated ? 2 : 1);
+    f.q_rows = p.n_head * f.q_unit;
+    f.kv_rows = p.kv.n_kv * p.kv.head_dim;
+    return f;
 }
 
 // attn_prep in the fused q|k|v product (CudaDevice::matmul_attn_prep, kFoldPrep): opt-in, DFL_CUDA_PREP_FOLD=1
@@ -614,31 +585,22 @@ void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y
 // rows are p's q, k and v parts in order (p.qf = Y, strides W.n_out) and whose blocks fall within one head each.
 bool prep_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const AttnPrep &p, const float *Y) {
     static const bool on = env_switch("DFL_CUDA_PREP_FOLD", false);
-    if (!on || T != 1 || m.T != 1 || skip_op("attn_prep") || !p.qf) return false;
-    if (!(q8p_takes(W, 1) && q8p_ahead_words() == 8 && q8p_ahead_rows(W) > 0)) return false;
+    if (!on || T != 1 || m.T != 1 || skip_op("attn_prep") || !p.qf || !q8p_ahead_one(W)) return false;
+    const PrepFold f = prep_fold(p);
     const int hd = p.kv.head_dim, block_rows = kQ8pWarps * q8p_ahead_rows(W);
-    const int64_t q_rows = (int64_t)p.n_head * hd * (p.gated ? 2 : 1), kv_rows = (int64_t)p.kv.n_kv * hd;
     const bool strides = p.q_pitch() == W.n_out && p.k_pitch() == W.n_out && p.v_pitch() == W.n_out;
     return hd > 0 && hd <= kPrepPerThread * kPrepThreads && hd % block_rows == 0 && p.rope_dim <= hd && strides &&
-           W.n_out == q_rows + 2 * kv_rows && p.qf == Y && p.kf == Y + q_rows && p.vf == Y + q_rows + kv_rows;
+           W.n_out == (int64_t)f.q_rows + 2 * f.kv_rows && p.qf == Y && p.kf == Y + f.q_rows &&
+           p.vf == Y + f.q_rows + f.kv_rows;
 }
 
 void launch_prep_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m,
                       const AttnPrep &p) {
-    const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
-    const RmsFold in = rms_fold(qx);
-    PrepFold f;
-    f.a = p;
+    PrepFold f = prep_fold(p);
     f.pos = m.pos;
     f.kv_slot = m.kv_slot;
     f.arrived = dev.fold_counts(p.n_head + p.kv.n_kv);
-    f.q_unit = p.kv.head_dim * (p.gated ? 2 : 1);
-    f.q_rows = p.n_head * f.q_unit;
-    f.kv_rows = p.kv.n_kv * p.kv.head_dim;
-    if (q8p_ahead_rows(W) == 1)
-        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldPrep>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, ConvFold{}, f);
-    else
-        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldPrep>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, ConvFold{}, f);
+    launch_q8p_ahead_fold<kFoldPrep>(dev, W, X, Y, ConvFold{}, f);
     check_launch("matmul (with attn_prep)");
 }
 

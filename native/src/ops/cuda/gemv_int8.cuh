@@ -1,10 +1,12 @@
 // What the int8 GEMVs of repacked q8_0 (gemv_int8.cu) and of q4_K and q6_K (gemv_kquant.cu) share: the block's rows,
-// a warp's store of its sums, and the residual-norm fold (launch_resid_norm, gemv_int8.cu), which folds on both the
-// staged-ahead q8_0 kernel and the q4_K one.
+// a warp's store of its sums, and the folds' ends: the residual-norm fold (launch_resid_norm, gemv_int8.cu), which
+// folds on both the staged-ahead q8_0 kernel and the q4_K one, and the conv and attn_prep folds of the staged-ahead
+// kernel.
 #pragma once
 
 #include <cstdint>
 
+#include "ops/cuda/attn_prep.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -141,6 +143,52 @@ __device__ __forceinline__ void norm_fold_group(const NormFold &out, const float
         out.parts[g] = ss;
         out.arrived[g] = 0;
     }
+}
+
+// The conv of channel c (kFoldConv) from its new input v: lanes base .. base + K - 1 hold its taps, the next K - 1
+// its stored inputs (cval); the sum in conv_chunk_regs' order (the same bits as conv1d_silu_kernel), then each stored
+// input lane takes the one above it (the last takes v). Every lane of the warp calls it (the shuffles).
+__device__ __forceinline__ void conv_fold_row(const ConvFold &f, float cval, float v, int64_t c, int lane, int base,
+                                              float *cs, bool stored) {
+    const int K = f.K;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kConvMaxK; j++) {
+        if (j >= K) break;
+        const float w = __shfl_sync(0xffffffffu, cval, base + j);
+        const float x = j < K - 1 ? __shfl_sync(0xffffffffu, cval, base + K + j) : v;
+        acc += w * x;
+    }
+    const float up = __shfl_down_sync(0xffffffffu, cval, 1);
+    if (lane == base) f.out[c] = silu_f(acc);
+    if (stored && lane >= base && lane < base + 16) *cs = lane == base + 2 * K - 2 ? v : up;
+}
+
+// The prep fold's end (kFoldPrep), by the whole block after its warps stored their rows: the block counts itself in
+// with its head (block_rows rows from block_row0, within one head's rows), and the head's last block runs its
+// attn_prep (prep_head) on the head's rows from L2, then clears the count. xs: head_dim floats of shared memory (the
+// staged words, spent by now).
+__device__ __forceinline__ void prep_fold_group(const PrepFold &f, int64_t block_row0, int block_rows, float *xs) {
+    __shared__ float red[32];
+    const int hd = f.a.kv.head_dim;
+    int hh, blocks;
+    const float *src, *vsrc = nullptr;
+    if (block_row0 < f.q_rows) {
+        hh = (int)(block_row0 / f.q_unit);
+        blocks = f.q_unit / block_rows;
+        src = f.a.qf + (int64_t)hh * f.q_unit;
+    } else {
+        const int g = (int)(((block_row0 - f.q_rows) % f.kv_rows) / hd);
+        hh = f.a.n_head + g;
+        blocks = 2 * hd / block_rows;
+        src = f.a.kf + (int64_t)g * hd;
+        vsrc = f.a.vf + (int64_t)g * hd;
+    }
+    __syncthreads();
+    if (!fold_group_last(f.arrived, hh, blocks)) return;
+    const PrepConsts pc = prep_consts(f.a, hh);
+    prep_head(f.a, hh, 0, (float)f.pos[0], hh < f.a.n_head ? 0 : f.kv_slot[0], nullptr, src, vsrc, pc, xs, red);
+    if (threadIdx.x == 0) f.arrived[hh] = 0;
 }
 
 // One token of q4_K W on gemv_q4k_i8_kernel<1, true> (gemv_kquant.cu): the group fold of its rows for the product
