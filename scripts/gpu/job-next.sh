@@ -17,6 +17,10 @@ folds=DFL_CUDA_CONV_FOLD=1,DFL_CUDA_PREP_FOLD=1,DFL_CUDA_GATE_FOLD=1
 v27="- DFL_CUDA_CONV_FOLD=1 $folds DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_CONV_FOLD=1 $folds"
 [ -z "${LEAN:-}" ] || v27="- DFL_CUDA_CONV_FOLD=1 $folds -"
 steps=("LEAN_GROUPS='$groups' TRY=$folds DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
+# On an H200 (issue 11 names it; its verify figures are from 12-06 08:1x): the 27B verify blocks, defaults and folds.
+if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200; then
+  steps+=("SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- $folds' spec-bench")
+fi
 if [ -z "${LEAN:-}" ]; then
   steps+=("DFLASH_BENCH_BATCHES=1 VARIANTS='- DFL_CUDA_PREP_FOLD=1 DFL_CUDA_Q8P_ROWS1_R=1 - DFL_CUDA_PREP_FOLD=1' tg-variants qwen3-8b:q8_0")
 fi
