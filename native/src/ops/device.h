@@ -663,6 +663,14 @@ public:
     // product's part where it lies; heads n when apart).
     virtual void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
                                int64_t n, float eps) = 0;
+    // gdn(m, g), then gated_rmsnorm of its outputs (g.out, a head's dv a row) with z, w and eps: a DeltaNet layer's
+    // delta rule and its output norm. A device may run the norm in the delta rule's kernel (the CUDA one where its
+    // staged kernel takes the whole batch, DFL_CUDA_GDN_NORM_FOLD=1).
+    virtual void gdn_gated_rmsnorm(const BatchMeta &m, const GdnCall &g, const float *z, int64_t z_stride,
+                                   const float *w, float eps) {
+        gdn(m, g);
+        gated_rmsnorm(g.out, z, z_stride, w, m.T, g.n_v, g.dv, eps);
+    }
     // The k (1..64) largest values of each row of n logits, larger first and lower id on ties (NaN counts as -inf;
     // rows with fewer than k finite values are padded with id -1, value -inf), and each row's log-sum-exp.
     // ids, vals: [rows][k]; lse: [rows].

@@ -61,6 +61,8 @@ public:
                             ConvCall c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
+    void gdn_gated_rmsnorm(const BatchMeta &m, const GdnCall &g, const float *z, int64_t z_stride, const float *w,
+                           float eps) override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
     void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads, int64_t n,
                        float eps) override;
@@ -308,7 +310,15 @@ bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
 void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
-void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g);
+// norm (or null): the output norm gated_rmsnorm would run after the delta rule (GdnNorm), run by the staged kernel
+// where it takes the whole batch (then true; false: the caller runs gated_rmsnorm).
+struct GdnNorm {
+    const float *z = nullptr, *w = nullptr;
+    int64_t z_stride = 0;
+    float eps = 0.0f;
+    bool quant = false;  // the outputs quantized for the product after (CudaDevice::stage_rows), as gated_rmsnorm does
+};
+bool launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g, const GdnNorm *norm = nullptr);
 void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);
