@@ -2,15 +2,15 @@
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
 # scripts/gpu/pack.sh (carry .gpu; --peer on an H200, then "peer" goes first for same-job llama.cpp figures); poll with
 # scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s idle). Say which card gave each figure.
-# Written 12-07 03:xx (~8 device minutes, ~9 with NCU=1), none of it run yet (the 12-07 session's device time went to
-# refused starts after the 01:3x job): three folds of small launches into the kernels before them and a grid knob, all
-# opt-in. (1) lean on the 27B: the gdn and attention op tests with DFL_CUDA_CONV_FOLD=1, DFL_CUDA_PREP_FOLD=1 and
-# DFL_CUDA_GATE_FOLD=1, and DFL_CUDA_GDN_NORM_FOLD=1 (written 12-07 04:0x: the DeltaNet's gated norm in the gdn kernel)
-# (each fold against the ops apart, bit for bit), the device replays with them
-# (TestDeviceFoldMatchesCPU: 4096-wide qwen3 and qwen35 on the folded paths), then tg b1 alternated twice: defaults,
-# all four folds, the conv fold, the gdn norm fold, and DFL_CUDA_Q8P_ROWS1_R=1 once (one-token products of wide q8_0 matrices a row a
-# warp, a smaller last wave); (2) qwen3-8b q8_0 tg b1: the prep fold and
-# ROWS1_R=1 against the defaults; NCU=1: (3) ncu of the one-token q4_K and q8_0 GEMVs (issue 10's furthest line).
+# Written 12-07 03:xx-04:xx (~8 device minutes, ~9 with NCU=1, ~3 more on an H200), none of it run yet (the 12-07
+# sessions' device time went to refused starts): four folds of small launches into the kernels before them and a grid
+# knob, all opt-in. (1) lean on the 27B: the gdn and attention op tests with DFL_CUDA_CONV_FOLD=1, DFL_CUDA_PREP_FOLD=1,
+# DFL_CUDA_GATE_FOLD=1 and DFL_CUDA_GDN_NORM_FOLD=1 (each fold against the ops apart, bit for bit), the device replays
+# with them (TestDeviceFoldMatchesCPU: 4096-wide qwen3 and qwen35 on the folded paths), then tg b1 alternated twice:
+# defaults, all four folds, the conv fold, the gdn norm fold, and DFL_CUDA_Q8P_ROWS1_R=1 once (one-token products of
+# wide q8_0 matrices a row a warp, a smaller last wave); on an H200, the 27B verify blocks with and without the folds
+# (the gdn norm fold reaches the verify's chains); (2) qwen3-8b q8_0 tg b1: the prep fold and ROWS1_R=1 against the
+# defaults; NCU=1: (3) ncu of the one-token q4_K and q8_0 GEMVs (issue 10's furthest line).
 # LEAN=1 (~4 minutes): step (1) without op tests: defaults, all four folds, the conv fold, defaults.
 cd "$(dirname "$0")/../.."
 groups="gdn attention"; [ -z "${LEAN:-}" ] || groups=none
