@@ -281,9 +281,11 @@ struct GdnStage {
 
 // The norm fold's end (GdnArgs::norm), after the block's outputs are stored: the block counts itself in with its (entry,
 // value head), and the last of the head's column groups runs gated_rmsnorm_kernel on the head's rows of the entry's
-// tokens from L2, a warp a token: the same sums in the same order as that kernel's 32 threads (rows of at most
-// kGdnNormMaxDv), so the same bits, and the same staged codes (quant_q8_store); then it clears the count.
-__device__ void gdn_norm_fold(const GdnArgs &a, int j, int64_t t0, int64_t n) {
+// tokens: kGdnChunk rows at a time from L2 into `buf` (every thread's loads at once: one round trip, not one a row),
+// then a warp a row with that kernel's sums in its 32 threads' order (rows of at most kGdnNormMaxDv), so the same bits
+// and the same staged codes (quant_q8_store); then it clears the count. buf: kGdnChunk kGdnNormMaxDv floats of shared
+// memory (the stages, read by now).
+__device__ void gdn_norm_fold(const GdnArgs &a, int j, int64_t t0, int64_t n, float *buf) {
     const GdnNormFold &f = a.norm;
     const GdnCall &g = a.g;
     const int64_t grp = (int64_t)blockIdx.y * g.n_v + j;
@@ -291,26 +293,32 @@ __device__ void gdn_norm_fold(const GdnArgs &a, int j, int64_t t0, int64_t n) {
     if (!fold_group_last(f.arrived, grp, (int)gridDim.z)) return;
     constexpr int kParts = kGdnNormMaxDv / 32;
     const int lane = threadIdx.x & 31, dv = g.dv;
-    for (int64_t t = threadIdx.x >> 5; t < n; t += kGdnThreads / 32) {
-        const int64_t row = (t0 + t) * g.n_v + j;
-        float *x = g.out + row * dv;
-        const float *z = f.z + (t0 + t) * f.z_stride + (int64_t)j * dv;
-        float xv[kParts], ss = 0.0f;
+    const int64_t rows = (int64_t)g.n_v * dv;  // a token's outputs
+    for (int64_t c0 = 0; c0 < n; c0 += kGdnChunk) {
+        const int nt = (int)min((int64_t)kGdnChunk, n - c0);
+        for (int i = threadIdx.x; i < nt * dv; i += kGdnThreads)
+            buf[i] = __ldcg(g.out + (t0 + c0 + i / dv) * rows + (int64_t)j * dv + i % dv);
+        __syncthreads();
+        for (int t = threadIdx.x >> 5; t < nt; t += kGdnThreads / 32) {
+            const int64_t tok = t0 + c0 + t, row = tok * g.n_v + j;
+            const float *xr = buf + t * dv;
+            const float *z = f.z + tok * f.z_stride + (int64_t)j * dv;
+            float ss = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kParts; k++) {
-            xv[k] = k * 32 < dv ? __ldcg(x + 32 * k + lane) : 0.0f;
-            if (k * 32 < dv) ss += xv[k] * xv[k];
-        }
-        const float r = rsqrtf(warp_sum(ss) / (float)dv + f.eps);
+            for (int k = 0; k < kParts; k++)
+                if (k * 32 < dv) ss += xr[32 * k + lane] * xr[32 * k + lane];
+            const float r = rsqrtf(warp_sum(ss) / (float)dv + f.eps);
 #pragma unroll
-        for (int k = 0; k < kParts; k++) {
-            if (k * 32 >= dv) break;
-            const int i = 32 * k + lane;
-            const float v = f.w ? (xv[k] * r) * __ldg(f.w + i) : xv[k] * r;
-            const float o = v * silu_f(z[i]);
-            x[i] = o;
-            if (f.q.xq) quant_q8_store(f.q, o, row * dv + i);
+            for (int k = 0; k < kParts; k++) {
+                if (k * 32 >= dv) break;
+                const int i = 32 * k + lane;
+                const float v = f.w ? (xr[i] * r) * __ldg(f.w + i) : xr[i] * r;
+                const float o = v * silu_f(z[i]);
+                g.out[row * dv + i] = o;
+                if (f.q.xq) quant_q8_store(f.q, o, row * dv + i);
+            }
         }
+        __syncthreads();  // buf is read: the next chunk may be loaded
     }
     if (threadIdx.x == 0) f.arrived[grp] = 0;
 }
@@ -432,7 +440,8 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
     }
     if (active && !hd.recording) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
-    if (a.norm.arrived) gdn_norm_fold(a, j, t0, n);
+    static_assert(sizeof(st) >= sizeof(float) * kGdnChunk * kGdnNormMaxDv, "the norm fold's rows in the stages");
+    if (a.norm.arrived) gdn_norm_fold(a, j, t0, n, reinterpret_cast<float *>(st));
 }
 
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
