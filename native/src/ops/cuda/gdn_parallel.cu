@@ -14,20 +14,21 @@ namespace cuda {
 //   o_t = e^G_t q_t.S0 + sum over ancestors j and t itself of e^(G_t - G_j) (q_t.k_j) U_j
 // the recurrence's sums reordered (S_t = e^g_t S_parent + k_t U_t^T), every exponent <= 0. Parents precede children,
 // so U is a forward substitution in token order. Block (value head j, entry e, group z of kGdnParCols columns),
-// kGdnThreads threads: warp w, lane c holds rows w DK/4 .. of column c of S0 in registers (one load each, all in
+// W warps: warp w, lane c holds rows w DK/W .. of column c of S0 in registers (one load each, all in
 // flight at once: the first version read S0 a row at a time, 4 rows in flight, and cost ~70 us a 27B layer where the
 // staged kernel costs 29, H100 12-06 06:4x) and every input comes by cp.async; each warp then runs the forward
-// substitution for all the block's columns itself, U in registers, and writes the outputs of every fourth token.
+// substitution for all the block's columns itself, U in registers, and writes the outputs of every W-th token.
 // Shared memory: q and k rows (stride DK + 4: read as float4, a quarter warp's 8 rows meet no bank twice), the block's
 // v columns, the warps' partial k.S0 and q.S0 (summed into warp 0's), the ancestor-masked k.k and q.k.
+// W warps a block: 4 (kGdnThreads), or 8 with DFL_CUDA_GDN_PAR_WARPS=8 (opt-in, unmeasured: each warp's share of the
+// S0 products and of the masked dots halves, at two blocks an SM still, for a kernel bound by its latency).
 constexpr int kGdnParCols = 32;  // state columns a block
-constexpr int kGdnParWarps = kGdnThreads / 32;
 
-template <int DK>
+template <int DK, int W>
 struct GdnPar {
     float qk[2][kGdnParMax][DK + 4];  // (16-byte rows: float4 reads; 8 rows' words on 8 distinct bank quads)
     float v[kGdnParMax][kGdnParCols];
-    float part[2][kGdnParWarps][kGdnParMax][kGdnParCols];  // warp w's k_t.S0 (0) and q_t.S0 (1) over its rows
+    float part[2][W][kGdnParMax][kGdnParCols];  // warp w's k_t.S0 (0) and q_t.S0 (1) over its rows
     float L[kGdnParMax][kGdnParMax];    // beta_t e^(G_t - G_j) k_t.k_j, j a proper ancestor of t, else 0
     float A[kGdnParMax][kGdnParMax];    // e^(G_t - G_j) q_t.k_j, j an ancestor of t or t, else 0
     float g[kGdnParMax], beta[kGdnParMax], G[kGdnParMax], eg[kGdnParMax];
@@ -43,11 +44,11 @@ __device__ __forceinline__ void triangle_pair(int w, int &t, int &i) {
     i = w - t * (t + 1) / 2;
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
-    constexpr int RQ = DK / kGdnParWarps;  // a warp's rows of S0
+template <int DK, int W>
+__global__ void __launch_bounds__(32 * W) gdn_parallel_kernel(GdnArgs a) {
+    constexpr int kThreads = 32 * W, RQ = DK / W;  // RQ: a warp's rows of S0
     extern __shared__ __align__(16) uint8_t par_smem[];
-    GdnPar<DK> &sm = *reinterpret_cast<GdnPar<DK> *>(par_smem);
+    GdnPar<DK, W> &sm = *reinterpret_cast<GdnPar<DK, W> *>(par_smem);
     const GdnCall &g = a.g;
     const int j = blockIdx.x, dv = g.dv, col0 = blockIdx.z * kGdnParCols;
     const GdnHead hd(a, DK, j, col0);
@@ -59,16 +60,16 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
     const int32_t *par = a.parent ? a.parent + t0 : nullptr;  // (null: a chain, token t's parent t - 1)
 
     // the entry's inputs (q, k, the block's v columns, g, beta, parents) by cp.async
-    for (int x = threadIdx.x; x < n * DK / 2; x += kGdnThreads) {  // (16-byte words: C, dk and the offsets are % 4)
+    for (int x = threadIdx.x; x < n * DK / 2; x += kThreads) {  // (16-byte words: C, dk and the offsets are % 4)
         const int t = x / (DK / 2), y = 4 * (x % (DK / 2)), h = y / DK, r = y % DK;
         cp_async16(&sm.qk[h][t][r], hd.cv + (t0 + t) * g.C + (h == 0 ? hd.q_off : hd.k_off) + r);
     }
     const int v_words = cols / 4;  // (dv % 4 == 0)
-    for (int x = threadIdx.x; x < n * v_words; x += kGdnThreads) {
+    for (int x = threadIdx.x; x < n * v_words; x += kThreads) {
         const int t = x / v_words, q = 4 * (x % v_words);
         cp_async16(&sm.v[t][q], hd.cv + (t0 + t) * g.C + hd.v_off + q);
     }
-    for (int t = threadIdx.x; t < n; t += kGdnThreads) {
+    for (int t = threadIdx.x; t < n; t += kThreads) {
         cp_async4(&sm.g[t], hd.gl + (t0 + t) * g.n_v + j);
         cp_async4(&sm.beta[t], hd.beta + (t0 + t) * g.n_v + j);
         if (par) cp_async4(&sm.par[t], par + t);
@@ -114,31 +115,31 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
     if (rin) {
         const GdnRecordLayout rl{n, g.C, g.n_v};
         rin += rl.layer(g.rec_layer);
-        for (int x = threadIdx.x; x < n * cols; x += kGdnThreads)
+        for (int x = threadIdx.x; x < n * cols; x += kThreads)
             rin[rl.row(x / cols) + hd.v_off + x % cols] = sm.v[x / cols][x % cols];
         if (blockIdx.z == 0) {
             if (j < g.n_k)
-                for (int x = threadIdx.x; x < n * 2 * DK; x += kGdnThreads) {
+                for (int x = threadIdx.x; x < n * 2 * DK; x += kThreads) {
                     const int t = x / (2 * DK), y = x % (2 * DK), h = y / DK, r = y % DK;
                     rin[rl.row(t) + (h == 0 ? hd.q_off : hd.k_off) + r] = sm.qk[h][t][r];
                 }
-            for (int t = threadIdx.x; t < n; t += kGdnThreads) {
+            for (int t = threadIdx.x; t < n; t += kThreads) {
                 rin[rl.g(t) + j] = sm.g[t];
                 rin[rl.beta(t) + j] = sm.beta[t];
             }
         }
     }
     // the partial products summed into warp 0's (token t by warp t % 4)
-    for (int t = w; t < n; t += kGdnParWarps)
+    for (int t = w; t < n; t += W)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float x = sm.part[h][0][t][c];
 #pragma unroll
-            for (int u = 1; u < kGdnParWarps; u++) x += sm.part[h][u][t][c];
+            for (int u = 1; u < W; u++) x += sm.part[h][u][t][c];
             sm.part[h][0][t][c] = x;
         }
     // the masked dot products of the lower triangle's pairs (t, i <= t)
-    for (int x = threadIdx.x; x < n * (n + 1) / 2; x += kGdnThreads) {
+    for (int x = threadIdx.x; x < n * (n + 1) / 2; x += kThreads) {
         int t, i;
         triangle_pair(x, t, i);
         float l = 0.0f, q = 0.0f;
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
 #pragma unroll
     for (int t = 0; t < kGdnParMax; t++) {
         if (t >= n) break;
-        if (t % kGdnParWarps != w) continue;
+        if (t % W != w) continue;
         float o = sm.eg[t] * qs[t][c];
 #pragma unroll
         for (int i = 0; i <= t; i++) o += sm.A[t][i] * u[i];
@@ -188,23 +189,24 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_parallel_kernel(GdnArgs a) {
     }
 }
 
-// gdn_parallel_kernel<DK> on a grid of (value head, entry, column group).
-template <int DK>
+// gdn_parallel_kernel<DK, W> on a grid of (value head, entry, column group).
+template <int DK, int W>
 static void launch_parallel(cudaStream_t s, const GdnArgs &a, const BatchMeta &m, const GdnCall &g) {
     const dim3 grid((unsigned)g.n_v, (unsigned)m.n_ent, (unsigned)((g.dv + kGdnParCols - 1) / kGdnParCols));
     int dev_index = 0;
     check(cudaGetDevice(&dev_index), "gdn");
-    allow_dynamic_smem<gdn_parallel_kernel<DK>>(dev_index, sizeof(GdnPar<DK>), "gdn (parallel)");
-    gdn_parallel_kernel<DK><<<grid, kGdnThreads, sizeof(GdnPar<DK>), s>>>(a);
+    allow_dynamic_smem<gdn_parallel_kernel<DK, W>>(dev_index, sizeof(GdnPar<DK, W>), "gdn (parallel)");
+    gdn_parallel_kernel<DK, W><<<grid, 32 * W, sizeof(GdnPar<DK, W>), s>>>(a);
     check_launch("gdn (parallel)");
 }
 
 void launch_gdn_parallel(cudaStream_t s, GdnArgs &a, const BatchMeta &m, const GdnCall &g) {
     a.parallel_max = kGdnParMax;
+    static const bool eight = env_int("DFL_CUDA_GDN_PAR_WARPS", 4) == 8;
     if (g.dk == 128)
-        launch_parallel<128>(s, a, m, g);
+        eight ? launch_parallel<128, 8>(s, a, m, g) : launch_parallel<128, 4>(s, a, m, g);
     else
-        launch_parallel<64>(s, a, m, g);
+        eight ? launch_parallel<64, 8>(s, a, m, g) : launch_parallel<64, 4>(s, a, m, g);
 }
 
 }  // namespace cuda
