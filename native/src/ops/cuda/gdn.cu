@@ -312,8 +312,7 @@ __device__ void gdn_norm_fold(const GdnArgs &a, int j, int64_t t0, int64_t n, fl
             for (int k = 0; k < kParts; k++) {
                 if (k * 32 >= dv) break;
                 const int i = 32 * k + lane;
-                const float v = f.w ? (xr[i] * r) * __ldg(f.w + i) : xr[i] * r;
-                const float o = v * silu_f(z[i]);
+                const float o = gated_norm_out(xr[i], r, f.w, i, z[i]);
                 g.out[row * dv + i] = o;
                 if (f.q.xq) quant_q8_store(f.q, o, row * dv + i);
             }
