@@ -314,14 +314,19 @@ void run_conv_fold_case(int64_t n_out, int C, int K, Rng &r) {
     Dual X(rand_vec(r, (size_t)n_in)), w(rand_vec(r, (size_t)C * K, 0.5f)), conv(conv0), conv2(conv0);
     Dual Y((size_t)n_out * 4), Y2((size_t)n_out * 4), cv((size_t)C * 4), cv2((size_t)C * 4);
     const GdnShape s{1, 1, 1, 1, K};
-    for (bool g : {false, true}) {
-        const BatchMeta m = b.meta(g);
-        (g ? g_gpu : g_cpu)->matmul_conv1d_silu(g ? wg : W.wc, X.p(g), 1, Y.p(g), m,
+    // (the conv reads each entry's window record, none here)
+    const RecordBuffers recw(b, false, [](const Batch::Ent &) { return int64_t(0); });
+    auto meta = [&](bool g) {
+        BatchMeta m = b.meta(g);
+        m.rec_window = recw.at(g);
+        return m;
+    };
+    for (bool g : {false, true})
+        (g ? g_gpu : g_cpu)->matmul_conv1d_silu(g ? wg : W.wc, X.p(g), 1, Y.p(g), meta(g),
                                                 conv_call(s, C, nullptr, 0, cv.p(g), w.p(g), conv.p(g), conv_stride));
-    }
     // the GPU's ops apart
     g_gpu->matmul(wg, X.gp(), 1, Y2.gp());
-    g_gpu->conv1d_silu(b.meta(true), conv_call(s, C, Y2.gp(), n_out, cv2.gp(), w.gp(), conv2.gp(), conv_stride));
+    g_gpu->conv1d_silu(meta(true), conv_call(s, C, Y2.gp(), n_out, cv2.gp(), w.gp(), conv2.gp(), conv_stride));
     const std::string tag = std::to_string(n_out) + "x" + std::to_string(n_in) + " C=" + std::to_string(C) +
                             " K=" + std::to_string(K);
     compare("matmul_conv1d_silu product " + tag, Y, 1.5e-2);
@@ -357,8 +362,10 @@ void run_gdn_norm_fold_case(const GdnShape &s, const std::vector<Batch::Ent> &be
     g_gpu->prepare_weight(wo);
     Dual Y((size_t)(T * 48) * 4), Y2((size_t)(T * 48) * 4);
     const RecordBuffers ins(b, true, [&](const Batch::Ent &e) { return (int64_t)kRecLayers * e.n * (C + 2 * s.n_v); });
+    const RecordBuffers recs(b, true, [&](const Batch::Ent &) { return (int64_t)kTreeSlots * kRecLayers * n * s.dk; });
     auto meta = [&](bool g) {
         BatchMeta m = b.meta(g);
+        m.rec_state = recs.at(g);
         m.rec_in = ins.at(g);
         m.n_record = recording(be);
         return m;

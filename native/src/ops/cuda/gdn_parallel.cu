@@ -20,8 +20,9 @@ namespace cuda {
 // substitution for all the block's columns itself, U in registers, and writes the outputs of every W-th token.
 // Shared memory: q and k rows (stride DK + 4: read as float4, a quarter warp's 8 rows meet no bank twice), the block's
 // v columns, the warps' partial k.S0 and q.S0 (summed into warp 0's), the ancestor-masked k.k and q.k.
-// W warps a block: 4 (kGdnThreads), or 8 with DFL_CUDA_GDN_PAR_WARPS=8 (opt-in, unmeasured: each warp's share of the
-// S0 products and of the masked dots halves, at two blocks an SM still, for a kernel bound by its latency).
+// W warps a block: 8 (DFL_CUDA_GDN_PAR_WARPS=4: kGdnThreads' four). Why eight: each warp's share of the S0 products
+// and of the masked dots halves, at two blocks an SM still, for a kernel bound by its latency. Measured (H200 12-07
+// 06:0x, 27B q8_0, one job): the tree of 23's verify 13.33 / 13.42 -> 13.21 ms, the chains of 16 11.30 / 11.34 -> 11.27.
 constexpr int kGdnParCols = 32;  // state columns a block
 
 template <int DK, int W>
@@ -202,7 +203,7 @@ static void launch_parallel(cudaStream_t s, const GdnArgs &a, const BatchMeta &m
 
 void launch_gdn_parallel(cudaStream_t s, GdnArgs &a, const BatchMeta &m, const GdnCall &g) {
     a.parallel_max = kGdnParMax;
-    static const bool eight = env_int("DFL_CUDA_GDN_PAR_WARPS", 4) == 8;
+    static const bool eight = env_int("DFL_CUDA_GDN_PAR_WARPS", 8) != 4;
     if (g.dk == 128)
         eight ? launch_parallel<128, 8>(s, a, m, g) : launch_parallel<128, 4>(s, a, m, g);
     else

@@ -421,8 +421,7 @@ static bool q8p_rows1_on() {
 }
 
 // Rows a warp of the rows kernel for one token of a wide matrix: 2, or DFL_CUDA_Q8P_ROWS1_R=4 (for comparisons in one
-// run) or =1 (opt-in, unmeasured: the staged-ahead kernel a row a warp, eight blocks an SM; the 27B's q|k|v|z|b|a
-// 2.6 waves of two-row warps -> 3.9 of one-row ones, a smaller last wave). Why 2: with four the 27B's qkv|z|b|a
+// run; one row a warp lost: 27B q8_0 tg b1 9.22 -> 10.59 ms, H200 12-07 06:0x). Why 2: with four the 27B's qkv|z|b|a
 // (16,480 rows) made 1,030 blocks where six an SM fit (76 registers), 1.3 waves, and ran at 2.39 TB/s where
 // gate|up's 2.75 waves ran at 2.78 (H100 12-05 16:1x). Measured (H100 12-05 17:3x, one call): the 27B layer at one
 // token 168.6 -> 152.9 us (kernel bench), its decode step 13.25 -> 12.63 ms (with the staged gdn and the conv in
@@ -430,7 +429,7 @@ static bool q8p_rows1_on() {
 static int q8p_rows1_r() {
     static const int r = [] {
         const int64_t v = env_int("DFL_CUDA_Q8P_ROWS1_R", 2);
-        return v == 4 ? 4 : v == 1 ? 1 : 2;
+        return v == 4 ? 4 : 2;
     }();
     return r;
 }
@@ -538,12 +537,13 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
     return out;
 }
 
-// The DeltaNet conv in its input projection's product (CudaDevice::matmul_conv1d_silu, kFoldConv): opt-in,
-// DFL_CUDA_CONV_FOLD=1 (unmeasured). Why: at one token the conv is a plain launch between the product and the gates,
-// 2.9 us a layer of the 27B's b1 step (0.141 of 11.45 ms left out, skip-ops H100 12-07 01:3x) for 40 KB of work.
+// The DeltaNet conv in its input projection's product (CudaDevice::matmul_conv1d_silu, kFoldConv; DFL_CUDA_CONV_FOLD=0
+// off). Why: at one token the conv is a plain launch between the product and the gates, 2.9 us a layer of the 27B's b1
+// step (0.141 of 11.45 ms left out, skip-ops H100 12-07 01:3x) for 40 KB of work. Measured (H200 12-07 06:0x, one
+// job): the 27B q8_0 tg b1 9.225 / 9.213 -> 9.147 ms.
 // Where: one token of one entry that records nothing, no tree, on the staged-ahead q8_0 GEMV (A = 8), K <= kConvMaxK.
 bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvCall &c) {
-    static const bool on = env_switch("DFL_CUDA_CONV_FOLD", false);
+    static const bool on = env_switch("DFL_CUDA_CONV_FOLD", true);
     if (!on || T != 1 || m.T != 1 || m.n_ent != 1 || m.n_record != 0 || m.parent || skip_op("conv1d_silu")) return false;
     if (c.K < 1 || c.K > kConvMaxK || c.C > W.n_out || c.x_stride != W.n_out) return false;
     return q8p_ahead_one(W);
