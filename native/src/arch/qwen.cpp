@@ -139,7 +139,18 @@ void QwenModel::ensure_acts(int64_t T) {
 QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int64_t T) {
     const HParams &h = hp_;
     Acts &a = acts_;
-    AttnPrep p;  // (qf, kf, vf and their strides: the projection's rows, below)
+    const std::vector<RowsView> qkv =
+        project_views(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
+
+    const KVLayer kv = kv_.layer(L.kv_index);
+
+    AttnPrep p;
+    p.qf = qkv[0].p;
+    p.kf = qkv[1].p;
+    p.vf = qkv[2].p;
+    p.q_stride = qkv[0].stride;
+    p.k_stride = qkv[1].stride;
+    p.v_stride = qkv[2].stride;
     p.q_norm = L.q_norm;
     p.k_norm = L.k_norm;
     p.inv_freq = inv_freq_;
@@ -149,36 +160,15 @@ QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int
     p.eps = h.eps;
     p.Q = a.Q.f();
     p.gate = h.gated_attn ? a.gate.f() : nullptr;
-    p.kv = kv_.layer(L.kv_index);
-    auto prep_reads = [&p](const std::vector<RowsView> &qkv) {
-        p.qf = qkv[0].p;
-        p.kf = qkv[1].p;
-        p.vf = qkv[2].p;
-        p.q_stride = qkv[0].stride;
-        p.k_stride = qkv[1].stride;
-        p.v_stride = qkv[2].stride;
-    };
-    // the fused projection continues into the prep (its rows are q, k and v in order)
-    bool prepped = false;
-    const std::vector<RowsView> qkv = project_views(
-        *dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f(),
-        [&](const float *x, float *y) {
-            const int64_t n = L.in_proj.n_out, q = L.wq.n_out, k = L.wk.n_out;
-            prep_reads({{y, n}, {y + q, n}, {y + q + k, n}});
-            dev_->matmul_attn_prep(L.in_proj, x, T, y, m, p);
-            prepped = true;
-        });
-    if (!prepped) {
-        prep_reads(qkv);
-        dev_->attn_prep(m, p);
-    }
+    p.kv = kv;
+    dev_->attn_prep(m, p);
 
     AttnCall c;
     c.Q = a.Q.f();
     c.out = a.attn.f();
     c.n_head = h.n_head;
     c.scale = 1.0f / std::sqrt((float)h.head_dim);
-    c.kv = p.kv;
+    c.kv = kv;
     if (h.gated_attn)
         dev_->attention_gated(m, c, a.gate.f());
     else

@@ -631,14 +631,6 @@ public:
     virtual void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                            int64_t n) = 0;
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
-    // Y = W X (T rows), then attn_prep(m, a) with a's q, k and v rows in Y: an attention layer's fused q|k|v
-    // projection and its prep. A device may run the prep in the product (the CUDA one for a decode step's token,
-    // DFL_CUDA_PREP_FOLD=1).
-    virtual void matmul_attn_prep(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
-                                  const AttnPrep &a) {
-        matmul(W, X, T, Y);
-        attn_prep(m, a);
-    }
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
     // attention(m, a), then its output times sigmoid(gate) (sigmoid_mul: gated attention). A device may apply the gate
     // as it stores the output (the CUDA one on its decode kernels, DFL_CUDA_GATE_FOLD=1).

@@ -472,47 +472,6 @@ void test_attention_gemm_path(Rng &r) {
     run_attention_case({32, 8, 64, 64, false}, DFL_TYPE_F16, DFL_TYPE_F16, wide, r);
 }
 
-// An attention layer's fused q|k|v projection and its prep for one decode token (Device::matmul_attn_prep): on the
-// GPU (with DFL_CUDA_PREP_FOLD=1 the prep runs in the q8_0 product's kernel, each head's last block) bit for bit
-// against the GPU's two ops apart (the product's rows, K normalised in place, Q, the gate, both cache rows), and Q
-// against the CPU within the int8 product's bound. 4096 inputs: the staged-ahead GEMV; two rows a warp (6144 and
-// 14336 rows) and one (2560).
-void run_prep_fold_case(const AttnShape &s, uint32_t ct, Rng &r) {
-    const int64_t n_in = 4096, qd = (int64_t)s.n_head * s.hd, q_out = qd * (s.gated ? 2 : 1),
-                  kvd = (int64_t)s.n_kv * s.hd, n_out = q_out + 2 * kvd;
-    DualWeight W(DFL_TYPE_Q8_0, n_out, n_in, r);
-    Weight wg = W.wg;
-    g_gpu->prepare_weight(wg);
-    const Batch b({{1, 37, 0, false}}, 16, r);
-    const int64_t rows = b.pool_rows() * s.n_kv;
-    const std::vector<uint8_t> k0 = rand_rows(ct, rows, s.hd, r), v0 = rand_rows(ct, rows, s.hd, r);
-    Dual X(rand_vec(r, (size_t)n_in)), qn(rand_vec(r, (size_t)s.hd)), kn(rand_vec(r, (size_t)s.hd)),
-        invf(rope_inv_freq(s));
-    Dual Y((size_t)n_out * 4), Y2((size_t)n_out * 4), Q((size_t)qd * 4), Q2((size_t)qd * 4), gate((size_t)qd * 4),
-        gate2((size_t)qd * 4), kc(k0), kc2(k0), vc(v0), vc2(v0);
-    auto prep = [&](bool g, const Dual &y, const Dual &q, const Dual &gt, const Dual &k, const Dual &v) {
-        AttnPrep a = prep_call(s, qn.p(g), kn.p(g), invf.p(g), q.p(g), gt.p(g),
-                               cache_layer(s, ct, ct, k.p<uint8_t>(g), v.p<uint8_t>(g), b.block_size));
-        a.qf = y.p(g);
-        a.kf = y.p(g) + q_out;
-        a.vf = y.p(g) + q_out + kvd;
-        a.q_stride = a.k_stride = a.v_stride = n_out;
-        return a;
-    };
-    for (bool g : {false, true})
-        (g ? g_gpu : g_cpu)->matmul_attn_prep(g ? wg : W.wc, X.p(g), 1, Y.p(g), b.meta(g), prep(g, Y, Q, gate, kc, vc));
-    g_gpu->matmul(wg, X.gp(), 1, Y2.gp());
-    g_gpu->attn_prep(b.meta(true), prep(true, Y2, Q2, gate2, kc2, vc2));
-    const std::string tag = std::to_string(n_out) + "x" + std::to_string(n_in) + " " +
-                            attn_name("", s, ct, ct, b).substr(1);
-    compare("matmul_attn_prep Q " + tag, Q, 1.5e-2);
-    same_bits("matmul_attn_prep rows = the ops apart (GPU) " + tag, Y.read(true), Y2.read(true));
-    same_bits("matmul_attn_prep Q = the ops apart (GPU) " + tag, Q.read(true), Q2.read(true));
-    if (s.gated) same_bits("matmul_attn_prep gate = the ops apart (GPU) " + tag, gate.read(true), gate2.read(true));
-    same_bits("matmul_attn_prep K cache = the ops apart (GPU) " + tag, kc.read<uint8_t>(true), kc2.read<uint8_t>(true));
-    same_bits("matmul_attn_prep V cache = the ops apart (GPU) " + tag, vc.read<uint8_t>(true), vc2.read<uint8_t>(true));
-}
-
 void test_attention() {
     Rng r(3);
     // GQA groups 4, 1, 3, 6, 8, 2 (the kernel takes 1, 2, 3, 4, 6 or 8 heads per block); rope_dim below head_dim in
@@ -558,10 +517,6 @@ void test_attention() {
         big.set_trees({random_tree(r, 64), {}});
         run_attention_case(shapes[0], DFL_TYPE_F16, DFL_TYPE_F16, big, r);
     }
-    // a decode token's projection and prep in one call: qwen3-8b's heads, a gated group of 4, the 27B's heads
-    run_prep_fold_case({32, 8, 128, 128, false}, DFL_TYPE_F16, r);
-    run_prep_fold_case({8, 2, 128, 64, true}, DFL_TYPE_Q8_0, r);
-    run_prep_fold_case({24, 4, 256, 64, true}, DFL_TYPE_BF16, r);
 }
 
 // ---- DFlash2 ----

@@ -1,5 +1,4 @@
-// One attention head's q/k norm, RoPE and cache write (attn_prep), shared by attn_prep_kernel (attn_prep.cu) and the
-// prep fold of the one-token q|k|v product (gemv_int8.cu, kFoldPrep).
+// One attention head's q/k norm, RoPE and cache write (attn_prep), by a block of attn_prep_kernel (attn_prep.cu).
 #pragma once
 
 #include <cmath>
@@ -64,9 +63,8 @@ __device__ __forceinline__ PrepConsts prep_consts(const AttnPrep &a, int hh) {
 // Head hh of token t by the whole block (kPrepThreads threads): a query head (hh < a.n_head) is normalised and
 // rotated into Q (its gate, the head_dim floats after it in src, copied); key head g = hh - n_head is normalised and
 // rotated in place at src (a.kf's row) and written with its value row vsrc into the cache at pool row kv_row. p: the
-// token's position; cs: its (cos, sin) table row or null (then computed in double from p, as the CPU does). Sources
-// are read from L2 (a fold reads rows other blocks stored in the same launch). xs: head_dim floats of shared memory,
-// red: 32.
+// token's position; cs: its (cos, sin) table row or null (then computed in double from p, as the CPU does). xs:
+// head_dim floats of shared memory, red: 32.
 __device__ __forceinline__ void prep_head(const AttnPrep &a, int hh, int64_t t, float p, int64_t kv_row,
                                           const float2 *cs, const float *src, const float *vsrc, const PrepConsts &pc,
                                           float *xs, float *red) {
@@ -75,7 +73,7 @@ __device__ __forceinline__ void prep_head(const AttnPrep &a, int hh, int64_t t, 
     const bool norm = is_q ? a.q_norm != nullptr : a.k_norm != nullptr;
     float ss = 0.0f;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float v = __ldcg(src + d);
+        const float v = src[d];
         xs[d] = v;
         ss += v * v;
     }
@@ -111,7 +109,7 @@ __device__ __forceinline__ void prep_head(const AttnPrep &a, int hh, int64_t t, 
         for (int d = threadIdx.x; d < hd; d += blockDim.x) dst[d] = xs[d];
         if (a.gated) {
             float *gd = a.gate + t * qd + (int64_t)hh * hd;
-            for (int d = threadIdx.x; d < hd; d += blockDim.x) gd[d] = __ldcg(src + hd + d);
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) gd[d] = src[hd + d];
         }
         return;
     }
@@ -120,10 +118,7 @@ __device__ __forceinline__ void prep_head(const AttnPrep &a, int hh, int64_t t, 
     for (int d = threadIdx.x; d < hd; d += blockDim.x) kdst[d] = xs[d];
     const uint64_t prow = (uint64_t)kv_row * a.kv.n_kv + g;
     store_cache_row(a.kv.type_k, xs, a.kv.k + prow * a.kv.k_row, hd);
-    __syncthreads();  // (xs again: the value row, from L2)
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) xs[d] = __ldcg(vsrc + d);
-    __syncthreads();
-    store_cache_row(a.kv.type_v, xs, a.kv.v + prow * a.kv.v_row, hd);
+    store_cache_row(a.kv.type_v, vsrc, a.kv.v + prow * a.kv.v_row, hd);
 }
 
 }  // namespace cuda

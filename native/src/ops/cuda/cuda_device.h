@@ -52,8 +52,6 @@ public:
     void copy_rows(float *dst, int64_t dst_stride, const float *src, int64_t src_stride, int64_t rows,
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
-    void matmul_attn_prep(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
-                          const AttnPrep &a) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
     void attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
@@ -346,11 +344,6 @@ CudaDevice::QuantX launch_resid_norm(CudaDevice &dev, const Weight &W, const flo
 // W's product of T rows with the conv c (c.x: the product's output), and the launch.
 bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvCall &c);
 void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c);
-// attn_prep in the fused q|k|v product (CudaDevice::matmul_attn_prep, gemv_int8.cu): whether it takes W's product of
-// T rows into Y with p reading them, and the launch.
-bool prep_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const AttnPrep &p, const float *Y);
-void launch_prep_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m,
-                      const AttnPrep &p);
 // Most tokens the int8 tensor-core kernels (repacked q8_0, q4_K; mma_q8p.cu, mma_q4k.cu) take (0 when DFL_CUDA_I8_MMA=0 turns
 // them off).
 int64_t i8_mma_max_tokens();

@@ -565,12 +565,6 @@ void CudaDevice::attn_prep(const BatchMeta &m, const AttnPrep &a) {
     op("attn_prep", [&] { launch_attn_prep(*this, m, a); });
 }
 
-void CudaDevice::matmul_attn_prep(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
-                                  const AttnPrep &a) {
-    if (!prep_fold_takes(W, T, m, a, Y)) return Device::matmul_attn_prep(W, X, T, Y, m, a);
-    product(W, T, [&] { launch_prep_fold(*this, W, X, Y, m, a); });
-}
-
 void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     op("attention", [&] { launch_attention(*this, m, a); });
     staged_done();  // launch_attention may have staged its output's quantization

@@ -241,9 +241,8 @@ __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R 
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv, PrepFold prep) {
+                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv) {
     static_assert(FOLD != kFoldConv || R <= 2, "the conv fold: 16 lanes a row");
-    static_assert(FOLD != kFoldPrep || WARPS * 32 == kPrepThreads, "the prep fold: prep_head's block");
     static_assert(FOLD != kFoldBlock || (R == 1 && WARPS == 32), "the block fold: 32 rows a block, a row a warp");
     static_assert(FOLD != kFoldGroup || 32 % (WARPS * R) == 0, "the group fold: whole blocks a group of 32 rows");
     constexpr int U = 4 / R, kQuantWords = 32 * A, kScaleWords = 2 * A;
@@ -318,7 +317,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
         if (lane == 0 && row0 + r < n_out) Y[row0 + r] = v;
         if (FOLD == kFoldConv && row0 + r < conv.C) conv_fold_row(conv, cval, v, row0 + r, lane, 16 * r, cs, cstored);
     }
-    if (FOLD == kFoldPrep) prep_fold_group(prep, (int64_t)blockIdx.x * WARPS * R, WARPS * R, (float *)ahead_smem);
 }
 
 template <int R>
@@ -357,8 +355,7 @@ static bool q8p_ahead_r1() {
 
 template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
-                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{},
-                             const PrepFold &prep = PrepFold{}) {
+                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{}) {
     const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
     // 34,816 bytes at R = 2, A = 8 (< 48 KB); the fold's 32 warps 139,264
     const size_t smem = (size_t)WARPS * q8p_ahead_warp_words(R, A) * 16;
@@ -366,7 +363,7 @@ static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq,
     if (smem > 48 * 1024)
         allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
     launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>, grid, block, smem, dev.stream(), q8p_quants(W),
-                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv, prep);
+                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv);
 }
 
 // One token of W on gemv_q8p_ahead_kernel, R rows a warp (q8p_ahead_rows said it takes it).
@@ -549,59 +546,21 @@ bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvC
     return q8p_ahead_one(W);
 }
 
-// One token of W on gemv_q8p_ahead_kernel with FOLD (kFoldConv, kFoldPrep) and its operands, its input X quantized
-// (or taken staged, with a fold before's scale).
+// One token of W on gemv_q8p_ahead_kernel with FOLD (kFoldConv) and its operands, its input X quantized (or taken
+// staged, with a fold before's scale).
 template <int FOLD>
-static void launch_q8p_ahead_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const ConvFold &conv,
-                                  const PrepFold &prep) {
+static void launch_q8p_ahead_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const ConvFold &conv) {
     const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
     const RmsFold in = rms_fold(qx);
     if (q8p_ahead_rows(W) == 1)
-        launch_q8p_ahead<1, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv, prep);
+        launch_q8p_ahead<1, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
     else
-        launch_q8p_ahead<2, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv, prep);
+        launch_q8p_ahead<2, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
 }
 
 void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c) {
-    launch_q8p_ahead_fold<kFoldConv>(dev, W, X, Y, ConvFold{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K},
-                                     PrepFold{});
+    launch_q8p_ahead_fold<kFoldConv>(dev, W, X, Y, ConvFold{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K});
     check_launch("matmul (with the conv)");
-}
-
-// p's prep fold with its row geometry (the q heads' rows, then the keys', then the values'); pointers to the batch and
-// the counts left to the launch.
-static PrepFold prep_fold(const AttnPrep &p) {
-    PrepFold f;
-    f.a = p;
-    f.q_unit = p.kv.head_dim * (p.gated ? 2 : 1);
-    f.q_rows = p.n_head * f.q_unit;
-    f.kv_rows = p.kv.n_kv * p.kv.head_dim;
-    return f;
-}
-
-// attn_prep in the fused q|k|v product (CudaDevice::matmul_attn_prep, kFoldPrep): opt-in, DFL_CUDA_PREP_FOLD=1
-// (unmeasured). Why: at one token attn_prep is a launch between the product and attention, 0.048 ms of qwen3-8b's
-// b1 step (1.3 us a layer, skip-ops H100 12-06 21:0x). Where: one token on the staged-ahead q8_0 GEMV (A = 8) whose
-// rows are p's q, k and v parts in order (p.qf = Y, strides W.n_out) and whose blocks fall within one head each.
-bool prep_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const AttnPrep &p, const float *Y) {
-    static const bool on = env_switch("DFL_CUDA_PREP_FOLD", false);
-    if (!on || T != 1 || m.T != 1 || skip_op("attn_prep") || !p.qf || !q8p_ahead_one(W)) return false;
-    const PrepFold f = prep_fold(p);
-    const int hd = p.kv.head_dim, block_rows = kQ8pWarps * q8p_ahead_rows(W);
-    const bool strides = p.q_pitch() == W.n_out && p.k_pitch() == W.n_out && p.v_pitch() == W.n_out;
-    return hd > 0 && hd <= kPrepPerThread * kPrepThreads && hd % block_rows == 0 && p.rope_dim <= hd && strides &&
-           W.n_out == (int64_t)f.q_rows + 2 * f.kv_rows && p.qf == Y && p.kf == Y + f.q_rows &&
-           p.vf == Y + f.q_rows + f.kv_rows;
-}
-
-void launch_prep_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m,
-                      const AttnPrep &p) {
-    PrepFold f = prep_fold(p);
-    f.pos = m.pos;
-    f.kv_slot = m.kv_slot;
-    f.arrived = dev.fold_counts(p.n_head + p.kv.n_kv);
-    launch_q8p_ahead_fold<kFoldPrep>(dev, W, X, Y, ConvFold{}, f);
-    check_launch("matmul (with attn_prep)");
 }
 
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y) {

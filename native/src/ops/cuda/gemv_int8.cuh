@@ -1,12 +1,10 @@
 // What the int8 GEMVs of repacked q8_0 (gemv_int8.cu) and of q4_K and q6_K (gemv_kquant.cu) share: the block's rows,
 // a warp's store of its sums, and the folds' ends: the residual-norm fold (launch_resid_norm, gemv_int8.cu), which
-// folds on both the staged-ahead q8_0 kernel and the q4_K one, and the conv and attn_prep folds of the staged-ahead
-// kernel.
+// folds on both the staged-ahead q8_0 kernel and the q4_K one, and the conv fold of the staged-ahead kernel.
 #pragma once
 
 #include <cstdint>
 
-#include "ops/cuda/attn_prep.cuh"
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 
@@ -51,9 +49,8 @@ struct NormFold {
 };
 // How gemv_q8p_ahead_kernel folds the norm: not (kFoldNone); a block of 32 warps holds a quantization block of 32 rows
 // (kFoldBlock); the blocks of a 32-row group count themselves in, the last quantizes them (kFoldGroup). kFoldConv: no
-// norm; the DeltaNet's causal conv and SiLU on the output's first C rows (ConvFold). kFoldPrep: attn_prep of the
-// fused q|k|v rows (PrepFold).
-constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2, kFoldConv = 3, kFoldPrep = 4;
+// norm; the DeltaNet's causal conv and SiLU on the output's first C rows (ConvFold).
+constexpr int kFoldNone = 0, kFoldBlock = 1, kFoldGroup = 2, kFoldConv = 3;
 
 // The one-token conv of a decode step's DeltaNet input projection (launch_conv_fold, kFoldConv): row c < C of the
 // product is channel c's new input; with the slot's K - 1 stored inputs and the K taps it makes out[c] =
@@ -65,17 +62,6 @@ struct ConvFold {
     int64_t slot_stride = 0;
     float *out = nullptr;  // [C]
     int C = 0, K = 0;
-};
-
-// attn_prep of a decode token in its fused q|k|v product (launch_prep_fold, kFoldPrep): the product's rows are the q
-// heads' (each head_dim q rows, then head_dim gate rows where gated: q_unit rows a head), then kv_rows of keys, then
-// as many of values; a head's blocks (a value head's with its key head's) count themselves in, and the last one runs
-// the head's norm, RoPE and cache write (prep_head) on the rows from L2, as attn_prep_kernel would after the product.
-struct PrepFold {
-    AttnPrep a;  // qf, kf, vf: the product's output, one token
-    const int32_t *pos = nullptr, *kv_slot = nullptr;
-    unsigned *arrived = nullptr;  // a count a head: query head h at h, key/value head g at n_head + g
-    int q_unit = 0, q_rows = 0, kv_rows = 0;
 };
 
 // The scale a fold before left to its product: rsqrt(mean(x^2) + eps) from the fold's partial sums, lane k adding
@@ -147,33 +133,6 @@ __device__ __forceinline__ void conv_fold_row(const ConvFold &f, float cval, flo
     const float up = __shfl_down_sync(0xffffffffu, cval, 1);
     if (lane == base) f.out[c] = silu_f(acc);
     if (stored && lane >= base && lane < base + 16) *cs = lane == base + 2 * K - 2 ? v : up;
-}
-
-// The prep fold's end (kFoldPrep), by the whole block after its warps stored their rows: the block counts itself in
-// with its head (block_rows rows from block_row0, within one head's rows), and the head's last block runs its
-// attn_prep (prep_head) on the head's rows from L2, then clears the count. xs: head_dim floats of shared memory (the
-// staged words, spent by now).
-__device__ __forceinline__ void prep_fold_group(const PrepFold &f, int64_t block_row0, int block_rows, float *xs) {
-    __shared__ float red[32];
-    const int hd = f.a.kv.head_dim;
-    int hh, blocks;
-    const float *src, *vsrc = nullptr;
-    if (block_row0 < f.q_rows) {
-        hh = (int)(block_row0 / f.q_unit);
-        blocks = f.q_unit / block_rows;
-        src = f.a.qf + (int64_t)hh * f.q_unit;
-    } else {
-        const int g = (int)(((block_row0 - f.q_rows) % f.kv_rows) / hd);
-        hh = f.a.n_head + g;
-        blocks = 2 * hd / block_rows;
-        src = f.a.kf + (int64_t)g * hd;
-        vsrc = f.a.vf + (int64_t)g * hd;
-    }
-    __syncthreads();
-    if (!fold_group_last(f.arrived, hh, blocks)) return;
-    const PrepConsts pc = prep_consts(f.a, hh);
-    prep_head(f.a, hh, 0, (float)f.pos[0], hh < f.a.n_head ? 0 : f.kv_slot[0], nullptr, src, vsrc, pc, xs, red);
-    if (threadIdx.x == 0) f.arrived[hh] = 0;
 }
 
 // One token of q4_K W on gemv_q4k_i8_kernel<1, true> (gemv_kquant.cu): the group fold of its rows for the product
