@@ -11,8 +11,10 @@
 # 0.12-0.2 ms from eight at 06:0x).
 cd "$(dirname "$0")/../.."
 try=DFL_CUDA_GDN_NORM_FOLD=1,DFL_CUDA_GATE_FOLD=1
-v27="- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1 $try -"
-steps=("LEAN_GROUPS='gdn attention' TRY=$try DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
+v27="- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1 $try -" groups="gdn attention"
+# LEAN=1 (~4 minutes on an H200): no op tests, tg b1 once each
+[ -z "${LEAN:-}" ] || { v27="- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1"; groups=none; }
+steps=("LEAN_GROUPS='$groups' TRY=$try DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
 spec="SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$'"
 steps+=("$spec SPEC_VARIANTS='- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1 DFL_CUDA_GDN_PARALLEL=1 -' spec-bench")
 exec scripts/gpu/bg.sh start "${steps[@]}"
