@@ -2,24 +2,21 @@
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
 # scripts/gpu/pack.sh (carry .gpu; --peer on an H200, then "peer" goes first for same-job llama.cpp figures); poll with
 # scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s idle). Say which card gave each figure.
-# Written 12-07 07:0x (~7 device minutes on an H200; LEAN=1 ~3: step 2 alone).
-# (1) The two folds left opt-in after the 06:0x job, apart (that job ran all four together, and the verify of 16 rows
-# lost 0.4 ms with them): lean on the 27B, the gdn and attention op tests with DFL_CUDA_GDN_NORM_FOLD=1 and
-# DFL_CUDA_GATE_FOLD=1 (and the new defaults: the conv fold, eight warps of the parallel-form gdn; the conv fold's op
-# case never ran: the 06:0x op tests died in it on a fault of the test's own), the device replays, tg b1: defaults,
-# each fold, both. (2) The 27B verify blocks (8, 16, tree of 23) with each fold, and with the verify's chains in the
-# eight-warp parallel form (DFL_CUDA_GDN_PARALLEL=1: even with four warps at 12-06 08:0x; the tree's form gained
-# 0.12-0.2 ms from eight at 06:0x). (3) Where DeepSeek V4's batch-1 step goes inside a replayed graph (issue 13, ~37 %
-# of the bound): the 2-layer V4-Flash file (hash-routed layers only, no compressor: every skip below leaves indices
-# in range), decode b1 / b8 with each group of ops left out (DFL_CUDA_SKIP_OPS; not moe_route, whose ids the routed
-# experts read: they cannot be left out).
+# Written 12-07 07:2x (~7 device minutes on an H200; LEAN=1 ~3: step 2 alone).
+# (1) The new defaults' op tests: the gdn and attention groups (the conv fold's case never ran: the 06:0x op tests died
+# in it on a fault of the test's own, fixed since; eight warps of the parallel-form gdn), the device replays, and the
+# 27B tg b1 with and without the conv fold. (2) The 27B verify blocks (8, 16, tree of 23) with the verify's chains in
+# the eight-warp parallel form (DFL_CUDA_GDN_PARALLEL=1: even with four warps at 12-06 08:0x; with eight the 16-row
+# verify 13.89 -> 13.80 ms in one H100 run at 07:1x), alternated twice. (3) Where DeepSeek V4's batch-1 step goes inside
+# a replayed graph (issue 13, ~37 % of the bound): the 2-layer V4-Flash file (hash-routed layers only, no compressor:
+# every skip below leaves indices in range), decode b1 / b8 with each group of ops left out (DFL_CUDA_SKIP_OPS; not
+# moe_route, whose ids the routed experts read: they cannot be left out).
 cd "$(dirname "$0")/../.."
-try=DFL_CUDA_GDN_NORM_FOLD=1,DFL_CUDA_GATE_FOLD=1
-v27="- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1 $try -"
+v27="- DFL_CUDA_CONV_FOLD=0 - DFL_CUDA_CONV_FOLD=0"
 steps=()
-[ -n "${LEAN:-}" ] || steps+=("LEAN_GROUPS='gdn attention' TRY=$try DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
+[ -n "${LEAN:-}" ] || steps+=("LEAN_GROUPS='gdn attention' DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
 spec="SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$'"
-steps+=("$spec SPEC_VARIANTS='- DFL_CUDA_GDN_NORM_FOLD=1 DFL_CUDA_GATE_FOLD=1 DFL_CUDA_GDN_PARALLEL=1 -' spec-bench")
+steps+=("$spec SPEC_VARIANTS='- DFL_CUDA_GDN_PARALLEL=1 - DFL_CUDA_GDN_PARALLEL=1' spec-bench")
 skip="DFL_CUDA_SKIP_OPS"
 ds4v="- $skip=matmul $skip=hc_pre_norm+hc_post $skip=ds4_attention+matmul_grouped $skip=norm_rope_tail+rmsnorm"
 ds4v+=" $skip=swiglu_clamp $skip=embed+gather_rows+hc_head -"
