@@ -169,10 +169,9 @@ QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int
     c.n_head = h.n_head;
     c.scale = 1.0f / std::sqrt((float)h.head_dim);
     c.kv = kv;
-    if (h.gated_attn)
-        dev_->attention_gated(m, c, a.gate.f());
-    else
-        dev_->attention(m, c);
+    dev_->attention(m, c);
+    const int64_t qd = (int64_t)h.n_head * h.head_dim;
+    if (h.gated_attn) dev_->sigmoid_mul(a.attn.f(), a.gate.f(), T * qd);
     return OutProj{&L.wo, a.attn.f()};
 }
 

@@ -387,29 +387,6 @@ void run_attention_case(const AttnShape &s, uint32_t tk, uint32_t tv, const Batc
         same_bits(attn_name("attention's staging then matmul = its own quantizer's (GPU)", s, tk, tv, b), Yo.read(true),
                   Yself.read(true));
     }
-    // Gated attention in one call (Device::attention_gated; DFL_CUDA_GATE_FOLD=1: the gate applied as the decode
-    // kernels store the output): against the CPU, and on the GPU bit for bit against attention then sigmoid_mul, the
-    // product after it too (the staged codes are the gated output's)
-    if (s.gated) {
-        Dual og((size_t)(T * qd) * 4), oa((size_t)(T * qd) * 4), Yg((size_t)(T * 48) * 4), Ya((size_t)(T * 48) * 4);
-        auto call = [&](bool g, const Dual &o) {
-            AttnCall a = d.call(g, Qin, o);
-            a.causal = mc.causal;
-            a.window = mc.window;
-            return a;
-        };
-        for (bool g : {false, true}) {
-            (g ? g_gpu : g_cpu)->attention_gated(b.meta(g), call(g, og), d.gate.p(g));
-            if (then_product) (g ? g_gpu : g_cpu)->matmul(g ? wo : Wo->wc, og.p(g), T, Yg.p(g));
-        }
-        g_gpu->attention(b.meta(true), call(true, oa));
-        g_gpu->sigmoid_mul(oa.gp(), d.gate.gp(), T * qd);
-        if (then_product) g_gpu->matmul(wo, oa.gp(), T, Ya.gp());
-        compare(attn_name("attention gated", s, tk, tv, b), og, gemm_path ? 2e-3 : 1e-5);
-        same_bits(attn_name("attention gated = attention, sigmoid_mul (GPU)", s, tk, tv, b), og.read(true), oa.read(true));
-        if (then_product)
-            same_bits(attn_name("attention gated then matmul = apart (GPU)", s, tk, tv, b), Yg.read(true), Ya.read(true));
-    }
 }
 
 // The masks of a DFlash draft block: non-causal (full layers), sliding causal and sliding both ways, over blocks after

@@ -36,14 +36,11 @@ struct AttnArgs {
     int window;
     int warp_pos;  // cache positions a warp scores together (1..kAttnWarpPos)
     CudaDevice::QuantX q;  // where set, the output's int8 quantization for the product after (CudaDevice::stage_rows)
-    const float *gate;     // where set, the output times sigmoid(gate) (gated attention; launch_attention's gate)
 };
 
 // Element i of the output (the token's rows of n_head x head_dim, i a multiple of 32 at lane 0: whole warps of
-// consecutive elements), times sigmoid(gate[i]) where a.gate is set (as sigmoid_mul_kernel: the same bits), and its
-// quantization where a.q is set.
+// consecutive elements), and its quantization where a.q is set.
 __device__ __forceinline__ void store_attn_out(const AttnArgs &a, int64_t i, float v) {
-    if (a.gate) v = v * sigmoid_f(__ldg(a.gate + i));
     a.out[i] = v;
     if (a.q.xq) quant_q8_store(a.q, v, i);
 }
@@ -568,16 +565,16 @@ static void launch_attention_kernel(int G, dim3 grid, size_t shm, cudaStream_t s
     });
 }
 
-bool launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, const float *gate) {
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c) {
     cudaStream_t s = dev.stream();
-    if (m.T <= 0) return true;  // (no rows: nothing to gate)
+    if (m.T <= 0) return;
     if (c.kv.head_dim > kAttnThreads * kAttnMaxDimsPerThread)
         fail(DFL_ERR_UNSUPPORTED, "attention: head_dim " + std::to_string(c.kv.head_dim) + " above 512");
     if (c.kv.n_kv <= 0 || c.n_head % c.kv.n_kv != 0)
         fail(DFL_ERR_INVALID, "attention: n_head must be a multiple of n_kv");
     if (attention_gemm_path(m, c)) {  // many query rows per entry: tensor cores (attention_gemm.cu)
         launch_attention_gemm(dev, m, c);
-        return false;
+        return;
     }
     AttnArgs a;
     a.Q = c.Q;
@@ -618,14 +615,11 @@ bool launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, co
     uint8_t *scr = n_part || q_bytes ? (uint8_t *)dev.scratch(q_bytes + o_bytes + n_part * 2 * sizeof(float)) : nullptr;
     // (the scratch is now large enough: the staging takes its start without growing it)
     a.q = quant ? dev.stage_rows(c.out, m.T, n_out) : dev.stage_quant(nullptr, 0);
-    // the gate where the output's last writer is store_attn_out (the warp kernel, or the combine after splits)
-    const bool gated = gate && (n_split > 1 || attention_warp_takes(a));
-    a.gate = gated ? gate : nullptr;
     if (n_split <= 1) {
         launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), 1), shm, s, a, (int64_t)1 << 62,
                                 nullptr, nullptr);
         check_launch("attention");
-        return gated;
+        return;
     }
     float *part_o = (float *)(scr + q_bytes), *part_ml = (float *)(scr + q_bytes + o_bytes);
     launch_attention_kernel(G, dim3((unsigned)m.T, (unsigned)(c.n_head / G), (unsigned)n_split), shm, s, a, split_len,
@@ -634,7 +628,6 @@ bool launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &c, co
     launch_chain(attention_combine_kernel, dim3((unsigned)m.T, (unsigned)c.n_head), dim3(kAttnThreads), 0, s, a,
                  (int)n_split, (const float *)part_o, (const float *)part_ml);
     check_launch("attention");
-    return gated;
 }
 
 }  // namespace cuda

@@ -570,21 +570,6 @@ void CudaDevice::attention(const BatchMeta &m, const AttnCall &a) {
     staged_done();  // launch_attention may have staged its output's quantization
 }
 
-// Gated attention's gate applied as the attention kernels store the output (store_attn_out): opt-in,
-// DFL_CUDA_GATE_FOLD=1 (unmeasured). Why: sigmoid_mul is a launch after attention in each of the 27B's 16 attention
-// layers, 0.025 ms of its 11.45 ms b1 step left out (skip-ops H100 12-07 01:3x), for 24 KB of work.
-static bool gate_fold_on() {
-    static const bool on = env_switch("DFL_CUDA_GATE_FOLD", false);
-    return on;
-}
-
-void CudaDevice::attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) {
-    bool gated = false;
-    op("attention", [&] { gated = launch_attention(*this, m, a, gate_fold_on() && !skip_op("sigmoid_mul") ? gate : nullptr); });
-    staged_done();
-    if (!gated) sigmoid_mul(a.out, gate, m.T * a.n_head * a.kv.head_dim);
-}
-
 void CudaDevice::conv1d_silu(const BatchMeta &m, const ConvCall &c) {
     op("conv1d_silu", [&] { launch_conv1d_silu(stream_, m, c); });
 }
