@@ -632,12 +632,6 @@ public:
                            int64_t n) = 0;
     virtual void attn_prep(const BatchMeta &m, const AttnPrep &a) = 0;
     virtual void attention(const BatchMeta &m, const AttnCall &a) = 0;
-    // attention(m, a), then its output times sigmoid(gate) (sigmoid_mul: gated attention). A device may apply the gate
-    // as it stores the output (the CUDA one on its decode kernels, DFL_CUDA_GATE_FOLD=1).
-    virtual void attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) {
-        attention(m, a);
-        sigmoid_mul(a.out, gate, m.T * a.n_head * a.kv.head_dim);
-    }
     virtual void conv1d_silu(const BatchMeta &m, const ConvCall &c) = 0;
     // Y = W X (T rows), then conv1d_silu(m, c) on each row's first c.C floats (c.x = Y, rows W.n_out apart): a DeltaNet
     // layer's fused input projection and its conv. A device may run the conv in the product (the CUDA one for a decode
@@ -655,14 +649,6 @@ public:
     // product's part where it lies; heads n when apart).
     virtual void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads,
                                int64_t n, float eps) = 0;
-    // gdn(m, g), then gated_rmsnorm of its outputs (g.out, a head's dv a row) with z, w and eps: a DeltaNet layer's
-    // delta rule and its output norm. A device may run the norm in the delta rule's kernel (the CUDA one where its
-    // staged kernel takes the whole batch, DFL_CUDA_GDN_NORM_FOLD=1).
-    virtual void gdn_gated_rmsnorm(const BatchMeta &m, const GdnCall &g, const float *z, int64_t z_stride,
-                                   const float *w, float eps) {
-        gdn(m, g);
-        gated_rmsnorm(g.out, z, z_stride, w, m.T, g.n_v, g.dv, eps);
-    }
     // The k (1..64) largest values of each row of n logits, larger first and lower id on ties (NaN counts as -inf;
     // rows with fewer than k finite values are padded with id -1, value -inf), and each row's log-sum-exp.
     // ids, vals: [rows][k]; lse: [rows].

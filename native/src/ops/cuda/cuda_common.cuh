@@ -232,10 +232,9 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-// A block's arrival with group g of a fold (`blocks` blocks a group, counted in `arrived`: gemv_int8.cuh's folds, the
-// Gated DeltaNet's norm fold), after a barrier past the block's stores: true in every thread of the group's last
-// block, whose fence then makes the other blocks' stores visible to it (it clears the count for the next launch when
-// it is done).
+// A block's arrival with group g of a fold (`blocks` blocks a group, counted in `arrived`: gemv_int8.cuh's folds),
+// after a barrier past the block's stores: true in every thread of the group's last block, whose fence then makes the
+// other blocks' stores visible to it (it clears the count for the next launch when it is done).
 __device__ __forceinline__ bool fold_group_last(unsigned *arrived, int64_t g, int blocks) {
     __shared__ bool last;
     if (threadIdx.x == 0) {
@@ -250,12 +249,6 @@ __device__ __forceinline__ bool fold_group_last(unsigned *arrived, int64_t g, in
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-// gated_rmsnorm's output for element i (value x) of a row whose rms scale is r: (x r) w[i] (w null: none) times
-// silu(z). gated_rmsnorm_kernel and the gdn norm fold (gdn.cu) both take it, so their bits agree.
-__device__ __forceinline__ float gated_norm_out(float x, float r, const float *w, int64_t i, float z) {
-    const float v = w ? (x * r) * w[i] : x * r;
-    return v * silu_f(z);
-}
 
 __host__ __device__ __forceinline__ uint16_t ld_u16(const uint8_t *p) { return *(const uint16_t *)p; }
 

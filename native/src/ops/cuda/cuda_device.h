@@ -53,14 +53,11 @@ public:
                    int64_t n) override;
     void attn_prep(const BatchMeta &m, const AttnPrep &a) override;
     void attention(const BatchMeta &m, const AttnCall &a) override;
-    void attention_gated(const BatchMeta &m, const AttnCall &a, const float *gate) override;
     void conv1d_silu(const BatchMeta &m, const ConvCall &c) override;
     void matmul_conv1d_silu(const Weight &W, const float *X, int64_t T, float *Y, const BatchMeta &m,
                             ConvCall c) override;
     void gdn_gates(int64_t T, const GdnGates &g) override;
     void gdn(const BatchMeta &m, const GdnCall &g) override;
-    void gdn_gated_rmsnorm(const BatchMeta &m, const GdnCall &g, const float *z, int64_t z_stride, const float *w,
-                           float eps) override;
     void record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) override;
     void gated_rmsnorm(float *x, const float *z, int64_t z_stride, const float *w, int64_t T, int64_t heads, int64_t n,
                        float eps) override;
@@ -299,24 +296,14 @@ void launch_gather_rows(cudaStream_t s, const float *x, const int32_t *rows, int
 void launch_dyn_conv(cudaStream_t s, const BatchMeta &m, const DynConvCall &c);
 void launch_selector_trans(cudaStream_t st, const SelectorCall &s);
 void launch_attn_prep(CudaDevice &dev, const BatchMeta &m, const AttnPrep &a);
-// gate (or null): gated attention's gate, applied as the output is stored where the kernels allow it (then true; false:
-// the caller runs sigmoid_mul).
-bool launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a, const float *gate = nullptr);
+void launch_attention(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 // The tensor-core (cuBLAS) attention of attention_gemm.cu: whether a call takes it (launch_attention asks), and the
 // launcher. Exposed so the op test can tell which path, and so which error bound, a case gets.
 bool attention_gemm_path(const BatchMeta &m, const AttnCall &a);
 void launch_attention_gemm(CudaDevice &dev, const BatchMeta &m, const AttnCall &a);
 void launch_conv1d_silu(cudaStream_t s, const BatchMeta &m, const ConvCall &c);
 void launch_gdn_gates(cudaStream_t s, int64_t T, const GdnGates &g);
-// norm (or null): the output norm gated_rmsnorm would run after the delta rule (GdnNorm), run by the staged kernel
-// where it takes the whole batch (then true; false: the caller runs gated_rmsnorm).
-struct GdnNorm {
-    const float *z = nullptr, *w = nullptr;
-    int64_t z_stride = 0;
-    float eps = 0.0f;
-    bool quant = false;  // the outputs quantized for the product after (CudaDevice::stage_rows), as gated_rmsnorm does
-};
-bool launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g, const GdnNorm *norm = nullptr);
+void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g);
 void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);

@@ -590,25 +590,6 @@ void CudaDevice::gdn(const BatchMeta &m, const GdnCall &g) {
     op("gdn", [&] { launch_gdn(*this, m, g); });
 }
 
-// The DeltaNet's output norm in the delta rule's staged kernel (launch_gdn's norm): opt-in, DFL_CUDA_GDN_NORM_FOLD=1
-// (unmeasured). Why: gated_rmsnorm is a launch after the gdn in each of the 27B's 48 DeltaNet layers, 0.040 ms of its
-// 11.45 ms b1 step left out (skip-ops H100 12-07 01:3x), for 24 KB of work.
-static bool gdn_norm_fold_on() {
-    static const bool on = env_switch("DFL_CUDA_GDN_NORM_FOLD", false);
-    return on;
-}
-
-void CudaDevice::gdn_gated_rmsnorm(const BatchMeta &m, const GdnCall &g, const float *z, int64_t z_stride,
-                                   const float *w, float eps) {
-    const GdnNorm norm{z, w, z_stride, eps, gate_quant_on()};
-    bool folded = false;
-    op("gdn", [&] { folded = launch_gdn(*this, m, g, gdn_norm_fold_on() && !skip_op("gated_rmsnorm") ? &norm : nullptr); });
-    if (folded)
-        staged_done();
-    else
-        gated_rmsnorm(g.out, z, z_stride, w, m.T, g.n_v, g.dv, eps);
-}
-
 void CudaDevice::record_gdn_inputs(const BatchMeta &m, const GdnInputs &r) {
     op("record_gdn_inputs", [&] { launch_record_gdn_inputs(stream_, m, r); });
 }

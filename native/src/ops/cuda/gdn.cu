@@ -6,7 +6,6 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/gdn_head.cuh"
-#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -279,52 +278,8 @@ struct GdnStage {
     int32_t steps[kGdnChunk];  // a tree's steps (TreeStep packed)
 };
 
-// The norm fold's end (GdnArgs::norm), after the block's outputs are stored: the block counts itself in with its (entry,
-// value head), and the last of the head's column groups runs gated_rmsnorm_kernel on the head's rows of the entry's
-// tokens: kGdnChunk rows at a time from L2 into `buf` (every thread's loads at once: one round trip, not one a row),
-// then a warp a row with that kernel's sums in its 32 threads' order (rows of at most kGdnNormMaxDv), so the same bits
-// and the same staged codes (quant_q8_store); then it clears the count. buf: kGdnChunk kGdnNormMaxDv floats of shared
-// memory (the stages, read by now).
-__device__ void gdn_norm_fold(const GdnArgs &a, int j, int64_t t0, int64_t n, float *buf) {
-    const GdnNormFold &f = a.norm;
-    const GdnCall &g = a.g;
-    const int64_t grp = (int64_t)blockIdx.y * g.n_v + j;
-    __syncthreads();
-    if (!fold_group_last(f.arrived, grp, (int)gridDim.z)) return;
-    constexpr int kParts = kGdnNormMaxDv / 32;
-    const int lane = threadIdx.x & 31, dv = g.dv;
-    const int64_t rows = (int64_t)g.n_v * dv;  // a token's outputs
-    for (int64_t c0 = 0; c0 < n; c0 += kGdnChunk) {
-        const int nt = (int)min((int64_t)kGdnChunk, n - c0);
-        for (int i = threadIdx.x; i < nt * dv; i += kGdnThreads)
-            buf[i] = __ldcg(g.out + (t0 + c0 + i / dv) * rows + (int64_t)j * dv + i % dv);
-        __syncthreads();
-        for (int t = threadIdx.x >> 5; t < nt; t += kGdnThreads / 32) {
-            const int64_t tok = t0 + c0 + t, row = tok * g.n_v + j;
-            const float *xr = buf + t * dv;
-            const float *z = f.z + tok * f.z_stride + (int64_t)j * dv;
-            float ss = 0.0f;
-#pragma unroll
-            for (int k = 0; k < kParts; k++)
-                if (k * 32 < dv) ss += xr[32 * k + lane] * xr[32 * k + lane];
-            const float r = rsqrtf(warp_sum(ss) / (float)dv + f.eps);
-#pragma unroll
-            for (int k = 0; k < kParts; k++) {
-                if (k * 32 >= dv) break;
-                const int i = 32 * k + lane;
-                const float o = gated_norm_out(xr[i], r, f.w, i, z[i]);
-                g.out[row * dv + i] = o;
-                if (f.q.xq) quant_q8_store(f.q, o, row * dv + i);
-            }
-        }
-        __syncthreads();  // buf is read: the next chunk may be loaded
-    }
-    if (threadIdx.x == 0) f.arrived[grp] = 0;
-}
-
 template <int DK, int P>
 __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
-    if (a.norm.arrived) pdl_trigger();  // the product after the norm may start loading its weights, as after the norm
     using Stage = GdnStage<DK, P>;
     constexpr int R = DK / P, kCols = Stage::kCols;
     __shared__ __align__(16) Stage st[2];
@@ -439,8 +394,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_staged_kernel(GdnArgs a) {
         __syncthreads();  // stage c % 2 is read: chunk c + 2 may be copied into it
     }
     if (active && !hd.recording) store_column(S, s, a0, dv, b);  // (a recording entry's slot keeps the state before)
-    static_assert(sizeof(st) >= sizeof(float) * kGdnChunk * kGdnNormMaxDv, "the norm fold's rows in the stages");
-    if (a.norm.arrived) gdn_norm_fold(a, j, t0, n, reinterpret_cast<float *>(st));
 }
 
 // A recording forward's Gated DeltaNet inputs into each recording entry's light records (BatchMeta::rec_in): block
@@ -505,9 +458,9 @@ GdnArgs gdn_args(const BatchMeta &m, const GdnCall &g) {
     return a;
 }
 
-bool launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g, const GdnNorm *norm) {
+void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     cudaStream_t s = dev.stream();
-    if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return false;
+    if (m.n_ent <= 0 || g.n_v <= 0 || g.dv <= 0) return;
     if (g.n_k <= 0) fail(DFL_ERR_INVALID, "gdn: n_k must be positive");
     check_gdn_replay(m.n_ent, g);
     GdnArgs a = gdn_args(m, g);
@@ -535,19 +488,7 @@ bool launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g, const Gdn
     // kernel: its launch alone cost a decode step's 48 layers ~0.2 ms, H100 12-06 06:5x)
     if (parallel && m.n_record == m.n_ent && m.max_n <= kGdnParMax) {
         check_launch("gdn");
-        return false;
-    }
-    // the norm in the staged kernel where it runs every entry with outputs of one layer (rows the fold's warps take;
-    // the staging's 64 rows at most)
-    const bool fold = norm && staged && !parallel && g.layers == 1 && g.out && g.dv % 32 == 0 &&
-                      g.dv <= kGdnNormMaxDv && m.T <= kI8MmaMaxTokens;
-    if (fold) {
-        a.norm.z = norm->z;
-        a.norm.w = norm->w;
-        a.norm.z_stride = norm->z_stride;
-        a.norm.eps = norm->eps;
-        a.norm.q = norm->quant ? dev.stage_rows(g.out, m.T, (int64_t)g.n_v * g.dv) : dev.stage_quant(nullptr, 0);
-        a.norm.arrived = dev.fold_counts((int64_t)m.n_ent * g.n_v);
+        return;
     }
     if (staged) {
         // a tree's set-aside states in shared memory where they fit (DFL_CUDA_GDN_TREE_SMEM=0: the records). Why: the
@@ -566,7 +507,6 @@ bool launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g, const Gdn
         gdn_global_kernel<<<grid_glob, dim3(kGdnThreads), shm, s>>>(a);
     }
     check_launch("gdn");
-    return fold;
 }
 
 }  // namespace cuda

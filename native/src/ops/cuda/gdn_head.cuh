@@ -12,21 +12,8 @@ namespace cuda {
 
 constexpr int kGdnThreads = 128;  // threads per block: 128 / P columns (staged kernel) or 128 (global and parallel)
 
-// The output norm run by the staged kernel (launch_gdn's norm): gated_rmsnorm of GdnCall::out's rows with z, w and eps,
-// its outputs staged for the product after where q.xq is set.
-struct GdnNormFold {
-    const float *z = nullptr, *w = nullptr;
-    int64_t z_stride = 0;
-    float eps = 0.0f;
-    CudaDevice::QuantX q;
-    unsigned *arrived = nullptr;  // a count an (entry, value head); null: no fold
-};
-// The widest head the fold takes: gated_rmsnorm_kernel sums such rows on 32 threads, as a warp of the fold does.
-constexpr int kGdnNormMaxDv = 128;
-
 struct GdnArgs {
     GdnCall g;
-    GdnNormFold norm;
     int n_ent;  // blockIdx.y is entry + n_ent * layer (GdnCall::layers)
     const int32_t *t0, *n, *slot;
     float *const *rec_state;    // BatchMeta::rec_state: a tree's set-aside states

@@ -109,7 +109,8 @@ __global__ void gated_rmsnorm_kernel(float *x, const float *z, int64_t z_stride,
     const float *zr = z + (int64_t)blockIdx.y * z_stride + (int64_t)blockIdx.x * n;
     const float r = row_rms_scale(xr, n, eps, red);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float o = gated_norm_out(xr[i], r, w, i, zr[i]);
+        const float v = w ? (xr[i] * r) * w[i] : xr[i] * r;
+        const float o = v * silu_f(zr[i]);
         xr[i] = o;
         if (q.xq) quant_q8_store(q, o, row * n + i);
     }
