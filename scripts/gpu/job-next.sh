@@ -10,7 +10,8 @@
 # verify 13.89 -> 13.80 ms in one H100 run at 07:1x), alternated twice. (3) Where DeepSeek V4's batch-1 step goes inside
 # a replayed graph (issue 13, ~37 % of the bound): the 2-layer V4-Flash file (hash-routed layers only, no compressor:
 # every skip below leaves indices in range), decode b1 / b8 with each group of ops left out (DFL_CUDA_SKIP_OPS; not
-# moe_route, whose ids the routed experts read: they cannot be left out).
+# moe_route, whose ids the routed experts read: they cannot be left out). (4) The V4-Flash layer's plain products
+# (wq_a|wkv, wq_b, wo_b, the shared expert's) at 1 and 8 tokens in the kernel bench (DFL_BENCH_LAYER=deepseek4-flash).
 cd "$(dirname "$0")/../.."
 v27="- DFL_CUDA_CONV_FOLD=0 - DFL_CUDA_CONV_FOLD=0"
 steps=()
@@ -21,4 +22,6 @@ skip="DFL_CUDA_SKIP_OPS"
 ds4v="- $skip=matmul $skip=hc_pre_norm+hc_post $skip=ds4_attention+matmul_grouped $skip=norm_rope_tail+rmsnorm"
 ds4v+=" $skip=swiglu_clamp $skip=embed+gather_rows+hc_head -"
 [ -n "${LEAN:-}" ] || steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='$ds4v' ds4-decode-ab")
+# (4) the V4-Flash layer's plain products at 1 and 8 tokens in the kernel bench (kbench-*.txt: each product's rate)
+[ -n "${LEAN:-}" ] || steps+=("DFL_BENCH_LAYER=deepseek4-flash DFL_BENCH_TOKENS='1 8' KERNEL_VARIANTS=- kbench")
 exec scripts/gpu/bg.sh start "${steps[@]}"

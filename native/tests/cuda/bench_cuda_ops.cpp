@@ -83,15 +83,20 @@ void bench_attention() {
 // step, launch gaps included), median of 5. "layer" runs the four in order. GB/s counts each weight byte once per call.
 // The layer's products in `type` (qkv, o, gate+up, down), random rows uploaded and prepared as a model's are; bytes
 // their size in the file's format. qwen3-8b's, or with DFL_BENCH_LAYER=qwen35-27b the 27B qwen35's DeltaNet layer
-// (qkv|z|b|a, out, gate|up, down), whose 5120-row products at 16 tokens are the 16-row verify's gap (issue 11).
+// (qkv|z|b|a, out, gate|up, down), whose 5120-row products at 16 tokens are the 16-row verify's gap (issue 11), or with
+// DFL_BENCH_LAYER=deepseek4-flash the V4-Flash layer's plain products (wq_a|wkv, wq_b, wo_b, the shared expert's
+// gate|up and down; not the grouped wo_a nor the routed experts, which take their own ops), whose one-token rates
+// bound issue 13's step.
 struct LayerShape {
     int64_t n_out, n_in;
 };
 static const std::vector<LayerShape> &layer_shapes() {
     static const std::vector<LayerShape> qwen3_8b = {{6144, 4096}, {4096, 4096}, {24576, 4096}, {4096, 12288}};
     static const std::vector<LayerShape> qwen35_27b = {{16480, 5120}, {5120, 6144}, {34816, 5120}, {5120, 17408}};
+    static const std::vector<LayerShape> ds4_flash = {{1536, 4096}, {32768, 1024}, {4096, 8192}, {4096, 4096}, {4096, 2048}};
     const char *env = std::getenv("DFL_BENCH_LAYER");
-    return env && std::strcmp(env, "qwen35-27b") == 0 ? qwen35_27b : qwen3_8b;
+    const std::string layer = env ? env : "";
+    return layer == "qwen35-27b" ? qwen35_27b : layer == "deepseek4-flash" ? ds4_flash : qwen3_8b;
 }
 // The largest inputs and outputs of the layer's products (the bench's X and Y buffers are sized from them).
 static int64_t layer_max(bool inputs) {
