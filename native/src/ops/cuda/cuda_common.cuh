@@ -232,21 +232,6 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-// A block's arrival with group g of a fold (`blocks` blocks a group, counted in `arrived`: gemv_int8.cuh's folds),
-// after a barrier past the block's stores: true in every thread of the group's last block, whose fence then makes the
-// other blocks' stores visible to it (it clears the count for the next launch when it is done).
-__device__ __forceinline__ bool fold_group_last(unsigned *arrived, int64_t g, int blocks) {
-    __shared__ bool last;
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(arrived + g, 1u) == (unsigned)blocks - 1;
-    }
-    __syncthreads();
-    if (!last) return false;
-    __threadfence();
-    return true;
-}
-
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 

@@ -546,20 +546,16 @@ bool conv_fold_takes(const Weight &W, int64_t T, const BatchMeta &m, const ConvC
     return q8p_ahead_one(W);
 }
 
-// One token of W on gemv_q8p_ahead_kernel with FOLD (kFoldConv) and its operands, its input X quantized (or taken
-// staged, with a fold before's scale).
-template <int FOLD>
-static void launch_q8p_ahead_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const ConvFold &conv) {
+// One token of W on gemv_q8p_ahead_kernel with the conv fold, its input X quantized (or taken staged, with a fold
+// before's scale).
+void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c) {
     const QuantX qx = quantize_x(dev, X, W.n_in, 1, false, true);
     const RmsFold in = rms_fold(qx);
+    const ConvFold conv{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K};
     if (q8p_ahead_rows(W) == 1)
-        launch_q8p_ahead<1, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
+        launch_q8p_ahead<1, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
     else
-        launch_q8p_ahead<2, 8, kQ8pWarps, FOLD>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
-}
-
-void launch_conv_fold(CudaDevice &dev, const Weight &W, const float *X, float *Y, const BatchMeta &m, const ConvCall &c) {
-    launch_q8p_ahead_fold<kFoldConv>(dev, W, X, Y, ConvFold{c.w, c.conv, m.slot, c.slot_stride, c.out, c.C, c.K});
+        launch_q8p_ahead<2, 8, kQ8pWarps, kFoldConv>(dev, W, qx.xq, qx.xs, Y, in, NormFold{}, conv);
     check_launch("matmul (with the conv)");
 }
 

@@ -93,6 +93,21 @@ __device__ __forceinline__ void norm_fold_store(const NormFold &out, float v, in
     if (lane == 0) out.parts[b] = ss;
 }
 
+// A block's arrival with 32-row group g of a group fold (`blocks` blocks a group, counted in `arrived`), after a
+// barrier past the block's stores: true in every thread of the group's last block, whose fence then makes the other
+// blocks' stores visible to it (it clears the count for the next launch when it is done).
+__device__ __forceinline__ bool fold_group_last(unsigned *arrived, int64_t g, int blocks) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(arrived + g, 1u) == (unsigned)blocks - 1;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 // The group fold's end (kFoldGroup: blocks of fewer rows than 32, R rows a warp): each warp adds its R outputs to x;
 // then the block counts itself in with its group of 32 rows (a fence first, so its x rows are visible to the others),
 // and the group's last block reads the 32 rows back from L2 and quantizes x w as norm_fold_store does, then clears
