@@ -15,6 +15,8 @@
 cd "$(dirname "$0")/../.."
 v27="- DFL_CUDA_CONV_FOLD=0 - DFL_CUDA_CONV_FOLD=0"
 steps=()
+# with the peer packed (pack.sh --peer) llama.cpp builds meanwhile and step 1 ends with its figures on the same 27B file
+[ ! -f .gpu/llama-src.tar.xz ] || steps+=(peer)
 [ -n "${LEAN:-}" ] || steps+=("LEAN_GROUPS='gdn attention' DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='$v27' lean qwen3.5-27b:q8_0")
 spec="SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$'"
 steps+=("$spec SPEC_VARIANTS='- DFL_CUDA_GDN_PARALLEL=1 - DFL_CUDA_GDN_PARALLEL=1' spec-bench")
