@@ -142,8 +142,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4)"
-  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   if [ -n "$UNMEASURED" ]; then  # the opt-ins written but not yet measured: their op tests and replays too
     log "CUDA op tests with the unmeasured opt-ins ($UNMEASURED)"
     env $UNMEASURED make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-unmeasured.txt" | grep -E "FAIL|cases" | tail -20
@@ -581,7 +581,7 @@ gdn_ncu() {
   local m=qwen3.5-27b:q8_0 f v tag
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
   f=$(make_model "$m") || return 1
-  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=1}; do
+  for v in ${GDN_NCU_VARIANTS:-- DFL_CUDA_GDN_PARALLEL=0}; do
     tag=$(variant_tag "$v")
     log "ncu sections of the gdn kernels, a ${DFLASH_BENCH_VERIFY:-16}-row verify of $m: ${v/#-/defaults}"
     (cd native/engine && env $(variant_env "$v") DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f \

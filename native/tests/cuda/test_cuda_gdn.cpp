@@ -362,7 +362,7 @@ void test_gdn() {
     for (const GdnShape &s : shapes)
         run_gdn_case(s, {{5, 0, 0, false}, {1, 7, 3, true}, {11, 2, 2, false}, {20, 0, 1, true}}, r);
     // the layer's three ops in turn: batches whose entries all record (chains and trees of up to 32 tokens: the
-    // parallel form's with DFL_CUDA_GDN_PARALLEL=1, trees' by default), and batches with longer or unrecorded entries
+    // parallel form's by default, only the trees' with DFL_CUDA_GDN_PARALLEL=2), and batches with longer or unrecorded entries
     for (const GdnShape &s : shapes) {
         run_gdn_layer_case(s, {{3, 4, 1, true}}, r);
         run_gdn_layer_case(s, {{16, 0, 0, true}, {5, 7, 2, true}}, r);

@@ -470,12 +470,13 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g) {
     // the staged kernel's 16-byte copies: rows, q/k heads and v columns on 16-byte boundaries
     const bool aligned = g.C % 4 == 0 && g.dv % 4 == 0 && g.layer_in % 4 == 0 && ((uintptr_t)g.cv & 15) == 0;
     const bool staged = aligned && (g.dk == 128 || g.dk == 64);
-    // the recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged: in a batch
-    // of token trees by default, in any batch with DFL_CUDA_GDN_PARALLEL=1, never with =0. Why: against the staged
-    // kernel, a 27B tree of 23 tokens -0.2 ms (H100 12-06 06:5x) and -0.22 ms (H200 12-06 08:1x, 14.00 -> 13.78 ms),
-    // the chains of 8, 16 and 23 even or slower (H200: 10.72 / 11.73 / 13.61 -> 10.82 / 11.78 / 13.62 ms).
-    static const int64_t par_mode = env_int("DFL_CUDA_GDN_PARALLEL", -1);  // (-1: trees)
-    const bool par_on = par_mode == 1 || (par_mode == -1 && m.parent);
+    // the recording entries of up to kGdnParMax tokens in parallel form (gdn_parallel.cu), the rest staged: by default
+    // in any batch (=2: only in a batch of token trees, =0: never). Why: trees first, against the staged kernel a 27B
+    // tree of 23 tokens -0.2 ms (H100 12-06 06:5x) and -0.22 ms (H200 12-06 08:1x); the chains too since the kernel's
+    // eight warps (H100 12-07 08:0x, two runs each way: verify of 8 / 16 rows 12.43 / 13.53-13.62 -> 12.30-12.36 /
+    // 13.41-13.44 ms, the tree and decode even).
+    static const int64_t par_mode = env_int("DFL_CUDA_GDN_PARALLEL", 1);
+    const bool par_on = par_mode == 1 || (par_mode == 2 && m.parent);
     const bool parallel = par_on && staged && m.rec_in && m.n_record > 0 && m.max_n > 1 && g.layers == 1 && !g.in_rows;
     if (g.rec_inputs) {  // the staged and parallel kernels copy the recording entries' inputs they run themselves
         if (staged)

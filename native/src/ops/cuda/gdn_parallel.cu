@@ -1,11 +1,11 @@
-// The Gated DeltaNet's delta rule of recording entries in parallel form (trees by default; DFL_CUDA_GDN_PARALLEL).
+// The Gated DeltaNet's delta rule of recording entries in parallel form (by default; DFL_CUDA_GDN_PARALLEL=0: never, =2: trees only).
 #include "ops/cuda/gdn_head.cuh"
 
 namespace dfl {
 namespace cuda {
 
-// The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (launch_gdn: a batch of token
-// trees, or any with DFL_CUDA_GDN_PARALLEL=1): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
+// The delta rule of a recording entry of at most kGdnParMax tokens in parallel form (launch_gdn: any batch by default;
+// DFL_CUDA_GDN_PARALLEL=2 only a batch of token trees): a recording entry's slot keeps the state before and its records keep the inputs, so only the tokens'
 // outputs are wanted, and no token has to wait for the one before (the staged kernel runs them one after the other: a
 // 16-row verify's gdn and conv cost +0.66 ms over a decode step, a 23-node tree's +1.28, H100 12-06 05:5x). Along a
 // token's path (its ancestors, then itself; a chain's are the tokens before), with G_t = g_t + G_parent (log decays
