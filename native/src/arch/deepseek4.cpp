@@ -361,7 +361,6 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     // query: low rank, normed, per-head unweighted RMSNorm, rotated
     dev_->rmsnorm(qa, L.q_norm, qa, T, h.q_lora, h.eps);
     dev_->matmul(L.wq_b, qa, T, a.q.f());
-    dev_->prefetch(L.wo_a);  // (beside the query's rotation and the attention)
     dev_->norm_rope_tail(nullptr, h.eps, rope_call(a.q.f(), HD, (int)H, (int)hd, inv, false));
 
     const int32_t *sel = nullptr;

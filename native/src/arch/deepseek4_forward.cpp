@@ -113,14 +113,9 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
     for (int64_t i = 0; i < N; i++) dev_->copy_rows(a.X.f() + i * D, ND, a.x.f(), D, T, D);
     for (int il = 0; il < h.n_layer; il++) {
         const Ds4Layer &L = layers_[(size_t)il];
-        // the attention's first products beside the HC site's small ops, the shared expert's beside the next
-        dev_->prefetch(L.in_q.empty() ? L.wq_a : L.in_q);
-        dev_->prefetch(L.wq_b);
         hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, T);
         attention_layer(il, m, dense, es);
         hc_merge(T, SubOut{});
-        dev_->prefetch(L.sh_in.empty() ? L.sh_gate : L.sh_in);
-        dev_->prefetch(L.sh_down);
         hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, T);
         hc_merge(T, moe_layer(il, m));
     }

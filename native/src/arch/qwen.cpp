@@ -143,7 +143,6 @@ QwenModel::OutProj QwenModel::attn_layer(const Layer &L, const BatchMeta &m, int
         project_views(*dev_, L.in_proj, {{&L.wq, a.qf.f()}, {&L.wk, a.kf.f()}, {&L.wv, a.vf.f()}}, a.xn.f(), T, a.fused.f());
 
     const KVLayer kv = kv_.layer(L.kv_index);
-    dev_->prefetch(L.wo);  // (beside the attention, which leaves the memory idle)
 
     AttnPrep p;
     p.qf = qkv[0].p;
@@ -233,7 +232,6 @@ QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int6
     gc.state += L.rec_index * sf;
     gc.rec_layer = L.rec_index;
     gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
-    dev_->prefetch(L.wout);  // (beside the delta rule, which leaves the memory idle)
     dev_->gdn_gates(T, gg);
     dev_->gdn(m, gc);
 

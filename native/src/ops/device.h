@@ -720,11 +720,6 @@ public:
     virtual void side_begin() {}
     virtual void side_end() {}
     virtual void join_side() {}
-    // A hint, no effect on any result: the device may start bringing the start of W's bytes (those its products read)
-    // into its cache now, beside the ops issued after it, so that a product issued a few ops later finds them there.
-    // Issued after a product, before ops that leave the memory idle (norms, the attention, the delta rule). Not
-    // a device call of its own (a staged norm's product may still follow it). The CPU keeps this default.
-    virtual void prefetch(const Weight &) {}
     // Host memory of the device's own, of at least `bytes`, that to_host_async can copy into (null: the device has
     // none, use to_host). Valid until a call asks for more; growing it moves scratch_epoch (a graph may copy into it).
     virtual void *host_landing(size_t) { return nullptr; }

@@ -92,7 +92,6 @@ public:
     void side_begin() override;
     void side_end() override;
     void join_side() override;
-    void prefetch(const Weight &W) override;
     void *host_landing(size_t bytes) override;
     void to_host_async(void *dst, const void *src, size_t bytes) override;
 
@@ -184,7 +183,6 @@ private:
     template <class Launch>
     void product(const Weight &W, int64_t T, Launch launch);
     void use();  // makes this device current for the calling thread; counts device calls (calls_)
-    void make_current();  // use() without counting a call
     void staged_done();  // after the op that staged: only the next call may take it
     // Runs one op's launches on this device, timed under `name` when profiling.
     template <class F>
@@ -248,13 +246,6 @@ private:
     bool side_pending_ = false;  // the side lane has ops the main lane has not joined
     Lane other_;
     cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
-    // prefetch's lane (DFL_CUDA_PREFETCH_MB > 0): a stream of L2 prefetches forked from the main lane after the op
-    // issued before each, joined only where a capture ends or the host waits (join_prefetch)
-    void join_prefetch();
-    int64_t prefetch_bytes_ = 0;  // most bytes of a weight prefetch brings (0: off)
-    cudaStream_t pf_stream_ = nullptr;
-    cudaEvent_t pf_fork_ev_ = nullptr, pf_join_ev_ = nullptr;
-    bool pf_pending_ = false;  // prefetches the main lane has not joined
     int sm_count_ = 1;
     size_t shared_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
@@ -296,7 +287,6 @@ void launch_gated_rmsnorm(cudaStream_t s, float *x, const float *z, int64_t z_st
 // The threads of a row norm's block for rows of n (norm.cu): about four elements a thread, up to 1024.
 int norm_threads(int64_t n);
 void launch_add(cudaStream_t s, float *x, const float *d, int64_t count);
-void launch_prefetch_l2(cudaStream_t s, const uint8_t *p, uint64_t bytes);
 void launch_swiglu(cudaStream_t s, float *g, const float *u, int64_t count, const CudaDevice::QuantX &q = {});
 void launch_swiglu_rows(cudaStream_t s, float *out, const float *g, const float *u, int64_t rows, int64_t n,
                         int64_t stride, const CudaDevice::QuantX &q = {});

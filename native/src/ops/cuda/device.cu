@@ -78,12 +78,6 @@ CudaDevice::CudaDevice(int index) : index_(index) {
         check(cudaEventCreateWithFlags(&fork_ev_, cudaEventDisableTiming), "cudaEventCreate");
         check(cudaEventCreateWithFlags(&join_ev_, cudaEventDisableTiming), "cudaEventCreate");
     }
-    prefetch_bytes_ = std::max<int64_t>(0, env_int("DFL_CUDA_PREFETCH_MB", 0)) << 20;
-    if (prefetch_bytes_ > 0) {
-        check(cudaStreamCreateWithFlags(&pf_stream_, cudaStreamNonBlocking), "cuda stream create");
-        check(cudaEventCreateWithFlags(&pf_fork_ev_, cudaEventDisableTiming), "cudaEventCreate");
-        check(cudaEventCreateWithFlags(&pf_join_ev_, cudaEventDisableTiming), "cudaEventCreate");
-    }
 }
 
 CudaDevice::~CudaDevice() {
@@ -91,7 +85,6 @@ CudaDevice::~CudaDevice() {
     if (on_side_) swap_lanes();
     if (stream_) cudaStreamSynchronize(stream_);
     if (other_.stream) cudaStreamSynchronize(other_.stream);
-    if (pf_stream_) cudaStreamSynchronize(pf_stream_);
     if (profiling_) {
         settle_profile();
         print_profile();
@@ -109,8 +102,7 @@ CudaDevice::~CudaDevice() {
     if (stream_) cudaStreamDestroy(stream_);
     if (other_.blas) cublasDestroy(other_.blas);
     if (other_.stream) cudaStreamDestroy(other_.stream);
-    if (pf_stream_) cudaStreamDestroy(pf_stream_);
-    for (cudaEvent_t e : {fork_ev_, join_ev_, pf_fork_ev_, pf_join_ev_})
+    for (cudaEvent_t e : {fork_ev_, join_ev_})
         if (e) cudaEventDestroy(e);
 }
 
@@ -141,10 +133,6 @@ void CudaDevice::use() {
         fail(DFL_ERR_INTERNAL, "a device call came between a folded norm and the product of its output");
     }
     ++calls_;
-    make_current();
-}
-
-void CudaDevice::make_current() {
     if (t_current_device == index_) return;
     check(cudaSetDevice(index_), "cudaSetDevice");
     t_current_device = index_;
@@ -271,7 +259,6 @@ void CudaDevice::zero(void *dst, size_t bytes) {
 void CudaDevice::sync() {
     use();
     join_side();
-    join_prefetch();
     check(cudaStreamSynchronize(stream_), "sync");
     staging_used_ = 0;
     if (profiling_) settle_profile();
@@ -285,7 +272,6 @@ void CudaDevice::topk(const float *logits, int64_t rows, int64_t n, int k, int32
 
 void CudaDevice::graph_begin() {
     use();
-    join_prefetch();  // (a capture may not wait on work issued before it)
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     capturing_ = true;
 }
@@ -293,7 +279,6 @@ void CudaDevice::graph_begin() {
 uintptr_t CudaDevice::graph_end() {
     use();
     join_side();  // (a capture ends with its forked lanes joined)
-    join_prefetch();
     capturing_ = false;
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(stream_, &g) != cudaSuccess || !g) {

@@ -53,28 +53,6 @@ void CudaDevice::join_side() {
     side_pending_ = false;
 }
 
-// The weight's first prefetch_bytes_ (DFL_CUDA_PREFETCH_MB) on prefetch's lane, after every op issued so far: the
-// bytes a product reads (the repacked copy where there is one). Why: a batch-1 step leaves the memory idle in the
-// ops between products (a DeepSeek V4 layer's ~25 small kernels, a Qwen layer's delta rule or attention), while each
-// product reads its weight from DRAM alone; a weight already in L2 is read at L2 speed.
-void CudaDevice::prefetch(const Weight &W) {
-    if (prefetch_bytes_ <= 0 || W.empty() || on_side_ || skip_op("prefetch")) return;
-    make_current();  // (not a device call: a staged norm's product may follow)
-    const uint8_t *p = W.packed ? W.packed : W.data;
-    const uint64_t bytes = std::min<uint64_t>((uint64_t)prefetch_bytes_, (uint64_t)W.n_out * W.row_bytes);
-    check(cudaEventRecord(pf_fork_ev_, stream_), "prefetch");
-    check(cudaStreamWaitEvent(pf_stream_, pf_fork_ev_, 0), "prefetch");
-    launch_prefetch_l2(pf_stream_, p, bytes);
-    pf_pending_ = true;
-}
-
-void CudaDevice::join_prefetch() {
-    if (!pf_pending_) return;
-    check(cudaEventRecord(pf_join_ev_, pf_stream_), "join_prefetch");
-    check(cudaStreamWaitEvent(stream_, pf_join_ev_, 0), "join_prefetch");
-    pf_pending_ = false;
-}
-
 // --- grow buffers ------------------------------------------------------------------------------------------------
 
 void *CudaDevice::grow(GrowBuf &b, size_t bytes, const char *what) {

@@ -17,33 +17,6 @@ __global__ void add_kernel(float *x, const float *d, int64_t n) {
         x[i] += d[i];
 }
 
-// Brings bytes [p, p + n) into L2 (a hint: nothing reaches the SM): a bulk prefetch of up to 64 KB a thread where the
-// toolkit and the GPU have them (CUDA 12, sm_90), else a prefetch a 128-byte line.
-constexpr uint64_t kPrefetchChunk = 64u << 10;
-
-__global__ void prefetch_l2_kernel(const uint8_t *p, uint64_t n) {
-    const uint64_t stride = (uint64_t)gridDim.x * blockDim.x * kPrefetchChunk;
-    for (uint64_t off = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) * kPrefetchChunk; off < n; off += stride) {
-        const uint32_t len = (uint32_t)min(kPrefetchChunk, n - off);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
-#else
-        for (uint32_t i = 0; i < len; i += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off + i));
-#endif
-    }
-}
-
-void launch_prefetch_l2(cudaStream_t s, const uint8_t *p, uint64_t bytes) {
-    // the bulk form's 16-byte alignment of address and size
-    const uint8_t *a = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)15);
-    const uint64_t n = (bytes + (uint64_t)(p - a)) & ~(uint64_t)15;
-    if (n == 0) return;
-    const uint64_t chunks = (n + kPrefetchChunk - 1) / kPrefetchChunk;
-    const unsigned threads = 64, blocks = (unsigned)std::min<uint64_t>(16, (chunks + threads - 1) / threads);
-    prefetch_l2_kernel<<<blocks, threads, 0, s>>>(a, n);
-    check_launch("prefetch");
-}
-
 // With q.xq set (CudaDevice::stage_quant, n a multiple of 32) the products are also quantized for the product that
 // follows: a warp's lanes hold consecutive elements, one block of 32.
 __global__ void swiglu_kernel(float *g, const float *u, int64_t n, CudaDevice::QuantX q) {
