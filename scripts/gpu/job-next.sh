@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The next job of docs/perf/cuda-notes.md (its latest "Next" section), as one bg.sh job: run on the GPU machine after
-# scripts/gpu/pack.sh (carry .gpu; --peer on an H200, then "peer" goes first for same-job llama.cpp figures); poll with
-# scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s idle). Say which card gave each figure.
-# Written 12-07 08:3x (~7 device minutes): the L2 prefetch lane (DFL_CUDA_PREFETCH_MB, opt-in: each plan prefetches
-# the weight of the product after its idle stretch, the Qwen layer's out projection beside the delta rule or the
-# attention, DeepSeek V4's wq_a|wkv and wq_b beside the HC site, wo_a beside the attention, the shared expert beside
-# the FFN's HC site and routing). (1) The device replays with it (graphs capture the forked prefetches), the 27B tg b1
-# alternated with 24 and 48 MB; (2) the 27B verify blocks alternated with 24 MB; (3) DeepSeek V4's 2-layer step, b1 / b8,
-# with 16 and 32 MB.
+# scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures: on an H200,
+# the card issues 10 and 11 name); poll with scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s
+# idle). Say which card gave each figure.
+# Written 12-07 08:3x (~7 device minutes; ~9 with the peer). (1) The 27B tg b1 with the defaults (and llama.cpp on the
+# same file with PEER=1: issue 10's same-job ratio); (2) the 27B verify blocks (8, 16, tree of 23; issue 11's ratios,
+# the chains in parallel form by default since 2a1ec70); (3) where DeepSeek V4's batch-1 step goes inside a replayed
+# graph, each op alone (08:0x left out groups: the dense products 0.288 ms of a 2-layer step's 0.664, the attention
+# with the grouped product 0.089, the norms 0.052; hc_post and swiglu_clamp ~0 at b1): hc_pre, the routed experts
+# (moe_experts, new), the quantizers (quantize_x, mma_acts), the attention and the grouped product apart, rmsnorm and
+# norm_rope_tail apart.
 cd "$(dirname "$0")/../.."
-p=DFL_CUDA_PREFETCH_MB
 steps=()
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
-steps+=("LEAN_GROUPS=none TRY=$p=24 DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- $p=24 $p=48 - $p=24 $p=48' lean qwen3.5-27b:q8_0")
-spec="SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$'"
-steps+=("$spec SPEC_VARIANTS='- $p=24 - $p=24' spec-bench")
-steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='- $p=32 $p=16 - $p=32 $p=16' ds4-decode-ab")
+steps+=("LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- -' lean qwen3.5-27b:q8_0")
+steps+=("SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- -' spec-bench")
+skip="DFL_CUDA_SKIP_OPS"
+ds4v="- $skip=hc_pre $skip=moe_experts $skip=quantize_x $skip=mma_acts $skip=ds4_attention $skip=matmul_grouped"
+ds4v+=" $skip=rmsnorm $skip=norm_rope_tail $skip=hc_pre+moe_experts -"
+steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='$ds4v' ds4-decode-ab")
 exec scripts/gpu/bg.sh start "${steps[@]}"
