@@ -670,6 +670,13 @@ public:
         hc_pre(c);
         rmsnorm(c.x, w, y, c.T, c.D, eps);
     }
+    // A whole HC site with its norm folded (c.norm): the mixing product fn · X of the raw streams into mix (c.mix is
+    // set to it), then hc_pre_norm. A device may do it in one pass (mix then unwritten). The default runs the ops.
+    virtual void hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
+        matmul(fn, c.X, c.T, mix);
+        c.mix = mix;
+        hc_pre_norm(c, w, eps, y);
+    }
     virtual void hc_head(const HcHeadCall &) { ds4_missing("hc_head"); }
     virtual void rope_tail(const RopeTailCall &) { ds4_missing("rope_tail"); }
     // Each head row of r (r.rows x r.n_head rows of r.head_dim at r.x; rows r.row_stride = n_head * head_dim apart)

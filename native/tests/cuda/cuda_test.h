@@ -45,6 +45,7 @@ inline dfl::Device *dev(bool gpu) { return gpu ? g_gpu : g_cpu; }
 // The hyper-connection groups of test_cuda_ds4 (test_cuda_ds4_hc.cpp).
 void test_hc();
 void test_hc_pre_norm();
+void test_hc_site();
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();

@@ -470,8 +470,8 @@ void test_moe() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    using dfltest::test_hc, dfltest::test_hc_pre_norm;
-    const dfltest::Group groups[] = {{"hc", test_hc},           {"hc_pre_norm", test_hc_pre_norm},
+    using dfltest::test_hc, dfltest::test_hc_pre_norm, dfltest::test_hc_site;
+    const dfltest::Group groups[] = {{"hc", test_hc},           {"hc_pre_norm", test_hc_pre_norm}, {"hc_site", test_hc_site},
                                      {"rope", test_rope},           {"compress", test_compress},
                                      {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe},
                                      {"grouped", test_grouped}};

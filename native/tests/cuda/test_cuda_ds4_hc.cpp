@@ -1,6 +1,6 @@
-// The hyper-connection ops of the CUDA device against the CPU device (test_cuda_ds4's groups hc and hc_pre_norm):
-// hc_pre, hc_post and hc_head on random streams, the folded norm, and hc_pre_norm bit for bit against the GPU's own
-// two ops. Bounds as in test_cuda_ds4.cpp.
+// The hyper-connection ops of the CUDA device against the CPU device (test_cuda_ds4's groups hc, hc_pre_norm and
+// hc_site): hc_pre, hc_post and hc_head on random streams, the folded norm, hc_pre_norm bit for bit against the GPU's
+// own two ops, and a whole site (the mixing product, hc_pre and the norm; one kernel with DFL_CUDA_HC_SITE=1). Bounds as in test_cuda_ds4.cpp.
 #include <string>
 #include <vector>
 
@@ -155,6 +155,41 @@ void test_hc_pre_norm() {
                 same_bits("hc_pre_norm's product = rmsnorm's (GPU)" + n, p1.read(true), p2.read(true));
             }
         }
+}
+
+// A whole HC site with its norm folded (Device::hc_site: the raw streams' mixing product, hc_pre and the sub-block's
+// RMSNorm; on the GPU one cluster kernel a token with DFL_CUDA_HC_SITE=1) against the CPU's ops, f16 and f32 mixing
+// matrices; and the q8_0 product after it, which takes the staged int8 rows, bit for bit against the same product of
+// the y the site wrote, quantized by the product itself. The mixing scales are small (0.05) so that Sinkhorn's
+// exponents do not magnify the products' last-bit differences (their sums run in another order on the GPU).
+void test_hc_site() {
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
+        for (int64_t T : {1, 3, 9})
+            for (int64_t D : {1024, 4096}) {
+                Rng r((uint64_t)(T * 13 + D + type));
+                const int N = 4, M = (2 + N) * N;
+                dfltest::DualWeight fn(type, M, N * D, r);
+                Dual base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 0.05f)), X(rand_vec(r, (size_t)(T * N * D), 3.0f));
+                Dual w(rand_vec(r, (size_t)D, 1.5f)), mix((size_t)(T * M) * 4);
+                Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
+                Dual p1((size_t)(T * 64) * 4), p2((size_t)(T * 64) * 4);
+                dfltest::DualWeight W(DFL_TYPE_Q8_0, 64, D, r);
+                g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
+                for (bool g : {false, true}) {
+                    HcPreCall c = hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb);
+                    c.norm = true;
+                    c.norm_eps = 1e-6f;
+                    dev(g)->hc_site(g ? fn.wg : fn.wc, c, mix.p(g), w.p(g), 1e-6f, y.p(g));
+                    dev(g)->matmul(g ? W.wg : W.wc, y.p(g), T, p1.p(g));
+                }
+                g_gpu->matmul(W.wg, y.gp(), T, p2.gp());
+                const std::string sh = std::string(" ") + tname(type) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                compare("hc_site x" + sh, x, 1e-4);
+                compare("hc_site post" + sh, post, 1e-4);
+                compare("hc_site comb" + sh, comb, 1e-4);
+                compare("hc_site y" + sh, y, 1e-4);
+                same_bits("hc_site's product = the product of its y (GPU)" + sh, p1.read(true), p2.read(true));
+            }
 }
 
 }  // namespace dfltest

@@ -3,6 +3,8 @@
 // the indexer in ds4_compress.cu, the MoE in ds4_moe.cu. Every kernel computes what ops/cpu/ds4_ops.cpp computes, in f32, mostly
 // in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
 // arithmetic rounds as the CPU's (-ffp-contract=off) does.
+#include <cooperative_groups.h>
+
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
@@ -149,6 +151,96 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
     store_normed_regs<kHcNormRegs>(v, ss, D, eps, w != nullptr, [&](int, int d) { return __ldg(w + d); }, y + t * D, q, red);
 }
 
+// A whole HC site of one token in one cluster of kHcSiteBlocks blocks (Device::hc_site, the norm folded; N = 4 streams,
+// D / kHcSiteBlocks threads a block). Why: the site was three launches on one token's 64 KB (the f16 mixing product,
+// hc_pre, rmsnorm: ~26 us of a V4 layer's ~232 at batch 1, twice a layer, H100 12-07 08:2x), each a few dependent
+// round trips on few blocks. Block b multiplies its N * D / kHcSiteBlocks stream values (4 consecutive a thread, the
+// float4 load of the stream and one 4-wide load of each fn row) into the (2 + N) N partial sums of the mixing product
+// and the sum of their squares; the cluster adds the blocks' partials in rank order (every block alike, so all hold the
+// same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does); block b then mixes channels
+// [b D / kHcSiteBlocks, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged quantization for
+// the product after it. mix is not written. The sums' order differs from the ops apart (last bits of the product).
+constexpr int kHcSiteBlocks = 8;
+constexpr int kHcSiteN = 4;
+
+template <typename WT>
+__device__ __forceinline__ float4 hc_site_w4(const uint8_t *row, int64_t col) {
+    if constexpr (sizeof(WT) == 2) {
+        const uint2 u = *(const uint2 *)(row + col * 2);
+        const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+        return make_float4(a.x, a.y, b.x, b.y);
+    } else {
+        return *(const float4 *)(row + col * 4);
+    }
+}
+
+template <typename WT>
+__global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
+                                                       const float *w, float eps, float *y, CudaDevice::QuantX q) {
+    namespace cg = cooperative_groups;
+    constexpr int N = kHcSiteN, M = (2 + N) * N;
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain)
+    __shared__ float part[M + 1], part2[1], tot[M + 1], pre[N];
+    __shared__ float red[32][M + 1];
+    cg::cluster_group cl = cg::this_cluster();
+    const int rank = (int)cl.block_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t t = blockIdx.y, D = c.D, ND = N * D;
+    const float *X = c.X + t * ND;
+    // the mixing product's partial sums over this block's columns, and their squares
+    const int64_t col = (int64_t)rank * N * blockDim.x + 4 * (int64_t)threadIdx.x;
+    const float4 xv = *(const float4 *)(X + col);
+    float acc[M + 1];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 wv = hc_site_w4<WT>(fn + (uint64_t)m * fn_row_bytes, col);
+        acc[m] = wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+    }
+    acc[M] = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+#pragma unroll
+    for (int m = 0; m <= M; m++) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) red[warp][m] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
+        part[threadIdx.x] = s;
+    }
+    cl.sync();  // every block's partials written
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int b = 0; b < kHcSiteBlocks; b++) s += cl.map_shared_rank(part, b)[threadIdx.x];
+        tot[threadIdx.x] = s;
+    }
+    __syncthreads();
+    const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
+    hc_pre_weights(c, t, tot, r, rank == 0, pre);  // (its barrier orders pre)
+    // x over this block's channels, then y = rmsnorm(x) w
+    const int64_t d = (int64_t)rank * blockDim.x + threadIdx.x;
+    float s = 0.0f;
+    for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
+    c.x[t * D + d] = s;
+    const float ss = block_sum(__fmaf_rn(s, s, 0.0f), &red[0][0]);
+    if (threadIdx.x == 0) part2[0] = ss;
+    cl.sync();
+    float ss_all = 0.0f;
+    for (int b = 0; b < kHcSiteBlocks; b++) ss_all += cl.map_shared_rank(part2, b)[0];
+    const float rn = rsqrtf(ss_all / (float)D + eps);
+    const float v = w ? (s * rn) * w[d] : s * rn;
+    y[t * D + d] = v;
+    if (q.xq) {
+        CudaDevice::QuantX qt = q;  // row t of the staging (row_quant's offsets for a token a cluster)
+        qt.xq += t * D;
+        qt.xs += t * (D / 32);
+        if (qt.xsum) qt.xsum += t * (D / 32);
+        qt.tok = (int32_t)t;
+        quant_q8_store(qt, v, d);
+    }
+    cl.sync();  // no block leaves while another reads its shared memory
+}
+
 // The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as
 // moe_combine_kernel adds them (HcPostCall::pairs), + F2.
 __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
@@ -278,6 +370,41 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
         if (c.T <= 0) return;
         launch_chain(hc_pre_norm_kernel, dim3((unsigned)c.T), dim3(threads), 0, stream_, c, w, eps, y, q);
         check_launch("hc_pre_norm");
+    });
+    staged_done();
+}
+
+// The HC site in one cluster a token (DFL_CUDA_HC_SITE=1, opt-in, unmeasured; hc_site_kernel), where its shape
+// allows: the norm folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a
+// multiple of 32 up to 512; else the three ops.
+void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
+    static const bool on = env_switch("DFL_CUDA_HC_SITE", false);
+    const int64_t threads = c.D / kHcSiteBlocks, M = (2 + kHcSiteN) * kHcSiteN;
+    const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
+                       fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
+                       ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
+    if (!on || !shape || c.T <= 0 || c.T > 65535) return Device::hc_site(fn, c, mix, w, eps, y);
+    check_hc_pre(c);
+    op("hc_site", [&] {
+        const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(kHcSiteBlocks, (unsigned)c.T);
+        cfg.blockDim = dim3((unsigned)threads);
+        cfg.stream = stream_;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = kHcSiteBlocks;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = pdl_on() && pdl_chain_on() ? 2 : 1;
+        if (fn.type == DFL_TYPE_F16)
+            cudaLaunchKernelEx(&cfg, hc_site_kernel<uint16_t>, c, fn.data, fn.row_bytes, w, eps, y, q);
+        else
+            cudaLaunchKernelEx(&cfg, hc_site_kernel<float>, c, fn.data, fn.row_bytes, w, eps, y, q);
+        check_launch("hc_site");
     });
     staged_done();
 }
