@@ -383,7 +383,9 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
                        ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
-    if (!on || !shape || c.T <= 0 || c.T > 65535) return Device::hc_site(fn, c, mix, w, eps, y);
+    int major = 0;  // (thread-block clusters: sm_90 on)
+    if (on) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index());
+    if (!on || !shape || major < 9 || c.T <= 0 || c.T > 65535) return Device::hc_site(fn, c, mix, w, eps, y);
     check_hc_pre(c);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
