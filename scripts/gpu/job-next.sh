@@ -13,14 +13,16 @@
 # (DFL_CUDA_DS4_ATTN_SMEM=0, split still) and without splits (DFL_CUDA_DS4_ATTN_SPLIT=0), alternated. Before (3)
 # and (4): the whole HC site in one cluster kernel a token (DFL_CUDA_HC_SITE=1, written without a GPU: its op tests,
 # the deepseek4 replay and goldens with it, then decode alternated; the site's three launches were ~26 us of a
-# ~232 us layer, twice a layer).
+# ~232 us layer, twice a layer) and the attention's key tiles by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=1: one round trip a
+# tile where the register copy takes eight), together; (4) then alternates each apart.
 cd "$(dirname "$0")/../.."
 steps=()
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
 steps+=("LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- -' lean qwen3.5-27b:q8_0")
 steps+=("SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- -' spec-bench")
-steps+=("TRY=DFL_CUDA_HC_SITE=1 DS4_LAYERS=2 NO_PROFILE=1 ds4-try")
+steps+=("TRY=DFL_CUDA_HC_SITE=1,DFL_CUDA_DS4_ATTN_ASYNC=1 DS4_LAYERS=2 NO_PROFILE=1 ds4-try")
 steps+=("NO_CPU_PEER=1 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_CONTEXT=16 NCU_SKIP=1500 NCU_COUNT=400 step-ncu ds4-L2:q8_0")
 a=DFL_CUDA_DS4_ATTN
-steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='- ${a}_SMEM=0 ${a}_SPLIT=0 - ${a}_SMEM=0 ${a}_SPLIT=0' ds4-decode-ab")
+ab="- DFL_CUDA_HC_SITE=1 ${a}_ASYNC=1 ${a}_SMEM=0 ${a}_SPLIT=0"
+steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_VARIANTS='$ab' ds4-decode-ab")
 exec scripts/gpu/bg.sh start "${steps[@]}"

@@ -78,9 +78,11 @@ __device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const Cuda
 // SPLIT: block (t, h, s) of gridDim.z runs the s-th of gridDim.z equal runs of the key tiles, the sink only in the
 // first, and leaves its running max, denominator and unnormalised sums in parts [t][h][s][2 + head_dim]
 // (ds4_attention_combine_kernel finishes): a decode step's 64 (token, head) blocks are half of the SMs.
+// ASYNC (SMEM only; rows on 16-byte boundaries): the tile's rows copied by cp.async, every 16-byte piece of the tile
+// in flight at once, where the register copy has four rows in flight a thread (eight round trips a tile of 32).
 template <bool FOLD, bool SMEM, bool SPLIT>
 __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq,
-                                                                      float *parts) {
+                                                                      float *parts, bool async) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float q_sh[];  // [head_dim], then with SMEM the tile's rows [kAttnTile][head_dim]
@@ -112,7 +114,20 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
         if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
         __syncthreads();  // also orders q_sh's fill before the first use
         float *kt = q_sh + hd;
-        if (SMEM) {
+        if (SMEM && async) {
+            const int pieces = hd / 4;  // 16-byte pieces a row
+            for (int i = threadIdx.x; i < tile * pieces; i += blockDim.x) {
+                const int j = i / pieces, p4 = 4 * (i % pieces);
+                const float *k = k_sh[j];
+                if (k)
+                    cp_async16(kt + j * hd + p4, k + p4);
+                else
+                    *(float4 *)(kt + j * hd + p4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else if (SMEM) {
             // a thread's dims of four rows at a time in registers, then stored: 16 loads in flight a thread
 #pragma unroll 4
             for (int j = 0; j < tile; j++) {
@@ -251,6 +266,11 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
     const bool smem = (smem_env < 0 ? S > 1 : smem_env == 1) &&
                       (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
+    // the tiles' rows by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=1, opt-in, unmeasured; the same floats in the same order):
+    // where shared, the register copy's eight round trips a 32-row tile (four rows in flight a thread) become one.
+    static const bool async_env = env_switch("DFL_CUDA_DS4_ATTN_ASYNC", false);
+    const bool async = async_env && smem && c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
+                       (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;
     op("ds4_attention", [&] {
         const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
         if (m.T <= 0 || c.n_head <= 0) return;
@@ -263,7 +283,7 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
             if (shared > 48 * 1024)
                 allow_shared(kernel, std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
                              index(), "ds4_attention");
-            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts);
+            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts, async);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
         if (S > 1) {
