@@ -3,7 +3,7 @@
 # scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures: on an H200,
 # the card issues 10 and 11 name); poll with scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s
 # idle). Say which card gave each figure.
-# Written 12-07 09:1x (~12 device minutes; ~14 with the peer). (1) The 27B tg b1 with the defaults (and llama.cpp on
+# Written 12-07 08:4x (~12 device minutes; ~14 with the peer). (1) The 27B tg b1 with the defaults (and llama.cpp on
 # the same file with PEER=1: issue 10's same-job ratio); (2) the 27B verify blocks (8, 16, tree of 23; issue 11's
 # ratios, the chains in parallel form by default since 2a1ec70); (3) Nsight Compute's time of each kernel of DeepSeek
 # V4's batch-1 step (2-layer file, graphs off, each kernel alone): the 08:2x skip-ops put a layer's attention at ~28 us

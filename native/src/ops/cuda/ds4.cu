@@ -4,6 +4,7 @@
 // in the same order of operations; these files are built without FMA contraction (cuda.mk) so that element-wise
 // arithmetic rounds as the CPU's (-ffp-contract=off) does.
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -163,37 +164,49 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
 constexpr int kHcSiteBlocks = 8;
 constexpr int kHcSiteN = 4;
 
+// Four consecutive mixing weights of a row (col a multiple of 4), as loaded (WT's raw bits: before pdl_wait, from the
+// constant weights), and as floats.
 template <typename WT>
-__device__ __forceinline__ float4 hc_site_w4(const uint8_t *row, int64_t col) {
-    if constexpr (sizeof(WT) == 2) {
-        const uint2 u = *(const uint2 *)(row + col * 2);
-        const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
-        return make_float4(a.x, a.y, b.x, b.y);
-    } else {
-        return *(const float4 *)(row + col * 4);
+struct HcSiteW4 {
+    using Raw = typename std::conditional<sizeof(WT) == 2, uint2, float4>::type;
+    static __device__ __forceinline__ Raw load(const uint8_t *row, int64_t col) {
+        return __ldg((const Raw *)(row + col * (int64_t)sizeof(WT)));
     }
-}
+    static __device__ __forceinline__ float4 get(const Raw &u) {
+        if constexpr (sizeof(WT) == 2) {
+            const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+            return make_float4(a.x, a.y, b.x, b.y);
+        } else {
+            return u;
+        }
+    }
+};
 
 template <typename WT>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q) {
     namespace cg = cooperative_groups;
     constexpr int N = kHcSiteN, M = (2 + N) * N;
-    pdl_trigger();  // a following launch_pdl product may start loading its weights
-    pdl_wait();     // (launch_chain)
+    using W4 = HcSiteW4<WT>;
     __shared__ float part[M + 1], part2[1], tot[M + 1], pre[N];
     __shared__ float red[32][M + 1];
     cg::cluster_group cl = cg::this_cluster();
     const int rank = (int)cl.block_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t t = blockIdx.y, D = c.D, ND = N * D;
+    // this thread's 4 columns of each mixing row, loaded while the kernel before ends (the weights are constant)
+    const int64_t col = (int64_t)rank * N * blockDim.x + 4 * (int64_t)threadIdx.x;
+    typename W4::Raw wr[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
+    pdl_trigger();  // a following launch_pdl product may start loading its weights
+    pdl_wait();     // (launch_chain) everything below reads what the kernel before wrote
     const float *X = c.X + t * ND;
     // the mixing product's partial sums over this block's columns, and their squares
-    const int64_t col = (int64_t)rank * N * blockDim.x + 4 * (int64_t)threadIdx.x;
     const float4 xv = *(const float4 *)(X + col);
     float acc[M + 1];
 #pragma unroll
     for (int m = 0; m < M; m++) {
-        const float4 wv = hc_site_w4<WT>(fn + (uint64_t)m * fn_row_bytes, col);
+        const float4 wv = W4::get(wr[m]);
         acc[m] = wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
     }
     acc[M] = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
