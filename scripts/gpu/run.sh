@@ -795,7 +795,7 @@ case $mode in
         if [ "${LEAN_GROUPS:-}" != none ]; then                 # LEAN_GROUPS=none: no op tests (a call's last minutes)
           build_kernel_tests || exit 1; op_tests "${TRY:--}" ${LEAN_GROUPS:-matmul attention}
         fi
-        FLAG_REPLAY="${TRY:-}" flag_replay
+        FLAG_REPLAY="${FLAG_REPLAY-${TRY:-}}" flag_replay  # (FLAG_REPLAY given: those)
         wait "${premake_pids[@]}"; VARIANTS=${QUICK_VARIANTS:--} NO_PROFILE=1 variants "$@" ;;
   slim) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # a short call: the product op tests with OPTINS and TRY,
         premake "$@"; build_cuda; build_kernel_tests || exit 1  # then BenchmarkGGUF of each (SLIM_VARIANTS)
