@@ -215,10 +215,13 @@ void test_indexer() {
 // ---- attention and ring ----
 
 // with_fold: the call's unrotate and ring_write set (ring_write where every entry runs one token, as the plan does;
-// the kernel folds them in unless DFL_CUDA_DS4_ATTN_FOLD=0), else the two ops after it.
-void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false) {
+// the kernel folds them in unless DFL_CUDA_DS4_ATTN_FOLD=0), else the two ops after it. pad: floats after each slot's
+// ring (7: rows off 16-byte boundaries, the register copy of the key tiles; 8: on them, where the tiles may be copied
+// by cp.async, DFL_CUDA_DS4_ATTN_ASYNC=1).
+void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false,
+                   int pad = 7) {
     const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;
-    const int64_t stride = (int64_t)window * hd + 7, pool = (int64_t)b.n_blocks * rpb;
+    const int64_t stride = (int64_t)window * hd + pad, pool = (int64_t)b.n_blocks * rpb;
     std::vector<int32_t> sel;
     for (int64_t t = 0; t < b.T; t++) {  // a valid selection: distinct visible rows ascending, padded with -1
         const int e = b.ent[(size_t)t];
@@ -281,7 +284,8 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
     }
     const std::string name = "h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " win=" + std::to_string(window) +
                              " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") +
-                             (with_fold ? (one_each ? "unrotate+ring " : "unrotate ") : "") + b.str();
+                             (with_fold ? (one_each ? "unrotate+ring " : "unrotate ") : "") + "pad=" + std::to_string(pad) + " " +
+                             b.str();
     compare("ds4_attention " + name, out, 1e-5);
     compare("ds4_ring_write " + name, ring, 0.0);
 }
@@ -293,7 +297,11 @@ void test_attention() {
         run_attention(4, 64, 16, 4, true, Batch(shape, 16, r), r);
         run_attention(3, 96, 8, 8, false, Batch(shape, 16, r), r);
         run_attention(4, 64, 8, 4, true, Batch(shape, 16, r), r, true);
+        run_attention(4, 64, 16, 4, true, Batch(shape, 16, r), r, true, 8);
+        run_attention(4, 64, 8, 0, false, Batch(shape, 16, r), r, false, 8);
     }
+    run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}}, 64, r), r, true, 8);
+    run_attention(64, 512, 128, 0, false, Batch({{1, 40, 0}}, 64, r), r, true, 8);  // a V4 decode step's window
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}}, 64, r), r, true);
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {2, 50, 2}}, 64, r), r);
     run_attention(64, 512, 128, 128, false, Batch({{1, 1000, 1}, {20, 300, 0}}, 64, r), r);

@@ -1,6 +1,7 @@
 // The hyper-connection ops of the CUDA device against the CPU device (test_cuda_ds4's groups hc, hc_pre_norm and
 // hc_site): hc_pre, hc_post and hc_head on random streams, the folded norm, hc_pre_norm bit for bit against the GPU's
 // own two ops, and a whole site (the mixing product, hc_pre and the norm; one kernel with DFL_CUDA_HC_SITE=1). Bounds as in test_cuda_ds4.cpp.
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,8 @@ void test_hc_pre_norm() {
 // the y the site wrote, quantized by the product itself. The mixing scales are small (0.05) so that Sinkhorn's
 // exponents do not magnify the products' last-bit differences (their sums run in another order on the GPU).
 void test_hc_site() {
+    const char *env = std::getenv("DFL_CUDA_HC_SITE");
+    const bool fused = env && std::string(env) == "1";
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
         for (int64_t T : {1, 3, 9})
             for (int64_t D : {1024, 4096}) {
@@ -184,6 +187,10 @@ void test_hc_site() {
                 }
                 g_gpu->matmul(W.wg, y.gp(), T, p2.gp());
                 const std::string sh = std::string(" ") + tname(type) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                if (fused) {  // the cluster kernel ran (it never writes mix: the buffer keeps its poison), not the ops
+                    const std::vector<uint32_t> m = mix.read<uint32_t>(true);
+                    same_bits("hc_site's cluster kernel ran (mix untouched)" + sh, m, std::vector<uint32_t>(m.size(), 0xFFFFFFFFu));
+                }
                 compare("hc_site x" + sh, x, 1e-4);
                 compare("hc_site post" + sh, post, 1e-4);
                 compare("hc_site comb" + sh, comb, 1e-4);

@@ -166,6 +166,7 @@ public:
     // the most dynamic shared memory a block may be given (cudaFuncAttributeMaxDynamicSharedMemorySize's bound)
     size_t shared_optin() const { return shared_optin_; }
     int index() const { return index_; }
+    int cc_major() const { return cc_major_; }  // compute capability
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -248,6 +249,7 @@ private:
     Lane other_;
     cudaEvent_t fork_ev_ = nullptr, join_ev_ = nullptr;
     int sm_count_ = 1;
+    int cc_major_ = 0;
     size_t shared_optin_ = 48 * 1024;
     std::vector<void *> weights_;  // upload_weight copies, freed with the device
 

@@ -58,6 +58,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     check(cudaGetDeviceProperties(&prop, index), "cuda device properties");
     name_ = "cuda:" + std::to_string(index) + " (" + prop.name + ")";
     sm_count_ = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+    cc_major_ = prop.major;
     shared_optin_ = prop.sharedMemPerBlockOptin;
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cuda stream create");
     const cublasStatus_t bs = cublasCreate(&blas_);

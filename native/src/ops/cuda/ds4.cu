@@ -389,16 +389,16 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
 
 // The HC site in one cluster a token (DFL_CUDA_HC_SITE=1, opt-in, unmeasured; hc_site_kernel), where its shape
 // allows: the norm folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a
-// multiple of 32 up to 512; else the three ops.
+// multiple of 32 up to 512, 1..64 tokens; else the three ops.
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
     static const bool on = env_switch("DFL_CUDA_HC_SITE", false);
     const int64_t threads = c.D / kHcSiteBlocks, M = (2 + kHcSiteN) * kHcSiteN;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
                        ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
-    int major = 0;  // (thread-block clusters: sm_90 on)
-    if (on) cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index());
-    if (!on || !shape || major < 9 || c.T <= 0 || c.T > 65535) return Device::hc_site(fn, c, mix, w, eps, y);
+    // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
+    // thousands would read it thousands of times)
+    if (!on || !shape || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
     check_hc_pre(c);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
