@@ -228,10 +228,6 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
     Acts &a = acts_;
     const int64_t ND = (int64_t)h.hc * h.n_embd;
     const bool fold = dev_->hc_fold();  // the norm applied to the product, inside hc_pre (it is linear)
-    if (!fold) {
-        dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
-        dev_->matmul(fn, a.flat.f(), T, a.mix.f());
-    }
     HcPreCall c;
     c.norm = fold;
     c.norm_eps = h.eps;
@@ -247,10 +243,13 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
     c.x = a.x.f();
     c.post = a.post.f();
     c.comb = a.comb.f();
-    if (fold)
+    if (fold) {
         dev_->hc_site(fn, c, a.mix.f(), norm_w, h.eps, a.h.f());  // (the product of the raw streams first)
-    else
+    } else {
+        dev_->rmsnorm(a.X.f(), nullptr, a.flat.f(), T, ND, h.eps);
+        dev_->matmul(fn, a.flat.f(), T, a.mix.f());
         dev_->hc_pre_norm(c, norm_w, h.eps, a.h.f());
+    }
 }
 
 // mHC post: the streams become post * F + comb^T X (through X2, then swapped); the shared expert's output, where

@@ -144,11 +144,12 @@ __device__ __forceinline__ void pdl_early(bool early) {
 }
 
 // kernel<<<grid, block, shm, s>>>(args...) as a programmatic dependent launch where pdl (and pdl_on()), a plain launch
-// otherwise.
+// otherwise; with cluster > 1, in thread-block clusters of that many blocks along x (sm_90).
 template <typename... Params, typename... Args>
-inline void launch_maybe_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
-                             Args &&...args) {
-    if (!pdl || !pdl_on()) {
+inline void launch_maybe_pdl(bool pdl, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm,
+                             cudaStream_t s, Args &&...args) {
+    pdl = pdl && pdl_on();
+    if (!pdl && cluster <= 1) {
         kernel<<<grid, block, shm, s>>>(std::forward<Args>(args)...);
         return;
     }
@@ -157,12 +158,27 @@ inline void launch_maybe_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = shm;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = n;
     cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+inline void launch_maybe_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s,
+                             Args &&...args) {
+    launch_maybe_pdl(pdl, 1u, kernel, grid, block, shm, s, std::forward<Args>(args)...);
 }
 
 // A product's kernels (the quantizer, the one-token GEMVs): PDL wherever pdl_on().

@@ -243,14 +243,8 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     const float rn = rsqrtf(ss_all / (float)D + eps);
     const float v = w ? (s * rn) * w[d] : s * rn;
     y[t * D + d] = v;
-    if (q.xq) {
-        CudaDevice::QuantX qt = q;  // row t of the staging (row_quant's offsets for a token a cluster)
-        qt.xq += t * D;
-        qt.xs += t * (D / 32);
-        if (qt.xsum) qt.xsum += t * (D / 32);
-        qt.tok = (int32_t)t;
-        quant_q8_store(qt, v, d);
-    }
+    const CudaDevice::QuantX qt = row_quant(q, D, t);  // row t of the staging: a token a cluster
+    if (qt.xq) quant_q8_store(qt, v, d);
     cl.sync();  // no block leaves while another reads its shared memory
 }
 
@@ -402,23 +396,13 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     check_hc_pre(c);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(kHcSiteBlocks, (unsigned)c.T);
-        cfg.blockDim = dim3((unsigned)threads);
-        cfg.stream = stream_;
-        cudaLaunchAttribute attr[2];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = kHcSiteBlocks;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[1].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = pdl_on() && pdl_chain_on() ? 2 : 1;
+        const dim3 grid(kHcSiteBlocks, (unsigned)c.T), block((unsigned)threads);
         if (fn.type == DFL_TYPE_F16)
-            cudaLaunchKernelEx(&cfg, hc_site_kernel<uint16_t>, c, fn.data, fn.row_bytes, w, eps, y, q);
+            launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<uint16_t>, grid, block, 0, stream_, c, fn.data,
+                             fn.row_bytes, w, eps, y, q);
         else
-            cudaLaunchKernelEx(&cfg, hc_site_kernel<float>, c, fn.data, fn.row_bytes, w, eps, y, q);
+            launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<float>, grid, block, 0, stream_, c, fn.data,
+                             fn.row_bytes, w, eps, y, q);
         check_launch("hc_site");
     });
     staged_done();

@@ -16,15 +16,19 @@ __device__ __forceinline__ void store_normed(float *yr, int64_t i, float v, cons
     if (q.xq) quant_q8_store(q, v, i);
 }
 
-// q offset to row blockIdx.x of n elements (its fragment-ordered copy told the row: QuantX::tok).
-__device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n) {
+// q offset to row `row` (a row norm's block: blockIdx.x) of n elements (its fragment-ordered copy told the row:
+// QuantX::tok).
+__device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n, int64_t row) {
     if (q.xq) {
-        q.xq += (int64_t)blockIdx.x * n;
-        q.xs += (int64_t)blockIdx.x * (n / 32);
-        q.xsum += (int64_t)blockIdx.x * (n / 32);
-        q.tok = (int32_t)blockIdx.x;
+        q.xq += row * n;
+        q.xs += row * (n / 32);
+        q.xsum += row * (n / 32);
+        q.tok = (int32_t)row;
     }
     return q;
+}
+__device__ __forceinline__ CudaDevice::QuantX row_quant(CudaDevice::QuantX q, int64_t n) {
+    return row_quant(q, n, (int64_t)blockIdx.x);
 }
 
 // A row norm's block holding its row in registers: v[k] = f(i) for the elements i = threadIdx.x + k * blockDim.x
