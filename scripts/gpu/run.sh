@@ -142,8 +142,8 @@ build_cuda() {
 check() {
   log "CUDA op tests (CUDA vs CPU device)"
   make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops.txt" | tail -60
-  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0)"
-  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
+  log "CUDA op tests with the other kernels (DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0 DFL_CUDA_HC_SITE=0 DFL_CUDA_DS4_ATTN_ASYNC=0)"
+  DFL_CUDA_Q4K_I8=0 DFL_CUDA_I8_MMA=0 DFL_CUDA_Q6K_I8=0 DFL_CUDA_ATTN_WARP_POS=1 DFL_CUDA_FUSE_QUANT=0 DFL_CUDA_Q8P_PIPE_PRE=0 DFL_CUDA_Q8P_ROWS1_R=4 DFL_CUDA_GDN_PARALLEL=0 DFL_CUDA_HC_SITE=0 DFL_CUDA_DS4_ATTN_ASYNC=0 make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-i8.txt" | grep -E "FAIL|cases" | tail -20
   if [ -n "$UNMEASURED" ]; then  # the opt-ins written but not yet measured: their op tests and replays too
     log "CUDA op tests with the unmeasured opt-ins ($UNMEASURED)"
     env $UNMEASURED make -C native cuda-test BUILD=/tmp/native-build -j 16 2>&1 | tee "$OUT/cuda-ops-unmeasured.txt" | grep -E "FAIL|cases" | tail -20
@@ -611,7 +611,7 @@ gdn_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once (empty: none waiting)
-UNMEASURED=${UNMEASURED-DFL_CUDA_HC_SITE=1 DFL_CUDA_DS4_ATTN_ASYNC=1}
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:

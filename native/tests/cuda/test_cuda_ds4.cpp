@@ -217,7 +217,7 @@ void test_indexer() {
 // with_fold: the call's unrotate and ring_write set (ring_write where every entry runs one token, as the plan does;
 // the kernel folds them in unless DFL_CUDA_DS4_ATTN_FOLD=0), else the two ops after it. pad: floats after each slot's
 // ring (7: rows off 16-byte boundaries, the register copy of the key tiles; 8: on them, where the tiles may be copied
-// by cp.async, DFL_CUDA_DS4_ATTN_ASYNC=1).
+// by cp.async unless DFL_CUDA_DS4_ATTN_ASYNC=0).
 void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false,
                    int pad = 7) {
     const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;

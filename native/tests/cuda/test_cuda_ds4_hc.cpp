@@ -1,6 +1,9 @@
 // The hyper-connection ops of the CUDA device against the CPU device (test_cuda_ds4's groups hc, hc_pre_norm and
 // hc_site): hc_pre, hc_post and hc_head on random streams, the folded norm, hc_pre_norm bit for bit against the GPU's
-// own two ops, and a whole site (the mixing product, hc_pre and the norm; one kernel with DFL_CUDA_HC_SITE=1). Bounds as in test_cuda_ds4.cpp.
+// own two ops, and a whole site (the mixing product, hc_pre and the norm; one cluster kernel on sm_90+ unless
+// DFL_CUDA_HC_SITE=0). Bounds as in test_cuda_ds4.cpp.
+#include <cuda_runtime.h>
+
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -159,13 +162,16 @@ void test_hc_pre_norm() {
 }
 
 // A whole HC site with its norm folded (Device::hc_site: the raw streams' mixing product, hc_pre and the sub-block's
-// RMSNorm; on the GPU one cluster kernel a token with DFL_CUDA_HC_SITE=1) against the CPU's ops, f16 and f32 mixing
+// RMSNorm; on the GPU one cluster kernel a token unless DFL_CUDA_HC_SITE=0) against the CPU's ops, f16 and f32 mixing
 // matrices; and the q8_0 product after it, which takes the staged int8 rows, bit for bit against the same product of
 // the y the site wrote, quantized by the product itself. The mixing scales are small (0.05) so that Sinkhorn's
 // exponents do not magnify the products' last-bit differences (their sums run in another order on the GPU).
 void test_hc_site() {
     const char *env = std::getenv("DFL_CUDA_HC_SITE");
-    const bool fused = env && std::string(env) == "1";
+    int gpu = 0, major = 0;
+    cudaGetDevice(&gpu);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu);
+    const bool fused = !(env && std::string(env) == "0") && major >= 9;  // (thread-block clusters)
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
         for (int64_t T : {1, 3, 9})
             for (int64_t D : {1024, 4096}) {
@@ -191,10 +197,14 @@ void test_hc_site() {
                     const std::vector<uint32_t> m = mix.read<uint32_t>(true);
                     same_bits("hc_site's cluster kernel ran (mix untouched)" + sh, m, std::vector<uint32_t>(m.size(), 0xFFFFFFFFu));
                 }
-                compare("hc_site x" + sh, x, 1e-4);
-                compare("hc_site post" + sh, post, 1e-4);
-                compare("hc_site comb" + sh, comb, 1e-4);
-                compare("hc_site y" + sh, y, 1e-4);
+                // the three ops' f16 mixing product of 2+ tokens runs on 16-bit tensor-core operands (its own bound is
+                // 3e-3): x, post and comb came within 2.3e-4 of the CPU's on an H100 (12-07 09:2x); the kernel's f32
+                // sums within 1e-4
+                const double bound = !fused && type == DFL_TYPE_F16 && T > 1 ? 1e-3 : 1e-4;
+                compare("hc_site x" + sh, x, bound);
+                compare("hc_site post" + sh, post, bound);
+                compare("hc_site comb" + sh, comb, bound);
+                compare("hc_site y" + sh, y, bound);
                 same_bits("hc_site's product = the product of its y (GPU)" + sh, p1.read(true), p2.read(true));
             }
 }

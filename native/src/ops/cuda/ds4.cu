@@ -381,11 +381,12 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
     staged_done();
 }
 
-// The HC site in one cluster a token (DFL_CUDA_HC_SITE=1, opt-in, unmeasured; hc_site_kernel), where its shape
-// allows: the norm folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a
-// multiple of 32 up to 512, 1..64 tokens; else the three ops.
+// The HC site in one cluster a token (hc_site_kernel; DFL_CUDA_HC_SITE=0: the three ops; the 2-layer V4-Flash step
+// on an H100, 12-07 09:2x: 0.667 -> 0.644 ms at one token, 1.91 -> 1.78 / 1.80 at 8), where its shape allows: the norm
+// folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a multiple of 32 up to
+// 512, 1..64 tokens; else the three ops.
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
-    static const bool on = env_switch("DFL_CUDA_HC_SITE", false);
+    static const bool on = env_switch("DFL_CUDA_HC_SITE", true);
     const int64_t threads = c.D / kHcSiteBlocks, M = (2 + kHcSiteN) * kHcSiteN;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&

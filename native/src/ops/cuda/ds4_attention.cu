@@ -266,9 +266,10 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
     const bool smem = (smem_env < 0 ? S > 1 : smem_env == 1) &&
                       (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
-    // the tiles' rows by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=1, opt-in, unmeasured; the same floats in the same order):
-    // where shared, the register copy's eight round trips a 32-row tile (four rows in flight a thread) become one.
-    static const bool async_env = env_switch("DFL_CUDA_DS4_ATTN_ASYNC", false);
+    // the tiles' rows by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=0: by registers; the same floats in the same order): where
+    // shared, the register copy's eight round trips a 32-row tile (four rows in flight a thread) become one. The
+    // 2-layer V4-Flash step on an H100 (12-07 09:2x): 0.665 -> 0.648 / 0.652 ms at one token, b8 the same.
+    static const bool async_env = env_switch("DFL_CUDA_DS4_ATTN_ASYNC", true);
     const bool async = async_env && smem && c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
                        (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;
     op("ds4_attention", [&] {
