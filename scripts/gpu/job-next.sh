@@ -3,18 +3,18 @@
 # scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures: on an H200,
 # the card issues 10 and 11 name); poll with scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s
 # idle). Say which card gave each figure.
-# Written 12-07 09:4x (~5 device minutes). (1) The HC site's cluster kernel and the attention's tiles by cp.async are
-# the defaults since 09:4x: their op tests, replay and goldens with them and without (=0, the fallbacks; the
-# three-op site's f16 bound is now 1e-3), then decode alternated; (2) Nsight Compute's time of each kernel of DeepSeek
-# V4's batch-1 step, each alone (2-layer file, graphs off): a one-token context, so that every forward of the window is
-# a decode step (09:3x's window of a 16-token context fell in the sparse prefill's per-expert products); (3) the
-# replayed step with each op left out (DFL_CUDA_SKIP_OPS), the new defaults' breakdown.
+# Written 12-07 10:5x (~8 device minutes). DeepSeek V4's batch-1 chain after the 09:5x ncu window (a layer ~207 us of
+# kernels each alone: the two HC sites 17 us each, the router 9, the attention's combine 9, three quantizers 3 each):
+# (1) two opt-ins written without a GPU, DFL_CUDA_HC_SITE_LATE=1 (Sinkhorn after rank 0's share of y, a split cluster
+# barrier) and DFL_CUDA_MOE_ROUTE_QUANT=1 (the router's other warps stage the experts' int8 input: one quantizer fewer),
+# with the three launch cuts of 12-05 that were within that day's noise (DFL_CUDA_DS4_ATTN_QUANT=1, DFL_CUDA_DS4_CHAIN=1,
+# DFL_CUDA_MOE_COMBINE_POST=1; the step's spread is ~0.5 % now): all five together through the op tests, replay and
+# goldens; (2) decode alternated, each apart and all together, twice; (3) Nsight Compute's sections of the small kernels
+# (which stall where) for the next changes.
 cd "$(dirname "$0")/../.."
+all=DFL_CUDA_HC_SITE_LATE=1,DFL_CUDA_MOE_ROUTE_QUANT=1,DFL_CUDA_DS4_ATTN_QUANT=1,DFL_CUDA_DS4_CHAIN=1,DFL_CUDA_MOE_COMBINE_POST=1
 steps=()
-steps+=("TRY=DFL_CUDA_HC_SITE=0,DFL_CUDA_DS4_ATTN_ASYNC=0 DS4_LAYERS=2 NO_PROFILE=1 ds4-try")
-steps+=("NO_CPU_PEER=1 DFLASH_BENCH_CONTEXT=1 NCU_SKIP=200 NCU_COUNT=600 step-ncu ds4-L2:q8_0")
-sk=DFL_CUDA_SKIP_OPS
-skip="- $sk=hc_site $sk=hc_post $sk=ds4_attention $sk=rmsnorm $sk=moe_route $sk=moe_experts $sk=swiglu_clamp"
-skip+=" $sk=matmul_grouped $sk=norm_rope_tail $sk=hc_head $sk=embed -"
-steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='$skip' ds4-decode-ab")
+steps+=("TRY=$all DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=1 ds4-try")
+steps+=("DS4_LAYERS=2 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_VARIANTS='- ${all//,/ } $all' ds4-decode-ab")
+steps+=("DS4_LAYERS=2 ds4-ncu")
 exec scripts/gpu/bg.sh start "${steps[@]}"

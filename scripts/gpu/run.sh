@@ -34,6 +34,7 @@
 #   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
 #                                            staged and parallel form (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
+#   scripts/gpu/run.sh ds4-ncu               Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
 #                                            threads (default 16), scripts/bench-cpu-llamacpp.sh (CPU_INT8=avx512amx: ours on AMX);
@@ -594,6 +595,24 @@ gdn_ncu() {
   done
 }
 
+# Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS, a regex) in a batch-1 decode of the
+# ds4-L${DS4_LAYERS} file, graphs off, a one-token context (every forward a decode step); the text in
+# $OUT/ds4-ncu.txt, its main lines (durations, throughputs, occupancy, stall reasons) in the summary.
+ds4_ncu() {
+  local f
+  command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
+  f=$(ds4_model) || return 1
+  log "ncu sections of ${DS4_NCU_KERNELS:=hc_site_kernel|ds4_attention_combine|moe_route_kernel|norm_rope_tail}, ds4-L${DS4_LAYERS:-8}"
+  (cd native/engine && DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+    DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_CONTEXT=1 \
+    timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k "regex:$DS4_NCU_KERNELS" --launch-skip ${NCU_SKIP:-40} \
+    --launch-count ${NCU_COUNT:-8} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x) \
+    >"$OUT/ds4-ncu.txt" 2>&1
+  grep -E "_kernel|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Issued Warp|No Eligible|stalled|==ERROR" \
+    "$OUT/ds4-ncu.txt" | cut -c1-200 | tee -a "$OUT/summary.txt" | head -150
+}
+
 # Settings compared with the defaults in one run. A variant is "-" (the defaults) or VAR=value settings joined by
 # commas. DFL_CUDA_PDL=0: no programmatic dependent launches (each kernel starts when the one before has ended);
 # DFL_CUDA_Q4K_MMA_MIN=9: q4_K of 2..8 tokens on the dp4a kernel instead of the tensor cores (DFL_CUDA_Q8P_MMA_MIN=2:
@@ -835,6 +854,7 @@ case $mode in
               DFLASH_CPU_INT8=$set GEMVBENCH_GEMM=1 /tmp/native-build/gemvbench ${CPU_GEMM_THREADS:-1 8 16} | tee -a "$OUT/summary.txt"
             done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
+  ds4-ncu) build_cuda; ds4_ncu ;;  # the sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
   gdn-ncu) premake qwen3.5-27b:q8_0; build_cuda; wait; gdn_ncu ;;  # the delta-rule kernels' ncu sections (GDN_NCU_VARIANTS)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
             premake "$@"; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer_build & build_cuda; wait "${premake_pids[@]}"; step_ncu "$@"
@@ -922,6 +942,6 @@ case $mode in
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

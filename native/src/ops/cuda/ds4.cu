@@ -87,19 +87,23 @@ __device__ float hc_fold_scale(const HcPreCall &c, int64_t t, float *red) {
     return rsqrtf(ss / (float)n + c.norm_eps);
 }
 
-// pre (N sigmoids) into shared memory from the token's mixing row scaled by r; then warp 0 stores post and comb
-// (Sinkhorn one lane per entry) while the other warps go on.
+// post and comb of token t from its mixing row scaled by r (Sinkhorn one lane per entry): the calling warp, whole
+// (sinkhorn_warp shuffles across it).
+__device__ void hc_post_comb_warp(const HcPreCall &c, int64_t t, const float *mix, float r) {
+    const int N = c.N, lane = threadIdx.x & 31;
+    if (lane < N) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
+    const int k = lane < N * N ? lane : 0;
+    const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
+    if (lane < N * N) c.comb[t * N * N + lane] = v;
+}
+
+// pre (N sigmoids) into shared memory from the token's mixing row scaled by r; then, where store, warp 0 stores post
+// and comb while the other warps go on.
 __device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, float r, bool store, float *pre) {
     const int N = c.N;
     if ((int)threadIdx.x < N) pre[threadIdx.x] = sigmoid_f(mix[threadIdx.x] * r * c.scale[0] + c.base[threadIdx.x]) + c.eps;
     __syncthreads();
-    if (store && threadIdx.x < 32) {  // the whole warp: sinkhorn_warp shuffles across it
-        const int lane = threadIdx.x;
-        if (lane < N) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
-        const int k = lane < N * N ? lane : 0;
-        const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
-        if (lane < N * N) c.comb[t * N * N + lane] = v;
-    }
+    if (store && threadIdx.x < 32) hc_post_comb_warp(c, t, mix, r);
 }
 
 // hc_pre_weights of token t from its mixing row, scaled by the streams' norm where c.norm.
@@ -161,7 +165,16 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
 // same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does); block b then mixes channels
 // [b D / kHcSiteBlocks, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged quantization for
 // the product after it. mix is not written. The sums' order differs from the ops apart (last bits of the product).
+// late (DFL_CUDA_HC_SITE_LATE=1, opt-in, unmeasured): rank 0's warp 0 runs Sinkhorn (post and comb, which only hc_post
+// reads, a sub-block later) after its share of y, not before the norm's cluster barrier, and every block leaves once
+// the cluster's reads of its shared memory are done (a split barrier: arrive after its own remote reads, wait at the
+// end): Sinkhorn's 20 dependent rounds of shuffles and divisions (~2 us) stop holding up the other seven blocks' norm.
 constexpr int kHcSiteBlocks = 8;
+
+// The two halves of a cluster barrier (cl.sync() is both): arrive (release: this thread's writes before it are
+// visible to the cluster after the wait) and wait for every thread of the cluster to have arrived (acquire).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 constexpr int kHcSiteN = 4;
 
 // Four consecutive mixing weights of a row (col a multiple of 4), as loaded (WT's raw bits: before pdl_wait, from the
@@ -184,7 +197,8 @@ struct HcSiteW4 {
 
 template <typename WT>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
-                                                       const float *w, float eps, float *y, CudaDevice::QuantX q) {
+                                                       const float *w, float eps, float *y, CudaDevice::QuantX q,
+                                                       bool late) {
     namespace cg = cooperative_groups;
     constexpr int N = kHcSiteN, M = (2 + N) * N;
     using W4 = HcSiteW4<WT>;
@@ -198,6 +212,8 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     typename W4::Raw wr[M];
 #pragma unroll
     for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
+    const int64_t d = (int64_t)rank * blockDim.x + threadIdx.x;  // the channel of x and y this thread mixes and norms
+    const float wd = w ? __ldg(w + d) : 1.0f;                     // (the norm's weight: constant too)
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain) everything below reads what the kernel before wrote
     const float *X = c.X + t * ND;
@@ -229,9 +245,8 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     }
     __syncthreads();
     const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
-    hc_pre_weights(c, t, tot, r, rank == 0, pre);  // (its barrier orders pre)
+    hc_pre_weights(c, t, tot, r, rank == 0 && !late, pre);  // (its barrier orders pre)
     // x over this block's channels, then y = rmsnorm(x) w
-    const int64_t d = (int64_t)rank * blockDim.x + threadIdx.x;
     float s = 0.0f;
     for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
     c.x[t * D + d] = s;
@@ -240,12 +255,18 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     cl.sync();
     float ss_all = 0.0f;
     for (int b = 0; b < kHcSiteBlocks; b++) ss_all += cl.map_shared_rank(part2, b)[0];
+    if (late) cluster_arrive();  // this block reads no other's shared memory from here on
     const float rn = rsqrtf(ss_all / (float)D + eps);
-    const float v = w ? (s * rn) * w[d] : s * rn;
+    const float v = w ? (s * rn) * wd : s * rn;
     y[t * D + d] = v;
     const CudaDevice::QuantX qt = row_quant(q, D, t);  // row t of the staging: a token a cluster
     if (qt.xq) quant_q8_store(qt, v, d);
-    cl.sync();  // no block leaves while another reads its shared memory
+    if (!late) {
+        cl.sync();  // no block leaves while another reads its shared memory
+        return;
+    }
+    if (rank == 0 && threadIdx.x < 32) hc_post_comb_warp(c, t, tot, r);
+    cluster_wait();  // (likewise: every block arrived once its own reads were done)
 }
 
 // The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as
@@ -386,7 +407,7 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
 // folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a multiple of 32 up to
 // 512, 1..64 tokens; else the three ops.
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
-    static const bool on = env_switch("DFL_CUDA_HC_SITE", true);
+    static const bool on = env_switch("DFL_CUDA_HC_SITE", true), late = env_switch("DFL_CUDA_HC_SITE_LATE", false);
     const int64_t threads = c.D / kHcSiteBlocks, M = (2 + kHcSiteN) * kHcSiteN;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
@@ -400,10 +421,10 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
         const dim3 grid(kHcSiteBlocks, (unsigned)c.T), block((unsigned)threads);
         if (fn.type == DFL_TYPE_F16)
             launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<uint16_t>, grid, block, 0, stream_, c, fn.data,
-                             fn.row_bytes, w, eps, y, q);
+                             fn.row_bytes, w, eps, y, q, late);
         else
             launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<float>, grid, block, 0, stream_, c, fn.data,
-                             fn.row_bytes, w, eps, y, q);
+                             fn.row_bytes, w, eps, y, q, late);
         check_launch("hc_site");
     });
     staged_done();
