@@ -597,7 +597,8 @@ gdn_ncu() {
 
 # Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS, a regex) in a batch-1 decode of the
 # ds4-L${DS4_LAYERS} file, graphs off, a one-token context (every forward a decode step); the text in
-# $OUT/ds4-ncu.txt, its main lines (durations, throughputs, occupancy, stall reasons) in the summary.
+# $OUT/ds4-ncu.txt, its main lines (durations, throughputs, occupancy, stall reasons) in the summary. DS4_NCU_SECTIONS:
+# more (e.g. "--section SourceCounters": the top stall locations in SASS).
 ds4_ncu() {
   local f
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
@@ -607,7 +608,7 @@ ds4_ncu() {
     DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1 DFLASH_BENCH_CONTEXT=1 \
     timeout ${NCU_TIMEOUT:-240} ncu --clock-control none -k "regex:$DS4_NCU_KERNELS" --launch-skip ${NCU_SKIP:-40} \
     --launch-count ${NCU_COUNT:-8} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SchedulerStats "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x) \
+    --section SchedulerStats ${DS4_NCU_SECTIONS:-} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 16x) \
     >"$OUT/ds4-ncu.txt" 2>&1
   grep -E "_kernel|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Warp Cycles Per Issued|Issued Warp|No Eligible|stalled|==ERROR" \
     "$OUT/ds4-ncu.txt" | cut -c1-200 | tee -a "$OUT/summary.txt" | head -150

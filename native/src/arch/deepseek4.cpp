@@ -464,8 +464,6 @@ DeepSeek4Model::SubOut DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     r.scale = h.routed_scale;
     r.ids = a.ids.get<int32_t>();
     r.weights = a.wts.f();
-    r.x = a.h.f();  // (the experts' input: the router may stage its quantization for them)
-    r.n_embd = h.n_embd;
     dev_->moe_route(r);
     MoeExpertsCall e;
     e.x = a.h.f();

@@ -531,10 +531,6 @@ struct MoeRouteCall {
     float scale = 1.0f;
     int32_t *ids = nullptr;          // out [T][k]
     float *weights = nullptr;        // out [T][k]
-    // optional: the tokens' inputs [T][n_embd] (the routed experts' x, the next call's), which a device may quantize
-    // here for the experts' products (CUDA, DFL_CUDA_MOE_ROUTE_QUANT=1: one quantizer launch fewer a layer)
-    const float *x = nullptr;
-    int64_t n_embd = 0;
 };
 
 // Routed experts (spec §2.6 step 5): out[t] = sum_j weights[t][j] * down_e(silu(min(gate_e x, limit)) *

@@ -14,12 +14,6 @@
 namespace dfl {
 namespace cuda {
 
-
-bool ds4_chain_on() {
-    static const bool on = env_switch("DFL_CUDA_DS4_CHAIN", false);
-    return on;
-}
-
 // ---- hyper-connections ----------------------------------------------------------------------------------------------
 
 // Sinkhorn projection of one n x n matrix (n * n <= 32), the CPU's ds4_sinkhorn step for step: lane a * n + b of the
@@ -156,20 +150,22 @@ __global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const fl
     store_normed_regs<kHcNormRegs>(v, ss, D, eps, w != nullptr, [&](int, int d) { return __ldg(w + d); }, y + t * D, q, red);
 }
 
-// A whole HC site of one token in one cluster of kHcSiteBlocks blocks (Device::hc_site, the norm folded; N = 4 streams,
-// D / kHcSiteBlocks threads a block). Why: the site was three launches on one token's 64 KB (the f16 mixing product,
+// A whole HC site of one token in one cluster of B blocks (Device::hc_site, the norm folded; N = 4 streams, D / B
+// threads a block; B = kHcSiteBlocks, or 16 with DFL_CUDA_HC_SITE_BLOCKS=16). Why: the site was three launches on one token's 64 KB (the f16 mixing product,
 // hc_pre, rmsnorm: ~26 us of a V4 layer's ~232 at batch 1, twice a layer, H100 12-07 08:2x), each a few dependent
-// round trips on few blocks. Block b multiplies its N * D / kHcSiteBlocks stream values (4 consecutive a thread, the
+// round trips on few blocks. Block b multiplies its N * D / B stream values (4 consecutive a thread, the
 // float4 load of the stream and one 4-wide load of each fn row) into the (2 + N) N partial sums of the mixing product
 // and the sum of their squares; the cluster adds the blocks' partials in rank order (every block alike, so all hold the
 // same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does); block b then mixes channels
-// [b D / kHcSiteBlocks, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged quantization for
+// [b D / B, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged quantization for
 // the product after it. mix is not written. The sums' order differs from the ops apart (last bits of the product).
-// late (DFL_CUDA_HC_SITE_LATE=1, opt-in, unmeasured): rank 0's warp 0 runs Sinkhorn (post and comb, which only hc_post
-// reads, a sub-block later) after its share of y, not before the norm's cluster barrier, and every block leaves once
-// the cluster's reads of its shared memory are done (a split barrier: arrive after its own remote reads, wait at the
-// end): Sinkhorn's 20 dependent rounds of shuffles and divisions (~2 us) stop holding up the other seven blocks' norm.
-constexpr int kHcSiteBlocks = 8;
+// late (DFL_CUDA_HC_SITE_LATE=0: not): rank 0's warp 0 runs Sinkhorn (post and comb, which only hc_post reads, a
+// sub-block later) after its share of y, not before the norm's cluster barrier, and every block leaves once the
+// cluster's reads of its shared memory are done (a split barrier: arrive after its own remote reads, wait at the end):
+// Sinkhorn's 20 dependent rounds of shuffles and divisions stop holding up the other seven blocks' norm (ncu 12-07
+// 09:5x: 15 of the kernel's 26 cycles between issues were warps waiting at a barrier). The 2-layer V4-Flash step on an
+// H100, alternated (09:5x): b1 0.616 / 0.622 / 0.614 -> 0.610 / 0.606 ms, b8 even (1.78).
+constexpr int kHcSiteBlocks = 8;  // the portable cluster size
 
 // The two halves of a cluster barrier (cl.sync() is both): arrive (release: this thread's writes before it are
 // visible to the cluster after the wait) and wait for every thread of the cluster to have arrived (acquire).
@@ -195,7 +191,7 @@ struct HcSiteW4 {
     }
 };
 
-template <typename WT>
+template <typename WT, int B>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q,
                                                        bool late) {
@@ -240,7 +236,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     cl.sync();  // every block's partials written
     if ((int)threadIdx.x <= M) {
         float s = 0.0f;
-        for (int b = 0; b < kHcSiteBlocks; b++) s += cl.map_shared_rank(part, b)[threadIdx.x];
+        for (int b = 0; b < B; b++) s += cl.map_shared_rank(part, b)[threadIdx.x];
         tot[threadIdx.x] = s;
     }
     __syncthreads();
@@ -254,7 +250,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     if (threadIdx.x == 0) part2[0] = ss;
     cl.sync();
     float ss_all = 0.0f;
-    for (int b = 0; b < kHcSiteBlocks; b++) ss_all += cl.map_shared_rank(part2, b)[0];
+    for (int b = 0; b < B; b++) ss_all += cl.map_shared_rank(part2, b)[0];
     if (late) cluster_arrive();  // this block reads no other's shared memory from here on
     const float rn = rsqrtf(ss_all / (float)D + eps);
     const float v = w ? (s * rn) * wd : s * rn;
@@ -404,12 +400,15 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
 
 // The HC site in one cluster a token (hc_site_kernel; DFL_CUDA_HC_SITE=0: the three ops; the 2-layer V4-Flash step
 // on an H100, 12-07 09:2x: 0.667 -> 0.644 ms at one token, 1.91 -> 1.78 / 1.80 at 8), where its shape allows: the norm
-// folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / kHcSiteBlocks a multiple of 32 up to
-// 512, 1..64 tokens; else the three ops.
+// folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / blocks a multiple of 32 up to 512,
+// 1..64 tokens; else the three ops. DFL_CUDA_HC_SITE_BLOCKS=16 (opt-in, unmeasured): clusters of 16 blocks (a
+// non-portable size, which the H100 and H200 schedule), each block's share of the site's weights, streams and
+// reductions halved: the 8-block kernel spent ~15 us of its 17 alone on 8 SMs (ncu 12-07 09:5x).
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
-    static const bool on = env_switch("DFL_CUDA_HC_SITE", true), late = env_switch("DFL_CUDA_HC_SITE_LATE", false);
-    const int64_t threads = c.D / kHcSiteBlocks, M = (2 + kHcSiteN) * kHcSiteN;
-    const bool shape = c.norm && c.N == kHcSiteN && c.D % kHcSiteBlocks == 0 && threads % 32 == 0 && threads <= 512 &&
+    static const bool on = env_switch("DFL_CUDA_HC_SITE", true), late = env_switch("DFL_CUDA_HC_SITE_LATE", true);
+    static const int blocks = env_int("DFL_CUDA_HC_SITE_BLOCKS", kHcSiteBlocks) == 16 ? 16 : kHcSiteBlocks;
+    const int64_t threads = c.D / blocks, M = (2 + kHcSiteN) * kHcSiteN;
+    const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
                        ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
     // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
@@ -418,13 +417,17 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     check_hc_pre(c);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
-        const dim3 grid(kHcSiteBlocks, (unsigned)c.T), block((unsigned)threads);
+        const dim3 grid((unsigned)blocks, (unsigned)c.T), block((unsigned)threads);
+        auto launch = [&](auto kernel) {
+            if (blocks > kHcSiteBlocks)
+                set_attribute_once(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, index(), "hc_site (16-block clusters)");
+            launch_maybe_pdl(pdl_chain_on(), (unsigned)blocks, kernel, grid, block, 0, stream_, c, fn.data, fn.row_bytes, w,
+                             eps, y, q, late);
+        };
         if (fn.type == DFL_TYPE_F16)
-            launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<uint16_t>, grid, block, 0, stream_, c, fn.data,
-                             fn.row_bytes, w, eps, y, q, late);
+            blocks > kHcSiteBlocks ? launch(hc_site_kernel<uint16_t, 16>) : launch(hc_site_kernel<uint16_t, kHcSiteBlocks>);
         else
-            launch_maybe_pdl(pdl_chain_on(), kHcSiteBlocks, hc_site_kernel<float>, grid, block, 0, stream_, c, fn.data,
-                             fn.row_bytes, w, eps, y, q, late);
+            blocks > kHcSiteBlocks ? launch(hc_site_kernel<float, 16>) : launch(hc_site_kernel<float, kHcSiteBlocks>);
         check_launch("hc_site");
     });
     staged_done();

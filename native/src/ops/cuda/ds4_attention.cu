@@ -2,9 +2,6 @@
 // the work a plan may fold into it (the output's un-rotation, the ring write, the output's int8 staging), and the
 // grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
 #include <algorithm>
-#include <mutex>
-#include <set>
-#include <utility>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -228,16 +225,6 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
     attn_finish<FOLD>(m, c, oq, t, h, row);
 }
 
-// cudaFuncSetAttribute(MaxDynamicSharedMemorySize, bytes) for a kernel on GPU `device`, the first time it is asked.
-template <class K>
-static void allow_shared(K kernel, size_t bytes, int device, const char *op) {
-    static std::mutex mu;
-    static std::set<std::pair<const void *, int>> done;
-    std::lock_guard<std::mutex> lk(mu);
-    if (!done.insert({(const void *)kernel, device}).second) return;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), op);
-}
-
 void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     if (c.head_dim < 1 || c.head_dim > kAttnMaxHeadDim)
         fail(DFL_ERR_UNSUPPORTED, "ds4_attention: head_dim " + std::to_string(c.head_dim) + " (at most 1024)");
@@ -282,8 +269,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
             // any head_dim takes, or the GPU's bound where that is less (132 KB is more than a block may have on
             // GPUs other than the H100 / H200; smem is off for a head too wide for it)
             if (shared > 48 * 1024)
-                allow_shared(kernel, std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
-                             index(), "ds4_attention");
+                set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
+                                   index(), "ds4_attention");
             launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts, async);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);

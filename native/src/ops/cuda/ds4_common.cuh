@@ -1,6 +1,10 @@
 // Device helpers shared by the DeepSeek V4 kernels (ds4.cu, ds4_compress.cu, ds4_moe.cu).
 #pragma once
 
+#include <mutex>
+#include <set>
+#include <tuple>
+
 #include "ops/cuda/cuda_common.cuh"
 
 namespace dfl {
@@ -9,15 +13,24 @@ namespace cuda {
 constexpr int kDs4MaxHc = 16;  // hyper-connection streams a kernel holds in shared memory (V4 has 4)
 constexpr int kDs4Threads = 128;
 
-// Whether DeepSeek V4's kernels between products are chained launches (DFL_CUDA_DS4_CHAIN=1, and launch_chain's own
-// switch): each then starts while the kernel before it ends, its launch hidden (a batch-1 step is ~25 launches a
-// layer of a few us each). Every kernel launched by launch_ds4 calls pdl_wait() at its top, so it reads nothing
-// before the kernel before it has finished; defined in ds4.cu.
-bool ds4_chain_on();
+// cudaFuncSetAttribute(kernel, attr, value) on GPU `device`, the first time it is asked for that kernel, attribute and
+// GPU (the op-by-op run of a step shape asks, before any graph capture of it).
+template <class K>
+void set_attribute_once(K kernel, cudaFuncAttribute attr, int value, int device, const char *op) {
+    static std::mutex mu;
+    static std::set<std::tuple<const void *, int, int>> done;
+    std::lock_guard<std::mutex> lk(mu);
+    if (!done.insert({(const void *)kernel, (int)attr, device}).second) return;
+    check(cudaFuncSetAttribute(kernel, attr, value), op);
+}
 
+// DeepSeek V4's kernels between products: plain launches. As chained (PDL) launches (DFL_CUDA_DS4_CHAIN=1 until
+// 12-07) a 2-layer V4-Flash step on an H100 was even or slower, 12-05 and 12-07 09:5x (b1 0.616 / 0.614 -> 0.613 /
+// 0.616 ms, b8 1.78 -> 1.78 / 1.80). Their pdl_trigger() still lets a PDL-launched product after them load its weights
+// early; their pdl_wait() returns at once.
 template <typename... Params, typename... Args>
 inline void launch_ds4(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shm, cudaStream_t s, Args &&...args) {
-    launch_maybe_pdl(ds4_chain_on() && pdl_chain_on(), kernel, grid, block, shm, s, std::forward<Args>(args)...);
+    kernel<<<grid, block, shm, s>>>(std::forward<Args>(args)...);
 }
 
 // The MoE output of token t at channel d: its k (token, choice) pairs' rows of y weighted and added in choice order

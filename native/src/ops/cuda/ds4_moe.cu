@@ -63,27 +63,11 @@ __device__ void route_store(const MoeRouteCall &c, int64_t t, const float *s, co
     }
 }
 
-// The token's expert input c.x quantized per block of 32 into q (its row t of the staging), by the block's warps
-// other than warp 0 (which routes meanwhile): what quantize_x_q8_kernel writes for the experts' products.
-__device__ void route_quant_x(const MoeRouteCall &c, const CudaDevice::QuantX &q, int64_t t) {
-    const int64_t D = c.n_embd;
-    const int lane = threadIdx.x & 31, w = (int)(threadIdx.x >> 5) - 1, nw = (int)(blockDim.x >> 5) - 1;
-    for (int64_t b = w; b < D / 32; b += nw) {
-        const int64_t i = t * D + b * 32 + lane;
-        quant_q8_store(q, c.x[i], i);
-    }
-}
-
-// Warp 0 of a block per token routes. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by
-// repeated warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted. Where q.xq is set
-// (a block of more than one warp), the other warps quantize the token's expert input meanwhile (route_quant_x).
-__global__ void moe_route_kernel(MoeRouteCall c, CudaDevice::QuantX q) {
+// One warp (block of 32) per token. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by repeated
+// warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted.
+__global__ void moe_route_kernel(MoeRouteCall c) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
-    if (threadIdx.x >= 32) {  // (warp 0 alone uses the shared memory and its barriers below are warp barriers)
-        if (q.xq) route_quant_x(c, q, blockIdx.x);
-        return;
-    }
     extern __shared__ float sh[];
     const int E = c.n_expert, K = c.k;
     float *s = sh, *b = sh + E;
@@ -206,23 +190,16 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
     if (c.tid2eid && (c.k_table < c.k || c.k_table > 64 || !c.tokens))
         fail(DFL_ERR_INVALID, "moe_route: hash table of " + std::to_string(c.k_table) + " experts per token");
     static const bool rank = env_switch("DFL_CUDA_MOE_ROUTE_RANK", false);
-    // the routed experts' input quantized by the router's other warps while warp 0 routes, staged for their gate / up
-    // product (moe_experts opens the staging to it): one quantizer launch fewer a layer on a one-token step's chain
-    // (~3 us alone, H100 ncu 12-07 09:3x); DFL_CUDA_MOE_ROUTE_QUANT=1 (opt-in, unmeasured)
-    static const bool quant = env_switch("DFL_CUDA_MOE_ROUTE_QUANT", false);
-    const bool stage = quant && !rank && c.x && c.n_embd > 0 && c.n_embd % 32 == 0;
     op("moe_route", [&] {
-        const QuantX q = stage ? stage_quant(c.x, c.T * c.n_embd) : QuantX{};
         if (c.T <= 0) return;
         const size_t shm = 2 * (size_t)c.n_expert * sizeof(float);
         if (rank)
             launch_ds4(moe_route_rank_kernel, (unsigned)c.T, (unsigned)std::min(1024, (c.n_expert + 31) / 32 * 32), shm,
                        stream_, c);
         else
-            launch_ds4(moe_route_kernel, (unsigned)c.T, q.xq ? 256 : 32, shm, stream_, c, q);
+            launch_ds4(moe_route_kernel, (unsigned)c.T, 32, shm, stream_, c);
         check_launch("moe_route");
     });
-    if (stage) staged_done();
 }
 
 // The kernel also quantizes its output for the product after it (the routed experts' and the shared expert's down
@@ -280,9 +257,6 @@ const float *CudaDevice::moe_experts(const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
     // (DFL_CUDA_SKIP_OPS=moe_experts: the routed experts' launches left out, out unwritten: garbage out)
     if (P <= 0 || skip_op("moe_experts")) return nullptr;
-    // the router's staging of x (DFL_CUDA_MOE_ROUTE_QUANT=1), open to the first product of x if no call came between
-    // (opened before use(), which counts this call)
-    const StagedScope staged(*this);
     use();
     if (P <= kMoeDirectMaxPairs) return moe_experts_direct(*this, c);
     // the choices, grouped by expert in (token, choice) order
