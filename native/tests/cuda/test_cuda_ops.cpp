@@ -150,13 +150,13 @@ void test_norms_elementwise() {
             compare("scale_softcap cap=" + std::to_string((int)cap) + sz, a, 1e-5);
         }
     }
-    {
-        const int64_t n = 77, X = 50;
+    for (int64_t n : {77, 16384}) {  // (a row of 16,384: DeepSeek V4's four HC streams, many blocks a row)
+        const int64_t X = 50;
         std::vector<int32_t> rows = {3, 49, 0, 3, 17, 22, 8};
         Dual x(rand_vec(r, (size_t)(X * n))), ri(rows), out(rows.size() * n * 4);
         g_cpu->gather_rows(x.cp(), ri.cp<int32_t>(), (int64_t)rows.size(), n, out.cp());
         g_gpu->gather_rows(x.gp(), ri.gp<int32_t>(), (int64_t)rows.size(), n, out.gp());
-        compare("gather_rows 7 of 50 x 77", out, 0);
+        compare("gather_rows 7 of 50 x " + std::to_string(n), out, 0);
     }
     {
         const int64_t rows = 13, n = 30, ss = 41, ds = 35;
