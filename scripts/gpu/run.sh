@@ -26,8 +26,9 @@
 #                                            the defaults and DFL_FUSE_WEIGHTS=0), then decode with each, alternating
 #   scripts/gpu/run.sh ds4-decode-ab         ds4-ab's decode A/B alone (DS4_AB_RUNS rounds, default 2; NO_PROFILE=1: no profile;
 #                                            DS4_CONTEXT=N: decode after an N-token prompt, default 16)
-#   scripts/gpu/run.sh ds4-try               TRY (a DeepSeek V4 kernel switch) against the defaults: the norms, matmul
-#                                            and deepseek4 op tests, the replay and goldens, then ds4-ab's decode A/B
+#   scripts/gpu/run.sh ds4-try               TRY (DeepSeek V4 kernel switches: variants apart by spaces, settings of one
+#                                            joined by commas) against the defaults: the norms, matmul and deepseek4 op
+#                                            tests, the replay and goldens, then ds4-ab's decode A/B
 #   scripts/gpu/run.sh ds4-try-cpu           ds4-try, then cpu-peer (llama.cpp's CPU build made meanwhile; pack.sh --peer)
 #   scripts/gpu/run.sh kernels-all [MODEL...] check, the replays with the opt-ins on, the kernel bench, then variants
 #                                            (one call's worth of a kernel change)
@@ -411,10 +412,10 @@ ds4_try() {
   local v ds4_pid
   ds4_model >/dev/null & ds4_pid=$!
   build_cuda; build_kernel_tests || return 1
-  for v in - ${TRY:+"$TRY"}; do op_tests "$v" norms matmul; log "deepseek4 op tests: ${v/#-/defaults}"
+  for v in - ${TRY:-}; do op_tests "$v" norms matmul; log "deepseek4 op tests: ${v/#-/defaults}"
     (export $(variant_env "$v"); timeout 120 /tmp/native-build/cuda/test_cuda_ds4) >"$OUT/ops-ds4-$(variant_tag "$v").txt" 2>&1
     grep -E "^FAIL|cases" "$OUT/ops-ds4-$(variant_tag "$v").txt" | head -20 | tee -a "$OUT/summary.txt"; done
-  for v in - ${TRY:+"$TRY"}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
+  for v in - ${TRY:-}; do log "replay and goldens: ${v/#-/defaults}"; (export $(variant_env "$v"); ds4_replay); done
   wait $ds4_pid; DS4_VARIANTS="- ${TRY:-}" ds4_ab
 }
 

@@ -254,7 +254,7 @@ void DeepSeek4Model::hc_site(const Weight &fn, const float *base, const float *s
 
 // mHC post: the streams become post * F + comb^T X (through X2, then swapped); the shared expert's output, where
 // set, is added to F first.
-void DeepSeek4Model::hc_merge(int64_t T, SubOut o) {
+void DeepSeek4Model::hc_merge(int64_t T, SubOut o, const Weight *next) {
     Acts &a = acts_;
     HcPostCall c;
     c.F = a.F.f();
@@ -269,6 +269,7 @@ void DeepSeek4Model::hc_merge(int64_t T, SubOut o) {
     c.D = hp_.n_embd;
     c.N = hp_.hc;
     c.out = a.X2.f();
+    c.next_fn = dev_->hc_fold() ? next : nullptr;  // (the folded site multiplies the raw streams: out itself)
     dev_->hc_post(c);
     std::swap(a.X, a.X2);
 }

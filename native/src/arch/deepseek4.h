@@ -156,8 +156,8 @@ private:
     struct SubOut {
         const float *shared = nullptr, *pairs = nullptr;
     };
-    // The streams merged with the sub-block's output.
-    void hc_merge(int64_t T, SubOut o);
+    // The streams merged with the sub-block's output; next: the mixing matrix of the HC site right after (or null).
+    void hc_merge(int64_t T, SubOut o, const Weight *next);
     void attention_layer(int il, const BatchMeta &m, bool dense, const std::vector<StepEntry> &es);
     void run_compressor(int il, bool indexer, const BatchMeta &m, const float *kv, const float *gate);
     SubOut moe_layer(int il, const BatchMeta &m);

@@ -388,6 +388,9 @@ struct HcPostCall {
     int64_t T = 0, D = 0;
     int N = 4;
     float *out = nullptr;         // [T][N][D]
+    // optional: the mixing matrix of the HC site right after this call (the next Device::hc_site on out, norm folded),
+    // whose product with out a device may start here (CUDA, DFL_CUDA_HC_PARTS=1: per-block partial sums that site takes)
+    const Weight *next_fn = nullptr;
 };
 
 // The HC output head (spec §2.7) from mix = hc_head_fn · rmsnorm_unweighted(flat X) ([T][N]):

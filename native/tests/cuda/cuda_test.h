@@ -46,6 +46,7 @@ inline dfl::Device *dev(bool gpu) { return gpu ? g_gpu : g_cpu; }
 void test_hc();
 void test_hc_pre_norm();
 void test_hc_site();
+void test_hc_post_site();
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();

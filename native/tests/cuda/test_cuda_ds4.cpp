@@ -478,8 +478,9 @@ void test_moe() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    using dfltest::test_hc, dfltest::test_hc_pre_norm, dfltest::test_hc_site;
+    using dfltest::test_hc, dfltest::test_hc_pre_norm, dfltest::test_hc_site, dfltest::test_hc_post_site;
     const dfltest::Group groups[] = {{"hc", test_hc},           {"hc_pre_norm", test_hc_pre_norm}, {"hc_site", test_hc_site},
+                                     {"hc_post_site", test_hc_post_site},
                                      {"rope", test_rope},           {"compress", test_compress},
                                      {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe},
                                      {"grouped", test_grouped}};

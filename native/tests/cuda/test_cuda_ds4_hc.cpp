@@ -209,4 +209,53 @@ void test_hc_site() {
             }
 }
 
+// hc_post then the next HC site (HcPostCall::next_fn; on the GPU with DFL_CUDA_HC_PARTS=1 hc_post leaves the site's
+// mixing product in partial sums, which the site's cluster kernel takes instead of the weights) against the CPU's two
+// ops; and the GPU's hc_post output bit for bit with and without next_fn (the same arithmetic an output).
+void test_hc_post_site() {
+    for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
+        for (int64_t T : {1, 3})
+            for (int64_t D : {1024, 4096}) {
+                Rng r((uint64_t)(T * 17 + D + type));
+                const int N = 4, M = (2 + N) * N;
+                dfltest::DualWeight fn(type, M, N * D, r);
+                Dual base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 0.05f)), X(rand_vec(r, (size_t)(T * N * D), 3.0f));
+                Dual F(rand_vec(r, (size_t)(T * D))), ppost(rand_vec(r, (size_t)(T * N), 1.5f)), pcomb(rand_vec(r, (size_t)(T * N * N)));
+                Dual w(rand_vec(r, (size_t)D, 1.5f)), mix((size_t)(T * M) * 4), out((size_t)(T * N * D) * 4), out0((size_t)(T * N * D) * 4);
+                Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
+                for (bool g : {false, true}) {
+                    HcPostCall p;
+                    p.F = F.p(g);
+                    p.X = X.p(g);
+                    p.post = ppost.p(g);
+                    p.comb = pcomb.p(g);
+                    p.T = T;
+                    p.D = D;
+                    p.N = N;
+                    if (g) {  // the GPU's plain hc_post first, for the bit comparison
+                        p.out = out0.p(g);
+                        dev(g)->hc_post(p);
+                    }
+                    p.out = out.p(g);
+                    p.next_fn = g ? &fn.wg : &fn.wc;
+                    dev(g)->hc_post(p);
+                    HcPreCall c = hc_pre_call(g, mix, base, scale, out, T, D, x, post, comb);
+                    c.norm = true;
+                    c.norm_eps = 1e-6f;
+                    dev(g)->hc_site(g ? fn.wg : fn.wc, c, mix.p(g), w.p(g), 1e-6f, y.p(g));
+                }
+                const std::string sh = std::string(" ") + tname(type) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                compare("hc_post (next site's product begun)" + sh, out, 1e-5);
+                same_bits("hc_post with next_fn = without (GPU)" + sh, out.read(true), out0.read(true));
+                // (the three ops' f16 mixing product of 2+ tokens: 16-bit tensor-core operands, as test_hc_site bounds it)
+                const char *env = std::getenv("DFL_CUDA_HC_SITE");
+                const bool ops = env && std::string(env) == "0";
+                const double bound = ops && type == DFL_TYPE_F16 && T > 1 ? 1e-3 : 1e-4;
+                compare("hc_site after hc_post x" + sh, x, bound);
+                compare("hc_site after hc_post post" + sh, post, bound);
+                compare("hc_site after hc_post comb" + sh, comb, bound);
+                compare("hc_site after hc_post y" + sh, y, bound);
+            }
+}
+
 }  // namespace dfltest

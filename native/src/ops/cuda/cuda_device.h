@@ -261,6 +261,16 @@ private:
         QuantX q;
     } staged_;
     bool staged_open_ = false;  // the current call is a product that may take staged_
+    // hc_post's partial sums of the next HC site's mixing product (DFL_CUDA_HC_PARTS=1): for that site's hc_site call
+    // on X with fn, if no call came between
+    struct HcParts {
+        const float *X = nullptr;
+        const void *fn = nullptr;
+        int64_t T = 0;
+        uint64_t call = 0;  // calls_ after hc_post
+        float *p = nullptr;
+    } hc_parts_;
+    GrowBuf hc_parts_buf_;
     Staged other_staged_;       // the lane not current's (see Lane)
 };
 

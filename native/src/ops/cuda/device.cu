@@ -95,7 +95,7 @@ CudaDevice::~CudaDevice() {
     if (download_) cudaFreeHost(download_);
     if (landing_) cudaFreeHost(landing_);
     for (void *p : weights_) cudaFree(p);
-    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, fold_counts_,
+    for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, fold_counts_, hc_parts_buf_,
                              other_.scratch, other_.ds4_buf, other_.mma_buf, other_.splitk_buf, other_.gdn_buf,
                              other_.fold_buf, other_.fold_counts})
         if (b.p) cudaFree(b.p);

@@ -191,10 +191,10 @@ struct HcSiteW4 {
     }
 };
 
-template <typename WT, int B>
+template <typename WT, int B, bool PARTS>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q,
-                                                       bool late) {
+                                                       bool late, const float *parts, int nparts) {
     namespace cg = cooperative_groups;
     constexpr int N = kHcSiteN, M = (2 + N) * N;
     using W4 = HcSiteW4<WT>;
@@ -206,40 +206,53 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     // this thread's 4 columns of each mixing row, loaded while the kernel before ends (the weights are constant)
     const int64_t col = (int64_t)rank * N * blockDim.x + 4 * (int64_t)threadIdx.x;
     typename W4::Raw wr[M];
+    if constexpr (!PARTS) {
 #pragma unroll
-    for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
+        for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
+    }
     const int64_t d = (int64_t)rank * blockDim.x + threadIdx.x;  // the channel of x and y this thread mixes and norms
     const float wd = w ? __ldg(w + d) : 1.0f;                     // (the norm's weight: constant too)
     pdl_trigger();  // a following launch_pdl product may start loading its weights
     pdl_wait();     // (launch_chain) everything below reads what the kernel before wrote
     const float *X = c.X + t * ND;
-    // the mixing product's partial sums over this block's columns, and their squares
-    const float4 xv = *(const float4 *)(X + col);
-    float acc[M + 1];
+    if constexpr (PARTS) {
+        // the totals from hc_post's partial sums of this token (nparts blocks of M + 1), added in block order
+        if ((int)threadIdx.x <= M) {
+            const float *p = parts + t * nparts * (M + 1) + threadIdx.x;
+            float s = 0.0f;
+            for (int j = 0; j < nparts; j++) s += ld_act(p + (int64_t)j * (M + 1));
+            tot[threadIdx.x] = s;
+        }
+        __syncthreads();
+    } else {
+        // the mixing product's partial sums over this block's columns, and their squares
+        const float4 xv = *(const float4 *)(X + col);
+        float acc[M + 1];
 #pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float4 wv = W4::get(wr[m]);
-        acc[m] = wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-    }
-    acc[M] = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+        for (int m = 0; m < M; m++) {
+            const float4 wv = W4::get(wr[m]);
+            acc[m] = wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+        }
+        acc[M] = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
 #pragma unroll
-    for (int m = 0; m <= M; m++) {
-        const float v = warp_sum(acc[m]);
-        if (lane == 0) red[warp][m] = v;
+        for (int m = 0; m <= M; m++) {
+            const float v = warp_sum(acc[m]);
+            if (lane == 0) red[warp][m] = v;
+        }
+        __syncthreads();
+        if ((int)threadIdx.x <= M) {
+            float s = 0.0f;
+            for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
+            part[threadIdx.x] = s;
+        }
+        cl.sync();  // every block's partials written
+        if ((int)threadIdx.x <= M) {
+            float s = 0.0f;
+            for (int b = 0; b < B; b++) s += cl.map_shared_rank(part, b)[threadIdx.x];
+            tot[threadIdx.x] = s;
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    if ((int)threadIdx.x <= M) {
-        float s = 0.0f;
-        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
-        part[threadIdx.x] = s;
-    }
-    cl.sync();  // every block's partials written
-    if ((int)threadIdx.x <= M) {
-        float s = 0.0f;
-        for (int b = 0; b < B; b++) s += cl.map_shared_rank(part, b)[threadIdx.x];
-        tot[threadIdx.x] = s;
-    }
-    __syncthreads();
     const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
     hc_pre_weights(c, t, tot, r, rank == 0 && !late, pre);  // (its barrier orders pre)
     // x over this block's channels, then y = rmsnorm(x) w
@@ -270,6 +283,60 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
 __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
     const float f = c.pairs ? combine_pairs(c.pairs, nullptr, c.pair_w, c.k, t, c.D, d) : c.F[t * c.D + d];
     return c.F2 ? f + c.F2[t * c.D + d] : f;
+}
+
+// hc_post with the next HC site's mixing product begun (DFL_CUDA_HC_PARTS=1; HcPostCall::next_fn, norm folded): a
+// block of kHcPartsThreads threads computes 4 consecutive outputs a thread, as hc_post_kernel computes each, and leaves
+// the partial sums of fn · out over its 4 kHcPartsThreads columns and of their squares in parts [T][ND / that][M + 1];
+// the site's hc_site_kernel<.., PARTS> adds a token's in block order instead of reading fn (98 KB a block of its
+// 8-block cluster: ~17 us a site alone on 8 SMs, ncu 12-07 09:5x) and multiplying. Here fn's 786 KB are read by the
+// ND / 256 blocks a token (64 for V4), their rows loaded before the PDL wait.
+constexpr int kHcPartsThreads = 64;
+constexpr int kHcPartsCols = 4 * kHcPartsThreads;
+
+template <typename WT>
+__global__ void __launch_bounds__(kHcPartsThreads) hc_post_parts_kernel(HcPostCall c, const uint8_t *fn,
+                                                                        uint64_t fn_row_bytes, float *parts) {
+    constexpr int N = kHcSiteN, M = (2 + N) * N;
+    using W4 = HcSiteW4<WT>;
+    __shared__ float red[kHcPartsThreads / 32][M + 1];
+    const int64_t ND = (int64_t)N * c.D, per_token = ND / kHcPartsCols;
+    const int64_t t = blockIdx.x / per_token, j = blockIdx.x % per_token;
+    const int64_t col = j * kHcPartsCols + 4 * (int64_t)threadIdx.x;  // within the token's N * D
+    typename W4::Raw wr[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
+    pdl_trigger();
+    pdl_wait();
+    const int b = (int)(col / c.D), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t d0 = col % c.D;
+    const float *X = c.X + t * ND, *comb = c.comb + t * N * N;
+    float o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float s = 0.0f;
+        for (int a = 0; a < N; a++) s += comb[a * N + b] * X[a * c.D + d0 + k];
+        o[k] = c.post[t * N + b] * hc_post_f(c, t, d0 + k) + s;
+    }
+    *(float4 *)(c.out + t * ND + col) = make_float4(o[0], o[1], o[2], o[3]);
+    float acc[M + 1];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 wv = W4::get(wr[m]);
+        acc[m] = wv.x * o[0] + wv.y * o[1] + wv.z * o[2] + wv.w * o[3];
+    }
+    acc[M] = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
+#pragma unroll
+    for (int m = 0; m <= M; m++) {
+        const float v = warp_sum(acc[m]);
+        if (lane == 0) red[warp][m] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int w = 0; w < kHcPartsThreads / 32; w++) s += red[w][threadIdx.x];
+        parts[(t * per_token + j) * (M + 1) + threadIdx.x] = s;
+    }
 }
 
 // One thread per output element (token, stream b, channel d).
@@ -413,8 +480,13 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
                        ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
     // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
     // thousands would read it thousands of times)
+    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1)
+    const HcParts hp = hc_parts_;
+    hc_parts_ = HcParts{};
+    const bool parts = hp.p && hp.X == c.X && hp.fn == fn.data && hp.T == c.T && hp.call == calls_;
     if (!on || !shape || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
     check_hc_pre(c);
+    const int nparts = (int)(kHcSiteN * c.D / kHcPartsCols);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
         const dim3 grid((unsigned)blocks, (unsigned)c.T), block((unsigned)threads);
@@ -422,12 +494,15 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
             if (blocks > kHcSiteBlocks)
                 set_attribute_once(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, index(), "hc_site (16-block clusters)");
             launch_maybe_pdl(pdl_chain_on(), (unsigned)blocks, kernel, grid, block, 0, stream_, c, fn.data, fn.row_bytes, w,
-                             eps, y, q, late);
+                             eps, y, q, late, hp.p, nparts);
         };
-        if (fn.type == DFL_TYPE_F16)
-            blocks > kHcSiteBlocks ? launch(hc_site_kernel<uint16_t, 16>) : launch(hc_site_kernel<uint16_t, kHcSiteBlocks>);
+        const bool wide = blocks > kHcSiteBlocks;
+        if (parts)  // (the weights' type no matter: the kernel reads none)
+            wide ? launch(hc_site_kernel<float, 16, true>) : launch(hc_site_kernel<float, kHcSiteBlocks, true>);
+        else if (fn.type == DFL_TYPE_F16)
+            wide ? launch(hc_site_kernel<uint16_t, 16, false>) : launch(hc_site_kernel<uint16_t, kHcSiteBlocks, false>);
         else
-            blocks > kHcSiteBlocks ? launch(hc_site_kernel<float, 16>) : launch(hc_site_kernel<float, kHcSiteBlocks>);
+            wide ? launch(hc_site_kernel<float, 16, false>) : launch(hc_site_kernel<float, kHcSiteBlocks, false>);
         check_launch("hc_site");
     });
     staged_done();
@@ -442,12 +517,33 @@ bool CudaDevice::hc_fold() const {
 }
 
 void CudaDevice::hc_post(const HcPostCall &c) {
+    // the next site's mixing product begun here (hc_post_parts_kernel) where that site's kernel will take it
+    static const bool parts_on = env_switch("DFL_CUDA_HC_PARTS", false);
+    const Weight *fn = c.next_fn;
+    const int M = (2 + kHcSiteN) * kHcSiteN;
+    const bool parts = parts_on && fn && cc_major() >= 9 && c.T > 0 && c.T <= 64 && c.N == kHcSiteN &&
+                       (c.N * c.D) % kHcPartsCols == 0 && fn->n_in == c.N * c.D && fn->n_out == M &&
+                       (fn->type == DFL_TYPE_F16 || fn->type == DFL_TYPE_F32) && ((uintptr_t)fn->data & 15) == 0 &&
+                       fn->row_bytes % 16 == 0 && ((uintptr_t)c.out & 15) == 0;
+    hc_parts_ = HcParts{};
+    const int64_t nblocks = c.T * c.N * c.D / kHcPartsCols;
+    float *p = parts ? (float *)grow(hc_parts_buf_, (size_t)(nblocks * (M + 1)) * sizeof(float), "hc site partial sums")
+                     : nullptr;
     op("hc_post", [&] {
         const int64_t n = c.T * c.N * c.D;
         if (n <= 0) return;
-        launch_ds4(hc_post_kernel, grid_for(n, 256), 256, 0, stream_, c);
+        if (!p) {
+            launch_ds4(hc_post_kernel, grid_for(n, 256), 256, 0, stream_, c);
+        } else if (fn->type == DFL_TYPE_F16) {
+            launch_maybe_pdl(pdl_chain_on(), hc_post_parts_kernel<uint16_t>, dim3((unsigned)nblocks), dim3(kHcPartsThreads),
+                             0, stream_, c, fn->data, fn->row_bytes, p);
+        } else {
+            launch_maybe_pdl(pdl_chain_on(), hc_post_parts_kernel<float>, dim3((unsigned)nblocks), dim3(kHcPartsThreads), 0,
+                             stream_, c, fn->data, fn->row_bytes, p);
+        }
         check_launch("hc_post");
     });
+    if (p) hc_parts_ = HcParts{c.out, fn->data, c.T, calls_, p};
 }
 
 void CudaDevice::hc_head(const HcHeadCall &c) {
