@@ -216,11 +216,20 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     pdl_wait();     // (launch_chain) everything below reads what the kernel before wrote
     const float *X = c.X + t * ND;
     if constexpr (PARTS) {
-        // the totals from hc_post's partial sums of this token (nparts blocks of M + 1), added in block order
-        if ((int)threadIdx.x <= M) {
-            const float *p = parts + t * nparts * (M + 1) + threadIdx.x;
+        // the totals from hc_post's partial sums of this token (nparts blocks of M + 1): warp w's lanes add blocks w,
+        // w + nw, .. (their loads in flight together), then the warps' sums in warp order. (One thread a total adding
+        // all 64 in turn, each load waiting for the one before, was ~8 us of the kernel, ncu 12-07 10:0x.)
+        if (lane <= M) {
+            const float *p = parts + t * nparts * (M + 1) + lane;
             float s = 0.0f;
-            for (int j = 0; j < nparts; j++) s += ld_act(p + (int64_t)j * (M + 1));
+#pragma unroll 4
+            for (int j = warp; j < nparts; j += nw) s += ld_act(p + (int64_t)j * (M + 1));
+            red[warp][lane] = s;
+        }
+        __syncthreads();
+        if ((int)threadIdx.x <= M) {
+            float s = 0.0f;
+            for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
             tot[threadIdx.x] = s;
         }
         __syncthreads();
