@@ -162,21 +162,6 @@ TEST(ds4_hc_pre_post_head) {
         ds4_hc_post(pool, u);
         CHECK(out2 == out3);
     }
-    // the routed experts' pairs weighted inside (HcPostCall::pairs) give the floats of their combine into F before
-    {
-        const int K = 3;
-        std::vector<float> pairs = rnd(r, T * K * D), w = rnd(r, T * K), Fc(T * D, 0.0f), out2(T * N * D), out3(T * N * D);
-        for (int64_t t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                for (int64_t d = 0; d < D; d++) Fc[t * D + d] += w[t * K + j] * pairs[(t * K + j) * D + d];
-        HcPostCall q = p;
-        q.F = nullptr, q.pairs = pairs.data(), q.pair_w = w.data(), q.k = K, q.out = out2.data();
-        ds4_hc_post(pool, q);
-        HcPostCall u = p;
-        u.F = Fc.data(), u.out = out3.data();
-        ds4_hc_post(pool, u);
-        CHECK(out2 == out3);
-    }
     // head: y = sum_i (sigmoid(mix_i scale + base_i) + eps) X[i]
     std::vector<float> hm = rnd(r, T * N), hb = rnd(r, N), hs = {1.5f}, y(T * D);
     HcHeadCall h;

@@ -259,9 +259,6 @@ void DeepSeek4Model::hc_merge(int64_t T, SubOut o, const Weight *next) {
     HcPostCall c;
     c.F = a.F.f();
     c.F2 = o.shared;
-    c.pairs = o.pairs;
-    c.pair_w = a.wts.f();
-    c.k = hp_.n_used;
     c.X = a.X.f();
     c.post = a.post.f();
     c.comb = a.comb.f();
@@ -480,8 +477,7 @@ DeepSeek4Model::SubOut DeepSeek4Model::moe_layer(int il, const BatchMeta &m) {
     e.ids = a.ids.get<int32_t>();
     e.weights = a.wts.f();
     e.out = a.F.f();
-    e.leave_pairs = true;  // hc_merge may weight and add them
-    o.pairs = dev_->moe_experts(e);
+    dev_->moe_experts(e);
     dev_->join_side();
     return o;
 }

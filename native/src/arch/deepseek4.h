@@ -151,10 +151,10 @@ private:
     void run_layers(const BatchMeta &m, bool dense, const std::vector<StepEntry> &es, int64_t R, const int32_t *out_rows);
     // An HC site: the sub-block input of the streams X and its RMSNorm with norm_w into acts_.h.
     void hc_site(const Weight &fn, const float *base, const float *scale, const float *norm_w, int64_t T);
-    // What a sub-block leaves for the streams' merge: its output in acts_.F, or the routed experts' pairs
-    // (HcPostCall::pairs, acts_.wts their weights), and the shared expert's output to add, or null.
+    // What a sub-block leaves for the streams' merge beside its output in acts_.F: the shared expert's output to
+    // add, or null.
     struct SubOut {
-        const float *shared = nullptr, *pairs = nullptr;
+        const float *shared = nullptr;
     };
     // The streams merged with the sub-block's output; next: the mixing matrix of the HC site right after (or null).
     void hc_merge(int64_t T, SubOut o, const Weight *next);

@@ -377,11 +377,6 @@ struct HcPreCall {
 struct HcPostCall {
     const float *F = nullptr;     // [T][D] sub-block output
     const float *F2 = nullptr;    // [T][D] added to F first where set (the shared expert's part of the MoE output)
-    // pairs: where set, F is not read: F[t] = sum_j pair_w[t][j] * pairs[t * k + j] from j = 0 in order, as
-    // moe_experts combines its pairs (the routed experts' rows a device left, MoeExpertsCall::leave_pairs)
-    const float *pairs = nullptr;  // [T * k][D]
-    const float *pair_w = nullptr;  // [T][k]
-    int k = 0;
     const float *X = nullptr;     // [T][N][D]
     const float *post = nullptr;  // [T][N]
     const float *comb = nullptr;  // [T][N][N]
@@ -548,10 +543,6 @@ struct MoeExpertsCall {
     const int32_t *ids = nullptr;    // [T][k]
     const float *weights = nullptr;  // [T][k]
     float *out = nullptr;            // [T][n_embd]
-    // A device may then skip the combine and return its pairs' rows ([T * k][n_embd], pair t * k + j) for hc_post to
-    // weight and add (HcPostCall::pairs): one op fewer a layer. They stay valid until the device's next moe_experts or
-    // ds4_attention (on the GPU both use its DeepSeek V4 buffer), so hc_post must be the next op to read them.
-    bool leave_pairs = false;
 };
 
 // Whether expert stacks get Device::prepare_weight's copy too: only where their row slices can use it
@@ -697,11 +688,10 @@ public:
     virtual void moe_route(const MoeRouteCall &) { ds4_missing("moe_route"); }
     // g = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: plain swiglu).
     virtual void swiglu_clamp(float *g, const float *u, int64_t count, float limit) { ds4_missing("swiglu_clamp"); }
-    // The routed experts' weighted sum into c.out; returns null, or the pairs' rows where c.leave_pairs let the
-    // device skip the combine (MoeExpertsCall::leave_pairs).
-    virtual const float *moe_experts(const MoeExpertsCall &) {
-        ds4_missing("moe_experts");
-    }
+    // The routed experts' weighted sum into c.out. (A device could leave the weighting and adding of its pairs' rows
+    // to hc_post until 12-07: CUDA's DFL_CUDA_MOE_COMBINE_POST=1, one launch fewer a layer, measured even at batch 1
+    // and +0.5-1 % at batch 8 on an H100, 12-05 and 12-07 09:4x.)
+    virtual void moe_experts(const MoeExpertsCall &) { ds4_missing("moe_experts"); }
     // One token through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
     // group g multiplies its rows by x[g * W.n_in, (g + 1) * W.n_in) into y[g * rows, (g + 1) * rows), rows =
     // W.n_out / groups. The default runs matmul on each group's rows (W.rows: with the packed layout's rows where it

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -239,16 +238,6 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
     const int rope_dim = std::min(hd, 64);
     Dual inv(inv_freq(rope_dim, 10000.0f));
     const bool one_each = b.T == (int64_t)b.t0.size();
-    // one token's output through the grouped product right after (a decode step's wo_a): on the GPU it takes the
-    // attention's staged quantization with DFL_CUDA_DS4_ATTN_QUANT=1, which must give its own quantizer's bits
-    const bool grouped = with_fold && b.T == 1;
-    const int groups = 2;
-    std::unique_ptr<dfltest::DualWeight> wo;
-    Dual y1((size_t)(groups * 64) * 4), y2((size_t)(groups * 64) * 4);
-    if (grouped) {
-        wo = std::make_unique<dfltest::DualWeight>(DFL_TYPE_Q8_0, groups * 64, (int64_t)H * hd / groups, r);
-        g_gpu->prepare_weight(wo->wg);
-    }
     for (bool g : {false, true}) {
         Ds4AttnCall c;
         c.Q = Q.p(g);
@@ -273,14 +262,7 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
             c.ring_write = one_each;
         }
         dev(g)->ds4_attention(b.meta(g), c);
-        if (grouped) dev(g)->matmul_grouped(g ? wo->wg : wo->wc, groups, out.p(g), y1.p(g));
         if (!c.ring_write) dev(g)->ds4_ring_write(b.meta(g), ds4_ring_write_call(c));
-    }
-    if (grouped) {
-        g_gpu->matmul_grouped(wo->wg, groups, out.gp(), y2.gp());  // nothing staged now: its own quantizer
-        compare("ds4_attention then matmul_grouped h=" + std::to_string(H) + " hd=" + std::to_string(hd), y1, 1.5e-2);
-        same_bits("matmul_grouped on the attention's staging = on its own quantizer (GPU) h=" + std::to_string(H), y1.read(true),
-                  y2.read(true));
     }
     const std::string name = "h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " win=" + std::to_string(window) +
                              " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") +
@@ -390,17 +372,7 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
         c.ids = dids.p<int32_t>(g);
         c.weights = wts.p(g);
         c.out = out.p(g);
-        c.leave_pairs = g;  // the GPU may leave its pairs (DFL_CUDA_MOE_COMBINE_POST=1): combined here as it would
-        const float *pairs = dev(g)->moe_experts(c);
-        if (pairs) {
-            std::vector<float> y((size_t)(T * k * D)), o((size_t)(T * D), 0.0f);
-            g_gpu->to_host(y.data(), pairs, y.size() * sizeof(float));
-            const std::vector<float> w = wts.read(true);
-            for (int64_t t = 0; t < T; t++)
-                for (int j = 0; j < k; j++)
-                    for (int64_t d = 0; d < D; d++) o[(size_t)(t * D + d)] += w[(size_t)(t * k + j)] * y[(size_t)((t * k + j) * D + d)];
-            g_gpu->to_device(out.gp(), o.data(), o.size() * sizeof(float));
-        }
+        dev(g)->moe_experts(c);
     }
     // Up to 64 (token, choice) pairs every pair is its own GEMV (experts picked on the device), as on the CPU; past
     // that, several rows of one expert take the tensor-core path (operands rounded to f16) for quantized weights.

@@ -34,6 +34,21 @@ HcPreCall hc_pre_call(bool g, const Dual &mix, const Dual &base, const Dual &sca
     return c;
 }
 
+// hc_post of T tokens of N = 4 streams of D channels on device g's copies of the buffers.
+HcPostCall hc_post_call(bool g, const Dual &F, const Dual &X, const Dual &post, const Dual &comb, int64_t T, int64_t D,
+                        const Dual &out) {
+    HcPostCall p;
+    p.F = F.p(g);
+    p.X = X.p(g);
+    p.post = post.p(g);
+    p.comb = comb.p(g);
+    p.T = T;
+    p.D = D;
+    p.N = 4;
+    p.out = out.p(g);
+    return p;
+}
+
 }  // namespace
 
 void test_hc() {
@@ -46,28 +61,12 @@ void test_hc() {
             Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), out((size_t)(T * N * D) * 4);
             Dual out2((size_t)(T * N * D) * 4);
             Dual hmix(rand_vec(r, (size_t)(T * N), 2.0f)), hbase(rand_vec(r, (size_t)N)), hscale(rand_vec(r, 1)), y((size_t)(T * D) * 4);
-            const int K = 3;  // routed experts a token
-            Dual pairs(rand_vec(r, (size_t)(T * K * D))), pw(rand_vec(r, (size_t)(T * K))), out3((size_t)(T * N * D) * 4);
             for (bool g : {false, true}) {
                 dev(g)->hc_pre(hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb));
-                HcPostCall p;
-                p.F = F.p(g);
-                p.X = X.p(g);
-                p.post = post.p(g);
-                p.comb = comb.p(g);
-                p.T = T;
-                p.D = D;
-                p.N = N;
-                p.out = out.p(g);
+                HcPostCall p = hc_post_call(g, F, X, post, comb, T, D, out);
                 dev(g)->hc_post(p);
                 p.F2 = F2.p(g);  // the shared expert's output added inside
                 p.out = out2.p(g);
-                dev(g)->hc_post(p);
-                p.F = nullptr;  // the routed experts' pairs weighted inside (HcPostCall::pairs), and F2
-                p.pairs = pairs.p(g);
-                p.pair_w = pw.p(g);
-                p.k = K;
-                p.out = out3.p(g);
                 dev(g)->hc_post(p);
                 HcHeadCall h;
                 h.mix = hmix.p(g);
@@ -86,7 +85,6 @@ void test_hc() {
             compare("hc_pre comb" + sh, comb, 1e-5);
             compare("hc_post" + sh, out, 1e-5);
             compare("hc_post with F2" + sh, out2, 1e-5);
-            compare("hc_post with pairs and F2" + sh, out3, 1e-5);
             compare("hc_head" + sh, y, 1e-5);
         }
     // An HC site with its norm folded (Device::hc_fold, HcPreCall::norm): hc_pre scales the raw streams' mixing
@@ -224,18 +222,8 @@ void test_hc_post_site() {
                 Dual w(rand_vec(r, (size_t)D, 1.5f)), mix((size_t)(T * M) * 4), out((size_t)(T * N * D) * 4), out0((size_t)(T * N * D) * 4);
                 Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
                 for (bool g : {false, true}) {
-                    HcPostCall p;
-                    p.F = F.p(g);
-                    p.X = X.p(g);
-                    p.post = ppost.p(g);
-                    p.comb = pcomb.p(g);
-                    p.T = T;
-                    p.D = D;
-                    p.N = N;
-                    if (g) {  // the GPU's plain hc_post first, for the bit comparison
-                        p.out = out0.p(g);
-                        dev(g)->hc_post(p);
-                    }
+                    HcPostCall p = hc_post_call(g, F, X, ppost, pcomb, T, D, out0);
+                    if (g) dev(g)->hc_post(p);  // the GPU's plain hc_post first, for the bit comparison
                     p.out = out.p(g);
                     p.next_fn = g ? &fn.wg : &fn.wc;
                     dev(g)->hc_post(p);

@@ -581,10 +581,9 @@ public:
         const OpScope timed(clock_, "swiglu_clamp");
         for_chunks(count, [&](int64_t i0, int64_t i1) { ds4_swiglu_clamp(g + i0, u + i0, i1 - i0, limit); });
     }
-    const float *moe_experts(const MoeExpertsCall &c) override {
+    void moe_experts(const MoeExpertsCall &c) override {
         const OpScope timed(clock_, "moe_experts");
         ds4_moe_experts(pool_, scratch_, c);
-        return nullptr;  // (the CPU always combines)
     }
 
 private:

@@ -83,7 +83,7 @@ static void hc_mix_streams(const float *weight, const float *X, int N, int64_t D
 }
 
 // Token t's MoE output o [D]: its k pairs' rows of y ([T * k][D], pair t * k + j) weighted and added in choice order
-// from 0 (moe_experts' combine; hc_post's where the device left the pairs).
+// from 0 (moe_experts' combine).
 static void ds4_combine_pairs(const float *y, const float *weights, int k, int64_t t, int64_t D, float *o) {
     std::fill(o, o + D, 0.0f);
     for (int j = 0; j < k; j++) {
@@ -117,14 +117,8 @@ void ds4_hc_post(ThreadPool &pool, const HcPostCall &c) {
     const int N = c.N;
     pool.parallel_for(c.T, [&](int64_t t, int) {
         const float *X = c.X + t * N * c.D, *post = c.post + t * N, *comb = c.comb + t * N * N;
-        const float *F = c.pairs ? nullptr : c.F + t * c.D;
+        const float *F = c.F + t * c.D;
         float *out = c.out + t * N * c.D;
-        std::vector<float> routed;
-        if (c.pairs) {  // moe_experts' combine, as it adds
-            routed.resize((size_t)c.D);
-            ds4_combine_pairs(c.pairs, c.pair_w, c.k, t, c.D, routed.data());
-            F = routed.data();
-        }
         for (int b = 0; b < N; b++)
             for (int64_t d = 0; d < c.D; d++) {
                 float s = 0;

@@ -81,7 +81,7 @@ public:
     void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override;
     void moe_route(const MoeRouteCall &c) override;
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;
-    const float *moe_experts(const MoeExpertsCall &c) override;
+    void moe_experts(const MoeExpertsCall &c) override;
     void matmul_grouped(const Weight &W, int groups, const float *x, float *y) override;
 
     bool has_graphs() const override { return graphs_enabled_; }

@@ -191,6 +191,32 @@ struct HcSiteW4 {
     }
 };
 
+// The block's partial sums of the M mixing rows with this thread's four stream values v (wr: its four weights of each
+// row, as loaded) and of v's squares: warp sums into red, then thread m <= M adds the warps' in warp order into dst[m].
+template <typename WT, int M>
+__device__ __forceinline__ void hc_block_partials(const typename HcSiteW4<WT>::Raw (&wr)[M], float4 v, float (*red)[M + 1],
+                                                  float *dst) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float acc[M + 1];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float4 wv = HcSiteW4<WT>::get(wr[m]);
+        acc[m] = wv.x * v.x + wv.y * v.y + wv.z * v.z + wv.w * v.w;
+    }
+    acc[M] = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+#pragma unroll
+    for (int m = 0; m <= M; m++) {
+        const float s = warp_sum(acc[m]);
+        if (lane == 0) red[warp][m] = s;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
+        dst[threadIdx.x] = s;
+    }
+}
+
 template <typename WT, int B, bool PARTS>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q,
@@ -235,25 +261,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
         __syncthreads();
     } else {
         // the mixing product's partial sums over this block's columns, and their squares
-        const float4 xv = *(const float4 *)(X + col);
-        float acc[M + 1];
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            const float4 wv = W4::get(wr[m]);
-            acc[m] = wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-        }
-        acc[M] = xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
-#pragma unroll
-        for (int m = 0; m <= M; m++) {
-            const float v = warp_sum(acc[m]);
-            if (lane == 0) red[warp][m] = v;
-        }
-        __syncthreads();
-        if ((int)threadIdx.x <= M) {
-            float s = 0.0f;
-            for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
-            part[threadIdx.x] = s;
-        }
+        hc_block_partials<WT, M>(wr, *(const float4 *)(X + col), red, part);
         cl.sync();  // every block's partials written
         if ((int)threadIdx.x <= M) {
             float s = 0.0f;
@@ -287,10 +295,9 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     cluster_wait();  // (likewise: every block arrived once its own reads were done)
 }
 
-// The sub-block output F of token t at channel d: F (+ F2), or the routed pairs weighted in choice order as
-// moe_combine_kernel adds them (HcPostCall::pairs), + F2.
+// The sub-block output F of token t at channel d: F (+ F2).
 __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
-    const float f = c.pairs ? combine_pairs(c.pairs, nullptr, c.pair_w, c.k, t, c.D, d) : c.F[t * c.D + d];
+    const float f = c.F[t * c.D + d];
     return c.F2 ? f + c.F2[t * c.D + d] : f;
 }
 
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(kHcPartsThreads) hc_post_parts_kernel(HcPostCa
     for (int m = 0; m < M; m++) wr[m] = W4::load(fn + (uint64_t)m * fn_row_bytes, col);
     pdl_trigger();
     pdl_wait();
-    const int b = (int)(col / c.D), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = (int)(col / c.D);
     const int64_t d0 = col % c.D;
     const float *X = c.X + t * ND, *comb = c.comb + t * N * N;
     float o[4];
@@ -328,24 +335,7 @@ __global__ void __launch_bounds__(kHcPartsThreads) hc_post_parts_kernel(HcPostCa
         o[k] = c.post[t * N + b] * hc_post_f(c, t, d0 + k) + s;
     }
     *(float4 *)(c.out + t * ND + col) = make_float4(o[0], o[1], o[2], o[3]);
-    float acc[M + 1];
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const float4 wv = W4::get(wr[m]);
-        acc[m] = wv.x * o[0] + wv.y * o[1] + wv.z * o[2] + wv.w * o[3];
-    }
-    acc[M] = o[0] * o[0] + o[1] * o[1] + o[2] * o[2] + o[3] * o[3];
-#pragma unroll
-    for (int m = 0; m <= M; m++) {
-        const float v = warp_sum(acc[m]);
-        if (lane == 0) red[warp][m] = v;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x <= M) {
-        float s = 0.0f;
-        for (int w = 0; w < kHcPartsThreads / 32; w++) s += red[w][threadIdx.x];
-        parts[(t * per_token + j) * (M + 1) + threadIdx.x] = s;
-    }
+    hc_block_partials<WT, M>(wr, make_float4(o[0], o[1], o[2], o[3]), red, parts + (t * per_token + j) * (M + 1));
 }
 
 // One thread per output element (token, stream b, channel d).

@@ -1,12 +1,11 @@
 // DeepSeek V4's sink attention on the GPU (device.h: Ds4AttnCall) over the window ring and the compressed rows, with
-// the work a plan may fold into it (the output's un-rotation, the ring write, the output's int8 staging), and the
+// the work a plan may fold into it (the output's un-rotation, the ring write), and the
 // grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
 #include <algorithm>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
-#include "ops/cuda/mma_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -37,12 +36,11 @@ __device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64
 }
 
 // The end of a (token, head) block: its output row in shared memory (row, head_dim floats, complete), with FOLD the
-// call's un-rotation of it (a thread a pair) and, from head 0, the token's ring write; stored with its int8
-// quantization where oq.xq is set (for the grouped product after: a warp's lanes hold 32 consecutive dims, head_dim
-// % 32 == 0).
+// call's un-rotation of it (a thread a pair) and, from head 0, the token's ring write; then stored. (Its int8
+// quantization staged here for the grouped product, DFL_CUDA_DS4_ATTN_QUANT=1 until 12-07, measured even at batch 1
+// and +1-2 % at batch 8 on an H100, 12-05 and 12-07 09:4x.)
 template <bool FOLD>
-__device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const CudaDevice::QuantX &oq, int64_t t, int h,
-                            float *row) {
+__device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, int64_t t, int h, float *row) {
     const int hd = c.head_dim;
     __syncthreads();  // the row is complete
     if (FOLD && c.unrotate) {
@@ -50,11 +48,7 @@ __device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const Cuda
         __syncthreads();
     }
     const int64_t qo = (t * c.n_head + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        const float v = row[d];
-        c.out[qo + d] = v;
-        if (oq.xq) quant_q8_store(oq, v, qo + d);
-    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) c.out[qo + d] = row[d];
     if (FOLD && c.ring_write && h == 0) {  // one token an entry (the plan's condition): its row goes to p % window
         const int32_t e = m.ent[t];
         const int64_t p = (int64_t)m.len0[e] + (t - m.t0[e]);
@@ -78,8 +72,8 @@ __device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, const Cuda
 // ASYNC (SMEM only; rows on 16-byte boundaries): the tile's rows copied by cp.async, every 16-byte piece of the tile
 // in flight at once, where the register copy has four rows in flight a thread (eight round trips a tile of 32).
 template <bool FOLD, bool SMEM, bool SPLIT>
-__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq,
-                                                                      float *parts, bool async) {
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
+                                                                      bool async) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float q_sh[];  // [head_dim], then with SMEM the tile's rows [kAttnTile][head_dim]
@@ -189,7 +183,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
             const int d = threadIdx.x + kk * blockDim.x;
             if (d < hd) q_sh[d] = acc[kk] / den;
         }
-        attn_finish<FOLD>(m, c, oq, t, h, q_sh);
+        attn_finish<FOLD>(m, c, t, h, q_sh);
     }
 }
 
@@ -198,7 +192,7 @@ constexpr int kAttnMaxSplits = 8;
 // Block (t, h): the splits' parts of ds4_attention_kernel<.., SPLIT> rescaled to their common max and added in split
 // order, divided, then finished as the unsplit kernel finishes its row.
 template <bool FOLD>
-__global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(BatchMeta m, Ds4AttnCall c, CudaDevice::QuantX oq,
+__global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(BatchMeta m, Ds4AttnCall c,
                                                                           const float *parts, int S) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
@@ -222,7 +216,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
             if (s < S) a += P[s * (2 + hd) + 2 + d] * w[s];
         row[d] = a / den;
     }
-    attn_finish<FOLD>(m, c, oq, t, h, row);
+    attn_finish<FOLD>(m, c, t, h, row);
 }
 
 void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
@@ -235,11 +229,6 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // unrotate and ring_write inside the attention kernel, two launches fewer a layer (rope_tail ~4.5 us and the ring
     // write ~4.9 us op by op, the 12-05 profile); DFL_CUDA_DS4_ATTN_FOLD=0: the two kernels after it
     static const bool fold = env_switch("DFL_CUDA_DS4_ATTN_FOLD", true);
-    // the output's int8 quantization staged for the grouped product after it (its quantizer launch saved), where the
-    // output is final here (folded, or nothing to un-rotate) and one token's (the grouped product takes a staging
-    // only then): DFL_CUDA_DS4_ATTN_QUANT=1
-    static const bool quant = env_switch("DFL_CUDA_DS4_ATTN_QUANT", false);
-    const bool stage = quant && m.T == 1 && (fold || !c.unrotate) && c.head_dim % 32 == 0;
     // The keys of a step of few (token, head) blocks split over up to kAttnMaxSplits blocks each, enough for two a SM
     // (then a combining launch; DFL_CUDA_DS4_ATTN_SPLIT=0: one block a head), and each tile's key rows through shared
     // memory (66 KB a block at head_dim 512) where split (DFL_CUDA_DS4_ATTN_SMEM=1 / 0: always / never). H100, 3-layer
@@ -260,7 +249,6 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const bool async = async_env && smem && c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
                        (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;
     op("ds4_attention", [&] {
-        const QuantX q = stage ? stage_rows(c.out, m.T, (int64_t)c.n_head * c.head_dim) : QuantX{};
         if (m.T <= 0 || c.n_head <= 0) return;
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
         float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
@@ -272,7 +260,7 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
                 set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
                                    index(), "ds4_attention");
-            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, q, parts, async);
+            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, async);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
         if (S > 1) {
@@ -284,9 +272,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
             check_launch("ds4_attention (splits)");
             const size_t row = (size_t)c.head_dim * sizeof(float);
             if (fold)
-                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, q, parts, S);
+                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
             else
-                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, q, parts, S);
+                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
         } else if (fold && smem) {
             launch(ds4_attention_kernel<true, true, false>, grid);
         } else if (fold) {
@@ -298,7 +286,6 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
         }
         check_launch("ds4_attention");
     });
-    if (stage) staged_done();
     if (fold) return;
     if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
     if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
@@ -307,9 +294,6 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
 void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
     if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
     const int64_t rows = W.n_out / groups;
-    // the groups' inputs are one token's consecutive slices: the attention's staged quantization of its output, if
-    // no call came between (DFL_CUDA_DS4_ATTN_QUANT=1), serves them as one batch of `groups` rows
-    const StagedScope staged(*this);
     op("matmul_grouped", [&] {
         GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
         z.w_rows = rows;

@@ -214,10 +214,8 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
 // Past it, grouping by expert reads each shared expert once instead of once per pair.
 constexpr int64_t kMoeDirectMaxPairs = 64;
 
-// The direct path: P z-batched products per projection, experts picked on the device. Returns the pairs' rows where
-// it left the combine to hc_post (c.leave_pairs and DFL_CUDA_MOE_COMBINE_POST=1: one launch fewer a layer), else null.
-static const float *moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
-    static const bool leave = env_switch("DFL_CUDA_MOE_COMBINE_POST", false);
+// The direct path: P z-batched products per projection, experts picked on the device, then the combine.
+static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
     float *g = (float *)dev.ds4_buffer((size_t)(P * (2 * F + D)) * sizeof(float)), *u = g + P * F, *yg = u + P * F;
     GemvZ in;  // gate and up: pair i reads token i / K's input
@@ -246,19 +244,20 @@ static const float *moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c)
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
-    if (leave && c.leave_pairs) return yg;
     CudaDevice::OpTimer tm(dev, "moe_experts (combine)");
     launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, dev.stream(), yg, nullptr, c.weights, (int)K, T, D, c.out);
     check_launch("moe_experts (combine)");
-    return nullptr;
 }
 
-const float *CudaDevice::moe_experts(const MoeExpertsCall &c) {
+void CudaDevice::moe_experts(const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
     // (DFL_CUDA_SKIP_OPS=moe_experts: the routed experts' launches left out, out unwritten: garbage out)
-    if (P <= 0 || skip_op("moe_experts")) return nullptr;
+    if (P <= 0 || skip_op("moe_experts")) return;
     use();
-    if (P <= kMoeDirectMaxPairs) return moe_experts_direct(*this, c);
+    if (P <= kMoeDirectMaxPairs) {
+        moe_experts_direct(*this, c);
+        return;
+    }
     // the choices, grouped by expert in (token, choice) order
     std::vector<int32_t> ids((size_t)P);
     to_host(ids.data(), c.ids, (size_t)P * sizeof(int32_t));
@@ -304,7 +303,6 @@ const float *CudaDevice::moe_experts(const MoeExpertsCall &c) {
     OpTimer tm(*this, "moe_experts (combine)");
     launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, stream_, yg, d_index + P, c.weights, (int)K, T, D, c.out);
     check_launch("moe_experts (combine)");
-    return nullptr;
 }
 
 }  // namespace cuda
