@@ -295,6 +295,71 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     cluster_wait();  // (likewise: every block arrived once its own reads were done)
 }
 
+// The HC site of one token in one block, no cluster (DFL_CUDA_HC_SITE_ONE=1 with DFL_CUDA_HC_PARTS=1, where hc_post
+// left this site's partial sums; opt-in, unmeasured): the totals from those sums as hc_site_kernel<.., PARTS> adds
+// them, pre, x over kHcOneRegs channels a thread (channel threadIdx.x + k blockDim), the block's sum of x's squares,
+// y = rmsnorm(x) w with the staged quantization, then Sinkhorn in warp 0. Why: the 8-block cluster kernel took 17-18
+// us under Nsight Compute with its SMs idle half of it (12-07 10:0x), while one SM reads a token's 64 KB of streams
+// (just written by hc_post: from L2) in about a round trip with every thread's four loads in flight.
+constexpr int kHcOneThreads = 1024, kHcOneRegs = 4;
+
+__global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c, const float *w, float eps, float *y,
+                                                                    CudaDevice::QuantX q, const float *parts, int nparts) {
+    constexpr int N = kHcSiteN, M = (2 + N) * N;
+    __shared__ float red[32][M + 1], tot[M + 1], pre[N];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t t = blockIdx.x, D = c.D, ND = N * D;
+    float wd[kHcOneRegs];  // the norm's weights of this thread's channels (constant: loaded before the wait)
+#pragma unroll
+    for (int k = 0; k < kHcOneRegs; k++) {
+        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
+        wd[k] = w && d < D ? __ldg(w + d) : 1.0f;
+    }
+    pdl_trigger();
+    pdl_wait();
+    if (lane <= M) {  // (hc_site_kernel<.., PARTS>'s order)
+        const float *p = parts + t * nparts * (M + 1) + lane;
+        float s = 0.0f;
+#pragma unroll 4
+        for (int j = warp; j < nparts; j += nw) s += ld_act(p + (int64_t)j * (M + 1));
+        red[warp][lane] = s;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
+        tot[threadIdx.x] = s;
+    }
+    __syncthreads();
+    const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
+    hc_pre_weights(c, t, tot, r, false, pre);  // (its barrier orders pre)
+    const float *X = c.X + t * ND;
+    float xv[kHcOneRegs], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kHcOneRegs; k++) {
+        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
+        float s = 0.0f;
+        if (d < D) {
+            for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
+            c.x[t * D + d] = s;
+        }
+        xv[k] = s;
+        ss += s * s;
+    }
+    ss = block_sum(ss, &red[0][0]);
+    const float rn = rsqrtf(ss / (float)D + eps);
+    const CudaDevice::QuantX qt = row_quant(q, D, t);
+#pragma unroll
+    for (int k = 0; k < kHcOneRegs; k++) {
+        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
+        if (d >= D) continue;  // (whole warps: D a multiple of 32)
+        const float v = w ? (xv[k] * rn) * wd[k] : xv[k] * rn;
+        y[t * D + d] = v;
+        if (qt.xq) quant_q8_store(qt, v, d);
+    }
+    if (threadIdx.x < 32) hc_post_comb_warp(c, t, tot, r);
+}
+
 // The sub-block output F of token t at channel d: F (+ F2).
 __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64_t d) {
     const float f = c.F[t * c.D + d];
@@ -477,17 +542,27 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
                        ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
-    // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
-    // thousands would read it thousands of times)
-    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1)
+    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1), and then the
+    // site in one block a token (DFL_CUDA_HC_SITE_ONE=1, opt-in, unmeasured: hc_site_one_kernel)
+    static const bool one_on = env_switch("DFL_CUDA_HC_SITE_ONE", false);
     const HcParts hp = hc_parts_;
     hc_parts_ = HcParts{};
     const bool parts = hp.p && hp.X == c.X && hp.fn == fn.data && hp.T == c.T && hp.call == calls_;
-    if (!on || !shape || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
+    const bool one = one_on && parts && c.norm && c.N == kHcSiteN && c.D % 32 == 0 &&
+                     c.D <= (int64_t)kHcOneThreads * kHcOneRegs;
+    // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
+    // thousands would read it thousands of times)
+    if (!on || !(shape || one) || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
     check_hc_pre(c);
     const int nparts = (int)(kHcSiteN * c.D / kHcPartsCols);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
+        if (one) {
+            launch_maybe_pdl(pdl_chain_on(), hc_site_one_kernel, dim3((unsigned)c.T), dim3(kHcOneThreads), 0, stream_, c, w,
+                             eps, y, q, hp.p, nparts);
+            check_launch("hc_site (one block)");
+            return;
+        }
         const dim3 grid((unsigned)blocks, (unsigned)c.T), block((unsigned)threads);
         auto launch = [&](auto kernel) {
             if (blocks > kHcSiteBlocks)
