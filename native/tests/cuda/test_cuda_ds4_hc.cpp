@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cuda_test.h"
+#include "ops/cuda/cuda_device.h"
 
 namespace dfltest {
 
@@ -211,6 +212,11 @@ void test_hc_site() {
 // mixing product in partial sums, which the site's cluster kernel takes instead of the weights, or with
 // DFL_CUDA_HC_SITE_ONE=1 too its one-block kernel) against the CPU's two ops; and the GPU's hc_post output bit for bit with and without next_fn (the same arithmetic an output).
 void test_hc_post_site() {
+    const char *site_env = std::getenv("DFL_CUDA_HC_SITE"), *parts_env = std::getenv("DFL_CUDA_HC_PARTS");
+    const bool ops = site_env && std::string(site_env) == "0";
+    auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
+    // the partial sums are taken (hc_post_parts_kernel, then a site kernel that reads them) where switched on, sm_90+
+    const bool want_parts = !ops && parts_env && std::string(parts_env) == "1" && cd && cd->cc_major() >= 9;
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
         for (int64_t T : {1, 3})
             for (int64_t D : {1024, 4096}) {
@@ -219,10 +225,16 @@ void test_hc_post_site() {
                 dfltest::DualWeight fn(type, M, N * D, r);
                 Dual base(rand_vec(r, (size_t)M)), scale(rand_vec(r, 3, 0.05f)), X(rand_vec(r, (size_t)(T * N * D), 3.0f));
                 Dual F(rand_vec(r, (size_t)(T * D))), ppost(rand_vec(r, (size_t)(T * N), 1.5f)), pcomb(rand_vec(r, (size_t)(T * N * N)));
-                Dual w(rand_vec(r, (size_t)D, 1.5f)), mix((size_t)(T * M) * 4), out((size_t)(T * N * D) * 4), out0((size_t)(T * N * D) * 4);
+                Dual F2(rand_vec(r, (size_t)(T * D))), w(rand_vec(r, (size_t)D, 1.5f)), mix((size_t)(T * M) * 4);
+                Dual out((size_t)(T * N * D) * 4), out0((size_t)(T * N * D) * 4);
                 Dual x((size_t)(T * D) * 4), post((size_t)(T * N) * 4), comb((size_t)(T * N * N) * 4), y((size_t)(T * D) * 4);
+                Dual p1((size_t)(T * 64) * 4), p2((size_t)(T * 64) * 4);
+                dfltest::DualWeight W(DFL_TYPE_Q8_0, 64, D, r);
+                g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
+                const uint64_t taken = cd ? cd->hc_parts_taken() : 0;
                 for (bool g : {false, true}) {
                     HcPostCall p = hc_post_call(g, F, X, ppost, pcomb, T, D, out0);
+                    if (T > 1) p.F2 = F2.p(g);  // (the FFN's merge: the shared expert's output added)
                     if (g) dev(g)->hc_post(p);  // the GPU's plain hc_post first, for the bit comparison
                     p.out = out.p(g);
                     p.next_fn = g ? &fn.wg : &fn.wc;
@@ -231,18 +243,20 @@ void test_hc_post_site() {
                     c.norm = true;
                     c.norm_eps = 1e-6f;
                     dev(g)->hc_site(g ? fn.wg : fn.wc, c, mix.p(g), w.p(g), 1e-6f, y.p(g));
+                    dev(g)->matmul(g ? W.wg : W.wc, y.p(g), T, p1.p(g));
                 }
+                g_gpu->matmul(W.wg, y.gp(), T, p2.gp());
                 const std::string sh = std::string(" ") + tname(type) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
+                if (want_parts) CHECK(cd->hc_parts_taken() == taken + 1);
                 compare("hc_post (next site's product begun)" + sh, out, 1e-5);
                 same_bits("hc_post with next_fn = without (GPU)" + sh, out.read(true), out0.read(true));
                 // (the three ops' f16 mixing product of 2+ tokens: 16-bit tensor-core operands, as test_hc_site bounds it)
-                const char *env = std::getenv("DFL_CUDA_HC_SITE");
-                const bool ops = env && std::string(env) == "0";
                 const double bound = ops && type == DFL_TYPE_F16 && T > 1 ? 1e-3 : 1e-4;
                 compare("hc_site after hc_post x" + sh, x, bound);
                 compare("hc_site after hc_post post" + sh, post, bound);
                 compare("hc_site after hc_post comb" + sh, comb, bound);
                 compare("hc_site after hc_post y" + sh, y, bound);
+                same_bits("hc_site after hc_post: its product = the product of its y (GPU)" + sh, p1.read(true), p2.read(true));
             }
 }
 

@@ -167,6 +167,7 @@ public:
     size_t shared_optin() const { return shared_optin_; }
     int index() const { return index_; }
     int cc_major() const { return cc_major_; }  // compute capability
+    uint64_t hc_parts_taken() const { return hc_parts_taken_; }  // (HcParts)
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -271,6 +272,7 @@ private:
         float *p = nullptr;
     } hc_parts_;
     GrowBuf hc_parts_buf_;
+    uint64_t hc_parts_taken_ = 0;  // HC sites that took hc_post's partial sums (the op tests read it)
     Staged other_staged_;       // the lane not current's (see Lane)
 };
 

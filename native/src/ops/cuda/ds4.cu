@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c,
     }
     pdl_trigger();
     pdl_wait();
-    if (lane <= M) {  // (hc_site_kernel<.., PARTS>'s order)
+    if (lane <= M) {  // (as hc_site_kernel<.., PARTS> adds them, over 32 warps: its sums' last bits may differ)
         const float *p = parts + t * nparts * (M + 1) + lane;
         float s = 0.0f;
 #pragma unroll 4
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c,
             c.x[t * D + d] = s;
         }
         xv[k] = s;
-        ss += s * s;
+        ss = __fmaf_rn(s, s, ss);
     }
     ss = block_sum(ss, &red[0][0]);
     const float rn = rsqrtf(ss / (float)D + eps);
@@ -529,6 +529,12 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
     staged_done();
 }
 
+// Whether an HC site runs as one kernel (hc_site_kernel, or hc_site_one_kernel): on unless DFL_CUDA_HC_SITE=0.
+static bool hc_site_on() {
+    static const bool on = env_switch("DFL_CUDA_HC_SITE", true);
+    return on;
+}
+
 // The HC site in one cluster a token (hc_site_kernel; DFL_CUDA_HC_SITE=0: the three ops; the 2-layer V4-Flash step
 // on an H100, 12-07 09:2x: 0.667 -> 0.644 ms at one token, 1.91 -> 1.78 / 1.80 at 8), where its shape allows: the norm
 // folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / blocks a multiple of 32 up to 512,
@@ -536,7 +542,7 @@ void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, floa
 // non-portable size, which the H100 and H200 schedule), each block's share of the site's weights, streams and
 // reductions halved: the 8-block kernel spent ~15 us of its 17 alone on 8 SMs (ncu 12-07 09:5x).
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
-    static const bool on = env_switch("DFL_CUDA_HC_SITE", true), late = env_switch("DFL_CUDA_HC_SITE_LATE", true);
+    static const bool on = hc_site_on(), late = env_switch("DFL_CUDA_HC_SITE_LATE", true);
     static const int blocks = env_int("DFL_CUDA_HC_SITE_BLOCKS", kHcSiteBlocks) == 16 ? 16 : kHcSiteBlocks;
     const int64_t threads = c.D / blocks, M = (2 + kHcSiteN) * kHcSiteN;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
@@ -561,6 +567,7 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
             launch_maybe_pdl(pdl_chain_on(), hc_site_one_kernel, dim3((unsigned)c.T), dim3(kHcOneThreads), 0, stream_, c, w,
                              eps, y, q, hp.p, nparts);
             check_launch("hc_site (one block)");
+            hc_parts_taken_++;
             return;
         }
         const dim3 grid((unsigned)blocks, (unsigned)c.T), block((unsigned)threads);
@@ -571,9 +578,10 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
                              eps, y, q, late, hp.p, nparts);
         };
         const bool wide = blocks > kHcSiteBlocks;
-        if (parts)  // (the weights' type no matter: the kernel reads none)
+        if (parts) {  // (the weights' type no matter: the kernel reads none)
             wide ? launch(hc_site_kernel<float, 16, true>) : launch(hc_site_kernel<float, kHcSiteBlocks, true>);
-        else if (fn.type == DFL_TYPE_F16)
+            hc_parts_taken_++;
+        } else if (fn.type == DFL_TYPE_F16)
             wide ? launch(hc_site_kernel<uint16_t, 16, false>) : launch(hc_site_kernel<uint16_t, kHcSiteBlocks, false>);
         else
             wide ? launch(hc_site_kernel<float, 16, false>) : launch(hc_site_kernel<float, kHcSiteBlocks, false>);
@@ -595,7 +603,7 @@ void CudaDevice::hc_post(const HcPostCall &c) {
     static const bool parts_on = env_switch("DFL_CUDA_HC_PARTS", false);
     const Weight *fn = c.next_fn;
     const int M = (2 + kHcSiteN) * kHcSiteN;
-    const bool parts = parts_on && fn && cc_major() >= 9 && c.T > 0 && c.T <= 64 && c.N == kHcSiteN &&
+    const bool parts = parts_on && hc_site_on() && fn && cc_major() >= 9 && c.T > 0 && c.T <= 64 && c.N == kHcSiteN &&
                        (c.N * c.D) % kHcPartsCols == 0 && fn->n_in == c.N * c.D && fn->n_out == M &&
                        (fn->type == DFL_TYPE_F16 || fn->type == DFL_TYPE_F32) && ((uintptr_t)fn->data & 15) == 0 &&
                        fn->row_bytes % 16 == 0 && ((uintptr_t)c.out & 15) == 0;
@@ -616,8 +624,8 @@ void CudaDevice::hc_post(const HcPostCall &c) {
                              stream_, c, fn->data, fn->row_bytes, p);
         }
         check_launch("hc_post");
+        if (p) hc_parts_ = HcParts{c.out, fn->data, c.T, calls_, p};  // (calls_ counts this op: use() came first)
     });
-    if (p) hc_parts_ = HcParts{c.out, fn->data, c.T, calls_, p};
 }
 
 void CudaDevice::hc_head(const HcHeadCall &c) {
