@@ -217,6 +217,28 @@ __device__ __forceinline__ void hc_block_partials(const typename HcSiteW4<WT>::R
     }
 }
 
+// A token's totals from hc_post's partial sums P (nparts blocks of M + 1) into tot (M + 1, shared memory): warp w's
+// lanes add blocks w, w + nw, .. (their loads in flight together), then thread m adds the warps' sums in warp order.
+// (One thread a total adding all 64 in turn, each load waiting for the one before, was ~8 us of the site's kernel, ncu
+// 12-07 10:0x.) Ends with a barrier.
+template <int M>
+__device__ __forceinline__ void hc_parts_totals(const float *P, int nparts, float (*red)[M + 1], float *tot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane <= M) {
+        float s = 0.0f;
+#pragma unroll 4
+        for (int j = warp; j < nparts; j += nw) s += ld_act(P + (int64_t)j * (M + 1) + lane);
+        red[warp][lane] = s;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x <= M) {
+        float s = 0.0f;
+        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
+        tot[threadIdx.x] = s;
+    }
+    __syncthreads();
+}
+
 template <typename WT, int B, bool PARTS>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q,
@@ -227,7 +249,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     __shared__ float part[M + 1], part2[1], tot[M + 1], pre[N];
     __shared__ float red[32][M + 1];
     cg::cluster_group cl = cg::this_cluster();
-    const int rank = (int)cl.block_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int rank = (int)cl.block_rank();
     const int64_t t = blockIdx.y, D = c.D, ND = N * D;
     // this thread's 4 columns of each mixing row, loaded while the kernel before ends (the weights are constant)
     const int64_t col = (int64_t)rank * N * blockDim.x + 4 * (int64_t)threadIdx.x;
@@ -242,23 +264,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
     pdl_wait();     // (launch_chain) everything below reads what the kernel before wrote
     const float *X = c.X + t * ND;
     if constexpr (PARTS) {
-        // the totals from hc_post's partial sums of this token (nparts blocks of M + 1): warp w's lanes add blocks w,
-        // w + nw, .. (their loads in flight together), then the warps' sums in warp order. (One thread a total adding
-        // all 64 in turn, each load waiting for the one before, was ~8 us of the kernel, ncu 12-07 10:0x.)
-        if (lane <= M) {
-            const float *p = parts + t * nparts * (M + 1) + lane;
-            float s = 0.0f;
-#pragma unroll 4
-            for (int j = warp; j < nparts; j += nw) s += ld_act(p + (int64_t)j * (M + 1));
-            red[warp][lane] = s;
-        }
-        __syncthreads();
-        if ((int)threadIdx.x <= M) {
-            float s = 0.0f;
-            for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
-            tot[threadIdx.x] = s;
-        }
-        __syncthreads();
+        hc_parts_totals<M>(parts + t * nparts * (M + 1), nparts, red, tot);
     } else {
         // the mixing product's partial sums over this block's columns, and their squares
         hc_block_partials<WT, M>(wr, *(const float4 *)(X + col), red, part);
@@ -307,7 +313,6 @@ __global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c,
                                                                     CudaDevice::QuantX q, const float *parts, int nparts) {
     constexpr int N = kHcSiteN, M = (2 + N) * N;
     __shared__ float red[32][M + 1], tot[M + 1], pre[N];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t t = blockIdx.x, D = c.D, ND = N * D;
     float wd[kHcOneRegs];  // the norm's weights of this thread's channels (constant: loaded before the wait)
 #pragma unroll
@@ -317,20 +322,7 @@ __global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c,
     }
     pdl_trigger();
     pdl_wait();
-    if (lane <= M) {  // (as hc_site_kernel<.., PARTS> adds them, over 32 warps: its sums' last bits may differ)
-        const float *p = parts + t * nparts * (M + 1) + lane;
-        float s = 0.0f;
-#pragma unroll 4
-        for (int j = warp; j < nparts; j += nw) s += ld_act(p + (int64_t)j * (M + 1));
-        red[warp][lane] = s;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x <= M) {
-        float s = 0.0f;
-        for (int i = 0; i < nw; i++) s += red[i][threadIdx.x];
-        tot[threadIdx.x] = s;
-    }
-    __syncthreads();
+    hc_parts_totals<M>(parts + t * nparts * (M + 1), nparts, red, tot);  // (over 32 warps: last bits may differ)
     const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
     hc_pre_weights(c, t, tot, r, false, pre);  // (its barrier orders pre)
     const float *X = c.X + t * ND;
