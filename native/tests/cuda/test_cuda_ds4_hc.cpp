@@ -116,7 +116,7 @@ void test_hc() {
         }
 }
 
-// hc_pre with the sub-block's RMSNorm (Device::hc_pre_norm; on the GPU one kernel with DFL_CUDA_HC_PRE_NORM=1)
+// hc_pre with the sub-block's RMSNorm (Device::hc_pre_norm: the two ops, the HC site's fallback's second half)
 // against the CPU's two ops, and on the GPU bit for bit against its own two ops, the q8_0 product after it included
 // (it takes the staged int8 rows either way).
 void test_hc_pre_norm() {

@@ -68,7 +68,6 @@ public:
 
     // DeepSeek V4 (ds4.cu, ds4_compress.cu, ds4_moe.cu)
     void hc_pre(const HcPreCall &c) override;
-    void hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) override;
     void hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) override;
     bool hc_fold() const override;
     void norm_rope_tail(const float *w, float eps, const RopeTailCall &c) override;

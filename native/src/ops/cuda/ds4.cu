@@ -123,37 +123,10 @@ __global__ void hc_pre_kernel(HcPreCall c) {
     mix_streams_block(pre, c.X + t * N * c.D, N, c.D, d0, d1, c.x + t * c.D);
 }
 
-// hc_pre and the sub-block's RMSNorm in one block a token (Device::hc_pre_norm): hc_pre_kernel's pre, post and comb,
-// the token's x mixed channel by channel into registers as rmsnorm_regs_kernel holds a row (channel i + k x
-// blockDim, blockDim norm_threads(D)), so its sum of squares, scale and y = (x r) w with the staged quantization are
-// that kernel's bit for bit: two launches a site become one.
-constexpr int kHcNormRegs = 8;
-
-__global__ void __launch_bounds__(1024) hc_pre_norm_kernel(HcPreCall c, const float *w, float eps, float *y,
-                                                           CudaDevice::QuantX q) {
-    pdl_trigger();  // a following launch_pdl product may start loading its weights
-    pdl_wait();     // (launch_chain)
-    __shared__ float pre[kDs4MaxHc];
-    __shared__ float red[32];
-    const int64_t t = blockIdx.x;
-    const int N = c.N;
-    const int64_t D = c.D;
-    hc_pre_begin(c, t, true, pre, red);
-    const float *X = c.X + t * N * D;
-    float v[kHcNormRegs];
-    const float ss = load_row_regs(v, D, [&](int d) {
-        float s = 0.0f;  // mix_streams_block's sum
-        for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
-        c.x[t * D + d] = s;
-        return s;
-    });
-    store_normed_regs<kHcNormRegs>(v, ss, D, eps, w != nullptr, [&](int, int d) { return __ldg(w + d); }, y + t * D, q, red);
-}
-
 // A whole HC site of one token in one cluster of B blocks (Device::hc_site, the norm folded; N = 4 streams, D / B
-// threads a block; B = kHcSiteBlocks, or 16 with DFL_CUDA_HC_SITE_BLOCKS=16). Why: the site was three launches on one token's 64 KB (the f16 mixing product,
-// hc_pre, rmsnorm: ~26 us of a V4 layer's ~232 at batch 1, twice a layer, H100 12-07 08:2x), each a few dependent
-// round trips on few blocks. Block b multiplies its N * D / B stream values (4 consecutive a thread, the
+// threads a block; B = kHcSiteBlocks, or 16 with DFL_CUDA_HC_SITE_BLOCKS=16). Why: the site was three launches on one
+// token's 64 KB (the f16 mixing product, hc_pre, rmsnorm: ~26 us of a V4 layer's ~232 at batch 1, twice a layer, H100
+// 12-07 08:2x), each a few dependent round trips on few blocks. Block b multiplies its N * D / B stream values (4 consecutive a thread, the
 // float4 load of the stream and one 4-wide load of each fn row) into the (2 + N) N partial sums of the mixing product
 // and the sum of their squares; the cluster adds the blocks' partials in rank order (every block alike, so all hold the
 // same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does); block b then mixes channels
@@ -501,24 +474,6 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
         launch_ds4(hc_pre_kernel, dim3((unsigned)c.T, (unsigned)((c.D + kHcChunk - 1) / kHcChunk)), 256, 0, stream_, c);
         check_launch("hc_pre");
     });
-}
-
-// hc_pre with the sub-block's RMSNorm in one launch where a block holds a row (DFL_CUDA_HC_PRE_NORM=1; off: the
-// two ops). A folded streams' norm sums its squares over 256 threads in hc_pre_kernel (hc_fold_scale): a block of
-// fewer (rows of 512 or less) would sum them otherwise, so those take the two ops and the bits stay hc_pre's.
-void CudaDevice::hc_pre_norm(const HcPreCall &c, const float *w, float eps, float *y) {
-    static const bool on = env_switch("DFL_CUDA_HC_PRE_NORM", false);
-    const int threads = norm_threads(c.D);
-    if (!on || c.D % 32 != 0 || c.D > (int64_t)kHcNormRegs * threads || c.N > kDs4MaxHc || (c.norm && threads < 256))
-        return Device::hc_pre_norm(c, w, eps, y);
-    check_hc_pre(c);
-    op("hc_pre_norm", [&] {
-        const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging, whatever T is)
-        if (c.T <= 0) return;
-        launch_chain(hc_pre_norm_kernel, dim3((unsigned)c.T), dim3(threads), 0, stream_, c, w, eps, y, q);
-        check_launch("hc_pre_norm");
-    });
-    staged_done();
 }
 
 // Whether an HC site runs as one kernel (hc_site_kernel, or hc_site_one_kernel): on unless DFL_CUDA_HC_SITE=0.
