@@ -234,7 +234,6 @@ QwenModel::OutProj QwenModel::gdn_layer(const Layer &L, const BatchMeta &m, int6
     gc.rec_inputs = recording_;  // the recording entries' inputs, for a rollback to replay
     dev_->gdn_gates(T, gg);
     dev_->gdn(m, gc);
-
     dev_->gated_rmsnorm(a.core.f(), in[1].p, in[1].stride, L.ssm_norm, T, h.n_v, h.dv, h.eps);
     return OutProj{&L.wout, a.core.f()};
 }

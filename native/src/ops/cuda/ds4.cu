@@ -126,12 +126,13 @@ __global__ void hc_pre_kernel(HcPreCall c) {
 // A whole HC site of one token in one cluster of B blocks (Device::hc_site, the norm folded; N = 4 streams, D / B
 // threads a block; B = kHcSiteBlocks, or 16 with DFL_CUDA_HC_SITE_BLOCKS=16). Why: the site was three launches on one
 // token's 64 KB (the f16 mixing product, hc_pre, rmsnorm: ~26 us of a V4 layer's ~232 at batch 1, twice a layer, H100
-// 12-07 08:2x), each a few dependent round trips on few blocks. Block b multiplies its N * D / B stream values (4 consecutive a thread, the
-// float4 load of the stream and one 4-wide load of each fn row) into the (2 + N) N partial sums of the mixing product
-// and the sum of their squares; the cluster adds the blocks' partials in rank order (every block alike, so all hold the
-// same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does); block b then mixes channels
-// [b D / B, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged quantization for
-// the product after it. mix is not written. The sums' order differs from the ops apart (last bits of the product).
+// 12-07 08:2x), each a few dependent round trips on few blocks. Block b multiplies its N * D / B stream values (4
+// consecutive a thread, the float4 load of the stream and one 4-wide load of each fn row) into the (2 + N) N partial
+// sums of the mixing product and the sum of their squares; the cluster adds the blocks' partials in rank order (every
+// block alike, so all hold the same totals: DSMEM reads), derives pre (rank 0 also post and comb, as hc_pre does);
+// block b then mixes channels [b D / B, ..) of x, the cluster adds their squares, and y = rmsnorm(x) w with the staged
+// quantization for the product after it. mix is not written. The sums' order differs from the ops apart (last bits of
+// the product).
 // late (DFL_CUDA_HC_SITE_LATE=0: not): rank 0's warp 0 runs Sinkhorn (post and comb, which only hc_post reads, a
 // sub-block later) after its share of y, not before the norm's cluster barrier, and every block leaves once the
 // cluster's reads of its shared memory are done (a split barrier: arrive after its own remote reads, wait at the end):
@@ -139,12 +140,12 @@ __global__ void hc_pre_kernel(HcPreCall c) {
 // 09:5x: 15 of the kernel's 26 cycles between issues were warps waiting at a barrier). The 2-layer V4-Flash step on an
 // H100, alternated (09:5x): b1 0.616 / 0.622 / 0.614 -> 0.610 / 0.606 ms, b8 even (1.78).
 constexpr int kHcSiteBlocks = 8;  // the portable cluster size
+constexpr int kHcSiteN = 4;
 
 // The two halves of a cluster barrier (cl.sync() is both): arrive (release: this thread's writes before it are
 // visible to the cluster after the wait) and wait for every thread of the cluster to have arrived (acquire).
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-constexpr int kHcSiteN = 4;
 
 // Four consecutive mixing weights of a row (col a multiple of 4), as loaded (WT's raw bits: before pdl_wait, from the
 // constant weights), and as floats.
@@ -482,6 +483,13 @@ static bool hc_site_on() {
     return on;
 }
 
+// Whether fn is a mixing matrix the site's kernels (and hc_post's partial sums of it) read for streams of D channels:
+// (2 + N) N rows of N D, f16 or f32, rows in 16-byte words.
+static bool hc_site_weight_ok(const Weight &fn, int64_t D) {
+    return fn.n_in == kHcSiteN * D && fn.n_out == (2 + kHcSiteN) * kHcSiteN &&
+           (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) && ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0;
+}
+
 // The HC site in one cluster a token (hc_site_kernel; DFL_CUDA_HC_SITE=0: the three ops; the 2-layer V4-Flash step
 // on an H100, 12-07 09:2x: 0.667 -> 0.644 ms at one token, 1.91 -> 1.78 / 1.80 at 8), where its shape allows: the norm
 // folded, 4 streams, an f16 or f32 mixing matrix of (2 + N) N rows of N D, D / blocks a multiple of 32 up to 512,
@@ -491,10 +499,9 @@ static bool hc_site_on() {
 void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
     static const bool on = hc_site_on(), late = env_switch("DFL_CUDA_HC_SITE_LATE", true);
     static const int blocks = env_int("DFL_CUDA_HC_SITE_BLOCKS", kHcSiteBlocks) == 16 ? 16 : kHcSiteBlocks;
-    const int64_t threads = c.D / blocks, M = (2 + kHcSiteN) * kHcSiteN;
+    const int64_t threads = c.D / blocks;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
-                       fn.n_in == kHcSiteN * c.D && fn.n_out == M && (fn.type == DFL_TYPE_F16 || fn.type == DFL_TYPE_F32) &&
-                       ((uintptr_t)fn.data & 15) == 0 && fn.row_bytes % 16 == 0 && ((uintptr_t)c.X & 15) == 0;
+                       hc_site_weight_ok(fn, c.D) && ((uintptr_t)c.X & 15) == 0;
     // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1), and then the
     // site in one block a token (DFL_CUDA_HC_SITE_ONE=1, opt-in, unmeasured: hc_site_one_kernel)
     static const bool one_on = env_switch("DFL_CUDA_HC_SITE_ONE", false);
@@ -551,9 +558,7 @@ void CudaDevice::hc_post(const HcPostCall &c) {
     const Weight *fn = c.next_fn;
     const int M = (2 + kHcSiteN) * kHcSiteN;
     const bool parts = parts_on && hc_site_on() && fn && cc_major() >= 9 && c.T > 0 && c.T <= 64 && c.N == kHcSiteN &&
-                       (c.N * c.D) % kHcPartsCols == 0 && fn->n_in == c.N * c.D && fn->n_out == M &&
-                       (fn->type == DFL_TYPE_F16 || fn->type == DFL_TYPE_F32) && ((uintptr_t)fn->data & 15) == 0 &&
-                       fn->row_bytes % 16 == 0 && ((uintptr_t)c.out & 15) == 0;
+                       (c.N * c.D) % kHcPartsCols == 0 && hc_site_weight_ok(*fn, c.D) && ((uintptr_t)c.out & 15) == 0;
     hc_parts_ = HcParts{};
     const int64_t nblocks = c.T * c.N * c.D / kHcPartsCols;
     float *p = parts ? (float *)grow(hc_parts_buf_, (size_t)(nblocks * (M + 1)) * sizeof(float), "hc site partial sums")

@@ -284,25 +284,25 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
             launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, counts, async);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
-        if (last) {  // (the split kernel finishes: FOLD as the combining kernel would)
+        if (S > 1) {
+            // with counts (last) the split kernel's last block of a (token, head) combines and finishes (FOLD as the
+            // combining kernel would); else the combining kernel after it
             const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
-            if (fold)
-                smem ? launch(ds4_attention_kernel<true, true, true>, sgrid) : launch(ds4_attention_kernel<true, false, true>, sgrid);
-            else
-                smem ? launch(ds4_attention_kernel<false, true, true>, sgrid)
-                     : launch(ds4_attention_kernel<false, false, true>, sgrid);
-        } else if (S > 1) {
-            const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
+            const bool finish = last && fold;
             if (smem)
-                launch(ds4_attention_kernel<false, true, true>, sgrid);
+                finish ? launch(ds4_attention_kernel<true, true, true>, sgrid)
+                       : launch(ds4_attention_kernel<false, true, true>, sgrid);
             else
-                launch(ds4_attention_kernel<false, false, true>, sgrid);
-            check_launch("ds4_attention (splits)");
-            const size_t row = (size_t)c.head_dim * sizeof(float);
-            if (fold)
-                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-            else
-                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+                finish ? launch(ds4_attention_kernel<true, false, true>, sgrid)
+                       : launch(ds4_attention_kernel<false, false, true>, sgrid);
+            if (!last) {
+                check_launch("ds4_attention (splits)");
+                const size_t row = (size_t)c.head_dim * sizeof(float);
+                if (fold)
+                    launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+                else
+                    launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+            }
         } else if (fold && smem) {
             launch(ds4_attention_kernel<true, true, false>, grid);
         } else if (fold) {
