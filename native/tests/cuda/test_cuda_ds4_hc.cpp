@@ -209,8 +209,8 @@ void test_hc_site() {
 }
 
 // hc_post then the next HC site (HcPostCall::next_fn; on the GPU with DFL_CUDA_HC_PARTS=1 hc_post leaves the site's
-// mixing product in partial sums, which the site's cluster kernel takes instead of the weights, or with
-// DFL_CUDA_HC_SITE_ONE=1 too its one-block kernel) against the CPU's two ops; and the GPU's hc_post output bit for bit with and without next_fn (the same arithmetic an output).
+// mixing product in partial sums, which the site's cluster kernel takes instead of the weights) against the CPU's two
+// ops; and the GPU's hc_post output bit for bit with and without next_fn (the same arithmetic an output).
 void test_hc_post_site() {
     const char *site_env = std::getenv("DFL_CUDA_HC_SITE"), *parts_env = std::getenv("DFL_CUDA_HC_PARTS");
     const bool ops = site_env && std::string(site_env) == "0";

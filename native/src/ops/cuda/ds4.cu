@@ -19,19 +19,27 @@ namespace cuda {
 // Sinkhorn projection of one n x n matrix (n * n <= 32), the CPU's ds4_sinkhorn step for step: lane a * n + b of the
 // calling warp holds c[a][b] in v and gets the result. Every sum is taken in the CPU's order (each lane adds its row's
 // or column's values itself, from lane 0 of the row or column on), so the result is the serial one bit for bit.
-__device__ float sinkhorn_warp(float v, int n, int iters, float eps) {
+// NC > 0: n is NC, known when compiled, so each sum's shuffles are unrolled and issued back to back (with n at run
+// time, each waited for the one before: 20 rounds of that were most of the ~9 us rank 0 of the HC site kernel ran
+// alone after the other blocks had left, ncu 12-07 10:0x).
+template <int NC = 0>
+__device__ float sinkhorn_warp(float v, int n_rt, int iters, float eps) {
+    const int n = NC > 0 ? NC : n_rt;
     const int lane = threadIdx.x & 31, a = lane / n, b = lane % n;
     auto row_sum = [&](float x) {
         float sum = 0.0f;
+#pragma unroll
         for (int j = 0; j < n; j++) sum += __shfl_sync(0xffffffffu, x, (a * n + j) & 31);
         return sum;
     };
     auto col_sum = [&](float x) {
         float sum = 0.0f;
+#pragma unroll
         for (int i = 0; i < n; i++) sum += __shfl_sync(0xffffffffu, x, (i * n + b) & 31);
         return sum;
     };
     float mx = __shfl_sync(0xffffffffu, v, (a * n) & 31);
+#pragma unroll
     for (int j = 1; j < n; j++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, (a * n + j) & 31));
     const float e = expf(v - mx);
     v = e / row_sum(e) + eps;
@@ -82,22 +90,24 @@ __device__ float hc_fold_scale(const HcPreCall &c, int64_t t, float *red) {
 }
 
 // post and comb of token t from its mixing row scaled by r (Sinkhorn one lane per entry): the calling warp, whole
-// (sinkhorn_warp shuffles across it).
+// (sinkhorn_warp shuffles across it). NC: c.N known when compiled (sinkhorn_warp).
+template <int NC = 0>
 __device__ void hc_post_comb_warp(const HcPreCall &c, int64_t t, const float *mix, float r) {
-    const int N = c.N, lane = threadIdx.x & 31;
+    const int N = NC > 0 ? NC : c.N, lane = threadIdx.x & 31;
     if (lane < N) c.post[t * N + lane] = 2.0f * sigmoid_f(mix[N + lane] * r * c.scale[1] + c.base[N + lane]);
     const int k = lane < N * N ? lane : 0;
-    const float v = sinkhorn_warp(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
+    const float v = sinkhorn_warp<NC>(mix[2 * N + k] * r * c.scale[2] + c.base[2 * N + k], N, c.iters, c.eps);
     if (lane < N * N) c.comb[t * N * N + lane] = v;
 }
 
 // pre (N sigmoids) into shared memory from the token's mixing row scaled by r; then, where store, warp 0 stores post
 // and comb while the other warps go on.
+template <int NC = 0>
 __device__ void hc_pre_weights(const HcPreCall &c, int64_t t, const float *mix, float r, bool store, float *pre) {
-    const int N = c.N;
+    const int N = NC > 0 ? NC : c.N;
     if ((int)threadIdx.x < N) pre[threadIdx.x] = sigmoid_f(mix[threadIdx.x] * r * c.scale[0] + c.base[threadIdx.x]) + c.eps;
     __syncthreads();
-    if (store && threadIdx.x < 32) hc_post_comb_warp(c, t, mix, r);
+    if (store && threadIdx.x < 32) hc_post_comb_warp<NC>(c, t, mix, r);
 }
 
 // hc_pre_weights of token t from its mixing row, scaled by the streams' norm where c.norm.
@@ -139,6 +149,8 @@ __global__ void hc_pre_kernel(HcPreCall c) {
 // Sinkhorn's 20 dependent rounds of shuffles and divisions stop holding up the other seven blocks' norm (ncu 12-07
 // 09:5x: 15 of the kernel's 26 cycles between issues were warps waiting at a barrier). The 2-layer V4-Flash step on an
 // H100, alternated (09:5x): b1 0.616 / 0.622 / 0.614 -> 0.610 / 0.606 ms, b8 even (1.78).
+// mixr (DFL_CUDA_HC_COMB_SIDE=1): rank 0 leaves the token's mixing row scaled by the norm there and runs no Sinkhorn;
+// hc_comb_kernel derives post and comb from it on the side lane.
 constexpr int kHcSiteBlocks = 8;  // the portable cluster size
 constexpr int kHcSiteN = 4;
 
@@ -216,7 +228,7 @@ __device__ __forceinline__ void hc_parts_totals(const float *P, int nparts, floa
 template <typename WT, int B, bool PARTS>
 __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t *fn, uint64_t fn_row_bytes,
                                                        const float *w, float eps, float *y, CudaDevice::QuantX q,
-                                                       bool late, const float *parts, int nparts) {
+                                                       bool late, const float *parts, int nparts, float *mixr) {
     namespace cg = cooperative_groups;
     constexpr int N = kHcSiteN, M = (2 + N) * N;
     using W4 = HcSiteW4<WT>;
@@ -251,7 +263,8 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
         __syncthreads();
     }
     const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
-    hc_pre_weights(c, t, tot, r, rank == 0 && !late, pre);  // (its barrier orders pre)
+    hc_pre_weights<N>(c, t, tot, r, rank == 0 && !late && !mixr, pre);  // (its barrier orders pre)
+    if (mixr && rank == 0 && (int)threadIdx.x < M) mixr[t * M + threadIdx.x] = tot[threadIdx.x] * r;  // (hc_comb_kernel)
     // x over this block's channels, then y = rmsnorm(x) w
     float s = 0.0f;
     for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
@@ -271,59 +284,18 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
         cl.sync();  // no block leaves while another reads its shared memory
         return;
     }
-    if (rank == 0 && threadIdx.x < 32) hc_post_comb_warp(c, t, tot, r);
+    if (!mixr && rank == 0 && threadIdx.x < 32) hc_post_comb_warp<N>(c, t, tot, r);
     cluster_wait();  // (likewise: every block arrived once its own reads were done)
 }
 
-// The HC site of one token in one block, no cluster (DFL_CUDA_HC_SITE_ONE=1 with DFL_CUDA_HC_PARTS=1, where hc_post
-// left this site's partial sums; opt-in, unmeasured): the totals from those sums as hc_site_kernel<.., PARTS> adds
-// them, pre, x over kHcOneRegs channels a thread (channel threadIdx.x + k blockDim), the block's sum of x's squares,
-// y = rmsnorm(x) w with the staged quantization, then Sinkhorn in warp 0. Why: the 8-block cluster kernel took 17-18
-// us under Nsight Compute with its SMs idle half of it (12-07 10:0x), while one SM reads a token's 64 KB of streams
-// (just written by hc_post: from L2) in about a round trip with every thread's four loads in flight.
-constexpr int kHcOneThreads = 1024, kHcOneRegs = 4;
-
-__global__ void __launch_bounds__(kHcOneThreads) hc_site_one_kernel(HcPreCall c, const float *w, float eps, float *y,
-                                                                    CudaDevice::QuantX q, const float *parts, int nparts) {
+// post and comb of token t (block t, one warp) from the site kernel's mixing row, already scaled by the norm (mixr:
+// tot * r, so a factor 1 here rounds as r there): Sinkhorn on the device's side lane (DFL_CUDA_HC_COMB_SIDE=1), off
+// the main lane, where only hc_post reads them, a sub-block later (after the model's join_side).
+__global__ void hc_comb_kernel(HcPreCall c, const float *mixr) {
     constexpr int N = kHcSiteN, M = (2 + N) * N;
-    __shared__ float red[32][M + 1], tot[M + 1], pre[N];
-    const int64_t t = blockIdx.x, D = c.D, ND = N * D;
-    float wd[kHcOneRegs];  // the norm's weights of this thread's channels (constant: loaded before the wait)
-#pragma unroll
-    for (int k = 0; k < kHcOneRegs; k++) {
-        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
-        wd[k] = w && d < D ? __ldg(w + d) : 1.0f;
-    }
     pdl_trigger();
     pdl_wait();
-    hc_parts_totals<M>(parts + t * nparts * (M + 1), nparts, red, tot);  // (over 32 warps: last bits may differ)
-    const float r = rsqrtf(tot[M] / (float)ND + c.norm_eps);
-    hc_pre_weights(c, t, tot, r, false, pre);  // (its barrier orders pre)
-    const float *X = c.X + t * ND;
-    float xv[kHcOneRegs], ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kHcOneRegs; k++) {
-        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
-        float s = 0.0f;
-        if (d < D) {
-            for (int i = 0; i < N; i++) s += pre[i] * X[i * D + d];
-            c.x[t * D + d] = s;
-        }
-        xv[k] = s;
-        ss = __fmaf_rn(s, s, ss);
-    }
-    ss = block_sum(ss, &red[0][0]);
-    const float rn = rsqrtf(ss / (float)D + eps);
-    const CudaDevice::QuantX qt = row_quant(q, D, t);
-#pragma unroll
-    for (int k = 0; k < kHcOneRegs; k++) {
-        const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
-        if (d >= D) continue;  // (whole warps: D a multiple of 32)
-        const float v = w ? (xv[k] * rn) * wd[k] : xv[k] * rn;
-        y[t * D + d] = v;
-        if (qt.xq) quant_q8_store(qt, v, d);
-    }
-    if (threadIdx.x < 32) hc_post_comb_warp(c, t, tot, r);
+    hc_post_comb_warp<N>(c, blockIdx.x, mixr + (int64_t)blockIdx.x * M, 1.0f);
 }
 
 // The sub-block output F of token t at channel d: F (+ F2).
@@ -477,7 +449,7 @@ void CudaDevice::hc_pre(const HcPreCall &c) {
     });
 }
 
-// Whether an HC site runs as one kernel (hc_site_kernel, or hc_site_one_kernel): on unless DFL_CUDA_HC_SITE=0.
+// Whether an HC site runs as one kernel (hc_site_kernel): on unless DFL_CUDA_HC_SITE=0.
 static bool hc_site_on() {
     static const bool on = env_switch("DFL_CUDA_HC_SITE", true);
     return on;
@@ -502,34 +474,28 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     const int64_t threads = c.D / blocks;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        hc_site_weight_ok(fn, c.D) && ((uintptr_t)c.X & 15) == 0;
-    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1), and then the
-    // site in one block a token (DFL_CUDA_HC_SITE_ONE=1, opt-in, unmeasured: hc_site_one_kernel)
-    static const bool one_on = env_switch("DFL_CUDA_HC_SITE_ONE", false);
+    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1)
     const HcParts hp = hc_parts_;
     hc_parts_ = HcParts{};
     const bool parts = hp.p && hp.X == c.X && hp.fn == fn.data && hp.T == c.T && hp.call == calls_;
-    const bool one = one_on && parts && c.norm && c.N == kHcSiteN && c.D % 32 == 0 &&
-                     c.D <= (int64_t)kHcOneThreads * kHcOneRegs;
+    // Sinkhorn (post and comb) on the side lane, off the main one (DFL_CUDA_HC_COMB_SIDE=1, opt-in, unmeasured):
+    // rank 0 of the site's cluster ran its 20 rounds alone after the other blocks had left, and the next product
+    // waited for it (ncu 12-07 10:0x: the kernel 17-18 us, its SMs busy ~8); mix holds T rows of (2 + N) N
+    static const bool side_env = env_switch("DFL_CUDA_HC_COMB_SIDE", false);
+    const bool side = side_env && lanes_ && mix;
     // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
     // thousands would read it thousands of times)
-    if (!on || !(shape || one) || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
+    if (!on || !shape || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
     check_hc_pre(c);
     const int nparts = (int)(kHcSiteN * c.D / kHcPartsCols);
     op("hc_site", [&] {
         const QuantX q = stage_rows(y, c.T, c.D);  // (clears an earlier op's staging)
-        if (one) {
-            launch_maybe_pdl(pdl_chain_on(), hc_site_one_kernel, dim3((unsigned)c.T), dim3(kHcOneThreads), 0, stream_, c, w,
-                             eps, y, q, hp.p, nparts);
-            check_launch("hc_site (one block)");
-            hc_parts_taken_++;
-            return;
-        }
         const dim3 grid((unsigned)blocks, (unsigned)c.T), block((unsigned)threads);
         auto launch = [&](auto kernel) {
             if (blocks > kHcSiteBlocks)
                 set_attribute_once(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1, index(), "hc_site (16-block clusters)");
             launch_maybe_pdl(pdl_chain_on(), (unsigned)blocks, kernel, grid, block, 0, stream_, c, fn.data, fn.row_bytes, w,
-                             eps, y, q, late, hp.p, nparts);
+                             eps, y, q, late, hp.p, nparts, side ? mix : nullptr);
         };
         const bool wide = blocks > kHcSiteBlocks;
         if (parts) {  // (the weights' type no matter: the kernel reads none)
@@ -542,6 +508,13 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
         check_launch("hc_site");
     });
     staged_done();
+    if (!side) return;
+    side_begin();
+    op("hc_comb", [&] {
+        launch_ds4(hc_comb_kernel, (unsigned)c.T, 32, 0, stream_, c, mix);
+        check_launch("hc_comb");
+    });
+    side_end();
 }
 
 // The plan multiplies the raw streams and hc_pre applies their norm, where a 16,384-wide rmsnorm launch (~20 us in the

@@ -6,7 +6,6 @@
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/ds4_common.cuh"
-#include "ops/cuda/gemv_int8.cuh"
 
 namespace dfl {
 namespace cuda {
@@ -59,29 +58,6 @@ __device__ void attn_finish(const BatchMeta &m, const Ds4AttnCall &c, int64_t t,
     }
 }
 
-constexpr int kAttnMaxSplits = 8;
-
-// One (t, h)'s S split parts P ([S][2 + hd]) rescaled to their common max and added in split order, divided, into row
-// (shared memory, hd floats). Loads from L2 (__ldcg): other blocks wrote the parts.
-__device__ void attn_combine_row(const float *P, int S, int hd, float *row) {
-    float M = -INFINITY;
-    for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(P + s * (2 + hd)));
-    float w[kAttnMaxSplits], den = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kAttnMaxSplits; s++) {
-        const float mx = s < S ? __ldcg(P + s * (2 + hd)) : -INFINITY;
-        w[s] = mx == -INFINITY ? 0.0f : expf(mx - M);  // (a split with no key: nothing)
-        if (s < S) den += __ldcg(P + s * (2 + hd) + 1) * w[s];
-    }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float a = 0.0f;
-#pragma unroll
-        for (int s = 0; s < kAttnMaxSplits; s++)
-            if (s < S) a += __ldcg(P + s * (2 + hd) + 2 + d) * w[s];
-        row[d] = a / den;
-    }
-}
-
 // Block (token, head), online softmax over tiles of keys: the running max starts at the sink's logit and the running
 // denominator at exp(0) = 1 for it, which is the CPU's exp(sink - mx) term once rescaled. Each thread owns the output
 // dims d = threadIdx.x + k * blockDim.x. FOLD: the call's unrotate and ring_write here (the output row goes through
@@ -92,14 +68,12 @@ __device__ void attn_combine_row(const float *P, int S, int hd, float *row) {
 // V4 layer at batch 1); the same floats in the same order, so the same output bits.
 // SPLIT: block (t, h, s) of gridDim.z runs the s-th of gridDim.z equal runs of the key tiles, the sink only in the
 // first, and leaves its running max, denominator and unnormalised sums in parts [t][h][s][2 + head_dim]
-// (ds4_attention_combine_kernel finishes): a decode step's 64 (token, head) blocks are half of the SMs. With counts
-// (DFL_CUDA_DS4_ATTN_LAST=1), the last of a (t, h)'s blocks to finish combines the parts itself, as the combining
-// kernel would (attn_combine_row, then FOLD's finish): one launch fewer a layer.
+// (ds4_attention_combine_kernel finishes): a decode step's 64 (token, head) blocks are half of the SMs.
 // ASYNC (SMEM only; rows on 16-byte boundaries): the tile's rows copied by cp.async, every 16-byte piece of the tile
 // in flight at once, where the register copy has four rows in flight a thread (eight round trips a tile of 32).
 template <bool FOLD, bool SMEM, bool SPLIT>
 __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
-                                                                      unsigned *counts, bool async) {
+                                                                      bool async) {
     pdl_trigger();  // the next chained launch may start (launch_ds4)
     pdl_wait();     // everything below reads what the launch before wrote
     extern __shared__ float q_sh[];  // [head_dim], then with SMEM the tile's rows [kAttnTile][head_dim]
@@ -202,13 +176,6 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
             const int d = threadIdx.x + kk * blockDim.x;
             if (d < hd) part[2 + d] = acc[kk];
         }
-        if (counts) {
-            __syncthreads();  // (the block's stores, before its arrival)
-            if (!fold_group_last(counts, t * c.n_head + h, (int)gridDim.z)) return;
-            attn_combine_row(parts + (t * c.n_head + h) * gridDim.z * (2 + hd), (int)gridDim.z, hd, q_sh);
-            attn_finish<FOLD>(m, c, t, h, q_sh);
-            if (threadIdx.x == 0) counts[t * c.n_head + h] = 0;  // (for the next launch)
-        }
     } else {
         // the row through q_sh (free: the last tile's barrier passed every read of it)
 #pragma unroll
@@ -220,8 +187,10 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
     }
 }
 
-// Block (t, h): the splits' parts of ds4_attention_kernel<.., SPLIT> combined (attn_combine_row), then finished as the
-// unsplit kernel finishes its row.
+constexpr int kAttnMaxSplits = 8;
+
+// Block (t, h): the splits' parts of ds4_attention_kernel<.., SPLIT> rescaled to their common max and added in split
+// order, divided, then finished as the unsplit kernel finishes its row.
 template <bool FOLD>
 __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(BatchMeta m, Ds4AttnCall c,
                                                                           const float *parts, int S) {
@@ -230,7 +199,23 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
     extern __shared__ float row[];  // [head_dim]
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y, hd = c.head_dim;
-    attn_combine_row(parts + (t * c.n_head + h) * S * (2 + hd), S, hd, row);
+    const float *P = parts + (t * c.n_head + h) * S * (2 + hd);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, P[s * (2 + hd)]);
+    float w[kAttnMaxSplits], den = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kAttnMaxSplits; s++) {
+        const float mx = s < S ? P[s * (2 + hd)] : -INFINITY;
+        w[s] = mx == -INFINITY ? 0.0f : expf(mx - M);  // (a split with no key: nothing)
+        if (s < S) den += P[s * (2 + hd) + 1] * w[s];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kAttnMaxSplits; s++)
+            if (s < S) a += P[s * (2 + hd) + 2 + d] * w[s];
+        row[d] = a / den;
+    }
     attn_finish<FOLD>(m, c, t, h, row);
 }
 
@@ -263,16 +248,10 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     static const bool async_env = env_switch("DFL_CUDA_DS4_ATTN_ASYNC", true);
     const bool async = async_env && smem && c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
                        (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;
-    // the last split block of a (token, head) combines its parts (DFL_CUDA_DS4_ATTN_LAST=1, opt-in, unmeasured): the
-    // combining launch (~9 us alone, ncu 12-07 09:3x, 64 blocks on a one-token step) saved, its counters the
-    // residual-norm fold's (zero at rest: each user clears what it counted)
-    static const bool last_env = env_switch("DFL_CUDA_DS4_ATTN_LAST", false);
-    const bool last = last_env && S > 1;
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
         float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
-        unsigned *counts = last ? fold_counts(heads) : nullptr;
         auto launch = [&](auto kernel, dim3 grid) {
             // set once a kernel and GPU, by the op-by-op run of a step shape, before any graph capture of it: the most
             // any head_dim takes, or the GPU's bound where that is less (132 KB is more than a block may have on
@@ -281,28 +260,21 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
                 set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
                                    index(), "ds4_attention");
-            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, counts, async);
+            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, async);
         };
         const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
         if (S > 1) {
-            // with counts (last) the split kernel's last block of a (token, head) combines and finishes (FOLD as the
-            // combining kernel would); else the combining kernel after it
             const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
-            const bool finish = last && fold;
             if (smem)
-                finish ? launch(ds4_attention_kernel<true, true, true>, sgrid)
-                       : launch(ds4_attention_kernel<false, true, true>, sgrid);
+                launch(ds4_attention_kernel<false, true, true>, sgrid);
             else
-                finish ? launch(ds4_attention_kernel<true, false, true>, sgrid)
-                       : launch(ds4_attention_kernel<false, false, true>, sgrid);
-            if (!last) {
-                check_launch("ds4_attention (splits)");
-                const size_t row = (size_t)c.head_dim * sizeof(float);
-                if (fold)
-                    launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-                else
-                    launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-            }
+                launch(ds4_attention_kernel<false, false, true>, sgrid);
+            check_launch("ds4_attention (splits)");
+            const size_t row = (size_t)c.head_dim * sizeof(float);
+            if (fold)
+                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+            else
+                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
         } else if (fold && smem) {
             launch(ds4_attention_kernel<true, true, false>, grid);
         } else if (fold) {

@@ -1,6 +1,6 @@
 // DeepSeek V4 MoE on the GPU (device.h: MoeRouteCall, swiglu_clamp, MoeExpertsCall).
 //
-// Routing runs on the device (one warp per token). The routed experts take one of two paths:
+// Routing runs on the device (a block per token). The routed experts take one of two paths:
 //  - few (token, choice) pairs (decode steps, small batches: P <= kMoeDirectMaxPairs): every pair's gate / up / down
 //    product is one member of a z-batched GEMV launch that picks its expert's rows from the chosen ids on the device
 //    (launch_gemv_z), then a combine kernel adds the weighted outputs per token in choice order. Nothing comes back to
@@ -24,14 +24,6 @@ constexpr int kRouteMaxK = 64;
 
 // PyTorch softplus (beta 1, threshold 20), as the CPU's.
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-// The better of two candidates: larger value, lower id on ties (id INT32_MAX: no candidate).
-__device__ __forceinline__ void keep_better(float &v, int32_t &id, float v2, int32_t id2) {
-    if (v2 > v || (v2 == v && id2 < id)) {
-        v = v2;
-        id = id2;
-    }
-}
 
 // Hash layers: the K best-scoring of the token's table experts (ties: earlier slot), listed in table order into ids.
 // One thread.
@@ -63,54 +55,13 @@ __device__ void route_store(const MoeRouteCall &c, int64_t t, const float *s, co
     }
 }
 
-// One warp (block of 32) per token. s = sqrt(softplus(logit)) in shared memory; the k experts are picked by repeated
-// warp arg-max (bias layers) or by lane 0 from the token's hash-table row, then weighted.
+// One block a token: s = sqrt(softplus(logit)) in shared memory; the k experts picked from the token's hash-table row
+// (hash layers, one thread) or by rank: thread i counts the experts that beat expert i (a larger s + bias, or an equal
+// one with a lower id) and, ranked below K, is ids[rank]; every rank is distinct, so each slot is written once. NaN
+// scores rank as -inf. Why by rank: one pass over the E scores a thread, where K dependent rounds of warp arg-max (one
+// warp a token, the kernel before 12-07) took ~9 us a call; a 4-layer V4-Flash step (its fourth layer routed) on an
+// H100, alternated (12-07 11:2x): 1.035 / 1.040 -> 1.020 / 1.014 ms at one token, 3.461 / 3.446 -> 3.445 / 3.439 at 8.
 __global__ void moe_route_kernel(MoeRouteCall c) {
-    pdl_trigger();  // the next chained launch may start (launch_ds4)
-    pdl_wait();     // everything below reads what the launch before wrote
-    extern __shared__ float sh[];
-    const int E = c.n_expert, K = c.k;
-    float *s = sh, *b = sh + E;
-    __shared__ int32_t ids[kRouteMaxK];
-    const int64_t t = blockIdx.x;
-    const int lane = threadIdx.x;
-    for (int i = lane; i < E; i += 32) {
-        s[i] = sqrtf(softplus_f(c.logits[t * E + i]));
-        b[i] = s[i] + (c.bias ? c.bias[i] : 0.0f);
-    }
-    __syncwarp();
-    if (c.tid2eid) {
-        if (lane == 0) route_hash(c, t, s, ids);
-    } else {
-        // K rounds of arg-max of s + bias over the experts not yet chosen (chosen ones are marked NaN in b)
-        for (int j = 0; j < K; j++) {
-            float v = -INFINITY;
-            int32_t id = INT32_MAX;
-            for (int i = lane; i < E; i += 32)
-                if (b[i] == b[i]) keep_better(v, id, b[i], i);
-            for (int o = 16; o > 0; o >>= 1) {
-                const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
-                const int32_t id2 = __shfl_xor_sync(0xffffffffu, id, o);
-                keep_better(v, id, v2, id2);
-            }
-            if (lane == 0) {
-                if (id >= E) id = 0;  // no candidate left (NaN logits): keep the index in range
-                ids[j] = id;
-                b[id] = __int_as_float(0x7fc00000);
-            }
-            __syncwarp();
-        }
-    }
-    __syncwarp();
-    if (lane == 0) route_store(c, t, s, ids);
-}
-
-// The same choices by rank, a block a token (DFL_CUDA_MOE_ROUTE_RANK=1): thread i counts the experts that beat
-// expert i (a larger s + bias, or an equal one with a lower id: the arg-max rounds' order) and, ranked below K, is
-// ids[rank]; every rank is distinct, so each slot is written once. One pass over the E scores a thread instead of K
-// dependent rounds of warp arg-max (a one-warp kernel, ~13 us a call in the 12-05 profile). NaN scores rank as -inf
-// (the rounds never pick them while another expert is left).
-__global__ void moe_route_rank_kernel(MoeRouteCall c) {
     pdl_trigger();
     pdl_wait();
     extern __shared__ float sh[];
@@ -189,15 +140,10 @@ void CudaDevice::moe_route(const MoeRouteCall &c) {
         fail(DFL_ERR_INVALID, "moe_route: k " + std::to_string(c.k) + " of " + std::to_string(c.n_expert) + " experts");
     if (c.tid2eid && (c.k_table < c.k || c.k_table > 64 || !c.tokens))
         fail(DFL_ERR_INVALID, "moe_route: hash table of " + std::to_string(c.k_table) + " experts per token");
-    static const bool rank = env_switch("DFL_CUDA_MOE_ROUTE_RANK", false);
     op("moe_route", [&] {
         if (c.T <= 0) return;
         const size_t shm = 2 * (size_t)c.n_expert * sizeof(float);
-        if (rank)
-            launch_ds4(moe_route_rank_kernel, (unsigned)c.T, (unsigned)std::min(1024, (c.n_expert + 31) / 32 * 32), shm,
-                       stream_, c);
-        else
-            launch_ds4(moe_route_kernel, (unsigned)c.T, 32, shm, stream_, c);
+        launch_ds4(moe_route_kernel, (unsigned)c.T, (unsigned)std::min(1024, (c.n_expert + 31) / 32 * 32), shm, stream_, c);
         check_launch("moe_route");
     });
 }
