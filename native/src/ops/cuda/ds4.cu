@@ -509,12 +509,16 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     });
     staged_done();
     if (!side) return;
+    // the comb is the site's own tail: the main lane's call count is kept, so the staging of y stays open to the
+    // product after the site (side_begin counts as a call there)
+    const uint64_t main_calls = calls_;
     side_begin();
     op("hc_comb", [&] {
         launch_ds4(hc_comb_kernel, (unsigned)c.T, 32, 0, stream_, c, mix);
         check_launch("hc_comb");
     });
     side_end();
+    calls_ = main_calls;
 }
 
 // The plan multiplies the raw streams and hc_pre applies their norm, where a 16,384-wide rmsnorm launch (~20 us in the
