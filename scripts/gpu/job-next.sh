@@ -11,6 +11,5 @@
 cd "$(dirname "$0")/../.."
 steps=()
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
-steps+=("TRY='DFL_CUDA_HC_COMB_SIDE=1 DFL_CUDA_HC_PARTS=1,DFL_CUDA_HC_COMB_SIDE=1 DFL_CUDA_GEMV_F32_AHEAD=1' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 ds4-try")
-steps+=("DFL_CUDA_HC_PARTS=1 DFL_CUDA_HC_COMB_SIDE=1 DS4_LAYERS=4 DS4_NCU_KERNELS='hc_site|hc_comb' NCU_COUNT=4 ds4-ncu")
+steps+=("TRY='DFL_CUDA_HC_COMB_SIDE=1' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 ds4-try")
 exec scripts/gpu/bg.sh start "${steps[@]}"
