@@ -4,6 +4,7 @@
 // DFL_CUDA_HC_SITE=0). Bounds as in test_cuda_ds4.cpp.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -183,6 +184,8 @@ void test_hc_site() {
                 Dual p1((size_t)(T * 64) * 4), p2((size_t)(T * 64) * 4);
                 dfltest::DualWeight W(DFL_TYPE_Q8_0, 64, D, r);
                 g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
+                auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
+                const uint64_t combs = cd ? cd->hc_side_combs() : 0;
                 for (bool g : {false, true}) {
                     HcPreCall c = hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb);
                     c.norm = true;
@@ -192,7 +195,19 @@ void test_hc_site() {
                 }
                 g_gpu->matmul(W.wg, y.gp(), T, p2.gp());
                 const std::string sh = std::string(" ") + tname(type) + " T=" + std::to_string(T) + " D=" + std::to_string(D);
-                if (fused) {  // the cluster kernel ran (it never writes mix: the buffer keeps its poison), not the ops
+                if (fused && cd && cd->hc_side_combs() > combs) {
+                    // the cluster kernel ran, not the ops: it left each token's mixing row scaled by the streams' norm
+                    // scale r for the side lane's Sinkhorn, where the ops leave the CPU's row, fn · X
+                    std::vector<float> want = mix.read<float>(false);
+                    const std::vector<float> xs = X.read<float>(false);
+                    for (int64_t t = 0; t < T; t++) {
+                        double ss = 0;
+                        for (int64_t i = 0; i < N * D; i++) ss += (double)xs[t * N * D + i] * xs[t * N * D + i];
+                        const double rt = 1.0 / std::sqrt(ss / (double)(N * D) + 1e-6);
+                        for (int m = 0; m < M; m++) want[t * M + m] = (float)(want[t * M + m] * rt);
+                    }
+                    compare("hc_site's cluster kernel ran (mix scaled by the norm)" + sh, mix.read<float>(true), want, 1e-4);
+                } else if (fused) {  // the cluster kernel ran (without the side lane it never writes mix: its poison)
                     const std::vector<uint32_t> m = mix.read<uint32_t>(true);
                     same_bits("hc_site's cluster kernel ran (mix untouched)" + sh, m, std::vector<uint32_t>(m.size(), 0xFFFFFFFFu));
                 }

@@ -149,8 +149,8 @@ __global__ void hc_pre_kernel(HcPreCall c) {
 // Sinkhorn's 20 dependent rounds of shuffles and divisions stop holding up the other seven blocks' norm (ncu 12-07
 // 09:5x: 15 of the kernel's 26 cycles between issues were warps waiting at a barrier). The 2-layer V4-Flash step on an
 // H100, alternated (09:5x): b1 0.616 / 0.622 / 0.614 -> 0.610 / 0.606 ms, b8 even (1.78).
-// mixr (DFL_CUDA_HC_COMB_SIDE=1): rank 0 leaves the token's mixing row scaled by the norm there and runs no Sinkhorn;
-// hc_comb_kernel derives post and comb from it on the side lane.
+// mixr (the default; DFL_CUDA_HC_COMB_SIDE=0: null): rank 0 leaves the token's mixing row scaled by the norm there
+// and runs no Sinkhorn; hc_comb_kernel derives post and comb from it on the side lane.
 constexpr int kHcSiteBlocks = 8;  // the portable cluster size
 constexpr int kHcSiteN = 4;
 
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(512) hc_site_kernel(HcPreCall c, const uint8_t
 }
 
 // post and comb of token t (block t, one warp) from the site kernel's mixing row, already scaled by the norm (mixr:
-// tot * r, so a factor 1 here rounds as r there): Sinkhorn on the device's side lane (DFL_CUDA_HC_COMB_SIDE=1), off
+// tot * r, so a factor 1 here rounds as r there): Sinkhorn on the device's side lane (unless DFL_CUDA_HC_COMB_SIDE=0), off
 // the main lane, where only hc_post reads them, a sub-block later (after the model's join_side).
 __global__ void hc_comb_kernel(HcPreCall c, const float *mixr) {
     constexpr int N = kHcSiteN, M = (2 + N) * N;
@@ -478,10 +478,12 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     const HcParts hp = hc_parts_;
     hc_parts_ = HcParts{};
     const bool parts = hp.p && hp.X == c.X && hp.fn == fn.data && hp.T == c.T && hp.call == calls_;
-    // Sinkhorn (post and comb) on the side lane, off the main one (DFL_CUDA_HC_COMB_SIDE=1, opt-in, unmeasured):
-    // rank 0 of the site's cluster ran its 20 rounds alone after the other blocks had left, and the next product
-    // waited for it (ncu 12-07 10:0x: the kernel 17-18 us, its SMs busy ~8); mix holds T rows of (2 + N) N
-    static const bool side_env = env_switch("DFL_CUDA_HC_COMB_SIDE", false);
+    // Sinkhorn (post and comb) on the side lane, off the main one (DFL_CUDA_HC_COMB_SIDE=0: rank 0's last warp): rank 0
+    // of the site's cluster ran its 20 rounds alone after the other blocks had left, and the next product waited for
+    // it (ncu 12-07 10:0x / 11:2x: the kernel 15-18 us, its SMs busy ~8). The 4-layer V4-Flash step on an H100 with
+    // the unrolled Sinkhorn, alternated (12-07 12:0x): b1 0.968 / 0.971 -> 0.960 / 0.967 ms, b8 3.371 / 3.400 -> 3.365
+    // / 3.388. mix holds T rows of (2 + N) N.
+    static const bool side_env = env_switch("DFL_CUDA_HC_COMB_SIDE", true);
     const bool side = side_env && lanes_ && mix;
     // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
     // thousands would read it thousands of times)
@@ -516,6 +518,7 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     op("hc_comb", [&] {
         launch_ds4(hc_comb_kernel, (unsigned)c.T, 32, 0, stream_, c, mix);
         check_launch("hc_comb");
+        hc_side_combs_++;
     });
     side_end();
     calls_ = main_calls;
