@@ -667,8 +667,8 @@ public:
     }
     // A whole HC site with its norm folded (c.norm): the mixing product fn · X of the raw streams into mix (c.mix is
     // set to it), then hc_pre_norm. A device may do it in one pass (mix then unwritten, or holding what it likes), and
-    // may write post and comb on its side lane (side_begin): the caller reads them after a join_side. The default
-    // runs the ops.
+    // may finish post and comb on its side lane (side_begin), reading mix there: the caller reads post and comb, and
+    // rewrites mix, post or comb, only after a join_side. The default runs the ops.
     virtual void hc_site(const Weight &fn, HcPreCall c, float *mix, const float *w, float eps, float *y) {
         matmul(fn, c.X, c.T, mix);
         c.mix = mix;

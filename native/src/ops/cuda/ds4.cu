@@ -484,7 +484,7 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     // the unrolled Sinkhorn, alternated (12-07 12:0x): b1 0.968 / 0.971 -> 0.960 / 0.967 ms, b8 3.371 / 3.400 -> 3.365
     // / 3.388. mix holds T rows of (2 + N) N.
     static const bool side_env = env_switch("DFL_CUDA_HC_COMB_SIDE", true);
-    const bool side = side_env && lanes_ && mix;
+    const bool side = side_env && lanes_ && !on_side_ && mix;  // (from the main lane: its call count is restored below)
     // (thread-block clusters: sm_90 on; up to 64 tokens, each cluster reading the whole mixing matrix: a prefill's
     // thousands would read it thousands of times)
     if (!on || !shape || cc_major() < 9 || c.T <= 0 || c.T > 64) return Device::hc_site(fn, c, mix, w, eps, y);
