@@ -186,11 +186,13 @@ void test_hc_site() {
                 g_gpu->prepare_weight(W.wg);  // repacked: its product takes int8 activations (a staged quantization)
                 auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
                 const uint64_t combs = cd ? cd->hc_side_combs() : 0;
+                uint64_t taken = 0;
                 for (bool g : {false, true}) {
                     HcPreCall c = hc_pre_call(g, mix, base, scale, X, T, D, x, post, comb);
                     c.norm = true;
                     c.norm_eps = 1e-6f;
                     dev(g)->hc_site(g ? fn.wg : fn.wc, c, mix.p(g), w.p(g), 1e-6f, y.p(g));
+                    if (g && cd) taken = cd->staged_taken();
                     dev(g)->matmul(g ? W.wg : W.wc, y.p(g), T, p1.p(g));
                 }
                 g_gpu->matmul(W.wg, y.gp(), T, p2.gp());
@@ -207,6 +209,9 @@ void test_hc_site() {
                         for (int m = 0; m < M; m++) want[t * M + m] = (float)(want[t * M + m] * rt);
                     }
                     compare("hc_site's cluster kernel ran (mix scaled by the norm)" + sh, mix.read<float>(true), want, 1e-4);
+                    // and the product after the site took the site's int8 rows (the side lane's launch left them open)
+                    const char *fq = std::getenv("DFL_CUDA_FUSE_QUANT");
+                    if (!(fq && std::string(fq) == "0")) CHECK(cd->staged_taken() == taken + 1);
                 } else if (fused) {  // the cluster kernel ran (without the side lane it never writes mix: its poison)
                     const std::vector<uint32_t> m = mix.read<uint32_t>(true);
                     same_bits("hc_site's cluster kernel ran (mix untouched)" + sh, m, std::vector<uint32_t>(m.size(), 0xFFFFFFFFu));

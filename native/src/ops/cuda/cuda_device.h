@@ -168,6 +168,7 @@ public:
     int cc_major() const { return cc_major_; }  // compute capability
     uint64_t hc_parts_taken() const { return hc_parts_taken_; }  // (HcParts)
     uint64_t hc_side_combs() const { return hc_side_combs_; }    // HC sites whose Sinkhorn ran on the side lane
+    uint64_t staged_taken() const { return staged_taken_; }      // products that took an op's staged int8 codes
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -274,6 +275,7 @@ private:
     GrowBuf hc_parts_buf_;
     uint64_t hc_parts_taken_ = 0;  // HC sites that took hc_post's partial sums (the op tests read it)
     uint64_t hc_side_combs_ = 0;   // HC sites that left post and comb to hc_comb_kernel on the side lane (likewise)
+    uint64_t staged_taken_ = 0;    // take_staged's successes (likewise)
     Staged other_staged_;       // the lane not current's (see Lane)
 };
 

@@ -164,7 +164,10 @@ bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
         staged_open_ = false;
         fail(DFL_ERR_INTERNAL, "the product after a folded norm does not read the norm's output");
     }
-    if (ok) *q = staged_.q;
+    if (ok) {
+        *q = staged_.q;
+        staged_taken_++;
+    }
     staged_ = Staged{};
     staged_open_ = false;
     return ok;
