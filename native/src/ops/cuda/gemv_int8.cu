@@ -630,9 +630,9 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     // the z batch on gemv_q8p_kernel<1> read V4's 35 MB at ~1.65 TB/s (ncu 12-07 11:2x: 21.6 us) where the
     // staged-ahead kernel's one-token products of the layer ran at ~1.95.
     static const bool grouped_ahead = env_switch("DFL_CUDA_GROUPED_AHEAD", false);
-    const int R = q8p_ahead_rows(stack);
-    if (grouped_ahead && !z.ids && z.x_div == 1 && z.w_rows == rows && z.y_stride == rows && rows * nz == stack.n_out &&
-        R > 0 && rows % R == 0) {
+    const int R = grouped_ahead ? q8p_ahead_rows(stack) : 0;
+    if (R > 0 && !z.ids && z.x_div == 1 && z.w_rows == rows && z.y_stride == rows && rows * nz == stack.n_out &&
+        rows % R == 0) {
         R == 1 ? launch_q8p_ahead_one<1>(dev, stack, xq, xs, Y, RmsFold{}, rows)
                : launch_q8p_ahead_one<2>(dev, stack, xq, xs, Y, RmsFold{}, rows);
         check_launch("matmul (q8_0 staged ahead, grouped)");

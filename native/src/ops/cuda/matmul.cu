@@ -166,10 +166,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t
 constexpr int kF32AheadWords = 8;  // rows up to kGemvWarps x 32 x 8 x 4 = 4,096 wide
 
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_ahead_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                        int64_t n_in, const float *X, float *Y) {
-    __shared__ float red[kGemvWarps];
-    const float4 *w = (const float4 *)(W + (uint64_t)blockIdx.x * row_bytes);
-    const int n4 = (int)(n_in / 4), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+                                                                        int64_t n_in, int64_t n_out, const float *X,
+                                                                        float *Y) {
+    const RowSlice rs = row_slice(kGemvWarps, n_out);  // (a block a row: warp p is part p)
+    const float4 *w = (const float4 *)(W + (uint64_t)rs.row * row_bytes);
+    const int n4 = (int)(n_in / 4);
     float4 wv[kF32AheadWords];
 #pragma unroll
     for (int k = 0; k < kF32AheadWords; k++) {
@@ -178,20 +179,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_ahead_kernel(const u
     }
     pdl_trigger();
     pdl_wait();  // X is the kernel before's
-    float acc = 0.0f;
+    float acc[1] = {0.0f};
 #pragma unroll
     for (int k = 0; k < kF32AheadWords; k++) {
         const int j = threadIdx.x + k * blockDim.x;
-        if (j < n4) acc += dot4(wv[k], ld_act((const float4 *)X + j));
+        if (j < n4) acc[0] += dot4(wv[k], ld_act((const float4 *)X + j));
     }
-    acc = warp_sum(acc);
-    if (lane == 0) red[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int p = 0; p < kGemvWarps; p++) sum += red[p];
-        Y[blockIdx.x] = sum;
-    }
+    finish_row<1>(acc, Y, n_out, rs, kGemvWarps);
 }
 
 template <int NT, bool BF16>
@@ -532,9 +526,9 @@ static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t
     }
     static const bool f32_ahead = env_switch("DFL_CUDA_GEMV_F32_AHEAD", false);
     if (f32_ahead && nz == 1 && !z.ids && z.w_rows == 0 && T == 1 && W.type == DFL_TYPE_F32 && W.n_out < 1024 &&
-        W.n_in % 4 == 0 && W.n_in <= (int64_t)kGemvWarps * 32 * kF32AheadWords * 4 && gemv_vector_ok(W, X)) {
+        W.n_in <= (int64_t)kGemvWarps * 32 * kF32AheadWords * 4 && gemv_vector_ok(W, X)) {
         launch_maybe_pdl(true, gemv_f32_ahead_kernel, dim3((unsigned)W.n_out), dim3(kGemvWarps * 32), 0, s, W.data,
-                         W.row_bytes, W.n_in, X, Y);
+                         W.row_bytes, W.n_in, W.n_out, X, Y);
         check_launch("matmul (f32 gemv, loaded ahead)");
         return;
     }
