@@ -384,7 +384,7 @@ struct HcPostCall {
     int N = 4;
     float *out = nullptr;         // [T][N][D]
     // optional: the mixing matrix of the HC site right after this call (the next Device::hc_site on out, norm folded),
-    // whose product with out a device may start here (CUDA, DFL_CUDA_HC_PARTS=1: per-block partial sums that site takes)
+    // whose product with out a device may start here (CUDA, by default: per-block partial sums that site takes)
     const Weight *next_fn = nullptr;
 };
 

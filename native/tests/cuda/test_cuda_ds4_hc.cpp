@@ -228,15 +228,15 @@ void test_hc_site() {
             }
 }
 
-// hc_post then the next HC site (HcPostCall::next_fn; on the GPU with DFL_CUDA_HC_PARTS=1 hc_post leaves the site's
+// hc_post then the next HC site (HcPostCall::next_fn; on the GPU, unless DFL_CUDA_HC_PARTS=0, hc_post leaves the site's
 // mixing product in partial sums, which the site's cluster kernel takes instead of the weights) against the CPU's two
 // ops; and the GPU's hc_post output bit for bit with and without next_fn (the same arithmetic an output).
 void test_hc_post_site() {
     const char *site_env = std::getenv("DFL_CUDA_HC_SITE"), *parts_env = std::getenv("DFL_CUDA_HC_PARTS");
     const bool ops = site_env && std::string(site_env) == "0";
     auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
-    // the partial sums are taken (hc_post_parts_kernel, then a site kernel that reads them) where switched on, sm_90+
-    const bool want_parts = !ops && parts_env && std::string(parts_env) == "1" && cd && cd->cc_major() >= 9;
+    // the partial sums are taken (hc_post_parts_kernel, then a site kernel that reads them) unless switched off, sm_90+
+    const bool want_parts = !ops && !(parts_env && std::string(parts_env) == "0") && cd && cd->cc_major() >= 9;
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_F32})
         for (int64_t T : {1, 3})
             for (int64_t D : {1024, 4096}) {

@@ -304,7 +304,7 @@ __device__ __forceinline__ float hc_post_f(const HcPostCall &c, int64_t t, int64
     return c.F2 ? f + c.F2[t * c.D + d] : f;
 }
 
-// hc_post with the next HC site's mixing product begun (DFL_CUDA_HC_PARTS=1; HcPostCall::next_fn, norm folded): a
+// hc_post with the next HC site's mixing product begun (the default; HcPostCall::next_fn, norm folded): a
 // block of kHcPartsThreads threads computes 4 consecutive outputs a thread, as hc_post_kernel computes each, and leaves
 // the partial sums of fn · out over its 4 kHcPartsThreads columns and of their squares in parts [T][ND / that][M + 1];
 // the site's hc_site_kernel<.., PARTS> adds a token's in block order instead of reading fn (98 KB a block of its
@@ -474,7 +474,7 @@ void CudaDevice::hc_site(const Weight &fn, HcPreCall c, float *mix, const float 
     const int64_t threads = c.D / blocks;
     const bool shape = c.norm && c.N == kHcSiteN && c.D % blocks == 0 && threads % 32 == 0 && threads <= 512 &&
                        hc_site_weight_ok(fn, c.D) && ((uintptr_t)c.X & 15) == 0;
-    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS=1)
+    // hc_post's partial sums of this very product, if it left them just before (DFL_CUDA_HC_PARTS, the default)
     const HcParts hp = hc_parts_;
     hc_parts_ = HcParts{};
     const bool parts = hp.p && hp.X == c.X && hp.fn == fn.data && hp.T == c.T && hp.call == calls_;
@@ -534,7 +534,9 @@ bool CudaDevice::hc_fold() const {
 
 void CudaDevice::hc_post(const HcPostCall &c) {
     // the next site's mixing product begun here (hc_post_parts_kernel) where that site's kernel will take it
-    static const bool parts_on = env_switch("DFL_CUDA_HC_PARTS", false);
+    // 4-layer V4-Flash on an H100 with the side-lane Sinkhorn, alternated twice (12-07 12:5x): b1 0.957 / 0.957 ->
+    // 0.949 / 0.949 ms, b8 3.416 / 3.411 -> 3.403 / 3.390. DFL_CUDA_HC_PARTS=0: hc_post_kernel, the site reads fn.
+    static const bool parts_on = env_switch("DFL_CUDA_HC_PARTS", true);
     const Weight *fn = c.next_fn;
     const int M = (2 + kHcSiteN) * kHcSiteN;
     const bool parts = parts_on && hc_site_on() && fn && cc_major() >= 9 && c.T > 0 && c.T <= 64 && c.N == kHcSiteN &&

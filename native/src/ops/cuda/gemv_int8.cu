@@ -238,12 +238,10 @@ __host__ __device__ constexpr int q8p_ahead_warp_words(int R, int A) { return R 
 // conv (kFoldConv): see ConvFold; each row's K taps and K - 1 stored inputs are one value a lane (16 lanes a row),
 // the taps loaded before the wait, the stored inputs just after it (the slot's rows are the step before's, but the
 // wait orders this launch after whatever rewrote them), both in flight through the main loop.
-// GROUPED: the rows are groups of x_group, group g's products of input row g (launch_gemv_q8p_z's grouped form; a
-// template switch, as a run-time test cost the one-token kernel a spill with nvcc 11.8).
-template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone, bool GROUPED = false>
+template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     gemv_q8p_ahead_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv, int64_t x_group) {
+                          const float *xs, float *Y, RmsFold in, NormFold out, ConvFold conv) {
     static_assert(FOLD != kFoldConv || R <= 2, "the conv fold: 16 lanes a row");
     static_assert(FOLD != kFoldBlock || (R == 1 && WARPS == 32), "the block fold: 32 rows a block, a row a warp");
     static_assert(FOLD != kFoldGroup || 32 % (WARPS * R) == 0, "the group fold: whole blocks a group of 32 rows");
@@ -252,11 +250,6 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t row0 = ((int64_t)blockIdx.x * WARPS + warp) * R;
     if (row0 >= n_out) return;
-    if constexpr (GROUPED) {  // rows [g x_group, (g + 1) x_group) read input row g (x_group a multiple of R)
-        const int64_t g = row0 / x_group;
-        xq += g * n_in;
-        xs += g * (n_in / 32);
-    }
     const int64_t nw = n_in / 16;  // (the launcher asks nw >= 32 A, n_in / 32 a multiple of 8)
     uint4 *sq = ahead_smem + (size_t)warp * q8p_ahead_warp_words(R, A);
     const uint16_t *ss = (const uint16_t *)(sq + R * kQuantWords);
@@ -360,31 +353,27 @@ static bool q8p_ahead_r1() {
     return on;
 }
 
-template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone, bool GROUPED = false>
+template <int R, int A, int WARPS = kQ8pWarps, int FOLD = kFoldNone>
 static void launch_q8p_ahead(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
-                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{},
-                             int64_t x_group = 0) {
+                             const RmsFold &in, const NormFold &out = NormFold{}, const ConvFold &conv = ConvFold{}) {
     const dim3 grid((unsigned)((W.n_out + WARPS * R - 1) / (WARPS * R))), block(WARPS * 32);
     // 34,816 bytes at R = 2, A = 8 (< 48 KB); the fold's 32 warps 139,264
     const size_t smem = (size_t)WARPS * q8p_ahead_warp_words(R, A) * 16;
-    prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD, GROUPED>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
+    prefer_shared_carveout<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), "matmul (q8_0 staged-ahead carveout)");
     if (smem > 48 * 1024)
-        allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD, GROUPED>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
-    launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD, GROUPED>, grid, block, smem, dev.stream(), q8p_quants(W),
-                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv, x_group);
+        allow_dynamic_smem<gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>>(dev.index(), smem, "matmul (q8_0 staged-ahead smem)");
+    launch_maybe_pdl(true, gemv_q8p_ahead_kernel<R, A, WARPS, FOLD>, grid, block, smem, dev.stream(), q8p_quants(W),
+                     q8p_scales(W), W.n_in, W.n_out, xq, xs, y, in, out, conv);
 }
 
 // One token of W on gemv_q8p_ahead_kernel, R rows a warp (q8p_ahead_rows said it takes it).
-// x_group > 0: the grouped form (GROUPED).
 template <int R>
 static void launch_q8p_ahead_one(CudaDevice &dev, const Weight &W, const int8_t *xq, const float *xs, float *y,
-                                 const RmsFold &in, int64_t x_group = 0) {
-    const bool a8 = q8p_ahead_words() == 8;
-    if (x_group > 0)
-        a8 ? launch_q8p_ahead<R, 8, kQ8pWarps, kFoldNone, true>(dev, W, xq, xs, y, in, NormFold{}, ConvFold{}, x_group)
-           : launch_q8p_ahead<R, 4, kQ8pWarps, kFoldNone, true>(dev, W, xq, xs, y, in, NormFold{}, ConvFold{}, x_group);
+                                 const RmsFold &in) {
+    if (q8p_ahead_words() == 8)
+        launch_q8p_ahead<R, 8>(dev, W, xq, xs, y, in);
     else
-        a8 ? launch_q8p_ahead<R, 8>(dev, W, xq, xs, y, in) : launch_q8p_ahead<R, 4>(dev, W, xq, xs, y, in);
+        launch_q8p_ahead<R, 4>(dev, W, xq, xs, y, in);
 }
 
 // The quantizer is a PDL launch (the product after it may load its weights meanwhile).
@@ -625,19 +614,6 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     // the scales of the packed stack follow all of its quants; a member's rows start w_rows rows further in each
     const int8_t *qs = q8p_quants(stack);
     const uint16_t *dw = q8p_scales(stack);
-    // Groups that tile the whole stack, group g reading input row g (matmul_grouped: DeepSeek V4's wo_a, 8 groups of
-    // 1,024 rows of 4,096) as one matrix on the staged-ahead kernel (DFL_CUDA_GROUPED_AHEAD=1, opt-in, unmeasured):
-    // the z batch on gemv_q8p_kernel<1> read V4's 35 MB at ~1.65 TB/s (ncu 12-07 11:2x: 21.6 us) where the
-    // staged-ahead kernel's one-token products of the layer ran at ~1.95.
-    static const bool grouped_ahead = env_switch("DFL_CUDA_GROUPED_AHEAD", false);
-    const int R = grouped_ahead ? q8p_ahead_rows(stack) : 0;
-    if (R > 0 && !z.ids && z.x_div == 1 && z.w_rows == rows && z.y_stride == rows && rows * nz == stack.n_out &&
-        rows % R == 0) {
-        R == 1 ? launch_q8p_ahead_one<1>(dev, stack, xq, xs, Y, RmsFold{}, rows)
-               : launch_q8p_ahead_one<2>(dev, stack, xq, xs, Y, RmsFold{}, rows);
-        check_launch("matmul (q8_0 staged ahead, grouped)");
-        return;
-    }
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");

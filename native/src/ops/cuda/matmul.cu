@@ -158,36 +158,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_kernel(const uint8_t
     finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
-// One token through an f32 matrix of few rows (DeepSeek V4's router, 256 x 4096), as gemv_f32_kernel<1> computes it
-// at four warps a row (the same terms in the same order: the same bits), but each thread's kF32AheadWords float4 of
-// the row loaded into registers before the wait for the input (a PDL launch): the 4 MB come in while the kernel before
-// (the HC site) ends, where gemv_f32_kernel, a plain launch, began loading them after it (~6.7 us under Nsight
-// Compute, ~0.6 TB/s, 12-07 11:2x). DFL_CUDA_GEMV_F32_AHEAD=1 (opt-in, unmeasured).
-constexpr int kF32AheadWords = 8;  // rows up to kGemvWarps x 32 x 8 x 4 = 4,096 wide
-
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_f32_ahead_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                        int64_t n_in, int64_t n_out, const float *X,
-                                                                        float *Y) {
-    const RowSlice rs = row_slice(kGemvWarps, n_out);  // (a block a row: warp p is part p)
-    const float4 *w = (const float4 *)(W + (uint64_t)rs.row * row_bytes);
-    const int n4 = (int)(n_in / 4);
-    float4 wv[kF32AheadWords];
-#pragma unroll
-    for (int k = 0; k < kF32AheadWords; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        wv[k] = j < n4 ? __ldg(w + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    pdl_trigger();
-    pdl_wait();  // X is the kernel before's
-    float acc[1] = {0.0f};
-#pragma unroll
-    for (int k = 0; k < kF32AheadWords; k++) {
-        const int j = threadIdx.x + k * blockDim.x;
-        if (j < n4) acc[0] += dot4(wv[k], ld_act((const float4 *)X + j));
-    }
-    finish_row<1>(acc, Y, n_out, rs, kGemvWarps);
-}
-
 template <int NT, bool BF16>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                     int64_t n_in, int64_t n_out, const float *X,
@@ -522,14 +492,6 @@ static void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t
         const auto kernel = W.type == DFL_TYPE_BF16 ? gemv_16bit_row_block_kernel<true> : gemv_16bit_row_block_kernel<false>;
         kernel<<<(unsigned)W.n_out, kRowBlockThreads, 0, s>>>(W.data, W.row_bytes, W.n_in, X, Y);
         check_launch("matmul (gemv, a block a row)");
-        return;
-    }
-    static const bool f32_ahead = env_switch("DFL_CUDA_GEMV_F32_AHEAD", false);
-    if (f32_ahead && nz == 1 && !z.ids && z.w_rows == 0 && T == 1 && W.type == DFL_TYPE_F32 && W.n_out < 1024 &&
-        W.n_in <= (int64_t)kGemvWarps * 32 * kF32AheadWords * 4 && gemv_vector_ok(W, X)) {
-        launch_maybe_pdl(true, gemv_f32_ahead_kernel, dim3((unsigned)W.n_out), dim3(kGemvWarps * 32), 0, s, W.data,
-                         W.row_bytes, W.n_in, W.n_out, X, Y);
-        check_launch("matmul (f32 gemv, loaded ahead)");
         return;
     }
     if (!gemv_vector_ok(W, X)) {
