@@ -3,6 +3,7 @@
 decode steps): the time of each kernel name summed over the window and per step, then one whole step's kernels in
 launch order. A step begins at the token embedding (a kernel whose name holds "embed")."""
 import csv
+import os
 import re
 import sys
 from collections import defaultdict
@@ -47,8 +48,9 @@ def main(path):
     for n in sorted(total, key=total.get, reverse=True):
         print(f"  {total[n] / steps:8.1f} us/step {100 * total[n] / all_us:5.1f} %  {count[n] / steps:6.1f}/step  {total[n] / count[n]:7.2f} us  {n}")
     if len(starts) > 1:
-        print("one step in launch order (the first 40 kernels):")
-        for n, g, us in rows[starts[0]:starts[1]][:40]:
+        first = int(os.environ.get("NCU_STEP_LIST", "40"))
+        print(f"one step in launch order (the first {first} kernels):")
+        for n, g, us in rows[starts[0]:starts[1]][:first]:
             print(f"  {us:7.2f} us  grid {g:<16} {n}")
 
 

@@ -561,11 +561,12 @@ step_ncu() {
   command -v ncu >/dev/null || { log "ncu: not installed here"; return 0; }
   for m in "$@"; do
     f=$(make_model "$m") || continue
-    # STEP_PROMPTS=512 STEP_BENCH=pp: the forwards of a 512-token prefill instead (NCU_SKIP / NCU_COUNT to taste)
-    log "ncu, ${STEP_BENCH:-tg} kernels (prompts ${STEP_PROMPTS:-0}): $m"
+    # STEP_PROMPTS=512 STEP_BENCH=pp: the forwards of a 512-token prefill instead (NCU_SKIP / NCU_COUNT to taste);
+    # STEP_BATCHES=8: the steps of 8 sequences
+    log "ncu, ${STEP_BENCH:-tg} kernels (prompts ${STEP_PROMPTS:-0}, batch ${STEP_BATCHES:-1}): $m"
     local csv="$OUT/step-ncu-${STEP_BENCH:-tg}-${m//:/-}.csv"
     (cd native/engine && DFL_CUDA_GRAPHS=0 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-      DFLASH_BENCH_PROMPTS=${STEP_PROMPTS:-0} DFLASH_BENCH_BATCHES=1 timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
+      DFLASH_BENCH_PROMPTS=${STEP_PROMPTS:-0} DFLASH_BENCH_BATCHES=${STEP_BATCHES:-1} timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
       --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
       "$stage/bin/engine.test" -test.run '^$' -test.bench "GGUF/${STEP_BENCH:-tg}" -test.benchtime 64x) >"$csv" 2>&1
     python3 scripts/gpu/ncu-steps.py "$csv" | tee -a "$OUT/summary.txt"
@@ -632,7 +633,7 @@ ds4_ncu() {
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
 # they become defaults or are deleted); space-separated VAR=value, all at once (empty: none waiting)
-UNMEASURED=${UNMEASURED-}
+UNMEASURED=${UNMEASURED-DFL_CUDA_GROUPED_ROWS=1}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:

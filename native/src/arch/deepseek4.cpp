@@ -414,12 +414,10 @@ void DeepSeek4Model::attention_layer(int il, const BatchMeta &m, bool dense, con
     c.ring_write = m.max_n == 1;
     dev_->ds4_attention(m, c);
     if (!c.ring_write) dev_->ds4_ring_write(m, ds4_ring_write_call(c));
-    // grouped low-rank output projection
-    const int64_t gin = HD / h.o_groups;
-    if (T == 1) {
-        dev_->matmul_grouped(L.wo_a, h.o_groups, a.attn.f(), a.cat.f());
-    } else {
-        // each group's input columns gathered, its product scattered into its columns of cat
+    // grouped low-rank output projection: every group at once where the device takes T tokens so (one token always),
+    // else each group's input columns gathered, its product scattered into its columns of cat
+    if (!dev_->matmul_grouped(L.wo_a, h.o_groups, a.attn.f(), T, a.cat.f())) {
+        const int64_t gin = HD / h.o_groups;
         for (int g = 0; g < h.o_groups; g++) {
             dev_->copy_rows(a.grp_in.f(), gin, a.attn.f() + g * gin, HD, T, gin);
             dev_->matmul(L.wo_a.rows((int64_t)g * h.o_lora, h.o_lora), a.grp_in.f(), T, a.grp_out.f());

@@ -695,13 +695,17 @@ public:
     // to hc_post until 12-07: CUDA's DFL_CUDA_MOE_COMBINE_POST=1, one launch fewer a layer, measured even at batch 1
     // and +0.5-1 % at batch 8 on an H100, 12-05 and 12-07 09:4x.)
     virtual void moe_experts(const MoeExpertsCall &) { ds4_missing("moe_experts"); }
-    // One token through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
-    // group g multiplies its rows by x[g * W.n_in, (g + 1) * W.n_in) into y[g * rows, (g + 1) * rows), rows =
-    // W.n_out / groups. The default runs matmul on each group's rows (W.rows: with the packed layout's rows where it
-    // can be sliced there); a device may do all groups in one pass.
-    virtual void matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
+    // T tokens through a grouped projection (DeepSeek V4's attention output): W's n_out rows are `groups` groups;
+    // group g multiplies its rows by columns [g * W.n_in, (g + 1) * W.n_in) of each of x's T rows (of groups * W.n_in)
+    // into columns [g * rows, (g + 1) * rows) of y's T rows (of W.n_out), rows = W.n_out / groups. False, with nothing
+    // run, where the device does not take T tokens at once (the caller then gathers each group's columns): the default
+    // takes one token, running matmul on each group's rows (W.rows: with the packed layout's rows where it can be
+    // sliced there); a device may do all groups in one pass.
+    virtual bool matmul_grouped(const Weight &W, int groups, const float *x, int64_t T, float *y) {
+        if (T != 1) return false;
         const int64_t rows = W.n_out / groups;
         for (int g = 0; g < groups; g++) matmul(W.rows(g * rows, rows), x + (int64_t)g * W.n_in, 1, y + (int64_t)g * rows);
+        return true;
     }
 
     // Recorded op sequences (CUDA graphs): a device that supports them captures the ops issued between graph_begin

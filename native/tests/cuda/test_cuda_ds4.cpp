@@ -393,13 +393,17 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
             out, bound);
 }
 
-// The grouped output projection of one token: every group in one pass on the GPU against the CPU's group-by-group
-// products. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0, multiply int8-rounded activations (1.5e-2 of the output's norm, as
-// test_cuda_ops bounds it); the rest are the plain GEMV's.
+// The grouped output projection of 1, 3 and 8 tokens: every group in one pass on the GPU against the CPU's
+// group-by-group products of each token. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0,
+// multiply int8-rounded activations (1.5e-2 of the output's norm, as test_cuda_ops bounds it); the rest are the plain
+// GEMV's. Beyond one token the GPU takes a repacked stack at once with DFL_CUDA_GROUPED_ROWS=1 (else it declines, as
+// the CPU does, and each token runs alone).
 void test_grouped() {
     Rng r(61);
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");  // q4_K on int8 activations unless 0
     const bool q4k_i8 = !(i8 && std::strcmp(i8, "0") == 0);
+    const char *rows_env = std::getenv("DFL_CUDA_GROUPED_ROWS");
+    const bool rows_on = rows_env && std::strcmp(rows_env, "1") == 0;
     struct S {
         uint32_t type;
         int groups;
@@ -415,13 +419,20 @@ void test_grouped() {
             g_gpu->prepare_weight(wg);
             CHECK(wg.packed != nullptr);
         }
-        Dual x(rand_vec(r, (size_t)(sh.groups * sh.n_in))), y((size_t)(sh.groups * sh.rows) * 4);
-        g_cpu->matmul_grouped(W.c, sh.groups, x.p(false), y.p(false));
-        g_gpu->matmul_grouped(wg, sh.groups, x.p(true), y.p(true));
-        const char *tn = sh.type == DFL_TYPE_F32 ? "f32" : sh.type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
-        compare(std::string("matmul_grouped ") + tn + (sh.packed ? " repacked " : " ") + std::to_string(sh.groups) + "x" +
-                    std::to_string(sh.rows) + "x" + std::to_string(sh.n_in),
-                y, sh.packed || (sh.type == DFL_TYPE_Q4_K && q4k_i8) ? 1.5e-2 : 1e-5);
+        for (int64_t T : {1, 3, 8}) {
+            const int64_t xw = sh.groups * sh.n_in, yw = sh.groups * sh.rows;
+            Dual x(rand_vec(r, (size_t)(T * xw))), y((size_t)(T * yw) * 4);
+            CHECK(!g_cpu->matmul_grouped(W.c, sh.groups, x.p(false), T, y.p(false)) || T == 1);
+            for (int64_t t = 0; t < T; t++) CHECK(g_cpu->matmul_grouped(W.c, sh.groups, x.p(false) + t * xw, 1, y.p(false) + t * yw));
+            const bool took = g_gpu->matmul_grouped(wg, sh.groups, x.p(true), T, y.p(true));
+            CHECK(took == (T == 1 || (rows_on && sh.packed)));
+            for (int64_t t = 0; !took && t < T; t++)
+                CHECK(g_gpu->matmul_grouped(wg, sh.groups, x.p(true) + t * xw, 1, y.p(true) + t * yw));
+            const char *tn = sh.type == DFL_TYPE_F32 ? "f32" : sh.type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
+            compare(std::string("matmul_grouped ") + tn + (sh.packed ? " repacked " : " ") + std::to_string(sh.groups) +
+                        "x" + std::to_string(sh.rows) + "x" + std::to_string(sh.n_in) + " T=" + std::to_string(T),
+                    y, sh.packed || (sh.type == DFL_TYPE_Q4_K && q4k_i8) ? 1.5e-2 : 1e-5);
+        }
     }
 }
 

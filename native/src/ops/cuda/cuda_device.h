@@ -81,7 +81,7 @@ public:
     void moe_route(const MoeRouteCall &c) override;
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;
     void moe_experts(const MoeExpertsCall &c) override;
-    void matmul_grouped(const Weight &W, int groups, const float *x, float *y) override;
+    bool matmul_grouped(const Weight &W, int groups, const float *x, int64_t T, float *y) override;
 
     bool has_graphs() const override { return graphs_enabled_; }
     uint64_t scratch_epoch() const override { return scratch_epoch_; }
@@ -403,6 +403,11 @@ bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, 
 // The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y);
+// Whether T tokens of a repacked q8_0 stack of `groups` row groups (CudaDevice::matmul_grouped) take
+// launch_gemv_q8p_grouped: 2..16 tokens, DFL_CUDA_GROUPED_ROWS=1 (opt-in, unmeasured).
+bool q8p_grouped_takes(const Weight &W, int groups, int64_t T);
+// T tokens of matmul_grouped's product on the rows kernel, every group in one launch (q8p_grouped_takes said so).
+void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y);
 void launch_topk(CudaDevice &dev, const float *logits, int64_t rows, int64_t n, int k, int32_t *ids, float *vals,
                  float *lse);
 

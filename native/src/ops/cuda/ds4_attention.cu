@@ -291,9 +291,14 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
 }
 
-void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, float *y) {
+bool CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, int64_t T, float *y) {
     if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
     const int64_t rows = W.n_out / groups;
+    if (T != 1) {
+        if (!q8p_grouped_takes(W, groups, T)) return false;
+        op("matmul_grouped", [&] { launch_gemv_q8p_grouped(*this, W, groups, x, T, y); });
+        return true;
+    }
     op("matmul_grouped", [&] {
         GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
         z.w_rows = rows;
@@ -301,6 +306,7 @@ void CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, flo
         z.y_stride = rows;
         launch_gemv_z(*this, W, rows, z, groups, x, y);
     });
+    return true;
 }
 }  // namespace cuda
 }  // namespace dfl

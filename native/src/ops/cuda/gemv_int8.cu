@@ -144,12 +144,13 @@ __device__ __forceinline__ void q8p_rows_load(const uint4 *const (&w)[R], const 
 }
 
 // The rows kernels' stream from word `first` (this lane's first, loaded by q8p_rows_load) to the row's end: each word
-// multiplied as its slot is refilled with the word 32 U further, the dp4a sums of NT tokens added to acc.
+// multiplied as its slot is refilled with the word 32 U further, the dp4a sums of NT tokens added to acc. Token t's
+// activations are x_ld quants (x_ld / 32 scales) after token t - 1's.
 template <int NT, int R, int U>
 __device__ __forceinline__ void q8p_rows_stream(const uint4 *const (&w)[R], const uint16_t *const (&d)[R], int64_t first,
-                                                int64_t nw, int64_t n_in, const int8_t *xq, const float *xs,
+                                                int64_t nw, int64_t x_ld, const int8_t *xq, const float *xs,
                                                 uint4 (&wv)[U][R], uint16_t (&dv)[U][R], float (&acc)[R][NT]) {
-    const int64_t nb = n_in / 32;
+    const int64_t nb = x_ld / 32;
     for (int64_t i0 = first; i0 < nw; i0 += 32 * U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -169,7 +170,7 @@ __device__ __forceinline__ void q8p_rows_stream(const uint4 *const (&w)[R], cons
             }
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                const int4 xv = ld_act((const int4 *)(xq + t * n_in) + i);
+                const int4 xv = ld_act((const int4 *)(xq + t * x_ld) + i);
                 const float sx = ld_act(xs + t * nb + (i >> 1));
 #pragma unroll
                 for (int r = 0; r < R; r++) acc[r][t] += (float)dot16_i8(wq[r], xv) * (sw[r] * sx);
@@ -184,11 +185,25 @@ __device__ __forceinline__ void q8p_rows_stream(const uint4 *const (&w)[R], cons
 // U = 4 / R words of each row (with their scales) in flight, each slot refilled as soon as its word is used (more
 // spill, or cost a block an SM, at 8 tokens). One token asks for six blocks an SM: left alone, nvcc 11.8 gave it 102
 // registers (five blocks) where two tokens take 80; at six it takes 74, no spills.
-template <int NT, int R>
+// GROUPED (launch_gemv_q8p_grouped): blockIdx.y = g multiplies the g-th n_out rows of a stack by the g-th n_in columns
+// of each input row (x_ld quants and x_ld / 32 scales a token) into the g-th n_out columns of each output row (y_ld
+// floats a token). A template switch: the offsets cost the plain one-token kernel 16 registers (nvcc 11.8).
+template <int NT, int R, bool GROUPED = false>
 __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
     gemv_q8p_rows_kernel(const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out, const int8_t *xq,
-                         const float *xs, float *Y) {
+                         const float *xs, float *Y, int64_t x_ld, int64_t y_ld) {
     constexpr int U = 4 / R;
+    if constexpr (GROUPED) {
+        const int64_t g = blockIdx.y;
+        qs += g * n_out * n_in;
+        dw += g * n_out * (n_in / 32);
+        xq += g * n_in;
+        xs += g * (n_in / 32);
+        Y += g * n_out;
+    } else {
+        x_ld = n_in;
+        y_ld = n_out;
+    }
     const int lane = threadIdx.x & 31;
     const int64_t row0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
     if (row0 >= n_out) return;
@@ -201,14 +216,14 @@ __global__ void __launch_bounds__(kQ8pWarps * 32, NT > 8 ? 3 : NT == 1 ? 6 : 4)
     q8p_rows_load<R, U>(w, d, lane, nw, wv, dv);
     pdl_wait();  // (launch_pdl) the activations are the kernel before's
     float acc[R][NT] = {};
-    q8p_rows_stream<NT, R, U>(w, d, lane, nw, n_in, xq, xs, wv, dv, acc);
+    q8p_rows_stream<NT, R, U>(w, d, lane, nw, x_ld, xq, xs, wv, dv, acc);
     pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < n_out) Y[t * n_out + row0 + r] = v;
+            if (lane == 0 && row0 + r < n_out) Y[t * y_ld + row0 + r] = v;
         }
 }
 
@@ -319,12 +334,16 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 32 ? 1 : R == 1 ? 8 : 6)
     }
 }
 
-template <int R>
+// GROUPED: the group launch (gemv_q8p_rows_kernel), n_in and n_out a group's, x_ld and y_ld the whole rows'.
+template <int R, bool GROUPED = false>
 static void launch_q8p_rows(cudaStream_t s, int nt, const int8_t *qs, const uint16_t *dw, int64_t n_in, int64_t n_out,
-                            const int8_t *xq, const float *xs, float *y) {
-    const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R))), block(kQ8pWarps * 32);
+                            const int8_t *xq, const float *xs, float *y, int groups = 1, int64_t x_ld = 0,
+                            int64_t y_ld = 0) {
+    const dim3 grid((unsigned)((n_out + kQ8pWarps * R - 1) / (kQ8pWarps * R)), (unsigned)groups), block(kQ8pWarps * 32);
 #define DFL_Q8P_ROWS(N) \
-    case N: launch_pdl(gemv_q8p_rows_kernel<N, R>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y); break;
+    case N:                                                                                                               \
+        launch_pdl(gemv_q8p_rows_kernel<N, R, GROUPED>, grid, block, s, qs, dw, n_in, n_out, xq, xs, y, x_ld, y_ld);      \
+        break;
     switch (nt) {
         DFL_Q8P_ROWS(1) DFL_Q8P_ROWS(2) DFL_Q8P_ROWS(3) DFL_Q8P_ROWS(4) DFL_Q8P_ROWS(5) DFL_Q8P_ROWS(6) DFL_Q8P_ROWS(7)
         DFL_Q8P_ROWS(8) DFL_Q8P_ROWS(9) DFL_Q8P_ROWS(10) DFL_Q8P_ROWS(11) DFL_Q8P_ROWS(12) DFL_Q8P_ROWS(13)
@@ -617,6 +636,28 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
     const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)nz), block(kQ8pWarps * 32);
     launch_pdl(gemv_q8p_kernel<1>, grid, block, s, qs, dw, n_in, rows, xq, xs, Y, z);
     check_launch("matmul (q8_0 dp4a, z batch)");
+}
+
+// DeepSeek V4's grouped wo_a (8 groups of 1,024 rows of 4,096) at a batched decode step ran, a group at a time, a
+// gather of its input columns, a quantizer, an 8-token product on 32 row tiles and a scatter: ~32 launches a layer
+// where one token's z batch is one. Here the input is quantized once as T rows of groups x n_in, and the rows kernel's
+// group launch (blockIdx.y a group) reads each weight row once for all T tokens.
+bool q8p_grouped_takes(const Weight &W, int groups, int64_t T) {
+    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", false);
+    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= 2 && T <= kQ8pMaxTokens;
+}
+
+void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y) {
+    const int64_t rows = W.n_out / groups, x_ld = groups * W.n_in;
+    const QuantX qx = quantize_x(dev, X, x_ld, T, false);
+    const int8_t *qs = q8p_quants(W);
+    const uint16_t *dw = q8p_scales(W);
+    // rows a warp as the whole stack's (four for V4's 8,192)
+    if (q8p_dp4a_rows(W, (int)T) == 4)
+        launch_q8p_rows<4, true>(dev.stream(), (int)T, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
+    else
+        launch_q8p_rows<2, true>(dev.stream(), (int)T, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
+    check_launch("matmul (q8_0 dp4a, grouped)");
 }
 
 }  // namespace cuda
