@@ -393,17 +393,17 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
             out, bound);
 }
 
-// The grouped output projection of 1, 3 and 8 tokens: every group in one pass on the GPU against the CPU's
+// The grouped output projection of 1, 3, 8 and 20 tokens: every group in one pass on the GPU against the CPU's
 // group-by-group products of each token. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0,
 // multiply int8-rounded activations (1.5e-2 of the output's norm, as test_cuda_ops bounds it); the rest are the plain
-// GEMV's. Beyond one token the GPU takes a repacked stack at once with DFL_CUDA_GROUPED_ROWS=1 (else it declines, as
-// the CPU does, and each token runs alone).
+// GEMV's. Beyond one token the GPU takes a repacked stack at once (20: two passes of the rows kernel) unless
+// DFL_CUDA_GROUPED_ROWS=0 (then it declines, as the CPU does, and each token runs alone).
 void test_grouped() {
     Rng r(61);
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");  // q4_K on int8 activations unless 0
     const bool q4k_i8 = !(i8 && std::strcmp(i8, "0") == 0);
     const char *rows_env = std::getenv("DFL_CUDA_GROUPED_ROWS");
-    const bool rows_on = rows_env && std::strcmp(rows_env, "1") == 0;
+    const bool rows_on = !(rows_env && std::strcmp(rows_env, "0") == 0);
     struct S {
         uint32_t type;
         int groups;
@@ -419,7 +419,7 @@ void test_grouped() {
             g_gpu->prepare_weight(wg);
             CHECK(wg.packed != nullptr);
         }
-        for (int64_t T : {1, 3, 8}) {
+        for (int64_t T : {1, 3, 8, 20}) {
             const int64_t xw = sh.groups * sh.n_in, yw = sh.groups * sh.rows;
             Dual x(rand_vec(r, (size_t)(T * xw))), y((size_t)(T * yw) * 4);
             CHECK(!g_cpu->matmul_grouped(W.c, sh.groups, x.p(false), T, y.p(false)) || T == 1);

@@ -639,12 +639,17 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
 }
 
 // DeepSeek V4's grouped wo_a (8 groups of 1,024 rows of 4,096) at a batched decode step ran, a group at a time, a
-// gather of its input columns, a quantizer, an 8-token product on 32 row tiles and a scatter: ~32 launches a layer
-// where one token's z batch is one. Here the input is quantized once as T rows of groups x n_in, and the rows kernel's
-// group launch (blockIdx.y a group) reads each weight row once for all T tokens.
+// gather of its input columns, a quantizer, an 8-token product and a scatter; the product of a row slice of the
+// repacked stack fell to the f16 tensor-core kernel (mmq_kernel<__half>, 43 us a group alone: ncu 12-07 13:1x). Here
+// the input is quantized once as T rows of groups x n_in, and the rows kernel's group launch (blockIdx.y a group)
+// reads each weight row once for every 16 tokens. The 4-layer V4-Flash step on an H100, alternated twice (12-07
+// 13:1x): b8 3.376 / 3.379 -> 2.177 / 2.171 ms, b1 unchanged. DFL_CUDA_GROUPED_ROWS=0: the gather. Up to 64 tokens
+// (batched decode; a prefill's hundreds keep the gather's tensor-core products).
+constexpr int64_t kGroupedMaxTokens = 64;
+
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T) {
-    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", false);
-    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= 2 && T <= kQ8pMaxTokens;
+    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", true);
+    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= 2 && T <= kGroupedMaxTokens;
 }
 
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y) {
@@ -652,12 +657,18 @@ void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const
     const QuantX qx = quantize_x(dev, X, x_ld, T, false);
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
-    // rows a warp as the whole stack's (four for V4's 8,192)
-    if (q8p_dp4a_rows(W, (int)T) == 4)
-        launch_q8p_rows<4, true>(dev.stream(), (int)T, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
-    else
-        launch_q8p_rows<2, true>(dev.stream(), (int)T, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
-    check_launch("matmul (q8_0 dp4a, grouped)");
+    for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
+        const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
+        const int8_t *xq = qx.xq + t0 * x_ld;
+        const float *xs = qx.xs + t0 * (x_ld / 32);
+        float *y = Y + t0 * W.n_out;
+        // rows a warp as the whole stack's (four for V4's 8,192)
+        if (q8p_dp4a_rows(W, nt) == 4)
+            launch_q8p_rows<4, true>(dev.stream(), nt, qs, dw, W.n_in, rows, xq, xs, y, groups, x_ld, W.n_out);
+        else
+            launch_q8p_rows<2, true>(dev.stream(), nt, qs, dw, W.n_in, rows, xq, xs, y, groups, x_ld, W.n_out);
+        check_launch("matmul (q8_0 dp4a, grouped)");
+    }
 }
 
 }  // namespace cuda
