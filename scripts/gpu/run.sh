@@ -391,7 +391,7 @@ ds4_ab() {
     for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do
       log "deepseek4 decode (graphs), run $r: ${v/#-/defaults}"
       (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-        DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=1,8 \
+        DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=${DS4_BATCHES:-1,8} \
         DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
         "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ds4.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
