@@ -294,11 +294,11 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
 bool CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, int64_t T, float *y) {
     if (groups < 1 || W.n_out % groups != 0) fail(DFL_ERR_INVALID, "matmul_grouped: rows do not divide into groups");
     const int64_t rows = W.n_out / groups;
-    if (T != 1) {
-        if (!q8p_grouped_takes(W, groups, T)) return false;
+    if (q8p_grouped_takes(W, groups, T)) {
         op("matmul_grouped", [&] { launch_gemv_q8p_grouped(*this, W, groups, x, T, y); });
         return true;
     }
+    if (T != 1) return false;
     op("matmul_grouped", [&] {
         GemvZ z;  // group g: rows g * rows.., input slice g, output slice g
         z.w_rows = rows;

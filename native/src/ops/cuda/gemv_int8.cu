@@ -647,9 +647,12 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
 // (batched decode; a prefill's hundreds keep the gather's tensor-core products).
 constexpr int64_t kGroupedMaxTokens = 64;
 
+// DFL_CUDA_GROUPED_ROWS1=1 (opt-in, unmeasured): one token too, two rows a warp, where the z batch of
+// gemv_q8p_kernel<1> (a row a warp) read V4's 35 MB in 22.5 us alone (~1.6 TB/s) and wq_b's as many bytes on the rows
+// kernel took 16.4 (ncu 12-07 12:5x).
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T) {
-    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", true);
-    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= 2 && T <= kGroupedMaxTokens;
+    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", true), one = env_switch("DFL_CUDA_GROUPED_ROWS1", false);
+    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= (one ? 1 : 2) && T <= kGroupedMaxTokens;
 }
 
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y) {
