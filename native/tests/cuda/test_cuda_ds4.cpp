@@ -396,14 +396,14 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
 // The grouped output projection of 1, 3, 8 and 20 tokens: every group in one pass on the GPU against the CPU's
 // group-by-group products of each token. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0,
 // multiply int8-rounded activations (1.5e-2 of the output's norm, as test_cuda_ops bounds it); the rest are the plain
-// GEMV's. Beyond one token the GPU takes a repacked stack at once (20: two passes of the rows kernel) unless
-// DFL_CUDA_GROUPED_ROWS=0 (then it declines, as the CPU does, and each token runs alone).
+// GEMV's. Beyond one token the GPU takes a repacked stack at once up to DFL_CUDA_GROUPED_ROWS tokens (16 unless set;
+// 20 with it at 64: two passes of the rows kernel), else it declines, as the CPU does, and each token runs alone.
 void test_grouped() {
     Rng r(61);
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");  // q4_K on int8 activations unless 0
     const bool q4k_i8 = !(i8 && std::strcmp(i8, "0") == 0);
     const char *rows_env = std::getenv("DFL_CUDA_GROUPED_ROWS");
-    const bool rows_on = !(rows_env && std::strcmp(rows_env, "0") == 0);
+    const int64_t rows_most = std::min<int64_t>(64, rows_env && *rows_env ? std::atoll(rows_env) : 16);
     struct S {
         uint32_t type;
         int groups;
@@ -425,7 +425,7 @@ void test_grouped() {
             CHECK(!g_cpu->matmul_grouped(W.c, sh.groups, x.p(false), T, y.p(false)) || T == 1);
             for (int64_t t = 0; t < T; t++) CHECK(g_cpu->matmul_grouped(W.c, sh.groups, x.p(false) + t * xw, 1, y.p(false) + t * yw));
             const bool took = g_gpu->matmul_grouped(wg, sh.groups, x.p(true), T, y.p(true));
-            CHECK(took == (T == 1 || (rows_on && sh.packed)));
+            CHECK(took == (T == 1 || (T <= rows_most && sh.packed)));
             for (int64_t t = 0; !took && t < T; t++)
                 CHECK(g_gpu->matmul_grouped(wg, sh.groups, x.p(true) + t * xw, 1, y.p(true) + t * yw));
             const char *tn = sh.type == DFL_TYPE_F32 ? "f32" : sh.type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";

@@ -404,7 +404,8 @@ bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, 
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y);
 // Whether T tokens of a repacked q8_0 stack of `groups` row groups (CudaDevice::matmul_grouped) take
-// launch_gemv_q8p_grouped: 2..64 tokens, unless DFL_CUDA_GROUPED_ROWS=0 (1..64 with DFL_CUDA_GROUPED_ROWS1=1).
+// launch_gemv_q8p_grouped: 2..16 tokens (DFL_CUDA_GROUPED_ROWS=N: up to N, at most 64; 0: none; from 1 with
+// DFL_CUDA_GROUPED_ROWS1=1).
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T);
 // T tokens of matmul_grouped's product on the rows kernel, every group in one launch (q8p_grouped_takes said so).
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y);

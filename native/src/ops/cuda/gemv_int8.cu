@@ -643,16 +643,18 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
 // repacked stack fell to the f16 tensor-core kernel (mmq_kernel<__half>, 43 us a group alone: ncu 12-07 13:1x). Here
 // the input is quantized once as T rows of groups x n_in, and the rows kernel's group launch (blockIdx.y a group)
 // reads each weight row once for every 16 tokens. The 4-layer V4-Flash step on an H100, alternated twice (12-07
-// 13:1x): b8 3.376 / 3.379 -> 2.177 / 2.171 ms, b1 unchanged. DFL_CUDA_GROUPED_ROWS=0: the gather. Up to 64 tokens
-// (batched decode; a prefill's hundreds keep the gather's tensor-core products).
+// 13:1x): b8 3.376 / 3.379 -> 2.177 / 2.171 ms, b1 unchanged. DFL_CUDA_GROUPED_ROWS=N: up to N tokens (16 by default,
+// one pass; 17..64 in passes of 16 are opt-in, not yet run on a GPU; a prefill's hundreds keep the gather's
+// tensor-core products); 0: the gather.
 constexpr int64_t kGroupedMaxTokens = 64;
 
 // DFL_CUDA_GROUPED_ROWS1=1 (opt-in, unmeasured): one token too, two rows a warp, where the z batch of
 // gemv_q8p_kernel<1> (a row a warp) read V4's 35 MB in 22.5 us alone (~1.6 TB/s) and wq_b's as many bytes on the rows
 // kernel took 16.4 (ncu 12-07 12:5x).
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T) {
-    static const bool on = env_switch("DFL_CUDA_GROUPED_ROWS", true), one = env_switch("DFL_CUDA_GROUPED_ROWS1", false);
-    return on && q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= (one ? 1 : 2) && T <= kGroupedMaxTokens;
+    static const int64_t most = std::min<int64_t>(kGroupedMaxTokens, env_int("DFL_CUDA_GROUPED_ROWS", kQ8pMaxTokens));
+    static const bool one = env_switch("DFL_CUDA_GROUPED_ROWS1", false);
+    return q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= (one ? 1 : 2) && T <= most;
 }
 
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y) {
