@@ -423,7 +423,8 @@ void test_grouped() {
             const int64_t xw = sh.groups * sh.n_in, yw = sh.groups * sh.rows;
             Dual x(rand_vec(r, (size_t)(T * xw))), y((size_t)(T * yw) * 4);
             CHECK(!g_cpu->matmul_grouped(W.c, sh.groups, x.p(false), T, y.p(false)) || T == 1);
-            for (int64_t t = 0; t < T; t++) CHECK(g_cpu->matmul_grouped(W.c, sh.groups, x.p(false) + t * xw, 1, y.p(false) + t * yw));
+            for (int64_t t = 0; t < T; t++)
+                CHECK(g_cpu->matmul_grouped(W.c, sh.groups, x.p(false) + t * xw, 1, y.p(false) + t * yw));
             const bool took = g_gpu->matmul_grouped(wg, sh.groups, x.p(true), T, y.p(true));
             CHECK(took == (T == 1 || (T <= rows_most && sh.packed)));
             for (int64_t t = 0; !took && t < T; t++)

@@ -263,8 +263,8 @@ private:
         QuantX q;
     } staged_;
     bool staged_open_ = false;  // the current call is a product that may take staged_
-    // hc_post's partial sums of the next HC site's mixing product (the default; DFL_CUDA_HC_PARTS=0 leaves none): for that site's hc_site call
-    // on X with fn, if no call came between
+    // hc_post's partial sums of the next HC site's mixing product (the default; DFL_CUDA_HC_PARTS=0 leaves none): for
+    // that site's hc_site call on X with fn, if no call came between
     struct HcParts {
         const float *X = nullptr;
         const void *fn = nullptr;
