@@ -469,6 +469,15 @@ static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, floa
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// Most tokens of a 16-bit weight's product on the GEMV (each row read once for all of them) instead of the
+// tensor-core kernel: DFL_CUDA_GEMV16_TOKENS=N (opt-in, unmeasured; at most kGemvMaxTokens, 1 by default). Why:
+// mmq_kernel<__half> ran DeepSeek V4's f16 compressor and indexer products of a batch-8 step at ~0.4 TB/s, 31-42 us
+// each alone on grids of 16-128 blocks (ncu 12-07 13:1x), where one token's GEMV of the compressor took ~10.
+static int64_t gemv16_tokens() {
+    static const int64_t n = std::max<int64_t>(1, std::min(kGemvMaxTokens, env_int("DFL_CUDA_GEMV16_TOKENS", 1)));
+    return n;
+}
+
 // Whether the vectorised gemv kernels can read this weight and these activations.
 static bool gemv_vector_ok(const Weight &W, const float *X) {
     if (!aligned16(X) || W.n_in % 8 != 0) return false;
@@ -582,7 +591,7 @@ void launch_matmul(CudaDevice &dev, const Weight &W, const float *X, int64_t T, 
         launch_gemv_q6k_i8(dev, W, X, T, Y);
         return;
     }
-    if (T < kMmqMinTokens) {
+    if (T < kMmqMinTokens || (T <= gemv16_tokens() && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16))) {
         launch_gemv(dev.stream(), W, X, T, Y);
         return;
     }
