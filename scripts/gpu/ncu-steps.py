@@ -30,29 +30,33 @@ def main(path):
         print(f"{path}: no kernel rows (see the file for ncu's messages)")
         return
     starts = [i for i, (n, _, _) in enumerate(rows) if "embed" in n]
-    steps = max(1, len(starts) - 1)
+    # NCU_EMBED_GRID (run.sh: "(B, 1, 1)" for STEP_BATCHES=B): only the steps whose embedding has that grid, as the
+    # benchmark's window may hold steps of other batch sizes too (12-07 13:1x: b1 steps among the b8 ones)
+    grid = os.environ.get("NCU_EMBED_GRID", "")
+    spans = [(a, b) for a, b in zip(starts, starts[1:]) if not grid or rows[a][1] == grid]
+    steps = max(1, len(spans))
     # the whole steps of the window only
-    window = rows[starts[0]:starts[-1]] if len(starts) > 1 else rows
+    window = [row for a, b in spans for row in rows[a:b]] if spans else rows
     total = defaultdict(float)
     count = defaultdict(int)
     for n, _, us in window:
         total[n] += us
         count[n] += 1
     all_us = sum(total.values())
-    if len(starts) < 2:
+    if not spans:
         # (12-06 08:1x: 1,500 kernels of a 16-row verify held one embedding, ~1.4 steps, and read as one step)
-        print(f"{len(window)} kernels and no whole step in the window (fewer than two embeddings: raise NCU_COUNT);"
-              f" the sums below are the window's, not a step's: {all_us:.1f} us")
+        print(f"{len(window)} kernels and no whole step in the window (fewer than two embeddings{' of grid ' + grid if grid else ''}:"
+              f" raise NCU_COUNT); the sums below are the window's, not a step's: {all_us:.1f} us")
     else:
         print(f"{len(window)} kernels in {steps} decode steps: {all_us / steps:.1f} us of kernel time a step (each kernel alone)")
     for n in sorted(total, key=total.get, reverse=True):
         print(f"  {total[n] / steps:8.1f} us/step {100 * total[n] / all_us:5.1f} %  {count[n] / steps:6.1f}/step  {total[n] / count[n]:7.2f} us  {n}")
-    if len(starts) > 1:
+    if spans:
         first = int(os.environ.get("NCU_STEP_LIST", "40"))
         print(f"one step in launch order (the first {first} kernels):")
-        for n, g, us in rows[starts[0]:starts[1]][:first]:
+        a, b = spans[0]
+        for n, g, us in rows[a:b][:first]:
             print(f"  {us:7.2f} us  grid {g:<16} {n}")
-
 
 if __name__ == "__main__":
     for p in sys.argv[1:]:

@@ -569,7 +569,9 @@ step_ncu() {
       DFLASH_BENCH_PROMPTS=${STEP_PROMPTS:-0} DFLASH_BENCH_BATCHES=${STEP_BATCHES:-1} timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --csv \
       --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-3000} --launch-count ${NCU_COUNT:-800} \
       "$stage/bin/engine.test" -test.run '^$' -test.bench "GGUF/${STEP_BENCH:-tg}" -test.benchtime 64x) >"$csv" 2>&1
-    python3 scripts/gpu/ncu-steps.py "$csv" | tee -a "$OUT/summary.txt"
+    # (a decode step's embedding runs a block a sequence: the window's steps of other batch sizes are left out)
+    NCU_EMBED_GRID=$([ "${STEP_BENCH:-tg}" = tg ] && echo "(${STEP_BATCHES:-1}, 1, 1)") \
+      python3 scripts/gpu/ncu-steps.py "$csv" | tee -a "$OUT/summary.txt"
   done
 }
 
