@@ -945,8 +945,9 @@ case $mode in
   demo-peer) peer_build; build_cuda; demo_bench; peer_dflash ;;  # needs scripts/gpu/pack.sh --peer
   pack) exit 0 ;;
   peer) peer_build ;;  # only llama.cpp's CUDA build, in the background (a later call on the warm machine reuses it)
+  ds4-peer) ds4_peer ;;  # llama.cpp on the DS4_LAYERS file (after `peer`, whose build it waits for)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
