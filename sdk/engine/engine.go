@@ -576,7 +576,6 @@ func (e *Engine) step(batch []SeqInput, members []*sequence) int64 {
 	for _, s := range members {
 		s.pos = s.nPast + len(s.feed)
 	}
-	e.stats.TokensGenerated += generated
 	e.mu.Unlock()
 	return generated
 }

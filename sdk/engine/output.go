@@ -18,6 +18,11 @@ import (
 // several accepted tokens into one event this way, stopping at the first
 // that ends the sequence.
 func (e *Engine) commit(s *sequence, ev *sdk.Event, tok int32, forced bool, row []float32, c *candidateRow) bool {
+	// counted before the token can reach its client: a Stats call made after a request's last event sees all of it
+	// (counted once a step, after the events, a client could read 11 of 12 tokens)
+	e.mu.Lock()
+	e.stats.TokensGenerated++
+	e.mu.Unlock()
 	ev.TokenIDs = append(ev.TokenIDs, tok)
 	switch {
 	case !s.req.Logprobs:
