@@ -55,6 +55,11 @@ struct Weight {
     // each), a row range starting on a group is a packed matrix of its own; 0: the layout cannot be sliced.
     int32_t packed_group = 0;
     uint64_t packed_group_bytes = 0;
+    // Where the packed layout keeps its rows in order, packed_row_bytes each, and (packed_aux) a second region of
+    // packed_aux_row_bytes a row (CUDA's repacked q8_0: every row's quants, then every row's block scales), any row
+    // range is a packed matrix of its own.
+    const uint8_t *packed_aux = nullptr;
+    uint64_t packed_row_bytes = 0, packed_aux_row_bytes = 0;
 
     bool empty() const { return data == nullptr; }
     const uint8_t *row(int64_t r) const { return data + (uint64_t)r * row_bytes; }
@@ -64,8 +69,14 @@ struct Weight {
         Weight w = *this;
         w.n_out = n;
         w.data = row(r0);
+        if (packed != nullptr && packed_row_bytes > 0) {
+            w.packed = packed + (uint64_t)r0 * packed_row_bytes;
+            w.packed_aux = packed_aux ? packed_aux + (uint64_t)r0 * packed_aux_row_bytes : nullptr;
+            return w;
+        }
         const bool sliced = packed != nullptr && packed_group > 0 && r0 % packed_group == 0;
         w.packed = sliced ? packed + (uint64_t)(r0 / packed_group) * packed_group_bytes : nullptr;
+        w.packed_aux = nullptr;
         return w;
     }
 };

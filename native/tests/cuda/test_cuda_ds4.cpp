@@ -434,6 +434,22 @@ void test_grouped() {
                         "x" + std::to_string(sh.rows) + "x" + std::to_string(sh.n_in) + " T=" + std::to_string(T),
                     y, sh.packed || (sh.type == DFL_TYPE_Q4_K && q4k_i8) ? 1.5e-2 : 1e-5);
         }
+        if (!sh.packed) continue;
+        // each group's rows as a matrix of their own (Weight::rows: both regions of the repacked layout), T tokens of
+        // one group's input, against the CPU's slice: the path of a group the plan gathers (more tokens than the group
+        // launch takes)
+        for (int64_t T : {1, 3, 20}) {
+            Dual x(rand_vec(r, (size_t)(T * sh.n_in))), y((size_t)(T * sh.rows * sh.groups) * 4);
+            for (int g = 0; g < sh.groups; g++) {
+                const Weight gw = wg.rows(g * sh.rows, sh.rows);
+                CHECK(gw.packed != nullptr && gw.packed_aux != nullptr);
+                g_cpu->matmul(W.c.rows(g * sh.rows, sh.rows), x.p(false), T, y.p(false) + g * T * sh.rows);
+                g_gpu->matmul(gw, x.p(true), T, y.p(true) + g * T * sh.rows);
+            }
+            compare("matmul of repacked q8_0 row slices " + std::to_string(sh.groups) + "x" + std::to_string(sh.rows) +
+                        "x" + std::to_string(sh.n_in) + " T=" + std::to_string(T),
+                    y, 1.5e-2);
+        }
     }
 }
 

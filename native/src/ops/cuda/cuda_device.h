@@ -325,11 +325,10 @@ void launch_gdn(CudaDevice &dev, const BatchMeta &m, const GdnCall &g);
 void launch_record_gdn_inputs(cudaStream_t s, const BatchMeta &m, const GdnInputs &r);
 void repack_q8_0(CudaDevice &dev, Weight &W);
 bool q8p_ok(const Weight &W);
-// A repacked q8_0 weight (repack_q8_0): its n_out rows of n_in quants, then all of its f16 block scales.
+// A repacked q8_0 weight (repack_q8_0): its n_out rows of n_in quants, then (packed_aux) all of its f16 block scales;
+// a row range of it (Weight::rows) points into both regions.
 inline const int8_t *q8p_quants(const Weight &W) { return (const int8_t *)W.packed; }
-inline const uint16_t *q8p_scales(const Weight &W) {
-    return (const uint16_t *)(W.packed + (size_t)(W.n_out * W.n_in));
-}
+inline const uint16_t *q8p_scales(const Weight &W) { return (const uint16_t *)W.packed_aux; }
 void launch_gemv_q8p(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y);
 // The activations of a product on int8 weights (gemv_int8.cu): rows of n_in quantized per block of 32 into the scratch,
 // with each block's sum where sums (q4_K), or what the op before staged (CudaDevice::take_staged).

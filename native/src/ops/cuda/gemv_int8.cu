@@ -413,7 +413,12 @@ QuantX quantize_x(CudaDevice &dev, const float *X, int64_t n_in, int64_t rows, b
     return q;
 }
 
-bool q8p_ok(const Weight &W) { return W.packed != nullptr && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0; }
+// (A row range of a repacked weight starts its scales at 2 n_in / 32 bytes a row: the kernels' 16-byte loads need
+// both regions on 16 bytes.)
+bool q8p_ok(const Weight &W) {
+    return W.packed != nullptr && W.packed_aux != nullptr && W.type == DFL_TYPE_Q8_0 && W.n_in % 32 == 0 &&
+           ((uintptr_t)W.packed & 15) == 0 && ((uintptr_t)W.packed_aux & 15) == 0;
+}
 
 void repack_q8_0(CudaDevice &dev, Weight &W) {
     if (W.type != DFL_TYPE_Q8_0 || W.n_in % 32 != 0 || W.packed) return;
@@ -425,6 +430,9 @@ void repack_q8_0(CudaDevice &dev, Weight &W) {
                                                                  (uint16_t *)(p + q_bytes));
     check_launch("repack q8_0");
     W.packed = p;
+    W.packed_aux = p + q_bytes;
+    W.packed_row_bytes = (uint64_t)W.n_in;
+    W.packed_aux_row_bytes = (uint64_t)nb * 2;
 }
 
 // Whether one token of a wide q8_0 matrix (n_out >= 4224: q|k|v, gate|up) takes the rows kernel with four rows a warp:
