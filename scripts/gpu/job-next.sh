@@ -19,7 +19,7 @@ if nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200;
   steps+=("LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- -' lean qwen3.5-27b:q8_0")
   steps+=("SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- -' spec-bench")
 fi
-steps+=("TRY='DFL_CUDA_GROUPED_ROWS=64 DFL_CUDA_GROUPED_ROWS1=1 DFL_CUDA_GEMV16_TOKENS=8' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
+steps+=("TRY='DFL_CUDA_GROUPED_ROWS=64 DFL_CUDA_GROUPED_ROWS1=1 DFL_CUDA_GEMV16_TOKENS=8 DFL_CUDA_MOE_DOWN_COMBINE=1' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
 # with PEER=1, llama.cpp on the same 4-layer file last (issue 13's "faster than llama.cpp", not rerun since 12-06)
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=("DS4_LAYERS=4 ds4-peer")
 exec scripts/gpu/bg.sh start "${steps[@]}"

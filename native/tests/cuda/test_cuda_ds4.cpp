@@ -471,6 +471,7 @@ void test_moe() {
     for (uint32_t type : {DFL_TYPE_F32, DFL_TYPE_Q8_0, DFL_TYPE_Q4_K}) {
         run_experts(type, 8, 3, 1, 10.0f, r);
         run_experts(type, 8, 3, 5, 10.0f, r);
+        run_experts(type, 32, 6, 10, 10.0f, r);  // V4's six choices, 60 pairs: still the direct path
         run_experts(type, 16, 6, 40, 0.0f, r);
     }
 }

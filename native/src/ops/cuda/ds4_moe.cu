@@ -188,6 +188,7 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
         // instead of launching that quantizer
         const CudaDevice::StagedScope staged(dev);
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
+        if (launch_moe_down_combine(dev, c.down, D, g, T, (int)K, c.ids, c.weights, c.out)) return;
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
     CudaDevice::OpTimer tm(dev, "moe_experts (combine)");

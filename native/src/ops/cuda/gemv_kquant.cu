@@ -210,6 +210,75 @@ bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, 
     return true;
 }
 
+// Most choices a token of launch_moe_down_combine (the kernel is compiled for each k up to it): V4's 6 (128 registers
+// with nvcc 11.8, no spills; 8 spilled).
+constexpr int kDownCombineMaxK = 6;
+
+// One row r of token t's K routed experts (a warp; blockIdx.y = t): each expert's row against its pair's int8 input
+// (the swiglu's staged codes) as gemv_q4k_i8_kernel sums it, then out[t][r] = sum_j weights[t K + j] y_j, added in
+// order from 0 without contraction (moe_combine_kernel's order and rounding: the same bits as the two launches). The
+// K rows' loads of a super-block are issued together before any of them is used: a warp keeps K rows in flight where
+// the z batch's warps each read one.
+template <int K>
+__global__ void __launch_bounds__(kQ8pWarps * 32)
+    moe_down_combine_q4k_kernel(const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_out, int64_t w_rows,
+                                const int8_t *xq, const float *xs, const float *xsum, const int32_t *ids,
+                                const float *weights, float *out) {
+    const int64_t t = blockIdx.y, nb32 = n_in / 32, nb = n_in / QK_K;
+    const int lane = threadIdx.x & 31, p = lane & 7;
+    const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
+    pdl_wait();  // (launch_pdl) the ids are moe_route's, the activations the swiglu's
+    if (r >= n_out) return;
+    const uint8_t *rows[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) rows[j] = W + (uint64_t)((int64_t)ids[t * K + j] * w_rows + r) * row_bytes;
+    float acc[K] = {};
+#pragma unroll 2
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        uint4 q[K], hdr[K];
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            const uint8_t *blk = rows[j] + b * kQ4_KBytes;
+            hdr[j] = __ldg((const uint4 *)blk);
+            q[j] = __ldg((const uint4 *)(blk + 16 + 16 * p));
+        }
+#pragma unroll
+        for (int j = 0; j < K; j++) {
+            const int64_t pair = t * K + j;
+            acc[j] += q4k_lane_dot(q4k_decode(q[j], hdr[j], p), b, p, xq + pair * n_in, xs + pair * nb32,
+                                   xsum + pair * nb32);
+        }
+    }
+    pdl_trigger();
+    float o = 0.0f;
+#pragma unroll
+    for (int j = 0; j < K; j++) o = __fadd_rn(o, __fmul_rn(weights[t * K + j], warp_sum(acc[j])));
+    if (lane == 0) out[t * n_out + r] = o;
+}
+
+bool launch_moe_down_combine(CudaDevice &dev, const Weight &down, int64_t rows, const float *g, int64_t T, int k,
+                             const int32_t *ids, const float *weights, float *out) {
+    static const bool on = env_switch("DFL_CUDA_MOE_DOWN_COMBINE", false);
+    GemvZ z;
+    z.w_rows = rows;
+    if (!on || !q4k_i8_on() || !q4k_i8_ok(down, z) || k < 1 || k > kDownCombineMaxK || T < 1) return false;
+    // every pair's row of g: the swiglu's staged codes where it staged them (the caller's StagedScope)
+    const QuantX qx = quantize_x(dev, g, down.n_in, T * k, true);
+    const dim3 grid((unsigned)((rows + kQ8pWarps - 1) / kQ8pWarps), (unsigned)T), block(kQ8pWarps * 32);
+    switch (k) {
+#define DFL_DOWN_COMBINE(K)                                                                                            \
+    case K:                                                                                                            \
+        launch_pdl(moe_down_combine_q4k_kernel<K>, grid, block, dev.stream(), down.data, down.row_bytes, down.n_in,   \
+                   rows, rows, qx.xq, qx.xs, qx.xsum, ids, weights, out);                                              \
+        break;
+        DFL_DOWN_COMBINE(1) DFL_DOWN_COMBINE(2) DFL_DOWN_COMBINE(3) DFL_DOWN_COMBINE(4) DFL_DOWN_COMBINE(5)
+        DFL_DOWN_COMBINE(6)
+#undef DFL_DOWN_COMBINE
+    }
+    check_launch("moe_experts (down + combine)");
+    return true;
+}
+
 void launch_q4k_fold(CudaDevice &dev, const Weight &W, const CudaDevice::QuantX &qx, const RmsFold &in,
                      const NormFold &out) {
     const int64_t n = W.n_out;
