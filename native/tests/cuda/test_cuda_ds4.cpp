@@ -380,12 +380,16 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
     // q4_K on int8 activations: pairs unless DFL_CUDA_Q4K_I8=0 (launch_gemv_q4k_i8), an expert's 2..64 rows on int8
     // tensor cores unless DFL_CUDA_I8_MMA=0
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
-    const bool pairs_i8 = T * k <= 64 && !(i8 && std::strcmp(i8, "0") == 0);
-    const bool rows_i8 = T * k > 64 && most >= 2 && !(mma && std::strcmp(mma, "0") == 0);
+    // the direct path's most pairs: 64 unless DFL_CUDA_MOE_DIRECT_PAIRS sets it
+    const char *dp = std::getenv("DFL_CUDA_MOE_DIRECT_PAIRS");
+    const int64_t direct_most = dp && *dp ? std::max<int64_t>(1, std::min<int64_t>(1024, std::atoll(dp))) : 64;
+    const bool direct = T * k <= direct_most;
+    const bool pairs_i8 = direct && !(i8 && std::strcmp(i8, "0") == 0);
+    const bool rows_i8 = !direct && most >= 2 && !(mma && std::strcmp(mma, "0") == 0);
     // two products in a chain (gate and up, then down on their rounded product): twice the one product's 1.5e-2, and
     // a little more for the SwiGLU between them (seen: 3.7e-2 for one token of three pairs on the H200)
     const double bound = type == DFL_TYPE_Q4_K && (pairs_i8 || rows_i8)            ? 5e-2
-                         : type == DFL_TYPE_F32 || most <= 1 || T * k <= 64 ? 1e-5
+                         : type == DFL_TYPE_F32 || most <= 1 || direct ? 1e-5
                                                                              : 3e-3;
     const char *tn = type == DFL_TYPE_F32 ? "f32" : type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
     compare(std::string("moe_experts ") + tn + " E=" + std::to_string(E) + " k=" + std::to_string(k) + " T=" +
@@ -396,14 +400,14 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
 // The grouped output projection of 1, 3, 8 and 20 tokens: every group in one pass on the GPU against the CPU's
 // group-by-group products of each token. A q8_0 weight the GPU has repacked, and q4_K unless DFL_CUDA_Q4K_I8=0,
 // multiply int8-rounded activations (1.5e-2 of the output's norm, as test_cuda_ops bounds it); the rest are the plain
-// GEMV's. Beyond one token the GPU takes a repacked stack at once up to DFL_CUDA_GROUPED_ROWS tokens (16 unless set;
-// 20 with it at 64: two passes of the rows kernel), else it declines, as the CPU does, and each token runs alone.
+// GEMV's. Beyond one token the GPU takes a repacked stack at once up to DFL_CUDA_GROUPED_ROWS tokens (16 unless set
+// lower), else it declines (20 tokens), as the CPU does, and each token runs alone.
 void test_grouped() {
     Rng r(61);
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8");  // q4_K on int8 activations unless 0
     const bool q4k_i8 = !(i8 && std::strcmp(i8, "0") == 0);
     const char *rows_env = std::getenv("DFL_CUDA_GROUPED_ROWS");
-    const int64_t rows_most = std::min<int64_t>(64, rows_env && *rows_env ? std::atoll(rows_env) : 16);
+    const int64_t rows_most = std::min<int64_t>(16, rows_env && *rows_env ? std::atoll(rows_env) : 16);
     struct S {
         uint32_t type;
         int groups;

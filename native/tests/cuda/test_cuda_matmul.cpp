@@ -203,7 +203,8 @@ void test_matmul_embed() {
     }
     // Matrices of parts laid side by side (q|k|v, gate|up), each part's rows into its own output (matmul_parts): T =
     // 17 the parts one by one, 65 and 130 one cuBLAS product; 10000 x 4096 rows dequantize in two chunks, the first
-    // ending inside the second part. q8_0 with and without its repacked copy.
+    // ending inside the second part. q8_0 with and without its repacked copy (a part of a repacked matrix is a repacked
+    // matrix of its own, Weight::rows: at 17 tokens on the int8 kernels, the repacked path's bound).
     struct PartsCase {
         uint32_t type;
         bool repack;
@@ -237,7 +238,7 @@ void test_matmul_embed() {
                 parts.emplace_back(&pg[i], Y[i]->gp());
             }
             g_gpu->matmul_parts(wg, parts, X.gp(), T);
-            const double bound = matmul_bound(type, T);
+            const double bound = repack && T <= 64 ? 1.5e-2 : matmul_bound(type, T);
             for (size_t i = 0; i < rows.size(); i++)
                 compare(std::string("matmul_parts ") + tname(type) + (repack ? " repacked " : " ") +
                             std::to_string(n_out) + "x" + std::to_string(n_in) + " part " + std::to_string(i) +

@@ -399,18 +399,11 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
 // them, or with DFL_CUDA_MOE_PAIR=0.
 bool launch_gemv_q4k_i8_pair(CudaDevice &dev, const Weight &A, const Weight &B, const float *X, float *Ya, float *Yb,
                              const GemvZ &z, int nz);
-// DeepSeek V4's routed down projection and the combine after it in one launch (DFL_CUDA_MOE_DOWN_COMBINE=1, opt-in):
-// out[t] = sum_j weights[t k + j] * down[ids[t k + j]] g[t k + j], a warp one row of one token's k experts, the choices
-// added in order from 0 as moe_combine_kernel adds them. False (nothing launched) where it does not take them (off, a
-// stack the int8 q4_K path does not take, k > 6).
-bool launch_moe_down_combine(CudaDevice &dev, const Weight &down, int64_t rows, const float *g, int64_t T, int k,
-                             const int32_t *ids, const float *weights, float *out);
 // The repacked-q8_0 form, for a packed stack whose groups read consecutive inputs (x_stride == n_in, no ids).
 void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X,
                        float *Y);
 // Whether T tokens of a repacked q8_0 stack of `groups` row groups (CudaDevice::matmul_grouped) take
-// launch_gemv_q8p_grouped: 2..16 tokens (DFL_CUDA_GROUPED_ROWS=N: up to N, at most 64; 0: none; from 1 with
-// DFL_CUDA_GROUPED_ROWS1=1).
+// launch_gemv_q8p_grouped: 2..16 tokens (DFL_CUDA_GROUPED_ROWS=N: up to N; 0: none).
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T);
 // T tokens of matmul_grouped's product on the rows kernel, every group in one launch (q8p_grouped_takes said so).
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y);

@@ -1,7 +1,7 @@
 // DeepSeek V4 MoE on the GPU (device.h: MoeRouteCall, swiglu_clamp, MoeExpertsCall).
 //
 // Routing runs on the device (a block per token). The routed experts take one of two paths:
-//  - few (token, choice) pairs (decode steps, small batches: P <= kMoeDirectMaxPairs): every pair's gate / up / down
+//  - few (token, choice) pairs (decode steps, small batches: P <= moe_direct_max_pairs(), 64 unless set): every pair's gate / up / down
 //    product is one member of a z-batched GEMV launch that picks its expert's rows from the chosen ids on the device
 //    (launch_gemv_z), then a combine kernel adds the weighted outputs per token in choice order. Nothing comes back to
 //    the host, so the step can be captured into a CUDA graph (deepseek4.engine.fused_decode).
@@ -158,7 +158,14 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
 
 // Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
 // Past it, grouping by expert reads each shared expert once instead of once per pair.
-constexpr int64_t kMoeDirectMaxPairs = 64;
+// DFL_CUDA_MOE_DIRECT_PAIRS=N (opt-in, unmeasured): up to N pairs (at most 1,024) direct: a batch of 32 sequences (192
+// pairs) reads an expert once a pair instead of once, but waits for no host copy and replays from a step graph, where
+// grouping syncs with the host every MoE layer and runs op by op (the 4-layer V4-Flash b32 step 13.1-13.4 ms against
+// b8's 2.17 on an H100, 12-07 15:2x).
+static int64_t moe_direct_max_pairs() {
+    static const int64_t n = std::max<int64_t>(1, std::min<int64_t>(1024, env_int("DFL_CUDA_MOE_DIRECT_PAIRS", 64)));
+    return n;
+}
 
 // The direct path: P z-batched products per projection, experts picked on the device, then the combine.
 static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
@@ -188,7 +195,9 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
         // instead of launching that quantizer
         const CudaDevice::StagedScope staged(dev);
         CudaDevice::OpTimer tm(dev, "moe_experts (down)");
-        if (launch_moe_down_combine(dev, c.down, D, g, T, (int)K, c.ids, c.weights, c.out)) return;
+        // (one launch with the combine, a warp one row of a token's six experts, lost: H100 12-07 15:2x, b1 0.965 /
+        // 0.960 against 0.952 / 0.955 ms, b8 2.22 / 2.20 against 2.18 / 2.17, though 18.5 us alone against the
+        // two launches' 18.6 + 4.6)
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
     CudaDevice::OpTimer tm(dev, "moe_experts (combine)");
@@ -201,7 +210,7 @@ void CudaDevice::moe_experts(const MoeExpertsCall &c) {
     // (DFL_CUDA_SKIP_OPS=moe_experts: the routed experts' launches left out, out unwritten: garbage out)
     if (P <= 0 || skip_op("moe_experts")) return;
     use();
-    if (P <= kMoeDirectMaxPairs) {
+    if (P <= moe_direct_max_pairs()) {
         moe_experts_direct(*this, c);
         return;
     }

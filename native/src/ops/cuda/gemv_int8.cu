@@ -648,21 +648,17 @@ void launch_gemv_q8p_z(CudaDevice &dev, const Weight &stack, int64_t rows, const
 
 // DeepSeek V4's grouped wo_a (8 groups of 1,024 rows of 4,096) at a batched decode step ran, a group at a time, a
 // gather of its input columns, a quantizer, an 8-token product and a scatter; the product of a row slice of the
-// repacked stack fell to the f16 tensor-core kernel (mmq_kernel<__half>, 43 us a group alone: ncu 12-07 13:1x). Here
-// the input is quantized once as T rows of groups x n_in, and the rows kernel's group launch (blockIdx.y a group)
-// reads each weight row once for every 16 tokens. The 4-layer V4-Flash step on an H100, alternated twice (12-07
-// 13:1x): b8 3.376 / 3.379 -> 2.177 / 2.171 ms, b1 unchanged. DFL_CUDA_GROUPED_ROWS=N: up to N tokens (16 by default,
-// one pass; 17..64 in passes of 16 are opt-in, not yet run on a GPU; a prefill's hundreds keep the gather's
-// tensor-core products); 0: the gather.
-constexpr int64_t kGroupedMaxTokens = 64;
-
-// DFL_CUDA_GROUPED_ROWS1=1 (opt-in, unmeasured): one token too, two rows a warp, where the z batch of
-// gemv_q8p_kernel<1> (a row a warp) read V4's 35 MB in 22.5 us alone (~1.6 TB/s) and wq_b's as many bytes on the rows
-// kernel took 16.4 (ncu 12-07 12:5x).
+// repacked stack fell to the f16 tensor-core kernel (mmq_kernel<__half>, 43 us a group alone: ncu 12-07 13:1x; row
+// slices keep the int8 kernels since, Weight::packed_aux). Here the input is quantized once as T rows of groups x n_in,
+// and the rows kernel's group launch (blockIdx.y a group) reads each weight row once for every token. The 4-layer
+// V4-Flash step on an H100, alternated twice (12-07 13:1x): b8 3.376 / 3.379 -> 2.177 / 2.171 ms, b1 unchanged.
+// DFL_CUDA_GROUPED_ROWS=N: up to N (<= 16) tokens; 0: the gather. Lost (H100 12-07 15:2x, alternated twice, deleted):
+// 17..64 tokens in passes of 16 (b32 13.08 / 16.27 against 13.37 / 13.12 ms: the gathered groups' int8 products were
+// as fast) and one token on the group launch (b1 0.969 / 0.954 against 0.952 / 0.955 ms, b8 2.21 / 2.18 against
+// 2.18 / 2.17: faster alone under ncu, 19.8 against the z batch's 22.5 us, slower in the replayed step).
 bool q8p_grouped_takes(const Weight &W, int groups, int64_t T) {
-    static const int64_t most = std::min<int64_t>(kGroupedMaxTokens, env_int("DFL_CUDA_GROUPED_ROWS", kQ8pMaxTokens));
-    static const bool one = env_switch("DFL_CUDA_GROUPED_ROWS1", false);
-    return q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= (one ? 1 : 2) && T <= most;
+    static const int64_t most = std::min<int64_t>(kQ8pMaxTokens, env_int("DFL_CUDA_GROUPED_ROWS", kQ8pMaxTokens));
+    return q8p_ok(W) && groups > 1 && W.n_out % groups == 0 && T >= 2 && T <= most;
 }
 
 void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const float *X, int64_t T, float *Y) {
@@ -670,18 +666,13 @@ void launch_gemv_q8p_grouped(CudaDevice &dev, const Weight &W, int groups, const
     const QuantX qx = quantize_x(dev, X, x_ld, T, false);
     const int8_t *qs = q8p_quants(W);
     const uint16_t *dw = q8p_scales(W);
-    for (int64_t t0 = 0; t0 < T; t0 += kQ8pMaxTokens) {
-        const int nt = (int)std::min<int64_t>(kQ8pMaxTokens, T - t0);
-        const int8_t *xq = qx.xq + t0 * x_ld;
-        const float *xs = qx.xs + t0 * (x_ld / 32);
-        float *y = Y + t0 * W.n_out;
-        // rows a warp as the whole stack's (four for V4's 8,192)
-        if (q8p_dp4a_rows(W, nt) == 4)
-            launch_q8p_rows<4, true>(dev.stream(), nt, qs, dw, W.n_in, rows, xq, xs, y, groups, x_ld, W.n_out);
-        else
-            launch_q8p_rows<2, true>(dev.stream(), nt, qs, dw, W.n_in, rows, xq, xs, y, groups, x_ld, W.n_out);
-        check_launch("matmul (q8_0 dp4a, grouped)");
-    }
+    const int nt = (int)T;
+    // rows a warp as the whole stack's (four for V4's 8,192)
+    if (q8p_dp4a_rows(W, nt) == 4)
+        launch_q8p_rows<4, true>(dev.stream(), nt, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
+    else
+        launch_q8p_rows<2, true>(dev.stream(), nt, qs, dw, W.n_in, rows, qx.xq, qx.xs, Y, groups, x_ld, W.n_out);
+    check_launch("matmul (q8_0 dp4a, grouped)");
 }
 
 }  // namespace cuda

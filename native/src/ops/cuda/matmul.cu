@@ -470,11 +470,14 @@ static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, floa
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // Most tokens of a 16-bit weight's product on the GEMV (each row read once for all of them) instead of the
-// tensor-core kernel: DFL_CUDA_GEMV16_TOKENS=N (opt-in, unmeasured; at most kGemvMaxTokens, 1 by default). Why:
+// tensor-core kernel: up to 8 (kGemvMaxTokens; DFL_CUDA_GEMV16_TOKENS=N, 1: the tensor cores from 2). Why:
 // mmq_kernel<__half> ran DeepSeek V4's f16 compressor and indexer products of a batch-8 step at ~0.4 TB/s, 31-42 us
-// each alone on grids of 16-128 blocks (ncu 12-07 13:1x), where one token's GEMV of the compressor took ~10.
+// each alone on grids of 16-128 blocks (ncu 12-07 13:1x), where one token's GEMV of the compressor took ~10. The
+// 4-layer V4-Flash step on an H100, alternated twice (12-07 15:2x): b8 2.178 / 2.172 -> 2.142 / 2.149 ms, b1 and b32
+// even.
 static int64_t gemv16_tokens() {
-    static const int64_t n = std::max<int64_t>(1, std::min(kGemvMaxTokens, env_int("DFL_CUDA_GEMV16_TOKENS", 1)));
+    static const int64_t n =
+        std::max<int64_t>(1, std::min(kGemvMaxTokens, env_int("DFL_CUDA_GEMV16_TOKENS", kGemvMaxTokens)));
     return n;
 }
 
