@@ -3,9 +3,9 @@
 # scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures: on an H200,
 # the card issues 10 and 11 name); poll with scripts/gpu/bg.sh wait 420 back to back (the machine is let go after ~30 s
 # idle). Say which card gave each figure.
-# Written 12-07 15:4x (~6 device minutes and the start; a fresh machine makes the 15 GB V4 file in more than 4 minutes,
+# Written 12-07 15:4x–16:0x (~6 device minutes and the start; a fresh machine makes the 15 GB V4 file in more than 4 minutes,
 # beside the op tests). A 4-layer V4-Flash file (its fourth layer routed): V4's direct MoE path for up to 256 (token,
-# choice) pairs (DFL_CUDA_MOE_DIRECT_PAIRS=256, unmeasured: a b32 step's 192 pairs replay instead of grouping by
+# choice) pairs, sorted by expert on the device past 64 (DFL_CUDA_MOE_DIRECT_PAIRS=256, unmeasured: a b32 step's 192 pairs replay instead of grouping by
 # expert on the host), op tests (the norms / matmul group with the repacked parts' bound; the moe group's 240-pair case
 # on the direct path), replay, goldens, decode b1 / b8 / b32 alternated twice; the default if it passes and wins.
 # On an H200 the 27B's figures after them (the V4 steps first: a session short of device time polls them first).

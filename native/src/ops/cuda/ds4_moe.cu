@@ -116,6 +116,23 @@ __global__ void moe_gather_kernel(const float *x, const int32_t *order, int k, i
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
 }
 
+// The pairs of a direct step sorted by expert, stably (token order within an expert): index[r] is the pair of sorted
+// row r, index[P + i] the sorted row of pair i (moe_combine_kernel's row_of_pair), sorted_ids[r] row r's expert. One
+// block; P <= kMoeDirectMostPairs (each thread ranks its pairs against all P: ~1k comparisons a pair).
+__global__ void moe_sort_pairs_kernel(const int32_t *ids, int P, int32_t *index, int32_t *sorted_ids) {
+    __shared__ int32_t s[1024];
+    for (int i = threadIdx.x; i < P; i += blockDim.x) s[i] = ids[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int32_t e = s[i];
+        int r = 0;
+        for (int j = 0; j < P; j++) r += (s[j] < e) || (s[j] == e && j < i);
+        index[r] = i;
+        index[P + i] = r;
+        sorted_ids[r] = e;
+    }
+}
+
 // out[t][d] = sum_j weights[t][j] * yg[row of pair (t, j)][d], in j order from 0 as the CPU adds (row_of_pair null:
 // pair i's row is i).
 __global__ void moe_combine_kernel(const float *yg, const int32_t *row_of_pair, const float *weights, int k, int64_t T,
@@ -159,34 +176,52 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
 // Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
 // Past it, grouping by expert reads each shared expert once instead of once per pair.
 // DFL_CUDA_MOE_DIRECT_PAIRS=N (opt-in, unmeasured): up to N pairs (at most 1,024) direct: a batch of 32 sequences (192
-// pairs) reads an expert once a pair instead of once, but waits for no host copy and replays from a step graph, where
-// grouping syncs with the host every MoE layer and runs op by op (the 4-layer V4-Flash b32 step 13.1-13.4 ms against
-// b8's 2.17 on an H100, 12-07 15:2x).
+// pairs) waits for no host copy and replays from a step graph, where grouping syncs with the host every MoE layer and
+// runs op by op (the 4-layer V4-Flash b32 step 13.1-13.4 ms against b8's 2.17 on an H100, 12-07 15:2x). Past 64
+// pairs the direct path sorts them by expert first (moe_sort_pairs_kernel, the inputs gathered in that order), so
+// that the members reading one expert run side by side and its second reads come from L2.
+constexpr int64_t kMoeDirectMostPairs = 1024;
+constexpr int64_t kMoeDirectUnsortedPairs = 64;
 static int64_t moe_direct_max_pairs() {
-    static const int64_t n = std::max<int64_t>(1, std::min<int64_t>(1024, env_int("DFL_CUDA_MOE_DIRECT_PAIRS", 64)));
+    static const int64_t n = std::max<int64_t>(
+        1, std::min<int64_t>(kMoeDirectMostPairs, env_int("DFL_CUDA_MOE_DIRECT_PAIRS", kMoeDirectUnsortedPairs)));
     return n;
 }
 
 // The direct path: P z-batched products per projection, experts picked on the device, then the combine.
 static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
     const int64_t T = c.T, D = c.n_embd, F = c.n_ff, K = c.k, P = T * K;
-    float *g = (float *)dev.ds4_buffer((size_t)(P * (2 * F + D)) * sizeof(float)), *u = g + P * F, *yg = u + P * F;
-    GemvZ in;  // gate and up: pair i reads token i / K's input
+    const bool sorted = P > kMoeDirectUnsortedPairs;
+    // g, u [P][F], yg [P][D]; sorted: xg [P][D] (the inputs in sorted order), index [2P], sorted ids [P]
+    float *g = (float *)dev.ds4_buffer((size_t)(P * (2 * F + D) + (sorted ? P * D + 3 * P : 0)) * sizeof(float));
+    float *u = g + P * F, *yg = u + P * F, *xg = yg + P * D;
+    int32_t *index = (int32_t *)(xg + P * D), *sorted_ids = index + 2 * P;
+    GemvZ in;  // gate and up: pair i reads token i / K's input (sorted: row i of xg)
     in.ids = c.ids;
     in.w_rows = F;
     in.x_stride = D;
     in.x_div = (int)K;
     in.y_stride = F;
+    const float *x = c.x;
+    if (sorted) {
+        CudaDevice::OpTimer tm(dev, "moe_experts (sort)");
+        launch_ds4(moe_sort_pairs_kernel, 1, 1024, 0, dev.stream(), c.ids, (int)P, index, sorted_ids);
+        launch_ds4(moe_gather_kernel, (unsigned)P, 256, 0, dev.stream(), c.x, index, (int)K, D, xg);
+        check_launch("moe_experts (sort)");
+        in.ids = sorted_ids;
+        in.x_div = 1;
+        x = xg;
+    }
     {
         CudaDevice::OpTimer tm(dev, "moe_experts (gate, up)");
-        if (!launch_gemv_q4k_i8_pair(dev, c.gate.rows(0, F), c.up.rows(0, F), c.x, g, u, in, (int)P)) {
-            launch_gemv_z(dev, c.gate, F, in, (int)P, c.x, g);
-            launch_gemv_z(dev, c.up, F, in, (int)P, c.x, u);
+        if (!launch_gemv_q4k_i8_pair(dev, c.gate.rows(0, F), c.up.rows(0, F), x, g, u, in, (int)P)) {
+            launch_gemv_z(dev, c.gate, F, in, (int)P, x, g);
+            launch_gemv_z(dev, c.up, F, in, (int)P, x, u);
         }
     }
     dev.swiglu_clamp(g, u, P * F, c.limit);
     GemvZ out;  // down: pair i reads its own row of g
-    out.ids = c.ids;
+    out.ids = in.ids;
     out.w_rows = D;
     out.x_stride = F;
     out.y_stride = D;
@@ -201,7 +236,8 @@ static void moe_experts_direct(CudaDevice &dev, const MoeExpertsCall &c) {
         launch_gemv_z(dev, c.down, D, out, (int)P, g, yg);
     }
     CudaDevice::OpTimer tm(dev, "moe_experts (combine)");
-    launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, dev.stream(), yg, nullptr, c.weights, (int)K, T, D, c.out);
+    launch_ds4(moe_combine_kernel, grid_for(T * D, 256), 256, 0, dev.stream(), yg, sorted ? index + P : nullptr,
+               c.weights, (int)K, T, D, c.out);
     check_launch("moe_experts (combine)");
 }
 
