@@ -116,11 +116,15 @@ __global__ void moe_gather_kernel(const float *x, const int32_t *order, int k, i
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) dst[d] = src[d];
 }
 
+// Most (token, choice) pairs the direct path may take (DFL_CUDA_MOE_DIRECT_PAIRS is clamped to it): the sort below
+// holds them all in one block's shared memory.
+constexpr int64_t kMoeDirectMostPairs = 1024;
+
 // The pairs of a direct step sorted by expert, stably (token order within an expert): index[r] is the pair of sorted
 // row r, index[P + i] the sorted row of pair i (moe_combine_kernel's row_of_pair), sorted_ids[r] row r's expert. One
 // block; P <= kMoeDirectMostPairs (each thread ranks its pairs against all P: ~1k comparisons a pair).
 __global__ void moe_sort_pairs_kernel(const int32_t *ids, int P, int32_t *index, int32_t *sorted_ids) {
-    __shared__ int32_t s[1024];
+    __shared__ int32_t s[kMoeDirectMostPairs];
     for (int i = threadIdx.x; i < P; i += blockDim.x) s[i] = ids[i];
     __syncthreads();
     for (int i = threadIdx.x; i < P; i += blockDim.x) {
@@ -180,7 +184,6 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
 // runs op by op (the 4-layer V4-Flash b32 step 13.1-13.4 ms against b8's 2.17 on an H100, 12-07 15:2x). Past 64
 // pairs the direct path sorts them by expert first (moe_sort_pairs_kernel, the inputs gathered in that order), so
 // that the members reading one expert run side by side and its second reads come from L2.
-constexpr int64_t kMoeDirectMostPairs = 1024;
 constexpr int64_t kMoeDirectUnsortedPairs = 64;
 static int64_t moe_direct_max_pairs() {
     static const int64_t n = std::max<int64_t>(
