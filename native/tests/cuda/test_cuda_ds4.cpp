@@ -345,8 +345,7 @@ struct Stack {
     const Weight &w(bool gpu) const { return gpu ? g : c; }
 };
 
-void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
-    const int64_t D = 256, F = 256;
+void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r, int64_t D = 256, int64_t F = 256) {
     Stack gate(type, E, F, D, r), up(type, E, F, D, r), down(type, E, D, F, r);
     std::vector<int32_t> ids;
     std::vector<int> per((size_t)E, 0);
@@ -380,9 +379,9 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
     // q4_K on int8 activations: pairs unless DFL_CUDA_Q4K_I8=0 (launch_gemv_q4k_i8), an expert's 2..64 rows on int8
     // tensor cores unless DFL_CUDA_I8_MMA=0
     const char *i8 = std::getenv("DFL_CUDA_Q4K_I8"), *mma = std::getenv("DFL_CUDA_I8_MMA");
-    // the direct path's most pairs: 64 unless DFL_CUDA_MOE_DIRECT_PAIRS sets it
+    // the direct path's most pairs: 256 unless DFL_CUDA_MOE_DIRECT_PAIRS sets it
     const char *dp = std::getenv("DFL_CUDA_MOE_DIRECT_PAIRS");
-    const int64_t direct_most = dp && *dp ? std::max<int64_t>(1, std::min<int64_t>(1024, std::atoll(dp))) : 64;
+    const int64_t direct_most = dp && *dp ? std::max<int64_t>(1, std::min<int64_t>(1024, std::atoll(dp))) : 256;
     const bool direct = T * k <= direct_most;
     const bool pairs_i8 = direct && !(i8 && std::strcmp(i8, "0") == 0);
     const bool rows_i8 = !direct && most >= 2 && !(mma && std::strcmp(mma, "0") == 0);
@@ -393,7 +392,8 @@ void run_experts(uint32_t type, int E, int k, int64_t T, float limit, Rng &r) {
                                                                              : 3e-3;
     const char *tn = type == DFL_TYPE_F32 ? "f32" : type == DFL_TYPE_Q8_0 ? "q8_0" : "q4_K";
     compare(std::string("moe_experts ") + tn + " E=" + std::to_string(E) + " k=" + std::to_string(k) + " T=" +
-                std::to_string(T) + " limit=" + std::to_string((int)limit),
+                std::to_string(T) + " limit=" + std::to_string((int)limit) + " D=" + std::to_string(D) +
+                " F=" + std::to_string(F),
             out, bound);
 }
 
@@ -476,8 +476,11 @@ void test_moe() {
         run_experts(type, 8, 3, 1, 10.0f, r);
         run_experts(type, 8, 3, 5, 10.0f, r);
         run_experts(type, 32, 6, 10, 10.0f, r);  // V4's six choices, 60 pairs: still the direct path
-        run_experts(type, 16, 6, 40, 0.0f, r);
+        run_experts(type, 16, 6, 40, 0.0f, r);  // 240 pairs: direct, sorted by expert
+        run_experts(type, 16, 6, 48, 0.0f, r);  // 288 pairs: grouped by expert on the host
     }
+    // rows of several q4_K super-blocks (a warp's lanes step through them; DFL_CUDA_MOE_ROWS: several rows a warp)
+    run_experts(DFL_TYPE_Q4_K, 16, 6, 3, 10.0f, r, 512, 1024);
 }
 
 }  // namespace

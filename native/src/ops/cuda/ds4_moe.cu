@@ -177,17 +177,18 @@ void CudaDevice::swiglu_clamp(float *g, const float *u, int64_t count, float lim
     staged_done();
 }
 
-// Most (token, choice) pairs that take the direct path: a batched decode step of 8 sequences with 6 experts each is 48.
-// Past it, grouping by expert reads each shared expert once instead of once per pair.
-// DFL_CUDA_MOE_DIRECT_PAIRS=N (opt-in, unmeasured): up to N pairs (at most 1,024) direct: a batch of 32 sequences (192
-// pairs) waits for no host copy and replays from a step graph, where grouping syncs with the host every MoE layer and
-// runs op by op (the 4-layer V4-Flash b32 step 13.1-13.4 ms against b8's 2.17 on an H100, 12-07 15:2x). Past 64
-// pairs the direct path sorts them by expert first (moe_sort_pairs_kernel, the inputs gathered in that order), so
-// that the members reading one expert run side by side and its second reads come from L2.
+// Most (token, choice) pairs that take the direct path (DFL_CUDA_MOE_DIRECT_PAIRS=N sets it, at most 1,024): 256, a
+// batched decode step of 42 sequences with 6 experts each. Past it, grouping by expert reads each shared expert once
+// instead of once per pair, but syncs with the host every MoE layer and runs op by op. The direct path waits for no
+// host copy and replays from a step graph: the 4-layer V4-Flash b32 step (192 pairs) 5.83 / 5.86 ms direct against
+// 17.8 / 16.5 grouped, b1 and b8 even (H100 12-07 16:1x). Past 64 pairs the direct path sorts them by expert first
+// (moe_sort_pairs_kernel, the inputs gathered in that order), so that the members reading one expert run side by side
+// and its second reads come from L2.
 constexpr int64_t kMoeDirectUnsortedPairs = 64;
+constexpr int64_t kMoeDirectPairs = 256;
 static int64_t moe_direct_max_pairs() {
     static const int64_t n = std::max<int64_t>(
-        1, std::min<int64_t>(kMoeDirectMostPairs, env_int("DFL_CUDA_MOE_DIRECT_PAIRS", kMoeDirectUnsortedPairs)));
+        1, std::min<int64_t>(kMoeDirectMostPairs, env_int("DFL_CUDA_MOE_DIRECT_PAIRS", kMoeDirectPairs)));
     return n;
 }
 

@@ -9,28 +9,56 @@
 namespace dfl {
 namespace cuda {
 
+// The two nibble dot products of a lane's quants word: its 16 low nibbles (sub-block 2c) against xa, its 16 high
+// nibbles (sub-block 2c + 1) against xb.
+__device__ __forceinline__ void q4k_nibble_dots(const uint4 &q, const int4 &xa, const int4 &xb, int &lo, int &hi) {
+    const int qw[4] = {(int)q.x, (int)q.y, (int)q.z, (int)q.w};
+    lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
+    lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
+    lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
+    lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
+    hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
+    hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
+    hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
+    hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
+}
+
 // Lane p's part of super-block b of a q4_K row against one token's int8 activations (x: its quants, scales and block
 // sums): w.x = d sc (q . xq) xs - dmin m xsum per sub-block of 32, the minimum term once per sub-block (by the lane of
 // the first half).
 __device__ __forceinline__ float q4k_lane_dot(const Q4KLane &l, int64_t b, int p, const int8_t *xq, const float *xs,
                                               const float *xsum) {
     const int c = p >> 1, half = p & 1;
-    const int qw[4] = {(int)l.q.x, (int)l.q.y, (int)l.q.z, (int)l.q.w};
     const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1;  // the two sub-blocks' indices among the row's blocks of 32
     const int64_t e0 = b * QK_K + 64 * c + 16 * half;
     const int4 xa = ld_act((const int4 *)(xq + e0));
     const int4 xb = ld_act((const int4 *)(xq + e0 + 32));
-    int lo = __dp4a(qw[0] & 0x0F0F0F0F, xa.x, 0);
-    lo = __dp4a(qw[1] & 0x0F0F0F0F, xa.y, lo);
-    lo = __dp4a(qw[2] & 0x0F0F0F0F, xa.z, lo);
-    lo = __dp4a(qw[3] & 0x0F0F0F0F, xa.w, lo);
-    int hi = __dp4a((qw[0] >> 4) & 0x0F0F0F0F, xb.x, 0);
-    hi = __dp4a((qw[1] >> 4) & 0x0F0F0F0F, xb.y, hi);
-    hi = __dp4a((qw[2] >> 4) & 0x0F0F0F0F, xb.z, hi);
-    hi = __dp4a((qw[3] >> 4) & 0x0F0F0F0F, xb.w, hi);
+    int lo, hi;
+    q4k_nibble_dots(l.q, xa, xb, lo, hi);
     float v = l.d * ((float)l.sc1 * ld_act(xs + s1) * (float)lo + (float)l.sc2 * ld_act(xs + s2) * (float)hi);
     if (half == 0) v -= l.dmin * ((float)l.m1 * ld_act(xsum + s1) + (float)l.m2 * ld_act(xsum + s2));
     return v;
+}
+
+// Member k of a z batch of one-token q4_K products (GemvZ): its stack (the second from z.second), its expert's rows,
+// its input row of the quantized batch and its output.
+__device__ __forceinline__ void q4k_z_member(int64_t k, const GemvZ &z, uint64_t row_bytes, int64_t n_in,
+                                             const uint8_t *&W, float *&Y, const int8_t *&xq, const float *&xs,
+                                             const float *&xsum) {
+    const int64_t nb32 = n_in / 32;
+    if (z.w2 && k >= z.second) {
+        k -= z.second;
+        W = z.w2;
+        Y = z.y2;
+    }
+    if (z.ids) pdl_wait();  // the expert ids are the kernel before's output
+    const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
+    W += (uint64_t)(e * z.w_rows) * row_bytes;
+    const int64_t xi = k / z.x_div;
+    xq += xi * n_in;
+    xs += xi * nb32;
+    xsum += xi * nb32;
+    Y += k * z.y_stride;
 }
 
 // q4_K on int8 activations: the layout of gemv_q4_K_kernel (eight lanes per 144-byte super-block, each lane one
@@ -50,22 +78,7 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
                                                                    const float *xsum, float *Y, GemvZ z, RmsFold in,
                                                                    NormFold out) {
     const int64_t nb32 = n_in / 32;
-    {
-        int64_t k = blockIdx.y;
-        if (z.w2 && k >= z.second) {  // the second stack's member k - second
-            k -= z.second;
-            W = z.w2;
-            Y = z.y2;
-        }
-        if (z.ids) pdl_wait();  // the expert ids are the kernel before's output
-        const int64_t e = z.ids ? (int64_t)z.ids[k] : k;
-        W += (uint64_t)(e * z.w_rows) * row_bytes;
-        const int64_t xi = k / z.x_div;  // the input's row of the quantized batch
-        xq += xi * n_in;
-        xs += xi * nb32;
-        xsum += xi * nb32;
-        Y += k * z.y_stride;
-    }
+    q4k_z_member(blockIdx.y, z, row_bytes, n_in, W, Y, xq, xs, xsum);
     const int lane = threadIdx.x & 31, p = lane & 7;
     const int64_t r = (int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5);
     if (r >= n_out) return;
@@ -87,6 +100,50 @@ __global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_kernel(const uint8
         return;
     }
     store_warp_rows<NT>(acc, Y, n_out, r, scale);
+}
+
+// The z batch's members (one token each) with R consecutive rows a warp: each super-block step loads the R rows'
+// words together and the token's activations once for them. Each warp's ids read, PDL wait and sums amortised over
+// R rows, the grid R times smaller (V4's routed down at one token: 6,144 blocks of four 1,152-byte rows, ~1.5 TB/s
+// alone, H100 12-07 12:5x). The same terms in the same order as gemv_q4k_i8_kernel<1>. n_out % (4 R)
+// == 0 (launch_gemv_q4k_i8 picks R so).
+template <int R>
+__global__ void __launch_bounds__(kQ8pWarps * 32) gemv_q4k_i8_rows_z_kernel(const uint8_t *W, uint64_t row_bytes,
+                                                                          int64_t n_in, int64_t n_out, const int8_t *xq,
+                                                                          const float *xs, const float *xsum, float *Y,
+                                                                          GemvZ z) {
+    q4k_z_member(blockIdx.y, z, row_bytes, n_in, W, Y, xq, xs, xsum);
+    const int lane = threadIdx.x & 31, p = lane & 7;
+    const int64_t r0 = ((int64_t)blockIdx.x * kQ8pWarps + (threadIdx.x >> 5)) * R;
+    const uint8_t *row = W + (uint64_t)r0 * row_bytes;
+    const int64_t nb = n_in / QK_K;
+    pdl_wait();  // (launch_pdl) the activations are the kernel before's
+    float acc[R] = {};
+    const int c = p >> 1, half = p & 1;
+    for (int64_t b = lane >> 3; b < nb; b += 4) {
+        Q4KLane l[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) l[j] = q4k_lane(row + (uint64_t)j * row_bytes + b * kQ4_KBytes, p);
+        // the token's activations once for the R rows (q4k_lane_dot's)
+        const int64_t s1 = b * 8 + 2 * c, s2 = s1 + 1, e0 = b * QK_K + 64 * c + 16 * half;
+        const int4 xa = ld_act((const int4 *)(xq + e0)), xb = ld_act((const int4 *)(xq + e0 + 32));
+        const float xs1 = ld_act(xs + s1), xs2 = ld_act(xs + s2);
+        const float xm1 = half == 0 ? ld_act(xsum + s1) : 0.0f, xm2 = half == 0 ? ld_act(xsum + s2) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            int lo, hi;
+            q4k_nibble_dots(l[j].q, xa, xb, lo, hi);
+            float v = l[j].d * ((float)l[j].sc1 * xs1 * (float)lo + (float)l[j].sc2 * xs2 * (float)hi);
+            if (half == 0) v -= l[j].dmin * ((float)l[j].m1 * xm1 + (float)l[j].m2 * xm2);
+            acc[j] += v;
+        }
+    }
+    pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const float v = warp_sum(acc[j]);
+        if (lane == 0) Y[r0 + j] = v;
+    }
 }
 
 // Lane p's 6-bit codes of a q6_K super-block assembled four to a word (the low nibble from ql, the two high bits from
@@ -164,6 +221,14 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
 }
 
+// Rows a warp of a z batch's q4_K members (gemv_q4k_i8_rows_z_kernel): DFL_CUDA_MOE_ROWS=2 or 4 (opt-in, unmeasured),
+// where the member's rows are a multiple of the block's; else 1 (gemv_q4k_i8_kernel<1>).
+static int q4k_z_rows(int64_t n_out) {
+    static const int want = env_int("DFL_CUDA_MOE_ROWS", 1);
+    const int r = want >= 4 ? 4 : want >= 2 ? 2 : 1;
+    return n_out % (kQ8pWarps * r) == 0 ? r : 1;
+}
+
 void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
     // T tokens, or nz z members of one token each reading nx distinct inputs (x_stride must be n_in)
     const int64_t nx = nz > 1 ? (nz - 1) / z.x_div + 1 : T;
@@ -178,7 +243,14 @@ void launch_gemv_q4k_i8(CudaDevice &dev, const Weight &W, const float *X, int64_
     // a second stack (GemvZ::w2) doubles the members: nz of each
     const dim3 grid((unsigned)((W.n_out + kQ8pWarps - 1) / kQ8pWarps), (unsigned)(z.w2 ? 2 * nz : nz)),
         block(kQ8pWarps * 32);
-    if (nz > 1) {
+    const int R = nz > 1 ? q4k_z_rows(W.n_out) : 1;
+    if (R > 1) {
+        const dim3 gr((unsigned)(W.n_out / (kQ8pWarps * R)), grid.y);
+        if (R == 4)
+            launch_pdl(gemv_q4k_i8_rows_z_kernel<4>, gr, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
+        else
+            launch_pdl(gemv_q4k_i8_rows_z_kernel<2>, gr, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z);
+    } else if (nz > 1) {
         launch_pdl(gemv_q4k_i8_kernel<1>, grid, block, s, W.data, W.row_bytes, W.n_in, W.n_out, xq, xs, xsum, Y, z, in,
                    out);
     } else {
