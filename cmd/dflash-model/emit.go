@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -101,6 +102,10 @@ type modelFile struct {
 	plans      []tensorPlan
 	// rows opens a tensor's row source.
 	rows func(p tensorPlan) (rowFunc, error)
+	// distinctRows, when positive, caps the rows drawn and quantized per
+	// tensor: later rows repeat the bytes of one of the first distinctRows
+	// (mk --distinct-rows).
+	distinctRows int
 }
 
 // write streams the model to path (through a temporary file that is renamed
@@ -171,7 +176,7 @@ func (m *modelFile) write(path string, log io.Writer) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := writeRows(w, p, types[i], rows); err != nil {
+		if err := writeRows(w, p, types[i], rows, m.distinctRows); err != nil {
 			return err
 		}
 	}
@@ -183,8 +188,10 @@ func (m *modelFile) write(path string, log io.Writer) (err error) {
 
 // writeRows quantizes and writes a tensor row by row. Large tensors are
 // filled and quantized by GOMAXPROCS workers, a wave of row chunks at a
-// time, and written in order.
-func writeRows(w *gguf.Writer, p tensorPlan, t gguf.Type, rows rowFunc) error {
+// time, and written in order. With distinct > 0 only the first distinct rows
+// are drawn and quantized; each later row repeats one of them, picked by a
+// hash of its index.
+func writeRows(w *gguf.Writer, p tensorPlan, t gguf.Type, rows rowFunc, distinct int) error {
 	ne0 := int(p.Dims[0])
 	n := 1
 	for _, d := range p.Dims[1:] {
@@ -212,6 +219,22 @@ func writeRows(w *gguf.Writer, p tensorPlan, t gguf.Type, rows rowFunc) error {
 			}
 		}
 		return nil
+	}
+	if distinct > 0 && n > distinct {
+		pool := make([]byte, distinct*rowBytes)
+		if err := fillPool(distinct, chunk, workers, rowBytes, pool, fillChunk); err != nil {
+			return err
+		}
+		fillChunk = func(r0, r1 int, buf []byte) error {
+			for r := r0; r < r1; r++ {
+				src := r
+				if r >= distinct {
+					src = int((uint64(r) * 0x9e3779b97f4a7c15 >> 17) % uint64(distinct))
+				}
+				copy(buf[(r-r0)*rowBytes:(r-r0+1)*rowBytes], pool[src*rowBytes:(src+1)*rowBytes])
+			}
+			return nil
+		}
 	}
 	return w.WriteTensor(p.Name, func(tw io.Writer) error {
 		for start := 0; start < n; start += chunk * workers {
@@ -243,6 +266,26 @@ func writeRows(w *gguf.Writer, p tensorPlan, t gguf.Type, rows rowFunc) error {
 		}
 		return nil
 	})
+}
+
+// fillPool fills rows [0, n) into pool with fill, chunk rows a call, by up
+// to workers goroutines at once.
+func fillPool(n, chunk, workers, rowBytes int, pool []byte, fill func(r0, r1 int, buf []byte) error) error {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, workers)
+	errs := make([]error, (n+chunk-1)/chunk)
+	for i, r0 := 0, 0; r0 < n; i, r0 = i+1, r0+chunk {
+		r1 := min(r0+chunk, n)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			errs[i] = fill(r0, r1, pool[r0*rowBytes:r1*rowBytes])
+			<-sem
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // hfTokenizer turns a Hugging Face tokenizer (a tokenizer.json file or the

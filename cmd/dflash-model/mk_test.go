@@ -187,6 +187,45 @@ func TestMkDeterministicAndTyped(t *testing.T) {
 	is.True(std(w) > 0.017 && std(w) < 0.023)
 }
 
+// --distinct-rows N: a tensor's first N rows are those of the full draw; every later row repeats one of them byte for
+// byte; tensors of at most N rows are untouched.
+func TestMkDistinctRows(t *testing.T) {
+	is := is.New(t)
+	dir := t.TempDir()
+	full, fast := filepath.Join(dir, "full.gguf"), filepath.Join(dir, "fast.gguf")
+	args := []string{"mk", "qwen3", "", "--tokenizer", testTokenizer, "--hidden", "256", "--ffn", "512", "--layers", "1", "--type", "q4_K"}
+	args[2] = full
+	mustCLI(t, args...)
+	args[2] = fast
+	mustCLI(t, append(args, "--distinct-rows", "64")...)
+	a, b := openGGUF(t, full), openGGUF(t, fast)
+	for _, name := range []string{"blk.0.ffn_up.weight", "blk.0.attn_q.weight", "blk.0.attn_norm.weight"} {
+		ti, _ := a.Tensor(name)
+		da, err := a.TensorData(name)
+		is.NoErr(err)
+		db, err := b.TensorData(name)
+		is.NoErr(err)
+		n := 1
+		for _, d := range ti.Dims[1:] {
+			n *= int(d)
+		}
+		rb := len(da) / n
+		if n <= 64 {
+			is.True(bytes.Equal(da, db)) // few rows: every row drawn
+			continue
+		}
+		is.True(bytes.Equal(da[:64*rb], db[:64*rb])) // the pool: the full draw's first rows
+		for r := 64; r < n; r++ {
+			row, found := db[r*rb:(r+1)*rb], false
+			for k := 0; k < 64 && !found; k++ {
+				found = bytes.Equal(row, db[k*rb:(k+1)*rb])
+			}
+			is.True(found) // a later row repeats one of the pool's
+		}
+		is.True(!bytes.Equal(da, db))
+	}
+}
+
 // --type q4_0: every matrix in Q4_0 (blocks of 32 fit every row), file type MOSTLY_Q4_0.
 func TestMkQ4_0(t *testing.T) {
 	is := is.New(t)
@@ -231,6 +270,7 @@ func TestMkErrors(t *testing.T) {
 		{"unknown preset", []string{"mk", "qwen3", out, "--tokenizer", testTokenizer, "--preset", "gpt5"}, `unknown preset "gpt5"`},
 		{"experts", []string{"mk", "qwen3", out, "--tokenizer", testTokenizer, "--experts", "8"}, "architecture qwen3 has no experts"},
 		{"v heads", []string{"mk", "qwen35", out, "--tokenizer", testTokenizer, "--linear-v-heads", "3"}, "linear-v-heads (3) must be a multiple of linear-k-heads (2)"},
+		{"distinct rows", []string{"mk", "qwen3", out, "--tokenizer", testTokenizer, "--distinct-rows=-2"}, "--distinct-rows -2: want 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
