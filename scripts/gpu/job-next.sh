@@ -6,7 +6,8 @@
 # Written 12-07 16:4x (~8 device minutes and the start on an H100, ~14 on an H200; the V4 file is made with
 # --distinct-rows now, in well under a minute where it took more than 4). A 4-layer V4-Flash file (its fourth layer
 # routed): the routed experts' q4_K z batches
-# two and four rows a warp (DFL_CUDA_MOE_ROWS=2 / 4, unmeasured), op tests (the moe group's rows of several super-blocks),
+# two and four rows a warp (DFL_CUDA_MOE_ROWS=2 / 4, unmeasured) and one token of wide q8_0 matrices (wq_b: rows of
+# 1,024; the head) four rows a warp (DFL_CUDA_Q8P_ROWS1_R=4), op tests (the moe group's rows of several super-blocks),
 # replay, goldens, decode b1 / b8 / b32 alternated twice (the direct MoE path's 256 pairs now the default); on an H200
 # llama.cpp on the same file, then the 27B's decode and verify; last, where a b8 step's kernel time goes (ncu).
 cd "$(dirname "$0")/../.."
@@ -14,7 +15,7 @@ steps=()
 h200=
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && h200=1
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || [ -z "$h200" ] || steps+=(peer)
-steps+=("TRY='DFL_CUDA_MOE_ROWS=2 DFL_CUDA_MOE_ROWS=4' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
+steps+=("TRY='DFL_CUDA_MOE_ROWS=2 DFL_CUDA_MOE_ROWS=4 DFL_CUDA_Q8P_ROWS1_R=4' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
 # on an H200 (issues 10, 11 and 13 name it) llama.cpp on the V4 file, then the 27B's decode (llama.cpp beside it with
 # PEER=1) and its verify blocks (~5 device minutes more)
 if [ -n "$h200" ]; then
