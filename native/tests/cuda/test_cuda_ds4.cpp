@@ -479,7 +479,7 @@ void test_moe() {
         run_experts(type, 16, 6, 40, 0.0f, r);  // 240 pairs: direct, sorted by expert
         run_experts(type, 16, 6, 48, 0.0f, r);  // 288 pairs: grouped by expert on the host
     }
-    // rows of several q4_K super-blocks (a warp's lanes step through them; DFL_CUDA_MOE_ROWS: several rows a warp)
+    // rows of several q4_K super-blocks (a warp's lanes step through them, four rows a warp unless DFL_CUDA_MOE_ROWS)
     run_experts(DFL_TYPE_Q4_K, 16, 6, 3, 10.0f, r, 512, 1024);
 }
 

@@ -221,10 +221,12 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
     return ((uint64_t)z.w_rows * W.row_bytes) % 16 == 0;
 }
 
-// Rows a warp of a z batch's q4_K members (gemv_q4k_i8_rows_z_kernel): DFL_CUDA_MOE_ROWS=2 or 4 (opt-in, unmeasured),
-// where the member's rows are a multiple of the block's; else 1 (gemv_q4k_i8_kernel<1>).
+// Rows a warp of a z batch's q4_K members (gemv_q4k_i8_rows_z_kernel): 4 where the member's rows are a multiple of the
+// block's (DFL_CUDA_MOE_ROWS=2 or 1: fewer; 1 is gemv_q4k_i8_kernel<1>). H100 12-07 16:5x, the 4-layer V4-Flash file,
+// alternated twice, ms a step: b1 0.962 / 0.975 -> 0.960 / 0.955 (2: 0.948 / 0.956), b8 2.128 / 2.156 -> 2.129 /
+// 2.112 (2: 2.111 / 2.141), b32 5.870 / 5.890 -> 5.214 / 5.255 (2: 5.537 / 5.465).
 static int q4k_z_rows(int64_t n_out) {
-    static const int want = env_int("DFL_CUDA_MOE_ROWS", 1);
+    static const int want = env_int("DFL_CUDA_MOE_ROWS", 4);
     const int r = want >= 4 ? 4 : want >= 2 ? 2 : 1;
     return n_out % (kQ8pWarps * r) == 0 ? r : 1;
 }
