@@ -218,8 +218,8 @@ void test_indexer() {
 // ring (7: rows off 16-byte boundaries, the register copy of the key tiles; 8: on them, where the tiles may be copied
 // by cp.async unless DFL_CUDA_DS4_ATTN_ASYNC=0).
 void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Batch &b, Rng &r, bool with_fold = false,
-                   int pad = 7) {
-    const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1, top_k = 12;
+                   int pad = 7, int top_k = 12) {
+    const int rpb = ratio ? ds4_rows_per_block(b.block_size, ratio) : 1;
     const int64_t stride = (int64_t)window * hd + pad, pool = (int64_t)b.n_blocks * rpb;
     std::vector<int32_t> sel;
     for (int64_t t = 0; t < b.T; t++) {  // a valid selection: distinct visible rows ascending, padded with -1
@@ -266,8 +266,8 @@ void run_attention(int H, int hd, int window, int ratio, bool with_sel, const Ba
     }
     const std::string name = "h=" + std::to_string(H) + " hd=" + std::to_string(hd) + " win=" + std::to_string(window) +
                              " ratio=" + std::to_string(ratio) + (with_sel ? " sel " : " ") +
-                             (with_fold ? (one_each ? "unrotate+ring " : "unrotate ") : "") + "pad=" + std::to_string(pad) + " " +
-                             b.str();
+                             (with_fold ? (one_each ? "unrotate+ring " : "unrotate ") : "") + "pad=" + std::to_string(pad) +
+                             " top_k=" + std::to_string(top_k) + " " + b.str();
     compare("ds4_attention " + name, out, 1e-5);
     compare("ds4_ring_write " + name, ring, 0.0);
 }
@@ -287,6 +287,15 @@ void test_attention() {
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}}, 64, r), r, true);
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {2, 50, 2}}, 64, r), r);
     run_attention(64, 512, 128, 128, false, Batch({{1, 1000, 1}, {20, 300, 0}}, 64, r), r);
+    // a V4 decode step of 8 sequences: 512 (token, head) blocks, unsplit (HG heads a block under DFL_CUDA_DS4_ATTN_HEADS)
+    const Batch b8({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}, {1, 300, 3}, {1, 5, 4}, {1, 1000, 5}, {1, 64, 6}, {1, 200, 7}},
+                   64, r);
+    run_attention(64, 512, 128, 4, true, b8, r, true, 8);
+    run_attention(64, 512, 128, 0, false, b8, r, false, 8);
+    // 96 selection slots: short contexts leave whole tiles of padded slots (skipped by the heads kernel, and by
+    // ds4_attention_kernel under DFL_CUDA_DS4_ATTN_SKIP=1)
+    run_attention(64, 512, 128, 4, true, b8, r, true, 8, 96);
+    run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 9, 1}, {1, 50, 2}}, 64, r), r, true, 8, 96);
 }
 
 // ---- MoE ----
