@@ -169,6 +169,9 @@ make_model() {  # preset:type -> path (a .gguf path that exists, e.g. models/dem
   if [[ $1 == *.gguf ]]; then [ -f "$1" ] && realpath "$1"; return; fi  # for the benchmarks, which run in their package)
   local preset=${1%%:*} type=${1##*:} f=/tmp/models/${1//:/-}.gguf
   mkdir -p /tmp/models
+  # the V4 files of other layer counts go before a new file: ~3.7 GB a layer on a 64 GB disk, and remade in seconds
+  # (--distinct-rows) where a later step asks for one again
+  [ -f "$f" ] || find /tmp/models -maxdepth 1 -name 'ds4-L*.gguf' ! -name "$(basename "$f")" -delete
   if [[ $preset == ds4-L* ]]; then  # ds4-L<layers>[-E<experts>]: V4-Flash layers, q4_K experts (llama.cpp: 3+ layers)
     local layers=${preset#ds4-L} experts=()
     layers=${layers%%-*}
