@@ -1,10 +1,11 @@
 // DeepSeek V4 MoE on the GPU (device.h: MoeRouteCall, swiglu_clamp, MoeExpertsCall).
 //
 // Routing runs on the device (a block per token). The routed experts take one of two paths:
-//  - few (token, choice) pairs (decode steps, small batches: P <= moe_direct_max_pairs(), 64 unless set): every pair's gate / up / down
-//    product is one member of a z-batched GEMV launch that picks its expert's rows from the chosen ids on the device
-//    (launch_gemv_z), then a combine kernel adds the weighted outputs per token in choice order. Nothing comes back to
-//    the host, so the step can be captured into a CUDA graph (deepseek4.engine.fused_decode).
+//  - few (token, choice) pairs (decode steps, batches of up to 42: P <= moe_direct_max_pairs(), 256 unless set): every
+//    pair's gate / up / down product is one member of a z-batched GEMV launch that picks its expert's rows from the
+//    chosen ids on the device (launch_gemv_z; past 64 pairs sorted by expert first), then a combine kernel adds the
+//    weighted outputs per token in choice order. Nothing comes back to the host, so the step can be captured into a
+//    CUDA graph (deepseek4.engine.fused_decode).
 //  - many pairs (prefill): the chosen ids come to the host (one wait per MoE layer), the pairs are grouped by expert
 //    in token order as on the CPU, their inputs gathered into one contiguous block, each used expert's gate / up /
 //    down products run on its group with the device's matmul (so an expert's weights are read once per group), and
