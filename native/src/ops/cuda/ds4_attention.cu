@@ -35,6 +35,41 @@ __device__ const float *attn_key(const BatchMeta &m, const Ds4AttnCall &c, int64
     return c.comp + ds4_comp_row(blocks, w, c.ratio, c.block_size, c.rows_per_block) * hd;
 }
 
+// Token t's keys in a Ds4AttnCall: its entry e, cache position p, window rows lo..p (n_win of them), and nk keys in
+// all (the window's, then the compressed rows, selected or all).
+struct AttnKeys {
+    int32_t e;
+    int64_t p, lo, n_win, nk;
+};
+__device__ __forceinline__ AttnKeys attn_keys(const BatchMeta &m, const Ds4AttnCall &c, int64_t t) {
+    AttnKeys k;
+    k.e = m.ent[t];
+    const int64_t len0 = m.len0[k.e];
+    k.p = len0 + (t - m.t0[k.e]);
+    k.lo = k.p - c.window + 1 > 0 ? k.p - c.window + 1 : 0;
+    k.n_win = k.p - k.lo + 1;
+    const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (k.p + 1) / c.ratio) : 0;
+    k.nk = k.n_win + n_comp;
+    return k;
+}
+
+// A tile's key rows (k_sh[j], head_dim floats each, on 16-byte boundaries) into shared memory at kt by cp.async, every
+// 16-byte piece in flight at once, waited for by each thread (a barrier after it makes them the block's). ZERO: the
+// rows of padded slots (null) zeroed, else left as they are.
+template <bool ZERO>
+__device__ __forceinline__ void copy_tile_async(float *kt, const float *const *k_sh, int tile, int hd) {
+    const int pieces = hd / 4;  // 16-byte pieces a row
+    for (int i = threadIdx.x; i < tile * pieces; i += blockDim.x) {
+        const int j = i / pieces, p4 = 4 * (i % pieces);
+        if (const float *k = k_sh[j])
+            cp_async16(kt + j * hd + p4, k + p4);
+        else if (ZERO)
+            *(float4 *)(kt + j * hd + p4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+}
+
 // The end of a (token, head) block: its output row in shared memory (row, head_dim floats, complete), with FOLD the
 // call's un-rotation of it (a thread a pair) and, from head 0, the token's ring write; then stored. (Its int8
 // quantization staged here for the grouped product, DFL_CUDA_DS4_ATTN_QUANT=1 until 12-07, measured even at batch 1
@@ -81,10 +116,9 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
     __shared__ const float *k_sh[kAttnTile];
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y, hd = c.head_dim;
-    const int32_t e = m.ent[t];
-    const int64_t len0 = m.len0[e], p = len0 + (t - m.t0[e]);
-    const int64_t lo = p - c.window + 1 > 0 ? p - c.window + 1 : 0, n_win = p - lo + 1;
-    const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (p + 1) / c.ratio) : 0, nk = n_win + n_comp;
+    const AttnKeys ks = attn_keys(m, c, t);
+    const int32_t e = ks.e;
+    const int64_t p = ks.p, lo = ks.lo, n_win = ks.n_win, nk = ks.nk;
     const float *q = c.Q + (t * c.n_head + h) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) q_sh[d] = q[d];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
@@ -111,17 +145,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
             continue;
         float *kt = q_sh + hd;
         if (SMEM && async) {
-            const int pieces = hd / 4;  // 16-byte pieces a row
-            for (int i = threadIdx.x; i < tile * pieces; i += blockDim.x) {
-                const int j = i / pieces, p4 = 4 * (i % pieces);
-                const float *k = k_sh[j];
-                if (k)
-                    cp_async16(kt + j * hd + p4, k + p4);
-                else
-                    *(float4 *)(kt + j * hd + p4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-            cp_async_commit();
-            cp_async_wait<0>();
+            copy_tile_async<true>(kt, k_sh, tile, hd);
             __syncthreads();
         } else if (SMEM) {
             // a thread's dims of four rows at a time in registers, then stored: 16 loads in flight a thread
@@ -209,10 +233,9 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_heads_kernel(BatchM
     __shared__ const float *k_sh[kAttnTile];
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * HG, hd = c.head_dim;
-    const int32_t e = m.ent[t];
-    const int64_t len0 = m.len0[e], p = len0 + (t - m.t0[e]);
-    const int64_t lo = p - c.window + 1 > 0 ? p - c.window + 1 : 0, n_win = p - lo + 1;
-    const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (p + 1) / c.ratio) : 0, nk = n_win + n_comp;
+    const AttnKeys ks = attn_keys(m, c, t);
+    const int32_t e = ks.e;
+    const int64_t p = ks.p, lo = ks.lo, n_win = ks.n_win, nk = ks.nk;
     for (int i = threadIdx.x; i < HG * hd; i += blockDim.x) q_sh[i] = c.Q[(t * c.n_head + h0) * hd + i];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
     float acc[HG][kAttnMaxDimsPerThread], mx[HG], den[HG];
@@ -224,19 +247,13 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_heads_kernel(BatchM
         for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] = 0.0f;
     }
     float *kt = q_sh + HG * hd;
-    const int pieces = hd / 4;  // 16-byte pieces a row
     for (int64_t j0 = 0; j0 < nk; j0 += kAttnTile) {
         const int tile = (int)(nk - j0 < kAttnTile ? nk - j0 : kAttnTile);
         if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
         // (the barrier also orders q_sh's fill before the first use) a tile of padded selection slots alone changes
         // nothing (its max -inf: alpha 1, no term): skipped, as padded slots' rows are neither copied nor read
         if (!__syncthreads_or(threadIdx.x < tile && k_sh[threadIdx.x] != nullptr)) continue;
-        for (int i = threadIdx.x; i < tile * pieces; i += blockDim.x) {
-            const int j = i / pieces, p4 = 4 * (i % pieces);
-            if (const float *k = k_sh[j]) cp_async16(kt + j * hd + p4, k + p4);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
+        copy_tile_async<false>(kt, k_sh, tile, hd);
         __syncthreads();
         for (int i = warp; i < tile * HG; i += n_warps) {
             const int j = i / HG, g = i % HG;
@@ -345,8 +362,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // shared, the register copy's eight round trips a 32-row tile (four rows in flight a thread) become one. The
     // 2-layer V4-Flash step on an H100 (12-07 09:2x): 0.665 -> 0.648 / 0.652 ms at one token, b8 the same.
     static const bool async_env = env_switch("DFL_CUDA_DS4_ATTN_ASYNC", true);
-    const bool async = async_env && smem && c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
-                       (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;
+    const bool rows16 = c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
+                        (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;  // every key row
+    const bool async = async_env && smem && rows16;
     // DFL_CUDA_DS4_ATTN_HEADS=HG (2, 4 or 8; opt-in, unmeasured): an unsplit step (a batch) HG heads a block, each
     // tile's rows read from L2 once for them (ds4_attention_heads_kernel); where async's conditions hold
     static const int heads_env = (int)env_int("DFL_CUDA_DS4_ATTN_HEADS", 1);
@@ -355,8 +373,7 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // round of key addresses and a warp sum a slot; the same bits)
     static const bool skip_empty = env_switch("DFL_CUDA_DS4_ATTN_SKIP", false);
     const int hg = heads_env >= 8 ? 8 : heads_env >= 4 ? 4 : heads_env >= 2 ? 2 : 1;
-    const bool grouped = hg > 1 && S == 1 && async_env && c.n_head % hg == 0 && c.head_dim % 4 == 0 &&
-                         c.slot_stride % 4 == 0 && (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0 &&
+    const bool grouped = hg > 1 && S == 1 && async_env && rows16 && c.n_head % hg == 0 &&
                          (size_t)c.head_dim * (hg + kAttnTile) * sizeof(float) <= shared_optin();
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;

@@ -109,35 +109,55 @@ __device__ __forceinline__ RowSlice row_slice(int wpr, int64_t n_out) {
     return s;
 }
 
-// Warp sums, then (wpr > 1) the slices of a row through shared memory. Every thread of the block must get here:
-// rows past n_out run empty loops instead of returning early.
-template <int NT>
-__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
-    __shared__ float red[kGemvWarps][NT];
+// Warp sums, then (wpr > 1) the slices of a row through shared memory, for R rows a warp (rows rs.row R + i; those
+// past n_out not stored). Every thread of the block must get here: rows past n_out run empty loops instead of
+// returning early.
+template <int NT, int R>
+__device__ __forceinline__ void finish_rows(float (&acc)[R][NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
+    __shared__ float red[kGemvWarps][R * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float v[NT];
+    float v[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) v[t] = warp_sum(acc[t]);
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) v[i][t] = warp_sum(acc[i][t]);
     if (wpr == 1) {
         if (lane == 0 && rs.valid) {
 #pragma unroll
-            for (int t = 0; t < NT; t++) Y[t * n_out + rs.row] = v[t];
+            for (int i = 0; i < R; i++) {
+                const int64_t r = rs.row * R + i;
+                if (R == 1 || r < n_out)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) Y[t * n_out + r] = v[i][t];
+            }
         }
         return;
     }
     if (lane == 0) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) red[warp][t] = v[t];
+        for (int i = 0; i < R; i++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][i * NT + t] = v[i][t];
     }
     __syncthreads();
     if (lane == 0 && rs.part == 0 && rs.valid) {
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float sum = 0.0f;
-            for (int p = 0; p < wpr; p++) sum += red[warp + p][t];
-            Y[t * n_out + rs.row] = sum;
+        for (int i = 0; i < R; i++) {
+            const int64_t r = rs.row * R + i;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float sum = 0.0f;
+                for (int p = 0; p < wpr; p++) sum += red[warp + p][i * NT + t];
+                if (R == 1 || r < n_out) Y[t * n_out + r] = sum;
+            }
         }
     }
+}
+
+// One row a warp: finish_rows' R = 1.
+template <int NT>
+__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
+    finish_rows<NT, 1>(reinterpret_cast<float (&)[1][NT]>(acc), Y, n_out, rs, wpr);
 }
 
 template <int NT>
@@ -196,9 +216,8 @@ template <int NT, bool BF16, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_rows_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                          int64_t n_in, int64_t n_out, const float *X,
                                                                          float *Y, int wpr) {
-    __shared__ float red[kGemvWarps][R * NT];
     const RowSlice rs = row_slice(wpr, (n_out + R - 1) / R);  // rs.row: the warp's group of R rows
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
     const uint4 *w[R];
 #pragma unroll
     for (int i = 0; i < R; i++) w[i] = (const uint4 *)(W + (uint64_t)min(rs.row * R + i, n_out - 1) * row_bytes);
@@ -226,36 +245,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_rows_kernel(const 
             }
         }
     }
-    float v[R][NT];
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) v[i][t] = warp_sum(acc[i][t]);
-    if (wpr > 1) {  // every thread gets here (rows past the end ran empty loops)
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < R; i++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) red[warp][i * NT + t] = v[i][t];
-        __syncthreads();
-        if (rs.part != 0) return;
-#pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float sum = 0.0f;
-                for (int p = 0; p < wpr; p++) sum += red[warp + p][i * NT + t];
-                v[i][t] = sum;
-            }
-    }
-    if (lane != 0 || !rs.valid) return;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        const int64_t r = rs.row * R + i;
-        if (r < n_out)
-#pragma unroll
-            for (int t = 0; t < NT; t++) Y[t * n_out + r] = v[i][t];
-    }
+    finish_rows<NT, R>(acc, Y, n_out, rs, wpr);
 }
 
 // One token through matrices of few, long 16-bit rows (DeepSeek V4's HC mixing: 24 rows of 16,384, and its head's 4):
