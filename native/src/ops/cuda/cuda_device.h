@@ -390,6 +390,10 @@ struct GemvZ {
     int second = 0;
 };
 void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const GemvZ &z, int nz, const float *X, float *Y);
+// The warp GEMV on float activations (gemv_float.cu) for 1..kGemvMaxTokens tokens (launch_matmul's fallback), or a z
+// batch of nz one-token members.
+constexpr int64_t kGemvMaxTokens = 8;
+void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {}, int nz = 1);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
 bool q4k_i8_on();
 bool q4k_i8_ok(const Weight &W, const GemvZ &z);
