@@ -110,11 +110,12 @@ void test_matmul_embed() {
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(17), int64_t(32), int64_t(64)})
             check_matmul(W, type, T, r);
     }
-    // few long 16-bit rows (DeepSeek V4's HC mixing products; one token: a block a row unless DFL_CUDA_GEMV_ROW_BLOCK=0)
+    // few long 16-bit rows (DeepSeek V4's HC mixing products; up to 8 tokens: a block a row and token unless
+    // DFL_CUDA_GEMV_ROW_BLOCK=0; 9 tokens: past the GEMV)
     for (uint32_t type : {DFL_TYPE_F16, DFL_TYPE_BF16})
         for (const Shape &s : {Shape{16384, 24}, Shape{16384, 4}, Shape{4096, 64}, Shape{4104, 65}}) {
             DualWeight W(type, s.n_out, s.n_in, r);
-            for (int64_t T : {int64_t(1), int64_t(2)}) check_matmul(W, type, T, r);
+            for (int64_t T : {int64_t(1), int64_t(2), int64_t(8), int64_t(9)}) check_matmul(W, type, T, r);
         }
     // long q4_K and q6_K rows (the down projections of the 8B and 27B shapes; q6_K rows of 17408 inputs not a multiple
     // of 16 bytes)
