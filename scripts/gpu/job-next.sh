@@ -15,7 +15,7 @@ steps=()
 h200=
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && h200=1
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
-steps+=("TRY='DFL_CUDA_GEMV16_MMA=1 DFL_CUDA_GEMV16_ROWS=4 DFL_CUDA_DS4_ATTN_SKIP=1 DFL_CUDA_DS4_ATTN_HEADS=4' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
+steps+=("TRY='DFL_CUDA_GEMV16_MMA=1 DFL_CUDA_GEMV32_MMA=1 DFL_CUDA_GEMV16_ROWS=4 DFL_CUDA_DS4_ATTN_SKIP=1 DFL_CUDA_DS4_ATTN_HEADS=4' DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
 # SHORT=1 (a device budget of ~7 minutes): the variants alone
 [ -z "${SHORT:-}" ] || exec scripts/gpu/bg.sh start "${steps[@]}"
 # issue 13 asks for as many layers as fit: a 10-layer file (~38 GB: the disk is 64 GB), ours at b1 / b8 and, with PEER=1,

@@ -394,10 +394,12 @@ void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const Gem
 // batch of nz one-token members.
 constexpr int64_t kGemvMaxTokens = 8;
 void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {}, int nz = 1);
-// 16-bit products of 2..kGemvMaxTokens tokens on the tensor cores (gemv16_mma.cu; DFL_CUDA_GEMV16_MMA=1 turns it on):
-// launch_gemv's checks hold (X and the rows 16-byte aligned, n_in a multiple of 8).
+// f16 / bf16 / f32 products of 2..kGemvMaxTokens tokens on the tensor cores (gemv_mma_float.cu; DFL_CUDA_GEMV16_MMA=1
+// and DFL_CUDA_GEMV32_MMA=1 turn them on): launch_gemv's checks hold (X and the rows 16-byte aligned, n_in a multiple
+// of 8).
 bool gemv16_mma_on();
-void launch_gemv16_mma(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y);
+bool gemv32_mma_on();
+void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
 bool q4k_i8_on();
 bool q4k_i8_ok(const Weight &W, const GemvZ &z);

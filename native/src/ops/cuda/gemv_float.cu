@@ -490,8 +490,10 @@ static void launch_gemv16_rows(cudaStream_t s, const Weight &W, const float *X, 
 template <int NT>
 static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y, const GemvZ &z, int nz) {
     if constexpr (NT > 1) {
+        if (nz == 1 && !z.ids && z.w_rows == 0 && W.type == DFL_TYPE_F32 && gemv32_mma_on())
+            return launch_gemv_mma_float(s, W, X, NT, Y);
         if (nz == 1 && !z.ids && z.w_rows == 0 && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16)) {
-            if (gemv16_mma_on()) return launch_gemv16_mma(s, W, X, NT, Y);
+            if (gemv16_mma_on()) return launch_gemv_mma_float(s, W, X, NT, Y);
             if (gemv16_rows() == 4) return launch_gemv16_rows<NT, 4>(s, W, X, Y);
             if (gemv16_rows() == 2) return launch_gemv16_rows<NT, 2>(s, W, X, Y);
         }
