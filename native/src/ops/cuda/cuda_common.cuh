@@ -38,6 +38,14 @@ inline void check(cudaError_t e, const char *op) {
 // After every launch: a bad configuration shows up here, a fault in the kernel at the next synchronising call.
 inline void check_launch(const char *op) { check(cudaGetLastError(), op); }
 
+// A count knob's value for kernels instantiated at powers of two: the largest power of two at most v and cap (a power
+// of two), at least 1.
+inline int pow2_knob(int64_t v, int cap) {
+    int r = 1;
+    while (r * 2 <= cap && r * 2 <= v) r *= 2;
+    return r;
+}
+
 // Sets Kernel's attribute Attr to value on device `device`, once per device (a launch after costs an atomic load):
 // function attributes are per kernel and device, and the value a caller asks is the same every launch.
 template <auto Kernel, cudaFuncAttribute Attr>

@@ -367,12 +367,11 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const bool async = async_env && smem && rows16;
     // DFL_CUDA_DS4_ATTN_HEADS=HG (2, 4 or 8; opt-in, unmeasured): an unsplit step (a batch) HG heads a block, each
     // tile's rows read from L2 once for them (ds4_attention_heads_kernel); where async's conditions hold
-    static const int heads_env = (int)env_int("DFL_CUDA_DS4_ATTN_HEADS", 1);
+    static const int hg = pow2_knob(env_int("DFL_CUDA_DS4_ATTN_HEADS", 1), 8);
     // DFL_CUDA_DS4_ATTN_SKIP=1 (opt-in, unmeasured): ds4_attention_kernel skips tiles of padded selection slots alone
     // (the indexer's top_k slots past the rows a short context has: 16 tiles of 512 at V4's top_k, each a barrier, a
     // round of key addresses and a warp sum a slot; the same bits)
     static const bool skip_empty = env_switch("DFL_CUDA_DS4_ATTN_SKIP", false);
-    const int hg = heads_env >= 8 ? 8 : heads_env >= 4 ? 4 : heads_env >= 2 ? 2 : 1;
     const bool grouped = hg > 1 && S == 1 && async_env && rows16 && c.n_head % hg == 0 &&
                          (size_t)c.head_dim * (hg + kAttnTile) * sizeof(float) <= shared_optin();
     op("ds4_attention", [&] {

@@ -465,10 +465,7 @@ __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t ro
 // Rows a warp of a 16-bit product of 2..8 tokens (gemv_16bit_rows_kernel): DFL_CUDA_GEMV16_ROWS=2 or 4 (opt-in,
 // unmeasured); 1 (the default): gemv_16bit_kernel, a row a warp.
 static int gemv16_rows() {
-    static const int r = [] {
-        const int64_t v = env_int("DFL_CUDA_GEMV16_ROWS", 1);
-        return v >= 4 ? 4 : v >= 2 ? 2 : 1;
-    }();
+    static const int r = pow2_knob(env_int("DFL_CUDA_GEMV16_ROWS", 1), 4);
     return r;
 }
 

@@ -226,8 +226,7 @@ bool q4k_i8_ok(const Weight &W, const GemvZ &z) {
 // alternated twice, ms a step: b1 0.962 / 0.975 -> 0.960 / 0.955 (2: 0.948 / 0.956), b8 2.128 / 2.156 -> 2.129 /
 // 2.112 (2: 2.111 / 2.141), b32 5.870 / 5.890 -> 5.214 / 5.255 (2: 5.537 / 5.465).
 static int q4k_z_rows(int64_t n_out) {
-    static const int want = env_int("DFL_CUDA_MOE_ROWS", 4);
-    const int r = want >= 4 ? 4 : want >= 2 ? 2 : 1;
+    static const int r = pow2_knob(env_int("DFL_CUDA_MOE_ROWS", 4), 4);
     return n_out % (kQ8pWarps * r) == 0 ? r : 1;
 }
 
