@@ -44,7 +44,10 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t &big, uint32_t &sma
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(x - __uint_as_float(big)));
 }
 
-// The P 16-bit parts of the pair (x0, x1), two values a word: part p rounds what parts 0..p-1 left.
+// The P 16-bit parts of the pair (x0, x1), two values a word: part p rounds what parts 0..p-1 left. f16 parts carry
+// ~22 bits of inputs of magnitude 2^-3 and more (smaller ones' second part goes subnormal: an error floor of ~2^-25
+// absolute an input), and an input of magnitude 65,520 or more becomes inf, its sums NaN: the inputs here are
+// normalised activations (V4's sub-block inputs and query low rank). bf16's three parts hold any f32 but inf.
 template <bool BF16, int P>
 __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t (&out)[P]) {
 #pragma unroll
@@ -102,7 +105,7 @@ struct MmaRun<DFL_TYPE_BF16> : MmaRun16<DFL_TYPE_BF16> {};
 
 template <>
 struct MmaRun<DFL_TYPE_F32> {
-    float w0[8], w8[8], x[8];  // rows g and g + 8, token g
+    alignas(16) float w0[8], w8[8], x[8];  // rows g and g + 8, token g
     __device__ __forceinline__ void load(const uint8_t *ra, const uint8_t *rb, const float *xr, int64_t k, bool in) {
         const float4 z = make_float4(0, 0, 0, 0);
         const float *fa = (const float *)ra + k, *fb = (const float *)rb + k;
