@@ -484,13 +484,14 @@ static void launch_gemv16_rows(cudaStream_t s, const Weight &W, const float *X, 
         gemv_16bit_rows_kernel<NT, false, R><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
 }
 
+// A call of one matrix (no z batch): the kernels that take no GemvZ may serve it.
+static bool plain_call(const GemvZ &z, int nz) { return nz == 1 && !z.ids && z.w_rows == 0; }
+
 template <int NT>
 static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y, const GemvZ &z, int nz) {
     if constexpr (NT > 1) {
-        if (nz == 1 && !z.ids && z.w_rows == 0 && W.type == DFL_TYPE_F32 && gemv32_mma_on())
-            return launch_gemv_mma_float(s, W, X, NT, Y);
-        if (nz == 1 && !z.ids && z.w_rows == 0 && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16)) {
-            if (gemv16_mma_on()) return launch_gemv_mma_float(s, W, X, NT, Y);
+        if (plain_call(z, nz) && gemv_mma_float_takes(W.type)) return launch_gemv_mma_float(s, W, X, NT, Y);
+        if (plain_call(z, nz) && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16)) {
             if (gemv16_rows() == 4) return launch_gemv16_rows<NT, 4>(s, W, X, Y);
             if (gemv16_rows() == 2) return launch_gemv16_rows<NT, 2>(s, W, X, Y);
         }
@@ -544,7 +545,7 @@ static bool gemv_vector_ok(const Weight &W, const float *X) {
 }
 
 void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z, int nz) {
-    if (nz == 1 && !z.ids && z.w_rows == 0 && row_block_takes(W, T) && gemv_vector_ok(W, X)) {  // a plain call
+    if (plain_call(z, nz) && row_block_takes(W, T) && gemv_vector_ok(W, X)) {
         const auto kernel = W.type == DFL_TYPE_BF16 ? gemv_16bit_row_block_kernel<true> : gemv_16bit_row_block_kernel<false>;
         kernel<<<dim3((unsigned)W.n_out, (unsigned)T), kRowBlockThreads, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
         check_launch("matmul (gemv, a block a row)");

@@ -163,14 +163,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_float_kernel(const ui
     mma_store<1, 1>(red, acc, row0, n_out, T, Y);
 }
 
-bool gemv16_mma_on() {
-    static const bool on = env_switch("DFL_CUDA_GEMV16_MMA", false);
-    return on;
-}
-
-bool gemv32_mma_on() {
-    static const bool on = env_switch("DFL_CUDA_GEMV32_MMA", false);
-    return on;
+bool gemv_mma_float_takes(uint32_t type) {
+    static const bool f16 = env_switch("DFL_CUDA_GEMV16_MMA", false), f32 = env_switch("DFL_CUDA_GEMV32_MMA", false);
+    return type == DFL_TYPE_F32 ? f32 : (type == DFL_TYPE_F16 || type == DFL_TYPE_BF16) && f16;
 }
 
 void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y) {
@@ -179,7 +174,6 @@ void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int6
                         : W.type == DFL_TYPE_BF16 ? gemv_mma_float_kernel<DFL_TYPE_BF16>
                                                   : gemv_mma_float_kernel<DFL_TYPE_F16>;
     kernel<<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y);
-    check_launch("matmul (float weights, tensor cores)");
 }
 
 }  // namespace cuda
