@@ -3,13 +3,14 @@
 # scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures; the H200 is
 # the card issues 10, 11 and 13 name); poll with scripts/gpu/bg.sh wait 400 back to back (the machine is let go after
 # ~30 s idle). Say which card gave each figure.
-# Written 12-07 17:3x (~8 device minutes and the start on an H100; the V4 files are made with --distinct-rows in
-# seconds; V4_ONLY=1 leaves out the H200's steps, ~8 minutes more). A 4-layer V4-Flash file (its fourth layer routed, its
-# attention over the indexer's 512 selection slots): the 16-bit products of 2..8 tokens two and four rows a warp
-# (DFL_CUDA_GEMV16_ROWS=2 / 4), the attention skipping tiles of padded selection slots (DFL_CUDA_DS4_ATTN_SKIP=1), a
-# batch's attention two and four heads a block (DFL_CUDA_DS4_ATTN_HEADS=2 / 4), all unmeasured: op tests (the attention
-# group's unsplit batch of 8 and its 96 selection slots), replay, goldens, decode b1 / b8 / b32 alternated twice; then
-# a 10-layer file beside llama.cpp; on an H200 the 27B's decode and verify.
+# Written 12-07 17:3x, updated 19:4x (~10 device minutes and the start on an H100; SHORT=1: the variants alone, ~6;
+# V4_ONLY=1 leaves out the H200's steps, ~8 minutes more). A 4-layer V4-Flash file (its fourth layer routed, its
+# attention over the indexer's 512 selection slots), every variant unmeasured: float-weight products of 2..8 tokens on
+# tensor cores (DFL_CUDA_GEMV16_MMA=1 for f16 / bf16, DFL_CUDA_GEMV32_MMA=1 for f32), 16-bit products four rows a warp
+# (DFL_CUDA_GEMV16_ROWS=4), the attention skipping tiles of padded selection slots (DFL_CUDA_DS4_ATTN_SKIP=1), a
+# batch's attention four heads a block (DFL_CUDA_DS4_ATTN_HEADS=4): op tests, replay, goldens, decode b1 / b8 / b32
+# alternated twice (the defaults now include the row-block kernel for up to 8 tokens); then a 10-layer file beside
+# llama.cpp; on an H200 the 27B's decode and verify.
 cd "$(dirname "$0")/../.."
 steps=()
 h200=
