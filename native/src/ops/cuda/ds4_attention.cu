@@ -2,6 +2,7 @@
 // the work a plan may fold into it (the output's un-rotation, the ring write), and the
 // grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -385,14 +386,20 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
                                        index(), "ds4_attention (heads)");
                 launch_ds4(kernel, dim3((unsigned)m.T, (unsigned)(c.n_head / hg)), kDs4Threads, shared, stream_, m, c);
             };
+            // the kernel of (fold, hg): FOLD as a type, so one choice of HG serves both
+            auto by_heads = [&](auto fold_t) {
+                constexpr bool F = decltype(fold_t)::value;
+                if (hg == 8)
+                    launch_heads(ds4_attention_heads_kernel<F, 8>);
+                else if (hg == 4)
+                    launch_heads(ds4_attention_heads_kernel<F, 4>);
+                else
+                    launch_heads(ds4_attention_heads_kernel<F, 2>);
+            };
             if (fold)
-                hg == 8 ? launch_heads(ds4_attention_heads_kernel<true, 8>)
-                        : hg == 4 ? launch_heads(ds4_attention_heads_kernel<true, 4>)
-                                  : launch_heads(ds4_attention_heads_kernel<true, 2>);
+                by_heads(std::true_type{});
             else
-                hg == 8 ? launch_heads(ds4_attention_heads_kernel<false, 8>)
-                        : hg == 4 ? launch_heads(ds4_attention_heads_kernel<false, 4>)
-                                  : launch_heads(ds4_attention_heads_kernel<false, 2>);
+                by_heads(std::false_type{});
             check_launch("ds4_attention (heads)");
             return;
         }

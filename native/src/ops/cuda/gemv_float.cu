@@ -42,6 +42,15 @@ __device__ __forceinline__ void unpack_bf16x8(uint4 v, float (&w)[8]) {
     }
 }
 
+// A 16-byte word of 16-bit weights (bf16 or f16) as 8 floats.
+template <bool BF16>
+__device__ __forceinline__ void unpack_16bit8(uint4 v, float (&w)[8]) {
+    if constexpr (BF16)
+        unpack_bf16x8(v, w);
+    else
+        unpack_half8(v, w);
+}
+
 // Each gemv kernel: warp `w` of block b computes output row r = b * kGemvWarps + w for all NT tokens.
 // Requirements checked by the dispatcher: X 16-byte aligned, n_in a multiple of 8 (and of the block size), and for
 // f32/f16/bf16/q4_K rows 16-byte aligned.
@@ -156,10 +165,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
 #pragma unroll 4
     for (int64_t j = lane + 32 * rs.part; j < (rs.valid ? n_in / 8 : 0); j += 32 * wpr) {
         float wf[8];
-        if (BF16)
-            unpack_bf16x8(__ldg(w + j), wf);
-        else
-            unpack_half8(__ldg(w + j), wf);
+        unpack_16bit8<BF16>(__ldg(w + j), wf);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float x[8];
@@ -191,12 +197,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_rows_kernel(const 
     for (int64_t j = lane + 32 * rs.part; j < (rs.valid ? n_in / 8 : 0); j += 32 * wpr) {
         float wf[R][8];
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            if (BF16)
-                unpack_bf16x8(__ldg(w[i] + j), wf[i]);
-            else
-                unpack_half8(__ldg(w[i] + j), wf[i]);
-        }
+        for (int i = 0; i < R; i++) unpack_16bit8<BF16>(__ldg(w[i] + j), wf[i]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float x[8];
@@ -229,10 +230,7 @@ __global__ void __launch_bounds__(kRowBlockThreads) gemv_16bit_row_block_kernel(
     float acc = 0.0f;
     for (int64_t j = threadIdx.x; j < n_in / 8; j += blockDim.x) {
         float wf[8], x[8];
-        if (BF16)
-            unpack_bf16x8(__ldg(w + j), wf);
-        else
-            unpack_half8(__ldg(w + j), wf);
+        unpack_16bit8<BF16>(__ldg(w + j), wf);
         load_x8(X, n_in, t, 8 * j, x);
         float s = 0.0f;
 #pragma unroll
