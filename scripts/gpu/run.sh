@@ -639,9 +639,8 @@ ds4_ncu() {
 # the opt-ins not yet run on a GPU, checked and measured the same way.
 OPTINS=${OPTINS:-DFL_CUDA_Q8P_PIPE=0,DFL_CUDA_Q6K_MMA=0,DFL_CUDA_DEQUANT_FAST=0}
 # UNMEASURED: opt-ins written without a GPU, checked by `check` beside the defaults until a call measures them (then
-# they become defaults or are deleted); space-separated VAR=value, all at once (empty: none waiting; DFL_CUDA_GEMV16_MMA=1
-# takes the products DFL_CUDA_GEMV16_ROWS=4 would: ds4-try runs each alone)
-UNMEASURED=${UNMEASURED-DFL_CUDA_GEMV16_MMA=1 DFL_CUDA_GEMV32_MMA=1 DFL_CUDA_GEMV16_ROWS=4 DFL_CUDA_DS4_ATTN_SKIP=1 DFL_CUDA_DS4_ATTN_HEADS=4}
+# they become defaults or are deleted); space-separated VAR=value, all at once (empty: none waiting)
+UNMEASURED=${UNMEASURED-}
 # DFL_CUDA_Q8P_DEEP=0: the staged q8_0 kernel keeps 4 stages in flight on every grid; DFL_CUDA_Q8P_PIPE64=0: q8_0 of
 # 33..64 tokens on the register kernel (default since 12-04 05:4x); DFL_CUDA_Q8P_PIPE_U2=0: the staged
 # kernel one block of 32 a warp a stage (two, half the stages, the default since 12-04 12:3x); DFL_CUDA_Q8P_PIPE_PRE=0:

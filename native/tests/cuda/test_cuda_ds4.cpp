@@ -287,13 +287,13 @@ void test_attention() {
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}}, 64, r), r, true);
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 129, 1}, {2, 50, 2}}, 64, r), r);
     run_attention(64, 512, 128, 128, false, Batch({{1, 1000, 1}, {20, 300, 0}}, 64, r), r);
-    // a V4 decode step of 8 sequences: 512 (token, head) blocks, unsplit (HG heads a block under DFL_CUDA_DS4_ATTN_HEADS)
+    // a V4 decode step of 8 sequences: 512 (token, head) blocks, unsplit
     const Batch b8({{1, 700, 0}, {1, 129, 1}, {1, 50, 2}, {1, 300, 3}, {1, 5, 4}, {1, 1000, 5}, {1, 64, 6}, {1, 200, 7}},
                    64, r);
     run_attention(64, 512, 128, 4, true, b8, r, true, 8);
     run_attention(64, 512, 128, 0, false, b8, r, false, 8);
-    // 96 selection slots: short contexts leave whole tiles of padded slots (skipped by the heads kernel, and by
-    // ds4_attention_kernel under DFL_CUDA_DS4_ATTN_SKIP=1)
+    // 96 selection slots: short contexts leave whole tiles of padded slots (skipped by ds4_attention_kernel unless
+    // DFL_CUDA_DS4_ATTN_SKIP=0)
     run_attention(64, 512, 128, 4, true, b8, r, true, 8, 96);
     run_attention(64, 512, 128, 4, true, Batch({{1, 700, 0}, {1, 9, 1}, {1, 50, 2}}, 64, r), r, true, 8, 96);
 }

@@ -36,11 +36,12 @@ double matmul_bound(uint32_t type, int64_t T) {
     // and 2..64 on int8 tensor cores (unless DFL_CUDA_Q6K_MMA=0)
     const char *q6m = std::getenv("DFL_CUDA_Q6K_MMA");
     if (type == DFL_TYPE_Q6_K && T >= 2 && T <= 64 && mma_on && !(q6m && std::strcmp(q6m, "0") == 0)) return 1.5e-2;
-    if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM (or 3xTF32: DFL_CUDA_GEMV32_MMA=1)
+    if (T == 1 || type == DFL_TYPE_F32) return 1e-5;  // f32 GEMV or SGEMM
     // 16-bit weights of up to DFL_CUDA_GEMV16_TOKENS (8) tokens on the GEMV: float activations (split into 16-bit parts
-    // of ~22 bits with DFL_CUDA_GEMV16_MMA=1: one part alone would miss this bound)
+    // of ~22 bits on the tensor cores unless DFL_CUDA_GEMV16_MMA=0: one part alone would miss this bound)
     const char *g16 = std::getenv("DFL_CUDA_GEMV16_TOKENS");
-    if (T <= std::min<int64_t>(8, std::max<int64_t>(1, g16 ? std::atoll(g16) : 8))) return 1e-5;
+    const bool w16 = type == DFL_TYPE_F16 || type == DFL_TYPE_BF16;
+    if (w16 && T <= std::min<int64_t>(8, std::max<int64_t>(1, g16 ? std::atoll(g16) : 8))) return 1e-5;
     return type == DFL_TYPE_BF16 ? 1.5e-2 : 3e-3;     // 16-bit operands on tensor cores
 }
 

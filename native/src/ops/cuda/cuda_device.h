@@ -394,8 +394,8 @@ void launch_gemv_z(CudaDevice &dev, const Weight &stack, int64_t rows, const Gem
 // batch of nz one-token members.
 constexpr int64_t kGemvMaxTokens = 8;
 void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {}, int nz = 1);
-// f16 / bf16 / f32 products of 2..kGemvMaxTokens tokens on the tensor cores (gemv_mma_float.cu), for launch_gemv:
-// whether weights of a type take them (DFL_CUDA_GEMV16_MMA=1, DFL_CUDA_GEMV32_MMA=1), and the launch, given
+// f16 / bf16 products of 2..kGemvMaxTokens tokens on the tensor cores (gemv_mma_float.cu), for launch_gemv:
+// whether weights of a type take them (unless DFL_CUDA_GEMV16_MMA=0), and the launch, given
 // launch_gemv's checks (X and the rows 16-byte aligned, n_in a multiple of 8; it checks the launch).
 bool gemv_mma_float_takes(uint32_t type);
 void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y);

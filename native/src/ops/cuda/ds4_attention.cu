@@ -2,7 +2,6 @@
 // the work a plan may fold into it (the output's un-rotation, the ring write), and the
 // grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
 #include <algorithm>
-#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -55,16 +54,15 @@ __device__ __forceinline__ AttnKeys attn_keys(const BatchMeta &m, const Ds4AttnC
 }
 
 // A tile's key rows (k_sh[j], head_dim floats each, on 16-byte boundaries) into shared memory at kt by cp.async, every
-// 16-byte piece in flight at once, waited for by each thread (a barrier after it makes them the block's). ZERO: the
-// rows of padded slots (null) zeroed, else left as they are.
-template <bool ZERO>
+// 16-byte piece in flight at once, waited for by each thread (a barrier after it makes them the block's); the rows of
+// padded slots (null) zeroed.
 __device__ __forceinline__ void copy_tile_async(float *kt, const float *const *k_sh, int tile, int hd) {
     const int pieces = hd / 4;  // 16-byte pieces a row
     for (int i = threadIdx.x; i < tile * pieces; i += blockDim.x) {
         const int j = i / pieces, p4 = 4 * (i % pieces);
         if (const float *k = k_sh[j])
             cp_async16(kt + j * hd + p4, k + p4);
-        else if (ZERO)
+        else
             *(float4 *)(kt + j * hd + p4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     cp_async_commit();
@@ -146,7 +144,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
             continue;
         float *kt = q_sh + hd;
         if (SMEM && async) {
-            copy_tile_async<true>(kt, k_sh, tile, hd);
+            copy_tile_async(kt, k_sh, tile, hd);
             __syncthreads();
         } else if (SMEM) {
             // a thread's dims of four rows at a time in registers, then stored: 16 loads in flight a thread
@@ -217,93 +215,6 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
     }
 }
 
-// HG heads a block (t, g: heads g HG .. g HG + HG - 1), the whole key range (no split), each tile's key rows copied
-// into shared memory by cp.async once for the HG heads (ds4_attention_kernel's blocks read a token's rows once a
-// head: the 64 heads of V4's one K = V head read every selected row 64 times, ~100 MB of L2 reads a token in its
-// compressed layers: 71 us for a batch of 8 under ncu, 12-07 16:5x, against 9 us in a window-only layer). Each score is
-// one warp's dot as ds4_attention_kernel's (lane-strided sums, then the warp's), each head's running max, denominator
-// and sums as its, thread by thread in key order: the same floats in the same order, so the same output bits.
-// Shared memory: HG query rows, then the tile's rows [kAttnTile][head_dim]; rows on 16-byte boundaries (async's
-// conditions).
-template <bool FOLD, int HG>
-__global__ void __launch_bounds__(kDs4Threads) ds4_attention_heads_kernel(BatchMeta m, Ds4AttnCall c) {
-    pdl_trigger();  // the next chained launch may start (launch_ds4)
-    pdl_wait();     // everything below reads what the launch before wrote
-    extern __shared__ float q_sh[];  // [HG][head_dim], then the tile's rows [kAttnTile][head_dim]
-    __shared__ float l_sh[HG][kAttnTile];
-    __shared__ const float *k_sh[kAttnTile];
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * HG, hd = c.head_dim;
-    const AttnKeys ks = attn_keys(m, c, t);
-    const int32_t e = ks.e;
-    const int64_t p = ks.p, lo = ks.lo, n_win = ks.n_win, nk = ks.nk;
-    for (int i = threadIdx.x; i < HG * hd; i += blockDim.x) q_sh[i] = c.Q[(t * c.n_head + h0) * hd + i];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    float acc[HG][kAttnMaxDimsPerThread], mx[HG], den[HG];
-#pragma unroll
-    for (int g = 0; g < HG; g++) {
-        mx[g] = c.sinks[h0 + g];
-        den[g] = 1.0f;
-#pragma unroll
-        for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] = 0.0f;
-    }
-    float *kt = q_sh + HG * hd;
-    for (int64_t j0 = 0; j0 < nk; j0 += kAttnTile) {
-        const int tile = (int)(nk - j0 < kAttnTile ? nk - j0 : kAttnTile);
-        if (threadIdx.x < tile) k_sh[threadIdx.x] = attn_key(m, c, t, e, p, lo, n_win, j0 + threadIdx.x);
-        // (the barrier also orders q_sh's fill before the first use) a tile of padded selection slots alone changes
-        // nothing (its max -inf: alpha 1, no term): skipped, as padded slots' rows are neither copied nor read
-        if (!__syncthreads_or(threadIdx.x < tile && k_sh[threadIdx.x] != nullptr)) continue;
-        copy_tile_async<false>(kt, k_sh, tile, hd);
-        __syncthreads();
-        for (int i = warp; i < tile * HG; i += n_warps) {
-            const int j = i / HG, g = i % HG;
-            if (!k_sh[j]) {  // (the warp's branch: one key for all its lanes)
-                if (lane == 0) l_sh[g][j] = -INFINITY;
-                continue;
-            }
-            const float *qg = q_sh + g * hd, *kr = kt + j * hd;
-            float s = 0.0f;
-            for (int d = lane; d < hd; d += 32) s += qg[d] * kr[d];
-            s = warp_sum(s);
-            if (lane == 0) l_sh[g][j] = s * c.scale;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int g = 0; g < HG; g++) {
-            float tmax = -INFINITY;
-            for (int j = 0; j < tile; j++) tmax = fmaxf(tmax, l_sh[g][j]);
-            const float mnew = fmaxf(mx[g], tmax), alpha = mx[g] == -INFINITY ? 0.0f : expf(mx[g] - mnew);
-            den[g] *= alpha;
-#pragma unroll
-            for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[g][k] *= alpha;
-            for (int j = 0; j < tile; j++) {
-                if (!k_sh[j]) continue;
-                const float *kr = kt + j * hd;
-                const float pj = expf(l_sh[g][j] - mnew);
-                den[g] += pj;
-#pragma unroll
-                for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
-                    const int d = threadIdx.x + kk * blockDim.x;
-                    if (d < hd) acc[g][kk] += pj * kr[d];
-                }
-            }
-            mx[g] = mnew;
-        }
-        __syncthreads();  // k_sh, l_sh and the tile are refilled by the next tile
-    }
-    // each head's row through its query row of q_sh (free: the last tile's barrier passed every read of it)
-#pragma unroll
-    for (int g = 0; g < HG; g++) {
-#pragma unroll
-        for (int kk = 0; kk < kAttnMaxDimsPerThread; kk++) {
-            const int d = threadIdx.x + kk * blockDim.x;
-            if (d < hd) q_sh[g * hd + d] = acc[g][kk] / den[g];
-        }
-    }
-    for (int g = 0; g < HG; g++) attn_finish<FOLD>(m, c, t, h0 + g, q_sh + g * hd);
-}
-
 constexpr int kAttnMaxSplits = 8;
 
 // Block (t, h): the splits' parts of ds4_attention_kernel<.., SPLIT> rescaled to their common max and added in split
@@ -366,43 +277,13 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const bool rows16 = c.head_dim % 4 == 0 && c.slot_stride % 4 == 0 &&
                         (((uintptr_t)c.ring | (uintptr_t)c.kv | (uintptr_t)c.comp) & 15) == 0;  // every key row
     const bool async = async_env && smem && rows16;
-    // DFL_CUDA_DS4_ATTN_HEADS=HG (2, 4 or 8; opt-in, unmeasured): an unsplit step (a batch) HG heads a block, each
-    // tile's rows read from L2 once for them (ds4_attention_heads_kernel); where async's conditions hold
-    static const int hg = pow2_knob(env_int("DFL_CUDA_DS4_ATTN_HEADS", 1), 8);
-    // DFL_CUDA_DS4_ATTN_SKIP=1 (opt-in, unmeasured): ds4_attention_kernel skips tiles of padded selection slots alone
-    // (the indexer's top_k slots past the rows a short context has: 16 tiles of 512 at V4's top_k, each a barrier, a
-    // round of key addresses and a warp sum a slot; the same bits)
-    static const bool skip_empty = env_switch("DFL_CUDA_DS4_ATTN_SKIP", false);
-    const bool grouped = hg > 1 && S == 1 && async_env && rows16 && c.n_head % hg == 0 &&
-                         (size_t)c.head_dim * (hg + kAttnTile) * sizeof(float) <= shared_optin();
+    // ds4_attention_kernel skips tiles of padded selection slots alone (the indexer's top_k slots past the rows a short
+    // context has: 16 tiles of 512 at V4's top_k, each a barrier, a round of key addresses and a warp sum a slot; the
+    // same bits). H100 12-07 21:2x, 4-layer V4-Flash, two alternated runs: b1 0.949 / 0.952 -> 0.936 / 0.935 ms, b8
+    // 2.016 / 2.029 -> 1.982 / 1.973, b32 5.20 / 5.23 -> 5.04 / 5.06. DFL_CUDA_DS4_ATTN_SKIP=0: every tile.
+    static const bool skip_empty = env_switch("DFL_CUDA_DS4_ATTN_SKIP", true);
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
-        if (grouped) {
-            const size_t shared = (size_t)c.head_dim * (hg + kAttnTile) * sizeof(float);
-            auto launch_heads = [&](auto kernel) {
-                if (shared > 48 * 1024)
-                    set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (8 + kAttnTile) * sizeof(float)),
-                                       index(), "ds4_attention (heads)");
-                launch_ds4(kernel, dim3((unsigned)m.T, (unsigned)(c.n_head / hg)), kDs4Threads, shared, stream_, m, c);
-            };
-            // the kernel of (fold, hg): FOLD as a type, so one choice of HG serves both
-            auto by_heads = [&](auto fold_t) {
-                constexpr bool F = decltype(fold_t)::value;
-                if (hg == 8)
-                    launch_heads(ds4_attention_heads_kernel<F, 8>);
-                else if (hg == 4)
-                    launch_heads(ds4_attention_heads_kernel<F, 4>);
-                else
-                    launch_heads(ds4_attention_heads_kernel<F, 2>);
-            };
-            if (fold)
-                by_heads(std::true_type{});
-            else
-                by_heads(std::false_type{});
-            check_launch("ds4_attention (heads)");
-            return;
-        }
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
         float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
         auto launch = [&](auto kernel, dim3 grid) {

@@ -83,55 +83,35 @@ __device__ __forceinline__ RowSlice row_slice(int wpr, int64_t n_out) {
     return s;
 }
 
-// Warp sums, then (wpr > 1) the slices of a row through shared memory, for R rows a warp (rows rs.row R + i; those
-// past n_out not stored). Every thread of the block must get here: rows past n_out run empty loops instead of
-// returning early.
-template <int NT, int R>
-__device__ __forceinline__ void finish_rows(float (&acc)[R][NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
-    __shared__ float red[kGemvWarps][R * NT];
+// Warp sums, then (wpr > 1) the slices of a row through shared memory. Every thread of the block must get here:
+// rows past n_out run empty loops instead of returning early.
+template <int NT>
+__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
+    __shared__ float red[kGemvWarps][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float v[R][NT];
+    float v[NT];
 #pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) v[i][t] = warp_sum(acc[i][t]);
+    for (int t = 0; t < NT; t++) v[t] = warp_sum(acc[t]);
     if (wpr == 1) {
         if (lane == 0 && rs.valid) {
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                const int64_t r = rs.row * R + i;
-                if (R == 1 || r < n_out)
-#pragma unroll
-                    for (int t = 0; t < NT; t++) Y[t * n_out + r] = v[i][t];
-            }
+            for (int t = 0; t < NT; t++) Y[t * n_out + rs.row] = v[t];
         }
         return;
     }
     if (lane == 0) {
 #pragma unroll
-        for (int i = 0; i < R; i++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) red[warp][i * NT + t] = v[i][t];
+        for (int t = 0; t < NT; t++) red[warp][t] = v[t];
     }
     __syncthreads();
     if (lane == 0 && rs.part == 0 && rs.valid) {
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int64_t r = rs.row * R + i;
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float sum = 0.0f;
-                for (int p = 0; p < wpr; p++) sum += red[warp + p][i * NT + t];
-                if (R == 1 || r < n_out) Y[t * n_out + r] = sum;
-            }
+        for (int t = 0; t < NT; t++) {
+            float sum = 0.0f;
+            for (int p = 0; p < wpr; p++) sum += red[warp + p][t];
+            Y[t * n_out + rs.row] = sum;
         }
     }
-}
-
-// One row a warp: finish_rows' R = 1.
-template <int NT>
-__device__ __forceinline__ void finish_row(float (&acc)[NT], float *Y, int64_t n_out, const RowSlice &rs, int wpr) {
-    finish_rows<NT, 1>(reinterpret_cast<float (&)[1][NT]>(acc), Y, n_out, rs, wpr);
 }
 
 template <int NT>
@@ -177,41 +157,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_kernel(const uint8
         }
     }
     finish_row<NT>(acc, Y, n_out, rs, wpr);
-}
-
-// NT tokens (2..8) of a 16-bit matrix, R consecutive rows a warp: each step loads the R rows' words, then each token's
-// 8 inputs once for all R (gemv_16bit_kernel loads them once a row: 16 bytes of weights cost NT x 32 bytes of L1
-// loads, so DeepSeek V4's compressor and indexer products of 8 tokens ran at ~0.6 TB/s, ncu 12-07 16:5x). Row groups
-// split over wpr warps as RowSlice splits rows; rows past n_out read the last row and are not stored.
-template <int NT, bool BF16, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_16bit_rows_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                         int64_t n_in, int64_t n_out, const float *X,
-                                                                         float *Y, int wpr) {
-    const RowSlice rs = row_slice(wpr, (n_out + R - 1) / R);  // rs.row: the warp's group of R rows
-    const int lane = threadIdx.x & 31;
-    const uint4 *w[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) w[i] = (const uint4 *)(W + (uint64_t)min(rs.row * R + i, n_out - 1) * row_bytes);
-    float acc[R][NT] = {};
-#pragma unroll 2
-    for (int64_t j = lane + 32 * rs.part; j < (rs.valid ? n_in / 8 : 0); j += 32 * wpr) {
-        float wf[R][8];
-#pragma unroll
-        for (int i = 0; i < R; i++) unpack_16bit8<BF16>(__ldg(w[i] + j), wf[i]);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float x[8];
-            load_x8(X, n_in, t, 8 * j, x);
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 8; k++) s += wf[i][k] * x[k];
-                acc[i][t] += s;
-            }
-        }
-    }
-    finish_rows<NT, R>(acc, Y, n_out, rs, wpr);
 }
 
 // One token through matrices of few, long 16-bit rows (DeepSeek V4's HC mixing: 24 rows of 16,384, and its head's 4):
@@ -460,27 +405,9 @@ __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t ro
     }
 }
 
-// Rows a warp of a 16-bit product of 2..8 tokens (gemv_16bit_rows_kernel): DFL_CUDA_GEMV16_ROWS=2 or 4 (opt-in,
-// unmeasured); 1 (the default): gemv_16bit_kernel, a row a warp.
-static int gemv16_rows() {
-    static const int r = pow2_knob(env_int("DFL_CUDA_GEMV16_ROWS", 1), 4);
-    return r;
-}
-
-// Warps sharing a row (or a group of rows) of a matrix of n rows: few rows share each among 2 or 4 warps so the grid
+// Warps sharing a row of a matrix of n rows: few rows share each among 2 or 4 warps so the grid
 // still covers the GPU.
 static int gemv_wpr(int64_t n) { return n < 1024 ? 4 : n < 2048 ? 2 : 1; }
-
-template <int NT, int R>
-static void launch_gemv16_rows(cudaStream_t s, const Weight &W, const float *X, float *Y) {
-    const int64_t groups = (W.n_out + R - 1) / R;
-    const int wpr = gemv_wpr(groups);
-    const dim3 grid((unsigned)((groups + kGemvWarps / wpr - 1) / (kGemvWarps / wpr))), block(kGemvWarps * 32);
-    if (W.type == DFL_TYPE_BF16)
-        gemv_16bit_rows_kernel<NT, true, R><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
-    else
-        gemv_16bit_rows_kernel<NT, false, R><<<grid, block, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
-}
 
 // A call of one matrix (no z batch): the kernels that take no GemvZ may serve it.
 static bool plain_call(const GemvZ &z, int nz) { return nz == 1 && !z.ids && z.w_rows == 0; }
@@ -489,10 +416,6 @@ template <int NT>
 static void launch_gemv_nt(cudaStream_t s, const Weight &W, const float *X, float *Y, const GemvZ &z, int nz) {
     if constexpr (NT > 1) {
         if (plain_call(z, nz) && gemv_mma_float_takes(W.type)) return launch_gemv_mma_float(s, W, X, NT, Y);
-        if (plain_call(z, nz) && (W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16)) {
-            if (gemv16_rows() == 4) return launch_gemv16_rows<NT, 4>(s, W, X, Y);
-            if (gemv16_rows() == 2) return launch_gemv16_rows<NT, 2>(s, W, X, Y);
-        }
     }
     const int wpr = gemv_wpr(W.n_out);
     const int64_t rows_per_block = kGemvWarps / wpr;

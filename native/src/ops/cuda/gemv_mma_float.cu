@@ -1,12 +1,12 @@
-// Float-weight (f16 / bf16 / f32) products of 2..8 tokens on the tensor cores, activations kept to ~22 bits: each float input is
-// split into 16-bit parts whose sum is the input (f16: two parts, 11 bits each; bf16: three of 8), and the weight tile
-// is multiplied by each part into the same f32 sums. DeepSeek V4's compressor, indexer and indexer-query products
-// (16-bit in the files users download) ran at ~0.4-0.6 TB/s on the warp GEMV at 8 tokens (ncu 12-07 16:5x): every 16
-// bytes of weights cost 8 tokens x 32 bytes of activation loads, mostly from L2. Here a warp's 16 rows x 32 inputs
-// (1 KB of weights) need the 8 tokens' 32 inputs once (1 KB), and the 16 x 8 sums are one mma a part.
-// DFL_CUDA_GEMV16_MMA=1 (opt-in, unmeasured). f32 rows (V4's router, 256 x 4,096: 12 us at 8 tokens, ~0.35 TB/s) the same
-// way on tf32 (m16n8k8), weights and inputs each split in two (3xTF32: big x big + big x small + small x big, ~21
-// bits): DFL_CUDA_GEMV32_MMA=1 (opt-in, unmeasured).
+// 16-bit float-weight (f16 / bf16) products of 2..8 tokens on the tensor cores, activations kept to ~22 bits: each
+// float input is split into 16-bit parts whose sum is the input (f16: two parts, 11 bits each; bf16: three of 8), and
+// the weight tile is multiplied by each part into the same f32 sums. DeepSeek V4's compressor, indexer and
+// indexer-query products (16-bit in the files users download) ran at ~0.4-0.6 TB/s on the warp GEMV at 8 tokens (ncu
+// 12-07 16:5x): every 16 bytes of weights cost 8 tokens x 32 bytes of activation loads, mostly from L2. Here a warp's
+// 16 rows x 32 inputs (1 KB of weights) need the 8 tokens' 32 inputs once (1 KB), and the 16 x 8 sums are one mma a
+// part. On unless DFL_CUDA_GEMV16_MMA=0 (H100 12-07 21:2x, 4-layer V4-Flash, two alternated runs: b8 2.016 / 2.029 ->
+// 1.988 / 1.989 ms, b1 and b32 even). f32 rows the same way on tf32 (3xTF32, DFL_CUDA_GEMV32_MMA=1) lost at b8 (2.043 /
+// 2.045 ms) and were deleted.
 #include "ops/cuda/cuda_device.h"
 #include "ops/cuda/mma_common.cuh"
 
@@ -27,21 +27,6 @@ __device__ __forceinline__ void mma_16bit_16x8x16(float (&c)[4], uint32_t a0, ui
                      "{%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// C (16 x 8, f32) += A (16 x 8, tf32: a0..a3) x B (8 x 8, tf32: b0, b1).
-__device__ __forceinline__ void mma_tf32_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// x as tf32 (big) and what it leaves, as tf32 (small).
-__device__ __forceinline__ void split_tf32(float x, uint32_t &big, uint32_t &small) {
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(big) : "f"(x));
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(small) : "f"(x - __uint_as_float(big)));
 }
 
 // The P 16-bit parts of the pair (x0, x1), two values a word: part p rounds what parts 0..p-1 left. f16 parts carry
@@ -67,7 +52,7 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t (&out)[P
 // One lane's part of a run of 32 inputs: inputs 8 c .. 8 c + 7 of the run (c = lane % 4) of rows g and g + 8 of the
 // warp's 16 (g = lane / 4) and of token g; mma() multiplies them into the warp's 16 x 8 sums. The mma's k inputs are
 // any of the run's as long as A and B take the same ones: a lane's 8 are its fragments' inputs of the lane's column c
-// in consecutive mma steps (two of k = 16 for 16-bit rows, four of k = 8 for f32).
+// in two consecutive mma steps of k = 16.
 template <uint32_t TYPE>
 struct MmaRun;
 
@@ -103,37 +88,6 @@ struct MmaRun<DFL_TYPE_F16> : MmaRun16<DFL_TYPE_F16> {};
 template <>
 struct MmaRun<DFL_TYPE_BF16> : MmaRun16<DFL_TYPE_BF16> {};
 
-template <>
-struct MmaRun<DFL_TYPE_F32> {
-    alignas(16) float w0[8], w8[8], x[8];  // rows g and g + 8, token g
-    __device__ __forceinline__ void load(const uint8_t *ra, const uint8_t *rb, const float *xr, int64_t k, bool in) {
-        const float4 z = make_float4(0, 0, 0, 0);
-        const float *fa = (const float *)ra + k, *fb = (const float *)rb + k;
-        *(float4 *)&w0[0] = in ? __ldg((const float4 *)fa) : z;
-        *(float4 *)&w0[4] = in ? __ldg((const float4 *)(fa + 4)) : z;
-        *(float4 *)&w8[0] = in ? __ldg((const float4 *)fb) : z;
-        *(float4 *)&w8[4] = in ? __ldg((const float4 *)(fb + 4)) : z;
-        *(float4 *)&x[0] = in ? __ldg((const float4 *)(xr + k)) : z;
-        *(float4 *)&x[4] = in ? __ldg((const float4 *)(xr + k + 4)) : z;
-    }
-    // step s: A's input c is the lane's 2 s, input c + 4 its 2 s + 1
-    __device__ __forceinline__ void mma(float (&acc)[4]) const {
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            uint32_t ab[4], as[4], xb[2], xs[2];
-            split_tf32(w0[2 * s], ab[0], as[0]);
-            split_tf32(w8[2 * s], ab[1], as[1]);
-            split_tf32(w0[2 * s + 1], ab[2], as[2]);
-            split_tf32(w8[2 * s + 1], ab[3], as[3]);
-            split_tf32(x[2 * s], xb[0], xs[0]);
-            split_tf32(x[2 * s + 1], xb[1], xs[1]);
-            mma_tf32_16x8x8(acc, as[0], as[1], as[2], as[3], xb[0], xb[1]);
-            mma_tf32_16x8x8(acc, ab[0], ab[1], ab[2], ab[3], xs[0], xs[1]);
-            mma_tf32_16x8x8(acc, ab[0], ab[1], ab[2], ab[3], xb[0], xb[1]);
-        }
-    }
-};
-
 // Block b: rows 16 b .. 16 b + 15 for T tokens, its 8 warps taking every 8th run of 32 inputs (MmaRun: what a lane
 // loads and multiplies). Lanes past T read the last token's inputs, into sums not stored; rows past n_out read the last
 // row and are not stored.
@@ -141,7 +95,7 @@ template <uint32_t TYPE>
 __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_float_kernel(const uint8_t *W, uint64_t row_bytes,
                                                                        int64_t n_in, int64_t n_out, const float *X,
                                                                        int64_t T, float *Y) {
-    constexpr int U = TYPE == DFL_TYPE_F32 ? 2 : 4;  // runs a warp has in flight
+    constexpr int U = 4;  // runs a warp has in flight
     __shared__ float red[kMmaWarps][4][32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int64_t row0 = (int64_t)blockIdx.x * 16;
@@ -164,15 +118,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_float_kernel(const ui
 }
 
 bool gemv_mma_float_takes(uint32_t type) {
-    static const bool f16 = env_switch("DFL_CUDA_GEMV16_MMA", false), f32 = env_switch("DFL_CUDA_GEMV32_MMA", false);
-    return type == DFL_TYPE_F32 ? f32 : (type == DFL_TYPE_F16 || type == DFL_TYPE_BF16) && f16;
+    static const bool on = env_switch("DFL_CUDA_GEMV16_MMA", true);
+    return (type == DFL_TYPE_F16 || type == DFL_TYPE_BF16) && on;
 }
 
 void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y) {
     const unsigned grid = (unsigned)((W.n_out + 15) / 16);
-    const auto kernel = W.type == DFL_TYPE_F32    ? gemv_mma_float_kernel<DFL_TYPE_F32>
-                        : W.type == DFL_TYPE_BF16 ? gemv_mma_float_kernel<DFL_TYPE_BF16>
-                                                  : gemv_mma_float_kernel<DFL_TYPE_F16>;
+    const auto kernel =
+        W.type == DFL_TYPE_BF16 ? gemv_mma_float_kernel<DFL_TYPE_BF16> : gemv_mma_float_kernel<DFL_TYPE_F16>;
     kernel<<<grid, kMmaWarps * 32, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, T, Y);
 }
 
