@@ -7,7 +7,7 @@
 # H200's steps, ~5 minutes more). The new defaults of 21:4x (16-bit products of 2..8 tokens on tensor cores, the
 # attention skipping tiles of padded selection slots) against the old ($old): the op tests, replay and goldens with
 # both, then a 4-layer V4-Flash file's decode b1 / b8 / b32 alternated twice, a 10-layer file's b1 / b8 with both
-# (llama.cpp beside it with PEER=1); on an H200 the 27B's decode and verify.
+# (llama.cpp beside it with PEER=1) and with its products or experts left out; on an H200 the 27B's decode and verify.
 cd "$(dirname "$0")/../.."
 steps=()
 h200=
@@ -22,6 +22,9 @@ old=DFL_CUDA_GEMV16_MMA=0,DFL_CUDA_DS4_ATTN_SKIP=0
 # llama.cpp on it
 steps+=("DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='- $old' ds4-decode-ab")
 [ -z "${PEER:-}" ] || steps+=("DS4_LAYERS=10 ds4-peer")
+# where the 10-layer step's time goes: its products, its routed experts, both left out of the replayed graph (garbage
+# out, time by difference; cuda-notes Next 21:4x)
+steps+=("DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=1 DS4_VARIANTS='- DFL_CUDA_SKIP_OPS=matmul+matmul_grouped DFL_CUDA_SKIP_OPS=moe_experts DFL_CUDA_SKIP_OPS=matmul+matmul_grouped+moe_experts' ds4-decode-ab")
 # on an H200 (issues 10, 11 and 13 name it) the 27B's decode (llama.cpp beside it with PEER=1) and its verify blocks
 # (~5 device minutes more)
 if [ -n "$h200" ] && [ -z "${V4_ONLY:-}" ]; then
