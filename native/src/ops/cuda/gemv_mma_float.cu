@@ -54,10 +54,7 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t (&out)[P
 // any of the run's as long as A and B take the same ones: a lane's 8 are its fragments' inputs of the lane's column c
 // in two consecutive mma steps of k = 16.
 template <uint32_t TYPE>
-struct MmaRun;
-
-template <uint32_t TYPE>
-struct MmaRun16 {
+struct MmaRun {
     static constexpr bool BF16 = TYPE == DFL_TYPE_BF16;
     static constexpr int P = BF16 ? 3 : 2;  // the input's 16-bit parts
     uint4 w0, w8;  // rows g and g + 8
@@ -83,10 +80,6 @@ struct MmaRun16 {
         }
     }
 };
-template <>
-struct MmaRun<DFL_TYPE_F16> : MmaRun16<DFL_TYPE_F16> {};
-template <>
-struct MmaRun<DFL_TYPE_BF16> : MmaRun16<DFL_TYPE_BF16> {};
 
 // Block b: rows 16 b .. 16 b + 15 for T tokens, its 8 warps taking every 8th run of 32 inputs (MmaRun: what a lane
 // loads and multiplies). Lanes past T read the last token's inputs, into sums not stored; rows past n_out read the last
