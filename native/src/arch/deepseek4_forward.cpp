@@ -116,8 +116,12 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
         hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, T);
         attention_layer(il, m, dense, es);
         hc_merge(T, SubOut{}, &L.hc_ffn_fn);
+        // the FFN input's codes, made by its HC site, for the router and both kinds of experts
+        dev_->keep_quant(a.h.f());
         hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, T);
-        hc_merge(T, moe_layer(il, m), il + 1 < h.n_layer ? &layers_[(size_t)il + 1].hc_attn_fn : nullptr);
+        const SubOut ffn = moe_layer(il, m);
+        dev_->keep_quant(nullptr);
+        hc_merge(T, ffn, il + 1 < h.n_layer ? &layers_[(size_t)il + 1].hc_attn_fn : nullptr);
     }
     if (R == 0) return;
     // the HC head on the logits rows, final norm, output

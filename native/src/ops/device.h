@@ -738,6 +738,10 @@ public:
     virtual void side_begin() {}
     virtual void side_end() {}
     virtual void join_side() {}
+    // The int8 codes a device makes of x for its products (where it makes any) serve every product of x from the next
+    // op that writes x until keep_quant is called again (null: none kept): several products of one input quantize it
+    // once. The caller promises x is not written otherwise in that span. A hint: the CPU keeps this default.
+    virtual void keep_quant(const float *) {}
     // Host memory of the device's own, of at least `bytes`, that to_host_async can copy into (null: the device has
     // none, use to_host). Valid until a call asks for more; growing it moves scratch_epoch (a graph may copy into it).
     virtual void *host_landing(size_t) { return nullptr; }

@@ -47,6 +47,7 @@ void test_hc();
 void test_hc_pre_norm();
 void test_hc_site();
 void test_hc_post_site();
+void test_keep_quant();
 
 // The matmul and embed group of test_cuda_ops (test_cuda_matmul.cpp).
 void test_matmul_embed();

@@ -495,9 +495,10 @@ void test_moe() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    using dfltest::test_hc, dfltest::test_hc_pre_norm, dfltest::test_hc_site, dfltest::test_hc_post_site;
+    using dfltest::test_hc, dfltest::test_hc_pre_norm, dfltest::test_hc_site, dfltest::test_hc_post_site,
+        dfltest::test_keep_quant;
     const dfltest::Group groups[] = {{"hc", test_hc},           {"hc_pre_norm", test_hc_pre_norm}, {"hc_site", test_hc_site},
-                                     {"hc_post_site", test_hc_post_site},
+                                     {"hc_post_site", test_hc_post_site}, {"keep_quant", test_keep_quant},
                                      {"rope", test_rope},           {"compress", test_compress},
                                      {"indexer", test_indexer}, {"attention", test_attention}, {"moe", test_moe},
                                      {"grouped", test_grouped}};

@@ -1,7 +1,7 @@
 // The hyper-connection ops of the CUDA device against the CPU device (test_cuda_ds4's groups hc, hc_pre_norm and
 // hc_site): hc_pre, hc_post and hc_head on random streams, the folded norm, hc_pre_norm bit for bit against the GPU's
 // own two ops, and a whole site (the mixing product, hc_pre and the norm; one cluster kernel on sm_90+ unless
-// DFL_CUDA_HC_SITE=0). Bounds as in test_cuda_ds4.cpp.
+// DFL_CUDA_HC_SITE=0); keep_quant's codes of an input for several products. Bounds as in test_cuda_ds4.cpp.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -226,6 +226,40 @@ void test_hc_site() {
                 compare("hc_site y" + sh, y, bound);
                 same_bits("hc_site's product = the product of its y (GPU)" + sh, p1.read(true), p2.read(true));
             }
+}
+
+// keep_quant (DeepSeek V4's FFN input: its HC site's codes for the shared and the routed experts): the codes a norm
+// staged for y serve the products of y that come after other calls, a q8_0 and a q4_K one, bit for bit what each gives
+// quantizing y itself after keep_quant(nullptr); with DFL_CUDA_KEEP_QUANT=1 both took the kept codes, else neither.
+void test_keep_quant() {
+    auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
+    if (!cd) return;
+    const char *env = std::getenv("DFL_CUDA_KEEP_QUANT"), *fq = std::getenv("DFL_CUDA_FUSE_QUANT");
+    const bool on = env && std::string(env) == "1" && !(fq && std::string(fq) == "0");
+    for (int64_t T : {1, 3, 9}) {
+        const int64_t D = 4096;
+        Rng r((uint64_t)(T * 7 + 3));
+        Dual X(rand_vec(r, (size_t)(T * D), 2.0f)), w(rand_vec(r, (size_t)D, 1.5f)), y((size_t)(T * D) * 4);
+        dfltest::DualWeight A(DFL_TYPE_Q8_0, 64, D, r), B(DFL_TYPE_Q4_K, 256, D, r), F(DFL_TYPE_F32, 16, D, r);
+        g_gpu->prepare_weight(A.wg);
+        g_gpu->prepare_weight(B.wg);
+        Dual pa((size_t)(T * 64) * 4), pb((size_t)(T * 256) * 4), pf((size_t)(T * 16) * 4);
+        Dual qa((size_t)(T * 64) * 4), qb((size_t)(T * 256) * 4);
+        const uint64_t taken = cd->kept_taken();
+        g_gpu->keep_quant(y.gp());
+        g_gpu->rmsnorm(X.gp(), w.gp(), y.gp(), T, D, 1e-6f);
+        g_gpu->matmul(F.wg, y.gp(), T, pf.gp());  // a call between: a staging alone would be spent by it
+        g_gpu->matmul(A.wg, y.gp(), T, pa.gp());
+        g_gpu->matmul(B.wg, y.gp(), T, pb.gp());
+        g_gpu->keep_quant(nullptr);
+        const uint64_t took = cd->kept_taken() - taken;
+        g_gpu->matmul(A.wg, y.gp(), T, qa.gp());
+        g_gpu->matmul(B.wg, y.gp(), T, qb.gp());
+        const std::string sh = " T=" + std::to_string(T);
+        CHECK(took == (on ? 2u : 0u));
+        same_bits("kept codes' q8_0 product = its own quantization's" + sh, pa.read(true), qa.read(true));
+        same_bits("kept codes' q4_K product = its own quantization's" + sh, pb.read(true), qb.read(true));
+    }
 }
 
 // hc_post then the next HC site (HcPostCall::next_fn; on the GPU, unless DFL_CUDA_HC_PARTS=0, hc_post leaves the site's

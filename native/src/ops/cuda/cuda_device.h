@@ -92,6 +92,7 @@ public:
     void side_begin() override;
     void side_end() override;
     void join_side() override;
+    void keep_quant(const float *x) override;
     void *host_landing(size_t bytes) override;
     void to_host_async(void *dst, const void *src, size_t bytes) override;
 
@@ -169,6 +170,7 @@ public:
     uint64_t hc_parts_taken() const { return hc_parts_taken_; }  // (HcParts)
     uint64_t hc_side_combs() const { return hc_side_combs_; }    // HC sites whose Sinkhorn ran on the side lane
     uint64_t staged_taken() const { return staged_taken_; }      // products that took an op's staged int8 codes
+    uint64_t kept_taken() const { return kept_taken_; }          // products that took keep_quant's codes
 
     // Per-op GPU time (DFL_CUDA_PROFILE=1): events around each op, summed by op name and printed to stderr when the
     // device is destroyed. Off, an op pays one branch.
@@ -263,6 +265,10 @@ private:
         QuantX q;
     } staged_;
     bool staged_open_ = false;  // the current call is a product that may take staged_
+    // keep_quant's input and, once an op staged its codes (in keep_buf_, which no lane's scratch overwrites), the
+    // codes every product of it takes (take_staged) until the next keep_quant
+    Staged kept_;
+    GrowBuf keep_buf_;
     // hc_post's partial sums of the next HC site's mixing product (the default; DFL_CUDA_HC_PARTS=0 leaves none): for
     // that site's hc_site call on X with fn, if no call came between
     struct HcParts {
@@ -276,6 +282,7 @@ private:
     uint64_t hc_parts_taken_ = 0;  // HC sites that took hc_post's partial sums (the op tests read it)
     uint64_t hc_side_combs_ = 0;   // HC sites that left post and comb to hc_comb_kernel on the side lane (likewise)
     uint64_t staged_taken_ = 0;    // take_staged's successes (likewise)
+    uint64_t kept_taken_ = 0;      // take_staged's takes of keep_quant's codes (likewise)
     Staged other_staged_;       // the lane not current's (see Lane)
 };
 

@@ -96,8 +96,8 @@ CudaDevice::~CudaDevice() {
     if (landing_) cudaFreeHost(landing_);
     for (void *p : weights_) cudaFree(p);
     for (const GrowBuf &b : {scratch_, ds4_buf_, mma_buf_, splitk_buf_, gdn_buf_, fold_buf_, fold_counts_, hc_parts_buf_,
-                             other_.scratch, other_.ds4_buf, other_.mma_buf, other_.splitk_buf, other_.gdn_buf,
-                             other_.fold_buf, other_.fold_counts})
+                             keep_buf_, other_.scratch, other_.ds4_buf, other_.mma_buf, other_.splitk_buf,
+                             other_.gdn_buf, other_.fold_buf, other_.fold_counts})
         if (b.p) cudaFree(b.p);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);

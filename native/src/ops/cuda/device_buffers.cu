@@ -99,25 +99,44 @@ size_t CudaDevice::quant_scratch_bytes(int64_t count, bool sums) {
     return round256(round256((size_t)count) + (size_t)(count / 32) * (sums ? 8 : 4));
 }
 
-CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
+// count codes with their scales (and sums) laid out from p (quant_scratch_bytes of it)
+static CudaDevice::QuantX quant_at(void *at, int64_t count, bool sums) {
     const int64_t nb = count / 32;
     const size_t xq_bytes = round256((size_t)count);
-    uint8_t *p = (uint8_t *)scratch(quant_scratch_bytes(count, sums));
-    QuantX q;
+    uint8_t *p = (uint8_t *)at;
+    CudaDevice::QuantX q;
     q.xq = (int8_t *)p;
     q.xs = (float *)(p + xq_bytes);
     if (sums) q.xsum = q.xs + nb;
     return q;
 }
 
+CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
+    return quant_at(scratch(quant_scratch_bytes(count, sums)), count, sums);
+}
+
 CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     staged_ = Staged{};  // whatever an earlier op staged is stale now
     if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
-    const QuantX q = quant_scratch(count, true);  // with sums: any int8 product may take it
+    // with sums: any int8 product may take it; keep_quant's input in a buffer of its own (the lanes' products of it
+    // may run while either lane's ops quantize into their scratch)
+    const bool keep = x && x == kept_.x;
+    const size_t bytes = quant_scratch_bytes(count, true);
+    const QuantX q = keep ? quant_at(grow(keep_buf_, bytes, "kept int8 codes"), count, true) : quant_scratch(count, true);
     staged_.x = x;
     staged_.count = count;
     staged_.q = q;
+    if (keep) kept_ = staged_;  // (without stage_rows' fragment-ordered copy: that is in a lane's mma buffer)
     return q;
+}
+
+// Whether keep_quant keeps anything: off unless DFL_CUDA_KEEP_QUANT=1 (DeepSeek V4's FFN input: its HC site's codes
+// for the shared and the routed experts, each of which quantized it again, one of them on the main lane between the
+// routing and the experts: two quantizer launches a layer).
+void CudaDevice::keep_quant(const float *x) {
+    static const bool on = env_switch("DFL_CUDA_KEEP_QUANT", false);
+    kept_ = Staged{};
+    if (on) kept_.x = x;
 }
 
 // Whether stage_rows also writes the codes of rows in the int8 tensor-core products' fragment order (QuantX::fq): on
@@ -170,7 +189,11 @@ bool CudaDevice::take_staged(const float *x, int64_t count, QuantX *q) {
     }
     staged_ = Staged{};
     staged_open_ = false;
-    return ok;
+    if (ok) return true;
+    if (!kept_.q.xq || kept_.x != x || kept_.count != count) return false;
+    *q = kept_.q;
+    kept_taken_++;
+    return true;
 }
 
 }  // namespace cuda
