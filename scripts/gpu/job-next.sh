@@ -3,13 +3,12 @@
 # scripts/gpu/pack.sh (carry .gpu; with --peer, PEER=1 puts "peer" first for same-job llama.cpp figures; the H200 is
 # the card issues 10, 11 and 13 name); poll with scripts/gpu/bg.sh wait 400 back to back (the machine is let go after
 # ~30 s idle). Say which card gave each figure.
-# Written 12-07 23:0x (~5 device minutes): DFL_CUDA_KEEP_QUANT=1 (DeepSeek V4's FFN input quantized once, by its HC
+# Written 12-07 23:0x (~3 device minutes): DFL_CUDA_KEEP_QUANT=1 (DeepSeek V4's FFN input quantized once, by its HC
 # site, for the shared and the routed experts: two quantizer launches fewer a layer, one of them on the main lane
 # between the routing and the experts) checked (op tests with its keep_quant group, device replay, goldens) and timed
-# on the 4-layer file at b1 / b8 / b32, then on the 10-layer file at b1 / b8, alternated twice.
+# on the 10-layer file at b1 / b8, alternated twice.
 cd "$(dirname "$0")/../.."
 steps=()
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
-steps+=("TRY=DFL_CUDA_KEEP_QUANT=1 DS4_LAYERS=4 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
-steps+=("DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_VARIANTS='- DFL_CUDA_KEEP_QUANT=1' ds4-decode-ab")
+steps+=("TRY=DFL_CUDA_KEEP_QUANT=1 DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8 ds4-try")
 exec scripts/gpu/bg.sh start "${steps[@]}"
