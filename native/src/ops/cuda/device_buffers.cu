@@ -117,10 +117,11 @@ CudaDevice::QuantX CudaDevice::quant_scratch(int64_t count, bool sums) {
 
 CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     staged_ = Staged{};  // whatever an earlier op staged is stale now
+    const bool keep = x && x == kept_.x;
+    if (keep) kept_ = Staged{x};  // (so are kept codes of x, if this op makes none)
     if (!fuse_quant() || count <= 0 || count % 32 != 0 || count > kStageQuantMax) return QuantX{};
     // with sums: any int8 product may take it; keep_quant's input in a buffer of its own (the lanes' products of it
     // may run while either lane's ops quantize into their scratch)
-    const bool keep = x && x == kept_.x;
     const size_t bytes = quant_scratch_bytes(count, true);
     const QuantX q = keep ? quant_at(grow(keep_buf_, bytes, "kept int8 codes"), count, true) : quant_scratch(count, true);
     staged_.x = x;
