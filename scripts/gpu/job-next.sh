@@ -6,9 +6,18 @@
 # Written 12-07 23:0x (~3 device minutes): DFL_CUDA_KEEP_QUANT=1 (DeepSeek V4's FFN input quantized once, by its HC
 # site, for the shared and the routed experts: two quantizer launches fewer a layer, one of them on the main lane
 # between the routing and the experts) checked (op tests with its keep_quant group, device replay, goldens) and timed
-# on the 10-layer file at b1 / b8, alternated twice.
+# on the 10-layer file at b1 / b8, alternated twice; on an H200 (unless V4_ONLY=1) also the file beside llama.cpp
+# (with PEER=1) and the 27B's decode and verify blocks (issues 10 and 11; ~6 device minutes more), none run on an
+# H200 since 12-07 06:0x.
 cd "$(dirname "$0")/../.."
 steps=()
-[ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || steps+=(peer)
+h200=
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && [ -z "${V4_ONLY:-}" ] && h200=1
+[ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || [ -z "$h200" ] || steps+=(peer)
 steps+=("TRY=DFL_CUDA_KEEP_QUANT=1 DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8 ds4-try")
+if [ -n "$h200" ]; then
+  [ -z "${PEER:-}" ] || steps+=("DS4_LAYERS=10 ds4-peer")
+  steps+=("LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- -' lean qwen3.5-27b:q8_0")
+  steps+=("SPEC_BATCHES=1 SPEC_VERIFY=8,16 SPEC_TREE=23 SPEC_PROFILE=0 SPEC_BENCH='^BenchmarkGGUF\$' SPEC_VARIANTS='- -' spec-bench")
+fi
 exec scripts/gpu/bg.sh start "${steps[@]}"
