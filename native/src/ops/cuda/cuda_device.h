@@ -403,7 +403,7 @@ constexpr int64_t kGemvMaxTokens = 8;
 void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y, const GemvZ &z = {}, int nz = 1);
 // f16 / bf16 products of 2..kGemvMaxTokens tokens on the tensor cores (gemv_mma_float.cu), for launch_gemv:
 // whether weights of a type take them (unless DFL_CUDA_GEMV16_MMA=0), and the launch, given
-// launch_gemv's checks (X and the rows 16-byte aligned, n_in a multiple of 8; it checks the launch).
+// launch_gemv's checks (X and the rows 16-byte aligned, n_in a multiple of 8; launch_gemv checks the launch too).
 bool gemv_mma_float_takes(uint32_t type);
 void launch_gemv_mma_float(cudaStream_t s, const Weight &W, const float *X, int64_t T, float *Y);
 // q4_K on int8 activations (dp4a), for up to 8 tokens or a z batch of one-token members; DFL_CUDA_Q4K_I8=1 turns it on.
