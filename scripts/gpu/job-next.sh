@@ -15,6 +15,7 @@ h200=
 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && [ -z "${V4_ONLY:-}" ] && h200=1
 [ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || [ -z "$h200" ] || steps+=(peer)
 steps+=("TRY='DFL_CUDA_KEEP_QUANT=1 DFL_CUDA_FLOAT_PDL=1' DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8 ds4-try")
+steps+=("STEP_BATCHES=1 step-nsys ds4-L10:q8_0")
 if [ -n "$h200" ]; then
   [ -z "${PEER:-}" ] || steps+=("DS4_LAYERS=10 ds4-peer")
   steps+=("LEAN_GROUPS=none DFLASH_BENCH_BATCHES=1 BENCH_FILTER='GGUF/tg' QUICK_VARIANTS='- -' lean qwen3.5-27b:q8_0")

@@ -35,6 +35,8 @@
 #   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
 #                                            staged and parallel form (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
+#   scripts/gpu/run.sh step-nsys [MODEL...]  Nsight Systems' trace of decode steps replayed from graphs: each kernel's cost
+#                                            inside the graph (STEP_BATCHES; default the 10-layer V4-Flash file)
 #   scripts/gpu/run.sh ds4-ncu               Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -580,6 +582,29 @@ step_ncu() {
   done
 }
 
+# Nsight Systems' trace of decode steps replayed from their CUDA graphs (each node traced; graphs on, unlike step_ncu):
+# what each kernel costs inside the graph, with the PDL overlap and the side lane (scripts/gpu/nsys-steps.py); a
+# DeepSeek V4 file as ds4_ab runs it (its decode steps fused into graphs, a 16-token context).
+# STEP_BATCHES=B: steps of B sequences. The trace and its sqlite export stay in /tmp; the summary goes to $OUT.
+step_nsys() {
+  local m f nsys b rep
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  [ -n "$nsys" ] || { log "nsys: not installed here"; return 0; }
+  b=${STEP_BATCHES:-1}
+  for m in "$@"; do
+    f=$(make_model "$m") || continue
+    log "nsys, decode steps from graphs (batch $b): $m"
+    rep=/tmp/step-nsys-${m//:/-}-b$b
+    (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 \
+      DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
+      DFLASH_BENCH_BATCHES=$b timeout ${NSYS_TIMEOUT:-240} "$nsys" profile --trace=cuda --cuda-graph-trace=node \
+      --force-overwrite=true -o "$rep" "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 64x) \
+      >"$OUT/step-nsys-${m//:/-}-b$b.log" 2>&1
+    "$nsys" export --type sqlite --force-overwrite=true -o "$rep.sqlite" "$rep.nsys-rep" >>"$OUT/step-nsys-${m//:/-}-b$b.log" 2>&1
+    NSYS_EMBED_GRID=$b python3 scripts/gpu/nsys-steps.py "$rep.sqlite" 2>&1 | tee "$OUT/step-nsys-${m//:/-}-b$b.txt" | head -50 | tee -a "$OUT/summary.txt"
+  done
+}
+
 # Why the 27B's delta-rule kernels of a 16-row verify (DFLASH_BENCH_VERIFY) take what they take: Nsight Compute's
 # speed-of-light, occupancy, launch and warp-state sections of a few launches of each kernel in GDN_NCU_VARIANTS.
 # GDN_NCU_SKIP (300): launches of the delta-rule kernels skipped first. The benchmark runs twice (b.N 1, then 16), each
@@ -864,6 +889,7 @@ case $mode in
               DFLASH_CPU_INT8=$set GEMVBENCH_GEMM=1 /tmp/native-build/gemvbench ${CPU_GEMM_THREADS:-1 8 16} | tee -a "$OUT/summary.txt"
             done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
+  step-nsys) [ $# -gt 0 ] || set -- ds4-L10:q8_0; build_cuda; step_nsys "$@" ;;  # Nsight Systems of graph-replayed steps
   ds4-ncu) build_cuda; ds4_ncu ;;  # the sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
   gdn-ncu) premake qwen3.5-27b:q8_0; build_cuda; wait; gdn_ncu ;;  # the delta-rule kernels' ncu sections (GDN_NCU_VARIANTS)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
@@ -953,6 +979,6 @@ case $mode in
   ds4-peer) ds4_peer ;;  # llama.cpp on the DS4_LAYERS file (after `peer`, whose build it waits for)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|step-nsys|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
