@@ -35,8 +35,8 @@
 #   scripts/gpu/run.sh gdn-ncu               Nsight Compute's sections of the 27B's delta-rule kernels in a 16-row verify:
 #                                            staged and parallel form (GDN_NCU_VARIANTS), graphs off
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
-#   scripts/gpu/run.sh step-nsys [MODEL...]  Nsight Systems' trace of decode steps replayed from graphs: each kernel's cost
-#                                            inside the graph (STEP_BATCHES; default the 10-layer V4-Flash file)
+#   scripts/gpu/run.sh step-trace [MODEL...] a CUPTI trace of decode steps replayed from graphs: each kernel's cost inside
+#                                            the graph (STEP_BATCHES; default the 10-layer V4-Flash file)
 #   scripts/gpu/run.sh ds4-ncu               Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -582,26 +582,38 @@ step_ncu() {
   done
 }
 
-# Nsight Systems' trace of decode steps replayed from their CUDA graphs (each node traced; graphs on, unlike step_ncu):
-# what each kernel costs inside the graph, with the PDL overlap and the side lane (scripts/gpu/nsys-steps.py); a
-# DeepSeek V4 file as ds4_ab runs it (its decode steps fused into graphs, a 16-token context).
-# STEP_BATCHES=B: steps of B sequences. The trace and its sqlite export stay in /tmp; the summary goes to $OUT.
-step_nsys() {
-  local m f nsys b rep
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-  [ -n "$nsys" ] || { log "nsys: not installed here"; return 0; }
+# A trace of decode steps replayed from their CUDA graphs (each node traced; graphs on, unlike step_ncu): what each
+# kernel costs inside the graph, with the PDL overlap and the side lane (scripts/gpu/trace-steps.py). Nsight Systems is
+# not installed on the GPU machine, so scripts/gpu/cupti-trace.cpp, built here against the toolkit's CUPTI, is injected
+# (CUDA_INJECTION64_PATH) and writes the kernels' CUPTI records. A DeepSeek V4 file runs as ds4_ab runs it (its decode
+# steps fused into graphs, a 16-token context); STEP_BATCHES=B: steps of B sequences. The CSV stays in /tmp.
+step_trace() {
+  local m f b csv cupti inc lib64 v so=/tmp/libcupti-trace.so
+  for cupti in /usr/local/cuda/extras/CUPTI /usr/local/cuda/targets/x86_64-linux /usr/local/cuda; do
+    [ -f "$cupti/include/cupti.h" ] && break
+  done
+  [ -f "$cupti/include/cupti.h" ] || { log "cupti.h: not found"; return 0; }
+  lib64=$(dirname "$(find "$cupti" /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")
+  if [ ! -f $so ]; then
+    for v in 13 12 11 10 9 8 7 6 5; do  # the newest kernel record the header has (the one its CUPTI writes)
+      g++ -O2 -std=c++17 -shared -fPIC -DKREC=CUpti_ActivityKernel$v -I"$cupti/include" -I/usr/local/cuda/include \
+        scripts/gpu/cupti-trace.cpp -o $so -L"$lib64" -lcupti -lpthread 2>/dev/null && break
+    done
+    [ -f $so ] || { log "cupti-trace: build failed (cupti $cupti, lib $lib64)"; return 0; }
+    log "cupti-trace built with CUpti_ActivityKernel$v ($lib64)"
+  fi
   b=${STEP_BATCHES:-1}
   for m in "$@"; do
     f=$(make_model "$m") || continue
-    log "nsys, decode steps from graphs (batch $b): $m"
-    rep=/tmp/step-nsys-${m//:/-}-b$b
-    (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 \
+    log "kernel trace, decode steps from graphs (batch $b): $m"
+    csv=/tmp/step-trace-${m//:/-}-b$b.csv
+    (cd native/engine && LD_LIBRARY_PATH=$lib64:${LD_LIBRARY_PATH:-} CUDA_INJECTION64_PATH=$so CUPTI_TRACE_OUT=$csv \
+      DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 \
       DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
-      DFLASH_BENCH_BATCHES=$b timeout ${NSYS_TIMEOUT:-240} "$nsys" profile --trace=cuda --cuda-graph-trace=node \
-      --force-overwrite=true -o "$rep" "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 64x) \
-      >"$OUT/step-nsys-${m//:/-}-b$b.log" 2>&1
-    "$nsys" export --type sqlite --force-overwrite=true -o "$rep.sqlite" "$rep.nsys-rep" >>"$OUT/step-nsys-${m//:/-}-b$b.log" 2>&1
-    NSYS_EMBED_GRID=$b python3 scripts/gpu/nsys-steps.py "$rep.sqlite" 2>&1 | tee "$OUT/step-nsys-${m//:/-}-b$b.txt" | head -50 | tee -a "$OUT/summary.txt"
+      DFLASH_BENCH_BATCHES=$b timeout ${TRACE_TIMEOUT:-240} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' \
+      -test.benchtime 64x) >"$OUT/step-trace-${m//:/-}-b$b.log" 2>&1
+    grep -E "tok/s" "$OUT/step-trace-${m//:/-}-b$b.log" | tee -a "$OUT/summary.txt"
+    TRACE_EMBED_GRID=$b python3 scripts/gpu/trace-steps.py "$csv" 2>&1 | tee "$OUT/step-trace-${m//:/-}-b$b.txt" | head -50 | tee -a "$OUT/summary.txt"
   done
 }
 
@@ -889,7 +901,7 @@ case $mode in
               DFLASH_CPU_INT8=$set GEMVBENCH_GEMM=1 /tmp/native-build/gemvbench ${CPU_GEMM_THREADS:-1 8 16} | tee -a "$OUT/summary.txt"
             done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
-  step-nsys) [ $# -gt 0 ] || set -- ds4-L10:q8_0; build_cuda; step_nsys "$@" ;;  # Nsight Systems of graph-replayed steps
+  step-trace) [ $# -gt 0 ] || set -- ds4-L10:q8_0; build_cuda; step_trace "$@" ;;  # each kernel's time inside the graphs
   ds4-ncu) build_cuda; ds4_ncu ;;  # the sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
   gdn-ncu) premake qwen3.5-27b:q8_0; build_cuda; wait; gdn_ncu ;;  # the delta-rule kernels' ncu sections (GDN_NCU_VARIANTS)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
@@ -979,6 +991,6 @@ case $mode in
   ds4-peer) ds4_peer ;;  # llama.cpp on the DS4_LAYERS file (after `peer`, whose build it waits for)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|step-nsys|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|step-trace|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

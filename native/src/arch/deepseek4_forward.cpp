@@ -116,8 +116,9 @@ void DeepSeek4Model::run_layers(const BatchMeta &m, bool dense, const std::vecto
         hc_site(L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, L.attn_norm, T);
         attention_layer(il, m, dense, es);
         hc_merge(T, SubOut{}, &L.hc_ffn_fn);
-        // the FFN input's codes, made by its HC site, for the router and both kinds of experts
-        dev_->keep_quant(a.h.f());
+        // the FFN input's codes, made by its HC site, for both kinds of experts in a batched step (one token: slower,
+        // H100 12-08 00:1x; see CudaDevice::keep_quant)
+        if (T > 1) dev_->keep_quant(a.h.f());
         hc_site(L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, L.ffn_norm, T);
         const SubOut ffn = moe_layer(il, m);
         dev_->keep_quant(nullptr);

@@ -230,12 +230,12 @@ void test_hc_site() {
 
 // keep_quant (DeepSeek V4's FFN input: its HC site's codes for the shared and the routed experts): the codes a norm
 // staged for y serve the products of y that come after other calls, a q8_0 and a q4_K one, bit for bit what each gives
-// quantizing y itself after keep_quant(nullptr); with DFL_CUDA_KEEP_QUANT=1 both took the kept codes, else neither.
+// quantizing y itself after keep_quant(nullptr); both took the kept codes unless DFL_CUDA_KEEP_QUANT=0 (then neither).
 void test_keep_quant() {
     auto *cd = dynamic_cast<dfl::cuda::CudaDevice *>(g_gpu);
     if (!cd) return;
     const char *env = std::getenv("DFL_CUDA_KEEP_QUANT"), *fq = std::getenv("DFL_CUDA_FUSE_QUANT");
-    const bool on = env && std::string(env) == "1" && !(fq && std::string(fq) == "0");
+    const bool on = !(env && std::string(env) == "0") && !(fq && std::string(fq) == "0");
     for (int64_t T : {1, 3, 9}) {
         const int64_t D = 4096;
         Rng r((uint64_t)(T * 7 + 3));

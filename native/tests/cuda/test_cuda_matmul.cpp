@@ -122,8 +122,7 @@ void test_matmul_embed() {
             DualWeight W(type, s.n_out, s.n_in, r);
             for (int64_t T : {int64_t(1), int64_t(2), int64_t(8), int64_t(9)}) check_matmul(W, type, T, r);
         }
-    {  // f32 rows of inputs not a multiple of 32 (the GEMV's last step of a row partly past it; one token with
-       // DFL_CUDA_FLOAT_PDL=1: the weights-ahead kernel's words past its first eight)
+    {  // f32 rows of inputs not a multiple of 32 (the GEMV's last step of a row partly past it)
         DualWeight W(DFL_TYPE_F32, 65, 4104, r);
         for (int64_t T : {int64_t(1), int64_t(2), int64_t(8)}) check_matmul(W, DFL_TYPE_F32, T, r);
     }

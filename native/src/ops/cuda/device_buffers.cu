@@ -131,11 +131,13 @@ CudaDevice::QuantX CudaDevice::stage_quant(const float *x, int64_t count) {
     return q;
 }
 
-// Whether keep_quant keeps anything: off unless DFL_CUDA_KEEP_QUANT=1 (DeepSeek V4's FFN input: its HC site's codes
+// Whether keep_quant keeps anything: on unless DFL_CUDA_KEEP_QUANT=0 (DeepSeek V4's FFN input: its HC site's codes
 // for the shared and the routed experts, each of which quantized it again, one of them on the main lane between the
-// routing and the experts: two quantizer launches a layer).
+// routing and the experts: two quantizer launches a layer). The 10-layer V4-Flash file on an H100, alternated twice
+// (12-08 00:1x): b8 4.543 / 4.557 -> 4.485 / 4.492 ms a step, but b1 2.045 / 2.049 -> 2.080 / 2.077, so the model
+// keeps them for batched steps only (deepseek4_forward.cpp).
 void CudaDevice::keep_quant(const float *x) {
-    static const bool on = env_switch("DFL_CUDA_KEEP_QUANT", false);
+    static const bool on = env_switch("DFL_CUDA_KEEP_QUANT", true);
     kept_ = Staged{};
     if (on) kept_.x = x;
 }

@@ -3,7 +3,6 @@
 // decoding f32, f16, bf16, q8_0, q4_K and q6_K rows in registers with f32 accumulation; a block a row for few long
 // 16-bit rows; element by element for shapes the vector kernels refuse. launch_matmul (matmul.cu) picks them.
 #include <algorithm>
-#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -390,69 +389,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_q6_K_kernel(const uint8_
     finish_row<NT>(acc, Y, n_out, rs, wpr);
 }
 
-// One token through an f32, f16 or bf16 matrix in a plain call, as a programmatic dependent launch: each warp loads its
-// first kFloatAheadWords 16-byte words of its row slice before the wait, so the weights stream while the kernel
-// before ends (DeepSeek V4's f32 router, 4 MB, 16 KB rows: one whole slice a lane at four warps a row; its 16-bit
-// compressor and indexer products). gemv_f32_kernel / gemv_16bit_kernel as plain launches waited for the kernel
-// before to end and then ramped (the router ~6.9 us alone at 0.6 TB/s, ncu 12-07 22:3x). The sums are those kernels'
-// in another order (a word's products, then the words), so last bits may differ. DFL_CUDA_FLOAT_PDL=1 (opt-in until
-// measured): this kernel.
-constexpr int kFloatAheadWords = 8;
-
-// Word i of a row (16 bytes: 4 f32 or 8 16-bit weights) times token 0's matching inputs (read after the wait).
-template <typename WT>
-__device__ __forceinline__ float float_word_dot(uint4 wv, const float *X, int64_t i) {
-    if constexpr (sizeof(WT) == 4) {
-        const float4 x = ld_act((const float4 *)X + i);
-        return dot4(*(const float4 *)&wv, x);
-    } else {
-        float wf[8];
-        unpack_16bit8<std::is_same<WT, __nv_bfloat16>::value>(wv, wf);
-        const float4 a = ld_act((const float4 *)X + 2 * i), b = ld_act((const float4 *)X + 2 * i + 1);
-        return dot4(make_float4(wf[0], wf[1], wf[2], wf[3]), a) + dot4(make_float4(wf[4], wf[5], wf[6], wf[7]), b);
-    }
-}
-
-template <typename WT>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_float_ahead_kernel(const uint8_t *W, uint64_t row_bytes,
-                                                                           int64_t n_in, int64_t n_out, const float *X,
-                                                                           float *Y, int wpr) {
-    const RowSlice rs = row_slice(wpr, n_out);
-    const int lane = threadIdx.x & 31;
-    const int64_t nw = rs.valid ? n_in * (int64_t)sizeof(WT) / 16 : 0, step = 32 * (int64_t)wpr;
-    const uint4 *w = (const uint4 *)(W + (uint64_t)(rs.valid ? rs.row : 0) * row_bytes);
-    const int64_t first = lane + 32 * (int64_t)rs.part;
-    uint4 wv[kFloatAheadWords];
-#pragma unroll
-    for (int u = 0; u < kFloatAheadWords; u++)
-        if (first + step * u < nw) wv[u] = __ldg(w + first + step * u);
-    pdl_trigger();
-    pdl_wait();  // X is the kernel before's output
-    float acc = 0.0f;
-    for (int64_t i0 = first; i0 < nw; i0 += step * kFloatAheadWords) {
-        if (i0 != first) {
-#pragma unroll
-            for (int u = 0; u < kFloatAheadWords; u++)
-                if (i0 + step * u < nw) wv[u] = __ldg(w + i0 + step * u);
-        }
-#pragma unroll
-        for (int u = 0; u < kFloatAheadWords; u++)
-            if (i0 + step * u < nw) acc += float_word_dot<WT>(wv[u], X, i0 + step * u);
-    }
-    float a[1] = {acc};
-    finish_row<1>(a, Y, n_out, rs, wpr);
-}
-
-static bool float_ahead_on() {
-    static const bool on = env_switch("DFL_CUDA_FLOAT_PDL", false);
-    return on;
-}
-
-// Whether one token through W in a plain call takes gemv_float_ahead_kernel (launch_gemv checks the alignment).
-static bool float_ahead_takes(const Weight &W, int64_t T) {
-    return float_ahead_on() && T == 1 && (W.type == DFL_TYPE_F32 || W.type == DFL_TYPE_F16 || W.type == DFL_TYPE_BF16);
-}
-
 // Fallback for shapes the vector kernels do not take (unaligned pointers, odd n_in): element by element.
 __global__ void gemv_generic_kernel(uint32_t type, const uint8_t *W, uint64_t row_bytes, int64_t n_in, int64_t n_out,
                                     const float *X, int64_t T, float *Y, GemvZ z) {
@@ -534,16 +470,6 @@ void launch_gemv(cudaStream_t s, const Weight &W, const float *X, int64_t T, flo
         const auto kernel = W.type == DFL_TYPE_BF16 ? gemv_16bit_row_block_kernel<true> : gemv_16bit_row_block_kernel<false>;
         kernel<<<dim3((unsigned)W.n_out, (unsigned)T), kRowBlockThreads, 0, s>>>(W.data, W.row_bytes, W.n_in, W.n_out, X, Y);
         check_launch("matmul (gemv, a block a row)");
-        return;
-    }
-    if (plain_call(z, nz) && float_ahead_takes(W, T) && gemv_vector_ok(W, X)) {
-        const int wpr = gemv_wpr(W.n_out);
-        const dim3 grid((unsigned)((W.n_out + kGemvWarps / wpr - 1) / (kGemvWarps / wpr)));
-        const auto kernel = W.type == DFL_TYPE_F32    ? gemv_float_ahead_kernel<float>
-                            : W.type == DFL_TYPE_BF16 ? gemv_float_ahead_kernel<__nv_bfloat16>
-                                                      : gemv_float_ahead_kernel<__half>;
-        launch_pdl(kernel, grid, dim3(kGemvWarps * 32), s, W.data, W.row_bytes, W.n_in, W.n_out, X, Y, wpr);
-        check_launch("matmul (gemv, weights ahead)");
         return;
     }
     if (!gemv_vector_ok(W, X)) {

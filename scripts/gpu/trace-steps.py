@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Summarises run.sh step_nsys's Nsight Systems trace (an sqlite export of decode steps replayed from CUDA graphs,
-each graph node traced): what each kernel costs inside the graph, where programmatic dependent launches overlap one
+"""Summarises run.sh step_trace's trace of decode steps replayed from CUDA graphs, each graph node traced (the CSV of
+scripts/gpu/cupti-trace.cpp, or an Nsight Systems sqlite export): what each kernel costs inside the graph, where programmatic dependent launches overlap one
 kernel with the next and two lanes (streams) run side by side, which step-ncu's single cold launches cannot show.
 
-A step begins at the token embedding (a kernel whose name holds "embed") of grid NSYS_EMBED_GRID ("B" for B sequences,
-default 1); the last NSYS_STEPS (20) whole steps count. Per kernel name: launches a step, mean duration in the graph
+A step begins at the token embedding (a kernel whose name holds "embed") of grid TRACE_EMBED_GRID ("B" for B sequences,
+default 1); the last TRACE_STEPS (20) whole steps count. Per kernel name: launches a step, mean duration in the graph
 (end - start: PDL launches include their wait), and its "advance": on the embedding's stream (the main lane) how far
 the kernel moves the lane's latest end (end - the latest end before it, at least 0), summing to the lane's share of
 the step; on other streams (side lanes) its duration only. Then one step's kernels in start order."""
+import csv
 import os
 import re
+import shutil
 import sqlite3
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -21,7 +24,23 @@ def short(name):
     return re.sub(r"dfl::cuda::", "", name)[:80]
 
 
+def demangle(names):
+    if not shutil.which("c++filt"):
+        return names
+    r = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True)
+    out = r.stdout.splitlines()
+    return out if r.returncode == 0 and len(out) == len(names) else names
+
+
 def kernels(path):
+    if path.endswith(".csv"):
+        with open(path, newline="") as f:
+            raw = list(csv.DictReader(f))
+        names = demangle(sorted({r["name"] for r in raw}))
+        nice = dict(zip(sorted({r["name"] for r in raw}), names))
+        rows = [(int(r["start"]), int(r["end"]), int(r["stream"]), (int(r["gx"]), int(r["gy"]), int(r["gz"])),
+                 short(nice[r["name"]])) for r in raw]
+        return sorted(rows)
     db = sqlite3.connect(path)
     cols = {r[1] for r in db.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
     name_col = "demangledName" if "demangledName" in cols else "shortName"
@@ -35,9 +54,9 @@ def main(path):
     if not rows:
         print(f"{path}: no kernels traced")
         return
-    grid = int(os.environ.get("NSYS_EMBED_GRID", "1"))
+    grid = int(os.environ.get("TRACE_EMBED_GRID", "1"))
     starts = [i for i, r in enumerate(rows) if "embed" in r[4] and r[3][0] == grid]
-    spans = list(zip(starts, starts[1:]))[-int(os.environ.get("NSYS_STEPS", "20")):]
+    spans = list(zip(starts, starts[1:]))[-int(os.environ.get("TRACE_STEPS", "20")):]
     if not spans:
         print(f"{path}: fewer than two steps of embedding grid {grid}")
         return
@@ -71,7 +90,7 @@ def main(path):
     t0, main = rows[a][0], rows[a][2]
     print("the last step in start order (us from its start: start, end, advance on the main lane; * a side lane):")
     frontier = t0
-    for s, e, st, g, name in rows[a:b][: int(os.environ.get("NSYS_LIST", "60"))]:
+    for s, e, st, g, name in rows[a:b][: int(os.environ.get("TRACE_LIST", "60"))]:
         ad = max(0, e - frontier) / 1e3 if st == main else 0.0
         if st == main:
             frontier = max(frontier, e)
