@@ -5,9 +5,11 @@ kernel with the next and two lanes (streams) run side by side, which step-ncu's 
 
 A step begins at the token embedding (a kernel whose name holds "embed") of grid TRACE_EMBED_GRID ("B" for B sequences,
 default 1); the last TRACE_STEPS (20) whole steps count. Per kernel name: launches a step, mean duration in the graph
-(end - start: PDL launches include their wait), and its "advance": on the embedding's stream (the main lane) how far
-the kernel moves the lane's latest end (end - the latest end before it, at least 0), summing to the lane's share of
-the step; on other streams (side lanes) its duration only. Then one step's kernels in start order."""
+(end - start: a PDL launch's includes its wait for the kernel before), and its "advance": how far it moves the step's
+latest kernel end (in start order, end - the latest end before it, at least 0), over every lane: the advances sum to
+the time some kernel was running, the rest of the step is "idle". Streams are not used: CUPTI reports a graph's
+kernel nodes on streams of its own, not the lanes they were captured on (H100 12-08 01:1x). CUPTI's tracing slows
+each kernel (the 10-layer V4 step at b1 2.05 -> 2.81 ms traced), so read the figures as shares, not as times."""
 import csv
 import os
 import re
@@ -61,40 +63,33 @@ def main(path):
         print(f"{path}: fewer than two steps of embedding grid {grid}")
         return
     n = len(spans)
-    dur, adv, cnt, side = defaultdict(float), defaultdict(float), defaultdict(float), defaultdict(bool)
-    step_us, main_us = [], []
+    dur, adv, cnt = defaultdict(float), defaultdict(float), defaultdict(float)
+    step_us, busy_us = [], []
     for a, b in spans:
-        t0, main = rows[a][0], rows[a][2]
+        t0 = frontier = rows[a][0]
         step_us.append((rows[b][0] - t0) / 1e3)
-        frontier = t0
-        for s, e, st, _, name in rows[a:b]:
+        busy = 0.0
+        for s, e, _, _, name in rows[a:b]:
             dur[name] += (e - s) / 1e3
             cnt[name] += 1
-            if st == main:
-                adv[name] += max(0, e - frontier) / 1e3
-                frontier = max(frontier, e)
-            else:
-                side[name] = True
-        main_us.append((frontier - t0) / 1e3)
-    mean = lambda v: sum(v) / len(v)
-    if len({r[2] for a, b in spans for r in rows[a:b]}) == 1:
-        print("(one stream in the trace: graph nodes may all report the stream the graph was launched on, so the side "
-              "lane's kernels count on the main lane's frontier too)")
-    print(f"{n} steps (embedding grid {grid}): {mean(step_us):.1f} us a step from embedding to embedding, "
-          f"the main lane's kernels ending {mean(main_us):.1f} us after its start (min step {min(step_us):.1f})")
-    print(f"{'advance':>9} {'in graph':>9} {'a step':>7} {'each':>7}  kernel (advance: on the main lane; side: another lane)")
-    for name in sorted(dur, key=lambda k: -(adv[k] or dur[k] * 1e-3)):
-        a = f"{adv[name] / n:9.1f}" if not side[name] or adv[name] else f"{'side':>9}"
-        print(f"{a} {dur[name] / n:9.1f} {cnt[name] / n:7.1f} {dur[name] / cnt[name]:7.2f}  {name}")
-    a, b = spans[-1]
-    t0, main = rows[a][0], rows[a][2]
-    print("the last step in start order (us from its start: start, end, advance on the main lane; * a side lane):")
-    frontier = t0
-    for s, e, st, g, name in rows[a:b][: int(os.environ.get("TRACE_LIST", "60"))]:
-        ad = max(0, e - frontier) / 1e3 if st == main else 0.0
-        if st == main:
+            d = max(0, e - max(frontier, s)) / 1e3
+            adv[name] += d
+            busy += d
             frontier = max(frontier, e)
-        print(f"  {(s - t0) / 1e3:8.1f} {(e - t0) / 1e3:8.1f} {ad:7.2f} {'*' if st != main else ' '} {str(g):16} {name}")
+        busy_us.append(busy)
+    mean = lambda v: sum(v) / len(v)
+    print(f"{n} steps (embedding grid {grid}): {mean(step_us):.1f} us a step from embedding to embedding (min "
+          f"{min(step_us):.1f}), some kernel running {mean(busy_us):.1f} of it, idle {mean(step_us) - mean(busy_us):.1f}")
+    print(f"{'advance':>9} {'in graph':>9} {'a step':>7} {'each':>7}  kernel")
+    for name in sorted(dur, key=lambda k: -adv[k]):
+        print(f"{adv[name] / n:9.1f} {dur[name] / n:9.1f} {cnt[name] / n:7.1f} {dur[name] / cnt[name]:7.2f}  {name}")
+    a, b = spans[-1]
+    t0 = frontier = rows[a][0]
+    print("the last step in start order (us from its start: start, end, advance):")
+    for s, e, _, g, name in rows[a:b][: int(os.environ.get("TRACE_LIST", "60"))]:
+        d = max(0, e - max(frontier, s)) / 1e3
+        frontier = max(frontier, e)
+        print(f"  {(s - t0) / 1e3:8.1f} {(e - t0) / 1e3:8.1f} {d:7.2f} {str(g):16} {name}")
 
 
 if __name__ == "__main__":
