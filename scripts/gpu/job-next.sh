@@ -5,8 +5,8 @@
 # ~30 s idle). Say which card gave each figure.
 # Written 12-08 00:3x (~5 device minutes on an H100): DeepSeek V4's kept FFN-input codes, now the default for batched
 # steps only (b8 -1.3 %, b1 +1.5 % at 00:1x), checked (op tests, device replay, goldens) and timed against
-# DFL_CUDA_KEEP_QUANT=0 on the 10-layer file at b1 / b8 (one run: one token runs the same code as before); then a CUPTI trace of its graph-replayed
-# steps at b1 and b8 (step-trace: each kernel's cost inside the graph). On an H200 (unless V4_ONLY=1) also the file
+# DFL_CUDA_KEEP_QUANT=0 on the 10-layer file at b1 / b8 (one run: one token runs the same code as before); then a
+# CUPTI trace of its graph-replayed steps at b1 and b8 (step-trace: each kernel's cost inside the graph). On an H200 (unless V4_ONLY=1) also the file
 # beside llama.cpp (with PEER=1) and the 27B's decode and verify blocks (issues 10 and 11; ~6 device minutes more),
 # none run on an H200 since 12-07 06:0x.
 cd "$(dirname "$0")/../.."

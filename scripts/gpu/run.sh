@@ -589,7 +589,7 @@ step_ncu() {
 # steps fused into graphs, a 16-token context); STEP_BATCHES=B: steps of B sequences. The CSV comes back xz'd. CUPTI
 # slows each kernel (the 10-layer V4 step at b1 2.05 -> 2.81 ms traced, H100 12-08 01:1x): read shares, not times.
 step_trace() {
-  local m f b csv cupti inc lib64 v so=/tmp/libcupti-trace.so
+  local m f b csv cupti lib64 v so=/tmp/libcupti-trace.so
   for cupti in /usr/local/cuda/extras/CUPTI /usr/local/cuda/targets/x86_64-linux /usr/local/cuda; do
     [ -f "$cupti/include/cupti.h" ] && break
   done
