@@ -37,6 +37,8 @@
 #   scripts/gpu/run.sh step-ncu [MODEL...]   Nsight Compute's time of each kernel of batch-1 decode steps (step_ncu), then cpu-peer
 #   scripts/gpu/run.sh step-trace [MODEL...] a CUPTI trace of decode steps replayed from graphs: each kernel's cost inside
 #                                            the graph (STEP_BATCHES; default the 10-layer V4-Flash file)
+#   scripts/gpu/run.sh step-gap [MODEL...]   each decode step's graph replay and the time between replays (uploads, top-k,
+#                                            download, host) on the GPU's clock (DFL_CUDA_STEP_GAP=1), STEP_BATCHES (1,8)
 #   scripts/gpu/run.sh ds4-ncu               Nsight Compute's sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
 #   scripts/gpu/run.sh cpu-peer              issue 18 on this machine's CPU: our CPU engine and llama.cpp's CPU build (from
 #                                            pack.sh --peer) on qwen3-0.6b and qwen3-4b files, q8_0 and q4_K, CPU_THREADS
@@ -619,6 +621,22 @@ step_trace() {
   done
 }
 
+# The GPU's idle time between decode steps: DFL_CUDA_STEP_GAP=1 times each graph replay and the period from one replay's
+# start to the next with events (no tracer: CUPTI's own cost between steps was ~0.4 ms), BenchmarkGGUF/tg at each of
+# STEP_BATCHES; the device's lines (medians of 64 periods) into $OUT/step-gap-<model>.txt and the summary.
+step_gap() {
+  local m f
+  for m in "$@"; do
+    f=$(make_model "$m") || continue
+    log "graph span and time between replays, batches ${STEP_BATCHES:-1,8}: $m"
+    (cd native/engine && DFL_CUDA_STEP_GAP=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
+      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
+      DFLASH_BENCH_BATCHES=${STEP_BATCHES:-1,8} timeout ${GAP_TIMEOUT:-300} "$stage/bin/engine.test" -test.run '^$' \
+      -test.bench 'GGUF/tg' -test.benchtime 256x) >"$OUT/step-gap-${m//:/-}.txt" 2>&1
+    grep -E "tok/s|step gap" "$OUT/step-gap-${m//:/-}.txt" | tail -12 | tee -a "$OUT/summary.txt"
+  done
+}
+
 # Why the 27B's delta-rule kernels of a 16-row verify (DFLASH_BENCH_VERIFY) take what they take: Nsight Compute's
 # speed-of-light, occupancy, launch and warp-state sections of a few launches of each kernel in GDN_NCU_VARIANTS.
 # GDN_NCU_SKIP (300): launches of the delta-rule kernels skipped first. The benchmark runs twice (b.N 1, then 16), each
@@ -904,6 +922,7 @@ case $mode in
             done ;;
   cpu-prof) cpu_prof; [ -n "${NO_CPU_PEER:-}" ] || cpu_peer ;;  # profiles, then ours against llama.cpp
   step-trace) [ $# -gt 0 ] || set -- ds4-L10:q8_0; build_cuda; step_trace "$@" ;;  # each kernel's time inside the graphs
+  step-gap) [ $# -gt 0 ] || set -- ds4-L10:q8_0; build_cuda; step_gap "$@" ;;  # the GPU idle between decode steps
   ds4-ncu) build_cuda; ds4_ncu ;;  # the sections of DeepSeek V4's small kernels (DS4_NCU_KERNELS)
   gdn-ncu) premake qwen3.5-27b:q8_0; build_cuda; wait; gdn_ncu ;;  # the delta-rule kernels' ncu sections (GDN_NCU_VARIANTS)
   step-ncu) [ $# -gt 0 ] || set -- qwen3-8b:q8_0 qwen3-8b:q4_K  # then cpu-peer, its llama.cpp built meanwhile
@@ -993,6 +1012,6 @@ case $mode in
   ds4-peer) ds4_peer ;;  # llama.cpp on the DS4_LAYERS file (after `peer`, whose build it waits for)
   torch) log "PyTorch bf16, static cache, torch.compile"
          timeout ${TORCH_TIMEOUT:-540} python3 -u test/parity/torch_bench.py --shape qwen3-8b 2>&1 | tee "$OUT/torch.txt" | grep -E "tok/s|failed|Error" | tee -a "$OUT/summary.txt" ;;
-  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|step-trace|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
+  *) echo "usage: $0 check|bench|all|torch|spec|spec-bench|spec-profile|try|ds4|ds4-check|ds4-bench|ds4-ab|ds4-decode-ab|ds4-try|ds4-peer|kernels|kernels-all|variants|quick|probe|slim|prefill|pp-profile|skip-ops|tg-variants|ops|ncu|step-ncu|step-trace|step-gap|ds4-ncu|cpu-prep|cpu-peer|cpu-scaling|pack [preset:type ...]"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,18 @@ private:
     std::map<std::string, std::pair<double, long>> op_ms_;  // op -> (total ms, calls)
 
     bool graphs_enabled_ = true;
+    // DFL_CUDA_STEP_GAP=1 (a measurement aid, as DFL_CUDA_SKIP_OPS): events around each graph replay, so that a
+    // replay's span and the period from one replay's start to the next (the span plus the uploads, top-k, download and
+    // host work between them) are timed on the GPU's clock, without a tracer's own cost (CUPTI adds ~2 us a kernel and
+    // ~0.4 ms between a V4 step's replays, H100 12-08 01:3x). Printed to stderr every StepGap::kWindow periods.
+    struct StepGap {
+        static constexpr int kWindow = 64;
+        cudaEvent_t start[3] = {}, stop[3] = {};
+        int64_t n = 0;                   // replays timed
+        std::vector<float> span, period; // ms, this window's
+    };
+    std::unique_ptr<StepGap> step_gap_;
+    void time_replay(bool before);
     // pinned staging for batch metadata uploads: appended to during a forward, reset when the stream is idle
     uint8_t *staging_ = nullptr;
     size_t staging_bytes_ = 0, staging_used_ = 0;

@@ -70,6 +70,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
     const char *prof = std::getenv("DFL_CUDA_PROFILE");
     profiling_ = prof && *prof && std::strcmp(prof, "0") != 0;
     graphs_enabled_ = env_switch("DFL_CUDA_GRAPHS", true);
+    if (env_switch("DFL_CUDA_STEP_GAP", false)) step_gap_ = std::make_unique<StepGap>();
     // The side lane's stream, handle and events, made here: never inside a capture (see side_begin).
     lanes_ = env_switch("DFL_CUDA_LANES", true);
     if (lanes_) {
@@ -91,6 +92,10 @@ CudaDevice::~CudaDevice() {
         print_profile();
     }
     for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
+    if (step_gap_)
+        for (int i = 0; i < 3; i++)
+            for (cudaEvent_t e : {step_gap_->start[i], step_gap_->stop[i]})
+                if (e) cudaEventDestroy(e);
     if (staging_) cudaFreeHost(staging_);
     if (download_) cudaFreeHost(download_);
     if (landing_) cudaFreeHost(landing_);
@@ -300,7 +305,42 @@ uintptr_t CudaDevice::graph_end() {
 void CudaDevice::graph_launch(uintptr_t g) {
     use();
     OpTimer t(*this, "graph replay");
+    if (step_gap_) time_replay(true);
     check(cudaGraphLaunch((cudaGraphExec_t)g, stream_), "cudaGraphLaunch");
+    if (step_gap_) time_replay(false);
+}
+
+// StepGap: replay n's events in slot n % 3. Before replay n, replay n - 1 has finished (its step's download waited for
+// it), so its span and the period from replay n - 2's start to its own are read without waiting. Steps that ran op by
+// op between two replays (a capture, another shape) show as a long period: the window's median and minimum are printed.
+void CudaDevice::time_replay(bool before) {
+    StepGap &s = *step_gap_;
+    const int cur = (int)(s.n % 3), prev = (int)((s.n + 2) % 3), prev2 = (int)((s.n + 1) % 3);
+    if (!before) {
+        check(cudaEventRecord(s.stop[cur], stream_), "cudaEventRecord");
+        s.n++;
+        return;
+    }
+    for (int i = 0; i < 3 && !s.start[0]; i++) {  // (first use: the events)
+        check(cudaEventCreate(&s.start[i]), "cudaEventCreate");
+        check(cudaEventCreate(&s.stop[i]), "cudaEventCreate");
+    }
+    float span = 0, period = 0;
+    if (s.n >= 1 && cudaEventElapsedTime(&span, s.start[prev], s.stop[prev]) == cudaSuccess) s.span.push_back(span);
+    if (s.n >= 2 && cudaEventElapsedTime(&period, s.start[prev2], s.start[prev]) == cudaSuccess) s.period.push_back(period);
+    cudaGetLastError();  // (not ready: not counted)
+    check(cudaEventRecord(s.start[cur], stream_), "cudaEventRecord");
+    if ((int)s.period.size() < StepGap::kWindow) return;
+    auto median = [](std::vector<float> v) {
+        std::sort(v.begin(), v.end());
+        return 1000.0 * v[v.size() / 2];
+    };
+    const double sp = median(s.span), pe = median(s.period);
+    const double pmin = 1000.0 * *std::min_element(s.period.begin(), s.period.end());
+    std::fprintf(stderr, "cuda step gap %s: %zu replays: graph span %.1f us, period %.1f us (min %.1f), between %.1f us "
+                 "(median)\n", name_.c_str(), s.period.size(), sp, pe, pmin, pe - sp);
+    s.span.clear();
+    s.period.clear();
 }
 
 void CudaDevice::graph_free(uintptr_t g) {
