@@ -267,7 +267,12 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     static const bool split = env_switch("DFL_CUDA_DS4_ATTN_SPLIT", true);
     static const int64_t smem_env = env_int("DFL_CUDA_DS4_ATTN_SMEM", -1);
     const int64_t heads = m.T * c.n_head;
-    const int S = split && heads > 0 ? (int)std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads) : 1;
+    // DFL_CUDA_DS4_ATTN_MIN_SPLITS=N (opt-in, unmeasured): at least N splits, where batch 8's 512 blocks run unsplit
+    // (the 10-layer step's attention ~59 us a layer at b8 against ~25 at b1, CUPTI trace 12-08 01:3x)
+    static const int64_t min_splits = std::max<int64_t>(1, std::min<int64_t>(kAttnMaxSplits, env_int("DFL_CUDA_DS4_ATTN_MIN_SPLITS", 1)));
+    const int S = split && heads > 0
+                      ? (int)std::max<int64_t>(min_splits, std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads))
+                      : 1;
     const bool smem = (smem_env < 0 ? S > 1 : smem_env == 1) &&
                       (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
     // the tiles' rows by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=0: by registers; the same floats in the same order): where
