@@ -78,6 +78,9 @@ public:
     void ds4_compress(const BatchMeta &m, const Ds4CompressCall &c) override;
     void ds4_indexer_topk(const BatchMeta &m, const Ds4IndexerCall &c) override;
     void ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) override;
+    // the grouped-heads kernel of ds4_attention (DFL_CUDA_DS4_ATTN_GROUP), G heads a block
+    void ds4_attention_grouped(const BatchMeta &m, const Ds4AttnCall &c, int G, int64_t min_splits, bool skip_empty,
+                               bool fold);
     void ds4_ring_write(const BatchMeta &m, const Ds4RingWrite &c) override;
     void moe_route(const MoeRouteCall &c) override;
     void swiglu_clamp(float *g, const float *u, int64_t count, float limit) override;

@@ -2,6 +2,7 @@
 // the work a plan may fold into it (the output's un-rotation, the ring write), and the
 // grouped output projection after it. Built without FMA contraction as the other ds4 files (cuda.mk).
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/cuda_device.h"
@@ -51,6 +52,13 @@ __device__ __forceinline__ AttnKeys attn_keys(const BatchMeta &m, const Ds4AttnC
     const int64_t n_comp = c.comp ? (c.sel ? c.top_k : (k.p + 1) / c.ratio) : 0;
     k.nk = k.n_win + n_comp;
     return k;
+}
+
+// Split blockIdx.z of gridDim.z's keys [jb, je) of nk: an equal run of whole tiles (the last ones may be short or empty).
+__device__ __forceinline__ void split_keys(int64_t nk, int64_t &jb, int64_t &je) {
+    const int64_t tiles = (nk + kAttnTile - 1) / kAttnTile, run = (tiles + gridDim.z - 1) / gridDim.z;
+    jb = blockIdx.z * run * kAttnTile;
+    je = jb + run * kAttnTile < nk ? jb + run * kAttnTile : nk;
 }
 
 // A tile's key rows (k_sh[j], head_dim floats each, on 16-byte boundaries) into shared memory at kt by cp.async, every
@@ -126,11 +134,7 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_kernel(BatchMeta m,
     for (int k = 0; k < kAttnMaxDimsPerThread; k++) acc[k] = 0.0f;
     // the key range: all of them, or this block's run of whole tiles
     int64_t jb = 0, je = nk;
-    if (SPLIT) {
-        const int64_t tiles = (nk + kAttnTile - 1) / kAttnTile, run = (tiles + gridDim.z - 1) / gridDim.z;
-        jb = blockIdx.z * run * kAttnTile;
-        je = jb + run * kAttnTile < nk ? jb + run * kAttnTile : nk;
-    }
+    if (SPLIT) split_keys(nk, jb, je);
     const bool sink = !SPLIT || blockIdx.z == 0;
     float mx = sink ? c.sinks[h] : -INFINITY, den = sink ? 1.0f : 0.0f;
     for (int64_t j0 = jb; j0 < je; j0 += kAttnTile) {
@@ -247,6 +251,160 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
     attn_finish<FOLD>(m, c, t, h, row);
 }
 
+// ---- grouped heads ----------------------------------------------------------------------------------------------
+//
+// DFL_CUDA_DS4_ATTN_GROUP=G (opt-in: 2, 4 or 8; unmeasured): block (token t, heads h0..h0 + G - 1, split s) of 256
+// threads. V4's 64 query heads of a token share its one K = V row per key, so ds4_attention_kernel's (token, head)
+// blocks each copy every key row from L2: ~64 KB a tile a block, 512 blocks x 5 tiles at b8 (~164 MB a layer, ~30 us at
+// the L2's rate before any arithmetic; CSA layers with ~12 tiles more). The 10-layer step's attention took ~59 / ~79 us
+// a window / CSA layer at b8 and ~15 / ~46 at b1 (CUPTI trace, H100 12-08 01:3x), on the chain. Here a tile's rows are
+// copied once for G heads (cp.async, as the split kernel's), each score one warp's dot as there (four at once); thread g < G keeps
+// head g's running max and denominator, the tile's exp(score - new max) is worked out once a (head, key) into shared
+// memory, and each thread adds its dims of every head over the tile's keys in key order. Every (head, dim) sees the
+// same floats in the same order as ds4_attention_kernel over the same split, so the same sums; the parts go to
+// ds4_attention_combine_kernel unchanged. Needs rows on 16-byte boundaries (the async copy).
+constexpr int kAttnGroupThreads = 256;
+constexpr int kAttnGroupDims = kAttnMaxHeadDim / kAttnGroupThreads;  // a thread's dims of a head, at most
+constexpr int kAttnGroupDots = 4;                                    // scores a warp sums at once
+
+template <int G, bool FOLD, bool SPLIT>
+__global__ void __launch_bounds__(kAttnGroupThreads) ds4_attention_group_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
+                                                                                bool skip_empty) {
+    pdl_trigger();
+    pdl_wait();
+    extern __shared__ float group_sh[];  // the G query rows [G][head_dim], then the tile's rows [kAttnTile][head_dim]
+    __shared__ float p_sh[G][kAttnTile];  // the tile's scores, then exp(score - new max) (0 for a padded slot)
+    __shared__ float mn_sh[G], al_sh[G], dn_sh[G];
+    __shared__ const float *k_sh[kAttnTile];
+    const int64_t t = blockIdx.x;
+    const int h0 = (int)blockIdx.y * G, hd = c.head_dim, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
+    const AttnKeys ks = attn_keys(m, c, t);
+    float *q_sh = group_sh, *kt = group_sh + G * hd;
+    const float *q = c.Q + (t * c.n_head + h0) * hd;  // the G heads' rows, one after another
+    for (int i = tid; i < G * hd; i += blockDim.x) q_sh[i] = q[i];
+    int64_t jb = 0, je = ks.nk;
+    if (SPLIT) split_keys(ks.nk, jb, je);
+    const bool sink = !SPLIT || blockIdx.z == 0;
+    float mx = -INFINITY, den = 0.0f;  // thread g < G: head h0 + g's
+    if (tid < G) {
+        mx = sink ? c.sinks[h0 + tid] : -INFINITY;
+        den = sink ? 1.0f : 0.0f;
+    }
+    float acc[G][kAttnGroupDims];
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int k = 0; k < kAttnGroupDims; k++) acc[g][k] = 0.0f;
+    for (int64_t j0 = jb; j0 < je; j0 += kAttnTile) {
+        const int tile = (int)(je - j0 < kAttnTile ? je - j0 : kAttnTile);
+        if (tid < tile) k_sh[tid] = attn_key(m, c, t, ks.e, ks.p, ks.lo, ks.n_win, j0 + tid);
+        if (!skip_empty)
+            __syncthreads();
+        else if (!__syncthreads_or(tid < tile && k_sh[tid] != nullptr))
+            continue;
+        copy_tile_async(kt, k_sh, tile, hd);
+        __syncthreads();
+        // scores, four (head, key) dots a warp at once (each summed as ds4_attention_kernel sums it: the dependent adds
+        // of one dot are the latency; a padded slot's zeroed row is multiplied too and its sum dropped)
+        for (int i0 = warp; i0 < G * tile; i0 += kAttnGroupDots * n_warps) {
+            int gi[kAttnGroupDots], ji[kAttnGroupDots];
+            float sc[kAttnGroupDots];
+#pragma unroll
+            for (int u = 0; u < kAttnGroupDots; u++) {
+                const int i = i0 + u * n_warps < G * tile ? i0 + u * n_warps : i0;
+                gi[u] = i / tile;
+                ji[u] = i % tile;
+                sc[u] = 0.0f;
+            }
+            for (int d = lane; d < hd; d += 32)
+#pragma unroll
+                for (int u = 0; u < kAttnGroupDots; u++) sc[u] += q_sh[gi[u] * hd + d] * kt[ji[u] * hd + d];
+#pragma unroll
+            for (int u = 0; u < kAttnGroupDots; u++) sc[u] = warp_sum(sc[u]);
+            if (lane == 0)
+#pragma unroll
+                for (int u = 0; u < kAttnGroupDots; u++)
+                    if (i0 + u * n_warps < G * tile) p_sh[gi[u]][ji[u]] = k_sh[ji[u]] ? sc[u] * c.scale : -INFINITY;
+        }
+        __syncthreads();
+        if (tid < G) {  // head tid: the tile's max, the new max, the rescale of what came before
+            float tmax = -INFINITY;
+            for (int j = 0; j < tile; j++) tmax = fmaxf(tmax, p_sh[tid][j]);
+            const float mnew = fmaxf(mx, tmax), alpha = mx == -INFINITY ? 0.0f : expf(mx - mnew);
+            den *= alpha;
+            mx = mnew;
+            mn_sh[tid] = mnew;
+            al_sh[tid] = alpha;
+        }
+        __syncthreads();
+        for (int i = tid; i < G * tile; i += blockDim.x) {
+            const int g = i / tile, j = i % tile;
+            p_sh[g][j] = k_sh[j] ? expf(p_sh[g][j] - mn_sh[g]) : 0.0f;
+        }
+        __syncthreads();
+        if (tid < G)
+            for (int j = 0; j < tile; j++)
+                if (k_sh[j]) den += p_sh[tid][j];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float alpha = al_sh[g];
+#pragma unroll
+            for (int k = 0; k < kAttnGroupDims; k++) acc[g][k] *= alpha;
+        }
+        for (int j = 0; j < tile; j++) {
+            if (!k_sh[j]) continue;
+            const float *kr = kt + j * hd;
+            float kv[kAttnGroupDims];
+#pragma unroll
+            for (int k = 0; k < kAttnGroupDims; k++) {
+                const int d = tid + k * kAttnGroupThreads;
+                kv[k] = d < hd ? kr[d] : 0.0f;
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float pj = p_sh[g][j];
+#pragma unroll
+                for (int k = 0; k < kAttnGroupDims; k++)
+                    if (tid + k * kAttnGroupThreads < hd) acc[g][k] += pj * kv[k];
+            }
+        }
+        __syncthreads();  // k_sh, p_sh and the tile's rows are refilled by the next tile
+    }
+    if constexpr (SPLIT) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float *part = parts + ((t * c.n_head + h0 + g) * gridDim.z + blockIdx.z) * (2 + hd);
+            if (tid == g) part[0] = mx, part[1] = den;
+#pragma unroll
+            for (int k = 0; k < kAttnGroupDims; k++) {
+                const int d = tid + k * kAttnGroupThreads;
+                if (d < hd) part[2 + d] = acc[g][k];
+            }
+        }
+    } else {
+        if (tid < G) dn_sh[tid] = den;
+        __syncthreads();  // (every read of q_sh is past: the last tile's barrier)
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int k = 0; k < kAttnGroupDims; k++) {
+                const int d = tid + k * kAttnGroupThreads;
+                if (d < hd) q_sh[g * hd + d] = acc[g][k] / dn_sh[g];
+            }
+        for (int g = 0; g < G; g++) attn_finish<FOLD>(m, c, t, h0 + g, q_sh + g * hd);
+    }
+}
+
+// The heads a block of the grouped kernel takes (DFL_CUDA_DS4_ATTN_GROUP: the most of 8, 4, 2 not above it that divides
+// n_head), or 0: the (token, head) kernels.
+static int ds4_attn_group(int n_head) {
+    static const int64_t want = env_int("DFL_CUDA_DS4_ATTN_GROUP", 0);
+    for (int g : {8, 4, 2})
+        if (g <= want && n_head % g == 0) return g;
+    return 0;
+}
+
 void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     if (c.head_dim < 1 || c.head_dim > kAttnMaxHeadDim)
         fail(DFL_ERR_UNSUPPORTED, "ds4_attention: head_dim " + std::to_string(c.head_dim) + " (at most 1024)");
@@ -287,6 +445,15 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     // same bits). H100 12-07 21:2x, 4-layer V4-Flash, two alternated runs: b1 0.949 / 0.952 -> 0.936 / 0.935 ms, b8
     // 2.016 / 2.029 -> 1.982 / 1.973, b32 5.20 / 5.23 -> 5.04 / 5.06. DFL_CUDA_DS4_ATTN_SKIP=0: every tile.
     static const bool skip_empty = env_switch("DFL_CUDA_DS4_ATTN_SKIP", true);
+    const int G = rows16 && async_env ? ds4_attn_group(c.n_head) : 0;
+    if (G && (size_t)(G + kAttnTile) * c.head_dim * sizeof(float) <= shared_optin()) {
+        ds4_attention_grouped(m, c, G, split ? min_splits : 0, skip_empty, fold);
+        if (!fold) {
+            if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
+            if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
+        }
+        return;
+    }
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
         const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
@@ -328,6 +495,54 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     if (fold) return;
     if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
     if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
+}
+
+// The grouped-heads attention (ds4_attention_group_kernel, G heads a block): split over enough blocks for two an SM
+// (min_splits at least; 0: never split), then ds4_attention_combine_kernel as the split (token, head) kernel's.
+void CudaDevice::ds4_attention_grouped(const BatchMeta &m, const Ds4AttnCall &c, int G, int64_t min_splits,
+                                       bool skip_empty, bool fold) {
+    op("ds4_attention", [&] {
+        if (m.T <= 0 || c.n_head <= 0) return;
+        const int64_t blocks = m.T * (c.n_head / G);
+        const int S = min_splits == 0 ? 1
+                                      : (int)std::max<int64_t>(min_splits, std::min<int64_t>(kAttnMaxSplits,
+                                                                                             (2 * sm_count() + blocks - 1) / blocks));
+        const size_t shared = (size_t)(G + kAttnTile) * c.head_dim * sizeof(float);
+        float *parts = S > 1 ? (float *)ds4_buffer((size_t)(m.T * c.n_head * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
+        auto launch = [&](auto kernel, dim3 grid) {
+            if (shared > 48 * 1024)
+                set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)std::min(shared_optin(), (size_t)(8 + kAttnTile) * kAttnMaxHeadDim * sizeof(float)),
+                                   index(), "ds4_attention (grouped)");
+            launch_ds4(kernel, grid, kAttnGroupThreads, shared, stream_, m, c, parts, skip_empty);
+        };
+        auto go = [&](auto g) {
+            constexpr int kG = decltype(g)::value;
+            const dim3 grid((unsigned)m.T, (unsigned)(c.n_head / kG), (unsigned)S);
+            if (S > 1)
+                launch(ds4_attention_group_kernel<kG, false, true>, grid);
+            else if (fold)
+                launch(ds4_attention_group_kernel<kG, true, false>, grid);
+            else
+                launch(ds4_attention_group_kernel<kG, false, false>, grid);
+        };
+        if (G == 8)
+            go(std::integral_constant<int, 8>{});
+        else if (G == 4)
+            go(std::integral_constant<int, 4>{});
+        else
+            go(std::integral_constant<int, 2>{});
+        check_launch("ds4_attention (grouped)");
+        if (S > 1) {
+            const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+            const size_t row = (size_t)c.head_dim * sizeof(float);
+            if (fold)
+                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+            else
+                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
+            check_launch("ds4_attention (grouped combine)");
+        }
+    });
 }
 
 bool CudaDevice::matmul_grouped(const Weight &W, int groups, const float *x, int64_t T, float *y) {
