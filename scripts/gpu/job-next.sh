@@ -11,6 +11,12 @@
 # b1 / b8 / b32 on the 10-layer file.
 # Then step-gap: the GPU's idle time between replayed decode steps (the V4 file and qwen3-8b q8_0, b1 and b8).
 cd "$(dirname "$0")/../.."
-steps=("TRY='DFL_CUDA_DS4_ATTN_GROUP=8 DFL_CUDA_DS4_ATTN_GROUP=4 DFL_CUDA_DS4_ATTN_SMEM=1 DFL_CUDA_DS4_ATTN_SMEM=1,DFL_CUDA_DS4_ATTN_MIN_SPLITS=2' DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
+steps=()
+h200=
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H200 && h200=1
+# on an H200 (the card the issues name) with pack.sh --peer and PEER=1: llama.cpp's build first, its V4 figures last
+[ ! -f .gpu/llama-src.tar.xz ] || [ -z "${PEER:-}" ] || [ -z "$h200" ] || steps+=(peer)
+steps+=("TRY='DFL_CUDA_DS4_ATTN_GROUP=8 DFL_CUDA_DS4_ATTN_GROUP=4 DFL_CUDA_DS4_ATTN_SMEM=1 DFL_CUDA_DS4_ATTN_SMEM=1,DFL_CUDA_DS4_ATTN_MIN_SPLITS=2' DS4_LAYERS=10 NO_PROFILE=1 DS4_AB_RUNS=2 DS4_BATCHES=1,8,32 ds4-try")
 steps+=("DS4_LAYERS=10 step-gap ds4-L10:q8_0 qwen3-8b:q8_0")
+[ -z "$h200" ] || [ -z "${PEER:-}" ] || steps+=("DS4_LAYERS=10 ds4-peer")
 exec scripts/gpu/bg.sh start "${steps[@]}"
