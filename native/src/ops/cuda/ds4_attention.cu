@@ -291,11 +291,7 @@ __global__ void __launch_bounds__(kAttnGroupThreads) ds4_attention_group_kernel(
         mx = sink ? c.sinks[h0 + tid] : -INFINITY;
         den = sink ? 1.0f : 0.0f;
     }
-    float acc[G][kAttnGroupDims];
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int k = 0; k < kAttnGroupDims; k++) acc[g][k] = 0.0f;
+    float acc[G][kAttnGroupDims] = {};
     for (int64_t j0 = jb; j0 < je; j0 += kAttnTile) {
         const int tile = (int)(je - j0 < kAttnTile ? je - j0 : kAttnTile);
         if (tid < tile) k_sh[tid] = attn_key(m, c, t, ks.e, ks.p, ks.lo, ks.n_win, j0 + tid);
