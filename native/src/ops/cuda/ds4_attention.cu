@@ -268,12 +268,13 @@ constexpr int kAttnGroupDims = kAttnMaxHeadDim / kAttnGroupThreads;  // a thread
 constexpr int kAttnGroupDots = 4;                                    // scores a warp sums at once
 
 template <int G, bool FOLD, bool SPLIT>
-__global__ void __launch_bounds__(kAttnGroupThreads) ds4_attention_group_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
+__global__ void __launch_bounds__(kAttnGroupThreads, 2) ds4_attention_group_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
                                                                                 bool skip_empty) {
     pdl_trigger();
     pdl_wait();
     extern __shared__ float group_sh[];  // the G query rows [G][head_dim], then the tile's rows [kAttnTile][head_dim]
-    __shared__ float p_sh[G][kAttnTile];  // the tile's scores, then exp(score - new max) (0 for a padded slot)
+    // the tile's scores, then exp(score - new max) (0 for a padded slot); rows padded by one: thread g < G walks row g
+    __shared__ float p_sh[G][kAttnTile + 1];
     __shared__ float mn_sh[G], al_sh[G], dn_sh[G];
     __shared__ const float *k_sh[kAttnTile];
     const int64_t t = blockIdx.x;
