@@ -321,10 +321,11 @@ void CudaDevice::time_replay(bool before) {
         s.n++;
         return;
     }
-    for (int i = 0; i < 3 && !s.start[0]; i++) {  // (first use: the events)
-        check(cudaEventCreate(&s.start[i]), "cudaEventCreate");
-        check(cudaEventCreate(&s.stop[i]), "cudaEventCreate");
-    }
+    if (!s.start[0])  // (first use: the events)
+        for (int i = 0; i < 3; i++) {
+            check(cudaEventCreate(&s.start[i]), "cudaEventCreate");
+            check(cudaEventCreate(&s.stop[i]), "cudaEventCreate");
+        }
     float span = 0, period = 0;
     if (s.n >= 1 && cudaEventElapsedTime(&span, s.start[prev], s.stop[prev]) == cudaSuccess) s.span.push_back(span);
     if (s.n >= 2 && cudaEventElapsedTime(&period, s.start[prev2], s.start[prev]) == cudaSuccess) s.period.push_back(period);
