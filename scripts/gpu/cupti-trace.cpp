@@ -1,6 +1,6 @@
 // A CUDA injection library (CUDA_INJECTION64_PATH) that writes every kernel's start, end, stream, grid and name, as
 // CUPTI's concurrent-kernel activity records them (graph nodes included), to $CUPTI_TRACE_OUT as CSV: the in-graph
-// timeline that Nsight Systems would give where it is not installed (run.sh step_trace; scripts/gpu/nsys-steps.py
+// timeline that Nsight Systems would give where it is not installed (run.sh step_trace; scripts/gpu/trace-steps.py
 // reads the CSV). Go programs leave without running atexit handlers, so a thread flushes the records every 100 ms and
 // the last ones of a run may be missing. Built by run.sh with -DKREC=CUpti_ActivityKernelN, the newest N the
 // toolkit's header has (the record version its CUPTI writes).

@@ -399,10 +399,7 @@ ds4_ab() {
   for r in $(seq "${DS4_AB_RUNS:-2}"); do
     for v in ${DS4_VARIANTS:-- DFL_FUSE_WEIGHTS=0}; do
       log "deepseek4 decode (graphs), run $r: ${v/#-/defaults}"
-      (cd native/engine && env $(variant_env "$v") DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-        DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_BATCHES=${DS4_BATCHES:-1,8} \
-        DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
-        "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime 32x 2>&1) | tee -a "$OUT/bench-ds4.txt" |
+      (export $(variant_env "$v"); graph_tg "$f" "${DS4_BATCHES:-1,8}" 32x) | tee -a "$OUT/bench-ds4.txt" |
         grep -E "tok/s|FAIL|rror" | tee -a "$OUT/summary.txt"
     done
   done
@@ -584,6 +581,14 @@ step_ncu() {
   done
 }
 
+# graph_tg FILE BATCHES BENCHTIME [TIMEOUT s]: BenchmarkGGUF/tg as ds4_ab runs it (a DeepSeek V4 file's decode steps fused
+# into graphs after a DS4_CONTEXT-token prompt, default 16); settings prefixed to the call reach the benchmark.
+graph_tg() {
+  (cd native/engine && DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$1 DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 \
+    DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} DFLASH_BENCH_BATCHES=$2 \
+    ${4:+timeout $4} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' -test.benchtime "$3" 2>&1)
+}
+
 # A trace of decode steps replayed from their CUDA graphs (each node traced; graphs on, unlike step_ncu): what each
 # kernel costs inside the graph, with the PDL overlap and the side lane (scripts/gpu/trace-steps.py). Nsight Systems is
 # not installed on the GPU machine, so scripts/gpu/cupti-trace.cpp, built here against the toolkit's CUPTI, is injected
@@ -610,11 +615,8 @@ step_trace() {
     f=$(make_model "$m") || continue
     log "kernel trace, decode steps from graphs (batch $b): $m"
     csv=/tmp/step-trace-${m//:/-}-b$b.csv
-    (cd native/engine && LD_LIBRARY_PATH=$lib64:${LD_LIBRARY_PATH:-} CUDA_INJECTION64_PATH=$so CUPTI_TRACE_OUT=$csv \
-      DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 DFLASH_BENCH_PROMPTS=0 \
-      DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
-      DFLASH_BENCH_BATCHES=$b timeout ${TRACE_TIMEOUT:-240} "$stage/bin/engine.test" -test.run '^$' -test.bench 'GGUF/tg' \
-      -test.benchtime 64x) >"$OUT/step-trace-${m//:/-}-b$b.log" 2>&1
+    LD_LIBRARY_PATH=$lib64:${LD_LIBRARY_PATH:-} CUDA_INJECTION64_PATH=$so CUPTI_TRACE_OUT=$csv \
+      graph_tg "$f" "$b" 64x "${TRACE_TIMEOUT:-240}" >"$OUT/step-trace-${m//:/-}-b$b.log"
     grep -E "tok/s" "$OUT/step-trace-${m//:/-}-b$b.log" | tee -a "$OUT/summary.txt"
     TRACE_EMBED_GRID=$b python3 scripts/gpu/trace-steps.py "$csv" 2>&1 | tee "$OUT/step-trace-${m//:/-}-b$b.txt" | head -50 | tee -a "$OUT/summary.txt"
     xz -T4 -c "$csv" >"$OUT/$(basename "$csv").xz"  # (for trace-steps.py here, with other settings)
@@ -629,10 +631,7 @@ step_gap() {
   for m in "$@"; do
     f=$(make_model "$m") || continue
     log "graph span and time between replays, batches ${STEP_BATCHES:-1,8}: $m"
-    (cd native/engine && DFL_CUDA_STEP_GAP=1 DFLASH_LIB_DIR=$lib DFLASH_BENCH_GGUF=$f DFLASH_BENCH_DEVICE=cuda:0 \
-      DFLASH_BENCH_PROMPTS=0 DFLASH_BENCH_PREFILL=sparse DFLASH_BENCH_FUSED=1 DFLASH_BENCH_CONTEXT=${DS4_CONTEXT:-16} \
-      DFLASH_BENCH_BATCHES=${STEP_BATCHES:-1,8} timeout ${GAP_TIMEOUT:-300} "$stage/bin/engine.test" -test.run '^$' \
-      -test.bench 'GGUF/tg' -test.benchtime 256x) >"$OUT/step-gap-${m//:/-}.txt" 2>&1
+    DFL_CUDA_STEP_GAP=1 graph_tg "$f" "${STEP_BATCHES:-1,8}" 256x "${GAP_TIMEOUT:-300}" >"$OUT/step-gap-${m//:/-}.txt"
     grep -E "tok/s|step gap" "$OUT/step-gap-${m//:/-}.txt" | tail -12 | tee -a "$OUT/summary.txt"
   done
 }

@@ -54,7 +54,8 @@ __device__ __forceinline__ AttnKeys attn_keys(const BatchMeta &m, const Ds4AttnC
     return k;
 }
 
-// Split blockIdx.z of gridDim.z's keys [jb, je) of nk: an equal run of whole tiles (the last ones may be short or empty).
+// Split blockIdx.z of gridDim.z's keys [jb, je) of nk: an equal run of whole tiles (the last ones may be short or
+// empty).
 __device__ __forceinline__ void split_keys(int64_t nk, int64_t &jb, int64_t &je) {
     const int64_t tiles = (nk + kAttnTile - 1) / kAttnTile, run = (tiles + gridDim.z - 1) / gridDim.z;
     jb = blockIdx.z * run * kAttnTile;
@@ -258,18 +259,18 @@ __global__ void __launch_bounds__(kDs4Threads) ds4_attention_combine_kernel(Batc
 // blocks each copy every key row from L2: ~64 KB a tile a block, 512 blocks x 5 tiles at b8 (~164 MB a layer, ~30 us at
 // the L2's rate before any arithmetic; CSA layers with ~12 tiles more). The 10-layer step's attention took ~59 / ~79 us
 // a window / CSA layer at b8 and ~15 / ~46 at b1 (CUPTI trace, H100 12-08 01:3x), on the chain. Here a tile's rows are
-// copied once for G heads (cp.async, as the split kernel's), each score one warp's dot as there (four at once); thread g < G keeps
-// head g's running max and denominator, the tile's exp(score - new max) is worked out once a (head, key) into shared
-// memory, and each thread adds its dims of every head over the tile's keys in key order. Every (head, dim) sees the
-// same floats in the same order as ds4_attention_kernel over the same split, so the same sums; the parts go to
+// copied once for G heads (cp.async, as the split kernel's), each score one warp's dot as there (four at once); thread
+// g < G keeps head g's running max and denominator, the tile's exp(score - new max) is worked out once a (head, key)
+// into shared memory, and each thread adds its dims of every head over the tile's keys in key order. Every (head, dim)
+// sees the same floats in the same order as ds4_attention_kernel over the same split, so the same sums; the parts go to
 // ds4_attention_combine_kernel unchanged. Needs rows on 16-byte boundaries (the async copy).
 constexpr int kAttnGroupThreads = 256;
 constexpr int kAttnGroupDims = kAttnMaxHeadDim / kAttnGroupThreads;  // a thread's dims of a head, at most
 constexpr int kAttnGroupDots = 4;                                    // scores a warp sums at once
 
 template <int G, bool FOLD, bool SPLIT>
-__global__ void __launch_bounds__(kAttnGroupThreads, 2) ds4_attention_group_kernel(BatchMeta m, Ds4AttnCall c, float *parts,
-                                                                                bool skip_empty) {
+__global__ void __launch_bounds__(kAttnGroupThreads, 2)
+    ds4_attention_group_kernel(BatchMeta m, Ds4AttnCall c, float *parts, bool skip_empty) {
     pdl_trigger();
     pdl_wait();
     extern __shared__ float group_sh[];  // the G query rows [G][head_dim], then the tile's rows [kAttnTile][head_dim]
@@ -393,6 +394,26 @@ __global__ void __launch_bounds__(kAttnGroupThreads, 2) ds4_attention_group_kern
     }
 }
 
+// The splits of an attention launch of `blocks` blocks a split: enough for two blocks an SM, at most kAttnMaxSplits,
+// at least min_splits (which ds4_attention reads clamped to that bound).
+static int attn_splits(int64_t blocks, int64_t min_splits, int sms) {
+    if (blocks <= 0) return 1;
+    const int64_t fill = (2 * (int64_t)sms + blocks - 1) / blocks;
+    return (int)std::max<int64_t>(min_splits, std::min<int64_t>(kAttnMaxSplits, fill));
+}
+
+// ds4_attention_combine_kernel over S splits' parts, a block a (token, head), with or without the fold.
+static void launch_attn_combine(cudaStream_t st, const BatchMeta &m, const Ds4AttnCall &c, const float *parts, int S,
+                                bool fold) {
+    const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+    const size_t row = (size_t)c.head_dim * sizeof(float);
+    if (fold)
+        launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, st, m, c, parts, S);
+    else
+        launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, st, m, c, parts, S);
+    check_launch("ds4_attention (combine)");
+}
+
 // The heads a block of the grouped kernel takes (DFL_CUDA_DS4_ATTN_GROUP: the most of 8, 4, 2 not above it that divides
 // n_head), or 0: the (token, head) kernels.
 static int ds4_attn_group(int n_head) {
@@ -424,10 +445,9 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const int64_t heads = m.T * c.n_head;
     // DFL_CUDA_DS4_ATTN_MIN_SPLITS=N (opt-in, unmeasured): at least N splits, where batch 8's 512 blocks run unsplit
     // (the 10-layer step's attention ~59 us a layer at b8 against ~25 at b1, CUPTI trace 12-08 01:3x)
-    static const int64_t min_splits = std::max<int64_t>(1, std::min<int64_t>(kAttnMaxSplits, env_int("DFL_CUDA_DS4_ATTN_MIN_SPLITS", 1)));
-    const int S = split && heads > 0
-                      ? (int)std::max<int64_t>(min_splits, std::min<int64_t>(kAttnMaxSplits, (2 * sm_count() + heads - 1) / heads))
-                      : 1;
+    static const int64_t min_splits =
+        std::max<int64_t>(1, std::min<int64_t>(kAttnMaxSplits, env_int("DFL_CUDA_DS4_ATTN_MIN_SPLITS", 1)));
+    const int S = split ? attn_splits(heads, min_splits, sm_count()) : 1;
     const bool smem = (smem_env < 0 ? S > 1 : smem_env == 1) &&
                       (size_t)c.head_dim * (1 + kAttnTile) * sizeof(float) <= shared_optin();
     // the tiles' rows by cp.async (DFL_CUDA_DS4_ATTN_ASYNC=0: by registers; the same floats in the same order): where
@@ -445,50 +465,43 @@ void CudaDevice::ds4_attention(const BatchMeta &m, const Ds4AttnCall &c) {
     const int G = rows16 && async_env ? ds4_attn_group(c.n_head) : 0;
     if (G && (size_t)(G + kAttnTile) * c.head_dim * sizeof(float) <= shared_optin()) {
         ds4_attention_grouped(m, c, G, split ? min_splits : 0, skip_empty, fold);
-        if (!fold) {
-            if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
-            if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
-        }
-        return;
+    } else {
+        op("ds4_attention", [&] {
+            if (m.T <= 0 || c.n_head <= 0) return;
+            const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
+            const size_t part_bytes = (size_t)(heads * S * (2 + c.head_dim)) * sizeof(float);
+            float *parts = S > 1 ? (float *)ds4_buffer(part_bytes) : nullptr;
+            auto launch = [&](auto kernel, dim3 grid) {
+                // set once a kernel and GPU, by the op-by-op run of a step shape, before any graph capture of it: the
+                // most any head_dim takes, or the GPU's bound where that is less (132 KB is more than a block may have
+                // on GPUs other than the H100 / H200; smem is off for a head too wide for it)
+                if (shared > 48 * 1024)
+                    set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)std::min(shared_optin(), kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
+                                       index(), "ds4_attention");
+                launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, async, skip_empty);
+            };
+            const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
+            if (S > 1) {
+                const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
+                if (smem)
+                    launch(ds4_attention_kernel<false, true, true>, sgrid);
+                else
+                    launch(ds4_attention_kernel<false, false, true>, sgrid);
+                check_launch("ds4_attention (splits)");
+                launch_attn_combine(stream_, m, c, parts, S, fold);
+            } else if (fold && smem) {
+                launch(ds4_attention_kernel<true, true, false>, grid);
+            } else if (fold) {
+                launch(ds4_attention_kernel<true, false, false>, grid);
+            } else if (smem) {
+                launch(ds4_attention_kernel<false, true, false>, grid);
+            } else {
+                launch(ds4_attention_kernel<false, false, false>, grid);
+            }
+            check_launch("ds4_attention");
+        });
     }
-    op("ds4_attention", [&] {
-        if (m.T <= 0 || c.n_head <= 0) return;
-        const size_t shared = (size_t)c.head_dim * (smem ? 1 + kAttnTile : 1) * sizeof(float);
-        float *parts = S > 1 ? (float *)ds4_buffer((size_t)(heads * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
-        auto launch = [&](auto kernel, dim3 grid) {
-            // set once a kernel and GPU, by the op-by-op run of a step shape, before any graph capture of it: the most
-            // any head_dim takes, or the GPU's bound where that is less (132 KB is more than a block may have on
-            // GPUs other than the H100 / H200; smem is off for a head too wide for it)
-            if (shared > 48 * 1024)
-                set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)std::min(shared_optin(), (size_t)kAttnMaxHeadDim * (1 + kAttnTile) * sizeof(float)),
-                                   index(), "ds4_attention");
-            launch_ds4(kernel, grid, kDs4Threads, shared, stream_, m, c, parts, async, skip_empty);
-        };
-        const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
-        if (S > 1) {
-            const dim3 sgrid((unsigned)m.T, (unsigned)c.n_head, (unsigned)S);
-            if (smem)
-                launch(ds4_attention_kernel<false, true, true>, sgrid);
-            else
-                launch(ds4_attention_kernel<false, false, true>, sgrid);
-            check_launch("ds4_attention (splits)");
-            const size_t row = (size_t)c.head_dim * sizeof(float);
-            if (fold)
-                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-            else
-                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-        } else if (fold && smem) {
-            launch(ds4_attention_kernel<true, true, false>, grid);
-        } else if (fold) {
-            launch(ds4_attention_kernel<true, false, false>, grid);
-        } else if (smem) {
-            launch(ds4_attention_kernel<false, true, false>, grid);
-        } else {
-            launch(ds4_attention_kernel<false, false, false>, grid);
-        }
-        check_launch("ds4_attention");
-    });
     if (fold) return;
     if (c.unrotate) rope_tail(ds4_unrotate_call(m, c));
     if (c.ring_write) ds4_ring_write(m, ds4_ring_write_call(c));
@@ -500,16 +513,14 @@ void CudaDevice::ds4_attention_grouped(const BatchMeta &m, const Ds4AttnCall &c,
                                        bool skip_empty, bool fold) {
     op("ds4_attention", [&] {
         if (m.T <= 0 || c.n_head <= 0) return;
-        const int64_t blocks = m.T * (c.n_head / G);
-        const int S = min_splits == 0 ? 1
-                                      : (int)std::max<int64_t>(min_splits, std::min<int64_t>(kAttnMaxSplits,
-                                                                                             (2 * sm_count() + blocks - 1) / blocks));
+        const int S = min_splits == 0 ? 1 : attn_splits(m.T * (c.n_head / G), min_splits, sm_count());
         const size_t shared = (size_t)(G + kAttnTile) * c.head_dim * sizeof(float);
-        float *parts = S > 1 ? (float *)ds4_buffer((size_t)(m.T * c.n_head * S * (2 + c.head_dim)) * sizeof(float)) : nullptr;
+        const size_t part_bytes = (size_t)(m.T * c.n_head * S * (2 + c.head_dim)) * sizeof(float);
+        float *parts = S > 1 ? (float *)ds4_buffer(part_bytes) : nullptr;
         auto launch = [&](auto kernel, dim3 grid) {
             if (shared > 48 * 1024)
                 set_attribute_once(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)std::min(shared_optin(), (size_t)(8 + kAttnTile) * kAttnMaxHeadDim * sizeof(float)),
+                                   (int)std::min(shared_optin(), (8 + kAttnTile) * kAttnMaxHeadDim * sizeof(float)),
                                    index(), "ds4_attention (grouped)");
             launch_ds4(kernel, grid, kAttnGroupThreads, shared, stream_, m, c, parts, skip_empty);
         };
@@ -530,15 +541,7 @@ void CudaDevice::ds4_attention_grouped(const BatchMeta &m, const Ds4AttnCall &c,
         else
             go(std::integral_constant<int, 2>{});
         check_launch("ds4_attention (grouped)");
-        if (S > 1) {
-            const dim3 grid((unsigned)m.T, (unsigned)c.n_head);
-            const size_t row = (size_t)c.head_dim * sizeof(float);
-            if (fold)
-                launch_ds4(ds4_attention_combine_kernel<true>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-            else
-                launch_ds4(ds4_attention_combine_kernel<false>, grid, kDs4Threads, row, stream_, m, c, parts, S);
-            check_launch("ds4_attention (grouped combine)");
-        }
+        if (S > 1) launch_attn_combine(stream_, m, c, parts, S, fold);
     });
 }
 
